@@ -1,0 +1,244 @@
+/* kern.h - the backend interface: tensor types and the ops vtable.
+ *
+ * The model code (model/) calls ops through a kern_backend_t and never
+ * touches a device. A backend fills a `static const kern_ops_t` table with
+ * designated initializers; optional slots are marked and may be NULL (the
+ * kern_* wrappers check them). The CPU backend (kernels/cpu) is the reference
+ * that other backends are tested against.
+ *
+ * Memory: activations, KV pools and weights live in backend memory ("device
+ * pointers"): host memory for the CPU backend, GPU memory for CUDA. Pointers
+ * passed to ops are device pointers unless the comment says "host".
+ * Activations are of the backend's act_type (F32 on the CPU, BF16 or F16 on
+ * CUDA); ops compute in f32.
+ *
+ * Threads: a backend is used by one thread at a time (its owner). The CPU
+ * backend runs its ops on its own thread pool.
+ *
+ * A step: the model calls step_begin() with the step's metadata (positions,
+ * per-sequence query ranges, block tables, KV slots), then the ops of the
+ * layer stack. rope, kv_append and attention read that metadata; it stays
+ * valid until the next step_begin().
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tensor element types. Values equal ggml's type ids (GGUF tensor types). */
+typedef enum {
+  KERN_F32 = 0,
+  KERN_F16 = 1,
+  KERN_Q4_0 = 2,
+  KERN_Q4_1 = 3,
+  KERN_Q5_0 = 6,
+  KERN_Q5_1 = 7,
+  KERN_Q8_0 = 8,
+  KERN_Q8_1 = 9, /* activation-side only */
+  KERN_Q4_K = 12,
+  KERN_Q5_K = 13,
+  KERN_Q6_K = 14,
+  KERN_Q8_K = 15, /* activation-side only */
+  KERN_BF16 = 30,
+  KERN_TYPE_MAX = 31
+} kern_type_t;
+
+typedef struct {
+  const char *name; /* "Q4_K" */
+  int blck;         /* elements per block (1 for float types) */
+  int size;         /* bytes per block */
+  bool quantized;
+} kern_type_traits_t;
+
+/* Traits of a type, or NULL when the id is unknown or unsupported. */
+const kern_type_traits_t *kern_type_traits(int type);
+
+/* Bytes of a row of n elements; 0 when n is not a multiple of the block
+ * size or the type is unknown. */
+size_t kern_row_bytes(int type, int64_t n);
+
+/* Dequantizes n elements (a multiple of the block size) of `type` from src
+ * into dst (host memory, f32). Reference implementation, also used by tests. */
+void kern_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* A weight matrix, row-major: `rows` rows of `cols` elements each. Output
+ * features are rows (HF [out,in] = GGUF ne=[in,out]). 1-D weights (norms,
+ * biases) have rows = 1. */
+typedef struct kern_weight {
+  kern_type_t type;
+  int64_t rows, cols;
+  size_t row_bytes; /* kern_row_bytes(type, cols) */
+  void *data;       /* backend memory (CPU: may point into a mmap'd file) */
+  void *priv;       /* backend-private (repacked copy, device handle), or NULL */
+} kern_weight_t;
+
+/* Rope: rotation of pairs within each head. The model precomputes the
+ * per-pair inverse frequencies (base, llama3 scaling and rope_freqs folded
+ * in); the backend uses theta = pos * inv_freq[i]. */
+typedef enum {
+  KERN_ROPE_NORM = 0, /* pairs (x[2i], x[2i+1]): GGUF llama */
+  KERN_ROPE_NEOX = 1  /* pairs (x[i], x[i + n_rot/2]): HF rotate-half, qwen */
+} kern_rope_mode_t;
+
+typedef struct {
+  kern_rope_mode_t mode;
+  int n_rot;                     /* rotated dims per head (<= head_dim), even */
+  const kern_weight_t *inv_freq; /* F32, (1, n_rot/2), backend memory */
+  float attn_factor;             /* multiplies cos/sin (1 unless yarn) */
+} kern_rope_t;
+
+/* Step metadata (host memory; the backend copies what it needs in
+ * step_begin). Tokens of one sequence are contiguous in the batch. */
+typedef struct {
+  int n_tokens;             /* tokens in this step */
+  int n_seqs;               /* sequences in this step */
+  const int32_t *positions; /* (n_tokens) absolute position of each token */
+  const int32_t *slots;     /* (n_tokens) KV slot to write: block * block_size + offset */
+  const int32_t *q_start;   /* (n_seqs + 1) first token of each sequence in the batch */
+  const int32_t *ctx_len;   /* (n_seqs) tokens in the KV cache after this step (cached + new) */
+  const int32_t *block_tables; /* (n_seqs, max_blocks) physical block ids */
+  int max_blocks;           /* row stride of block_tables */
+} kern_step_t;
+
+/* A paged KV pool: per layer, K and V each of (n_blocks, block_size,
+ * n_kv_heads, head_dim) elements of `type` (F32 or F16 on the CPU, BF16/F16
+ * on CUDA). */
+typedef struct {
+  int n_layers, n_kv_heads, head_dim;
+  int block_size, n_blocks;
+  kern_type_t type;
+} kern_kv_config_t;
+
+typedef struct kern_kv_pool {
+  kern_kv_config_t cfg;
+  size_t layer_bytes; /* bytes of K (or V) for one layer */
+  void *base;         /* backend memory: layer l's K at base + 2*l*layer_bytes, V after it */
+  bool external;      /* base is borrowed (e.g. shared memory), not freed by the pool */
+} kern_kv_pool_t;
+
+/* Bytes a pool of this config needs. */
+size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg);
+
+typedef struct kern_backend kern_backend_t;
+
+/* Sampling parameters for the optional on-device sampler. */
+typedef struct {
+  float temperature; /* 0 = greedy */
+  int top_k;         /* 0 = off */
+  float top_p;       /* 1 = off */
+  float min_p;       /* 0 = off */
+  uint64_t seed;
+  uint64_t counter; /* draw index for the counter-based RNG */
+} kern_sample_params_t;
+
+typedef struct {
+  /* Name of the backend ("cpu", "cuda"). */
+  const char *name;
+
+  /* Releases everything the backend owns. */
+  void (*destroy)(void *ctx);
+
+  /* Memory. alloc returns 0 and a device pointer, or a negative error
+   * (FR_EDEVOOM when out of device memory). */
+  int (*alloc)(void *ctx, size_t bytes, void **out);
+  void (*free)(void *ctx, void *p);
+  /* host -> device, device -> host, device -> device. */
+  int (*upload)(void *ctx, void *dst, const void *src_host, size_t bytes);
+  int (*download)(void *ctx, void *dst_host, const void *src, size_t bytes);
+  int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
+  /* Waits for queued work. */
+  int (*sync)(void *ctx);
+
+  /* Makes a weight usable by the backend. host_data holds rows*row_bytes
+   * bytes of w->type and stays valid (mmap) for the weight's lifetime; the
+   * backend may borrow it (CPU) or copy it (CUDA), and may repack. Sets
+   * w->data/w->priv. */
+  int (*weight_load)(void *ctx, kern_weight_t *w, const void *host_data);
+  void (*weight_release)(void *ctx, kern_weight_t *w);
+
+  /* Which weight types matmul/embed accept. */
+  bool (*supports_type)(void *ctx, kern_type_t type);
+
+  /* KV pool: allocates (or adopts `external` memory of kern_kv_pool_bytes)
+   * and zeroes it. */
+  int (*kv_pool_init)(void *ctx, kern_kv_pool_t *pool, const kern_kv_config_t *cfg, void *external);
+  void (*kv_pool_deinit)(void *ctx, kern_kv_pool_t *pool);
+  /* Optional: copies whole blocks (copy-on-write); pairs of (src, dst). */
+  int (*kv_copy_blocks)(void *ctx, kern_kv_pool_t *pool, const int32_t *pairs_host, int n_pairs);
+
+  /* Step metadata for rope / kv_append / attention, see kern_step_t. */
+  int (*step_begin)(void *ctx, const kern_step_t *step);
+
+  /* out(n, w->cols) = rows ids of the embedding table (any weight type). */
+  int (*embed)(void *ctx, void *out, const kern_weight_t *table, const int32_t *ids_host, int n);
+
+  /* out(n, w->rows) = x(n, w->cols) @ w^T (+ bias, (1, w->rows) F32, optional). */
+  int (*matmul)(void *ctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
+
+  /* out(n, dim) = x / rms(x) * w for each of n rows (w F32 (1, dim)). out may equal x. */
+  int (*rms_norm)(void *ctx, void *out, const void *x, const kern_weight_t *w, int n, int dim, float eps);
+
+  /* residual += x; out = rms_norm(residual) * w. Rows (n, dim). */
+  int (*add_rms_norm)(void *ctx, void *out, void *residual, const void *x, const kern_weight_t *w, int n, int dim,
+                      float eps);
+
+  /* In-place rope on x (n_tokens, row_stride elements per token; heads of
+   * head_dim start at element h*head_dim) using the step's positions. */
+  int (*rope)(void *ctx, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *rope);
+
+  /* Writes k, v (n_tokens, n_kv_heads * head_dim, row strides k_stride /
+   * v_stride elements) into the pool at the step's slots. */
+  int (*kv_append)(void *ctx, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
+                   int v_stride);
+
+  /* Causal attention of q (n_tokens, q_stride elements per token, n_heads of
+   * head_dim) over each sequence's paged K/V (ctx_len tokens, the query
+   * token at position p sees positions <= p); GQA maps head h to KV head
+   * h / (n_heads / n_kv_heads). out (n_tokens, n_heads * head_dim). */
+  int (*attention)(void *ctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                   int n_heads, int head_dim, float scale);
+
+  /* out(n, d) = silu(gate) * up, where gate and up are (n, d) with row
+   * stride `stride` elements (e.g. halves of one fused projection). */
+  int (*silu_mul)(void *ctx, void *out, const void *gate, const void *up, int n, int d, int stride);
+
+  /* out(n) = a + b, elementwise. */
+  int (*add)(void *ctx, void *out, const void *a, const void *b, size_t n);
+
+  /* out(n, dim) = rows[idx[i]] of x (n_x, dim); idx host memory. */
+  int (*get_rows)(void *ctx, void *out, const void *x, int dim, const int32_t *idx_host, int n);
+
+  /* Converts n activations to f32 host memory. */
+  int (*to_f32_host)(void *ctx, float *dst_host, const void *src, size_t n);
+
+  /* Optional: samples one token per row of logits (n_rows, vocab) on the
+   * device; tokens_host/logprobs_host get n_rows entries. */
+  int (*sample)(void *ctx, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params,
+                int32_t *tokens_host, float *logprobs_host);
+} kern_ops_t;
+
+struct kern_backend {
+  const kern_ops_t *ops;
+  void *ctx;
+  kern_type_t act_type; /* activation element type */
+  size_t act_size;      /* bytes per activation element */
+};
+
+/* Creates the CPU backend with n_threads workers (0 = all cores). */
+int kern_cpu_create(kern_backend_t **out, int n_threads);
+
+/* Creates the CUDA backend on a device. FR_EUNSUPPORTED when built without
+ * CUDA, FR_ECUDA when no device is usable. */
+int kern_cuda_create(kern_backend_t **out, int device);
+
+/* Destroys a backend (NULL is fine). */
+void kern_backend_destroy(kern_backend_t *b);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,55 @@
+/* config.h - a model's hyperparameters, read from GGUF metadata or a
+ * Hugging Face config.json, in one struct the layer stack uses. */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  MODEL_ARCH_LLAMA = 0, /* LlamaForCausalLM, MistralForCausalLM, GGUF llama */
+  MODEL_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
+  MODEL_ARCH_QWEN3,     /* Qwen3ForCausalLM: per-head q/k RMSNorm */
+} model_arch_t;
+
+typedef enum {
+  MODEL_ROPE_SCALING_NONE = 0,
+  MODEL_ROPE_SCALING_LINEAR,
+  MODEL_ROPE_SCALING_LLAMA3,
+} model_rope_scaling_t;
+
+typedef struct {
+  model_arch_t arch;
+  char arch_name[32];  /* "llama", "qwen2", "qwen3" */
+  char name[128];      /* general.name or the folder name, may be empty */
+  int n_layers;        /* block_count / num_hidden_layers */
+  int dim;             /* embedding_length / hidden_size */
+  int ffn_dim;         /* feed_forward_length / intermediate_size */
+  int n_heads;         /* attention.head_count */
+  int n_kv_heads;      /* attention.head_count_kv */
+  int head_dim;        /* key_length, or dim / n_heads */
+  int vocab_size;      /* rows of the embedding table */
+  int max_ctx;         /* context_length / max_position_embeddings */
+  float norm_eps;      /* layer_norm_rms_epsilon / rms_norm_eps */
+  float rope_theta;    /* rope.freq_base / rope_theta */
+  int rope_dim;        /* rope.dimension_count (= head_dim normally) */
+  model_rope_scaling_t rope_scaling;
+  float rope_factor;               /* linear / llama3 factor */
+  float rope_low_freq_factor;      /* llama3 */
+  float rope_high_freq_factor;     /* llama3 */
+  int rope_orig_ctx;               /* llama3 original_max_position_embeddings */
+  bool tied_embeddings;            /* no output.weight / lm_head.weight */
+  bool attn_bias;                  /* q/k/v biases present (qwen2, llama attention_bias) */
+  bool qk_norm;                    /* qwen3 per-head q/k norms */
+  int sliding_window;              /* 0 = off */
+} model_config_t;
+
+/* Human-readable name of an architecture. */
+const char *model_arch_name(model_arch_t arch);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,61 @@
+/* source.h - one view over a model on disk: a GGUF file or a Hugging Face
+ * folder (config.json + safetensors + tokenizer.json).
+ *
+ * Tensors are named with GGUF names ("blk.3.attn_q.weight") whatever the
+ * format; HF names are mapped (embed_tokens -> token_embd, ...). Shapes are
+ * given as (rows, cols) of a row-major matrix: HF [out, in] and GGUF
+ * ne=[in, out] are the same bytes. 1-D tensors have rows = 1.
+ *
+ * Rope convention: GGUF llama files store q/k permuted for interleaved
+ * (NORM) rope; HF weights and GGUF qwen2/qwen3 use rotate-half (NEOX).
+ * source->rope_mode says which one the weights need, so no weights are
+ * permuted at load.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kern.h"
+#include "model/config.h"
+#include "model/gguf.h"
+#include "model/safetensors.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  const char *name;  /* GGUF name, borrowed */
+  kern_type_t type;  /* F32, F16, BF16 or a quantized type */
+  int64_t rows, cols;
+  const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols) */
+} model_tensor_t;
+
+typedef struct model_source {
+  char *path;               /* as given, owned */
+  model_config_t config;
+  kern_rope_mode_t rope_mode;
+  model_gguf_t *gguf;       /* set for GGUF files */
+  model_st_t *st;           /* set for HF folders */
+  char *tokenizer_json;     /* HF: path of tokenizer.json (owned), NULL if none */
+  char *tokenizer_config_json; /* HF: path of tokenizer_config.json, NULL if none */
+  size_t n_tensors;
+  model_tensor_t *tensors;  /* (n_tensors), owned */
+} model_source_t;
+
+/* Opens a .gguf file or a HF folder and reads its config. */
+int model_source_open(model_source_t **out, const char *path);
+void model_source_close(model_source_t *s);
+
+/* Tensor by GGUF name, NULL when absent. */
+const model_tensor_t *model_source_tensor(const model_source_t *s, const char *name);
+
+/* Reads model_config_t from GGUF metadata / a config.json file. */
+int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g);
+int model_config_from_hf_json(model_config_t *cfg, const char *config_json_path);
+
+#ifdef __cplusplus
+}
+#endif

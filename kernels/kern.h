@@ -96,11 +96,14 @@ typedef struct {
  * step_begin). Tokens of one sequence are contiguous in the batch. */
 typedef struct {
   int n_tokens;             /* tokens in this step */
+  const int32_t *tokens;    /* (n_tokens) token ids (embed reads them) */
   int n_seqs;               /* sequences in this step */
   const int32_t *positions; /* (n_tokens) absolute position of each token */
-  const int32_t *slots;     /* (n_tokens) KV slot to write: block * block_size + offset */
+  const int32_t *slots;     /* (n_tokens) KV slot to write: block * block_size + offset;
+                             * < 0 marks a padding token whose K/V is not written */
   const int32_t *q_start;   /* (n_seqs + 1) first token of each sequence in the batch */
-  const int32_t *ctx_len;   /* (n_seqs) tokens in the KV cache after this step (cached + new) */
+  const int32_t *ctx_len;   /* (n_seqs) tokens in the KV cache after this step (cached + new);
+                             * 0 marks a padding sequence (attention writes zeros) */
   const int32_t *block_tables; /* (n_seqs, max_blocks) physical block ids */
   int max_blocks;           /* row stride of block_tables */
 } kern_step_t;
@@ -174,8 +177,9 @@ typedef struct {
   /* Step metadata for rope / kv_append / attention, see kern_step_t. */
   int (*step_begin)(void *ctx, const kern_step_t *step);
 
-  /* out(n, w->cols) = rows ids of the embedding table (any weight type). */
-  int (*embed)(void *ctx, void *out, const kern_weight_t *table, const int32_t *ids_host, int n);
+  /* out(n_tokens, table->cols) = rows of the embedding table (any weight
+   * type) for the step's tokens. */
+  int (*embed)(void *ctx, void *out, const kern_weight_t *table);
 
   /* out(n, w->rows) = x(n, w->cols) @ w^T (+ bias, (1, w->rows) F32, optional). */
   int (*matmul)(void *ctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
@@ -210,16 +214,29 @@ typedef struct {
   /* out(n) = a + b, elementwise. */
   int (*add)(void *ctx, void *out, const void *a, const void *b, size_t n);
 
-  /* out(n, dim) = rows[idx[i]] of x (n_x, dim); idx host memory. */
-  int (*get_rows)(void *ctx, void *out, const void *x, int dim, const int32_t *idx_host, int n);
+  /* out(n_seqs, dim) = the row of each sequence's last token in x
+   * (n_tokens, dim), per the step's q_start. */
+  int (*last_rows)(void *ctx, void *out, const void *x, int dim);
 
   /* Converts n activations to f32 host memory. */
   int (*to_f32_host)(void *ctx, float *dst_host, const void *src, size_t n);
 
   /* Optional: samples one token per row of logits (n_rows, vocab) on the
-   * device; tokens_host/logprobs_host get n_rows entries. */
-  int (*sample)(void *ctx, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params,
+   * device with per-row params (n_rows entries, host); tokens_host and
+   * logprobs_host (log-softmax of the chosen token) get n_rows entries. */
+  int (*sample)(void *ctx, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
                 int32_t *tokens_host, float *logprobs_host);
+
+  /* Optional: graph capture (CUDA graphs) of a decode forward. The caller
+   * runs:  graph_begin(ctx, key, &replayed); if (!replayed) { ops } ;
+   * graph_end(ctx, key).  graph_begin either launches the graph captured
+   * earlier for key (replayed = true; graph_end is then a no-op) or starts
+   * capturing the ops that follow (graph_end instantiates and launches).
+   * Ops in a captured region must take every per-step input from the step
+   * (step_begin runs before graph_begin), so the caller pads decode batches
+   * to fixed sizes (padding tokens: slot < 0; padding sequences: ctx_len 0). */
+  int (*graph_begin)(void *ctx, uint64_t key, bool *replayed);
+  int (*graph_end)(void *ctx, uint64_t key);
 } kern_ops_t;
 
 struct kern_backend {

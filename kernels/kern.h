@@ -187,7 +187,8 @@ typedef struct {
   /* out(n, dim) = x / rms(x) * w for each of n rows (w F32 (1, dim)). out may equal x. */
   int (*rms_norm)(void *ctx, void *out, const void *x, const kern_weight_t *w, int n, int dim, float eps);
 
-  /* residual += x; out = rms_norm(residual) * w. Rows (n, dim). */
+  /* residual += x; out = rms_norm(residual) * w. Rows (n, dim). out may
+   * equal x (each row of x is read before that row of out is written). */
   int (*add_rms_norm)(void *ctx, void *out, void *residual, const void *x, const kern_weight_t *w, int n, int dim,
                       float eps);
 

@@ -1,0 +1,99 @@
+/* model.h - a loaded model: weights on a backend, the tokenizer, the chat
+ * template, and the layer stack (llama, qwen2, qwen3) written once over the
+ * backend ops of kernels/kern.h.
+ *
+ * Threads: a model is driven by one thread (its backend's owner).
+ * Memory: weights and activation scratch live on the backend; scratch is
+ * sized at load for opts.max_tokens tokens and opts.max_seqs sequences per
+ * step and reused (no allocation per step).
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/kern.h"
+#include "model/chat.h"
+#include "model/config.h"
+#include "model/source.h"
+#include "model/tokenizer.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  kern_weight_t attn_norm;            /* F32 (1, dim) */
+  kern_weight_t wq, wk, wv;           /* (n_heads*head_dim, dim), (n_kv_heads*head_dim, dim) x2 */
+  kern_weight_t bq, bk, bv;           /* F32 biases (qwen2), type 0 rows 0 when absent */
+  kern_weight_t q_norm, k_norm;       /* F32 (1, head_dim) (qwen3) */
+  kern_weight_t wo;                   /* (dim, n_heads*head_dim) */
+  kern_weight_t ffn_norm;             /* F32 (1, dim) */
+  kern_weight_t w_gate, w_up;         /* (ffn_dim, dim) */
+  kern_weight_t w_down;               /* (dim, ffn_dim) */
+} model_layer_t;
+
+typedef enum { MODEL_LOAD_AUTO = 0, MODEL_LOAD_DUMMY = 1 } model_load_format_t;
+
+typedef struct {
+  int max_tokens;             /* tokens per step the scratch holds (default 512) */
+  int max_seqs;               /* sequences per step (default 64) */
+  model_load_format_t format; /* DUMMY: random weights of the config's shapes */
+  kern_type_t dummy_type;     /* weight type for dummy weights (default act type) */
+  uint64_t seed;              /* dummy weights' seed */
+  bool progress;              /* log load progress on stderr */
+} model_load_opts_t;
+
+typedef struct model {
+  model_config_t cfg;
+  model_source_t *src;        /* NULL for dummy configs */
+  kern_backend_t *be;         /* borrowed */
+  model_tokenizer_t *tok;     /* NULL when the model has no tokenizer (dummy) */
+  model_chat_kind_t chat;
+  kern_rope_t rope;
+  kern_weight_t inv_freq;     /* F32 (1, rope_dim/2) */
+  kern_weight_t tok_embd;     /* (vocab, dim) */
+  kern_weight_t output_norm;  /* F32 (1, dim) */
+  kern_weight_t output;       /* (vocab, dim); aliases tok_embd when tied */
+  model_layer_t *layers;      /* (n_layers) */
+  int max_tokens, max_seqs;
+  /* activation scratch, backend memory, act_type elements */
+  void *x;      /* (max_tokens, dim) residual stream */
+  void *xn;     /* (max_tokens, dim) normed input */
+  void *q;      /* (max_tokens, n_heads*head_dim) */
+  void *k, *v;  /* (max_tokens, n_kv_heads*head_dim) */
+  void *att;    /* (max_tokens, n_heads*head_dim) */
+  void *gate;   /* (max_tokens, ffn_dim) */
+  void *up;     /* (max_tokens, ffn_dim) */
+  void *last;   /* (max_seqs, dim) */
+  void *logits; /* (max_seqs, vocab) */
+  void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */
+  int n_host_bufs;
+} model_t;
+
+/* Loads a GGUF file or HF folder onto a backend. On failure *out is NULL
+ * and fr_last_error() says why. */
+int model_load(model_t **out, const char *path, kern_backend_t *be, const model_load_opts_t *opts);
+
+/* Builds a model of a config with random weights on the backend (vLLM's
+ * --load-format dummy). */
+int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts);
+
+void model_destroy(model_t *m);
+
+/* The KV pool config this model needs for n_blocks of block_size tokens. */
+kern_kv_config_t model_kv_config(const model_t *m, int block_size, int n_blocks, kern_type_t kv_type);
+
+/* Runs the layer stack for one step (step->n_tokens <= max_tokens,
+ * step->n_seqs <= max_seqs) and leaves the logits of each sequence's last
+ * token in *logits: (n_seqs, vocab) act_type elements in backend memory,
+ * valid until the next call. */
+int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const void **logits);
+
+/* Copies (n_seqs, vocab) logits to host f32. */
+int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,16 @@
+/* rope.h - rope inverse frequencies for a config: base^(-2i/d), with linear
+ * and llama3 scaling folded in (FORMATS.md section 4). */
+#pragma once
+
+#include "model/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Fills inv[rope_dim / 2]. */
+void model_rope_inv_freq(const model_config_t *c, float *inv);
+
+#ifdef __cplusplus
+}
+#endif

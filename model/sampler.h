@@ -1,0 +1,55 @@
+/* sampler.h - token sampling on the host: greedy, temperature, top-k,
+ * top-p, min-p, repetition / presence / frequency penalties, with a
+ * counter-based RNG so the same seed gives the same tokens whatever the
+ * batch. Order (as vLLM): penalties, temperature, top-k, top-p, min-p. */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  float temperature;        /* 0 = greedy */
+  int top_k;                /* <= 0: off */
+  float top_p;              /* >= 1: off */
+  float min_p;              /* <= 0: off */
+  float repetition_penalty; /* 1: off; applies to prompt and output tokens */
+  float presence_penalty;   /* 0: off; output tokens */
+  float frequency_penalty;  /* 0: off; output tokens */
+  uint64_t seed;
+} model_sampling_t;
+
+/* Defaults: greedy, every filter off. */
+model_sampling_t model_sampling_default(void);
+
+/* Scratch for one sampler thread: sized for a vocabulary once. */
+typedef struct {
+  int vocab;
+  float *probs;    /* (vocab) */
+  int32_t *idx;    /* (vocab) */
+  uint16_t *count; /* (vocab) output-token counts for penalties */
+  uint8_t *seen;   /* (vocab) prompt/output presence for repetition penalty */
+  float *raw;      /* (vocab) raw logits kept for logprobs when penalties apply */
+} model_sampler_t;
+
+void model_sampler_init(model_sampler_t *s, int vocab);
+void model_sampler_deinit(model_sampler_t *s);
+
+/* Samples one token from logits (vocab floats, modified in place).
+ * prompt/output: the sequence's tokens so far, for penalties. draw: the
+ * index of this draw (tokens generated so far) for the RNG. *logprob gets
+ * the log-softmax of the raw logits at the chosen token (NULL to skip). */
+int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                     size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *logprob);
+
+/* The top_n alternatives of logits (ids and log-softmax values, by
+ * descending logit) and the log-sum-exp (NULL to skip). */
+void model_logprobs(const float *logits, int vocab, int top_n, int32_t *top_ids, float *top_lp, float *lse_out);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,31 @@
+/* cli.h - ferrumctl's subcommands and their shared helpers. Each cmd_*
+ * returns the process exit code (0 ok, 1 failure, 2 usage). */
+#pragma once
+
+#include <stdbool.h>
+
+#include "kernels/kern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int cli_cmd_run(int argc, char **argv);
+int cli_cmd_tokenize(int argc, char **argv);
+int cli_cmd_inspect(int argc, char **argv);
+
+/* The default model's path: $FERRUM_MODEL, else models/<default> under the
+ * working directory, else under the source tree ferrumctl was built from. */
+const char *cli_default_model(void);
+
+/* Parses an int / float option value; prints a usage error and returns -1
+ * when it is not a number in [lo, hi]. */
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+
+/* Creates the backend named by --device ("cpu" or "cuda[:N]"). */
+int cli_backend_create(const char *device, int threads, kern_backend_t **out);
+
+#ifdef __cplusplus
+}
+#endif

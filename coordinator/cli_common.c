@@ -1,0 +1,57 @@
+/* cli_common.c - helpers shared by ferrumctl's subcommands. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "coordinator/cli.h"
+
+#define CLI_DEFAULT_MODEL_FILE "models/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+const char *cli_default_model(void) {
+  const char *env = getenv("FERRUM_MODEL");
+  if (env && *env) return env;
+  if (access(CLI_DEFAULT_MODEL_FILE, R_OK) == 0) return CLI_DEFAULT_MODEL_FILE;
+#ifdef FERRUM_SOURCE_DIR
+  static char path[4096];
+  snprintf(path, sizeof path, "%s/%s", FERRUM_SOURCE_DIR, CLI_DEFAULT_MODEL_FILE);
+  if (access(path, R_OK) == 0) return path;
+#endif
+  return CLI_DEFAULT_MODEL_FILE;
+}
+
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = s ? strtol(s, &end, 10) : 0;
+  if (!s || errno || end == s || *end || v < lo || v > hi) {
+    fprintf(stderr, "ferrumctl: %s expects an integer in [%ld, %ld], got '%s'\n", opt, lo, hi, s ? s : "");
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out) {
+  char *end;
+  errno = 0;
+  double v = s ? strtod(s, &end) : 0;
+  if (!s || errno || end == s || *end || !(v >= lo && v <= hi)) {
+    fprintf(stderr, "ferrumctl: %s expects a number in [%g, %g], got '%s'\n", opt, lo, hi, s ? s : "");
+    return -1;
+  }
+  *out = v;
+  return 0;
+}
+
+int cli_backend_create(const char *device, int threads, kern_backend_t **out) {
+  if (!device || !strcmp(device, "cpu")) return kern_cpu_create(out, threads);
+  if (!strncmp(device, "cuda", 4)) {
+    int dev = 0;
+    if (device[4] == ':') dev = atoi(device + 5);
+    return kern_cuda_create(out, dev);
+  }
+  return fr_errorf(-EINVAL, "unknown device '%s' (cpu or cuda[:N])", device);
+}

@@ -1,0 +1,161 @@
+/* cli_run.c - `ferrumctl run`: generate text from a prompt in-process.
+ * stdout gets only the generated text; diagnostics go to stderr. */
+#include <getopt.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/cli.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/prompt.h"
+#include "model/sampler.h"
+
+typedef struct {
+  const char *model, *prompt, *device;
+  long max_tokens, threads, top_k;
+  double temperature, top_p, min_p;
+  unsigned long long seed;
+  bool raw, seed_set;
+} run_opts_t;
+
+static void run_usage(FILE *f) {
+  fprintf(f,
+          "usage: ferrumctl run [--model PATH] --prompt TEXT [options]\n"
+          "  --model PATH        GGUF file or Hugging Face folder (default: %s)\n"
+          "  --prompt TEXT       the prompt (a user message unless --raw)\n"
+          "  --raw               use the prompt as is, without the chat template\n"
+          "  --max-tokens N      tokens to generate (default 256)\n"
+          "  --temperature T     0 = greedy (default 0.8)\n"
+          "  --top-k K           0 = off (default 40)\n"
+          "  --top-p P           1 = off (default 0.95)\n"
+          "  --min-p P           0 = off (default 0.05)\n"
+          "  --seed S            RNG seed (default: random)\n"
+          "  --threads N         CPU threads (default: all cores)\n"
+          "  --device DEV        cpu (default) or cuda[:N]\n",
+          cli_default_model());
+}
+
+static int run_parse(int argc, char **argv, run_opts_t *o) {
+  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE };
+  static const struct option lo[] = {
+      {"model", required_argument, 0, O_MODEL},     {"prompt", required_argument, 0, O_PROMPT},
+      {"max-tokens", required_argument, 0, O_MAXTOK}, {"temperature", required_argument, 0, O_TEMP},
+      {"top-k", required_argument, 0, O_TOPK},      {"top-p", required_argument, 0, O_TOPP},
+      {"min-p", required_argument, 0, O_MINP},      {"seed", required_argument, 0, O_SEED},
+      {"raw", no_argument, 0, O_RAW},               {"threads", required_argument, 0, O_THREADS},
+      {"device", required_argument, 0, O_DEVICE},   {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
+                    .device = "cpu"};
+  long l;
+  double d;
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    switch (c) {
+    case O_MODEL: o->model = optarg; break;
+    case O_PROMPT: o->prompt = optarg; break;
+    case O_MAXTOK: if (cli_parse_int("--max-tokens", optarg, 0, 1 << 20, &o->max_tokens)) return 2; break;
+    case O_TEMP: if (cli_parse_float("--temperature", optarg, 0, 100, &o->temperature)) return 2; break;
+    case O_TOPK: if (cli_parse_int("--top-k", optarg, 0, 1 << 24, &o->top_k)) return 2; break;
+    case O_TOPP: if (cli_parse_float("--top-p", optarg, 0, 1, &o->top_p)) return 2; break;
+    case O_MINP: if (cli_parse_float("--min-p", optarg, 0, 1, &o->min_p)) return 2; break;
+    case O_SEED:
+      if (cli_parse_int("--seed", optarg, 0, 0x7fffffffffffffffL, &l)) return 2;
+      o->seed = (unsigned long long)l;
+      o->seed_set = true;
+      break;
+    case O_RAW: o->raw = true; break;
+    case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 1024, &o->threads)) return 2; break;
+    case O_DEVICE: o->device = optarg; break;
+    case 'h': run_usage(stdout); return 1;
+    default: run_usage(stderr); return 2;
+    }
+  }
+  (void)d;
+  if (!o->prompt) {
+    fprintf(stderr, "ferrumctl run: --prompt is required\n");
+    run_usage(stderr);
+    return 2;
+  }
+  if (!o->model) o->model = cli_default_model();
+  if (!o->seed_set) o->seed = (unsigned long long)time(NULL) ^ ((unsigned long long)fr_now_ns() << 16);
+  return 0;
+}
+
+/* Generates up to max_tokens after the prompt, streaming text to stdout. */
+static int run_generate(model_t *m, model_gen_t *g, const run_opts_t *o, const int32_t *prompt, int n_prompt) {
+  model_sampler_t smp;
+  model_sampler_init(&smp, m->cfg.vocab_size);
+  model_sampling_t sp = model_sampling_default();
+  sp.temperature = (float)o->temperature;
+  sp.top_k = (int)o->top_k;
+  sp.top_p = (float)o->top_p;
+  sp.min_p = (float)o->min_p;
+  sp.seed = o->seed;
+  model_detok_t dt;
+  model_detok_init(&dt, m->tok, true);
+  int32_t *out = fr_malloc((size_t)(o->max_tokens + 1) * sizeof(int32_t));
+  char text[1024];
+  uint64_t t0 = fr_now_ns();
+  int rc = model_gen_feed(g, prompt, n_prompt), n = 0;
+  uint64_t t1 = fr_now_ns();
+  while (rc == 0 && n < o->max_tokens) {
+    int32_t tok = model_sample(&smp, &sp, g->logits, prompt, (size_t)n_prompt, out, (size_t)n, (uint64_t)n, NULL);
+    if (model_token_is_eog(m->tok, tok)) break;
+    out[n++] = tok;
+    int w = model_detok_feed(&dt, tok, text, sizeof text);
+    if (w > 0) fwrite(text, 1, (size_t)w, stdout), fflush(stdout);
+    if (n < o->max_tokens) rc = model_gen_feed(g, &tok, 1);
+  }
+  int w = model_detok_flush(&dt, text, sizeof text);
+  if (w > 0) fwrite(text, 1, (size_t)w, stdout);
+  fputc('\n', stdout);
+  fflush(stdout);
+  uint64_t t2 = fr_now_ns();
+  if (rc == 0)
+    FR_LOGI("prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)", n_prompt,
+            (t1 - t0) / 1e9, n_prompt / ((t1 - t0) / 1e9), n, (t2 - t1) / 1e9, n > 1 ? (n - 1) / ((t2 - t1) / 1e9) : 0);
+  free(out);
+  model_sampler_deinit(&smp);
+  return rc;
+}
+
+int cli_cmd_run(int argc, char **argv) {
+  run_opts_t o;
+  int prc = run_parse(argc, argv, &o);
+  if (prc) return prc == 1 ? 0 : prc;
+  kern_backend_t *be = NULL;
+  model_t *m = NULL;
+  model_gen_t *g = NULL;
+  int32_t *ids = NULL;
+  size_t n_ids = 0;
+  model_load_opts_t lo = {.progress = true};
+  int rc = cli_backend_create(o.device, (int)o.threads, &be);
+  if (rc) goto done;
+  if ((rc = model_load(&m, o.model, be, &lo))) goto done;
+  if (!m->tok) {
+    rc = fr_errorf(FR_EUNSUPPORTED, "%s has no tokenizer", o.model);
+    goto done;
+  }
+  if ((rc = model_prompt_tokenize(m, o.prompt, o.raw, &ids, &n_ids))) goto done;
+  if ((rc = model_gen_create(&g, m, 0))) goto done;
+  if ((int)n_ids + o.max_tokens > g->max_ctx) {
+    rc = fr_errorf(FR_ECONTEXT, "prompt (%zu tokens) + --max-tokens %ld exceed the context of %d tokens", n_ids,
+                   o.max_tokens, g->max_ctx);
+    goto done;
+  }
+  rc = run_generate(m, g, &o, ids, (int)n_ids);
+done:
+  if (rc) fprintf(stderr, "ferrumctl run: %s\n", fr_last_error());
+  free(ids);
+  model_gen_destroy(g);
+  model_destroy(m);
+  kern_backend_destroy(be);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,29 @@
+/* prompt.c - chat template + tokenizer. */
+#include "model/prompt.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+
+int model_prompt_chat(const model_t *m, const model_chat_msg_t *msgs, size_t n, int32_t **ids, size_t *n_ids) {
+  if (m->chat == MODEL_CHAT_UNKNOWN)
+    return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows; use --raw");
+  size_t bos_len = 0;
+  int32_t bos = model_token_bos(m->tok);
+  const char *bos_bytes = bos >= 0 ? model_token_bytes(m->tok, bos, &bos_len) : NULL;
+  char *bos_text = bos_bytes ? strndup(bos_bytes, bos_len) : NULL;
+  char *text = NULL;
+  int rc = model_chat_render(m->chat, msgs, n, bos_text, &text);
+  free(bos_text);
+  if (rc) return rc;
+  rc = model_tokenize(m->tok, text, strlen(text), false, true, ids, n_ids);
+  free(text);
+  return rc;
+}
+
+int model_prompt_tokenize(const model_t *m, const char *text, bool raw, int32_t **ids, size_t *n_ids) {
+  if (raw) return model_tokenize(m->tok, text, strlen(text), true, true, ids, n_ids);
+  model_chat_msg_t msg = {.role = "user", .content = text};
+  return model_prompt_chat(m, &msg, 1, ids, n_ids);
+}

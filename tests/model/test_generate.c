@@ -1,0 +1,244 @@
+/* test_generate.c - whole-model checks against llama.cpp goldens
+ * (tests/golden/gen_llama_golden.py): last-token logits of every prompt and
+ * greedy continuations, for the real SmolLM2 GGUF, tiny random llama /
+ * qwen2 / qwen3 GGUF files, and the safetensors copy of the tiny llama.
+ * Also: our chat template + tokenizer give llama.cpp's prompt ids. */
+#include <check.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/prompt.h"
+
+typedef struct {
+  json_t *root;
+  float *logits; /* (n_cases, vocab) */
+  int vocab;
+  size_t n_cases;
+} golden_t;
+
+static const char *golden_dir(void) {
+  const char *b = getenv("FERRUM_BUILD_DIR");
+  static char p[4096];
+  snprintf(p, sizeof p, "%s/golden", b ? b : ".");
+  return p;
+}
+
+static int golden_load(golden_t *g, const char *name) {
+  char path[4200];
+  snprintf(path, sizeof path, "%s/%s.json", golden_dir(), name);
+  json_error_t err;
+  g->root = json_load_file(path, 0, &err);
+  if (!g->root) return -1;
+  g->vocab = (int)json_integer_value(json_object_get(g->root, "vocab"));
+  g->n_cases = json_array_size(json_object_get(g->root, "cases"));
+  snprintf(path, sizeof path, "%s/%s.logits", golden_dir(), name);
+  FILE *f = fopen(path, "rb");
+  if (!f) return -1;
+  g->logits = fr_malloc(g->n_cases * (size_t)g->vocab * sizeof(float));
+  size_t got = fread(g->logits, sizeof(float), g->n_cases * (size_t)g->vocab, f);
+  fclose(f);
+  return got == g->n_cases * (size_t)g->vocab ? 0 : -1;
+}
+
+static void golden_free(golden_t *g) {
+  json_decref(g->root);
+  free(g->logits);
+}
+
+static int32_t *json_ids(json_t *arr, size_t *n) {
+  *n = json_array_size(arr);
+  int32_t *ids = fr_malloc((*n + 1) * sizeof(int32_t));
+  for (size_t i = 0; i < *n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
+  return ids;
+}
+
+static int32_t argmax(const float *x, int n) {
+  int32_t b = 0;
+  for (int i = 1; i < n; i++)
+    if (x[i] > x[b]) b = i;
+  return b;
+}
+
+static bool in_top5(json_t *top5, int32_t tok) {
+  for (size_t i = 0; i < json_array_size(top5); i++)
+    if (json_integer_value(json_array_get(top5, i)) == tok) return true;
+  return false;
+}
+
+typedef struct {
+  double max_diff, sum_diff, max_rel; /* logits */
+  size_t n_logits;
+  int exact_cases, top5_cases, cases;
+} score_t;
+
+/* Compares one case; returns false when greedy tokens fail even the
+ * top-5 rule at the first divergence (vLLM's check). */
+static bool check_case(model_gen_t *gen, const golden_t *g, size_t ci, score_t *s) {
+  json_t *c = json_array_get(json_object_get(g->root, "cases"), ci);
+  size_t n_ids, n_greedy;
+  int32_t *ids = json_ids(json_object_get(c, "ids"), &n_ids);
+  int32_t *greedy = json_ids(json_object_get(c, "greedy"), &n_greedy);
+  json_t *top5 = json_object_get(c, "top5");
+  model_gen_reset(gen);
+  ck_assert_int_eq(model_gen_feed(gen, ids, (int)n_ids), 0);
+  const float *ref = g->logits + ci * (size_t)g->vocab;
+  double ref_max = 0;
+  for (int i = 0; i < g->vocab; i++) ref_max = fmax(ref_max, fabs(ref[i]));
+  for (int i = 0; i < g->vocab; i++) {
+    double d = fabs((double)gen->logits[i] - ref[i]);
+    s->max_diff = fmax(s->max_diff, d);
+    s->sum_diff += d;
+  }
+  s->max_rel = fmax(s->max_rel, s->max_diff / (ref_max > 0 ? ref_max : 1));
+  s->n_logits += (size_t)g->vocab;
+  bool ok = true, exact = true;
+  for (size_t t = 0; t < n_greedy; t++) {
+    int32_t mine = argmax(gen->logits, g->vocab);
+    if (mine != greedy[t]) {
+      exact = false;
+      /* first divergence: each side's token must be in the other's top 5 */
+      int32_t top[5];
+      float lp[5];
+      model_logprobs(gen->logits, g->vocab, 5, top, lp, NULL);
+      bool theirs_in_mine = false;
+      for (int k = 0; k < 5; k++) theirs_in_mine |= top[k] == greedy[t];
+      ok = theirs_in_mine && in_top5(json_array_get(top5, t), mine);
+      fprintf(stderr, "  case %zu diverges at token %zu: ours %d, llama.cpp %d (%s)\n", ci, t, mine, greedy[t],
+              ok ? "within top-5" : "NOT within top-5");
+      break;
+    }
+    if (t + 1 < n_greedy) ck_assert_int_eq(model_gen_feed(gen, &mine, 1), 0);
+  }
+  s->cases++;
+  s->exact_cases += exact;
+  s->top5_cases += ok;
+  free(ids);
+  free(greedy);
+  return ok;
+}
+
+/* Runs every case of golden `name` on model `path`. */
+static score_t run_golden(const char *name, const char *path) {
+  golden_t g = {0};
+  ck_assert_msg(golden_load(&g, name) == 0, "golden %s missing in %s", name, golden_dir());
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
+  model_t *m;
+  model_load_opts_t lo = {.max_tokens = 64}; /* small chunks: exercises chunked prefill */
+  int rc = model_load(&m, path, be, &lo);
+  ck_assert_msg(rc == 0, "load %s: %s", path, fr_last_error());
+  ck_assert_int_eq(m->cfg.vocab_size, g.vocab);
+  model_gen_t *gen;
+  ck_assert_int_eq(model_gen_create(&gen, m, 1024), 0);
+  score_t s = {0};
+  for (size_t i = 0; i < g.n_cases; i++) check_case(gen, &g, i, &s);
+  fprintf(stderr, "%s (%s): logits max |diff| %.4f (%.4f of max |logit|), mean |diff| %.5f; greedy exact %d/%d, "
+                  "within top-5 at first divergence %d/%d\n",
+          name, path, s.max_diff, s.max_rel, s.sum_diff / (double)s.n_logits, s.exact_cases, s.cases, s.top5_cases,
+          s.cases);
+  model_gen_destroy(gen);
+  model_destroy(m);
+  kern_backend_destroy(be);
+  golden_free(&g);
+  return s;
+}
+
+static const char *tiny(const char *file) {
+  static char p[4096];
+  snprintf(p, sizeof p, "%s/%s", golden_dir(), file);
+  return p;
+}
+
+START_TEST(smollm2_matches_llama_cpp) {
+  const char *path = getenv("FERRUM_MODEL");
+  score_t s = run_golden("smollm2", path);
+  ck_assert_int_ge(s.exact_cases, 20); /* the floor: 20 prompts exactly */
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.05);
+}
+END_TEST
+
+START_TEST(tiny_llama_gguf_matches_llama_cpp) {
+  score_t s = run_golden("tiny-llama", tiny("tiny-llama.gguf"));
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.01);
+}
+END_TEST
+
+START_TEST(tiny_llama_safetensors_matches_gguf) {
+  /* The HF folder holds the same (bf16-rounded) weights, un-permuted, with
+   * llama3 rope scaling in config.json instead of rope_freqs.weight. */
+  score_t s = run_golden("tiny-llama", tiny("tiny-llama-hf"));
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.01);
+}
+END_TEST
+
+START_TEST(tiny_qwen2_matches_llama_cpp) {
+  score_t s = run_golden("tiny-qwen2", tiny("tiny-qwen2.gguf"));
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.05);
+}
+END_TEST
+
+START_TEST(tiny_qwen3_matches_llama_cpp) {
+  score_t s = run_golden("tiny-qwen3", tiny("tiny-qwen3.gguf"));
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.05);
+}
+END_TEST
+
+START_TEST(chat_prompt_ids_match_llama_cpp) {
+  golden_t g = {0};
+  ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 1), 0);
+  model_t *m;
+  ck_assert_int_eq(model_load(&m, getenv("FERRUM_MODEL"), be, NULL), 0);
+  for (size_t i = 0; i < g.n_cases; i++) {
+    json_t *c = json_array_get(json_object_get(g.root, "cases"), i);
+    size_t n_ref, n;
+    int32_t *ref = json_ids(json_object_get(c, "ids"), &n_ref), *ids;
+    ck_assert_int_eq(model_prompt_tokenize(m, json_string_value(json_object_get(c, "prompt")), false, &ids, &n), 0);
+    ck_assert_uint_eq(n, n_ref);
+    ck_assert_mem_eq(ids, ref, n * sizeof(int32_t));
+    free(ids);
+    free(ref);
+  }
+  model_destroy(m);
+  kern_backend_destroy(be);
+  golden_free(&g);
+}
+END_TEST
+
+static Suite *suite(void) {
+  Suite *s = suite_create("model");
+  TCase *tc = tcase_create("golden");
+  tcase_set_timeout(tc, 600);
+  if (getenv("FERRUM_MODEL") && access(getenv("FERRUM_MODEL"), R_OK) == 0) {
+    tcase_add_test(tc, smollm2_matches_llama_cpp);
+    tcase_add_test(tc, chat_prompt_ids_match_llama_cpp);
+  }
+  tcase_add_test(tc, tiny_llama_gguf_matches_llama_cpp);
+  tcase_add_test(tc, tiny_llama_safetensors_matches_gguf);
+  tcase_add_test(tc, tiny_qwen2_matches_llama_cpp);
+  tcase_add_test(tc, tiny_qwen3_matches_llama_cpp);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

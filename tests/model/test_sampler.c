@@ -1,0 +1,162 @@
+/* test_sampler.c - host sampler: greedy, filters, penalties, seeding, and
+ * that sampling at temperature 1 follows softmax(logits). */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model/sampler.h"
+
+#define V 64
+
+static void fill(float *l) {
+  for (int i = 0; i < V; i++) l[i] = sinf((float)i * 1.7f) * 3.0f;
+}
+
+static int32_t draw(model_sampler_t *s, model_sampling_t *p, uint64_t d) {
+  float l[V];
+  fill(l);
+  return model_sample(s, p, l, NULL, 0, NULL, 0, d, NULL);
+}
+
+static int32_t argmax_ref(void) {
+  float l[V];
+  fill(l);
+  int32_t b = 0;
+  for (int i = 1; i < V; i++)
+    if (l[i] > l[b]) b = i;
+  return b;
+}
+
+START_TEST(greedy_and_degenerate_filters_pick_argmax) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  ck_assert_int_eq(draw(&s, &p, 0), argmax_ref());
+  p.temperature = 1.0f;
+  p.top_k = 1;
+  for (int d = 0; d < 50; d++) ck_assert_int_eq(draw(&s, &p, (uint64_t)d), argmax_ref());
+  p.top_k = 0;
+  p.top_p = 1e-6f;
+  for (int d = 0; d < 50; d++) ck_assert_int_eq(draw(&s, &p, (uint64_t)d), argmax_ref());
+  p.top_p = 1.0f;
+  p.min_p = 0.999f;
+  for (int d = 0; d < 50; d++) ck_assert_int_eq(draw(&s, &p, (uint64_t)d), argmax_ref());
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+START_TEST(same_seed_same_tokens) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  p.temperature = 1.5f;
+  p.seed = 42;
+  int32_t a[100], b[100];
+  for (int d = 0; d < 100; d++) a[d] = draw(&s, &p, (uint64_t)d);
+  for (int d = 0; d < 100; d++) b[d] = draw(&s, &p, (uint64_t)d);
+  ck_assert_mem_eq(a, b, sizeof a);
+  p.seed = 43;
+  int diff = 0;
+  for (int d = 0; d < 100; d++) diff += draw(&s, &p, (uint64_t)d) != a[d];
+  ck_assert_int_gt(diff, 10);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+START_TEST(temperature_one_follows_softmax) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  p.temperature = 1.0f;
+  p.seed = 7;
+  enum { N = 40000 };
+  static int count[V];
+  memset(count, 0, sizeof count);
+  for (int d = 0; d < N; d++) count[draw(&s, &p, (uint64_t)d)]++;
+  float l[V];
+  fill(l);
+  double z = 0;
+  for (int i = 0; i < V; i++) z += exp(l[i]);
+  for (int i = 0; i < V; i++) {
+    double pi = exp(l[i]) / z, sd = sqrt(N * pi * (1 - pi));
+    ck_assert_msg(fabs(count[i] - N * pi) <= 5 * sd + 2, "token %d: %d draws, expected %.1f", i, count[i], N * pi);
+  }
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+START_TEST(top_k_restricts_support) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  p.temperature = 2.0f;
+  p.top_k = 3;
+  float l[V];
+  fill(l);
+  int32_t top[3];
+  float lp[3];
+  model_logprobs(l, V, 3, top, lp, NULL);
+  for (int d = 0; d < 500; d++) {
+    int32_t t = draw(&s, &p, (uint64_t)d);
+    ck_assert(t == top[0] || t == top[1] || t == top[2]);
+  }
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+START_TEST(penalties_change_greedy_choice) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  int32_t best = argmax_ref();
+  float l[V];
+  fill(l);
+  p.presence_penalty = 100.0f;
+  ck_assert_int_ne(model_sample(&s, &p, l, NULL, 0, &best, 1, 0, NULL), best);
+  fill(l);
+  p = model_sampling_default();
+  p.repetition_penalty = 1000.0f; /* prompt tokens count too */
+  ck_assert_int_ne(model_sample(&s, &p, l, &best, 1, NULL, 0, 0, NULL), best);
+  /* penalty state is cleared between calls */
+  fill(l);
+  p = model_sampling_default();
+  ck_assert_int_eq(model_sample(&s, &p, l, NULL, 0, NULL, 0, 0, NULL), best);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+START_TEST(logprob_is_raw_log_softmax) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  p.frequency_penalty = 0.5f;
+  float l[V], lp;
+  fill(l);
+  double z = 0;
+  for (int i = 0; i < V; i++) z += exp(l[i]);
+  int32_t out = 5;
+  int32_t t = model_sample(&s, &p, l, NULL, 0, &out, 1, 0, &lp);
+  float r[V];
+  fill(r);
+  ck_assert_double_eq_tol(lp, r[t] - log(z), 1e-4);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("sampler");
+  TCase *tc = tcase_create("sampler");
+  tcase_add_test(tc, greedy_and_degenerate_filters_pick_argmax);
+  tcase_add_test(tc, same_seed_same_tokens);
+  tcase_add_test(tc, temperature_one_follows_softmax);
+  tcase_add_test(tc, top_k_restricts_support);
+  tcase_add_test(tc, penalties_change_greedy_choice);
+  tcase_add_test(tc, logprob_is_raw_log_softmax);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Configures and builds ferrum into build/ (or $FERRUM_BUILD_DIR).
+#   FERRUM_WERROR=ON     warnings are errors (CI)
+#   FERRUM_CUDA=ON       also build the CUDA backend (needs nvcc)
+#   FERRUM_SANITIZE=...  address;undefined or thread
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build=${FERRUM_BUILD_DIR:-$root/build}
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=${FERRUM_BUILD_TYPE:-RelWithDebInfo} \
+  -DFERRUM_WERROR=${FERRUM_WERROR:-OFF} -DFERRUM_CUDA=${FERRUM_CUDA:-OFF} \
+  -DFERRUM_SANITIZE="${FERRUM_SANITIZE:-}" >/dev/null
+cmake --build "$build" -j"$(nproc)"

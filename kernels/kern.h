@@ -257,6 +257,19 @@ int kern_cuda_create(kern_backend_t **out, int device);
 /* Destroys a backend (NULL is fine). */
 void kern_backend_destroy(kern_backend_t *b);
 
+/* ---- CPU backend extras ----
+ * Ownership note: a backend's ops->destroy(ctx) releases everything,
+ * including the kern_backend_t it handed out (the CPU backend embeds it in
+ * its context); kern_backend_destroy() only calls it. */
+
+/* Name of the kernel path a CPU backend runs ("scalar", "avx2", "avx512"),
+ * or NULL when b is not the CPU backend. FERRUM_CPU_ISA=<name> forces a path
+ * at kern_cpu_create (FR_EUNSUPPORTED when this CPU cannot run it). */
+const char *kern_cpu_isa(const kern_backend_t *b);
+
+/* Whether this build and CPU can run the named path. */
+bool kern_cpu_isa_supported(const char *name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,18 @@
+# The CPU backend: kern.c (backend-independent helpers) plus kernels/cpu/.
+# SIMD kernel tables are separate translation units with their own flags,
+# chosen at run time (FERRUM_CPU_ISA=scalar|avx2|avx512 forces one).
+set(_cpu_sources
+  kern.c
+  cpu/cpu_backend.c
+  cpu/cpu_matmul.c
+  cpu/cpu_ops.c
+  cpu/cpu_attn.c
+  cpu/cpu_scalar.c)
+if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
+  list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c)
+  set_source_files_properties(cpu/cpu_avx2.c PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
+  set_source_files_properties(cpu/cpu_avx512.c PROPERTIES COMPILE_OPTIONS
+    "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq")
+endif()
+add_library(ferrum_kernels STATIC ${_cpu_sources})
+target_link_libraries(ferrum_kernels PUBLIC ferrum_common)

@@ -1,0 +1,138 @@
+/* cpu.h - internals of the CPU backend: block layouts, the per-ISA kernel
+ * table and the backend context.
+ *
+ * Matmul follows ggml: activations are quantized once per matmul into the
+ * weight type's "vec_dot type" (Q8_0, Q8_1 or Q8_K; f32 for float weights),
+ * then each output element is one vec_dot of a weight row with an
+ * activation row. Every ISA table (scalar, avx2, avx512) fills the same
+ * slots; the integer arithmetic is identical across them, only the order of
+ * float accumulation differs.
+ *
+ * Threads: ops run on the backend's fr_pool; the kernels in the tables are
+ * pure functions of their arguments.
+ */
+#pragma once
+
+#include <stdint.h>
+
+#include "common/fr_pool.h"
+#include "kernels/kern.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CPU_QK 32   /* elements per block of the 32-element types */
+#define CPU_QK_K 256 /* elements per K-quant super-block */
+
+/* Weight blocks (FORMATS.md section 3); f16 fields as raw uint16_t. */
+typedef struct { uint16_t d; uint8_t qs[16]; } cpu_block_q4_0;
+typedef struct { uint16_t d, m; uint8_t qs[16]; } cpu_block_q4_1;
+typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } cpu_block_q5_0;
+typedef struct { uint16_t d, m; uint8_t qh[4]; uint8_t qs[16]; } cpu_block_q5_1;
+typedef struct { uint16_t d; int8_t qs[32]; } cpu_block_q8_0;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } cpu_block_q4_K;
+typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } cpu_block_q5_K;
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } cpu_block_q6_K;
+/* Activation blocks. Q8_1: s = d * sum(qs). Q8_K: bsums = sums of 16 qs. */
+typedef struct { uint16_t d, s; int8_t qs[32]; } cpu_block_q8_1;
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } cpu_block_q8_K;
+
+_Static_assert(sizeof(cpu_block_q4_0) == 18, "q4_0");
+_Static_assert(sizeof(cpu_block_q4_1) == 20, "q4_1");
+_Static_assert(sizeof(cpu_block_q5_0) == 22, "q5_0");
+_Static_assert(sizeof(cpu_block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(cpu_block_q8_0) == 34, "q8_0");
+_Static_assert(sizeof(cpu_block_q8_1) == 36, "q8_1");
+_Static_assert(sizeof(cpu_block_q4_K) == 144, "q4_K");
+_Static_assert(sizeof(cpu_block_q5_K) == 176, "q5_K");
+_Static_assert(sizeof(cpu_block_q6_K) == 210, "q6_K");
+_Static_assert(sizeof(cpu_block_q8_K) == 292, "q8_K");
+
+/* *s = dot(weight row w, activation row a) over n elements; a is of the
+ * weight type's vec_dot type (cpu_vec_dot_type). */
+typedef void (*cpu_vec_dot_fn)(int n, float *s, const void *w, const void *a);
+/* Quantizes n floats (a multiple of the block size) into activation blocks. */
+typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
+
+typedef struct {
+  const char *name;                          /* "scalar", "avx2", "avx512" */
+  cpu_vec_dot_fn vec_dot[KERN_TYPE_MAX];     /* by weight type; NULL = unsupported */
+  cpu_quantize_fn quantize[KERN_TYPE_MAX];   /* by vec_dot type (Q8_0, Q8_1, Q8_K) */
+  float (*dot_f32)(int n, const float *a, const float *b);
+  float (*dot_f16)(int n, const uint16_t *a, const float *b);
+  void (*axpy_f32)(int n, float a, const float *x, float *y);    /* y += a * x */
+  void (*axpy_f16)(int n, float a, const uint16_t *x, float *y); /* y += a * x */
+} cpu_isa_t;
+
+extern const cpu_isa_t cpu_isa_scalar;
+#if defined(__x86_64__)
+extern const cpu_isa_t cpu_isa_avx2;
+extern const cpu_isa_t cpu_isa_avx512;
+#endif
+
+/* The activation type a weight type dots with (KERN_F32 for float weights). */
+static inline kern_type_t cpu_vec_dot_type(kern_type_t t) {
+  switch (t) {
+  case KERN_Q4_0: case KERN_Q5_0: case KERN_Q8_0: return KERN_Q8_0;
+  case KERN_Q4_1: case KERN_Q5_1: return KERN_Q8_1;
+  case KERN_Q4_K: case KERN_Q5_K: case KERN_Q6_K: return KERN_Q8_K;
+  default: return KERN_F32;
+  }
+}
+
+/* Scalar kernels shared by every table (Q8_K quantization has one form). */
+void cpu__quantize_q8_0_scalar(const float *x, void *y, int n);
+void cpu__quantize_q8_1_scalar(const float *x, void *y, int n);
+void cpu__quantize_q8_K(const float *x, void *y, int n);
+float cpu__dot_bf16_scalar(int n, const uint16_t *a, const float *b);
+
+/* Grows a 64-byte aligned scratch buffer to at least `bytes` (keeps it when
+ * large enough: no allocation once warm). */
+void cpu__scratch_reserve(void **buf, size_t *cap, size_t bytes);
+
+typedef struct {
+  kern_backend_t be; /* first: the kern_backend_t handed out */
+  fr_pool_t *pool;
+  int n_threads;
+  const cpu_isa_t *isa;
+
+  /* Step metadata, copied by step_begin into buffers grown as needed. */
+  int n_tokens, n_seqs, max_blocks;
+  int32_t *tokens, *positions, *slots; /* (n_tokens) */
+  int32_t *tok_seq;                    /* (n_tokens) sequence of each token, -1 if none */
+  int32_t *q_start;                    /* (n_seqs + 1) */
+  int32_t *ctx_len;                    /* (n_seqs) */
+  int32_t *block_tables;               /* (n_seqs, max_blocks) */
+  size_t cap_tokens, cap_seqs, cap_bt;
+
+  void *qbuf; /* quantized activations for matmul */
+  size_t qbuf_cap;
+  uint64_t step_id; /* bumped by step_begin */
+  float *rope_cs;   /* (n_tokens, n_rot) cos/sin table of rope */
+  size_t rope_cap;
+  uint64_t rope_step; /* the table is valid for this step and key */
+  const void *rope_inv;
+  int rope_n_rot;
+  float rope_attn_factor;
+  float *att_scratch; /* per thread: scores (block_size) + acc (head_dim) */
+  size_t att_cap;
+} cpu_ctx_t;
+
+int cpu__embed(void *vctx, void *out, const kern_weight_t *table);
+int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
+int cpu__rms_norm(void *vctx, void *out, const void *x, const kern_weight_t *w, int n, int dim, float eps);
+int cpu__add_rms_norm(void *vctx, void *out, void *residual, const void *x, const kern_weight_t *w, int n, int dim,
+                      float eps);
+int cpu__rope(void *vctx, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *rope);
+int cpu__kv_append(void *vctx, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
+                   int v_stride);
+int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                   int n_heads, int head_dim, float scale);
+int cpu__silu_mul(void *vctx, void *out, const void *gate, const void *up, int n, int d, int stride);
+int cpu__add(void *vctx, void *out, const void *a, const void *b, size_t n);
+int cpu__last_rows(void *vctx, void *out, const void *x, int dim);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,135 @@
+/* cpu_attn.c - paged causal attention with GQA over the step's sequences.
+ *
+ * Work items are (token, head) pairs, taken from an atomic counter. A query
+ * of sequence s at index i of its n_q new tokens sits at position
+ * p = ctx_len - n_q + i and attends to keys 0..p, walked block by block
+ * through the block table with an online softmax in f32 (one rescale per
+ * block). */
+#include <errno.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kernels/cpu/cpu.h"
+
+typedef struct {
+  const cpu_ctx_t *ctx;
+  float *out;             /* (n_tokens, n_heads * head_dim) */
+  const float *q;         /* (n_tokens, q_stride) */
+  int q_stride, n_heads, head_dim, group;
+  const uint8_t *kb, *vb; /* this layer's K and V */
+  int block_size, n_kv_heads;
+  bool f16;
+  float scale;
+  size_t scratch_stride; /* floats per thread */
+  long n_items;
+  atomic_long next;
+} cpu_attn_job_t;
+
+/* Scores of one block's keys for query qv: s[o] = scale * q.k, keys at
+ * element (row0 + o) * kvd of kh (this head's K). Returns max s. */
+static float cpu__attn_scores(const cpu_attn_job_t *j, const uint8_t *kh, const float *qv, size_t row0, int n,
+                              float *s) {
+  const cpu_isa_t *isa = j->ctx->isa;
+  const size_t kvd = (size_t)j->n_kv_heads * (size_t)j->head_dim;
+  float m = -INFINITY;
+  for (int o = 0; o < n; o++) {
+    size_t e = (row0 + (size_t)o) * kvd;
+    s[o] = j->scale * (j->f16 ? isa->dot_f16(j->head_dim, (const uint16_t *)kh + e, qv)
+                              : isa->dot_f32(j->head_dim, (const float *)kh + e, qv));
+    m = fmaxf(m, s[o]);
+  }
+  return m;
+}
+
+static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
+  const cpu_ctx_t *ctx = j->ctx;
+  const cpu_isa_t *isa = ctx->isa;
+  const int t = (int)(item / j->n_heads), h = (int)(item % j->n_heads), hd = j->head_dim;
+  float *o = j->out + (size_t)t * (size_t)j->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
+  const int s = ctx->tok_seq[t];
+  if (s < 0 || ctx->ctx_len[s] == 0) {
+    memset(o, 0, (size_t)hd * sizeof(float));
+    return;
+  }
+  const int n_q = ctx->q_start[s + 1] - ctx->q_start[s];
+  const int pos = ctx->ctx_len[s] - n_q + (t - ctx->q_start[s]);
+  const float *qv = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
+  const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
+  const size_t kvh = (size_t)(h / j->group), kvd = (size_t)j->n_kv_heads * (size_t)hd;
+  const uint8_t *kh = j->kb + kvh * (size_t)hd * (j->f16 ? 2 : 4);
+  float *sc = scratch, *acc = scratch + j->block_size;
+  memset(acc, 0, (size_t)hd * sizeof(float));
+  float m = -INFINITY, l = 0.0f;
+  for (int b = 0; b * j->block_size <= pos; b++) {
+    const int n = FR_MIN(j->block_size, pos + 1 - b * j->block_size);
+    const size_t row0 = (size_t)bt[b] * (size_t)j->block_size;
+    const float mb = cpu__attn_scores(j, kh, qv, row0, n, sc);
+    if (mb > m) {
+      const float r = expf(m - mb);
+      for (int d = 0; d < hd; d++) acc[d] *= r;
+      l *= r;
+      m = mb;
+    }
+    for (int i = 0; i < n; i++) {
+      const float p = expf(sc[i] - m);
+      const size_t e = (row0 + (size_t)i) * kvd + kvh * (size_t)hd;
+      l += p;
+      if (j->f16) isa->axpy_f16(hd, p, (const uint16_t *)j->vb + e, acc);
+      else isa->axpy_f32(hd, p, (const float *)j->vb + e, acc);
+    }
+  }
+  const float inv = 1.0f / l;
+  for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
+}
+
+static void cpu__attn_part(void *arg, int ith, int nth) {
+  cpu_attn_job_t *j = arg;
+  float *scratch = j->ctx->att_scratch + (size_t)ith * j->scratch_stride;
+  for (long it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed); it < j->n_items;
+       it = atomic_fetch_add_explicit(&j->next, 1, memory_order_relaxed))
+    cpu__attn_item(j, it, scratch);
+}
+
+/* Every block a query may touch must be a real block of the pool. */
+static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *c) {
+  for (int s = 0; s < ctx->n_seqs; s++) {
+    const int len = ctx->ctx_len[s];
+    if (len == 0) continue;
+    const long nb = ((long)len + c->block_size - 1) / c->block_size;
+    if (nb > ctx->max_blocks)
+      return fr_errorf(-EINVAL, "attention: sequence %d needs %ld blocks, table has %d", s, nb, ctx->max_blocks);
+    const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
+    for (long b = 0; b < nb; b++)
+      if (bt[b] < 0 || bt[b] >= c->n_blocks)
+        return fr_errorf(-EINVAL, "attention: sequence %d block %ld is %d (pool has %d)", s, b, bt[b], c->n_blocks);
+  }
+  return 0;
+}
+
+int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                   int n_heads, int head_dim, float scale) {
+  cpu_ctx_t *ctx = vctx;
+  const kern_kv_config_t *c = &pool->cfg;
+  if (layer < 0 || layer >= c->n_layers || head_dim != c->head_dim || n_heads <= 0 || n_heads % c->n_kv_heads ||
+      q_stride < n_heads * head_dim || !pool->base)
+    return fr_errorf(-EINVAL, "attention: bad shape (layer %d, heads %d/%d, head_dim %d/%d, q_stride %d)", layer,
+                     n_heads, c->n_kv_heads, head_dim, c->head_dim, q_stride);
+  int rc = cpu__attn_check_tables(ctx, c);
+  if (rc) return rc;
+  cpu_attn_job_t j = {.ctx = ctx, .out = out, .q = q, .q_stride = q_stride, .n_heads = n_heads,
+                      .head_dim = head_dim, .group = n_heads / c->n_kv_heads, .block_size = c->block_size,
+                      .n_kv_heads = c->n_kv_heads, .f16 = c->type == KERN_F16, .scale = scale};
+  j.kb = (const uint8_t *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
+  j.vb = j.kb + pool->layer_bytes;
+  j.scratch_stride = ((size_t)c->block_size + (size_t)head_dim + 15) & ~(size_t)15;
+  cpu__scratch_reserve((void **)&ctx->att_scratch, &ctx->att_cap,
+                       j.scratch_stride * (size_t)ctx->n_threads * sizeof(float));
+  j.n_items = (long)ctx->n_tokens * n_heads;
+  atomic_init(&j.next, 0);
+  if (ctx->n_threads == 1 || j.n_items < 2) cpu__attn_part(&j, 0, 1);
+  else fr_pool_run(ctx->pool, cpu__attn_part, &j);
+  return 0;
+}

@@ -1,0 +1,33 @@
+/* cpu_avx2.c - the AVX2 + FMA + F16C kernel table (compiled with those
+ * flags; chosen at run time only where the CPU has them). */
+#if defined(__x86_64__)
+#include "kernels/cpu/cpu_x86_impl.h"
+
+const cpu_isa_t cpu_isa_avx2 = {
+    .name = "avx2",
+    .vec_dot =
+        {
+            [KERN_F32] = x86__vec_dot_f32,
+            [KERN_F16] = x86__vec_dot_f16,
+            [KERN_BF16] = x86__vec_dot_bf16,
+            [KERN_Q4_0] = x86__vec_dot_q4_0,
+            [KERN_Q4_1] = x86__vec_dot_q4_1,
+            [KERN_Q5_0] = x86__vec_dot_q5_0,
+            [KERN_Q5_1] = x86__vec_dot_q5_1,
+            [KERN_Q8_0] = x86__vec_dot_q8_0,
+            [KERN_Q4_K] = x86__vec_dot_q4_K,
+            [KERN_Q5_K] = x86__vec_dot_q5_K,
+            [KERN_Q6_K] = x86__vec_dot_q6_K,
+        },
+    .quantize =
+        {
+            [KERN_Q8_0] = x86__quantize_q8_0,
+            [KERN_Q8_1] = x86__quantize_q8_1,
+            [KERN_Q8_K] = cpu__quantize_q8_K,
+        },
+    .dot_f32 = x86__dot_f32,
+    .dot_f16 = x86__dot_f16,
+    .axpy_f32 = x86__axpy_f32,
+    .axpy_f16 = x86__axpy_f16,
+};
+#endif

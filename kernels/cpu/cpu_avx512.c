@@ -1,0 +1,126 @@
+/* cpu_avx512.c - the AVX-512 (F, BW, VL, DQ) kernel table: the AVX2 kernels
+ * recompiled with EVEX, plus 512-bit versions of the hot 32-element types
+ * that take two blocks per iteration (same integer arithmetic). */
+#if defined(__x86_64__)
+#include "kernels/cpu/cpu_x86_impl.h"
+
+/* Two blocks' 32 bytes side by side. */
+static inline __m512i x512__join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512 x512__scales(float d0, float d1) {
+  return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+}
+
+static inline __m512 x512__mul_sum_us8_pairs_float(__m512i ax, __m512i sy) {
+  const __m512i dot = _mm512_maddubs_epi16(ax, sy);
+  return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_set1_epi16(1), dot));
+}
+
+/* signed x signed: |x| * (y with x's sign), as _mm256_sign_epi8 does. */
+static inline __m512 x512__mul_sum_i8_pairs_float(__m512i x, __m512i y) {
+  const __mmask64 neg = _mm512_movepi8_mask(x);
+  const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+  return x512__mul_sum_us8_pairs_float(_mm512_abs_epi8(x), sy);
+}
+
+static inline __m512i x512__load_q8_2(const int8_t *a, const int8_t *b) {
+  return x512__join(_mm256_loadu_si256((const __m256i *)a), _mm256_loadu_si256((const __m256i *)b));
+}
+
+static void x512__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+    __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    qx = _mm512_sub_epi8(qx, _mm512_set1_epi8(8));
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(d, x512__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q4_0(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  float summs = 0.0f;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    summs += X86_F16(x[i].m) * X86_F16(y[i].s) + X86_F16(x[i + 1].m) * X86_F16(y[i + 1].s);
+    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+    const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(d, x512__mul_sum_us8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + summs + tail;
+}
+
+static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(d, x512__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+static float x512__dot_f32(int n, const float *a, const float *b) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return s + x86__dot_f32(n - i, a + i, b + i);
+}
+
+static void x512__vec_dot_f32(int n, float *s, const void *w, const void *a) { *s = x512__dot_f32(n, w, a); }
+
+const cpu_isa_t cpu_isa_avx512 = {
+    .name = "avx512",
+    .vec_dot =
+        {
+            [KERN_F32] = x512__vec_dot_f32,
+            [KERN_F16] = x86__vec_dot_f16,
+            [KERN_BF16] = x86__vec_dot_bf16,
+            [KERN_Q4_0] = x512__vec_dot_q4_0,
+            [KERN_Q4_1] = x512__vec_dot_q4_1,
+            [KERN_Q5_0] = x86__vec_dot_q5_0,
+            [KERN_Q5_1] = x86__vec_dot_q5_1,
+            [KERN_Q8_0] = x512__vec_dot_q8_0,
+            [KERN_Q4_K] = x86__vec_dot_q4_K,
+            [KERN_Q5_K] = x86__vec_dot_q5_K,
+            [KERN_Q6_K] = x86__vec_dot_q6_K,
+        },
+    .quantize =
+        {
+            [KERN_Q8_0] = x86__quantize_q8_0,
+            [KERN_Q8_1] = x86__quantize_q8_1,
+            [KERN_Q8_K] = cpu__quantize_q8_K,
+        },
+    .dot_f32 = x512__dot_f32,
+    .dot_f16 = x86__dot_f16,
+    .axpy_f32 = x86__axpy_f32,
+    .axpy_f16 = x86__axpy_f16,
+};
+#endif

@@ -1,0 +1,124 @@
+/* cpu_matmul.c - matmul (ggml-style: activations quantized once into the
+ * weight's vec_dot type, integer block dots, output rows split across threads
+ * in chunks taken from an atomic counter) and embedding lookup. */
+#include <errno.h>
+#include <limits.h>
+#include <stdatomic.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kernels/cpu/cpu.h"
+
+#define CPU_MM_TILE_N 8         /* activation rows per weight-row pass (prefill) */
+#define CPU_MM_QUANT_SERIAL 8192 /* quantize in the caller below this many elements */
+
+typedef struct {
+  const kern_weight_t *w;
+  const float *bias;      /* (rows) or NULL */
+  const float *x;         /* (n, cols) f32 */
+  uint8_t *act;           /* (n, act_row_bytes): quantized x, or x itself */
+  size_t act_row_bytes;
+  cpu_quantize_fn quant;  /* NULL for float weights */
+  cpu_vec_dot_fn dot;
+  float *out;             /* (n, rows) */
+  int n;
+  long chunk_rows, n_chunks;
+  atomic_long next_chunk;
+} cpu_mm_job_t;
+
+static void cpu__mm_quantize_part(void *arg, int ith, int nth) {
+  cpu_mm_job_t *job = arg;
+  long lo, hi;
+  fr_pool_split(job->n, ith, nth, &lo, &hi);
+  for (long j = lo; j < hi; j++)
+    job->quant(job->x + j * job->w->cols, job->act + j * job->act_row_bytes, (int)job->w->cols);
+}
+
+/* Output rows [r0, r1) for all n activation rows, CPU_MM_TILE_N at a time so
+ * each weight row is reused from L1 across the tile. */
+static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
+  const kern_weight_t *w = job->w;
+  const uint8_t *wd = w->data;
+  const int cols = (int)w->cols;
+  for (int j0 = 0; j0 < job->n; j0 += CPU_MM_TILE_N) {
+    int j1 = FR_MIN(job->n, j0 + CPU_MM_TILE_N);
+    for (long r = r0; r < r1; r++) {
+      const void *wrow = wd + (size_t)r * w->row_bytes;
+      float b = job->bias ? job->bias[r] : 0.0f;
+      for (int j = j0; j < j1; j++) {
+        float v;
+        job->dot(cols, &v, wrow, job->act + (size_t)j * job->act_row_bytes);
+        job->out[(size_t)j * (size_t)w->rows + (size_t)r] = v + b;
+      }
+    }
+  }
+}
+
+static void cpu__mm_part(void *arg, int ith, int nth) {
+  cpu_mm_job_t *job = arg;
+  long c = ith;
+  while (c < job->n_chunks) {
+    long r0 = c * job->chunk_rows, r1 = FR_MIN(job->w->rows, r0 + job->chunk_rows);
+    cpu__mm_chunk(job, r0, r1);
+    c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
+  }
+}
+
+static int cpu__mm_check(const cpu_ctx_t *ctx, const kern_weight_t *w, const kern_weight_t *bias, int n) {
+  if (n < 0 || !w->data) return fr_errorf(-EINVAL, "matmul: bad arguments (n %d)", n);
+  if (w->type < 0 || w->type >= KERN_TYPE_MAX || !ctx->isa->vec_dot[w->type])
+    return fr_errorf(FR_EUNSUPPORTED, "matmul: weight type %d", (int)w->type);
+  if (w->cols <= 0 || w->cols > INT_MAX || w->rows <= 0 || kern_row_bytes(w->type, w->cols) != w->row_bytes)
+    return fr_errorf(-EINVAL, "matmul: bad weight shape (%lld x %lld)", (long long)w->rows, (long long)w->cols);
+  if (cpu_vec_dot_type(w->type) == KERN_Q8_K && w->cols % CPU_QK_K)
+    return fr_errorf(-EINVAL, "matmul: K-quant row of %lld", (long long)w->cols);
+  if (bias && (bias->type != KERN_F32 || bias->rows * bias->cols != w->rows || !bias->data))
+    return fr_errorf(-EINVAL, "matmul: bias must be F32 with %lld elements", (long long)w->rows);
+  return 0;
+}
+
+int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n) {
+  cpu_ctx_t *ctx = vctx;
+  int rc = cpu__mm_check(ctx, w, bias, n);
+  if (rc || n == 0) return rc;
+  cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n};
+  job.dot = ctx->isa->vec_dot[w->type];
+  kern_type_t vdt = cpu_vec_dot_type(w->type);
+  if (vdt == KERN_F32) {
+    job.act = (uint8_t *)x;
+    job.act_row_bytes = (size_t)w->cols * sizeof(float);
+  } else {
+    job.quant = ctx->isa->quantize[vdt];
+    job.act_row_bytes = kern_row_bytes(vdt, w->cols);
+    cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, job.act_row_bytes * (size_t)n);
+    job.act = ctx->qbuf;
+    if ((long)n * w->cols < CPU_MM_QUANT_SERIAL || ctx->n_threads == 1 || n == 1)
+      cpu__mm_quantize_part(&job, 0, 1);
+    else
+      fr_pool_run(ctx->pool, cpu__mm_quantize_part, &job);
+  }
+  /* ~8 chunks per thread for balance, at least 4 rows each. */
+  long per = w->rows / ((long)ctx->n_threads * 8);
+  job.chunk_rows = FR_MAX(4, FR_MIN(per, 64));
+  job.n_chunks = (w->rows + job.chunk_rows - 1) / job.chunk_rows;
+  atomic_init(&job.next_chunk, ctx->n_threads);
+  if (ctx->n_threads == 1 || job.n_chunks == 1) cpu__mm_part(&job, 0, 1);
+  else fr_pool_run(ctx->pool, cpu__mm_part, &job);
+  return 0;
+}
+
+int cpu__embed(void *vctx, void *out, const kern_weight_t *table) {
+  cpu_ctx_t *ctx = vctx;
+  if (!table->data || !kern_type_traits(table->type) || table->type == KERN_Q8_1 || table->type == KERN_Q8_K)
+    return fr_errorf(-EINVAL, "embed: bad table");
+  float *o = out;
+  for (int t = 0; t < ctx->n_tokens; t++) {
+    int32_t id = ctx->tokens[t];
+    if (id < 0 || id >= table->rows)
+      return fr_errorf(-EINVAL, "embed: token %d out of range [0, %lld)", id, (long long)table->rows);
+    const uint8_t *row = (const uint8_t *)table->data + (size_t)id * table->row_bytes;
+    kern_dequantize_row(table->type, row, o + (size_t)t * (size_t)table->cols, table->cols);
+  }
+  return 0;
+}

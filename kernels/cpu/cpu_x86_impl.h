@@ -1,0 +1,346 @@
+/* cpu_x86_impl.h - AVX2 kernels (ggml's vec_dot structure: maddubs/madd
+ * integer dots per block, one f32 FMA per block). Included by cpu_avx2.c
+ * (-mavx2 -mfma -mf16c) and cpu_avx512.c (which overrides some slots);
+ * everything here is static, so each translation unit gets its own copy
+ * compiled for its flags. */
+#pragma once
+
+#include <immintrin.h>
+#include <math.h>
+#include <string.h>
+
+#include "common/fr_util.h"
+#include "kernels/cpu/cpu.h"
+
+#define X86_F16(x) fr_fp16_to_fp32(x)
+
+static inline float x86__hsum_f32_8(__m256 x) {
+  __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
+  r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+  r = _mm_add_ss(r, _mm_movehdup_ps(r));
+  return _mm_cvtss_f32(r);
+}
+
+static inline int x86__hsum_i32_8(__m256i a) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(a), _mm256_extracti128_si256(a, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 1));
+  return _mm_cvtsi128_si32(s);
+}
+
+/* 16 bytes of nibbles -> 32 bytes: low nibbles (elements 0..15) then high (16..31). */
+static inline __m256i x86__bytes_from_nibbles_32(const uint8_t *p) {
+  const __m128i tmp = _mm_loadu_si128((const __m128i *)p);
+  const __m256i bytes = _mm256_insertf128_si256(_mm256_castsi128_si256(tmp), _mm_srli_epi16(tmp, 4), 1);
+  return _mm256_and_si256(_mm256_set1_epi8(0xF), bytes);
+}
+
+/* 32 bits -> 32 bytes of 0xFF (bit set) or 0x00. */
+static inline __m256i x86__bytes_from_bits_32(const uint8_t *p) {
+  uint32_t x32;
+  memcpy(&x32, p, 4);
+  const __m256i shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+  __m256i bytes = _mm256_shuffle_epi8(_mm256_set1_epi32((int)x32), shuf);
+  bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+  return _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1));
+}
+
+/* Sum of unsigned(ax) * signed(sy) in pairs -> 8 floats. */
+static inline __m256 x86__mul_sum_us8_pairs_float(__m256i ax, __m256i sy) {
+  const __m256i dot = _mm256_maddubs_epi16(ax, sy);
+  return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
+}
+
+static inline __m256 x86__mul_sum_i8_pairs_float(__m256i x, __m256i y) {
+  return x86__mul_sum_us8_pairs_float(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+}
+
+/* ---- activation quantization (ggml's AVX2 quantize_row_q8_0/q8_1) ---- */
+
+/* Quantizes 32 floats; returns d and stores the packed bytes and the sum. */
+static inline float x86__quantize_block_q8(const float *x, int8_t *qs, int *sum) {
+  __m256 v0 = _mm256_loadu_ps(x), v1 = _mm256_loadu_ps(x + 8);
+  __m256 v2 = _mm256_loadu_ps(x + 16), v3 = _mm256_loadu_ps(x + 24);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  __m256 m = _mm256_andnot_ps(sign, v0);
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v1));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v2));
+  m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v3));
+  __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+  const float amax = _mm_cvtss_f32(m4);
+  const float d = amax / 127.f, id = amax != 0.0f ? 127.f / amax : 0.0f;
+  const __m256 mul = _mm256_set1_ps(id);
+  __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, mul), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  *sum = x86__hsum_i32_8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+  i0 = _mm256_packs_epi32(i0, i1);
+  i2 = _mm256_packs_epi32(i2, i3);
+  i0 = _mm256_packs_epi16(i0, i2);
+  i0 = _mm256_permutevar8x32_epi32(i0, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+  _mm256_storeu_si256((__m256i *)qs, i0);
+  return d;
+}
+
+static inline void x86__quantize_q8_0(const float *x, void *vy, int n) {
+  cpu_block_q8_0 *y = vy;
+  for (int i = 0; i < n / CPU_QK; i++) {
+    int sum;
+    y[i].d = fr_fp32_to_fp16(x86__quantize_block_q8(x + i * CPU_QK, y[i].qs, &sum));
+  }
+}
+
+static inline void x86__quantize_q8_1(const float *x, void *vy, int n) {
+  cpu_block_q8_1 *y = vy;
+  for (int i = 0; i < n / CPU_QK; i++) {
+    int sum;
+    float d = x86__quantize_block_q8(x + i * CPU_QK, y[i].qs, &sum);
+    y[i].d = fr_fp32_to_fp16(d);
+    y[i].s = fr_fp32_to_fp16(d * (float)sum);
+  }
+}
+
+/* ---- 32-element block types ---- */
+
+static inline void x86__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
+    __m256i qx = _mm256_sub_epi8(x86__bytes_from_nibbles_32(x[i].qs), _mm256_set1_epi8(8));
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, x86__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  *s = x86__hsum_f32_8(acc);
+}
+
+static inline void x86__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y = va;
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (int i = 0; i < n / CPU_QK; i++) {
+    summs += X86_F16(x[i].m) * X86_F16(y[i].s);
+    const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
+    const __m256i qx = x86__bytes_from_nibbles_32(x[i].qs);
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, x86__mul_sum_us8_pairs_float(qx, qy), acc);
+  }
+  *s = x86__hsum_f32_8(acc) + summs;
+}
+
+static inline void x86__vec_dot_q5_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q5_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
+    __m256i qx = x86__bytes_from_nibbles_32(x[i].qs);
+    __m256i hi = _mm256_andnot_si256(x86__bytes_from_bits_32(x[i].qh), _mm256_set1_epi8((char)0xF0));
+    qx = _mm256_or_si256(qx, hi); /* q5 - 16 as a signed byte */
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, x86__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  *s = x86__hsum_f32_8(acc);
+}
+
+static inline void x86__vec_dot_q5_1(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q5_1 *x = vw;
+  const cpu_block_q8_1 *y = va;
+  __m256 acc = _mm256_setzero_ps();
+  float summs = 0.0f;
+  for (int i = 0; i < n / CPU_QK; i++) {
+    summs += X86_F16(x[i].m) * X86_F16(y[i].s);
+    const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
+    __m256i qx = x86__bytes_from_nibbles_32(x[i].qs);
+    __m256i hi = _mm256_and_si256(x86__bytes_from_bits_32(x[i].qh), _mm256_set1_epi8(0x10));
+    qx = _mm256_or_si256(qx, hi);
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, x86__mul_sum_us8_pairs_float(qx, qy), acc);
+  }
+  *s = x86__hsum_f32_8(acc) + summs;
+}
+
+static inline void x86__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
+    __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+    __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+    acc = _mm256_fmadd_ps(d, x86__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  *s = x86__hsum_f32_8(acc);
+}
+
+/* ---- K-quants ---- */
+
+/* Unpacks the 8 six-bit scales and mins of a Q4_K/Q5_K super-block. */
+static inline void x86__scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
+  for (int j = 0; j < 4; j++) {
+    sc[j] = q[j] & 63;
+    m[j] = q[j + 4] & 63;
+    sc[j + 4] = (uint8_t)((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
+    m[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+  }
+}
+
+static inline int x86__mins_dot(const uint8_t m[8], const int16_t *bsums) {
+  int summ = 0;
+  for (int j = 0; j < 8; j++) summ += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
+  return summ;
+}
+
+/* Q4_K (qh == NULL) and Q5_K. */
+static inline float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
+                                      const uint8_t *qs, const cpu_block_q8_K *y) {
+  uint8_t sc[8], mn[8];
+  x86__scales_mins_k4(scales, sc, mn);
+  const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+  const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+  __m256i sumi = _mm256_setzero_si256();
+  for (int c = 0; c < 4; c++) {
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+    __m256i ql = _mm256_and_si256(bits, m4);
+    __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+    if (qh) {
+      __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c)), one);
+      __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c + 1)), one);
+      ql = _mm256_or_si256(ql, _mm256_slli_epi16(b0, 4));
+      qhh = _mm256_or_si256(qhh, _mm256_slli_epi16(b1, 4));
+    }
+    const __m256i q8l = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
+    const __m256i q8h = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
+    __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(ql, q8l));
+    __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(qhh, q8h));
+    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+  }
+  const int summ = x86__mins_dot(mn, y->bsums);
+  return y->d * X86_F16(d16) * (float)x86__hsum_i32_8(sumi) - y->d * X86_F16(dmin16) * (float)summ;
+}
+
+static inline void x86__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_K *x = vw;
+  const cpu_block_q8_K *y = va;
+  float sum = 0.0f;
+  for (int i = 0; i < n / CPU_QK_K; i++) sum += x86__dot_qk_block(x[i].d, x[i].dmin, x[i].scales, NULL, x[i].qs, &y[i]);
+  *s = sum;
+}
+
+static inline void x86__vec_dot_q5_K(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q5_K *x = vw;
+  const cpu_block_q8_K *y = va;
+  float sum = 0.0f;
+  for (int i = 0; i < n / CPU_QK_K; i++)
+    sum += x86__dot_qk_block(x[i].d, x[i].dmin, x[i].scales, x[i].qh, x[i].qs, &y[i]);
+  *s = sum;
+}
+
+/* Q6_K: (q6 - 32) . q8 = maddubs(q6, q8) - maddubs(32, q8), per 16 with int16 scales. */
+static inline void x86__vec_dot_q6_K(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q6_K *x = vw;
+  const cpu_block_q8_K *y = va;
+  const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n / CPU_QK_K; i++) {
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++) {
+      const uint8_t *ql = x[i].ql + 64 * h;
+      const int8_t *sc = x[i].scales + 8 * h, *q8 = y[i].qs + 128 * h;
+      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+      const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+      const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
+      __m256i q[4];
+      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+      for (int p = 0; p < 4; p++) {
+        const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 32 * p));
+        __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[p], y8), _mm256_maddubs_epi16(m32, y8));
+        const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[2 * p + 1]), _mm_set1_epi16(sc[2 * p]));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scl, p16));
+      }
+    }
+    acc = _mm256_fmadd_ps(_mm256_set1_ps(X86_F16(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
+  }
+  *s = x86__hsum_f32_8(acc);
+}
+
+/* ---- float types ---- */
+
+static inline float x86__dot_f32(int n, const float *a, const float *b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps(), s2 = _mm256_setzero_ps(), s3 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+    s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = x86__hsum_f32_8(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+  for (; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+static inline __m256 x86__load_f16(const uint16_t *p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+static inline __m256 x86__load_bf16(const uint16_t *p) {
+  __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+static inline float x86__dot_f16(int n, const uint16_t *a, const float *b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(x86__load_f16(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(x86__load_f16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(x86__load_f16(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = x86__hsum_f32_8(_mm256_add_ps(s0, s1));
+  for (; i < n; i++) s += X86_F16(a[i]) * b[i];
+  return s;
+}
+
+static inline float x86__dot_bf16(int n, const uint16_t *a, const float *b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(x86__load_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(x86__load_bf16(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(x86__load_bf16(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = x86__hsum_f32_8(_mm256_add_ps(s0, s1));
+  for (; i < n; i++) s += fr_bf16_to_fp32(a[i]) * b[i];
+  return s;
+}
+
+static inline void x86__vec_dot_f32(int n, float *s, const void *w, const void *a) { *s = x86__dot_f32(n, w, a); }
+static inline void x86__vec_dot_f16(int n, float *s, const void *w, const void *a) { *s = x86__dot_f16(n, w, a); }
+static inline void x86__vec_dot_bf16(int n, float *s, const void *w, const void *a) { *s = x86__dot_bf16(n, w, a); }
+
+static inline void x86__axpy_f32(int n, float a, const float *x, float *y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += a * x[i];
+}
+
+static inline void x86__axpy_f16(int n, float a, const uint16_t *x, float *y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, x86__load_f16(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += a * X86_F16(x[i]);
+}

@@ -45,6 +45,9 @@ typedef struct {
   bool attn_bias;                  /* q/k/v biases present (qwen2, llama attention_bias) */
   bool qk_norm;                    /* qwen3 per-head q/k norms */
   int sliding_window;              /* 0 = off */
+  int bos_id;                      /* -1 when the file names none */
+  int n_eos;                       /* eos ids from the model file (0..8) */
+  int eos_ids[8];                  /* config.json eos_token_id (int or list) / GGUF eos_token_id */
 } model_config_t;
 
 /* Human-readable name of an architecture. */

@@ -52,7 +52,9 @@ typedef struct {
   gguf_vtype_t type;      /* value type */
   gguf_vtype_t arr_type;  /* element type when type == GGUF_T_ARRAY */
   uint64_t arr_count;     /* elements when type == GGUF_T_ARRAY */
-  const uint8_t *value;   /* the value's bytes in the mapping (for arrays: the first element) */
+  /* The value's bytes in the mapping: scalars at `value`; strings start
+   * with their u64 length prefix; arrays: the first element. */
+  const uint8_t *value;
   /* For string arrays: offsets of each element's u64 length prefix,
    * relative to `value` (arr_count entries), so access is O(1). */
   const uint64_t *str_offsets;

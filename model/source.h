@@ -56,6 +56,10 @@ const model_tensor_t *model_source_tensor(const model_source_t *s, const char *n
 int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g);
 int model_config_from_hf_json(model_config_t *cfg, const char *config_json_path);
 
+/* Same as model_config_from_hf_json over a JSON text in memory (fuzzing,
+ * tests); cfg->name is left empty. */
+int model_config_from_hf_json_buf(model_config_t *cfg, const void *json, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -1,0 +1,292 @@
+/* source.c - a GGUF file or a Hugging Face folder seen as one table of
+ * GGUF-named (rows, cols) tensors plus a model_config_t. */
+#include "model/source.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+
+/* ---- HF -> GGUF tensor names ------------------------------------------ */
+
+typedef struct {
+  const char *hf, *gguf;
+} name_map_t;
+
+static const name_map_t hf_global_names[] = {
+    {"model.embed_tokens.weight", "token_embd.weight"},
+    {"model.norm.weight", "output_norm.weight"},
+    {"lm_head.weight", "output.weight"},
+};
+
+/* Suffixes after "model.layers.N." */
+static const name_map_t hf_layer_names[] = {
+    {"input_layernorm.weight", "attn_norm.weight"},
+    {"self_attn.q_proj.weight", "attn_q.weight"},
+    {"self_attn.k_proj.weight", "attn_k.weight"},
+    {"self_attn.v_proj.weight", "attn_v.weight"},
+    {"self_attn.o_proj.weight", "attn_output.weight"},
+    {"self_attn.q_proj.bias", "attn_q.bias"},
+    {"self_attn.k_proj.bias", "attn_k.bias"},
+    {"self_attn.v_proj.bias", "attn_v.bias"},
+    {"self_attn.o_proj.bias", "attn_output.bias"},
+    {"self_attn.q_norm.weight", "attn_q_norm.weight"},
+    {"self_attn.k_norm.weight", "attn_k_norm.weight"},
+    {"post_attention_layernorm.weight", "ffn_norm.weight"},
+    {"mlp.gate_proj.weight", "ffn_gate.weight"},
+    {"mlp.up_proj.weight", "ffn_up.weight"},
+    {"mlp.down_proj.weight", "ffn_down.weight"},
+};
+
+/* Maps a HF tensor name to its GGUF name (malloc'd), NULL when unknown. */
+static char *map_hf_name(const char *hf) {
+  static const char prefix[] = "model.layers.";
+  char buf[96];
+  for (size_t i = 0; i < FR_ARRAY_SIZE(hf_global_names); i++)
+    if (strcmp(hf, hf_global_names[i].hf) == 0) return fr_strdup(hf_global_names[i].gguf);
+  if (strncmp(hf, prefix, sizeof prefix - 1) != 0) return NULL;
+  const char *p = hf + sizeof prefix - 1, *q = p;
+  while (*q >= '0' && *q <= '9') q++;
+  if (q == p || q - p > 6 || *q != '.' || (*p == '0' && q - p > 1)) return NULL; /* no leading zeros */
+  for (size_t i = 0; i < FR_ARRAY_SIZE(hf_layer_names); i++) {
+    if (strcmp(q + 1, hf_layer_names[i].hf) == 0) {
+      snprintf(buf, sizeof buf, "blk.%.*s.%s", (int)(q - p), p, hf_layer_names[i].gguf);
+      return fr_strdup(buf);
+    }
+  }
+  return NULL;
+}
+
+/* ---- tensor tables ---------------------------------------------------- */
+
+static int cmp_tensor(const void *a, const void *b) {
+  return strcmp(((const model_tensor_t *)a)->name, ((const model_tensor_t *)b)->name);
+}
+
+static int sort_tensors(model_source_t *s) {
+  qsort(s->tensors, s->n_tensors, sizeof *s->tensors, cmp_tensor);
+  for (size_t i = 1; i < s->n_tensors; i++)
+    if (strcmp(s->tensors[i - 1].name, s->tensors[i].name) == 0)
+      return fr_errorf(FR_EFORMAT, "model: tensor %s appears twice", s->tensors[i].name);
+  return 0;
+}
+
+static void tensors_from_gguf(model_source_t *s) {
+  const model_gguf_t *g = s->gguf;
+  s->tensors = fr_calloc(FR_MAX(g->n_tensors, 1), sizeof *s->tensors);
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    const gguf_tensor_t *t = &g->tensors[i];
+    model_tensor_t *m = &s->tensors[s->n_tensors++];
+    m->name = fr_strndup(t->name.ptr, t->name.len);
+    m->type = t->type;
+    m->rows = t->ne[1] * t->ne[2] * t->ne[3]; /* fits: the element count was checked */
+    m->cols = t->ne[0];
+    m->data = t->data;
+  }
+}
+
+/* (rows, cols) of a row-major HF tensor: the last dim is cols. */
+static int hf_rows_cols(const st_tensor_t *t, int64_t *rows, int64_t *cols) {
+  *rows = 1;
+  *cols = t->n_dims ? t->shape[t->n_dims - 1] : 1;
+  for (int d = 0; d + 1 < t->n_dims; d++)
+    if (__builtin_mul_overflow(*rows, t->shape[d], rows))
+      return fr_errorf(FR_EFORMAT, "model: tensor %s: shape overflows", t->name);
+  return 0;
+}
+
+static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_name) {
+  static const kern_type_t kt[] = {[ST_F32] = KERN_F32, [ST_F16] = KERN_F16, [ST_BF16] = KERN_BF16};
+  m->name = gguf_name;
+  if (t->dtype == ST_OTHER)
+    return fr_errorf(FR_EUNSUPPORTED, "model: tensor %s has dtype %s (F32, F16, BF16 are supported)", t->name,
+                     t->dtype_name);
+  m->type = kt[t->dtype];
+  m->data = t->data;
+  return hf_rows_cols(t, &m->rows, &m->cols);
+}
+
+static int tensors_from_st(model_source_t *s) {
+  const model_st_t *st = s->st;
+  s->tensors = fr_calloc(FR_MAX(st->n_tensors, 1), sizeof *s->tensors);
+  for (size_t i = 0; i < st->n_tensors; i++) {
+    char *name = map_hf_name(st->tensors[i].name);
+    if (!name) {
+      FR_LOGD("model: skipping tensor %s (not used)", st->tensors[i].name);
+      continue;
+    }
+    int rc = tensor_from_st(&s->tensors[s->n_tensors++], &st->tensors[i], name);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+/* ---- shape checks ----------------------------------------------------- */
+
+static bool is_float_type(kern_type_t t) { return t == KERN_F32 || t == KERN_F16 || t == KERN_BF16; }
+
+/* name must exist with (rows, cols); vectors (norms, biases) must be float. */
+static int expect(const model_source_t *s, const char *name, int64_t rows, int64_t cols) {
+  const model_tensor_t *t = model_source_tensor(s, name);
+  if (!t) return fr_errorf(FR_EFORMAT, "model: tensor %s is missing", name);
+  if (t->rows != rows || t->cols != cols)
+    return fr_errorf(FR_EFORMAT, "model: tensor %s has shape %lld x %lld, expected %lld x %lld", name,
+                     (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+  if (rows == 1 && !is_float_type(t->type))
+    return fr_errorf(FR_EUNSUPPORTED, "model: vector tensor %s has quantized type %d", name, t->type);
+  return 0;
+}
+
+static int expect_layer(const model_source_t *s, int l, const char *what, int64_t rows, int64_t cols) {
+  char name[96];
+  snprintf(name, sizeof name, "blk.%d.%s", l, what);
+  return expect(s, name, rows, cols);
+}
+
+static int check_layer(const model_source_t *s, int l) {
+  const model_config_t *c = &s->config;
+  int64_t q = (int64_t)c->n_heads * c->head_dim, kv = (int64_t)c->n_kv_heads * c->head_dim;
+  int rc = expect_layer(s, l, "attn_norm.weight", 1, c->dim);
+  if (!rc) rc = expect_layer(s, l, "attn_q.weight", q, c->dim);
+  if (!rc) rc = expect_layer(s, l, "attn_k.weight", kv, c->dim);
+  if (!rc) rc = expect_layer(s, l, "attn_v.weight", kv, c->dim);
+  if (!rc) rc = expect_layer(s, l, "attn_output.weight", c->dim, q);
+  if (!rc && c->attn_bias) rc = expect_layer(s, l, "attn_q.bias", 1, q);
+  if (!rc && c->attn_bias) rc = expect_layer(s, l, "attn_k.bias", 1, kv);
+  if (!rc && c->attn_bias) rc = expect_layer(s, l, "attn_v.bias", 1, kv);
+  if (!rc && c->qk_norm) rc = expect_layer(s, l, "attn_q_norm.weight", 1, c->head_dim);
+  if (!rc && c->qk_norm) rc = expect_layer(s, l, "attn_k_norm.weight", 1, c->head_dim);
+  if (!rc) rc = expect_layer(s, l, "ffn_norm.weight", 1, c->dim);
+  if (!rc) rc = expect_layer(s, l, "ffn_gate.weight", c->ffn_dim, c->dim);
+  if (!rc) rc = expect_layer(s, l, "ffn_up.weight", c->ffn_dim, c->dim);
+  if (!rc) rc = expect_layer(s, l, "ffn_down.weight", c->dim, c->ffn_dim);
+  return rc;
+}
+
+/* Every tensor the config needs exists with its shape; the first missing or
+ * misshaped one is reported by name. */
+static int check_tensors(const model_source_t *s) {
+  const model_config_t *c = &s->config;
+  int rc = expect(s, "token_embd.weight", c->vocab_size, c->dim);
+  if (!rc) rc = expect(s, "output_norm.weight", 1, c->dim);
+  if (!rc && !c->tied_embeddings) rc = expect(s, "output.weight", c->vocab_size, c->dim);
+  if (!rc && model_source_tensor(s, "rope_freqs.weight")) rc = expect(s, "rope_freqs.weight", 1, c->rope_dim / 2);
+  for (int l = 0; l < c->n_layers && !rc; l++) rc = check_layer(s, l);
+  return rc;
+}
+
+/* ---- open ------------------------------------------------------------- */
+
+static char *join_path(const char *dir, const char *name) {
+  size_t n = strlen(dir) + strlen(name) + 2;
+  char *p = fr_malloc(n);
+  snprintf(p, n, "%s/%s", dir, name);
+  return p;
+}
+
+static bool is_file(const char *p) {
+  struct stat sb;
+  return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* The path of dir/name when that file exists, else NULL. */
+static char *optional_file(const char *dir, const char *name) {
+  char *p = join_path(dir, name);
+  if (is_file(p)) return p;
+  free(p);
+  return NULL;
+}
+
+static int open_gguf(model_source_t *s) {
+  int rc = model_gguf_open(&s->gguf, s->path);
+  if (!rc) rc = model_config_from_gguf(&s->config, s->gguf);
+  if (rc) return rc;
+  s->rope_mode = s->config.arch == MODEL_ARCH_LLAMA ? KERN_ROPE_NORM : KERN_ROPE_NEOX;
+  tensors_from_gguf(s);
+  return 0;
+}
+
+/* A HF model: config.json in dir, weights at st_path (file or folder). */
+static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
+  char *cfg_path = join_path(dir, "config.json");
+  int rc = is_file(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
+                             : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
+  free(cfg_path);
+  if (!rc) rc = model_st_open(&s->st, st_path);
+  if (rc) return rc;
+  s->rope_mode = KERN_ROPE_NEOX; /* HF weights are rotate-half for every arch */
+  s->tokenizer_json = optional_file(dir, "tokenizer.json");
+  s->tokenizer_config_json = optional_file(dir, "tokenizer_config.json");
+  return tensors_from_st(s);
+}
+
+static bool has_suffix(const char *s, const char *suf) {
+  size_t n = strlen(s), m = strlen(suf);
+  return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
+/* A file: GGUF by its magic, or a .safetensors with config.json beside it. */
+static int open_file(model_source_t *s) {
+  char magic[4] = {0};
+  int fd = open(s->path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return fr_errorf(-errno, "model: cannot open %s: %s", s->path, strerror(errno));
+  ssize_t n = read(fd, magic, sizeof magic);
+  close(fd);
+  if (n == 4 && memcmp(magic, "GGUF", 4) == 0) return open_gguf(s);
+  if (!has_suffix(s->path, ".safetensors"))
+    return fr_errorf(FR_EFORMAT, "model: %s is neither a GGUF file nor a .safetensors file", s->path);
+  char *dir = fr_strdup(s->path), *slash = strrchr(dir, '/');
+  if (slash) *slash = 0;
+  int rc = open_hf(s, slash ? (dir[0] ? dir : "/") : ".", s->path);
+  free(dir);
+  return rc;
+}
+
+int model_source_open(model_source_t **out, const char *path) {
+  struct stat sb;
+  int rc;
+  *out = NULL;
+  if (stat(path, &sb) != 0) return fr_errorf(-errno, "model: %s: %s", path, strerror(errno));
+  model_source_t *s = fr_calloc(1, sizeof *s);
+  s->path = fr_strdup(path);
+  rc = S_ISDIR(sb.st_mode) ? open_hf(s, path, path) : open_file(s);
+  if (!rc) rc = sort_tensors(s);
+  if (!rc) rc = check_tensors(s);
+  if (rc) {
+    model_source_close(s);
+    return rc;
+  }
+  *out = s;
+  return 0;
+}
+
+void model_source_close(model_source_t *s) {
+  if (!s) return;
+  for (size_t i = 0; i < s->n_tensors; i++) free((char *)s->tensors[i].name);
+  free(s->tensors);
+  model_gguf_close(s->gguf);
+  model_st_close(s->st);
+  free(s->tokenizer_json);
+  free(s->tokenizer_config_json);
+  free(s->path);
+  free(s);
+}
+
+const model_tensor_t *model_source_tensor(const model_source_t *s, const char *name) {
+  size_t lo = 0, hi = s->n_tensors;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    int c = strcmp(s->tensors[mid].name, name);
+    if (c == 0) return &s->tensors[mid];
+    if (c < 0) lo = mid + 1;
+    else hi = mid;
+  }
+  return NULL;
+}

@@ -13,6 +13,16 @@ extern "C" {
 int cli_cmd_run(int argc, char **argv);
 int cli_cmd_tokenize(int argc, char **argv);
 int cli_cmd_inspect(int argc, char **argv);
+int cli_cmd_pull(int argc, char **argv);
+/* engine (FERRUM_HAVE_ENGINE): */
+int cli_cmd_serve(int argc, char **argv);
+int cli_cmd_stop(int argc, char **argv);
+int cli_cmd_submit(int argc, char **argv);
+int cli_cmd_status(int argc, char **argv);
+int cli_cmd_cancel(int argc, char **argv);
+/* HTTP frontend side (FERRUM_HAVE_HTTP): */
+int cli_cmd_chat(int argc, char **argv);
+int cli_cmd_bench(int argc, char **argv);
 
 /* The default model's path: $FERRUM_MODEL, else models/<default> under the
  * working directory, else under the source tree ferrumctl was built from. */

@@ -9,9 +9,17 @@ static void usage(FILE *f) {
           "usage: ferrumctl <command> [options]\n"
           "\n"
           "commands:\n"
+          "  serve     start the engine: coordinator, workers, HTTP and RPC\n"
           "  run       generate text from a prompt\n"
+          "  chat      interactive chat with a running server\n"
+          "  submit    submit a job to a running server (RPC)\n"
+          "  status    show a running server's queues and KV usage\n"
+          "  cancel    cancel a job\n"
+          "  stop      drain and stop a running server\n"
+          "  bench     benchmark a running server (like vllm bench serve)\n"
           "  tokenize  print the token ids of a text as JSON\n"
           "  inspect   print a model's architecture, tokenizer and tensors\n"
+          "  pull      fetch the default model into models/\n"
           "\n"
           "ferrumctl <command> --help shows a command's options.\n");
 }
@@ -22,9 +30,22 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[1];
-  if (!strcmp(cmd, "run")) return cli_cmd_run(argc - 1, argv + 1);
-  if (!strcmp(cmd, "tokenize")) return cli_cmd_tokenize(argc - 1, argv + 1);
-  if (!strcmp(cmd, "inspect")) return cli_cmd_inspect(argc - 1, argv + 1);
+  static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+  } cmds[] = {
+      {"run", cli_cmd_run},       {"tokenize", cli_cmd_tokenize}, {"inspect", cli_cmd_inspect},
+      {"pull", cli_cmd_pull},
+#ifdef FERRUM_HAVE_ENGINE
+      {"serve", cli_cmd_serve},   {"stop", cli_cmd_stop},         {"submit", cli_cmd_submit},
+      {"status", cli_cmd_status}, {"cancel", cli_cmd_cancel},
+#endif
+#ifdef FERRUM_HAVE_HTTP
+      {"chat", cli_cmd_chat},     {"bench", cli_cmd_bench},
+#endif
+  };
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
+    if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);
   if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
     usage(stdout);
     return 0;

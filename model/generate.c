@@ -20,8 +20,9 @@ int model_gen_create(model_gen_t **out, model_t *m, int max_ctx) {
   kern_kv_config_t kc = model_kv_config(m, g->block_size, g->n_blocks, kv_type);
   int rc = m->be->ops->kv_pool_init(m->be->ctx, &g->pool, &kc, NULL);
   if (rc) {
+    int nb = g->n_blocks;
     free(g);
-    return fr_errorf(rc, "KV pool of %d blocks: %s", g->n_blocks, fr_strerror(rc));
+    return fr_errorf(rc, "KV pool of %d blocks: %s", nb, fr_strerror(rc));
   }
   g->block_table = fr_malloc((size_t)g->n_blocks * sizeof(int32_t));
   for (int i = 0; i < g->n_blocks; i++) g->block_table[i] = i;

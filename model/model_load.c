@@ -10,10 +10,11 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "model/model.h"
+#include "model/model_impl.h"
 #include "model/rope.h"
 
 /* Host buffers that weights may borrow, freed with the model. */
-static void model__keep(model_t *m, void *p) {
+void model__keep(model_t *m, void *p) {
   m->host_bufs = fr_realloc(m->host_bufs, (size_t)(m->n_host_bufs + 1) * sizeof(void *));
   m->host_bufs[m->n_host_bufs++] = p;
 }
@@ -113,7 +114,7 @@ static int model__load_globals(model_t *m) {
   return model__load_weight(m, &m->output, "output.weight", true, c->vocab_size, c->dim);
 }
 
-static int model__init_rope(model_t *m) {
+int model__init_rope(model_t *m) {
   const model_config_t *c = &m->cfg;
   int half = c->rope_dim / 2;
   float *inv = fr_malloc((size_t)half * sizeof(float));
@@ -137,7 +138,7 @@ static int model__init_rope(model_t *m) {
   return rc;
 }
 
-static int model__alloc_scratch(model_t *m) {
+int model__alloc_scratch(model_t *m) {
   const model_config_t *c = &m->cfg;
   size_t es = m->be->act_size, T = (size_t)m->max_tokens;
   struct {
@@ -163,7 +164,7 @@ static int model__alloc_scratch(model_t *m) {
   return 0;
 }
 
-static model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
+model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
   model_t *m = fr_calloc(1, sizeof *m);
   m->be = be;
   m->max_tokens = opts && opts->max_tokens > 0 ? opts->max_tokens : 512;
@@ -172,7 +173,7 @@ static model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
   return m;
 }
 
-static int model__check_config(const model_config_t *c) {
+int model__check_config(const model_config_t *c) {
   if (c->n_layers <= 0 || c->dim <= 0 || c->n_heads <= 0 || c->n_kv_heads <= 0 || c->head_dim <= 0 ||
       c->ffn_dim <= 0 || c->vocab_size <= 0 || c->n_heads % c->n_kv_heads != 0 || c->rope_dim <= 0 ||
       c->rope_dim > c->head_dim || c->rope_dim % 2 != 0)

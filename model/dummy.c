@@ -1,0 +1,201 @@
+/* dummy.c - random weights of a config's shapes (vLLM's --load-format
+ * dummy), for benchmarks of models too large to ship, and the built-in
+ * configs of well-known models. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_hash.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "model/dummy.h"
+#include "model/model_impl.h"
+#include "model/rope.h"
+
+static const struct {
+  const char *name;
+  model_config_t cfg;
+} model__builtin[] = {
+    {"llama-3-8b",
+     {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "llama-3-8b", .n_layers = 32, .dim = 4096,
+      .ffn_dim = 14336, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 128256, .max_ctx = 8192,
+      .norm_eps = 1e-5f, .rope_theta = 500000.0f, .rope_dim = 128, .rope_scaling = MODEL_ROPE_SCALING_LLAMA3,
+      .rope_factor = 8.0f, .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f, .rope_orig_ctx = 8192}},
+    {"qwen2.5-7b",
+     {.arch = MODEL_ARCH_QWEN2, .arch_name = "qwen2", .name = "qwen2.5-7b", .n_layers = 28, .dim = 3584,
+      .ffn_dim = 18944, .n_heads = 28, .n_kv_heads = 4, .head_dim = 128, .vocab_size = 152064, .max_ctx = 32768,
+      .norm_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_dim = 128, .attn_bias = true}},
+    {"qwen3-8b",
+     {.arch = MODEL_ARCH_QWEN3, .arch_name = "qwen3", .name = "qwen3-8b", .n_layers = 36, .dim = 4096,
+      .ffn_dim = 12288, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 151936, .max_ctx = 40960,
+      .norm_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_dim = 128, .qk_norm = true}},
+    {"smollm2-135m",
+     {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "smollm2-135m", .n_layers = 30, .dim = 576,
+      .ffn_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64, .vocab_size = 49152, .max_ctx = 8192,
+      .norm_eps = 1e-5f, .rope_theta = 100000.0f, .rope_dim = 64, .tied_embeddings = true}},
+};
+
+int model_dummy_config(const char *name_or_path, model_config_t *cfg) {
+  for (size_t i = 0; i < FR_ARRAY_SIZE(model__builtin); i++)
+    if (!strcmp(name_or_path, model__builtin[i].name)) {
+      *cfg = model__builtin[i].cfg;
+      return 0;
+    }
+  if (strstr(name_or_path, ".json") || strchr(name_or_path, '/')) {
+    char path[4096];
+    const char *p = name_or_path;
+    if (!strstr(name_or_path, ".json")) {
+      snprintf(path, sizeof path, "%s/config.json", name_or_path);
+      p = path;
+    }
+    return model_config_from_hf_json(cfg, p);
+  }
+  return fr_errorf(FR_ENOTFOUND, "no built-in config '%s' (llama-3-8b, qwen2.5-7b, qwen3-8b, smollm2-135m) "
+                                 "and not a config.json path", name_or_path);
+}
+
+/* One random buffer all weights of a type borrow from (distinct offsets):
+ * enough for the largest tensor. Values: bf16/f16/f32 ~ U(-a, a); quantized
+ * blocks with random payloads and small sane scales. */
+typedef struct {
+  uint8_t *bytes;
+  size_t size;
+} model__pool_t;
+
+static void model__fill_random(uint8_t *p, size_t n, uint64_t seed) {
+  uint64_t s = seed;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t v = fr_mix64(s += 0x9e3779b97f4a7c15ull);
+    memcpy(p + i, &v, 8);
+  }
+  for (; i < n; i++) p[i] = (uint8_t)fr_mix64(s += 0x9e3779b97f4a7c15ull);
+}
+
+static void model__sanitize(uint8_t *p, size_t n, kern_type_t t) {
+  const kern_type_traits_t *tr = kern_type_traits(t);
+  size_t nb = n / (size_t)tr->size;
+  uint16_t small = fr_fp32_to_fp16(0.002f), tiny = fr_fp32_to_fp16(0.0005f);
+  for (size_t b = 0; b < nb; b++) {
+    uint8_t *blk = p + b * (size_t)tr->size;
+    switch (t) {
+    case KERN_F32: {
+      float *f = (float *)blk;
+      *f = (float)((int8_t)blk[0]) / 2048.0f;
+      break;
+    }
+    case KERN_F16: {
+      uint16_t h = fr_fp32_to_fp16((float)((int8_t)blk[0]) / 2048.0f);
+      memcpy(blk, &h, 2);
+      break;
+    }
+    case KERN_BF16: {
+      uint16_t h = fr_fp32_to_bf16((float)((int8_t)blk[0]) / 2048.0f);
+      memcpy(blk, &h, 2);
+      break;
+    }
+    case KERN_Q4_K: case KERN_Q5_K:
+      memcpy(blk, &small, 2), memcpy(blk + 2, &tiny, 2);
+      break;
+    case KERN_Q6_K:
+      memcpy(blk + 208, &small, 2);
+      for (int i = 0; i < 16; i++) blk[192 + i] = (uint8_t)((int8_t)(blk[192 + i] % 32));
+      break;
+    case KERN_Q4_1: case KERN_Q5_1:
+      memcpy(blk, &small, 2), memcpy(blk + 2, &tiny, 2);
+      break;
+    default: /* Q4_0, Q5_0, Q8_0: d first */
+      memcpy(blk, &small, 2);
+      break;
+    }
+  }
+}
+
+static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weight_t *w, kern_type_t t, int64_t rows,
+                               int64_t cols, size_t *off) {
+  memset(w, 0, sizeof *w);
+  w->type = t;
+  w->rows = rows;
+  w->cols = cols;
+  w->row_bytes = kern_row_bytes(t, cols);
+  if (!w->row_bytes) return fr_errorf(-EINVAL, "dummy weight: %lld columns do not fit type %s", (long long)cols,
+                                      kern_type_traits(t)->name);
+  size_t bytes = w->row_bytes * (size_t)rows;
+  if (*off + bytes > pool->size) *off = 0;
+  const uint8_t *src = pool->bytes + *off;
+  *off = (*off + bytes / 3 + 63) & ~(size_t)63; /* vary the data between weights */
+  if (*off + bytes > pool->size) *off = 0;
+  return m->be->ops->weight_load(m->be->ctx, w, src);
+}
+
+static int model__dummy_vector(model_t *m, kern_weight_t *w, int64_t n, float base) {
+  float *v = fr_malloc((size_t)n * sizeof(float));
+  for (int64_t i = 0; i < n; i++) v[i] = base + 0.01f * (float)((fr_mix64((uint64_t)i) & 255) - 128) / 128.0f;
+  model__keep(m, v);
+  *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = n, .row_bytes = (size_t)n * sizeof(float)};
+  return m->be->ops->weight_load(m->be->ctx, w, v);
+}
+
+static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t t, int il, size_t *off) {
+  const model_config_t *c = &m->cfg;
+  model_layer_t *L = &m->layers[il];
+  const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+  int rc = 0;
+  if ((rc = model__dummy_vector(m, &L->attn_norm, c->dim, 1.0f))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->wq, t, qd, c->dim, off))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->wk, t, kvd, c->dim, off))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->wv, t, kvd, c->dim, off))) return rc;
+  if (c->attn_bias) {
+    if ((rc = model__dummy_vector(m, &L->bq, qd, 0.0f))) return rc;
+    if ((rc = model__dummy_vector(m, &L->bk, kvd, 0.0f))) return rc;
+    if ((rc = model__dummy_vector(m, &L->bv, kvd, 0.0f))) return rc;
+  }
+  if (c->qk_norm) {
+    if ((rc = model__dummy_vector(m, &L->q_norm, c->head_dim, 1.0f))) return rc;
+    if ((rc = model__dummy_vector(m, &L->k_norm, c->head_dim, 1.0f))) return rc;
+  }
+  if ((rc = model__dummy_weight(m, pool, &L->wo, t, c->dim, qd, off))) return rc;
+  if ((rc = model__dummy_vector(m, &L->ffn_norm, c->dim, 1.0f))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->w_gate, t, c->ffn_dim, c->dim, off))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->w_up, t, c->ffn_dim, c->dim, off))) return rc;
+  return model__dummy_weight(m, pool, &L->w_down, t, c->dim, c->ffn_dim, off);
+}
+
+int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts) {
+  *out = NULL;
+  model_t *m = model__new(be, opts);
+  m->cfg = *cfg;
+  if (m->cfg.rope_dim == 0) m->cfg.rope_dim = m->cfg.head_dim;
+  m->rope.mode = KERN_ROPE_NEOX;
+  kern_type_t t = opts && opts->dummy_type ? opts->dummy_type : be->act_type;
+  int rc = model__check_config(&m->cfg);
+  if (rc) goto fail;
+  size_t big = kern_row_bytes(t, m->cfg.dim) * (size_t)m->cfg.vocab_size;
+  size_t ffn = kern_row_bytes(t, m->cfg.ffn_dim) * (size_t)m->cfg.dim;
+  model__pool_t pool = {.size = (big > ffn ? big : ffn) + (1u << 20)};
+  pool.bytes = fr_malloc_aligned(pool.size);
+  model__fill_random(pool.bytes, pool.size, opts ? opts->seed : 0);
+  model__sanitize(pool.bytes, pool.size, t);
+  size_t off = 0;
+  rc = model__dummy_weight(m, &pool, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &off);
+  if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
+  if (!rc && m->cfg.tied_embeddings) m->output = m->tok_embd;
+  else if (!rc) rc = model__dummy_weight(m, &pool, &m->output, t, m->cfg.vocab_size, m->cfg.dim, &off);
+  if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
+  for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pool, t, il, &off);
+  if (!rc) rc = model__init_rope(m);
+  if (!rc) rc = model__alloc_scratch(m);
+  /* The CPU backend borrows host bytes: keep the pool with the model. */
+  model__keep(m, pool.bytes);
+  if (rc) goto fail;
+  if (opts && opts->progress)
+    FR_LOGI("dummy %s: %d layers, dim %d, %s weights on %s", m->cfg.name, m->cfg.n_layers, m->cfg.dim,
+            kern_type_traits(t)->name, be->ops->name);
+  *out = m;
+  return 0;
+fail:
+  model_destroy(m);
+  return rc;
+}

@@ -1,0 +1,39 @@
+# The CUDA backend (kernels/cuda/). With FERRUM_CUDA on it is its own library,
+# ferrum_kernels_cuda, linked into ferrum_kernels; without it a stub
+# kern_cuda_create that returns FR_EUNSUPPORTED joins ferrum_kernels.
+if(NOT FERRUM_CUDA)
+  target_sources(ferrum_kernels PRIVATE cuda/kcu_stub.c)
+  return()
+endif()
+
+# nvcc does not take the project's C warning flags (add_compile_options):
+# CUDA targets get their own.
+function(ferrum_cuda_flags target)
+  set_property(TARGET ${target} PROPERTY COMPILE_OPTIONS "")
+  set_target_properties(${target} PROPERTIES CUDA_ARCHITECTURES "${CMAKE_CUDA_ARCHITECTURES}"
+    CUDA_STANDARD 17 POSITION_INDEPENDENT_CODE ON)
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CUDA>:-lineinfo -Xcompiler=-Wall,-Wno-unused-parameter>
+    $<$<COMPILE_LANGUAGE:C>:-Wall -Wextra -Wno-unused-parameter>)
+  if(FERRUM_WERROR)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings>
+      $<$<COMPILE_LANGUAGE:C>:-Werror>)
+  endif()
+endfunction()
+
+add_library(ferrum_kernels_cuda STATIC
+  cuda/kcu_backend.cu
+  cuda/kcu_ops.cu
+  cuda/kcu_matmul.cu
+  cuda/kcu_attn.cu
+  cuda/kcu_sample.cu)
+ferrum_cuda_flags(ferrum_kernels_cuda)
+target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_common CUDA::cudart CUDA::cublas)
+target_link_libraries(ferrum_kernels PUBLIC ferrum_kernels_cuda)
+
+# Ops benchmark (bench/cuda_ops.cu): GEMV bandwidth, decode attention, copy ceiling.
+if(EXISTS ${CMAKE_SOURCE_DIR}/bench/cuda_ops.cu)
+  add_executable(cuda_ops_bench ${CMAKE_SOURCE_DIR}/bench/cuda_ops.cu)
+  ferrum_cuda_flags(cuda_ops_bench)
+  target_link_libraries(cuda_ops_bench PRIVATE ferrum_kernels)
+endif()

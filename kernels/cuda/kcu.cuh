@@ -1,0 +1,196 @@
+/* kcu.cuh - internals of the CUDA backend shared by its .cu files.
+ *
+ * The backend context (kcu_ctx_t), the one error-check macro for CUDA and
+ * cuBLAS calls, element load/store helpers for the activation types (bf16 or
+ * f16, chosen at create time) and the launchers each .cu file exports to
+ * kcu_backend.cu. Not a public header: only kernels/cuda includes it.
+ *
+ * Threads: one owner thread per backend (kern.h). Every op runs on the
+ * backend's one stream; ops called between graph_begin and graph_end are
+ * captured, so they must not synchronize, allocate or read host memory.
+ */
+#pragma once
+
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kernels/kern.h"
+
+/* One check for CUDA, cuBLAS (and later NCCL) calls, like ggml-cuda's
+ * CUDA_CHECK_GEN: reports the call, file and line, returns the code. */
+#define KCU_CHECK_GEN(call, type_t, ok, code, strfn)                                       \
+  do {                                                                                      \
+    type_t kcu_e_ = (call);                                                                 \
+    if (kcu_e_ != (ok))                                                                     \
+      return fr_errorf((code), "%s failed: %s (%s:%d)", #call, strfn(kcu_e_), __FILE__, __LINE__); \
+  } while (0)
+#define KCU_CHECK(call) KCU_CHECK_GEN(call, cudaError_t, cudaSuccess, FR_ECUDA, cudaGetErrorString)
+#define KCU_CUBLAS(call) KCU_CHECK_GEN(call, cublasStatus_t, CUBLAS_STATUS_SUCCESS, FR_ECUBLAS, cublasGetStatusString)
+/* After each kernel launch. */
+#define KCU_LAUNCHED() KCU_CHECK(cudaGetLastError())
+
+#define KCU_MAX_GRAPHS 64
+#define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
+#define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
+
+/* Device copy of the step metadata: one allocation, fixed offsets while the
+ * capacities hold (graphs captured against it stay valid). */
+typedef struct {
+  int32_t *hdr;          /* [0]=n_tokens [1]=n_seqs [2]=max_blocks */
+  int32_t *positions;    /* (tok_cap) */
+  int32_t *slots;        /* (tok_cap) */
+  int32_t *tokens;       /* (tok_cap) */
+  int32_t *q_start;      /* (seq_cap + 1) */
+  int32_t *ctx_len;      /* (seq_cap) */
+  int32_t *block_tables; /* (bt_cap) */
+} kcu_meta_t;
+
+typedef struct {
+  uint64_t key;
+  cudaGraphExec_t exec;
+} kcu_graph_t;
+
+typedef struct {
+  kern_backend_t be; /* what kern_cuda_create hands out; be.ctx points here */
+  int device;
+  int n_sm;
+  size_t smem_optin;
+  cudaStream_t stream;
+  cublasHandle_t cublas;
+  void *cublas_ws;
+  kern_type_t act;
+  size_t act_size;
+
+  /* step metadata: device buffer, pinned host mirror, host copies */
+  void *meta_dev, *meta_pin;
+  size_t meta_bytes;
+  int tok_cap, seq_cap;
+  size_t bt_cap;
+  kcu_meta_t dm, pm;       /* pointers into meta_dev / meta_pin */
+  cudaEvent_t meta_done;   /* the last metadata upload finished reading meta_pin */
+  int n_tokens, n_seqs, max_blocks;
+  int max_q, max_ctx;      /* longest query run and context in this step */
+  int all_single;          /* every sequence has exactly one query token */
+  int32_t *h_tokens;       /* host copy (tok_cap) for embed's bounds check */
+
+  /* scratch */
+  void *deq;               /* act-type dequantized weight rows for prefill GEMMs */
+  size_t deq_elems;
+  float *attn_part;        /* decode split-K partials */
+  size_t attn_part_floats;
+  float *f32_tmp;          /* to_f32_host staging */
+  size_t f32_tmp_n;
+  void *samp_dev, *samp_pin; /* sample params in, (token, logprob) out */
+  int samp_cap;
+  int32_t *pairs_dev;      /* kv_copy_blocks */
+  int pairs_cap;
+  int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
+
+  /* graphs */
+  kcu_graph_t graphs[KCU_MAX_GRAPHS];
+  int n_graphs;
+  int capturing;
+  uint64_t capture_key;
+} kcu_ctx_t;
+
+/* Element helpers: T is __nv_bfloat16 or __half. */
+__device__ __forceinline__ float kcu_f(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float kcu_f(__half x) { return __half2float(x); }
+__device__ __forceinline__ float kcu_f(float x) { return x; }
+template <typename T> __device__ __forceinline__ T kcu_t(float x);
+template <> __device__ __forceinline__ __nv_bfloat16 kcu_t<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
+template <> __device__ __forceinline__ __half kcu_t<__half>(float x) { return __float2half(x); }
+template <> __device__ __forceinline__ float kcu_t<float>(float x) { return x; }
+
+/* 8 packed elements (one 16-byte load) to f32. */
+__device__ __forceinline__ void kcu_unpack8(uint4 v, float *f, const __nv_bfloat16 *) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    f[2 * i] = __uint_as_float(w[i] << 16);
+    f[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void kcu_unpack8(uint4 v, float *f, const __half *) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    __half2 h = *reinterpret_cast<const __half2 *>(&w[i]);
+    float2 p = __half22float2(h);
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+template <typename T> __device__ __forceinline__ uint4 kcu_pack8(const float *f) {
+  uint4 v;
+  T *t = reinterpret_cast<T *>(&v);
+#pragma unroll
+  for (int i = 0; i < 8; i++) t[i] = kcu_t<T>(f[i]);
+  return v;
+}
+
+__device__ __forceinline__ float kcu_warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float kcu_warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+/* Runs `body` with T bound to the activation type of ctx. */
+#define KCU_ACT_DISPATCH(ctx, ...)                  \
+  do {                                              \
+    if ((ctx)->act == KERN_BF16) {                  \
+      typedef __nv_bfloat16 T;                      \
+      __VA_ARGS__;                                  \
+    } else {                                        \
+      typedef __half T;                             \
+      __VA_ARGS__;                                  \
+    }                                               \
+  } while (0)
+
+static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1) / b); }
+
+/* Device allocation: FR_EDEVOOM with a clear message when out of memory. */
+int kcu__alloc(kcu_ctx_t *c, size_t bytes, void **out, const char *what);
+/* Frees a device allocation (NULL is fine). */
+void kcu__free(void *p);
+/* Fails with FR_ESTATE when called during graph capture (for ops that would
+ * allocate or synchronize). */
+int kcu__not_capturing(kcu_ctx_t *c, const char *what);
+
+/* Launchers (kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu, kcu_sample.cu). All
+ * return 0 or a negative error; they queue work on c->stream. */
+int kcu__convert(kcu_ctx_t *c, void *dst, kern_type_t dst_type, const void *src, kern_type_t src_type, size_t n);
+int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *table);
+int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps);
+int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *rope);
+int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
+                   int v_stride);
+int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, int n_pairs);
+int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride);
+int kcu__add(kcu_ctx_t *c, void *out, const void *a, const void *b, size_t n);
+int kcu__last_rows(kcu_ctx_t *c, void *out, const void *x, int dim);
+int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows);
+int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
+int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
+int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                   int n_heads, int head_dim, float scale);
+/* Decode split count for a step shape; the partials buffer is sized from it. */
+int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev);
+
+/* Sample params as the device reads them (16-byte aligned rows). */
+typedef struct {
+  float temperature, top_p, min_p;
+  int32_t top_k;
+  uint64_t seed, counter;
+} kcu_sparams_t;

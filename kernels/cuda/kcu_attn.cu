@@ -1,0 +1,375 @@
+/* kcu_attn.cu - causal attention over the paged KV pool.
+ *
+ * Decode (every sequence has one query token): one CTA per (split, KV head,
+ * sequence) serves all the query heads that share the KV head (GQA); the
+ * context is split along the sequence (flash-decoding) so that long contexts
+ * fill the GPU, and a second kernel merges the splits by their log-sum-exp.
+ * The split count depends only on the step's shape (n_seqs, KV heads, block
+ * table capacity), never on ctx_len, so a captured graph replays correctly
+ * for any context length: each CTA finds its range from ctx_len on the
+ * device.
+ *
+ * Prefill / mixed batches: flash-attention style, one CTA per (query tile of
+ * 64 tokens, head, sequence), K/V tiles of 32 tokens staged in shared memory
+ * through the block table, online softmax, causal by position. Reads cached
+ * prefix blocks the same way as new ones (chunked prefill, prefix hits).
+ */
+#include <math.h>
+
+#include "kernels/cuda/kcu.cuh"
+
+#define KCU_DEC_WARPS 4
+#define KCU_PF_BM 64
+#define KCU_PF_BN 32
+
+__device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int32_t *bt, int j, int bs, int n_blocks,
+                                                   int row_elems, int head_off) {
+  int blk = bt[j / bs];
+  if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
+  const __nv_bfloat16 *p = (const __nv_bfloat16 *)plane; /* 2-byte elements; type only for the arithmetic */
+  return reinterpret_cast<const uint4 *>(p + ((size_t)blk * bs + j % bs) * row_elems + head_off);
+}
+
+/* Merges (m2, l2, a2) into (m1, l1, a1). */
+template <int N>
+__device__ __forceinline__ void kcu_merge(float &m1, float &l1, float *a1, float m2, float l2, const float *a2) {
+  float M = fmaxf(m1, m2);
+  float f1 = M == -INFINITY ? 0.f : __expf(m1 - M), f2 = M == -INFINITY ? 0.f : __expf(m2 - M);
+  l1 = l1 * f1 + l2 * f2;
+#pragma unroll
+  for (int i = 0; i < N; i++) a1[i] = a1[i] * f1 + a2[i] * f2;
+  m1 = M;
+}
+
+/* ---- decode ---------------------------------------------------------------------------- */
+
+template <typename T, int HD, int GM>
+__global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
+    kcu_attn_decode_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+                      const int32_t *q_start, const int32_t *ctx_len, const int32_t *positions, const int32_t *bts,
+                      int bs, int n_blocks, int n_kv, int G, float scale, float *part) {
+  constexpr int L = HD / 8, TPW = 32 / L, NW = KCU_DEC_WARPS;
+  __shared__ float sm_a[GM][HD];
+  __shared__ float sm_m[GM], sm_l[GM];
+  const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_splits = gridDim.x;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % L, slot = lane / L;
+  const int max_blocks = hdr[2];
+  const int t = q_start[s];
+  if (q_start[s + 1] - t != 1) return;
+  /* the query sits at cache index ctx_len - 1 and sees the whole context */
+  const int end = max(min(ctx_len[s], max_blocks * bs), 0);
+  int chunk = (end + n_splits - 1) / n_splits;
+  chunk = (chunk + 15) & ~15;
+  const int start = split * chunk, stop = min(end, start + chunk);
+  const int row_elems = n_kv * HD, head_off = kvh * HD + sub * 8;
+  const int32_t *bt = bts + (size_t)s * max_blocks;
+
+  float qr[GM][8], acc[GM][8], m[GM], l[GM];
+#pragma unroll
+  for (int g = 0; g < GM; g++) {
+    m[g] = -INFINITY;
+    l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[g][i] = 0.f;
+    if (g < G) {
+      kcu_unpack8(*reinterpret_cast<const uint4 *>(q + (size_t)t * q_stride + (size_t)(kvh * G + g) * HD + sub * 8),
+                  qr[g], (const T *)0);
+#pragma unroll
+      for (int i = 0; i < 8; i++) qr[g][i] *= scale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i++) qr[g][i] = 0.f;
+    }
+  }
+  for (int jj = start + warp * TPW; jj < stop; jj += NW * TPW) {
+    int j = jj + slot;
+    bool valid = j < stop;
+    float kf[8], vf[8];
+    if (valid) {
+      kcu_unpack8(*kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off), kf, (const T *)0);
+      kcu_unpack8(*kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off), vf, (const T *)0);
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i++) kf[i] = vf[i] = 0.f;
+    }
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      float sc = 0.f;
+#pragma unroll
+      for (int i = 0; i < 8; i++) sc = fmaf(qr[g][i], kf[i], sc);
+#pragma unroll
+      for (int o = L / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+      if (valid && g < G) {
+        if (sc > m[g]) {
+          float corr = __expf(m[g] - sc);
+          l[g] *= corr;
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc[g][i] *= corr;
+          m[g] = sc;
+        }
+        float p = __expf(sc - m[g]);
+        l[g] += p;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+      }
+    }
+  }
+  /* merge the token slots of the warp */
+#pragma unroll
+  for (int o = L; o < 32; o <<= 1) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o), a2[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) a2[i] = __shfl_xor_sync(0xffffffffu, acc[g][i], o);
+      kcu_merge<8>(m[g], l[g], acc[g], m2, l2, a2);
+    }
+  }
+  /* merge the warps, one after the other, through shared memory */
+  for (int w = 0; w < NW; w++) {
+    if (warp == w && slot == 0) {
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        if (w > 0) {
+          float m2 = sm_m[g], l2 = sm_l[g], a2[8];
+#pragma unroll
+          for (int i = 0; i < 8; i++) a2[i] = sm_a[g][sub * 8 + i];
+          kcu_merge<8>(m[g], l[g], acc[g], m2, l2, a2);
+        }
+        __syncwarp(L == 32 ? 0xffffffffu : ((1u << (L % 32)) - 1u));
+#pragma unroll
+        for (int i = 0; i < 8; i++) sm_a[g][sub * 8 + i] = acc[g][i];
+        if (sub == 0) {
+          sm_m[g] = m[g];
+          sm_l[g] = l[g];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  if (warp != NW - 1 || slot != 0) return;
+  const int n_heads = n_kv * G;
+#pragma unroll
+  for (int g = 0; g < GM; g++) {
+    if (g >= G) break;
+    int h = kvh * G + g;
+    float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+    if (n_splits == 1) {
+      float o[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) o[i] = acc[g][i] * inv;
+      *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + sub * 8) = kcu_pack8<T>(o);
+    } else {
+      float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
+#pragma unroll
+      for (int i = 0; i < 8; i++) p[sub * 8 + i] = acc[g][i] * inv;
+      if (sub == 0) p[HD] = l[g] > 0.f ? m[g] + __logf(l[g]) : -INFINITY;
+    }
+  }
+}
+
+/* grid (n_heads, n_seqs), HD threads: merges the splits of one head. */
+template <typename T, int HD>
+__global__ void kcu_attn_reduce_k(T *out, const float *part, const int32_t *q_start, int n_heads, int n_splits) {
+  const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
+  const int t = q_start[s];
+  if (q_start[s + 1] - t != 1) return;
+  const float *p = part + ((size_t)s * n_heads + h) * n_splits * (HD + 2);
+  float M = -INFINITY;
+  for (int i = 0; i < n_splits; i++) M = fmaxf(M, p[i * (HD + 2) + HD]);
+  float num = 0.f, den = 0.f;
+  if (M != -INFINITY) {
+    for (int i = 0; i < n_splits; i++) {
+      float lse = p[i * (HD + 2) + HD];
+      if (lse == -INFINITY) continue;
+      float w = __expf(lse - M);
+      num += w * p[i * (HD + 2) + d];
+      den += w;
+    }
+  }
+  out[(size_t)t * n_heads * HD + (size_t)h * HD + d] = kcu_t<T>(den > 0.f ? num / den : 0.f);
+}
+
+int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
+  long long per = (long long)n_seqs * n_kv_heads;
+  if (per <= 0) return 1;
+  long long sp = (2ll * c->n_sm + per - 1) / per;
+  sp = FR_MIN(sp, capacity / 256);
+  sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
+  return (int)FR_MAX(sp, 1ll);
+}
+
+template <typename T, int HD, int GM>
+static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+                             const kern_kv_config_t *cf, int G, float scale) {
+  int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
+  int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
+  if (sp > 1 && (size_t)n_seqs * n_heads * sp * (HD + 2) > c->attn_part_floats) {
+    if (c->capturing) return fr_errorf(FR_ESTATE, "cuda: attention partials too small inside a capture");
+    size_t need = (size_t)n_seqs * n_heads * sp * (HD + 2);
+    kcu__free(c->attn_part);
+    c->attn_part = NULL;
+    c->attn_part_floats = 0;
+    int rc = kcu__alloc(c, need * 4, (void **)&c->attn_part, "attention partials");
+    if (rc) return rc;
+    c->attn_part_floats = need;
+  }
+  dim3 grid(sp, cf->n_kv_heads, n_seqs);
+  kcu_attn_decode_k<T, HD, GM><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
+      out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.positions, c->dm.block_tables,
+      cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
+  KCU_LAUNCHED();
+  if (sp > 1) {
+    kcu_attn_reduce_k<T, HD><<<dim3(n_heads, n_seqs), HD, 0, c->stream>>>(out, c->attn_part, c->dm.q_start, n_heads,
+                                                                          sp);
+    KCU_LAUNCHED();
+  }
+  return 0;
+}
+
+template <typename T, int HD>
+static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+                        const kern_kv_config_t *cf, int G, float scale) {
+  if (G <= 1) return kcu_decode_launch<T, HD, 1>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  if (G <= 2) return kcu_decode_launch<T, HD, 2>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  if (G <= 4) return kcu_decode_launch<T, HD, 4>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  return kcu_decode_launch<T, HD, 8>(c, out, q, q_stride, kc, vc, cf, G, scale);
+}
+
+/* ---- prefill -------------------------------------------------------------------------------- */
+
+/* 256 threads: 64 queries x 4 threads; thread `part` owns 8-element chunks
+ * part, part+4, ... of the head (so the 4 threads read 64 contiguous bytes). */
+template <typename T, int HD>
+__global__ void __launch_bounds__(256)
+    kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *positions, const int32_t *bts,
+                       int bs, int n_blocks, int n_kv, int G, float scale) {
+  constexpr int NC = HD / 32; /* chunks of 8 per thread */
+  __shared__ uint4 sk[KCU_PF_BN][HD / 8], sv[KCU_PF_BN][HD / 8];
+  __shared__ int s_maxpos;
+  const int s = blockIdx.z, h = blockIdx.y, kvh = h / G;
+  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_PF_BM;
+  if (tile >= qn) return;
+  const int max_blocks = hdr[2];
+  const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
+  const int qi = threadIdx.x / 4, part = threadIdx.x % 4;
+  const bool active = tile + qi < qn;
+  const int t = q0 + tile + qi;
+  /* cache index of the query: the new tokens are the last qn of the context */
+  const int pos = active ? ctx_len[s] - qn + tile + qi : -1;
+  if (threadIdx.x == 0) s_maxpos = -1;
+  __syncthreads();
+  if (active && part == 0) atomicMax(&s_maxpos, pos);
+  __syncthreads();
+  const int kv_end = min(ctx, s_maxpos + 1);
+  const int32_t *bt = bts + (size_t)s * max_blocks;
+  const int row_elems = n_kv * HD;
+
+  float qr[NC][8], acc[NC][8], m = -INFINITY, l = 0.f;
+#pragma unroll
+  for (int c = 0; c < NC; c++) {
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[c][i] = qr[c][i] = 0.f;
+    if (active) {
+      kcu_unpack8(*reinterpret_cast<const uint4 *>(q + (size_t)t * q_stride + (size_t)h * HD + (part + 4 * c) * 8),
+                  qr[c], (const T *)0);
+#pragma unroll
+      for (int i = 0; i < 8; i++) qr[c][i] *= scale;
+    }
+  }
+  for (int kb = 0; kb < kv_end; kb += KCU_PF_BN) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < KCU_PF_BN * (HD / 8); i += 256) {
+      int r = i / (HD / 8), ch = i % (HD / 8), j = kb + r;
+      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
+      if (j < kv_end) {
+        kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
+        vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
+      }
+      sk[r][ch] = kz;
+      sv[r][ch] = vz;
+    }
+    __syncthreads();
+    int nr = min(KCU_PF_BN, kv_end - kb);
+    for (int r = 0; r < nr; r++) {
+      float sc = 0.f;
+#pragma unroll
+      for (int c = 0; c < NC; c++) {
+        float kf[8];
+        kcu_unpack8(sk[r][part + 4 * c], kf, (const T *)0);
+#pragma unroll
+        for (int i = 0; i < 8; i++) sc = fmaf(qr[c][i], kf[i], sc);
+      }
+      sc += __shfl_xor_sync(0xffffffffu, sc, 1);
+      sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+      if (kb + r <= pos) {
+        if (sc > m) {
+          float corr = __expf(m - sc);
+          l *= corr;
+#pragma unroll
+          for (int c = 0; c < NC; c++)
+#pragma unroll
+            for (int i = 0; i < 8; i++) acc[c][i] *= corr;
+          m = sc;
+        }
+        float p = __expf(sc - m);
+        l += p;
+#pragma unroll
+        for (int c = 0; c < NC; c++) {
+          float vf[8];
+          kcu_unpack8(sv[r][part + 4 * c], vf, (const T *)0);
+#pragma unroll
+          for (int i = 0; i < 8; i++) acc[c][i] = fmaf(p, vf[i], acc[c][i]);
+        }
+      }
+    }
+  }
+  if (!active) return;
+  float inv = l > 0.f ? 1.f / l : 0.f;
+  const int n_heads = n_kv * G;
+#pragma unroll
+  for (int c = 0; c < NC; c++) {
+    float o[8];
+#pragma unroll
+    for (int i = 0; i < 8; i++) o[i] = acc[c][i] * inv;
+    *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + (part + 4 * c) * 8) = kcu_pack8<T>(o);
+  }
+}
+
+template <typename T, int HD>
+static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                       int n_heads, float scale) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  const char *kb = (const char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
+  const T *kc = (const T *)kb, *vc = (const T *)(kb + pool->layer_bytes);
+  int G = n_heads / cf->n_kv_heads;
+  if (c->all_single && G <= KCU_MAX_GROUP) return kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
+  if (grid.x == 0) return 0;
+  kcu_attn_prefill_k<T, HD><<<grid, 256, 0, c->stream>>>(out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+                                                         c->dm.ctx_len, c->dm.positions, c->dm.block_tables,
+                                                         cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
+  KCU_LAUNCHED();
+  return 0;
+}
+
+int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                   int n_heads, int head_dim, float scale) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  if (head_dim != cf->head_dim || n_heads <= 0 || n_heads % cf->n_kv_heads)
+    return fr_errorf(FR_EFORMAT, "cuda: attention: %d heads of %d over %d KV heads of %d", n_heads, head_dim,
+                     cf->n_kv_heads, cf->head_dim);
+  if (q_stride % 8 || ((uintptr_t)q & 15) || ((uintptr_t)out & 15))
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: attention: q/out must be 16-byte aligned rows");
+  if (c->n_seqs == 0 || c->n_tokens == 0) return 0;
+  if (c->n_seqs > 65535 || n_heads > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: attention: grid too large");
+  int rc = FR_EUNSUPPORTED;
+  KCU_ACT_DISPATCH(c, {
+    if (head_dim == 64) rc = kcu_attn_hd<T, 64>(c, (T *)out, (const T *)q, q_stride, pool, layer, n_heads, scale);
+    else if (head_dim == 128) rc = kcu_attn_hd<T, 128>(c, (T *)out, (const T *)q, q_stride, pool, layer, n_heads, scale);
+    else if (head_dim == 256) rc = kcu_attn_hd<T, 256>(c, (T *)out, (const T *)q, q_stride, pool, layer, n_heads, scale);
+    else rc = fr_errorf(FR_EUNSUPPORTED, "cuda: attention: head_dim %d (supported: 64, 128, 256)", head_dim);
+  });
+  return rc;
+}

@@ -1,0 +1,611 @@
+/* kcu_backend.cu - the CUDA backend: creation, memory, weights, KV pool,
+ * step metadata, CUDA graphs and the ops table. The kernels live in
+ * kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu and kcu_sample.cu. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "kernels/cuda/kcu.cuh"
+
+#define KCU_CUBLAS_WS_BYTES (32u << 20)
+#define KCU_DEQ_MAX_ELEMS (64ll << 20) /* prefill dequant scratch: at most 128 MB of bf16 */
+
+int kcu__alloc(kcu_ctx_t *c, size_t bytes, void **out, const char *what) {
+  (void)c;
+  *out = NULL;
+  if (bytes == 0) bytes = 16;
+  cudaError_t e = cudaMalloc(out, bytes);
+  if (e == cudaErrorMemoryAllocation) {
+    (void)cudaGetLastError();
+    size_t free_b = 0, total_b = 0;
+    cudaMemGetInfo(&free_b, &total_b);
+    return fr_errorf(FR_EDEVOOM, "cuda: out of device memory allocating %zu bytes for %s (%zu of %zu MiB free)",
+                     bytes, what, free_b >> 20, total_b >> 20);
+  }
+  KCU_CHECK(e);
+  return 0;
+}
+
+void kcu__free(void *p) {
+  if (p) cudaFree(p);
+}
+
+int kcu__not_capturing(kcu_ctx_t *c, const char *what) {
+  if (c->capturing) return fr_errorf(FR_ESTATE, "cuda: %s is not allowed inside graph capture", what);
+  return 0;
+}
+
+/* ---- memory ---------------------------------------------------------------- */
+
+static int kcu_alloc(void *ctx, size_t bytes, void **out) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "alloc");
+  return rc ? rc : kcu__alloc(c, bytes, out, "alloc");
+}
+
+static void kcu_free(void *ctx, void *p) {
+  (void)ctx;
+  kcu__free(p);
+}
+
+static int kcu_upload(void *ctx, void *dst, const void *src_host, size_t bytes) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "upload");
+  if (rc) return rc;
+  KCU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int kcu_download(void *ctx, void *dst_host, const void *src, size_t bytes) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "download");
+  if (rc) return rc;
+  KCU_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int kcu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  KCU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+  return 0;
+}
+
+static int kcu_sync(void *ctx) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "sync");
+  if (rc) return rc;
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+/* ---- weights --------------------------------------------------------------- */
+
+static bool kcu_is_dense(kern_type_t t) { return t == KERN_F32 || t == KERN_F16 || t == KERN_BF16; }
+
+static bool kcu_supports_type(void *ctx, kern_type_t t) {
+  (void)ctx;
+  switch (t) {
+  case KERN_F32: case KERN_F16: case KERN_BF16: case KERN_Q4_0: case KERN_Q4_1: case KERN_Q5_0:
+  case KERN_Q5_1: case KERN_Q8_0: case KERN_Q4_K: case KERN_Q5_K: case KERN_Q6_K:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* Grows the prefill dequant scratch for a quantized weight (outside capture,
+ * at load time, so matmul never allocates). */
+static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
+  long long want = w->rows * w->cols;
+  if (want > KCU_DEQ_MAX_ELEMS) want = FR_MAX(KCU_DEQ_MAX_ELEMS / w->cols, 1) * w->cols;
+  if ((size_t)want <= c->deq_elems) return 0;
+  kcu__free(c->deq);
+  c->deq = NULL;
+  c->deq_elems = 0;
+  int rc = kcu__alloc(c, (size_t)want * c->act_size, &c->deq, "dequant scratch");
+  if (rc) return rc;
+  c->deq_elems = (size_t)want;
+  return 0;
+}
+
+/* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
+ * inv_freq); quantized weights are copied as they are. w->type and
+ * w->row_bytes describe what is stored on the device afterwards. */
+static int kcu_weight_load(void *ctx, kern_weight_t *w, const void *host_data) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "weight_load");
+  if (rc) return rc;
+  if (!kcu_supports_type(ctx, w->type) || w->rows <= 0 || w->cols <= 0)
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: weight of type %d (%lld x %lld) not supported", (int)w->type,
+                     (long long)w->rows, (long long)w->cols);
+  size_t row_bytes = kern_row_bytes(w->type, w->cols), bytes;
+  if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes))
+    return fr_errorf(FR_EFORMAT, "cuda: weight size overflows or cols %lld not a block multiple", (long long)w->cols);
+  w->data = NULL;
+  w->priv = NULL;
+  if (!kcu_is_dense(w->type)) {
+    if ((rc = kcu__alloc(c, bytes, &w->data, "weight"))) return rc;
+    KCU_CHECK(cudaMemcpy(w->data, host_data, bytes, cudaMemcpyHostToDevice));
+    w->row_bytes = row_bytes;
+    return kcu_grow_deq(c, w);
+  }
+  kern_type_t dst_t = w->rows == 1 ? KERN_F32 : c->act;
+  size_t n = (size_t)w->rows * (size_t)w->cols;
+  size_t dst_size = dst_t == KERN_F32 ? 4 : 2;
+  if ((rc = kcu__alloc(c, n * dst_size, &w->data, "weight"))) return rc;
+  if (dst_t == w->type) {
+    KCU_CHECK(cudaMemcpy(w->data, host_data, bytes, cudaMemcpyHostToDevice));
+  } else {
+    void *tmp = NULL;
+    if ((rc = kcu__alloc(c, bytes, &tmp, "weight conversion"))) goto fail;
+    if (cudaMemcpy(tmp, host_data, bytes, cudaMemcpyHostToDevice) != cudaSuccess) {
+      kcu__free(tmp);
+      rc = fr_errorf(FR_ECUDA, "cuda: weight upload failed");
+      goto fail;
+    }
+    rc = kcu__convert(c, w->data, dst_t, tmp, w->type, n);
+    if (!rc && cudaStreamSynchronize(c->stream) != cudaSuccess) rc = fr_errorf(FR_ECUDA, "cuda: weight conversion");
+    kcu__free(tmp);
+    if (rc) goto fail;
+  }
+  w->type = dst_t;
+  w->row_bytes = (size_t)w->cols * dst_size;
+  return 0;
+fail:
+  kcu__free(w->data);
+  w->data = NULL;
+  return rc;
+}
+
+static void kcu_weight_release(void *ctx, kern_weight_t *w) {
+  (void)ctx;
+  kcu__free(w->data);
+  w->data = NULL;
+  w->priv = NULL;
+}
+
+/* ---- KV pool ---------------------------------------------------------------- */
+
+static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_config_t *cfg, void *external) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "kv_pool_init");
+  if (rc) return rc;
+  memset(pool, 0, sizeof(*pool));
+  if (cfg->type != c->act)
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: KV type %d must equal the activation type %d", (int)cfg->type,
+                     (int)c->act);
+  if (cfg->head_dim % 8 || cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->block_size <= 0 || cfg->n_blocks <= 0)
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: KV config not supported (head_dim %d must be a multiple of 8)",
+                     cfg->head_dim);
+  size_t bytes = kern_kv_pool_bytes(cfg);
+  if (bytes == 0) return fr_errorf(FR_ETOOBIG, "cuda: KV pool size overflows");
+  pool->cfg = *cfg;
+  pool->layer_bytes = bytes / (2 * (size_t)cfg->n_layers);
+  if (external) {
+    pool->base = external;
+    pool->external = true;
+  } else if ((rc = kcu__alloc(c, bytes, &pool->base, "KV pool"))) {
+    return rc;
+  }
+  KCU_CHECK(cudaMemsetAsync(pool->base, 0, bytes, c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  c->pool_kv_heads = cfg->n_kv_heads;
+  c->pool_head_dim = cfg->head_dim;
+  c->pool_block_size = cfg->block_size;
+  return 0;
+}
+
+static void kcu_kv_pool_deinit(void *ctx, kern_kv_pool_t *pool) {
+  (void)ctx;
+  if (!pool->external) kcu__free(pool->base);
+  pool->base = NULL;
+}
+
+static int kcu_kv_copy_blocks(void *ctx, kern_kv_pool_t *pool, const int32_t *pairs_host, int n_pairs) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "kv_copy_blocks");
+  if (rc || n_pairs <= 0) return rc;
+  for (int i = 0; i < 2 * n_pairs; i++)
+    if (pairs_host[i] < 0 || pairs_host[i] >= pool->cfg.n_blocks)
+      return fr_errorf(FR_EFORMAT, "cuda: kv_copy_blocks: block %d out of range", pairs_host[i]);
+  if (n_pairs > c->pairs_cap) {
+    kcu__free(c->pairs_dev);
+    c->pairs_dev = NULL;
+    c->pairs_cap = 0;
+    if ((rc = kcu__alloc(c, (size_t)n_pairs * 8, (void **)&c->pairs_dev, "kv copy pairs"))) return rc;
+    c->pairs_cap = n_pairs;
+  }
+  KCU_CHECK(cudaMemcpyAsync(c->pairs_dev, pairs_host, (size_t)n_pairs * 8, cudaMemcpyHostToDevice, c->stream));
+  rc = kcu__kv_copy(c, pool, c->pairs_dev, n_pairs);
+  if (rc) return rc;
+  KCU_CHECK(cudaStreamSynchronize(c->stream)); /* pairs_host may be reused by the caller */
+  return 0;
+}
+
+/* ---- step metadata ----------------------------------------------------------- */
+
+static void kcu_graphs_drop(kcu_ctx_t *c) {
+  for (int i = 0; i < c->n_graphs; i++) cudaGraphExecDestroy(c->graphs[i].exec);
+  c->n_graphs = 0;
+}
+
+static void kcu_meta_layout(kcu_meta_t *m, void *base, int tok_cap, int seq_cap) {
+  int32_t *p = (int32_t *)base;
+  m->hdr = p;
+  p += 4;
+  m->positions = p;
+  p += tok_cap;
+  m->slots = p;
+  p += tok_cap;
+  m->tokens = p;
+  p += tok_cap;
+  m->q_start = p;
+  p += seq_cap + 1;
+  m->ctx_len = p;
+  p += seq_cap;
+  m->block_tables = p;
+}
+
+/* Grows the metadata buffers for a step (drops captured graphs, which point
+ * at the old buffers). */
+static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
+  if (n_tok <= c->tok_cap && n_seq <= c->seq_cap && n_bt <= c->bt_cap) return 0;
+  int rc = kcu__not_capturing(c, "step metadata growth");
+  if (rc) return rc;
+  int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), 256), seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), 64);
+  size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)4096);
+  size_t bytes = (4 + 3 * (size_t)tok_cap + 2 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  kcu_graphs_drop(c);
+  kcu__free(c->meta_dev);
+  cudaFreeHost(c->meta_pin);
+  c->meta_dev = c->meta_pin = NULL;
+  c->tok_cap = c->seq_cap = 0;
+  c->bt_cap = 0;
+  if ((rc = kcu__alloc(c, bytes, &c->meta_dev, "step metadata"))) return rc;
+  KCU_CHECK(cudaMallocHost(&c->meta_pin, bytes));
+  c->h_tokens = (int32_t *)fr_realloc(c->h_tokens, (size_t)tok_cap * sizeof(int32_t));
+  c->meta_bytes = bytes;
+  c->tok_cap = tok_cap;
+  c->seq_cap = seq_cap;
+  c->bt_cap = bt_cap;
+  kcu_meta_layout(&c->dm, c->meta_dev, tok_cap, seq_cap);
+  kcu_meta_layout(&c->pm, c->meta_pin, tok_cap, seq_cap);
+  return 0;
+}
+
+static int kcu_step_check(const kern_step_t *s) {
+  if (s->n_tokens < 0 || s->n_seqs < 0 || s->max_blocks < 0 || (s->n_seqs > 0 && !s->q_start) ||
+      (s->n_tokens > 0 && (!s->positions || !s->slots)))
+    return fr_errorf(FR_EFORMAT, "cuda: step_begin: bad step shape");
+  if (s->n_seqs > 0 && (s->q_start[0] != 0 || s->q_start[s->n_seqs] != s->n_tokens))
+    return fr_errorf(FR_EFORMAT, "cuda: step_begin: q_start must run from 0 to n_tokens");
+  for (int i = 0; i < s->n_seqs; i++) {
+    if (s->q_start[i + 1] < s->q_start[i]) return fr_errorf(FR_EFORMAT, "cuda: step_begin: q_start decreases");
+    if (s->ctx_len && s->ctx_len[i] < 0) return fr_errorf(FR_EFORMAT, "cuda: step_begin: negative ctx_len");
+  }
+  return 0;
+}
+
+/* Host-side summary used for launch shapes. */
+static void kcu_step_summary(kcu_ctx_t *c, const kern_step_t *s) {
+  c->max_q = 0;
+  c->max_ctx = 0;
+  c->all_single = 1;
+  for (int i = 0; i < s->n_seqs; i++) {
+    int q = s->q_start[i + 1] - s->q_start[i];
+    c->max_q = FR_MAX(c->max_q, q);
+    if (q != 1) c->all_single = 0;
+    if (s->ctx_len) c->max_ctx = FR_MAX(c->max_ctx, s->ctx_len[i]);
+  }
+}
+
+static int kcu_step_begin(void *ctx, const kern_step_t *s) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "step_begin");
+  if (rc || (rc = kcu_step_check(s))) return rc;
+  size_t n_bt = (size_t)s->n_seqs * (size_t)s->max_blocks;
+  if ((rc = kcu_meta_grow(c, s->n_tokens, s->n_seqs, n_bt))) return rc;
+  /* the previous upload must have finished reading the pinned mirror */
+  KCU_CHECK(cudaEventSynchronize(c->meta_done));
+  kcu_meta_t *p = &c->pm;
+  size_t nt = (size_t)s->n_tokens * 4;
+  p->hdr[0] = s->n_tokens;
+  p->hdr[1] = s->n_seqs;
+  p->hdr[2] = s->max_blocks;
+  p->hdr[3] = 0;
+  if (nt) memcpy(p->positions, s->positions, nt);
+  if (nt) memcpy(p->slots, s->slots, nt);
+  if (nt && s->tokens) memcpy(p->tokens, s->tokens, nt);
+  else if (nt) memset(p->tokens, 0, nt);
+  if (nt) memcpy(c->h_tokens, p->tokens, nt);
+  memcpy(p->q_start, s->q_start ? s->q_start : p->hdr + 3, ((size_t)s->n_seqs + (s->q_start ? 1 : 0)) * 4);
+  if (s->n_seqs && s->ctx_len) memcpy(p->ctx_len, s->ctx_len, (size_t)s->n_seqs * 4);
+  else if (s->n_seqs) memset(p->ctx_len, 0, (size_t)s->n_seqs * 4);
+  if (n_bt && s->block_tables) memcpy(p->block_tables, s->block_tables, n_bt * 4);
+  else if (n_bt) memset(p->block_tables, 0, n_bt * 4);
+  KCU_CHECK(cudaMemcpyAsync(c->meta_dev, c->meta_pin, c->meta_bytes, cudaMemcpyHostToDevice, c->stream));
+  KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
+  c->n_tokens = s->n_tokens;
+  c->n_seqs = s->n_seqs;
+  c->max_blocks = s->max_blocks;
+  kcu_step_summary(c, s);
+  /* size the decode partials for this step shape (never inside a capture) */
+  if (c->pool_kv_heads > 0 && s->n_seqs > 0) {
+    int sp = kcu__attn_splits(c, s->n_seqs, c->pool_kv_heads, (long long)s->max_blocks * c->pool_block_size);
+    size_t need = (size_t)s->n_seqs * c->pool_kv_heads * KCU_MAX_GROUP * sp * (c->pool_head_dim + 2);
+    if (need > c->attn_part_floats) {
+      kcu__free(c->attn_part);
+      c->attn_part = NULL;
+      c->attn_part_floats = 0;
+      if ((rc = kcu__alloc(c, need * 4, (void **)&c->attn_part, "attention partials"))) return rc;
+      c->attn_part_floats = need;
+    }
+  }
+  return 0;
+}
+
+/* ---- ops that are thin wrappers --------------------------------------------- */
+
+static int kcu_embed(void *ctx, void *out, const kern_weight_t *table) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  if (!c->capturing)
+    for (int i = 0; i < c->n_tokens; i++)
+      if (c->h_tokens[i] < 0 || c->h_tokens[i] >= table->rows)
+        return fr_errorf(FR_EFORMAT, "cuda: embed: token %d out of range (vocab %lld)", c->h_tokens[i],
+                         (long long)table->rows);
+  return kcu__embed(c, out, table);
+}
+
+static int kcu_matmul(void *ctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n) {
+  return kcu__matmul((kcu_ctx_t *)ctx, out, w, bias, x, n);
+}
+
+static int kcu_rms_norm(void *ctx, void *out, const void *x, const kern_weight_t *w, int n, int dim, float eps) {
+  return kcu__rms_norm((kcu_ctx_t *)ctx, out, NULL, x, (const float *)w->data, n, dim, eps);
+}
+
+static int kcu_add_rms_norm(void *ctx, void *out, void *residual, const void *x, const kern_weight_t *w, int n,
+                            int dim, float eps) {
+  return kcu__rms_norm((kcu_ctx_t *)ctx, out, residual, x, (const float *)w->data, n, dim, eps);
+}
+
+static int kcu_rope(void *ctx, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *rope) {
+  return kcu__rope((kcu_ctx_t *)ctx, x, n_heads, head_dim, row_stride, rope);
+}
+
+static int kcu_kv_append(void *ctx, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
+                         int v_stride) {
+  if (layer < 0 || layer >= pool->cfg.n_layers) return fr_errorf(FR_EFORMAT, "cuda: kv_append: bad layer %d", layer);
+  return kcu__kv_append((kcu_ctx_t *)ctx, pool, layer, k, k_stride, v, v_stride);
+}
+
+static int kcu_attention(void *ctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
+                         int n_heads, int head_dim, float scale) {
+  if (layer < 0 || layer >= pool->cfg.n_layers) return fr_errorf(FR_EFORMAT, "cuda: attention: bad layer %d", layer);
+  return kcu__attention((kcu_ctx_t *)ctx, out, q, q_stride, pool, layer, n_heads, head_dim, scale);
+}
+
+static int kcu_silu_mul(void *ctx, void *out, const void *gate, const void *up, int n, int d, int stride) {
+  return kcu__silu_mul((kcu_ctx_t *)ctx, out, gate, up, n, d, stride);
+}
+
+static int kcu_add(void *ctx, void *out, const void *a, const void *b, size_t n) {
+  return kcu__add((kcu_ctx_t *)ctx, out, a, b, n);
+}
+
+static int kcu_last_rows(void *ctx, void *out, const void *x, int dim) {
+  return kcu__last_rows((kcu_ctx_t *)ctx, out, x, dim);
+}
+
+static int kcu_to_f32_host(void *ctx, float *dst_host, const void *src, size_t n) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "to_f32_host");
+  if (rc || n == 0) return rc;
+  if (n > c->f32_tmp_n) {
+    kcu__free(c->f32_tmp);
+    c->f32_tmp = NULL;
+    c->f32_tmp_n = 0;
+    if ((rc = kcu__alloc(c, n * 4, (void **)&c->f32_tmp, "f32 staging"))) return rc;
+    c->f32_tmp_n = n;
+  }
+  if ((rc = kcu__convert(c, c->f32_tmp, KERN_F32, src, c->act, n))) return rc;
+  KCU_CHECK(cudaMemcpyAsync(dst_host, c->f32_tmp, n * 4, cudaMemcpyDeviceToHost, c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  return 0;
+}
+
+static int kcu_sample(void *ctx, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
+                      int32_t *tokens_host, float *logprobs_host) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  int rc = kcu__not_capturing(c, "sample");
+  if (rc || n_rows <= 0) return rc;
+  if (vocab <= 0) return fr_errorf(FR_EFORMAT, "cuda: sample: vocab %d", vocab);
+  size_t row_b = sizeof(kcu_sparams_t) + 8; /* params in, (token, logprob) out */
+  if (n_rows > c->samp_cap) {
+    kcu__free(c->samp_dev);
+    cudaFreeHost(c->samp_pin);
+    c->samp_dev = c->samp_pin = NULL;
+    c->samp_cap = 0;
+    if ((rc = kcu__alloc(c, row_b * n_rows, &c->samp_dev, "sample buffers"))) return rc;
+    KCU_CHECK(cudaMallocHost(&c->samp_pin, row_b * n_rows));
+    c->samp_cap = n_rows;
+  }
+  kcu_sparams_t *sp = (kcu_sparams_t *)c->samp_pin;
+  for (int i = 0; i < n_rows; i++) {
+    const kern_sample_params_t *h = &params_host[i];
+    sp[i].temperature = h->temperature;
+    sp[i].top_p = h->top_p;
+    sp[i].min_p = h->min_p;
+    sp[i].top_k = h->top_k;
+    sp[i].seed = h->seed;
+    sp[i].counter = h->counter;
+  }
+  size_t pb = sizeof(kcu_sparams_t) * n_rows;
+  char *res_dev = (char *)c->samp_dev + pb, *res_pin = (char *)c->samp_pin + pb;
+  KCU_CHECK(cudaMemcpyAsync(c->samp_dev, c->samp_pin, pb, cudaMemcpyHostToDevice, c->stream));
+  if ((rc = kcu__sample(c, logits, n_rows, vocab, c->samp_dev, res_dev))) return rc;
+  KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * 8, cudaMemcpyDeviceToHost, c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  const int32_t *r = (const int32_t *)res_pin;
+  for (int i = 0; i < n_rows; i++) {
+    tokens_host[i] = r[2 * i];
+    if (logprobs_host) memcpy(&logprobs_host[i], &r[2 * i + 1], 4);
+  }
+  return 0;
+}
+
+/* ---- graphs ------------------------------------------------------------------- */
+
+static int kcu_graph_begin(void *ctx, uint64_t key, bool *replayed) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  *replayed = false;
+  if (c->capturing) return fr_errorf(FR_ESTATE, "cuda: graph_begin inside a capture");
+  for (int i = 0; i < c->n_graphs; i++) {
+    if (c->graphs[i].key == key) {
+      KCU_CHECK(cudaGraphLaunch(c->graphs[i].exec, c->stream));
+      *replayed = true;
+      return 0;
+    }
+  }
+  if (c->n_graphs == KCU_MAX_GRAPHS) {
+    cudaGraphExecDestroy(c->graphs[0].exec);
+    memmove(&c->graphs[0], &c->graphs[1], sizeof(c->graphs[0]) * (KCU_MAX_GRAPHS - 1));
+    c->n_graphs--;
+  }
+  KCU_CHECK(cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+  c->capturing = 1;
+  c->capture_key = key;
+  return 0;
+}
+
+static int kcu_graph_end(void *ctx, uint64_t key) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  if (!c->capturing) return 0; /* replayed */
+  cudaGraph_t g = NULL;
+  cudaGraphExec_t exec = NULL;
+  c->capturing = 0;
+  if (key != c->capture_key) {
+    cudaStreamEndCapture(c->stream, &g);
+    if (g) cudaGraphDestroy(g);
+    return fr_errorf(FR_ESTATE, "cuda: graph_end key differs from graph_begin's");
+  }
+  cudaError_t e = cudaStreamEndCapture(c->stream, &g);
+  if (e != cudaSuccess || !g) {
+    (void)cudaGetLastError();
+    return fr_errorf(FR_ECUDA, "cuda: graph capture failed: %s (an op synchronized or allocated?)",
+                     cudaGetErrorString(e));
+  }
+  e = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  KCU_CHECK(e);
+  c->graphs[c->n_graphs].key = key;
+  c->graphs[c->n_graphs].exec = exec;
+  c->n_graphs++;
+  KCU_CHECK(cudaGraphLaunch(exec, c->stream));
+  return 0;
+}
+
+/* ---- create / destroy ---------------------------------------------------------- */
+
+static void kcu_destroy(void *ctx) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  if (!c) return;
+  cudaSetDevice(c->device);
+  if (c->stream) cudaStreamSynchronize(c->stream);
+  kcu_graphs_drop(c);
+  kcu__free(c->meta_dev);
+  if (c->meta_pin) cudaFreeHost(c->meta_pin);
+  if (c->samp_pin) cudaFreeHost(c->samp_pin);
+  kcu__free(c->samp_dev);
+  kcu__free(c->deq);
+  kcu__free(c->attn_part);
+  kcu__free(c->f32_tmp);
+  kcu__free(c->pairs_dev);
+  kcu__free(c->cublas_ws);
+  if (c->meta_done) cudaEventDestroy(c->meta_done);
+  if (c->cublas) cublasDestroy(c->cublas);
+  if (c->stream) cudaStreamDestroy(c->stream);
+  free(c->h_tokens);
+  free(c);
+}
+
+static const kern_ops_t kcu_ops = {
+    .name = "cuda",
+    .destroy = kcu_destroy,
+    .alloc = kcu_alloc,
+    .free = kcu_free,
+    .upload = kcu_upload,
+    .download = kcu_download,
+    .copy = kcu_copy,
+    .sync = kcu_sync,
+    .weight_load = kcu_weight_load,
+    .weight_release = kcu_weight_release,
+    .supports_type = kcu_supports_type,
+    .kv_pool_init = kcu_kv_pool_init,
+    .kv_pool_deinit = kcu_kv_pool_deinit,
+    .kv_copy_blocks = kcu_kv_copy_blocks,
+    .step_begin = kcu_step_begin,
+    .embed = kcu_embed,
+    .matmul = kcu_matmul,
+    .rms_norm = kcu_rms_norm,
+    .add_rms_norm = kcu_add_rms_norm,
+    .rope = kcu_rope,
+    .kv_append = kcu_kv_append,
+    .attention = kcu_attention,
+    .silu_mul = kcu_silu_mul,
+    .add = kcu_add,
+    .last_rows = kcu_last_rows,
+    .to_f32_host = kcu_to_f32_host,
+    .sample = kcu_sample,
+    .graph_begin = kcu_graph_begin,
+    .graph_end = kcu_graph_end,
+};
+
+static int kcu_ctx_init(kcu_ctx_t *c, int device) {
+  int n_dev = 0;
+  cudaError_t e = cudaGetDeviceCount(&n_dev);
+  if (e != cudaSuccess || n_dev == 0) {
+    (void)cudaGetLastError();
+    return fr_errorf(FR_ECUDA, "cuda: no usable device (%s)", e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  }
+  if (device < 0 || device >= n_dev) return fr_errorf(FR_ECUDA, "cuda: device %d of %d", device, n_dev);
+  c->device = device;
+  KCU_CHECK(cudaSetDevice(device));
+  cudaDeviceProp prop;
+  KCU_CHECK(cudaGetDeviceProperties(&prop, device));
+  c->n_sm = prop.multiProcessorCount;
+  c->smem_optin = prop.sharedMemPerBlockOptin;
+  const char *dt = getenv("FERRUM_CUDA_DTYPE");
+  c->act = (dt && (!strcmp(dt, "f16") || !strcmp(dt, "F16"))) ? KERN_F16 : KERN_BF16;
+  c->act_size = 2;
+  KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+  KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
+  KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
+  KCU_CUBLAS(cublasCreate(&c->cublas));
+  KCU_CUBLAS(cublasSetStream(c->cublas, c->stream));
+  int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");
+  if (rc) return rc;
+  KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
+  FR_LOGD("cuda: device %d %s, %d SMs, act %s", device, prop.name, c->n_sm, c->act == KERN_BF16 ? "bf16" : "f16");
+  return kcu_meta_grow(c, 256, 64, 4096);
+}
+
+extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
+  *out = NULL;
+  kcu_ctx_t *c = (kcu_ctx_t *)fr_calloc(1, sizeof(*c));
+  int rc = kcu_ctx_init(c, device);
+  if (rc) {
+    kcu_destroy(c);
+    return rc;
+  }
+  c->be.ops = &kcu_ops;
+  c->be.ctx = c;
+  c->be.act_type = c->act;
+  c->be.act_size = c->act_size;
+  *out = &c->be;
+  return 0;
+}

@@ -1,0 +1,242 @@
+/* kcu_matmul.cu - out(n, rows) = x(n, cols) @ W^T (+ bias).
+ *
+ * Small n (decode): hand-written GEMV kernels that stream each weight row
+ * once with 16-byte loads and keep the n activation rows in the read-only
+ * cache; dense (act type) weights and quantized weights (dequantized to f32
+ * in registers, one 32-element sub-block per lane). Larger n: cuBLAS
+ * (bf16/f16 in, f32 accumulate); quantized weights are first dequantized
+ * into the act-type scratch, in row chunks that fit it. */
+#include "kernels/cuda/kcu_quant.cuh"
+
+#define KCU_GEMV_MAX_N 8
+
+/* Streaming 16-byte load: the weights are read once per matmul. */
+__device__ __forceinline__ uint4 kcu_ld_stream(const uint4 *p) { return __ldcs(p); }
+
+__device__ __forceinline__ float kcu_dot8(const float *a, const float *b) {
+  float s = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; i++) s = fmaf(a[i], b[i], s);
+  return s;
+}
+
+/* Reduces acc over the WPR warps of a row and writes the row's outputs. */
+template <typename T, int NBM, int WPR>
+__device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *bias, int row, int rows, int nb,
+                                               float (*red)[NBM]) {
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+#pragma unroll
+  for (int b = 0; b < NBM; b++) acc[b] = kcu_warp_sum(acc[b]);
+  if (WPR > 1) {
+    if (lane == 0)
+#pragma unroll
+      for (int b = 0; b < NBM; b++) red[warp][b] = acc[b];
+    __syncthreads();
+    if (part == 0 && lane == 0)
+#pragma unroll
+      for (int b = 0; b < NBM; b++)
+#pragma unroll
+        for (int p = 1; p < WPR; p++) acc[b] += red[warp + p][b];
+  }
+  if (part == 0 && lane == 0 && row < rows) {
+    float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int b = 0; b < NBM; b++)
+      if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(acc[b] + bv);
+  }
+}
+
+/* 256 threads = 8 warps; WPR warps per row, 8 / WPR rows per CTA.
+ * cols % 8 == 0, W and x 16-byte aligned. */
+template <typename T, int NBM, int WPR>
+__global__ void __launch_bounds__(256) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias, int rows,
+                                                         int cols, int nb) {
+  __shared__ float red[8][NBM];
+  constexpr int RPC = 8 / WPR, STEP = 32 * WPR, U = 4;
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int row = blockIdx.x * RPC + warp / WPR;
+  float acc[NBM];
+#pragma unroll
+  for (int b = 0; b < NBM; b++) acc[b] = 0.f;
+  if (row < rows) {
+    const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)row * cols);
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    int n8 = cols / 8, xs = cols / 8;
+    int i = (warp % WPR) * 32 + lane;
+    for (; i + (U - 1) * STEP < n8; i += U * STEP) {
+      uint4 wv[U];
+#pragma unroll
+      for (int u = 0; u < U; u++) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        float wf[8], xf[8];
+        kcu_unpack8(wv[u], wf, (const T *)0);
+#pragma unroll
+        for (int b = 0; b < NBM; b++) {
+          if (b < nb) {
+            kcu_unpack8(__ldg(x4 + (size_t)b * xs + i + u * STEP), xf, (const T *)0);
+            acc[b] += kcu_dot8(wf, xf);
+          }
+        }
+      }
+    }
+    for (; i < n8; i += STEP) {
+      float wf[8], xf[8];
+      kcu_unpack8(kcu_ld_stream(w4 + i), wf, (const T *)0);
+#pragma unroll
+      for (int b = 0; b < NBM; b++) {
+        if (b < nb) {
+          kcu_unpack8(__ldg(x4 + (size_t)b * xs + i), xf, (const T *)0);
+          acc[b] += kcu_dot8(wf, xf);
+        }
+      }
+    }
+  }
+  kcu_gemv_store<T, NBM, WPR>(acc, out, bias, row, rows, nb, red);
+}
+
+/* Quantized GEMV: one warp per row, one 32-element sub-block per lane. */
+template <typename T, int QT, int NBM>
+__global__ void __launch_bounds__(256) kcu_gemv_quant_k(T *out, const uint8_t *W, size_t row_bytes, const T *x,
+                                                         const float *bias, int rows, int cols, int nb) {
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int row = blockIdx.x * 8 + warp;
+  float acc[NBM];
+#pragma unroll
+  for (int b = 0; b < NBM; b++) acc[b] = 0.f;
+  if (row < rows) {
+    const uint8_t *wr = W + (size_t)row * row_bytes;
+    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+    int nsub = cols / 32, xs = cols / 8;
+    for (int u = lane; u < nsub; u += 32) {
+      float w[32];
+      int sub;
+      kcu_deq32<QT>(kcu_sub_block<QT>(wr, u, &sub), sub, w);
+#pragma unroll
+      for (int b = 0; b < NBM; b++) {
+        if (b < nb) {
+#pragma unroll
+          for (int k = 0; k < 4; k++) {
+            float xf[8];
+            kcu_unpack8(__ldg(x4 + (size_t)b * xs + 4 * u + k), xf, (const T *)0);
+            acc[b] += kcu_dot8(w + 8 * k, xf);
+          }
+        }
+      }
+    }
+  }
+  kcu_gemv_store<T, NBM, 1>(acc, out, bias, row, rows, nb, (float(*)[NBM])0);
+}
+
+/* Dequantizes rows [row0, row0 + nrows) of w into dst (nrows, cols) of T. */
+template <typename T, int QT>
+__global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_t row0, long long n_units, int cols) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= n_units) return;
+  int per = cols / 32;
+  long long r = i / per;
+  int u = (int)(i % per), sub;
+  float w[32];
+  kcu_deq32<QT>(kcu_sub_block<QT>(W + (size_t)(row0 + r) * row_bytes, u, &sub), sub, w);
+  uint4 *o = reinterpret_cast<uint4 *>(dst + (size_t)r * cols + 32 * u);
+#pragma unroll
+  for (int k = 0; k < 4; k++) o[k] = kcu_pack8<T>(w + 8 * k);
+}
+
+int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
+  long long units = nrows * (w->cols / 32);
+  if (units == 0) return 0;
+  KCU_ACT_DISPATCH(c, KCU_QUANT_DISPATCH(w->type,
+                                         return fr_errorf(FR_EUNSUPPORTED, "cuda: dequant of type %d", (int)w->type),
+                                         kcu_dequant_k<T, QT><<<kcu_div_up(units, 128), 128, 0, c->stream>>>(
+                                             (T *)dst, (const uint8_t *)w->data, w->row_bytes, row0, units,
+                                             (int)w->cols)));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+/* ---- launchers ----------------------------------------------------------------------- */
+
+template <typename T, int NBM>
+static void kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const T *W, const T *x, const float *bias, int rows, int cols,
+                                  int nb) {
+  /* few rows: spread a row over 4 warps so that enough loads are in flight */
+  if ((long long)rows < 16ll * c->n_sm)
+    kcu_gemv_dense_k<T, NBM, 4><<<kcu_div_up(rows, 2), 256, 0, c->stream>>>(out, W, x, bias, rows, cols, nb);
+  else
+    kcu_gemv_dense_k<T, NBM, 1><<<kcu_div_up(rows, 8), 256, 0, c->stream>>>(out, W, x, bias, rows, cols, nb);
+}
+
+template <typename T>
+static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  const T *W = (const T *)w->data;
+  int rows = (int)w->rows, cols = (int)w->cols;
+  if (n == 1) kcu_gemv_dense_launch<T, 1>(c, out, W, x, bias, rows, cols, n);
+  else if (n == 2) kcu_gemv_dense_launch<T, 2>(c, out, W, x, bias, rows, cols, n);
+  else if (n <= 4) kcu_gemv_dense_launch<T, 4>(c, out, W, x, bias, rows, cols, n);
+  else kcu_gemv_dense_launch<T, 8>(c, out, W, x, bias, rows, cols, n);
+  KCU_LAUNCHED();
+  return 0;
+}
+
+template <typename T, int QT>
+static void kcu_gemv_quant_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  const uint8_t *W = (const uint8_t *)w->data;
+  int rows = (int)w->rows, cols = (int)w->cols, g = kcu_div_up(rows, 8);
+  size_t rb = w->row_bytes;
+  if (n == 1) kcu_gemv_quant_k<T, QT, 1><<<g, 256, 0, c->stream>>>(out, W, rb, x, bias, rows, cols, n);
+  else if (n == 2) kcu_gemv_quant_k<T, QT, 2><<<g, 256, 0, c->stream>>>(out, W, rb, x, bias, rows, cols, n);
+  else if (n <= 4) kcu_gemv_quant_k<T, QT, 4><<<g, 256, 0, c->stream>>>(out, W, rb, x, bias, rows, cols, n);
+  else kcu_gemv_quant_k<T, QT, 8><<<g, 256, 0, c->stream>>>(out, W, rb, x, bias, rows, cols, n);
+}
+
+/* C(rows, n) column-major = W(rows, cols) row-major @ x(n, cols)^T. */
+static int kcu_gemm(kcu_ctx_t *c, void *out, int ldo, const void *W, const void *x, int rows, int n, int cols) {
+  const float alpha = 1.f, beta = 0.f;
+  cudaDataType_t dt = c->act == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  KCU_CUBLAS(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha, W, dt, cols, x, dt, cols, &beta,
+                          out, dt, ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  return 0;
+}
+
+static int kcu_matmul_quant_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n) {
+  int64_t chunk = (int64_t)(c->deq_elems / (size_t)w->cols);
+  if (chunk <= 0) return fr_errorf(FR_ESTATE, "cuda: matmul: dequant scratch missing (weight not loaded here?)");
+  for (int64_t r0 = 0; r0 < w->rows; r0 += chunk) {
+    int64_t nr = FR_MIN(chunk, w->rows - r0);
+    int rc = kcu__dequant_rows(c, c->deq, w, r0, nr);
+    if (rc) return rc;
+    rc = kcu_gemm(c, (char *)out + (size_t)r0 * c->act_size, (int)w->rows, c->deq, x, (int)nr, n, (int)w->cols);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n) {
+  if (n <= 0) return 0;
+  if (w->rows > INT32_MAX || w->cols > INT32_MAX) return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul: weight too large");
+  if (bias && (bias->type != KERN_F32 || bias->cols != w->rows))
+    return fr_errorf(FR_EFORMAT, "cuda: matmul: bias must be F32 (1, %lld)", (long long)w->rows);
+  const float *bp = bias ? (const float *)bias->data : NULL;
+  bool small = n <= KCU_GEMV_MAX_N && ((uintptr_t)x & 15) == 0 && w->cols % 32 == 0;
+  int rc = 0;
+  if (w->type == c->act) {
+    if (small) {
+      KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out, w, bp, (const T *)x, n));
+      return rc;
+    }
+    rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
+  } else if (kern_type_traits(w->type) && kern_type_traits(w->type)->quantized) {
+    if (small) {
+      KCU_ACT_DISPATCH(c, KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul type %d", (int)w->type),
+                                             kcu_gemv_quant_launch<T, QT>(c, (T *)out, w, bp, (const T *)x, n)));
+      KCU_LAUNCHED();
+      return 0;
+    }
+    rc = kcu_matmul_quant_gemm(c, out, w, x, n);
+  } else {
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul with weight type %d (load it through weight_load)", (int)w->type);
+  }
+  if (rc == 0 && bp) rc = kcu__add_bias(c, out, bp, n, (int)w->rows);
+  return rc;
+}

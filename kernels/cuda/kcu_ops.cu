@@ -1,0 +1,279 @@
+/* kcu_ops.cu - elementwise and row ops of the CUDA backend: type
+ * conversion, embed, rms_norm (+ fused residual add), rope, KV append and
+ * block copy, silu_mul, add, last_rows, bias. All math in f32. */
+#include "kernels/cuda/kcu_quant.cuh"
+
+/* ---- conversion ---------------------------------------------------------------- */
+
+template <typename S, typename D> __global__ void kcu_convert_k(D *dst, const S *src, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    dst[i] = kcu_t<D>(kcu_f(src[i]));
+}
+
+template <typename S> static int kcu_convert_from(kcu_ctx_t *c, void *dst, kern_type_t dt, const S *src, size_t n) {
+  int grid = (int)FR_MIN((n + 255) / 256, (size_t)c->n_sm * 32);
+  if (dt == KERN_F32) kcu_convert_k<S, float><<<grid, 256, 0, c->stream>>>((float *)dst, src, n);
+  else if (dt == KERN_F16) kcu_convert_k<S, __half><<<grid, 256, 0, c->stream>>>((__half *)dst, src, n);
+  else if (dt == KERN_BF16) kcu_convert_k<S, __nv_bfloat16><<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)dst, src, n);
+  else return fr_errorf(FR_EUNSUPPORTED, "cuda: convert to type %d", (int)dt);
+  KCU_LAUNCHED();
+  return 0;
+}
+
+int kcu__convert(kcu_ctx_t *c, void *dst, kern_type_t dt, const void *src, kern_type_t st, size_t n) {
+  if (n == 0) return 0;
+  if (st == KERN_F32) return kcu_convert_from(c, dst, dt, (const float *)src, n);
+  if (st == KERN_F16) return kcu_convert_from(c, dst, dt, (const __half *)src, n);
+  if (st == KERN_BF16) return kcu_convert_from(c, dst, dt, (const __nv_bfloat16 *)src, n);
+  return fr_errorf(FR_EUNSUPPORTED, "cuda: convert from type %d", (int)st);
+}
+
+/* ---- embed ----------------------------------------------------------------------- */
+
+/* out(n_tokens, cols) = table rows; token ids from the step (device). */
+template <typename T, typename S>
+__global__ void kcu_embed_dense_k(T *out, const S *table, const int32_t *tokens, int64_t rows, int cols) {
+  int t = blockIdx.y;
+  int32_t id = tokens[t];
+  bool ok = id >= 0 && id < rows;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < cols; i += gridDim.x * blockDim.x)
+    out[(size_t)t * cols + i] = kcu_t<T>(ok ? kcu_f(table[(size_t)id * cols + i]) : 0.f);
+}
+
+template <typename T, int QT>
+__global__ void kcu_embed_quant_k(T *out, const uint8_t *table, size_t row_bytes, const int32_t *tokens, int64_t rows,
+                                  int cols) {
+  int t = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
+  if (u >= cols / 32) return;
+  int32_t id = tokens[t];
+  float w[32];
+  if (id >= 0 && id < rows) {
+    int sub;
+    const uint8_t *b = kcu_sub_block<QT>(table + (size_t)id * row_bytes, u, &sub);
+    kcu_deq32<QT>(b, sub, w);
+  } else {
+#pragma unroll
+    for (int i = 0; i < 32; i++) w[i] = 0.f;
+  }
+  uint4 *o = reinterpret_cast<uint4 *>(out + (size_t)t * cols + 32 * u);
+#pragma unroll
+  for (int i = 0; i < 4; i++) o[i] = kcu_pack8<T>(w + 8 * i);
+}
+
+int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
+  int nt = c->n_tokens, cols = (int)tb->cols;
+  if (nt == 0) return 0;
+  if (nt > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: embed of %d tokens", nt);
+  KCU_ACT_DISPATCH(c, {
+    T *o = (T *)out;
+    if (tb->type == KERN_F32) {
+      kcu_embed_dense_k<T, float><<<dim3(kcu_div_up(cols, 256), nt), 256, 0, c->stream>>>(
+          o, (const float *)tb->data, c->dm.tokens, tb->rows, cols);
+    } else if (tb->type == c->act) {
+      kcu_embed_dense_k<T, T><<<dim3(kcu_div_up(cols, 256), nt), 256, 0, c->stream>>>(
+          o, (const T *)tb->data, c->dm.tokens, tb->rows, cols);
+    } else {
+      dim3 grid(kcu_div_up(cols / 32, 64), nt);
+      KCU_QUANT_DISPATCH(tb->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: embed from type %d", (int)tb->type),
+                         kcu_embed_quant_k<T, QT><<<grid, 64, 0, c->stream>>>(o, (const uint8_t *)tb->data,
+                                                                              tb->row_bytes, c->dm.tokens, tb->rows,
+                                                                              cols));
+    }
+  });
+  KCU_LAUNCHED();
+  return 0;
+}
+
+/* ---- rms_norm ----------------------------------------------------------------------- */
+
+template <int NT> __device__ float kcu_block_sum(float v, float *red) {
+  v = kcu_warp_sum(v);
+  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < NT / 32 ? red[lane] : 0.f;
+  v = kcu_warp_sum(v);
+  __syncthreads();
+  return v;
+}
+
+/* One CTA per row. With `res`: res += x (stored in T), then norm of res. */
+template <typename T, int NT>
+__global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int dim, float eps) {
+  __shared__ float red[32];
+  size_t row = (size_t)blockIdx.x * dim;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < dim; i += NT) {
+    float v = kcu_f(x[row + i]);
+    if (res) {
+      T r = kcu_t<T>(kcu_f(res[row + i]) + v);
+      res[row + i] = r;
+      v = kcu_f(r);
+    }
+    ss += v * v;
+  }
+  ss = kcu_block_sum<NT>(ss, red);
+  float inv = rsqrtf(ss / (float)dim + eps);
+  const T *src = res ? res : x;
+  for (int i = threadIdx.x; i < dim; i += NT) out[row + i] = kcu_t<T>(kcu_f(src[row + i]) * inv * w[i]);
+}
+
+int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
+  if (n <= 0) return 0;
+  KCU_ACT_DISPATCH(c, kcu_rms_norm_k<T, 256><<<n, 256, 0, c->stream>>>((T *)out, (T *)residual, (const T *)x, w, dim,
+                                                                      eps));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+/* ---- rope ----------------------------------------------------------------------------- */
+
+template <typename T>
+__global__ void kcu_rope_k(T *x, const int32_t *positions, const float *inv_freq, int n_tokens, int n_heads,
+                           int head_dim, int row_stride, int n_rot, int neox, float attn_factor) {
+  int half = n_rot / 2;
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)n_tokens * n_heads * half) return;
+  int p = (int)(i % half), h = (int)((i / half) % n_heads), t = (int)(i / ((long long)half * n_heads));
+  T *xh = x + (size_t)t * row_stride + (size_t)h * head_dim;
+  int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+  float s, co;
+  sincosf((float)positions[t] * inv_freq[p], &s, &co);
+  s *= attn_factor;
+  co *= attn_factor;
+  float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
+  xh[a] = kcu_t<T>(x0 * co - x1 * s);
+  xh[b] = kcu_t<T>(x0 * s + x1 * co);
+}
+
+int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *r) {
+  if (r->n_rot <= 0 || r->n_rot % 2 || r->n_rot > head_dim || !r->inv_freq || r->inv_freq->type != KERN_F32 ||
+      r->inv_freq->cols < r->n_rot / 2)
+    return fr_errorf(FR_EFORMAT, "cuda: rope: bad n_rot %d or inv_freq", r->n_rot);
+  long long total = (long long)c->n_tokens * n_heads * (r->n_rot / 2);
+  if (total == 0) return 0;
+  KCU_ACT_DISPATCH(c, kcu_rope_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>(
+                          (T *)x, c->dm.positions, (const float *)r->inv_freq->data, c->n_tokens, n_heads, head_dim,
+                          row_stride, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+/* ---- KV append / block copy ---------------------------------------------------------------- */
+
+/* One thread per 8 elements of a token's K (and V) row. */
+template <typename T>
+__global__ void kcu_kv_append_k(T *kc, T *vc, const T *k, int k_stride, const T *v, int v_stride,
+                                const int32_t *slots, int n_tokens, int row, long long n_slots, int vec) {
+  int per = row / vec;
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)n_tokens * per) return;
+  int t = (int)(i / per), e = (int)(i % per) * vec;
+  int32_t slot = slots[t];
+  if (slot < 0 || slot >= n_slots) return;
+  size_t d = (size_t)slot * row + e;
+  if (vec == 8) {
+    *reinterpret_cast<uint4 *>(kc + d) = *reinterpret_cast<const uint4 *>(k + (size_t)t * k_stride + e);
+    *reinterpret_cast<uint4 *>(vc + d) = *reinterpret_cast<const uint4 *>(v + (size_t)t * v_stride + e);
+  } else {
+    kc[d] = k[(size_t)t * k_stride + e];
+    vc[d] = v[(size_t)t * v_stride + e];
+  }
+}
+
+static bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
+                   int v_stride) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  int row = cf->n_kv_heads * cf->head_dim;
+  int vec = (k_stride % 8 == 0 && v_stride % 8 == 0 && kcu_al16(k) && kcu_al16(v)) ? 8 : 1;
+  long long total = (long long)c->n_tokens * (row / vec);
+  if (total == 0) return 0;
+  char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
+  KCU_ACT_DISPATCH(c, kcu_kv_append_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>(
+                          (T *)kb, (T *)(kb + pool->layer_bytes), (const T *)k, k_stride, (const T *)v, v_stride,
+                          c->dm.slots, c->n_tokens, row, (long long)cf->n_blocks * cf->block_size, vec));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+/* grid (n_pairs, 2 * n_layers): copies one block of K or V of one layer. */
+__global__ void kcu_kv_copy_k(char *base, size_t layer_bytes, size_t block_bytes, const int32_t *pairs) {
+  const int32_t src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
+  char *plane = base + (size_t)blockIdx.y * layer_bytes;
+  const uint4 *s = reinterpret_cast<const uint4 *>(plane + (size_t)src * block_bytes);
+  uint4 *d = reinterpret_cast<uint4 *>(plane + (size_t)dst * block_bytes);
+  for (size_t i = threadIdx.x; i < block_bytes / 16; i += blockDim.x) d[i] = s[i];
+}
+
+int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, int n_pairs) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  size_t block_bytes = (size_t)cf->block_size * cf->n_kv_heads * cf->head_dim * c->act_size; /* head_dim % 8 == 0 */
+  kcu_kv_copy_k<<<dim3(n_pairs, 2 * cf->n_layers), 256, 0, c->stream>>>((char *)pool->base, pool->layer_bytes,
+                                                                        block_bytes, pairs_dev);
+  KCU_LAUNCHED();
+  return 0;
+}
+
+/* ---- silu_mul, add, last_rows, bias ------------------------------------------------------------- */
+
+template <typename T>
+__global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)n * d) return;
+  long long r = i / d, j = i % d;
+  float g = kcu_f(gate[r * stride + j]), u = kcu_f(up[r * stride + j]);
+  out[i] = kcu_t<T>(g / (1.f + __expf(-g)) * u);
+}
+
+int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride) {
+  long long total = (long long)n * d;
+  if (total <= 0) return 0;
+  KCU_ACT_DISPATCH(c, kcu_silu_mul_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>((T *)out, (const T *)gate,
+                                                                                       (const T *)up, n, d, stride));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+template <typename T> __global__ void kcu_add_k(T *out, const T *a, const T *b, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    out[i] = kcu_t<T>(kcu_f(a[i]) + kcu_f(b[i]));
+}
+
+int kcu__add(kcu_ctx_t *c, void *out, const void *a, const void *b, size_t n) {
+  if (n == 0) return 0;
+  int grid = (int)FR_MIN((n + 255) / 256, (size_t)c->n_sm * 32);
+  KCU_ACT_DISPATCH(c, kcu_add_k<T><<<grid, 256, 0, c->stream>>>((T *)out, (const T *)a, (const T *)b, n));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+template <typename T> __global__ void kcu_last_rows_k(T *out, const T *x, const int32_t *q_start, int dim) {
+  int s = blockIdx.y;
+  int r = max(q_start[s + 1] - 1, 0);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x)
+    out[(size_t)s * dim + i] = x[(size_t)r * dim + i];
+}
+
+int kcu__last_rows(kcu_ctx_t *c, void *out, const void *x, int dim) {
+  if (c->n_seqs == 0 || dim <= 0) return 0;
+  if (c->n_seqs > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: last_rows of %d sequences", c->n_seqs);
+  dim3 grid(kcu_div_up(dim, 256), c->n_seqs);
+  KCU_ACT_DISPATCH(c, kcu_last_rows_k<T><<<grid, 256, 0, c->stream>>>((T *)out, (const T *)x, c->dm.q_start, dim));
+  KCU_LAUNCHED();
+  return 0;
+}
+
+template <typename T> __global__ void kcu_add_bias_k(T *out, const float *bias, int n, int rows) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i < (long long)n * rows) out[i] = kcu_t<T>(kcu_f(out[i]) + bias[i % rows]);
+}
+
+int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows) {
+  long long total = (long long)n * rows;
+  if (total == 0) return 0;
+  KCU_ACT_DISPATCH(c, kcu_add_bias_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>((T *)out, bias, n, rows));
+  KCU_LAUNCHED();
+  return 0;
+}

@@ -1,0 +1,186 @@
+/* kcu_sample.cu - on-device sampling, one CTA per row of logits.
+ *
+ * Greedy (temperature 0) or: z = logits / T; min-p keeps z >= z_max +
+ * log(min_p); top-k keeps the k largest (ties at the k-th value kept);
+ * top-p keeps the smallest top set whose probability (renormalized over what
+ * is left) reaches p. The thresholds are found exactly by radix selection
+ * over the order-preserving integer keys of z (8 bits a pass, histograms in
+ * shared memory; top-p masses in 40-bit fixed point so the sums are
+ * deterministic). The draw is an exponential race: argmax z_i - log(E_i),
+ * E_i = -log(u_i), u_i from splitmix64 of (seed, counter, token id), so the
+ * result does not depend on the row's place in the batch. The logprob is the
+ * log-softmax of the raw logits at temperature 1 (what vLLM returns).
+ */
+#include <math.h>
+
+#include "kernels/cuda/kcu.cuh"
+
+#define KCU_SAMP_NT 1024
+#define KCU_MASS_ONE 1099511627776.0 /* 2^40 */
+
+__device__ __forceinline__ uint32_t kcu_fkey(float f) {
+  uint32_t b = __float_as_uint(f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+__device__ __forceinline__ uint64_t kcu_splitmix(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+template <typename T> struct kcu_red_t {
+  T v[32];
+};
+
+__device__ float kcu_bsum(float v, float *red) {
+  v = kcu_warp_sum(v);
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  v = threadIdx.x < KCU_SAMP_NT / 32 ? red[threadIdx.x] : 0.f;
+  if (threadIdx.x < 32) v = kcu_warp_sum(v);
+  if (threadIdx.x == 0) red[0] = v;
+  __syncthreads();
+  v = red[0];
+  __syncthreads();
+  return v;
+}
+
+/* Max of packed (key << 32 | ~index): largest value, smallest index on ties. */
+__device__ uint64_t kcu_bmax64(uint64_t v, uint64_t *red) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = w > v ? w : v;
+  }
+  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  __syncthreads();
+  if (threadIdx.x < 32) {
+    v = threadIdx.x < KCU_SAMP_NT / 32 ? red[threadIdx.x] : 0;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
+      v = w > v ? w : v;
+    }
+    if (threadIdx.x == 0) red[0] = v;
+  }
+  __syncthreads();
+  v = red[0];
+  __syncthreads();
+  return v;
+}
+
+__device__ __forceinline__ uint64_t kcu_pack_arg(float v, int i) {
+  return ((uint64_t)kcu_fkey(v) << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
+}
+
+/* Radix selection of a threshold key among keys >= lo: the largest t with
+ * weight(key >= t) >= target, where weight is a count (MASS false) or the
+ * fixed-point probability mass. Returns lo when the total is below target. */
+template <typename T, bool MASS>
+__device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, float inv_z, uint32_t lo,
+                               unsigned long long target, unsigned long long *hist, uint32_t *bc) {
+  uint32_t prefix = 0, pmask = 0;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      float z = kcu_f(x[i]) * inv_t;
+      uint32_t k = kcu_fkey(z);
+      if (k < lo || (k & pmask) != prefix) continue;
+      unsigned long long w = MASS ? (unsigned long long)((double)__expf(z - zmax) * inv_z * KCU_MASS_ONE) : 1ull;
+      atomicAdd(&hist[(k >> shift) & 255], w);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      unsigned long long cum = 0;
+      int sel = -1;
+      for (int b = 255; b >= 0; b--) {
+        if (cum + hist[b] >= target) {
+          sel = b;
+          break;
+        }
+        cum += hist[b];
+      }
+      bc[0] = sel < 0 ? 0xffffffffu : (uint32_t)sel;
+      if (sel >= 0) target -= cum;
+      bc[1] = (uint32_t)(target >> 32);
+      bc[2] = (uint32_t)target;
+    }
+    __syncthreads();
+    uint32_t sel = bc[0];
+    target = ((unsigned long long)bc[1] << 32) | bc[2];
+    __syncthreads();
+    if (sel == 0xffffffffu) return lo;
+    prefix |= sel << shift;
+    pmask |= 255u << shift;
+  }
+  return prefix > lo ? prefix : lo;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(KCU_SAMP_NT)
+    kcu_sample_k(const T *logits, int vocab, const kcu_sparams_t *params, int32_t *res) {
+  __shared__ unsigned long long hist[256];
+  __shared__ uint64_t red64[32];
+  __shared__ float red[32];
+  __shared__ uint32_t bc[4];
+  const int row = blockIdx.x;
+  const T *x = logits + (size_t)row * vocab;
+  const kcu_sparams_t p = params[row];
+
+  uint64_t best = 0;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    uint64_t a = kcu_pack_arg(kcu_f(x[i]), i);
+    best = a > best ? a : best;
+  }
+  best = kcu_bmax64(best, red64);
+  const int amax = (int)(0xffffffffu - (uint32_t)best);
+  const float xmax = kcu_f(x[amax]);
+  float se = 0.f;
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) se += __expf(kcu_f(x[i]) - xmax);
+  const float lse = xmax + __logf(kcu_bsum(se, red));
+
+  int tok = amax;
+  if (p.temperature > 0.f && p.top_k != 1) {
+    const float inv_t = 1.f / p.temperature, zmax = xmax * inv_t;
+    uint32_t lo = 0;
+    if (p.min_p > 0.f) lo = kcu_fkey(zmax + __logf(fminf(p.min_p, 1.f)));
+    if (p.top_k > 1 && p.top_k < vocab)
+      lo = kcu_select<T, false>(x, vocab, inv_t, zmax, 0.f, lo, (unsigned long long)p.top_k, hist, bc);
+    if (p.top_p > 0.f && p.top_p < 1.f) {
+      float z_sum = 0.f;
+      for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float z = kcu_f(x[i]) * inv_t;
+        if (kcu_fkey(z) >= lo) z_sum += __expf(z - zmax);
+      }
+      z_sum = kcu_bsum(z_sum, red);
+      lo = kcu_select<T, true>(x, vocab, inv_t, zmax, 1.f / z_sum, lo,
+                               (unsigned long long)((double)p.top_p * KCU_MASS_ONE), hist, bc);
+    }
+    uint64_t pick = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      float z = kcu_f(x[i]) * inv_t;
+      if (kcu_fkey(z) < lo) continue;
+      uint64_t h = kcu_splitmix(p.seed ^ kcu_splitmix(p.counter ^ kcu_splitmix((uint64_t)i)));
+      float u = ((float)(h >> 40) + 0.5f) * (1.f / 16777216.f);
+      uint64_t a = kcu_pack_arg(z - __logf(-__logf(u)), i);
+      pick = a > pick ? a : pick;
+    }
+    pick = kcu_bmax64(pick, red64);
+    if (pick) tok = (int)(0xffffffffu - (uint32_t)pick);
+  }
+  if (threadIdx.x == 0) {
+    res[2 * row] = tok;
+    float lp = kcu_f(x[tok]) - lse;
+    res[2 * row + 1] = __float_as_int(lp);
+  }
+}
+
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev) {
+  KCU_ACT_DISPATCH(c, kcu_sample_k<T><<<n_rows, KCU_SAMP_NT, 0, c->stream>>>(
+                          (const T *)logits, vocab, (const kcu_sparams_t *)params_dev, (int32_t *)result_dev));
+  KCU_LAUNCHED();
+  return 0;
+}

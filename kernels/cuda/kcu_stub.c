@@ -1,0 +1,10 @@
+/* kcu_stub.c - kern_cuda_create when ferrum is built without CUDA
+ * (FERRUM_CUDA=OFF): links, and says so. */
+#include "common/fr_err.h"
+#include "kernels/kern.h"
+
+int kern_cuda_create(kern_backend_t **out, int device) {
+  (void)device;
+  *out = NULL;
+  return fr_errorf(FR_EUNSUPPORTED, "ferrum was built without CUDA (configure with -DFERRUM_CUDA=ON)");
+}

@@ -1,0 +1,85 @@
+/* run_model - feeds token ids to a model on a backend and prints what the
+ * parity scripts compare: the last prompt token's logits (f32 file) and N
+ * greedy tokens (JSON on stdout). Used by tests/parity/hf_parity.py (GPU vs
+ * transformers) and tests/parity/cross_backend.sh (CPU vs CUDA).
+ * usage: run_model (--model PATH | --dummy NAME [--type T]) [--device D]
+ *                  --ids 1,2,3 [--greedy N] [--logits-out FILE]
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "coordinator/cli.h"
+#include "model/dummy.h"
+#include "model/generate.h"
+#include "model/model.h"
+
+static kern_type_t parse_type(const char *s) {
+  static const char *names[KERN_TYPE_MAX] = {[KERN_F32] = "f32", [KERN_F16] = "f16", [KERN_BF16] = "bf16",
+                                             [KERN_Q8_0] = "q8_0", [KERN_Q4_0] = "q4_0", [KERN_Q4_1] = "q4_1",
+                                             [KERN_Q5_0] = "q5_0", [KERN_Q5_1] = "q5_1", [KERN_Q4_K] = "q4_k",
+                                             [KERN_Q5_K] = "q5_k", [KERN_Q6_K] = "q6_k"};
+  for (int i = 0; s && i < KERN_TYPE_MAX; i++)
+    if (names[i] && !strcmp(names[i], s)) return (kern_type_t)i;
+  return (kern_type_t)0;
+}
+
+int main(int argc, char **argv) {
+  const char *model = NULL, *dummy = NULL, *device = "cpu", *ids_s = NULL, *out = NULL, *type = NULL;
+  int greedy = 32;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (!strcmp(argv[i], "--model")) model = argv[i + 1];
+    else if (!strcmp(argv[i], "--dummy")) dummy = argv[i + 1];
+    else if (!strcmp(argv[i], "--type")) type = argv[i + 1];
+    else if (!strcmp(argv[i], "--device")) device = argv[i + 1];
+    else if (!strcmp(argv[i], "--ids")) ids_s = argv[i + 1];
+    else if (!strcmp(argv[i], "--greedy")) greedy = atoi(argv[i + 1]);
+    else if (!strcmp(argv[i], "--logits-out")) out = argv[i + 1];
+  }
+  if ((!model && !dummy) || !ids_s) {
+    fprintf(stderr, "usage: run_model (--model PATH | --dummy NAME) [--device D] --ids 1,2,3 [--greedy N]\n");
+    return 2;
+  }
+  int32_t ids[8192];
+  int n = 0;
+  for (char *s = (char *)ids_s; *s && n < 8192;) {
+    ids[n++] = (int32_t)strtol(s, &s, 10);
+    if (*s == ',') s++;
+  }
+  kern_backend_t *be;
+  model_t *m = NULL;
+  model_gen_t *g = NULL;
+  int rc = cli_backend_create(device, 0, &be);
+  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .dummy_type = parse_type(type), .seed = 7};
+  if (!rc && dummy) {
+    model_config_t cfg;
+    rc = model_dummy_config(dummy, &cfg);
+    if (!rc) rc = model_load_dummy(&m, &cfg, be, &lo);
+  } else if (!rc) {
+    rc = model_load(&m, model, be, &lo);
+  }
+  if (!rc) rc = model_gen_create(&g, m, n + greedy + 16);
+  if (!rc) rc = model_gen_feed(g, ids, n);
+  if (!rc && out) {
+    FILE *f = fopen(out, "wb");
+    if (!f || fwrite(g->logits, sizeof(float), (size_t)m->cfg.vocab_size, f) != (size_t)m->cfg.vocab_size) rc = -EIO;
+    if (f) fclose(f);
+  }
+  printf("{\"vocab\": %d, \"greedy\": [", m ? m->cfg.vocab_size : 0);
+  for (int t = 0; !rc && t < greedy; t++) {
+    int32_t best = 0;
+    for (int i = 1; i < m->cfg.vocab_size; i++)
+      if (g->logits[i] > g->logits[best]) best = i;
+    printf(t ? ", %d" : "%d", best);
+    if (t + 1 < greedy) rc = model_gen_feed(g, &best, 1);
+  }
+  printf("]}\n");
+  if (rc) fprintf(stderr, "run_model: %s\n", fr_last_error());
+  model_gen_destroy(g);
+  model_destroy(m);
+  kern_backend_destroy(be);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,419 @@
+/* proto.h - the wire protocol: every message between the coordinator, its
+ * workers and RPC clients, as a versioned msgpack map with short string
+ * keys, with its encoder and its strict decoder. docs/PROTOCOL.md is the
+ * schema each message follows; this header is its C form.
+ *
+ * Envelope: every message is one msgpack map {"v": PROTO_VERSION, "t":
+ * "<type>", ...fields}. Fields that equal their default are left out by
+ * the encoder and filled in by the decoder; unknown keys are skipped (any
+ * value, nested or not) so that newer peers can add fields.
+ *
+ * Decoding is strict: wrong types, missing required fields, duplicate
+ * keys, values out of range, arrays or strings over the PROTO_MAX_* limits,
+ * trailing bytes, an unknown version or type are errors (FR_EPROTO,
+ * FR_ETOOBIG, FR_EVERSION, FR_ETRUNCATED) with a message naming the field
+ * (fr_last_error()). Nothing is allocated from a length before the length
+ * is checked against its limit and against the bytes that are left.
+ *
+ * Ownership: a decoded message lives in its proto_msg_t. Every pointer in
+ * it (strings, arrays, nested items) points into the message's arena and
+ * stays valid until the next proto_msg_decode() on the same proto_msg_t or
+ * proto_msg_free(). Decoded strings are NUL-terminated. The encoder only
+ * reads what it is given (borrowed for the call).
+ *
+ * Threads: no shared state; a proto_msg_t or proto_buf_t is used by one
+ * thread at a time.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PROTO_VERSION 1
+
+/* Limits the decoder enforces (and the encoder, so that nothing is sent
+ * that the peer would refuse). */
+#define PROTO_MAX_MSG_BYTES (64u << 20) /* one message */
+#define PROTO_MAX_ITEMS 4096u           /* items in a step / result */
+#define PROTO_MAX_TOKENS 131072u        /* token ids in an item, a prompt, an event */
+#define PROTO_MAX_STR 4096u             /* short strings: names, paths, messages, stops */
+#define PROTO_MAX_TEXT (4u << 20)       /* prompt text, chat content, event text */
+#define PROTO_MAX_STOP 16u              /* stop strings */
+#define PROTO_MAX_STOP_IDS 256u         /* stop token ids */
+#define PROTO_MAX_MESSAGES 1024u        /* chat messages in a submit */
+#define PROTO_MAX_TOPN 20u              /* top logprobs per token */
+#define PROTO_MAX_FREED 4096u           /* freed slots in a step */
+#define PROTO_MAX_COPIES 65536u         /* block copies in a step */
+#define PROTO_MAX_OPTIONS 64u           /* model load options */
+#define PROTO_MAX_MODELS 256u           /* models in a list reply */
+#define PROTO_MAX_LOGITS (1u << 20)     /* logits floats in an event */
+
+/* Message types; the wire carries the name ("step", ...). */
+typedef enum {
+  PROTO_T_NONE = 0,
+  /* coordinator <-> worker */
+  PROTO_T_HELLO,    /* "hello"    worker -> coord: registration */
+  PROTO_T_LOAD,     /* "load"     coord -> worker: load a model */
+  PROTO_T_LOADED,   /* "loaded"   worker -> coord: load done (or its error) */
+  PROTO_T_STEP,     /* "step"     coord -> worker: step descriptor */
+  PROTO_T_RESULT,   /* "result"   worker -> coord: step result */
+  PROTO_T_HEARTBEAT,/* "hb"       either way */
+  PROTO_T_SHUTDOWN, /* "shutdown" coord -> worker */
+  /* RPC client <-> coordinator */
+  PROTO_T_SUBMIT,   /* "submit"   client -> coord */
+  PROTO_T_EVENT,    /* "event"    coord -> client: token deltas, finish */
+  PROTO_T_CANCEL,   /* "cancel"   client -> coord */
+  PROTO_T_STATUS,   /* "status"   client -> coord */
+  PROTO_T_STATUS_R, /* "status_r" coord -> client */
+  PROTO_T_MODELS,   /* "models"   client -> coord: list models */
+  PROTO_T_MODELS_R, /* "models_r" coord -> client */
+  PROTO_T_ERROR,    /* "error"    either way: code + message */
+  PROTO_T_COUNT
+} proto_type_t;
+
+/* Masks for proto_msg_decode's accept argument. */
+#define PROTO_MASK(t) (1u << (t))
+#define PROTO_ACCEPT_ANY (~0u)
+#define PROTO_ACCEPT_WORKER /* what a worker receives */                                          \
+  (PROTO_MASK(PROTO_T_LOAD) | PROTO_MASK(PROTO_T_STEP) | PROTO_MASK(PROTO_T_HEARTBEAT) |             \
+   PROTO_MASK(PROTO_T_SHUTDOWN) | PROTO_MASK(PROTO_T_ERROR))
+#define PROTO_ACCEPT_FROM_WORKER /* what the coordinator receives from workers */                  \
+  (PROTO_MASK(PROTO_T_HELLO) | PROTO_MASK(PROTO_T_LOADED) | PROTO_MASK(PROTO_T_RESULT) |             \
+   PROTO_MASK(PROTO_T_HEARTBEAT) | PROTO_MASK(PROTO_T_ERROR))
+#define PROTO_ACCEPT_FROM_CLIENT /* what the coordinator receives from RPC clients */              \
+  (PROTO_MASK(PROTO_T_SUBMIT) | PROTO_MASK(PROTO_T_CANCEL) | PROTO_MASK(PROTO_T_STATUS) |            \
+   PROTO_MASK(PROTO_T_MODELS) | PROTO_MASK(PROTO_T_HEARTBEAT))
+#define PROTO_ACCEPT_CLIENT /* what an RPC client receives */                                      \
+  (PROTO_MASK(PROTO_T_EVENT) | PROTO_MASK(PROTO_T_STATUS_R) | PROTO_MASK(PROTO_T_MODELS_R) |         \
+   PROTO_MASK(PROTO_T_ERROR) | PROTO_MASK(PROTO_T_HEARTBEAT))
+
+/* Error codes on the wire (HTTP-like, so the HTTP frontend maps them 1:1).
+ * Decoders accept any int32: unknown codes pass through. */
+enum {
+  PROTO_ERR_BAD_REQUEST = 400,
+  PROTO_ERR_NOT_FOUND = 404, /* unknown model or job */
+  PROTO_ERR_TIMEOUT = 408,
+  PROTO_ERR_TOO_BIG = 413,
+  PROTO_ERR_BUSY = 429,
+  PROTO_ERR_CANCELED = 499,
+  PROTO_ERR_INTERNAL = 500,
+  PROTO_ERR_UNAVAILABLE = 503,
+  PROTO_ERR_VERSION = 505,
+};
+
+/* The wire code for a ferrum error code (FR_E* or -errno). */
+int32_t proto_err_from_fr(int err);
+
+/* "err" object: code 0 (and no message) means no error. */
+typedef struct {
+  int32_t code;  /* "c" (required when the object is present) PROTO_ERR_* */
+  char *message; /* "m" <= PROTO_MAX_STR bytes, or NULL */
+} proto_error_t;
+
+/* Sampling parameters ("sp"), shared by step items and submits. The
+ * defaults are the values a missing key means (proto_sampling_default). */
+typedef struct {
+  float temperature;        /* "t"  default 1; 0 = greedy; >= 0 */
+  int32_t top_k;            /* "k"  default 0 = off; >= 0 */
+  float top_p;              /* "p"  default 1 = off; (0, 1] */
+  float min_p;              /* "mp" default 0 = off; [0, 1] */
+  float repetition_penalty; /* "rp" default 1 = off; > 0 */
+  float presence_penalty;   /* "pp" default 0; [-2, 2] */
+  float frequency_penalty;  /* "fp" default 0; [-2, 2] */
+  bool has_seed;            /* "sd" present */
+  uint64_t seed;            /* "sd" */
+  int32_t logprobs;         /* "lp" default -1 = none; 0 = sampled token's; n = plus top n (<= PROTO_MAX_TOPN) */
+  bool want_logits;         /* "wl" default false: keep the logits row (logits handle / event logits) */
+} proto_sampling_t;
+
+proto_sampling_t proto_sampling_default(void);
+
+/* ---- coordinator <-> worker ---- */
+
+typedef struct {
+  int32_t rank;        /* "r"   required, [0, world_size) */
+  int32_t world_size;  /* "w"   required, >= 1 */
+  char *device;        /* "dev" required: "cpu", "cuda:0", ... */
+  uint32_t kv_blocks;  /* "kvb" required: KV blocks this worker can hold */
+  uint32_t block_size; /* "bs"  required: tokens per KV block, >= 1 */
+  uint32_t max_batch;  /* "mb"  required: sequences per step, >= 1 */
+  uint32_t pid;        /* "pid" default 0 */
+} proto_hello_t;
+
+typedef struct {
+  char *key;   /* "k" required */
+  char *value; /* "v" required */
+} proto_option_t;
+
+typedef struct {
+  char *path;               /* "path" required: GGUF file or safetensors folder */
+  char *format;             /* "fmt"  required: "gguf", "safetensors", "dummy" */
+  char *dtype;              /* "dt"   NULL = the file's / backend's choice */
+  uint32_t tp_size;         /* "tp"   default 1 */
+  uint32_t n_options;       /* "opt"  <= PROTO_MAX_OPTIONS */
+  proto_option_t *options;  /* (n_options) */
+} proto_load_t;
+
+typedef struct {
+  int32_t rank;        /* "r"   required */
+  uint32_t kv_blocks;  /* "kvb" KV blocks allocated for this model */
+  uint32_t n_vocab;    /* "nv" */
+  uint32_t max_ctx;    /* "ctx" */
+  proto_error_t error; /* "err" code != 0: the load failed */
+} proto_loaded_t;
+
+typedef struct {
+  uint32_t slot;       /* "s"  required: sequence slot (block table row) */
+  uint32_t pos;        /* "p"  position of tokens[0] */
+  uint32_t n_tokens;   /* "tk" required, 1..PROTO_MAX_TOKENS */
+  int32_t *tokens;     /* (n_tokens) */
+  bool final;          /* "f"  last chunk of the prompt or a decode: sample after it */
+  proto_sampling_t sp; /* "sp" */
+} proto_step_item_t;
+
+typedef struct {
+  uint32_t src; /* "s" required: block id */
+  uint32_t dst; /* "d" required */
+} proto_copy_t;
+
+typedef struct {
+  uint64_t step_id;          /* "id" required */
+  uint64_t epoch;            /* "ep" required: coordinator epoch (restarts) */
+  uint32_t n_items;          /* "it" <= PROTO_MAX_ITEMS */
+  proto_step_item_t *items;  /* (n_items) */
+  uint32_t n_freed;          /* "fr" <= PROTO_MAX_FREED */
+  uint32_t *freed;           /* (n_freed) slots whose sequences ended */
+  uint32_t n_copies;         /* "cp" <= PROTO_MAX_COPIES */
+  proto_copy_t *copies;      /* (n_copies) block copies, before the forward pass */
+} proto_step_t;
+
+typedef struct {
+  int32_t token;  /* "t" required */
+  float logprob;  /* "l" required */
+} proto_toplp_t;
+
+typedef struct {
+  uint32_t segment; /* "g" logits segment id */
+  uint32_t slot;    /* "s" */
+  uint32_t row;     /* "r" */
+} proto_logits_handle_t;
+
+typedef struct {
+  uint32_t slot;                /* "s"   required */
+  int32_t token;                /* "tok" required: sampled token, -1 = none (not final) */
+  float logprob;                /* "lp"  default 0 */
+  uint32_t n_top;               /* "top" <= PROTO_MAX_TOPN */
+  proto_toplp_t *top;           /* (n_top) by descending logprob */
+  bool has_logits;              /* "lh"  present */
+  proto_logits_handle_t logits; /* valid until the coordinator releases it */
+} proto_result_item_t;
+
+typedef struct {
+  uint64_t forward_us; /* "fw" */
+  uint64_t sample_us;  /* "sa" */
+  uint64_t total_us;   /* "to" */
+} proto_timings_t;
+
+typedef struct {
+  uint64_t step_id;            /* "id"  required */
+  uint64_t epoch;              /* "ep"  required */
+  int32_t rank;                /* "r"   default 0 */
+  uint32_t n_items;            /* "it"  <= PROTO_MAX_ITEMS */
+  proto_result_item_t *items;  /* (n_items) */
+  proto_timings_t timings;     /* "tm" */
+  proto_error_t error;         /* "err" code != 0: the step failed */
+} proto_result_t;
+
+typedef struct {
+  int32_t rank;   /* "r"   default -1 (the coordinator) */
+  uint64_t seq;   /* "seq" */
+  uint64_t ts_ns; /* "ts"  sender's monotonic clock */
+} proto_heartbeat_t;
+
+typedef struct {
+  char *reason; /* "why" or NULL */
+  bool drain;   /* "dr"  finish the current step first */
+} proto_shutdown_t;
+
+/* ---- RPC client <-> coordinator ---- */
+
+typedef struct {
+  char *role;           /* "r" required: "system", "user", "assistant", ... */
+  char *content;        /* "c" required, <= PROTO_MAX_TEXT, may hold NULs */
+  uint32_t content_len; /* encode: 0 means strlen(content) */
+} proto_chat_msg_t;
+
+/* A job. Exactly one of prompt, tokens, messages is given. */
+typedef struct {
+  uint64_t id;                /* "id"   required, != 0: client job id (fr_client fills it) */
+  char *model;                /* "m"    NULL = the default model */
+  char *prompt;               /* "p"    text, <= PROTO_MAX_TEXT, may hold NULs */
+  uint32_t prompt_len;        /* encode: 0 means strlen(prompt) */
+  uint32_t n_tokens;          /* "tk"   token ids */
+  int32_t *tokens;            /* (n_tokens) */
+  uint32_t n_messages;        /* "msgs" chat messages (the model's chat template applies) */
+  proto_chat_msg_t *messages; /* (n_messages) */
+  proto_sampling_t sp;        /* "sp" */
+  uint32_t max_tokens;        /* "mt"   default 0 = until the context ends */
+  uint32_t n_stop;            /* "st"   <= PROTO_MAX_STOP */
+  char **stop;                /* (n_stop) non-empty stop strings */
+  uint32_t n_stop_ids;        /* "si"   <= PROTO_MAX_STOP_IDS */
+  int32_t *stop_ids;          /* (n_stop_ids) */
+  bool ignore_eos;            /* "ie" */
+  bool stream;                /* "str"  events per token batch (else one final event) */
+  bool return_logits;         /* "rl"   events carry the logits rows */
+  int32_t priority;           /* "pr"   default 0; higher first */
+} proto_submit_t;
+
+typedef enum {
+  PROTO_FINISH_NONE = 0, /* not finished (key absent) */
+  PROTO_FINISH_STOP,     /* "stop": EOS, stop string or stop token */
+  PROTO_FINISH_LENGTH,   /* "length": max_tokens or context */
+  PROTO_FINISH_CANCEL,   /* "cancel" */
+  PROTO_FINISH_ERROR,    /* "error": see error */
+  PROTO_FINISH_COUNT
+} proto_finish_t;
+
+typedef struct {
+  uint32_t prompt_tokens;     /* "p" */
+  uint32_t completion_tokens; /* "c" */
+  uint32_t cached_tokens;     /* "k" prompt tokens found in the prefix cache */
+} proto_usage_t;
+
+typedef struct {
+  uint64_t id;           /* "id"  required: the job */
+  char *text;            /* "tx"  text delta (UTF-8 complete), or NULL */
+  uint32_t text_len;     /* encode: 0 means strlen(text) */
+  uint32_t n_tokens;     /* "tk"  token ids of this delta */
+  int32_t *tokens;       /* (n_tokens) */
+  uint32_t n_logprobs;   /* "lp"  0 or n_tokens */
+  float *logprobs;       /* (n_logprobs) */
+  uint32_t top_n;        /* "k"   alternatives per token */
+  uint32_t n_top;        /* "top" n_tokens * top_n */
+  proto_toplp_t *top;    /* (n_tokens, top_n) */
+  proto_finish_t finish; /* "fin" the last event of a job has finish != NONE */
+  bool has_usage;        /* "u"   present (on the last event) */
+  proto_usage_t usage;
+  uint32_t n_logits;     /* "lg"  bin of little-endian f32, <= PROTO_MAX_LOGITS */
+  float *logits;         /* (n_tokens, vocab) when the job asked for logits */
+  proto_error_t error;   /* "err" with finish == ERROR */
+} proto_event_t;
+
+typedef struct {
+  uint64_t id; /* "id" required */
+} proto_cancel_t;
+
+typedef struct {
+  char *model; /* "m" NULL = the default model */
+} proto_status_t;
+
+typedef struct {
+  char *model;             /* "m" */
+  uint32_t queued;         /* "q" jobs waiting */
+  uint32_t running;        /* "run" */
+  uint32_t kv_used_blocks; /* "kvu" */
+  uint32_t kv_total_blocks;/* "kvt" */
+  uint32_t n_workers;      /* "nw" */
+} proto_status_reply_t;
+
+typedef struct {
+  char dummy; /* no fields */
+} proto_models_t;
+
+typedef struct {
+  char *name;       /* "n"   required */
+  uint32_t max_ctx; /* "ctx" */
+} proto_model_info_t;
+
+typedef struct {
+  uint32_t n_models;           /* "ms" <= PROTO_MAX_MODELS */
+  proto_model_info_t *models;  /* (n_models) */
+} proto_models_reply_t;
+
+typedef struct {
+  int32_t code;  /* "c"  required: PROTO_ERR_* */
+  char *message; /* "m" */
+  uint64_t id;   /* "id" the job it is about, 0 = none */
+} proto_error_msg_t;
+
+/* ---- buffers ---- */
+
+/* A growable output buffer; encoders replace its contents. */
+typedef struct {
+  uint8_t *data;
+  size_t len, cap;
+} proto_buf_t;
+
+void proto_buf_init(proto_buf_t *b);
+void proto_buf_free(proto_buf_t *b);
+
+/* Arena that owns a decoded message's memory; reused across decodes. */
+typedef struct proto_arena_chunk proto_arena_chunk_t;
+typedef struct {
+  proto_arena_chunk_t *head; /* current chunk; older ones follow */
+} proto_arena_t;
+
+/* A decoded message: type plus the body of that type, in its arena. */
+typedef struct {
+  proto_type_t type;
+  union {
+    proto_hello_t hello;
+    proto_load_t load;
+    proto_loaded_t loaded;
+    proto_step_t step;
+    proto_result_t result;
+    proto_heartbeat_t heartbeat;
+    proto_shutdown_t shutdown;
+    proto_submit_t submit;
+    proto_event_t event;
+    proto_cancel_t cancel;
+    proto_status_t status;
+    proto_status_reply_t status_r;
+    proto_models_t models;
+    proto_models_reply_t models_r;
+    proto_error_msg_t error;
+  } u;
+  proto_arena_t arena;
+} proto_msg_t;
+
+void proto_msg_init(proto_msg_t *m);
+/* Frees the arena; m can be decoded into again after proto_msg_init. */
+void proto_msg_free(proto_msg_t *m);
+
+/* Decodes one message of a type in the accept mask (PROTO_MASK bits,
+ * PROTO_ACCEPT_*). Memory of the previous decode into m is reused. On
+ * failure m->type is PROTO_T_NONE and the error says why and where. */
+int proto_msg_decode(proto_msg_t *m, const void *data, size_t len, uint32_t accept);
+
+/* Encodes a message of the given type; body points to the struct of that
+ * type (proto_step_t for PROTO_T_STEP, ...). Replaces b's contents. Fails
+ * (b->len = 0) with FR_EPROTO / FR_ETOOBIG for what the decoder would
+ * refuse: a missing required field, a value out of range, a limit. */
+int proto_encode(proto_buf_t *b, proto_type_t type, const void *body);
+
+/* Encodes a decoded message (m->type, m->u). */
+int proto_msg_encode(proto_buf_t *b, const proto_msg_t *m);
+
+/* Typed shorthands for proto_encode. */
+static inline int proto_step_encode(proto_buf_t *b, const proto_step_t *s) { return proto_encode(b, PROTO_T_STEP, s); }
+static inline int proto_result_encode(proto_buf_t *b, const proto_result_t *r) { return proto_encode(b, PROTO_T_RESULT, r); }
+static inline int proto_submit_encode(proto_buf_t *b, const proto_submit_t *s) { return proto_encode(b, PROTO_T_SUBMIT, s); }
+static inline int proto_event_encode(proto_buf_t *b, const proto_event_t *e) { return proto_encode(b, PROTO_T_EVENT, e); }
+
+/* Wire name of a type ("step") and back (PROTO_T_NONE if unknown). */
+const char *proto_type_name(proto_type_t t);
+proto_type_t proto_type_from_name(const char *name, size_t len);
+/* Wire name of a finish reason ("stop"), NULL for NONE. */
+const char *proto_finish_name(proto_finish_t f);
+
+/* Fills body with the defaults of a type (what an empty message means). */
+void proto_body_default(proto_type_t type, void *body);
+
+#ifdef __cplusplus
+}
+#endif

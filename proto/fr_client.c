@@ -1,0 +1,1 @@
+/* fr_client.c - RPC client library (in progress). */

@@ -1,0 +1,650 @@
+/* test_ops.c - every CPU backend op against a straightforward reference in
+ * double precision written here, on every kernel path this CPU runs
+ * (FERRUM_CPU_ISA=scalar|avx2|avx512) with 1 and 2 threads. Outputs are
+ * poisoned with NaN before each op to catch unwritten elements.
+ *
+ * Matmul references use the weights as kern_dequantize_row gives them
+ * (checked against gguf in test_dequant) and unquantized f32 activations,
+ * so quantized types are held to a normalized-error bound (activations are
+ * quantized to int8 by the backend). */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kernels/kern.h"
+
+/* ---- configurations: (kernel path, threads) ---- */
+
+static const struct {
+  const char *isa;
+  int threads;
+} kCfg[] = {{"scalar", 1}, {"scalar", 2}, {"avx2", 1}, {"avx2", 2}, {"avx512", 1}, {"avx512", 2}};
+#define N_CFG ((int)(sizeof kCfg / sizeof kCfg[0]))
+
+/* The backend for configuration i, or NULL when this CPU cannot run it. */
+static kern_backend_t *backend_for(int i) {
+  if (!kern_cpu_isa_supported(kCfg[i].isa)) {
+    fprintf(stderr, "skip: %s not supported here\n", kCfg[i].isa);
+    return NULL;
+  }
+  setenv("FERRUM_CPU_ISA", kCfg[i].isa, 1);
+  kern_backend_t *b = NULL;
+  ck_assert_int_eq(kern_cpu_create(&b, kCfg[i].threads), 0);
+  ck_assert_str_eq(kern_cpu_isa(b), kCfg[i].isa);
+  ck_assert_int_eq(b->act_type, KERN_F32);
+  return b;
+}
+
+/* ---- deterministic random numbers ---- */
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint64_t rnd_u64(void) {
+  uint64_t z = (g_rng += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+static double rnd_unit(void) { return (double)(rnd_u64() >> 11) / 9007199254740992.0; } /* [0,1) */
+static float rnd_f(void) { return (float)(2.0 * rnd_unit() - 1.0); }                     /* [-1,1) */
+static float *rnd_vec(size_t n) {
+  float *v = malloc(n * sizeof(float));
+  for (size_t i = 0; i < n; i++) v[i] = rnd_f();
+  return v;
+}
+static void poison(float *p, size_t n) {
+  for (size_t i = 0; i < n; i++) p[i] = NAN;
+}
+
+static void set_f16(uint8_t *p, float v) {
+  uint16_t h = fr_fp32_to_fp16(v);
+  memcpy(p, &h, 2);
+}
+
+/* Random valid weight rows of a type: random payload bytes, sane scales. */
+static uint8_t *random_weight(kern_type_t t, int rows, int cols) {
+  const kern_type_traits_t *tr = kern_type_traits(t);
+  size_t rb = kern_row_bytes(t, cols), nb = (size_t)rows * (size_t)cols / (size_t)tr->blck;
+  uint8_t *w = malloc(rb * (size_t)rows);
+  if (t == KERN_F32 || t == KERN_F16 || t == KERN_BF16) {
+    for (size_t i = 0; i < (size_t)rows * (size_t)cols; i++) {
+      float v = rnd_f();
+      if (t == KERN_F32) memcpy(w + 4 * i, &v, 4);
+      else {
+        uint16_t h = t == KERN_F16 ? fr_fp32_to_fp16(v) : fr_fp32_to_bf16(v);
+        memcpy(w + 2 * i, &h, 2);
+      }
+    }
+    return w;
+  }
+  for (size_t i = 0; i < rb * (size_t)rows; i++) w[i] = (uint8_t)rnd_u64();
+  for (size_t b = 0; b < nb; b++) {
+    uint8_t *blk = w + b * (size_t)tr->size;
+    float d = (float)(0.02 + 0.1 * rnd_unit()), m = (float)(0.05 * rnd_f());
+    switch (t) {
+    case KERN_Q4_1: case KERN_Q5_1: set_f16(blk, d); set_f16(blk + 2, m); break;
+    case KERN_Q4_K: case KERN_Q5_K: set_f16(blk, d * 0.05f); set_f16(blk + 2, m * 0.05f); break;
+    case KERN_Q6_K: set_f16(blk + 208, d * 0.05f); break;
+    default: set_f16(blk, rnd_unit() < 0.5 ? d : -d); break; /* Q4_0 Q5_0 Q8_0 */
+    }
+  }
+  return w;
+}
+
+/* ||a - b|| / ||b|| over n values; also fails on non-finite values. */
+static double nerr(const float *a, const double *b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    ck_assert_msg(isfinite(a[i]), "element %zu not finite (%g)", i, a[i]);
+    num += (a[i] - b[i]) * (a[i] - b[i]);
+    den += b[i] * b[i];
+  }
+  return sqrt(num / (den > 0 ? den : 1));
+}
+
+static void load_weight(kern_backend_t *b, kern_weight_t *w, kern_type_t t, int rows, int cols, const void *data) {
+  memset(w, 0, sizeof *w);
+  w->type = t;
+  w->rows = rows;
+  w->cols = cols;
+  w->row_bytes = kern_row_bytes(t, cols);
+  ck_assert_int_eq(b->ops->weight_load(b->ctx, w, data), 0);
+}
+
+/* ---- matmul ---- */
+
+static const struct {
+  kern_type_t type;
+  double max_err; /* normalized error bound */
+} kMm[] = {{KERN_F32, 1e-6},  {KERN_F16, 1e-6},  {KERN_BF16, 1e-6}, {KERN_Q4_0, 0.02}, {KERN_Q4_1, 0.02},
+           {KERN_Q5_0, 0.02}, {KERN_Q5_1, 0.02}, {KERN_Q8_0, 0.02}, {KERN_Q4_K, 0.02}, {KERN_Q5_K, 0.02},
+           {KERN_Q6_K, 0.02}};
+
+static void check_matmul(kern_backend_t *b, kern_type_t t, double max_err, int rows, int cols, int n, bool bias) {
+  uint8_t *wd = random_weight(t, rows, cols);
+  float *x = rnd_vec((size_t)n * (size_t)cols), *bv = rnd_vec((size_t)rows);
+  float *out = malloc(sizeof(float) * (size_t)n * (size_t)rows), *wf = malloc(sizeof(float) * (size_t)cols);
+  double *ref = calloc((size_t)n * (size_t)rows, sizeof(double));
+  kern_weight_t w, wb;
+  load_weight(b, &w, t, rows, cols, wd);
+  load_weight(b, &wb, KERN_F32, 1, rows, bv);
+  for (int r = 0; r < rows; r++) {
+    kern_dequantize_row(t, wd + (size_t)r * w.row_bytes, wf, cols);
+    for (int j = 0; j < n; j++) {
+      double s = bias ? bv[r] : 0.0;
+      for (int k = 0; k < cols; k++) s += (double)wf[k] * x[(size_t)j * (size_t)cols + (size_t)k];
+      ref[(size_t)j * (size_t)rows + (size_t)r] = s;
+    }
+  }
+  poison(out, (size_t)n * (size_t)rows);
+  ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, bias ? &wb : NULL, x, n), 0);
+  double e = nerr(out, ref, (size_t)n * (size_t)rows);
+  ck_assert_msg(e < max_err, "matmul %s %dx%d n=%d: normalized error %g >= %g", kern_type_traits(t)->name, rows, cols,
+                n, e, max_err);
+  b->ops->weight_release(b->ctx, &w);
+  free(wd), free(x), free(bv), free(out), free(wf), free(ref);
+}
+
+START_TEST(test_matmul) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++) {
+    kern_type_t t = kMm[k].type;
+    int blck = kern_type_traits(t)->blck;
+    int cols_list[2] = {blck == 256 ? 768 : 96, 512};
+    for (int c = 0; c < 2; c++) {
+      check_matmul(b, t, kMm[k].max_err, 70, cols_list[c], 1, false);
+      check_matmul(b, t, kMm[k].max_err, 70, cols_list[c], 5, true);
+      check_matmul(b, t, kMm[k].max_err, 33, cols_list[c], 19, false);
+    }
+  }
+  kern_backend_destroy(b);
+}
+END_TEST
+
+/* The quantized paths must agree with each other closely (same integer
+ * arithmetic, different float summation order): compare against scalar. */
+START_TEST(test_matmul_paths_agree) {
+  if (!kern_cpu_isa_supported(kCfg[_i].isa) || !strcmp(kCfg[_i].isa, "scalar")) return;
+  kern_backend_t *s = backend_for(0), *b = backend_for(_i);
+  const int rows = 64, cols = 1536, n = 3;
+  for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++) {
+    kern_type_t t = kMm[k].type;
+    uint8_t *wd = random_weight(t, rows, cols);
+    float *x = rnd_vec((size_t)n * cols), o1[64 * 3], o2[64 * 3];
+    kern_weight_t w1, w2;
+    load_weight(s, &w1, t, rows, cols, wd);
+    load_weight(b, &w2, t, rows, cols, wd);
+    ck_assert_int_eq(s->ops->matmul(s->ctx, o1, &w1, NULL, x, n), 0);
+    ck_assert_int_eq(b->ops->matmul(b->ctx, o2, &w2, NULL, x, n), 0);
+    double ref[64 * 3];
+    for (int i = 0; i < rows * n; i++) ref[i] = o1[i];
+    double e = nerr(o2, ref, (size_t)rows * n);
+    ck_assert_msg(e < 1e-5, "%s: %s vs scalar differ by %g", kern_type_traits(t)->name, kCfg[_i].isa, e);
+    free(wd), free(x);
+  }
+  kern_backend_destroy(s);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(test_matmul_errors) {
+  kern_backend_t *b = backend_for(0);
+  float x[64] = {0}, out[64];
+  kern_weight_t w = {.type = KERN_Q4_K, .rows = 2, .cols = 64, .row_bytes = 0, .data = x};
+  ck_assert_int_lt(b->ops->matmul(b->ctx, out, &w, NULL, x, 1), 0); /* 64 not a multiple of 256 */
+  w.type = KERN_Q8_K; /* activation-side type */
+  ck_assert_int_lt(b->ops->matmul(b->ctx, out, &w, NULL, x, 1), 0);
+  kern_weight_t bad = {.type = (kern_type_t)4, .rows = 1, .cols = 32, .row_bytes = 18};
+  ck_assert_int_lt(b->ops->weight_load(b->ctx, &bad, x), 0);
+  ck_assert(!b->ops->supports_type(b->ctx, KERN_Q8_1));
+  ck_assert(b->ops->supports_type(b->ctx, KERN_Q6_K));
+  kern_backend_destroy(b);
+}
+END_TEST
+
+/* ---- step helpers ---- */
+
+typedef struct {
+  int32_t tokens[256], positions[256], slots[256], q_start[17], ctx_len[16], bt[16 * 8];
+  int n_tokens, n_seqs, max_blocks;
+} step_buf_t;
+
+static kern_step_t step_of(const step_buf_t *s) {
+  return (kern_step_t){.n_tokens = s->n_tokens, .tokens = s->tokens, .n_seqs = s->n_seqs, .positions = s->positions,
+                       .slots = s->slots, .q_start = s->q_start, .ctx_len = s->ctx_len,
+                       .block_tables = s->bt, .max_blocks = s->max_blocks};
+}
+
+/* One sequence of n tokens at positions 0..n-1 (no KV). */
+static void begin_simple(kern_backend_t *b, step_buf_t *s, int n) {
+  memset(s, 0, sizeof *s);
+  s->n_tokens = n;
+  s->n_seqs = 1;
+  s->q_start[1] = n;
+  for (int i = 0; i < n; i++) s->slots[i] = -1;
+  kern_step_t st = step_of(s);
+  ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+}
+
+/* ---- norms, silu, add, last_rows, embed ---- */
+
+static void ref_norm(double *o, const float *x, const float *w, int dim, float eps) {
+  double ss = 0;
+  for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
+  double sc = 1.0 / sqrt(ss / dim + eps);
+  for (int i = 0; i < dim; i++) o[i] = x[i] * sc * w[i];
+}
+
+START_TEST(test_norms) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  const int n = 64, dim = 576;
+  const size_t nd = (size_t)n * dim;
+  float *x = rnd_vec(nd), *res = rnd_vec(nd), *wv = rnd_vec(dim), *out = malloc(nd * 4), *res0 = malloc(nd * 4);
+  double *ref = malloc(nd * sizeof(double));
+  for (size_t i = 0; i < nd; i++) x[i] *= 3.0f;
+  kern_weight_t w;
+  load_weight(b, &w, KERN_F32, 1, dim, wv);
+  for (int r = 0; r < n; r++) ref_norm(ref + (size_t)r * dim, x + (size_t)r * dim, wv, dim, 1e-5f);
+  poison(out, nd);
+  ck_assert_int_eq(b->ops->rms_norm(b->ctx, out, x, &w, n, dim, 1e-5f), 0);
+  ck_assert(nerr(out, ref, nd) < 1e-6);
+  /* in place */
+  memcpy(out, x, nd * 4);
+  ck_assert_int_eq(b->ops->rms_norm(b->ctx, out, out, &w, n, dim, 1e-5f), 0);
+  ck_assert(nerr(out, ref, nd) < 1e-6);
+  /* add_rms_norm with out == x, as the layer stack calls it */
+  memcpy(res0, res, nd * 4);
+  memcpy(out, x, nd * 4);
+  for (size_t i = 0; i < nd; i++) res0[i] += x[i];
+  for (int r = 0; r < n; r++) ref_norm(ref + (size_t)r * dim, res0 + (size_t)r * dim, wv, dim, 1e-5f);
+  ck_assert_int_eq(b->ops->add_rms_norm(b->ctx, out, res, out, &w, n, dim, 1e-5f), 0);
+  ck_assert(nerr(out, ref, nd) < 1e-6);
+  for (size_t i = 0; i < nd; i++) ck_assert_float_eq(res[i], res0[i]);
+  kern_weight_t bad = w;
+  bad.cols = dim + 1;
+  ck_assert_int_lt(b->ops->rms_norm(b->ctx, out, x, &bad, n, dim, 1e-5f), 0);
+  free(x), free(res), free(wv), free(out), free(res0), free(ref);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(test_elementwise) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  const int n = 40, d = 1000, stride = 2 * d;
+  float *gu = rnd_vec((size_t)n * stride), *out = malloc(sizeof(float) * (size_t)n * d);
+  double *ref = malloc(sizeof(double) * (size_t)n * d);
+  for (size_t i = 0; i < (size_t)n * stride; i++) gu[i] *= 6.0f;
+  for (int r = 0; r < n; r++)
+    for (int k = 0; k < d; k++) {
+      double g = gu[(size_t)r * stride + k], u = gu[(size_t)r * stride + d + k];
+      ref[(size_t)r * d + k] = g / (1.0 + exp(-g)) * u;
+    }
+  poison(out, (size_t)n * d);
+  ck_assert_int_eq(b->ops->silu_mul(b->ctx, out, gu, gu + d, n, d, stride), 0);
+  ck_assert(nerr(out, ref, (size_t)n * d) < 1e-6);
+  /* in place on the gate half of a packed (n, d) pair */
+  float *g2 = rnd_vec((size_t)n * d), *u2 = rnd_vec((size_t)n * d);
+  for (size_t i = 0; i < (size_t)n * d; i++) ref[i] = g2[i] / (1.0 + exp(-(double)g2[i])) * u2[i];
+  ck_assert_int_eq(b->ops->silu_mul(b->ctx, g2, g2, u2, n, d, d), 0);
+  ck_assert(nerr(g2, ref, (size_t)n * d) < 1e-6);
+  /* add */
+  float *a = rnd_vec(1001), *c = rnd_vec(1001), o[1001];
+  double r2[1001];
+  for (int i = 0; i < 1001; i++) r2[i] = (double)a[i] + c[i];
+  poison(o, 1001);
+  ck_assert_int_eq(b->ops->add(b->ctx, o, a, c, 1001), 0);
+  ck_assert(nerr(o, r2, 1001) < 1e-7);
+  free(gu), free(out), free(ref), free(g2), free(u2), free(a), free(c);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(test_last_rows_embed) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  step_buf_t s;
+  memset(&s, 0, sizeof s);
+  s.n_tokens = 8;
+  s.n_seqs = 3;
+  int32_t qs[4] = {0, 3, 4, 8}, toks[8] = {5, 0, 63, 5, 17, 1, 2, 62};
+  memcpy(s.q_start, qs, sizeof qs);
+  memcpy(s.tokens, toks, sizeof toks);
+  for (int i = 0; i < 3; i++) s.ctx_len[i] = qs[i + 1] - qs[i];
+  s.max_blocks = 1;
+  for (int i = 0; i < 8; i++) s.slots[i] = -1;
+  kern_step_t st = step_of(&s);
+  ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+  const int dim = 64;
+  float *x = rnd_vec(8 * dim), out[3 * 64];
+  poison(out, 3 * 64);
+  ck_assert_int_eq(b->ops->last_rows(b->ctx, out, x, dim), 0);
+  ck_assert(!memcmp(out, x + 2 * dim, dim * 4) && !memcmp(out + dim, x + 3 * dim, dim * 4) &&
+            !memcmp(out + 2 * dim, x + 7 * dim, dim * 4));
+  kern_type_t types[] = {KERN_Q4_1, KERN_F16, KERN_Q8_0, KERN_Q6_K, KERN_F32};
+  for (int k = 0; k < 5; k++) {
+    int cols = types[k] == KERN_Q6_K ? 256 : dim;
+    uint8_t *tab = random_weight(types[k], 64, cols);
+    kern_weight_t w;
+    load_weight(b, &w, types[k], 64, cols, tab);
+    float *e = malloc(sizeof(float) * 8 * cols), *row = malloc(sizeof(float) * cols);
+    poison(e, (size_t)8 * cols);
+    ck_assert_int_eq(b->ops->embed(b->ctx, e, &w), 0);
+    for (int t = 0; t < 8; t++) {
+      kern_dequantize_row(types[k], tab + (size_t)toks[t] * w.row_bytes, row, cols);
+      ck_assert(!memcmp(row, e + (size_t)t * cols, sizeof(float) * cols));
+    }
+    w.rows = 63; /* token 63 is now out of range */
+    ck_assert_int_lt(b->ops->embed(b->ctx, e, &w), 0);
+    free(tab), free(e), free(row);
+  }
+  free(x);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+/* ---- rope ---- */
+
+/* llama3-style inverse frequencies (base 500000, factor 8, low 1, high 4, L 8192). */
+static void llama3_inv_freq(float *inv, int n_rot) {
+  const double base = 500000, factor = 8, lo = 1, hi = 4, L = 8192;
+  for (int i = 0; i < n_rot / 2; i++) {
+    double f = pow(base, -2.0 * i / n_rot), lambda = 2 * M_PI / f;
+    if (lambda < L / hi) inv[i] = (float)f;
+    else if (lambda > L / lo) inv[i] = (float)(f / factor);
+    else {
+      double s = (L / lambda - lo) / (hi - lo);
+      inv[i] = (float)((1 - s) * f / factor + s * f);
+    }
+  }
+}
+
+static void check_rope(kern_backend_t *b, kern_rope_mode_t mode, int n_rot) {
+  const int nt = 48, nh = 12, hd = 64, stride = nh * hd + 16;
+  step_buf_t s;
+  begin_simple(b, &s, nt);
+  for (int t = 0; t < nt; t++) s.positions[t] = (int32_t)(rnd_u64() % 9000);
+  kern_step_t st = step_of(&s);
+  ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+  float inv[64];
+  llama3_inv_freq(inv, n_rot);
+  kern_weight_t wf;
+  load_weight(b, &wf, KERN_F32, 1, n_rot / 2, inv);
+  kern_rope_t rope = {.mode = mode, .n_rot = n_rot, .inv_freq = &wf, .attn_factor = 1.0f};
+  float *x = rnd_vec((size_t)nt * stride), *x0 = malloc(sizeof(float) * (size_t)nt * stride);
+  double *ref = malloc(sizeof(double) * (size_t)nt * stride);
+  memcpy(x0, x, sizeof(float) * (size_t)nt * stride);
+  for (size_t i = 0; i < (size_t)nt * stride; i++) ref[i] = x0[i];
+  for (int t = 0; t < nt; t++)
+    for (int h = 0; h < nh; h++) {
+      size_t base = (size_t)t * stride + (size_t)h * hd;
+      for (int i = 0; i < n_rot / 2; i++) {
+        size_t a = base + (mode == KERN_ROPE_NORM ? 2 * i : i), c = a + (mode == KERN_ROPE_NORM ? 1 : n_rot / 2);
+        double th = (double)s.positions[t] * inv[i];
+        ref[a] = x0[a] * cos(th) - x0[c] * sin(th);
+        ref[c] = x0[a] * sin(th) + x0[c] * cos(th);
+      }
+    }
+  ck_assert_int_eq(b->ops->rope(b->ctx, x, nh, hd, stride, &rope), 0);
+  double e = nerr(x, ref, (size_t)nt * stride);
+  ck_assert_msg(e < 1e-6, "rope mode %d n_rot %d: error %g", mode, n_rot, e);
+  /* padding past the heads is untouched */
+  for (int t = 0; t < nt; t++)
+    ck_assert(!memcmp(x + (size_t)t * stride + nh * hd, x0 + (size_t)t * stride + nh * hd, 16 * 4));
+  free(x), free(x0), free(ref);
+}
+
+START_TEST(test_rope) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  check_rope(b, KERN_ROPE_NORM, 64);
+  check_rope(b, KERN_ROPE_NEOX, 64);
+  check_rope(b, KERN_ROPE_NORM, 32); /* partial rotary */
+  check_rope(b, KERN_ROPE_NEOX, 32);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+/* ---- KV pool: append, copy, attention ---- */
+
+static float kv_get(const kern_kv_pool_t *p, int layer, int is_v, long slot, int e) {
+  size_t kvd = (size_t)p->cfg.n_kv_heads * p->cfg.head_dim;
+  const uint8_t *base = (const uint8_t *)p->base + (2 * (size_t)layer + (size_t)is_v) * p->layer_bytes;
+  size_t idx = (size_t)slot * kvd + (size_t)e;
+  if (p->cfg.type == KERN_F32) return ((const float *)base)[idx];
+  return fr_fp16_to_fp32(((const uint16_t *)base)[idx]);
+}
+
+static void kv_set(kern_kv_pool_t *p, int layer, int is_v, long slot, int e, float v) {
+  size_t kvd = (size_t)p->cfg.n_kv_heads * p->cfg.head_dim;
+  uint8_t *base = (uint8_t *)p->base + (2 * (size_t)layer + (size_t)is_v) * p->layer_bytes;
+  size_t idx = (size_t)slot * kvd + (size_t)e;
+  if (p->cfg.type == KERN_F32) ((float *)base)[idx] = v;
+  else ((uint16_t *)base)[idx] = fr_fp32_to_fp16(v);
+}
+
+static float stored(kern_type_t t, float v) { return t == KERN_F16 ? fr_fp16_to_fp32(fr_fp32_to_fp16(v)) : v; }
+
+START_TEST(test_kv_append_copy) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  for (int ty = 0; ty < 2; ty++) {
+    kern_kv_config_t cfg = {.n_layers = 2, .n_kv_heads = 3, .head_dim = 40, .block_size = 8, .n_blocks = 10,
+                            .type = ty ? KERN_F16 : KERN_F32};
+    kern_kv_pool_t pool;
+    ck_assert_int_eq(b->ops->kv_pool_init(b->ctx, &pool, &cfg, NULL), 0);
+    ck_assert_uint_eq(pool.layer_bytes * 4, kern_kv_pool_bytes(&cfg));
+    const int nt = 12, kvd = 120, ks = kvd + 5, vs = kvd + 3;
+    step_buf_t s;
+    begin_simple(b, &s, nt);
+    int32_t slots[12] = {17, 3, -1, 79, 0, 42, 43, 44, -1, 8, 9, 65};
+    memcpy(s.slots, slots, sizeof slots);
+    kern_step_t st = step_of(&s);
+    ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+    float *k = rnd_vec((size_t)nt * ks), *v = rnd_vec((size_t)nt * vs);
+    ck_assert_int_eq(b->ops->kv_append(b->ctx, &pool, 1, k, ks, v, vs), 0);
+    for (long slot = 0; slot < 80; slot++) {
+      int t = -1;
+      for (int i = 0; i < nt; i++)
+        if (slots[i] == slot) t = i;
+      for (int e = 0; e < kvd; e++) {
+        ck_assert_float_eq(kv_get(&pool, 0, 0, slot, e), 0.0f);
+        ck_assert_float_eq(kv_get(&pool, 0, 1, slot, e), 0.0f);
+        ck_assert_float_eq(kv_get(&pool, 1, 0, slot, e), t < 0 ? 0.0f : stored(cfg.type, k[t * ks + e]));
+        ck_assert_float_eq(kv_get(&pool, 1, 1, slot, e), t < 0 ? 0.0f : stored(cfg.type, v[t * vs + e]));
+      }
+    }
+    /* a slot past the pool is an error, and nothing is written */
+    s.slots[4] = 80;
+    st = step_of(&s);
+    ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+    float before = kv_get(&pool, 0, 0, 17, 0);
+    ck_assert_int_lt(b->ops->kv_append(b->ctx, &pool, 0, k, ks, v, vs), 0);
+    ck_assert_float_eq(kv_get(&pool, 0, 0, 17, 0), before);
+    ck_assert_int_lt(b->ops->kv_append(b->ctx, &pool, 2, k, ks, v, vs), 0); /* bad layer */
+    /* copy block 5 (slots 40..47) to block 1 (slots 8..15) */
+    int32_t pairs[2] = {5, 1};
+    ck_assert_int_eq(b->ops->kv_copy_blocks(b->ctx, &pool, pairs, 1), 0);
+    for (int o = 0; o < 8; o++)
+      for (int e = 0; e < kvd; e++)
+        for (int isv = 0; isv < 2; isv++)
+          ck_assert_float_eq(kv_get(&pool, 1, isv, 8 + o, e), kv_get(&pool, 1, isv, 40 + o, e));
+    int32_t bad[2] = {5, 10};
+    ck_assert_int_lt(b->ops->kv_copy_blocks(b->ctx, &pool, bad, 1), 0);
+    b->ops->kv_pool_deinit(b->ctx, &pool);
+    free(k), free(v);
+  }
+  /* external memory is adopted and zeroed, not freed */
+  kern_kv_config_t cfg = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 8, .block_size = 4, .n_blocks = 2,
+                          .type = KERN_F32};
+  size_t nb = kern_kv_pool_bytes(&cfg);
+  uint8_t *ext = malloc(nb);
+  memset(ext, 0xAB, nb);
+  kern_kv_pool_t pool;
+  ck_assert_int_eq(b->ops->kv_pool_init(b->ctx, &pool, &cfg, ext), 0);
+  ck_assert_ptr_eq(pool.base, ext);
+  ck_assert(pool.external);
+  for (size_t i = 0; i < nb; i++) ck_assert_int_eq(ext[i], 0);
+  b->ops->kv_pool_deinit(b->ctx, &pool);
+  free(ext);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+/* Sequences of one attention step: new tokens and context after the step. */
+static const struct {
+  int n_q, ctx;
+} kSeqs[] = {{1, 37}, {7, 27}, {9, 9}, {1, 0}, {3, 48}, {2, 2}};
+#define N_SEQS ((int)(sizeof kSeqs / sizeof kSeqs[0]))
+
+static void check_attention(kern_backend_t *b, kern_type_t kv_type, int hd) {
+  const int nh = 6, nkv = 2, bs = 16, layer = 1, max_blocks = 4;
+  kern_kv_config_t cfg = {.n_layers = 2, .n_kv_heads = nkv, .head_dim = hd, .block_size = bs, .n_blocks = 40,
+                          .type = kv_type};
+  kern_kv_pool_t pool;
+  ck_assert_int_eq(b->ops->kv_pool_init(b->ctx, &pool, &cfg, NULL), 0);
+  /* random distinct physical blocks */
+  int perm[40];
+  for (int i = 0; i < 40; i++) perm[i] = i;
+  for (int i = 39; i > 0; i--) {
+    int j = (int)(rnd_u64() % (uint64_t)(i + 1)), t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  step_buf_t s;
+  memset(&s, 0, sizeof s);
+  s.n_seqs = N_SEQS;
+  s.max_blocks = max_blocks;
+  int used = 0;
+  for (int q = 0; q < N_SEQS; q++) {
+    s.q_start[q + 1] = s.q_start[q] + kSeqs[q].n_q;
+    s.ctx_len[q] = kSeqs[q].ctx;
+    for (int k = 0; k < max_blocks; k++) s.bt[q * max_blocks + k] = k * bs < kSeqs[q].ctx ? perm[used++] : -1;
+  }
+  s.n_tokens = s.q_start[N_SEQS];
+  for (int t = 0; t < s.n_tokens; t++) s.slots[t] = -1;
+  kern_step_t st = step_of(&s);
+  ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+  /* K/V of every context position, as stored (rounded to the pool type); layer 0 gets other values */
+  const int kvd = nkv * hd;
+  double *K = malloc(sizeof(double) * N_SEQS * 64 * kvd), *V = malloc(sizeof(double) * N_SEQS * 64 * kvd);
+  for (int q = 0; q < N_SEQS; q++)
+    for (int p = 0; p < kSeqs[q].ctx; p++) {
+      long slot = (long)s.bt[q * max_blocks + p / bs] * bs + p % bs;
+      for (int e = 0; e < kvd; e++) {
+        float kv = 2 * rnd_f(), vv = rnd_f();
+        K[((size_t)q * 64 + p) * kvd + e] = stored(kv_type, kv);
+        V[((size_t)q * 64 + p) * kvd + e] = stored(kv_type, vv);
+        kv_set(&pool, layer, 0, slot, e, kv);
+        kv_set(&pool, layer, 1, slot, e, vv);
+        kv_set(&pool, 0, 0, slot, e, 100.0f);
+        kv_set(&pool, 0, 1, slot, e, 100.0f);
+      }
+    }
+  const int qstride = nh * hd + 8;
+  float *qv = rnd_vec((size_t)s.n_tokens * qstride), *out = malloc(sizeof(float) * (size_t)s.n_tokens * nh * hd);
+  double *ref = calloc((size_t)s.n_tokens * nh * hd, sizeof(double)), sc[64];
+  const float scale = 1.0f / sqrtf((float)hd);
+  for (int q = 0; q < N_SEQS; q++) {
+    if (kSeqs[q].ctx == 0) continue; /* padding: zeros */
+    for (int i = 0; i < kSeqs[q].n_q; i++) {
+      int t = s.q_start[q] + i, pos = kSeqs[q].ctx - kSeqs[q].n_q + i;
+      for (int h = 0; h < nh; h++) {
+        int kh = h / (nh / nkv);
+        double mx = -INFINITY, sum = 0;
+        for (int p = 0; p <= pos; p++) {
+          double d = 0;
+          for (int e = 0; e < hd; e++) d += (double)qv[(size_t)t * qstride + h * hd + e] * K[((size_t)q * 64 + p) * kvd + kh * hd + e];
+          sc[p] = d * scale;
+          mx = fmax(mx, sc[p]);
+        }
+        for (int p = 0; p <= pos; p++) sum += (sc[p] = exp(sc[p] - mx));
+        for (int p = 0; p <= pos; p++)
+          for (int e = 0; e < hd; e++)
+            ref[((size_t)t * nh + h) * hd + e] += sc[p] / sum * V[((size_t)q * 64 + p) * kvd + kh * hd + e];
+      }
+    }
+  }
+  poison(out, (size_t)s.n_tokens * nh * hd);
+  ck_assert_int_eq(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale), 0);
+  double e = nerr(out, ref, (size_t)s.n_tokens * nh * hd);
+  ck_assert_msg(e < 1e-5, "attention %s hd %d: normalized error %g", kern_type_traits(kv_type)->name, hd, e);
+  for (int h = 0; h < nh * hd; h++) ck_assert_float_eq(out[(size_t)s.q_start[3] * nh * hd + h], 0.0f);
+  /* a block id outside the pool is an error */
+  s.bt[1] = 40;
+  st = step_of(&s);
+  ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+  ck_assert_int_lt(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale), 0);
+  ck_assert_int_lt(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, 5, hd, scale), 0); /* 5 % 2 */
+  b->ops->kv_pool_deinit(b->ctx, &pool);
+  free(K), free(V), free(qv), free(out), free(ref);
+}
+
+START_TEST(test_attention) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  check_attention(b, KERN_F32, 64);
+  check_attention(b, KERN_F16, 64);
+  check_attention(b, KERN_F32, 40);
+  check_attention(b, KERN_F16, 40);
+  kern_backend_destroy(b);
+}
+END_TEST
+
+START_TEST(test_step_errors) {
+  kern_backend_t *b = backend_for(0);
+  step_buf_t s;
+  memset(&s, 0, sizeof s);
+  s.n_tokens = 4;
+  s.n_seqs = 2;
+  s.max_blocks = 1;
+  int32_t qs[3] = {0, 3, 2}; /* not monotonic */
+  memcpy(s.q_start, qs, sizeof qs);
+  s.ctx_len[0] = 3, s.ctx_len[1] = 1;
+  kern_step_t st = step_of(&s);
+  ck_assert_int_lt(b->ops->step_begin(b->ctx, &st), 0);
+  s.q_start[2] = 5; /* past n_tokens */
+  ck_assert_int_lt(b->ops->step_begin(b->ctx, &st), 0);
+  s.q_start[2] = 4;
+  s.ctx_len[0] = 2; /* fewer than its 3 new tokens */
+  ck_assert_int_lt(b->ops->step_begin(b->ctx, &st), 0);
+  s.ctx_len[0] = 3;
+  ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
+  kern_backend_destroy(b);
+  /* unknown or unsupported forced paths fail cleanly */
+  setenv("FERRUM_CPU_ISA", "bogus", 1);
+  kern_backend_t *x = NULL;
+  ck_assert_int_eq(kern_cpu_create(&x, 1), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(x);
+  if (!kern_cpu_isa_supported("avx512")) {
+    setenv("FERRUM_CPU_ISA", "avx512", 1);
+    ck_assert_int_eq(kern_cpu_create(&x, 1), FR_EUNSUPPORTED);
+  }
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("kernels_ops");
+  TCase *tc = tcase_create("ops");
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_matmul, 0, N_CFG);
+  tcase_add_loop_test(tc, test_matmul_paths_agree, 0, N_CFG);
+  tcase_add_test(tc, test_matmul_errors);
+  tcase_add_loop_test(tc, test_norms, 0, N_CFG);
+  tcase_add_loop_test(tc, test_elementwise, 0, N_CFG);
+  tcase_add_loop_test(tc, test_last_rows_embed, 0, N_CFG);
+  tcase_add_loop_test(tc, test_rope, 0, N_CFG);
+  tcase_add_loop_test(tc, test_kv_append_copy, 0, N_CFG);
+  tcase_add_loop_test(tc, test_attention, 0, N_CFG);
+  tcase_add_test(tc, test_step_errors);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -9,14 +9,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fr_err.h"
 
 /* Path of a fixture written by make_fixtures.py. */
 static inline const char *fx_path(const char *name) {
-  static char buf[4096];
-  const char *b = getenv("FERRUM_BUILD_DIR");
-  snprintf(buf, sizeof buf, "%s/tests/formats-fixtures/%s", b ? b : ".", name);
+  static char buf[4096], cwd[2048];
+  const char *b = getenv("FERRUM_BUILD_DIR"); /* set by ctest; else run from the build folder */
+  if (!b) b = getcwd(cwd, sizeof cwd) ? cwd : ".";
+  snprintf(buf, sizeof buf, "%s/tests/formats-fixtures/%s", b, name);
   return buf;
 }
 
@@ -67,6 +69,29 @@ static inline void fx_zeros(fx_buf_t *b, size_t n) {
 }
 static inline void fx_pad(fx_buf_t *b, size_t align) {
   while (b->n % align) fx_u8(b, 0);
+}
+
+/* GGUF pieces: header, scalar keys (value type ids as in gguf.h). */
+static inline void fx_gguf_header(fx_buf_t *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv) {
+  fx_put(b, "GGUF", 4);
+  fx_u32(b, version);
+  fx_u64(b, n_tensors);
+  fx_u64(b, n_kv);
+}
+static inline void fx_gguf_kv_u32(fx_buf_t *b, const char *key, uint32_t v) {
+  fx_str(b, key);
+  fx_u32(b, 4 /* GGUF_T_UINT32 */);
+  fx_u32(b, v);
+}
+static inline void fx_gguf_kv_f32(fx_buf_t *b, const char *key, float v) {
+  fx_str(b, key);
+  fx_u32(b, 6 /* GGUF_T_FLOAT32 */);
+  fx_put(b, &v, 4);
+}
+static inline void fx_gguf_kv_str(fx_buf_t *b, const char *key, const char *v) {
+  fx_str(b, key);
+  fx_u32(b, 8 /* GGUF_T_STRING */);
+  fx_str(b, v);
 }
 
 /* Copies n bytes into an exact-size allocation so that ASan sees any read

@@ -217,25 +217,6 @@ END_TEST
 
 /* ---- hand-made images ------------------------------------------------- */
 
-static void header(fx_buf_t *b, uint32_t version, uint64_t n_tensors, uint64_t n_kv) {
-  fx_put(b, "GGUF", 4);
-  fx_u32(b, version);
-  fx_u64(b, n_tensors);
-  fx_u64(b, n_kv);
-}
-
-static void kv_u32(fx_buf_t *b, const char *key, uint32_t v) {
-  fx_str(b, key);
-  fx_u32(b, GGUF_T_UINT32);
-  fx_u32(b, v);
-}
-
-static void kv_str(fx_buf_t *b, const char *key, const char *v) {
-  fx_str(b, key);
-  fx_u32(b, GGUF_T_STRING);
-  fx_str(b, v);
-}
-
 static void tinfo(fx_buf_t *b, const char *name, uint32_t nd, const int64_t *ne, uint32_t type, uint64_t off) {
   fx_str(b, name);
   fx_u32(b, nd);
@@ -265,9 +246,9 @@ static int open_img(fx_buf_t *b) {
 /* A valid image: 2 keys and tensors a (F32 8x2) at 0 and b (Q4_0 32) at 64. */
 static void valid_image(fx_buf_t *b) {
   static const int64_t ne_a[] = {8, 2}, ne_b[] = {32};
-  header(b, 3, 2, 2);
-  kv_str(b, "general.architecture", "llama");
-  kv_u32(b, "general.alignment", 32);
+  fx_gguf_header(b, 3, 2, 2);
+  fx_gguf_kv_str(b, "general.architecture", "llama");
+  fx_gguf_kv_u32(b, "general.alignment", 32);
   tinfo(b, "a", 2, ne_a, KERN_F32, 0);
   tinfo(b, "b", 1, ne_b, KERN_Q4_0, 64);
   fx_pad(b, 32);
@@ -280,7 +261,7 @@ START_TEST(handmade_valid) {
   ck_assert_int_eq(open_img(&b), 0);
   /* no keys, no tensors, no data section: valid too */
   fx_buf_t e = {0};
-  header(&e, 3, 0, 0);
+  fx_gguf_header(&e, 3, 0, 0);
   ck_assert_int_eq(open_img(&e), 0);
 }
 END_TEST
@@ -304,17 +285,17 @@ END_TEST
 START_TEST(huge_counts) {
   const uint64_t huge = 1ull << 60;
   fx_buf_t b = {0};
-  header(&b, 3, 0, huge); /* n_kv */
+  fx_gguf_header(&b, 3, 0, huge); /* n_kv */
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, huge, 0); /* n_tensors */
+  fx_gguf_header(&b, 3, huge, 0); /* n_tensors */
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, UINT64_MAX, UINT64_MAX);
+  fx_gguf_header(&b, 3, UINT64_MAX, UINT64_MAX);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* key length 2^60 */
+  fx_gguf_header(&b, 3, 0, 1); /* key length 2^60 */
   fx_u64(&b, huge);
   fx_zeros(&b, 16);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* string value length 2^60 */
+  fx_gguf_header(&b, 3, 0, 1); /* string value length 2^60 */
   fx_str(&b, "k");
   fx_u32(&b, GGUF_T_STRING);
   fx_u64(&b, huge);
@@ -323,7 +304,7 @@ START_TEST(huge_counts) {
   static const uint32_t elem[] = {GGUF_T_UINT8, GGUF_T_UINT64, GGUF_T_STRING, GGUF_T_BOOL};
   for (size_t i = 0; i < 4; i++) { /* array count 2^60 (and 2^64-1) */
     for (int k = 0; k < 2; k++) {
-      header(&b, 3, 0, 1);
+      fx_gguf_header(&b, 3, 0, 1);
       fx_str(&b, "arr");
       fx_u32(&b, GGUF_T_ARRAY);
       fx_u32(&b, elem[i]);
@@ -333,7 +314,7 @@ START_TEST(huge_counts) {
       ck_assert(rc == FR_ETRUNCATED || rc == FR_EFORMAT);
     }
   }
-  header(&b, 3, 0, 1); /* string array whose element length is huge */
+  fx_gguf_header(&b, 3, 0, 1); /* string array whose element length is huge */
   fx_str(&b, "arr");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, GGUF_T_STRING);
@@ -346,29 +327,29 @@ END_TEST
 
 START_TEST(bad_values) {
   fx_buf_t b = {0};
-  header(&b, 3, 0, 1); /* unknown value type */
+  fx_gguf_header(&b, 3, 0, 1); /* unknown value type */
   fx_str(&b, "k");
   fx_u32(&b, 13);
   fx_u64(&b, 0);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* nested array */
+  fx_gguf_header(&b, 3, 0, 1); /* nested array */
   fx_str(&b, "k");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u64(&b, 0);
   ck_assert_int_eq(open_img(&b), FR_EUNSUPPORTED);
-  header(&b, 3, 0, 1); /* unknown element type */
+  fx_gguf_header(&b, 3, 0, 1); /* unknown element type */
   fx_str(&b, "k");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, 77);
   fx_u64(&b, 0);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* bool 2 */
+  fx_gguf_header(&b, 3, 0, 1); /* bool 2 */
   fx_str(&b, "k");
   fx_u32(&b, GGUF_T_BOOL);
   fx_u8(&b, 2);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* bool array with a 7 */
+  fx_gguf_header(&b, 3, 0, 1); /* bool array with a 7 */
   fx_str(&b, "k");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, GGUF_T_BOOL);
@@ -377,14 +358,14 @@ START_TEST(bad_values) {
   fx_u8(&b, 7);
   fx_u8(&b, 0);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* empty key */
+  fx_gguf_header(&b, 3, 0, 1); /* empty key */
   fx_str(&b, "");
   fx_u32(&b, GGUF_T_UINT8);
   fx_u8(&b, 1);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 2); /* duplicate key */
-  kv_u32(&b, "dup.key", 1);
-  kv_u32(&b, "dup.key", 2);
+  fx_gguf_header(&b, 3, 0, 2); /* duplicate key */
+  fx_gguf_kv_u32(&b, "dup.key", 1);
+  fx_gguf_kv_u32(&b, "dup.key", 2);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "dup.key"));
 }
@@ -393,7 +374,7 @@ END_TEST
 START_TEST(empty_arrays_are_valid) {
   fx_buf_t b = {0};
   model_gguf_t *g;
-  header(&b, 3, 0, 2);
+  fx_gguf_header(&b, 3, 0, 2);
   fx_str(&b, "e.str");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, GGUF_T_STRING);
@@ -414,23 +395,23 @@ END_TEST
 
 START_TEST(known_keys_have_known_types) {
   fx_buf_t b = {0};
-  header(&b, 3, 0, 1);
-  kv_u32(&b, "general.architecture", 5);
+  fx_gguf_header(&b, 3, 0, 1);
+  fx_gguf_kv_u32(&b, "general.architecture", 5);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "general.architecture"));
-  header(&b, 3, 0, 1);
+  fx_gguf_header(&b, 3, 0, 1);
   fx_str(&b, "general.alignment");
   fx_u32(&b, GGUF_T_UINT64);
   fx_u64(&b, 32);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* scores as a string array */
+  fx_gguf_header(&b, 3, 0, 1); /* scores as a string array */
   fx_str(&b, "tokenizer.ggml.scores");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, GGUF_T_STRING);
   fx_u64(&b, 1);
   fx_str(&b, "x");
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 0, 1); /* token list as i32 */
+  fx_gguf_header(&b, 3, 0, 1); /* token list as i32 */
   fx_str(&b, "tokenizer.ggml.tokens");
   fx_u32(&b, GGUF_T_ARRAY);
   fx_u32(&b, GGUF_T_INT32);
@@ -439,8 +420,8 @@ START_TEST(known_keys_have_known_types) {
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
   static const uint32_t bad_align[] = {0, 1, 4, 48, 1u << 31};
   for (size_t i = 0; i < FR_ARRAY_SIZE(bad_align); i++) {
-    header(&b, 3, 0, 1);
-    kv_u32(&b, "general.alignment", bad_align[i]);
+    fx_gguf_header(&b, 3, 0, 1);
+    fx_gguf_kv_u32(&b, "general.alignment", bad_align[i]);
     ck_assert_int_eq(open_img(&b), FR_EFORMAT);
   }
 }
@@ -450,7 +431,7 @@ END_TEST
 static int one_tensor(const char *name, uint32_t nd, const int64_t *ne, uint32_t type, uint64_t off,
                       size_t data) {
   fx_buf_t b = {0};
-  header(&b, 3, 1, 0);
+  fx_gguf_header(&b, 3, 1, 0);
   tinfo(&b, name, nd, ne, type, off);
   fx_pad(&b, 32);
   fx_zeros(&b, data);
@@ -500,27 +481,27 @@ END_TEST
 START_TEST(overlapping_and_duplicate_tensors) {
   static const int64_t ne[] = {16};
   fx_buf_t b = {0};
-  header(&b, 3, 2, 0); /* a: [0,64), b: [32,96) */
+  fx_gguf_header(&b, 3, 2, 0); /* a: [0,64), b: [32,96) */
   tinfo(&b, "a", 1, ne, KERN_F32, 0);
   tinfo(&b, "b", 1, ne, KERN_F32, 32);
   fx_pad(&b, 32);
   fx_zeros(&b, 128);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "overlap"));
-  header(&b, 3, 2, 0); /* same offset */
+  fx_gguf_header(&b, 3, 2, 0); /* same offset */
   tinfo(&b, "a", 1, ne, KERN_F32, 64);
   tinfo(&b, "b", 1, ne, KERN_F32, 64);
   fx_pad(&b, 32);
   fx_zeros(&b, 128);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
-  header(&b, 3, 2, 0); /* duplicate name */
+  fx_gguf_header(&b, 3, 2, 0); /* duplicate name */
   tinfo(&b, "a", 1, ne, KERN_F32, 0);
   tinfo(&b, "a", 1, ne, KERN_F32, 64);
   fx_pad(&b, 32);
   fx_zeros(&b, 128);
   ck_assert_int_eq(open_img(&b), FR_EFORMAT);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "duplicate"));
-  header(&b, 3, 2, 0); /* adjacent, out of order: fine */
+  fx_gguf_header(&b, 3, 2, 0); /* adjacent, out of order: fine */
   tinfo(&b, "a", 1, ne, KERN_F32, 64);
   tinfo(&b, "b", 1, ne, KERN_F32, 0);
   fx_pad(&b, 32);

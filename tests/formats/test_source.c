@@ -1,0 +1,565 @@
+/* test_source.c - model sources (GGUF files, HF folders) and the configs
+ * read from GGUF metadata and config.json; the real SmolLM2 file when
+ * FERRUM_MODEL names it (run as `test_source smollm2`, 77 when absent). */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "model/source.h"
+#include "tests/formats/fx.h"
+
+static model_source_t *open_ok(const char *path) {
+  model_source_t *s = NULL;
+  int rc = model_source_open(&s, path);
+  ck_assert_msg(rc == 0, "%s: %s", path, fr_last_error());
+  return s;
+}
+
+static void expect_tensor(const model_source_t *s, const char *name, kern_type_t type, int64_t rows, int64_t cols) {
+  const model_tensor_t *t = model_source_tensor(s, name);
+  ck_assert_msg(t != NULL, "%s missing", name);
+  ck_assert_int_eq(t->type, type);
+  ck_assert_int_eq(t->rows, rows);
+  ck_assert_int_eq(t->cols, cols);
+  ck_assert_ptr_nonnull(t->data);
+}
+
+/* The shape every tiny fixture shares (make_fixtures.py TINY). */
+static void expect_tiny(const model_config_t *c, int head_dim) {
+  ck_assert_int_eq(c->n_layers, 2);
+  ck_assert_int_eq(c->dim, 64);
+  ck_assert_int_eq(c->ffn_dim, 96);
+  ck_assert_int_eq(c->n_heads, 4);
+  ck_assert_int_eq(c->n_kv_heads, 2);
+  ck_assert_int_eq(c->head_dim, head_dim);
+  ck_assert_int_eq(c->rope_dim, head_dim);
+  ck_assert_int_eq(c->vocab_size, 100);
+}
+
+/* ---- GGUF sources ----------------------------------------------------- */
+
+START_TEST(gguf_llama) {
+  model_source_t *s = open_ok(fx_path("tiny_llama.gguf"));
+  const model_config_t *c = &s->config;
+  expect_tiny(c, 16);
+  ck_assert_int_eq(c->arch, MODEL_ARCH_LLAMA);
+  ck_assert_str_eq(c->arch_name, "llama");
+  ck_assert_str_eq(c->name, "tiny-llama");
+  ck_assert_int_eq(c->max_ctx, 4096);
+  ck_assert_float_eq(c->rope_theta, 500000.0f);
+  ck_assert_float_eq(c->norm_eps, 1e-6f);
+  ck_assert_int_eq(c->rope_scaling, MODEL_ROPE_SCALING_LINEAR);
+  ck_assert_float_eq(c->rope_factor, 4.0f);
+  ck_assert(c->tied_embeddings && !c->attn_bias && !c->qk_norm);
+  ck_assert_int_eq(c->sliding_window, 0);
+  ck_assert_int_eq(c->bos_id, 1);
+  ck_assert_int_eq(c->n_eos, 1);
+  ck_assert_int_eq(c->eos_ids[0], 2);
+  ck_assert_int_eq(s->rope_mode, KERN_ROPE_NORM);
+  ck_assert_ptr_nonnull(s->gguf);
+  ck_assert_ptr_null(s->st);
+  ck_assert_uint_eq(s->n_tensors, 2 + 2 * 9);
+  expect_tensor(s, "token_embd.weight", KERN_Q8_0, 100, 64);
+  expect_tensor(s, "output_norm.weight", KERN_F32, 1, 64);
+  expect_tensor(s, "blk.1.attn_q.weight", KERN_Q4_0, 64, 64);
+  expect_tensor(s, "blk.1.attn_k.weight", KERN_Q4_1, 32, 64);
+  expect_tensor(s, "blk.0.attn_v.weight", KERN_Q5_0, 32, 64);
+  expect_tensor(s, "blk.0.attn_output.weight", KERN_Q5_1, 64, 64);
+  expect_tensor(s, "blk.0.ffn_gate.weight", KERN_F16, 96, 64);
+  expect_tensor(s, "blk.0.ffn_up.weight", KERN_BF16, 96, 64);
+  expect_tensor(s, "blk.1.ffn_down.weight", KERN_Q8_0, 64, 96);
+  ck_assert_ptr_null(model_source_tensor(s, "output.weight"));
+  /* same bytes as the GGUF reader's */
+  ck_assert_ptr_eq(model_source_tensor(s, "blk.1.ffn_down.weight")->data,
+                   model_gguf_tensor(s->gguf, "blk.1.ffn_down.weight")->data);
+  model_source_close(s);
+}
+END_TEST
+
+START_TEST(gguf_qwen2_qwen3_llama3) {
+  model_source_t *s = open_ok(fx_path("tiny_qwen2.gguf"));
+  expect_tiny(&s->config, 16);
+  ck_assert_int_eq(s->config.arch, MODEL_ARCH_QWEN2);
+  ck_assert(!s->config.tied_embeddings && s->config.attn_bias && !s->config.qk_norm);
+  ck_assert_int_eq(s->config.rope_scaling, MODEL_ROPE_SCALING_NONE);
+  ck_assert_int_eq(s->rope_mode, KERN_ROPE_NEOX);
+  expect_tensor(s, "output.weight", KERN_F16, 100, 64);
+  expect_tensor(s, "blk.0.attn_k.bias", KERN_F32, 1, 32);
+  model_source_close(s);
+
+  s = open_ok(fx_path("tiny_qwen3.gguf"));
+  expect_tiny(&s->config, 32); /* key_length 32 != 64 / 4 */
+  ck_assert_int_eq(s->config.arch, MODEL_ARCH_QWEN3);
+  ck_assert(s->config.tied_embeddings && !s->config.attn_bias && s->config.qk_norm);
+  ck_assert_int_eq(s->rope_mode, KERN_ROPE_NEOX);
+  expect_tensor(s, "blk.1.attn_q.weight", KERN_Q4_0, 128, 64);
+  expect_tensor(s, "blk.1.attn_output.weight", KERN_Q5_1, 64, 128);
+  expect_tensor(s, "blk.1.attn_q_norm.weight", KERN_F32, 1, 32);
+  model_source_close(s);
+
+  s = open_ok(fx_path("tiny_llama3.gguf")); /* rope_freqs.weight: scaling stays NONE */
+  ck_assert_int_eq(s->config.rope_scaling, MODEL_ROPE_SCALING_NONE);
+  ck_assert(!s->config.tied_embeddings);
+  expect_tensor(s, "rope_freqs.weight", KERN_F32, 1, 8);
+  model_source_close(s);
+}
+END_TEST
+
+/* Writes bytes to a fresh temp file and returns its path (static buffer). */
+static const char *temp_file(const void *p, size_t n, const char *suffix) {
+  static char path[256];
+  snprintf(path, sizeof path, "/tmp/ferrum-src-XXXXXX%s", suffix);
+  int fd = mkstemps(path, (int)strlen(suffix));
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(write(fd, p, n), (ssize_t)n);
+  close(fd);
+  return path;
+}
+
+/* Replaces the first occurrence of m bytes `from` by `to`. */
+static void patch(uint8_t *img, size_t n, const char *from, const char *to, size_t m) {
+  for (size_t i = 0; i + m <= n; i++) {
+    if (memcmp(img + i, from, m) == 0) {
+      memcpy(img + i, to, m);
+      return;
+    }
+  }
+  ck_abort_msg("'%s' not found", from);
+}
+
+static int open_patched_n(const char *fixture, const char *from, const char *to, size_t m) {
+  size_t n;
+  uint8_t *img = fx_slurp(fx_path(fixture), &n);
+  patch(img, n, from, to, m);
+  const char *path = temp_file(img, n, ".gguf");
+  model_source_t *s = NULL;
+  fr_error_clear();
+  int rc = model_source_open(&s, path);
+  if (rc) ck_assert_ptr_null(s);
+  model_source_close(s);
+  unlink(path);
+  free(img);
+  return rc;
+}
+
+static int open_patched(const char *fixture, const char *from, const char *to) {
+  ck_assert_uint_eq(strlen(from), strlen(to));
+  return open_patched_n(fixture, from, to, strlen(from));
+}
+
+START_TEST(gguf_missing_or_unsupported) {
+  ck_assert_int_eq(open_patched("tiny_llama.gguf", "blk.1.ffn_up.weight", "blk.1.ffn_uq.weight"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.1.ffn_up.weight"));
+  ck_assert_int_eq(open_patched("tiny_llama.gguf", "output_norm.weight", "output_norx.weight"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "output_norm.weight is missing"));
+  /* qwen2 without one bias: the first missing one is named */
+  ck_assert_int_eq(open_patched("tiny_qwen2.gguf", "blk.1.attn_v.bias", "blk.1.attn_v.bia_"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.1.attn_v.bias"));
+  ck_assert_int_eq(open_patched_n("tiny_llama.gguf", "\x05\0\0\0\0\0\0\0llama", "\x05\0\0\0\0\0\0\0gemma", 13),
+                   FR_EUNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "gemma"));
+  ck_assert_int_eq(open_patched("tiny_llama.gguf", "llama.block_count", "llama.block_coun_"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "llama.block_count"));
+  /* token_embd renamed: vocab falls back to the (absent) list and fails clearly */
+  ck_assert_int_ne(open_patched("tiny_llama.gguf", "token_embd.weight", "token_embx.weight"), 0);
+}
+END_TEST
+
+START_TEST(not_a_model) {
+  model_source_t *s;
+  const char *p = temp_file("hello world", 11, ".txt");
+  ck_assert_int_eq(model_source_open(&s, p), FR_EFORMAT);
+  ck_assert_ptr_null(s);
+  unlink(p);
+  ck_assert_int_eq(model_source_open(&s, "/nonexistent/model"), -ENOENT);
+  ck_assert_int_eq(model_source_open(&s, "/"), FR_ENOTFOUND); /* a folder without config.json */
+}
+END_TEST
+
+/* ---- HF sources ------------------------------------------------------- */
+
+START_TEST(hf_llama_folder) {
+  model_source_t *s = open_ok(fx_path("hf_llama"));
+  const model_config_t *c = &s->config;
+  expect_tiny(c, 16);
+  ck_assert_int_eq(c->arch, MODEL_ARCH_LLAMA);
+  ck_assert_str_eq(c->name, "hf_llama");
+  ck_assert_int_eq(c->max_ctx, 2048);
+  ck_assert_float_eq(c->norm_eps, 1e-5f);
+  ck_assert_float_eq(c->rope_theta, 10000.0f);
+  ck_assert_int_eq(c->rope_scaling, MODEL_ROPE_SCALING_LLAMA3);
+  ck_assert_float_eq(c->rope_factor, 8.0f);
+  ck_assert_float_eq(c->rope_low_freq_factor, 1.0f);
+  ck_assert_float_eq(c->rope_high_freq_factor, 4.0f);
+  ck_assert_int_eq(c->rope_orig_ctx, 8192);
+  ck_assert(!c->tied_embeddings && !c->attn_bias && !c->qk_norm);
+  ck_assert_int_eq(s->rope_mode, KERN_ROPE_NEOX);
+  ck_assert_ptr_nonnull(s->tokenizer_json);
+  ck_assert_ptr_nonnull(strstr(s->tokenizer_json, "hf_llama/tokenizer.json"));
+  ck_assert_ptr_null(s->tokenizer_config_json);
+  ck_assert_uint_eq(s->n_tensors, 3 + 2 * 9); /* rotary inv_freq skipped */
+  expect_tensor(s, "token_embd.weight", KERN_BF16, 100, 64);
+  expect_tensor(s, "output.weight", KERN_BF16, 100, 64);
+  expect_tensor(s, "output_norm.weight", KERN_BF16, 1, 64);
+  expect_tensor(s, "blk.1.attn_k.weight", KERN_F16, 32, 64);
+  expect_tensor(s, "blk.1.attn_v.weight", KERN_F32, 32, 64);
+  expect_tensor(s, "blk.0.ffn_down.weight", KERN_BF16, 64, 96);
+  ck_assert_ptr_eq(model_source_tensor(s, "blk.0.attn_q.weight")->data,
+                   model_st_tensor(s->st, "model.layers.0.self_attn.q_proj.weight")->data);
+  model_source_close(s);
+
+  /* the same weights through the .safetensors path */
+  s = open_ok(fx_path("hf_llama/model.safetensors"));
+  ck_assert_uint_eq(s->n_tensors, 3 + 2 * 9);
+  model_source_close(s);
+}
+END_TEST
+
+START_TEST(hf_qwen_folders) {
+  model_source_t *s = open_ok(fx_path("hf_qwen2")); /* sharded */
+  expect_tiny(&s->config, 16);
+  ck_assert_int_eq(s->config.arch, MODEL_ARCH_QWEN2);
+  ck_assert(s->config.tied_embeddings && s->config.attn_bias && !s->config.qk_norm);
+  ck_assert_int_eq(s->config.sliding_window, 0); /* use_sliding_window false */
+  ck_assert_int_eq(s->config.n_eos, 2);
+  ck_assert_int_eq(s->config.eos_ids[1], 3);
+  expect_tensor(s, "blk.1.attn_q.bias", KERN_BF16, 1, 64);
+  ck_assert_ptr_null(model_source_tensor(s, "output.weight"));
+  model_source_close(s);
+
+  s = open_ok(fx_path("hf_qwen3"));
+  expect_tiny(&s->config, 32);
+  ck_assert_int_eq(s->config.arch, MODEL_ARCH_QWEN3);
+  ck_assert(s->config.qk_norm && !s->config.attn_bias);
+  expect_tensor(s, "blk.0.attn_q.weight", KERN_BF16, 128, 64);
+  expect_tensor(s, "blk.0.attn_k_norm.weight", KERN_BF16, 1, 32);
+  model_source_close(s);
+}
+END_TEST
+
+/* A folder with a given config.json and hf_llama's weights. */
+static int open_with_config(const char *config) {
+  char dir[] = "/tmp/ferrum-hf-XXXXXX", p[64], w[64];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(p, sizeof p, "%s/config.json", dir);
+  FILE *f = fopen(p, "w");
+  fputs(config, f);
+  fclose(f);
+  snprintf(w, sizeof w, "%s/model.safetensors", dir);
+  ck_assert_int_eq(symlink(fx_path("hf_llama/model.safetensors"), w), 0);
+  model_source_t *s = NULL;
+  fr_error_clear();
+  int rc = model_source_open(&s, dir);
+  model_source_close(s);
+  unlink(w);
+  unlink(p);
+  rmdir(dir);
+  return rc;
+}
+
+#define HF_BASE                                                                                          \
+  "\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"                 \
+  "\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":100"
+
+START_TEST(hf_misshaped) {
+  ck_assert_int_eq(open_with_config("{" HF_BASE ",\"intermediate_size\":96}"), 0);
+  ck_assert_int_eq(open_with_config("{" HF_BASE ",\"intermediate_size\":128}"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.0.ffn_gate.weight has shape 96 x 64, expected 128 x 64"));
+  ck_assert_int_eq(open_with_config("{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,"
+                                    "\"num_hidden_layers\":3,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                                    "\"vocab_size\":100,\"intermediate_size\":96}"),
+                   FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "blk.2.attn_norm.weight is missing"), "%s", fr_last_error());
+  ck_assert_int_eq(open_with_config("{" HF_BASE ",\"intermediate_size\":96,\"attention_bias\":true}"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.0.attn_q.bias"));
+  ck_assert_int_eq(open_with_config("{\"architectures\":[\"GemmaForCausalLM\"]}"), FR_EUNSUPPORTED);
+}
+END_TEST
+
+/* ---- config.json parsing ---------------------------------------------- */
+
+static int hf_cfg(model_config_t *c, const char *json) {
+  fr_error_clear();
+  return model_config_from_hf_json_buf(c, json, strlen(json));
+}
+
+#define HF_Q2 "{\"architectures\":[\"Qwen2ForCausalLM\"],\"hidden_size\":896,\"intermediate_size\":4864," \
+  "\"num_hidden_layers\":24,\"num_attention_heads\":14,\"num_key_value_heads\":2,\"vocab_size\":151936," \
+  "\"max_position_embeddings\":32768,\"rms_norm_eps\":1e-06,\"rope_theta\":1000000.0,"
+
+START_TEST(hf_config_fields) {
+  model_config_t c;
+  ck_assert_int_eq(hf_cfg(&c, HF_Q2 "\"tie_word_embeddings\":true,\"eos_token_id\":151645,\"bos_token_id\":null,"
+                                    "\"use_sliding_window\":false,\"sliding_window\":32768}"), 0);
+  ck_assert_int_eq(c.arch, MODEL_ARCH_QWEN2);
+  ck_assert_int_eq(c.head_dim, 64);
+  ck_assert_int_eq(c.max_ctx, 32768);
+  ck_assert_float_eq(c.rope_theta, 1e6f);
+  ck_assert_float_eq(c.norm_eps, 1e-6f);
+  ck_assert(c.tied_embeddings && c.attn_bias);
+  ck_assert_int_eq(c.sliding_window, 0);
+  ck_assert_int_eq(c.n_eos, 1);
+  ck_assert_int_eq(c.eos_ids[0], 151645);
+  ck_assert_int_eq(c.bos_id, -1);
+  ck_assert_int_eq(hf_cfg(&c, HF_Q2 "\"use_sliding_window\":true,\"sliding_window\":4096}"), 0);
+  ck_assert_int_eq(c.sliding_window, 4096);
+  ck_assert(!c.tied_embeddings); /* transformers' default */
+  /* Qwen3: explicit head_dim, q/k norms, attention_bias false */
+  ck_assert_int_eq(hf_cfg(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":1024,"
+                              "\"intermediate_size\":3072,\"num_hidden_layers\":28,\"num_attention_heads\":16,"
+                              "\"num_key_value_heads\":8,\"head_dim\":128,\"vocab_size\":151936,"
+                              "\"attention_bias\":false,\"tie_word_embeddings\":true,\"eos_token_id\":[1,2,3]}"), 0);
+  ck_assert_int_eq(c.arch, MODEL_ARCH_QWEN3);
+  ck_assert_int_eq(c.head_dim, 128);
+  ck_assert(c.qk_norm && !c.attn_bias && c.tied_embeddings);
+  ck_assert_int_eq(c.n_eos, 3);
+  /* Mistral's window has no flag; Llama ignores a stray one; model_type fallback */
+  ck_assert_int_eq(hf_cfg(&c, "{\"architectures\":[\"MistralForCausalLM\"],\"hidden_size\":64,"
+                              "\"intermediate_size\":96,\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                              "\"vocab_size\":100,\"sliding_window\":4096}"), 0);
+  ck_assert_int_eq(c.arch, MODEL_ARCH_LLAMA);
+  ck_assert_int_eq(c.sliding_window, 4096);
+  ck_assert_int_eq(c.n_kv_heads, 4);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"sliding_window\":4096,\"head_dim\":null}"), 0);
+  ck_assert_int_eq(c.sliding_window, 0);
+  ck_assert_int_eq(c.head_dim, 16);
+  ck_assert(!c.tied_embeddings);
+  ck_assert_float_eq(c.norm_eps, 1e-6f);
+  ck_assert_float_eq(c.rope_theta, 10000.0f);
+  ck_assert_int_eq(hf_cfg(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"intermediate_size\":96,"
+                              "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100}"), 0);
+  ck_assert_int_eq(c.arch, MODEL_ARCH_QWEN3);
+}
+END_TEST
+
+START_TEST(hf_config_rope) {
+  model_config_t c;
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":{\"type\":\"linear\",\"factor\":2}}"), 0);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_LINEAR);
+  ck_assert_float_eq(c.rope_factor, 2.0f);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":null}"), 0);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_NONE);
+  /* newer transformers: rope_parameters carries theta and the scaling */
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_parameters\":{\"rope_type\":\"llama3\","
+                              "\"rope_theta\":500000.0,\"factor\":32.0,\"low_freq_factor\":1.0,"
+                              "\"high_freq_factor\":4.0,\"original_max_position_embeddings\":8192}}"), 0);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_LLAMA3);
+  ck_assert_float_eq(c.rope_factor, 32.0f);
+  ck_assert_float_eq(c.rope_theta, 500000.0f);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_parameters\":{\"rope_type\":\"default\","
+                              "\"rope_theta\":1000.0}}"), 0);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_NONE);
+  ck_assert_float_eq(c.rope_theta, 1000.0f);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":{\"rope_type\":\"yarn\",\"factor\":4}}"),
+                   FR_EUNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "yarn"));
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":{\"type\":\"dynamic\",\"factor\":4}}"),
+                   FR_EUNSUPPORTED);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":{\"type\":\"linear\"}}"), FR_EFORMAT);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":{\"type\":\"linear\",\"factor\":-1}}"),
+                   FR_EFORMAT);
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"rope_scaling\":7}"), FR_EFORMAT);
+}
+END_TEST
+
+START_TEST(hf_config_errors) {
+  model_config_t c;
+  static const struct {
+    const char *json;
+    int rc;
+    const char *in_msg;
+  } cases[] = {
+      {"{\"architectures\":[\"GemmaForCausalLM\"]}", FR_EUNSUPPORTED, "GemmaForCausalLM"},
+      {"{}", FR_EUNSUPPORTED, "(none)"},
+      {"[]", FR_EFORMAT, "config.json"},
+      {"{\"architectures\":", FR_EFORMAT, "config.json"},
+      {"{\"architectures\":[\"LlamaForCausalLM\"]}", FR_EFORMAT, "num_hidden_layers"},
+      {"{" HF_BASE ",\"intermediate_size\":\"96\"}", FR_EFORMAT, "intermediate_size"},
+      {"{" HF_BASE ",\"intermediate_size\":96.5}", FR_EFORMAT, "intermediate_size"},
+      {"{" HF_BASE ",\"intermediate_size\":-96}", FR_EFORMAT, "intermediate_size"},
+      {"{" HF_BASE ",\"intermediate_size\":99999999999}", FR_EFORMAT, "intermediate_size"},
+      {"{\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,\"vocab_size\":100,"
+       "\"num_attention_heads\":4,\"num_key_value_heads\":3,\"intermediate_size\":96}", FR_EFORMAT, "kv heads"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":\"2\"}", FR_EFORMAT, "eos_token_id"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":[1,\"x\"]}", FR_EFORMAT, "eos_token_id"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":100}", FR_EFORMAT, "eos_token_id"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"tie_word_embeddings\":1}", FR_EFORMAT, "tie_word_embeddings"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"hidden_act\":\"gelu\"}", FR_EUNSUPPORTED, "hidden_act"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"mlp_bias\":true}", FR_EUNSUPPORTED, "mlp_bias"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"rms_norm_eps\":0}", FR_EFORMAT, "epsilon"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"rope_theta\":\"x\"}", FR_EFORMAT, "rope_theta"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"head_dim\":15}", FR_EFORMAT, "even"},
+      {"{" HF_BASE ",\"intermediate_size\":96,\"a\":1,\"a\":2}", FR_EFORMAT, "duplicate"},
+  };
+  for (size_t i = 0; i < FR_ARRAY_SIZE(cases); i++) {
+    int rc = hf_cfg(&c, cases[i].json);
+    ck_assert_msg(rc == cases[i].rc, "case %zu: rc %d (%s)", i, rc, fr_last_error());
+    ck_assert_msg(strstr(fr_last_error(), cases[i].in_msg), "case %zu: '%s' lacks '%s'", i, fr_last_error(),
+                  cases[i].in_msg);
+  }
+}
+END_TEST
+
+/* ---- GGUF metadata parsing -------------------------------------------- */
+
+static int gguf_cfg(model_config_t *c, const fx_buf_t *b) {
+  model_gguf_t *g;
+  int rc = model_gguf_open_memory(&g, b->p, b->n);
+  ck_assert_msg(rc == 0, "%s", fr_last_error());
+  fr_error_clear();
+  rc = model_config_from_gguf(c, g);
+  model_gguf_close(g);
+  return rc;
+}
+
+/* Metadata for a qwen2 model with `extra` more keys appended by the caller. */
+static void qwen2_meta(fx_buf_t *b, uint64_t extra) {
+  fx_gguf_header(b, 3, 0, 6 + extra);
+  fx_gguf_kv_str(b, "general.architecture", "qwen2");
+  fx_gguf_kv_u32(b, "qwen2.block_count", 24);
+  fx_gguf_kv_u32(b, "qwen2.embedding_length", 896);
+  fx_gguf_kv_u32(b, "qwen2.feed_forward_length", 4864);
+  fx_gguf_kv_u32(b, "qwen2.attention.head_count", 14);
+  fx_gguf_kv_u32(b, "qwen2.vocab_size", 151936);
+}
+
+START_TEST(gguf_config_keys) {
+  model_config_t c;
+  fx_buf_t b = {0};
+  qwen2_meta(&b, 0);
+  ck_assert_int_eq(gguf_cfg(&c, &b), 0);
+  ck_assert_int_eq(c.n_kv_heads, 14); /* defaults */
+  ck_assert_int_eq(c.head_dim, 64);
+  ck_assert_float_eq(c.rope_theta, 10000.0f);
+  ck_assert_int_eq(c.vocab_size, 151936);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_NONE);
+  free(b.p);
+  b = (fx_buf_t){0};
+  qwen2_meta(&b, 1);
+  fx_gguf_kv_f32(&b, "qwen2.rope.scale_linear", 2.0f); /* legacy key */
+  ck_assert_int_eq(gguf_cfg(&c, &b), 0);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_LINEAR);
+  ck_assert_float_eq(c.rope_factor, 2.0f);
+  free(b.p);
+  b = (fx_buf_t){0};
+  qwen2_meta(&b, 2);
+  fx_gguf_kv_str(&b, "qwen2.rope.scaling.type", "none");
+  fx_gguf_kv_f32(&b, "qwen2.rope.scaling.factor", 8.0f);
+  ck_assert_int_eq(gguf_cfg(&c, &b), 0);
+  ck_assert_int_eq(c.rope_scaling, MODEL_ROPE_SCALING_NONE);
+  free(b.p);
+  b = (fx_buf_t){0};
+  qwen2_meta(&b, 1);
+  fx_gguf_kv_str(&b, "qwen2.rope.scaling.type", "yarn");
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EUNSUPPORTED);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "yarn"));
+  free(b.p);
+  b = (fx_buf_t){0};
+  qwen2_meta(&b, 1);
+  fx_gguf_kv_str(&b, "qwen2.attention.head_count_kv", "2"); /* wrong type */
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "head_count_kv"));
+  free(b.p);
+  b = (fx_buf_t){0};
+  qwen2_meta(&b, 1);
+  fx_gguf_kv_u32(&b, "qwen2.attention.head_count_kv", 4); /* 14 % 4 */
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EFORMAT);
+  free(b.p);
+  b = (fx_buf_t){0};
+  qwen2_meta(&b, 1);
+  fx_gguf_kv_u32(&b, "qwen2.context_length", 0);
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EFORMAT);
+  free(b.p);
+  b = (fx_buf_t){0}; /* llama: rope.dimension_count must equal head_dim */
+  fx_gguf_header(&b, 3, 0, 7);
+  fx_gguf_kv_str(&b, "general.architecture", "llama");
+  fx_gguf_kv_u32(&b, "llama.block_count", 2);
+  fx_gguf_kv_u32(&b, "llama.embedding_length", 64);
+  fx_gguf_kv_u32(&b, "llama.feed_forward_length", 96);
+  fx_gguf_kv_u32(&b, "llama.attention.head_count", 4);
+  fx_gguf_kv_u32(&b, "llama.vocab_size", 100);
+  fx_gguf_kv_u32(&b, "llama.rope.dimension_count", 8);
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EFORMAT);
+  free(b.p);
+  b = (fx_buf_t){0};
+  fx_gguf_header(&b, 3, 0, 1);
+  fx_gguf_kv_str(&b, "general.architecture", "gpt2");
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EUNSUPPORTED);
+  free(b.p);
+  b = (fx_buf_t){0};
+  fx_gguf_header(&b, 3, 0, 0);
+  ck_assert_int_eq(gguf_cfg(&c, &b), FR_EFORMAT);
+  free(b.p);
+  ck_assert_str_eq(model_arch_name(MODEL_ARCH_QWEN3), "qwen3");
+  ck_assert_str_eq(model_arch_name((model_arch_t)42), "unknown");
+}
+END_TEST
+
+/* ---- the real model --------------------------------------------------- */
+
+START_TEST(smollm2_gguf) {
+  model_source_t *s = open_ok(getenv("FERRUM_MODEL"));
+  const model_config_t *c = &s->config;
+  ck_assert_int_eq(c->arch, MODEL_ARCH_LLAMA);
+  ck_assert_int_eq(c->n_layers, 30);
+  ck_assert_int_eq(c->dim, 576);
+  ck_assert_int_eq(c->ffn_dim, 1536);
+  ck_assert_int_eq(c->n_heads, 9);
+  ck_assert_int_eq(c->n_kv_heads, 3);
+  ck_assert_int_eq(c->head_dim, 64);
+  ck_assert_int_eq(c->vocab_size, 49152);
+  ck_assert_float_eq(c->rope_theta, 100000.0f);
+  ck_assert_float_eq_tol(c->norm_eps, 1e-5f, 1e-9f);
+  ck_assert(c->tied_embeddings && !c->attn_bias && !c->qk_norm);
+  ck_assert_int_eq(s->rope_mode, KERN_ROPE_NORM);
+  ck_assert_uint_eq(s->n_tensors, 2 + 30 * 9);
+  const model_tensor_t *t = model_source_tensor(s, "blk.29.attn_k.weight");
+  ck_assert_int_eq(t->rows, 192);
+  ck_assert_int_eq(t->cols, 576);
+  const gguf_kv_t *tok = model_gguf_find(s->gguf, "tokenizer.ggml.tokens");
+  ck_assert_uint_eq(tok->arr_count, 49152);
+  gguf_str_t str;
+  ck_assert_int_eq(model_gguf_arr_str(tok, 1, &str), 0);
+  ck_assert_int_eq((int)str.len, 12);
+  ck_assert(memcmp(str.ptr, "<|im_start|>", 12) == 0);
+  model_source_close(s);
+}
+END_TEST
+
+int main(int argc, char **argv) {
+  Suite *su = suite_create("source");
+  TCase *tc = tcase_create("source");
+  tcase_set_timeout(tc, 60);
+  if (argc > 1 && strcmp(argv[1], "smollm2") == 0) {
+    struct stat sb;
+    const char *m = getenv("FERRUM_MODEL");
+    if (!m || stat(m, &sb) != 0) {
+      fprintf(stderr, "FERRUM_MODEL not set or missing: skipped\n");
+      return 77;
+    }
+    tcase_add_test(tc, smollm2_gguf);
+  } else {
+    tcase_add_test(tc, gguf_llama);
+    tcase_add_test(tc, gguf_qwen2_qwen3_llama3);
+    tcase_add_test(tc, gguf_missing_or_unsupported);
+    tcase_add_test(tc, not_a_model);
+    tcase_add_test(tc, hf_llama_folder);
+    tcase_add_test(tc, hf_qwen_folders);
+    tcase_add_test(tc, hf_misshaped);
+    tcase_add_test(tc, hf_config_fields);
+    tcase_add_test(tc, hf_config_rope);
+    tcase_add_test(tc, hf_config_errors);
+    tcase_add_test(tc, gguf_config_keys);
+  }
+  suite_add_tcase(su, tc);
+  SRunner *sr = srunner_create(su);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

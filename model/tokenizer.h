@@ -70,12 +70,15 @@ typedef struct {
   bool skip_special;
   char pending[8]; /* bytes of an incomplete UTF-8 sequence */
   int n_pending;
+  bool strip_space; /* SPM: drop the leading space of the first piece */
 } model_detok_t;
 
 void model_detok_init(model_detok_t *d, const model_tokenizer_t *t, bool skip_special);
-/* Appends the complete UTF-8 text after feeding `id` to out (up to cap
+/* Writes the complete UTF-8 text after feeding `id` to out (up to cap
  * bytes, NUL-terminated) and returns the number of bytes written, or a
- * negative error when out is too small. */
+ * negative error (FR_ETOOBIG, state unchanged) when out is too small.
+ * Invalid byte sequences come out as U+FFFD; skip_special drops control
+ * tokens. A cap of 4 * (longest token + 4) bytes is always enough. */
 int model_detok_feed(model_detok_t *d, int32_t id, char *out, size_t cap);
 /* Flushes pending bytes (invalid tail as U+FFFD). */
 int model_detok_flush(model_detok_t *d, char *out, size_t cap);

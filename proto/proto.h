@@ -309,10 +309,12 @@ typedef struct {
 } proto_cancel_t;
 
 typedef struct {
-  char *model; /* "m" NULL = the default model */
+  uint64_t rid; /* "rid" request id, echoed in the reply; 0 = none */
+  char *model;  /* "m"   NULL = the default model */
 } proto_status_t;
 
 typedef struct {
+  uint64_t rid;            /* "rid" the request's */
   char *model;             /* "m" */
   uint32_t queued;         /* "q" jobs waiting */
   uint32_t running;        /* "run" */
@@ -322,7 +324,7 @@ typedef struct {
 } proto_status_reply_t;
 
 typedef struct {
-  char dummy; /* no fields */
+  uint64_t rid; /* "rid" request id, echoed in the reply */
 } proto_models_t;
 
 typedef struct {
@@ -331,6 +333,7 @@ typedef struct {
 } proto_model_info_t;
 
 typedef struct {
+  uint64_t rid;                /* "rid" the request's */
   uint32_t n_models;           /* "ms" <= PROTO_MAX_MODELS */
   proto_model_info_t *models;  /* (n_models) */
 } proto_models_reply_t;
@@ -339,6 +342,7 @@ typedef struct {
   int32_t code;  /* "c"  required: PROTO_ERR_* */
   char *message; /* "m" */
   uint64_t id;   /* "id" the job it is about, 0 = none */
+  uint64_t rid;  /* "rid" the request it answers (status, models), 0 = none */
 } proto_error_msg_t;
 
 /* ---- buffers ---- */

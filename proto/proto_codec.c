@@ -926,17 +926,29 @@ static inline const void *get_ptr(const uint8_t *in, uint16_t off) {
   return p;
 }
 
-/* Whether the encoder writes field f of in (def: the defaults). Nested
- * objects without PF_HAS are written when they hold a non-default field:
- * wr_obj finds that out as it writes them. */
+/* Whether the encoder writes field f of in (def: the defaults). */
+static int field_has_content(const proto_field_t *f, const uint8_t *in, const uint8_t *def);
+
 static inline int field_present(const proto_field_t *f, const uint8_t *in, const uint8_t *def) {
   if (f->flags & PF_REQ) return 1;
+  return field_has_content(f, in, def);
+}
+
+/* Whether a nested object holds anything but defaults (its required
+ * fields count only when they differ from the default too). */
+static int obj_has_content(const proto_schema_t *s, const uint8_t *in) {
+  for (uint32_t i = 0; i < s->n_fields; i++)
+    if (field_has_content(&s->fields[i], in, s->defaults)) return 1;
+  return 0;
+}
+
+static int field_has_content(const proto_field_t *f, const uint8_t *in, const uint8_t *def) {
   if (f->flags & PF_HAS) return *(const bool *)(in + f->off_n);
   switch (f->type) {
   case PF_STR: case PF_TEXT: return get_ptr(in, f->off) != NULL;
   case PF_I32S: case PF_U32S: case PF_F32S: case PF_F32BIN: case PF_STRS: case PF_OBJS:
     return get_u32(in, f->off_n) != 0;
-  case PF_OBJ: return 1;
+  case PF_OBJ: return obj_has_content(f->sub, in + f->off);
   case PF_U64: {
     uint64_t x, y;
     memcpy(&x, in + f->off, 8);
@@ -1085,16 +1097,12 @@ static int wr_field(wr_t *w, const proto_field_t *f, const uint8_t *in) {
 /* Writes a nested object under its key; leaves it out when it holds only
  * defaults (unless required or flagged present). *n counts written keys. */
 static int wr_nested(wr_t *w, const proto_field_t *f, const uint8_t *in, uint32_t *n) {
-  size_t mark = w->b->len;
-  uint32_t inner = 0;
-  int rc = wr_obj(w, f->sub, in + f->off, PROTO_T_NONE, &inner);
-  if (rc) return rc;
-  if (inner == 0 && !(f->flags & (PF_REQ | PF_HAS))) {
-    w->b->len = mark - 1 - f->klen; /* take back the key and the empty map */
+  if (!(f->flags & (PF_REQ | PF_HAS)) && !obj_has_content(f->sub, in + f->off)) {
+    w->b->len -= 1 + (size_t)f->klen; /* take back the key */
     return 0;
   }
   (*n)++;
-  return 0;
+  return wr_obj(w, f->sub, in + f->off, PROTO_T_NONE, NULL);
 }
 
 /* Writes one object as a map; top != NONE adds the envelope. Every schema

@@ -314,11 +314,13 @@ static const proto_field_t f_cancel[] = {
 SCHEMA(s_cancel, "cancel", proto_cancel_t, f_cancel, def_cancel, check_id);
 
 static const proto_field_t f_status[] = {
+    FS("rid", PF_U64, 0, proto_status_t, rid),
     FSTR("m", 0, proto_status_t, model, PROTO_MAX_STR),
 };
 SCHEMA(s_status, "status", proto_status_t, f_status, def_status, NULL);
 
 static const proto_field_t f_status_r[] = {
+    FS("rid", PF_U64, 0, proto_status_reply_t, rid),
     FSTR("m", 0, proto_status_reply_t, model, PROTO_MAX_STR),
     FS("q", PF_U32, 0, proto_status_reply_t, queued),
     FS("run", PF_U32, 0, proto_status_reply_t, running),
@@ -328,7 +330,10 @@ static const proto_field_t f_status_r[] = {
 };
 SCHEMA(s_status_r, "status_r", proto_status_reply_t, f_status_r, def_status_r, NULL);
 
-static const proto_schema_t s_models = {"models", sizeof(proto_models_t), 0, NULL, &def_models, NULL};
+static const proto_field_t f_models[] = {
+    FS("rid", PF_U64, 0, proto_models_t, rid),
+};
+SCHEMA(s_models, "models", proto_models_t, f_models, def_models, NULL);
 
 static const proto_field_t f_model_info[] = {
     FSTR("n", PF_REQ, proto_model_info_t, name, PROTO_MAX_STR),
@@ -337,6 +342,7 @@ static const proto_field_t f_model_info[] = {
 SCHEMA(s_model_info, "model", proto_model_info_t, f_model_info, def_model_info, NULL);
 
 static const proto_field_t f_models_r[] = {
+    FS("rid", PF_U64, 0, proto_models_reply_t, rid),
     FOBJS("ms", 0, proto_models_reply_t, models, n_models, PROTO_MAX_MODELS, s_model_info),
 };
 SCHEMA(s_models_r, "models_r", proto_models_reply_t, f_models_r, def_models_r, NULL);
@@ -345,6 +351,7 @@ static const proto_field_t f_error_msg[] = {
     FS("c", PF_I32, PF_REQ, proto_error_msg_t, code),
     FSTR("m", 0, proto_error_msg_t, message, PROTO_MAX_STR),
     FS("id", PF_U64, 0, proto_error_msg_t, id),
+    FS("rid", PF_U64, 0, proto_error_msg_t, rid),
 };
 SCHEMA(s_error_msg, "error", proto_error_msg_t, f_error_msg, def_error_msg, NULL);
 

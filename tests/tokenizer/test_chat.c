@@ -1,0 +1,108 @@
+/* test_chat.c - chat template detection and rendering, byte-equal to jinja2
+ * rendering the upstream templates (gen_chat_golden.py). */
+#include <check.h>
+#include <unistd.h>
+
+#include "model/chat.h"
+#include "tok_test_util.h"
+
+static char g_path[4200];
+
+static void golden_path(void) {
+  const char *b = getenv("FERRUM_BUILD_DIR");
+  snprintf(g_path, sizeof(g_path), "%s/tests/tok-golden/chat_golden.json", b ? b : "build");
+}
+
+static void print_diff(const char *want, const char *got) {
+  size_t i = 0;
+  while (want[i] && want[i] == got[i]) i++;
+  fprintf(stderr, "  first difference at byte %zu\n  want: \"%.80s\"\n  got:  \"%.80s\"\n", i, want + (i > 20 ? i - 20 : 0),
+          got + (i > 20 ? i - 20 : 0));
+}
+
+START_TEST(render_matches_jinja) {
+  json_t *g = tt_load_json(g_path);
+  ck_assert_ptr_nonnull(g);
+  json_t *cases = json_object_get(g, "cases"), *c;
+  size_t i;
+  int bad = 0, rendered = 0, rejected = 0;
+  json_array_foreach(cases, i, c) {
+    const char *path = json_string_value(json_object_get(c, "template"));
+    const char *kind = json_string_value(json_object_get(c, "kind"));
+    char *tmpl = tt_read_file(path, NULL);
+    ck_assert_msg(tmpl != NULL, "cannot read %s", path);
+    model_chat_kind_t k = model_chat_detect(tmpl);
+    ck_assert_msg(!strcmp(model_chat_kind_name(k), kind), "%s detected as %s", path, model_chat_kind_name(k));
+    json_t *msgs = json_object_get(c, "messages"), *m;
+    size_t n = json_array_size(msgs), j;
+    model_chat_msg_t *mm = calloc(n, sizeof(*mm));
+    json_array_foreach(msgs, j, m) {
+      mm[j].role = json_string_value(json_object_get(m, "role"));
+      mm[j].content = json_string_value(json_object_get(m, "content"));
+    }
+    char *out = NULL;
+    int rc = model_chat_render(k, mm, n, json_string_value(json_object_get(c, "bos")), &out);
+    json_t *exp = json_object_get(c, "expected");
+    if (json_is_null(exp)) {
+      rejected++;
+      if (rc == 0) {
+        bad++;
+        fprintf(stderr, "case %zu (%s): jinja rejects it, we rendered \"%.60s\"\n", i, kind, out);
+      }
+    } else if (rc != 0 || strcmp(out, json_string_value(exp))) {
+      bad++;
+      fprintf(stderr, "case %zu (%s): rc %d (%s)\n", i, kind, rc, rc ? fr_last_error() : "");
+      if (!rc) print_diff(json_string_value(exp), out);
+    } else {
+      rendered++;
+    }
+    free(out);
+    free(mm);
+    free(tmpl);
+  }
+  fprintf(stderr, "chat: %d rendered byte-equal, %d rejected as jinja does, %d bad\n", rendered, rejected, bad);
+  ck_assert_int_gt(rendered, 70);
+  ck_assert_int_eq(bad, 0);
+  json_decref(g);
+}
+END_TEST
+
+START_TEST(detect_names_and_unknown) {
+  ck_assert_int_eq(model_chat_detect(NULL), MODEL_CHAT_UNKNOWN);
+  ck_assert_int_eq(model_chat_detect("{{ messages }}"), MODEL_CHAT_UNKNOWN);
+  ck_assert_int_eq(model_chat_detect("llama3"), MODEL_CHAT_LLAMA3);
+  ck_assert_int_eq(model_chat_detect("qwen2.5"), MODEL_CHAT_QWEN25);
+  ck_assert_int_eq(model_chat_detect("chatml"), MODEL_CHAT_CHATML);
+  ck_assert_str_eq(model_chat_kind_name(MODEL_CHAT_QWEN3), "qwen3");
+  ck_assert_str_eq(model_chat_kind_name((model_chat_kind_t)99), "unknown");
+  model_chat_msg_t m = {"user", "hi"};
+  char *out = (char *)1;
+  ck_assert_int_eq(model_chat_render(MODEL_CHAT_UNKNOWN, &m, 1, NULL, &out), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(out);
+  ck_assert_int_ne(model_chat_render(MODEL_CHAT_CHATML, &m, 0, NULL, &out), 0);
+  model_chat_msg_t tool[] = {{"user", "q"}, {"tool", "r"}};
+  ck_assert_int_eq(model_chat_render(MODEL_CHAT_QWEN3, tool, 2, NULL, &out), FR_EUNSUPPORTED);
+  /* NULL bos: nothing written in its place */
+  ck_assert_int_eq(model_chat_render(MODEL_CHAT_LLAMA3, &m, 1, NULL, &out), 0);
+  ck_assert_str_eq(out, "<|start_header_id|>user<|end_header_id|>\n\nhi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n");
+  free(out);
+}
+END_TEST
+
+int main(void) {
+  golden_path();
+  if (access(g_path, R_OK) != 0) {
+    fprintf(stderr, "skip: %s missing\n", g_path);
+    return 77;
+  }
+  Suite *s = suite_create("chat");
+  TCase *tc = tcase_create("chat");
+  tcase_add_test(tc, render_matches_jinja);
+  tcase_add_test(tc, detect_names_and_unknown);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

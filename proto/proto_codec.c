@@ -286,13 +286,24 @@ static inline size_t rd_left(const rd_t *r) { return (size_t)(r->end - r->p); }
 
 static int rd_truncated(const rd_t *r) { return rd_fail(r, FR_ETRUNCATED, "message truncated"); }
 
-/* Reads a payload of n bytes (str / bin / ext). */
+/* Reads a payload of n bytes (str / bin / ext). When the bytes are not
+ * all there, ptr is NULL and the input is used up: the consumer checks
+ * the length against its limit first (FR_ETOOBIG for a huge claim), then
+ * calls rd_need_payload (FR_ETRUNCATED). */
 static inline int rd_payload(rd_t *r, mpv_t *v, size_t n) {
-  if (rd_left(r) < n) return rd_truncated(r);
-  v->ptr = r->p;
   v->len = (uint32_t)n;
+  if (rd_left(r) < n) {
+    v->ptr = NULL;
+    r->p = r->end;
+    return 0;
+  }
+  v->ptr = r->p;
   r->p += n;
   return 0;
+}
+
+static inline int rd_need_payload(const rd_t *r, const mpv_t *v) {
+  return v->ptr ? 0 : rd_truncated(r);
 }
 
 /* Reads the first bytes of one value: scalars whole, str/bin/ext with their
@@ -405,6 +416,7 @@ static inline int rd_value(rd_t *r, mpv_t *v) {
  * truncated message, whatever a header claims. */
 static int rd_skip_value(rd_t *r, const mpv_t *first) {
   uint64_t pending = 0;
+  if ((first->kind == K_STR || first->kind == K_BIN || first->kind == K_EXT) && !first->ptr) return rd_truncated(r);
   if (first->kind == K_ARR) pending = first->len;
   if (first->kind == K_MAP) pending = 2 * (uint64_t)first->len;
   while (pending) {
@@ -413,6 +425,7 @@ static int rd_skip_value(rd_t *r, const mpv_t *first) {
     int rc = rd_value(r, &v);
     if (rc) return rc;
     pending--;
+    if ((v.kind == K_STR || v.kind == K_BIN || v.kind == K_EXT) && !v.ptr) return rd_truncated(r);
     if (v.kind == K_ARR) pending += v.len;
     if (v.kind == K_MAP) pending += 2 * (uint64_t)v.len;
   }
@@ -468,6 +481,8 @@ static int rd_f32(rd_t *r, const mpv_t *v, float *out) {
 static int rd_str(rd_t *r, const mpv_t *v, uint32_t max, int allow_nul, char **out) {
   if (v->kind != K_STR) return rd_type_error(r, "string", v);
   if (v->len > max) return rd_fail(r, FR_ETOOBIG, "string of %u bytes exceeds the limit of %u", v->len, max);
+  int rc = rd_need_payload(r, v);
+  if (rc) return rc;
   if (!allow_nul && memchr(v->ptr, 0, v->len)) return rd_fail(r, FR_EPROTO, "string holds a NUL byte");
   char *s = arena_alloc(r->arena, (size_t)v->len + 1);
   memcpy(s, v->ptr, v->len);
@@ -554,9 +569,12 @@ static int rd_f32s(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out
 
 static int rd_f32bin(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
   if (v->kind != K_BIN) return rd_type_error(r, "binary", v);
-  if (v->len % 4) return rd_fail(r, FR_EPROTO, "binary of %u bytes is not a float32 array", v->len);
   uint32_t n = v->len / 4;
-  if (n > f->max) return rd_fail(r, FR_ETOOBIG, "%u floats exceed the limit of %u", n, f->max);
+  if (n > f->max || (n == f->max && v->len % 4))
+    return rd_fail(r, FR_ETOOBIG, "%u bytes of floats exceed the limit of %u floats", v->len, f->max);
+  int rc = rd_need_payload(r, v);
+  if (rc) return rc;
+  if (v->len % 4) return rd_fail(r, FR_EPROTO, "binary of %u bytes is not a float32 array", v->len);
   float *a = n ? arena_alloc(r->arena, v->len) : NULL;
   for (uint32_t i = 0; i < n; i++) { /* little-endian on the wire */
     const uint8_t *q = v->ptr + 4 * i;
@@ -605,6 +623,9 @@ static int rd_objs(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out
 
 static int rd_enum(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
   if (v->kind != K_STR) return rd_type_error(r, "string", v);
+  if (v->len > PROTO_MAX_STR) return rd_fail(r, FR_ETOOBIG, "string of %u bytes is too long", v->len);
+  int rc = rd_need_payload(r, v);
+  if (rc) return rc;
   for (uint32_t i = 1; i < f->max; i++) {
     if (strlen(f->names[i]) == v->len && memcmp(f->names[i], v->ptr, v->len) == 0) {
       int e = (int)i;
@@ -681,6 +702,7 @@ static inline int rd_key(rd_t *r, uint64_t *key) {
   int rc = rd_value(r, &k);
   if (rc) return rc;
   if (k.kind != K_STR) return rd_fail(r, FR_EPROTO, "map key is a %s, not a string", kind_names[k.kind]);
+  if ((rc = rd_need_payload(r, &k))) return rc;
   *key = pack_key(k.ptr, r->end, k.len);
   return 0;
 }
@@ -817,6 +839,7 @@ static int rd_envelope_value(rd_t *r, uint64_t key, uint64_t *version, proto_typ
     return 0;
   }
   if (v.kind != K_STR) return rd_type_error(r, "string type", &v);
+  if ((rc = rd_need_payload(r, &v))) return rc;
   *type = proto_type_from_name((const char *)v.ptr, v.len);
   if (*type == PROTO_T_NONE)
     return rd_fail(r, FR_EPROTO, "unknown message type \"%.*s\"", (int)FR_MIN(v.len, 32u), (const char *)v.ptr);

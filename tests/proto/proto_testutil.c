@@ -67,7 +67,7 @@ static float rand_f32(void) {
 }
 
 static char *rand_str(int allow_nul, int big, uint32_t *len_out) {
-  uint32_t len = tu_below(big && tu_below(4) == 0 ? 700 : 40);
+  uint32_t len = tu_below(big == 1 && tu_below(4) == 0 ? 700 : 40) + (big == 2);
   char *s = tu_alloc(len + 1);
   for (uint32_t i = 0; i < len; i++) {
     char c = (char)(tu_rand() & 0xff);
@@ -79,7 +79,7 @@ static char *rand_str(int allow_nul, int big, uint32_t *len_out) {
 }
 
 static uint32_t rand_count(uint32_t max, int big) {
-  uint32_t n = tu_below(big && tu_below(4) == 0 ? 300 : 6);
+  uint32_t n = tu_below(big == 1 && tu_below(4) == 0 ? 300 : 6) + (big == 2);
   return n > max ? max : n;
 }
 
@@ -101,10 +101,12 @@ static void rand_field(const proto_field_t *f, uint8_t *out, int big, int depth)
   case PF_U64: *(uint64_t *)(out + f->off) = rand_width(); break;
   case PF_F32: *(float *)(out + f->off) = rand_f32(); break;
   case PF_BOOL: *(bool *)(out + f->off) = tu_below(2); break;
-  case PF_ENUM: *(int *)(out + f->off) = (int)tu_below(f->max); break;
-  case PF_STR: *(char **)(out + f->off) = tu_below(4) == 0 && !(f->flags & PF_REQ) ? NULL : rand_str(0, big, NULL); break;
+  case PF_ENUM: *(int *)(out + f->off) = (int)tu_below(f->max - (big == 2)) + (big == 2); break;
+  case PF_STR:
+    *(char **)(out + f->off) = tu_below(4) == 0 && !(f->flags & PF_REQ) && big != 2 ? NULL : rand_str(0, big, NULL);
+    break;
   case PF_TEXT:
-    if (tu_below(4) == 0 && !(f->flags & PF_REQ)) {
+    if (tu_below(4) == 0 && !(f->flags & PF_REQ) && big != 2) {
       *(char **)(out + f->off) = NULL;
       *(uint32_t *)(out + f->off_n) = 0;
     } else {
@@ -140,7 +142,7 @@ static void rand_field(const proto_field_t *f, uint8_t *out, int big, int depth)
   }
   }
   if ((f->flags & PF_HAS)) {
-    bool has = tu_below(2);
+    bool has = big == 2 || tu_below(2);
     *(bool *)(out + f->off_n) = has;
     if (!has) { /* absent: the decoder leaves the default */
       const uint8_t *def = NULL;
@@ -220,7 +222,7 @@ static void rand_obj(const proto_schema_t *s, uint8_t *out, int big, int depth) 
   for (uint32_t i = 0; i < s->n_fields; i++) {
     const proto_field_t *f = &s->fields[i];
     /* leave some optional fields at their default (left out on the wire) */
-    if (!(f->flags & PF_REQ) && tu_below(4) == 0) continue;
+    if (!(f->flags & PF_REQ) && big != 2 && tu_below(4) == 0) continue;
     rand_field(f, out, big, depth);
   }
   fixup(s, out);

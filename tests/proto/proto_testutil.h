@@ -15,8 +15,9 @@ void tu_seed(uint64_t seed);
 /* Uniform in [0, n). */
 uint32_t tu_below(uint32_t n);
 
-/* Fills body (a struct of the type) with random valid contents. big: allow
- * long strings and arrays (str16 / array16 encodings). */
+/* Fills body (a struct of the type) with random valid contents. big: 1
+ * allows long strings and arrays (str16 / array16 encodings); 2 sets every
+ * field (non-empty strings and arrays) that the checks allow. */
 void tu_rand_body(proto_type_t type, void *body, int big);
 
 /* Compares two bodies of a type field by field; 0 when equal, else -1 with

@@ -1,0 +1,902 @@
+/* test_cuda_ops.c - every op of the CUDA backend against the CPU backend
+ * (and, for matmul and sampling, against exact host references), on fresh
+ * random inputs each run, by normalized error ||out - ref|| / ||ref||.
+ * Outputs are poisoned with NaN before each op so unwritten elements fail.
+ *
+ * Exits 77 (skipped) when built without CUDA or when no CUDA device is
+ * present. The device probe runs in a child process: a CUDA context must not
+ * exist in the parent before Check forks the tests. */
+#include <check.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kernels/kern.h"
+
+#define TOL_ACT 1.5e-2 /* bf16 activations */
+
+static kern_backend_t *cpu, *gpu;
+static uint64_t rng_state;
+
+static void setup(void) {
+  rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  ck_assert_int_eq(kern_cpu_create(&cpu, 2), 0);
+  int rc = kern_cuda_create(&gpu, 0);
+  ck_assert_msg(rc == 0, "kern_cuda_create: %s", fr_last_error());
+}
+
+static void teardown(void) {
+  kern_backend_destroy(gpu);
+  kern_backend_destroy(cpu);
+  gpu = cpu = NULL;
+}
+
+/* ---- helpers ---------------------------------------------------------------------- */
+
+static uint64_t rnd64(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+static float rndu(void) { return (float)((rnd64() >> 40) * (1.0 / 16777216.0)); }
+static float rndn(void) { return (rndu() + rndu() + rndu() - 1.5f) * 2.f; }
+static int rndi(int n) { return (int)(rnd64() % (uint64_t)n); }
+
+/* Rounds to the GPU's activation type so both backends see the same values. */
+static float round_act(float x) {
+  return gpu->act_type == KERN_BF16 ? fr_bf16_to_fp32(fr_fp32_to_bf16(x)) : fr_fp16_to_fp32(fr_fp32_to_fp16(x));
+}
+
+static float *rand_vec(size_t n, float scale) {
+  float *x = fr_malloc(n * sizeof(float) + 4);
+  for (size_t i = 0; i < n; i++) x[i] = round_act(rndn() * scale);
+  return x;
+}
+
+/* A tensor on both backends: CPU f32, GPU act type. */
+typedef struct {
+  void *c, *g;
+  size_t n;
+} pair_t;
+
+static void *gpu_put(const float *x, size_t n) {
+  uint16_t *h = fr_malloc(n * 2 + 2);
+  for (size_t i = 0; i < n; i++)
+    h[i] = gpu->act_type == KERN_BF16 ? fr_fp32_to_bf16(x[i]) : fr_fp32_to_fp16(x[i]);
+  void *d = NULL;
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, n * 2 + 16, &d), 0);
+  ck_assert_int_eq(gpu->ops->upload(gpu->ctx, d, h, n * 2), 0);
+  free(h);
+  return d;
+}
+
+static pair_t pair_put(const float *x, size_t n) {
+  pair_t p = {NULL, NULL, n};
+  ck_assert_int_eq(cpu->ops->alloc(cpu->ctx, n * 4 + 16, &p.c), 0);
+  ck_assert_int_eq(cpu->ops->upload(cpu->ctx, p.c, x, n * 4), 0);
+  p.g = gpu_put(x, n);
+  return p;
+}
+
+static pair_t pair_rand(size_t n, float scale) {
+  float *x = rand_vec(n, scale);
+  pair_t p = pair_put(x, n);
+  free(x);
+  return p;
+}
+
+static void pair_free(pair_t *p) {
+  cpu->ops->free(cpu->ctx, p->c);
+  gpu->ops->free(gpu->ctx, p->g);
+}
+
+/* NaN in every element of a GPU act buffer (0xFFFF is NaN in bf16 and f16). */
+static void poison(void *g, size_t n) {
+  uint16_t *h = fr_malloc(n * 2 + 2);
+  memset(h, 0xff, n * 2);
+  ck_assert_int_eq(gpu->ops->upload(gpu->ctx, g, h, n * 2), 0);
+  free(h);
+}
+
+static float *gpu_get(const void *g, size_t n) {
+  float *o = fr_malloc(n * 4 + 4);
+  int rc = gpu->ops->to_f32_host(gpu->ctx, o, g, n);
+  ck_assert_msg(rc == 0, "to_f32_host: %s", fr_last_error());
+  return o;
+}
+
+static float *cpu_get(const void *c, size_t n) {
+  float *o = fr_malloc(n * 4 + 4);
+  ck_assert_int_eq(cpu->ops->to_f32_host(cpu->ctx, o, c, n), 0);
+  return o;
+}
+
+static double nerr_d(const float *out, const double *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(out[i])) return INFINITY;
+    num += (out[i] - ref[i]) * (out[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+static double nerr(const float *out, const float *ref, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (!isfinite(out[i])) return INFINITY;
+    num += ((double)out[i] - ref[i]) * ((double)out[i] - ref[i]);
+    den += (double)ref[i] * ref[i];
+  }
+  return den > 0 ? sqrt(num / den) : sqrt(num);
+}
+
+/* Compares the GPU buffer with the CPU buffer (n elements). */
+static double cmp_pair(const pair_t *p, size_t n, const char *what) {
+  float *a = gpu_get(p->g, n), *b = cpu_get(p->c, n);
+  double e = nerr(a, b, n);
+  fprintf(stderr, "  %-40s err %.2e\n", what, e);
+  free(a);
+  free(b);
+  return e;
+}
+
+/* A weight loaded on both backends from the same host bytes. */
+typedef struct {
+  kern_weight_t c, g;
+  void *host;
+} wpair_t;
+
+static void wpair_load(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host) {
+  memset(w, 0, sizeof(*w));
+  w->host = host;
+  kern_weight_t base = {.type = type, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(type, cols)};
+  w->c = w->g = base;
+  int rc = cpu->ops->weight_load(cpu->ctx, &w->c, host);
+  ck_assert_msg(rc == 0, "cpu weight_load: %s", fr_last_error());
+  rc = gpu->ops->weight_load(gpu->ctx, &w->g, host);
+  ck_assert_msg(rc == 0, "cuda weight_load: %s", fr_last_error());
+}
+
+static void wpair_free(wpair_t *w) {
+  cpu->ops->weight_release(cpu->ctx, &w->c);
+  gpu->ops->weight_release(gpu->ctx, &w->g);
+  free(w->host);
+}
+
+/* Random weight bytes of any type; quant blocks get sane f16 scales. */
+static void *rand_weight(kern_type_t type, int64_t rows, int64_t cols) {
+  size_t rb = kern_row_bytes(type, cols), nb = rb * (size_t)rows;
+  uint8_t *h = fr_malloc(nb + 16);
+  const kern_type_traits_t *tr = kern_type_traits(type);
+  if (!tr->quantized) {
+    for (int64_t i = 0; i < rows * cols; i++) {
+      float v = rndn() * 0.5f;
+      if (type == KERN_F32) memcpy(h + 4 * i, &v, 4);
+      else {
+        uint16_t u = type == KERN_F16 ? fr_fp32_to_fp16(v) : fr_fp32_to_bf16(v);
+        memcpy(h + 2 * i, &u, 2);
+      }
+    }
+    return h;
+  }
+  for (size_t i = 0; i < nb; i++) h[i] = (uint8_t)rnd64();
+  int offs[2] = {-1, -1};
+  switch (type) {
+  case KERN_Q4_0: case KERN_Q5_0: case KERN_Q8_0: offs[0] = 0; break;
+  case KERN_Q4_1: case KERN_Q5_1: case KERN_Q4_K: case KERN_Q5_K: offs[0] = 0; offs[1] = 2; break;
+  case KERN_Q6_K: offs[0] = 208; break;
+  default: break;
+  }
+  for (size_t b = 0; b < nb / (size_t)tr->size; b++) {
+    for (int k = 0; k < 2; k++) {
+      if (offs[k] < 0) continue;
+      uint16_t u = fr_fp32_to_fp16((0.5f + rndu()) * 0.02f * (k ? 0.5f : 1.f));
+      memcpy(h + b * tr->size + offs[k], &u, 2);
+    }
+  }
+  return h;
+}
+
+/* A step on both backends. */
+static void step_both(const kern_step_t *s) {
+  int rc = cpu->ops->step_begin(cpu->ctx, s);
+  ck_assert_msg(rc == 0, "cpu step_begin: %s", fr_last_error());
+  rc = gpu->ops->step_begin(gpu->ctx, s);
+  ck_assert_msg(rc == 0, "cuda step_begin: %s", fr_last_error());
+}
+
+/* One sequence of n tokens at positions 0..n-1 (for ops that need no KV). */
+static void simple_step(int n, const int32_t *tokens) {
+  int32_t *pos = fr_malloc(n * 4 + 4), *slots = fr_malloc(n * 4 + 4);
+  for (int i = 0; i < n; i++) {
+    pos[i] = rndi(8000);
+    slots[i] = -1;
+  }
+  int32_t qs[2] = {0, n}, cl[1] = {n}, bt[1] = {0};
+  kern_step_t s = {.n_tokens = n, .tokens = tokens, .n_seqs = 1, .positions = pos, .slots = slots,
+                   .q_start = qs, .ctx_len = cl, .block_tables = bt, .max_blocks = 1};
+  step_both(&s);
+  free(pos);
+  free(slots);
+}
+
+/* ---- matmul ------------------------------------------------------------------------- */
+
+static const int k_ns[] = {1, 2, 7, 16, 64, 300};
+
+/* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][k] (+ bias) in f64. */
+static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int64_t cols, const float *x, int n,
+                          const float *bias) {
+  double *ref = fr_malloc(sizeof(double) * (size_t)n * rows);
+  float *wr = fr_malloc(sizeof(float) * cols);
+  size_t rb = kern_row_bytes(type, cols);
+  for (int64_t r = 0; r < rows; r++) {
+    const uint8_t *src = (const uint8_t *)host + rb * r;
+    if (type == KERN_F32) memcpy(wr, src, cols * 4);
+    else if (type == KERN_F16 || type == KERN_BF16)
+      for (int64_t k = 0; k < cols; k++) {
+        uint16_t u;
+        memcpy(&u, src + 2 * k, 2);
+        wr[k] = type == KERN_F16 ? fr_fp16_to_fp32(u) : fr_bf16_to_fp32(u);
+      }
+    else kern_dequantize_row(type, src, wr, cols);
+    for (int b = 0; b < n; b++) {
+      double acc = bias ? bias[r] : 0;
+      for (int64_t k = 0; k < cols; k++) acc += (double)wr[k] * x[(size_t)b * cols + k];
+      ref[(size_t)b * rows + r] = acc;
+    }
+  }
+  free(wr);
+  return ref;
+}
+
+static void check_matmul(kern_type_t type, int64_t rows, int64_t cols, bool with_bias) {
+  wpair_t w;
+  wpair_load(&w, type, rows, cols, rand_weight(type, rows, cols));
+  float *bias_h = NULL;
+  wpair_t bw;
+  if (with_bias) {
+    bias_h = rand_vec(rows, 1.f);
+    float *bcopy = fr_malloc(rows * 4);
+    memcpy(bcopy, bias_h, rows * 4);
+    wpair_load(&bw, KERN_F32, 1, rows, bcopy);
+  }
+  for (size_t i = 0; i < FR_ARRAY_SIZE(k_ns); i++) {
+    int n = k_ns[i];
+    float *x = rand_vec((size_t)n * cols, 1.f);
+    pair_t px = pair_put(x, (size_t)n * cols);
+    pair_t po = {NULL, NULL, 0};
+    ck_assert_int_eq(cpu->ops->alloc(cpu->ctx, (size_t)n * rows * 4, &po.c), 0);
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &po.g), 0);
+    poison(po.g, (size_t)n * rows);
+    int rc = gpu->ops->matmul(gpu->ctx, po.g, &w.g, with_bias ? &bw.g : NULL, px.g, n);
+    ck_assert_msg(rc == 0, "cuda matmul: %s", fr_last_error());
+    rc = cpu->ops->matmul(cpu->ctx, po.c, &w.c, with_bias ? &bw.c : NULL, px.c, n);
+    ck_assert_msg(rc == 0, "cpu matmul: %s", fr_last_error());
+    double *ref = matmul_ref(type, w.host, rows, cols, x, n, bias_h);
+    float *g = gpu_get(po.g, (size_t)n * rows), *c = cpu_get(po.c, (size_t)n * rows);
+    double eg = nerr_d(g, ref, (size_t)n * rows), ec = nerr(g, c, (size_t)n * rows);
+    fprintf(stderr, "  matmul %-5s %4lldx%-5lld n=%-3d bias=%d  err(exact) %.2e  err(cpu) %.2e\n",
+            kern_type_traits(type)->name, (long long)rows, (long long)cols, n, with_bias, eg, ec);
+    ck_assert_msg(eg < TOL_ACT, "matmul %s n=%d: error %.3e vs exact", kern_type_traits(type)->name, n, eg);
+    ck_assert_msg(ec < 3e-2, "matmul %s n=%d: error %.3e vs cpu", kern_type_traits(type)->name, n, ec);
+    free(ref);
+    free(g);
+    free(c);
+    free(x);
+    pair_free(&px);
+    pair_free(&po);
+  }
+  if (with_bias) {
+    wpair_free(&bw);
+    free(bias_h);
+  }
+  wpair_free(&w);
+}
+
+START_TEST(test_matmul_dense) {
+  check_matmul(KERN_BF16, 300, 512, false);
+  check_matmul(KERN_F16, 257, 576, true);
+  check_matmul(KERN_F32, 128, 264, false);
+}
+END_TEST
+
+static const kern_type_t k_quant[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1,
+                                      KERN_Q8_0, KERN_Q4_K, KERN_Q5_K, KERN_Q6_K};
+
+START_TEST(test_matmul_quant) {
+  kern_type_t t = k_quant[_i];
+  check_matmul(t, 200, 512, _i % 2 == 1);
+}
+END_TEST
+
+/* ---- embed ---------------------------------------------------------------------------- */
+
+START_TEST(test_embed) {
+  const kern_type_t types[] = {KERN_BF16, KERN_F16, KERN_Q4_0, KERN_Q8_0, KERN_Q4_K, KERN_Q5_K, KERN_Q6_K, KERN_Q5_1};
+  int vocab = 1000, dim = 512, n = 37;
+  int32_t tok[37];
+  for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
+  simple_step(n, tok);
+  for (size_t k = 0; k < FR_ARRAY_SIZE(types); k++) {
+    wpair_t w;
+    wpair_load(&w, types[k], vocab, dim, rand_weight(types[k], vocab, dim));
+    pair_t o = {NULL, NULL, 0};
+    ck_assert_int_eq(cpu->ops->alloc(cpu->ctx, (size_t)n * dim * 4, &o.c), 0);
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * dim * 2, &o.g), 0);
+    poison(o.g, (size_t)n * dim);
+    ck_assert_int_eq(cpu->ops->embed(cpu->ctx, o.c, &w.c), 0);
+    int rc = gpu->ops->embed(gpu->ctx, o.g, &w.g);
+    ck_assert_msg(rc == 0, "embed: %s", fr_last_error());
+    char what[64];
+    snprintf(what, sizeof what, "embed %s", kern_type_traits(types[k])->name);
+    ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, what), 5e-3);
+    pair_free(&o);
+    wpair_free(&w);
+  }
+}
+END_TEST
+
+/* ---- norms, elementwise ------------------------------------------------------------------- */
+
+START_TEST(test_rms_norm) {
+  int n = 13, dim = 576;
+  float *wh = rand_vec(dim, 1.f);
+  wpair_t w;
+  wpair_load(&w, KERN_F32, 1, dim, wh);
+  pair_t x = pair_rand((size_t)n * dim, 2.f), o = pair_rand((size_t)n * dim, 1.f);
+  poison(o.g, (size_t)n * dim);
+  ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, o.c, x.c, &w.c, n, dim, 1e-5f), 0);
+  ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, o.g, x.g, &w.g, n, dim, 1e-5f), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, "rms_norm"), TOL_ACT);
+  /* in place */
+  ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, x.c, x.c, &w.c, n, dim, 1e-6f), 0);
+  ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, x.g, x.g, &w.g, n, dim, 1e-6f), 0);
+  ck_assert_double_lt(cmp_pair(&x, (size_t)n * dim, "rms_norm in place"), TOL_ACT);
+  /* fused residual add */
+  pair_t r = pair_rand((size_t)n * dim, 3.f), y = pair_rand((size_t)n * dim, 1.f);
+  poison(o.g, (size_t)n * dim);
+  ck_assert_int_eq(cpu->ops->add_rms_norm(cpu->ctx, o.c, r.c, y.c, &w.c, n, dim, 1e-5f), 0);
+  ck_assert_int_eq(gpu->ops->add_rms_norm(gpu->ctx, o.g, r.g, y.g, &w.g, n, dim, 1e-5f), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, "add_rms_norm out"), TOL_ACT);
+  ck_assert_double_lt(cmp_pair(&r, (size_t)n * dim, "add_rms_norm residual"), TOL_ACT);
+  pair_free(&x);
+  pair_free(&o);
+  pair_free(&r);
+  pair_free(&y);
+  wpair_free(&w);
+}
+END_TEST
+
+START_TEST(test_rope) {
+  int n = 19, hd = 64, nh = 5, stride = nh * hd + 64;
+  for (int mode = 0; mode < 2; mode++) {
+    int n_rot = mode ? 64 : 48;
+    float *inv = fr_malloc(n_rot / 2 * 4);
+    for (int i = 0; i < n_rot / 2; i++) inv[i] = powf(10000.f, -2.f * i / n_rot);
+    wpair_t f;
+    wpair_load(&f, KERN_F32, 1, n_rot / 2, inv);
+    kern_rope_t cr = {.mode = (kern_rope_mode_t)mode, .n_rot = n_rot, .inv_freq = &f.c, .attn_factor = 1.f};
+    kern_rope_t gr = cr;
+    gr.inv_freq = &f.g;
+    simple_step(n, NULL);
+    pair_t x = pair_rand((size_t)n * stride, 1.f);
+    ck_assert_int_eq(cpu->ops->rope(cpu->ctx, x.c, nh, hd, stride, &cr), 0);
+    int rc = gpu->ops->rope(gpu->ctx, x.g, nh, hd, stride, &gr);
+    ck_assert_msg(rc == 0, "rope: %s", fr_last_error());
+    ck_assert_double_lt(cmp_pair(&x, (size_t)n * stride, mode ? "rope neox" : "rope norm (n_rot < head_dim)"),
+                        TOL_ACT);
+    pair_free(&x);
+    wpair_free(&f);
+  }
+}
+END_TEST
+
+START_TEST(test_elementwise) {
+  int n = 11, d = 1536, stride = 2 * d;
+  simple_step(n, NULL);
+  pair_t gu = pair_rand((size_t)n * stride, 2.f), o = pair_rand((size_t)n * d, 1.f);
+  poison(o.g, (size_t)n * d);
+  ck_assert_int_eq(cpu->ops->silu_mul(cpu->ctx, o.c, gu.c, (float *)gu.c + d, n, d, stride), 0);
+  ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, o.g, gu.g, (uint16_t *)gu.g + d, n, d, stride), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)n * d, "silu_mul"), TOL_ACT);
+  pair_t a = pair_rand((size_t)n * d, 1.f), b = pair_rand((size_t)n * d, 1.f);
+  poison(o.g, (size_t)n * d);
+  ck_assert_int_eq(cpu->ops->add(cpu->ctx, o.c, a.c, b.c, (size_t)n * d), 0);
+  ck_assert_int_eq(gpu->ops->add(gpu->ctx, o.g, a.g, b.g, (size_t)n * d), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)n * d, "add"), TOL_ACT);
+  /* last_rows over 3 sequences of 4, 1, 6 tokens */
+  int32_t qs[4] = {0, 4, 5, 11}, cl[3] = {4, 1, 6}, pos[11], slots[11], bt[3] = {0, 0, 0};
+  for (int i = 0; i < 11; i++) pos[i] = i, slots[i] = -1;
+  kern_step_t s = {.n_tokens = 11, .n_seqs = 3, .positions = pos, .slots = slots, .q_start = qs, .ctx_len = cl,
+                   .block_tables = bt, .max_blocks = 1};
+  step_both(&s);
+  poison(o.g, (size_t)3 * d);
+  ck_assert_int_eq(cpu->ops->last_rows(cpu->ctx, o.c, a.c, d), 0);
+  ck_assert_int_eq(gpu->ops->last_rows(gpu->ctx, o.g, a.g, d), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)3 * d, "last_rows"), 1e-6);
+  pair_free(&gu);
+  pair_free(&o);
+  pair_free(&a);
+  pair_free(&b);
+}
+END_TEST
+
+/* ---- attention ----------------------------------------------------------------------------- */
+
+typedef struct {
+  kern_kv_pool_t pc, pg;
+  kern_kv_config_t cfg;
+  int n_seqs, max_blocks;
+  int32_t *bt; /* (n_seqs, max_blocks), then the spare blocks */
+} kvenv_t;
+
+static void kv_setup(kvenv_t *e, int n_layers, int n_kv, int hd, int bs, int n_seqs, int max_ctx) {
+  memset(e, 0, sizeof(*e));
+  e->n_seqs = n_seqs;
+  e->max_blocks = (max_ctx + bs - 1) / bs;
+  int n_blocks = n_seqs * e->max_blocks + 7;
+  e->cfg = (kern_kv_config_t){.n_layers = n_layers, .n_kv_heads = n_kv, .head_dim = hd, .block_size = bs,
+                              .n_blocks = n_blocks, .type = KERN_F32};
+  ck_assert_int_eq(cpu->ops->kv_pool_init(cpu->ctx, &e->pc, &e->cfg, NULL), 0);
+  kern_kv_config_t gc = e->cfg;
+  gc.type = gpu->act_type;
+  int rc = gpu->ops->kv_pool_init(gpu->ctx, &e->pg, &gc, NULL);
+  ck_assert_msg(rc == 0, "kv_pool_init: %s", fr_last_error());
+  /* a random permutation of the blocks, dealt to the sequences */
+  int32_t *perm = fr_malloc(n_blocks * 4);
+  for (int i = 0; i < n_blocks; i++) perm[i] = i;
+  for (int i = n_blocks - 1; i > 0; i--) {
+    int j = rndi(i + 1), t = perm[i];
+    perm[i] = perm[j];
+    perm[j] = t;
+  }
+  e->bt = perm;
+}
+
+static void kv_teardown(kvenv_t *e) {
+  cpu->ops->kv_pool_deinit(cpu->ctx, &e->pc);
+  gpu->ops->kv_pool_deinit(gpu->ctx, &e->pg);
+  free(e->bt);
+}
+
+/* A step where sequence s has cached[s] tokens and n_new[s] new ones. */
+static int build_step(kvenv_t *e, const int *cached, const int *n_new, kern_step_t *s, int32_t **bufs) {
+  int nt = 0;
+  for (int i = 0; i < e->n_seqs; i++) nt += n_new[i];
+  int32_t *pos = fr_malloc(nt * 4 + 4), *slots = fr_malloc(nt * 4 + 4);
+  int32_t *qs = fr_malloc((e->n_seqs + 1) * 4), *cl = fr_malloc(e->n_seqs * 4);
+  int t = 0;
+  for (int i = 0; i < e->n_seqs; i++) {
+    qs[i] = t;
+    cl[i] = cached[i] + n_new[i];
+    for (int j = 0; j < n_new[i]; j++, t++) {
+      int p = cached[i] + j;
+      pos[t] = p;
+      slots[t] = e->bt[i * e->max_blocks + p / e->cfg.block_size] * e->cfg.block_size + p % e->cfg.block_size;
+    }
+  }
+  qs[e->n_seqs] = nt;
+  *s = (kern_step_t){.n_tokens = nt, .n_seqs = e->n_seqs, .positions = pos, .slots = slots, .q_start = qs,
+                     .ctx_len = cl, .block_tables = e->bt, .max_blocks = e->max_blocks};
+  bufs[0] = pos;
+  bufs[1] = slots;
+  bufs[2] = qs;
+  bufs[3] = cl;
+  return nt;
+}
+
+static void free_step(int32_t **bufs) {
+  for (int i = 0; i < 4; i++) free(bufs[i]);
+}
+
+/* Appends random K/V for the step's tokens into layer `layer` of both pools. */
+static void append_random(kvenv_t *e, int nt, int layer) {
+  int row = e->cfg.n_kv_heads * e->cfg.head_dim;
+  pair_t k = pair_rand((size_t)nt * row, 1.f), v = pair_rand((size_t)nt * row, 1.f);
+  ck_assert_int_eq(cpu->ops->kv_append(cpu->ctx, &e->pc, layer, k.c, row, v.c, row), 0);
+  int rc = gpu->ops->kv_append(gpu->ctx, &e->pg, layer, k.g, row, v.g, row);
+  ck_assert_msg(rc == 0, "kv_append: %s", fr_last_error());
+  pair_free(&k);
+  pair_free(&v);
+}
+
+/* Runs attention of the step's tokens in both backends and compares. */
+static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, const char *what) {
+  int hd = e->cfg.head_dim, qs = n_heads * hd + 8 * (n_heads % 2); /* odd head counts get a padded stride */
+  pair_t q = pair_rand((size_t)nt * qs, 1.f), o = pair_rand((size_t)nt * n_heads * hd, 1.f);
+  poison(o.g, (size_t)nt * n_heads * hd);
+  float scale = 1.f / sqrtf((float)hd);
+  ck_assert_int_eq(cpu->ops->attention(cpu->ctx, o.c, q.c, qs, &e->pc, layer, n_heads, hd, scale), 0);
+  int rc = gpu->ops->attention(gpu->ctx, o.g, q.g, qs, &e->pg, layer, n_heads, hd, scale);
+  ck_assert_msg(rc == 0, "attention: %s", fr_last_error());
+  double err = cmp_pair(&o, (size_t)nt * n_heads * hd, what);
+  pair_free(&q);
+  pair_free(&o);
+  return err;
+}
+
+/* (n_kv, group, head_dim) per _i. */
+static const int k_attn_shapes[][3] = {{2, 1, 64}, {2, 4, 128}, {1, 8, 128}, {3, 3, 64}, {2, 7, 64}};
+
+START_TEST(test_attention_prefill) {
+  const int *sh = k_attn_shapes[_i];
+  int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
+  kvenv_t e;
+  kv_setup(&e, 2, n_kv, hd, 16, 4, 400);
+  /* step 1: plain prefill of different lengths (layer 1) */
+  int z[4] = {0, 0, 0, 0}, n1[4] = {70, 1, 133, 17};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, z, n1, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 1);
+  char what[96];
+  snprintf(what, sizeof what, "prefill kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
+  free_step(bufs);
+  /* step 2: chunked prefill over the cached prefix; the last sequence has
+   * no new tokens this step */
+  int n2[4] = {90, 5, 64, 0};
+  nt = build_step(&e, n1, n2, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 1);
+  snprintf(what, sizeof what, "chunked prefill kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
+  free_step(bufs);
+  kv_teardown(&e);
+}
+END_TEST
+
+START_TEST(test_attention_decode) {
+  const int *sh = k_attn_shapes[_i];
+  int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
+  kvenv_t e;
+  int lens[4] = {4500, 37, 1, 0};
+  kv_setup(&e, 1, n_kv, hd, 16, 4, 4600);
+  int z[4] = {0, 0, 0, 0};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, z, lens, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  free_step(bufs);
+  /* one new token per sequence; the last sequence is padding (ctx_len 0) */
+  int one[4] = {1, 1, 1, 1};
+  nt = build_step(&e, lens, one, &s, bufs);
+  bufs[3][3] = 0;
+  bufs[1][3] = -1;
+  step_both(&s);
+  append_random(&e, nt, 0);
+  char what[96];
+  snprintf(what, sizeof what, "decode 4.5k kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, what), TOL_ACT);
+  free_step(bufs);
+  kv_teardown(&e);
+}
+END_TEST
+
+START_TEST(test_kv_copy_blocks) {
+  kvenv_t e;
+  kv_setup(&e, 2, 2, 64, 16, 2, 64);
+  int z[2] = {0, 0}, n[2] = {64, 40};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, z, n, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  append_random(&e, nt, 1);
+  free_step(bufs);
+  const int32_t *spare = e.bt + 2 * e.max_blocks;
+  int32_t pairs[4] = {e.bt[0], spare[0], e.bt[e.max_blocks + 2], spare[1]};
+  ck_assert_int_eq(cpu->ops->kv_copy_blocks(cpu->ctx, &e.pc, pairs, 2), 0);
+  ck_assert_int_eq(gpu->ops->kv_copy_blocks(gpu->ctx, &e.pg, pairs, 2), 0);
+  size_t n_el = kern_kv_pool_bytes(&e.cfg) / 4;
+  uint16_t *g = fr_malloc(n_el * 2);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, g, e.pg.base, n_el * 2), 0);
+  const float *c = e.pc.base;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n_el; i++) {
+    float gv = gpu->act_type == KERN_BF16 ? fr_bf16_to_fp32(g[i]) : fr_fp16_to_fp32(g[i]);
+    num += (gv - c[i]) * (gv - c[i]);
+    den += c[i] * c[i];
+  }
+  fprintf(stderr, "  kv pool after append + copy_blocks      err %.2e\n", sqrt(num / den));
+  ck_assert_double_lt(sqrt(num / den), 1e-6);
+  free(g);
+  kv_teardown(&e);
+}
+END_TEST
+
+/* ---- graph capture ---------------------------------------------------------------------------- */
+
+/* A small decode layer: embed, norm, qkv matmul, rope, kv_append, attention,
+ * o matmul, residual add. Returns the output (n_seqs, dim) on the host. */
+typedef struct {
+  int dim, n_heads, n_kv, hd;
+  wpair_t emb, norm, wqkv, wo, freq;
+  void *x, *h, *qkv, *att, *o; /* gpu buffers */
+} mini_t;
+
+static void mini_forward(mini_t *m, kvenv_t *e, int n) {
+  void *c = gpu->ctx;
+  const kern_ops_t *op = gpu->ops;
+  int qkv_rows = (m->n_heads + 2 * m->n_kv) * m->hd;
+  kern_rope_t r = {.mode = KERN_ROPE_NORM, .n_rot = m->hd, .inv_freq = &m->freq.g, .attn_factor = 1.f};
+  ck_assert_int_eq(op->embed(c, m->x, &m->emb.g), 0);
+  ck_assert_int_eq(op->rms_norm(c, m->h, m->x, &m->norm.g, n, m->dim, 1e-5f), 0);
+  ck_assert_int_eq(op->matmul(c, m->qkv, &m->wqkv.g, NULL, m->h, n), 0);
+  ck_assert_int_eq(op->rope(c, m->qkv, m->n_heads + m->n_kv, m->hd, qkv_rows, &r), 0);
+  uint16_t *k = (uint16_t *)m->qkv + m->n_heads * m->hd, *v = k + m->n_kv * m->hd;
+  ck_assert_int_eq(op->kv_append(c, &e->pg, 0, k, qkv_rows, v, qkv_rows), 0);
+  ck_assert_int_eq(op->attention(c, m->att, m->qkv, qkv_rows, &e->pg, 0, m->n_heads, m->hd, 0.125f), 0);
+  ck_assert_int_eq(op->matmul(c, m->o, &m->wo.g, NULL, m->att, n), 0);
+  ck_assert_int_eq(op->add_rms_norm(c, m->h, m->x, m->o, &m->norm.g, n, m->dim, 1e-5f), 0);
+  ck_assert_int_eq(op->silu_mul(c, m->o, m->h, m->x, n, m->dim, m->dim), 0);
+}
+
+START_TEST(test_graph_replay) {
+  mini_t m = {.dim = 256, .n_heads = 8, .n_kv = 2, .hd = 64};
+  int vocab = 500, n = 4, qkv_rows = (m.n_heads + 2 * m.n_kv) * m.hd;
+  wpair_load(&m.emb, KERN_Q8_0, vocab, m.dim, rand_weight(KERN_Q8_0, vocab, m.dim));
+  wpair_load(&m.norm, KERN_F32, 1, m.dim, rand_weight(KERN_F32, 1, m.dim));
+  wpair_load(&m.wqkv, KERN_BF16, qkv_rows, m.dim, rand_weight(KERN_BF16, qkv_rows, m.dim));
+  wpair_load(&m.wo, KERN_Q4_K, m.dim, m.n_heads * m.hd, rand_weight(KERN_Q4_K, m.dim, m.n_heads * m.hd));
+  float *inv = fr_malloc(m.hd / 2 * 4);
+  for (int i = 0; i < m.hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / m.hd);
+  wpair_load(&m.freq, KERN_F32, 1, m.hd / 2, inv);
+  void **bufs[5] = {&m.x, &m.h, &m.qkv, &m.att, &m.o};
+  for (int i = 0; i < 5; i++) ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * 2048 * 2, bufs[i]), 0);
+  kvenv_t e;
+  kv_setup(&e, 1, m.n_kv, m.hd, 16, n, 3000);
+  int lens[4] = {2700, 100, 7, 1500}, one[4] = {1, 1, 1, 1};
+  kern_step_t s;
+  int32_t *sb[4];
+  int32_t tok[4];
+  for (int step = 0; step < 4; step++) {
+    for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
+    build_step(&e, lens, one, &s, sb);
+    s.tokens = tok;
+    /* eager */
+    ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
+    poison(m.o, (size_t)n * m.dim);
+    mini_forward(&m, &e, n);
+    float *eager = gpu_get(m.o, (size_t)n * m.dim);
+    /* graph: captured at step 0, replayed after */
+    ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
+    poison(m.o, (size_t)n * m.dim);
+    bool replayed = true;
+    int rc = gpu->ops->graph_begin(gpu->ctx, 42, &replayed);
+    ck_assert_msg(rc == 0, "graph_begin: %s", fr_last_error());
+    ck_assert_int_eq(replayed, step > 0);
+    if (!replayed) mini_forward(&m, &e, n);
+    rc = gpu->ops->graph_end(gpu->ctx, 42);
+    ck_assert_msg(rc == 0, "graph_end: %s", fr_last_error());
+    float *graph = gpu_get(m.o, (size_t)n * m.dim);
+    double err = nerr(graph, eager, (size_t)n * m.dim);
+    fprintf(stderr, "  graph %s step %d vs eager               err %.2e\n", step ? "replay" : "capture", step, err);
+    ck_assert_double_lt(err, 1e-6);
+    free(eager);
+    free(graph);
+    free_step(sb);
+    for (int i = 0; i < n; i++) lens[i] += 1 + 37 * step;
+  }
+  kv_teardown(&e);
+  for (int i = 0; i < 5; i++) gpu->ops->free(gpu->ctx, *bufs[i]);
+  wpair_free(&m.emb);
+  wpair_free(&m.norm);
+  wpair_free(&m.wqkv);
+  wpair_free(&m.wo);
+  wpair_free(&m.freq);
+}
+END_TEST
+
+/* ---- sampling ----------------------------------------------------------------------------------- */
+
+static void *upload_logits(const float *l, int rows, int vocab) { return gpu_put(l, (size_t)rows * vocab); }
+
+START_TEST(test_sample_greedy) {
+  int rows = 5, vocab = 50000;
+  float *l = rand_vec((size_t)rows * vocab, 3.f);
+  void *d = upload_logits(l, rows, vocab);
+  kern_sample_params_t p[5];
+  memset(p, 0, sizeof p);
+  int32_t tok[5];
+  float lp[5];
+  int rc = gpu->ops->sample(gpu->ctx, d, rows, vocab, p, tok, lp);
+  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+  for (int r = 0; r < rows; r++) {
+    const float *x = l + (size_t)r * vocab;
+    int best = 0;
+    double mx = -INFINITY, se = 0;
+    for (int i = 0; i < vocab; i++)
+      if (x[i] > x[best]) best = i;
+    mx = x[best];
+    for (int i = 0; i < vocab; i++) se += exp((double)x[i] - mx);
+    double ref_lp = x[best] - mx - log(se);
+    ck_assert_int_eq(tok[r], best);
+    ck_assert_msg(fabs(lp[r] - ref_lp) < 2e-3, "logprob %f vs %f", lp[r], ref_lp);
+  }
+  gpu->ops->free(gpu->ctx, d);
+  free(l);
+}
+END_TEST
+
+static int cmp_desc(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? 1 : x > y ? -1 : 0;
+}
+
+/* Draws many rows of the same logits with distinct counters: every token
+ * must lie in the set the filters allow, frequencies must follow the
+ * renormalized probabilities, and equal (seed, counter) give equal draws. */
+START_TEST(test_sample_filters) {
+  int vocab = _i ? 100000 : 200, rows = _i ? 64 : 20000;
+  float *one = rand_vec(vocab, 2.f);
+  float *l = fr_malloc((size_t)rows * vocab * 4);
+  for (int r = 0; r < rows; r++) memcpy(l + (size_t)r * vocab, one, vocab * 4);
+  void *d = upload_logits(l, rows, vocab);
+  float *sorted = fr_malloc(vocab * 4);
+  struct {
+    float t, top_p, min_p;
+    int top_k;
+  } cases[] = {{1.f, 1.f, 0.f, 0}, {0.7f, 1.f, 0.f, 20}, {1.3f, 0.6f, 0.f, 0}, {1.f, 1.f, 0.3f, 0}, {0.9f, 0.8f, 0.05f, 50}};
+  kern_sample_params_t *p = fr_calloc(rows, sizeof(*p));
+  int32_t *tok = fr_malloc(rows * 4);
+  float *lp = fr_malloc(rows * 4);
+  double *prob = fr_malloc(vocab * sizeof(double));
+  int *hits = fr_malloc(vocab * sizeof(int));
+  for (size_t c = 0; c < FR_ARRAY_SIZE(cases); c++) {
+    for (int r = 0; r < rows; r++)
+      p[r] = (kern_sample_params_t){.temperature = cases[c].t, .top_k = cases[c].top_k, .top_p = cases[c].top_p,
+                                    .min_p = cases[c].min_p, .seed = 1234, .counter = (uint64_t)(r / 2)};
+    int rc = gpu->ops->sample(gpu->ctx, d, rows, vocab, p, tok, lp);
+    ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+    /* host reference of the allowed set and its probabilities */
+    double zmax = -INFINITY;
+    for (int i = 0; i < vocab; i++) zmax = fmax(zmax, one[i] / cases[c].t);
+    double thr = -INFINITY;
+    if (cases[c].min_p > 0) thr = zmax + log(cases[c].min_p);
+    for (int i = 0; i < vocab; i++) sorted[i] = one[i] / cases[c].t;
+    qsort(sorted, vocab, 4, cmp_desc);
+    if (cases[c].top_k > 0) thr = fmax(thr, sorted[cases[c].top_k - 1]);
+    if (cases[c].top_p < 1) {
+      double tot = 0, cum = 0;
+      for (int i = 0; i < vocab && sorted[i] >= thr; i++) tot += exp(sorted[i] - zmax);
+      for (int i = 0; i < vocab && sorted[i] >= thr; i++) {
+        cum += exp(sorted[i] - zmax);
+        if (cum >= cases[c].top_p * tot) {
+          thr = sorted[i];
+          break;
+        }
+      }
+    }
+    double tot = 0;
+    for (int i = 0; i < vocab; i++) {
+      double z = one[i] / cases[c].t;
+      prob[i] = z >= thr - 1e-6 ? exp(z - zmax) : 0;
+      tot += prob[i];
+      hits[i] = 0;
+    }
+    for (int r = 0; r < rows; r++) {
+      ck_assert(tok[r] >= 0 && tok[r] < vocab);
+      ck_assert_msg(prob[tok[r]] > 0, "case %zu: token %d (z %f) outside the allowed set (thr %f)", c, tok[r],
+                    one[tok[r]] / cases[c].t, thr);
+      if (r % 2) ck_assert_int_eq(tok[r], tok[r - 1]); /* same seed and counter */
+      if (r % 2 == 0) hits[tok[r]]++;
+    }
+    /* total variation distance between the draw histogram and the target */
+    double tv = 0;
+    for (int i = 0; i < vocab; i++) tv += fabs(hits[i] / (rows / 2.0) - prob[i] / tot);
+    tv /= 2;
+    fprintf(stderr, "  sample T=%.1f top_k=%d top_p=%.1f min_p=%.2f  TV distance %.3f\n", cases[c].t, cases[c].top_k,
+            cases[c].top_p, cases[c].min_p, tv);
+    if (!_i) ck_assert_double_lt(tv, 0.1);
+  }
+  free(prob);
+  free(hits);
+  free(p);
+  free(tok);
+  free(lp);
+  free(sorted);
+  free(one);
+  free(l);
+  gpu->ops->free(gpu->ctx, d);
+}
+END_TEST
+
+/* ---- misc ------------------------------------------------------------------------------------- */
+
+START_TEST(test_oom_is_an_error) {
+  void *p = NULL;
+  int rc = gpu->ops->alloc(gpu->ctx, (size_t)1 << 50, &p);
+  ck_assert_int_eq(rc, FR_EDEVOOM);
+  ck_assert_ptr_null(p);
+  fprintf(stderr, "  oom message: %s\n", fr_last_error());
+  /* the backend still works */
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, 1024, &p), 0);
+  gpu->ops->free(gpu->ctx, p);
+}
+END_TEST
+
+START_TEST(test_f16_mode) {
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_DTYPE", "f16", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  ck_assert_int_eq(gpu->act_type, KERN_F16);
+  check_matmul(KERN_Q4_K, 64, 256, true);
+  check_matmul(KERN_BF16, 64, 256, false);
+  kvenv_t e;
+  kv_setup(&e, 1, 2, 64, 16, 2, 600);
+  int z[2] = {0, 0}, n[2] = {500, 3}, one[2] = {1, 1};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, z, n, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, 8, "f16 prefill"), TOL_ACT);
+  free_step(bufs);
+  nt = build_step(&e, n, one, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, 8, "f16 decode"), TOL_ACT);
+  free_step(bufs);
+  kv_teardown(&e);
+}
+END_TEST
+
+static Suite *cuda_suite(void) {
+  Suite *s = suite_create("cuda_ops");
+  TCase *tc = tcase_create("ops");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_test(tc, test_matmul_dense);
+  tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
+  tcase_add_test(tc, test_embed);
+  tcase_add_test(tc, test_rms_norm);
+  tcase_add_test(tc, test_rope);
+  tcase_add_test(tc, test_elementwise);
+  tcase_add_loop_test(tc, test_attention_prefill, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_test(tc, test_kv_copy_blocks);
+  tcase_add_test(tc, test_graph_replay);
+  tcase_add_test(tc, test_sample_greedy);
+  tcase_add_loop_test(tc, test_sample_filters, 0, 2);
+  tcase_add_test(tc, test_oom_is_an_error);
+  tcase_add_test(tc, test_f16_mode);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+/* Probes for a device in a child so the parent never creates a CUDA context. */
+static int cuda_available(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    kern_backend_t *b = NULL;
+    int rc = kern_cuda_create(&b, 0);
+    if (rc) fprintf(stderr, "test_cuda_ops: skipped: %s\n", fr_last_error());
+    kern_backend_destroy(b);
+    _exit(rc ? 77 : 0);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0) return 0;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(void) {
+  if (!cuda_available()) return 77;
+  SRunner *sr = srunner_create(cuda_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

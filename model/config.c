@@ -326,20 +326,21 @@ static int hf_rope(model_config_t *c, json_t *root) {
   return rc;
 }
 
-/* bos_token_id (int) and eos_token_id (int or list of ints). */
+/* bos_token_id (int) and eos_token_id (int or list of ints). A wrong type
+ * is an error; ids outside the vocabulary are ignored, as for GGUF. */
 static int hf_special_ids(model_config_t *c, json_t *root) {
   json_t *bos = hf_get(root, "bos_token_id"), *eos = hf_get(root, "eos_token_id");
-  if (bos && (!json_is_integer(bos) || json_integer_value(bos) < 0 || json_integer_value(bos) >= c->vocab_size))
-    return fr_errorf(FR_EFORMAT, "config.json: bos_token_id is not a token id");
-  if (bos) c->bos_id = (int)json_integer_value(bos);
+  if (bos && !json_is_integer(bos)) return fr_errorf(FR_EFORMAT, "config.json: bos_token_id is not an integer");
+  if (bos && json_integer_value(bos) >= 0 && json_integer_value(bos) < c->vocab_size)
+    c->bos_id = (int)json_integer_value(bos);
   if (!eos) return 0;
   size_t n = json_is_array(eos) ? json_array_size(eos) : 1;
-  if (n > FR_ARRAY_SIZE(c->eos_ids)) return fr_errorf(FR_EUNSUPPORTED, "config.json: more than 8 eos_token_id");
   for (size_t i = 0; i < n; i++) {
     json_t *v = json_is_array(eos) ? json_array_get(eos, i) : eos;
-    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->vocab_size)
-      return fr_errorf(FR_EFORMAT, "config.json: eos_token_id must be a token id or a list of them");
-    c->eos_ids[c->n_eos++] = (int)json_integer_value(v);
+    if (!json_is_integer(v))
+      return fr_errorf(FR_EFORMAT, "config.json: eos_token_id must be an integer or a list of integers");
+    json_int_t id = json_integer_value(v);
+    if (id >= 0 && id < c->vocab_size && c->n_eos < (int)FR_ARRAY_SIZE(c->eos_ids)) c->eos_ids[c->n_eos++] = (int)id;
   }
   return 0;
 }

@@ -204,10 +204,21 @@ static char *optional_file(const char *dir, const char *name) {
   return NULL;
 }
 
+static bool has_suffix(const char *s, const char *suf) {
+  size_t n = strlen(s), m = strlen(suf);
+  return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
 static int open_gguf(model_source_t *s) {
   int rc = model_gguf_open(&s->gguf, s->path);
   if (!rc) rc = model_config_from_gguf(&s->config, s->gguf);
   if (rc) return rc;
+  if (!s->config.name[0]) { /* no general.name: the file name without .gguf */
+    const char *base = strrchr(s->path, '/') ? strrchr(s->path, '/') + 1 : s->path;
+    size_t n = strlen(base);
+    if (has_suffix(base, ".gguf")) n -= 5;
+    snprintf(s->config.name, sizeof s->config.name, "%.*s", (int)FR_MIN(n, sizeof s->config.name - 1), base);
+  }
   s->rope_mode = s->config.arch == MODEL_ARCH_LLAMA ? KERN_ROPE_NORM : KERN_ROPE_NEOX;
   tensors_from_gguf(s);
   return 0;
@@ -225,11 +236,6 @@ static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
   s->tokenizer_json = optional_file(dir, "tokenizer.json");
   s->tokenizer_config_json = optional_file(dir, "tokenizer_config.json");
   return tensors_from_st(s);
-}
-
-static bool has_suffix(const char *s, const char *suf) {
-  size_t n = strlen(s), m = strlen(suf);
-  return n >= m && strcmp(s + n - m, suf) == 0;
 }
 
 /* A file: GGUF by its magic, or a .safetensors with config.json beside it. */

@@ -331,6 +331,11 @@ START_TEST(hf_config_fields) {
   ck_assert(!c.tied_embeddings);
   ck_assert_float_eq(c.norm_eps, 1e-6f);
   ck_assert_float_eq(c.rope_theta, 10000.0f);
+  /* ids outside the vocabulary are ignored */
+  ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":[100,5,-1],\"bos_token_id\":100}"), 0);
+  ck_assert_int_eq(c.n_eos, 1);
+  ck_assert_int_eq(c.eos_ids[0], 5);
+  ck_assert_int_eq(c.bos_id, -1);
   ck_assert_int_eq(hf_cfg(&c, "{\"model_type\":\"qwen3\",\"hidden_size\":64,\"intermediate_size\":96,"
                               "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"vocab_size\":100}"), 0);
   ck_assert_int_eq(c.arch, MODEL_ARCH_QWEN3);
@@ -387,7 +392,6 @@ START_TEST(hf_config_errors) {
        "\"num_attention_heads\":4,\"num_key_value_heads\":3,\"intermediate_size\":96}", FR_EFORMAT, "kv heads"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":\"2\"}", FR_EFORMAT, "eos_token_id"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":[1,\"x\"]}", FR_EFORMAT, "eos_token_id"},
-      {"{" HF_BASE ",\"intermediate_size\":96,\"eos_token_id\":100}", FR_EFORMAT, "eos_token_id"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"tie_word_embeddings\":1}", FR_EFORMAT, "tie_word_embeddings"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"hidden_act\":\"gelu\"}", FR_EUNSUPPORTED, "hidden_act"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"mlp_bias\":true}", FR_EUNSUPPORTED, "mlp_bias"},

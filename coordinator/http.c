@@ -1,0 +1,229 @@
+/* http.c - the libmicrohttpd daemon: connection limits and timeouts, body
+ * collection with the 4 MiB cap, routing, API-key auth, /health, /metrics,
+ * /v1/models. Completion routes go to http_job.c. See http.h. */
+#include "coordinator/http.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netdb.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/http_internal.h"
+#include "coordinator/metrics.h"
+
+/* What a connection collects while its request body arrives. */
+typedef struct {
+  char *body;
+  size_t len, cap;
+  bool too_big;
+} http_upload_t;
+
+int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r) {
+  if (!r) return MHD_NO;
+  coord_metrics_http(h->metrics, status);
+  enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+  MHD_destroy_response(r);
+  return rc;
+}
+
+/* Queues a malloc'd body (taken over) with a content type. */
+static int http_send(struct coord_http *h, struct MHD_Connection *c, int status, char *body, const char *type) {
+  if (!body) return MHD_NO;
+  struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE);
+  if (!r) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+  return coord_http__queue(h, c, status, r);
+}
+
+int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e) {
+  return http_send(h, c, e->status, coord_http_error_json(e), "application/json");
+}
+
+static int http_error(struct coord_http *h, struct MHD_Connection *c, int status, const char *param, const char *msg) {
+  coord_http_err_t e;
+  coord_http_err(&e, status, param, "%s", msg);
+  return coord_http__send_error(h, c, &e);
+}
+
+/* Authorization: Bearer <key>, compared in constant time. */
+static bool http_authorized(const struct coord_http *h, struct MHD_Connection *c) {
+  if (!h->api_key) return true;
+  const char *v = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+  if (!v || strncasecmp(v, "Bearer ", 7)) return false;
+  v += 7;
+  size_t n = strlen(h->api_key), m = strlen(v);
+  unsigned char diff = n != m;
+  for (size_t i = 0; i < n; i++) diff |= (unsigned char)(h->api_key[i] ^ (i < m ? v[i] : 0));
+  return diff == 0;
+}
+
+static int http_health(struct coord_http *h, struct MHD_Connection *c) {
+  if (atomic_load(&h->draining)) return http_error(h, c, 503, NULL, "the server is draining");
+  if (!atomic_load(&h->ready)) return http_error(h, c, 503, NULL, "the workers are not ready");
+  return http_send(h, c, 200, fr_strdup(""), "text/plain");
+}
+
+static int http_metrics(struct coord_http *h, struct MHD_Connection *c) {
+  char *text;
+  size_t len;
+  if (!h->metrics) return http_error(h, c, 404, NULL, "metrics are off");
+  if (coord_metrics_render(h->metrics, &text, &len)) return http_error(h, c, 500, NULL, "out of memory");
+  return http_send(h, c, 200, text, "text/plain; version=0.0.4; charset=utf-8");
+}
+
+static int http_models(struct coord_http *h, struct MHD_Connection *c) {
+  return http_send(h, c, 200, coord_http_models_json(h->model, h->max_model_len, h->started), "application/json");
+}
+
+/* The route table: path, method, handler kind. */
+static int http_route(struct coord_http *h, struct MHD_Connection *c, const char *url, const char *method,
+                      const http_upload_t *up) {
+  bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
+  if (!strcmp(url, "/health")) return get ? http_health(h, c) : http_error(h, c, 405, NULL, "use GET");
+  if (!strcmp(url, "/metrics")) return get ? http_metrics(h, c) : http_error(h, c, 405, NULL, "use GET");
+  bool cmpl = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
+  bool models = !strcmp(url, "/v1/models");
+  if (!cmpl && !chat && !models) {
+    coord_http_err_t e;
+    coord_http_err(&e, 404, NULL, "Invalid URL (%s %.200s)", method, url);
+    return coord_http__send_error(h, c, &e);
+  }
+  if (!http_authorized(h, c)) return http_error(h, c, 401, NULL, "Incorrect API key provided.");
+  if (models) return get ? http_models(h, c) : http_error(h, c, 405, NULL, "use GET");
+  if (!post) return http_error(h, c, 405, NULL, "use POST");
+  if (up->too_big) return http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
+  return coord_http__job(h, c, chat ? COORD_HTTP_API_CHAT : COORD_HTTP_API_COMPLETIONS, up->body ? up->body : "",
+                         up->len);
+}
+
+/* Appends upload bytes; past the cap the rest is read and dropped. */
+static void http_upload_add(http_upload_t *up, const char *data, size_t n) {
+  if (up->too_big) return;
+  if (up->len + n > COORD_HTTP_MAX_BODY) {
+    up->too_big = true;
+    return;
+  }
+  if (up->len + n + 1 > up->cap) {
+    size_t cap = up->cap ? up->cap : 4096;
+    while (cap < up->len + n + 1) cap *= 2;
+    up->body = fr_realloc(up->body, cap);
+    up->cap = cap;
+  }
+  memcpy(up->body + up->len, data, n);
+  up->len += n;
+  up->body[up->len] = 0;
+}
+
+static bool http_declared_too_big(struct MHD_Connection *c) {
+  const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+  return cl && strtoull(cl, NULL, 10) > COORD_HTTP_MAX_BODY;
+}
+
+static enum MHD_Result http_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                   const char *version, const char *data, size_t *data_size, void **con_cls) {
+  struct coord_http *h = cls;
+  http_upload_t *up = *con_cls;
+  if (!up) { /* headers are in; the body (if any) follows */
+    *con_cls = up = fr_calloc(1, sizeof *up);
+    if (http_declared_too_big(c)) { /* answer now; MHD closes the connection */
+      up->too_big = true;
+      return (enum MHD_Result)http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
+    }
+    return MHD_YES;
+  }
+  if (*data_size) {
+    http_upload_add(up, data, *data_size);
+    *data_size = 0;
+    return MHD_YES;
+  }
+  return (enum MHD_Result)http_route(h, c, url, method, up);
+}
+
+static void http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+  http_upload_t *up = *con_cls;
+  if (!up) return;
+  free(up->body);
+  free(up);
+  *con_cls = NULL;
+}
+
+/* Resolves host:port into a socket address MHD binds. */
+static int http_addr(const char *host, int port, struct sockaddr_storage *ss) {
+  struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai;
+  char ps[16];
+  snprintf(ps, sizeof ps, "%d", port);
+  int rc = getaddrinfo(host, ps, &hints, &ai);
+  if (rc) return fr_errorf(-EINVAL, "HTTP host '%s': %s", host, gai_strerror(rc));
+  memcpy(ss, ai->ai_addr, ai->ai_addrlen);
+  freeaddrinfo(ai);
+  return 0;
+}
+
+static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cfg) {
+  struct sockaddr_storage ss;
+  int rc = http_addr(cfg->host ? cfg->host : "127.0.0.1", cfg->port, &ss);
+  if (rc) return rc;
+  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+  h->daemon = MHD_start_daemon(
+      flags, 0, NULL, NULL, http_access, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
+      cfg->max_connections ? cfg->max_connections : 256u, MHD_OPTION_CONNECTION_TIMEOUT,
+      cfg->timeout_s ? cfg->timeout_s : 30u, MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
+  if (!h->daemon) return fr_errorf(-EADDRINUSE, "HTTP: cannot listen on %s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
+  const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
+  h->port = info ? info->port : cfg->port;
+  return 0;
+}
+
+int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
+  if (!cfg || !cfg->zmq_ctx || !cfg->rpc_endpoint) return fr_errorf(-EINVAL, "HTTP: zmq context and RPC endpoint needed");
+  coord_http_t *h = fr_calloc(1, sizeof *h);
+  h->zmq_ctx = cfg->zmq_ctx;
+  h->rpc_endpoint = fr_strdup(cfg->rpc_endpoint);
+  h->api_key = cfg->api_key && *cfg->api_key ? fr_strdup(cfg->api_key) : NULL;
+  h->model = fr_strdup(cfg->served_model_name ? cfg->served_model_name : "default");
+  h->max_model_len = cfg->max_model_len;
+  h->metrics = cfg->metrics;
+  h->tok = cfg->tokenizer;
+  h->started = (long long)time(NULL);
+  uint64_t seed = 0;
+  if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = fr_now_ns();
+  atomic_init(&h->next_job, (seed >> 16) | 1); /* far from 0 and from wrapping */
+  int rc = http_daemon_start(h, cfg);
+  if (rc) {
+    coord_http_stop(h);
+    return rc;
+  }
+  FR_LOGI("HTTP: listening on %s:%d", cfg->host ? cfg->host : "127.0.0.1", h->port);
+  *out = h;
+  return 0;
+}
+
+int coord_http_port(const coord_http_t *h) { return h->port; }
+
+void coord_http_set_ready(coord_http_t *h, bool ready) { atomic_store(&h->ready, ready); }
+
+void coord_http_set_draining(coord_http_t *h) { atomic_store(&h->draining, 1); }
+
+void coord_http_stop(coord_http_t *h) {
+  if (!h) return;
+  atomic_store(&h->stopping, 1); /* waiting handlers give up within 100 ms */
+  if (h->daemon) MHD_stop_daemon(h->daemon);
+  free(h->rpc_endpoint);
+  free(h->api_key);
+  free(h->model);
+  free(h);
+}

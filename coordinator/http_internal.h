@@ -1,0 +1,171 @@
+/* http_internal.h - pieces of the HTTP frontend shared by its files (not a
+ * public interface): the parsed request, OpenAI error values, response
+ * builders and the per-request RPC connection.
+ *
+ * Threads: everything here is used by one handler thread at a time.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "proto/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct model_tokenizer;
+
+#define COORD_HTTP_MAX_BODY (4u << 20) /* request bodies larger get 413 */
+
+typedef enum { COORD_HTTP_API_COMPLETIONS = 0, COORD_HTTP_API_CHAT } coord_http_api_t;
+
+/* An error answer: HTTP status and OpenAI's {"error": {...}} fields. */
+typedef struct {
+  int status;        /* 400, 401, 404, 413, 429, 500, 503 */
+  const char *param; /* offending field or NULL; static */
+  const char *code;  /* OpenAI code string or NULL; static */
+  char message[512];
+} coord_http_err_t;
+
+/* Fills e and returns -1 (so `return coord_http_err(e, ...)` reads well). */
+int coord_http_err(coord_http_err_t *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+
+/* A parsed, validated request body. sub's pointers point into root (the
+ * parsed JSON) or into arrays owned here; valid until coord_http_req_free. */
+typedef struct {
+  coord_http_api_t api;
+  json_t *root;
+  proto_submit_t sub;   /* id left 0: the caller assigns it */
+  const char *model;    /* as requested, or NULL */
+  bool stream;
+  bool include_usage;   /* stream_options.include_usage */
+  int logprobs;         /* -1 none; else alternatives per token (0..PROTO_MAX_TOPN) */
+  bool echo;            /* completions: prompt text in front of the answer */
+  /* owned arrays behind sub */
+  char **stop;
+  int32_t *tokens, *stop_ids;
+  proto_chat_msg_t *messages;
+} coord_http_req_t;
+
+/* Parses and validates a request body for api against the OpenAI / vLLM
+ * rules (types, ranges, n == 1, stream_options only with stream, ...).
+ * served_model / max_model_len: model names other than served_model give
+ * 404; a token prompt of max_model_len tokens or more gives 400. Returns 0,
+ * or -1 with e filled (r freed). Never crashes on any bytes. */
+int coord_http_req_parse(coord_http_req_t *r, coord_http_api_t api, const char *body, size_t len,
+                         const char *served_model, uint32_t max_model_len, coord_http_err_t *e);
+void coord_http_req_free(coord_http_req_t *r);
+
+/* ---- responses (http_resp.c); each returns a malloc'd JSON string or NULL
+ * on out of memory ---- */
+
+/* {"error": {"message", "type", "param", "code"}} */
+char *coord_http_error_json(const coord_http_err_t *e);
+
+/* What a job produced so far (the events folded together). */
+typedef struct {
+  char *text;
+  size_t text_len, text_cap;
+  json_t *logprobs;      /* API-shaped logprobs object being built, or NULL */
+  size_t text_offset;    /* completions logprobs text_offset of the next token */
+  proto_finish_t finish;
+  bool has_usage;
+  proto_usage_t usage;
+  uint32_t n_tokens;     /* completion tokens seen */
+} coord_http_acc_t;
+
+/* Response identity shared by all chunks of one answer. */
+typedef struct {
+  coord_http_api_t api;
+  char id[48];          /* "cmpl-<hex>" / "chatcmpl-<hex>" */
+  long long created;    /* unix seconds */
+  const char *model;
+  int logprobs;         /* -1 none */
+  bool include_usage;
+  const struct model_tokenizer *tok; /* optional, for token strings */
+} coord_http_meta_t;
+
+void coord_http_acc_init(coord_http_acc_t *a);
+void coord_http_acc_free(coord_http_acc_t *a);
+/* Folds one event into a; returns 0 or -ENOMEM. */
+int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const proto_event_t *ev);
+
+/* The full non-streamed answer (text_completion / chat.completion). */
+char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a);
+/* One SSE chunk for an event ("data: {...}\n\n", possibly several: the
+ * first chat chunk with the role, the usage chunk), appended to out as a
+ * malloc'd string. first: this is the job's first event. */
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first);
+/* data: {"error": ...}\n\n for a stream that fails after it started. */
+char *coord_http_error_sse(const coord_http_err_t *e);
+/* {"object": "list", "data": [{"id", "object": "model", ...}]} */
+char *coord_http_models_json(const char *name, uint32_t max_model_len, long long created);
+
+/* Maps a PROTO_ERR_* code (and message) from the coordinator to e. */
+void coord_http_err_from_proto(coord_http_err_t *e, int32_t code, const char *message);
+
+/* ---- the server (http.c) and its job handlers (http_job.c) ---- */
+
+struct MHD_Connection;
+struct MHD_Response;
+typedef struct coord_metrics coord_metrics_t;
+
+struct coord_http {
+  struct MHD_Daemon *daemon;
+  void *zmq_ctx;
+  char *rpc_endpoint, *api_key, *model;
+  uint32_t max_model_len;
+  coord_metrics_t *metrics;
+  const struct model_tokenizer *tok;
+  int port;
+  _Atomic int ready, draining, stopping;
+  _Atomic uint64_t next_job; /* job ids; starts at a random value */
+  long long started;         /* unix seconds, for /v1/models */
+};
+
+/* Queues a response with status (counted in the metrics) and destroys it.
+ * Returns MHD's result as an int. */
+int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r);
+/* Queues OpenAI's error body for e. */
+int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e);
+/* Runs a /v1/completions or /v1/chat/completions request whose body is
+ * complete: validates, submits, answers (JSON, or an SSE stream). */
+int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body, size_t len);
+
+/* ---- the RPC connection of one request (http_rpc.c) ---- */
+
+typedef struct {
+  void *sock;        /* ZMQ_DEALER */
+  int client_fd;     /* the HTTP client's socket, watched for hang-ups; -1 = none */
+  uint64_t job;      /* submitted job id, 0 = none */
+  bool finished;     /* the job's last event (or error) was received */
+  proto_buf_t buf;
+  proto_msg_t msg;
+} coord_http_rpc_t;
+
+/* Opens a DEALER on ctx connected to endpoint. Returns 0 or FR_EZMQ. */
+int coord_http_rpc_open(coord_http_rpc_t *c, void *ctx, const char *endpoint, int client_fd);
+/* Sends the submit (its id must be set). Returns 0 or a negative error. */
+int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s);
+/* Waits up to timeout_ms for the job's next message. Returns 1 with *msg
+ * (an "event" or "error"; valid until the next call), 0 on timeout, -EPIPE
+ * when the HTTP client hung up (the job is canceled then), or another
+ * negative error. */
+int coord_http_rpc_next(coord_http_rpc_t *c, int timeout_ms, const proto_msg_t **msg);
+/* Sends "cancel" for the job unless it finished. */
+void coord_http_rpc_cancel(coord_http_rpc_t *c);
+/* Cancels an unfinished job and closes the socket. */
+void coord_http_rpc_close(coord_http_rpc_t *c);
+/* True when the peer of fd has closed its side (or the socket failed). */
+bool coord_http_fd_hung_up(int fd);
+
+#ifdef __cplusplus
+}
+#endif

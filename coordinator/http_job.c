@@ -1,0 +1,211 @@
+/* http_job.c - /v1/completions and /v1/chat/completions: validate the body,
+ * submit it over the RPC connection, then answer with one JSON object or
+ * stream SSE chunks as events arrive. A client that hangs up cancels its
+ * job (http_rpc.c watches its socket). See http_internal.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include <microhttpd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/http_internal.h"
+
+#define JOB_TICK_MS 100
+
+static const char job_done_sse[] = "data: [DONE]\n\n";
+
+typedef struct {
+  struct coord_http *h;
+  coord_http_req_t req;
+  coord_http_rpc_t rpc;
+  coord_http_meta_t meta;
+  char *pend; /* SSE bytes not yet handed to MHD */
+  size_t pend_len, pend_off;
+  bool done; /* the last chunk is in pend */
+} job_t;
+
+static void job_free(job_t *j) {
+  if (!j) return;
+  if (j->rpc.sock) coord_http_rpc_close(&j->rpc); /* cancels an unfinished job */
+  coord_http_req_free(&j->req);
+  free(j->pend);
+  free(j);
+}
+
+/* Waits for the job's next message. Returns 1 (*m set), -EPIPE when the
+ * client hung up, FR_ECANCELED when the frontend stops, other errors. */
+static int job_wait(job_t *j, const proto_msg_t **m) {
+  for (;;) {
+    if (atomic_load(&j->h->stopping)) {
+      coord_http_rpc_cancel(&j->rpc);
+      return fr_errorf(FR_ECANCELED, "the HTTP frontend is stopping");
+    }
+    int rc = coord_http_rpc_next(&j->rpc, JOB_TICK_MS, m);
+    if (rc) return rc;
+  }
+}
+
+/* The error a finished message means (an "error", or an event that
+ * finished with ERROR); false when it is not an error. */
+static bool job_msg_error(const proto_msg_t *m, coord_http_err_t *e) {
+  if (m->type == PROTO_T_ERROR) {
+    coord_http_err_from_proto(e, m->u.error.code, m->u.error.message);
+    return true;
+  }
+  if (m->u.event.finish == PROTO_FINISH_ERROR) {
+    coord_http_err_from_proto(e, m->u.event.error.code ? m->u.event.error.code : PROTO_ERR_INTERNAL,
+                              m->u.event.error.message);
+    return true;
+  }
+  return false;
+}
+
+/* Maps a wait failure to the answer: nothing for a gone client. */
+static int job_fail(job_t *j, struct MHD_Connection *c, int rc) {
+  coord_http_err_t e;
+  if (rc == -EPIPE) return MHD_NO; /* the client left; MHD closes the connection */
+  if (rc == FR_ECANCELED) coord_http_err(&e, 503, NULL, "the server is shutting down");
+  else coord_http_err(&e, 500, NULL, "engine connection failed: %s", fr_last_error());
+  return coord_http__send_error(j->h, c, &e);
+}
+
+static int job_answer_json(job_t *j, struct MHD_Connection *c, const proto_msg_t *m) {
+  coord_http_acc_t acc;
+  coord_http_err_t e;
+  int rc = 0;
+  coord_http_acc_init(&acc);
+  for (;;) {
+    if (job_msg_error(m, &e)) {
+      rc = coord_http__send_error(j->h, c, &e);
+      goto out;
+    }
+    if (coord_http_acc_add(&acc, &j->meta, &m->u.event)) {
+      rc = MHD_NO;
+      goto out;
+    }
+    if (j->rpc.finished) break;
+    int w = job_wait(j, &m);
+    if (w < 0) {
+      rc = job_fail(j, c, w);
+      goto out;
+    }
+  }
+  char *body = coord_http_final_json(&j->meta, &acc);
+  struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+  if (!r) free(body);
+  if (r) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  rc = coord_http__queue(j->h, c, 200, r);
+out:
+  coord_http_acc_free(&acc);
+  return rc;
+}
+
+/* Replaces pend with the SSE text of message m (plus [DONE] at the end). */
+static int job_chunk(job_t *j, const proto_msg_t *m, bool first) {
+  coord_http_err_t e;
+  char *s = job_msg_error(m, &e) ? coord_http_error_sse(&e) : coord_http_chunk_sse(&j->meta, &m->u.event, first);
+  if (!s) return -ENOMEM;
+  free(j->pend);
+  j->pend = s;
+  j->pend_len = strlen(s);
+  j->pend_off = 0;
+  if (!j->rpc.finished) return 0;
+  j->pend = fr_realloc(j->pend, j->pend_len + sizeof job_done_sse);
+  memcpy(j->pend + j->pend_len, job_done_sse, sizeof job_done_sse);
+  j->pend_len += sizeof job_done_sse - 1;
+  j->done = true;
+  return 0;
+}
+
+/* MHD's content reader: hands out pend, waiting for the next event when it
+ * is empty. Runs in the connection's thread. */
+static ssize_t job_read(void *cls, uint64_t pos, char *buf, size_t max) {
+  job_t *j = cls;
+  while (j->pend_off == j->pend_len) {
+    if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
+    const proto_msg_t *m;
+    if (job_wait(j, &m) < 0 || job_chunk(j, m, false)) return MHD_CONTENT_READER_END_WITH_ERROR;
+  }
+  size_t n = j->pend_len - j->pend_off < max ? j->pend_len - j->pend_off : max;
+  memcpy(buf, j->pend + j->pend_off, n);
+  j->pend_off += n;
+  return (ssize_t)n;
+}
+
+static void job_read_free(void *cls) { job_free(cls); }
+
+/* Starts the SSE answer; j belongs to the response from here on (or is
+ * freed here when no stream starts). */
+static int job_answer_stream(job_t *j, struct MHD_Connection *c, const proto_msg_t *m) {
+  coord_http_err_t e;
+  int rc = MHD_NO;
+  struct MHD_Response *r = NULL;
+  if (job_msg_error(m, &e)) rc = coord_http__send_error(j->h, c, &e); /* nothing streamed yet: a real status */
+  else if (!job_chunk(j, m, true))
+    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, job_read, j, job_read_free);
+  if (!r) {
+    job_free(j);
+    return rc;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+  return coord_http__queue(j->h, c, 200, r);
+}
+
+static void job_meta_init(job_t *j, coord_http_api_t api) {
+  coord_http_meta_t *m = &j->meta;
+  m->api = api;
+  snprintf(m->id, sizeof m->id, "%s-%016llx%08x", api == COORD_HTTP_API_CHAT ? "chatcmpl" : "cmpl",
+           (unsigned long long)j->req.sub.id, (unsigned)(fr_now_ns() & 0xffffffffu));
+  m->created = (long long)time(NULL);
+  m->model = j->h->model;
+  m->logprobs = j->req.logprobs;
+  m->include_usage = j->req.include_usage;
+  m->tok = j->h->tok;
+}
+
+/* Opens the RPC connection, submits and waits for the first message. */
+static int job_submit(job_t *j, struct MHD_Connection *c, const proto_msg_t **first) {
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  int rc = coord_http_rpc_open(&j->rpc, j->h->zmq_ctx, j->h->rpc_endpoint, ci ? ci->connect_fd : -1);
+  if (rc) return rc;
+  j->req.sub.id = atomic_fetch_add(&j->h->next_job, 1);
+  if (j->req.sub.id == 0) j->req.sub.id = atomic_fetch_add(&j->h->next_job, 1);
+  rc = coord_http_rpc_submit(&j->rpc, &j->req.sub);
+  return rc ? rc : job_wait(j, first);
+}
+
+int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body,
+                    size_t len) {
+  coord_http_err_t e;
+  job_t *j = fr_calloc(1, sizeof *j);
+  j->h = h;
+  j->rpc.client_fd = -1;
+  int rc;
+  if (coord_http_req_parse(&j->req, api, body, len, h->model, h->max_model_len, &e)) {
+    rc = coord_http__send_error(h, c, &e);
+    goto out;
+  }
+  if (atomic_load(&h->draining) || !atomic_load(&h->ready)) {
+    coord_http_err(&e, 503, NULL, atomic_load(&h->draining) ? "the server is draining" : "the workers are not ready");
+    rc = coord_http__send_error(h, c, &e);
+    goto out;
+  }
+  const proto_msg_t *m;
+  int w = job_submit(j, c, &m);
+  job_meta_init(j, api);
+  if (w < 0) {
+    rc = job_fail(j, c, w);
+    goto out;
+  }
+  if (j->req.stream) return job_answer_stream(j, c, m); /* takes j */
+  rc = job_answer_json(j, c, m);
+out:
+  job_free(j);
+  return rc;
+}

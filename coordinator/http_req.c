@@ -1,0 +1,321 @@
+/* http_req.c - OpenAI request bodies -> validated proto_submit_t. Every
+ * field is type- and range-checked; unknown fields are ignored (clients send
+ * "user", "metadata", ...). See http_internal.h. */
+#include <errno.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/http_internal.h"
+
+int coord_http_err(coord_http_err_t *e, int status, const char *param, const char *fmt, ...) {
+  e->status = status;
+  e->param = param;
+  e->code = NULL;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(e->message, sizeof e->message, fmt, ap);
+  va_end(ap);
+  return -1;
+}
+
+/* A field that is absent or JSON null counts as not given. */
+static json_t *req_get(json_t *root, const char *key) {
+  json_t *v = json_object_get(root, key);
+  return json_is_null(v) ? NULL : v;
+}
+
+/* Reads an optional number in [lo, hi] into *out. */
+static int req_num(json_t *root, const char *key, double lo, double hi, double *out, coord_http_err_t *e) {
+  json_t *v = req_get(root, key);
+  if (!v) return 0;
+  if (!json_is_number(v)) return coord_http_err(e, 400, key, "'%s' must be a number", key);
+  double x = json_number_value(v);
+  if (!isfinite(x) || x < lo || x > hi)
+    return coord_http_err(e, 400, key, "'%s' must be in [%g, %g], got %g", key, lo, hi, x);
+  *out = x;
+  return 0;
+}
+
+/* Reads an optional integer in [lo, hi] into *out. */
+static int req_int(json_t *root, const char *key, long long lo, long long hi, long long *out, coord_http_err_t *e) {
+  json_t *v = req_get(root, key);
+  if (!v) return 0;
+  if (!json_is_integer(v)) return coord_http_err(e, 400, key, "'%s' must be an integer", key);
+  long long x = json_integer_value(v);
+  if (x < lo || x > hi) return coord_http_err(e, 400, key, "'%s' must be in [%lld, %lld], got %lld", key, lo, hi, x);
+  *out = x;
+  return 0;
+}
+
+static int req_bool(json_t *root, const char *key, bool *out, coord_http_err_t *e) {
+  json_t *v = req_get(root, key);
+  if (!v) return 0;
+  if (!json_is_boolean(v)) return coord_http_err(e, 400, key, "'%s' must be a boolean", key);
+  *out = json_is_true(v);
+  return 0;
+}
+
+/* Token ids: a JSON array of integers in [0, INT32_MAX]. */
+static int req_ids(json_t *arr, const char *param, uint32_t max, int32_t **out, uint32_t *n, coord_http_err_t *e) {
+  size_t len = json_array_size(arr);
+  if (len > max) return coord_http_err(e, 400, param, "'%s' has %zu entries, at most %u allowed", param, len, max);
+  int32_t *ids = malloc((len ? len : 1) * sizeof *ids);
+  if (!ids) return coord_http_err(e, 500, NULL, "out of memory");
+  for (size_t i = 0; i < len; i++) {
+    json_t *t = json_array_get(arr, i);
+    long long x = json_is_integer(t) ? json_integer_value(t) : -1;
+    if (x < 0 || x > INT32_MAX) {
+      free(ids);
+      return coord_http_err(e, 400, param, "'%s'[%zu] must be a non-negative token id", param, i);
+    }
+    ids[i] = (int32_t)x;
+  }
+  *out = ids;
+  *n = (uint32_t)len;
+  return 0;
+}
+
+/* ---- sampling and limits, common to both APIs ---- */
+
+static int req_sampling(coord_http_req_t *r, coord_http_err_t *e) {
+  proto_sampling_t *sp = &r->sub.sp;
+  double t = sp->temperature, p = sp->top_p, mp = sp->min_p, rp = sp->repetition_penalty;
+  double pp = sp->presence_penalty, fp = sp->frequency_penalty;
+  long long k = -1, seed = 0;
+  json_t *root = r->root;
+  if (req_num(root, "temperature", 0, 1e6, &t, e) || req_num(root, "top_p", 0, 1, &p, e) ||
+      req_num(root, "min_p", 0, 1, &mp, e) || req_num(root, "repetition_penalty", 1e-6, 1e6, &rp, e) ||
+      req_num(root, "presence_penalty", -2, 2, &pp, e) || req_num(root, "frequency_penalty", -2, 2, &fp, e) ||
+      req_int(root, "top_k", -1, INT32_MAX, &k, e))
+    return -1;
+  if (p <= 0) return coord_http_err(e, 400, "top_p", "'top_p' must be in (0, 1], got %g", p);
+  if (req_get(root, "seed")) {
+    if (req_int(root, "seed", INT64_MIN, INT64_MAX, &seed, e)) return -1;
+    sp->has_seed = true;
+    sp->seed = (uint64_t)seed;
+  }
+  sp->temperature = (float)t, sp->top_p = (float)p, sp->min_p = (float)mp, sp->repetition_penalty = (float)rp;
+  sp->presence_penalty = (float)pp, sp->frequency_penalty = (float)fp;
+  sp->top_k = k < 0 ? 0 : (int32_t)k;
+  return 0;
+}
+
+static int req_max_tokens(coord_http_req_t *r, coord_http_err_t *e) {
+  long long mt = -1, mct = -1;
+  if (req_int(r->root, "max_tokens", 1, UINT32_MAX, &mt, e)) return -1;
+  if (r->api == COORD_HTTP_API_CHAT && req_int(r->root, "max_completion_tokens", 1, UINT32_MAX, &mct, e)) return -1;
+  if (mct > 0) mt = mct;
+  /* OpenAI's defaults: 16 for completions, until the context ends for chat. */
+  r->sub.max_tokens = mt > 0 ? (uint32_t)mt : (r->api == COORD_HTTP_API_COMPLETIONS ? 16u : 0u);
+  return 0;
+}
+
+static int req_stop(coord_http_req_t *r, coord_http_err_t *e) {
+  json_t *v = req_get(r->root, "stop");
+  if (v) {
+    size_t n = json_is_string(v) ? 1 : json_array_size(v);
+    if (!json_is_string(v) && !json_is_array(v))
+      return coord_http_err(e, 400, "stop", "'stop' must be a string or a list of strings");
+    if (n > PROTO_MAX_STOP) return coord_http_err(e, 400, "stop", "'stop' has more than %u strings", PROTO_MAX_STOP);
+    r->stop = calloc(n ? n : 1, sizeof *r->stop);
+    if (!r->stop) return coord_http_err(e, 500, NULL, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+      json_t *s = json_is_string(v) ? v : json_array_get(v, i);
+      if (!json_is_string(s)) return coord_http_err(e, 400, "stop", "'stop'[%zu] must be a string", i);
+      if (json_string_length(s) > PROTO_MAX_STR || strlen(json_string_value(s)) != json_string_length(s))
+        return coord_http_err(e, 400, "stop", "'stop'[%zu] is too long or holds NUL", i);
+      if (json_string_length(s) > 0) r->stop[r->sub.n_stop++] = (char *)json_string_value(s); /* "" stops nothing */
+    }
+    r->sub.stop = r->stop;
+  }
+  json_t *ids = req_get(r->root, "stop_token_ids");
+  if (!ids) return 0;
+  if (!json_is_array(ids)) return coord_http_err(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of integers");
+  if (req_ids(ids, "stop_token_ids", PROTO_MAX_STOP_IDS, &r->stop_ids, &r->sub.n_stop_ids, e)) return -1;
+  r->sub.stop_ids = r->stop_ids;
+  return 0;
+}
+
+/* n, best_of, stream, stream_options, logprobs, echo, ignore_eos. */
+static int req_options(coord_http_req_t *r, coord_http_err_t *e) {
+  long long n = 1, best_of = 1;
+  if (req_int(r->root, "n", 1, 1, &n, e)) return coord_http_err(e, 400, "n", "only n = 1 is supported");
+  if (req_int(r->root, "best_of", 1, 1, &best_of, e)) return coord_http_err(e, 400, "best_of", "only best_of = 1 is supported");
+  if (req_bool(r->root, "stream", &r->stream, e) || req_bool(r->root, "ignore_eos", &r->sub.ignore_eos, e) ||
+      req_bool(r->root, "echo", &r->echo, e))
+    return -1;
+  if (r->echo) return coord_http_err(e, 400, "echo", "'echo' is not supported");
+  json_t *so = req_get(r->root, "stream_options");
+  if (so) {
+    if (!r->stream) return coord_http_err(e, 400, "stream_options", "Stream options can only be defined when `stream=True`.");
+    if (!json_is_object(so)) return coord_http_err(e, 400, "stream_options", "'stream_options' must be an object");
+    if (req_bool(so, "include_usage", &r->include_usage, e)) return -1;
+  }
+  r->sub.stream = r->stream;
+  return 0;
+}
+
+static int req_logprobs(coord_http_req_t *r, coord_http_err_t *e) {
+  long long top = 0;
+  r->logprobs = -1;
+  if (r->api == COORD_HTTP_API_COMPLETIONS) {
+    if (req_int(r->root, "logprobs", 0, PROTO_MAX_TOPN, &top, e)) return -1;
+    if (req_get(r->root, "logprobs")) r->logprobs = (int)top;
+  } else {
+    bool on = false;
+    if (req_bool(r->root, "logprobs", &on, e) || req_int(r->root, "top_logprobs", 0, PROTO_MAX_TOPN, &top, e)) return -1;
+    if (!on && top > 0) return coord_http_err(e, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
+    if (on) r->logprobs = (int)top;
+  }
+  r->sub.sp.logprobs = r->logprobs;
+  return 0;
+}
+
+/* ---- inputs ---- */
+
+static int req_prompt(coord_http_req_t *r, uint32_t max_model_len, coord_http_err_t *e) {
+  json_t *p = req_get(r->root, "prompt");
+  if (!p) return coord_http_err(e, 400, "prompt", "'prompt' is required");
+  if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
+    p = json_array_get(p, 0); /* a batch of one: ["text"] or [[ids]] */
+  if (json_is_string(p)) {
+    if (json_string_length(p) > PROTO_MAX_TEXT)
+      return coord_http_err(e, 400, "prompt", "'prompt' is longer than %u bytes", PROTO_MAX_TEXT);
+    r->sub.prompt = (char *)json_string_value(p);
+    r->sub.prompt_len = (uint32_t)json_string_length(p);
+    if (r->sub.prompt_len == 0) return coord_http_err(e, 400, "prompt", "'prompt' must not be empty");
+    return 0;
+  }
+  if (!json_is_array(p) || json_array_size(p) == 0)
+    return coord_http_err(e, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
+  if (!json_is_integer(json_array_get(p, 0)))
+    return coord_http_err(e, 400, "prompt", "only one prompt per request is supported");
+  if (req_ids(p, "prompt", PROTO_MAX_TOKENS, &r->tokens, &r->sub.n_tokens, e)) return -1;
+  r->sub.tokens = r->tokens;
+  if (max_model_len && r->sub.n_tokens >= max_model_len)
+    return coord_http_err(e, 400, "prompt",
+                          "This model's maximum context length is %u tokens. However, you requested %u tokens in the "
+                          "prompt. Please reduce the length of the prompt.",
+                          max_model_len, r->sub.n_tokens);
+  return 0;
+}
+
+/* Chat content: a string, null (assistant turns), or a list of parts of
+ * which the "text" ones are joined. A joined string is stored back into the
+ * message object so that root owns it. */
+static int req_content(json_t *msg, size_t i, const char **out, size_t *len, coord_http_err_t *e) {
+  json_t *c = json_object_get(msg, "content");
+  if (!c || json_is_null(c)) c = json_string("");
+  else if (json_is_array(c)) {
+    size_t total = 0, idx;
+    json_t *part;
+    json_array_foreach(c, idx, part) {
+      json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+      if (!json_is_string(type) || strcmp(json_string_value(type), "text") || !json_is_string(text))
+        return coord_http_err(e, 400, "messages", "messages[%zu]: only text content parts are supported", i);
+      total += json_string_length(text);
+      if (total > PROTO_MAX_TEXT) return coord_http_err(e, 400, "messages", "messages[%zu] content is too long", i);
+    }
+    char *joined = malloc(total + 1), *w = joined;
+    if (!joined) return coord_http_err(e, 500, NULL, "out of memory");
+    json_array_foreach(c, idx, part) {
+      json_t *text = json_object_get(part, "text");
+      memcpy(w, json_string_value(text), json_string_length(text));
+      w += json_string_length(text);
+    }
+    c = json_stringn_nocheck(joined, total); /* parts were valid UTF-8, so is their join */
+    free(joined);
+  } else if (!json_is_string(c))
+    return coord_http_err(e, 400, "messages", "messages[%zu].content must be a string or a list of parts", i);
+  else
+    json_incref(c);
+  if (!c || json_object_set_new(msg, "content", c)) return coord_http_err(e, 500, NULL, "out of memory");
+  if (json_string_length(c) > PROTO_MAX_TEXT) return coord_http_err(e, 400, "messages", "messages[%zu] content is too long", i);
+  *out = json_string_value(c);
+  *len = json_string_length(c);
+  return 0;
+}
+
+static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
+  json_t *ms = req_get(r->root, "messages");
+  if (!json_is_array(ms) || json_array_size(ms) == 0)
+    return coord_http_err(e, 400, "messages", "'messages' must be a non-empty list");
+  size_t n = json_array_size(ms);
+  if (n > PROTO_MAX_MESSAGES) return coord_http_err(e, 400, "messages", "more than %u messages", PROTO_MAX_MESSAGES);
+  r->messages = calloc(n, sizeof *r->messages);
+  if (!r->messages) return coord_http_err(e, 500, NULL, "out of memory");
+  for (size_t i = 0; i < n; i++) {
+    json_t *m = json_array_get(ms, i), *role = json_object_get(m, "role");
+    if (!json_is_object(m) || !json_is_string(role) || json_string_length(role) == 0 ||
+        json_string_length(role) > 64 || strlen(json_string_value(role)) != json_string_length(role))
+      return coord_http_err(e, 400, "messages", "messages[%zu] needs a 'role' string", i);
+    const char *text = NULL;
+    size_t len = 0;
+    if (req_content(m, i, &text, &len, e)) return -1;
+    r->messages[i].role = (char *)json_string_value(role);
+    r->messages[i].content = (char *)text;
+    r->messages[i].content_len = (uint32_t)len;
+  }
+  r->sub.messages = r->messages;
+  r->sub.n_messages = (uint32_t)n;
+  return 0;
+}
+
+static int req_model(coord_http_req_t *r, const char *served, coord_http_err_t *e) {
+  json_t *m = req_get(r->root, "model");
+  if (!m) return 0;
+  if (!json_is_string(m)) return coord_http_err(e, 400, "model", "'model' must be a string");
+  r->model = json_string_value(m);
+  if (served && strcmp(r->model, served)) {
+    coord_http_err(e, 404, "model", "The model `%.200s` does not exist.", r->model);
+    e->code = "model_not_found";
+    return -1;
+  }
+  return 0;
+}
+
+static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_model_len, coord_http_err_t *e) {
+  if (req_model(r, served, e)) return -1;
+  if (r->api == COORD_HTTP_API_CHAT ? req_messages(r, e) : req_prompt(r, max_model_len, e)) return -1;
+  if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_options(r, e) || req_logprobs(r, e))
+    return -1;
+  if (max_model_len && (uint64_t)r->sub.n_tokens + r->sub.max_tokens > max_model_len)
+    return coord_http_err(e, 400, "max_tokens",
+                          "This model's maximum context length is %u tokens. However, you requested %llu tokens (%u "
+                          "in the prompt, %u in the completion). Please reduce the length of the prompt or completion.",
+                          max_model_len, (unsigned long long)r->sub.n_tokens + r->sub.max_tokens, r->sub.n_tokens,
+                          r->sub.max_tokens);
+  return 0;
+}
+
+int coord_http_req_parse(coord_http_req_t *r, coord_http_api_t api, const char *body, size_t len,
+                         const char *served_model, uint32_t max_model_len, coord_http_err_t *e) {
+  memset(r, 0, sizeof *r);
+  r->api = api;
+  r->logprobs = -1;
+  r->sub.sp = proto_sampling_default();
+  json_error_t je;
+  r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+  if (!r->root) return coord_http_err(e, 400, NULL, "malformed JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+  if (!json_is_object(r->root)) {
+    coord_http_req_free(r);
+    return coord_http_err(e, 400, NULL, "the request body must be a JSON object");
+  }
+  if (req_fields(r, served_model, max_model_len, e)) {
+    coord_http_req_free(r);
+    return -1;
+  }
+  return 0;
+}
+
+void coord_http_req_free(coord_http_req_t *r) {
+  json_decref(r->root);
+  free(r->stop);
+  free(r->tokens);
+  free(r->stop_ids);
+  free(r->messages);
+  memset(r, 0, sizeof *r);
+}

@@ -1,0 +1,323 @@
+/* http_resp.c - OpenAI / vLLM response shapes: errors, completions, chat
+ * completions, SSE chunks, the model list. See http_internal.h. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "coordinator/http_internal.h"
+#ifdef COORD_HTTP_HAVE_TOKENIZER
+#include "model/tokenizer.h"
+#endif
+
+/* ---- errors ---- */
+
+static const char *resp_err_type(int status) {
+  switch (status) {
+  case 401: return "authentication_error";
+  case 429: return "rate_limit_error";
+  default: return status >= 500 ? "server_error" : "invalid_request_error";
+  }
+}
+
+static const char *resp_err_code(const coord_http_err_t *e) {
+  if (e->code) return e->code;
+  switch (e->status) {
+  case 401: return "invalid_api_key";
+  case 413: return "request_too_large";
+  case 429: return "rate_limit_exceeded";
+  case 503: return "service_unavailable";
+  default: return e->status >= 500 ? "internal_error" : NULL;
+  }
+}
+
+static json_t *resp_error_obj(const coord_http_err_t *e) {
+  const char *code = resp_err_code(e);
+  return json_pack("{s:{s:s,s:s,s:o,s:o}}", "error", "message", e->message, "type", resp_err_type(e->status), "param",
+                   e->param ? json_string(e->param) : json_null(), "code", code ? json_string(code) : json_null());
+}
+
+/* Dumps and frees a JSON value; NULL in, NULL out. */
+static char *resp_dump(json_t *j) {
+  if (!j) return NULL;
+  char *s = json_dumps(j, JSON_COMPACT);
+  json_decref(j);
+  return s;
+}
+
+char *coord_http_error_json(const coord_http_err_t *e) {
+  coord_http_err_t safe = *e;
+  json_t *j = resp_error_obj(&safe);
+  if (!j) { /* a message that is not UTF-8 (from the coordinator): drop it */
+    snprintf(safe.message, sizeof safe.message, "error %d", e->status);
+    j = resp_error_obj(&safe);
+  }
+  return resp_dump(j);
+}
+
+void coord_http_err_from_proto(coord_http_err_t *e, int32_t code, const char *message) {
+  int status = code >= 400 && code <= 599 ? code : 500;
+  if (code == PROTO_ERR_CANCELED || code == PROTO_ERR_TIMEOUT) status = code == PROTO_ERR_TIMEOUT ? 503 : 400;
+  if (code == PROTO_ERR_VERSION) status = 500;
+  coord_http_err(e, status, NULL, "%s", message && *message ? message : "the engine refused the request");
+}
+
+/* ---- token strings for logprobs ---- */
+
+/* The token's text, and its bytes as a JSON array. Without a tokenizer (or
+ * for an unknown id) the text is "token_id:N" as vLLM's
+ * return_tokens_as_token_ids gives; bytes that are not UTF-8 read
+ * "bytes:\xNN..." as vLLM writes them. */
+static json_t *resp_token_str(const coord_http_meta_t *m, int32_t id, json_t **bytes_out) {
+  const char *b = NULL;
+  size_t n = 0;
+#ifdef COORD_HTTP_HAVE_TOKENIZER
+  if (m->tok) b = model_token_bytes(m->tok, id, &n);
+#endif
+  char tmp[64];
+  if (!b) {
+    snprintf(tmp, sizeof tmp, "token_id:%d", id);
+    b = tmp, n = strlen(tmp);
+  }
+  if (bytes_out) {
+    *bytes_out = json_array();
+    for (size_t i = 0; i < n && *bytes_out; i++) json_array_append_new(*bytes_out, json_integer((unsigned char)b[i]));
+  }
+  json_t *valid = json_stringn(b, n); /* NULL when not UTF-8 */
+  if (valid) return valid;
+  char *hex = malloc(6 + 4 * n + 1);
+  if (!hex) return NULL;
+  size_t w = (size_t)sprintf(hex, "bytes:");
+  for (size_t i = 0; i < n; i++) w += (size_t)sprintf(hex + w, "\\x%02x", (unsigned char)b[i]);
+  json_t *j = json_stringn(hex, w);
+  free(hex);
+  return j;
+}
+
+/* Chat: {"token", "logprob", "bytes"} (+ "top_logprobs" when top != NULL). */
+static json_t *resp_chat_lp_entry(const coord_http_meta_t *m, int32_t id, float lp) {
+  json_t *bytes = NULL, *tok = resp_token_str(m, id, &bytes);
+  return json_pack("{s:o,s:f,s:o}", "token", tok ? tok : json_string("?"), "logprob", (double)lp, "bytes",
+                   bytes ? bytes : json_array());
+}
+
+static int resp_chat_lp_append(json_t *content, const coord_http_meta_t *m, const proto_event_t *ev, uint32_t i) {
+  json_t *entry = resp_chat_lp_entry(m, ev->tokens[i], i < ev->n_logprobs ? ev->logprobs[i] : 0.f);
+  json_t *tops = json_array();
+  if (!entry || !tops) goto fail;
+  for (uint32_t k = 0; k < ev->top_n && (size_t)i * ev->top_n + k < ev->n_top; k++) {
+    const proto_toplp_t *t = &ev->top[(size_t)i * ev->top_n + k];
+    if (json_array_append_new(tops, resp_chat_lp_entry(m, t->token, t->logprob))) goto fail;
+  }
+  if (json_object_set_new(entry, "top_logprobs", tops)) {
+    tops = NULL;
+    goto fail;
+  }
+  return json_array_append_new(content, entry);
+fail:
+  json_decref(entry);
+  json_decref(tops);
+  return -1;
+}
+
+/* Completions: parallel arrays tokens / token_logprobs / top_logprobs
+ * ({token: logprob}) / text_offset. */
+static int resp_cmpl_lp_append(json_t *lp, const coord_http_meta_t *m, const proto_event_t *ev, uint32_t i,
+                               size_t *offset) {
+  json_t *tok = resp_token_str(m, ev->tokens[i], NULL), *top = json_object();
+  if (!tok || !top) goto fail;
+  for (uint32_t k = 0; k < ev->top_n && (size_t)i * ev->top_n + k < ev->n_top; k++) {
+    const proto_toplp_t *t = &ev->top[(size_t)i * ev->top_n + k];
+    json_t *ts = resp_token_str(m, t->token, NULL);
+    if (!ts || json_object_set_new(top, json_string_value(ts), json_real(t->logprob))) {
+      json_decref(ts);
+      goto fail;
+    }
+    json_decref(ts);
+  }
+  size_t tl = json_string_length(tok);
+  json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*offset));
+  json_array_append_new(json_object_get(lp, "token_logprobs"), json_real(i < ev->n_logprobs ? ev->logprobs[i] : 0.f));
+  json_array_append_new(json_object_get(lp, "tokens"), tok);
+  json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+  *offset += tl;
+  return 0;
+fail:
+  json_decref(tok);
+  json_decref(top);
+  return -1;
+}
+
+static json_t *resp_lp_new(coord_http_api_t api) {
+  if (api == COORD_HTTP_API_CHAT) return json_pack("{s:[]}", "content");
+  return json_pack("{s:[],s:[],s:[],s:[]}", "text_offset", "token_logprobs", "tokens", "top_logprobs");
+}
+
+/* Appends the event's tokens to an API-shaped logprobs object. */
+static int resp_lp_add(json_t *lp, const coord_http_meta_t *m, const proto_event_t *ev, size_t *offset) {
+  for (uint32_t i = 0; i < ev->n_tokens; i++) {
+    int rc = m->api == COORD_HTTP_API_CHAT ? resp_chat_lp_append(json_object_get(lp, "content"), m, ev, i)
+                                           : resp_cmpl_lp_append(lp, m, ev, i, offset);
+    if (rc) return -ENOMEM;
+  }
+  return 0;
+}
+
+/* ---- accumulation ---- */
+
+void coord_http_acc_init(coord_http_acc_t *a) { memset(a, 0, sizeof *a); }
+
+void coord_http_acc_free(coord_http_acc_t *a) {
+  free(a->text);
+  json_decref(a->logprobs);
+  memset(a, 0, sizeof *a);
+}
+
+static int resp_text_add(coord_http_acc_t *a, const char *s, size_t n) {
+  if (a->text_len + n + 1 > a->text_cap) {
+    size_t cap = (a->text_len + n + 1) * 2;
+    char *p = realloc(a->text, cap);
+    if (!p) return -ENOMEM;
+    a->text = p, a->text_cap = cap;
+  }
+  memcpy(a->text + a->text_len, s, n);
+  a->text_len += n;
+  a->text[a->text_len] = 0;
+  return 0;
+}
+
+static size_t resp_ev_text_len(const proto_event_t *ev) {
+  return ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
+}
+
+int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const proto_event_t *ev) {
+  if (resp_text_add(a, ev->text ? ev->text : "", resp_ev_text_len(ev))) return -ENOMEM;
+  a->n_tokens += ev->n_tokens;
+  if (m->logprobs >= 0 && ev->n_tokens) {
+    if (!a->logprobs && !(a->logprobs = resp_lp_new(m->api))) return -ENOMEM;
+    if (resp_lp_add(a->logprobs, m, ev, &a->text_offset)) return -ENOMEM;
+  }
+  if (ev->finish != PROTO_FINISH_NONE) a->finish = ev->finish;
+  if (ev->has_usage) a->has_usage = true, a->usage = ev->usage;
+  return 0;
+}
+
+/* ---- answers ---- */
+
+static json_t *resp_finish(proto_finish_t f) {
+  switch (f) {
+  case PROTO_FINISH_NONE: return json_null();
+  case PROTO_FINISH_STOP: return json_string("stop");
+  case PROTO_FINISH_LENGTH: return json_string("length");
+  default: return json_string("abort");
+  }
+}
+
+static json_t *resp_usage(const proto_usage_t *u) {
+  json_t *j = json_pack("{s:i,s:i,s:i}", "prompt_tokens", (json_int_t)u->prompt_tokens, "completion_tokens",
+                        (json_int_t)u->completion_tokens, "total_tokens",
+                        (json_int_t)u->prompt_tokens + (json_int_t)u->completion_tokens);
+  if (j && u->cached_tokens)
+    json_object_set_new(j, "prompt_tokens_details", json_pack("{s:i}", "cached_tokens", (json_int_t)u->cached_tokens));
+  return j;
+}
+
+static json_t *resp_envelope(const coord_http_meta_t *m, const char *object, json_t *choices) {
+  return json_pack("{s:s,s:s,s:I,s:s,s:o}", "id", m->id, "object", object, "created", (json_int_t)m->created, "model",
+                   m->model ? m->model : "", "choices", choices);
+}
+
+/* Text that may not be valid UTF-8 as a JSON string (never fails for that). */
+static json_t *resp_text(const char *s, size_t n) {
+  json_t *j = json_stringn(s ? s : "", s ? n : 0);
+  return j ? j : json_string("\xEF\xBF\xBD");
+}
+
+char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a) {
+  json_t *lp = a->logprobs ? json_incref(a->logprobs) : m->logprobs >= 0 ? resp_lp_new(m->api) : json_null();
+  json_t *choice;
+  if (m->api == COORD_HTTP_API_CHAT)
+    choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o,s:n}", "index", 0, "message", "role", "assistant", "content",
+                       resp_text(a->text, a->text_len), "logprobs", lp, "finish_reason", resp_finish(a->finish),
+                       "stop_reason");
+  else
+    choice = json_pack("{s:i,s:o,s:o,s:o,s:n}", "index", 0, "text", resp_text(a->text, a->text_len), "logprobs", lp,
+                       "finish_reason", resp_finish(a->finish), "stop_reason");
+  proto_usage_t u = a->usage;
+  if (!a->has_usage) u.completion_tokens = a->n_tokens;
+  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion",
+                            json_pack("[o]", choice));
+  if (j) json_object_set_new(j, "usage", resp_usage(&u));
+  return resp_dump(j);
+}
+
+/* The choice of one streamed chunk. */
+static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role) {
+  json_t *lp = json_null();
+  size_t off = 0;
+  if (m->logprobs >= 0 && ev->n_tokens && (lp = resp_lp_new(m->api)) && resp_lp_add(lp, m, ev, &off)) {
+    json_decref(lp);
+    return NULL;
+  }
+  json_t *text = resp_text(ev->text, resp_ev_text_len(ev));
+  if (m->api == COORD_HTTP_API_CHAT) {
+    json_t *delta = json_pack("{s:o}", "content", text);
+    if (role && delta) json_object_set_new(delta, "role", json_string("assistant"));
+    return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", lp, "finish_reason",
+                     resp_finish(ev->finish));
+  }
+  return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", text, "logprobs", lp, "finish_reason",
+                   resp_finish(ev->finish));
+}
+
+/* Appends "data: <json>\n\n" of j (consumed) to *out. */
+static int resp_sse_add(char **out, size_t *len, json_t *j) {
+  char *s = resp_dump(j);
+  if (!s) return -ENOMEM;
+  size_t n = strlen(s);
+  char *p = realloc(*out, *len + n + 9);
+  if (!p) {
+    free(s);
+    return -ENOMEM;
+  }
+  *len += (size_t)sprintf(p + *len, "data: %s\n\n", s);
+  *out = p;
+  free(s);
+  return 0;
+}
+
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first) {
+  const char *object = m->api == COORD_HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion";
+  char *out = NULL;
+  size_t len = 0;
+  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT);
+  json_t *j = choice ? resp_envelope(m, object, json_pack("[o]", choice)) : NULL;
+  if (j && m->include_usage) json_object_set_new(j, "usage", json_null());
+  if (resp_sse_add(&out, &len, j)) goto fail;
+  if (ev->finish != PROTO_FINISH_NONE && m->include_usage) {
+    proto_usage_t u = ev->usage;
+    j = resp_envelope(m, object, json_array());
+    if (j) json_object_set_new(j, "usage", resp_usage(&u));
+    if (resp_sse_add(&out, &len, j)) goto fail;
+  }
+  return out;
+fail:
+  free(out);
+  return NULL;
+}
+
+char *coord_http_error_sse(const coord_http_err_t *e) {
+  char *s = coord_http_error_json(e);
+  if (!s) return NULL;
+  char *out = malloc(strlen(s) + 9);
+  if (out) sprintf(out, "data: %s\n\n", s);
+  free(s);
+  return out;
+}
+
+char *coord_http_models_json(const char *name, uint32_t max_model_len, long long created) {
+  json_t *model = json_pack("{s:s,s:s,s:I,s:s,s:s,s:n,s:I,s:[]}", "id", name, "object", "model", "created",
+                            (json_int_t)created, "owned_by", "ferrum", "root", name, "parent", "max_model_len",
+                            (json_int_t)max_model_len, "permission");
+  return resp_dump(json_pack("{s:s,s:[o]}", "object", "list", "data", model));
+}

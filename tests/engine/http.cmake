@@ -1,0 +1,12 @@
+# tests/engine/http.cmake - the HTTP frontend's tests (label engine):
+# test_http (against a fake coordinator), test_http_json (request parsing,
+# response shapes, metrics text), fuzz_http_json, and test_http_openai.py
+# (the real openai client against `ferrumctl serve` with the real model).
+if(TARGET ferrum_http AND NOT TARGET test_http)
+  set(_t ${CMAKE_CURRENT_LIST_DIR})
+  ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
+                   LIBS ferrum_http Threads::Threads LABELS engine TIMEOUT 120)
+  ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
+                   LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
+  ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
+endif()

@@ -1,0 +1,152 @@
+/* http_fake.c - see http_fake.h. */
+#include "tests/engine/http_fake.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <zmq.h>
+
+typedef struct {
+  http_fake_t *f;
+  void *sock;
+  zmq_msg_t ident;
+  proto_buf_t buf;
+} fake_io_t;
+
+static void fake_send(fake_io_t *io, proto_type_t t, const void *body) {
+  if (proto_encode(&io->buf, t, body)) {
+    fprintf(stderr, "fake: encode failed\n");
+    abort();
+  }
+  zmq_send(io->sock, zmq_msg_data(&io->ident), zmq_msg_size(&io->ident), ZMQ_SNDMORE);
+  zmq_send(io->sock, io->buf.data, io->buf.len, 0);
+}
+
+static void fake_error(fake_io_t *io, uint64_t id, int code, const char *msg) {
+  proto_error_msg_t e = {.code = code, .message = (char *)msg, .id = id};
+  fake_send(io, PROTO_T_ERROR, &e);
+}
+
+/* One event of i-th piece; n pieces in all when final. */
+static void fake_event(fake_io_t *io, const proto_submit_t *s, const char *text, int32_t *toks, uint32_t n,
+                       proto_finish_t fin) {
+  float lps[3] = {-0.5f, -1.0f, -1.5f};
+  proto_toplp_t top[3 * 2] = {{100, -0.1f}, {101, -2.f}, {102, -0.2f}, {103, -3.f}, {104, -0.3f}, {105, -4.f}};
+  proto_event_t ev = {.id = s->id, .text = (char *)text, .n_tokens = n, .tokens = toks, .finish = fin};
+  if (s->sp.logprobs >= 0) {
+    ev.n_logprobs = n, ev.logprobs = lps;
+    uint32_t k = s->sp.logprobs > 2 ? 2 : (uint32_t)s->sp.logprobs;
+    if (k) { /* pack (n, k) from the (3, 2) table */
+      static proto_toplp_t packed[6];
+      for (uint32_t i = 0; i < n; i++)
+        for (uint32_t j = 0; j < k; j++) packed[i * k + j] = top[i * 2 + j];
+      ev.top_n = k, ev.n_top = n * k, ev.top = packed;
+    }
+  }
+  if (fin != PROTO_FINISH_NONE) ev.has_usage = true, ev.usage = (proto_usage_t){5, 3, 0};
+  if (fin == PROTO_FINISH_ERROR) ev.error = (proto_error_t){500, "worker died"};
+  fake_send(io, PROTO_T_EVENT, &ev);
+}
+
+static void fake_answer(fake_io_t *io, const proto_submit_t *s) {
+  static const char *pieces[3] = {"Hel", "lo", " world"};
+  int32_t toks[3] = {11, 12, 13};
+  proto_finish_t fin = s->max_tokens == 3 ? PROTO_FINISH_LENGTH : PROTO_FINISH_STOP;
+  if (!s->stream) {
+    fake_event(io, s, "Hello world", toks, 3, fin);
+    return;
+  }
+  for (int i = 0; i < 3; i++) fake_event(io, s, pieces[i], toks + i, 1, i == 2 ? fin : PROTO_FINISH_NONE);
+}
+
+static const char *fake_text(const proto_submit_t *s) {
+  if (s->prompt) return s->prompt;
+  if (s->n_messages) return s->messages[s->n_messages - 1].content;
+  return "";
+}
+
+static void fake_record(http_fake_t *f, const proto_submit_t *s) {
+  pthread_mutex_lock(&f->mu);
+  f->sp = s->sp;
+  f->max_tokens = s->max_tokens, f->n_stop = s->n_stop, f->n_stop_ids = s->n_stop_ids;
+  f->n_tokens = s->n_tokens, f->n_messages = s->n_messages;
+  snprintf(f->stop0, sizeof f->stop0, "%s", s->n_stop ? s->stop[0] : "");
+  f->token0 = s->n_tokens ? s->tokens[0] : -1;
+  f->ignore_eos = s->ignore_eos, f->stream = s->stream;
+  pthread_mutex_unlock(&f->mu);
+  atomic_store(&f->last_job, s->id);
+  atomic_fetch_add(&f->n_submits, 1);
+}
+
+static void fake_submit(fake_io_t *io, const proto_submit_t *s) {
+  fake_record(io->f, s);
+  const char *t = fake_text(s);
+  int32_t tok = 11;
+  if (!strcmp(t, "busy")) fake_error(io, s->id, PROTO_ERR_BUSY, "the queue is full");
+  else if (!strcmp(t, "long")) fake_error(io, s->id, PROTO_ERR_BAD_REQUEST, "prompt is longer than the context");
+  else if (!strcmp(t, "hang")) return;
+  else if (!strcmp(t, "slow")) fake_event(io, s, "Hel", &tok, 1, PROTO_FINISH_NONE);
+  else if (!strcmp(t, "boom")) {
+    fake_event(io, s, "Hel", &tok, 1, PROTO_FINISH_NONE);
+    fake_event(io, s, "", NULL, 0, PROTO_FINISH_ERROR);
+  } else if (!strcmp(t, "delay")) {
+    usleep(1500 * 1000);
+    fake_answer(io, s);
+  } else
+    fake_answer(io, s);
+}
+
+static void fake_handle(fake_io_t *io, proto_msg_t *m) {
+  zmq_msg_t body;
+  zmq_msg_init(&body);
+  if (zmq_msg_recv(&body, io->sock, 0) < 0) return;
+  int rc = proto_msg_decode(m, zmq_msg_data(&body), zmq_msg_size(&body), PROTO_ACCEPT_FROM_CLIENT);
+  zmq_msg_close(&body);
+  if (rc) {
+    fake_error(io, 0, PROTO_ERR_BAD_REQUEST, "undecodable");
+    return;
+  }
+  if (m->type == PROTO_T_SUBMIT) fake_submit(io, &m->u.submit);
+  if (m->type == PROTO_T_CANCEL) {
+    atomic_store(&io->f->last_cancel, m->u.cancel.id);
+    atomic_fetch_add(&io->f->n_cancels, 1);
+  }
+}
+
+static void *fake_main(void *arg) {
+  fake_io_t io = {.f = arg, .sock = ((http_fake_t *)arg)->ctx};
+  proto_msg_t m;
+  proto_msg_init(&m);
+  proto_buf_init(&io.buf);
+  io.sock = zmq_socket(io.f->ctx, ZMQ_ROUTER);
+  int linger = 0;
+  zmq_setsockopt(io.sock, ZMQ_LINGER, &linger, sizeof linger);
+  zmq_bind(io.sock, io.f->endpoint);
+  while (!atomic_load(&io.f->stop)) {
+    zmq_pollitem_t it = {.socket = io.sock, .events = ZMQ_POLLIN};
+    if (zmq_poll(&it, 1, 20) <= 0) continue;
+    zmq_msg_init(&io.ident);
+    if (zmq_msg_recv(&io.ident, io.sock, 0) >= 0) fake_handle(&io, &m);
+    zmq_msg_close(&io.ident);
+  }
+  zmq_close(io.sock);
+  proto_msg_free(&m);
+  proto_buf_free(&io.buf);
+  return NULL;
+}
+
+int http_fake_start(http_fake_t *f, void *ctx, const char *endpoint) {
+  memset(f, 0, sizeof *f);
+  f->ctx = ctx;
+  f->endpoint = endpoint;
+  pthread_mutex_init(&f->mu, NULL);
+  return pthread_create(&f->thread, NULL, fake_main, f);
+}
+
+void http_fake_stop(http_fake_t *f) {
+  atomic_store(&f->stop, 1);
+  pthread_join(f->thread, NULL);
+}

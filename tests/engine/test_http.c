@@ -1,0 +1,529 @@
+/* test_http.c - the HTTP frontend against a fake coordinator (http_fake.h):
+ * OpenAI response shapes (JSON and SSE), field parsing into the submit,
+ * error statuses and bodies, disconnect -> cancel, body limits, slow
+ * clients, /health, /models, /metrics. */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <netinet/in.h>
+#include <zmq.h>
+
+#include "common/fr_util.h"
+#include "coordinator/http.h"
+#include "coordinator/http_client.h"
+#include "coordinator/metrics.h"
+#include "tests/engine/http_fake.h"
+
+#define EP "inproc://fake-coord"
+
+static void *ctx;
+static http_fake_t fake;
+static coord_metrics_t *metrics;
+static coord_http_t *srv;
+static int port;
+
+static void start_server(const char *api_key, unsigned max_conn, unsigned timeout_s) {
+  ctx = zmq_ctx_new();
+  ck_assert_int_eq(http_fake_start(&fake, ctx, EP), 0);
+  ck_assert_int_eq(coord_metrics_create(&metrics, "smol"), 0);
+  coord_http_config_t cfg = {.zmq_ctx = ctx, .rpc_endpoint = EP, .host = "127.0.0.1", .port = 0, .api_key = api_key,
+                             .served_model_name = "smol", .max_model_len = 100, .metrics = metrics,
+                             .max_connections = max_conn, .timeout_s = timeout_s};
+  ck_assert_int_eq(coord_http_start(&srv, &cfg), 0);
+  port = coord_http_port(srv);
+  ck_assert_int_gt(port, 0);
+  coord_http_set_ready(srv, true);
+}
+
+static void setup(void) { start_server(NULL, 0, 0); }
+
+static void teardown(void) {
+  coord_http_stop(srv);
+  http_fake_stop(&fake);
+  coord_metrics_destroy(metrics);
+  zmq_ctx_term(ctx);
+}
+
+/* One request; returns the status and the body (malloc'd). */
+static int http(const char *method, const char *path, const char *extra, const char *body, char **out) {
+  cli_http_t c;
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(&c, method, path, extra, body, body ? strlen(body) : 0), 0);
+  char *b;
+  ck_assert_int_eq(cli_http_read_all(&c, 1 << 20, &b, NULL), 0);
+  int st = c.status;
+  cli_http_close(&c);
+  if (out) *out = b;
+  else free(b);
+  return st;
+}
+
+static json_t *post(const char *path, const char *body, int *status) {
+  char *b;
+  *status = http("POST", path, NULL, body, &b);
+  json_error_t je;
+  json_t *j = json_loads(b, 0, &je);
+  ck_assert_msg(j != NULL, "not JSON: %s", b);
+  free(b);
+  return j;
+}
+
+static const char *jstr(json_t *j, const char *path) {
+  json_t *v = json_object_get(j, path);
+  return json_is_string(v) ? json_string_value(v) : "";
+}
+
+/* Checks OpenAI's error shape and returns error.param (or ""). */
+static void check_error(const char *path, const char *body, int want, const char *param) {
+  int st;
+  json_t *j = post(path, body, &st);
+  ck_assert_msg(st == want, "%s -> %d, want %d", body, st, want);
+  json_t *e = json_object_get(j, "error");
+  ck_assert(json_is_object(e));
+  ck_assert(json_is_string(json_object_get(e, "message")) && json_string_length(json_object_get(e, "message")) > 0);
+  ck_assert(json_is_string(json_object_get(e, "type")));
+  ck_assert(json_object_get(e, "param") && json_object_get(e, "code"));
+  if (param) ck_assert_str_eq(jstr(e, "param"), param);
+  json_decref(j);
+}
+
+START_TEST(test_models_and_health) {
+  char *b;
+  ck_assert_int_eq(http("GET", "/v1/models", NULL, NULL, &b), 200);
+  json_t *j = json_loads(b, 0, NULL);
+  free(b);
+  ck_assert_str_eq(jstr(j, "object"), "list");
+  json_t *m = json_array_get(json_object_get(j, "data"), 0);
+  ck_assert_str_eq(jstr(m, "id"), "smol");
+  ck_assert_str_eq(jstr(m, "object"), "model");
+  ck_assert_int_eq(json_integer_value(json_object_get(m, "max_model_len")), 100);
+  json_decref(j);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+  coord_http_set_ready(srv, false);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
+  check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
+  coord_http_set_ready(srv, true);
+  coord_http_set_draining(srv);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
+  check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
+}
+END_TEST
+
+START_TEST(test_completion_json) {
+  int st;
+  json_t *j = post("/v1/completions",
+                   "{\"model\":\"smol\",\"prompt\":\"hi\",\"max_tokens\":3,\"temperature\":0.5,\"top_p\":0.9,"
+                   "\"top_k\":7,\"min_p\":0.1,\"seed\":42,\"stop\":\"\\n\",\"ignore_eos\":true,"
+                   "\"repetition_penalty\":1.1,\"presence_penalty\":0.5,\"frequency_penalty\":-0.5,\"user\":\"x\"}",
+                   &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_str_eq(jstr(j, "object"), "text_completion");
+  ck_assert(!strncmp(jstr(j, "id"), "cmpl-", 5));
+  ck_assert_str_eq(jstr(j, "model"), "smol");
+  ck_assert(json_is_integer(json_object_get(j, "created")));
+  json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+  ck_assert_str_eq(jstr(c, "text"), "Hello world");
+  ck_assert_str_eq(jstr(c, "finish_reason"), "length");
+  ck_assert_int_eq(json_integer_value(json_object_get(c, "index")), 0);
+  ck_assert(json_is_null(json_object_get(c, "logprobs")));
+  json_t *u = json_object_get(j, "usage");
+  ck_assert_int_eq(json_integer_value(json_object_get(u, "prompt_tokens")), 5);
+  ck_assert_int_eq(json_integer_value(json_object_get(u, "completion_tokens")), 3);
+  ck_assert_int_eq(json_integer_value(json_object_get(u, "total_tokens")), 8);
+  json_decref(j);
+  /* what reached the coordinator */
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_float_eq_tol(fake.sp.temperature, 0.5f, 1e-6);
+  ck_assert_float_eq_tol(fake.sp.top_p, 0.9f, 1e-6);
+  ck_assert_int_eq(fake.sp.top_k, 7);
+  ck_assert_float_eq_tol(fake.sp.min_p, 0.1f, 1e-6);
+  ck_assert(fake.sp.has_seed && fake.sp.seed == 42);
+  ck_assert_float_eq_tol(fake.sp.repetition_penalty, 1.1f, 1e-6);
+  ck_assert_float_eq_tol(fake.sp.presence_penalty, 0.5f, 1e-6);
+  ck_assert_float_eq_tol(fake.sp.frequency_penalty, -0.5f, 1e-6);
+  ck_assert_int_eq(fake.sp.logprobs, -1);
+  ck_assert_uint_eq(fake.max_tokens, 3);
+  ck_assert_uint_eq(fake.n_stop, 1);
+  ck_assert_str_eq(fake.stop0, "\n");
+  ck_assert(fake.ignore_eos && !fake.stream);
+  pthread_mutex_unlock(&fake.mu);
+}
+END_TEST
+
+START_TEST(test_completion_tokens_defaults) {
+  int st;
+  json_t *j = post("/v1/completions", "{\"prompt\":[[5,6,7]],\"stop\":[\"a\",\"\",\"b\"],\"stop_token_ids\":[2,3]}", &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_str_eq(jstr(json_array_get(json_object_get(j, "choices"), 0), "finish_reason"), "stop");
+  json_decref(j);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_uint_eq(fake.n_tokens, 3);
+  ck_assert_int_eq(fake.token0, 5);
+  ck_assert_uint_eq(fake.max_tokens, 16); /* OpenAI's completions default */
+  ck_assert_uint_eq(fake.n_stop, 2);      /* "" stops nothing */
+  ck_assert_uint_eq(fake.n_stop_ids, 2);
+  ck_assert_float_eq(fake.sp.temperature, 1.0f);
+  pthread_mutex_unlock(&fake.mu);
+  j = post("/v1/chat/completions",
+           "{\"messages\":[{\"role\":\"system\",\"content\":\"s\"},{\"role\":\"user\",\"content\":"
+           "[{\"type\":\"text\",\"text\":\"a\"},{\"type\":\"text\",\"text\":\"b\"}]}],\"max_tokens\":50,"
+           "\"max_completion_tokens\":9}",
+           &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_str_eq(jstr(j, "object"), "chat.completion");
+  ck_assert(!strncmp(jstr(j, "id"), "chatcmpl-", 9));
+  json_t *msg = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "message");
+  ck_assert_str_eq(jstr(msg, "role"), "assistant");
+  ck_assert_str_eq(jstr(msg, "content"), "Hello world");
+  json_decref(j);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_uint_eq(fake.n_messages, 2);
+  ck_assert_uint_eq(fake.max_tokens, 9); /* max_completion_tokens wins */
+  pthread_mutex_unlock(&fake.mu);
+}
+END_TEST
+
+/* Reads a whole SSE stream: the data payloads, in order. */
+static int sse(const char *path, const char *body, json_t **chunks, int max, int *status) {
+  cli_http_t c;
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(&c, "POST", path, NULL, body, strlen(body)), 0);
+  *status = c.status;
+  int n = 0;
+  const char *d;
+  bool done = false;
+  while (cli_http_next_sse(&c, &d) == 1) {
+    ck_assert_msg(!done, "data after [DONE]");
+    if (!strcmp(d, "[DONE]")) {
+      done = true;
+      continue;
+    }
+    ck_assert_int_lt(n, max);
+    chunks[n] = json_loads(d, 0, NULL);
+    ck_assert_msg(chunks[n] != NULL, "chunk not JSON: %s", d);
+    n++;
+  }
+  ck_assert(done);
+  cli_http_close(&c);
+  return n;
+}
+
+START_TEST(test_chat_stream_usage) {
+  json_t *ch[16];
+  int st;
+  int n = sse("/v1/chat/completions",
+              "{\"model\":\"smol\",\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"stream\":true,"
+              "\"stream_options\":{\"include_usage\":true}}",
+              ch, 16, &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_int_eq(n, 4); /* 3 token chunks + the usage chunk */
+  char text[64] = "";
+  for (int i = 0; i < 3; i++) {
+    ck_assert_str_eq(jstr(ch[i], "object"), "chat.completion.chunk");
+    ck_assert_str_eq(jstr(ch[i], "id"), jstr(ch[0], "id"));
+    ck_assert(json_is_null(json_object_get(ch[i], "usage")));
+    json_t *c = json_array_get(json_object_get(ch[i], "choices"), 0);
+    json_t *delta = json_object_get(c, "delta");
+    if (i == 0) ck_assert_str_eq(jstr(delta, "role"), "assistant");
+    else ck_assert_ptr_null(json_object_get(delta, "role"));
+    strcat(text, jstr(delta, "content"));
+    if (i < 2) ck_assert(json_is_null(json_object_get(c, "finish_reason")));
+    else ck_assert_str_eq(jstr(c, "finish_reason"), "stop");
+  }
+  ck_assert_str_eq(text, "Hello world");
+  ck_assert_int_eq(json_array_size(json_object_get(ch[3], "choices")), 0);
+  json_t *u = json_object_get(ch[3], "usage");
+  ck_assert_int_eq(json_integer_value(json_object_get(u, "total_tokens")), 8);
+  for (int i = 0; i < n; i++) json_decref(ch[i]);
+  /* completions, no include_usage: no usage key at all */
+  n = sse("/v1/completions", "{\"prompt\":\"hi\",\"stream\":true,\"max_tokens\":3}", ch, 16, &st);
+  ck_assert_int_eq(n, 3);
+  ck_assert_str_eq(jstr(json_array_get(json_object_get(ch[2], "choices"), 0), "finish_reason"), "length");
+  ck_assert_str_eq(jstr(json_array_get(json_object_get(ch[1], "choices"), 0), "text"), "lo");
+  for (int i = 0; i < n; i++) {
+    ck_assert_ptr_null(json_object_get(ch[i], "usage"));
+    ck_assert_str_eq(jstr(ch[i], "object"), "text_completion");
+    json_decref(ch[i]);
+  }
+}
+END_TEST
+
+START_TEST(test_logprobs_shapes) {
+  int st;
+  json_t *j = post("/v1/chat/completions",
+                   "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"logprobs\":true,\"top_logprobs\":2}", &st);
+  ck_assert_int_eq(st, 200);
+  json_t *content = json_object_get(json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs"), "content");
+  ck_assert_int_eq(json_array_size(content), 3);
+  json_t *e0 = json_array_get(content, 0);
+  ck_assert_str_eq(jstr(e0, "token"), "token_id:11");
+  ck_assert_float_eq_tol(json_real_value(json_object_get(e0, "logprob")), -0.5, 1e-6);
+  ck_assert_int_eq(json_array_size(json_object_get(e0, "bytes")), 11);
+  json_t *tops = json_object_get(e0, "top_logprobs");
+  ck_assert_int_eq(json_array_size(tops), 2);
+  ck_assert_str_eq(jstr(json_array_get(tops, 1), "token"), "token_id:101");
+  json_decref(j);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_int_eq(fake.sp.logprobs, 2);
+  pthread_mutex_unlock(&fake.mu);
+  j = post("/v1/completions", "{\"prompt\":\"hi\",\"logprobs\":1}", &st);
+  ck_assert_int_eq(st, 200);
+  json_t *lp = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "logprobs");
+  ck_assert_int_eq(json_array_size(json_object_get(lp, "tokens")), 3);
+  ck_assert_int_eq(json_array_size(json_object_get(lp, "token_logprobs")), 3);
+  ck_assert_int_eq(json_array_size(json_object_get(lp, "text_offset")), 3);
+  json_t *top0 = json_array_get(json_object_get(lp, "top_logprobs"), 0);
+  ck_assert_float_eq_tol(json_real_value(json_object_get(top0, "token_id:100")), -0.1, 1e-6);
+  json_decref(j);
+}
+END_TEST
+
+START_TEST(test_errors) {
+  const char *C = "/v1/completions", *H = "/v1/chat/completions";
+  check_error(C, "{\"prompt\": \"hi\"", 400, NULL);
+  check_error(C, "[1,2]", 400, NULL);
+  check_error(C, "", 400, NULL);
+  check_error(C, "{}", 400, "prompt");
+  check_error(C, "{\"prompt\":\"hi\",\"n\":2}", 400, "n");
+  check_error(C, "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400, "temperature");
+  check_error(C, "{\"prompt\":\"hi\",\"temperature\":-1}", 400, "temperature");
+  check_error(C, "{\"prompt\":\"hi\",\"top_p\":0}", 400, "top_p");
+  check_error(C, "{\"prompt\":\"hi\",\"max_tokens\":0}", 400, "max_tokens");
+  check_error(C, "{\"prompt\":\"hi\",\"max_tokens\":1.5}", 400, "max_tokens");
+  check_error(C, "{\"prompt\":\"hi\",\"logprobs\":21}", 400, "logprobs");
+  check_error(C, "{\"prompt\":\"hi\",\"stop\":[1]}", 400, "stop");
+  check_error(C, "{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options");
+  check_error(C, "{\"prompt\":[-1]}", 400, "prompt");
+  check_error(C, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
+  check_error(C, "{\"prompt\":\"hi\",\"prompt\":\"again\"}", 400, NULL);
+  check_error(C, "{\"prompt\":\"hi\",\"model\":\"gpt-9\"}", 404, "model");
+  check_error(H, "{\"messages\":[]}", 400, "messages");
+  check_error(H, "{\"messages\":[{\"content\":\"x\"}]}", 400, "messages");
+  check_error(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", 400, "top_logprobs");
+  check_error(H, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"logprobs\":3}", 400, "logprobs");
+  /* too long for the 100-token context */
+  char big[1024] = "{\"prompt\":[";
+  for (int i = 0; i < 100; i++) strcat(big, i ? ",1" : "1");
+  strcat(big, "]}");
+  check_error(C, big, 400, "prompt");
+  check_error(C, "{\"prompt\":[1,2],\"max_tokens\":99}", 400, "max_tokens");
+  /* from the coordinator */
+  check_error(C, "{\"prompt\":\"busy\"}", 429, NULL);
+  check_error(C, "{\"prompt\":\"long\"}", 400, NULL);
+  check_error(C, "{\"prompt\":\"boom\"}", 500, NULL);
+  check_error("/v1/nothing", "{}", 404, NULL);
+  char *b;
+  ck_assert_int_eq(http("GET", "/v1/completions", NULL, NULL, &b), 405);
+  free(b);
+  ck_assert_int_eq(http("GET", "/nope", NULL, NULL, &b), 404);
+  ck_assert(strstr(b, "\"error\""));
+  free(b);
+  /* still healthy */
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+  int st;
+  json_t *j = post(C, "{\"prompt\":\"hi\"}", &st);
+  ck_assert_int_eq(st, 200);
+  json_decref(j);
+}
+END_TEST
+
+START_TEST(test_stream_error_after_start) {
+  json_t *ch[8];
+  int st;
+  int n = sse("/v1/completions", "{\"prompt\":\"boom\",\"stream\":true}", ch, 8, &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_int_eq(n, 2);
+  ck_assert(json_is_object(json_object_get(ch[1], "error")));
+  json_decref(ch[0]);
+  json_decref(ch[1]);
+}
+END_TEST
+
+START_TEST(test_api_key) {
+  teardown();
+  start_server("sekret", 0, 0);
+  char *b;
+  ck_assert_int_eq(http("GET", "/v1/models", NULL, NULL, &b), 401);
+  ck_assert(strstr(b, "invalid_api_key"));
+  free(b);
+  ck_assert_int_eq(http("GET", "/v1/models", "Authorization: Bearer wrong\r\n", NULL, NULL), 401);
+  ck_assert_int_eq(http("GET", "/v1/models", "Authorization: Bearer sekre\r\n", NULL, NULL), 401);
+  ck_assert_int_eq(http("POST", "/v1/completions", NULL, "{\"prompt\":\"hi\"}", NULL), 401);
+  ck_assert_int_eq(http("GET", "/v1/models", "Authorization: Bearer sekret\r\n", NULL, NULL), 200);
+  ck_assert_int_eq(http("POST", "/v1/completions", "Authorization: Bearer sekret\r\n", "{\"prompt\":\"hi\"}", NULL), 200);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200); /* as vLLM: no key needed */
+}
+END_TEST
+
+/* Waits until the fake saw a cancel for its last job. */
+static bool wait_cancel(int ms) {
+  for (int i = 0; i < ms / 10; i++) {
+    if (atomic_load(&fake.n_cancels) > 0 && atomic_load(&fake.last_cancel) == atomic_load(&fake.last_job)) return true;
+    usleep(10000);
+  }
+  return false;
+}
+
+START_TEST(test_disconnect_cancels) {
+  /* mid-stream: read the first chunk, then hang up */
+  cli_http_t c;
+  const char *body = "{\"prompt\":\"slow\",\"stream\":true}";
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(&c, "POST", "/v1/completions", NULL, body, strlen(body)), 0);
+  const char *d;
+  ck_assert_int_eq(cli_http_next_sse(&c, &d), 1);
+  ck_assert(strstr(d, "Hel"));
+  cli_http_close(&c);
+  ck_assert_msg(wait_cancel(2000), "no cancel after a mid-stream disconnect");
+  /* before the first token, non-streamed */
+  atomic_store(&fake.n_cancels, 0);
+  body = "{\"prompt\":\"hang\"}";
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  char head[256];
+  int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
+                   strlen(body), body);
+  ck_assert_int_eq(write(c.fd, head, (size_t)n), n);
+  for (int i = 0; i < 200 && atomic_load(&fake.n_submits) < 2; i++) usleep(10000);
+  cli_http_close(&c);
+  ck_assert_msg(wait_cancel(2000), "no cancel after a disconnect while waiting");
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+}
+END_TEST
+
+START_TEST(test_body_limits) {
+  /* declared too big: answered without reading the body */
+  cli_http_t c;
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  const char *head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100000000\r\n\r\n{\"prompt\":";
+  ck_assert_int_eq(write(c.fd, head, strlen(head)), (ssize_t)strlen(head));
+  char buf[512] = "";
+  struct pollfd p = {.fd = c.fd, .events = POLLIN};
+  ck_assert_int_eq(poll(&p, 1, 3000), 1);
+  ck_assert_int_gt(read(c.fd, buf, sizeof buf - 1), 0);
+  ck_assert_msg(strstr(buf, " 413 "), "got %s", buf);
+  cli_http_close(&c);
+  /* declared too big, sent anyway: the client still reads the 413 */
+  size_t n = (4u << 20) + 100;
+  char *big = malloc(n + 1);
+  memset(big, ' ', n);
+  big[n] = 0;
+  memcpy(big, "{\"prompt\":\"", 11);
+  ck_assert_int_eq(http("POST", "/v1/completions", NULL, big, NULL), 413);
+  /* sent chunked (no length up front): read, dropped past 4 MiB, then 413 */
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  fcntl(c.fd, F_SETFL, 0); /* blocking writes */
+  head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+  ck_assert_int_eq(write(c.fd, head, strlen(head)), (ssize_t)strlen(head));
+  for (size_t off = 0; off < n; off += 65536) {
+    size_t k = n - off < 65536 ? n - off : 65536;
+    char sz[32];
+    int m = snprintf(sz, sizeof sz, "%zx\r\n", k);
+    ck_assert_int_eq(write(c.fd, sz, (size_t)m), m);
+    for (size_t w = 0; w < k;) {
+      ssize_t r = write(c.fd, big + off + w, k - w);
+      ck_assert_msg(r > 0, "write at %zu: %s", off + w, strerror(errno));
+      w += (size_t)r;
+    }
+    ck_assert_int_eq(write(c.fd, "\r\n", 2), 2);
+  }
+  ck_assert_int_eq(write(c.fd, "0\r\n\r\n", 5), 5);
+  memset(buf, 0, sizeof buf);
+  p.fd = c.fd;
+  ck_assert_int_eq(poll(&p, 1, 3000), 1);
+  ck_assert_int_gt(read(c.fd, buf, sizeof buf - 1), 0);
+  ck_assert_msg(strstr(buf, " 413 "), "got %s", buf);
+  cli_http_close(&c);
+  free(big);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+}
+END_TEST
+
+START_TEST(test_slow_clients) {
+  teardown();
+  start_server(NULL, 8, 1);
+  int fds[6];
+  for (int i = 0; i < 6; i++) { /* half a request each, then silence */
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
+    ck_assert_int_eq(connect(fds[i], (struct sockaddr *)&a, sizeof a), 0);
+    const char *half = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Le";
+    ck_assert_int_eq(write(fds[i], half, strlen(half)), (ssize_t)strlen(half));
+  }
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200); /* served beside them */
+  usleep(2500 * 1000);                                            /* the 1 s idle timeout closes them */
+  for (int i = 0; i < 6; i++) {
+    char b;
+    struct pollfd p = {.fd = fds[i], .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 1000), 1);
+    ck_assert_int_le(read(fds[i], &b, 1), 0);
+    close(fds[i]);
+  }
+  /* a job that waits longer than the idle timeout is still answered */
+  int st;
+  json_t *j = post("/v1/completions", "{\"prompt\":\"delay\"}", &st);
+  ck_assert_int_eq(st, 200);
+  json_decref(j);
+  /* more concurrent connections than the limit: the extra ones are refused, later ones work */
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+}
+END_TEST
+
+START_TEST(test_metrics_endpoint) {
+  coord_metrics_request_start(metrics);
+  coord_metrics_set_running(metrics, 3);
+  coord_metrics_ttft(metrics, 0.03);
+  char *b;
+  ck_assert_int_eq(http("GET", "/metrics", NULL, NULL, &b), 200);
+  ck_assert(strstr(b, "ferrum:num_requests_running{model_name=\"smol\"} 3\n"));
+  ck_assert(strstr(b, "ferrum:request_received_total{model_name=\"smol\"} 1\n"));
+  ck_assert(strstr(b, "ferrum:time_to_first_token_seconds_bucket{le=\"0.04\",model_name=\"smol\"} 1\n"));
+  ck_assert(strstr(b, "ferrum:time_to_first_token_seconds_bucket{le=\"0.02\",model_name=\"smol\"} 0\n"));
+  free(b);
+  int st;
+  json_t *j = post("/v1/completions", "{\"prompt\":\"hi\"}", &st);
+  json_decref(j);
+  j = post("/v1/completions", "{}", &st);
+  json_decref(j);
+  ck_assert_int_eq(http("GET", "/metrics", NULL, NULL, &b), 200);
+  ck_assert(strstr(b, "ferrum:http_requests_total{code=\"2xx\",model_name=\"smol\"} 2\n")); /* /metrics + the job */
+  ck_assert(strstr(b, "ferrum:http_requests_total{code=\"4xx\",model_name=\"smol\"} 1\n"));
+  free(b);
+}
+END_TEST
+
+static Suite *http_suite(void) {
+  Suite *s = suite_create("http");
+  TCase *tc = tcase_create("server");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 30);
+  tcase_add_test(tc, test_models_and_health);
+  tcase_add_test(tc, test_completion_json);
+  tcase_add_test(tc, test_completion_tokens_defaults);
+  tcase_add_test(tc, test_chat_stream_usage);
+  tcase_add_test(tc, test_logprobs_shapes);
+  tcase_add_test(tc, test_errors);
+  tcase_add_test(tc, test_stream_error_after_start);
+  tcase_add_test(tc, test_api_key);
+  tcase_add_test(tc, test_disconnect_cancels);
+  tcase_add_test(tc, test_body_limits);
+  tcase_add_test(tc, test_slow_clients);
+  tcase_add_test(tc, test_metrics_endpoint);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+int main(void) {
+  SRunner *sr = srunner_create(http_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -1,0 +1,226 @@
+/* test_http_json.c - request parsing and validation (coord_http_req_parse),
+ * response shapes built from events, error bodies, and the metrics
+ * registry's Prometheus text. */
+#include <check.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <jansson.h>
+
+#include "coordinator/http_internal.h"
+#include "coordinator/metrics.h"
+
+static int parse(coord_http_api_t api, const char *body, coord_http_req_t *r, coord_http_err_t *e) {
+  return coord_http_req_parse(r, api, body, strlen(body), "smol", 64, e);
+}
+
+START_TEST(test_parse_completion) {
+  coord_http_req_t r;
+  coord_http_err_t e;
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS,
+                         "{\"prompt\":[\"hello\"],\"max_tokens\":5,\"top_k\":-1,\"seed\":-3,\"stream\":true,"
+                         "\"stream_options\":{\"include_usage\":true},\"logprobs\":0,\"stop\":[\"x\",\"y\"]}",
+                         &r, &e),
+                   0);
+  ck_assert_str_eq(r.sub.prompt, "hello");
+  ck_assert_uint_eq(r.sub.prompt_len, 5);
+  ck_assert_uint_eq(r.sub.max_tokens, 5);
+  ck_assert_int_eq(r.sub.sp.top_k, 0);
+  ck_assert(r.sub.sp.has_seed && r.sub.sp.seed == (uint64_t)-3);
+  ck_assert(r.stream && r.include_usage && r.sub.stream);
+  ck_assert_int_eq(r.logprobs, 0);
+  ck_assert_int_eq(r.sub.sp.logprobs, 0);
+  ck_assert_uint_eq(r.sub.n_stop, 2);
+  ck_assert_str_eq(r.sub.stop[1], "y");
+  ck_assert_uint_eq(r.sub.n_messages + r.sub.n_tokens, 0);
+  /* a submit built from it passes the protocol's own checks */
+  r.sub.id = 7;
+  proto_buf_t b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0);
+  proto_buf_free(&b);
+  coord_http_req_free(&r);
+}
+END_TEST
+
+START_TEST(test_parse_chat) {
+  coord_http_req_t r;
+  coord_http_err_t e;
+  ck_assert_int_eq(parse(COORD_HTTP_API_CHAT,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null},"
+                         "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"a\\u00e9\"},{\"type\":\"text\","
+                         "\"text\":\"b\"}]}],\"logprobs\":true}",
+                         &r, &e),
+                   0);
+  ck_assert_uint_eq(r.sub.n_messages, 3);
+  ck_assert_str_eq(r.sub.messages[1].content, "");
+  ck_assert_str_eq(r.sub.messages[2].content, "a\xc3\xa9" "b");
+  ck_assert_uint_eq(r.sub.messages[2].content_len, 4);
+  ck_assert_uint_eq(r.sub.max_tokens, 0); /* chat: until the context ends */
+  ck_assert_int_eq(r.logprobs, 0);
+  r.sub.id = 1;
+  proto_buf_t b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0);
+  proto_buf_free(&b);
+  coord_http_req_free(&r);
+}
+END_TEST
+
+START_TEST(test_parse_errors) {
+  static const struct {
+    coord_http_api_t api;
+    const char *body;
+    int status;
+    const char *param;
+  } cases[] = {
+      {COORD_HTTP_API_COMPLETIONS, "nul", 400, NULL},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, NULL},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1e400}", 400, NULL},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream\":1}", 400, "stream"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_p\":2}", 400, "min_p"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"repetition_penalty\":0}", 400, "repetition_penalty"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"presence_penalty\":2.5}", 400, "presence_penalty"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"stop_token_ids\":[\"x\"]}", 400, "stop_token_ids"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[1,2147483648]}", 400, "prompt"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"\"}", 400, "prompt"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"model\":7}", 400, "model"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"model\":\"other\"}", 404, "model"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":{}}", 400, "messages"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":5}]}", 400, "messages"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "messages"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", 400,
+       "max_completion_tokens"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    coord_http_req_t r;
+    coord_http_err_t e;
+    ck_assert_msg(parse(cases[i].api, cases[i].body, &r, &e) == -1, "accepted %s", cases[i].body);
+    ck_assert_msg(e.status == cases[i].status, "%s: status %d", cases[i].body, e.status);
+    if (cases[i].param) ck_assert_msg(e.param && !strcmp(e.param, cases[i].param), "%s: param %s", cases[i].body, e.param);
+    ck_assert(e.message[0]);
+    ck_assert_ptr_null(r.root); /* freed on failure */
+  }
+}
+END_TEST
+
+START_TEST(test_error_json) {
+  coord_http_err_t e;
+  coord_http_err(&e, 429, NULL, "full \"queue\"");
+  char *s = coord_http_error_json(&e);
+  json_t *j = json_loads(s, 0, NULL), *o = json_object_get(j, "error");
+  ck_assert_str_eq(json_string_value(json_object_get(o, "message")), "full \"queue\"");
+  ck_assert_str_eq(json_string_value(json_object_get(o, "type")), "rate_limit_error");
+  ck_assert(json_is_null(json_object_get(o, "param")));
+  ck_assert_str_eq(json_string_value(json_object_get(o, "code")), "rate_limit_exceeded");
+  json_decref(j);
+  free(s);
+  coord_http_err(&e, 400, "x", "bad \xff bytes"); /* not UTF-8: still valid JSON */
+  s = coord_http_error_json(&e);
+  ck_assert_ptr_nonnull(s);
+  j = json_loads(s, 0, NULL);
+  ck_assert_ptr_nonnull(j);
+  json_decref(j);
+  free(s);
+  coord_http_err_from_proto(&e, PROTO_ERR_UNAVAILABLE, "draining");
+  ck_assert_int_eq(e.status, 503);
+  coord_http_err_from_proto(&e, 7, NULL);
+  ck_assert_int_eq(e.status, 500);
+}
+END_TEST
+
+START_TEST(test_final_json_utf8) {
+  coord_http_meta_t m = {.api = COORD_HTTP_API_COMPLETIONS, .id = "cmpl-1", .created = 5, .model = "smol", .logprobs = -1};
+  coord_http_acc_t a;
+  coord_http_acc_init(&a);
+  int32_t t[2] = {1, 2};
+  proto_event_t ev = {.id = 1, .text = "caf\xc3\xa9", .n_tokens = 2, .tokens = t};
+  ck_assert_int_eq(coord_http_acc_add(&a, &m, &ev), 0);
+  proto_event_t fin = {.id = 1, .finish = PROTO_FINISH_STOP, .has_usage = true, .usage = {4, 2, 3}};
+  ck_assert_int_eq(coord_http_acc_add(&a, &m, &fin), 0);
+  char *s = coord_http_final_json(&m, &a);
+  json_t *j = json_loads(s, 0, NULL);
+  json_t *c = json_array_get(json_object_get(j, "choices"), 0);
+  ck_assert_str_eq(json_string_value(json_object_get(c, "text")), "caf\xc3\xa9");
+  ck_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "stop");
+  json_t *u = json_object_get(j, "usage");
+  ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")), 3);
+  json_decref(j);
+  free(s);
+  coord_http_acc_free(&a);
+}
+END_TEST
+
+START_TEST(test_metrics_text) {
+  coord_metrics_t *m;
+  ck_assert_int_eq(coord_metrics_create(&m, "a\"b\\c\nd"), 0);
+  coord_metrics_ttft(m, 0.005); /* on a bound: counts in le="0.005" */
+  coord_metrics_ttft(m, 0.3);
+  coord_metrics_ttft(m, 1e9);   /* +Inf only */
+  coord_metrics_ttft(m, NAN);   /* as 0 */
+  coord_metrics_tokens(m, 10, 3);
+  coord_metrics_tokens(m, 5, 1);
+  coord_metrics_prefix(m, 32, 16);
+  coord_metrics_preemption(m, 2);
+  coord_metrics_set_kv(m, 25, 100);
+  coord_metrics_set_waiting(m, 4);
+  coord_metrics_request_finish(m, COORD_METRICS_FINISH_LENGTH);
+  coord_metrics_request_finish(m, (coord_metrics_finish_t)99); /* out of range: abort */
+  char *t;
+  size_t len;
+  ck_assert_int_eq(coord_metrics_render(m, &t, &len), 0);
+  ck_assert_uint_eq(strlen(t), len);
+#define L "model_name=\"a\\\"b\\\\c\\nd\""
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_bucket{le=\"0.001\"," L "} 1\n"));
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_bucket{le=\"0.005\"," L "} 2\n"));
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_bucket{le=\"0.25\"," L "} 2\n"));
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_bucket{le=\"0.5\"," L "} 3\n"));
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_bucket{le=\"2560\"," L "} 3\n"));
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_bucket{le=\"+Inf\"," L "} 4\n"));
+  ck_assert(strstr(t, "ferrum:time_to_first_token_seconds_count{" L "} 4\n"));
+  ck_assert(strstr(t, "# TYPE ferrum:time_to_first_token_seconds histogram\n"));
+  ck_assert(strstr(t, "ferrum:prompt_tokens_total{" L "} 15\n"));
+  ck_assert(strstr(t, "ferrum:generation_tokens_total{" L "} 4\n"));
+  ck_assert(strstr(t, "ferrum:prefix_cache_queries_total{" L "} 32\n"));
+  ck_assert(strstr(t, "ferrum:prefix_cache_hits_total{" L "} 16\n"));
+  ck_assert(strstr(t, "ferrum:num_preemptions_total{" L "} 2\n"));
+  ck_assert(strstr(t, "ferrum:kv_cache_usage_perc{" L "} 0.25\n"));
+  ck_assert(strstr(t, "ferrum:num_requests_waiting{" L "} 4\n"));
+  ck_assert(strstr(t, "ferrum:request_success_total{finished_reason=\"length\"," L "} 1\n"));
+  ck_assert(strstr(t, "ferrum:request_success_total{finished_reason=\"abort\"," L "} 1\n"));
+  ck_assert(strstr(t, "# TYPE ferrum:prompt_tokens_total counter\n"));
+  /* the sum: 0.005 + 0.3 + 1e9 + 0 */
+  const char *sum = strstr(t, "ferrum:time_to_first_token_seconds_sum{" L "} ");
+  ck_assert_ptr_nonnull(sum);
+  ck_assert_double_eq_tol(strtod(strchr(sum, '}') + 2, NULL), 1e9 + 0.305, 1e-3);
+  /* every line is a comment or "name{labels} value" */
+  for (char *line = t; *line;) {
+    char *nl = strchr(line, '\n');
+    ck_assert_ptr_nonnull(nl);
+    ck_assert(line[0] == '#' || (!strncmp(line, "ferrum:", 7) && strchr(line, '}') && strchr(line, '}') < nl));
+    line = nl + 1;
+  }
+  free(t);
+  coord_metrics_destroy(m);
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("http_json");
+  TCase *tc = tcase_create("json");
+  tcase_add_test(tc, test_parse_completion);
+  tcase_add_test(tc, test_parse_chat);
+  tcase_add_test(tc, test_parse_errors);
+  tcase_add_test(tc, test_error_json);
+  tcase_add_test(tc, test_final_json_utf8);
+  tcase_add_test(tc, test_metrics_text);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

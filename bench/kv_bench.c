@@ -92,20 +92,23 @@ static int32_t *prompt(uint32_t seed) {
 static void bench_evicting_alloc(void) {
   kv_ctl_t *ctl = mk(true, PROMPT / BS);
   kv_copy_t cp;
-  for (uint32_t p = 0; p < NB / (PROMPT / BS); p++) {
-    int32_t *t = prompt(p);
-    int s;
-    if (kv_seq_alloc_slot(ctl, 0, &s) || kv_seq_append(ctl, s, PROMPT, &cp) ||
-        kv_prefix_commit(ctl, s, t, PROMPT) || kv_seq_free(ctl, s))
-      exit(3);
-    free(t);
-  }
   static uint32_t ids[NB];
-  uint64_t t0 = fr_now_ns();
-  for (int i = 0; i < NB; i++) ids[i] = kv__block_alloc(ctl); /* every one evicts */
-  double ns_alloc = (double)(fr_now_ns() - t0) / NB;
-  for (int i = NB - 1; i >= 0; i--) kv__block_unref(ctl, ids[i]);
-  report("block allocate that evicts a cached block", ns_alloc, 0);
+  double best = 1e30;
+  for (int r = 0; r < FR_MIN(g_repeats, 3); r++) {
+    for (uint32_t p = 0; p < NB / (PROMPT / BS); p++) {
+      int32_t *t = prompt(p + 1000u * (uint32_t)r);
+      int s;
+      if (kv_seq_alloc_slot(ctl, 0, &s) || kv_seq_append(ctl, s, PROMPT, &cp) ||
+          kv_prefix_commit(ctl, s, t, PROMPT) || kv_seq_free(ctl, s))
+        exit(3);
+      free(t);
+    }
+    uint64_t t0 = fr_now_ns();
+    for (int i = 0; i < NB; i++) ids[i] = kv__block_alloc(ctl); /* every one evicts */
+    best = FR_MIN(best, (double)(fr_now_ns() - t0) / NB);
+    for (int i = NB - 1; i >= 0; i--) kv__block_unref(ctl, ids[i]);
+  }
+  report("block allocate that evicts a cached block", best, 0);
   kv_control_destroy(ctl);
 }
 

@@ -174,6 +174,8 @@ typedef struct {
   int32_t *tokens;     /* (n_tokens) */
   bool final;          /* "f"  last chunk of the prompt or a decode: sample after it */
   proto_sampling_t sp; /* "sp" */
+  uint32_t prompt_len; /* "pl" default 0: the sequence's prompt tokens; the ones fed after
+                        * them are output (penalties, the sampler's draw index) */
 } proto_step_item_t;
 
 typedef struct {
@@ -320,7 +322,12 @@ typedef struct {
   uint32_t running;        /* "run" */
   uint32_t kv_used_blocks; /* "kvu" */
   uint32_t kv_total_blocks;/* "kvt" */
-  uint32_t n_workers;      /* "nw" */
+  uint32_t n_workers;      /* "nw" workers ready */
+  uint64_t prefix_queries; /* "pcq" prompt tokens looked up in the prefix cache */
+  uint64_t prefix_hits;    /* "pch" ... of which found */
+  uint64_t preemptions;    /* "pre" sequences preempted (recomputed later) */
+  uint32_t worker_restarts;/* "wr"  workers restarted after a crash */
+  bool draining;           /* "dr"  refusing new jobs, finishing running ones */
 } proto_status_reply_t;
 
 typedef struct {

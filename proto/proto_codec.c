@@ -200,18 +200,6 @@ static inline uint8_t *put_arr_head(uint8_t *p, uint32_t n) {
   }
   return p;
 }
-static inline uint8_t *put_map_head(uint8_t *p, uint32_t n) {
-  if (n < 16) {
-    *p++ = (uint8_t)(0x80 | n);
-  } else if (n <= 0xffff) {
-    *p++ = 0xde;
-    p = put_be16(p, (uint16_t)n);
-  } else {
-    *p++ = 0xdf;
-    p = put_be32(p, n);
-  }
-  return p;
-}
 static inline uint8_t *put_bin_head(uint8_t *p, uint32_t n) {
   if (n <= 0xff) {
     *p++ = 0xc4;

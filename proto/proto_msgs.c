@@ -192,6 +192,7 @@ static const proto_field_t f_step_item[] = {
     FARR("tk", PF_I32S, PF_REQ, proto_step_item_t, tokens, n_tokens, PROTO_MAX_TOKENS),
     FS("f", PF_BOOL, 0, proto_step_item_t, final),
     FOBJ("sp", 0, proto_step_item_t, sp, s_sampling),
+    FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);
 
@@ -327,6 +328,11 @@ static const proto_field_t f_status_r[] = {
     FS("kvu", PF_U32, 0, proto_status_reply_t, kv_used_blocks),
     FS("kvt", PF_U32, 0, proto_status_reply_t, kv_total_blocks),
     FS("nw", PF_U32, 0, proto_status_reply_t, n_workers),
+    FS("pcq", PF_U64, 0, proto_status_reply_t, prefix_queries),
+    FS("pch", PF_U64, 0, proto_status_reply_t, prefix_hits),
+    FS("pre", PF_U64, 0, proto_status_reply_t, preemptions),
+    FS("wr", PF_U32, 0, proto_status_reply_t, worker_restarts),
+    FS("dr", PF_BOOL, 0, proto_status_reply_t, draining),
 };
 SCHEMA(s_status_r, "status_r", proto_status_reply_t, f_status_r, def_status_r, NULL);
 

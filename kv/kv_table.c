@@ -62,6 +62,7 @@ int kv_seq_attach_prefix(kv_ctl_t *ctl, int slot, const int32_t *tokens, int n, 
   int err = kv__slot_check(ctl, slot, "attach prefix");
   if (err) return err;
   kv__slot_t *sl = &ctl->slots[slot];
+  if (n < 0 || (n > 0 && !tokens) || !n_cached_tokens) return fr_errorf(-EINVAL, "kv: attach prefix: bad arguments");
   if (sl->len != 0 || sl->n_blocks != 0) return fr_errorf(FR_ESTATE, "kv: attach prefix: slot %d is not empty", slot);
   int n_blk = ctl->prefix_cache ? FR_MIN(n / ctl->block_size, ctl->max_bps) : 0;
   int32_t *t = kv__table(ctl, slot);

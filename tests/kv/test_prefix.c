@@ -144,6 +144,9 @@ START_TEST(test_revive_after_free) {
   ck_assert_int_eq(kv_seq_len(ctl, t), 3 * BS);
   ck_assert_int_eq(kv_blocks_free_count(ctl), 13);
   ck_assert_int_eq(kv_seq_attach_prefix(ctl, t, a, 4 * BS, &cached), FR_ESTATE); /* not empty */
+  ck_assert_int_eq(kv_seq_attach_prefix(ctl, t, a, -1, &cached), -EINVAL);
+  ck_assert_int_eq(kv_seq_attach_prefix(ctl, t, NULL, 4, &cached), -EINVAL);
+  ck_assert_int_eq(kv_seq_attach_prefix(ctl, 7, a, 4, &cached), -EINVAL);
   ck_assert_int_eq(kv_seq_append(ctl, t, BS, &cp), 0);
   ck_assert_int_eq(cp.src, -1);
   kv_stats_t st;

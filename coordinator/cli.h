@@ -5,6 +5,7 @@
 #include <stdbool.h>
 
 #include "kernels/kern.h"
+#include "proto/proto.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -32,6 +33,22 @@ const char *cli_default_model(void);
  * when it is not a number in [lo, hi]. */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+
+/* ---- engine client helpers (cli_rpc.c, cli_serve.c) ---- */
+
+/* The pid of the ferrumctl server bound to an RPC endpoint (its pid file),
+ * or -1 when none runs. */
+int cli_server_pid(const char *rpc);
+/* True when a ready server answers at rpc and serves the model file's name. */
+bool cli_engine_running(const char *rpc, const char *model_path);
+/* Submits req at rpc, streams the text to stdout (then a newline); stats:
+ * timings on stderr. Returns 0 or an error (the job's error included). */
+int cli_engine_generate(const char *rpc, const proto_submit_t *req, int timeout_ms, bool stats);
+/* Starts a private server (ferrumctl serve --no-http on a private ipc://
+ * endpoint, written to rpc) and waits until it is ready; *pid gets its pid. */
+int cli_engine_start_private(const char *model, const char *device, int threads, char *rpc, size_t cap, int *pid);
+/* Drains and reaps a private server. */
+void cli_engine_stop_private(int pid);
 
 /* Creates the backend named by --device ("cpu" or "cuda[:N]"). */
 int cli_backend_create(const char *device, int threads, kern_backend_t **out);

@@ -1,4 +1,7 @@
-/* cli_run.c - `ferrumctl run`: generate text from a prompt in-process.
+/* cli_run.c - `ferrumctl run`: generate text from a prompt. It uses the
+ * server on the default RPC endpoint when one answers (and serves the same
+ * model), otherwise it starts a private engine (coordinator + worker
+ * processes) for the call; --in-process generates in this process instead.
  * stdout gets only the generated text; diagnostics go to stderr. */
 #include <getopt.h>
 #include <stdio.h>
@@ -10,6 +13,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/cli.h"
+#include "coordinator/coord.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/prompt.h"
@@ -20,7 +24,7 @@ typedef struct {
   long max_tokens, threads, top_k;
   double temperature, top_p, min_p;
   unsigned long long seed;
-  bool raw, seed_set;
+  bool raw, seed_set, in_process;
 } run_opts_t;
 
 static void run_usage(FILE *f) {
@@ -36,19 +40,21 @@ static void run_usage(FILE *f) {
           "  --min-p P           0 = off (default 0.05)\n"
           "  --seed S            RNG seed (default: random)\n"
           "  --threads N         CPU threads (default: all cores)\n"
-          "  --device DEV        cpu (default) or cuda[:N]\n",
+          "  --device DEV        cpu (default) or cuda[:N]\n"
+          "  --in-process        generate in this process, without the engine\n",
           cli_default_model());
 }
 
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE };
+  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_INPROC };
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},     {"prompt", required_argument, 0, O_PROMPT},
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"temperature", required_argument, 0, O_TEMP},
       {"top-k", required_argument, 0, O_TOPK},      {"top-p", required_argument, 0, O_TOPP},
       {"min-p", required_argument, 0, O_MINP},      {"seed", required_argument, 0, O_SEED},
       {"raw", no_argument, 0, O_RAW},               {"threads", required_argument, 0, O_THREADS},
-      {"device", required_argument, 0, O_DEVICE},   {"help", no_argument, 0, 'h'},
+      {"device", required_argument, 0, O_DEVICE},   {"in-process", no_argument, 0, O_INPROC},
+      {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
                     .device = "cpu"};
@@ -73,6 +79,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     case O_RAW: o->raw = true; break;
     case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 1024, &o->threads)) return 2; break;
     case O_DEVICE: o->device = optarg; break;
+    case O_INPROC: o->in_process = true; break;
     case 'h': run_usage(stdout); return 1;
     default: run_usage(stderr); return 2;
     }
@@ -126,10 +133,41 @@ static int run_generate(model_t *m, model_gen_t *g, const run_opts_t *o, const i
   return rc;
 }
 
+/* The engine path: a running server, or a private one for this call. */
+static int run_engine(const run_opts_t *o) {
+  proto_submit_t req = {.sp = proto_sampling_default(), .max_tokens = (uint32_t)o->max_tokens, .stream = true};
+  proto_chat_msg_t msg = {.role = "user", .content = (char *)o->prompt};
+  if (o->raw) req.prompt = (char *)o->prompt;
+  else req.messages = &msg, req.n_messages = 1;
+  req.sp.temperature = (float)o->temperature;
+  req.sp.top_k = (int32_t)o->top_k;
+  req.sp.top_p = o->top_p > 0 ? (float)o->top_p : 1e-6f;
+  req.sp.min_p = (float)o->min_p;
+  req.sp.seed = o->seed, req.sp.has_seed = true;
+  if (o->max_tokens == 0) {
+    fputc('\n', stdout);
+    return 0;
+  }
+  char rpc[700];
+  int pid = -1, rc = coord_default_rpc_addr(rpc, sizeof rpc);
+  if (rc == 0 && !cli_engine_running(rpc, o->model)) {
+    FR_LOGI("no server at %s: starting a private engine", rpc);
+    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, rpc, sizeof rpc, &pid);
+  }
+  if (rc == 0) rc = cli_engine_generate(rpc, &req, -1, true);
+  int err = rc;
+  char msgbuf[512];
+  snprintf(msgbuf, sizeof msgbuf, "%s", rc ? fr_last_error() : "");
+  cli_engine_stop_private(pid);
+  if (err) fprintf(stderr, "ferrumctl run: %s\n", msgbuf);
+  return err ? 1 : 0;
+}
+
 int cli_cmd_run(int argc, char **argv) {
   run_opts_t o;
   int prc = run_parse(argc, argv, &o);
   if (prc) return prc == 1 ? 0 : prc;
+  if (!o.in_process) return run_engine(&o);
   kern_backend_t *be = NULL;
   model_t *m = NULL;
   model_gen_t *g = NULL;

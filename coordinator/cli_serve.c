@@ -1,0 +1,257 @@
+/* cli_serve.c - `ferrumctl serve` (the coordinator is this process; it
+ * starts and supervises the workers and the HTTP frontend) and `ferrumctl
+ * stop` (drain the server bound to an RPC endpoint). */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/cli.h"
+#include "coordinator/coord.h"
+#if defined(FERRUM_HAVE_HTTP) && __has_include("coordinator/http.h")
+#include "coordinator/http.h"
+#include "coordinator/metrics.h"
+#define CLI_SERVE_HTTP 1
+#endif
+
+typedef struct {
+  coord_config_t k;
+  const char *host, *api_key;
+  long port;
+  bool no_http;
+} serve_opts_t;
+
+static void serve_usage(FILE *f) {
+  fprintf(f,
+          "usage: ferrumctl serve [--model PATH] [options]\n"
+          "  --model PATH                  GGUF file or Hugging Face folder (default: %s)\n"
+          "  --device DEV                  cpu (default) or cuda[:N]\n"
+          "  --tensor-parallel-size N      workers (default 1)\n"
+          "  --threads N                   CPU threads per worker (default: all cores)\n"
+          "  --host ADDR / --port N        HTTP address (default 127.0.0.1:8000; port 0 = any)\n"
+          "  --no-http                     RPC only\n"
+          "  --rpc ADDR                    RPC endpoint (default ipc://<runtime dir>/rpc.sock)\n"
+          "  --max-model-len N             context length (default: the model's)\n"
+          "  --max-num-seqs N              sequences per step (default 64)\n"
+          "  --max-num-batched-tokens N    tokens per step (default 512)\n"
+          "  --block-size N                tokens per KV block (default 16)\n"
+          "  --num-kv-blocks N             KV blocks (default: 4 contexts' worth, at most 4096)\n"
+          "  --enable-prefix-caching / --no-enable-prefix-caching   (default on)\n"
+          "  --api-key KEY                 HTTP clients must send this bearer token\n"
+          "  --served-model-name NAME      model name for clients (default: the file name)\n"
+          "  --step-stats FILE             write the coordinator's time per step (us) at exit\n",
+          cli_default_model());
+}
+
+enum {
+  O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
+  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE
+};
+
+static int serve_opt(serve_opts_t *o, int c) {
+  long v;
+  coord_config_t *k = &o->k;
+  switch (c) {
+  case O_MODEL: k->model_path = optarg; return 0;
+  case O_DEVICE: k->device = optarg; return 0;
+  case O_TP: if (cli_parse_int("--tensor-parallel-size", optarg, 1, 16, &v)) return 2; k->tp_size = (int)v; return 0;
+  case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 1024, &v)) return 2; k->threads = (int)v; return 0;
+  case O_HOST: o->host = optarg; return 0;
+  case O_PORT: if (cli_parse_int("--port", optarg, 0, 65535, &o->port)) return 2; return 0;
+  case O_NOHTTP: o->no_http = true; return 0;
+  case O_RPC: k->rpc_addr = optarg; return 0;
+  case O_MML: if (cli_parse_int("--max-model-len", optarg, 2, 1 << 20, &v)) return 2; k->max_model_len = (int)v; return 0;
+  case O_MNS: if (cli_parse_int("--max-num-seqs", optarg, 1, 4096, &v)) return 2; k->max_num_seqs = (int)v; return 0;
+  case O_MNBT:
+    if (cli_parse_int("--max-num-batched-tokens", optarg, 1, 65536, &v)) return 2;
+    k->max_num_batched_tokens = (int)v;
+    return 0;
+  case O_BS: if (cli_parse_int("--block-size", optarg, 1, 256, &v)) return 2; k->block_size = (int)v; return 0;
+  case O_NKV: if (cli_parse_int("--num-kv-blocks", optarg, 1, 1 << 24, &v)) return 2; k->num_kv_blocks = (int)v; return 0;
+  case O_PC: k->no_prefix_caching = false; return 0;
+  case O_NOPC: k->no_prefix_caching = true; return 0;
+  case O_KEY: o->api_key = optarg; return 0;
+  case O_NAME: k->served_model_name = optarg; return 0;
+  case O_STATS: k->step_stats_path = optarg; return 0;
+  case O_FAKE: k->fake_workers = true; return 0;
+  case 'h': serve_usage(stdout); return 1;
+  default: serve_usage(stderr); return 2;
+  }
+}
+
+static int serve_parse(int argc, char **argv, serve_opts_t *o) {
+  static const struct option lo[] = {
+      {"model", required_argument, 0, O_MODEL},
+      {"device", required_argument, 0, O_DEVICE},
+      {"tensor-parallel-size", required_argument, 0, O_TP},
+      {"threads", required_argument, 0, O_THREADS},
+      {"host", required_argument, 0, O_HOST},
+      {"port", required_argument, 0, O_PORT},
+      {"no-http", no_argument, 0, O_NOHTTP},
+      {"rpc", required_argument, 0, O_RPC},
+      {"max-model-len", required_argument, 0, O_MML},
+      {"max-num-seqs", required_argument, 0, O_MNS},
+      {"max-num-batched-tokens", required_argument, 0, O_MNBT},
+      {"block-size", required_argument, 0, O_BS},
+      {"num-kv-blocks", required_argument, 0, O_NKV},
+      {"enable-prefix-caching", no_argument, 0, O_PC},
+      {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
+      {"api-key", required_argument, 0, O_KEY},
+      {"served-model-name", required_argument, 0, O_NAME},
+      {"step-stats", required_argument, 0, O_STATS},
+      {"fake-workers", no_argument, 0, O_FAKE},
+      {"help", no_argument, 0, 'h'},
+      {0, 0, 0, 0}};
+  memset(o, 0, sizeof *o);
+  o->port = 8000;
+  o->host = "127.0.0.1";
+  optind = 1;
+  int c;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    int rc = serve_opt(o, c);
+    if (rc) return rc;
+  }
+  if (optind < argc) {
+    fprintf(stderr, "ferrumctl serve: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (!o->k.model_path) o->k.model_path = cli_default_model();
+  return 0;
+}
+
+#ifdef CLI_SERVE_HTTP
+static void serve_hook_ready(void *arg, bool ready) { coord_http_set_ready(arg, ready); }
+static void serve_hook_drain(void *arg) { coord_http_set_draining(arg); }
+
+static int serve_http_start(coord_t *c, const serve_opts_t *o, coord_metrics_t *m, coord_http_t **out) {
+  coord_http_config_t hc = {.zmq_ctx = coord_zmq_ctx(c),
+                            .rpc_endpoint = coord_inproc_endpoint(c),
+                            .host = o->host,
+                            .port = (int)o->port,
+                            .api_key = o->api_key,
+                            .served_model_name = coord_served_model_name(c),
+                            .max_model_len = (uint32_t)coord_max_model_len(c),
+                            .metrics = m,
+                            .tokenizer = coord_tokenizer(c)};
+  int rc = coord_http_start(out, &hc);
+  if (rc) return rc;
+  coord_set_hooks(c, serve_hook_ready, serve_hook_drain, *out);
+  FR_LOGI("HTTP on http://%s:%d", o->host, coord_http_port(*out));
+  return 0;
+}
+#endif
+
+int cli_cmd_serve(int argc, char **argv) {
+  serve_opts_t o;
+  int prc = serve_parse(argc, argv, &o);
+  if (prc) return prc == 1 ? 0 : prc;
+  fr_log_set_tag("coord");
+  coord_t *c = NULL;
+  int rc = coord_create(&c, &o.k);
+  if (rc) goto done;
+#ifdef CLI_SERVE_HTTP
+  coord_metrics_t *metrics = NULL;
+  coord_http_t *http = NULL;
+  if (!o.no_http) {
+    if ((rc = coord_metrics_create(&metrics, coord_served_model_name(c)))) goto done;
+    coord_set_metrics(c, metrics);
+    if ((rc = serve_http_start(c, &o, metrics, &http))) goto done;
+  }
+#endif
+  FR_LOGI("waiting for the workers to load the model");
+  if ((rc = coord_wait_ready(c, 600000))) goto done;
+  FR_LOGI("ready: RPC %s", coord_rpc_endpoint(c));
+  rc = coord_run(c);
+done:
+  if (rc) fprintf(stderr, "ferrumctl serve: %s\n", fr_last_error());
+#ifdef CLI_SERVE_HTTP
+  coord_http_stop(http);
+#endif
+  coord_destroy(c);
+#ifdef CLI_SERVE_HTTP
+  coord_metrics_destroy(metrics);
+#endif
+  if (!rc) FR_LOGI("stopped");
+  return rc ? 1 : 0;
+}
+
+/* ---- stop ----------------------------------------------------------------------- */
+
+/* True while pid runs (a zombie has finished). */
+static bool cli_pid_alive(int pid) {
+  if (kill(pid, 0) != 0) return false;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  const char *p = strrchr(buf, ')');
+  return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
+}
+
+/* The pid of the server bound to rpc (from its pid file), or -1. */
+int cli_server_pid(const char *rpc) {
+  char pf[700];
+  if (coord_pidfile_path(rpc, pf, sizeof pf)) return -1;
+  FILE *f = fopen(pf, "r");
+  if (!f) return -1;
+  int pid = -1;
+  if (fscanf(f, "%d", &pid) != 1) pid = -1;
+  fclose(f);
+  if (pid <= 0 || !cli_pid_alive(pid)) return -1;
+  char path[64], cmd[256] = {0};
+  snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
+  FILE *cf = fopen(path, "r");
+  size_t n = cf ? fread(cmd, 1, sizeof cmd - 1, cf) : 0;
+  if (cf) fclose(cf);
+  for (size_t i = 0; i < n; i++)
+    if (!cmd[i]) cmd[i] = ' ';
+  return strstr(cmd, "ferrumctl") ? pid : -1;
+}
+
+int cli_cmd_stop(int argc, char **argv) {
+  static const struct option lo[] = {
+      {"rpc", required_argument, 0, 'r'}, {"timeout", required_argument, 0, 't'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+  const char *rpc = NULL;
+  long timeout = 300;
+  int c;
+  optind = 1;
+  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
+    if (c == 'r') rpc = optarg;
+    else if (c == 't' && cli_parse_int("--timeout", optarg, 1, 86400, &timeout) == 0) continue;
+    else {
+      fprintf(c == 'h' ? stdout : stderr, "usage: ferrumctl stop [--rpc ADDR] [--timeout SECONDS]\n");
+      return c == 'h' ? 0 : 2;
+    }
+  }
+  char def[600];
+  if (!rpc && coord_default_rpc_addr(def, sizeof def) == 0) rpc = def;
+  int pid = rpc ? cli_server_pid(rpc) : -1;
+  if (pid < 0) {
+    fprintf(stderr, "ferrumctl stop: no server runs at %s\n", rpc ? rpc : "(default)");
+    return 1;
+  }
+  if (kill(pid, SIGTERM) != 0) {
+    fprintf(stderr, "ferrumctl stop: kill %d: %s\n", pid, strerror(errno));
+    return 1;
+  }
+  fprintf(stderr, "ferrumctl stop: draining server %d\n", pid);
+  uint64_t deadline = fr_now_ns() + (uint64_t)timeout * 1000000000ull;
+  while (cli_pid_alive(pid)) {
+    if (fr_now_ns() > deadline) {
+      fprintf(stderr, "ferrumctl stop: server %d still running after %ld s\n", pid, timeout);
+      return 1;
+    }
+    usleep(20000);
+  }
+  fprintf(stderr, "ferrumctl stop: stopped\n");
+  return 0;
+}

@@ -1,0 +1,103 @@
+/* coord.h - the coordinator: one event loop (zmq_poll over the worker
+ * ROUTER, the RPC ROUTER and a signalfd, plus timers) that takes jobs from
+ * RPC clients (and the HTTP frontend, through an inproc:// endpoint of the
+ * same protocol), tokenizes them, schedules them in steps over the workers
+ * it supervises, detokenizes and streams the results.
+ *
+ * Threads: every coord_* call runs on the loop's thread; the scheduler and
+ * the KV allocator take no locks. Other threads reach the loop only through
+ * the RPC protocol (inproc:// on coord_zmq_ctx()).
+ * Signals: coord_create() blocks SIGCHLD, SIGTERM, SIGINT and SIGHUP in the
+ * calling thread (threads created afterwards inherit the mask) and reads
+ * them from a signalfd: SIGTERM/SIGINT drain, SIGCHLD reaps workers.
+ * Shared memory: the coordinator creates `/ferrum-<instance>-kvctl`; its
+ * workers create their KV pool and logits segments; coord_destroy() unlinks
+ * every segment of the instance.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct coord coord_t;
+
+typedef struct {
+  const char *model_path;         /* GGUF file or HF folder (required) */
+  const char *served_model_name;  /* NULL = the model file's base name */
+  const char *device;             /* "cpu" (default) or "cuda[:N]" */
+  int threads;                    /* worker CPU threads (0 = all cores) */
+  int tp_size;                    /* workers (tensor-parallel ranks), default 1 */
+  const char *rpc_addr;           /* RPC ROUTER endpoint; NULL = coord_default_rpc_addr() */
+  int max_model_len;              /* 0 = the model's context (capped by the KV pool) */
+  int max_num_seqs;               /* 0 = 64 */
+  int max_num_batched_tokens;     /* 0 = 512 */
+  int block_size;                 /* 0 = 16 */
+  int num_kv_blocks;              /* 0 = enough for 4 * max_model_len tokens, at most 4096 blocks */
+  bool no_prefix_caching;         /* prefix caching is on unless this is set */
+  int max_waiting;                /* queued jobs before 429; 0 = 1024 */
+  const char *worker_exe;         /* NULL = ferrum-worker next to /proc/self/exe */
+  bool fake_workers;              /* workers skip the forward pass (benchmarks) */
+  const char *step_stats_path;    /* NULL, or a file that gets the coordinator's time per step */
+  int worker_hb_timeout_ms;       /* 0 = 10000: a silent worker is killed and restarted */
+} coord_config_t;
+
+/* Opens the tokenizer, creates the control segment, binds the sockets and
+ * starts the workers. Returns 0 and *out, or an error with a message;
+ * nothing is left running on failure. */
+int coord_create(coord_t **out, const coord_config_t *cfg);
+
+/* Runs the loop until every worker has loaded the model (progress on
+ * stderr). Returns 0, FR_ETIMEOUT, or the load error. */
+int coord_wait_ready(coord_t *c, int timeout_ms);
+
+/* Runs the loop until a drain (SIGTERM, SIGINT, coord_drain) has finished
+ * the jobs in flight. Returns 0 after a clean drain. */
+int coord_run(coord_t *c);
+
+/* Starts draining: new jobs get 503, running ones finish, then coord_run
+ * returns. */
+void coord_drain(coord_t *c);
+
+/* Stops the workers, closes the sockets, unlinks the instance's segments and
+ * frees c. NULL is fine. */
+void coord_destroy(coord_t *c);
+
+/* The zmq context and the inproc:// RPC endpoint (for the HTTP frontend). */
+void *coord_zmq_ctx(const coord_t *c);
+const char *coord_inproc_endpoint(const coord_t *c);
+/* The RPC endpoint bound (ipc:// or tcp://), the instance id, the context
+ * length jobs get, the tokenizer (borrowed, model/tokenizer.h). */
+const char *coord_rpc_endpoint(const coord_t *c);
+const char *coord_instance(const coord_t *c);
+int coord_max_model_len(const coord_t *c);
+const struct model_tokenizer *coord_tokenizer(const coord_t *c);
+const char *coord_served_model_name(const coord_t *c);
+
+/* Hooks for the HTTP frontend (set before coord_run; NULL to clear): the
+ * loop calls ready(arg, true) when workers become ready and ready(arg,
+ * false) while one restarts, drain(arg) when draining starts. */
+void coord_set_hooks(coord_t *c, void (*ready)(void *arg, bool ready), void (*drain)(void *arg), void *arg);
+/* Metrics registry to update (coordinator/metrics.h), borrowed; NULL = none. */
+struct coord_metrics;
+void coord_set_metrics(coord_t *c, struct coord_metrics *m);
+
+/* ---- runtime files (runtime.c) ---- */
+
+/* The runtime folder: $XDG_RUNTIME_DIR/ferrum, else /tmp/ferrum-<uid>;
+ * created 0700. Returns 0 and writes the path into out. */
+int coord_runtime_dir(char *out, size_t cap);
+
+/* The default RPC endpoint: ipc://<runtime dir>/rpc.sock. */
+int coord_default_rpc_addr(char *out, size_t cap);
+
+/* The pid file of the server bound to an RPC endpoint:
+ * <runtime dir>/server-<hash of the endpoint>.pid. */
+int coord_pidfile_path(const char *rpc_addr, char *out, size_t cap);
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,243 @@
+/* coord_impl.h - the coordinator's internal state, shared by its files:
+ * loop.c (event loop, timers, signals), rpc.c (RPC frontend), jobs.c (job
+ * intake: validation, tokenization, lifetime), sched.c (the scheduler),
+ * step.c (step descriptors out, results in), detok_stream.c (text, stop
+ * strings, events), supervise.c (worker processes), runtime.c (paths).
+ *
+ * Everything here belongs to the loop's thread. Not a public interface.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "coordinator/coord.h"
+#include "kv/kv.h"
+#include "model/chat.h"
+#include "model/source.h"
+#include "model/tokenizer.h"
+#include "proto/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define COORD_IDENT_MAX 256 /* zmq routing ids are at most 255 bytes */
+#define COORD_MAX_WORKERS 16
+
+typedef enum { COORD_JOB_WAITING = 0, COORD_JOB_RUNNING, COORD_JOB_DONE } coord_job_state_t;
+
+/* A client's routing envelope: the identity frame and whether it sent an
+ * empty delimiter frame (REQ-style) that replies must repeat. */
+typedef struct {
+  uint8_t id[COORD_IDENT_MAX];
+  uint8_t len;
+  bool delim;
+  bool inproc; /* arrived on the inproc socket (HTTP frontend) */
+} coord_peer_t;
+
+typedef struct coord_job coord_job_t;
+struct coord_job {
+  coord_job_t *prev, *next;  /* waiting queue or running list */
+  coord_job_t *hnext;        /* id hash chain */
+  uint64_t id;               /* the client's job id */
+  uint64_t serial;           /* arrival order (FIFO, newest-first preemption) */
+  uint64_t admit_serial;     /* order of (re)admission: preemption victim = largest */
+  coord_peer_t peer;
+  coord_job_state_t state;
+  int32_t priority;
+  /* tokens: prompt then output; n_computed have KV (or are in the step in flight) */
+  int32_t *tok;              /* (cap) */
+  int n_tok, cap, n_prompt, n_computed;
+  int n_sched;               /* tokens of this job in the step in flight */
+  bool in_step;              /* part of the step in flight */
+  int slot;                  /* KV slot, -1 while waiting */
+  uint32_t n_cached;         /* prompt tokens found in the prefix cache (first admission) */
+  bool admitted_once;
+  /* parameters */
+  proto_sampling_t sp;
+  int max_tokens;            /* output tokens at most */
+  char **stop;               /* (n_stop) owned */
+  uint32_t n_stop;
+  size_t stop_max;           /* longest stop string */
+  int32_t *stop_ids;         /* (n_stop_ids) owned */
+  uint32_t n_stop_ids;
+  bool ignore_eos, stream, return_logits;
+  /* results not yet streamed: tokens from out_sent on; text held back */
+  int out_done;              /* output tokens detokenized */
+  int out_sent;              /* output tokens sent in events */
+  float *lp;                 /* (max_tokens) logprobs of output tokens */
+  proto_toplp_t *top;        /* (max_tokens, top_n) */
+  int top_n;
+  float *logits;             /* (max_tokens, vocab) when return_logits */
+  model_detok_t detok;
+  char *text;                /* unsent text (held back for stop strings) */
+  size_t text_len, text_cap;
+  proto_finish_t finish;     /* set when the job ended */
+  bool finish_sent;
+  uint64_t t_arrival_ns, t_first_ns, t_last_ns;
+};
+
+typedef enum { COORD_W_DOWN = 0, COORD_W_STARTING, COORD_W_LOADING, COORD_W_READY } coord_wstate_t;
+
+typedef struct {
+  int rank;
+  pid_t pid;                 /* 0 when not running */
+  coord_wstate_t state;
+  uint8_t ident[COORD_IDENT_MAX];
+  uint8_t ident_len;
+  uint64_t spawn_ns, last_rx_ns, hb_seq;
+  int restarts;
+  uint32_t n_vocab, max_ctx;
+} coord_worker_t;
+
+/* One item of the step in flight. */
+typedef struct {
+  coord_job_t *job;
+  int n;                     /* tokens fed */
+  bool final;
+} coord_sitem_t;
+
+/* Recorded coordinator time per step (microseconds). */
+typedef struct {
+  uint32_t *us;              /* (cap) */
+  size_t n, cap;
+} coord_stats_t;
+
+struct coord {
+  coord_config_t cfg;        /* strings copied below */
+  char *model_path, *served_name, *device, *rpc_addr, *worker_exe, *step_stats_path;
+  char instance[KV_INSTANCE_MAX];
+  char run_dir[512];
+  char worker_addr[600];
+  char inproc_addr[64];
+  char pidfile[600];
+  /* model side */
+  model_source_t *src;
+  model_tokenizer_t *tok;
+  model_chat_kind_t chat;
+  int vocab, max_model_len, n_layers;
+  /* sockets */
+  void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */
+  int sigfd;
+  proto_msg_t in;
+  proto_buf_t out;
+  /* KV */
+  kv_ctl_t *kv;
+  kv_info_t kvi;
+  uint64_t epoch;
+  kv_segment_t logits_seg;   /* rank 0's logits, read-only */
+  /* workers */
+  coord_worker_t workers[COORD_MAX_WORKERS];
+  int n_workers;
+  bool ready;                /* all workers loaded */
+  int load_error;            /* a worker's load failed: fatal */
+  /* jobs */
+  coord_job_t *waiting_head, *waiting_tail;
+  coord_job_t *running_head, *running_tail;
+  int n_waiting, n_running;
+  coord_job_t **hash;        /* (hash_cap) by id */
+  size_t hash_cap;
+  uint64_t serial;
+  /* step in flight */
+  bool step_busy;
+  uint64_t step_id, step_sent_ns;
+  uint32_t step_results;     /* ranks that answered */
+  coord_sitem_t *sitems;     /* (max_num_seqs) */
+  int n_sitems;
+  proto_step_item_t *pitems; /* (max_num_seqs) wire items */
+  proto_copy_t *copies;      /* (copies_cap) */
+  int n_copies, copies_cap;
+  uint32_t *freed;           /* (max_num_seqs) slots freed since the last step */
+  int n_freed;
+  coord_job_t **touched;     /* (max_num_seqs) jobs with new tokens to stream */
+  int n_touched;
+  /* counters */
+  uint64_t n_preemptions, prefix_queries, prefix_hits, n_steps;
+  uint64_t t_rx_ns;          /* when the message being handled arrived */
+  proto_buf_t wout;          /* encoder buffer for worker control messages */
+  coord_stats_t stats;
+  /* drain / lifecycle */
+  bool draining, stop_loop;
+  uint64_t next_hb_ns;
+  void (*hook_ready)(void *, bool);
+  void (*hook_drain)(void *);
+  void *hook_arg;
+  struct coord_metrics *metrics;
+};
+
+/* ---- loop.c ---- */
+int coord__loop_once(coord_t *c, int timeout_ms);
+
+/* ---- rpc.c ---- */
+int coord__rpc_bind(coord_t *c);
+void coord__rpc_on_readable(coord_t *c, void *sock, bool inproc);
+/* Sends a message to a client; returns 0, or FR_EDEAD when the client is
+ * gone (or too slow to take it). */
+int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body);
+int coord__rpc_error(coord_t *c, const coord_peer_t *p, int32_t code, uint64_t id, const char *msg);
+
+/* ---- jobs.c ---- */
+/* Validates and tokenizes a submit; on success the job is queued. On
+ * failure it answers the client with an error itself. */
+void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *s);
+void coord__job_cancel(coord_t *c, const coord_peer_t *p, uint64_t id);
+coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id);
+/* Ends a job: sets finish (first reason wins), frees its slot unless a
+ * step that reads it is in flight, and frees the job once it is neither in
+ * the step nor waiting for its last event. */
+void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why);
+/* Frees what a finished job holds when it is safe; returns true if freed. */
+bool coord__job_reap(coord_t *c, coord_job_t *j);
+void coord__job_free_slot(coord_t *c, coord_job_t *j);
+void coord__list_remove(coord_t *c, coord_job_t *j);
+void coord__waiting_push(coord_t *c, coord_job_t *j, bool front);
+void coord__running_push(coord_t *c, coord_job_t *j);
+void coord__jobs_destroy(coord_t *c);
+/* Appends a sampled token to a running job and applies the token-level
+ * stop rules (EOS, stop ids, max_tokens, context end). */
+void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row);
+
+/* ---- sched.c ---- */
+/* Builds the next step into c->sitems / c->pitems; returns the item count. */
+int coord__sched_build(coord_t *c);
+/* Preempts a running job: frees its blocks, keeps its tokens, requeues it
+ * at the front of the waiting queue. */
+void coord__sched_preempt(coord_t *c, coord_job_t *j);
+
+/* ---- step.c ---- */
+/* Schedules and sends the next step if workers are ready and none is in
+ * flight. */
+void coord__step_kick(coord_t *c);
+void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank);
+/* Forgets the step in flight (a worker died): its jobs are recomputed. */
+void coord__step_abort(coord_t *c);
+
+/* ---- detok_stream.c ---- */
+/* Detokenizes a job's new tokens, applies stop strings and sends what is
+ * ready (every token batch when streaming, one event at the end if not). */
+void coord__stream_job(coord_t *c, coord_job_t *j);
+
+/* ---- supervise.c ---- */
+int coord__workers_start(coord_t *c);
+void coord__workers_on_sigchld(coord_t *c);
+void coord__workers_on_message(coord_t *c, const uint8_t *ident, size_t ident_len, const proto_msg_t *m);
+void coord__workers_tick(coord_t *c);
+int coord__worker_send(coord_t *c, coord_worker_t *w, proto_type_t type, const void *body);
+int coord__worker_send_buf(coord_t *c, coord_worker_t *w, const proto_buf_t *b);
+void coord__workers_stop(coord_t *c);
+bool coord__workers_ready(const coord_t *c);
+
+/* ---- runtime.c ---- */
+void coord__instance_id(char *out, size_t cap);
+int coord__pidfile_write(coord_t *c);
+/* Prefix-cache salt of a job (0 = shared cache; jobs with a repetition
+ * penalty do not attach cached prefixes). */
+static inline bool coord__job_uses_cache(const coord_t *c, const coord_job_t *j) {
+  return !c->cfg.no_prefix_caching && j->sp.repetition_penalty == 1.0f;
+}
+
+#ifdef __cplusplus
+}
+#endif

@@ -1,0 +1,338 @@
+/* jobs.c - job intake (validation, tokenization), lists, lookup, lifetime. */
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/coord_impl.h"
+#ifdef FERRUM_HAVE_METRICS
+#include "coordinator/metrics.h"
+#endif
+
+/* ---- lists ---------------------------------------------------------------- */
+
+void coord__list_remove(coord_t *c, coord_job_t *j) {
+  coord_job_t **head, **tail;
+  int *n;
+  if (j->state == COORD_JOB_WAITING) head = &c->waiting_head, tail = &c->waiting_tail, n = &c->n_waiting;
+  else if (j->state == COORD_JOB_RUNNING) head = &c->running_head, tail = &c->running_tail, n = &c->n_running;
+  else return;
+  if (j->prev) j->prev->next = j->next;
+  else *head = j->next;
+  if (j->next) j->next->prev = j->prev;
+  else *tail = j->prev;
+  j->prev = j->next = NULL;
+  (*n)--;
+}
+
+/* Waiting queue order: priority (higher first), then arrival (FIFO). A
+ * preempted job goes in front of its priority class. */
+void coord__waiting_push(coord_t *c, coord_job_t *j, bool front) {
+  j->state = COORD_JOB_WAITING;
+  coord_job_t *at = c->waiting_head; /* insert before `at` */
+  while (at && (at->priority > j->priority || (!front && at->priority == j->priority))) at = at->next;
+  j->next = at;
+  j->prev = at ? at->prev : c->waiting_tail;
+  if (j->prev) j->prev->next = j;
+  else c->waiting_head = j;
+  if (at) at->prev = j;
+  else c->waiting_tail = j;
+  c->n_waiting++;
+}
+
+void coord__running_push(coord_t *c, coord_job_t *j) {
+  j->state = COORD_JOB_RUNNING;
+  j->admit_serial = ++c->serial;
+  j->next = NULL;
+  j->prev = c->running_tail;
+  if (c->running_tail) c->running_tail->next = j;
+  else c->running_head = j;
+  c->running_tail = j;
+  c->n_running++;
+}
+
+/* ---- lookup ---------------------------------------------------------------- */
+
+static size_t coord__hash_idx(const coord_t *c, uint64_t id) {
+  return (size_t)((id * 0x9e3779b97f4a7c15ull) >> 20) & (c->hash_cap - 1);
+}
+
+static void coord__hash_insert(coord_t *c, coord_job_t *j) {
+  size_t h = coord__hash_idx(c, j->id);
+  j->hnext = c->hash[h];
+  c->hash[h] = j;
+}
+
+static void coord__hash_remove(coord_t *c, coord_job_t *j) {
+  for (coord_job_t **pp = &c->hash[coord__hash_idx(c, j->id)]; *pp; pp = &(*pp)->hnext)
+    if (*pp == j) {
+      *pp = j->hnext;
+      return;
+    }
+}
+
+static bool coord__same_peer(const coord_peer_t *a, const coord_peer_t *b) {
+  return a->inproc == b->inproc && a->len == b->len && !memcmp(a->id, b->id, a->len);
+}
+
+/* The job with this id from this peer; NULL p: the only job with the id
+ * that has not finished (ferrumctl cancel from another connection). */
+coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id) {
+  coord_job_t *any = NULL;
+  int n_any = 0;
+  for (coord_job_t *j = c->hash[coord__hash_idx(c, id)]; j; j = j->hnext) {
+    if (j->id != id || j->finish != PROTO_FINISH_NONE) continue;
+    if (p && coord__same_peer(&j->peer, p)) return j;
+    any = j, n_any++;
+  }
+  return n_any == 1 ? any : NULL;
+}
+
+/* ---- lifetime --------------------------------------------------------------- */
+
+static void coord__job_destroy(coord_job_t *j) {
+  for (uint32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
+  free(j->stop);
+  free(j->stop_ids);
+  free(j->tok);
+  free(j->lp);
+  free(j->top);
+  free(j->logits);
+  free(j->text);
+  free(j);
+}
+
+void coord__job_free_slot(coord_t *c, coord_job_t *j) {
+  if (j->slot < 0) return;
+  FR_ASSERT(!j->in_step);
+  int rc = kv_seq_free(c->kv, j->slot);
+  if (rc) FR_LOGE("kv_seq_free(%d): %s", j->slot, fr_last_error());
+  if (c->n_freed < c->cfg.max_num_seqs) c->freed[c->n_freed++] = (uint32_t)j->slot;
+  j->slot = -1;
+  j->n_computed = 0;
+}
+
+bool coord__job_reap(coord_t *c, coord_job_t *j) {
+  if (j->state != COORD_JOB_DONE || j->in_step || !j->finish_sent) return false;
+  coord__job_free_slot(c, j);
+  coord__hash_remove(c, j);
+  coord__job_destroy(j);
+  return true;
+}
+
+#ifdef FERRUM_HAVE_METRICS
+static void coord__metrics_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
+  if (!c->metrics) return;
+  coord_metrics_finish_t f = why == PROTO_FINISH_STOP     ? COORD_METRICS_FINISH_STOP
+                             : why == PROTO_FINISH_LENGTH ? COORD_METRICS_FINISH_LENGTH
+                                                          : COORD_METRICS_FINISH_ABORT;
+  coord_metrics_request_finish(c->metrics, f);
+  coord_metrics_e2e(c->metrics, (fr_now_ns() - j->t_arrival_ns) / 1e9);
+}
+#endif
+
+void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
+  if (j->finish != PROTO_FINISH_NONE) return;
+  j->finish = why;
+  coord__list_remove(c, j);
+  j->state = COORD_JOB_DONE;
+  if (!j->in_step) coord__job_free_slot(c, j);
+#ifdef FERRUM_HAVE_METRICS
+  coord__metrics_finish(c, j, why);
+#endif
+}
+
+void coord__jobs_destroy(coord_t *c) {
+  for (size_t h = 0; h < c->hash_cap; h++)
+    while (c->hash[h]) {
+      coord_job_t *j = c->hash[h];
+      c->hash[h] = j->hnext;
+      coord__job_destroy(j);
+    }
+}
+
+/* ---- tokens ------------------------------------------------------------------ */
+
+void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row) {
+  int32_t t = ri->token;
+  int k = j->n_tok - j->n_prompt; /* output index of this token */
+  if (t < 0 || t >= c->vocab || k >= j->max_tokens || j->n_tok >= j->cap) {
+    FR_LOGE("job %llu: bad token %d from the worker", (unsigned long long)j->id, t);
+    coord__job_finish(c, j, PROTO_FINISH_ERROR);
+    return;
+  }
+  j->tok[j->n_tok++] = t;
+  if (j->lp) j->lp[k] = ri->logprob;
+  if (j->top && j->top_n > 0)
+    for (int i = 0; i < j->top_n; i++)
+      j->top[(size_t)k * (size_t)j->top_n + (size_t)i] =
+          i < (int)ri->n_top ? ri->top[i] : (proto_toplp_t){.token = -1, .logprob = -INFINITY};
+  if (j->logits && logits_row) memcpy(j->logits + (size_t)k * (size_t)c->vocab, logits_row, (size_t)c->vocab * sizeof(float));
+  uint64_t now = fr_now_ns();
+#ifdef FERRUM_HAVE_METRICS
+  if (c->metrics) {
+    if (k == 0) coord_metrics_ttft(c->metrics, (now - j->t_arrival_ns) / 1e9);
+    else coord_metrics_itl(c->metrics, (now - j->t_last_ns) / 1e9);
+    coord_metrics_tokens(c->metrics, 0, 1);
+  }
+#endif
+  if (k == 0) j->t_first_ns = now;
+  j->t_last_ns = now;
+  bool stop = !j->ignore_eos && model_token_is_eog(c->tok, t);
+  for (uint32_t i = 0; i < j->n_stop_ids && !stop; i++) stop = j->stop_ids[i] == t;
+  if (stop) coord__job_finish(c, j, PROTO_FINISH_STOP);
+  else if (k + 1 >= j->max_tokens || j->n_tok >= c->max_model_len) coord__job_finish(c, j, PROTO_FINISH_LENGTH);
+}
+
+/* ---- intake -------------------------------------------------------------------- */
+
+typedef struct {
+  int32_t code;
+  const char *msg;
+} coord_reject_t;
+
+static int coord__tokenize_chat(coord_t *c, const proto_submit_t *s, int32_t **ids, size_t *n) {
+  if (c->chat == MODEL_CHAT_UNKNOWN) return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows");
+  model_chat_msg_t *msgs = fr_calloc(s->n_messages, sizeof *msgs);
+  char **owned = fr_calloc(s->n_messages, sizeof *owned);
+  for (uint32_t i = 0; i < s->n_messages; i++) {
+    const proto_chat_msg_t *m = &s->messages[i];
+    owned[i] = fr_strndup(m->content, m->content_len); /* NULs end the text */
+    msgs[i] = (model_chat_msg_t){.role = m->role, .content = owned[i]};
+  }
+  size_t bos_len = 0;
+  int32_t bos = model_token_bos(c->tok);
+  const char *bos_bytes = bos >= 0 ? model_token_bytes(c->tok, bos, &bos_len) : NULL;
+  char *bos_text = bos_bytes ? fr_strndup(bos_bytes, bos_len) : NULL;
+  char *text = NULL;
+  int rc = model_chat_render(c->chat, msgs, s->n_messages, bos_text, &text);
+  if (rc == 0) rc = model_tokenize(c->tok, text, strlen(text), false, true, ids, n);
+  for (uint32_t i = 0; i < s->n_messages; i++) free(owned[i]);
+  free(owned), free(msgs), free(bos_text), free(text);
+  return rc;
+}
+
+/* Prompt token ids of a submit (fr_malloc'd), or a rejection. */
+static int coord__prompt(coord_t *c, const proto_submit_t *s, int32_t **ids, size_t *n, coord_reject_t *rj) {
+  int rc = 0;
+  if (s->n_tokens > 0) {
+    for (uint32_t i = 0; i < s->n_tokens; i++)
+      if (s->tokens[i] < 0 || s->tokens[i] >= c->vocab) {
+        *rj = (coord_reject_t){PROTO_ERR_BAD_REQUEST, "token id out of the vocabulary"};
+        return -EINVAL;
+      }
+    *ids = fr_malloc((size_t)s->n_tokens * sizeof(int32_t));
+    memcpy(*ids, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
+    *n = s->n_tokens;
+    return 0;
+  }
+  if (s->n_messages > 0) rc = coord__tokenize_chat(c, s, ids, n);
+  else rc = model_tokenize(c->tok, s->prompt, s->prompt_len, true, true, ids, n);
+  if (rc) *rj = (coord_reject_t){PROTO_ERR_BAD_REQUEST, fr_last_error()};
+  return rc;
+}
+
+static coord_reject_t coord__precheck(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
+  if (c->draining) return (coord_reject_t){PROTO_ERR_UNAVAILABLE, "the server is draining"};
+  if (!c->ready && c->n_steps == 0 && c->workers[0].restarts == 0)
+    return (coord_reject_t){PROTO_ERR_UNAVAILABLE, "the workers are not ready yet"};
+  if (s->model && *s->model && strcmp(s->model, c->served_name) != 0)
+    return (coord_reject_t){PROTO_ERR_NOT_FOUND, "unknown model"};
+  if (c->n_waiting >= c->cfg.max_waiting) return (coord_reject_t){PROTO_ERR_BUSY, "the queue is full"};
+  if (coord__job_find(c, p, s->id)) return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "a job with this id is running"};
+  return (coord_reject_t){0, NULL};
+}
+
+static coord_reject_t coord__lencheck(coord_t *c, const proto_submit_t *s, size_t n_prompt, int *max_tokens) {
+  static char msg[256];
+  if (n_prompt == 0) return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "the prompt is empty"};
+  if (n_prompt >= (size_t)c->max_model_len) {
+    snprintf(msg, sizeof msg, "the prompt has %zu tokens; this model's context is %d tokens", n_prompt,
+             c->max_model_len);
+    return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
+  }
+  int room = c->max_model_len - (int)n_prompt;
+  if (s->max_tokens > (uint32_t)room) {
+    snprintf(msg, sizeof msg, "prompt (%zu tokens) + max_tokens (%u) exceed the context of %d tokens", n_prompt,
+             s->max_tokens, c->max_model_len);
+    return (coord_reject_t){PROTO_ERR_BAD_REQUEST, msg};
+  }
+  *max_tokens = s->max_tokens ? (int)s->max_tokens : room;
+  if (s->return_logits && (uint64_t)(s->stream ? 1 : *max_tokens) * (uint64_t)c->vocab > PROTO_MAX_LOGITS)
+    return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "return_logits needs stream (or fewer max_tokens)"};
+  return (coord_reject_t){0, NULL};
+}
+
+static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const proto_submit_t *s, int32_t *ids,
+                                   size_t n, int max_tokens) {
+  coord_job_t *j = fr_calloc(1, sizeof *j);
+  j->id = s->id;
+  j->serial = ++c->serial;
+  j->peer = *p;
+  j->priority = s->priority;
+  j->cap = (int)n + max_tokens + 1;
+  j->tok = fr_realloc(ids, (size_t)j->cap * sizeof(int32_t));
+  j->n_tok = j->n_prompt = (int)n;
+  j->slot = -1;
+  j->sp = s->sp;
+  if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
+  j->max_tokens = max_tokens;
+  j->ignore_eos = s->ignore_eos;
+  j->stream = s->stream;
+  j->return_logits = s->return_logits;
+  j->sp.want_logits = s->return_logits || s->sp.want_logits;
+  j->n_stop = s->n_stop;
+  j->stop = fr_calloc(s->n_stop ? s->n_stop : 1, sizeof(char *));
+  for (uint32_t i = 0; i < s->n_stop; i++) {
+    j->stop[i] = fr_strdup(s->stop[i]);
+    j->stop_max = FR_MAX(j->stop_max, strlen(s->stop[i]));
+  }
+  j->n_stop_ids = s->n_stop_ids;
+  j->stop_ids = fr_malloc((s->n_stop_ids ? s->n_stop_ids : 1) * sizeof(int32_t));
+  if (s->n_stop_ids) memcpy(j->stop_ids, s->stop_ids, s->n_stop_ids * sizeof(int32_t));
+  if (s->sp.logprobs >= 0) {
+    j->lp = fr_malloc((size_t)max_tokens * sizeof(float));
+    j->top_n = s->sp.logprobs;
+    if (j->top_n > 0) j->top = fr_malloc((size_t)max_tokens * (size_t)j->top_n * sizeof(proto_toplp_t));
+  }
+  if (j->sp.want_logits) j->logits = fr_malloc((size_t)max_tokens * (size_t)c->vocab * sizeof(float));
+  model_detok_init(&j->detok, c->tok, true);
+  j->t_arrival_ns = fr_now_ns();
+  return j;
+}
+
+void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
+  coord_reject_t rj = coord__precheck(c, p, s);
+  int32_t *ids = NULL;
+  size_t n = 0;
+  int max_tokens = 0;
+  if (!rj.code && coord__prompt(c, s, &ids, &n, &rj) == 0) rj = coord__lencheck(c, s, n, &max_tokens);
+  if (rj.code) {
+    free(ids);
+    coord__rpc_error(c, p, rj.code, s->id, rj.msg);
+    return;
+  }
+  coord_job_t *j = coord__job_new(c, p, s, ids, n, max_tokens);
+  coord__hash_insert(c, j);
+  coord__waiting_push(c, j, false);
+#ifdef FERRUM_HAVE_METRICS
+  if (c->metrics) coord_metrics_request_start(c->metrics);
+#endif
+  FR_LOGD("job %llu: %d prompt tokens, max %d", (unsigned long long)j->id, j->n_prompt, j->max_tokens);
+}
+
+void coord__job_cancel(coord_t *c, const coord_peer_t *p, uint64_t id) {
+  coord_job_t *j = coord__job_find(c, p, id);
+  if (!j) j = coord__job_find(c, NULL, id);
+  if (!j) {
+    coord__rpc_error(c, p, PROTO_ERR_NOT_FOUND, id, "no running job with this id");
+    return;
+  }
+  coord__job_finish(c, j, PROTO_FINISH_CANCEL);
+  coord__stream_job(c, j);
+  coord__job_reap(c, j);
+}

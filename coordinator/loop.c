@@ -1,0 +1,353 @@
+/* loop.c - the coordinator's life: create (tokenizer, control segment,
+ * sockets, workers), the event loop (zmq_poll over the worker ROUTER, the
+ * RPC ROUTERs and a signalfd; heartbeat timers), drain and destroy. */
+#include <errno.h>
+#include <libgen.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/coord_impl.h"
+
+/* ---- create ----------------------------------------------------------------- */
+
+static void coord__defaults(coord_config_t *k) {
+  if (k->tp_size <= 0) k->tp_size = 1;
+  if (k->max_num_seqs <= 0) k->max_num_seqs = 64;
+  if (k->max_num_batched_tokens <= 0) k->max_num_batched_tokens = 512;
+  if (k->block_size <= 0) k->block_size = KV_BLOCK_SIZE_DEFAULT;
+  if (k->max_waiting <= 0) k->max_waiting = 1024;
+  if (k->worker_hb_timeout_ms <= 0) k->worker_hb_timeout_ms = 10000;
+}
+
+static int coord__worker_exe(coord_t *c) {
+  if (c->cfg.worker_exe) {
+    c->worker_exe = fr_strdup(c->cfg.worker_exe);
+    return 0;
+  }
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return fr_errorf(-errno, "readlink /proc/self/exe: %s", strerror(errno));
+  self[n] = 0;
+  char path[PATH_MAX + 32];
+  snprintf(path, sizeof path, "%s/ferrum-worker", dirname(self));
+  if (access(path, X_OK) != 0) return fr_errorf(-ENOENT, "%s not found (build it next to ferrumctl)", path);
+  c->worker_exe = fr_strdup(path);
+  return 0;
+}
+
+/* Opens the model's tokenizer (not its weights) and works out the context. */
+static int coord__tokenizer(coord_t *c) {
+  int rc = model_source_open(&c->src, c->model_path);
+  if (rc) return rc;
+  if (c->src->gguf) rc = model_tokenizer_from_gguf(&c->tok, c->src->gguf);
+  else if (c->src->tokenizer_json)
+    rc = model_tokenizer_from_json(&c->tok, c->src->tokenizer_json, c->src->tokenizer_config_json);
+  else rc = fr_errorf(FR_EUNSUPPORTED, "%s has no tokenizer", c->model_path);
+  if (rc) return rc;
+  c->chat = model_chat_detect(model_tokenizer_chat_template(c->tok));
+  c->vocab = c->src->config.vocab_size;
+  c->n_layers = c->src->config.n_layers;
+  return 0;
+}
+
+static int coord__kv(coord_t *c) {
+  coord_config_t *k = &c->cfg;
+  int model_ctx = c->src->config.max_ctx > 0 ? c->src->config.max_ctx : 4096;
+  int bs = k->block_size;
+  if (k->max_model_len <= 0) k->max_model_len = model_ctx;
+  if (k->max_model_len > model_ctx) FR_LOGW("--max-model-len %d exceeds the model's context %d", k->max_model_len, model_ctx);
+  if (k->num_kv_blocks <= 0) k->num_kv_blocks = FR_MIN(4096, FR_MAX(256, 4 * ((k->max_model_len + bs - 1) / bs)));
+  int mbps = (k->max_model_len + bs - 1) / bs;
+  if (mbps > k->num_kv_blocks) {
+    mbps = k->num_kv_blocks;
+    k->max_model_len = mbps * bs;
+    FR_LOGW("context capped at %d tokens: the KV pool holds %d blocks", k->max_model_len, k->num_kv_blocks);
+  }
+  c->max_model_len = k->max_model_len;
+  c->epoch = (uint64_t)fr_now_ns();
+  kv_config_t kc = {.instance = c->instance,
+                    .epoch = c->epoch,
+                    .n_blocks = k->num_kv_blocks,
+                    .block_size = bs,
+                    .max_seqs = k->max_num_seqs,
+                    .max_blocks_per_seq = mbps,
+                    .enable_prefix_cache = !k->no_prefix_caching};
+  int rc = kv_control_create(&c->kv, &kc);
+  if (rc) return rc;
+  kv_control_info(c->kv, &c->kvi);
+  return 0;
+}
+
+static int coord__sockets(coord_t *c) {
+  if (!(c->zctx = zmq_ctx_new())) return fr_errorf(FR_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
+  snprintf(c->worker_addr, sizeof c->worker_addr, "ipc://%s/%s.workers", c->run_dir, c->instance);
+  c->wsock = zmq_socket(c->zctx, ZMQ_ROUTER);
+  int one = 1, zero = 0;
+  zmq_setsockopt(c->wsock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+  zmq_setsockopt(c->wsock, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_bind(c->wsock, c->worker_addr) != 0)
+    return fr_errorf(FR_EZMQ, "bind %s: %s", c->worker_addr, zmq_strerror(errno));
+  return coord__rpc_bind(c);
+}
+
+static int coord__signals(coord_t *c) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGCHLD), sigaddset(&set, SIGTERM), sigaddset(&set, SIGINT), sigaddset(&set, SIGHUP);
+  if (pthread_sigmask(SIG_BLOCK, &set, NULL) != 0) return fr_errorf(-errno, "sigmask");
+  c->sigfd = signalfd(-1, &set, SFD_NONBLOCK | SFD_CLOEXEC);
+  if (c->sigfd < 0) return fr_errorf(-errno, "signalfd: %s", strerror(errno));
+  signal(SIGPIPE, SIG_IGN);
+  return 0;
+}
+
+/* Refuses to start over a live server bound to the same RPC endpoint. */
+static int coord__check_running(coord_t *c) {
+  char pf[600];
+  if (coord_pidfile_path(c->rpc_addr, pf, sizeof pf)) return 0;
+  FILE *f = fopen(pf, "r");
+  if (!f) return 0;
+  int pid = 0;
+  int ok = fscanf(f, "%d", &pid);
+  fclose(f);
+  if (ok == 1 && pid > 0 && pid != getpid() && kill(pid, 0) == 0)
+    return fr_errorf(-EADDRINUSE, "a server (pid %d) already serves %s", pid, c->rpc_addr);
+  return 0;
+}
+
+static void coord__copy_cfg(coord_t *c, const coord_config_t *cfg) {
+  c->cfg = *cfg;
+  coord__defaults(&c->cfg);
+  c->model_path = fr_strdup(cfg->model_path);
+  c->device = fr_strdup(cfg->device ? cfg->device : "cpu");
+  c->step_stats_path = cfg->step_stats_path ? fr_strdup(cfg->step_stats_path) : NULL;
+  if (cfg->served_model_name) {
+    c->served_name = fr_strdup(cfg->served_model_name);
+  } else {
+    char *tmp = fr_strdup(cfg->model_path);
+    c->served_name = fr_strdup(basename(tmp));
+    free(tmp);
+  }
+  c->cfg.model_path = c->model_path;
+  c->cfg.device = c->device;
+  c->cfg.served_model_name = c->served_name;
+}
+
+static void coord__alloc_scratch(coord_t *c) {
+  size_t S = (size_t)c->cfg.max_num_seqs;
+  c->sitems = fr_calloc(S, sizeof *c->sitems);
+  c->pitems = fr_calloc(S, sizeof *c->pitems);
+  c->freed = fr_calloc(S, sizeof *c->freed);
+  c->touched = fr_calloc(S, sizeof *c->touched);
+  c->hash_cap = 4096;
+  c->hash = fr_calloc(c->hash_cap, sizeof *c->hash);
+}
+
+int coord_create(coord_t **out, const coord_config_t *cfg) {
+  *out = NULL;
+  if (!cfg->model_path) return fr_errorf(-EINVAL, "no model given");
+  if (cfg->tp_size > COORD_MAX_WORKERS) return fr_errorf(-EINVAL, "at most %d workers", COORD_MAX_WORKERS);
+  coord_t *c = fr_calloc(1, sizeof *c);
+  c->sigfd = -1;
+  c->logits_seg.fd = -1;
+  proto_msg_init(&c->in);
+  proto_buf_init(&c->out);
+  proto_buf_init(&c->wout);
+  coord__copy_cfg(c, cfg);
+  c->n_workers = c->cfg.tp_size;
+  coord__alloc_scratch(c);
+  coord__instance_id(c->instance, sizeof c->instance);
+  int rc = coord_runtime_dir(c->run_dir, sizeof c->run_dir);
+  if (rc) goto fail;
+  char addr[600];
+  if (!cfg->rpc_addr && (rc = coord_default_rpc_addr(addr, sizeof addr))) goto fail;
+  c->rpc_addr = fr_strdup(cfg->rpc_addr ? cfg->rpc_addr : addr);
+  if ((rc = coord__check_running(c))) goto fail;
+  if ((rc = coord__worker_exe(c))) goto fail;
+  int n_removed = 0;
+  kv_segment_scan_stale(&n_removed, NULL);
+  if (n_removed) FR_LOGI("removed %d stale shared-memory segments", n_removed);
+  if ((rc = coord__tokenizer(c))) goto fail;
+  if ((rc = coord__kv(c))) goto fail;
+  if ((rc = coord__signals(c))) goto fail;
+  if ((rc = coord__sockets(c))) goto fail;
+  if ((rc = coord__pidfile_write(c))) goto fail;
+  if ((rc = coord__workers_start(c))) goto fail;
+  FR_LOGI("instance %s: %d KV blocks of %d tokens, context %d, RPC %s", c->instance, c->kvi.n_blocks,
+          c->kvi.block_size, c->max_model_len, c->rpc_addr);
+  *out = c;
+  return 0;
+fail:
+  rc = fr_errorf(rc, "%s", fr_last_error());
+  coord_destroy(c);
+  return rc;
+}
+
+/* ---- loop --------------------------------------------------------------------- */
+
+static void coord__on_signals(coord_t *c) {
+  struct signalfd_siginfo si;
+  while (read(c->sigfd, &si, sizeof si) == (ssize_t)sizeof si) {
+    if (si.ssi_signo == SIGCHLD) {
+      coord__workers_on_sigchld(c);
+    } else if (c->draining && si.ssi_signo == SIGINT) {
+      FR_LOGW("second interrupt: stopping now");
+      c->stop_loop = true;
+    } else {
+      FR_LOGI("signal %d: draining", (int)si.ssi_signo);
+      coord_drain(c);
+    }
+  }
+}
+
+static void coord__on_workers(coord_t *c) {
+  zmq_msg_t id, body;
+  zmq_msg_init(&id);
+  zmq_msg_init(&body);
+  for (int i = 0; i < 64; i++) {
+    if (zmq_msg_recv(&id, c->wsock, ZMQ_DONTWAIT) < 0) break;
+    if (!zmq_msg_more(&id) || zmq_msg_recv(&body, c->wsock, 0) < 0) continue;
+    while (zmq_msg_more(&body)) zmq_msg_recv(&body, c->wsock, 0); /* extra frames: keep the last */
+    c->t_rx_ns = fr_now_ns();
+    if (proto_msg_decode(&c->in, zmq_msg_data(&body), zmq_msg_size(&body), PROTO_ACCEPT_FROM_WORKER) == 0)
+      coord__workers_on_message(c, zmq_msg_data(&id), zmq_msg_size(&id), &c->in);
+    else
+      FR_LOGW("bad message from a worker: %s", fr_last_error());
+    c->t_rx_ns = 0;
+  }
+  zmq_msg_close(&id);
+  zmq_msg_close(&body);
+}
+
+static bool coord__drained(const coord_t *c) {
+  return c->draining && !c->waiting_head && !c->running_head && !c->step_busy;
+}
+
+int coord__loop_once(coord_t *c, int timeout_ms) {
+  zmq_pollitem_t pi[4] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
+                          {.socket = c->rsock, .events = ZMQ_POLLIN},
+                          {.socket = c->isock, .events = ZMQ_POLLIN},
+                          {.fd = c->sigfd, .events = ZMQ_POLLIN}};
+  int n = zmq_poll(pi, 4, FR_MIN(timeout_ms, 200));
+  if (n < 0 && errno != EINTR) return fr_errorf(FR_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
+  if (n > 0) {
+    if (pi[3].revents & ZMQ_POLLIN) coord__on_signals(c);
+    if (pi[0].revents & ZMQ_POLLIN) coord__on_workers(c);
+    if (pi[1].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->rsock, false);
+    if (pi[2].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->isock, true);
+  }
+  coord__workers_tick(c);
+  coord__step_kick(c);
+  if (coord__drained(c)) c->stop_loop = true;
+  return 0;
+}
+
+int coord_wait_ready(coord_t *c, int timeout_ms) {
+  uint64_t deadline = fr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  while (!c->ready && !c->load_error && !c->stop_loop) {
+    if (fr_now_ns() > deadline) return fr_errorf(FR_ETIMEOUT, "workers not ready after %d ms", timeout_ms);
+    int rc = coord__loop_once(c, 200);
+    if (rc) return rc;
+  }
+  if (c->load_error) return c->load_error;
+  if (!c->ready) return fr_errorf(FR_ECANCELED, "stopped before the workers were ready");
+  return 0;
+}
+
+static void coord__stats_dump(coord_t *c) {
+  if (!c->step_stats_path || !c->stats.n) return;
+  FILE *f = fopen(c->step_stats_path, "w");
+  if (!f) {
+    FR_LOGW("%s: %s", c->step_stats_path, strerror(errno));
+    return;
+  }
+  for (size_t i = 0; i < c->stats.n; i++) fprintf(f, "%u\n", c->stats.us[i]);
+  fclose(f);
+}
+
+int coord_run(coord_t *c) {
+  int rc = 0;
+  while (!c->stop_loop && rc == 0) {
+    rc = coord__loop_once(c, 200);
+    if (c->load_error) {
+      rc = c->load_error;
+      FR_LOGE("%s", fr_last_error());
+    }
+  }
+  coord__stats_dump(c);
+  return rc;
+}
+
+void coord_drain(coord_t *c) {
+  if (c->draining) return;
+  c->draining = true;
+  if (c->hook_drain) c->hook_drain(c->hook_arg);
+  /* jobs still waiting for workers that never came would never finish */
+  if (!c->ready && c->n_steps == 0) c->stop_loop = true;
+}
+
+/* ---- destroy ------------------------------------------------------------------- */
+
+static void coord__unlink_segments(coord_t *c) {
+  char what[KV_WHAT_MAX];
+  for (int r = 0; r < COORD_MAX_WORKERS; r++) {
+    snprintf(what, sizeof what, "kvpool%d", r);
+    kv_segment_unlink(c->instance, what);
+    snprintf(what, sizeof what, "logits%d", r);
+    kv_segment_unlink(c->instance, what);
+  }
+}
+
+void coord_destroy(coord_t *c) {
+  if (!c) return;
+  coord__workers_stop(c);
+  coord__jobs_destroy(c);
+  if (c->wsock) zmq_close(c->wsock);
+  if (c->rsock) zmq_close(c->rsock);
+  if (c->isock) zmq_close(c->isock);
+  if (c->zctx) zmq_ctx_term(c->zctx);
+  if (c->rpc_addr && !strncmp(c->rpc_addr, "ipc://", 6) && c->pidfile[0]) unlink(c->rpc_addr + 6);
+  if (c->worker_addr[0]) unlink(c->worker_addr + 6);
+  if (c->pidfile[0]) unlink(c->pidfile);
+  kv_segment_detach(&c->logits_seg);
+  kv_control_destroy(c->kv);
+  if (c->instance[0]) coord__unlink_segments(c);
+  if (c->sigfd >= 0) close(c->sigfd);
+  model_tokenizer_destroy(c->tok);
+  model_source_close(c->src);
+  proto_msg_free(&c->in);
+  proto_buf_free(&c->out);
+  proto_buf_free(&c->wout);
+  free(c->sitems), free(c->pitems), free(c->freed), free(c->touched), free(c->hash), free(c->copies);
+  free(c->stats.us);
+  free(c->model_path), free(c->served_name), free(c->device), free(c->rpc_addr), free(c->worker_exe);
+  free(c->step_stats_path);
+  free(c);
+}
+
+/* ---- accessors ------------------------------------------------------------------ */
+
+void *coord_zmq_ctx(const coord_t *c) { return c->zctx; }
+const char *coord_inproc_endpoint(const coord_t *c) { return c->inproc_addr; }
+const char *coord_rpc_endpoint(const coord_t *c) { return c->rpc_addr; }
+const char *coord_instance(const coord_t *c) { return c->instance; }
+int coord_max_model_len(const coord_t *c) { return c->max_model_len; }
+const struct model_tokenizer *coord_tokenizer(const coord_t *c) { return c->tok; }
+const char *coord_served_model_name(const coord_t *c) { return c->served_name; }
+
+void coord_set_hooks(coord_t *c, void (*ready)(void *, bool), void (*drain)(void *), void *arg) {
+  c->hook_ready = ready;
+  c->hook_drain = drain;
+  c->hook_arg = arg;
+}
+
+void coord_set_metrics(coord_t *c, struct coord_metrics *m) { c->metrics = m; }

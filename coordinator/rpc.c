@@ -1,0 +1,160 @@
+/* rpc.c - the RPC frontend: a ROUTER on the RPC endpoint (ipc:// by
+ * default, tcp:// on request) and one on inproc:// for the HTTP frontend.
+ * Frames: [routing id][optional empty delimiter][one proto message]. Bad
+ * input (garbage, wrong types, extra frames, oversized) gets an error reply;
+ * nothing a client sends can stop the loop. A client that went away (the
+ * ROUTER cannot route to it: ZMQ_ROUTER_MANDATORY) or cannot keep up (its
+ * queue is full) has its jobs canceled. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/coord_impl.h"
+
+#define COORD_RPC_BATCH 64 /* messages handled per readable event */
+
+static void *coord__router(coord_t *c, const char *addr) {
+  void *s = zmq_socket(c->zctx, ZMQ_ROUTER);
+  if (!s) return NULL;
+  int one = 1, zero = 0, hwm = 100000;
+  int64_t maxmsg = (int64_t)PROTO_MAX_MSG_BYTES + 4096;
+  zmq_setsockopt(s, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
+  zmq_setsockopt(s, ZMQ_LINGER, &zero, sizeof zero);
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
+  zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+  if (zmq_bind(s, addr) != 0) {
+    fr_errorf(FR_EZMQ, "bind %s: %s", addr, zmq_strerror(errno));
+    zmq_close(s);
+    return NULL;
+  }
+  return s;
+}
+
+int coord__rpc_bind(coord_t *c) {
+  if (!strncmp(c->rpc_addr, "ipc://", 6)) unlink(c->rpc_addr + 6); /* a stale socket file (pid file checked) */
+  if (!(c->rsock = coord__router(c, c->rpc_addr))) return FR_EZMQ;
+  snprintf(c->inproc_addr, sizeof c->inproc_addr, "inproc://ferrum-rpc");
+  if (!(c->isock = coord__router(c, c->inproc_addr))) return FR_EZMQ;
+  if (!strncmp(c->rpc_addr, "tcp://", 6) && strstr(c->rpc_addr, ":0")) {
+    char buf[256];
+    size_t n = sizeof buf;
+    if (zmq_getsockopt(c->rsock, ZMQ_LAST_ENDPOINT, buf, &n) == 0) {
+      free(c->rpc_addr);
+      c->rpc_addr = fr_strdup(buf);
+    }
+  }
+  return 0;
+}
+
+int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body) {
+  proto_buf_t *b = &c->out;
+  int rc = proto_encode(b, type, body);
+  if (rc) return rc;
+  void *s = p->inproc ? c->isock : c->rsock;
+  if (zmq_send(s, p->id, p->len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) goto gone;
+  if (p->delim && zmq_send(s, "", 0, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0) goto gone;
+  if (zmq_send(s, b->data, b->len, ZMQ_DONTWAIT) < 0) goto gone;
+  return 0;
+gone:
+  if (errno == EHOSTUNREACH || errno == EAGAIN) return fr_errorf(FR_EDEAD, "client gone or not reading");
+  return fr_errorf(FR_EZMQ, "send: %s", zmq_strerror(errno));
+}
+
+int coord__rpc_error(coord_t *c, const coord_peer_t *p, int32_t code, uint64_t id, const char *msg) {
+  char m[PROTO_MAX_STR];
+  snprintf(m, sizeof m, "%s", msg ? msg : "");
+  proto_error_msg_t e = {.code = code, .message = m, .id = id};
+  FR_LOGD("rpc error %d for job %llu: %s", code, (unsigned long long)id, m);
+  return coord__rpc_send(c, p, PROTO_T_ERROR, &e);
+}
+
+static void coord__rpc_status(coord_t *c, const coord_peer_t *p, uint64_t rid) {
+  int ready = 0;
+  for (int r = 0; r < c->n_workers; r++) ready += c->workers[r].state == COORD_W_READY;
+  proto_status_reply_t st = {
+      .rid = rid,
+      .model = c->served_name,
+      .queued = (uint32_t)c->n_waiting,
+      .running = (uint32_t)c->n_running,
+      .kv_used_blocks = (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
+      .kv_total_blocks = (uint32_t)c->kvi.n_blocks,
+      .n_workers = (uint32_t)ready,
+      .prefix_queries = c->prefix_queries,
+      .prefix_hits = c->prefix_hits,
+      .preemptions = c->n_preemptions,
+      .worker_restarts = (uint32_t)c->workers[0].restarts,
+      .draining = c->draining,
+  };
+  coord__rpc_send(c, p, PROTO_T_STATUS_R, &st);
+}
+
+static void coord__rpc_models(coord_t *c, const coord_peer_t *p, uint64_t rid) {
+  proto_model_info_t mi = {.name = c->served_name, .max_ctx = (uint32_t)c->max_model_len};
+  proto_models_reply_t r = {.rid = rid, .n_models = 1, .models = &mi};
+  coord__rpc_send(c, p, PROTO_T_MODELS_R, &r);
+}
+
+static void coord__rpc_dispatch(coord_t *c, const coord_peer_t *p, const void *data, size_t len) {
+  int rc = proto_msg_decode(&c->in, data, len, PROTO_ACCEPT_FROM_CLIENT);
+  if (rc) {
+    int32_t code = rc == FR_ETOOBIG ? PROTO_ERR_TOO_BIG : rc == FR_EVERSION ? PROTO_ERR_VERSION : PROTO_ERR_BAD_REQUEST;
+    coord__rpc_error(c, p, code, 0, fr_last_error());
+    return;
+  }
+  const proto_msg_t *m = &c->in;
+  switch (m->type) {
+  case PROTO_T_SUBMIT: coord__job_submit(c, p, &m->u.submit); break;
+  case PROTO_T_CANCEL: coord__job_cancel(c, p, m->u.cancel.id); break;
+  case PROTO_T_STATUS: coord__rpc_status(c, p, m->u.status.rid); break;
+  case PROTO_T_MODELS: coord__rpc_models(c, p, m->u.models.rid); break;
+  case PROTO_T_HEARTBEAT: {
+    proto_heartbeat_t hb = {.rank = -1, .seq = m->u.heartbeat.seq, .ts_ns = fr_now_ns()};
+    coord__rpc_send(c, p, PROTO_T_HEARTBEAT, &hb);
+    break;
+  }
+  default: coord__rpc_error(c, p, PROTO_ERR_BAD_REQUEST, 0, "unexpected message type"); break;
+  }
+}
+
+/* Reads one multipart message: [id][""]?[payload]; more frames are an
+ * error. Returns 1 when a message was handled, 0 when none was waiting. */
+static int coord__rpc_recv_one(coord_t *c, void *sock, bool inproc, zmq_msg_t *f) {
+  coord_peer_t p = {.inproc = inproc};
+  int n = zmq_msg_recv(f, sock, ZMQ_DONTWAIT);
+  if (n < 0) return 0;
+  p.len = (uint8_t)FR_MIN(zmq_msg_size(f), COORD_IDENT_MAX - 1);
+  memcpy(p.id, zmq_msg_data(f), p.len);
+  int frames = 0;
+  bool bad = false;
+  while (zmq_msg_more(f)) {
+    if (zmq_msg_recv(f, sock, 0) < 0) return 1;
+    frames++;
+    if (frames == 1 && zmq_msg_size(f) == 0 && zmq_msg_more(f)) {
+      p.delim = true;
+      continue;
+    }
+    if (zmq_msg_more(f)) bad = true;
+    if (!bad) {
+      c->t_rx_ns = fr_now_ns();
+      coord__rpc_dispatch(c, &p, zmq_msg_data(f), zmq_msg_size(f));
+      c->t_rx_ns = 0;
+    }
+  }
+  if (bad || frames == 0) coord__rpc_error(c, &p, PROTO_ERR_BAD_REQUEST, 0, "one message per frame expected");
+  return 1;
+}
+
+void coord__rpc_on_readable(coord_t *c, void *sock, bool inproc) {
+  zmq_msg_t f;
+  zmq_msg_init(&f);
+  for (int i = 0; i < COORD_RPC_BATCH; i++)
+    if (!coord__rpc_recv_one(c, sock, inproc, &f)) break;
+  zmq_msg_close(&f);
+}

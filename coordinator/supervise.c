@@ -1,0 +1,239 @@
+/* supervise.c - the worker processes: fork/exec, registration (hello), load,
+ * heartbeats, death (SIGCHLD or silence) and restart, shutdown.
+ *
+ * A worker that dies is restarted at once; the step in flight is dropped
+ * (its results, if any arrive, carry an old epoch) and every running job is
+ * preempted, so it is recomputed from its tokens once the new worker has
+ * loaded. Blocks committed to the prefix cache stay valid: they were
+ * written by steps whose results arrived, in a KV pool segment that
+ * outlives the worker.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "coordinator/coord_impl.h"
+
+#define COORD_HB_PERIOD_MS 1000
+#define COORD_LOAD_TIMEOUT_MS 300000
+#define COORD_MAX_RESTARTS 20
+
+static int coord__spawn(coord_t *c, coord_worker_t *w) {
+  char rank[16], world[16], ppid[16];
+  snprintf(rank, sizeof rank, "%d", w->rank);
+  snprintf(world, sizeof world, "%d", c->n_workers);
+  snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+  char *argv[] = {c->worker_exe, "--connect", c->worker_addr, "--instance", c->instance, "--rank", rank,
+                  "--world-size", world, "--coord-pid", ppid, NULL};
+  pid_t pid = fork();
+  if (pid < 0) return fr_errorf(-errno, "fork: %s", strerror(errno));
+  if (pid == 0) {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, NULL);
+    execv(argv[0], argv);
+    fprintf(stderr, "ferrumctl: exec %s: %s\n", argv[0], strerror(errno));
+    _exit(127);
+  }
+  w->pid = pid;
+  w->state = COORD_W_STARTING;
+  w->spawn_ns = w->last_rx_ns = fr_now_ns();
+  w->ident_len = 0;
+  FR_LOGI("worker %d started (pid %d)", w->rank, (int)pid);
+  return 0;
+}
+
+int coord__workers_start(coord_t *c) {
+  for (int r = 0; r < c->n_workers; r++) {
+    c->workers[r].rank = r;
+    int rc = coord__spawn(c, &c->workers[r]);
+    if (rc) return rc;
+  }
+  return 0;
+}
+
+int coord__worker_send_buf(coord_t *c, coord_worker_t *w, const proto_buf_t *b) {
+  if (w->ident_len == 0) return fr_errorf(FR_EDEAD, "worker %d is not registered", w->rank);
+  if (zmq_send(c->wsock, w->ident, w->ident_len, ZMQ_SNDMORE | ZMQ_DONTWAIT) < 0 ||
+      zmq_send(c->wsock, b->data, b->len, ZMQ_DONTWAIT) < 0)
+    return fr_errorf(errno == EHOSTUNREACH ? FR_EDEAD : FR_EZMQ, "send to worker %d: %s", w->rank,
+                     zmq_strerror(errno));
+  return 0;
+}
+
+int coord__worker_send(coord_t *c, coord_worker_t *w, proto_type_t type, const void *body) {
+  int rc = proto_encode(&c->wout, type, body);
+  return rc ? rc : coord__worker_send_buf(c, w, &c->wout);
+}
+
+static int coord__send_load(coord_t *c, coord_worker_t *w) {
+  char threads[16], mt[16], ms[16];
+  snprintf(threads, sizeof threads, "%d", c->cfg.threads);
+  snprintf(mt, sizeof mt, "%d", c->cfg.max_num_batched_tokens);
+  snprintf(ms, sizeof ms, "%d", c->cfg.max_num_seqs);
+  proto_option_t opts[] = {{"device", c->device}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
+                           {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
+  proto_load_t l = {.path = c->model_path,
+                    .format = "auto",
+                    .tp_size = (uint32_t)c->n_workers,
+                    .n_options = FR_ARRAY_SIZE(opts),
+                    .options = opts};
+  return coord__worker_send(c, w, PROTO_T_LOAD, &l);
+}
+
+bool coord__workers_ready(const coord_t *c) {
+  for (int r = 0; r < c->n_workers; r++)
+    if (c->workers[r].state != COORD_W_READY) return false;
+  return true;
+}
+
+static void coord__set_ready(coord_t *c, bool ready) {
+  if (c->ready == ready) return;
+  c->ready = ready;
+  if (ready && !c->logits_seg.base) {
+    char what[KV_WHAT_MAX];
+    snprintf(what, sizeof what, "logits0");
+    if (kv_segment_attach(&c->logits_seg, c->instance, what, KV_SEG_RDONLY))
+      FR_LOGW("logits segment: %s", fr_last_error());
+  }
+  if (c->hook_ready) c->hook_ready(c->hook_arg, ready);
+}
+
+static void coord__on_hello(coord_t *c, const uint8_t *ident, size_t len, const proto_hello_t *h) {
+  if (h->rank < 0 || h->rank >= c->n_workers) {
+    FR_LOGW("hello from unknown rank %d ignored", h->rank);
+    return;
+  }
+  coord_worker_t *w = &c->workers[h->rank];
+  if (w->state != COORD_W_STARTING || (h->pid && (pid_t)h->pid != w->pid)) {
+    FR_LOGW("unexpected hello from rank %d (pid %u) ignored", h->rank, h->pid);
+    return;
+  }
+  memcpy(w->ident, ident, len);
+  w->ident_len = (uint8_t)len;
+  w->state = COORD_W_LOADING;
+  FR_LOGI("worker %d registered; loading %s", w->rank, c->model_path);
+  if (coord__send_load(c, w)) FR_LOGE("%s", fr_last_error());
+}
+
+static void coord__on_loaded(coord_t *c, coord_worker_t *w, const proto_loaded_t *l) {
+  if (w->state != COORD_W_LOADING) return;
+  if (l->error.code) {
+    FR_LOGE("worker %d failed to load the model: %s", w->rank, l->error.message ? l->error.message : "?");
+    c->load_error = fr_errorf(FR_EFORMAT, "worker %d: %s", w->rank, l->error.message ? l->error.message : "load failed");
+    return;
+  }
+  if ((int)l->n_vocab != c->vocab || (int)l->kv_blocks != c->kvi.n_blocks) {
+    c->load_error = fr_errorf(FR_ESTATE, "worker %d loaded a vocabulary of %u and %u KV blocks, expected %d and %d",
+                              w->rank, l->n_vocab, l->kv_blocks, c->vocab, c->kvi.n_blocks);
+    return;
+  }
+  w->state = COORD_W_READY;
+  FR_LOGI("worker %d ready", w->rank);
+  if (coord__workers_ready(c)) coord__set_ready(c, true);
+}
+
+void coord__workers_on_message(coord_t *c, const uint8_t *ident, size_t len, const proto_msg_t *m) {
+  if (m->type == PROTO_T_HELLO) {
+    coord__on_hello(c, ident, len, &m->u.hello);
+    return;
+  }
+  coord_worker_t *w = NULL;
+  for (int r = 0; r < c->n_workers; r++)
+    if (c->workers[r].ident_len == len && !memcmp(c->workers[r].ident, ident, len)) w = &c->workers[r];
+  if (!w) return; /* a dead worker's late message */
+  w->last_rx_ns = fr_now_ns();
+  switch (m->type) {
+  case PROTO_T_LOADED: coord__on_loaded(c, w, &m->u.loaded); break;
+  case PROTO_T_RESULT: coord__step_on_result(c, &m->u.result, w->rank); break;
+  case PROTO_T_ERROR: FR_LOGW("worker %d: error %d: %s", w->rank, m->u.error.code, m->u.error.message ? m->u.error.message : ""); break;
+  default: break;
+  }
+}
+
+/* Drops the step in flight and sends every running job back to the queue. */
+static void coord__recompute_all(coord_t *c) {
+  if (c->step_busy) coord__step_abort(c);
+  else c->epoch++;
+  while (c->running_tail) coord__sched_preempt(c, c->running_tail);
+}
+
+static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
+  if (WIFSIGNALED(status)) FR_LOGW("worker %d (pid %d) killed by signal %d", w->rank, (int)w->pid, WTERMSIG(status));
+  else FR_LOGW("worker %d (pid %d) exited with status %d", w->rank, (int)w->pid, WEXITSTATUS(status));
+  bool was_loaded = w->state == COORD_W_READY;
+  w->pid = 0;
+  w->state = COORD_W_DOWN;
+  w->ident_len = 0;
+  coord__set_ready(c, false);
+  coord__recompute_all(c);
+  if (c->stop_loop) return;
+  if (!was_loaded && !c->n_steps && !w->restarts && c->load_error == 0)
+    c->load_error = fr_errorf(FR_EDEAD, "worker %d died while loading the model", w->rank);
+  if (c->load_error || ++w->restarts > COORD_MAX_RESTARTS) {
+    if (!c->load_error) c->load_error = fr_errorf(FR_EDEAD, "worker %d keeps dying: giving up", w->rank);
+    return;
+  }
+  if (coord__spawn(c, w)) c->load_error = fr_errorf(FR_EDEAD, "restarting worker %d: %s", w->rank, fr_last_error());
+}
+
+void coord__workers_on_sigchld(coord_t *c) {
+  int status;
+  pid_t pid;
+  while ((pid = waitpid(-1, &status, WNOHANG)) > 0)
+    for (int r = 0; r < c->n_workers; r++)
+      if (c->workers[r].pid == pid) coord__on_death(c, &c->workers[r], status);
+}
+
+void coord__workers_tick(coord_t *c) {
+  uint64_t now = fr_now_ns();
+  bool hb = now >= c->next_hb_ns;
+  if (hb) c->next_hb_ns = now + COORD_HB_PERIOD_MS * 1000000ull;
+  for (int r = 0; r < c->n_workers; r++) {
+    coord_worker_t *w = &c->workers[r];
+    if (w->pid == 0) continue;
+    uint64_t quiet_ms = (now - w->last_rx_ns) / 1000000;
+    bool stuck = (w->state == COORD_W_READY && quiet_ms > (uint64_t)c->cfg.worker_hb_timeout_ms) ||
+                 (w->state != COORD_W_READY && quiet_ms > COORD_LOAD_TIMEOUT_MS);
+    if (stuck) {
+      FR_LOGW("worker %d silent for %llu ms: killing it", w->rank, (unsigned long long)quiet_ms);
+      kill(w->pid, SIGKILL);
+      w->last_rx_ns = now; /* SIGCHLD follows */
+      continue;
+    }
+    if (hb && w->state == COORD_W_READY) {
+      proto_heartbeat_t h = {.rank = -1, .seq = ++w->hb_seq, .ts_ns = now};
+      coord__worker_send(c, w, PROTO_T_HEARTBEAT, &h);
+    }
+  }
+}
+
+void coord__workers_stop(coord_t *c) {
+  proto_shutdown_t sd = {.reason = "coordinator exiting", .drain = true};
+  for (int r = 0; r < c->n_workers; r++)
+    if (c->workers[r].pid && c->workers[r].ident_len) coord__worker_send(c, &c->workers[r], PROTO_T_SHUTDOWN, &sd);
+  uint64_t deadline = fr_now_ns() + 5000000000ull;
+  for (int r = 0; r < c->n_workers; r++) {
+    coord_worker_t *w = &c->workers[r];
+    if (!w->pid) continue;
+    int status;
+    while (waitpid(w->pid, &status, WNOHANG) == 0) {
+      if (fr_now_ns() > deadline) {
+        kill(w->pid, SIGKILL);
+        waitpid(w->pid, &status, 0);
+        break;
+      }
+      usleep(10000);
+    }
+    w->pid = 0;
+    w->state = COORD_W_DOWN;
+  }
+}

@@ -1,0 +1,178 @@
+/* main.c - ferrum-worker: registration, the message loop, exit rules.
+ *
+ * usage: ferrum-worker --connect ENDPOINT --instance ID [--rank R]
+ *                      [--world-size N] [--coord-pid PID] [--hb-timeout-ms MS]
+ */
+#include <errno.h>
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "worker/worker.h"
+
+static volatile sig_atomic_t worker_stop;
+
+static void worker__on_signal(int sig) { worker_stop = sig; }
+
+static int worker__parse(int argc, char **argv, worker_args_t *a) {
+  static const struct option lo[] = {{"connect", required_argument, 0, 'c'},
+                                     {"instance", required_argument, 0, 'i'},
+                                     {"rank", required_argument, 0, 'r'},
+                                     {"world-size", required_argument, 0, 'w'},
+                                     {"coord-pid", required_argument, 0, 'p'},
+                                     {"hb-timeout-ms", required_argument, 0, 't'},
+                                     {0, 0, 0, 0}};
+  *a = (worker_args_t){.world_size = 1, .hb_timeout_ms = 30000};
+  int c;
+  while ((c = getopt_long(argc, argv, "", lo, NULL)) != -1) {
+    switch (c) {
+    case 'c': a->connect = optarg; break;
+    case 'i': a->instance = optarg; break;
+    case 'r': a->rank = atoi(optarg); break;
+    case 'w': a->world_size = atoi(optarg); break;
+    case 'p': a->coord_pid = (pid_t)atol(optarg); break;
+    case 't': a->hb_timeout_ms = atoi(optarg); break;
+    default: return -1;
+    }
+  }
+  if (!a->connect || !a->instance || a->rank < 0 || a->world_size < 1 || a->rank >= a->world_size) return -1;
+  return 0;
+}
+
+static int worker__send(worker_t *w, proto_type_t type, const void *body) {
+  int rc = proto_encode(&w->out, type, body);
+  if (rc) return rc;
+  if (zmq_send(w->sock, w->out.data, w->out.len, 0) < 0)
+    return fr_errorf(FR_EZMQ, "send %s: %s", proto_type_name(type), zmq_strerror(errno));
+  return 0;
+}
+
+static int worker__hello(worker_t *w) {
+  proto_hello_t h = {.rank = w->args.rank,
+                     .world_size = w->args.world_size,
+                     .device = "cpu",
+                     .kv_blocks = 0,
+                     .block_size = KV_BLOCK_SIZE_DEFAULT,
+                     .max_batch = 1,
+                     .pid = (uint32_t)getpid()};
+  return worker__send(w, PROTO_T_HELLO, &h);
+}
+
+static int worker__on_load(worker_t *w, const proto_load_t *l) {
+  proto_loaded_t r = {.rank = w->args.rank};
+  uint64_t t0 = fr_now_ns();
+  int rc = worker_load(w, l);
+  if (rc) {
+    FR_LOGE("load %s: %s", l->path, fr_last_error());
+    r.error.code = proto_err_from_fr(rc);
+    r.error.message = (char *)fr_last_error();
+  } else {
+    r.kv_blocks = (uint32_t)w->info.n_blocks;
+    r.n_vocab = (uint32_t)w->vocab;
+    r.max_ctx = (uint32_t)w->m->cfg.max_ctx;
+    FR_LOGI("loaded %s in %.2f s: %d KV blocks of %d tokens, %d tokens / %d seqs per step", l->path,
+            (fr_now_ns() - t0) / 1e9, w->info.n_blocks, w->info.block_size, w->max_tokens, w->max_seqs);
+  }
+  return worker__send(w, PROTO_T_LOADED, &r);
+}
+
+/* Handles one message; returns 1 to exit, 0 to go on, < 0 on a send error. */
+static int worker__dispatch(worker_t *w) {
+  proto_msg_t *m = &w->in;
+  switch (m->type) {
+  case PROTO_T_LOAD: return worker__on_load(w, &m->u.load);
+  case PROTO_T_STEP: {
+    proto_result_t res;
+    worker_step_run(w, &m->u.step, &res);
+    return worker__send(w, PROTO_T_RESULT, &res);
+  }
+  case PROTO_T_HEARTBEAT: {
+    proto_heartbeat_t hb = {.rank = w->args.rank, .seq = m->u.heartbeat.seq, .ts_ns = fr_now_ns()};
+    return worker__send(w, PROTO_T_HEARTBEAT, &hb);
+  }
+  case PROTO_T_SHUTDOWN: FR_LOGI("shutdown: %s", m->u.shutdown.reason ? m->u.shutdown.reason : "asked"); return 1;
+  case PROTO_T_ERROR: FR_LOGW("coordinator error %d: %s", m->u.error.code, m->u.error.message ? m->u.error.message : ""); return 0;
+  default: return 0;
+  }
+}
+
+/* True when the coordinator is gone: parent changed or silent too long. */
+static bool worker__orphaned(const worker_t *w) {
+  if (w->args.coord_pid > 0 && getppid() != w->args.coord_pid) return true;
+  return w->args.hb_timeout_ms > 0 && (fr_now_ns() - w->last_rx_ns) / 1000000 > (uint64_t)w->args.hb_timeout_ms;
+}
+
+static int worker__loop(worker_t *w) {
+  zmq_msg_t msg;
+  zmq_msg_init(&msg);
+  int rc = 0;
+  while (!worker_stop) {
+    zmq_pollitem_t pi = {.socket = w->sock, .events = ZMQ_POLLIN};
+    int n = zmq_poll(&pi, 1, 500);
+    if (n < 0 && errno != EINTR) { rc = fr_errorf(FR_EZMQ, "poll: %s", zmq_strerror(errno)); break; }
+    if (n <= 0) {
+      if (worker__orphaned(w)) { FR_LOGW("coordinator gone: exiting"); break; }
+      continue;
+    }
+    if (zmq_msg_recv(&msg, w->sock, ZMQ_DONTWAIT) < 0) continue;
+    w->last_rx_ns = fr_now_ns();
+    if (proto_msg_decode(&w->in, zmq_msg_data(&msg), zmq_msg_size(&msg), PROTO_ACCEPT_WORKER)) {
+      FR_LOGW("bad message from the coordinator: %s", fr_last_error());
+      continue;
+    }
+    int d = worker__dispatch(w);
+    if (d == 1) break;
+    if (d < 0) FR_LOGE("%s", fr_last_error());
+  }
+  zmq_msg_close(&msg);
+  return rc;
+}
+
+int main(int argc, char **argv) {
+  worker_t w;
+  memset(&w, 0, sizeof w);
+  w.pool_seg.fd = w.logits_seg.fd = -1;
+  if (worker__parse(argc, argv, &w.args)) {
+    fprintf(stderr, "usage: ferrum-worker --connect ENDPOINT --instance ID [--rank R] [--world-size N] "
+                    "[--coord-pid PID] [--hb-timeout-ms MS]\n");
+    return 2;
+  }
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (w.args.coord_pid > 0 && getppid() != w.args.coord_pid) return 1; /* died before prctl */
+  char tag[32];
+  snprintf(tag, sizeof tag, "worker%d", w.args.rank);
+  fr_log_set_tag(tag);
+  signal(SIGTERM, worker__on_signal);
+  signal(SIGINT, worker__on_signal);
+  signal(SIGPIPE, SIG_IGN);
+  proto_msg_init(&w.in);
+  proto_buf_init(&w.out);
+  w.last_rx_ns = fr_now_ns();
+  int rc = FR_EZMQ, linger = 0;
+  w.zctx = zmq_ctx_new();
+  w.sock = w.zctx ? zmq_socket(w.zctx, ZMQ_DEALER) : NULL;
+  if (!w.sock) goto done;
+  zmq_setsockopt(w.sock, ZMQ_LINGER, &linger, sizeof linger);
+  if (zmq_connect(w.sock, w.args.connect) != 0) {
+    fr_errorf(FR_EZMQ, "connect %s: %s", w.args.connect, zmq_strerror(errno));
+    goto done;
+  }
+  if ((rc = worker__hello(&w))) goto done;
+  rc = worker__loop(&w);
+done:
+  if (rc) FR_LOGE("%s", fr_last_error());
+  worker_unload(&w);
+  if (w.sock) zmq_close(w.sock);
+  if (w.zctx) zmq_ctx_term(w.zctx);
+  proto_msg_free(&w.in);
+  proto_buf_free(&w.out);
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,179 @@
+/* step.c - one step descriptor: block copies, one forward pass over all
+ * items (mixed prefill chunks and decodes), sampling on rank 0. */
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "common/fr_err.h"
+#include "common/fr_log.h"
+#include "common/fr_util.h"
+#include "worker/worker.h"
+
+/* Records tokens fed to a slot at pos.. in its history (for penalties). */
+static void worker__hist_feed(worker_hist_t *h, int pos, const int32_t *tok, int n) {
+  size_t need = (size_t)pos + (size_t)n;
+  if (need > (size_t)h->cap) {
+    size_t cap = FR_MAX(need, (size_t)h->cap * 2);
+    cap = FR_MAX(cap, 64);
+    h->tok = fr_realloc(h->tok, cap * sizeof(int32_t));
+    h->cap = (int)cap;
+  }
+  for (int i = h->len; i < pos; i++) h->tok[i] = -1; /* unseen (prefix-cache hit) */
+  memcpy(h->tok + pos, tok, (size_t)n * sizeof(int32_t));
+  h->len = (int)need;
+}
+
+/* Validates an item against the slot's block table and appends it to the
+ * batch: positions, KV slots, query range, context length, table row. */
+static int worker__add_item(worker_t *w, const proto_step_item_t *it, int s, int *n_tok) {
+  const int bs = w->info.block_size, mb = w->info.max_blocks_per_seq;
+  if (it->slot >= (uint32_t)w->info.max_seqs) return fr_errorf(FR_EPROTO, "item %d: slot %u out of range", s, it->slot);
+  if ((size_t)*n_tok + it->n_tokens > (size_t)w->max_tokens)
+    return fr_errorf(FR_ETOOBIG, "step has more than %d tokens", w->max_tokens);
+  int32_t *row = w->tables + (size_t)s * (size_t)mb;
+  kv_seq_view_t v;
+  int rc = kv_seq_read(w->ctl, (int)it->slot, row, mb, &v);
+  if (rc) return fr_errorf(rc, "item %d: slot %u: %s", s, it->slot, fr_last_error());
+  uint64_t end = (uint64_t)it->pos + it->n_tokens;
+  if (!v.in_use || end > (uint64_t)v.len || end > (uint64_t)v.n_blocks * (uint64_t)bs)
+    return fr_errorf(FR_EPROTO, "item %d: slot %u holds %d tokens, step needs %llu", s, it->slot, v.len,
+                     (unsigned long long)end);
+  w->q_start[s] = *n_tok;
+  for (uint32_t i = 0; i < it->n_tokens; i++) {
+    int p = (int)it->pos + (int)i, t = *n_tok + (int)i;
+    int32_t blk = row[p / bs];
+    if (blk < 0 || blk >= w->info.n_blocks) return fr_errorf(FR_EPROTO, "item %d: block %d out of range", s, blk);
+    w->tokens[t] = it->tokens[i];
+    w->pos[t] = p;
+    w->slots[t] = blk * bs + p % bs;
+  }
+  w->ctx_len[s] = (int32_t)end;
+  *n_tok += (int)it->n_tokens;
+  return 0;
+}
+
+static int worker__copies(worker_t *w, const proto_step_t *st) {
+  if (st->n_copies == 0) return 0;
+  for (uint32_t i = 0; i < st->n_copies; i++) {
+    if (st->copies[i].src >= (uint32_t)w->info.n_blocks || st->copies[i].dst >= (uint32_t)w->info.n_blocks)
+      return fr_errorf(FR_EPROTO, "block copy %u out of range", i);
+    w->copy_pairs[2 * i] = (int32_t)st->copies[i].src;
+    w->copy_pairs[2 * i + 1] = (int32_t)st->copies[i].dst;
+  }
+  if (!w->be->ops->kv_copy_blocks) return fr_errorf(FR_EUNSUPPORTED, "backend cannot copy KV blocks");
+  return w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
+}
+
+static model_sampling_t worker__sampling(const proto_sampling_t *sp) {
+  model_sampling_t p = model_sampling_default();
+  p.temperature = sp->temperature;
+  p.top_k = sp->top_k;
+  p.top_p = sp->top_p;
+  p.min_p = sp->min_p;
+  p.repetition_penalty = sp->repetition_penalty;
+  p.presence_penalty = sp->presence_penalty;
+  p.frequency_penalty = sp->frequency_penalty;
+  p.seed = sp->has_seed ? sp->seed : 0;
+  return p;
+}
+
+/* Samples the item's next token from its logits row; fills the result
+ * item (top logprobs, logits handle). */
+static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float *row, int r) {
+  proto_result_item_t *ri = &w->ritems[r];
+  memset(ri, 0, sizeof *ri);
+  ri->slot = it->slot;
+  if (it->sp.want_logits && w->logits_seg.base && r < w->logits_rows) {
+    float *dst = (float *)kv_segment_data(&w->logits_seg) + (size_t)r * (size_t)w->vocab;
+    memcpy(dst, row, (size_t)w->vocab * sizeof(float));
+    ri->has_logits = true;
+    ri->logits = (proto_logits_handle_t){.segment = (uint32_t)w->args.rank, .slot = it->slot, .row = (uint32_t)r};
+  }
+  if (it->sp.logprobs > 0) {
+    int n = FR_MIN(it->sp.logprobs, (int)PROTO_MAX_TOPN);
+    model_logprobs(row, w->vocab, n, w->top_ids, w->top_lp, NULL);
+    ri->top = w->tops + (size_t)r * PROTO_MAX_TOPN;
+    ri->n_top = (uint32_t)n;
+    for (int i = 0; i < n; i++) ri->top[i] = (proto_toplp_t){.token = w->top_ids[i], .logprob = w->top_lp[i]};
+  }
+  worker_hist_t *h = &w->hist[it->slot];
+  int pl = FR_MIN((int)it->prompt_len, h->len); /* output tokens follow the prompt */
+  model_sampling_t p = worker__sampling(&it->sp);
+  uint64_t draw = (uint64_t)(h->len - pl);
+  ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
+                           &ri->logprob);
+}
+
+static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok) {
+  kern_step_t ks = {
+      .n_tokens = n_tok,
+      .tokens = w->tokens,
+      .n_seqs = (int)st->n_items,
+      .positions = w->pos,
+      .slots = w->slots,
+      .q_start = w->q_start,
+      .ctx_len = w->ctx_len,
+      .block_tables = w->tables,
+      .max_blocks = w->info.max_blocks_per_seq,
+  };
+  w->q_start[st->n_items] = n_tok;
+  if (w->fake_forward) { /* each row's argmax: a token that depends on the position */
+    memset(w->logits, 0, (size_t)st->n_items * (size_t)w->vocab * sizeof(float));
+    for (uint32_t i = 0; i < st->n_items; i++)
+      w->logits[(size_t)i * (size_t)w->vocab + (size_t)(1000 + w->ctx_len[i] % 1000) % (size_t)w->vocab] = 10.0f;
+    return 0;
+  }
+  const void *logits = NULL;
+  int rc = model_forward(w->m, &w->pool, &ks, &logits);
+  if (rc) return rc;
+  if (w->args.rank != 0) return 0;
+  return model_logits_to_host(w->m, logits, (int)st->n_items, w->logits);
+}
+
+static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res) {
+  if (!w->loaded) return fr_errorf(FR_ESTATE, "no model loaded");
+  if (st->n_items > (uint32_t)w->max_seqs)
+    return fr_errorf(FR_ETOOBIG, "step has %u items, more than %d", st->n_items, w->max_seqs);
+  for (uint32_t i = 0; i < st->n_freed; i++)
+    if (st->freed[i] < (uint32_t)w->info.max_seqs) w->hist[st->freed[i]].len = 0;
+  int rc = worker__copies(w, st);
+  if (rc) return rc;
+  if (st->n_items == 0) return 0;
+  int n_tok = 0;
+  for (uint32_t i = 0; i < st->n_items; i++)
+    if ((rc = worker__add_item(w, &st->items[i], (int)i, &n_tok))) return rc;
+  uint64_t t0 = fr_now_ns();
+  if ((rc = worker__forward(w, st, n_tok))) return rc;
+  uint64_t t1 = fr_now_ns();
+  for (uint32_t i = 0; i < st->n_items; i++) {
+    const proto_step_item_t *it = &st->items[i];
+    if (it->pos == 0) w->hist[it->slot].len = 0;
+    worker__hist_feed(&w->hist[it->slot], (int)it->pos, it->tokens, (int)it->n_tokens);
+  }
+  uint32_t n_res = 0;
+  if (w->args.rank == 0)
+    for (uint32_t i = 0; i < st->n_items; i++)
+      if (st->items[i].final) worker__sample_item(w, &st->items[i], w->logits + (size_t)i * (size_t)w->vocab, (int)n_res++);
+  res->items = w->ritems;
+  res->n_items = n_res;
+  res->timings.forward_us = (t1 - t0) / 1000;
+  res->timings.sample_us = (fr_now_ns() - t1) / 1000;
+  return 0;
+}
+
+void worker_step_run(worker_t *w, const proto_step_t *st, proto_result_t *res) {
+  uint64_t t0 = fr_now_ns();
+  proto_body_default(PROTO_T_RESULT, res);
+  res->step_id = st->step_id;
+  res->epoch = st->epoch;
+  res->rank = w->args.rank;
+  int rc = worker__run(w, st, res);
+  if (rc) {
+    FR_LOGE("step %llu: %s", (unsigned long long)st->step_id, fr_last_error());
+    res->n_items = 0;
+    res->error.code = proto_err_from_fr(rc);
+    res->error.message = (char *)fr_last_error();
+  }
+  res->timings.total_us = (fr_now_ns() - t0) / 1000;
+}

@@ -1,0 +1,101 @@
+/* worker.h - one ferrum worker process (one device, one TP rank).
+ *
+ * The worker connects a ZeroMQ DEALER to the coordinator's worker ROUTER,
+ * registers (hello), loads the model it is told to (load), maps the
+ * coordinator's control segment read-only, owns its KV pool (a shm segment
+ * `/ferrum-<instance>-kvpool<rank>` on the CPU, so the pool outlives a
+ * worker restart) and runs each step descriptor as one forward pass over
+ * mixed prefill chunks and decodes. Rank 0 samples, writes the logits rows
+ * asked for into `/ferrum-<instance>-logits<rank>` and replies with a
+ * result. The worker keeps no request state the coordinator cannot resend:
+ * only the token history of each slot (for penalties), dropped when the
+ * coordinator frees the slot.
+ *
+ * Threads: one (the backend's pool threads run ops). Exits when its
+ * coordinator dies (PR_SET_PDEATHSIG, parent check, heartbeat timeout) or on
+ * a shutdown message.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "kernels/kern.h"
+#include "kv/kv.h"
+#include "model/model.h"
+#include "model/sampler.h"
+#include "proto/proto.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define WORKER_LOGITS_WHAT "logits" /* + rank: logits segment kind */
+#define WORKER_POOL_WHAT "kvpool"   /* + rank: KV pool segment kind */
+
+/* Token history of one sequence slot: every token fed so far. */
+typedef struct {
+  int32_t *tok; /* (cap) */
+  int len, cap;
+} worker_hist_t;
+
+/* Command line of a worker process. */
+typedef struct {
+  const char *connect;  /* coordinator's worker endpoint (ipc:// or tcp://) */
+  const char *instance; /* instance id (segment names) */
+  int rank, world_size;
+  pid_t coord_pid;      /* the coordinator: exit when it is gone (0 = don't check) */
+  int hb_timeout_ms;    /* exit after this long without a message (default 30000) */
+} worker_args_t;
+
+typedef struct {
+  worker_args_t args;
+  void *zctx, *sock;
+  proto_msg_t in;
+  proto_buf_t out;
+  uint64_t last_rx_ns;
+  /* after load */
+  kern_backend_t *be;
+  model_t *m;
+  kv_ctl_t *ctl;       /* control segment, read-only */
+  kv_info_t info;
+  kv_segment_t pool_seg;
+  kern_kv_pool_t pool;
+  kv_segment_t logits_seg;
+  int logits_rows;     /* rows the logits segment holds */
+  model_sampler_t smp;
+  int max_tokens, max_seqs, vocab;
+  /* per-step scratch, sized at load */
+  int32_t *tokens, *pos, *slots;   /* (max_tokens) */
+  int32_t *q_start;                /* (max_seqs + 1) */
+  int32_t *ctx_len;                /* (max_seqs) */
+  int32_t *tables;                 /* (max_seqs, max_blocks_per_seq) */
+  int32_t *copy_pairs;             /* (2 * PROTO_MAX_COPIES) */
+  float *logits;                   /* (max_seqs, vocab) host */
+  float *raw;                      /* (vocab) one row before sampling */
+  proto_result_item_t *ritems;     /* (max_seqs) */
+  proto_toplp_t *tops;             /* (max_seqs, PROTO_MAX_TOPN) */
+  int32_t *top_ids;                /* (PROTO_MAX_TOPN) */
+  float *top_lp;                   /* (PROTO_MAX_TOPN) */
+  worker_hist_t *hist;             /* (info.max_seqs) */
+  bool loaded;
+  bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
+} worker_t;
+
+/* Loads the model of a load message and maps the segments. Returns 0, or an
+ * error with a message (the worker stays unloaded). */
+int worker_load(worker_t *w, const proto_load_t *load);
+
+/* Releases everything worker_load() set up (segments are not unlinked:
+ * the coordinator owns their names). */
+void worker_unload(worker_t *w);
+
+/* Runs one step descriptor and fills *res (items point into w's scratch,
+ * valid until the next step). A bad descriptor (slot out of range, table
+ * shorter than the tokens) is an error in res->error, never a crash. */
+void worker_step_run(worker_t *w, const proto_step_t *st, proto_result_t *res);
+
+#ifdef __cplusplus
+}
+#endif

@@ -223,6 +223,7 @@ static int cmp_tensor(const void *a, const void *b) {
 
 /* Sorts by name and rejects a name seen twice (across shards). */
 static int sort_tensors(model_st_t *st) {
+  if (st->n_tensors < 2) return 0;
   qsort(st->tensors, st->n_tensors, sizeof *st->tensors, cmp_tensor);
   for (size_t i = 1; i < st->n_tensors; i++)
     if (strcmp(st->tensors[i - 1].name, st->tensors[i].name) == 0)

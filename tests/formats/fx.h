@@ -50,6 +50,7 @@ typedef struct {
 } fx_buf_t;
 
 static inline void fx_put(fx_buf_t *b, const void *d, size_t n) {
+  if (!n) return;
   if (b->n + n > b->cap) {
     b->cap = (b->n + n) * 2 + 64;
     b->p = realloc(b->p, b->cap);

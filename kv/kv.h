@@ -128,8 +128,8 @@ int kv_control_create(kv_ctl_t **out, const kv_config_t *cfg);
  * *out, or an error from kv_segment_attach(), FR_EFORMAT / FR_EVERSION. */
 int kv_control_attach(kv_ctl_t **out, const char *instance);
 
-/* Unmaps and frees the handle; the writer's handle also unlinks the segment
- * (clean exit). NULL is a no-op. */
+/* Unmaps and frees the handle; the writer's handle, in the process that
+ * created the segment, also unlinks it (clean exit). NULL is a no-op. */
 void kv_control_destroy(kv_ctl_t *ctl);
 
 /* Geometry of the segment (any side). */

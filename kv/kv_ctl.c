@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
@@ -159,7 +160,8 @@ fail_free:
 void kv_control_destroy(kv_ctl_t *ctl) {
   if (!ctl) return;
   if (ctl->seg.base) {
-    if (ctl->writer) shm_unlink(ctl->seg.name);
+    /* Only the owner unlinks: a fork()ed child's destroy leaves it alone. */
+    if (ctl->writer && kv_segment_header(&ctl->seg)->owner_pid == (int32_t)getpid()) shm_unlink(ctl->seg.name);
     kv_segment_detach(&ctl->seg);
   }
   if (ctl->anon) munmap(ctl->anon, ctl->anon_bytes);

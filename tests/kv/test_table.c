@@ -107,6 +107,16 @@ START_TEST(test_reader_attach) {
   ck_assert_int_eq(kv_prefix_commit(r, s, row, 0), -EPERM);
   ck_assert_int_eq(kv_prefix_lookup(r, row, 0, 0, &x, NULL, 0, NULL), -EPERM);
   kv_control_destroy(r);
+  /* A fork()ed child's destroy of the inherited writer handle unlinks nothing. */
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) {
+    kv_control_destroy(w);
+    _exit(0);
+  }
+  ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+  ck_assert_int_eq(kv_control_attach(&r, g_inst), 0);
+  kv_control_destroy(r);
   /* The writer's destroy unlinks the segment. */
   kv_control_destroy(w);
   ck_assert_int_eq(kv_control_attach(&r, g_inst), -ENOENT);

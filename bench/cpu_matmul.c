@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "common/fr_util.h"
 #include "kernels/kern.h"
@@ -44,15 +45,26 @@ static kern_type_t parse_type(const char *s) {
   exit(2);
 }
 
-static double run_case(kern_backend_t *b, kern_weight_t *ws, int n_copies, const float *x, float *y, double secs) {
+static double cpu_seconds(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* GB/s by wall time; *cpu_gbs by process CPU time (with 1 thread: immune to
+ * being descheduled on a busy machine). */
+static double run_case(kern_backend_t *b, kern_weight_t *ws, int n_copies, const float *x, float *y, double secs,
+                       double *cpu_gbs) {
   for (int i = 0; i < 3; i++) b->ops->matmul(b->ctx, y, &ws[i % n_copies], NULL, x, 1);
   uint64_t t0 = fr_now_ns(), t;
+  double c0 = cpu_seconds();
   long iters = 0;
   do {
     for (int i = 0; i < 8; i++, iters++) b->ops->matmul(b->ctx, y, &ws[iters % n_copies], NULL, x, 1);
     t = fr_now_ns();
   } while ((double)(t - t0) < secs * 1e9);
   double bytes = (double)ws[0].rows * (double)ws[0].row_bytes * (double)iters;
+  *cpu_gbs = bytes / (cpu_seconds() - c0) / 1e9;
   return bytes / ((double)(t - t0) / 1e9) / 1e9;
 }
 
@@ -81,10 +93,12 @@ int main(int argc, char **argv) {
       }
       float *x = malloc(sizeof(float) * (size_t)cols), *y = malloc(sizeof(float) * (size_t)rows);
       for (int i = 0; i < cols; i++) x[i] = (float)rnd32() / 4294967296.0f - 0.5f;
-      double hot = run_case(b, ws, 1, x, y, secs), cold = run_case(b, ws, copies, x, y, secs);
-      printf("%-6s threads %d  %5dx%-5d (%6.2f MB)  hot %6.2f GB/s (%7.1f us)  cold %6.2f GB/s (%7.1f us)\n",
+      double hot_cpu, cold_cpu;
+      double hot = run_case(b, ws, 1, x, y, secs, &hot_cpu), cold = run_case(b, ws, copies, x, y, secs, &cold_cpu);
+      printf("%-6s threads %d  %5dx%-5d (%6.2f MB)  hot %6.2f GB/s (%7.1f us)  cold %6.2f GB/s (%7.1f us)"
+             "  per CPU-second: hot %6.2f cold %6.2f GB/s\n",
              kern_cpu_isa(b), nt, rows, cols, (double)bytes / 1e6, hot, (double)bytes / hot / 1e3, cold,
-             (double)bytes / cold / 1e3);
+             (double)bytes / cold / 1e3, hot_cpu, cold_cpu);
       free(x), free(y), free(ws);
       fr_free_aligned(mem);
     }

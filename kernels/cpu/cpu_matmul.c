@@ -36,11 +36,12 @@ static void cpu__mm_quantize_part(void *arg, int ith, int nth) {
 }
 
 /* Output rows [r0, r1) for all n activation rows, CPU_MM_TILE_N at a time so
- * each weight row is reused from L1 across the tile. */
+ * each weight row is reused from cache across the tile. */
 static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   const kern_weight_t *w = job->w;
   const uint8_t *wd = w->data;
   const int cols = (int)w->cols;
+  const size_t ld = (size_t)w->rows;
   for (int j0 = 0; j0 < job->n; j0 += CPU_MM_TILE_N) {
     int j1 = FR_MIN(job->n, j0 + CPU_MM_TILE_N);
     for (long r = r0; r < r1; r++) {
@@ -49,7 +50,7 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
       for (int j = j0; j < j1; j++) {
         float v;
         job->dot(cols, &v, wrow, job->act + (size_t)j * job->act_row_bytes);
-        job->out[(size_t)j * (size_t)w->rows + (size_t)r] = v + b;
+        job->out[(size_t)j * ld + (size_t)r] = v + b;
       }
     }
   }

@@ -12,7 +12,7 @@
 #include "common/fr_util.h"
 #include "kernels/cpu/cpu.h"
 
-#define X86_F16(x) fr_fp16_to_fp32(x)
+#define X86_F16(x) _cvtsh_ss(x) /* F16C */
 
 static inline float x86__hsum_f32_8(__m256 x) {
   __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
@@ -118,19 +118,29 @@ static inline void x86__vec_dot_q4_0(int n, float *s, const void *vw, const void
   *s = x86__hsum_f32_8(acc);
 }
 
+/* Two adjacent f16 fields (d, m) or (d, s) -> floats in lanes 0 and 1. */
+static inline __m128 x86__f16x2(const void *p) {
+  uint32_t v;
+  memcpy(&v, p, 4);
+  return _mm_cvtph_ps(_mm_cvtsi32_si128((int)v));
+}
+
+/* ggml's Q4_1 x Q8_1 dot. The scale pairs are converted two at a time:
+ * lane 0 = x.d * y.d, lane 1 = x.m * y.s (same products as ggml). */
 static inline void x86__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q4_1 *x = vw;
   const cpu_block_q8_1 *y = va;
   __m256 acc = _mm256_setzero_ps();
-  float summs = 0.0f;
+  __m128 summs = _mm_setzero_ps();
   for (int i = 0; i < n / CPU_QK; i++) {
-    summs += X86_F16(x[i].m) * X86_F16(y[i].s);
-    const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
+    const __m128 p = _mm_mul_ps(x86__f16x2(&x[i].d), x86__f16x2(&y[i].d));
+    summs = _mm_add_ss(summs, _mm_movehdup_ps(p));
+    const __m256 d = _mm256_broadcastss_ps(p);
     const __m256i qx = x86__bytes_from_nibbles_32(x[i].qs);
     const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
     acc = _mm256_fmadd_ps(d, x86__mul_sum_us8_pairs_float(qx, qy), acc);
   }
-  *s = x86__hsum_f32_8(acc) + summs;
+  *s = x86__hsum_f32_8(acc) + _mm_cvtss_f32(summs);
 }
 
 static inline void x86__vec_dot_q5_0(int n, float *s, const void *vw, const void *va) {

@@ -6,6 +6,8 @@ if(TARGET ferrum_http AND NOT TARGET test_http)
   set(_t ${CMAKE_CURRENT_LIST_DIR})
   ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                    LIBS ferrum_http Threads::Threads LABELS engine TIMEOUT 120)
+  ferrum_add_check(test_http_cli SOURCES ${_t}/test_http_cli.c ${_t}/http_fake.c
+                   LIBS ferrum_http Threads::Threads LABELS engine TIMEOUT 120)
   ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
                    LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
   ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)

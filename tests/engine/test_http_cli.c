@@ -1,0 +1,158 @@
+/* test_http_cli.c - `ferrumctl bench` and `ferrumctl chat` (in-process)
+ * against the HTTP frontend and the fake coordinator (http_fake.h): the
+ * bench's counts, JSON and PNG; chat's streaming and history. */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <png.h>
+#include <zmq.h>
+
+#include "coordinator/cli.h"
+#include "coordinator/http.h"
+#include "tests/engine/http_fake.h"
+
+#define EP "inproc://fake-coord-cli"
+
+/* cli_common.c's parsers (it pulls in the backends; these tests need only these two). */
+int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
+  char *end;
+  errno = 0;
+  long v = s ? strtol(s, &end, 10) : 0;
+  if (!s || errno || end == s || *end || v < lo || v > hi) return -1;
+  *out = v;
+  return 0;
+}
+
+int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out) {
+  char *end;
+  double v = s ? strtod(s, &end) : 0;
+  if (!s || end == s || *end || !(v >= lo && v <= hi)) return -1;
+  *out = v;
+  return 0;
+}
+
+static void *ctx;
+static http_fake_t fake;
+static coord_http_t *srv;
+static char port[16], dir[64];
+
+static void setup(void) {
+  ctx = zmq_ctx_new();
+  ck_assert_int_eq(http_fake_start(&fake, ctx, EP), 0);
+  coord_http_config_t cfg = {.zmq_ctx = ctx, .rpc_endpoint = EP, .served_model_name = "smol", .max_model_len = 1000};
+  ck_assert_int_eq(coord_http_start(&srv, &cfg), 0);
+  coord_http_set_ready(srv, true);
+  snprintf(port, sizeof port, "%d", coord_http_port(srv));
+  snprintf(dir, sizeof dir, "/tmp/ferrum-http-cli-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+}
+
+static void teardown(void) {
+  coord_http_stop(srv);
+  http_fake_stop(&fake);
+  zmq_ctx_term(ctx);
+  char cmd[128];
+  snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+  ck_assert_int_eq(system(cmd), 0);
+}
+
+START_TEST(test_bench_sweep) {
+  char json[128], png[128];
+  snprintf(json, sizeof json, "%s/r.json", dir);
+  snprintf(png, sizeof png, "%s/p.png", dir);
+  char *argv[] = {"bench", "--port", port, "--num-prompts", "8", "--random-input-len", "4", "--random-output-len",
+                  "3", "--seed", "1", "--sweep", "1,4", "--result-file", json, "--plot", png, NULL};
+  ck_assert_int_eq(cli_cmd_bench(17, argv), 0);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 16);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_uint_eq(fake.n_tokens, 4);
+  ck_assert_uint_eq(fake.max_tokens, 3);
+  ck_assert(fake.ignore_eos && fake.stream);
+  pthread_mutex_unlock(&fake.mu);
+  json_t *j = json_load_file(json, 0, NULL);
+  ck_assert_ptr_nonnull(j);
+  ck_assert_str_eq(json_string_value(json_object_get(j, "model")), "smol"); /* from /v1/models */
+  json_t *runs = json_object_get(j, "runs");
+  ck_assert_int_eq(json_array_size(runs), 2);
+  for (int i = 0; i < 2; i++) {
+    json_t *r = json_array_get(runs, i);
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "max_concurrency")), i ? 4 : 1);
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "completed")), 8);
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "total_input_tokens")), 32);
+    ck_assert_int_eq(json_integer_value(json_object_get(r, "total_output_tokens")), 24); /* usage c=3 */
+    double ttft = json_real_value(json_object_get(r, "mean_ttft_ms")), e2e = json_real_value(json_object_get(r, "mean_e2el_ms"));
+    ck_assert(ttft > 0 && e2e >= ttft);
+    ck_assert(json_real_value(json_object_get(r, "p99_itl_ms")) >= json_real_value(json_object_get(r, "median_itl_ms")));
+    ck_assert(json_real_value(json_object_get(r, "output_throughput")) > 0);
+  }
+  json_decref(j);
+  /* a real PNG of the asked size */
+  png_image img = {.version = PNG_IMAGE_VERSION};
+  ck_assert(png_image_begin_read_from_file(&img, png));
+  ck_assert_uint_eq(img.width, 900);
+  ck_assert_uint_eq(img.height, 600);
+  png_image_free(&img);
+}
+END_TEST
+
+START_TEST(test_bench_fixed_rate) {
+  char *argv[] = {"bench", "--base-url", NULL, "--model", "smol", "--num-prompts", "5", "--request-rate", "50",
+                  "--input-len", "2", "--output-len", "3", NULL};
+  char url[64];
+  snprintf(url, sizeof url, "http://127.0.0.1:%s", port);
+  argv[2] = url;
+  ck_assert_int_eq(cli_cmd_bench(13, argv), 0);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 5);
+  char *bad[] = {"bench", "--port", port, "--model", "nope", "--num-prompts", "2", NULL};
+  ck_assert_int_eq(cli_cmd_bench(7, bad), 1); /* every request 404s */
+  char *usage[] = {"bench", "--num-prompts", "0", NULL};
+  ck_assert_int_eq(cli_cmd_bench(3, usage), 2);
+}
+END_TEST
+
+START_TEST(test_chat_history) {
+  char in[128], out[128];
+  snprintf(in, sizeof in, "%s/in.txt", dir);
+  snprintf(out, sizeof out, "%s/out.txt", dir);
+  FILE *f = fopen(in, "w");
+  fputs("hi\n\nthere\n/exit\nnot sent\n", f);
+  fclose(f);
+  ck_assert_ptr_nonnull(freopen(in, "r", stdin));
+  ck_assert_ptr_nonnull(freopen(out, "w", stdout));
+  char *argv[] = {"chat", "--port", port, "--system", "be brief", NULL};
+  ck_assert_int_eq(cli_cmd_chat(5, argv), 0);
+  fflush(stdout);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 2);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_uint_eq(fake.n_messages, 4); /* system, user, assistant, user */
+  ck_assert(fake.stream);
+  pthread_mutex_unlock(&fake.mu);
+  char buf[256] = "";
+  f = fopen(out, "r");
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = 0;
+  ck_assert_str_eq(buf, "Hello world\nHello world\n");
+}
+END_TEST
+
+int main(void) {
+  Suite *s = suite_create("http_cli");
+  TCase *tc = tcase_create("cli");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 60);
+  tcase_add_test(tc, test_bench_sweep);
+  tcase_add_test(tc, test_bench_fixed_rate);
+  tcase_add_test(tc, test_chat_history);
+  suite_add_tcase(s, tc);
+  SRunner *sr = srunner_create(s);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -208,6 +208,10 @@ static int vocab_size(json_t *vocab, json_t *added, int64_t *n) {
     *n = FR_MAX(*n, id + 1);
   }
   if (*n == 0) return fr_errorf(FR_EFORMAT, "tokenizer.json: empty vocabulary");
+  /* ids may have gaps, but not so many that a tiny file allocates a huge table */
+  size_t entries = json_object_size(vocab) + json_array_size(added);
+  if ((size_t)*n > entries + 65536)
+    return fr_errorf(FR_EFORMAT, "tokenizer.json: ids up to %lld for %zu tokens", (long long)*n - 1, entries);
   return 0;
 }
 

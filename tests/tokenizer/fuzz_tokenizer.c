@@ -136,7 +136,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (size_t i = 0; i < nids; i++) CHECK(ids[i] >= 0 && ids[i] < model_vocab_size(t));
   char *back = model_detokenize(t, ids, nids, false);
   if (rt && !parse_special && !(data[0] & 0x40) && !memchr(text, 0, n) && valid_utf8(data + 1, n) &&
-      !memmem(text, n, "<user>", 6))
+      !memmem(text, n, "<user>", 6) && !memmem(text, n, "\xE2\x96\x81", 3)) /* a literal U+2581 decodes to ' ' */
     CHECK(strlen(back) == n && !memcmp(back, text, n));
   /* streaming gives the batch result */
   model_detok_t d;

@@ -346,6 +346,7 @@ START_TEST(json_errors) {
   expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": -1}}}", FR_EFORMAT, "invalid id");
   expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": \"x\"}}}", FR_EFORMAT, "invalid id");
   expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 99999999}}}", FR_EFORMAT, "invalid id");
+  expect_json_error("{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 4000000}}}", FR_EFORMAT, "ids up to");
   expect_json_error("{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": [\"a c\"]}}", FR_EFORMAT,
                     "merges[0]");
   expect_json_error("{\"model\": {\"type\": \"BPE\", " MINI_VOCAB ", \"merges\": [\"ab\"]}}", FR_EFORMAT, "merges[0]");

@@ -65,6 +65,7 @@ typedef struct {
   void *cublas_ws;
   kern_type_t act;
   size_t act_size;
+  int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;

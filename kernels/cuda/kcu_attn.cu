@@ -19,6 +19,8 @@
 #include "kernels/cuda/kcu.cuh"
 
 #define KCU_DEC_WARPS 4
+#define KCU_DEC_UNROLL 4 /* tokens per lane whose K/V loads are in flight together */
+#define KCU_DEC_MIN_CHUNK 64 /* fewest context tokens per split */
 #define KCU_PF_BM 64
 #define KCU_PF_BN 32
 
@@ -81,17 +83,24 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
       for (int i = 0; i < 8; i++) qr[g][i] = 0.f;
     }
   }
-  for (int jj = start + warp * TPW; jj < stop; jj += NW * TPW) {
-    int j = jj + slot;
-    bool valid = j < stop;
-    float kf[8], vf[8];
-    if (valid) {
-      kcu_unpack8(*kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off), kf, (const T *)0);
-      kcu_unpack8(*kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off), vf, (const T *)0);
-    } else {
+  constexpr int U = KCU_DEC_UNROLL;
+  for (int jj = start + warp * TPW; jj < stop; jj += NW * TPW * U) {
+    uint4 kr[U], vr[U];
 #pragma unroll
-      for (int i = 0; i < 8; i++) kf[i] = vf[i] = 0.f;
+    for (int u = 0; u < U; u++) {
+      int j = jj + u * NW * TPW + slot;
+      kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+      if (j < stop) {
+        kr[u] = *kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off);
+        vr[u] = *kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off);
+      }
     }
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+    const bool valid = jj + u * NW * TPW + slot < stop;
+    float kf[8], vf[8];
+    kcu_unpack8(kr[u], kf, (const T *)0);
+    kcu_unpack8(vr[u], vf, (const T *)0);
 #pragma unroll
     for (int g = 0; g < GM; g++) {
       float sc = 0.f;
@@ -112,6 +121,7 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
 #pragma unroll
         for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
       }
+    }
     }
   }
   /* merge the token slots of the warp */
@@ -194,7 +204,7 @@ int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long c
   long long per = (long long)n_seqs * n_kv_heads;
   if (per <= 0) return 1;
   long long sp = (2ll * c->n_sm + per - 1) / per;
-  sp = FR_MIN(sp, capacity / 256);
+  sp = FR_MIN(sp, capacity / KCU_DEC_MIN_CHUNK);
   sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
   return (int)FR_MAX(sp, 1ll);
 }

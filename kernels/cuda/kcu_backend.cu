@@ -565,6 +565,14 @@ static const kern_ops_t kcu_ops = {
     .graph_end = kcu_graph_end,
 };
 
+/* An integer tuning knob from the environment, clamped to [lo, hi]. */
+static int kcu_env_int(const char *name, int def, int lo, int hi) {
+  const char *v = getenv(name);
+  if (!v || !*v) return def;
+  int x = atoi(v);
+  return x < lo ? lo : x > hi ? hi : x;
+}
+
 static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   int n_dev = 0;
   cudaError_t e = cudaGetDeviceCount(&n_dev);
@@ -582,6 +590,8 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   const char *dt = getenv("FERRUM_CUDA_DTYPE");
   c->act = (dt && (!strcmp(dt, "f16") || !strcmp(dt, "F16"))) ? KERN_F16 : KERN_BF16;
   c->act_size = 2;
+  c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", 4, 0, 8);
+  c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", 4, 0, 8);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));

@@ -8,8 +8,6 @@
  * into the act-type scratch, in row chunks that fit it. */
 #include "kernels/cuda/kcu_quant.cuh"
 
-#define KCU_GEMV_MAX_N 8
-
 /* Streaming 16-byte load: the weights are read once per matmul. */
 __device__ __forceinline__ uint4 kcu_ld_stream(const uint4 *p) { return __ldcs(p); }
 
@@ -108,18 +106,25 @@ __global__ void __launch_bounds__(256) kcu_gemv_quant_k(T *out, const uint8_t *W
     const uint8_t *wr = W + (size_t)row * row_bytes;
     const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
     int nsub = cols / 32, xs = cols / 8;
-    for (int u = lane; u < nsub; u += 32) {
-      float w[32];
+    for (int u0 = lane; u0 < nsub; u0 += 64) {
+      float w[2][32];
       int sub;
-      kcu_deq32<QT>(kcu_sub_block<QT>(wr, u, &sub), sub, w);
 #pragma unroll
-      for (int b = 0; b < NBM; b++) {
-        if (b < nb) {
+      for (int h = 0; h < 2; h++)
+        if (u0 + 32 * h < nsub) kcu_deq32<QT>(kcu_sub_block<QT>(wr, u0 + 32 * h, &sub), sub, w[h]);
 #pragma unroll
-          for (int k = 0; k < 4; k++) {
-            float xf[8];
-            kcu_unpack8(__ldg(x4 + (size_t)b * xs + 4 * u + k), xf, (const T *)0);
-            acc[b] += kcu_dot8(w + 8 * k, xf);
+      for (int h = 0; h < 2; h++) {
+        int u = u0 + 32 * h;
+        if (u >= nsub) break;
+#pragma unroll
+        for (int b = 0; b < NBM; b++) {
+          if (b < nb) {
+#pragma unroll
+            for (int k = 0; k < 4; k++) {
+              float xf[8];
+              kcu_unpack8(__ldg(x4 + (size_t)b * xs + 4 * u + k), xf, (const T *)0);
+              acc[b] += kcu_dot8(w[h] + 8 * k, xf);
+            }
           }
         }
       }
@@ -218,16 +223,16 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
   if (bias && (bias->type != KERN_F32 || bias->cols != w->rows))
     return fr_errorf(FR_EFORMAT, "cuda: matmul: bias must be F32 (1, %lld)", (long long)w->rows);
   const float *bp = bias ? (const float *)bias->data : NULL;
-  bool small = n <= KCU_GEMV_MAX_N && ((uintptr_t)x & 15) == 0 && w->cols % 32 == 0;
+  bool aligned = ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0;
   int rc = 0;
   if (w->type == c->act) {
-    if (small) {
+    if (n <= c->gemv_max_n && aligned) {
       KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out, w, bp, (const T *)x, n));
       return rc;
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
   } else if (kern_type_traits(w->type) && kern_type_traits(w->type)->quantized) {
-    if (small) {
+    if (n <= c->qgemv_max_n && aligned) {
       KCU_ACT_DISPATCH(c, KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul type %d", (int)w->type),
                                              kcu_gemv_quant_launch<T, QT>(c, (T *)out, w, bp, (const T *)x, n)));
       KCU_LAUNCHED();

@@ -230,7 +230,7 @@ static void simple_step(int n, const int32_t *tokens) {
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
-static const int k_ns[] = {1, 2, 7, 16, 64, 300};
+static const int k_ns[] = {1, 2, 4, 7, 16, 64, 300};
 
 /* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][k] (+ bias) in f64. */
 static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int64_t cols, const float *x, int n,
@@ -258,7 +258,7 @@ static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int6
   return ref;
 }
 
-static void check_matmul(kern_type_t type, int64_t rows, int64_t cols, bool with_bias) {
+static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n) {
   wpair_t w;
   wpair_load(&w, type, rows, cols, rand_weight(type, rows, cols));
   float *bias_h = NULL;
@@ -271,6 +271,7 @@ static void check_matmul(kern_type_t type, int64_t rows, int64_t cols, bool with
   }
   for (size_t i = 0; i < FR_ARRAY_SIZE(k_ns); i++) {
     int n = k_ns[i];
+    if (n > max_n) continue;
     float *x = rand_vec((size_t)n * cols, 1.f);
     pair_t px = pair_put(x, (size_t)n * cols);
     pair_t po = {NULL, NULL, 0};
@@ -302,10 +303,26 @@ static void check_matmul(kern_type_t type, int64_t rows, int64_t cols, bool with
   wpair_free(&w);
 }
 
+/* Recreates the CUDA backend with GEMV kernels for every n <= 8 (by
+ * default larger n go to cuBLAS), so both paths are checked. */
+static void gpu_all_gemv(void) {
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_GEMV_MAX_N", "8", 1);
+  setenv("FERRUM_CUDA_QGEMV_MAX_N", "8", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+}
+
+static void check_matmul(kern_type_t type, int64_t rows, int64_t cols, bool with_bias) {
+  check_matmul_n(type, rows, cols, with_bias, 1 << 30);
+}
+
 START_TEST(test_matmul_dense) {
   check_matmul(KERN_BF16, 300, 512, false);
   check_matmul(KERN_F16, 257, 576, true);
   check_matmul(KERN_F32, 128, 264, false);
+  gpu_all_gemv();
+  check_matmul_n(KERN_BF16, 300, 512, true, 8);
+  check_matmul_n(KERN_F16, 257, 576, false, 8);
 }
 END_TEST
 
@@ -315,6 +332,8 @@ static const kern_type_t k_quant[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1
 START_TEST(test_matmul_quant) {
   kern_type_t t = k_quant[_i];
   check_matmul(t, 200, 512, _i % 2 == 1);
+  gpu_all_gemv();
+  check_matmul_n(t, 200, 512, _i % 2 == 0, 8);
 }
 END_TEST
 

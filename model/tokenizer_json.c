@@ -5,7 +5,8 @@
  * a Sequence with Digits / Split, where a Split regex must be one of the
  * known gpt2 / llama3 / qwen2 patterns) and SentencePiece-style BPE
  * (normalizer Prepend("▁") + Replace(" ", "▁") or pre_tokenizer Metaspace,
- * with byte_fallback). Anything else is FR_EUNSUPPORTED with a message. */
+ * with byte_fallback). An NFC normalizer is accepted and not applied, as
+ * llama.cpp does. Anything else is FR_EUNSUPPORTED with a message. */
 #include <jansson.h>
 #include <errno.h>
 #include <stdio.h>
@@ -157,6 +158,11 @@ static int normalizer(json_ctx_t *c, json_t *n) {
       int rc = normalizer(c, e);
       if (rc) return rc;
     }
+    return 0;
+  }
+  if (!strcmp(type, "NFC")) {
+    /* Qwen2/Qwen3 ship NFC; like llama.cpp (whose GGUF has no normalizer)
+     * we leave the text as it is: most input is NFC already. */
     return 0;
   }
   if (!strcmp(type, "Prepend")) {

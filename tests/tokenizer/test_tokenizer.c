@@ -404,6 +404,10 @@ START_TEST(json_minimal) {
   model_tokenizer_destroy(t);
   ck_assert_int_eq(model_tokenizer_from_json(&t, js, "nope"), FR_EFORMAT);
   ck_assert_ptr_null(t);
+  /* NFC (Qwen) is accepted */
+  const char *nfc = "{\"normalizer\": {\"type\": \"NFC\"}, \"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0}}}";
+  ck_assert_int_eq(model_tokenizer_from_json(&t, nfc, NULL), 0);
+  model_tokenizer_destroy(t);
 }
 END_TEST
 

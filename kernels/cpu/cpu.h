@@ -52,12 +52,16 @@ _Static_assert(sizeof(cpu_block_q8_K) == 292, "q8_K");
 /* *s = dot(weight row w, activation row a) over n elements; a is of the
  * weight type's vec_dot type (cpu_vec_dot_type). */
 typedef void (*cpu_vec_dot_fn)(int n, float *s, const void *w, const void *a);
+/* Prefill form: s[k] = dot(w, a + k * a_stride) for k < 4, each exactly as
+ * the single-row vec_dot computes it. */
+typedef void (*cpu_vec_dot_x4_fn)(int n, float *s, const void *w, const void *a, size_t a_stride);
 /* Quantizes n floats (a multiple of the block size) into activation blocks. */
 typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
 
 typedef struct {
   const char *name;                          /* "scalar", "avx2", "avx512" */
   cpu_vec_dot_fn vec_dot[KERN_TYPE_MAX];     /* by weight type; NULL = unsupported */
+  cpu_vec_dot_x4_fn vec_dot_x4[KERN_TYPE_MAX]; /* optional 4-activation-row form (prefill) */
   cpu_quantize_fn quantize[KERN_TYPE_MAX];   /* by vec_dot type (Q8_0, Q8_1, Q8_K) */
   float (*dot_f32)(int n, const float *a, const float *b);
   float (*dot_f16)(int n, const uint16_t *a, const float *b);

@@ -112,6 +112,7 @@ const cpu_isa_t cpu_isa_avx512 = {
             [KERN_Q5_K] = x86__vec_dot_q5_K,
             [KERN_Q6_K] = x86__vec_dot_q6_K,
         },
+    .vec_dot_x4 = {[KERN_Q4_1] = x86__vec_dot_x4_q4_1, [KERN_Q8_0] = x86__vec_dot_x4_q8_0},
     .quantize =
         {
             [KERN_Q8_0] = x86__quantize_q8_0,

@@ -21,6 +21,7 @@ typedef struct {
   size_t act_row_bytes;
   cpu_quantize_fn quant;  /* NULL for float weights */
   cpu_vec_dot_fn dot;
+  cpu_vec_dot_x4_fn dot_x4; /* NULL when the path has no 4-row form */
   float *out;             /* (n, rows) */
   int n;
   long chunk_rows, n_chunks;
@@ -47,7 +48,14 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
     for (long r = r0; r < r1; r++) {
       const void *wrow = wd + (size_t)r * w->row_bytes;
       float b = job->bias ? job->bias[r] : 0.0f;
-      for (int j = j0; j < j1; j++) {
+      int j = j0;
+      if (job->dot_x4)
+        for (; j + 4 <= j1; j += 4) {
+          float v[4];
+          job->dot_x4(cols, v, wrow, job->act + (size_t)j * job->act_row_bytes, job->act_row_bytes);
+          for (int k = 0; k < 4; k++) job->out[(size_t)(j + k) * ld + (size_t)r] = v[k] + b;
+        }
+      for (; j < j1; j++) {
         float v;
         job->dot(cols, &v, wrow, job->act + (size_t)j * job->act_row_bytes);
         job->out[(size_t)j * ld + (size_t)r] = v + b;
@@ -85,6 +93,7 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
   if (rc || n == 0) return rc;
   cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n};
   job.dot = ctx->isa->vec_dot[w->type];
+  job.dot_x4 = ctx->isa->vec_dot_x4[w->type];
   kern_type_t vdt = cpu_vec_dot_type(w->type);
   if (vdt == KERN_F32) {
     job.act = (uint8_t *)x;

@@ -143,6 +143,67 @@ static inline void x86__vec_dot_q4_1(int n, float *s, const void *vw, const void
   *s = x86__hsum_f32_8(acc) + _mm_cvtss_f32(summs);
 }
 
+/* Prefill forms: one weight row against 4 activation rows (a, a + a_stride,
+ * ...). The weight block is unpacked once; each row's sums and float
+ * operations are those of the single-row kernel, so results are identical. */
+#define X86__Q4_1_X4_ROW(k)                                                                        \
+  do {                                                                                             \
+    const __m128 p = _mm_mul_ps(xdm, x86__f16x2(&y##k[i].d));                                      \
+    sm##k = _mm_add_ss(sm##k, _mm_movehdup_ps(p));                                                 \
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)y##k[i].qs);                            \
+    acc##k = _mm256_fmadd_ps(_mm256_broadcastss_ps(p), x86__mul_sum_us8_pairs_float(qx, qy), acc##k); \
+  } while (0)
+
+static inline void x86__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+         acc3 = _mm256_setzero_ps();
+  __m128 sm0 = _mm_setzero_ps(), sm1 = _mm_setzero_ps(), sm2 = _mm_setzero_ps(), sm3 = _mm_setzero_ps();
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const __m128 xdm = x86__f16x2(&x[i].d);
+    const __m256i qx = x86__bytes_from_nibbles_32(x[i].qs);
+    X86__Q4_1_X4_ROW(0);
+    X86__Q4_1_X4_ROW(1);
+    X86__Q4_1_X4_ROW(2);
+    X86__Q4_1_X4_ROW(3);
+  }
+  s[0] = x86__hsum_f32_8(acc0) + _mm_cvtss_f32(sm0);
+  s[1] = x86__hsum_f32_8(acc1) + _mm_cvtss_f32(sm1);
+  s[2] = x86__hsum_f32_8(acc2) + _mm_cvtss_f32(sm2);
+  s[3] = x86__hsum_f32_8(acc3) + _mm_cvtss_f32(sm3);
+}
+
+#define X86__Q8_0_X4_ROW(k)                                                                            \
+  do {                                                                                                 \
+    const __m256 d = _mm256_set1_ps(xd * X86_F16(y##k[i].d));                                          \
+    const __m256i sy = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)y##k[i].qs), qx);          \
+    acc##k = _mm256_fmadd_ps(d, x86__mul_sum_us8_pairs_float(ax, sy), acc##k);                         \
+  } while (0)
+
+static inline void x86__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+         acc3 = _mm256_setzero_ps();
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const float xd = X86_F16(x[i].d);
+    const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs), ax = _mm256_sign_epi8(qx, qx);
+    X86__Q8_0_X4_ROW(0);
+    X86__Q8_0_X4_ROW(1);
+    X86__Q8_0_X4_ROW(2);
+    X86__Q8_0_X4_ROW(3);
+  }
+  s[0] = x86__hsum_f32_8(acc0);
+  s[1] = x86__hsum_f32_8(acc1);
+  s[2] = x86__hsum_f32_8(acc2);
+  s[3] = x86__hsum_f32_8(acc3);
+}
+
 static inline void x86__vec_dot_q5_0(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q5_0 *x = vw;
   const cpu_block_q8_0 *y = va;

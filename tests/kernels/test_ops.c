@@ -191,6 +191,30 @@ START_TEST(test_matmul_paths_agree) {
 }
 END_TEST
 
+/* Batched rows must equal rows computed one at a time, bit for bit (the
+ * engine promises batched == single decoding). */
+START_TEST(test_matmul_batch_invariant) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  const int rows = 37, cols = 512, n = 11;
+  for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++) {
+    kern_type_t t = kMm[k].type;
+    uint8_t *wd = random_weight(t, rows, cols);
+    float *x = rnd_vec((size_t)n * cols), batched[37 * 11], single[37];
+    kern_weight_t w;
+    load_weight(b, &w, t, rows, cols, wd);
+    ck_assert_int_eq(b->ops->matmul(b->ctx, batched, &w, NULL, x, n), 0);
+    for (int j = 0; j < n; j++) {
+      ck_assert_int_eq(b->ops->matmul(b->ctx, single, &w, NULL, x + (size_t)j * cols, 1), 0);
+      ck_assert_msg(!memcmp(single, batched + (size_t)j * rows, sizeof single), "%s row %d: batched != single",
+                    kern_type_traits(t)->name, j);
+    }
+    free(wd), free(x);
+  }
+  kern_backend_destroy(b);
+}
+END_TEST
+
 START_TEST(test_matmul_errors) {
   kern_backend_t *b = backend_for(0);
   float x[64] = {0}, out[64];
@@ -633,6 +657,7 @@ int main(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_loop_test(tc, test_matmul, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_paths_agree, 0, N_CFG);
+  tcase_add_loop_test(tc, test_matmul_batch_invariant, 0, N_CFG);
   tcase_add_test(tc, test_matmul_errors);
   tcase_add_loop_test(tc, test_norms, 0, N_CFG);
   tcase_add_loop_test(tc, test_elementwise, 0, N_CFG);

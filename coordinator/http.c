@@ -126,9 +126,14 @@ static void http_upload_add(http_upload_t *up, const char *data, size_t n) {
   up->body[up->len] = 0;
 }
 
-static bool http_declared_too_big(struct MHD_Connection *c) {
+/* Bodies up to this size are read (and dropped past COORD_HTTP_MAX_BODY)
+ * so that a client that sends before it reads gets its 413; larger ones
+ * are answered at once and the connection is closed. */
+#define HTTP_DRAIN_MAX (64u << 20)
+
+static bool http_declared_huge(struct MHD_Connection *c) {
   const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
-  return cl && strtoull(cl, NULL, 10) > COORD_HTTP_MAX_BODY;
+  return cl && strtoull(cl, NULL, 10) > HTTP_DRAIN_MAX;
 }
 
 static enum MHD_Result http_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -137,7 +142,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *c, const ch
   http_upload_t *up = *con_cls;
   if (!up) { /* headers are in; the body (if any) follows */
     *con_cls = up = fr_calloc(1, sizeof *up);
-    if (http_declared_too_big(c)) { /* answer now; MHD closes the connection */
+    if (http_declared_huge(c)) { /* answer now; MHD closes the connection */
       up->too_big = true;
       return (enum MHD_Result)http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
     }

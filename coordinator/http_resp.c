@@ -55,11 +55,16 @@ char *coord_http_error_json(const coord_http_err_t *e) {
   return resp_dump(j);
 }
 
+/* The coordinator's codes are HTTP-like; those that mean something else
+ * over HTTP are mapped: TOO_BIG is a prompt longer than the context, a 400
+ * as vLLM answers (HTTP's own 413 is for bodies). */
 void coord_http_err_from_proto(coord_http_err_t *e, int32_t code, const char *message) {
   int status = code >= 400 && code <= 599 ? code : 500;
-  if (code == PROTO_ERR_CANCELED || code == PROTO_ERR_TIMEOUT) status = code == PROTO_ERR_TIMEOUT ? 503 : 400;
+  if (code == PROTO_ERR_TOO_BIG || code == PROTO_ERR_CANCELED) status = 400;
+  if (code == PROTO_ERR_TIMEOUT) status = 503;
   if (code == PROTO_ERR_VERSION) status = 500;
   coord_http_err(e, status, NULL, "%s", message && *message ? message : "the engine refused the request");
+  if (code == PROTO_ERR_TOO_BIG) e->code = "context_length_exceeded";
 }
 
 /* ---- token strings for logprobs ---- */

@@ -12,3 +12,10 @@ if(TARGET ferrum_http AND NOT TARGET test_http)
                    LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
   ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
 endif()
+
+# The real openai client against `ferrumctl serve` with the real model.
+if(TARGET ferrumctl AND NOT TEST test_http_openai)
+  add_test(NAME test_http_openai COMMAND ${FERRUM_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_http_openai.py)
+  set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
+    ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
+endif()

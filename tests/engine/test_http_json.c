@@ -127,6 +127,11 @@ START_TEST(test_error_json) {
   free(s);
   coord_http_err_from_proto(&e, PROTO_ERR_UNAVAILABLE, "draining");
   ck_assert_int_eq(e.status, 503);
+  coord_http_err_from_proto(&e, PROTO_ERR_TOO_BIG, "prompt too long");
+  ck_assert_int_eq(e.status, 400);
+  ck_assert_str_eq(e.code, "context_length_exceeded");
+  coord_http_err_from_proto(&e, PROTO_ERR_BUSY, "full");
+  ck_assert_int_eq(e.status, 429);
   coord_http_err_from_proto(&e, 7, NULL);
   ck_assert_int_eq(e.status, 500);
 }

@@ -161,6 +161,35 @@ def spm_json(gguf_path, path):
     tk.save(path)
 
 
+def broken_ggufs(kv, out):
+    """Vocab-only GGUFs with wrong tokenizer arrays: the loader must refuse
+    them with an error (name -> expected error name)."""
+    S, A = GGUFValueType.STRING, GGUFValueType.ARRAY
+    n = len(kv["tokenizer.ggml.tokens"][1])
+    cases = {
+        "tokens-int": ({"tokenizer.ggml.tokens": ([A, GGUFValueType.INT32], list(range(n)))}, "FR_EFORMAT"),
+        "types-str": ({"tokenizer.ggml.token_type": ([A, S], ["x"] * n)}, "FR_EFORMAT"),
+        "types-short": ({"tokenizer.ggml.token_type": ([A, GGUFValueType.INT32], [1] * (n - 1))}, "FR_EFORMAT"),
+        "scores-short": ({"tokenizer.ggml.scores": ([A, GGUFValueType.FLOAT32], [0.0] * 3)}, "FR_EFORMAT"),
+        "merges-int": ({"tokenizer.ggml.merges": ([A, GGUFValueType.INT32], [1, 2])}, "FR_EFORMAT"),
+        "merges-nospace": ({"tokenizer.ggml.merges": ([A, S], ["ab"])}, "FR_EFORMAT"),
+        "model-bert": ({"tokenizer.ggml.model": ([S], "bert")}, "FR_EUNSUPPORTED"),
+        "model-int": ({"tokenizer.ggml.model": ([GGUFValueType.UINT32], 7)}, "FR_EFORMAT"),
+        "tokens-scalar": ({"tokenizer.ggml.tokens": ([S], "a")}, "FR_EFORMAT"),
+    }
+    res = {}
+    for name, (over, err) in cases.items():
+        path = os.path.join(out, f"bad-{name}.gguf")
+        write_gguf(path, kv, over)
+        res[path] = err
+    drop = dict(kv)
+    del drop["tokenizer.ggml.merges"]
+    path = os.path.join(out, "bad-no-merges.gguf")
+    write_gguf(path, drop, {})
+    res[path] = "FR_EFORMAT"
+    return res
+
+
 def llama_ids(path, corpus):
     llm = llama_cpp.Llama(model_path=path, vocab_only=True, verbose=False)
     res = {"special": [], "plain": [], "roundtrip": []}
@@ -218,6 +247,7 @@ def main():
     spm_json(spath, sjson)
     golden["variants"]["spm-json"] = {"gguf": None, "json": sjson, "llama": None,
                                       "hf": hf_ids(Tokenizer.from_file(sjson), corpus)}
+    golden["broken"] = broken_ggufs(kv, out)
     with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=False)
     for name, v in golden["variants"].items():

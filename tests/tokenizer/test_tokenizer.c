@@ -129,6 +129,32 @@ END_TEST
 START_TEST(golden_spm_json) { check_variant("spm-json"); }
 END_TEST
 
+/* GGUFs whose tokenizer arrays have the wrong type or count. */
+START_TEST(gguf_broken) {
+  load_goldens();
+  json_t *broken = json_object_get(g_golden, "broken"), *err;
+  const char *path;
+  int n = 0, by_reader = 0;
+  json_object_foreach(broken, path, err) {
+    model_gguf_t *g = NULL;
+    if (model_gguf_open(&g, path) != 0) { /* the GGUF reader may check tokenizer keys itself */
+      by_reader++;
+      continue;
+    }
+    model_tokenizer_t *t = (model_tokenizer_t *)1;
+    int rc = model_tokenizer_from_gguf(&t, g);
+    ck_assert_msg(!strcmp(fr_errname(rc), json_string_value(err)), "%s: %s, want %s (%s)", path, fr_errname(rc),
+                  json_string_value(err), fr_last_error());
+    ck_assert_ptr_null(t);
+    ck_assert(strstr(fr_last_error(), "tokenizer") != NULL);
+    model_gguf_close(g);
+    n++;
+  }
+  fprintf(stderr, "broken GGUFs: %d refused by the tokenizer, %d by the reader\n", n, by_reader);
+  ck_assert_int_ge(n, 5);
+}
+END_TEST
+
 /* ---------- properties of the real SmolLM2 tokenizer ---------- */
 
 static model_tokenizer_t *open_variant(const char *name, model_gguf_t **g) {
@@ -467,6 +493,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, golden_spm);
   tcase_add_test(tc, golden_spm_json);
   tcase_add_test(tc, smollm_properties);
+  tcase_add_test(tc, gguf_broken);
   tcase_add_test(tc, spm_properties);
   suite_add_tcase(s, tc);
   tc = tcase_create("detok");

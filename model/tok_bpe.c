@@ -204,7 +204,7 @@ static bigram_t heap_pop(bpe_scratch_t *s) {
 }
 
 static void try_pair(const model_tokenizer_t *t, bpe_scratch_t *s, int32_t l, int32_t r) {
-  if (l < 0 || r < 0 || s->id[l] < 0 || s->id[r] < 0) return;
+  if (l < 0 || r < 0 || s->id[l] < 0 || s->id[r] < 0 || t->mmap_cap == 0) return;
   uint64_t key = ((uint64_t)(uint32_t)s->id[l] << 32) | (uint32_t)s->id[r];
   size_t mask = t->mmap_cap - 1;
   size_t h = fr_mix64(key) & mask;
@@ -233,9 +233,7 @@ static void bpe_merge(const model_tokenizer_t *t, bpe_scratch_t *s, int32_t n, t
     s->next[i] = i + 1 < n ? i + 1 : -1;
   }
   s->nheap = 0;
-  if (t->mmap_cap) {
-    for (int32_t i = 0; i + 1 < n; i++) try_pair(t, s, i, i + 1);
-  }
+  for (int32_t i = 0; i + 1 < n; i++) try_pair(t, s, i, i + 1);
   while (s->nheap > 0) {
     bigram_t g = heap_pop(s);
     if (s->id[g.left] != g.a || s->next[g.left] != g.right || s->id[g.right] != g.b) continue; /* stale */

@@ -236,10 +236,9 @@ static void build_eog(model_tokenizer_t *t) {
   if (t->eos >= 0) t->eog[t->eos] = 1;
   if (t->eot >= 0) t->eog[t->eot] = 1;
   if (t->eom >= 0) t->eog[t->eom] = 1;
-  for (size_t i = 0; i < FR_ARRAY_SIZE(k_eog); i++) {
+  for (size_t i = 0; i < FR_ARRAY_SIZE(k_eog); i++) { /* by text, whatever their type (llama.cpp) */
     int32_t id = tok__lookup(t, k_eog[i], strlen(k_eog[i]));
-    if (id >= 0 && t->tok[id].type != TOK_T_NORMAL) t->eog[id] = 1;
-    if (id >= 0 && t->tok[id].type == TOK_T_NORMAL && t->kind == MODEL_TOK_BPE) t->eog[id] = 1;
+    if (id >= 0) t->eog[id] = 1;
   }
 }
 

@@ -45,7 +45,10 @@ int model_tokenize(const model_tokenizer_t *t, const char *text, size_t len, boo
 const char *model_token_bytes(const model_tokenizer_t *t, int32_t id, size_t *len);
 
 /* Decodes ids to UTF-8 into a fr_malloc'd NUL-terminated string. skip_special
- * drops control tokens (BOS, EOS, ...). */
+ * drops control tokens (BOS, EOS, ...). Invalid ids are skipped; bytes that
+ * do not form valid UTF-8 come out as U+FFFD (as HF's decode does). For
+ * SentencePiece vocabularies the space prefix of the first piece is
+ * removed, as llama.cpp and HF do. */
 char *model_detokenize(const model_tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special);
 
 int model_vocab_size(const model_tokenizer_t *t);

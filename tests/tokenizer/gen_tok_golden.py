@@ -218,6 +218,12 @@ def hf_ids(tk, corpus):
 def main():
     model, corpus_path, out = sys.argv[1:4]
     out = os.path.abspath(out)
+    if not os.path.exists(model):
+        print(f"skip: {model} not found; test_tokenizer will skip")
+        golden = os.path.join(out, "golden.json")
+        if os.path.exists(golden):
+            os.remove(golden)
+        return
     os.makedirs(out, exist_ok=True)
     with open(corpus_path, encoding="utf-8") as f:
         corpus = json.load(f)

@@ -79,8 +79,9 @@ static bool coord__same_peer(const coord_peer_t *a, const coord_peer_t *b) {
   return a->inproc == b->inproc && a->len == b->len && !memcmp(a->id, b->id, a->len);
 }
 
-/* The job with this id from this peer; NULL p: the only job with the id
- * that has not finished (ferrumctl cancel from another connection). */
+/* The unfinished job with this id from peer p; with p NULL, the only
+ * unfinished job with the id from anyone (ferrumctl cancel runs on another
+ * connection), or NULL when there is none or more than one. */
 coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id) {
   coord_job_t *any = NULL;
   int n_any = 0;
@@ -89,7 +90,7 @@ coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id) {
     if (p && coord__same_peer(&j->peer, p)) return j;
     any = j, n_any++;
   }
-  return n_any == 1 ? any : NULL;
+  return !p && n_any == 1 ? any : NULL;
 }
 
 /* ---- lifetime --------------------------------------------------------------- */

@@ -1,0 +1,503 @@
+/* test_engine.c - the engine end to end: real `ferrumctl serve` processes
+ * (coordinator + ferrum-worker) with the real SmolLM2 model, driven over
+ * RPC (fr_client, and raw ZeroMQ for malformed input).
+ *
+ * Reference for the tokens: the in-process single-sequence generator
+ * (model/generate.h), itself checked against llama.cpp by test_generate. */
+#include <check.h>
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kv/kv.h"
+#include "tests/engine/engine_fx.h"
+
+#define N_OUT 16
+
+static const char *const prompts[] = {
+    "The capital of France is",
+    "Once upon a time, in a small village,",
+    "def fibonacci(n):",
+    "The three primary colors are",
+    "Water boils at a temperature of",
+    "In 1492, Christopher Columbus",
+    "The quick brown fox",
+    "My favourite programming language is",
+    "The largest planet in the solar system is",
+    "To make a cup of tea, first",
+    "The sum of two and two is",
+    "Photosynthesis is the process by which",
+    "A haiku about the sea:",
+    "The best way to learn a language is",
+    "Mount Everest is located in",
+    "Listing prime numbers: 2, 3, 5,",
+};
+#define N_PROMPTS 16
+
+static int32_t refs[N_PROMPTS][N_OUT];
+static bool refs_done;
+
+static void need_model(void) {
+  if (access(efx_model(), R_OK) != 0) {
+    fprintf(stderr, "skip: no model at %s\n", efx_model());
+    exit(77);
+  }
+}
+
+static void load_refs(int n) {
+  if (refs_done) return;
+  for (int i = 0; i < n; i++) ck_assert_int_eq(efx_reference(prompts[i], N_OUT, refs[i]), N_OUT);
+  refs_done = true;
+}
+
+static void check_ref(const efx_job_t *j, int i) {
+  ck_assert_int_eq(j->finish, PROTO_FINISH_LENGTH);
+  ck_assert_int_eq(j->n_tokens, N_OUT);
+  for (int t = 0; t < N_OUT; t++)
+    ck_assert_msg(j->tokens[t] == refs[i][t], "prompt %d token %d: %d, reference %d", i, t, j->tokens[t], refs[i][t]);
+}
+
+/* Submits prompts[0..n) at once on one client and collects them. */
+static void run_batch(efx_server_t *s, int n, efx_job_t *jobs) {
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s->rpc), 0);
+  memset(jobs, 0, (size_t)n * sizeof *jobs);
+  for (int i = 0; i < n; i++) {
+    proto_submit_t r = efx_greedy(prompts[i], N_OUT);
+    ck_assert_int_eq(fr_client_submit(c, &r, &jobs[i].id), 0);
+  }
+  ck_assert_int_eq(efx_collect(c, jobs, n, 180000), 0);
+  fr_client_close(c);
+}
+
+static void stop_clean(efx_server_t *s, bool cli) {
+  ck_assert_int_eq(efx_stop(s, cli), 0);
+  ck_assert_int_eq(efx_shm_count(s), 0);
+}
+
+/* ---- batching -------------------------------------------------------------------- */
+
+START_TEST(test_concurrent_same_as_alone) {
+  need_model();
+  load_refs(N_PROMPTS);
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  efx_job_t alone;
+  proto_submit_t r = efx_greedy(prompts[0], N_OUT);
+  ck_assert_int_eq(efx_run_one(&s, &r, &alone), 0);
+  check_ref(&alone, 0);
+  static efx_job_t jobs[N_PROMPTS];
+  run_batch(&s, N_PROMPTS, jobs);
+  for (int i = 0; i < N_PROMPTS; i++) check_ref(&jobs[i], i);
+  stop_clean(&s, false);
+}
+END_TEST
+
+START_TEST(test_preemption_same_outputs) {
+  need_model();
+  load_refs(8);
+  efx_server_t s;
+  /* 6 blocks of 16 tokens (block size as the reference: attention's
+   * online softmax goes block by block): 8 jobs of ~10 + 16 tokens need 2
+   * blocks each */
+  const char *extra[] = {"--num-kv-blocks", "6", "--max-num-batched-tokens", "64", "--no-enable-prefix-caching",
+                         NULL};
+  ck_assert_int_eq(efx_start(&s, extra), 0);
+  static efx_job_t jobs[8];
+  run_batch(&s, 8, jobs);
+  for (int i = 0; i < 8; i++) check_ref(&jobs[i], i);
+  proto_status_reply_t st;
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  ck_assert_msg(st.preemptions > 0, "no preemption happened");
+  ck_assert_int_eq(st.kv_used_blocks, 0);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- prefix cache ----------------------------------------------------------------- */
+
+START_TEST(test_prefix_cache_hit) {
+  need_model();
+  char prompt[4096] = "Here is a long story about a robot who learns to paint. ";
+  for (int i = 0; i < 12; i++)
+    strcat(prompt, "Every morning the robot walked to the hill, looked at the sky and mixed new colors. ");
+  strcat(prompt, "In the end, the robot");
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  efx_job_t a, b;
+  proto_submit_t r = efx_greedy(prompt, 12);
+  ck_assert_int_eq(efx_run_one(&s, &r, &a), 0);
+  ck_assert_int_eq(a.usage.cached_tokens, 0);
+  ck_assert_int_ge(a.usage.prompt_tokens, 200);
+  ck_assert_int_eq(efx_run_one(&s, &r, &b), 0);
+  ck_assert_int_ge(b.usage.cached_tokens, a.usage.prompt_tokens - 16);
+  ck_assert_int_lt(b.usage.cached_tokens, a.usage.prompt_tokens);
+  ck_assert_int_eq(a.n_tokens, 12);
+  ck_assert_int_eq(b.n_tokens, 12);
+  ck_assert_mem_eq(a.tokens, b.tokens, 12 * sizeof(int32_t));
+  proto_status_reply_t st;
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  ck_assert_uint_eq(st.prefix_hits, b.usage.cached_tokens);
+  ck_assert_uint_eq(st.prefix_queries, 2 * (uint64_t)a.usage.prompt_tokens);
+  stop_clean(&s, true);
+}
+END_TEST
+
+/* ---- cancel and disconnect ----------------------------------------------------------- */
+
+static void wait_idle(const efx_server_t *s, uint32_t used) {
+  proto_status_reply_t st = {0};
+  for (int i = 0; i < 500; i++) {
+    ck_assert_int_eq(efx_status(s, &st), 0);
+    if (st.running == 0 && st.queued == 0 && st.kv_used_blocks == used) return;
+    usleep(20000);
+  }
+  ck_abort_msg("not idle: running %u queued %u kv used %u (want %u)", st.running, st.queued, st.kv_used_blocks, used);
+}
+
+/* Waits until job id has produced at least n events on c. */
+static void wait_events(fr_client_t *c, uint64_t id, int n) {
+  for (int got = 0; got < n;) {
+    proto_event_t ev;
+    ck_assert_int_eq(fr_client_next_event(c, 60000, &ev), 0);
+    if (ev.id == id) got++;
+    ck_assert_msg(ev.finish == PROTO_FINISH_NONE, "job %llu (waiting for %llu) ended: %d %s", (unsigned long long)ev.id,
+                  (unsigned long long)id, ev.finish, ev.error.message ? ev.error.message : "");
+  }
+}
+
+START_TEST(test_cancel_and_disconnect_free_blocks) {
+  need_model();
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  proto_status_reply_t st;
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  uint32_t base = st.kv_used_blocks;
+  ck_assert_int_eq(base, 0);
+  /* cancel mid-stream: the last event says "cancel" */
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  proto_submit_t r = efx_greedy(prompts[1], 400);
+  uint64_t id;
+  ck_assert_int_eq(fr_client_submit(c, &r, &id), 0);
+  wait_events(c, id, 3);
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  ck_assert_int_gt(st.kv_used_blocks, 0);
+  ck_assert_int_eq(fr_client_cancel(c, id), 0);
+  efx_job_t j = {.id = id};
+  ck_assert_int_eq(efx_collect(c, &j, 1, 30000), 0);
+  ck_assert_int_eq(j.finish, PROTO_FINISH_CANCEL);
+  wait_idle(&s, base);
+  /* cancels racing steps: sent right after submit, after 1 event, ... */
+  for (int k = 0; k < 6; k++) {
+    ck_assert_int_eq(fr_client_submit(c, &r, &id), 0);
+    if (k) wait_events(c, id, k);
+    ck_assert_int_eq(fr_client_cancel(c, id), 0);
+    efx_job_t jj = {.id = id};
+    ck_assert_int_eq(efx_collect(c, &jj, 1, 30000), 0);
+    ck_assert(jj.finish == PROTO_FINISH_CANCEL || jj.finish == PROTO_FINISH_LENGTH);
+  }
+  wait_idle(&s, base);
+  /* disconnect mid-stream: two clients close with jobs running */
+  for (int k = 0; k < 2; k++) {
+    fr_client_t *d = NULL;
+    ck_assert_int_eq(fr_client_connect(&d, s.rpc), 0);
+    ck_assert_int_eq(fr_client_submit(d, &r, &id), 0);
+    wait_events(d, id, 2);
+    fr_client_close(d);
+  }
+  wait_idle(&s, base);
+  /* the allocator's invariants hold, read from the control segment */
+  kv_ctl_t *ctl = NULL;
+  ck_assert_int_eq(kv_control_attach(&ctl, s.instance), 0);
+  ck_assert_int_eq(kv_control_verify(ctl), 0);
+  ck_assert_int_eq(kv_blocks_free_count(ctl), (int)st.kv_total_blocks);
+  kv_control_destroy(ctl);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- worker crash ----------------------------------------------------------------------- */
+
+START_TEST(test_worker_killed_restarts_and_recomputes) {
+  need_model();
+  load_refs(4);
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t jobs[4];
+  memset(jobs, 0, sizeof jobs);
+  for (int i = 0; i < 4; i++) {
+    proto_submit_t r = efx_greedy(prompts[i], N_OUT);
+    ck_assert_int_eq(fr_client_submit(c, &r, &jobs[i].id), 0);
+  }
+  /* wait for a few tokens, then kill the worker */
+  proto_event_t ev;
+  for (int got = 0; got < 6;) {
+    ck_assert_int_eq(fr_client_next_event(c, 60000, &ev), 0);
+    for (int i = 0; i < 4; i++)
+      if (jobs[i].id == ev.id) {
+        for (uint32_t t = 0; t < ev.n_tokens; t++) jobs[i].tokens[jobs[i].n_tokens++] = ev.tokens[t];
+        got++;
+      }
+    ck_assert_int_eq(ev.finish, PROTO_FINISH_NONE);
+  }
+  pid_t w[4];
+  ck_assert_int_eq(efx_worker_pids(&s, w, 4), 1);
+  uint64_t t0 = fr_now_ns();
+  ck_assert_int_eq(kill(w[0], SIGKILL), 0);
+  proto_status_reply_t st = {0};
+  while (st.worker_restarts == 0) {
+    ck_assert_msg(fr_now_ns() - t0 < 2000000000ull, "worker death not detected within 2 s");
+    ck_assert_int_eq(efx_status(&s, &st), 0);
+    usleep(10000);
+  }
+  ck_assert_int_eq(efx_collect(c, jobs, 4, 120000), 0);
+  for (int i = 0; i < 4; i++) check_ref(&jobs[i], i);
+  pid_t w2[4];
+  ck_assert_int_eq(efx_worker_pids(&s, w2, 4), 1);
+  ck_assert_int_ne(w2[0], w[0]);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- drain ------------------------------------------------------------------------------- */
+
+static void drain_case(bool cli) {
+  need_model();
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t j = {0};
+  proto_submit_t r = efx_greedy(prompts[2], 48);
+  ck_assert_int_eq(fr_client_submit(c, &r, &j.id), 0);
+  wait_events(c, j.id, 2);
+  j.n_tokens = 0;
+  pid_t stopper = 0;
+  if (cli) {
+    stopper = fork();
+    if (stopper == 0) {
+      setenv("XDG_RUNTIME_DIR", s.dir, 1);
+      execl(efx_bin("ferrumctl"), "ferrumctl", "stop", "--rpc", s.rpc, (char *)NULL);
+      _exit(127);
+    }
+  } else {
+    kill(s.pid, SIGTERM);
+  }
+  /* new jobs are refused while the running one finishes */
+  proto_status_reply_t st = {0};
+  for (int i = 0; i < 200 && !st.draining; i++) efx_status(&s, &st), usleep(10000);
+  ck_assert(st.draining);
+  fr_client_t *c2 = NULL;
+  ck_assert_int_eq(fr_client_connect(&c2, s.rpc), 0);
+  efx_job_t k = {0};
+  ck_assert_int_eq(fr_client_submit(c2, &r, &k.id), 0);
+  ck_assert_int_eq(efx_collect(c2, &k, 1, 10000), 0);
+  ck_assert_int_eq(k.finish, PROTO_FINISH_ERROR);
+  ck_assert_int_eq(k.error, PROTO_ERR_UNAVAILABLE);
+  fr_client_close(c2);
+  ck_assert_int_eq(efx_collect(c, &j, 1, 60000), 0);
+  ck_assert_int_eq(j.finish, PROTO_FINISH_LENGTH);
+  fr_client_close(c);
+  int status = 0;
+  if (cli) {
+    waitpid(stopper, &status, 0);
+    ck_assert(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+  }
+  stop_clean(&s, false); /* reaps the server: exit status 0 */
+}
+
+START_TEST(test_sigterm_drains) { drain_case(false); }
+END_TEST
+
+START_TEST(test_ferrumctl_stop_drains) { drain_case(true); }
+END_TEST
+
+/* ---- bad input ----------------------------------------------------------------------------- */
+
+/* Sends frames on a raw DEALER and returns the decoded reply type (or -1). */
+static int raw_call(void *sock, const void *data, size_t len, bool extra_frame, proto_msg_t *m) {
+  if (extra_frame) zmq_send(sock, "x", 1, ZMQ_SNDMORE);
+  if (zmq_send(sock, data, len, 0) < 0) return -1;
+  zmq_pollitem_t pi = {.socket = sock, .events = ZMQ_POLLIN};
+  if (zmq_poll(&pi, 1, 5000) != 1) return -1;
+  zmq_msg_t msg;
+  zmq_msg_init(&msg);
+  zmq_msg_recv(&msg, sock, 0);
+  int rc = proto_msg_decode(m, zmq_msg_data(&msg), zmq_msg_size(&msg), PROTO_ACCEPT_CLIENT);
+  zmq_msg_close(&msg);
+  return rc ? -1 : (int)m->type;
+}
+
+START_TEST(test_bad_rpc_input) {
+  need_model();
+  efx_server_t s;
+  const char *extra[] = {"--max-model-len", "256", NULL};
+  ck_assert_int_eq(efx_start(&s, extra), 0);
+  void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0;
+  zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+  ck_assert_int_eq(zmq_connect(sock, s.rpc), 0);
+  proto_msg_t m;
+  proto_msg_init(&m);
+  /* garbage */
+  ck_assert_int_eq(raw_call(sock, "\xc1\xff garbage", 10, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  /* a worker's message type from a client */
+  proto_buf_t b;
+  proto_buf_init(&b);
+  proto_heartbeat_t hb = {.rank = 0, .seq = 1};
+  proto_result_t res = {.step_id = 1, .epoch = 1};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_RESULT, &res), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  /* two frames */
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_HEARTBEAT, &hb), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, true, &m), PROTO_T_ERROR);
+  /* a heartbeat is answered */
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_HEARTBEAT);
+  /* prompt longer than the context: 413 */
+  static int32_t toks[300];
+  for (int i = 0; i < 300; i++) toks[i] = 100 + i;
+  proto_submit_t r = efx_greedy(NULL, 4);
+  r.id = 7, r.tokens = toks, r.n_tokens = 300;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_TOO_BIG);
+  ck_assert_int_eq(m.u.error.id, 7);
+  /* prompt + max_tokens past the context, token id outside the vocabulary, unknown model: 400 / 404 */
+  r.n_tokens = 200, r.max_tokens = 100;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  r.n_tokens = 3, r.max_tokens = 4, toks[1] = 1 << 30;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  toks[1] = 101;
+  r.model = "no-such-model";
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_NOT_FOUND);
+  /* bad sampling params: a hand-made submit with temperature -1 */
+  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x01, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+                                   0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
+                                   0xa2, 's', 'p', 0x81, 0xa1, 't', 0xff};
+  uint8_t msg[64];
+  memcpy(msg, bad_sp, sizeof bad_sp);
+  ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  /* cancel of an unknown job: 404 */
+  proto_cancel_t cn = {.id = 999};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_CANCEL, &cn), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_NOT_FOUND);
+  proto_buf_free(&b);
+  proto_msg_free(&m);
+  zmq_close(sock);
+  zmq_ctx_term(ctx);
+  /* still healthy: a normal job runs */
+  efx_job_t j;
+  proto_submit_t ok = efx_greedy(prompts[0], 4);
+  ck_assert_int_eq(efx_run_one(&s, &ok, &j), 0);
+  ck_assert_int_eq(j.finish, PROTO_FINISH_LENGTH);
+  ck_assert_int_eq(j.n_tokens, 4);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- sampling and stop rules ---------------------------------------------------------------- */
+
+START_TEST(test_seed_and_stop_strings) {
+  need_model();
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  /* same seed -> same tokens, alone or in a batch with other jobs */
+  proto_submit_t r = efx_greedy(prompts[1], 12);
+  r.sp.temperature = 1.0f, r.sp.top_k = 40, r.sp.seed = 1234, r.sp.has_seed = true;
+  efx_job_t a, b[3];
+  ck_assert_int_eq(efx_run_one(&s, &r, &a), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  memset(b, 0, sizeof b);
+  proto_submit_t o1 = efx_greedy(prompts[3], 12), o2 = efx_greedy(prompts[4], 12);
+  ck_assert_int_eq(fr_client_submit(c, &o1, &b[0].id), 0);
+  ck_assert_int_eq(fr_client_submit(c, &r, &b[1].id), 0);
+  ck_assert_int_eq(fr_client_submit(c, &o2, &b[2].id), 0);
+  ck_assert_int_eq(efx_collect(c, b, 3, 60000), 0);
+  ck_assert_int_eq(b[1].n_tokens, 12);
+  ck_assert_mem_eq(a.tokens, b[1].tokens, 12 * sizeof(int32_t));
+  fr_client_close(c);
+  /* stop string: the text ends before it, finish "stop" */
+  proto_submit_t g = efx_greedy(prompts[15], 40);
+  efx_job_t full, cut;
+  ck_assert_int_eq(efx_run_one(&s, &g, &full), 0);
+  ck_assert_int_gt(full.text_len, 6);
+  char stop[8] = {0};
+  memcpy(stop, full.text + 3, 3); /* a stop string that starts at byte 3 */
+  char *stops[] = {stop};
+  g.stop = stops, g.n_stop = 1;
+  ck_assert_int_eq(efx_run_one(&s, &g, &cut), 0);
+  ck_assert_int_eq(cut.finish, PROTO_FINISH_STOP);
+  const char *at = strstr(full.text, stop);
+  ck_assert_ptr_nonnull(at);
+  ck_assert_int_eq(cut.text_len, (size_t)(at - full.text));
+  ck_assert_mem_eq(cut.text, full.text, cut.text_len);
+  /* stop token id: the generation ends at its first occurrence */
+  g.n_stop = 0;
+  int32_t sid = full.tokens[5];
+  g.stop_ids = &sid, g.n_stop_ids = 1;
+  ck_assert_int_eq(efx_run_one(&s, &g, &cut), 0);
+  ck_assert_int_eq(cut.finish, PROTO_FINISH_STOP);
+  int first = 0;
+  while (full.tokens[first] != sid) first++;
+  ck_assert_int_eq(cut.n_tokens, first + 1);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ENGINE_TEST=<name> runs one test (for debugging). */
+#define ADD(t, fn)                                                                 \
+  do {                                                                             \
+    const char *only = getenv("ENGINE_TEST");                                      \
+    if (!only || !strcmp(only, #fn)) tcase_add_test(t, fn);                        \
+  } while (0)
+
+static Suite *engine_suite(void) {
+  Suite *s = suite_create("engine");
+  TCase *t = tcase_create("e2e");
+  tcase_set_timeout(t, 240);
+  ADD(t, test_concurrent_same_as_alone);
+  ADD(t, test_preemption_same_outputs);
+  ADD(t, test_prefix_cache_hit);
+  ADD(t, test_cancel_and_disconnect_free_blocks);
+  ADD(t, test_worker_killed_restarts_and_recomputes);
+  ADD(t, test_sigterm_drains);
+  ADD(t, test_ferrumctl_stop_drains);
+  ADD(t, test_bad_rpc_input);
+  ADD(t, test_seed_and_stop_strings);
+  suite_add_tcase(s, t);
+  return s;
+}
+
+int main(void) {
+  if (access(efx_model(), R_OK) != 0) {
+    fprintf(stderr, "skip: no model at %s\n", efx_model());
+    return 77;
+  }
+  SRunner *sr = srunner_create(engine_suite());
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -45,7 +45,7 @@ static void serve_usage(FILE *f) {
           "  --enable-prefix-caching / --no-enable-prefix-caching   (default on)\n"
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
-          "  --step-stats FILE             write the coordinator's time per step (us) at exit\n",
+          "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n",
           cli_default_model());
 }
 

@@ -99,7 +99,7 @@ typedef struct {
   bool final;
 } coord_sitem_t;
 
-/* Recorded coordinator time per step (microseconds). */
+/* Recorded coordinator time per step: triples (wall ns, CPU ns, items). */
 typedef struct {
   uint32_t *us;              /* (cap) */
   size_t n, cap;
@@ -156,6 +156,7 @@ struct coord {
   /* counters */
   uint64_t n_preemptions, prefix_queries, prefix_hits, n_steps;
   uint64_t t_rx_ns;          /* when the message being handled arrived */
+  uint64_t t_rx_cpu_ns;      /* ... in the loop thread's CPU time (step stats) */
   proto_buf_t wout;          /* encoder buffer for worker control messages */
   coord_stats_t stats;
   /* drain / lifecycle */
@@ -211,6 +212,7 @@ void coord__sched_preempt(coord_t *c, coord_job_t *j);
  * flight. */
 void coord__step_kick(coord_t *c);
 void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank);
+uint64_t coord__cpu_ns(void);
 /* Forgets the step in flight (a worker died): its jobs are recomputed. */
 void coord__step_abort(coord_t *c);
 

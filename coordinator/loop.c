@@ -218,6 +218,7 @@ static void coord__on_workers(coord_t *c) {
     if (!zmq_msg_more(&id) || zmq_msg_recv(&body, c->wsock, 0) < 0) continue;
     while (zmq_msg_more(&body)) zmq_msg_recv(&body, c->wsock, 0); /* extra frames: keep the last */
     c->t_rx_ns = fr_now_ns();
+    if (c->step_stats_path) c->t_rx_cpu_ns = coord__cpu_ns();
     if (proto_msg_decode(&c->in, zmq_msg_data(&body), zmq_msg_size(&body), PROTO_ACCEPT_FROM_WORKER) == 0)
       coord__workers_on_message(c, zmq_msg_data(&id), zmq_msg_size(&id), &c->in);
     else
@@ -270,7 +271,9 @@ static void coord__stats_dump(coord_t *c) {
     FR_LOGW("%s: %s", c->step_stats_path, strerror(errno));
     return;
   }
-  for (size_t i = 0; i < c->stats.n; i++) fprintf(f, "%u\n", c->stats.us[i]);
+  fprintf(f, "# coordinator time per step: wall_ns cpu_ns items\n");
+  for (size_t i = 0; i + 3 <= c->stats.n; i += 3)
+    fprintf(f, "%u %u %u\n", c->stats.us[i], c->stats.us[i + 1], c->stats.us[i + 2]);
   fclose(f);
 }
 

@@ -9,6 +9,7 @@
  * when that step's result arrives, never while a worker may write them.
  */
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -17,14 +18,26 @@
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
 
-static void coord__stats_add(coord_t *c, uint64_t ns) {
+/* The calling thread's CPU time in ns. */
+uint64_t coord__cpu_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Records the loop's own time for one step: decode the result, apply it,
+ * schedule and send the next step, stream (3 entries: wall ns, CPU ns,
+ * items). */
+static void coord__stats_add(coord_t *c, uint64_t ns, uint64_t cpu_ns, int n_items) {
   coord_stats_t *s = &c->stats;
   if (!c->step_stats_path) return;
-  if (s->n == s->cap) {
-    s->cap = s->cap ? 2 * s->cap : 4096;
+  if (s->n + 3 > s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 12288;
     s->us = fr_realloc(s->us, s->cap * sizeof *s->us);
   }
-  s->us[s->n++] = (uint32_t)FR_MIN(ns / 1000, UINT32_MAX);
+  s->us[s->n++] = (uint32_t)FR_MIN(ns, UINT32_MAX);
+  s->us[s->n++] = (uint32_t)FR_MIN(cpu_ns, UINT32_MAX);
+  s->us[s->n++] = (uint32_t)n_items;
 }
 
 static int coord__step_send(coord_t *c) {
@@ -113,6 +126,7 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
     return;
   }
   uint64_t t0 = c->t_rx_ns ? c->t_rx_ns : fr_now_ns();
+  int n_items = c->n_sitems;
   if (rank == 0) {
     if (r->error.code) coord__step_fail(c, r);
     else coord__apply(c, r);
@@ -127,7 +141,7 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
     coord__job_reap(c, j);
   }
   c->n_touched = 0;
-  coord__stats_add(c, fr_now_ns() - t0);
+  if (c->step_stats_path) coord__stats_add(c, fr_now_ns() - t0, coord__cpu_ns() - c->t_rx_cpu_ns, n_items);
 }
 
 void coord__step_abort(coord_t *c) {

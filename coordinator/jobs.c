@@ -112,7 +112,9 @@ void coord__job_free_slot(coord_t *c, coord_job_t *j) {
   FR_ASSERT(!j->in_step);
   int rc = kv_seq_free(c->kv, j->slot);
   if (rc) FR_LOGE("kv_seq_free(%d): %s", j->slot, fr_last_error());
-  if (c->n_freed < c->cfg.max_num_seqs) c->freed[c->n_freed++] = (uint32_t)j->slot;
+  bool listed = false; /* the workers drop the slot's history before the next step */
+  for (int i = 0; i < c->n_freed && !listed; i++) listed = c->freed[i] == (uint32_t)j->slot;
+  if (!listed && c->n_freed < c->cfg.max_num_seqs) c->freed[c->n_freed++] = (uint32_t)j->slot;
   j->slot = -1;
   j->n_computed = 0;
 }

@@ -70,7 +70,7 @@ static int coord__kv(coord_t *c) {
   if (mbps > k->num_kv_blocks) {
     mbps = k->num_kv_blocks;
     k->max_model_len = mbps * bs;
-    FR_LOGW("context capped at %d tokens: the KV pool holds %d blocks", k->max_model_len, k->num_kv_blocks);
+    FR_LOGI("context capped at %d tokens: the KV pool holds %d blocks", k->max_model_len, k->num_kv_blocks);
   }
   c->max_model_len = k->max_model_len;
   c->epoch = (uint64_t)fr_now_ns();

@@ -6,6 +6,7 @@
  * (model/generate.h), itself checked against llama.cpp by test_generate. */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -466,6 +467,51 @@ START_TEST(test_seed_and_stop_strings) {
 }
 END_TEST
 
+/* ---- logprobs and logits ------------------------------------------------------------------- */
+
+START_TEST(test_logprobs_and_logits) {
+  need_model();
+  load_refs(1);
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  proto_submit_t r = efx_greedy(prompts[0], 4);
+  r.sp.logprobs = 3;
+  r.return_logits = true;
+  uint64_t id;
+  ck_assert_int_eq(fr_client_submit(c, &r, &id), 0);
+  int n = 0;
+  for (bool done = false; !done;) {
+    proto_event_t ev;
+    ck_assert_int_eq(fr_client_next_event(c, 60000, &ev), 0);
+    ck_assert_uint_eq(ev.id, id);
+    ck_assert_uint_eq(ev.n_logprobs, ev.n_tokens);
+    ck_assert_uint_eq(ev.n_top, 3 * ev.n_tokens);
+    ck_assert_uint_eq(ev.n_logits % 49152, 0);
+    ck_assert_uint_eq(ev.n_logits / 49152, ev.n_tokens);
+    for (uint32_t t = 0; t < ev.n_tokens; t++, n++) {
+      const float *row = ev.logits + (size_t)t * 49152;
+      int best = 0;
+      double mx = row[0], sum = 0;
+      for (int v = 1; v < 49152; v++)
+        if (row[v] > row[best]) best = v, mx = row[v];
+      for (int v = 0; v < 49152; v++) sum += exp(row[v] - mx);
+      ck_assert_int_eq(ev.tokens[t], refs[0][n]);
+      ck_assert_int_eq(best, ev.tokens[t]);
+      ck_assert_int_eq(ev.top[3 * t].token, ev.tokens[t]);
+      ck_assert_float_eq_tol(ev.top[3 * t].logprob, ev.logprobs[t], 1e-5);
+      ck_assert_float_eq_tol(ev.logprobs[t], row[best] - mx - log(sum), 1e-3);
+      ck_assert(ev.top[3 * t + 1].logprob <= ev.top[3 * t].logprob);
+    }
+    done = ev.finish != PROTO_FINISH_NONE;
+  }
+  ck_assert_int_eq(n, 4);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
 /* ENGINE_TEST=<name> runs one test (for debugging). */
 #define ADD(t, fn)                                                                 \
   do {                                                                             \
@@ -486,6 +532,7 @@ static Suite *engine_suite(void) {
   ADD(t, test_ferrumctl_stop_drains);
   ADD(t, test_bad_rpc_input);
   ADD(t, test_seed_and_stop_strings);
+  ADD(t, test_logprobs_and_logits);
   suite_add_tcase(s, t);
   return s;
 }

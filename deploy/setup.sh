@@ -28,7 +28,7 @@ py=/usr/bin/python3
 if [ ! -x .venv/bin/python ]; then
   "$py" -m venv .venv
 fi
-if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai' 2>/dev/null; then
+if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null; then
   .venv/bin/pip install -q --upgrade pip
   CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
     .venv/bin/pip install -q -r deploy/requirements-test.txt

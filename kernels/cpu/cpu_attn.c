@@ -3,8 +3,13 @@
  * Work items are (token, head) pairs, taken from an atomic counter. A query
  * of sequence s at index i of its n_q new tokens sits at position
  * p = ctx_len - n_q + i and attends to keys 0..p, walked block by block
- * through the block table with an online softmax in f32 (one rescale per
- * block). */
+ * through the block table.
+ *
+ * Numerics follow llama.cpp's CPU attention (without flash attention), so
+ * that greedy decoding agrees with it: scores in f32 over all keys, softmax
+ * normalized in f32, then P @ V. With an f16 KV cache, llama.cpp's matmuls
+ * convert the other operand to f16 first: the query before Q.K and the
+ * probabilities before P.V; so do we. */
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -44,6 +49,9 @@ static float cpu__attn_scores(const cpu_attn_job_t *j, const uint8_t *kh, const 
   return m;
 }
 
+/* Rounds x to the nearest f16 value (what ggml's f16 vec_dot sees). */
+static inline float cpu__round_f16(float x) { return fr_fp16_to_fp32(fr_fp32_to_fp16(x)); }
+
 static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   const cpu_ctx_t *ctx = j->ctx;
   const cpu_isa_t *isa = ctx->isa;
@@ -56,33 +64,32 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   }
   const int n_q = ctx->q_start[s + 1] - ctx->q_start[s];
   const int pos = ctx->ctx_len[s] - n_q + (t - ctx->q_start[s]);
-  const float *qv = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
   const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
   const size_t kvh = (size_t)(h / j->group), kvd = (size_t)j->n_kv_heads * (size_t)hd;
   const uint8_t *kh = j->kb + kvh * (size_t)hd * (j->f16 ? 2 : 4);
-  float *sc = scratch, *acc = scratch + j->block_size;
-  memset(acc, 0, (size_t)hd * sizeof(float));
-  float m = -INFINITY, l = 0.0f;
+  float *qv = scratch, *acc = scratch + hd, *sc = scratch + 2 * (size_t)hd; /* sc: (pos + 1) scores */
+  const float *q = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
+  for (int d = 0; d < hd; d++) qv[d] = j->f16 ? cpu__round_f16(q[d]) : q[d];
+  float m = -INFINITY;
   for (int b = 0; b * j->block_size <= pos; b++) {
     const int n = FR_MIN(j->block_size, pos + 1 - b * j->block_size);
-    const size_t row0 = (size_t)bt[b] * (size_t)j->block_size;
-    const float mb = cpu__attn_scores(j, kh, qv, row0, n, sc);
-    if (mb > m) {
-      const float r = expf(m - mb);
-      for (int d = 0; d < hd; d++) acc[d] *= r;
-      l *= r;
-      m = mb;
-    }
-    for (int i = 0; i < n; i++) {
-      const float p = expf(sc[i] - m);
-      const size_t e = (row0 + (size_t)i) * kvd + kvh * (size_t)hd;
-      l += p;
-      if (j->f16) isa->axpy_f16(hd, p, (const uint16_t *)j->vb + e, acc);
-      else isa->axpy_f32(hd, p, (const float *)j->vb + e, acc);
-    }
+    m = fmaxf(m, cpu__attn_scores(j, kh, qv, (size_t)bt[b] * (size_t)j->block_size, n, sc + b * j->block_size));
   }
-  const float inv = 1.0f / l;
-  for (int d = 0; d < hd; d++) o[d] = acc[d] * inv;
+  double sum = 0;
+  for (int i = 0; i <= pos; i++) {
+    sc[i] = expf(sc[i] - m);
+    sum += sc[i];
+  }
+  const float inv = (float)(1.0 / sum);
+  memset(acc, 0, (size_t)hd * sizeof(float));
+  for (int i = 0; i <= pos; i++) {
+    const float p = j->f16 ? cpu__round_f16(sc[i] * inv) : sc[i] * inv;
+    const size_t e = ((size_t)bt[i / j->block_size] * (size_t)j->block_size + (size_t)(i % j->block_size)) * kvd +
+                     kvh * (size_t)hd;
+    if (j->f16) isa->axpy_f16(hd, p, (const uint16_t *)j->vb + e, acc);
+    else isa->axpy_f32(hd, p, (const float *)j->vb + e, acc);
+  }
+  memcpy(o, acc, (size_t)hd * sizeof(float));
 }
 
 static void cpu__attn_part(void *arg, int ith, int nth) {
@@ -124,7 +131,10 @@ int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const ker
                       .n_kv_heads = c->n_kv_heads, .f16 = c->type == KERN_F16, .scale = scale};
   j.kb = (const uint8_t *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   j.vb = j.kb + pool->layer_bytes;
-  j.scratch_stride = ((size_t)c->block_size + (size_t)head_dim + 15) & ~(size_t)15;
+  int max_ctx = 0;
+  for (int i = 0; i < ctx->n_seqs; i++) max_ctx = FR_MAX(max_ctx, ctx->ctx_len[i]);
+  const size_t n_sc = ((size_t)max_ctx + (size_t)c->block_size - 1) / (size_t)c->block_size * (size_t)c->block_size;
+  j.scratch_stride = (n_sc + 2 * (size_t)head_dim + 15) & ~(size_t)15;
   cpu__scratch_reserve((void **)&ctx->att_scratch, &ctx->att_cap,
                        j.scratch_stride * (size_t)ctx->n_threads * sizeof(float));
   j.n_items = (long)ctx->n_tokens * n_heads;

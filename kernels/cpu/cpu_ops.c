@@ -42,10 +42,13 @@ typedef struct {
   float eps;
 } cpu_norm_job_t;
 
+/* As ggml's rms_norm: f32 squares summed in double, the mean and the scale
+ * in f32, then x * scale * w. */
 static void cpu__norm_row(float *o, const float *x, const float *w, int dim, float eps) {
   double ss = 0.0;
-  for (int i = 0; i < dim; i++) ss += (double)x[i] * x[i];
-  const float scale = (float)(1.0 / sqrt(ss / dim + eps));
+  for (int i = 0; i < dim; i++) ss += (double)(x[i] * x[i]);
+  const float mean = (float)(ss / dim);
+  const float scale = 1.0f / sqrtf(mean + eps);
   for (int i = 0; i < dim; i++) o[i] = x[i] * scale * w[i];
 }
 
@@ -137,9 +140,9 @@ int cpu__rope(void *vctx, void *x, int n_heads, int head_dim, int row_stride, co
     for (int t = 0; t < nt; t++) {
       float *cs = ctx->rope_cs + (size_t)t * (size_t)r->n_rot;
       for (int i = 0; i < half; i++) {
-        double theta = (double)ctx->positions[t] * (double)inv[i];
-        cs[2 * i] = (float)cos(theta) * r->attn_factor;
-        cs[2 * i + 1] = (float)sin(theta) * r->attn_factor;
+        const float theta = (float)ctx->positions[t] * inv[i]; /* f32, as ggml */
+        cs[2 * i] = cosf(theta) * r->attn_factor;
+        cs[2 * i + 1] = sinf(theta) * r->attn_factor;
       }
     }
     ctx->rope_step = ctx->step_id;

@@ -65,20 +65,24 @@ def rand(shape, scale):
 
 def random_kquant(rows, cols, qtype):
     """Random valid K-quant blocks (gguf-py cannot quantize K types):
-    random payload bytes with small, sane f16 scales."""
+    random payload bytes with f16 scales chosen so the weights' spread is
+    about 1/sqrt(cols), like the float weights beside them."""
     bsz, tsz = gguf.GGML_QUANT_SIZES[qtype]
     nb = cols // bsz
     raw = RNG.integers(0, 256, size=(rows, nb, tsz), dtype=np.uint8)
+    target = cols ** -0.5
     def f16(v):
         return np.frombuffer(np.float16(v).tobytes(), dtype=np.uint8)
     for r in range(rows):
         for b in range(nb):
             if qtype in (T.Q4_K, T.Q5_K):
-                raw[r, b, 0:2] = f16(0.004 * (1 + RNG.random()))   # d
-                raw[r, b, 2:4] = f16(0.002 * (1 + RNG.random()))   # dmin
+                qmax = 15 if qtype == T.Q4_K else 31
+                # w = d*sc*q - dmin*m, sc/m 6-bit: center q around qmax/2
+                raw[r, b, 0:2] = f16(target / (32 * qmax / 3) * (1 + RNG.random()))
+                raw[r, b, 2:4] = f16(target / (32 * 2) * RNG.random())
             elif qtype == T.Q6_K:
                 raw[r, b, 192:208] = RNG.integers(-20, 20, 16).astype(np.int8).view(np.uint8)
-                raw[r, b, 208:210] = f16(0.002 * (1 + RNG.random()))
+                raw[r, b, 208:210] = f16(target / (10 * 18) * (1 + RNG.random()))
     return raw.reshape(rows, nb * tsz)
 
 

@@ -7,6 +7,12 @@
  * Futex waits are only issued after a spin; `sleepers`/`caller_sleeps` say
  * whether a wake syscall is needed (all seq_cst, so a sleeper either sees the
  * new value or its waker sees it counted).
+ *
+ * Parts are claimed: worker i runs part i only if it claims it first; the
+ * caller, done with part 0, claims and runs the parts whose workers have not
+ * started (asleep or descheduled on a busy machine), so a run never waits for
+ * a thread that is not running. Part ith may thus run on another thread, but
+ * each part still runs exactly once per run.
  */
 #include "fr_pool.h"
 
@@ -29,6 +35,7 @@ typedef struct {
   fr_pool_t *pool;
   int ith;
   pthread_t tid;
+  _Alignas(64) atomic_int claimed; /* part ith of the current run is taken */
 } fr__pool_worker_t;
 
 struct fr_pool {
@@ -108,6 +115,7 @@ static void *fr__pool_main(void *p) {
   for (;;) {
     seen = fr__wait_gen(pool, seen);
     if (atomic_load(&pool->stop)) break;
+    if (atomic_exchange(&w->claimed, 1)) continue; /* the caller ran our part */
     pool->fn(pool->arg, w->ith, pool->n_threads);
     if (atomic_fetch_sub(&pool->pending, 1) == 1 && atomic_load(&pool->caller_sleeps))
       fr__futex_wake(&pool->pending, 1);
@@ -166,9 +174,15 @@ void fr_pool_run(fr_pool_t *pool, fr_pool_fn fn, void *arg) {
   pool->fn = fn;
   pool->arg = arg;
   atomic_store(&pool->pending, nth - 1);
-  atomic_fetch_add(&pool->gen, 1); /* seq_cst: publishes fn/arg/pending */
+  for (int i = 1; i < nth; i++) atomic_store(&pool->workers[i - 1].claimed, 0);
+  atomic_fetch_add(&pool->gen, 1); /* seq_cst: publishes fn/arg/pending/claims */
   if (atomic_load(&pool->sleepers) > 0) fr__futex_wake(&pool->gen, INT_MAX);
   fn(arg, 0, nth);
+  for (int i = 1; i < nth; i++) /* parts whose worker has not started yet */
+    if (!atomic_exchange(&pool->workers[i - 1].claimed, 1)) {
+      fn(arg, i, nth);
+      atomic_fetch_sub(&pool->pending, 1);
+    }
   if (fr__spin_while_ne0(&pool->pending) == 0) return;
   atomic_store(&pool->caller_sleeps, 1);
   int p;

@@ -1,9 +1,13 @@
 /* fr_pool.h - a fixed thread pool for data-parallel kernels.
  *
- * fr_pool_run(pool, fn, arg) calls fn(arg, ith, nth) once on each of the nth
- * threads (the caller is thread 0) and returns when all have finished, like
- * ggml's compute threads. Workers spin briefly, then sleep, between runs, so
- * back-to-back small ops stay cheap. One caller at a time.
+ * fr_pool_run(pool, fn, arg) calls fn(arg, ith, nth) once for each part
+ * ith in [0, nth) and returns when all have finished, like ggml's compute
+ * threads. The caller runs part 0; worker i runs part i unless it has not
+ * started by the time the caller is done, in which case the caller runs it
+ * (so a descheduled worker never stalls a run). Parts must therefore not
+ * assume which OS thread runs them, only that no two run the same ith at
+ * once. Workers spin briefly (~60 us), then sleep on a futex, between runs,
+ * so back-to-back small ops stay cheap. One caller at a time.
  */
 #pragma once
 

@@ -416,7 +416,8 @@ static void check_rope(kern_backend_t *b, kern_rope_mode_t mode, int n_rot) {
     }
   ck_assert_int_eq(b->ops->rope(b->ctx, x, nh, hd, stride, &rope), 0);
   double e = nerr(x, ref, (size_t)nt * stride);
-  ck_assert_msg(e < 1e-6, "rope mode %d n_rot %d: error %g", mode, n_rot, e);
+  /* theta may be formed in f32 as ggml does: ~1e-5 at positions near 9000 */
+  ck_assert_msg(e < 1e-4, "rope mode %d n_rot %d: error %g", mode, n_rot, e);
   /* padding past the heads is untouched */
   for (int t = 0; t < nt; t++)
     ck_assert(!memcmp(x + (size_t)t * stride + nh * hd, x0 + (size_t)t * stride + nh * hd, 16 * 4));
@@ -595,8 +596,10 @@ static void check_attention(kern_backend_t *b, kern_type_t kv_type, int hd) {
   }
   poison(out, (size_t)s.n_tokens * nh * hd);
   ck_assert_int_eq(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale), 0);
-  double e = nerr(out, ref, (size_t)s.n_tokens * nh * hd);
-  ck_assert_msg(e < 1e-5, "attention %s hd %d: normalized error %g", kern_type_traits(kv_type)->name, hd, e);
+  /* With an f16 pool the backend may round q and the probabilities to f16
+   * before the dots, as llama.cpp's non-flash attention does (~2e-4). */
+  double e = nerr(out, ref, (size_t)s.n_tokens * nh * hd), tol = kv_type == KERN_F16 ? 5e-4 : 1e-5;
+  ck_assert_msg(e < tol, "attention %s hd %d: normalized error %g", kern_type_traits(kv_type)->name, hd, e);
   for (int h = 0; h < nh * hd; h++) ck_assert_float_eq(out[(size_t)s.q_start[3] * nh * hd + h], 0.0f);
   /* a block id outside the pool is an error */
   s.bt[1] = 40;

@@ -4,8 +4,11 @@
  * forward pass), so the loop's share is what is measured; every stream
  * event really goes to an RPC client (this program).
  *
- * usage: bench_coord [n_seqs (64)] [tokens per job (256)]
+ * usage: bench_coord [n_seqs (64)] [tokens per job (256)] [real]
+ * ("real": the real worker runs the model; the loop's time is measured the
+ * same way, from the result's arrival to the end of streaming). 
  * Needs FERRUM_BUILD_DIR (bin/ferrumctl) and FERRUM_MODEL (the tokenizer). */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -25,7 +28,8 @@ int main(int argc, char **argv) {
   efx_server_t s;
   snprintf(seqs, sizeof seqs, "%d", n);
   snprintf(stats, sizeof stats, "/tmp/ferrum-bench-coord-%d.txt", (int)getpid());
-  const char *extra[] = {"--fake-workers", "--step-stats", stats, "--max-num-seqs", seqs, NULL};
+  bool real = argc > 3 && !strcmp(argv[3], "real");
+  const char *extra[] = {"--step-stats", stats, "--max-num-seqs", seqs, real ? NULL : "--fake-workers", NULL};
   if (efx_start(&s, extra)) return 1;
   fr_client_t *c = NULL;
   efx_job_t *jobs = calloc((size_t)n, sizeof *jobs);

@@ -201,10 +201,12 @@ static long bench_len(uint64_t *s, long len, double ratio) {
   return hi > lo ? lo + (long)(bench_rand(s) % (uint64_t)(hi - lo + 1)) : lo;
 }
 
-/* Random prompts, lengths and Poisson arrival times, from the seed. */
-static bench_req_t *bench_make_reqs(const bench_opts_t *o) {
+/* Random prompts, lengths and Poisson arrival times, from the seed; each
+ * run of a sweep gets prompts of its own (so that no run hits the prefix
+ * cache with an earlier run's prompts). */
+static bench_req_t *bench_make_reqs(const bench_opts_t *o, int run) {
   bench_req_t *r = fr_calloc((size_t)o->num_prompts, sizeof *r);
-  uint64_t s = (uint64_t)o->seed * 2654435761u + 1;
+  uint64_t s = ((uint64_t)o->seed * 2654435761u + 1) ^ ((uint64_t)run << 40);
   double t = 0;
   for (long i = 0; i < o->num_prompts; i++) {
     r[i].in_len = bench_len(&s, o->in_len, o->range_ratio);
@@ -474,7 +476,6 @@ static void bench_run(const bench_opts_t *o, bench_req_t *reqs, long concurrency
   bench_run_t run = {.o = o, .reqs = reqs, .n = o->num_prompts};
   long nt = concurrency < o->num_prompts ? concurrency : o->num_prompts;
   pthread_t *th = fr_calloc((size_t)nt, sizeof *th);
-  bench_reset(reqs, o->num_prompts);
   atomic_init(&run.next, 0);
   run.t0 = fr_now_ns();
   long started = 0;
@@ -497,17 +498,17 @@ int cli_cmd_bench(int argc, char **argv) {
   int rc = bench_parse(&o, argc, argv);
   if (rc) return rc < 0 ? 2 : 0;
   if (!o.model && bench_model(&o)) return 1;
-  bench_req_t *reqs = bench_make_reqs(&o);
   bench_result_t res[BENCH_MAX_SWEEP];
   int n = o.n_sweep ? o.n_sweep : 1;
   for (int i = 0; i < n; i++) {
     long c = o.n_sweep ? o.sweep[i] : o.concurrency ? o.concurrency : o.num_prompts;
     fprintf(stderr, "ferrumctl bench: %ld requests, concurrency %ld, rate %g/s, input %ld, output %ld tokens\n",
             o.num_prompts, c, o.rate, o.in_len, o.out_len);
+    bench_req_t *reqs = bench_make_reqs(&o, i);
     bench_run(&o, reqs, c, &res[i]);
+    bench_free_reqs(reqs, o.num_prompts);
     bench_print(&o, &res[i]);
   }
-  bench_free_reqs(reqs, o.num_prompts);
   rc = 0;
   if (o.result_file && bench_write_json(&o, res, n)) rc = 1;
   if (o.plot_file && bench_plot(&o, res, n)) rc = 1;

@@ -203,6 +203,8 @@ void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri
 /* ---- sched.c ---- */
 /* Builds the next step into c->sitems / c->pitems; returns the item count. */
 int coord__sched_build(coord_t *c);
+/* Sets the metrics gauges (running, waiting, KV blocks used). */
+void coord__sched_gauges(coord_t *c);
 /* Preempts a running job: frees its blocks, keeps its tokens, requeues it
  * at the front of the waiting queue. */
 void coord__sched_preempt(coord_t *c, coord_job_t *j);

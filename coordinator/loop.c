@@ -186,10 +186,11 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
           c->kvi.block_size, c->max_model_len, c->rpc_addr);
   *out = c;
   return 0;
-fail:
-  rc = fr_errorf(rc, "%s", fr_last_error());
-  coord_destroy(c);
-  return rc;
+fail:;
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", fr_last_error());
+  coord_destroy(c); /* may record messages of its own */
+  return fr_errorf(rc, "%s", msg);
 }
 
 /* ---- loop --------------------------------------------------------------------- */
@@ -248,6 +249,7 @@ int coord__loop_once(coord_t *c, int timeout_ms) {
   }
   coord__workers_tick(c);
   coord__step_kick(c);
+  if (c->metrics) coord__sched_gauges(c);
   if (coord__drained(c)) c->stop_loop = true;
   return 0;
 }

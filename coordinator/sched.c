@@ -157,6 +157,17 @@ static bool coord__admit_one(coord_t *c, coord_job_t *j, int *budget) {
   return true;
 }
 
+void coord__sched_gauges(coord_t *c) {
+#ifdef FERRUM_HAVE_METRICS
+  if (!c->metrics) return;
+  coord_metrics_set_running(c->metrics, (uint32_t)c->n_running);
+  coord_metrics_set_waiting(c->metrics, (uint32_t)c->n_waiting);
+  coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)), (uint32_t)c->kvi.n_blocks);
+#else
+  (void)c;
+#endif
+}
+
 int coord__sched_build(coord_t *c) {
   c->n_sitems = 0;
   c->n_copies = 0;
@@ -166,13 +177,5 @@ int coord__sched_build(coord_t *c) {
   while (!preempted && c->waiting_head && budget > 0 && c->n_running < c->cfg.max_num_seqs &&
          c->n_sitems < c->cfg.max_num_seqs)
     if (!coord__admit_one(c, c->waiting_head, &budget)) break;
-#ifdef FERRUM_HAVE_METRICS
-  if (c->metrics) {
-    coord_metrics_set_running(c->metrics, (uint32_t)c->n_running);
-    coord_metrics_set_waiting(c->metrics, (uint32_t)c->n_waiting);
-    coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
-                         (uint32_t)c->kvi.n_blocks);
-  }
-#endif
   return c->n_sitems;
 }

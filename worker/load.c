@@ -52,9 +52,17 @@ static int worker__backend(worker_t *w, const worker_load_opts_t *o) {
   return fr_errorf(-EINVAL, "unknown device '%s' (cpu or cuda[:N])", o->device);
 }
 
+/* A device backend's pool lives in device memory (lost with the worker;
+ * the coordinator recomputes). */
+static int worker__device_pool(worker_t *w) {
+  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, w->be->act_type);
+  return w->be->ops->kv_pool_init(w->be->ctx, &w->pool, &kc, NULL);
+}
+
 /* Maps (or creates) the KV pool segment and adopts it without zeroing, so
  * prefix-cached blocks written before a restart stay valid. */
 static int worker__pool(worker_t *w) {
+  if (strcmp(w->be->ops->name, "cpu") != 0) return worker__device_pool(w);
   kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, KERN_F16);
   size_t bytes = kern_kv_pool_bytes(&kc);
   if (!bytes) return fr_errorf(FR_ETOOBIG, "KV pool of %d blocks is too big", w->info.n_blocks);
@@ -75,8 +83,7 @@ static int worker__pool(worker_t *w) {
   } else {
     return rc;
   }
-  if (w->be->ops->kv_pool_init != NULL && strcmp(w->be->ops->name, "cpu") != 0)
-    return fr_errorf(FR_EUNSUPPORTED, "shm KV pools need the cpu backend");
+  /* the CPU backend's kv_pool_init would zero it: set the pool up as it does, without that */
   w->pool.cfg = kc;
   w->pool.layer_bytes = bytes / (2 * (size_t)kc.n_layers);
   w->pool.base = kv_segment_data(&w->pool_seg);
@@ -162,6 +169,7 @@ void worker_unload(worker_t *w) {
   w->ritems = NULL;
   w->tops = NULL;
   w->hist = NULL;
+  if (w->be && w->pool.base && !w->pool.external) w->be->ops->kv_pool_deinit(w->be->ctx, &w->pool);
   model_destroy(w->m);
   w->m = NULL;
   kern_backend_destroy(w->be);

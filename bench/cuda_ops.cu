@@ -226,6 +226,46 @@ static void bench_attn(double ceil_gbs) {
   }
 }
 
+/* Prefill attention: n_seqs sequences of len tokens each, all new (causal). */
+static void bench_prefill(void) {
+  const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
+  const int cases[][2] = {{1, 512}, {1, 2048}, {4, 2048}, {1, 8192}};
+  printf("\nprefill attention (32 heads, 8 KV heads, head_dim 128, causal)\n%-6s %-7s %10s %10s\n", "seqs", "len",
+         "us", "TFLOP/s");
+  uint64_t key = 20000;
+  for (auto &cs : cases) {
+    int ns = cs[0], len = cs[1], mb = len / bs, nt = ns * len;
+    kern_kv_config_t cfg = {1, n_kv, hd, bs, ns * mb, C->act};
+    kern_kv_pool_t pool;
+    CK(B->ops->kv_pool_init(B->ctx, &pool, &cfg, NULL));
+    std::vector<int32_t> bt((size_t)ns * mb), pos(nt), slots(nt, -1), qs(ns + 1), cl(ns), tok(nt, 1);
+    for (size_t i = 0; i < bt.size(); i++) bt[i] = (int32_t)i;
+    for (int s = 0; s <= ns; s++) qs[s] = s * len;
+    for (int s = 0; s < ns; s++) cl[s] = len;
+    for (int t = 0; t < nt; t++) pos[t] = t % len;
+    kern_step_t st = {nt, tok.data(), ns, pos.data(), slots.data(), qs.data(), cl.data(), bt.data(), mb};
+    CK(B->ops->step_begin(B->ctx, &st));
+    void *q, *o;
+    size_t qb = (size_t)nt * n_heads * hd * 2;
+    CK(B->ops->alloc(B->ctx, qb, &q));
+    CK(B->ops->alloc(B->ctx, qb, &o));
+    std::vector<uint16_t> h(qb / 2);
+    for (auto &v : h) v = (uint16_t)((rnd() & 0x807f) | 0x3c00);
+    CK(B->ops->upload(B->ctx, q, h.data(), qb));
+    CK(B->ops->upload(B->ctx, pool.base, h.data(), std::min(qb, 2 * pool.layer_bytes)));
+    int reps = 3;
+    double ms = time_graph(key++, reps, [&] {
+      for (int r = 0; r < reps; r++) CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f));
+    });
+    double flops = 4.0 * ns * (double)len * len / 2 * hd * n_heads; /* QK^T and PV, causal half */
+    printf("%-6d %-7d %10.1f %10.1f\n", ns, len, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+    fflush(stdout);
+    B->ops->free(B->ctx, q);
+    B->ops->free(B->ctx, o);
+    B->ops->kv_pool_deinit(B->ctx, &pool);
+  }
+}
+
 int main(int argc, char **argv) {
   const char *what = argc > 1 ? argv[1] : "all";
   int rc = kern_cuda_create(&B, 0);
@@ -242,6 +282,7 @@ int main(int argc, char **argv) {
          "cudaMemcpyAsync %.0f GB/s\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20, ceil_gbs, mc_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "gemv")) bench_gemv(ceil_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_attn(ceil_gbs);
+  if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_prefill();
   kern_backend_destroy(B);
   return 0;
 }

@@ -35,6 +35,7 @@
 #define KCU_LAUNCHED() KCU_CHECK(cudaGetLastError())
 
 #define KCU_MAX_GRAPHS 64
+#define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
 
@@ -65,7 +66,7 @@ typedef struct {
   void *cublas_ws;
   kern_type_t act;
   size_t act_size;
-  int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized) */
+  int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -82,6 +83,9 @@ typedef struct {
   /* scratch */
   void *deq;               /* act-type dequantized weight rows for prefill GEMMs */
   size_t deq_elems;
+  int8_t *xq;              /* decode GEMV activations as int8 (KCU_QGEMV_MAX_N * max cols) */
+  void *xqd;               /* their per-32 (scale, scale * sum) float2 */
+  size_t xq_cap;           /* elements of xq */
   float *attn_part;        /* decode split-K partials */
   size_t attn_part_floats;
   float *f32_tmp;          /* to_f32_host staging */

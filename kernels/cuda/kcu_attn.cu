@@ -45,11 +45,13 @@ __device__ __forceinline__ void kcu_merge(float &m1, float &l1, float *a1, float
 
 /* ---- decode ---------------------------------------------------------------------------- */
 
-template <typename T, int HD, int GM>
+/* PIPE: prefetch the next step's K/V while computing (more registers, so
+ * fewer CTAs per SM: worth it only when the grid does not fill the GPU). */
+template <typename T, int HD, int GM, bool PIPE>
 __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
     kcu_attn_decode_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
-                      const int32_t *q_start, const int32_t *ctx_len, const int32_t *positions, const int32_t *bts,
-                      int bs, int n_blocks, int n_kv, int G, float scale, float *part) {
+                      const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
+                      int n_kv, int G, float scale, float *part) {
   constexpr int L = HD / 8, TPW = 32 / L, NW = KCU_DEC_WARPS;
   __shared__ float sm_a[GM][HD];
   __shared__ float sm_m[GM], sm_l[GM];
@@ -83,18 +85,26 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
       for (int i = 0; i < 8; i++) qr[g][i] = 0.f;
     }
   }
-  constexpr int U = KCU_DEC_UNROLL;
-  for (int jj = start + warp * TPW; jj < stop; jj += NW * TPW * U) {
-    uint4 kr[U], vr[U];
+  constexpr int U = KCU_DEC_UNROLL, STEP = NW * TPW * U;
+  /* software pipeline: the next step's K/V loads are in flight while this
+   * step computes */
+  uint4 kr[U], vr[U];
+  auto load = [&](int jj, uint4 *kd, uint4 *vd) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int j = jj + u * NW * TPW + slot;
-      kr[u] = vr[u] = make_uint4(0, 0, 0, 0);
+      kd[u] = vd[u] = make_uint4(0, 0, 0, 0);
       if (j < stop) {
-        kr[u] = *kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off);
-        vr[u] = *kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off);
+        kd[u] = *kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off);
+        vd[u] = *kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off);
       }
     }
+  };
+  if (PIPE) load(start + warp * TPW, kr, vr);
+  for (int jj = start + warp * TPW; jj < stop; jj += STEP) {
+    uint4 kn[U], vn[U];
+    if (PIPE) load(jj + STEP, kn, vn);
+    else load(jj, kr, vr);
 #pragma unroll
     for (int u = 0; u < U; u++) {
     const bool valid = jj + u * NW * TPW + slot < stop;
@@ -122,6 +132,13 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
         for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
       }
     }
+    }
+    if (PIPE) {
+#pragma unroll
+      for (int u = 0; u < U; u++) {
+        kr[u] = kn[u];
+        vr[u] = vn[u];
+      }
     }
   }
   /* merge the token slots of the warp */
@@ -225,9 +242,15 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
     c->attn_part_floats = need;
   }
   dim3 grid(sp, cf->n_kv_heads, n_seqs);
-  kcu_attn_decode_k<T, HD, GM><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
-      out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.positions, c->dm.block_tables,
-      cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
+  /* measured on H200: prefetching pays below ~2 CTAs per SM, costs above */
+  if ((long long)sp * cf->n_kv_heads * n_seqs <= 2ll * c->n_sm)
+    kcu_attn_decode_k<T, HD, GM, true><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
+        out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size,
+        cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
+  else
+    kcu_attn_decode_k<T, HD, GM, false><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
+        out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size,
+        cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
   KCU_LAUNCHED();
   if (sp > 1) {
     kcu_attn_reduce_k<T, HD><<<dim3(n_heads, n_seqs), HD, 0, c->stream>>>(out, c->attn_part, c->dm.q_start, n_heads,
@@ -253,8 +276,8 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T 
 template <typename T, int HD>
 __global__ void __launch_bounds__(256)
     kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
-                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *positions, const int32_t *bts,
-                       int bs, int n_blocks, int n_kv, int G, float scale) {
+                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
+                       int n_kv, int G, float scale) {
   constexpr int NC = HD / 32; /* chunks of 8 per thread */
   __shared__ uint4 sk[KCU_PF_BN][HD / 8], sv[KCU_PF_BN][HD / 8];
   __shared__ int s_maxpos;
@@ -358,7 +381,7 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
   if (grid.x == 0) return 0;
   kcu_attn_prefill_k<T, HD><<<grid, 256, 0, c->stream>>>(out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
-                                                         c->dm.ctx_len, c->dm.positions, c->dm.block_tables,
+                                                         c->dm.ctx_len, c->dm.block_tables,
                                                          cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   KCU_LAUNCHED();
   return 0;

@@ -101,6 +101,18 @@ static bool kcu_supports_type(void *ctx, kern_type_t t) {
 static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
   long long want = w->rows * w->cols;
   if (want > KCU_DEQ_MAX_ELEMS) want = FR_MAX(KCU_DEQ_MAX_ELEMS / w->cols, 1) * w->cols;
+  size_t xq_need = (size_t)KCU_QGEMV_MAX_N * (size_t)w->cols;
+  if (xq_need > c->xq_cap) {
+    kcu__free(c->xq);
+    kcu__free(c->xqd);
+    c->xq = NULL;
+    c->xqd = NULL;
+    c->xq_cap = 0;
+    int rc = kcu__alloc(c, xq_need, (void **)&c->xq, "GEMV activation scratch");
+    if (!rc) rc = kcu__alloc(c, xq_need / 32 * sizeof(float2), &c->xqd, "GEMV activation scales");
+    if (rc) return rc;
+    c->xq_cap = xq_need;
+  }
   if ((size_t)want <= c->deq_elems) return 0;
   kcu__free(c->deq);
   c->deq = NULL;
@@ -522,6 +534,8 @@ static void kcu_destroy(void *ctx) {
   if (c->samp_pin) cudaFreeHost(c->samp_pin);
   kcu__free(c->samp_dev);
   kcu__free(c->deq);
+  kcu__free(c->xq);
+  kcu__free(c->xqd);
   kcu__free(c->attn_part);
   kcu__free(c->f32_tmp);
   kcu__free(c->pairs_dev);
@@ -590,8 +604,8 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   const char *dt = getenv("FERRUM_CUDA_DTYPE");
   c->act = (dt && (!strcmp(dt, "f16") || !strcmp(dt, "F16"))) ? KERN_F16 : KERN_BF16;
   c->act_size = 2;
-  c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", 4, 0, 8);
-  c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", 4, 0, 8);
+  c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", -1, -1, 8);
+  c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));

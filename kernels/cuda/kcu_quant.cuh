@@ -167,3 +167,126 @@ __device__ __forceinline__ const uint8_t *kcu_sub_block(const uint8_t *row, int 
   *sub = u % SUBS;
   return row + (size_t)(u / SUBS) * kcu_qt<QT>::BYTES;
 }
+
+/* ---- integer dot products (decode GEMV) ------------------------------------------
+ *
+ * Activations are quantized per 32 elements to int8 q with scale xd and
+ * xs = xd * sum(q) (llama.cpp's q8_1). A weight sub-block becomes 8 packed
+ * int32 of signed bytes v (elements 0..15 in v[0..3], 16..31 in v[4..7]) and
+ * coefficients so that
+ *   sum_i w_i x_i = xd * (d0 * dot(v[0..3], q[0..15]) + d1 * dot(v[4..7], q[16..31])) + mc * xs.
+ */
+typedef struct {
+  int v[8];
+  float d0, d1, mc;
+} kcu_qv_t;
+
+template <int TYPE> __device__ __forceinline__ void kcu_qv(const uint8_t *blk, int sub, kcu_qv_t *o);
+
+/* 4 bits b0..b3 -> bit 0 of bytes 0..3, shifted to bit 4 */
+__device__ __forceinline__ int kcu_spread4(uint32_t b) {
+  return (int)(((b & 1u) | ((b & 2u) << 7) | ((b & 4u) << 14) | ((b & 8u) << 21)) << 4);
+}
+__device__ __forceinline__ void kcu_qv_nib(const uint32_t *q, kcu_qv_t *o) {
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    o->v[k] = (int)(q[k] & 0x0F0F0F0Fu);
+    o->v[k + 4] = (int)((q[k] >> 4) & 0x0F0F0F0Fu);
+  }
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q4_0>(const uint8_t *b, int, kcu_qv_t *o) {
+  uint32_t q[4];
+  kcu_ld_a2(b + 2, q, 4);
+  kcu_qv_nib(q, o);
+#pragma unroll
+  for (int k = 0; k < 8; k++) o->v[k] = __vsubss4(o->v[k], 0x08080808);
+  o->d0 = o->d1 = kcu_h2f(b);
+  o->mc = 0.f;
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q4_1>(const uint8_t *b, int, kcu_qv_t *o) {
+  uint32_t q[4];
+  kcu_ld_a2(b + 4, q, 4);
+  kcu_qv_nib(q, o);
+  o->d0 = o->d1 = kcu_h2f(b);
+  o->mc = kcu_h2f(b + 2);
+}
+__device__ __forceinline__ void kcu_qv_q5(const uint32_t *q, uint32_t qh, kcu_qv_t *o) {
+  kcu_qv_nib(q, o);
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    o->v[k] |= kcu_spread4((qh >> (4 * k)) & 15u);
+    o->v[k + 4] |= kcu_spread4((qh >> (16 + 4 * k)) & 15u);
+  }
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q5_0>(const uint8_t *b, int, kcu_qv_t *o) {
+  uint32_t q[4], qh;
+  kcu_ld_a2(b + 2, &qh, 1);
+  kcu_ld_a2(b + 6, q, 4);
+  kcu_qv_q5(q, qh, o);
+#pragma unroll
+  for (int k = 0; k < 8; k++) o->v[k] = __vsubss4(o->v[k], 0x10101010);
+  o->d0 = o->d1 = kcu_h2f(b);
+  o->mc = 0.f;
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q5_1>(const uint8_t *b, int, kcu_qv_t *o) {
+  uint32_t q[4], qh;
+  kcu_ld_a2(b + 4, &qh, 1);
+  kcu_ld_a2(b + 8, q, 4);
+  kcu_qv_q5(q, qh, o);
+  o->d0 = o->d1 = kcu_h2f(b);
+  o->mc = kcu_h2f(b + 2);
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q8_0>(const uint8_t *b, int, kcu_qv_t *o) {
+  kcu_ld_a2(b + 2, (uint32_t *)o->v, 8);
+  o->d0 = o->d1 = kcu_h2f(b);
+  o->mc = 0.f;
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q4_K>(const uint8_t *b, int j, kcu_qv_t *o) {
+  uint32_t q[8];
+  kcu_ld_a16(b + 16 + 32 * (j >> 1), q, 8);
+  int sh = (j & 1) * 4, sc, m;
+#pragma unroll
+  for (int k = 0; k < 8; k++) o->v[k] = (int)((q[k] >> sh) & 0x0F0F0F0Fu);
+  kcu_scale_min_k4(j, b + 4, &sc, &m);
+  o->d0 = o->d1 = kcu_h2f(b) * (float)sc;
+  o->mc = -kcu_h2f(b + 2) * (float)m;
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q5_K>(const uint8_t *b, int j, kcu_qv_t *o) {
+  uint32_t q[8], qh[8];
+  kcu_ld_a16(b + 16, qh, 8);
+  kcu_ld_a16(b + 48 + 32 * (j >> 1), q, 8);
+  int sh = (j & 1) * 4, sc, m;
+#pragma unroll
+  for (int k = 0; k < 8; k++) o->v[k] = (int)(((q[k] >> sh) & 0x0F0F0F0Fu) | (((qh[k] >> j) & 0x01010101u) << 4));
+  kcu_scale_min_k4(j, b + 4, &sc, &m);
+  o->d0 = o->d1 = kcu_h2f(b) * (float)sc;
+  o->mc = -kcu_h2f(b + 2) * (float)m;
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_Q6_K>(const uint8_t *b, int j, kcu_qv_t *o) {
+  int h = j >> 2, qq = j & 3;
+  uint32_t ql[8], qh[8];
+  kcu_ld_a2(b + 64 * h + 32 * (qq & 1), ql, 8);
+  kcu_ld_a2(b + 128 + 32 * h, qh, 8);
+  int shl = (qq >> 1) * 4, shh = 2 * qq;
+#pragma unroll
+  for (int k = 0; k < 8; k++) {
+    int v = (int)(((ql[k] >> shl) & 0x0F0F0F0Fu) | (((qh[k] >> shh) & 0x03030303u) << 4));
+    o->v[k] = __vsubss4(v, 0x20202020);
+  }
+  const int8_t *sc = reinterpret_cast<const int8_t *>(b + 192 + 8 * h + 2 * qq);
+  float d = kcu_h2f(b + 208);
+  o->d0 = d * (float)sc[0];
+  o->d1 = d * (float)sc[1];
+  o->mc = 0.f;
+}
+
+/* sum_i w_i x_i of one sub-block against 32 quantized activations. */
+__device__ __forceinline__ float kcu_qv_dot(const kcu_qv_t *w, const int *xq, float2 xds) {
+  int s0 = 0, s1 = 0;
+#pragma unroll
+  for (int k = 0; k < 4; k++) {
+    s0 = __dp4a(w->v[k], xq[k], s0);
+    s1 = __dp4a(w->v[k + 4], xq[k + 4], s1);
+  }
+  return xds.x * (w->d0 * (float)s0 + w->d1 * (float)s1) + w->mc * xds.y;
+}

@@ -20,6 +20,7 @@
 #include "kernels/kern.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
+#define TOL_QMM 2.5e-2 /* quantized weights: the decode GEMV also rounds activations to int8 per 32 */
 
 static kern_backend_t *cpu, *gpu;
 static uint64_t rng_state;
@@ -287,8 +288,9 @@ static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool wi
     double eg = nerr_d(g, ref, (size_t)n * rows), ec = nerr(g, c, (size_t)n * rows);
     fprintf(stderr, "  matmul %-5s %4lldx%-5lld n=%-3d bias=%d  err(exact) %.2e  err(cpu) %.2e\n",
             kern_type_traits(type)->name, (long long)rows, (long long)cols, n, with_bias, eg, ec);
-    ck_assert_msg(eg < TOL_ACT, "matmul %s n=%d: error %.3e vs exact", kern_type_traits(type)->name, n, eg);
-    ck_assert_msg(ec < 3e-2, "matmul %s n=%d: error %.3e vs cpu", kern_type_traits(type)->name, n, ec);
+    double tol = kern_type_traits(type)->quantized ? TOL_QMM : TOL_ACT;
+    ck_assert_msg(eg < tol, "matmul %s n=%d: error %.3e vs exact", kern_type_traits(type)->name, n, eg);
+    ck_assert_msg(ec < 2 * tol, "matmul %s n=%d: error %.3e vs cpu", kern_type_traits(type)->name, n, ec);
     free(ref);
     free(g);
     free(c);
@@ -816,9 +818,11 @@ START_TEST(test_sample_filters) {
     double tv = 0;
     for (int i = 0; i < vocab; i++) tv += fabs(hits[i] / (rows / 2.0) - prob[i] / tot);
     tv /= 2;
-    fprintf(stderr, "  sample T=%.1f top_k=%d top_p=%.1f min_p=%.2f  TV distance %.3f\n", cases[c].t, cases[c].top_k,
-            cases[c].top_p, cases[c].min_p, tv);
-    if (!_i) ck_assert_double_lt(tv, 0.1);
+    if (!_i) {
+      fprintf(stderr, "  sample T=%.1f top_k=%d top_p=%.1f min_p=%.2f  TV distance %.3f\n", cases[c].t,
+              cases[c].top_k, cases[c].top_p, cases[c].min_p, tv);
+      ck_assert_double_lt(tv, 0.1);
+    }
   }
   free(prob);
   free(hits);
@@ -851,8 +855,8 @@ START_TEST(test_f16_mode) {
   setenv("FERRUM_CUDA_DTYPE", "f16", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   ck_assert_int_eq(gpu->act_type, KERN_F16);
-  check_matmul(KERN_Q4_K, 64, 256, true);
-  check_matmul(KERN_BF16, 64, 256, false);
+  check_matmul(KERN_Q4_K, 128, 512, true);
+  check_matmul(KERN_BF16, 128, 512, false);
   kvenv_t e;
   kv_setup(&e, 1, 2, 64, 16, 2, 600);
   int z[2] = {0, 0}, n[2] = {500, 3}, one[2] = {1, 1};

@@ -165,7 +165,10 @@ int cli_cmd_serve(int argc, char **argv) {
   }
 #endif
   FR_LOGI("waiting for the workers to load the model");
-  if ((rc = coord_wait_ready(c, 600000))) goto done;
+  if ((rc = coord_wait_ready(c, 600000))) {
+    if (rc == FR_ECANCELED) rc = 0; /* stopped while loading */
+    goto done;
+  }
   FR_LOGI("ready: RPC %s", coord_rpc_endpoint(c));
   rc = coord_run(c);
 done:

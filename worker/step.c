@@ -44,6 +44,8 @@ static int worker__add_item(worker_t *w, const proto_step_item_t *it, int s, int
     int p = (int)it->pos + (int)i, t = *n_tok + (int)i;
     int32_t blk = row[p / bs];
     if (blk < 0 || blk >= w->info.n_blocks) return fr_errorf(FR_EPROTO, "item %d: block %d out of range", s, blk);
+    if (it->tokens[i] < 0 || it->tokens[i] >= w->vocab)
+      return fr_errorf(FR_EPROTO, "item %d: token %d outside the vocabulary", s, it->tokens[i]);
     w->tokens[t] = it->tokens[i];
     w->pos[t] = p;
     w->slots[t] = blk * bs + p % bs;

@@ -173,9 +173,9 @@ int cli_plot_png(const char *path, const cli_plot_point_t *pts, int n, const cha
   if (xlabel) plot_text(&c, (f.x0 + f.x1 - (int)strlen(xlabel) * 12) / 2, height - 35, xlabel, 2, false, PLOT_BLACK);
   if (ylabel) plot_text(&c, 15, (f.y0 + f.y1 + (int)strlen(ylabel) * 12) / 2, ylabel, 2, true, PLOT_BLACK);
   for (int i = 0; i + 1 < n; i++)
-    for (int t = -1; t <= 1; t++) /* 3 px thick */
-      plot_line(&c, plot_px(&f, pts[i].x), plot_py(&f, pts[i].y) + t, plot_px(&f, pts[i + 1].x),
-                plot_py(&f, pts[i + 1].y) + t, PLOT_BLUE);
+    for (int t = 0; t < 9; t++) /* 3 px thick at any slope */
+      plot_line(&c, plot_px(&f, pts[i].x) + t % 3 - 1, plot_py(&f, pts[i].y) + t / 3 - 1,
+                plot_px(&f, pts[i + 1].x) + t % 3 - 1, plot_py(&f, pts[i + 1].y) + t / 3 - 1, PLOT_BLUE);
   for (int i = 0; i < n; i++) {
     plot_box(&c, plot_px(&f, pts[i].x), plot_py(&f, pts[i].y), 4, PLOT_RED);
     if (pts[i].label) plot_text(&c, plot_px(&f, pts[i].x) + 8, plot_py(&f, pts[i].y) - 20, pts[i].label, 2, false, PLOT_BLACK);

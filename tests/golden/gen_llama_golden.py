@@ -62,30 +62,41 @@ def smollm2_chat(text):
             f"<|im_start|>user\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
 
+def greedy_run(llm, ids, n_greedy):
+    """Greedy continuation: (tokens, top-5 at each step, last prompt logits)."""
+    llm.reset()
+    llm.eval(ids)
+    logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    greedy, top5, cur = [], [], logits
+    for _ in range(n_greedy):
+        t = int(np.argmax(cur))
+        greedy.append(t)
+        top5.append([int(i) for i in np.argsort(-cur)[:5]])
+        if llm.n_tokens + 1 >= llm.n_ctx():
+            break
+        llm.eval([t])
+        cur = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+    return greedy, top5, logits
+
+
 def run_model(name, path, mode, out, n_greedy):
-    llm = Llama(model_path=path, n_ctx=1024, n_batch=512, n_threads=2, n_threads_batch=2, logits_all=True,
-                seed=0, verbose=False)
+    kw = dict(model_path=path, n_ctx=1024, n_batch=512, n_threads=2, n_threads_batch=2, logits_all=True, seed=0,
+              verbose=False)
+    llm = Llama(**kw, flash_attn=False)
+    # llama.cpp's own flash-attention path: how much llama.cpp agrees with
+    # itself when only the attention arithmetic changes (the noise floor).
+    llm_fa = Llama(**kw, flash_attn=True)
     vocab = llm.n_vocab()
     prompts = PROMPTS if mode == "chat" else RAW_PROMPTS
     cases, rows = [], []
     for p in prompts:
         text = smollm2_chat(p) if mode == "chat" else p
         ids = llm.tokenize(text.encode(), add_bos=False, special=True)
-        llm.reset()
-        llm.eval(ids)
-        logits = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
+        greedy, top5, logits = greedy_run(llm, ids, n_greedy)
+        greedy_fa, _, _ = greedy_run(llm_fa, ids, n_greedy)
         rows.append(logits)
-        greedy, top5 = [], []
-        cur = logits
-        for _ in range(n_greedy):
-            t = int(np.argmax(cur))
-            greedy.append(t)
-            top5.append([int(i) for i in np.argsort(-cur)[:5]])
-            if llm.n_tokens + 1 >= 1024:
-                break
-            llm.eval([t])
-            cur = np.array(llm.scores[llm.n_tokens - 1], dtype=np.float32)
-        cases.append({"prompt": p, "text": text, "ids": [int(i) for i in ids], "greedy": greedy, "top5": top5})
+        cases.append({"prompt": p, "text": text, "ids": [int(i) for i in ids], "greedy": greedy, "top5": top5,
+                      "greedy_fa": greedy_fa})
     np.stack(rows).astype(np.float32).tofile(out / f"{name}.logits")
     meta = {"model": os.path.abspath(path), "mode": mode, "vocab": vocab, "n_greedy": n_greedy, "cases": cases}
     (out / f"{name}.json").write_text(json.dumps(meta, ensure_ascii=False))

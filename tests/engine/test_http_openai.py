@@ -258,7 +258,8 @@ class Clients(unittest.TestCase):
         deadline = time.time() + 5
         while time.time() < deadline:
             m = metrics()
-            if metric(m, "request_success_total", finished_reason="abort") > \
+            if metric(m, "num_requests_running") == 0 and \
+                    metric(m, "request_success_total", finished_reason="abort") > \
                     metric(before, "request_success_total", finished_reason="abort"):
                 break
             time.sleep(0.1)

@@ -38,7 +38,7 @@ static kern_type_t bench_type(const char *s) {
 static int bench_parse(int argc, char **argv, bench_opts_t *o) {
   *o = (bench_opts_t){.device = "cpu", .prefill = 512, .prompt = 128, .gen = 128, .repeat = 1,
                       .batches = {1}, .n_batches = 1};
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
     if (!v) return -1;
     if (!strcmp(a, "--model")) o->model = v;
@@ -57,7 +57,6 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o) {
         if (*s == ',') s++;
       }
     } else return -1;
-    i++;
   }
   return o->model || o->dummy ? 0 : -1;
 }

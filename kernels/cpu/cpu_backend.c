@@ -4,6 +4,9 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
 
 #include "common/fr_err.h"
 #include "common/fr_log.h"
@@ -20,11 +23,20 @@ void cpu__scratch_reserve(void **buf, size_t *cap, size_t bytes) {
 
 /* ---- ISA choice ---- */
 
+#if defined(__x86_64__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang's __builtin_cpu_supports does
+ * not know "f16c". */
+static bool cpu__has_f16c(void) {
+  unsigned a, b, c, d;
+  return __get_cpuid(1, &a, &b, &c, &d) && (c & (1u << 29));
+}
+#endif
+
 static bool cpu__isa_ok(const char *name) {
   if (!strcmp(name, "scalar")) return true;
 #if defined(__x86_64__)
   __builtin_cpu_init();
-  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu__has_f16c();
   if (!strcmp(name, "avx2")) return avx2;
   if (!strcmp(name, "avx512"))
     return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&

@@ -128,7 +128,10 @@ void coord__stream_job(coord_t *c, coord_job_t *j) {
   }
   if (rc) FR_LOGE("job %llu: event: %s", (unsigned long long)j->id, fr_last_error());
   j->out_sent = j->n_tok - j->n_prompt;
-  memmove(j->text, j->text + ready, j->text_len - ready);
-  j->text_len -= ready;
+  if (j->text) {
+    memmove(j->text, j->text + ready, j->text_len - ready);
+    j->text_len -= ready;
+    j->text[j->text_len] = 0;
+  }
   if (done) j->finish_sent = true;
 }

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ftw.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -127,8 +128,18 @@ int efx_stop(efx_server_t *s, bool use_cli) {
     usleep(20000);
   }
   s->pid = 0;
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  if (rc == 0 && efx_shm_count(s) == 0) efx__cleanup(s); /* else keep the log */
+  return rc;
 }
+
+static int efx__rm(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+/* Removes the server's runtime folder (logs included) after a clean stop. */
+static void efx__cleanup(const efx_server_t *s) { nftw(s->dir, efx__rm, 16, FTW_DEPTH | FTW_PHYS); }
 
 int efx_shm_count(const efx_server_t *s) {
   char prefix[128];

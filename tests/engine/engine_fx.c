@@ -102,6 +102,14 @@ int efx_start(efx_server_t *s, const char *const *extra) {
   return -1;
 }
 
+static int efx__rm(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+  (void)st, (void)flag, (void)ftw;
+  return remove(path);
+}
+
+/* Removes the server's runtime folder (logs included) after a clean stop. */
+static void efx__cleanup(const efx_server_t *s) { nftw(s->dir, efx__rm, 16, FTW_DEPTH | FTW_PHYS); }
+
 int efx_stop(efx_server_t *s, bool use_cli) {
   if (s->pid <= 0) return -1;
   if (use_cli) {
@@ -132,14 +140,6 @@ int efx_stop(efx_server_t *s, bool use_cli) {
   if (rc == 0 && efx_shm_count(s) == 0) efx__cleanup(s); /* else keep the log */
   return rc;
 }
-
-static int efx__rm(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
-  (void)st, (void)flag, (void)ftw;
-  return remove(path);
-}
-
-/* Removes the server's runtime folder (logs included) after a clean stop. */
-static void efx__cleanup(const efx_server_t *s) { nftw(s->dir, efx__rm, 16, FTW_DEPTH | FTW_PHYS); }
 
 int efx_shm_count(const efx_server_t *s) {
   char prefix[128];

@@ -18,6 +18,9 @@
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "kv/kv.h"
+#include "model/generate.h"
+#include "model/model.h"
+#include "model/prompt.h"
 #include "tests/engine/engine_fx.h"
 
 #define N_OUT 16
@@ -344,7 +347,7 @@ static int raw_call(void *sock, const void *data, size_t len, bool extra_frame, 
 START_TEST(test_bad_rpc_input) {
   need_model();
   efx_server_t s;
-  const char *extra[] = {"--max-model-len", "256", NULL};
+  const char *extra[] = {"--max-model-len", "256", "--max-num-seqs", "1", "--max-queue", "1", NULL};
   ck_assert_int_eq(efx_start(&s, extra), 0);
   void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
   int zero = 0;
@@ -407,6 +410,24 @@ START_TEST(test_bad_rpc_input) {
   proto_msg_free(&m);
   zmq_close(sock);
   zmq_ctx_term(ctx);
+  /* queue full: one job runs (one sequence at most), one waits, the next gets 429 */
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t q[3];
+  memset(q, 0, sizeof q);
+  proto_submit_t lr = efx_greedy(prompts[1], 64);
+  ck_assert_int_eq(fr_client_submit(c, &lr, &q[0].id), 0);
+  wait_events(c, q[0].id, 1); /* running */
+  for (int i = 1; i < 3; i++) ck_assert_int_eq(fr_client_submit(c, &lr, &q[i].id), 0);
+  ck_assert_int_eq(efx_collect(c, &q[2], 1, 30000), 0);
+  ck_assert_int_eq(q[2].finish, PROTO_FINISH_ERROR);
+  ck_assert_int_eq(q[2].error, PROTO_ERR_BUSY);
+  ck_assert_int_eq(fr_client_cancel(c, q[0].id), 0);
+  ck_assert_int_eq(fr_client_cancel(c, q[1].id), 0);
+  ck_assert_int_eq(efx_collect(c, q, 2, 30000), 0);
+  ck_assert_int_eq(q[0].finish, PROTO_FINISH_CANCEL);
+  ck_assert_int_eq(q[1].finish, PROTO_FINISH_CANCEL);
+  fr_client_close(c);
   /* still healthy: a normal job runs */
   efx_job_t j;
   proto_submit_t ok = efx_greedy(prompts[0], 4);
@@ -463,6 +484,52 @@ START_TEST(test_seed_and_stop_strings) {
   int first = 0;
   while (full.tokens[first] != sid) first++;
   ck_assert_int_eq(cut.n_tokens, first + 1);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- chat messages ------------------------------------------------------------------------ */
+
+START_TEST(test_chat_messages_match_generator) {
+  need_model();
+  const char *q = "What is the capital of France?";
+  int32_t ref[12];
+  {
+    kern_backend_t *be = NULL;
+    model_t *m = NULL;
+    model_gen_t *g = NULL;
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    model_load_opts_t lo = {0};
+    ck_assert_int_eq(kern_cpu_create(&be, 2), 0);
+    ck_assert_int_eq(model_load(&m, efx_model(), be, &lo), 0);
+    model_chat_msg_t msgs[2] = {{"system", "You answer in one short sentence."}, {"user", q}};
+    ck_assert_int_eq(model_prompt_chat(m, msgs, 2, &ids, &n_ids), 0);
+    ck_assert_int_eq(model_gen_create(&g, m, 0), 0);
+    ck_assert_int_eq(model_gen_feed(g, ids, (int)n_ids), 0);
+    for (int k = 0; k < 12; k++) {
+      int32_t best = 0;
+      for (int v = 1; v < m->cfg.vocab_size; v++)
+        if (g->logits[v] > g->logits[best]) best = v;
+      ref[k] = best;
+      ck_assert_int_eq(model_gen_feed(g, &best, 1), 0);
+    }
+    free(ids);
+    model_gen_destroy(g);
+    model_destroy(m);
+    kern_backend_destroy(be);
+  }
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  proto_chat_msg_t msgs[2] = {{.role = "system", .content = "You answer in one short sentence."},
+                              {.role = "user", .content = (char *)q}};
+  proto_submit_t r = efx_greedy(NULL, 12);
+  r.messages = msgs, r.n_messages = 2;
+  efx_job_t j;
+  ck_assert_int_eq(efx_run_one(&s, &r, &j), 0);
+  ck_assert_int_eq(j.n_tokens, 12);
+  ck_assert_mem_eq(j.tokens, ref, sizeof ref);
+  ck_assert_ptr_nonnull(strstr(j.text, "Paris"));
   stop_clean(&s, false);
 }
 END_TEST
@@ -533,6 +600,7 @@ static Suite *engine_suite(void) {
   ADD(t, test_bad_rpc_input);
   ADD(t, test_seed_and_stop_strings);
   ADD(t, test_logprobs_and_logits);
+  ADD(t, test_chat_messages_match_generator);
   suite_add_tcase(s, t);
   return s;
 }

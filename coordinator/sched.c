@@ -83,30 +83,43 @@ static int coord__grow(coord_t *c, coord_job_t *j, int n) {
   }
 }
 
+/* Schedules one running job's next tokens; returns false when the job
+ * itself had to be preempted (stop: nothing newer is left to preempt). */
+static bool coord__sched_one(coord_t *c, coord_job_t *j, int n, int *budget) {
+  int rc = coord__grow(c, j, n);
+  if (rc == 1) return false;
+  if (rc < 0) {
+    FR_LOGE("job %llu: %s", (unsigned long long)j->id, fr_last_error());
+    coord__job_finish(c, j, rc == FR_ECONTEXT ? PROTO_FINISH_LENGTH : PROTO_FINISH_ERROR);
+    coord__stream_job(c, j);
+    coord__job_reap(c, j);
+    return true;
+  }
+  coord__add_item(c, j, n);
+  *budget -= n;
+  return true;
+}
+
+/* Running jobs, oldest admission first: decodes in a first pass, then the
+ * chunks of prefills (prompts that did not fit one step, recomputations),
+ * so a long prefill never holds back the decodes of newer jobs. */
 static void coord__sched_running(coord_t *c, int *budget, bool *preempted) {
-  coord_job_t *j = c->running_head;
-  while (j && *budget > 0 && c->n_sitems < c->cfg.max_num_seqs) {
-    int n = FR_MIN(j->n_tok - j->n_computed, *budget);
-    if (n <= 0) {
-      j = j->next;
-      continue;
+  for (int pass = 0; pass < 2 && !*preempted; pass++) {
+    coord_job_t *j = c->running_head;
+    while (j && *budget > 0 && c->n_sitems < c->cfg.max_num_seqs) {
+      int need = j->n_tok - j->n_computed;
+      if (j->in_step || need <= 0 || (pass == 0) != (need == 1)) {
+        j = j->next;
+        continue;
+      }
+      coord_job_t *prev = j->prev;
+      if (!coord__sched_one(c, j, FR_MIN(need, *budget), budget)) {
+        *preempted = true;
+        break;
+      }
+      /* j may have finished (and left the list); newer jobs may have been preempted */
+      j = j->state == COORD_JOB_RUNNING ? j->next : prev ? prev->next : c->running_head;
     }
-    int rc = coord__grow(c, j, n);
-    if (rc == 1) {
-      *preempted = true;
-      break; /* j was the newest: nothing after it */
-    }
-    coord_job_t *next = j->next; /* after preemptions of newer jobs */
-    if (rc < 0) {
-      FR_LOGE("job %llu: %s", (unsigned long long)j->id, fr_last_error());
-      coord__job_finish(c, j, rc == FR_ECONTEXT ? PROTO_FINISH_LENGTH : PROTO_FINISH_ERROR);
-      coord__stream_job(c, j);
-      coord__job_reap(c, j);
-    } else {
-      coord__add_item(c, j, n);
-      *budget -= n;
-    }
-    j = next;
   }
 }
 

@@ -125,6 +125,43 @@ START_TEST(test_preemption_same_outputs) {
 }
 END_TEST
 
+static void wait_events(fr_client_t *c, uint64_t id, int n);
+
+/* A prompt longer than the step budget is prefilled in chunks while other
+ * jobs decode; every job still gets the generator's tokens. */
+START_TEST(test_chunked_prefill_with_decodes) {
+  need_model();
+  load_refs(3);
+  char long_prompt[2048] = "A list of fruits and their colors: ";
+  for (int i = 0; i < 8; i++) strcat(long_prompt, "banana is yellow, cherry is red, grape is purple, lime is green, ");
+  strcat(long_prompt, "and orange is");
+  int32_t ref_long[N_OUT];
+  ck_assert_int_eq(efx_reference(long_prompt, N_OUT, ref_long), N_OUT);
+  efx_server_t s;
+  const char *extra[] = {"--max-num-batched-tokens", "32", NULL};
+  ck_assert_int_eq(efx_start(&s, extra), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t jobs[4];
+  memset(jobs, 0, sizeof jobs);
+  for (int i = 0; i < 3; i++) {
+    proto_submit_t r = efx_greedy(prompts[i], N_OUT);
+    ck_assert_int_eq(fr_client_submit(c, &r, &jobs[i].id), 0);
+  }
+  wait_events(c, jobs[0].id, 1); /* decodes are running when the long prompt arrives */
+  jobs[0].n_tokens = 0;
+  proto_submit_t r = efx_greedy(long_prompt, N_OUT);
+  ck_assert_int_eq(fr_client_submit(c, &r, &jobs[3].id), 0);
+  ck_assert_int_eq(efx_collect(c, jobs, 4, 120000), 0);
+  for (int i = 1; i < 3; i++) check_ref(&jobs[i], i);
+  ck_assert_int_ge(jobs[3].usage.prompt_tokens, 100); /* > 3 chunks of 32 */
+  ck_assert_int_eq(jobs[3].n_tokens, N_OUT);
+  ck_assert_mem_eq(jobs[3].tokens, ref_long, sizeof ref_long);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
 /* ---- prefix cache ----------------------------------------------------------------- */
 
 START_TEST(test_prefix_cache_hit) {
@@ -592,6 +629,7 @@ static Suite *engine_suite(void) {
   tcase_set_timeout(t, 240);
   ADD(t, test_concurrent_same_as_alone);
   ADD(t, test_preemption_same_outputs);
+  ADD(t, test_chunked_prefill_with_decodes);
   ADD(t, test_prefix_cache_hit);
   ADD(t, test_cancel_and_disconnect_free_blocks);
   ADD(t, test_worker_killed_restarts_and_recomputes);

@@ -230,8 +230,8 @@ static void bench_attn(double ceil_gbs) {
 static void bench_prefill(void) {
   const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
   const int cases[][2] = {{1, 512}, {1, 2048}, {4, 2048}, {1, 8192}};
-  printf("\nprefill attention (32 heads, 8 KV heads, head_dim 128, causal)\n%-6s %-7s %10s %10s\n", "seqs", "len",
-         "us", "TFLOP/s");
+  printf("\nprefill attention (32 heads, 8 KV heads, head_dim 128, causal): tensor cores (WMMA) | SIMT\n"
+         "%-6s %-7s %10s %10s %10s %10s\n", "seqs", "len", "wmma us", "TFLOP/s", "simt us", "TFLOP/s");
   uint64_t key = 20000;
   for (auto &cs : cases) {
     int ns = cs[0], len = cs[1], mb = len / bs, nt = ns * len;
@@ -254,11 +254,18 @@ static void bench_prefill(void) {
     CK(B->ops->upload(B->ctx, q, h.data(), qb));
     CK(B->ops->upload(B->ctx, pool.base, h.data(), std::min(qb, 2 * pool.layer_bytes)));
     int reps = 3;
-    double ms = time_graph(key++, reps, [&] {
-      for (int r = 0; r < reps; r++) CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f));
-    });
+    double ms[2];
+    for (int simt = 0; simt < 2; simt++) {
+      C->simt_prefill = simt;
+      ms[simt] = time_graph(key++, reps, [&] {
+        for (int r = 0; r < reps; r++)
+          CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f));
+      });
+    }
+    C->simt_prefill = 0;
     double flops = 4.0 * ns * (double)len * len / 2 * hd * n_heads; /* QK^T and PV, causal half */
-    printf("%-6d %-7d %10.1f %10.1f\n", ns, len, ms * 1e3, flops / (ms * 1e-3) / 1e12);
+    printf("%-6d %-7d %10.1f %10.1f %10.1f %10.1f\n", ns, len, ms[0] * 1e3, flops / (ms[0] * 1e-3) / 1e12,
+           ms[1] * 1e3, flops / (ms[1] * 1e-3) / 1e12);
     fflush(stdout);
     B->ops->free(B->ctx, q);
     B->ops->free(B->ctx, o);

@@ -16,6 +16,8 @@
  */
 #include <math.h>
 
+#include <mma.h>
+
 #include "kernels/cuda/kcu.cuh"
 
 #define KCU_DEC_WARPS 4
@@ -242,8 +244,8 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
     c->attn_part_floats = need;
   }
   dim3 grid(sp, cf->n_kv_heads, n_seqs);
-  /* measured on H200: prefetching pays below ~2 CTAs per SM, costs above */
-  if ((long long)sp * cf->n_kv_heads * n_seqs <= 2ll * c->n_sm)
+  /* measured on H200: prefetching pays while the grid fits one wave (~3 CTAs per SM) */
+  if ((long long)sp * cf->n_kv_heads * n_seqs <= 3ll * c->n_sm)
     kcu_attn_decode_k<T, HD, GM, true><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
         out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size,
         cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
@@ -370,6 +372,157 @@ __global__ void __launch_bounds__(256)
   }
 }
 
+/* ---- prefill on tensor cores (WMMA) ----------------------------------------------------------
+ *
+ * 4 warps, a tile of 64 queries (16 rows per warp) of one head against K/V
+ * tiles of 64 tokens. Per KV tile each warp computes S = Q K^T (16 x 64) on
+ * the tensor cores into shared memory; two lanes per row apply the causal
+ * mask and the online softmax in f32 and write P (act type); the warp's O
+ * (16 x HD, f32, shared memory) is rescaled by the row corrections, loaded as
+ * accumulators, gets P V added on the tensor cores and is stored back. */
+#define KCU_WM_BM 64
+#define KCU_WM_BN 64
+
+template <int HD> struct kcu_wm_smem {
+  enum {
+    KV = 2 * KCU_WM_BN * HD * 2,            /* K and V tiles (act type) */
+    S = 4 * 16 * KCU_WM_BN * 4,             /* per-warp scores, f32 */
+    P = 4 * 16 * KCU_WM_BN * 2,             /* per-warp probabilities, act type */
+    O = 4 * 16 * HD * 4,                    /* per-warp output accumulators, f32 */
+    BYTES = KV + S + P + O
+  };
+};
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(128)
+    kcu_attn_prefill_wmma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
+                            int n_kv, int G, float scale) {
+  using namespace nvcuda;
+  extern __shared__ __align__(16) unsigned char smem[];
+  T *sK = reinterpret_cast<T *>(smem), *sV = sK + KCU_WM_BN * HD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float *sS = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV) + warp * 16 * KCU_WM_BN;
+  T *sP = reinterpret_cast<T *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S) + warp * 16 * KCU_WM_BN;
+  float *sO = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S + kcu_wm_smem<HD>::P) +
+              warp * 16 * HD;
+  const int s = blockIdx.z, h = blockIdx.y, kvh = h / G;
+  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_WM_BM;
+  if (tile >= qn) return;
+  const int max_blocks = hdr[2];
+  const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
+  const int32_t *bt = bts + (size_t)s * max_blocks;
+  const int row_elems = n_kv * HD;
+  /* the last query of the tile sees the most keys */
+  const int kv_end = min(ctx, ctx - qn + min(tile + KCU_WM_BM, qn));
+
+  /* Q tile -> sK (staging) -> fragments */
+  for (int i = threadIdx.x; i < KCU_WM_BM * (HD / 8); i += 128) {
+    int r = i / (HD / 8), ch = i % (HD / 8);
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (tile + r < qn) v = *reinterpret_cast<const uint4 *>(q + (size_t)(q0 + tile + r) * q_stride + (size_t)h * HD + ch * 8);
+    reinterpret_cast<uint4 *>(sK)[i] = v;
+  }
+  for (int i = lane; i < 16 * HD; i += 32) sO[i] = 0.f;
+  __syncthreads();
+  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[HD / 16];
+#pragma unroll
+  for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(qf[k], sK + warp * 16 * HD + k * 16, HD);
+
+  /* per-row softmax state of the warp's 16 rows (every lane holds all 16) */
+  const int row0 = tile + warp * 16;                 /* first query (index in the sequence) of the warp */
+  float m[16], l[16];
+#pragma unroll
+  for (int r = 0; r < 16; r++) {
+    m[r] = -INFINITY;
+    l[r] = 0.f;
+  }
+
+  for (int kb = 0; kb < kv_end; kb += KCU_WM_BN) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < KCU_WM_BN * (HD / 8); i += 128) {
+      int r = i / (HD / 8), ch = i % (HD / 8), j = kb + r;
+      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
+      if (j < kv_end) {
+        kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
+        vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
+      }
+      reinterpret_cast<uint4 *>(sK)[i] = kz;
+      reinterpret_cast<uint4 *>(sV)[i] = vz;
+    }
+    __syncthreads();
+    /* S = Q K^T */
+#pragma unroll
+    for (int c = 0; c < KCU_WM_BN / 16; c++) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+      wmma::fill_fragment(sf, 0.f);
+#pragma unroll
+      for (int k = 0; k < HD / 16; k++) {
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
+        wmma::load_matrix_sync(kf, sK + c * 16 * HD + k * 16, HD);
+        wmma::mma_sync(sf, qf[k], kf, sf);
+      }
+      wmma::store_matrix_sync(sS + c * 16, sf, KCU_WM_BN, wmma::mem_row_major);
+    }
+    __syncwarp();
+    /* online softmax, one row at a time, lanes across the columns */
+    const int j0 = kb + lane, j1 = kb + lane + 32;
+#pragma unroll
+    for (int r = 0; r < 16; r++) {
+      const int pos = ctx - qn + row0 + r; /* cache index of the query */
+      float v0 = (j0 <= pos && j0 < kv_end) ? sS[r * KCU_WM_BN + lane] * scale : -INFINITY;
+      float v1 = (j1 <= pos && j1 < kv_end) ? sS[r * KCU_WM_BN + lane + 32] * scale : -INFINITY;
+      const float mn = fmaxf(m[r], kcu_warp_max(fmaxf(v0, v1)));
+      const float corr = mn == -INFINITY ? 1.f : __expf(m[r] - mn);
+      T p0 = kcu_t<T>(mn == -INFINITY ? 0.f : __expf(v0 - mn)), p1 = kcu_t<T>(mn == -INFINITY ? 0.f : __expf(v1 - mn));
+      sP[r * KCU_WM_BN + lane] = p0;
+      sP[r * KCU_WM_BN + lane + 32] = p1;
+      l[r] = l[r] * corr + kcu_warp_sum(kcu_f(p0) + kcu_f(p1));
+      m[r] = mn;
+#pragma unroll
+      for (int k = 0; k < HD / 32; k++) sO[r * HD + lane + 32 * k] *= corr;
+    }
+    __syncwarp();
+    /* O += P V */
+#pragma unroll
+    for (int d = 0; d < HD / 16; d++) {
+      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
+      wmma::load_matrix_sync(of, sO + d * 16, HD, wmma::mem_row_major);
+#pragma unroll
+      for (int k = 0; k < KCU_WM_BN / 16; k++) {
+        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
+        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
+        wmma::load_matrix_sync(pf, sP + k * 16, KCU_WM_BN);
+        wmma::load_matrix_sync(vf, sV + k * 16 * HD + d * 16, HD);
+        wmma::mma_sync(of, pf, vf, of);
+      }
+      wmma::store_matrix_sync(sO + d * 16, of, HD, wmma::mem_row_major);
+    }
+    __syncwarp();
+  }
+  const int n_heads = n_kv * G;
+#pragma unroll
+  for (int r = 0; r < 16; r++) {
+    if (row0 + r >= qn) break;
+    const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
+    T *o = out + (size_t)(q0 + row0 + r) * n_heads * HD + (size_t)h * HD;
+#pragma unroll
+    for (int k = 0; k < HD / 32; k++) o[lane + 32 * k] = kcu_t<T>(sO[r * HD + lane + 32 * k] * inv);
+  }
+}
+
+template <typename T, int HD>
+static int kcu_prefill_wmma(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+                            const kern_kv_config_t *cf, int n_heads, int G, float scale) {
+  constexpr int bytes = kcu_wm_smem<HD>::BYTES;
+  dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, c->n_seqs);
+  kcu_attn_prefill_wmma_k<T, HD><<<grid, 128, bytes, c->stream>>>(out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+                                                                   c->dm.ctx_len, c->dm.block_tables, cf->block_size,
+                                                                   cf->n_blocks, cf->n_kv_heads, G, scale);
+  KCU_LAUNCHED();
+  return 0;
+}
+
 template <typename T, int HD>
 static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                        int n_heads, float scale) {
@@ -378,13 +531,33 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   const T *kc = (const T *)kb, *vc = (const T *)(kb + pool->layer_bytes);
   int G = n_heads / cf->n_kv_heads;
   if (c->all_single && G <= KCU_MAX_GROUP) return kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  if (c->max_q == 0) return 0;
+  if (HD <= 128 && !c->simt_prefill)
+    return kcu_prefill_wmma<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale);
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
-  if (grid.x == 0) return 0;
   kcu_attn_prefill_k<T, HD><<<grid, 256, 0, c->stream>>>(out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
                                                          c->dm.ctx_len, c->dm.block_tables,
                                                          cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   KCU_LAUNCHED();
   return 0;
+}
+
+template <typename T, int HD> static int kcu_wmma_attr(void) {
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_wmma_k<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_wm_smem<HD>::BYTES));
+  return 0;
+}
+
+int kcu__attn_init(kcu_ctx_t *c) {
+  if ((size_t)kcu_wm_smem<128>::BYTES > c->smem_optin) {
+    c->simt_prefill = 1;
+    return 0;
+  }
+  int rc = kcu_wmma_attr<__nv_bfloat16, 64>();
+  if (!rc) rc = kcu_wmma_attr<__nv_bfloat16, 128>();
+  if (!rc) rc = kcu_wmma_attr<__half, 64>();
+  if (!rc) rc = kcu_wmma_attr<__half, 128>();
+  return rc;
 }
 
 int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,

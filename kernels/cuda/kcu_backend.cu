@@ -604,6 +604,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   const char *dt = getenv("FERRUM_CUDA_DTYPE");
   c->act = (dt && (!strcmp(dt, "f16") || !strcmp(dt, "F16"))) ? KERN_F16 : KERN_BF16;
   c->act_size = 2;
+  c->simt_prefill = kcu_env_int("FERRUM_CUDA_SIMT_PREFILL", 0, 0, 1);
   c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", -1, -1, 8);
   c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
@@ -612,7 +613,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   KCU_CUBLAS(cublasCreate(&c->cublas));
   KCU_CUBLAS(cublasSetStream(c->cublas, c->stream));
   int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");
-  if (rc) return rc;
+  if (rc || (rc = kcu__attn_init(c))) return rc;
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
   FR_LOGD("cuda: device %d %s, %d SMs, act %s", device, prop.name, c->n_sm, c->act == KERN_BF16 ? "bf16" : "f16");
   return kcu_meta_grow(c, 256, 64, 4096);

@@ -548,8 +548,15 @@ static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, const cha
 /* (n_kv, group, head_dim) per _i. */
 static const int k_attn_shapes[][3] = {{2, 1, 64}, {2, 4, 128}, {1, 8, 128}, {3, 3, 64}, {2, 7, 64}};
 
+/* _i < shapes: tensor-core prefill; the rest: the same shapes on the SIMT kernel */
 START_TEST(test_attention_prefill) {
-  const int *sh = k_attn_shapes[_i];
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
+  const int *sh = k_attn_shapes[_i % n_shapes];
+  if (_i >= n_shapes) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_SIMT_PREFILL", "1", 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
   kvenv_t e;
   kv_setup(&e, 2, n_kv, hd, 16, 4, 400);
@@ -561,7 +568,7 @@ START_TEST(test_attention_prefill) {
   step_both(&s);
   append_random(&e, nt, 1);
   char what[96];
-  snprintf(what, sizeof what, "prefill kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "prefill%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
   free_step(bufs);
   /* step 2: chunked prefill over the cached prefix; the last sequence has
@@ -570,7 +577,8 @@ START_TEST(test_attention_prefill) {
   nt = build_step(&e, n1, n2, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 1);
-  snprintf(what, sizeof what, "chunked prefill kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1],
+           hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
@@ -887,7 +895,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_rms_norm);
   tcase_add_test(tc, test_rope);
   tcase_add_test(tc, test_elementwise);
-  tcase_add_loop_test(tc, test_attention_prefill, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_copy_blocks);
   tcase_add_test(tc, test_graph_replay);

@@ -13,6 +13,8 @@
 #include <string.h>
 
 #include "common/fr_err.h"
+#include "common/fr_hash.h"
+#include "common/fr_util.h"
 #include "model/model.h"
 
 #define CALL(expr)              \
@@ -80,6 +82,72 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
   return 0;
 }
 
+/* Decode steps on a backend with graphs run padded to a fixed shape: a
+ * batch-size bucket (powers of two up to max_seqs) and a block-table width
+ * rounded up to a multiple of 64, so that one captured graph serves every
+ * step of that shape. Padding tokens write no K/V (slot -1) and padding
+ * sequences have no context (ctx_len 0). */
+static int model__bucket(int n, int max) {
+  int b = 1;
+  while (b < n) b <<= 1;
+  return b <= max ? b : max;
+}
+
+static int model__pad_step(model_t *m, const kern_step_t *st, int B, int W, kern_step_t *out) {
+  model_pad_t *p = &m->pad;
+  if (p->cap_seqs < B || p->cap_bt < (size_t)B * W) {
+    p->cap_seqs = FR_MAX(B, p->cap_seqs);
+    p->cap_bt = FR_MAX((size_t)B * W, p->cap_bt);
+    p->tokens = fr_realloc(p->tokens, (size_t)p->cap_seqs * sizeof(int32_t));
+    p->positions = fr_realloc(p->positions, (size_t)p->cap_seqs * sizeof(int32_t));
+    p->slots = fr_realloc(p->slots, (size_t)p->cap_seqs * sizeof(int32_t));
+    p->q_start = fr_realloc(p->q_start, (size_t)(p->cap_seqs + 1) * sizeof(int32_t));
+    p->ctx_len = fr_realloc(p->ctx_len, (size_t)p->cap_seqs * sizeof(int32_t));
+    p->block_tables = fr_realloc(p->block_tables, p->cap_bt * sizeof(int32_t));
+  }
+  const int n = st->n_seqs;
+  memset(p->block_tables, 0, (size_t)B * W * sizeof(int32_t));
+  for (int i = 0; i < B; i++) {
+    bool real = i < n;
+    p->tokens[i] = real ? st->tokens[i] : 0;
+    p->positions[i] = real ? st->positions[i] : 0;
+    p->slots[i] = real ? st->slots[i] : -1;
+    p->ctx_len[i] = real ? st->ctx_len[i] : 0;
+    p->q_start[i] = i;
+    if (real) memcpy(p->block_tables + (size_t)i * W, st->block_tables + (size_t)i * st->max_blocks,
+                     (size_t)st->max_blocks * sizeof(int32_t));
+  }
+  p->q_start[B] = B;
+  *out = (kern_step_t){.n_tokens = B, .tokens = p->tokens, .n_seqs = B, .positions = p->positions,
+                       .slots = p->slots, .q_start = p->q_start, .ctx_len = p->ctx_len,
+                       .block_tables = p->block_tables, .max_blocks = W};
+  return 0;
+}
+
+static bool model__use_graph(const model_t *m, const kern_step_t *st) {
+  if (!m->be->ops->graph_begin || m->no_graphs || st->n_tokens != st->n_seqs) return false;
+  for (int i = 0; i <= st->n_seqs; i++)
+    if (st->q_start[i] != i) return false;
+  return true;
+}
+
+static int model__forward_graph(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step) {
+  const kern_ops_t *op = m->be->ops;
+  const int B = model__bucket(step->n_seqs, m->max_seqs), W = (step->max_blocks + 63) / 64 * 64;
+  kern_step_t padded;
+  CALL(model__pad_step(m, step, B, W, &padded));
+  CALL(op->step_begin(m->be->ctx, &padded));
+  uint64_t key = fr_mix64(((uint64_t)W << 32) ^ (uint64_t)B ^ fr_mix64((uint64_t)(uintptr_t)pool->base));
+  bool replayed = false;
+  CALL(op->graph_begin(m->be->ctx, key, &replayed));
+  if (!replayed) {
+    int rc = model__run_layers(m, pool, B, B);
+    int rc2 = op->graph_end(m->be->ctx, key);
+    return rc ? rc : rc2;
+  }
+  return op->graph_end(m->be->ctx, key);
+}
+
 int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const void **logits) {
   if (step->n_tokens <= 0 || step->n_tokens > m->max_tokens || step->n_seqs <= 0 || step->n_seqs > m->max_seqs)
     return fr_errorf(-EINVAL, "step of %d tokens / %d sequences exceeds the model's scratch (%d / %d)",
@@ -88,8 +156,12 @@ int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, con
     if (step->tokens[i] < 0 || step->tokens[i] >= m->cfg.vocab_size)
       return fr_errorf(-EINVAL, "token id %d out of range [0, %d)", step->tokens[i], m->cfg.vocab_size);
   const kern_ops_t *op = m->be->ops;
-  CALL(op->step_begin(m->be->ctx, step));
-  CALL(model__run_layers(m, pool, step->n_tokens, step->n_seqs));
+  if (model__use_graph(m, step)) {
+    CALL(model__forward_graph(m, pool, step));
+  } else {
+    CALL(op->step_begin(m->be->ctx, step));
+    CALL(model__run_layers(m, pool, step->n_tokens, step->n_seqs));
+  }
   *logits = m->logits;
   return 0;
 }

@@ -45,6 +45,13 @@ typedef struct {
   bool progress;              /* log load progress on stderr */
 } model_load_opts_t;
 
+/* Host scratch for padding decode steps to graph shapes (forward.c). */
+typedef struct {
+  int cap_seqs;
+  size_t cap_bt;
+  int32_t *tokens, *positions, *slots, *q_start, *ctx_len, *block_tables;
+} model_pad_t;
+
 typedef struct model {
   model_config_t cfg;
   model_source_t *src;        /* NULL for dummy configs */
@@ -69,6 +76,8 @@ typedef struct model {
   void *last;   /* (max_seqs, dim) */
   void *logits; /* (max_seqs, vocab) */
   void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */
+  model_pad_t pad;  /* graph padding scratch */
+  bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
   int n_host_bufs;
 } model_t;
 

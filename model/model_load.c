@@ -170,6 +170,8 @@ model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
   m->max_tokens = opts && opts->max_tokens > 0 ? opts->max_tokens : 512;
   m->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 64;
   if (m->max_seqs > m->max_tokens) m->max_seqs = m->max_tokens;
+  const char *ng = getenv("FERRUM_NO_GRAPHS");
+  m->no_graphs = ng && *ng && strcmp(ng, "0");
   return m;
 }
 
@@ -249,6 +251,8 @@ void model_destroy(model_t *m) {
   model_tokenizer_destroy(m->tok);
   model_source_close(m->src);
   for (int i = 0; i < m->n_host_bufs; i++) free(m->host_bufs[i]);
+  free(m->pad.tokens), free(m->pad.positions), free(m->pad.slots);
+  free(m->pad.q_start), free(m->pad.ctx_len), free(m->pad.block_tables);
   free(m->host_bufs);
   free(m);
 }

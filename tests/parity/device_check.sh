@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Everything the GPU machine checks in one call (see docs/bench/gpu.md):
+#   1. CUDA ops vs the CPU backend (tests/gpu)
+#   2. CPU kernel tests on the AVX-512 path, when the host has it
+#   3. whole-model parity with transformers (tests/parity/hf_parity.py)
+#   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights)
+#   5. Llama-3-8B-shaped decode / prefill throughput (bench/model_bench, bf16 dummy)
+# usage (device machine, repo root): source .device/env.sh && tests/parity/device_check.sh BUILD_DIR OUT_DIR
+set -uo pipefail
+build=$1 out=$2
+mkdir -p "$out"
+status=0
+step() { echo; echo "=== $*"; }
+
+step "cuda ops"
+nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
+"$build/tests/test_cuda_ops" 2>&1 | tail -25 || status=1
+
+step "cpu kernels, avx512 path"
+if grep -q avx512bw /proc/cpuinfo; then
+  for t in test_kernels_ops; do FERRUM_CPU_ISA=avx512 "$build/tests/$t" 2>&1 | tail -3 || status=1; done
+else
+  echo "no AVX-512 on this host"
+fi
+
+step "transformers parity"
+python3 tests/parity/hf_parity.py "$build/bin/run_model" "$out/parity" --devices cuda,cpu || status=1
+
+step "cpu vs cuda, quantized dummy weights of SmolLM2 / Qwen2.5-0.5B-like shapes"
+ids=$(python3 -c "import random; random.seed(3); print(','.join(str(random.randrange(100, 40000)) for _ in range(40)))")
+for spec in smollm2-135m:q4_k smollm2-135m:q4_1 smollm2-135m:q8_0 smollm2-135m:q6_k smollm2-135m:q5_k smollm2-135m:q4_0; do
+  name=${spec%%:*} type=${spec##*:}
+  a=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cpu --ids "$ids" --greedy 24)
+  b=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cuda --ids "$ids" --greedy 24)
+  if [ "$a" = "$b" ]; then echo "$spec: same greedy tokens"; else echo "$spec: DIFFER"; echo " cpu  $a"; echo " cuda $b"; fi
+done
+
+step "llama-3-8b bf16 dummy: prefill 2048, decode batch 1 and 64 (prompt 128, 256 new tokens)"
+"$build/bin/model_bench" --dummy llama-3-8b --device cuda --prefill 2048 --prompt 128 --gen 257 --batch 1,64 --repeat 3 \
+  2>&1 | tee "$out/bench-llama3-8b.txt" || status=1
+FERRUM_NO_GRAPHS=1 "$build/bin/model_bench" --dummy llama-3-8b --device cuda --prefill 0 --prompt 128 --gen 65 --batch 1,64 \
+  2>&1 | tee "$out/bench-llama3-8b-nographs.txt" | grep decode || status=1
+exit $status

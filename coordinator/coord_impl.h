@@ -70,7 +70,8 @@ struct coord_job {
   float *lp;                 /* (max_tokens) logprobs of output tokens */
   proto_toplp_t *top;        /* (max_tokens, top_n) */
   int top_n;
-  float *logits;             /* (max_tokens, vocab) when return_logits */
+  float *logits;             /* (logits_cap, vocab): rows of output tokens out_sent.. (return_logits) */
+  size_t logits_cap;
   model_detok_t detok;
   char *text;                /* unsent text (held back for stop strings) */
   size_t text_len, text_cap;

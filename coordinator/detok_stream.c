@@ -95,7 +95,7 @@ static void coord__event_fill(coord_t *c, coord_job_t *j, proto_event_t *e, size
   }
   if (j->return_logits && j->logits) {
     e->n_logits = (uint32_t)((size_t)n * (size_t)c->vocab);
-    e->logits = j->logits + (size_t)from * (size_t)c->vocab;
+    e->logits = j->logits; /* rows from out_sent on */
   }
   if (j->finish != PROTO_FINISH_NONE) {
     e->finish = j->finish;

@@ -160,6 +160,18 @@ void coord__jobs_destroy(coord_t *c) {
 
 /* ---- tokens ------------------------------------------------------------------ */
 
+/* Keeps the logits row of output token k until its event is sent: rows
+ * from out_sent on, so a stream holds one or two rows, not max_tokens. */
+static void coord__job_logits_row(coord_t *c, coord_job_t *j, int k, const float *row) {
+  size_t V = (size_t)c->vocab, r = (size_t)(k - j->out_sent);
+  if (r >= j->logits_cap) {
+    j->logits_cap = FR_MAX(r + 1, 2 * j->logits_cap);
+    j->logits = fr_realloc(j->logits, j->logits_cap * V * sizeof(float));
+  }
+  if (row) memcpy(j->logits + r * V, row, V * sizeof(float));
+  else memset(j->logits + r * V, 0, V * sizeof(float)); /* the worker kept none */
+}
+
 void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row) {
   int32_t t = ri->token;
   int k = j->n_tok - j->n_prompt; /* output index of this token */
@@ -174,7 +186,7 @@ void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri
     for (int i = 0; i < j->top_n; i++)
       j->top[(size_t)k * (size_t)j->top_n + (size_t)i] =
           i < (int)ri->n_top ? ri->top[i] : (proto_toplp_t){.token = -1, .logprob = -INFINITY};
-  if (j->logits && logits_row) memcpy(j->logits + (size_t)k * (size_t)c->vocab, logits_row, (size_t)c->vocab * sizeof(float));
+  if (j->return_logits) coord__job_logits_row(c, j, k, logits_row);
   uint64_t now = fr_now_ns();
 #ifdef FERRUM_HAVE_METRICS
   if (c->metrics) {
@@ -287,7 +299,7 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->ignore_eos = s->ignore_eos;
   j->stream = s->stream;
   j->return_logits = s->return_logits;
-  j->sp.want_logits = s->return_logits || s->sp.want_logits;
+  j->sp.want_logits = s->return_logits;
   j->n_stop = s->n_stop;
   j->stop = fr_calloc(s->n_stop ? s->n_stop : 1, sizeof(char *));
   for (uint32_t i = 0; i < s->n_stop; i++) {
@@ -302,7 +314,6 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
     j->top_n = s->sp.logprobs;
     if (j->top_n > 0) j->top = fr_malloc((size_t)max_tokens * (size_t)j->top_n * sizeof(proto_toplp_t));
   }
-  if (j->sp.want_logits) j->logits = fr_malloc((size_t)max_tokens * (size_t)c->vocab * sizeof(float));
   model_detok_init(&j->detok, c->tok, true);
   j->t_arrival_ns = fr_now_ns();
   return j;

@@ -25,6 +25,7 @@
 #define COORD_HB_PERIOD_MS 1000
 #define COORD_LOAD_TIMEOUT_MS 300000
 #define COORD_MAX_RESTARTS 20
+#define COORD_STEP_TIMEOUT_MS 300000ull
 
 static int coord__spawn(coord_t *c, coord_worker_t *w) {
   char rank[16], world[16], ppid[16];
@@ -201,7 +202,10 @@ void coord__workers_tick(coord_t *c) {
     coord_worker_t *w = &c->workers[r];
     if (w->pid == 0) continue;
     uint64_t quiet_ms = (now - w->last_rx_ns) / 1000000;
-    bool stuck = (w->state == COORD_W_READY && quiet_ms > (uint64_t)c->cfg.worker_hb_timeout_ms) ||
+    /* a worker in a step answers heartbeats after it: allow a long forward pass */
+    uint64_t limit = (uint64_t)c->cfg.worker_hb_timeout_ms;
+    if (c->step_busy) limit = FR_MAX(limit, COORD_STEP_TIMEOUT_MS);
+    bool stuck = (w->state == COORD_W_READY && quiet_ms > limit) ||
                  (w->state != COORD_W_READY && quiet_ms > COORD_LOAD_TIMEOUT_MS);
     if (stuck) {
       FR_LOGW("worker %d silent for %llu ms: killing it", w->rank, (unsigned long long)quiet_ms);

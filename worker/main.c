@@ -129,6 +129,7 @@ static int worker__loop(worker_t *w) {
       continue;
     }
     int d = worker__dispatch(w);
+    w->last_rx_ns = fr_now_ns(); /* a long load or step is not silence */
     if (d == 1) break;
     if (d < 0) FR_LOGE("%s", fr_last_error());
   }

@@ -611,6 +611,21 @@ START_TEST(test_logprobs_and_logits) {
     done = ev.finish != PROTO_FINISH_NONE;
   }
   ck_assert_int_eq(n, 4);
+  /* not streamed: one event with every token's logits row */
+  r.stream = false;
+  ck_assert_int_eq(fr_client_submit(c, &r, &id), 0);
+  proto_event_t ev;
+  ck_assert_int_eq(fr_client_next_event(c, 60000, &ev), 0);
+  ck_assert_int_eq(ev.finish, PROTO_FINISH_LENGTH);
+  ck_assert_uint_eq(ev.n_tokens, 4);
+  ck_assert_uint_eq(ev.n_logits, 4 * 49152);
+  for (int t = 0; t < 4; t++) {
+    const float *row = ev.logits + (size_t)t * 49152;
+    int best = 0;
+    for (int v = 1; v < 49152; v++)
+      if (row[v] > row[best]) best = v;
+    ck_assert_int_eq(best, refs[0][t]);
+  }
   fr_client_close(c);
   stop_clean(&s, false);
 }

@@ -2,6 +2,7 @@
  * dummy), for benchmarks of models too large to ship, and the built-in
  * configs of well-known models. */
 #include <errno.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +32,10 @@ static const struct {
      {.arch = MODEL_ARCH_QWEN3, .arch_name = "qwen3", .name = "qwen3-8b", .n_layers = 36, .dim = 4096,
       .ffn_dim = 12288, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 151936, .max_ctx = 40960,
       .norm_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_dim = 128, .qk_norm = true}},
+    {"qwen3-0.6b",
+     {.arch = MODEL_ARCH_QWEN3, .arch_name = "qwen3", .name = "qwen3-0.6b", .n_layers = 28, .dim = 1024,
+      .ffn_dim = 3072, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 151936, .max_ctx = 40960,
+      .norm_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_dim = 128, .qk_norm = true, .tied_embeddings = true}},
     {"smollm2-135m",
      {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "smollm2-135m", .n_layers = 30, .dim = 576,
       .ffn_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64, .vocab_size = 49152, .max_ctx = 8192,
@@ -52,7 +57,7 @@ int model_dummy_config(const char *name_or_path, model_config_t *cfg) {
     }
     return model_config_from_hf_json(cfg, p);
   }
-  return fr_errorf(FR_ENOTFOUND, "no built-in config '%s' (llama-3-8b, qwen2.5-7b, qwen3-8b, smollm2-135m) "
+  return fr_errorf(FR_ENOTFOUND, "no built-in config '%s' (llama-3-8b, qwen2.5-7b, qwen3-8b, qwen3-0.6b, smollm2-135m) "
                                  "and not a config.json path", name_or_path);
 }
 
@@ -74,41 +79,38 @@ static void model__fill_random(uint8_t *p, size_t n, uint64_t seed) {
   for (; i < n; i++) p[i] = (uint8_t)fr_mix64(s += 0x9e3779b97f4a7c15ull);
 }
 
-static void model__sanitize(uint8_t *p, size_t n, kern_type_t t) {
+/* Makes random bytes valid blocks of type t whose values have mean ~0 and
+ * standard deviation ~target (so activations neither vanish nor blow up). */
+static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   const kern_type_traits_t *tr = kern_type_traits(t);
   size_t nb = n / (size_t)tr->size;
-  uint16_t small = fr_fp32_to_fp16(0.002f), tiny = fr_fp32_to_fp16(0.0005f);
+  /* per type: d from the spread of the quantized integers */
+  float d = 0, dmin = 0;
+  switch (t) {
+  case KERN_Q4_0: case KERN_Q4_1: d = target / 4.6f, dmin = -8 * d; break;
+  case KERN_Q5_0: case KERN_Q5_1: d = target / 9.2f, dmin = -16 * d; break;
+  case KERN_Q8_0: d = target / 73.9f; break;
+  case KERN_Q4_K: d = target / (32 * 4.6f), dmin = 7.5f * d; break;
+  case KERN_Q5_K: d = target / (32 * 9.2f), dmin = 15.5f * d; break;
+  case KERN_Q6_K: d = target / (16 * 18.5f); break;
+  default: break;
+  }
+  uint16_t hd = fr_fp32_to_fp16(d), hm = fr_fp32_to_fp16(dmin);
   for (size_t b = 0; b < nb; b++) {
     uint8_t *blk = p + b * (size_t)tr->size;
+    float v = (float)(int8_t)blk[0] / 74.0f * target; /* float types: one value per "block" */
+    uint16_t h;
     switch (t) {
-    case KERN_F32: {
-      float *f = (float *)blk;
-      *f = (float)((int8_t)blk[0]) / 2048.0f;
-      break;
-    }
-    case KERN_F16: {
-      uint16_t h = fr_fp32_to_fp16((float)((int8_t)blk[0]) / 2048.0f);
-      memcpy(blk, &h, 2);
-      break;
-    }
-    case KERN_BF16: {
-      uint16_t h = fr_fp32_to_bf16((float)((int8_t)blk[0]) / 2048.0f);
-      memcpy(blk, &h, 2);
-      break;
-    }
-    case KERN_Q4_K: case KERN_Q5_K:
-      memcpy(blk, &small, 2), memcpy(blk + 2, &tiny, 2);
-      break;
+    case KERN_F32: memcpy(blk, &v, 4); break;
+    case KERN_F16: h = fr_fp32_to_fp16(v), memcpy(blk, &h, 2); break;
+    case KERN_BF16: h = fr_fp32_to_bf16(v), memcpy(blk, &h, 2); break;
+    case KERN_Q4_1: case KERN_Q5_1: memcpy(blk, &hd, 2), memcpy(blk + 2, &hm, 2); break;
+    case KERN_Q4_K: case KERN_Q5_K: memcpy(blk, &hd, 2), memcpy(blk + 2, &hm, 2); break;
     case KERN_Q6_K:
-      memcpy(blk + 208, &small, 2);
-      for (int i = 0; i < 16; i++) blk[192 + i] = (uint8_t)((int8_t)(blk[192 + i] % 32));
+      memcpy(blk + 208, &hd, 2);
+      for (int i = 0; i < 16; i++) blk[192 + i] = (uint8_t)(int8_t)(16 + (blk[192 + i] & 15)); /* 16..31 */
       break;
-    case KERN_Q4_1: case KERN_Q5_1:
-      memcpy(blk, &small, 2), memcpy(blk + 2, &tiny, 2);
-      break;
-    default: /* Q4_0, Q5_0, Q8_0: d first */
-      memcpy(blk, &small, 2);
-      break;
+    default: memcpy(blk, &hd, 2); break; /* Q4_0, Q5_0, Q8_0: d first */
     }
   }
 }
@@ -123,16 +125,20 @@ static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weigh
   if (!w->row_bytes) return fr_errorf(-EINVAL, "dummy weight: %lld columns do not fit type %s", (long long)cols,
                                       kern_type_traits(t)->name);
   size_t bytes = w->row_bytes * (size_t)rows;
+  /* Start at a block boundary of the pool (blocks were made valid in place)
+   * that is also 64-byte aligned: a multiple of lcm(block bytes, 64). */
+  size_t bs = (size_t)kern_type_traits(t)->size, step = bs;
+  while (step % 64) step += bs;
   if (*off + bytes > pool->size) *off = 0;
   const uint8_t *src = pool->bytes + *off;
-  *off = (*off + bytes / 3 + 63) & ~(size_t)63; /* vary the data between weights */
+  *off = (*off + bytes / 3) / step * step; /* vary the data between weights */
   if (*off + bytes > pool->size) *off = 0;
   return m->be->ops->weight_load(m->be->ctx, w, src);
 }
 
 static int model__dummy_vector(model_t *m, kern_weight_t *w, int64_t n, float base) {
   float *v = fr_malloc((size_t)n * sizeof(float));
-  for (int64_t i = 0; i < n; i++) v[i] = base + 0.01f * (float)((fr_mix64((uint64_t)i) & 255) - 128) / 128.0f;
+  for (int64_t i = 0; i < n; i++) v[i] = base + 0.01f * (float)((int)(fr_mix64((uint64_t)i) & 255) - 128) / 128.0f;
   model__keep(m, v);
   *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = n, .row_bytes = (size_t)n * sizeof(float)};
   return m->be->ops->weight_load(m->be->ctx, w, v);
@@ -177,7 +183,7 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   model__pool_t pool = {.size = (big > ffn ? big : ffn) + (1u << 20)};
   pool.bytes = fr_malloc_aligned(pool.size);
   model__fill_random(pool.bytes, pool.size, opts ? opts->seed : 0);
-  model__sanitize(pool.bytes, pool.size, t);
+  model__sanitize(pool.bytes, pool.size, t, 1.0f / sqrtf((float)m->cfg.dim));
   size_t off = 0;
   rc = model__dummy_weight(m, &pool, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &off);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);

@@ -96,6 +96,21 @@ bool coord__workers_ready(const coord_t *c) {
   return true;
 }
 
+/* Makes the coordinator the owner of a worker's segments, so that a stale
+ * scan by another server never removes them while this one lives (a worker
+ * that dies leaves them to its successor). */
+static void coord__own_segments(coord_t *c, int rank) {
+  const char *kinds[2] = {"kvpool", "logits"};
+  for (int k = 0; k < 2; k++) {
+    char what[KV_WHAT_MAX];
+    kv_segment_t seg;
+    snprintf(what, sizeof what, "%s%d", kinds[k], rank);
+    if (kv_segment_attach(&seg, c->instance, what, KV_SEG_RDWR) != 0) continue;
+    if (kv_segment_header(&seg)->owner_pid != (int32_t)getpid()) kv_segment_adopt(&seg, c->epoch);
+    kv_segment_detach(&seg);
+  }
+}
+
 static void coord__set_ready(coord_t *c, bool ready) {
   if (c->ready == ready) return;
   c->ready = ready;
@@ -138,6 +153,7 @@ static void coord__on_loaded(coord_t *c, coord_worker_t *w, const proto_loaded_t
     return;
   }
   w->state = COORD_W_READY;
+  coord__own_segments(c, w->rank);
   FR_LOGI("worker %d ready", w->rank);
   if (coord__workers_ready(c)) coord__set_ready(c, true);
 }

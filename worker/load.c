@@ -76,8 +76,10 @@ static int worker__pool(worker_t *w) {
     rc = -ENOENT;
   }
   if (rc == 0) {
-    if ((rc = kv_segment_adopt(&w->pool_seg, w->info.epoch))) return rc;
-    FR_LOGI("KV pool segment %s adopted (%zu MiB)", w->pool_seg.name, bytes >> 20);
+    /* the coordinator owns it while it lives (see coord supervise.c) */
+    if (!kv_segment_owner_alive(kv_segment_header(&w->pool_seg)) && (rc = kv_segment_adopt(&w->pool_seg, w->info.epoch)))
+      return rc;
+    FR_LOGI("KV pool segment %s reused (%zu MiB)", w->pool_seg.name, bytes >> 20);
   } else if (rc == -ENOENT) {
     if ((rc = kv_segment_create(&w->pool_seg, w->args.instance, what, bytes, w->info.epoch))) return rc;
   } else {
@@ -102,7 +104,8 @@ static int worker__logits_seg(worker_t *w) {
     kv_segment_unlink(w->args.instance, what);
     rc = -ENOENT;
   }
-  if (rc == 0) rc = kv_segment_adopt(&w->logits_seg, w->info.epoch);
+  if (rc == 0 && !kv_segment_owner_alive(kv_segment_header(&w->logits_seg)))
+    rc = kv_segment_adopt(&w->logits_seg, w->info.epoch);
   else if (rc == -ENOENT) rc = kv_segment_create(&w->logits_seg, w->args.instance, what, bytes, w->info.epoch);
   w->logits_rows = w->max_seqs;
   return rc;

@@ -273,6 +273,11 @@ START_TEST(test_worker_killed_restarts_and_recomputes) {
   load_refs(4);
   efx_server_t s;
   ck_assert_int_eq(efx_start(&s, NULL), 0);
+  char cached[2048] = "Notes: ";
+  for (int i = 0; i < 6; i++) strcat(cached, "the cache keeps blocks of sixteen tokens each, in shared memory. ");
+  efx_job_t before, after;
+  proto_submit_t cr = efx_greedy(cached, 8);
+  ck_assert_int_eq(efx_run_one(&s, &cr, &before), 0);
   fr_client_t *c = NULL;
   ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
   efx_job_t jobs[4];
@@ -307,6 +312,11 @@ START_TEST(test_worker_killed_restarts_and_recomputes) {
   pid_t w2[4];
   ck_assert_int_eq(efx_worker_pids(&s, w2, 4), 1);
   ck_assert_int_ne(w2[0], w[0]);
+  /* the KV pool outlived the worker: cached blocks are still right */
+  ck_assert_int_eq(efx_run_one(&s, &cr, &after), 0);
+  ck_assert_int_ge(after.usage.cached_tokens, 64);
+  ck_assert_int_eq(after.n_tokens, 8);
+  ck_assert_mem_eq(after.tokens, before.tokens, 8 * sizeof(int32_t));
   fr_client_close(c);
   stop_clean(&s, false);
 }

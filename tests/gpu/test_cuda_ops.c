@@ -674,7 +674,9 @@ static void mini_forward(mini_t *m, kvenv_t *e, int n) {
 
 START_TEST(test_graph_replay) {
   mini_t m = {.dim = 256, .n_heads = 8, .n_kv = 2, .hd = 64};
-  int vocab = 500, n = 4, qkv_rows = (m.n_heads + 2 * m.n_kv) * m.hd;
+  /* 6 sequences: the bf16 qkv matmul takes the cuBLAS path inside the
+   * capture, the Q4_K one the int8 GEMV */
+  int vocab = 500, n = 6, qkv_rows = (m.n_heads + 2 * m.n_kv) * m.hd;
   wpair_load(&m.emb, KERN_Q8_0, vocab, m.dim, rand_weight(KERN_Q8_0, vocab, m.dim));
   wpair_load(&m.norm, KERN_F32, 1, m.dim, rand_weight(KERN_F32, 1, m.dim));
   wpair_load(&m.wqkv, KERN_BF16, qkv_rows, m.dim, rand_weight(KERN_BF16, qkv_rows, m.dim));
@@ -686,10 +688,10 @@ START_TEST(test_graph_replay) {
   for (int i = 0; i < 5; i++) ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * 2048 * 2, bufs[i]), 0);
   kvenv_t e;
   kv_setup(&e, 1, m.n_kv, m.hd, 16, n, 3000);
-  int lens[4] = {2700, 100, 7, 1500}, one[4] = {1, 1, 1, 1};
+  int lens[6] = {2700, 100, 7, 1500, 1, 33}, one[6] = {1, 1, 1, 1, 1, 1};
   kern_step_t s;
   int32_t *sb[4];
-  int32_t tok[4];
+  int32_t tok[6];
   for (int step = 0; step < 4; step++) {
     for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
     build_step(&e, lens, one, &s, sb);

@@ -107,6 +107,16 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
                            &ri->logprob);
 }
 
+/* --fake-workers (benchmarks of the coordinator): no logits, a token that
+ * depends only on the position, so the worker's share stays tiny. */
+static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s, int r) {
+  proto_result_item_t *ri = &w->ritems[r];
+  memset(ri, 0, sizeof *ri);
+  ri->slot = it->slot;
+  ri->token = (int32_t)((1000 + w->ctx_len[s] % 1000) % w->vocab);
+  ri->logprob = -0.5f;
+}
+
 static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok) {
   kern_step_t ks = {
       .n_tokens = n_tok,
@@ -120,12 +130,7 @@ static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok) {
       .max_blocks = w->info.max_blocks_per_seq,
   };
   w->q_start[st->n_items] = n_tok;
-  if (w->fake_forward) { /* each row's argmax: a token that depends on the position */
-    memset(w->logits, 0, (size_t)st->n_items * (size_t)w->vocab * sizeof(float));
-    for (uint32_t i = 0; i < st->n_items; i++)
-      w->logits[(size_t)i * (size_t)w->vocab + (size_t)(1000 + w->ctx_len[i] % 1000) % (size_t)w->vocab] = 10.0f;
-    return 0;
-  }
+  if (w->fake_forward) return 0; /* worker__fake_sample picks the tokens */
   const void *logits = NULL;
   int rc = model_forward(w->m, &w->pool, &ks, &logits);
   if (rc) return rc;
@@ -155,8 +160,11 @@ static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res)
   }
   uint32_t n_res = 0;
   if (w->args.rank == 0)
-    for (uint32_t i = 0; i < st->n_items; i++)
-      if (st->items[i].final) worker__sample_item(w, &st->items[i], w->logits + (size_t)i * (size_t)w->vocab, (int)n_res++);
+    for (uint32_t i = 0; i < st->n_items; i++) {
+      if (!st->items[i].final) continue;
+      if (w->fake_forward) worker__fake_sample(w, &st->items[i], (int)i, (int)n_res++);
+      else worker__sample_item(w, &st->items[i], w->logits + (size_t)i * (size_t)w->vocab, (int)n_res++);
+    }
   res->items = w->ritems;
   res->n_items = n_res;
   res->timings.forward_us = (t1 - t0) / 1000;

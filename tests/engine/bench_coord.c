@@ -29,7 +29,8 @@ int main(int argc, char **argv) {
   snprintf(seqs, sizeof seqs, "%d", n);
   snprintf(stats, sizeof stats, "/tmp/ferrum-bench-coord-%d.txt", (int)getpid());
   bool real = argc > 3 && !strcmp(argv[3], "real");
-  const char *extra[] = {"--step-stats", stats, "--max-num-seqs", seqs, real ? NULL : "--fake-workers", NULL};
+  const char *extra[] = {"--step-stats", stats, "--max-num-seqs", seqs, "--num-kv-blocks", "8192",
+                         real ? NULL : "--fake-workers", NULL};
   if (efx_start(&s, extra)) return 1;
   fr_client_t *c = NULL;
   efx_job_t *jobs = calloc((size_t)n, sizeof *jobs);

@@ -100,7 +100,7 @@ typedef struct {
   bool final;
 } coord_sitem_t;
 
-/* Recorded coordinator time per step: triples (wall ns, CPU ns, items). */
+/* Recorded coordinator time per step: (wall ns, CPU ns, ns to the next step's send, items). */
 typedef struct {
   uint32_t *us;              /* (cap) */
   size_t n, cap;

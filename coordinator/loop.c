@@ -273,9 +273,9 @@ static void coord__stats_dump(coord_t *c) {
     FR_LOGW("%s: %s", c->step_stats_path, strerror(errno));
     return;
   }
-  fprintf(f, "# coordinator time per step: wall_ns cpu_ns items\n");
-  for (size_t i = 0; i + 3 <= c->stats.n; i += 3)
-    fprintf(f, "%u %u %u\n", c->stats.us[i], c->stats.us[i + 1], c->stats.us[i + 2]);
+  fprintf(f, "# coordinator time per step: wall_ns cpu_ns to_next_step_ns items\n");
+  const uint32_t *u = c->stats.us;
+  for (size_t i = 0; i + 4 <= c->stats.n; i += 4) fprintf(f, "%u %u %u %u\n", u[i], u[i + 1], u[i + 2], u[i + 3]);
   fclose(f);
 }
 

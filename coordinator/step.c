@@ -25,18 +25,19 @@ uint64_t coord__cpu_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Records the loop's own time for one step: decode the result, apply it,
- * schedule and send the next step, stream (3 entries: wall ns, CPU ns,
- * items). */
-static void coord__stats_add(coord_t *c, uint64_t ns, uint64_t cpu_ns, int n_items) {
+/* Records the loop's own time for one step (4 entries): wall ns from the
+ * result's arrival to the end of streaming, the loop thread's CPU ns over
+ * the same span, wall ns to the next step's send (the critical path: the
+ * workers wait for it), items. */
+static void coord__stats_add(coord_t *c, uint64_t ns, uint64_t cpu_ns, uint64_t crit_ns, int n_items) {
   coord_stats_t *s = &c->stats;
-  if (!c->step_stats_path) return;
-  if (s->n + 3 > s->cap) {
-    s->cap = s->cap ? 2 * s->cap : 12288;
+  if (s->n + 4 > s->cap) {
+    s->cap = s->cap ? 2 * s->cap : 16384;
     s->us = fr_realloc(s->us, s->cap * sizeof *s->us);
   }
   s->us[s->n++] = (uint32_t)FR_MIN(ns, UINT32_MAX);
   s->us[s->n++] = (uint32_t)FR_MIN(cpu_ns, UINT32_MAX);
+  s->us[s->n++] = (uint32_t)FR_MIN(crit_ns, UINT32_MAX);
   s->us[s->n++] = (uint32_t)n_items;
 }
 
@@ -135,13 +136,14 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
   if (c->step_results != (1u << c->n_workers) - 1) return;
   c->step_busy = false;
   coord__step_kick(c); /* (2): next step out before (3) */
+  uint64_t t_sent = fr_now_ns();
   for (int i = 0; i < c->n_touched; i++) {
     coord_job_t *j = c->touched[i];
     coord__stream_job(c, j);
     coord__job_reap(c, j);
   }
   c->n_touched = 0;
-  if (c->step_stats_path) coord__stats_add(c, fr_now_ns() - t0, coord__cpu_ns() - c->t_rx_cpu_ns, n_items);
+  if (c->step_stats_path) coord__stats_add(c, fr_now_ns() - t0, coord__cpu_ns() - c->t_rx_cpu_ns, t_sent - t0, n_items);
 }
 
 void coord__step_abort(coord_t *c) {

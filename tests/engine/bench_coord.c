@@ -46,28 +46,29 @@ int main(int argc, char **argv) {
   if (efx_stop(&s, false) != 0 || rc) return 1;
   FILE *f = fopen(stats, "r");
   if (!f) return 1;
-  uint32_t *ns = malloc(1000000 * sizeof *ns), *cpu = malloc(1000000 * sizeof *cpu), t, tc, items;
+  enum { K = 3 };
+  uint32_t *v[K], x[K], items;
+  for (int k = 0; k < K; k++) v[k] = malloc(1000000 * sizeof *v[k]);
   size_t m = 0, all = 0;
   char line[128];
   while (fgets(line, sizeof line, f))
-    if (sscanf(line, "%u %u %u", &t, &tc, &items) == 3 && ++all && (int)items == n && m < 1000000)
-      ns[m] = t, cpu[m++] = tc;
+    if (sscanf(line, "%u %u %u %u", &x[0], &x[1], &x[2], &items) == 4 && ++all && (int)items == n && m < 1000000) {
+      for (int k = 0; k < K; k++) v[k][m] = x[k];
+      m++;
+    }
   fclose(f);
   remove(stats);
   if (!m) return 1;
   printf("steps with %d running sequences: %zu (of %zu)\n", n, m, all);
-  const char *what[2] = {"wall", "CPU"};
-  uint32_t *v[2] = {ns, cpu};
-  for (int k = 0; k < 2; k++) {
+  const char *what[K] = {"wall time per step", "CPU time per step", "wall time to the next step's send"};
+  for (int k = 0; k < K; k++) {
     qsort(v[k], m, sizeof *v[k], cmp_u32);
     double sum = 0;
     for (size_t i = 0; i < m; i++) sum += v[k][i];
-    printf("coordinator %s time per step: mean %.1f us, p50 %.1f us, p90 %.1f us, p99 %.1f us, max %.1f us\n",
-           what[k], sum / m / 1e3, v[k][m / 2] / 1e3, v[k][m * 9 / 10] / 1e3, v[k][m * 99 / 100] / 1e3,
-           v[k][m - 1] / 1e3);
+    printf("coordinator %s: mean %.1f us, p50 %.1f us, p90 %.1f us, p99 %.1f us, max %.1f us\n", what[k],
+           sum / m / 1e3, v[k][m / 2] / 1e3, v[k][m * 9 / 10] / 1e3, v[k][m * 99 / 100] / 1e3, v[k][m - 1] / 1e3);
+    free(v[k]);
   }
-  free(ns);
-  free(cpu);
   free(jobs);
   return 0;
 }

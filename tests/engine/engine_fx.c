@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -74,6 +75,7 @@ static void efx__exec(const efx_server_t *s, const char *const *extra) {
   int fd = open(s->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd >= 0) dup2(fd, 2), dup2(fd, 1), close(fd);
   setenv("XDG_RUNTIME_DIR", s->dir, 1);
+  prctl(PR_SET_PDEATHSIG, SIGTERM); /* a test that fails midway does not leave a server behind */
   execv(argv[0], (char *const *)argv);
   _exit(127);
 }

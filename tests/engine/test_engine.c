@@ -162,6 +162,41 @@ START_TEST(test_chunked_prefill_with_decodes) {
 }
 END_TEST
 
+/* One sequence at a time: waiting jobs start by priority, then in order of
+ * arrival. */
+START_TEST(test_priority_then_fifo) {
+  need_model();
+  efx_server_t s;
+  const char *extra[] = {"--max-num-seqs", "1", NULL};
+  ck_assert_int_eq(efx_start(&s, extra), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t jobs[4];
+  memset(jobs, 0, sizeof jobs);
+  int32_t prio[4] = {0, 0, 5, 0}; /* job 0 runs first; then 2 (priority), 1, 3 */
+  proto_submit_t r = efx_greedy(prompts[0], 6);
+  ck_assert_int_eq(fr_client_submit(c, &r, &jobs[0].id), 0);
+  wait_events(c, jobs[0].id, 1);
+  for (int i = 1; i < 4; i++) {
+    r.priority = prio[i];
+    ck_assert_int_eq(fr_client_submit(c, &r, &jobs[i].id), 0);
+  }
+  int order[4], n_done = 0;
+  while (n_done < 4) {
+    proto_event_t ev;
+    ck_assert_int_eq(fr_client_next_event(c, 60000, &ev), 0);
+    for (int i = 0; i < 4; i++)
+      if (ev.id == jobs[i].id && ev.finish != PROTO_FINISH_NONE) order[n_done++] = i;
+  }
+  ck_assert_int_eq(order[0], 0);
+  ck_assert_int_eq(order[1], 2);
+  ck_assert_int_eq(order[2], 1);
+  ck_assert_int_eq(order[3], 3);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
 /* ---- prefix cache ----------------------------------------------------------------- */
 
 START_TEST(test_prefix_cache_hit) {
@@ -655,6 +690,7 @@ static Suite *engine_suite(void) {
   ADD(t, test_concurrent_same_as_alone);
   ADD(t, test_preemption_same_outputs);
   ADD(t, test_chunked_prefill_with_decodes);
+  ADD(t, test_priority_then_fifo);
   ADD(t, test_prefix_cache_hit);
   ADD(t, test_cancel_and_disconnect_free_blocks);
   ADD(t, test_worker_killed_restarts_and_recomputes);

@@ -156,11 +156,13 @@ int cli_cmd_serve(int argc, char **argv) {
   if (prc) return prc == 1 ? 0 : prc;
   fr_log_set_tag("coord");
   coord_t *c = NULL;
-  int rc = coord_create(&c, &o.k);
-  if (rc) goto done;
 #ifdef CLI_SERVE_HTTP
   coord_metrics_t *metrics = NULL;
   coord_http_t *http = NULL;
+#endif
+  int rc = coord_create(&c, &o.k);
+  if (rc) goto done;
+#ifdef CLI_SERVE_HTTP
   if (!o.no_http) {
     if ((rc = coord_metrics_create(&metrics, coord_served_model_name(c)))) goto done;
     coord_set_metrics(c, metrics);

@@ -207,8 +207,9 @@ int coord__sched_build(coord_t *c);
 /* Sets the metrics gauges (running, waiting, KV blocks used). */
 void coord__sched_gauges(coord_t *c);
 /* Preempts a running job: frees its blocks, keeps its tokens, requeues it
- * at the front of the waiting queue. */
-void coord__sched_preempt(coord_t *c, coord_job_t *j);
+ * at the front of the waiting queue; count: a preemption for the counters
+ * (false for a worker restart's recompute). */
+void coord__sched_preempt(coord_t *c, coord_job_t *j, bool count);
 
 /* ---- step.c ---- */
 /* Schedules and sends the next step if workers are ready and none is in

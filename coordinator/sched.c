@@ -51,11 +51,12 @@ static void coord__add_item(coord_t *c, coord_job_t *j, int n) {
   j->n_sched = n;
 }
 
-void coord__sched_preempt(coord_t *c, coord_job_t *j) {
+void coord__sched_preempt(coord_t *c, coord_job_t *j, bool count) {
   FR_LOGD("preempting job %llu (%d tokens)", (unsigned long long)j->id, j->n_tok);
   coord__list_remove(c, j);
   coord__job_free_slot(c, j);
   coord__waiting_push(c, j, true);
+  if (!count) return;
   c->n_preemptions++;
 #ifdef FERRUM_HAVE_METRICS
   if (c->metrics) coord_metrics_preemption(c->metrics, 1);
@@ -76,10 +77,10 @@ static int coord__grow(coord_t *c, coord_job_t *j, int n) {
     coord_job_t *victim = c->running_tail;
     while (victim && victim->in_step) victim = victim->prev;
     if (!victim || victim == j) {
-      coord__sched_preempt(c, j);
+      coord__sched_preempt(c, j, true);
       return 1;
     }
-    coord__sched_preempt(c, victim);
+    coord__sched_preempt(c, victim, true);
   }
 }
 

@@ -112,7 +112,10 @@ const cpu_isa_t cpu_isa_avx512 = {
             [KERN_Q5_K] = x86__vec_dot_q5_K,
             [KERN_Q6_K] = x86__vec_dot_q6_K,
         },
-    .vec_dot_x4 = {[KERN_Q4_1] = x86__vec_dot_x4_q4_1, [KERN_Q8_0] = x86__vec_dot_x4_q8_0},
+    /* No 4-row forms: the AVX2 ones sum in another order than the 2-block
+     * AVX-512 dots above, and a row must give the same result alone or in
+     * a batch (the engine relies on it; test_matmul_batch_invariant). */
+    .vec_dot_x4 = {0},
     .quantize =
         {
             [KERN_Q8_0] = x86__quantize_q8_0,

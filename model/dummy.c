@@ -115,6 +115,13 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   }
 }
 
+static void model__pool_make(model__pool_t *p, size_t size, kern_type_t t, float target, uint64_t seed) {
+  p->size = size;
+  p->bytes = fr_malloc_aligned(size);
+  model__fill_random(p->bytes, size, seed);
+  model__sanitize(p->bytes, size, t, target);
+}
+
 static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weight_t *w, kern_type_t t, int64_t rows,
                                int64_t cols, size_t *off) {
   memset(w, 0, sizeof *w);
@@ -129,6 +136,7 @@ static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weigh
    * that is also 64-byte aligned: a multiple of lcm(block bytes, 64). */
   size_t bs = (size_t)kern_type_traits(t)->size, step = bs;
   while (step % 64) step += bs;
+  if (bytes > pool->size) return fr_errorf(FR_ETOOBIG, "dummy weight of %zu bytes exceeds its pool", bytes);
   if (*off + bytes > pool->size) *off = 0;
   const uint8_t *src = pool->bytes + *off;
   *off = (*off + bytes / 3) / step * step; /* vary the data between weights */
@@ -178,23 +186,27 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   kern_type_t t = opts && opts->dummy_type ? opts->dummy_type : be->act_type;
   int rc = model__check_config(&m->cfg);
   if (rc) goto fail;
+  /* Two pools: layer weights with spread 1/sqrt(dim), and the embedding /
+   * output table with 4x that, so that logits have clear winners (greedy
+   * comparisons between backends are then meaningful). */
+  model__pool_t pool = {0}, emb = {0};
+  int64_t widest = FR_MAX(FR_MAX(m->cfg.dim, m->cfg.ffn_dim), (int64_t)m->cfg.n_heads * m->cfg.head_dim);
+  size_t ffn = kern_row_bytes(t, widest) * (size_t)widest;
   size_t big = kern_row_bytes(t, m->cfg.dim) * (size_t)m->cfg.vocab_size;
-  size_t ffn = kern_row_bytes(t, m->cfg.ffn_dim) * (size_t)m->cfg.dim;
-  model__pool_t pool = {.size = (big > ffn ? big : ffn) + (1u << 20)};
-  pool.bytes = fr_malloc_aligned(pool.size);
-  model__fill_random(pool.bytes, pool.size, opts ? opts->seed : 0);
-  model__sanitize(pool.bytes, pool.size, t, 1.0f / sqrtf((float)m->cfg.dim));
-  size_t off = 0;
-  rc = model__dummy_weight(m, &pool, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &off);
+  float target = 1.0f / sqrtf((float)m->cfg.dim);
+  model__pool_make(&pool, ffn + (1u << 20), t, target, opts ? opts->seed : 0);
+  model__pool_make(&emb, big + (1u << 20), t, 4 * target, (opts ? opts->seed : 0) + 1);
+  model__keep(m, pool.bytes); /* the CPU backend borrows host bytes */
+  model__keep(m, emb.bytes);
+  size_t off = 0, eoff = 0;
+  rc = model__dummy_weight(m, &emb, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
   if (!rc && m->cfg.tied_embeddings) m->output = m->tok_embd;
-  else if (!rc) rc = model__dummy_weight(m, &pool, &m->output, t, m->cfg.vocab_size, m->cfg.dim, &off);
+  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
   for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pool, t, il, &off);
   if (!rc) rc = model__init_rope(m);
   if (!rc) rc = model__alloc_scratch(m);
-  /* The CPU backend borrows host bytes: keep the pool with the model. */
-  model__keep(m, pool.bytes);
   if (rc) goto fail;
   if (opts && opts->progress)
     FR_LOGI("dummy %s: %d layers, dim %d, %s weights on %s", m->cfg.name, m->cfg.n_layers, m->cfg.dim,

@@ -32,7 +32,7 @@ for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q
   name=${spec%%:*} type=${spec##*:}
   a=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cpu --ids "$ids" --greedy 24)
   b=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cuda --ids "$ids" --greedy 24)
-  if [ "$a" = "$b" ]; then echo "$spec: same greedy tokens"; else echo "$spec: DIFFER"; echo " cpu  $a"; echo " cuda $b"; fi
+  python3 tests/parity/compare_greedy.py "$spec" "$a" "$b" || status=1
 done
 
 step "llama-3-8b bf16 dummy: prefill 2048, decode batch 1 and 64 (prompt 128, 256 new tokens)"

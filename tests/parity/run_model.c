@@ -16,6 +16,7 @@
 #include "model/dummy.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/sampler.h"
 
 static kern_type_t parse_type(const char *s) {
   static const char *names[KERN_TYPE_MAX] = {[KERN_F32] = "f32", [KERN_F16] = "f16", [KERN_BF16] = "bf16",
@@ -68,15 +69,23 @@ int main(int argc, char **argv) {
     if (!f || fwrite(g->logits, sizeof(float), (size_t)m->cfg.vocab_size, f) != (size_t)m->cfg.vocab_size) rc = -EIO;
     if (f) fclose(f);
   }
-  printf("{\"vocab\": %d, \"greedy\": [", m ? m->cfg.vocab_size : 0);
-  for (int t = 0; !rc && t < greedy; t++) {
-    int32_t best = 0;
-    for (int i = 1; i < m->cfg.vocab_size; i++)
-      if (g->logits[i] > g->logits[best]) best = i;
-    printf(t ? ", %d" : "%d", best);
-    if (t + 1 < greedy) rc = model_gen_feed(g, &best, 1);
+  /* greedy tokens and the top-5 at each step (for vLLM's divergence rule) */
+  int32_t *toks = fr_calloc((size_t)greedy + 1, sizeof(int32_t)), (*top)[5] = fr_calloc((size_t)greedy + 1, sizeof *top);
+  int done = 0;
+  for (; !rc && done < greedy; done++) {
+    float lp[5];
+    model_logprobs(g->logits, m->cfg.vocab_size, 5, top[done], lp, NULL);
+    toks[done] = top[done][0];
+    if (done + 1 < greedy) rc = model_gen_feed(g, &toks[done], 1);
   }
+  printf("{\"vocab\": %d, \"greedy\": [", m ? m->cfg.vocab_size : 0);
+  for (int t = 0; t < done; t++) printf(t ? ", %d" : "%d", toks[t]);
+  printf("], \"top5\": [");
+  for (int t = 0; t < done; t++)
+    printf("%s[%d, %d, %d, %d, %d]", t ? ", " : "", top[t][0], top[t][1], top[t][2], top[t][3], top[t][4]);
   printf("]}\n");
+  free(toks);
+  free(top);
   if (rc) fprintf(stderr, "run_model: %s\n", fr_last_error());
   model_gen_destroy(g);
   model_destroy(m);

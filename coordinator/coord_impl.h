@@ -35,6 +35,7 @@ typedef struct {
   uint8_t len;
   bool delim;
   bool inproc; /* arrived on the inproc socket (HTTP frontend) */
+  int fd;      /* the connection's file descriptor (ZMQ_SRCFD), -1 unknown */
 } coord_peer_t;
 
 typedef struct coord_job coord_job_t;
@@ -121,6 +122,7 @@ struct coord {
   int vocab, max_model_len, n_layers;
   /* sockets */
   void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */
+  void *msock;                        /* PAIR: the RPC ROUTER's disconnect events */
   int sigfd;
   proto_msg_t in;
   proto_buf_t out;
@@ -175,6 +177,9 @@ int coord__loop_once(coord_t *c, int timeout_ms);
 /* ---- rpc.c ---- */
 int coord__rpc_bind(coord_t *c);
 void coord__rpc_on_readable(coord_t *c, void *sock, bool inproc);
+/* Handles the RPC ROUTER's monitor events: a client connection that closed
+ * cancels the jobs it submitted (streaming or not). */
+void coord__rpc_on_monitor(coord_t *c);
 /* Sends a message to a client; returns 0, or FR_EDEAD when the client is
  * gone (or too slow to take it). */
 int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body);
@@ -197,6 +202,8 @@ void coord__list_remove(coord_t *c, coord_job_t *j);
 void coord__waiting_push(coord_t *c, coord_job_t *j, bool front);
 void coord__running_push(coord_t *c, coord_job_t *j);
 void coord__jobs_destroy(coord_t *c);
+/* Cancels the unfinished jobs of the RPC connection on fd (it closed). */
+void coord__jobs_cancel_fd(coord_t *c, int fd);
 /* Appends a sampled token to a running job and applies the token-level
  * stop rules (EOS, stop ids, max_tokens, context end). */
 void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row);

@@ -149,6 +149,19 @@ void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
 #endif
 }
 
+void coord__jobs_cancel_fd(coord_t *c, int fd) {
+  if (fd < 0) return;
+  for (size_t h = 0; h < c->hash_cap; h++)
+    for (coord_job_t *j = c->hash[h], *next; j; j = next) {
+      next = j->hnext;
+      if (j->peer.inproc || j->peer.fd != fd || j->finish != PROTO_FINISH_NONE) continue;
+      FR_LOGI("job %llu: client disconnected, canceling", (unsigned long long)j->id);
+      coord__job_finish(c, j, PROTO_FINISH_CANCEL);
+      j->finish_sent = true; /* nobody to tell */
+      coord__job_reap(c, j);
+    }
+}
+
 void coord__jobs_destroy(coord_t *c) {
   for (size_t h = 0; h < c->hash_cap; h++)
     while (c->hash[h]) {

@@ -235,17 +235,19 @@ static bool coord__drained(const coord_t *c) {
 }
 
 int coord__loop_once(coord_t *c, int timeout_ms) {
-  zmq_pollitem_t pi[4] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
+  zmq_pollitem_t pi[5] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
                           {.socket = c->rsock, .events = ZMQ_POLLIN},
                           {.socket = c->isock, .events = ZMQ_POLLIN},
-                          {.fd = c->sigfd, .events = ZMQ_POLLIN}};
-  int n = zmq_poll(pi, 4, FR_MIN(timeout_ms, 200));
+                          {.fd = c->sigfd, .events = ZMQ_POLLIN},
+                          {.socket = c->msock, .events = ZMQ_POLLIN}};
+  int n = zmq_poll(pi, 5, FR_MIN(timeout_ms, 200));
   if (n < 0 && errno != EINTR) return fr_errorf(FR_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
   if (n > 0) {
     if (pi[3].revents & ZMQ_POLLIN) coord__on_signals(c);
     if (pi[0].revents & ZMQ_POLLIN) coord__on_workers(c);
     if (pi[1].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->rsock, false);
     if (pi[2].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->isock, true);
+    if (pi[4].revents & ZMQ_POLLIN) coord__rpc_on_monitor(c);
   }
   coord__workers_tick(c);
   coord__step_kick(c);
@@ -319,6 +321,7 @@ void coord_destroy(coord_t *c) {
   if (c->wsock) zmq_close(c->wsock);
   if (c->rsock) zmq_close(c->rsock);
   if (c->isock) zmq_close(c->isock);
+  if (c->msock) zmq_close(c->msock);
   if (c->zctx) zmq_ctx_term(c->zctx);
   if (c->rpc_addr && !strncmp(c->rpc_addr, "ipc://", 6) && c->pidfile[0]) unlink(c->rpc_addr + 6);
   if (c->worker_addr[0]) unlink(c->worker_addr + 6);

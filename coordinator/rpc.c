@@ -42,6 +42,12 @@ int coord__rpc_bind(coord_t *c) {
   if (!(c->rsock = coord__router(c, c->rpc_addr))) return FR_EZMQ;
   snprintf(c->inproc_addr, sizeof c->inproc_addr, "inproc://ferrum-rpc");
   if (!(c->isock = coord__router(c, c->inproc_addr))) return FR_EZMQ;
+  int ivl = 1000, tmo = 5000; /* notice peers that vanish without closing */
+  zmq_setsockopt(c->rsock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
+  zmq_setsockopt(c->rsock, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo);
+  if (zmq_socket_monitor(c->rsock, "inproc://ferrum-rpc-monitor", ZMQ_EVENT_DISCONNECTED) != 0 ||
+      !(c->msock = zmq_socket(c->zctx, ZMQ_PAIR)) || zmq_connect(c->msock, "inproc://ferrum-rpc-monitor") != 0)
+    return fr_errorf(FR_EZMQ, "RPC socket monitor: %s", zmq_strerror(errno));
   if (!strncmp(c->rpc_addr, "tcp://", 6) && strstr(c->rpc_addr, ":0")) {
     char buf[256];
     size_t n = sizeof buf;
@@ -126,9 +132,10 @@ static void coord__rpc_dispatch(coord_t *c, const coord_peer_t *p, const void *d
 /* Reads one multipart message: [id][""]?[payload]; more frames are an
  * error. Returns 1 when a message was handled, 0 when none was waiting. */
 static int coord__rpc_recv_one(coord_t *c, void *sock, bool inproc, zmq_msg_t *f) {
-  coord_peer_t p = {.inproc = inproc};
+  coord_peer_t p = {.inproc = inproc, .fd = -1};
   int n = zmq_msg_recv(f, sock, ZMQ_DONTWAIT);
   if (n < 0) return 0;
+
   p.len = (uint8_t)FR_MIN(zmq_msg_size(f), COORD_IDENT_MAX - 1);
   memcpy(p.id, zmq_msg_data(f), p.len);
   int frames = 0;
@@ -141,6 +148,7 @@ static int coord__rpc_recv_one(coord_t *c, void *sock, bool inproc, zmq_msg_t *f
       continue;
     }
     if (zmq_msg_more(f)) bad = true;
+    if (!inproc) p.fd = zmq_msg_get(f, ZMQ_SRCFD); /* of a frame from the wire, not the routing id */
     if (!bad) {
       c->t_rx_ns = fr_now_ns();
       coord__rpc_dispatch(c, &p, zmq_msg_data(f), zmq_msg_size(f));
@@ -157,4 +165,21 @@ void coord__rpc_on_readable(coord_t *c, void *sock, bool inproc) {
   for (int i = 0; i < COORD_RPC_BATCH; i++)
     if (!coord__rpc_recv_one(c, sock, inproc, &f)) break;
   zmq_msg_close(&f);
+}
+
+void coord__rpc_on_monitor(coord_t *c) {
+  zmq_msg_t ev, addr;
+  zmq_msg_init(&ev), zmq_msg_init(&addr);
+  for (int i = 0; i < 64; i++) {
+    if (zmq_msg_recv(&ev, c->msock, ZMQ_DONTWAIT) < 0) break;
+    if (zmq_msg_more(&ev)) zmq_msg_recv(&addr, c->msock, 0);
+    if (zmq_msg_size(&ev) < 6) continue;
+    uint16_t event;
+    int32_t fd;
+    memcpy(&event, zmq_msg_data(&ev), 2);
+    memcpy(&fd, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
+    FR_LOGD("RPC monitor event %u fd %d", event, fd);
+    if (event == ZMQ_EVENT_DISCONNECTED) coord__jobs_cancel_fd(c, fd);
+  }
+  zmq_msg_close(&ev), zmq_msg_close(&addr);
 }

@@ -290,6 +290,25 @@ START_TEST(test_cancel_and_disconnect_free_blocks) {
     fr_client_close(d);
   }
   wait_idle(&s, base);
+  /* a client that disconnects while its job is not streaming: noticed at
+   * once (the connection closed), not when the job would have ended */
+  {
+    fr_client_t *d = NULL;
+    ck_assert_int_eq(fr_client_connect(&d, s.rpc), 0);
+    proto_submit_t quiet = efx_greedy(prompts[1], 4000);
+    quiet.stream = false;
+    ck_assert_int_eq(fr_client_submit(d, &quiet, &id), 0);
+    for (int i = 0; i < 500; i++) {
+      ck_assert_int_eq(efx_status(&s, &st), 0);
+      if (st.running == 1 && st.kv_used_blocks > 0) break;
+      usleep(10000);
+    }
+    ck_assert_int_eq(st.running, 1);
+    uint64_t t0 = fr_now_ns();
+    fr_client_close(d);
+    wait_idle(&s, base);
+    ck_assert_msg(fr_now_ns() - t0 < 3000000000ull, "disconnect noticed late");
+  }
   /* the allocator's invariants hold, read from the control segment */
   kv_ctl_t *ctl = NULL;
   ck_assert_int_eq(kv_control_attach(&ctl, s.instance), 0);

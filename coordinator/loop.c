@@ -245,9 +245,10 @@ int coord__loop_once(coord_t *c, int timeout_ms) {
   if (n > 0) {
     if (pi[3].revents & ZMQ_POLLIN) coord__on_signals(c);
     if (pi[0].revents & ZMQ_POLLIN) coord__on_workers(c);
+    /* disconnects before new messages: a closed connection's fd may be reused */
+    if (pi[4].revents & ZMQ_POLLIN) coord__rpc_on_monitor(c);
     if (pi[1].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->rsock, false);
     if (pi[2].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->isock, true);
-    if (pi[4].revents & ZMQ_POLLIN) coord__rpc_on_monitor(c);
   }
   coord__workers_tick(c);
   coord__step_kick(c);

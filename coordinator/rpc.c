@@ -46,7 +46,11 @@ int coord__rpc_bind(coord_t *c) {
   zmq_setsockopt(c->rsock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
   zmq_setsockopt(c->rsock, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo);
   if (zmq_socket_monitor(c->rsock, "inproc://ferrum-rpc-monitor", ZMQ_EVENT_DISCONNECTED) != 0 ||
-      !(c->msock = zmq_socket(c->zctx, ZMQ_PAIR)) || zmq_connect(c->msock, "inproc://ferrum-rpc-monitor") != 0)
+      !(c->msock = zmq_socket(c->zctx, ZMQ_PAIR)))
+    return fr_errorf(FR_EZMQ, "RPC socket monitor: %s", zmq_strerror(errno));
+  int zero = 0;
+  zmq_setsockopt(c->msock, ZMQ_LINGER, &zero, sizeof zero);
+  if (zmq_connect(c->msock, "inproc://ferrum-rpc-monitor") != 0)
     return fr_errorf(FR_EZMQ, "RPC socket monitor: %s", zmq_strerror(errno));
   if (!strncmp(c->rpc_addr, "tcp://", 6) && strstr(c->rpc_addr, ":0")) {
     char buf[256];

@@ -158,22 +158,24 @@ static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t
   const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
   int rc = 0;
   if ((rc = model__dummy_vector(m, &L->attn_norm, c->dim, 1.0f))) return rc;
-  if ((rc = model__dummy_weight(m, pool, &L->wq, t, qd, c->dim, off))) return rc;
-  if ((rc = model__dummy_weight(m, pool, &L->wk, t, kvd, c->dim, off))) return rc;
-  if ((rc = model__dummy_weight(m, pool, &L->wv, t, kvd, c->dim, off))) return rc;
-  if (c->attn_bias) {
-    if ((rc = model__dummy_vector(m, &L->bq, qd, 0.0f))) return rc;
-    if ((rc = model__dummy_vector(m, &L->bk, kvd, 0.0f))) return rc;
-    if ((rc = model__dummy_vector(m, &L->bv, kvd, 0.0f))) return rc;
-  }
-  if (c->qk_norm) {
+  if (c->qk_norm) { /* per-head norms need q and k apart (model.h) */
+    if ((rc = model__dummy_weight(m, pool, &L->wq, t, qd, c->dim, off))) return rc;
+    if ((rc = model__dummy_weight(m, pool, &L->wk, t, kvd, c->dim, off))) return rc;
+    if ((rc = model__dummy_weight(m, pool, &L->wv, t, kvd, c->dim, off))) return rc;
     if ((rc = model__dummy_vector(m, &L->q_norm, c->head_dim, 1.0f))) return rc;
     if ((rc = model__dummy_vector(m, &L->k_norm, c->head_dim, 1.0f))) return rc;
+    if (c->attn_bias) {
+      if ((rc = model__dummy_vector(m, &L->bq, qd, 0.0f))) return rc;
+      if ((rc = model__dummy_vector(m, &L->bk, kvd, 0.0f))) return rc;
+      if ((rc = model__dummy_vector(m, &L->bv, kvd, 0.0f))) return rc;
+    }
+  } else {
+    if ((rc = model__dummy_weight(m, pool, &L->wqkv, t, qd + 2 * kvd, c->dim, off))) return rc;
+    if (c->attn_bias && (rc = model__dummy_vector(m, &L->bqkv, qd + 2 * kvd, 0.0f))) return rc;
   }
   if ((rc = model__dummy_weight(m, pool, &L->wo, t, c->dim, qd, off))) return rc;
   if ((rc = model__dummy_vector(m, &L->ffn_norm, c->dim, 1.0f))) return rc;
-  if ((rc = model__dummy_weight(m, pool, &L->w_gate, t, c->ffn_dim, c->dim, off))) return rc;
-  if ((rc = model__dummy_weight(m, pool, &L->w_up, t, c->ffn_dim, c->dim, off))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->w_gate_up, t, 2 * (int64_t)c->ffn_dim, c->dim, off))) return rc;
   return model__dummy_weight(m, pool, &L->w_down, t, c->dim, c->ffn_dim, off);
 }
 
@@ -190,8 +192,10 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
    * output table with 4x that, so that logits have clear winners (greedy
    * comparisons between backends are then meaningful). */
   model__pool_t pool = {0}, emb = {0};
-  int64_t widest = FR_MAX(FR_MAX(m->cfg.dim, m->cfg.ffn_dim), (int64_t)m->cfg.n_heads * m->cfg.head_dim);
-  size_t ffn = kern_row_bytes(t, widest) * (size_t)widest;
+  /* the largest layer weight: fused gate/up (2*ffn, dim), fused qkv, or down */
+  const int64_t qkv_rows = (int64_t)(m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim;
+  size_t ffn = FR_MAX(kern_row_bytes(t, m->cfg.dim) * (size_t)FR_MAX(2 * (int64_t)m->cfg.ffn_dim, qkv_rows),
+                      kern_row_bytes(t, FR_MAX(m->cfg.ffn_dim, qkv_rows)) * (size_t)m->cfg.dim);
   size_t big = kern_row_bytes(t, m->cfg.dim) * (size_t)m->cfg.vocab_size;
   float target = 1.0f / sqrtf((float)m->cfg.dim);
   model__pool_make(&pool, ffn + (1u << 20), t, target, opts ? opts->seed : 0);

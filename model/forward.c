@@ -25,24 +25,43 @@
 
 static const kern_weight_t *model__opt(const kern_weight_t *w) { return w->data ? w : NULL; }
 
+/* q, k, v of each token sit side by side in m->qkv (row stride qkvd),
+ * from one fused matmul or three. */
+static int model__qkv(model_t *m, const model_layer_t *L, int n, void *q, void *k, void *v) {
+  const kern_ops_t *op = m->be->ops;
+  void *cx = m->be->ctx;
+  if (L->wqkv.data) return op->matmul(cx, m->qkv, &L->wqkv, model__opt(&L->bqkv), m->xn, n);
+  /* unfused: separate matmuls write (n, rows) blocks; lay them out per token */
+  CALL(op->matmul(cx, q, &L->wq, model__opt(&L->bq), m->xn, n));
+  CALL(op->matmul(cx, k, &L->wk, model__opt(&L->bk), m->xn, n));
+  CALL(op->matmul(cx, v, &L->wv, model__opt(&L->bv), m->xn, n));
+  return 0;
+}
+
 static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int n) {
   const kern_ops_t *op = m->be->ops;
   void *cx = m->be->ctx;
   const model_config_t *c = &m->cfg;
   const model_layer_t *L = &m->layers[il];
   const int qd = c->n_heads * c->head_dim, kvd = c->n_kv_heads * c->head_dim;
+  const size_t es = m->be->act_size;
+  /* fused: q/k/v interleaved per token (stride qd + 2kvd); unfused: three
+   * contiguous blocks (strides qd, kvd, kvd) */
+  const bool fused = L->wqkv.data != NULL;
+  const int qs = fused ? qd + 2 * kvd : qd, ks = fused ? qs : kvd;
+  uint8_t *base = m->qkv;
+  void *q = base, *k = base + (fused ? (size_t)qd : (size_t)n * qd) * es;
+  void *v = fused ? base + (size_t)(qd + kvd) * es : (uint8_t *)k + (size_t)n * kvd * es;
 
-  CALL(op->matmul(cx, m->q, &L->wq, model__opt(&L->bq), m->xn, n));
-  CALL(op->matmul(cx, m->k, &L->wk, model__opt(&L->bk), m->xn, n));
-  CALL(op->matmul(cx, m->v, &L->wv, model__opt(&L->bv), m->xn, n));
-  if (c->qk_norm) {
-    CALL(op->rms_norm(cx, m->q, m->q, &L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps));
-    CALL(op->rms_norm(cx, m->k, m->k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps));
+  CALL(model__qkv(m, L, n, q, k, v));
+  if (c->qk_norm) { /* never fused: rows of head_dim must be contiguous */
+    CALL(op->rms_norm(cx, q, q, &L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps));
+    CALL(op->rms_norm(cx, k, k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps));
   }
-  CALL(op->rope(cx, m->q, c->n_heads, c->head_dim, qd, &m->rope));
-  CALL(op->rope(cx, m->k, c->n_kv_heads, c->head_dim, kvd, &m->rope));
-  CALL(op->kv_append(cx, pool, il, m->k, kvd, m->v, kvd));
-  CALL(op->attention(cx, m->att, m->q, qd, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
+  CALL(op->rope(cx, q, c->n_heads, c->head_dim, qs, &m->rope));
+  CALL(op->rope(cx, k, c->n_kv_heads, c->head_dim, ks, &m->rope));
+  CALL(op->kv_append(cx, pool, il, k, ks, v, ks));
+  CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
   /* xn = att Wo: the residual add happens in the next add_rms_norm. */
   CALL(op->matmul(cx, m->xn, &L->wo, NULL, m->att, n));
   return 0;
@@ -53,10 +72,17 @@ static int model__ffn_block(model_t *m, int il, int n) {
   void *cx = m->be->ctx;
   const model_config_t *c = &m->cfg;
   const model_layer_t *L = &m->layers[il];
-  CALL(op->matmul(cx, m->gate, &L->w_gate, NULL, m->xn, n));
-  CALL(op->matmul(cx, m->up, &L->w_up, NULL, m->xn, n));
-  CALL(op->silu_mul(cx, m->gate, m->gate, m->up, n, c->ffn_dim, c->ffn_dim));
-  CALL(op->matmul(cx, m->xn, &L->w_down, NULL, m->gate, n));
+  const int f = c->ffn_dim;
+  if (L->w_gate_up.data) { /* gate, up side by side per token */
+    CALL(op->matmul(cx, m->gate, &L->w_gate_up, NULL, m->xn, n));
+    CALL(op->silu_mul(cx, m->up, m->gate, (uint8_t *)m->gate + (size_t)f * m->be->act_size, n, f, 2 * f));
+  } else { /* gate block then up block */
+    void *up = (uint8_t *)m->gate + (size_t)n * f * m->be->act_size;
+    CALL(op->matmul(cx, m->gate, &L->w_gate, NULL, m->xn, n));
+    CALL(op->matmul(cx, up, &L->w_up, NULL, m->xn, n));
+    CALL(op->silu_mul(cx, m->up, m->gate, up, n, f, f));
+  }
+  CALL(op->matmul(cx, m->xn, &L->w_down, NULL, m->up, n));
   return 0;
 }
 

@@ -23,13 +23,20 @@
 extern "C" {
 #endif
 
+/* A layer's projections. When the source tensors allow (same type, no
+ * per-head q/k norm), q/k/v are loaded as one fused weight wqkv whose rows
+ * are wq's, then wk's, then wv's (one matmul, one activation quantization),
+ * and gate/up as one w_gate_up; the separate fields are then empty. */
 typedef struct {
   kern_weight_t attn_norm;            /* F32 (1, dim) */
+  kern_weight_t wqkv;                 /* (qd + 2*kvd, dim) fused, or empty */
+  kern_weight_t bqkv;                 /* F32 (1, qd + 2*kvd) fused bias (qwen2), or empty */
   kern_weight_t wq, wk, wv;           /* (n_heads*head_dim, dim), (n_kv_heads*head_dim, dim) x2 */
   kern_weight_t bq, bk, bv;           /* F32 biases (qwen2), type 0 rows 0 when absent */
   kern_weight_t q_norm, k_norm;       /* F32 (1, head_dim) (qwen3) */
   kern_weight_t wo;                   /* (dim, n_heads*head_dim) */
   kern_weight_t ffn_norm;             /* F32 (1, dim) */
+  kern_weight_t w_gate_up;            /* (2*ffn_dim, dim) fused, or empty */
   kern_weight_t w_gate, w_up;         /* (ffn_dim, dim) */
   kern_weight_t w_down;               /* (dim, ffn_dim) */
 } model_layer_t;
@@ -68,11 +75,10 @@ typedef struct model {
   /* activation scratch, backend memory, act_type elements */
   void *x;      /* (max_tokens, dim) residual stream */
   void *xn;     /* (max_tokens, dim) normed input */
-  void *q;      /* (max_tokens, n_heads*head_dim) */
-  void *k, *v;  /* (max_tokens, n_kv_heads*head_dim) */
+  void *qkv;    /* (max_tokens, qd + 2*kvd): q, k, v of each token side by side */
   void *att;    /* (max_tokens, n_heads*head_dim) */
-  void *gate;   /* (max_tokens, ffn_dim) */
-  void *up;     /* (max_tokens, ffn_dim) */
+  void *gate;   /* (max_tokens, 2*ffn_dim): gate, up of each token side by side */
+  void *up;     /* (max_tokens, ffn_dim): silu(gate) * up */
   void *last;   /* (max_seqs, dim) */
   void *logits; /* (max_seqs, vocab) */
   void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */

@@ -67,6 +67,79 @@ static void model__release_weight(model_t *m, kern_weight_t *w) {
   memset(w, 0, sizeof *w);
 }
 
+/* Loads tensors names[0..n) (same type and columns) as one weight whose
+ * rows are theirs in order. Returns 1 when it fused, 0 when the tensors do
+ * not allow it (the caller loads them one by one), or an error. */
+static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *names, int n, const int64_t *rows,
+                             int64_t cols) {
+  const model_tensor_t *t[4];
+  int64_t total = 0;
+  for (int i = 0; i < n; i++) {
+    t[i] = model_source_tensor(m->src, names[i]);
+    if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != rows[i] || t[i]->cols != cols) return 0;
+    total += rows[i];
+  }
+  if (!m->be->ops->supports_type(m->be->ctx, t[0]->type)) return 0;
+  const size_t rb = kern_row_bytes(t[0]->type, cols);
+  uint8_t *buf = fr_malloc((size_t)total * rb), *p = buf;
+  for (int i = 0; i < n; i++) {
+    memcpy(p, t[i]->data, (size_t)rows[i] * rb);
+    p += (size_t)rows[i] * rb;
+  }
+  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = cols, .row_bytes = rb};
+  int rc = m->be->ops->weight_load(m->be->ctx, w, buf);
+  if (rc == 0 && w->data == buf) model__keep(m, buf); /* borrowed (CPU) */
+  else free(buf);
+  return rc ? rc : 1;
+}
+
+/* Fused bias (1, qd + 2*kvd) from the three biases. */
+static int model__load_fused_bias(model_t *m, kern_weight_t *w, int il, int64_t qd, int64_t kvd) {
+  static const char *sfx[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
+  const int64_t n[3] = {qd, kvd, kvd};
+  float *all = fr_malloc((size_t)(qd + 2 * kvd) * sizeof(float)), *p = all;
+  char name[96];
+  for (int i = 0; i < 3; i++) {
+    const model_tensor_t *t;
+    snprintf(name, sizeof name, "blk.%d.%s", il, sfx[i]);
+    if (!(t = model_source_tensor(m->src, name)) || t->rows * t->cols != n[i] ||
+        (t->type != KERN_F32 && t->type != KERN_F16 && t->type != KERN_BF16)) {
+      free(all);
+      return fr_errorf(FR_EFORMAT, "tensor %s is missing or misshaped", name);
+    }
+    kern_dequantize_row(t->type, t->data, p, n[i]);
+    p += n[i];
+  }
+  model__keep(m, all);
+  *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = qd + 2 * kvd,
+                       .row_bytes = (size_t)(qd + 2 * kvd) * sizeof(float)};
+  return m->be->ops->weight_load(m->be->ctx, w, all);
+}
+
+/* q/k/v and gate/up as fused weights where the files allow. */
+static int model__load_layer_fused(model_t *m, int il) {
+  const model_config_t *c = &m->cfg;
+  model_layer_t *L = &m->layers[il];
+  const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+  char q[96], k[96], v[96], g[96], u[96];
+  snprintf(q, sizeof q, "blk.%d.attn_q.weight", il);
+  snprintf(k, sizeof k, "blk.%d.attn_k.weight", il);
+  snprintf(v, sizeof v, "blk.%d.attn_v.weight", il);
+  snprintf(g, sizeof g, "blk.%d.ffn_gate.weight", il);
+  snprintf(u, sizeof u, "blk.%d.ffn_up.weight", il);
+  int rc = 0;
+  if (!c->qk_norm) {
+    const char *names[3] = {q, k, v};
+    const int64_t rows[3] = {qd, kvd, kvd};
+    if ((rc = model__load_fused(m, &L->wqkv, names, 3, rows, c->dim)) < 0) return rc;
+    if (rc == 1 && c->attn_bias && (rc = model__load_fused_bias(m, &L->bqkv, il, qd, kvd))) return rc;
+  }
+  const char *gu[2] = {g, u};
+  const int64_t frows[2] = {c->ffn_dim, c->ffn_dim};
+  rc = model__load_fused(m, &L->w_gate_up, gu, 2, frows, c->dim);
+  return rc < 0 ? rc : 0;
+}
+
 static int model__load_layer(model_t *m, int il) {
   const model_config_t *c = &m->cfg;
   model_layer_t *L = &m->layers[il];
@@ -84,18 +157,23 @@ static int model__load_layer(model_t *m, int il) {
     if ((rc = model__load_f32_vector(m, &L->field, name, req, n)) != 0) return rc; \
   } while (0)
   V(attn_norm, "attn_norm.weight", true, c->dim);
-  W(wq, "attn_q.weight", true, qd, c->dim);
-  W(wk, "attn_k.weight", true, kvd, c->dim);
-  W(wv, "attn_v.weight", true, kvd, c->dim);
-  V(bq, "attn_q.bias", c->attn_bias, qd);
-  V(bk, "attn_k.bias", c->attn_bias, kvd);
-  V(bv, "attn_v.bias", c->attn_bias, kvd);
+  if ((rc = model__load_layer_fused(m, il))) return rc;
+  if (!L->wqkv.data) {
+    W(wq, "attn_q.weight", true, qd, c->dim);
+    W(wk, "attn_k.weight", true, kvd, c->dim);
+    W(wv, "attn_v.weight", true, kvd, c->dim);
+    V(bq, "attn_q.bias", c->attn_bias, qd);
+    V(bk, "attn_k.bias", c->attn_bias, kvd);
+    V(bv, "attn_v.bias", c->attn_bias, kvd);
+  }
   V(q_norm, "attn_q_norm.weight", c->qk_norm, c->head_dim);
   V(k_norm, "attn_k_norm.weight", c->qk_norm, c->head_dim);
   W(wo, "attn_output.weight", true, c->dim, qd);
   V(ffn_norm, "ffn_norm.weight", true, c->dim);
-  W(w_gate, "ffn_gate.weight", true, c->ffn_dim, c->dim);
-  W(w_up, "ffn_up.weight", true, c->ffn_dim, c->dim);
+  if (!L->w_gate_up.data) {
+    W(w_gate, "ffn_gate.weight", true, c->ffn_dim, c->dim);
+    W(w_up, "ffn_up.weight", true, c->ffn_dim, c->dim);
+  }
   W(w_down, "ffn_down.weight", true, c->dim, c->ffn_dim);
 #undef W
 #undef V
@@ -147,11 +225,9 @@ int model__alloc_scratch(model_t *m) {
   } bufs[] = {
       {&m->x, T * c->dim},
       {&m->xn, T * c->dim},
-      {&m->q, T * c->n_heads * c->head_dim},
-      {&m->k, T * c->n_kv_heads * c->head_dim},
-      {&m->v, T * c->n_kv_heads * c->head_dim},
+      {&m->qkv, T * (c->n_heads + 2 * c->n_kv_heads) * c->head_dim},
       {&m->att, T * c->n_heads * c->head_dim},
-      {&m->gate, T * c->ffn_dim},
+      {&m->gate, T * 2 * c->ffn_dim},
       {&m->up, T * c->ffn_dim},
       {&m->last, (size_t)m->max_seqs * c->dim},
       {&m->logits, (size_t)m->max_seqs * c->vocab_size},
@@ -233,7 +309,8 @@ void model_destroy(model_t *m) {
   if (!m) return;
   if (m->layers) {
     for (int il = 0; il < m->cfg.n_layers; il++) {
-      kern_weight_t *ws[] = {&m->layers[il].attn_norm, &m->layers[il].wq, &m->layers[il].wk, &m->layers[il].wv,
+      kern_weight_t *ws[] = {&m->layers[il].wqkv, &m->layers[il].bqkv, &m->layers[il].w_gate_up,
+                             &m->layers[il].attn_norm, &m->layers[il].wq, &m->layers[il].wk, &m->layers[il].wv,
                              &m->layers[il].bq, &m->layers[il].bk, &m->layers[il].bv, &m->layers[il].q_norm,
                              &m->layers[il].k_norm, &m->layers[il].wo, &m->layers[il].ffn_norm,
                              &m->layers[il].w_gate, &m->layers[il].w_up, &m->layers[il].w_down};
@@ -245,7 +322,7 @@ void model_destroy(model_t *m) {
   model__release_weight(m, &m->tok_embd);
   model__release_weight(m, &m->output_norm);
   model__release_weight(m, &m->inv_freq);
-  void *bufs[] = {m->x, m->xn, m->q, m->k, m->v, m->att, m->gate, m->up, m->last, m->logits};
+  void *bufs[] = {m->x, m->xn, m->qkv, m->att, m->gate, m->up, m->last, m->logits};
   for (size_t i = 0; i < FR_ARRAY_SIZE(bufs); i++)
     if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
   model_tokenizer_destroy(m->tok);

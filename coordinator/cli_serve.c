@@ -32,6 +32,7 @@ static void serve_usage(FILE *f) {
           "usage: ferrumctl serve [--model PATH] [options]\n"
           "  --model PATH                  GGUF file or Hugging Face folder (default: %s)\n"
           "  --device DEV                  cpu (default) or cuda[:N]\n"
+          "  --load-format FMT             auto (default) or dummy: random weights of the folder's config.json\n"
           "  --tensor-parallel-size N      workers (default 1)\n"
           "  --threads N                   CPU threads per worker (default: all cores)\n"
           "  --host ADDR / --port N        HTTP address (default 127.0.0.1:8000; port 0 = any)\n"
@@ -52,7 +53,7 @@ static void serve_usage(FILE *f) {
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
-  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE
+  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -61,6 +62,13 @@ static int serve_opt(serve_opts_t *o, int c) {
   switch (c) {
   case O_MODEL: k->model_path = optarg; return 0;
   case O_DEVICE: k->device = optarg; return 0;
+  case O_LOADFMT:
+    if (strcmp(optarg, "auto") && strcmp(optarg, "dummy")) {
+      fprintf(stderr, "ferrumctl serve: --load-format is auto or dummy, got '%s'\n", optarg);
+      return 2;
+    }
+    k->load_format = optarg;
+    return 0;
   case O_TP: if (cli_parse_int("--tensor-parallel-size", optarg, 1, 16, &v)) return 2; k->tp_size = (int)v; return 0;
   case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 1024, &v)) return 2; k->threads = (int)v; return 0;
   case O_HOST: o->host = optarg; return 0;
@@ -91,6 +99,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},
       {"device", required_argument, 0, O_DEVICE},
+      {"load-format", required_argument, 0, O_LOADFMT},
       {"tensor-parallel-size", required_argument, 0, O_TP},
       {"threads", required_argument, 0, O_THREADS},
       {"host", required_argument, 0, O_HOST},

@@ -29,6 +29,8 @@ typedef struct {
   const char *model_path;         /* GGUF file or HF folder (required) */
   const char *served_model_name;  /* NULL = the model file's base name */
   const char *device;             /* "cpu" (default) or "cuda[:N]" */
+  const char *load_format;        /* NULL/"auto", or "dummy": random weights of model_path's config.json
+                                   * (the folder's tokenizer.json serves the text side) */
   int threads;                    /* worker CPU threads (0 = all cores) */
   int tp_size;                    /* workers (tensor-parallel ranks), default 1 */
   const char *rpc_addr;           /* RPC ROUTER endpoint; NULL = coord_default_rpc_addr() */

@@ -46,7 +46,9 @@ static int coord__worker_exe(coord_t *c) {
 
 /* Opens the model's tokenizer (not its weights) and works out the context. */
 static int coord__tokenizer(coord_t *c) {
-  int rc = model_source_open(&c->src, c->model_path);
+  int rc = c->cfg.load_format && !strcmp(c->cfg.load_format, "dummy")
+               ? model_source_open_config(&c->src, c->model_path)
+               : model_source_open(&c->src, c->model_path);
   if (rc) return rc;
   if (c->src->gguf) rc = model_tokenizer_from_gguf(&c->tok, c->src->gguf);
   else if (c->src->tokenizer_json)

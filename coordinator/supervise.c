@@ -83,7 +83,7 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
   proto_option_t opts[] = {{"device", c->device}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
                            {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
   proto_load_t l = {.path = c->model_path,
-                    .format = "auto",
+                    .format = (char *)(c->cfg.load_format ? c->cfg.load_format : "auto"),
                     .tp_size = (uint32_t)c->n_workers,
                     .n_options = FR_ARRAY_SIZE(opts),
                     .options = opts};

@@ -224,18 +224,19 @@ static int open_gguf(model_source_t *s) {
   return 0;
 }
 
-/* A HF model: config.json in dir, weights at st_path (file or folder). */
+/* A HF model: config.json in dir, weights at st_path (file or folder;
+ * NULL: no weights, for --load-format dummy). */
 static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
   char *cfg_path = join_path(dir, "config.json");
   int rc = is_file(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
                              : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
   free(cfg_path);
-  if (!rc) rc = model_st_open(&s->st, st_path);
+  if (!rc && st_path) rc = model_st_open(&s->st, st_path);
   if (rc) return rc;
   s->rope_mode = KERN_ROPE_NEOX; /* HF weights are rotate-half for every arch */
   s->tokenizer_json = optional_file(dir, "tokenizer.json");
   s->tokenizer_config_json = optional_file(dir, "tokenizer_config.json");
-  return tensors_from_st(s);
+  return st_path ? tensors_from_st(s) : 0;
 }
 
 /* A file: GGUF by its magic, or a .safetensors with config.json beside it. */
@@ -269,6 +270,21 @@ int model_source_open(model_source_t **out, const char *path) {
     model_source_close(s);
     return rc;
   }
+  *out = s;
+  return 0;
+}
+
+int model_source_open_config(model_source_t **out, const char *dir) {
+  *out = NULL;
+  model_source_t *s = fr_calloc(1, sizeof *s);
+  s->path = fr_strdup(dir);
+  int rc = open_hf(s, dir, NULL);
+  if (rc) {
+    model_source_close(s);
+    return rc;
+  }
+  const char *base = strrchr(dir, '/') && strrchr(dir, '/')[1] ? strrchr(dir, '/') + 1 : dir;
+  if (!s->config.name[0]) snprintf(s->config.name, sizeof s->config.name, "%s", base);
   *out = s;
   return 0;
 }

@@ -47,6 +47,9 @@ typedef struct model_source {
 
 /* Opens a .gguf file or a HF folder and reads its config. */
 int model_source_open(model_source_t **out, const char *path);
+/* Opens only the config and tokenizer of a HF folder (config.json,
+ * tokenizer.json): no weights, no tensor checks. For --load-format dummy. */
+int model_source_open_config(model_source_t **out, const char *dir);
 void model_source_close(model_source_t *s);
 
 /* Tensor by GGUF name, NULL when absent. */

@@ -8,6 +8,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
+#include "model/dummy.h"
 #include "worker/worker.h"
 
 /* Load options ("k" = "v" strings) the coordinator sends. */
@@ -139,11 +140,14 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   kv_control_info(w->ctl, &w->info);
   if ((rc = worker__backend(w, &o))) goto fail;
   model_load_opts_t mo = {.max_tokens = (int)o.max_tokens, .max_seqs = (int)o.max_seqs, .progress = false};
-  if (!strcmp(l->format, "dummy")) {
-    rc = fr_errorf(FR_EUNSUPPORTED, "dummy load format needs a config");
+  if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
+    model_config_t cfg;
+    if ((rc = model_dummy_config(l->path, &cfg))) goto fail;
+    mo.seed = 1;
+    if ((rc = model_load_dummy(&w->m, &cfg, w->be, &mo))) goto fail;
+  } else if ((rc = model_load(&w->m, l->path, w->be, &mo))) {
     goto fail;
   }
-  if ((rc = model_load(&w->m, l->path, w->be, &mo))) goto fail;
   w->fake_forward = o.fake_forward;
   w->max_tokens = w->m->max_tokens;
   w->max_seqs = w->m->max_seqs;

@@ -1,0 +1,54 @@
+#!/usr/bin/env python3
+"""The engine on a GPU through the real openai client: chat and completions,
+streaming and not, and 64 concurrent greedy requests that must give exactly
+what each gives alone. usage: gpu_openai.py BASE_URL (http://127.0.0.1:P/v1)"""
+import concurrent.futures as cf
+import sys
+
+from openai import OpenAI
+
+base = sys.argv[1]
+client = OpenAI(base_url=base, api_key="none", timeout=300, max_retries=0)
+model = client.models.list().data[0].id
+ok = True
+
+
+def check(name, cond, detail=""):
+    global ok
+    ok &= bool(cond)
+    print(f"{'PASS' if cond else 'FAIL'}  {name} {detail}")
+
+
+chat = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                      max_tokens=16, temperature=0)
+check("chat", chat.choices[0].message.content is not None and chat.usage.completion_tokens > 0,
+      f"({chat.usage.completion_tokens} tokens, finish {chat.choices[0].finish_reason})")
+parts, usage = [], None
+for ev in client.chat.completions.create(model=model, messages=[{"role": "user", "content": "Say hello."}],
+                                         max_tokens=16, temperature=0, stream=True,
+                                         stream_options={"include_usage": True}):
+    if ev.choices and ev.choices[0].delta.content:
+        parts.append(ev.choices[0].delta.content)
+    if ev.usage:
+        usage = ev.usage
+check("chat stream = chat", "".join(parts) == chat.choices[0].message.content and usage is not None)
+
+comp = client.completions.create(model=model, prompt="The quick brown fox", max_tokens=16, temperature=0)
+streamed = "".join(e.choices[0].text for e in client.completions.create(
+    model=model, prompt="The quick brown fox", max_tokens=16, temperature=0, stream=True) if e.choices)
+check("completion stream = completion", streamed == comp.choices[0].text and comp.usage.completion_tokens == 16)
+
+prompts = [f"Story number {i}: once upon a time" + " and then" * (i % 7) for i in range(64)]
+
+
+def one(p):
+    r = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0, logprobs=1)
+    return r.choices[0].text, r.choices[0].logprobs.tokens if r.choices[0].logprobs else None
+
+
+alone = [one(p) for p in prompts]
+with cf.ThreadPoolExecutor(64) as ex:
+    together = list(ex.map(one, prompts))
+same = sum(a == b for a, b in zip(alone, together))
+check("64 concurrent = alone", same == 64, f"({same}/64 identical)")
+sys.exit(0 if ok else 1)

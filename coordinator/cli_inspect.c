@@ -12,7 +12,7 @@
 
 static int cli_open_tokenizer(const model_source_t *src, model_tokenizer_t **tok) {
   if (src->gguf) return model_tokenizer_from_gguf(tok, src->gguf);
-  if (src->tokenizer_json) return model_tokenizer_from_json(tok, src->tokenizer_json, src->tokenizer_config_json);
+  if (src->tokenizer_json) return model_tokenizer_from_json_files(tok, src->tokenizer_json, src->tokenizer_config_json);
   return fr_errorf(FR_ENOTFOUND, "%s has no tokenizer", src->path);
 }
 

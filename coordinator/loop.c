@@ -52,7 +52,7 @@ static int coord__tokenizer(coord_t *c) {
   if (rc) return rc;
   if (c->src->gguf) rc = model_tokenizer_from_gguf(&c->tok, c->src->gguf);
   else if (c->src->tokenizer_json)
-    rc = model_tokenizer_from_json(&c->tok, c->src->tokenizer_json, c->src->tokenizer_config_json);
+    rc = model_tokenizer_from_json_files(&c->tok, c->src->tokenizer_json, c->src->tokenizer_config_json);
   else rc = fr_errorf(FR_EUNSUPPORTED, "%s has no tokenizer", c->model_path);
   if (rc) return rc;
   c->chat = model_chat_detect(model_tokenizer_chat_template(c->tok));

@@ -265,7 +265,7 @@ static int model__load_tokenizer(model_t *m) {
   if (m->src->gguf) {
     rc = model_tokenizer_from_gguf(&m->tok, m->src->gguf);
   } else if (m->src->tokenizer_json) {
-    rc = model_tokenizer_from_json(&m->tok, m->src->tokenizer_json, m->src->tokenizer_config_json);
+    rc = model_tokenizer_from_json_files(&m->tok, m->src->tokenizer_json, m->src->tokenizer_config_json);
   } else {
     FR_LOGW("%s has no tokenizer; token ids only", m->src->path);
     return 0;

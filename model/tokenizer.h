@@ -27,10 +27,13 @@ typedef enum { MODEL_TOK_BPE = 0, MODEL_TOK_SPM = 1 } model_tok_kind_t;
 typedef struct model_tokenizer model_tokenizer_t;
 
 int model_tokenizer_from_gguf(model_tokenizer_t **out, const model_gguf_t *g);
-/* tokenizer_config_json may be NULL; it supplies bos/eos/add_bos and the
- * chat template. */
+/* From the JSON texts of tokenizer.json and tokenizer_config.json (NUL-
+ * terminated; the config may be NULL: it supplies bos/eos/add_bos and the
+ * chat template). */
 int model_tokenizer_from_json(model_tokenizer_t **out, const char *tokenizer_json,
                               const char *tokenizer_config_json);
+/* Same, from the files' paths (config_path may be NULL). */
+int model_tokenizer_from_json_files(model_tokenizer_t **out, const char *tokenizer_path, const char *config_path);
 void model_tokenizer_destroy(model_tokenizer_t *t);
 
 /* Encodes UTF-8 text (len bytes; need not be NUL-terminated). add_special

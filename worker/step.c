@@ -117,7 +117,46 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
   ri->logprob = -0.5f;
 }
 
-static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok) {
+/* True when every final item can be sampled on the device: no logits rows,
+ * no top-n logprobs and no penalties (those need the host's view). */
+static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
+  if (!w->be->ops->sample || st->n_items > 256) return false;
+  for (uint32_t i = 0; i < st->n_items; i++) {
+    const proto_sampling_t *sp = &st->items[i].sp;
+    if (sp->want_logits || sp->logprobs > 0 || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
+        sp->frequency_penalty != 0.0f)
+      return false;
+  }
+  return true;
+}
+
+/* Samples every row on the device; results for final items only. */
+static int worker__sample_device(worker_t *w, const proto_step_t *st, const void *logits, uint32_t *n_res) {
+  kern_sample_params_t sp[256];
+  int32_t tok[256];
+  float lp[256];
+  for (uint32_t i = 0; i < st->n_items; i++) {
+    const proto_step_item_t *it = &st->items[i];
+    const worker_hist_t *h = &w->hist[it->slot];
+    int pl = FR_MIN((int)it->prompt_len, h->len);
+    sp[i] = (kern_sample_params_t){.temperature = it->sp.temperature, .top_k = it->sp.top_k,
+                                   .top_p = it->sp.top_p, .min_p = it->sp.min_p,
+                                   .seed = it->sp.has_seed ? it->sp.seed : 0, .counter = (uint64_t)(h->len - pl)};
+  }
+  int rc = w->be->ops->sample(w->be->ctx, logits, (int)st->n_items, w->vocab, sp, tok, lp);
+  if (rc) return rc;
+  for (uint32_t i = 0; i < st->n_items; i++) {
+    if (!st->items[i].final) continue;
+    proto_result_item_t *ri = &w->ritems[(*n_res)++];
+    memset(ri, 0, sizeof *ri);
+    ri->slot = st->items[i].slot;
+    ri->token = tok[i];
+    ri->logprob = lp[i];
+  }
+  return 0;
+}
+
+static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok, const void **logits) {
   kern_step_t ks = {
       .n_tokens = n_tok,
       .tokens = w->tokens,
@@ -130,12 +169,9 @@ static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok) {
       .max_blocks = w->info.max_blocks_per_seq,
   };
   w->q_start[st->n_items] = n_tok;
+  *logits = NULL;
   if (w->fake_forward) return 0; /* worker__fake_sample picks the tokens */
-  const void *logits = NULL;
-  int rc = model_forward(w->m, &w->pool, &ks, &logits);
-  if (rc) return rc;
-  if (w->args.rank != 0) return 0;
-  return model_logits_to_host(w->m, logits, (int)st->n_items, w->logits);
+  return model_forward(w->m, &w->pool, &ks, logits);
 }
 
 static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res) {
@@ -151,7 +187,8 @@ static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res)
   for (uint32_t i = 0; i < st->n_items; i++)
     if ((rc = worker__add_item(w, &st->items[i], (int)i, &n_tok))) return rc;
   uint64_t t0 = fr_now_ns();
-  if ((rc = worker__forward(w, st, n_tok))) return rc;
+  const void *logits;
+  if ((rc = worker__forward(w, st, n_tok, &logits))) return rc;
   uint64_t t1 = fr_now_ns();
   for (uint32_t i = 0; i < st->n_items; i++) {
     const proto_step_item_t *it = &st->items[i];
@@ -159,7 +196,12 @@ static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res)
     worker__hist_feed(&w->hist[it->slot], (int)it->pos, it->tokens, (int)it->n_tokens);
   }
   uint32_t n_res = 0;
-  if (w->args.rank == 0)
+  bool on_device = w->args.rank == 0 && !w->fake_forward && worker__device_sampling(w, st);
+  if (on_device && (rc = worker__sample_device(w, st, logits, &n_res))) return rc;
+  if (w->args.rank == 0 && !on_device && !w->fake_forward &&
+      (rc = model_logits_to_host(w->m, logits, (int)st->n_items, w->logits)))
+    return rc;
+  if (w->args.rank == 0 && !on_device)
     for (uint32_t i = 0; i < st->n_items; i++) {
       if (!st->items[i].final) continue;
       if (w->fake_forward) worker__fake_sample(w, &st->items[i], (int)i, (int)n_res++);

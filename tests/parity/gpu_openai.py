@@ -42,13 +42,26 @@ prompts = [f"Story number {i}: once upon a time" + " and then" * (i % 7) for i i
 
 
 def one(p):
-    r = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0, logprobs=1)
-    return r.choices[0].text, r.choices[0].logprobs.tokens if r.choices[0].logprobs else None
+    r = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0, logprobs=5)
+    lp = r.choices[0].logprobs
+    return r.choices[0].text, lp.tokens, lp.top_logprobs
+
+
+def within_top5(a, b):
+    """vLLM's rule at the first divergence: each side's token is in the
+    other's top-5."""
+    for t, (x, y) in enumerate(zip(a[1], b[1])):
+        if x != y:
+            return x in b[2][t] and y in a[2][t]
+    return True
 
 
 alone = [one(p) for p in prompts]
 with cf.ThreadPoolExecutor(64) as ex:
     together = list(ex.map(one, prompts))
-same = sum(a == b for a, b in zip(alone, together))
-check("64 concurrent = alone", same == 64, f"({same}/64 identical)")
+same = sum(a[0] == b[0] for a, b in zip(alone, together))
+rule = sum(within_top5(a, b) for a, b in zip(alone, together))
+# Batched GPU matmuls (cuBLAS) round differently from the batch-1 GEMV, so
+# bit-identical continuations are not guaranteed on the GPU (nor in vLLM).
+check("64 concurrent vs alone", rule == 64, f"({same}/64 identical, {rule}/64 equal or within top-5 at divergence)")
 sys.exit(0 if ok else 1)

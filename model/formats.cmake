@@ -4,8 +4,5 @@ add_library(ferrum_formats STATIC
   ${CMAKE_CURRENT_LIST_DIR}/safetensors.c
   ${CMAKE_CURRENT_LIST_DIR}/config.c
   ${CMAKE_CURRENT_LIST_DIR}/source.c)
-target_link_libraries(ferrum_formats PUBLIC ferrum_common PkgConfig::JANSSON m)
 # kern_type_traits() lives in ferrum_kernels (kernels/ never depends on model/).
-if(TARGET ferrum_kernels)
-  target_link_libraries(ferrum_formats PUBLIC ferrum_kernels)
-endif()
+target_link_libraries(ferrum_formats PUBLIC ferrum_kernels ferrum_common PkgConfig::JANSSON m)

@@ -4,8 +4,11 @@
  *   proto_bench [iterations]
  *
  * Shapes: 256 sequences, mostly decodes of one token plus a few prefill
- * chunks, sampling parameters as a chat server sends them (temperature,
- * top_p, seed). Prints the median and p90 over the iterations, in us.
+ * chunks. Sampling parameters (temperature, top_p, seed, as a chat server
+ * sends them) travel with a sequence's first chunk only, as the
+ * coordinator sends them (proto_step_item_t.has_sp); the last shape is
+ * the worst case, 256 new sequences that all carry them. Prints the median
+ * and p90 over the iterations, in us.
  * Results: docs/bench/proto.md. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -20,6 +23,7 @@ typedef struct {
   int n_items;   /* sequences in the step */
   int n_prefill; /* of them, prefill chunks */
   int chunk;     /* tokens per prefill chunk */
+  int all_sp;    /* every item carries its sampling params */
 } shape_t;
 
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
@@ -44,6 +48,7 @@ static void make_step(proto_step_t *s, const shape_t *sh, int32_t *tokens) {
     it->tokens = tokens;
     it->pos = prefill ? (uint32_t)(rnd() % 4) * (uint32_t)sh->chunk : 100 + rnd() % 2000;
     it->final = !prefill || (i % 2 == 0);
+    it->has_sp = sh->all_sp || (prefill && it->pos == 0);
     it->sp = proto_sampling_default();
     it->sp.temperature = 0.7f;
     it->sp.top_p = 0.9f;
@@ -118,10 +123,11 @@ int main(int argc, char **argv) {
   int iters = argc > 1 ? atoi(argv[1]) : 20000;
   if (iters < 10) iters = 10;
   static const shape_t shapes[] = {
-      {"step 256 decodes", 256, 0, 0},
-      {"step 248 decodes + 8 x 64 prefill", 256, 8, 64},
-      {"step 240 decodes + 16 x 128 prefill", 256, 16, 128},
-      {"step 1 x 2048 prefill", 1, 1, 2048},
+      {"step 256 decodes", 256, 0, 0, 0},
+      {"step 248 decodes + 8 x 64 prefill", 256, 8, 64, 0},
+      {"step 240 decodes + 16 x 128 prefill", 256, 16, 128, 0},
+      {"step 1 x 2048 prefill", 1, 1, 2048, 0},
+      {"step 256 new sequences (all with sp)", 256, 0, 0, 1},
   };
   int32_t *tokens = fr_malloc(2048 * sizeof *tokens);
   for (int i = 0; i < 2048; i++) tokens[i] = (int32_t)(rnd() % 49152);

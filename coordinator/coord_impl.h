@@ -53,6 +53,7 @@ struct coord_job {
   int n_tok, cap, n_prompt, n_computed;
   int n_sched;               /* tokens of this job in the step in flight */
   bool in_step;              /* part of the step in flight */
+  bool sp_sent;              /* the workers have this slot's sampling params */
   int slot;                  /* KV slot, -1 while waiting */
   uint32_t n_cached;         /* prompt tokens found in the prefix cache (first admission) */
   bool admitted_once;

@@ -44,9 +44,10 @@ static void coord__add_item(coord_t *c, coord_job_t *j, int n) {
   it->n_tokens = (uint32_t)n;
   it->tokens = j->tok + j->n_computed;
   it->final = final;
-  it->sp = j->sp;
-  if (!final) it->sp.logprobs = -1, it->sp.want_logits = false;
-  it->prompt_len = (uint32_t)j->n_prompt;
+  it->has_sp = !j->sp_sent; /* once per slot assignment: workers keep them */
+  if (it->has_sp) it->sp = j->sp;
+  j->sp_sent = true;
+  it->prompt_len = it->has_sp ? (uint32_t)j->n_prompt : 0;
   j->in_step = true;
   j->n_sched = n;
 }
@@ -152,6 +153,7 @@ static bool coord__admit_one(coord_t *c, coord_job_t *j, int *budget) {
   coord__add_copy(c, &cp);
   coord__list_remove(c, j);
   j->slot = slot;
+  j->sp_sent = false;
   j->n_computed = cached;
   if (!j->admitted_once) {
     j->admitted_once = true;

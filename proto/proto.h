@@ -172,10 +172,14 @@ typedef struct {
   uint32_t pos;        /* "p"  position of tokens[0] */
   uint32_t n_tokens;   /* "tk" required, 1..PROTO_MAX_TOKENS */
   int32_t *tokens;     /* (n_tokens) */
-  bool final;          /* "f"  last chunk of the prompt or a decode: sample after it */
+  bool final;          /* "f"  default true: last chunk of the prompt or a decode (sample
+                        * after it); false for earlier prefill chunks */
+  bool has_sp;         /* "sp" present. A sequence's per-sequence data (sp and prompt_len)
+                        * travels once, with the first item after its slot was assigned;
+                        * workers keep it per slot (until the slot is freed) */
   proto_sampling_t sp; /* "sp" */
-  uint32_t prompt_len; /* "pl" default 0: the sequence's prompt tokens; the ones fed after
-                        * them are output (penalties, the sampler's draw index) */
+  uint32_t prompt_len; /* "pl" default 0, sent with sp: the sequence's prompt tokens; the
+                        * ones fed after them are output (penalties, the draw index) */
 } proto_step_item_t;
 
 typedef struct {

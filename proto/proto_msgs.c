@@ -105,7 +105,7 @@ static const proto_hello_t def_hello;
 static const proto_option_t def_option;
 static const proto_load_t def_load = {.tp_size = 1};
 static const proto_loaded_t def_loaded;
-static const proto_step_item_t def_step_item = {.sp = SAMPLING_DEFAULTS};
+static const proto_step_item_t def_step_item = {.final = true, .sp = SAMPLING_DEFAULTS};
 static const proto_copy_t def_copy;
 static const proto_step_t def_step;
 static const proto_toplp_t def_toplp;
@@ -191,7 +191,7 @@ static const proto_field_t f_step_item[] = {
     FS("p", PF_U32, 0, proto_step_item_t, pos),
     FARR("tk", PF_I32S, PF_REQ, proto_step_item_t, tokens, n_tokens, PROTO_MAX_TOKENS),
     FS("f", PF_BOOL, 0, proto_step_item_t, final),
-    FOBJ("sp", 0, proto_step_item_t, sp, s_sampling),
+    FOBJH("sp", proto_step_item_t, sp, has_sp, s_sampling),
     FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);

@@ -80,28 +80,43 @@ static model_sampling_t worker__sampling(const proto_sampling_t *sp) {
   return p;
 }
 
+/* Takes the sampling params an item carries into its slot; a final item
+ * of a slot that never got any is an error. */
+static int worker__slot_params(worker_t *w, const proto_step_t *st) {
+  for (uint32_t i = 0; i < st->n_items; i++) {
+    const proto_step_item_t *it = &st->items[i];
+    if (it->slot >= (uint32_t)w->info.max_seqs) continue; /* worker__add_item rejects it */
+    worker_hist_t *h = &w->hist[it->slot];
+    if (it->has_sp) h->sp = it->sp, h->prompt_len = (int)it->prompt_len, h->has_sp = true;
+    if (it->final && !h->has_sp)
+      return fr_errorf(FR_EPROTO, "step item for slot %u: no sampling params were sent for the slot", it->slot);
+  }
+  return 0;
+}
+
 /* Samples the item's next token from its logits row; fills the result
  * item (top logprobs, logits handle). */
 static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float *row, int r) {
   proto_result_item_t *ri = &w->ritems[r];
+  const proto_sampling_t *sp = &w->hist[it->slot].sp;
   memset(ri, 0, sizeof *ri);
   ri->slot = it->slot;
-  if (it->sp.want_logits && w->logits_seg.base && r < w->logits_rows) {
+  if (sp->want_logits && w->logits_seg.base && r < w->logits_rows) {
     float *dst = (float *)kv_segment_data(&w->logits_seg) + (size_t)r * (size_t)w->vocab;
     memcpy(dst, row, (size_t)w->vocab * sizeof(float));
     ri->has_logits = true;
     ri->logits = (proto_logits_handle_t){.segment = (uint32_t)w->args.rank, .slot = it->slot, .row = (uint32_t)r};
   }
-  if (it->sp.logprobs > 0) {
-    int n = FR_MIN(it->sp.logprobs, (int)PROTO_MAX_TOPN);
+  if (sp->logprobs > 0) {
+    int n = FR_MIN(sp->logprobs, (int)PROTO_MAX_TOPN);
     model_logprobs(row, w->vocab, n, w->top_ids, w->top_lp, NULL);
     ri->top = w->tops + (size_t)r * PROTO_MAX_TOPN;
     ri->n_top = (uint32_t)n;
     for (int i = 0; i < n; i++) ri->top[i] = (proto_toplp_t){.token = w->top_ids[i], .logprob = w->top_lp[i]};
   }
   worker_hist_t *h = &w->hist[it->slot];
-  int pl = FR_MIN((int)it->prompt_len, h->len); /* output tokens follow the prompt */
-  model_sampling_t p = worker__sampling(&it->sp);
+  int pl = FR_MIN(h->prompt_len, h->len); /* output tokens follow the prompt */
+  model_sampling_t p = worker__sampling(sp);
   uint64_t draw = (uint64_t)(h->len - pl);
   ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
                            &ri->logprob);
@@ -122,7 +137,8 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256) return false;
   for (uint32_t i = 0; i < st->n_items; i++) {
-    const proto_sampling_t *sp = &st->items[i].sp;
+    if (!st->items[i].final) continue;
+    const proto_sampling_t *sp = &w->hist[st->items[i].slot].sp;
     if (sp->want_logits || sp->logprobs > 0 || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
         sp->frequency_penalty != 0.0f)
       return false;
@@ -138,10 +154,11 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
   for (uint32_t i = 0; i < st->n_items; i++) {
     const proto_step_item_t *it = &st->items[i];
     const worker_hist_t *h = &w->hist[it->slot];
-    int pl = FR_MIN((int)it->prompt_len, h->len);
-    sp[i] = (kern_sample_params_t){.temperature = it->sp.temperature, .top_k = it->sp.top_k,
-                                   .top_p = it->sp.top_p, .min_p = it->sp.min_p,
-                                   .seed = it->sp.has_seed ? it->sp.seed : 0, .counter = (uint64_t)(h->len - pl)};
+    const proto_sampling_t *p = &h->sp; /* non-final rows: sampled, not reported */
+    int pl = FR_MIN(h->prompt_len, h->len);
+    sp[i] = (kern_sample_params_t){.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
+                                   .min_p = p->min_p, .seed = p->has_seed ? p->seed : 0,
+                                   .counter = (uint64_t)(h->len - pl)};
   }
   int rc = w->be->ops->sample(w->be->ctx, logits, (int)st->n_items, w->vocab, sp, tok, lp);
   if (rc) return rc;
@@ -179,8 +196,9 @@ static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res)
   if (st->n_items > (uint32_t)w->max_seqs)
     return fr_errorf(FR_ETOOBIG, "step has %u items, more than %d", st->n_items, w->max_seqs);
   for (uint32_t i = 0; i < st->n_freed; i++)
-    if (st->freed[i] < (uint32_t)w->info.max_seqs) w->hist[st->freed[i]].len = 0;
-  int rc = worker__copies(w, st);
+    if (st->freed[i] < (uint32_t)w->info.max_seqs) w->hist[st->freed[i]].len = 0, w->hist[st->freed[i]].has_sp = false;
+  int rc = worker__slot_params(w, st);
+  if (!rc) rc = worker__copies(w, st);
   if (rc) return rc;
   if (st->n_items == 0) return 0;
   int n_tok = 0;

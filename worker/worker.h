@@ -34,10 +34,14 @@ extern "C" {
 #define WORKER_LOGITS_WHAT "logits" /* + rank: logits segment kind */
 #define WORKER_POOL_WHAT "kvpool"   /* + rank: KV pool segment kind */
 
-/* Token history of one sequence slot: every token fed so far. */
+/* One sequence slot: every token fed so far, and its sampling params
+ * (sent once per slot assignment, see proto_step_item_t.has_sp). */
 typedef struct {
   int32_t *tok; /* (cap) */
   int len, cap;
+  bool has_sp;
+  proto_sampling_t sp;
+  int prompt_len; /* sent with sp */
 } worker_hist_t;
 
 /* Command line of a worker process. */

@@ -148,7 +148,8 @@ static void reference(const int32_t *p, int n, int n_out, int32_t *out) {
 
 static proto_step_item_t item(int slot, int pos, const int32_t *tok, int n) {
   proto_step_item_t it = {.slot = (uint32_t)slot, .pos = (uint32_t)pos, .n_tokens = (uint32_t)n,
-                          .tokens = (int32_t *)tok, .final = true, .sp = proto_sampling_default()};
+                          .tokens = (int32_t *)tok, .final = true, .has_sp = true,
+                          .sp = proto_sampling_default()};
   it.sp.temperature = 0;
   it.prompt_len = (uint32_t)(pos + n);
   return it;

@@ -150,7 +150,8 @@ START_TEST(ref_step) {
   ck_assert_uint_eq(b->slot, 9);
   ck_assert_uint_eq(b->pos, 0);
   ck_assert_int_eq(b->tokens[0], -5);
-  ck_assert(!b->final);
+  ck_assert(b->final); /* default: the item is sampled */
+  ck_assert(!b->has_sp);
   ck_assert_float_eq(b->sp.temperature, 1.0f);
   ck_assert_int_eq(b->sp.top_k, 0);
   ck_assert_float_eq(b->sp.top_p, 1.0f);
@@ -528,6 +529,7 @@ START_TEST(enc_step_keys) {
                                 {.slot = 2, .n_tokens = 1, .tokens = toks}};
   items[0].sp = proto_sampling_default();
   items[1].sp = proto_sampling_default();
+  items[0].has_sp = true;
   items[0].sp.temperature = 0.7f;
   items[0].sp.has_seed = true;
   items[0].sp.seed = 1ull << 40;
@@ -549,13 +551,14 @@ START_TEST(enc_step_keys) {
   ck_assert_uint_eq(map_get(i0, "p")->via.u64, 33);
   ck_assert_int_eq(map_get(i0, "tk")->via.array.ptr[0].via.i64, -7);
   ck_assert_uint_eq(map_get(i0, "tk")->via.array.ptr[1].via.u64, 50000);
-  ck_assert(map_get(i0, "f")->via.boolean);
+  ck_assert_ptr_null(map_get(i0, "f")); /* final is the default */
   const msgpack_object *sp = map_get(i0, "sp");
   ck_assert_uint_eq(sp->via.map.size, 2); /* only what differs from the defaults */
   ck_assert_int_eq(map_get(sp, "t")->type, MSGPACK_OBJECT_FLOAT32);
   ck_assert_float_eq((float)map_get(sp, "t")->via.f64, 0.7f);
   ck_assert_uint_eq(map_get(sp, "sd")->via.u64, 1ull << 40);
-  ck_assert_uint_eq(i1->via.map.size, 2); /* s, tk: defaults left out, no empty "sp" */
+  ck_assert_uint_eq(i1->via.map.size, 3); /* s, tk, f (false): no "sp" without has_sp */
+  ck_assert(!map_get(i1, "f")->via.boolean);
   ck_assert_ptr_null(map_get(i1, "sp"));
   ck_assert_uint_eq(map_get(root, "fr")->via.array.ptr[0].via.u64, 12);
   msgpack_unpacked_destroy(&up);

@@ -25,16 +25,6 @@ typedef struct {
   int batches[16], n_batches;
 } bench_opts_t;
 
-static kern_type_t bench_type(const char *s) {
-  static const struct { const char *n; kern_type_t t; } m[] = {
-      {"f32", KERN_F32}, {"f16", KERN_F16}, {"bf16", KERN_BF16}, {"q8_0", KERN_Q8_0}, {"q4_0", KERN_Q4_0},
-      {"q4_1", KERN_Q4_1}, {"q5_0", KERN_Q5_0}, {"q5_1", KERN_Q5_1}, {"q4_k", KERN_Q4_K}, {"q5_k", KERN_Q5_K},
-      {"q6_k", KERN_Q6_K}};
-  for (size_t i = 0; s && i < FR_ARRAY_SIZE(m); i++)
-    if (!strcmp(s, m[i].n)) return m[i].t;
-  return (kern_type_t)0;
-}
-
 static int bench_parse(int argc, char **argv, bench_opts_t *o) {
   *o = (bench_opts_t){.device = "cpu", .prefill = 512, .prompt = 128, .gen = 128, .repeat = 1,
                       .batches = {1}, .n_batches = 1};
@@ -175,7 +165,7 @@ int main(int argc, char **argv) {
   model_t *m = NULL;
   int rc = cli_backend_create(o.device, o.threads, &be);
   model_load_opts_t lo = {.max_tokens = FR_MAX(o.prefill, FR_MAX(o.prompt, 256)), .max_seqs = FR_MAX(maxB, 1),
-                          .progress = true, .dummy_type = bench_type(o.type), .seed = 1};
+                          .progress = true, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(o.type), 0), .seed = 1};
   if (!rc && o.dummy) {
     model_config_t cfg;
     rc = model_dummy_config(o.dummy, &cfg);

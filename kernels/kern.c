@@ -4,6 +4,7 @@
 #include "kernels/kern.h"
 
 #include <string.h>
+#include <strings.h>
 
 #include "common/fr_util.h"
 
@@ -20,6 +21,12 @@ static const kern_type_traits_t kern__traits[KERN_TYPE_MAX] = {
 const kern_type_traits_t *kern_type_traits(int type) {
   if (type < 0 || type >= KERN_TYPE_MAX || !kern__traits[type].name) return NULL;
   return &kern__traits[type];
+}
+
+int kern_type_from_name(const char *name) {
+  for (int t = 0; name && t < KERN_TYPE_MAX; t++)
+    if (kern__traits[t].name && !strcasecmp(kern__traits[t].name, name)) return t;
+  return -1;
 }
 
 size_t kern_row_bytes(int type, int64_t n) {

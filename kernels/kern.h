@@ -58,6 +58,9 @@ typedef struct {
 /* Traits of a type, or NULL when the id is unknown or unsupported. */
 const kern_type_traits_t *kern_type_traits(int type);
 
+/* The type named by name ("q4_k", "BF16"; case-insensitive), or -1. */
+int kern_type_from_name(const char *name);
+
 /* Bytes of a row of n elements; 0 when n is not a multiple of the block
  * size or the type is unknown. */
 size_t kern_row_bytes(int type, int64_t n);

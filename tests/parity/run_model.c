@@ -18,16 +18,6 @@
 #include "model/model.h"
 #include "model/sampler.h"
 
-static kern_type_t parse_type(const char *s) {
-  static const char *names[KERN_TYPE_MAX] = {[KERN_F32] = "f32", [KERN_F16] = "f16", [KERN_BF16] = "bf16",
-                                             [KERN_Q8_0] = "q8_0", [KERN_Q4_0] = "q4_0", [KERN_Q4_1] = "q4_1",
-                                             [KERN_Q5_0] = "q5_0", [KERN_Q5_1] = "q5_1", [KERN_Q4_K] = "q4_k",
-                                             [KERN_Q5_K] = "q5_k", [KERN_Q6_K] = "q6_k"};
-  for (int i = 0; s && i < KERN_TYPE_MAX; i++)
-    if (names[i] && !strcmp(names[i], s)) return (kern_type_t)i;
-  return (kern_type_t)0;
-}
-
 int main(int argc, char **argv) {
   const char *model = NULL, *dummy = NULL, *device = "cpu", *ids_s = NULL, *out = NULL, *type = NULL;
   int greedy = 32;
@@ -54,7 +44,7 @@ int main(int argc, char **argv) {
   model_t *m = NULL;
   model_gen_t *g = NULL;
   int rc = cli_backend_create(device, 0, &be);
-  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .dummy_type = parse_type(type), .seed = 7};
+  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(type), 0), .seed = 7};
   if (!rc && dummy) {
     model_config_t cfg;
     rc = model_dummy_config(dummy, &cfg);

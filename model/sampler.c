@@ -83,38 +83,84 @@ static double model__uniform(uint64_t seed, uint64_t draw) {
   return (double)(x >> 11) * (1.0 / 9007199254740992.0);
 }
 
-static int model__cmp_desc(const void *a, const void *b, void *probs) {
-  const float *p = probs;
-  float x = p[*(const int32_t *)a], y = p[*(const int32_t *)b];
-  return x < y ? 1 : x > y ? -1 : (*(const int32_t *)a - *(const int32_t *)b);
+/* Probability order with a deterministic tie-break (lower id first). */
+static inline bool model__above(const float *pr, int32_t a, int32_t b) {
+  return pr[a] > pr[b] || (pr[a] == pr[b] && a < b);
 }
 
-/* Keeps candidates (idx[0..n)) whose probability >= the threshold t that
- * top-k / top-p / min-p imply; returns the new count. */
+static int model__cmp_desc(const void *a, const void *b, void *probs) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return model__above(probs, x, y) ? -1 : model__above(probs, y, x) ? 1 : 0;
+}
+
+/* Min-heap sift-down over idx[0..k) (idx[0] = least probable kept). */
+static void model__sift_down(const float *pr, int32_t *idx, int k, int i) {
+  for (;;) {
+    int c = 2 * i + 1, low = i;
+    if (c < k && model__above(pr, idx[low], idx[c])) low = c;
+    if (c + 1 < k && model__above(pr, idx[low], idx[c + 1])) low = c + 1;
+    if (low == i) return;
+    int32_t t = idx[i];
+    idx[i] = idx[low];
+    idx[low] = t;
+    i = low;
+  }
+}
+
+/* Moves the k most probable of idx[0..n) to idx[0..k), most probable
+ * first: one pass with a size-k heap, O(n log k). */
+static void model__top_k(const float *pr, int32_t *idx, int n, int k) {
+  for (int i = k / 2 - 1; i >= 0; i--) model__sift_down(pr, idx, k, i);
+  for (int i = k; i < n; i++)
+    if (model__above(pr, idx[i], idx[0])) {
+      idx[0] = idx[i];
+      model__sift_down(pr, idx, k, 0);
+    }
+  qsort_r(idx, (size_t)k, sizeof(int32_t), model__cmp_desc, (void *)pr);
+}
+
+/* The least probability top-p keeps among idx[0..n): the largest t whose
+ * candidates (probability >= t) hold at least top_p of their mass. */
+static float model__top_p_threshold(const float *pr, const int32_t *idx, int n, bool sorted, float top_p) {
+  double total = 0;
+  for (int i = 0; i < n; i++) total += pr[idx[i]];
+  const double target = top_p * total;
+  if (sorted) { /* cumulative over descending candidates */
+    double acc = 0;
+    for (int i = 0; i < n; i++)
+      if ((acc += pr[idx[i]]) >= target) return pr[idx[i]];
+    return 0;
+  }
+  float lo = 0, hi = 0;
+  for (int i = 0; i < n; i++) hi = pr[idx[i]] > hi ? pr[idx[i]] : hi;
+  for (int it = 0; it < 40; it++) { /* bisect: no sort of the whole vocabulary */
+    float mid = 0.5f * (lo + hi);
+    double mass = 0;
+    for (int i = 0; i < n; i++)
+      if (pr[idx[i]] >= mid) mass += pr[idx[i]];
+    if (mass >= target) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+/* Filters the candidates idx[0..n) in vLLM's order: top-k, then top-p over
+ * what top-k kept (renormalized), then min-p (relative to the most
+ * probable). Returns the new count (at least 1). */
 static int model__filter(model_sampler_t *s, const model_sampling_t *p, int n) {
   float *pr = s->probs;
-  float pmax = 0;
-  for (int i = 0; i < n; i++) pmax = pr[s->idx[i]] > pmax ? pr[s->idx[i]] : pmax;
-  float t = 0;
-  if (p->min_p > 0) t = p->min_p * pmax;
-  if (p->top_p < 1.0f) { /* bisect the largest threshold whose mass >= top_p */
-    float lo = 0, hi = pmax;
-    for (int it = 0; it < 40; it++) {
-      float mid = 0.5f * (lo + hi);
-      double mass = 0;
-      for (int i = 0; i < n; i++)
-        if (pr[s->idx[i]] >= mid) mass += pr[s->idx[i]];
-      if (mass >= p->top_p) lo = mid; else hi = mid;
-    }
-    t = lo > t ? lo : t;
+  bool sorted = false;
+  if (p->top_k > 0 && n > p->top_k) {
+    model__top_k(pr, s->idx, n, p->top_k);
+    n = p->top_k;
+    sorted = true;
   }
+  float pmax = 0, t = 0;
+  for (int i = 0; i < n; i++) pmax = pr[s->idx[i]] > pmax ? pr[s->idx[i]] : pmax;
+  if (p->top_p < 1.0f) t = model__top_p_threshold(pr, s->idx, n, sorted, p->top_p);
+  if (p->min_p > 0 && p->min_p * pmax > t) t = p->min_p * pmax;
   int m = 0;
   for (int i = 0; i < n; i++)
     if (pr[s->idx[i]] >= t) s->idx[m++] = s->idx[i];
-  if (p->top_k > 0 && m > p->top_k) {
-    qsort_r(s->idx, (size_t)m, sizeof(int32_t), model__cmp_desc, pr);
-    m = p->top_k;
-  }
   return m > 0 ? m : 1;
 }
 

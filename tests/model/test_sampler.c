@@ -105,6 +105,33 @@ START_TEST(top_k_restricts_support) {
 }
 END_TEST
 
+/* vLLM's order: top-p applies to what top-k kept, renormalized. With
+ * probabilities 0.5 / 0.3 / 0.2, top-k 2 leaves 0.625 / 0.375, so top-p 0.6
+ * keeps only the first (over the full distribution it would keep two). */
+START_TEST(top_p_after_top_k) {
+  model_sampler_t s;
+  model_sampler_init(&s, 3);
+  model_sampling_t p = model_sampling_default();
+  p.temperature = 1.0f;
+  p.top_k = 2;
+  p.top_p = 0.6f;
+  for (int d = 0; d < 200; d++) {
+    float l[3] = {logf(0.5f), logf(0.3f), logf(0.2f)};
+    ck_assert_int_eq(model_sample(&s, &p, l, NULL, 0, NULL, 0, (uint64_t)d, NULL), 0);
+  }
+  p.top_k = 0; /* top-p alone over 0.5 / 0.3 / 0.2 keeps two */
+  int second = 0;
+  for (int d = 0; d < 400; d++) {
+    float l[3] = {logf(0.5f), logf(0.3f), logf(0.2f)};
+    int32_t t = model_sample(&s, &p, l, NULL, 0, NULL, 0, (uint64_t)d, NULL);
+    ck_assert_int_ne(t, 2);
+    second += t == 1;
+  }
+  ck_assert_int_gt(second, 80); /* about 3/8 of the draws */
+  model_sampler_deinit(&s);
+}
+END_TEST
+
 START_TEST(penalties_change_greedy_choice) {
   model_sampler_t s;
   model_sampler_init(&s, V);
@@ -151,6 +178,7 @@ int main(void) {
   tcase_add_test(tc, same_seed_same_tokens);
   tcase_add_test(tc, temperature_one_follows_softmax);
   tcase_add_test(tc, top_k_restricts_support);
+  tcase_add_test(tc, top_p_after_top_k);
   tcase_add_test(tc, penalties_change_greedy_choice);
   tcase_add_test(tc, logprob_is_raw_log_softmax);
   suite_add_tcase(s, tc);

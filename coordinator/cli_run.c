@@ -59,7 +59,6 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
   *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
                     .device = "cpu"};
   long l;
-  double d;
   int c;
   optind = 1;
   while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
@@ -84,7 +83,6 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     default: run_usage(stderr); return 2;
     }
   }
-  (void)d;
   if (!o->prompt) {
     fprintf(stderr, "ferrumctl run: --prompt is required\n");
     run_usage(stderr);

@@ -31,7 +31,7 @@ static int model__qkv(model_t *m, const model_layer_t *L, int n, void *q, void *
   const kern_ops_t *op = m->be->ops;
   void *cx = m->be->ctx;
   if (L->wqkv.data) return op->matmul(cx, m->qkv, &L->wqkv, model__opt(&L->bqkv), m->xn, n);
-  /* unfused: separate matmuls write (n, rows) blocks; lay them out per token */
+  /* unfused: three matmuls, each into its own contiguous (n, rows) block */
   CALL(op->matmul(cx, q, &L->wq, model__opt(&L->bq), m->xn, n));
   CALL(op->matmul(cx, k, &L->wk, model__opt(&L->bk), m->xn, n));
   CALL(op->matmul(cx, v, &L->wv, model__opt(&L->bv), m->xn, n));

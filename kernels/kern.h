@@ -204,6 +204,14 @@ typedef struct {
   int (*kv_append)(void *ctx, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
                    int v_stride);
 
+  /* Optional: rope(q), rope(k) and kv_append in one op, for the layout the
+   * model keeps: q (n_tokens, n_heads heads, row stride q_stride), k and v
+   * (n_tokens, n_kv_heads heads, row stride kv_stride). q and k are rotated
+   * in place, then k and v are written at the step's slots, exactly as the
+   * three ops would. NULL: the model calls the three. */
+  int (*rope_kv_append)(void *ctx, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
+                        int kv_stride, int n_heads, const kern_rope_t *rope);
+
   /* Causal attention of q (n_tokens, q_stride elements per token, n_heads of
    * head_dim) over each sequence's paged K/V (ctx_len tokens, the query
    * token at position p sees positions <= p); GQA maps head h to KV head

@@ -58,9 +58,13 @@ static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int 
     CALL(op->rms_norm(cx, q, q, &L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps));
     CALL(op->rms_norm(cx, k, k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps));
   }
-  CALL(op->rope(cx, q, c->n_heads, c->head_dim, qs, &m->rope));
-  CALL(op->rope(cx, k, c->n_kv_heads, c->head_dim, ks, &m->rope));
-  CALL(op->kv_append(cx, pool, il, k, ks, v, ks));
+  if (op->rope_kv_append) {
+    CALL(op->rope_kv_append(cx, pool, il, q, qs, k, v, ks, c->n_heads, &m->rope));
+  } else {
+    CALL(op->rope(cx, q, c->n_heads, c->head_dim, qs, &m->rope));
+    CALL(op->rope(cx, k, c->n_kv_heads, c->head_dim, ks, &m->rope));
+    CALL(op->kv_append(cx, pool, il, k, ks, v, ks));
+  }
   CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
   /* xn = att Wo: the residual add happens in the next add_rms_norm. */
   CALL(op->matmul(cx, m->xn, &L->wo, NULL, m->att, n));

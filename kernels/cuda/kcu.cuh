@@ -31,8 +31,6 @@
   } while (0)
 #define KCU_CHECK(call) KCU_CHECK_GEN(call, cudaError_t, cudaSuccess, FR_ECUDA, cudaGetErrorString)
 #define KCU_CUBLAS(call) KCU_CHECK_GEN(call, cublasStatus_t, CUBLAS_STATUS_SUCCESS, FR_ECUBLAS, cublasGetStatusString)
-/* After each kernel launch. */
-#define KCU_LAUNCHED() KCU_CHECK(cudaGetLastError())
 
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
@@ -68,6 +66,7 @@ typedef struct {
   size_t act_size;
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of WMMA */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
+  int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -89,6 +88,8 @@ typedef struct {
   size_t xq_cap;           /* elements of xq */
   float *attn_part;        /* decode split-K partials */
   size_t attn_part_floats;
+  int32_t *attn_cnt;       /* per (sequence, KV head): splits done; the last one merges and resets it to 0 */
+  size_t attn_cnt_n;
   float *f32_tmp;          /* to_f32_host staging */
   size_t f32_tmp_n;
   void *samp_dev, *samp_pin; /* sample params in, (token, logprob) out */
@@ -165,6 +166,53 @@ __device__ __forceinline__ float kcu_warp_max(float v) {
 
 static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1) / b); }
 
+/* Programmatic dependent launch (sm_90). Every kernel is launched through
+ * kcu_launch, which lets it start while the previous kernel on the stream
+ * drains, so its launch and prologue overlap that kernel's tail. The rule
+ * that keeps this correct: each kernel calls kcu_pdl_wait() before it reads
+ * or writes any memory that another kernel writes (or reads), in every CTA,
+ * also one that has nothing to do. Only reads of data no kernel writes
+ * (weights) could come before it. The wait returns once the previous kernel
+ * has finished and its writes are visible, so the order is transitive.
+ * Measured on H100 (Llama-3-8B shapes, batch 1): 1% faster decode; letting
+ * the next kernel launch early (kcu_pdl_launch_next at entry) or only at
+ * exit made no difference. */
+__device__ __forceinline__ void kcu_pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+/* Lets the next kernel launch once every CTA of this one has called it. */
+__device__ __forceinline__ void kcu_pdl_launch_next() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+/* Both, at the top of a kernel with no weight prologue. */
+__device__ __forceinline__ void kcu_pdl_enter() {
+  kcu_pdl_wait();
+  kcu_pdl_launch_next();
+}
+
+/* Launches kernel k on c->stream (PDL when c->pdl); returns the launch error. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kcu_launch(const kcu_ctx_t *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     Args &&...args) {
+  cudaLaunchAttribute at[1];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = c->pdl;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = c->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
+}
+/* Launch and check: returns from the calling function on a launch error. */
+#define KCU_LAUNCH(...) KCU_CHECK(kcu_launch(__VA_ARGS__))
+
 /* Device allocation: FR_EDEVOOM with a clear message when out of memory. */
 int kcu__alloc(kcu_ctx_t *c, size_t bytes, void **out, const char *what);
 /* Frees a device allocation (NULL is fine). */
@@ -181,6 +229,8 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
 int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *rope);
 int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
                    int v_stride);
+int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
+                        int kv_stride, int n_heads, const kern_rope_t *rope);
 int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, int n_pairs);
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride);
 int kcu__add(kcu_ctx_t *c, void *out, const void *a, const void *b, size_t n);
@@ -194,6 +244,8 @@ int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const k
 int kcu__attn_init(kcu_ctx_t *c);
 /* Decode split count for a step shape; the partials buffer is sized from it. */
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
+/* Grows the split-K partials and counters for that many splits (not inside a capture). */
+int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
 int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev);
 
 /* Sample params as the device reads them (16-byte aligned rows). */

@@ -3,7 +3,8 @@
  * Decode (every sequence has one query token): one CTA per (split, KV head,
  * sequence) serves all the query heads that share the KV head (GQA); the
  * context is split along the sequence (flash-decoding) so that long contexts
- * fill the GPU, and a second kernel merges the splits by their log-sum-exp.
+ * fill the GPU; the last CTA of each (sequence, KV head) to finish merges
+ * the splits by their log-sum-exp.
  * The split count depends only on the step's shape (n_seqs, KV heads, block
  * table capacity), never on ctx_len, so a captured graph replays correctly
  * for any context length: each CTA finds its range from ctx_len on the
@@ -47,13 +48,54 @@ __device__ __forceinline__ void kcu_merge(float &m1, float &l1, float *a1, float
 
 /* ---- decode ---------------------------------------------------------------------------- */
 
+/* Split-K merge without a second kernel: every CTA of (sequence, KV head)
+ * publishes its partials, then counts itself done; the last one to finish
+ * merges the G heads by their log-sum-exp and resets the counter for the
+ * next step (graphs replay the same counters). The split weights go through
+ * shared memory first, so the loads of the merge are independent. */
+template <typename T, int HD, int GM>
+__device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int t, int s, int kvh, int G, int n_heads,
+                                    int n_splits, int n_used) {
+  __shared__ int last;
+  __shared__ float wt[GM][KCU_MAX_SPLITS];
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(cnt, 1) == n_splits - 1;
+  __syncthreads();
+  if (!last) return;
+  __threadfence();
+  const float *base = part + ((size_t)s * n_heads + (size_t)kvh * G) * n_splits * (HD + 2);
+  for (int e = threadIdx.x; e < G * n_used; e += blockDim.x)
+    wt[e / n_used][e % n_used] = __ldcg(base + (size_t)(e / n_used * n_splits + e % n_used) * (HD + 2) + HD);
+  __syncthreads();
+  if (threadIdx.x < G) { /* lse -> normalized weight, per head */
+    float *w = wt[threadIdx.x], M = -INFINITY, den = 0.f;
+    for (int i = 0; i < n_used; i++) M = fmaxf(M, w[i]);
+    for (int i = 0; i < n_used; i++) {
+      w[i] = M == -INFINITY || w[i] == -INFINITY ? 0.f : __expf(w[i] - M);
+      den += w[i];
+    }
+    for (int i = 0; i < n_used; i++) w[i] = den > 0.f ? w[i] / den : 0.f;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
+    const int g = e / HD, d = e % HD;
+    const float *p = base + (size_t)g * n_splits * (HD + 2) + d;
+    float num = 0.f;
+    for (int i = 0; i < n_used; i++) num += wt[g][i] * __ldcg(p + (size_t)i * (HD + 2));
+    out[(size_t)t * n_heads * HD + (size_t)(kvh * G + g) * HD + d] = kcu_t<T>(num);
+  }
+  if (threadIdx.x == 0) *cnt = 0;
+}
+
 /* PIPE: prefetch the next step's K/V while computing (more registers, so
  * fewer CTAs per SM: worth it only when the grid does not fill the GPU). */
 template <typename T, int HD, int GM, bool PIPE>
-__global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
+__global__ void __launch_bounds__(KCU_DEC_WARPS * 32, PIPE ? 3 : 4)
     kcu_attn_decode_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
-                      int n_kv, int G, float scale, float *part) {
+                      int n_kv, int G, float scale, float *part, int32_t *cnt) {
+  kcu_pdl_enter();
   constexpr int L = HD / 8, TPW = 32 / L, NW = KCU_DEC_WARPS;
   __shared__ float sm_a[GM][HD];
   __shared__ float sm_m[GM], sm_l[GM];
@@ -64,8 +106,11 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
   if (q_start[s + 1] - t != 1) return;
   /* the query sits at cache index ctx_len - 1 and sees the whole context */
   const int end = max(min(ctx_len[s], max_blocks * bs), 0);
-  int chunk = (end + n_splits - 1) / n_splits;
+  /* at least KCU_DEC_MIN_CHUNK tokens a split: short contexts use few of
+   * the splits, and the merge reads only those */
+  int chunk = max((end + n_splits - 1) / n_splits, KCU_DEC_MIN_CHUNK);
   chunk = (chunk + 15) & ~15;
+  const int n_used = (end + chunk - 1) / chunk;
   const int start = split * chunk, stop = min(end, start + chunk);
   const int row_elems = n_kv * HD, head_off = kvh * HD + sub * 8;
   const int32_t *bt = bts + (size_t)s * max_blocks;
@@ -176,47 +221,28 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32)
     }
     __syncthreads();
   }
-  if (warp != NW - 1 || slot != 0) return;
   const int n_heads = n_kv * G;
+  if (warp == NW - 1 && slot == 0 && (n_splits == 1 || split < n_used)) {
 #pragma unroll
-  for (int g = 0; g < GM; g++) {
-    if (g >= G) break;
-    int h = kvh * G + g;
-    float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-    if (n_splits == 1) {
-      float o[8];
+    for (int g = 0; g < GM; g++) {
+      if (g >= G) break;
+      int h = kvh * G + g;
+      float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
+      if (n_splits == 1) {
+        float o[8];
 #pragma unroll
-      for (int i = 0; i < 8; i++) o[i] = acc[g][i] * inv;
-      *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + sub * 8) = kcu_pack8<T>(o);
-    } else {
-      float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
+        for (int i = 0; i < 8; i++) o[i] = acc[g][i] * inv;
+        *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + sub * 8) = kcu_pack8<T>(o);
+      } else {
+        float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
 #pragma unroll
-      for (int i = 0; i < 8; i++) p[sub * 8 + i] = acc[g][i] * inv;
-      if (sub == 0) p[HD] = l[g] > 0.f ? m[g] + __logf(l[g]) : -INFINITY;
+        for (int i = 0; i < 8; i++) p[sub * 8 + i] = acc[g][i] * inv;
+        if (sub == 0) p[HD] = l[g] > 0.f ? m[g] + __logf(l[g]) : -INFINITY;
+      }
     }
   }
-}
-
-/* grid (n_heads, n_seqs), HD threads: merges the splits of one head. */
-template <typename T, int HD>
-__global__ void kcu_attn_reduce_k(T *out, const float *part, const int32_t *q_start, int n_heads, int n_splits) {
-  const int h = blockIdx.x, s = blockIdx.y, d = threadIdx.x;
-  const int t = q_start[s];
-  if (q_start[s + 1] - t != 1) return;
-  const float *p = part + ((size_t)s * n_heads + h) * n_splits * (HD + 2);
-  float M = -INFINITY;
-  for (int i = 0; i < n_splits; i++) M = fmaxf(M, p[i * (HD + 2) + HD]);
-  float num = 0.f, den = 0.f;
-  if (M != -INFINITY) {
-    for (int i = 0; i < n_splits; i++) {
-      float lse = p[i * (HD + 2) + HD];
-      if (lse == -INFINITY) continue;
-      float w = __expf(lse - M);
-      num += w * p[i * (HD + 2) + d];
-      den += w;
-    }
-  }
-  out[(size_t)t * n_heads * HD + (size_t)h * HD + d] = kcu_t<T>(den > 0.f ? num / den : 0.f);
+  if (n_splits > 1)
+    kcu_attn_merge_last<T, HD, GM>(out, part, cnt + (size_t)s * n_kv + kvh, t, s, kvh, G, n_heads, n_splits, n_used);
 }
 
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
@@ -228,37 +254,47 @@ int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long c
   return (int)FR_MAX(sp, 1ll);
 }
 
+int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits) {
+  if (splits <= 1) return 0;
+  size_t floats = (size_t)n_seqs * n_heads * splits * (head_dim + 2), counters = (size_t)n_seqs * n_kv_heads;
+  if (floats <= c->attn_part_floats && counters <= c->attn_cnt_n) return 0;
+  int rc = kcu__not_capturing(c, "growing the attention partials");
+  if (rc) return rc;
+  if (floats > c->attn_part_floats) {
+    kcu__free(c->attn_part);
+    c->attn_part = NULL;
+    c->attn_part_floats = 0;
+    if ((rc = kcu__alloc(c, floats * 4, (void **)&c->attn_part, "attention partials"))) return rc;
+    c->attn_part_floats = floats;
+  }
+  if (counters > c->attn_cnt_n) {
+    kcu__free(c->attn_cnt);
+    c->attn_cnt = NULL;
+    c->attn_cnt_n = 0;
+    if ((rc = kcu__alloc(c, counters * 4, (void **)&c->attn_cnt, "attention split counters"))) return rc;
+    KCU_CHECK(cudaMemsetAsync(c->attn_cnt, 0, counters * 4, c->stream));
+    c->attn_cnt_n = counters;
+  }
+  return 0;
+}
+
 template <typename T, int HD, int GM>
 static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
                              const kern_kv_config_t *cf, int G, float scale) {
   int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
   int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
-  if (sp > 1 && (size_t)n_seqs * n_heads * sp * (HD + 2) > c->attn_part_floats) {
-    if (c->capturing) return fr_errorf(FR_ESTATE, "cuda: attention partials too small inside a capture");
-    size_t need = (size_t)n_seqs * n_heads * sp * (HD + 2);
-    kcu__free(c->attn_part);
-    c->attn_part = NULL;
-    c->attn_part_floats = 0;
-    int rc = kcu__alloc(c, need * 4, (void **)&c->attn_part, "attention partials");
-    if (rc) return rc;
-    c->attn_part_floats = need;
-  }
+  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads, n_heads, HD, sp);
+  if (rc) return rc;
   dim3 grid(sp, cf->n_kv_heads, n_seqs);
   /* measured on H200: prefetching pays while the grid fits one wave (~3 CTAs per SM) */
   if ((long long)sp * cf->n_kv_heads * n_seqs <= 3ll * c->n_sm)
-    kcu_attn_decode_k<T, HD, GM, true><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
-        out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size,
-        cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc,
+               c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
+               cf->n_kv_heads, G, scale, c->attn_part, c->attn_cnt);
   else
-    kcu_attn_decode_k<T, HD, GM, false><<<grid, KCU_DEC_WARPS * 32, 0, c->stream>>>(
-        out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size,
-        cf->n_blocks, cf->n_kv_heads, G, scale, c->attn_part);
-  KCU_LAUNCHED();
-  if (sp > 1) {
-    kcu_attn_reduce_k<T, HD><<<dim3(n_heads, n_seqs), HD, 0, c->stream>>>(out, c->attn_part, c->dm.q_start, n_heads,
-                                                                          sp);
-    KCU_LAUNCHED();
-  }
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc,
+               c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
+               cf->n_kv_heads, G, scale, c->attn_part, c->attn_cnt);
   return 0;
 }
 
@@ -280,6 +316,7 @@ __global__ void __launch_bounds__(256)
     kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                        const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                        int n_kv, int G, float scale) {
+  kcu_pdl_enter();
   constexpr int NC = HD / 32; /* chunks of 8 per thread */
   __shared__ uint4 sk[KCU_PF_BN][HD / 8], sv[KCU_PF_BN][HD / 8];
   __shared__ int s_maxpos;
@@ -398,6 +435,7 @@ __global__ void __launch_bounds__(128)
     kcu_attn_prefill_wmma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                             const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                             int n_kv, int G, float scale) {
+  kcu_pdl_enter();
   using namespace nvcuda;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sK = reinterpret_cast<T *>(smem), *sV = sK + KCU_WM_BN * HD;
@@ -516,10 +554,9 @@ static int kcu_prefill_wmma(kcu_ctx_t *c, T *out, const T *q, int q_stride, cons
                             const kern_kv_config_t *cf, int n_heads, int G, float scale) {
   constexpr int bytes = kcu_wm_smem<HD>::BYTES;
   dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, c->n_seqs);
-  kcu_attn_prefill_wmma_k<T, HD><<<grid, 128, bytes, c->stream>>>(out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+  KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, 128, bytes, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
                                                                    c->dm.ctx_len, c->dm.block_tables, cf->block_size,
                                                                    cf->n_blocks, cf->n_kv_heads, G, scale);
-  KCU_LAUNCHED();
   return 0;
 }
 
@@ -535,10 +572,9 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   if (HD <= 128 && !c->simt_prefill)
     return kcu_prefill_wmma<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale);
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
-  kcu_attn_prefill_k<T, HD><<<grid, 256, 0, c->stream>>>(out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, 256, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
                                                          c->dm.ctx_len, c->dm.block_tables,
                                                          cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
-  KCU_LAUNCHED();
   return 0;
 }
 

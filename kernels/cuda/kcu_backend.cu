@@ -348,14 +348,9 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   /* size the decode partials for this step shape (never inside a capture) */
   if (c->pool_kv_heads > 0 && s->n_seqs > 0) {
     int sp = kcu__attn_splits(c, s->n_seqs, c->pool_kv_heads, (long long)s->max_blocks * c->pool_block_size);
-    size_t need = (size_t)s->n_seqs * c->pool_kv_heads * KCU_MAX_GROUP * sp * (c->pool_head_dim + 2);
-    if (need > c->attn_part_floats) {
-      kcu__free(c->attn_part);
-      c->attn_part = NULL;
-      c->attn_part_floats = 0;
-      if ((rc = kcu__alloc(c, need * 4, (void **)&c->attn_part, "attention partials"))) return rc;
-      c->attn_part_floats = need;
-    }
+    if ((rc = kcu__attn_reserve(c, s->n_seqs, c->pool_kv_heads, c->pool_kv_heads * KCU_MAX_GROUP, c->pool_head_dim,
+                                sp)))
+      return rc;
   }
   return 0;
 }
@@ -393,6 +388,13 @@ static int kcu_kv_append(void *ctx, kern_kv_pool_t *pool, int layer, const void 
                          int v_stride) {
   if (layer < 0 || layer >= pool->cfg.n_layers) return fr_errorf(FR_EFORMAT, "cuda: kv_append: bad layer %d", layer);
   return kcu__kv_append((kcu_ctx_t *)ctx, pool, layer, k, k_stride, v, v_stride);
+}
+
+static int kcu_rope_kv_append(void *ctx, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
+                              int kv_stride, int n_heads, const kern_rope_t *rope) {
+  if (layer < 0 || layer >= pool->cfg.n_layers)
+    return fr_errorf(FR_EFORMAT, "cuda: rope_kv_append: bad layer %d", layer);
+  return kcu__rope_kv_append((kcu_ctx_t *)ctx, pool, layer, q, q_stride, k, v, kv_stride, n_heads, rope);
 }
 
 static int kcu_attention(void *ctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
@@ -537,6 +539,7 @@ static void kcu_destroy(void *ctx) {
   kcu__free(c->xq);
   kcu__free(c->xqd);
   kcu__free(c->attn_part);
+  kcu__free(c->attn_cnt);
   kcu__free(c->f32_tmp);
   kcu__free(c->pairs_dev);
   kcu__free(c->cublas_ws);
@@ -569,6 +572,7 @@ static const kern_ops_t kcu_ops = {
     .add_rms_norm = kcu_add_rms_norm,
     .rope = kcu_rope,
     .kv_append = kcu_kv_append,
+    .rope_kv_append = kcu_rope_kv_append,
     .attention = kcu_attention,
     .silu_mul = kcu_silu_mul,
     .add = kcu_add,
@@ -607,6 +611,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->simt_prefill = kcu_env_int("FERRUM_CUDA_SIMT_PREFILL", 0, 0, 1);
   c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", -1, -1, 8);
   c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
+  c->pdl = prop.major >= 9 && kcu_env_int("FERRUM_PDL", 1, 0, 1);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
@@ -615,7 +620,8 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");
   if (rc || (rc = kcu__attn_init(c))) return rc;
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
-  FR_LOGD("cuda: device %d %s, %d SMs, act %s", device, prop.name, c->n_sm, c->act == KERN_BF16 ? "bf16" : "f16");
+  FR_LOGD("cuda: device %d %s, %d SMs, act %s, PDL %s", device, prop.name, c->n_sm,
+          c->act == KERN_BF16 ? "bf16" : "f16", c->pdl ? "on" : "off");
   return kcu_meta_grow(c, 256, 64, 4096);
 }
 

@@ -45,10 +45,13 @@ __device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *
 }
 
 /* 256 threads = 8 warps; WPR warps per row, 8 / WPR rows per CTA.
- * cols % 8 == 0, W and x 16-byte aligned. */
+ * cols % 8 == 0, W and x 16-byte aligned. Each lane keeps U 16-byte weight
+ * loads in flight. (Issuing the first loads before the PDL wait measured no
+ * faster on H100.) */
 template <typename T, int NBM, int WPR>
 __global__ void __launch_bounds__(256) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias, int rows,
                                                          int cols, int nb) {
+  kcu_pdl_enter();
   __shared__ float red[8][NBM];
   constexpr int RPC = 8 / WPR, STEP = 32 * WPR, U = 4;
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -97,6 +100,7 @@ __global__ void __launch_bounds__(256) kcu_gemv_dense_k(T *out, const T *W, cons
  * xq (n, cols) int8; xd (n, cols / 32) (scale, scale * sum of q). */
 template <typename T>
 __global__ void kcu_quant_q8_1_k(const T *x, int8_t *xq, float2 *xd, long long n_blocks) {
+  kcu_pdl_enter();
   long long blk = blockIdx.x * 8ll + threadIdx.x / 32;
   if (blk >= n_blocks) return;
   int lane = threadIdx.x % 32;
@@ -114,6 +118,7 @@ template <int QT, int NBM>
 __global__ void __launch_bounds__(256) kcu_gemv_q_k(void *out_v, int out_bf16, const uint8_t *W, size_t row_bytes,
                                                      const int8_t *xq, const float2 *xd, const float *bias, int rows,
                                                      int cols, int nb) {
+  kcu_pdl_enter();
   int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   int row = blockIdx.x * 8 + warp;
   float acc[NBM];
@@ -162,6 +167,7 @@ __global__ void __launch_bounds__(256) kcu_gemv_q_k(void *out_v, int out_bf16, c
 /* Dequantizes rows [row0, row0 + nrows) of w into dst (nrows, cols) of T. */
 template <typename T, int QT>
 __global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_t row0, long long n_units, int cols) {
+  kcu_pdl_enter();
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= n_units) return;
   int per = cols / 32;
@@ -179,60 +185,57 @@ int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t r
   if (units == 0) return 0;
   KCU_ACT_DISPATCH(c, KCU_QUANT_DISPATCH(w->type,
                                          return fr_errorf(FR_EUNSUPPORTED, "cuda: dequant of type %d", (int)w->type),
-                                         kcu_dequant_k<T, QT><<<kcu_div_up(units, 128), 128, 0, c->stream>>>(
+                                         KCU_LAUNCH(c, kcu_dequant_k<T, QT>, kcu_div_up(units, 128), 128, 0, 
                                              (T *)dst, (const uint8_t *)w->data, w->row_bytes, row0, units,
                                              (int)w->cols)));
-  KCU_LAUNCHED();
   return 0;
 }
 
 /* ---- launchers ----------------------------------------------------------------------- */
 
 template <typename T, int NBM>
-static void kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const T *W, const T *x, const float *bias, int rows, int cols,
+static int kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const T *W, const T *x, const float *bias, int rows, int cols,
                                   int nb) {
   /* few rows: spread a row over 4 warps so that enough loads are in flight */
   if ((long long)rows < 16ll * c->n_sm)
-    kcu_gemv_dense_k<T, NBM, 4><<<kcu_div_up(rows, 2), 256, 0, c->stream>>>(out, W, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4>, kcu_div_up(rows, 2), 256, 0, out, W, x, bias, rows, cols, nb);
   else
-    kcu_gemv_dense_k<T, NBM, 1><<<kcu_div_up(rows, 8), 256, 0, c->stream>>>(out, W, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1>, kcu_div_up(rows, 8), 256, 0, out, W, x, bias, rows, cols, nb);
+  return 0;
 }
 
 template <typename T>
 static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const T *W = (const T *)w->data;
   int rows = (int)w->rows, cols = (int)w->cols;
-  if (n == 1) kcu_gemv_dense_launch<T, 1>(c, out, W, x, bias, rows, cols, n);
-  else if (n == 2) kcu_gemv_dense_launch<T, 2>(c, out, W, x, bias, rows, cols, n);
-  else if (n <= 4) kcu_gemv_dense_launch<T, 4>(c, out, W, x, bias, rows, cols, n);
-  else kcu_gemv_dense_launch<T, 8>(c, out, W, x, bias, rows, cols, n);
-  KCU_LAUNCHED();
-  return 0;
+  if (n == 1) return kcu_gemv_dense_launch<T, 1>(c, out, W, x, bias, rows, cols, n);
+  if (n == 2) return kcu_gemv_dense_launch<T, 2>(c, out, W, x, bias, rows, cols, n);
+  if (n <= 4) return kcu_gemv_dense_launch<T, 4>(c, out, W, x, bias, rows, cols, n);
+  return kcu_gemv_dense_launch<T, 8>(c, out, W, x, bias, rows, cols, n);
 }
 
 template <int QT>
-static void kcu_gemv_q_launch(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, int n) {
+static int kcu_gemv_q_launch(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, int n) {
   const uint8_t *W = (const uint8_t *)w->data;
   int rows = (int)w->rows, cols = (int)w->cols, g = kcu_div_up(rows, 8), bf = c->act == KERN_BF16;
   size_t rb = w->row_bytes;
   const int8_t *xq = c->xq;
   const float2 *xd = (const float2 *)c->xqd;
-  if (n == 1) kcu_gemv_q_k<QT, 1><<<g, 256, 0, c->stream>>>(out, bf, W, rb, xq, xd, bias, rows, cols, n);
-  else if (n == 2) kcu_gemv_q_k<QT, 2><<<g, 256, 0, c->stream>>>(out, bf, W, rb, xq, xd, bias, rows, cols, n);
-  else if (n <= 4) kcu_gemv_q_k<QT, 4><<<g, 256, 0, c->stream>>>(out, bf, W, rb, xq, xd, bias, rows, cols, n);
-  else kcu_gemv_q_k<QT, 8><<<g, 256, 0, c->stream>>>(out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  if (n == 1) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 1>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  else if (n == 2) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 2>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  else if (n <= 4) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 4>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  else KCU_LAUNCH(c, kcu_gemv_q_k<QT, 8>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  return 0;
 }
 
 /* Quantizes x (n, cols) into c->xq / c->xqd, then runs the integer GEMV. */
 static int kcu_gemv_quant(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
   long long nblk = (long long)n * (w->cols / 32);
   if ((size_t)nblk * 32 > c->xq_cap) return fr_errorf(FR_ESTATE, "cuda: matmul: activation scratch too small");
-  KCU_ACT_DISPATCH(c, kcu_quant_q8_1_k<T><<<kcu_div_up(nblk, 8), 256, 0, c->stream>>>((const T *)x, c->xq,
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_quant_q8_1_k<T>, kcu_div_up(nblk, 8), 256, 0, (const T *)x, c->xq,
                                                                                      (float2 *)c->xqd, nblk));
-  KCU_LAUNCHED();
   KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul type %d", (int)w->type),
-                     kcu_gemv_q_launch<QT>(c, out, w, bias, n));
-  KCU_LAUNCHED();
+                     return kcu_gemv_q_launch<QT>(c, out, w, bias, n));
   return 0;
 }
 

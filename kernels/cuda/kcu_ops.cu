@@ -1,22 +1,22 @@
 /* kcu_ops.cu - elementwise and row ops of the CUDA backend: type
- * conversion, embed, rms_norm (+ fused residual add), rope, KV append and
- * block copy, silu_mul, add, last_rows, bias. All math in f32. */
+ * conversion, embed, rms_norm (+ fused residual add), rope, KV append (also
+ * fused with rope) and block copy, silu_mul, add, last_rows, bias. All math in f32. */
 #include "kernels/cuda/kcu_quant.cuh"
 
 /* ---- conversion ---------------------------------------------------------------- */
 
 template <typename S, typename D> __global__ void kcu_convert_k(D *dst, const S *src, size_t n) {
+  kcu_pdl_enter();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     dst[i] = kcu_t<D>(kcu_f(src[i]));
 }
 
 template <typename S> static int kcu_convert_from(kcu_ctx_t *c, void *dst, kern_type_t dt, const S *src, size_t n) {
   int grid = (int)FR_MIN((n + 255) / 256, (size_t)c->n_sm * 32);
-  if (dt == KERN_F32) kcu_convert_k<S, float><<<grid, 256, 0, c->stream>>>((float *)dst, src, n);
-  else if (dt == KERN_F16) kcu_convert_k<S, __half><<<grid, 256, 0, c->stream>>>((__half *)dst, src, n);
-  else if (dt == KERN_BF16) kcu_convert_k<S, __nv_bfloat16><<<grid, 256, 0, c->stream>>>((__nv_bfloat16 *)dst, src, n);
+  if (dt == KERN_F32) KCU_LAUNCH(c, kcu_convert_k<S, float>, grid, 256, 0, (float *)dst, src, n);
+  else if (dt == KERN_F16) KCU_LAUNCH(c, kcu_convert_k<S, __half>, grid, 256, 0, (__half *)dst, src, n);
+  else if (dt == KERN_BF16) KCU_LAUNCH(c, kcu_convert_k<S, __nv_bfloat16>, grid, 256, 0, (__nv_bfloat16 *)dst, src, n);
   else return fr_errorf(FR_EUNSUPPORTED, "cuda: convert to type %d", (int)dt);
-  KCU_LAUNCHED();
   return 0;
 }
 
@@ -33,6 +33,7 @@ int kcu__convert(kcu_ctx_t *c, void *dst, kern_type_t dt, const void *src, kern_
 /* out(n_tokens, cols) = table rows; token ids from the step (device). */
 template <typename T, typename S>
 __global__ void kcu_embed_dense_k(T *out, const S *table, const int32_t *tokens, int64_t rows, int cols) {
+  kcu_pdl_enter();
   int t = blockIdx.y;
   int32_t id = tokens[t];
   bool ok = id >= 0 && id < rows;
@@ -43,6 +44,7 @@ __global__ void kcu_embed_dense_k(T *out, const S *table, const int32_t *tokens,
 template <typename T, int QT>
 __global__ void kcu_embed_quant_k(T *out, const uint8_t *table, size_t row_bytes, const int32_t *tokens, int64_t rows,
                                   int cols) {
+  kcu_pdl_enter();
   int t = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
   if (u >= cols / 32) return;
   int32_t id = tokens[t];
@@ -67,20 +69,19 @@ int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
   KCU_ACT_DISPATCH(c, {
     T *o = (T *)out;
     if (tb->type == KERN_F32) {
-      kcu_embed_dense_k<T, float><<<dim3(kcu_div_up(cols, 256), nt), 256, 0, c->stream>>>(
+      KCU_LAUNCH(c, kcu_embed_dense_k<T, float>, dim3(kcu_div_up(cols, 256), nt), 256, 0, 
           o, (const float *)tb->data, c->dm.tokens, tb->rows, cols);
     } else if (tb->type == c->act) {
-      kcu_embed_dense_k<T, T><<<dim3(kcu_div_up(cols, 256), nt), 256, 0, c->stream>>>(
+      KCU_LAUNCH(c, kcu_embed_dense_k<T, T>, dim3(kcu_div_up(cols, 256), nt), 256, 0, 
           o, (const T *)tb->data, c->dm.tokens, tb->rows, cols);
     } else {
       dim3 grid(kcu_div_up(cols / 32, 64), nt);
       KCU_QUANT_DISPATCH(tb->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: embed from type %d", (int)tb->type),
-                         kcu_embed_quant_k<T, QT><<<grid, 64, 0, c->stream>>>(o, (const uint8_t *)tb->data,
+                         KCU_LAUNCH(c, kcu_embed_quant_k<T, QT>, grid, 64, 0, o, (const uint8_t *)tb->data,
                                                                               tb->row_bytes, c->dm.tokens, tb->rows,
                                                                               cols));
     }
   });
-  KCU_LAUNCHED();
   return 0;
 }
 
@@ -100,6 +101,7 @@ template <int NT> __device__ float kcu_block_sum(float v, float *red) {
 /* One CTA per row. With `res`: res += x (stored in T), then norm of res. */
 template <typename T, int NT>
 __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int dim, float eps) {
+  kcu_pdl_enter();
   __shared__ float red[32];
   size_t row = (size_t)blockIdx.x * dim;
   float ss = 0.f;
@@ -118,11 +120,75 @@ __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int d
   for (int i = threadIdx.x; i < dim; i += NT) out[row + i] = kcu_t<T>(kcu_f(src[row + i]) * inv * w[i]);
 }
 
+/* The same with 16-byte accesses, the row kept in registers (V chunks of 8
+ * per thread, dim <= 8 * NT * V) and the weights loaded before the
+ * reduction. dim % 8 == 0, rows 16-byte aligned; out may alias x. */
+template <typename T, int NT, int V>
+__global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
+                                                         float eps) {
+  kcu_pdl_enter();
+  __shared__ float red[32];
+  const int n8 = dim / 8;
+  const size_t row = (size_t)blockIdx.x * n8;
+  const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + row;
+  uint4 *r8 = reinterpret_cast<uint4 *>(res) + row;
+  float v[V][8], ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    kcu_unpack8(x8[j], v[c], (const T *)0);
+    if (res) {
+      float r[8];
+      kcu_unpack8(r8[j], r, (const T *)0);
+#pragma unroll
+      for (int e = 0; e < 8; e++) v[c][e] = kcu_f(kcu_t<T>(r[e] + v[c][e]));
+      r8[j] = kcu_pack8<T>(v[c]);
+    }
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
+  }
+  float4 wv[V][2];
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    wv[c][0] = reinterpret_cast<const float4 *>(w)[2 * j];
+    wv[c][1] = reinterpret_cast<const float4 *>(w)[2 * j + 1];
+  }
+  ss = kcu_block_sum<NT>(ss, red);
+  const float inv = rsqrtf(ss / (float)dim + eps);
+  uint4 *o8 = reinterpret_cast<uint4 *>(out) + row;
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    const float *wf = reinterpret_cast<const float *>(wv[c]);
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = v[c][e] * inv * wf[e];
+    o8[j] = kcu_pack8<T>(o);
+  }
+}
+
+static bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
   if (n <= 0) return 0;
-  KCU_ACT_DISPATCH(c, kcu_rms_norm_k<T, 256><<<n, 256, 0, c->stream>>>((T *)out, (T *)residual, (const T *)x, w, dim,
+  if (dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual))) {
+    if (dim <= 8 * 32 * 4) {
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 32, 4>, n, 32, 0, (T *)out, (T *)residual,
+                                     (const T *)x, w, dim, eps));
+      return 0;
+    }
+    if (dim <= 8 * 256 * 4) {
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 256, 4>, n, 256, 0, (T *)out, (T *)residual,
+                                     (const T *)x, w, dim, eps));
+      return 0;
+    }
+  }
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_k<T, 256>, n, 256, 0, (T *)out, (T *)residual, (const T *)x, w, dim,
                                                                       eps));
-  KCU_LAUNCHED();
   return 0;
 }
 
@@ -131,6 +197,7 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
 template <typename T>
 __global__ void kcu_rope_k(T *x, const int32_t *positions, const float *inv_freq, int n_tokens, int n_heads,
                            int head_dim, int row_stride, int n_rot, int neox, float attn_factor) {
+  kcu_pdl_enter();
   int half = n_rot / 2;
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)n_tokens * n_heads * half) return;
@@ -152,10 +219,9 @@ int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, 
     return fr_errorf(FR_EFORMAT, "cuda: rope: bad n_rot %d or inv_freq", r->n_rot);
   long long total = (long long)c->n_tokens * n_heads * (r->n_rot / 2);
   if (total == 0) return 0;
-  KCU_ACT_DISPATCH(c, kcu_rope_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>(
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_k<T>, kcu_div_up(total, 256), 256, 0, 
                           (T *)x, c->dm.positions, (const float *)r->inv_freq->data, c->n_tokens, n_heads, head_dim,
                           row_stride, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor));
-  KCU_LAUNCHED();
   return 0;
 }
 
@@ -165,6 +231,7 @@ int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, 
 template <typename T>
 __global__ void kcu_kv_append_k(T *kc, T *vc, const T *k, int k_stride, const T *v, int v_stride,
                                 const int32_t *slots, int n_tokens, int row, long long n_slots, int vec) {
+  kcu_pdl_enter();
   int per = row / vec;
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)n_tokens * per) return;
@@ -181,8 +248,6 @@ __global__ void kcu_kv_append_k(T *kc, T *vc, const T *k, int k_stride, const T 
   }
 }
 
-static bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
 int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
                    int v_stride) {
   const kern_kv_config_t *cf = &pool->cfg;
@@ -191,15 +256,85 @@ int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k,
   long long total = (long long)c->n_tokens * (row / vec);
   if (total == 0) return 0;
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
-  KCU_ACT_DISPATCH(c, kcu_kv_append_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>(
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, 
                           (T *)kb, (T *)(kb + pool->layer_bytes), (const T *)k, k_stride, (const T *)v, v_stride,
                           c->dm.slots, c->n_tokens, row, (long long)cf->n_blocks * cf->block_size, vec));
-  KCU_LAUNCHED();
+  return 0;
+}
+
+/* One thread per work item of a token, all independent: a q pair to rotate
+ * in place; a k pair to rotate, written both in place and to the cache; a
+ * k element past n_rot or a v element to copy. Rotation as kcu_rope_k. */
+template <typename T>
+__global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stride, T *kc, T *vc,
+                                     const int32_t *positions, const int32_t *slots, const float *inv_freq,
+                                     int n_tokens, int n_heads, int n_kv, int head_dim, int n_rot, int neox,
+                                     float attn_factor, long long n_slots) {
+  kcu_pdl_enter();
+  const int half = n_rot / 2, q_items = n_heads * half, k_items = n_kv * half;
+  const int tail = head_dim - n_rot, row = n_kv * head_dim;
+  const int per = q_items + k_items + n_kv * tail + row;
+  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= (long long)n_tokens * per) return;
+  const int t = (int)(i / per);
+  int w = (int)(i % per);
+  const int32_t slot = slots[t];
+  const bool cache = slot >= 0 && slot < n_slots;
+  if (w < q_items + k_items) {
+    const bool is_q = w < q_items;
+    if (!is_q) w -= q_items;
+    const int h = w / half, p = w % half, a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    T *xh = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim : k + (size_t)t * kv_stride + (size_t)h * head_dim;
+    float s, co;
+    sincosf((float)positions[t] * inv_freq[p], &s, &co);
+    s *= attn_factor;
+    co *= attn_factor;
+    const float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
+    const T ya = kcu_t<T>(x0 * co - x1 * s), yb = kcu_t<T>(x0 * s + x1 * co);
+    xh[a] = ya;
+    xh[b] = yb;
+    if (!is_q && cache) {
+      kc[(size_t)slot * row + (size_t)h * head_dim + a] = ya;
+      kc[(size_t)slot * row + (size_t)h * head_dim + b] = yb;
+    }
+    return;
+  }
+  if (!cache) return;
+  w -= q_items + k_items;
+  if (w < n_kv * tail) { /* k past the rotated dims */
+    const int e = (w / tail) * head_dim + n_rot + w % tail;
+    kc[(size_t)slot * row + e] = k[(size_t)t * kv_stride + e];
+    return;
+  }
+  w -= n_kv * tail;
+  vc[(size_t)slot * row + w] = v[(size_t)t * kv_stride + w];
+}
+
+int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
+                        int kv_stride, int n_heads, const kern_rope_t *r) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  const int hd = cf->head_dim;
+  if (r->n_rot <= 0 || r->n_rot % 2 || r->n_rot > hd || !r->inv_freq || r->inv_freq->type != KERN_F32 ||
+      r->inv_freq->cols < r->n_rot / 2)
+    return fr_errorf(FR_EFORMAT, "cuda: rope_kv_append: bad n_rot %d or inv_freq", r->n_rot);
+  if (n_heads <= 0 || q_stride < n_heads * hd || kv_stride < cf->n_kv_heads * hd)
+    return fr_errorf(FR_EFORMAT, "cuda: rope_kv_append: strides (%d, %d) too small for %d + %d heads of %d",
+                     q_stride, kv_stride, n_heads, cf->n_kv_heads, hd);
+  if (c->n_tokens == 0) return 0;
+  char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
+  const long long total = (long long)c->n_tokens * (n_heads * (r->n_rot / 2) + cf->n_kv_heads * (r->n_rot / 2) +
+                                                   cf->n_kv_heads * (hd - r->n_rot) + cf->n_kv_heads * hd);
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, (T *)q, q_stride, (T *)k,
+                                 (T *)v, kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes), c->dm.positions,
+                                 c->dm.slots, (const float *)r->inv_freq->data, c->n_tokens, n_heads, cf->n_kv_heads,
+                                 hd, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor,
+                                 (long long)cf->n_blocks * cf->block_size));
   return 0;
 }
 
 /* grid (n_pairs, 2 * n_layers): copies one block of K or V of one layer. */
 __global__ void kcu_kv_copy_k(char *base, size_t layer_bytes, size_t block_bytes, const int32_t *pairs) {
+  kcu_pdl_enter();
   const int32_t src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
   char *plane = base + (size_t)blockIdx.y * layer_bytes;
   const uint4 *s = reinterpret_cast<const uint4 *>(plane + (size_t)src * block_bytes);
@@ -210,9 +345,8 @@ __global__ void kcu_kv_copy_k(char *base, size_t layer_bytes, size_t block_bytes
 int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, int n_pairs) {
   const kern_kv_config_t *cf = &pool->cfg;
   size_t block_bytes = (size_t)cf->block_size * cf->n_kv_heads * cf->head_dim * c->act_size; /* head_dim % 8 == 0 */
-  kcu_kv_copy_k<<<dim3(n_pairs, 2 * cf->n_layers), 256, 0, c->stream>>>((char *)pool->base, pool->layer_bytes,
+  KCU_LAUNCH(c, kcu_kv_copy_k, dim3(n_pairs, 2 * cf->n_layers), 256, 0, (char *)pool->base, pool->layer_bytes,
                                                                         block_bytes, pairs_dev);
-  KCU_LAUNCHED();
   return 0;
 }
 
@@ -220,6 +354,7 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
 
 template <typename T>
 __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride) {
+  kcu_pdl_enter();
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= (long long)n * d) return;
   long long r = i / d, j = i % d;
@@ -230,13 +365,13 @@ __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d,
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride) {
   long long total = (long long)n * d;
   if (total <= 0) return 0;
-  KCU_ACT_DISPATCH(c, kcu_silu_mul_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>((T *)out, (const T *)gate,
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_silu_mul_k<T>, kcu_div_up(total, 256), 256, 0, (T *)out, (const T *)gate,
                                                                                        (const T *)up, n, d, stride));
-  KCU_LAUNCHED();
   return 0;
 }
 
 template <typename T> __global__ void kcu_add_k(T *out, const T *a, const T *b, size_t n) {
+  kcu_pdl_enter();
   for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
     out[i] = kcu_t<T>(kcu_f(a[i]) + kcu_f(b[i]));
 }
@@ -244,12 +379,12 @@ template <typename T> __global__ void kcu_add_k(T *out, const T *a, const T *b, 
 int kcu__add(kcu_ctx_t *c, void *out, const void *a, const void *b, size_t n) {
   if (n == 0) return 0;
   int grid = (int)FR_MIN((n + 255) / 256, (size_t)c->n_sm * 32);
-  KCU_ACT_DISPATCH(c, kcu_add_k<T><<<grid, 256, 0, c->stream>>>((T *)out, (const T *)a, (const T *)b, n));
-  KCU_LAUNCHED();
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_add_k<T>, grid, 256, 0, (T *)out, (const T *)a, (const T *)b, n));
   return 0;
 }
 
 template <typename T> __global__ void kcu_last_rows_k(T *out, const T *x, const int32_t *q_start, int dim) {
+  kcu_pdl_enter();
   int s = blockIdx.y;
   int r = max(q_start[s + 1] - 1, 0);
   for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x)
@@ -260,12 +395,12 @@ int kcu__last_rows(kcu_ctx_t *c, void *out, const void *x, int dim) {
   if (c->n_seqs == 0 || dim <= 0) return 0;
   if (c->n_seqs > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: last_rows of %d sequences", c->n_seqs);
   dim3 grid(kcu_div_up(dim, 256), c->n_seqs);
-  KCU_ACT_DISPATCH(c, kcu_last_rows_k<T><<<grid, 256, 0, c->stream>>>((T *)out, (const T *)x, c->dm.q_start, dim));
-  KCU_LAUNCHED();
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_last_rows_k<T>, grid, 256, 0, (T *)out, (const T *)x, c->dm.q_start, dim));
   return 0;
 }
 
 template <typename T> __global__ void kcu_add_bias_k(T *out, const float *bias, int n, int rows) {
+  kcu_pdl_enter();
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i < (long long)n * rows) out[i] = kcu_t<T>(kcu_f(out[i]) + bias[i % rows]);
 }
@@ -273,7 +408,6 @@ template <typename T> __global__ void kcu_add_bias_k(T *out, const float *bias, 
 int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows) {
   long long total = (long long)n * rows;
   if (total == 0) return 0;
-  KCU_ACT_DISPATCH(c, kcu_add_bias_k<T><<<kcu_div_up(total, 256), 256, 0, c->stream>>>((T *)out, bias, n, rows));
-  KCU_LAUNCHED();
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_add_bias_k<T>, kcu_div_up(total, 256), 256, 0, (T *)out, bias, n, rows));
   return 0;
 }

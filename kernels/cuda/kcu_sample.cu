@@ -122,6 +122,7 @@ __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, f
 template <typename T>
 __global__ void __launch_bounds__(KCU_SAMP_NT)
     kcu_sample_k(const T *logits, int vocab, const kcu_sparams_t *params, int32_t *res) {
+  kcu_pdl_enter();
   __shared__ unsigned long long hist[256];
   __shared__ uint64_t red64[32];
   __shared__ float red[32];
@@ -130,17 +131,35 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
   const T *x = logits + (size_t)row * vocab;
   const kcu_sparams_t p = params[row];
 
+  /* one pass: argmax and the log-sum-exp (online: the sum is rescaled when
+   * the running max grows) */
   uint64_t best = 0;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-    uint64_t a = kcu_pack_arg(kcu_f(x[i]), i);
+  float m = -INFINITY, se = 0.f;
+  auto see = [&](float v, int i) {
+    uint64_t a = kcu_pack_arg(v, i);
     best = a > best ? a : best;
+    if (v > m) {
+      se = se * __expf(m - v) + 1.f;
+      m = v;
+    } else if (v > -INFINITY) {
+      se += __expf(v - m);
+    }
+  };
+  if (vocab % 8 == 0 && ((uintptr_t)x & 15) == 0) {
+    const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
+    for (int j = threadIdx.x; j < vocab / 8; j += blockDim.x) {
+      float f[8];
+      kcu_unpack8(__ldg(x8 + j), f, (const T *)0);
+#pragma unroll
+      for (int e = 0; e < 8; e++) see(f[e], 8 * j + e);
+    }
+  } else {
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) see(kcu_f(x[i]), i);
   }
   best = kcu_bmax64(best, red64);
   const int amax = (int)(0xffffffffu - (uint32_t)best);
   const float xmax = kcu_f(x[amax]);
-  float se = 0.f;
-  for (int i = threadIdx.x; i < vocab; i += blockDim.x) se += __expf(kcu_f(x[i]) - xmax);
-  const float lse = xmax + __logf(kcu_bsum(se, red));
+  const float lse = xmax + __logf(kcu_bsum(m == -INFINITY ? 0.f : se * __expf(m - xmax), red));
 
   int tok = amax;
   if (p.temperature > 0.f && p.top_k != 1) {
@@ -179,8 +198,7 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
 }
 
 int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev) {
-  KCU_ACT_DISPATCH(c, kcu_sample_k<T><<<n_rows, KCU_SAMP_NT, 0, c->stream>>>(
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, 
                           (const T *)logits, vocab, (const kcu_sparams_t *)params_dev, (int32_t *)result_dev));
-  KCU_LAUNCHED();
   return 0;
 }

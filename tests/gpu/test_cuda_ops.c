@@ -645,6 +645,60 @@ START_TEST(test_kv_copy_blocks) {
 }
 END_TEST
 
+/* The fused rope + kv_append (GPU) against rope, rope, kv_append (CPU), on
+ * the fused q/k/v layout; one token's slot is -1 (padding: no K/V write). */
+START_TEST(test_rope_kv_append) {
+  kvenv_t e;
+  const int n_kv = 2, hd = 64, nh = 6, stride = (nh + 2 * n_kv) * hd;
+  kv_setup(&e, 2, n_kv, hd, 16, 3, 64);
+  int cached[3] = {0, 5, 30}, n_new[3] = {9, 1, 4};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, cached, n_new, &s, bufs);
+  bufs[1][9] = -1;
+  step_both(&s);
+  for (int mode = 0; mode < 2; mode++) {
+    int n_rot = mode ? hd : 48;
+    float *inv = fr_malloc(n_rot / 2 * 4);
+    for (int i = 0; i < n_rot / 2; i++) inv[i] = powf(10000.f, -2.f * i / n_rot);
+    wpair_t f;
+    wpair_load(&f, KERN_F32, 1, n_rot / 2, inv);
+    kern_rope_t cr = {.mode = (kern_rope_mode_t)mode, .n_rot = n_rot, .inv_freq = &f.c, .attn_factor = 0.9f};
+    kern_rope_t gr = cr;
+    gr.inv_freq = &f.g;
+    pair_t x = pair_rand((size_t)nt * stride, 1.f);
+    size_t ko = (size_t)nh * hd, vo = ko + (size_t)n_kv * hd;
+    ck_assert_int_eq(cpu->ops->rope(cpu->ctx, x.c, nh, hd, stride, &cr), 0);
+    ck_assert_int_eq(cpu->ops->rope(cpu->ctx, (float *)x.c + ko, n_kv, hd, stride, &cr), 0);
+    ck_assert_int_eq(cpu->ops->kv_append(cpu->ctx, &e.pc, mode, (float *)x.c + ko, stride, (float *)x.c + vo, stride),
+                     0);
+    uint16_t *g = x.g;
+    int rc = gpu->ops->rope_kv_append(gpu->ctx, &e.pg, mode, g, stride, g + ko, g + vo, stride, nh, &gr);
+    ck_assert_msg(rc == 0, "rope_kv_append: %s", fr_last_error());
+    ck_assert_double_lt(cmp_pair(&x, (size_t)nt * stride, mode ? "rope_kv_append: q, k (neox)" : "rope_kv_append: q, k"),
+                        TOL_ACT);
+    pair_free(&x);
+    wpair_free(&f);
+  }
+  /* both layers' K/V planes, the untouched padding slot included */
+  size_t n_el = kern_kv_pool_bytes(&e.cfg) / 4;
+  uint16_t *g = fr_malloc(n_el * 2);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, g, e.pg.base, n_el * 2), 0);
+  const float *c = e.pc.base;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n_el; i++) {
+    float gv = gpu->act_type == KERN_BF16 ? fr_bf16_to_fp32(g[i]) : fr_fp16_to_fp32(g[i]);
+    num += (gv - c[i]) * (gv - c[i]);
+    den += c[i] * c[i];
+  }
+  fprintf(stderr, "  rope_kv_append: kv pool                 err %.2e\n", sqrt(num / den));
+  ck_assert_double_lt(sqrt(num / den), TOL_ACT);
+  free(g);
+  free_step(bufs);
+  kv_teardown(&e);
+}
+END_TEST
+
 /* ---- graph capture ---------------------------------------------------------------------------- */
 
 /* A small decode layer: embed, norm, qkv matmul, rope, kv_append, attention,
@@ -900,6 +954,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_copy_blocks);
+  tcase_add_test(tc, test_rope_kv_append);
   tcase_add_test(tc, test_graph_replay);
   tcase_add_test(tc, test_sample_greedy);
   tcase_add_loop_test(tc, test_sample_filters, 0, 2);

@@ -1,6 +1,6 @@
 /* cuda_ops.cu - op benchmark of the CUDA backend (not a test).
  *
- *   cuda_ops_bench [gemv|attn|all]
+ *   cuda_ops_bench [gemv|gemv1|attn|all]
  *
  * Prints, on the current device:
  *  - the device-to-device copy bandwidth (bytes read + written), the ceiling;
@@ -113,6 +113,51 @@ static void *rand_weight_bytes(kern_type_t t, int64_t rows, int64_t cols, size_t
     }
   }
   return h;
+}
+
+/* Batch-1 bf16 GEMV over Llama-3-8B's fused shapes, with 1, 2 and 4 warps
+ * per row (how kcu_gemv_dense_launch picks) and cuBLAS beside it. */
+static void bench_gemv1(double ceil_gbs) {
+  const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {1024, 4096}, {128256, 4096}};
+  printf("\nbf16 GEMV, n = 1: us (%%copy) by warps per row; cuBLAS\n");
+  void *x, *o;
+  CK(B->ops->alloc(B->ctx, (size_t)14336 * 2, &x));
+  CK(B->ops->alloc(B->ctx, (size_t)128256 * 2, &o));
+  std::vector<uint16_t> xh((size_t)14336);
+  for (auto &v : xh) v = (uint16_t)((rnd() & 0x807f) | 0x3c00);
+  CK(B->ops->upload(B->ctx, x, xh.data(), xh.size() * 2));
+  uint64_t key = 50000;
+  for (auto &sh : shapes) {
+    size_t bytes;
+    void *host = rand_weight_bytes(KERN_BF16, sh[0], sh[1], &bytes);
+    int copies = (int)std::min<size_t>(std::max<size_t>(1, ((size_t)400 << 20) / bytes), 16), reps = std::max(copies, 8);
+    std::vector<kern_weight_t> w(copies);
+    for (auto &wi : w) {
+      wi = kern_weight_t{KERN_BF16, sh[0], sh[1], kern_row_bytes(KERN_BF16, sh[1]), NULL, NULL};
+      CK(B->ops->weight_load(B->ctx, &wi, host));
+    }
+    free(host);
+    printf("%6lldx%-6lld", (long long)sh[0], (long long)sh[1]);
+    C->gemv_max_n = 1;
+    for (int wpr : {1, 2, 4}) {
+      C->gemv_wpr = wpr;
+      double ms = time_graph(key++, reps, [&] {
+        for (int r = 0; r < reps; r++) CK(B->ops->matmul(B->ctx, o, &w[r % copies], NULL, x, 1));
+      });
+      printf("  wpr %d %7.1f (%5.1f%%)", wpr, ms * 1e3, 100.0 * bytes / (ms * 1e-3) / 1e9 / ceil_gbs);
+    }
+    C->gemv_wpr = 0;
+    C->gemv_max_n = 0;
+    double mb = time_graph(key++, reps, [&] {
+      for (int r = 0; r < reps; r++) CK(B->ops->matmul(B->ctx, o, &w[r % copies], NULL, x, 1));
+    });
+    printf("  cuBLAS %7.1f (%5.1f%%)\n", mb * 1e3, 100.0 * bytes / (mb * 1e-3) / 1e9 / ceil_gbs);
+    C->gemv_max_n = -1;
+    fflush(stdout);
+    for (auto &wi : w) B->ops->weight_release(B->ctx, &wi);
+  }
+  B->ops->free(B->ctx, x);
+  B->ops->free(B->ctx, o);
 }
 
 static void bench_gemv(double ceil_gbs) {
@@ -288,6 +333,7 @@ int main(int argc, char **argv) {
   printf("device: %s, %d SMs, L2 %d MB; device-to-device copy %.0f GB/s (copy kernel, read + write; the ceiling), "
          "cudaMemcpyAsync %.0f GB/s\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20, ceil_gbs, mc_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "gemv")) bench_gemv(ceil_gbs);
+  if (!strcmp(what, "all") || !strcmp(what, "gemv1")) bench_gemv1(ceil_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_attn(ceil_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_prefill();
   kern_backend_destroy(B);

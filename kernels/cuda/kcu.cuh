@@ -66,6 +66,7 @@ typedef struct {
   size_t act_size;
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of WMMA */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
+  int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */

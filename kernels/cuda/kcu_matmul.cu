@@ -196,9 +196,14 @@ int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t r
 template <typename T, int NBM>
 static int kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const T *W, const T *x, const float *bias, int rows, int cols,
                                   int nb) {
-  /* few rows: spread a row over 4 warps so that enough loads are in flight */
-  if ((long long)rows < 16ll * c->n_sm)
+  /* 4 warps a row: more CTAs, so the last wave is shorter. Measured on H100
+   * (cuda_ops_bench gemv1), n = 1: as fast or faster than 1 or 2 for every
+   * Llama-3-8B shape, 4096x4096 13.2 us against 14.8 with one warp a row. */
+  int wpr = c->gemv_wpr ? c->gemv_wpr : 4;
+  if (wpr == 4)
     KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4>, kcu_div_up(rows, 2), 256, 0, out, W, x, bias, rows, cols, nb);
+  else if (wpr == 2)
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2>, kcu_div_up(rows, 4), 256, 0, out, W, x, bias, rows, cols, nb);
   else
     KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1>, kcu_div_up(rows, 8), 256, 0, out, W, x, bias, rows, cols, nb);
   return 0;

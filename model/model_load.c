@@ -38,7 +38,7 @@ static void model__progress_add(model_progress_t *p, uint64_t bytes) {
   int pct = (int)(FR_MIN(p->done, p->total) * 100 / p->total);
   if (since < 2000000000ull || (pct < p->pct_last + 10 && since < 10000000000ull)) return;
   double secs = (double)(now - p->t0) / 1e9;
-  FR_LOGI("loading weights: %d%% (%.1f of %.1f GiB, %.2f GiB/s)", pct, (double)p->done / MODEL_GIB,
+  FR_LOGI("loading weights: %d%% (%.2f of %.2f GiB, %.2f GiB/s)", pct, (double)p->done / MODEL_GIB,
           (double)p->total / MODEL_GIB, (double)p->done / MODEL_GIB / secs);
   p->t_last = now;
   p->pct_last = pct;

@@ -163,9 +163,15 @@ typedef struct {
   /* Makes a weight usable by the backend. host_data holds rows*row_bytes
    * bytes of w->type and stays valid (mmap) for the weight's lifetime; the
    * backend may borrow it (CPU) or copy it (CUDA), and may repack. Sets
-   * w->data/w->priv. */
+   * w->data/w->priv. A copying backend (CUDA) is done reading host_data
+   * when it returns; the device copy may still be in flight, and later ops
+   * and downloads are ordered after it. */
   int (*weight_load)(void *ctx, kern_weight_t *w, const void *host_data);
   void (*weight_release)(void *ctx, kern_weight_t *w);
+  /* Optional: the model's weights are loaded. Waits for the copies still in
+   * flight (returns their error, if any) and frees load-time staging (CUDA:
+   * pinned host buffers); a later weight_load makes it again. */
+  int (*load_end)(void *ctx);
 
   /* Which weight types matmul/embed accept. */
   bool (*supports_type)(void *ctx, kern_type_t type);

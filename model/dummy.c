@@ -141,7 +141,7 @@ static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weigh
   const uint8_t *src = pool->bytes + *off;
   *off = (*off + bytes / 3) / step * step; /* vary the data between weights */
   if (*off + bytes > pool->size) *off = 0;
-  return m->be->ops->weight_load(m->be->ctx, w, src);
+  return model__weight_load(m, w, src, "a dummy weight");
 }
 
 static int model__dummy_vector(model_t *m, kern_weight_t *w, int64_t n, float base) {
@@ -149,7 +149,7 @@ static int model__dummy_vector(model_t *m, kern_weight_t *w, int64_t n, float ba
   for (int64_t i = 0; i < n; i++) v[i] = base + 0.01f * (float)((int)(fr_mix64((uint64_t)i) & 255) - 128) / 128.0f;
   model__keep(m, v);
   *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = n, .row_bytes = (size_t)n * sizeof(float)};
-  return m->be->ops->weight_load(m->be->ctx, w, v);
+  return model__weight_load(m, w, v, "a dummy vector");
 }
 
 static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t t, int il, size_t *off) {
@@ -179,6 +179,19 @@ static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t
   return model__dummy_weight(m, pool, &L->w_down, t, c->dim, c->ffn_dim, off);
 }
 
+/* Bytes model_load_dummy hands to the backend (the shapes of
+ * model__dummy_layer and model_load_dummy), for its progress. */
+static uint64_t model__dummy_bytes(const model_config_t *c, kern_type_t t) {
+  const uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
+  uint64_t vec = 2 * (uint64_t)c->dim + (c->qk_norm ? 2 * (uint64_t)c->head_dim : 0) + (c->attn_bias ? qd + 2 * kvd : 0);
+  uint64_t layer = (qd + 2 * kvd) * kern_row_bytes(t, c->dim) + (uint64_t)c->dim * kern_row_bytes(t, (int64_t)qd) +
+                   2 * (uint64_t)c->ffn_dim * kern_row_bytes(t, c->dim) +
+                   (uint64_t)c->dim * kern_row_bytes(t, c->ffn_dim) + vec * sizeof(float);
+  uint64_t global = (c->tied_embeddings ? 1 : 2) * (uint64_t)c->vocab_size * kern_row_bytes(t, c->dim) +
+                    (uint64_t)c->dim * sizeof(float) + (uint64_t)(c->rope_dim / 2) * sizeof(float);
+  return (uint64_t)c->n_layers * layer + global;
+}
+
 int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts) {
   *out = NULL;
   model_t *m = model__new(be, opts);
@@ -203,6 +216,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   model__keep(m, pool.bytes); /* the CPU backend borrows host bytes */
   model__keep(m, emb.bytes);
   size_t off = 0, eoff = 0;
+  model_progress_t prog;
+  model__load_begin(m, &prog, model__dummy_bytes(&m->cfg, t), opts && opts->progress);
   rc = model__dummy_weight(m, &emb, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
   if (!rc && m->cfg.tied_embeddings) m->output = m->tok_embd;
@@ -210,6 +225,7 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
   for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pool, t, il, &off);
   if (!rc) rc = model__init_rope(m);
+  if (!rc) rc = model__load_end(m);
   if (!rc) rc = model__alloc_scratch(m);
   if (rc) goto fail;
   if (opts && opts->progress)
@@ -217,7 +233,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
             kern_type_traits(t)->name, be->ops->name);
   *out = m;
   return 0;
-fail:
+fail: /* a backend's load staging is freed with the backend */
+  m->progress = NULL;
   model_destroy(m);
   return rc;
 }

@@ -85,6 +85,7 @@ typedef struct model {
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
   int n_host_bufs;
+  struct model_progress *progress; /* while weights load (model_impl.h), else NULL; borrowed */
 } model_t;
 
 /* Loads a GGUF file or HF folder onto a backend. On failure *out is NULL

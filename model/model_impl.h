@@ -9,3 +9,23 @@ int model__check_config(const model_config_t *c);
 void model__keep(model_t *m, void *p);
 int model__init_rope(model_t *m);
 int model__alloc_scratch(model_t *m);
+
+/* Weight-load progress: bytes handed to the backend against the total the
+ * loader expects. m->progress points at it between model__load_begin and
+ * model__load_end. */
+typedef struct model_progress {
+  uint64_t total, done; /* bytes */
+  uint64_t t0, t_last;  /* fr_now_ns() at the start and at the last line logged */
+  int pct_last;         /* percentage on the last line logged */
+  bool log;             /* log lines (info level); counting happens anyway */
+} model_progress_t;
+
+/* Starts counting towards total bytes (0: unknown) into p (borrowed until
+ * model__load_end). */
+void model__load_begin(model_t *m, model_progress_t *p, uint64_t total, bool log);
+/* Hands a weight to the backend (ops->weight_load), counts its bytes and
+ * logs progress when due. On failure the error names the weight. */
+int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, const char *name);
+/* Ends the load: the backend's load_end (copies finished, staging freed)
+ * and a final line with bytes, seconds and GiB/s. Returns load_end's error. */
+int model__load_end(model_t *m);

@@ -19,6 +19,75 @@ void model__keep(model_t *m, void *p) {
   m->host_bufs[m->n_host_bufs++] = p;
 }
 
+/* ---- load progress ------------------------------------------------------------ */
+
+#define MODEL_GIB (1024.0 * 1024.0 * 1024.0)
+
+void model__load_begin(model_t *m, model_progress_t *p, uint64_t total, bool log) {
+  *p = (model_progress_t){.total = total, .log = log, .t0 = fr_now_ns()};
+  p->t_last = p->t0;
+  m->progress = p;
+}
+
+/* Logs a line when 2 s have passed since the last one and the load moved 10
+ * points on, or when 10 s have passed: quick loads log only the final line. */
+static void model__progress_add(model_progress_t *p, uint64_t bytes) {
+  p->done += bytes;
+  if (!p->log || !p->total) return;
+  uint64_t now = fr_now_ns(), since = now - p->t_last;
+  int pct = (int)(FR_MIN(p->done, p->total) * 100 / p->total);
+  if (since < 2000000000ull || (pct < p->pct_last + 10 && since < 10000000000ull)) return;
+  double secs = (double)(now - p->t0) / 1e9;
+  FR_LOGI("loading weights: %d%% (%.2f of %.2f GiB, %.2f GiB/s)", pct, (double)p->done / MODEL_GIB,
+          (double)p->total / MODEL_GIB, (double)p->done / MODEL_GIB / secs);
+  p->t_last = now;
+  p->pct_last = pct;
+}
+
+int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, const char *name) {
+  uint64_t bytes = (uint64_t)w->rows * w->row_bytes; /* before the backend converts */
+  int rc = m->be->ops->weight_load(m->be->ctx, w, host_data);
+  if (rc) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", fr_last_error());
+    return fr_errorf(rc, "loading %s: %s", name, why);
+  }
+  if (m->progress) model__progress_add(m->progress, bytes);
+  return 0;
+}
+
+int model__load_end(model_t *m) {
+  model_progress_t *p = m->progress;
+  int rc = m->be->ops->load_end ? m->be->ops->load_end(m->be->ctx) : 0;
+  m->progress = NULL;
+  if (rc || !p) return rc;
+  if (p->total && p->done != p->total)
+    FR_LOGD("weights: %llu bytes loaded, %llu expected", (unsigned long long)p->done, (unsigned long long)p->total);
+  if (!p->log) return 0;
+  double secs = (double)FR_MAX(fr_now_ns() - p->t0, 1) / 1e9;
+  FR_LOGI("loaded weights: %.2f GiB in %.2f s (%.2f GiB/s)", (double)p->done / MODEL_GIB, secs,
+          (double)p->done / MODEL_GIB / secs);
+  return 0;
+}
+
+/* Bytes model_load hands to the backend: the tensors it loads (vectors as
+ * f32) and the rope table. */
+static uint64_t model__load_bytes(const model_t *m) {
+  const model_source_t *s = m->src;
+  bool output = !m->cfg.tied_embeddings && model_source_tensor(s, "output.weight");
+  uint64_t total = (uint64_t)(m->cfg.rope_dim / 2) * sizeof(float);
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    const model_tensor_t *t = &s->tensors[i];
+    if (strncmp(t->name, "blk.", 4) && strcmp(t->name, "token_embd.weight") &&
+        strcmp(t->name, "output_norm.weight") && !(output && !strcmp(t->name, "output.weight")))
+      continue;
+    total += t->rows == 1 ? (uint64_t)t->cols * sizeof(float) : (uint64_t)t->rows * kern_row_bytes(t->type, t->cols);
+  }
+  return total;
+}
+
+/* ---- weights --------------------------------------------------------------------- */
+
 static int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows,
                               int64_t cols) {
   memset(w, 0, sizeof *w);
@@ -37,7 +106,7 @@ static int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bo
   w->rows = rows;
   w->cols = cols;
   w->row_bytes = kern_row_bytes(t->type, cols);
-  return m->be->ops->weight_load(m->be->ctx, w, t->data);
+  return model__weight_load(m, w, t->data, name);
 }
 
 /* Norm weights and biases are used in f32 by every backend: convert
@@ -59,7 +128,7 @@ static int model__load_f32_vector(model_t *m, kern_weight_t *w, const char *name
   w->row_bytes = (size_t)n * sizeof(float);
   /* The backend may borrow host_data: the model keeps the copy alive. */
   model__keep(m, tmp);
-  return m->be->ops->weight_load(m->be->ctx, w, tmp);
+  return model__weight_load(m, w, tmp, name);
 }
 
 static void model__release_weight(model_t *m, kern_weight_t *w) {
@@ -87,7 +156,10 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
     p += (size_t)rows[i] * rb;
   }
   *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = cols, .row_bytes = rb};
-  int rc = m->be->ops->weight_load(m->be->ctx, w, buf);
+  char label[256] = "";
+  for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
+    snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
+  int rc = model__weight_load(m, w, buf, label);
   if (rc == 0 && w->data == buf) model__keep(m, buf); /* borrowed (CPU) */
   else free(buf);
   return rc ? rc : 1;
@@ -113,7 +185,8 @@ static int model__load_fused_bias(model_t *m, kern_weight_t *w, int il, int64_t 
   model__keep(m, all);
   *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = qd + 2 * kvd,
                        .row_bytes = (size_t)(qd + 2 * kvd) * sizeof(float)};
-  return m->be->ops->weight_load(m->be->ctx, w, all);
+  snprintf(name, sizeof name, "blk.%d.attn_{q,k,v}.bias", il);
+  return model__weight_load(m, w, all, name);
 }
 
 /* q/k/v and gate/up as fused weights where the files allow. */
@@ -209,7 +282,7 @@ int model__init_rope(model_t *m) {
   m->inv_freq.cols = half;
   m->inv_freq.row_bytes = (size_t)half * sizeof(float);
   model__keep(m, inv);
-  int rc = m->be->ops->weight_load(m->be->ctx, &m->inv_freq, inv);
+  int rc = model__weight_load(m, &m->inv_freq, inv, "the rope table");
   m->rope.n_rot = c->rope_dim;
   m->rope.inv_freq = &m->inv_freq;
   m->rope.attn_factor = 1.0f;
@@ -285,21 +358,22 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   if ((rc = model__check_config(&m->cfg))) goto fail;
   m->rope.mode = m->src->rope_mode;
   if ((rc = model__load_tokenizer(m))) goto fail;
+  model_progress_t prog;
+  model__load_begin(m, &prog, model__load_bytes(m), opts && opts->progress);
   if ((rc = model__load_globals(m))) goto fail;
   m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-  for (int il = 0; il < m->cfg.n_layers; il++) {
+  for (int il = 0; il < m->cfg.n_layers; il++)
     if ((rc = model__load_layer(m, il))) goto fail;
-    if (opts && opts->progress && (il + 1) % 8 == 0)
-      FR_LOGI("loading %s: %d/%d layers", path, il + 1, m->cfg.n_layers);
-  }
   if ((rc = model__init_rope(m))) goto fail;
+  if ((rc = model__load_end(m))) goto fail;
   if ((rc = model__alloc_scratch(m))) goto fail;
   if (opts && opts->progress)
     FR_LOGI("loaded %s (%s, %d layers, dim %d) on %s in %.2f s", path, m->cfg.arch_name, m->cfg.n_layers,
             m->cfg.dim, be->ops->name, (double)(fr_now_ns() - t0) / 1e9);
   *out = m;
   return 0;
-fail:
+fail: /* a backend's load staging is freed with the backend */
+  m->progress = NULL;
   if (!fr_last_error()[0]) fr_errorf(rc, "%s", fr_strerror(rc));
   model_destroy(m);
   return rc;

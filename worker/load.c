@@ -139,7 +139,8 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if ((rc = kv_control_attach(&w->ctl, w->args.instance))) goto fail;
   kv_control_info(w->ctl, &w->info);
   if ((rc = worker__backend(w, &o))) goto fail;
-  model_load_opts_t mo = {.max_tokens = (int)o.max_tokens, .max_seqs = (int)o.max_seqs, .progress = false};
+  model_load_opts_t mo = {.max_tokens = (int)o.max_tokens, .max_seqs = (int)o.max_seqs,
+                         .progress = w->args.rank == 0}; /* one rank logs the weights' progress */
   if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
     model_config_t cfg;
     if ((rc = model_dummy_config(l->path, &cfg))) goto fail;

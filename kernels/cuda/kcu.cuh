@@ -36,6 +36,8 @@
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
+#define KCU_STAGE_N 4                /* pinned chunks in the weight-loading ring */
+#define KCU_STAGE_BYTES (16u << 20)  /* bytes per chunk */
 
 /* Device copy of the step metadata: one allocation, fixed offsets while the
  * capacities hold (graphs captured against it stay valid). */
@@ -104,6 +106,16 @@ typedef struct {
   int n_graphs;
   int capturing;
   uint64_t capture_key;
+
+  /* weight loading (kcu_backend.cu): a ring of pinned host chunks feeding a
+   * copy stream, made by the first weight_load and freed by load_end */
+  cudaStream_t load_stream;
+  void *stage_pin[KCU_STAGE_N];          /* pinned host chunks, KCU_STAGE_BYTES each */
+  void *stage_dev;                       /* (KCU_STAGE_N, KCU_STAGE_BYTES) device chunks that conversions read */
+  cudaEvent_t stage_copied[KCU_STAGE_N]; /* chunk i reached stage_dev (conversions wait on it) */
+  cudaEvent_t stage_free[KCU_STAGE_N];   /* chunk i's copy (and conversion) finished reading it */
+  cudaEvent_t load_tail;                 /* the last copy queued on load_stream */
+  int stage_next;                        /* the ring's next chunk */
 } kcu_ctx_t;
 
 /* Element helpers: T is __nv_bfloat16 or __half. */

@@ -1,0 +1,244 @@
+/* test_cuda_weights.c - weight_load of the CUDA backend (pinned staging
+ * ring, copy stream, chunked conversion), checked bit-exactly: each weight
+ * is downloaded and compared with its host bytes (copied types) or with the
+ * host conversion (f32/f16 -> the activation type, f16 -> f32 vectors).
+ * Sizes cross the staging chunk (KCU_STAGE_BYTES, 16 MiB) and are not
+ * multiples of it; enough weights go through to wrap the ring many times.
+ *
+ * Exits 77 (skipped) when built without CUDA or when no CUDA device is
+ * present. The device probe runs in a child process: a CUDA context must not
+ * exist in the parent before Check forks the tests. */
+#include <check.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "common/fr_err.h"
+#include "common/fr_util.h"
+#include "kernels/kern.h"
+
+#define CHUNK (16u << 20) /* KCU_STAGE_BYTES */
+
+static kern_backend_t *gpu;
+static uint64_t rng_state;
+
+static void setup(void) {
+  rng_state = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
+  int rc = kern_cuda_create(&gpu, 0);
+  ck_assert_msg(rc == 0, "kern_cuda_create: %s", fr_last_error());
+}
+
+static void teardown(void) {
+  kern_backend_destroy(gpu);
+  gpu = NULL;
+}
+
+static uint64_t rnd64(void) {
+  uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/* Random bytes of a weight: any bytes for quantized types (copied), finite
+ * values for float types (converted). */
+static void *rand_bytes(kern_type_t t, size_t bytes) {
+  uint8_t *p = fr_malloc(bytes + 8);
+  for (size_t i = 0; i < bytes; i += 8) {
+    uint64_t v = rnd64();
+    memcpy(p + i, &v, 8);
+  }
+  if (t == KERN_F32) {
+    float *f = (float *)p;
+    for (size_t i = 0; i < bytes / 4; i++) {
+      uint64_t r = rnd64();
+      f[i] = (float)((int64_t)(r >> 40) - (1 << 23)) * 0x1p-23f * (float)(1 << (r % 16));
+    }
+  } else if (t == KERN_F16 || t == KERN_BF16) { /* no inf / NaN (bf16 converts in f16 mode) */
+    uint16_t *h = (uint16_t *)p;
+    for (size_t i = 0; i < bytes / 2; i++) {
+      if (t == KERN_F16 && ((h[i] >> 10) & 0x1f) == 0x1f) h[i] &= 0xbfff;
+      if (t == KERN_BF16 && ((h[i] >> 7) & 0xff) == 0xff) h[i] &= 0xbfff;
+    }
+  }
+  return p;
+}
+
+/* What the device should hold for a weight loaded from src: the bytes
+ * themselves, or src converted to dst_t element by element. */
+static void *expected(kern_type_t src_t, kern_type_t dst_t, const void *src, size_t n, size_t bytes) {
+  if (src_t == dst_t) {
+    void *e = fr_malloc(bytes);
+    memcpy(e, src, bytes);
+    return e;
+  }
+  float *f = fr_malloc(n * sizeof(float));
+  kern_dequantize_row(src_t, src, f, (int64_t)n);
+  if (dst_t == KERN_F32) return f;
+  uint16_t *h = fr_malloc(n * 2);
+  for (size_t i = 0; i < n; i++) h[i] = dst_t == KERN_BF16 ? fr_fp32_to_bf16(f[i]) : fr_fp32_to_fp16(f[i]);
+  free(f);
+  return h;
+}
+
+typedef struct {
+  kern_weight_t w;
+  void *want;       /* expected device bytes */
+  size_t want_bytes;
+} loaded_t;
+
+/* Loads a random weight of type t (rows, cols); the host data is
+ * overwritten right after weight_load returns (the backend must be done
+ * reading it). */
+static loaded_t load_one(kern_type_t t, int64_t rows, int64_t cols) {
+  loaded_t l = {.w = {.type = t, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(t, cols)}};
+  ck_assert_uint_gt(l.w.row_bytes, 0);
+  size_t bytes = l.w.row_bytes * (size_t)rows, n = (size_t)rows * (size_t)cols;
+  bool dense = t == KERN_F32 || t == KERN_F16 || t == KERN_BF16;
+  kern_type_t dst_t = !dense ? t : rows == 1 ? KERN_F32 : gpu->act_type;
+  void *src = rand_bytes(t, bytes);
+  l.want = expected(t, dst_t, src, n, bytes);
+  l.want_bytes = kern_row_bytes(dst_t, cols) * (size_t)rows;
+  int rc = gpu->ops->weight_load(gpu->ctx, &l.w, src);
+  ck_assert_msg(rc == 0, "weight_load %s (%lld x %lld): %s", kern_type_traits(t)->name, (long long)rows,
+                (long long)cols, fr_last_error());
+  memset(src, 0xa5, bytes);
+  free(src);
+  ck_assert_int_eq(l.w.type, dst_t);
+  ck_assert_uint_eq(l.w.row_bytes * (size_t)rows, l.want_bytes);
+  return l;
+}
+
+/* Downloads the weight, compares it bit for bit, releases it. */
+static void check_one(loaded_t *l) {
+  uint8_t *got = fr_malloc(l->want_bytes);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, l->w.data, l->want_bytes), 0);
+  size_t bad = 0, first = 0;
+  for (size_t i = 0; i < l->want_bytes; i++)
+    if (got[i] != ((const uint8_t *)l->want)[i] && !bad++) first = i;
+  ck_assert_msg(bad == 0, "%s (%lld x %lld): %zu of %zu bytes differ, first at %zu",
+                kern_type_traits(l->w.type)->name, (long long)l->w.rows, (long long)l->w.cols, bad, l->want_bytes,
+                first);
+  free(got);
+  free(l->want);
+  gpu->ops->weight_release(gpu->ctx, &l->w);
+}
+
+static void load_check(kern_type_t t, int64_t rows, int64_t cols) {
+  loaded_t l = load_one(t, rows, cols);
+  check_one(&l);
+}
+
+/* ---- tests ---------------------------------------------------------------------- */
+
+/* Shapes around the chunk size: under it, just over it, several chunks
+ * (more than the ring holds), none a multiple of it. */
+static const struct {
+  kern_type_t type;
+  int64_t rows, cols;
+} k_shapes[] = {
+    {KERN_F32, 3001, 2048},   /* 24.6 MB f32 -> act: 2 conversion chunks */
+    {KERN_F32, 9, 4096},      /* small conversion */
+    {KERN_F16, 11007, 4096},  /* 90 MB f16 -> act: 6 chunks, the ring wraps */
+    {KERN_BF16, 5003, 2048},  /* 20.5 MB copied as is (bf16 act) or converted (f16 act) */
+    {KERN_F32, 1, 100003},    /* a vector: stays f32 */
+    {KERN_F16, 1, 4097},      /* an f16 vector: converted to f32 */
+    {KERN_Q4_K, 7777, 4096},  /* 17.9 MB: one chunk and a bit */
+    {KERN_Q8_0, 20011, 4096}, /* 87 MB: 6 chunks */
+    {KERN_Q6_K, 3, 256},      /* one small copy */
+    {KERN_Q4_1, 49152, 576},  /* SmolLM2's embedding table */
+};
+
+START_TEST(test_shapes) {
+  load_check(k_shapes[_i].type, k_shapes[_i].rows, k_shapes[_i].cols);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+}
+END_TEST
+
+/* Many weights loaded back to back, checked only after all of them were
+ * queued (and before load_end): later ops are ordered after the copies. */
+START_TEST(test_many_in_flight) {
+  enum { N = 24 };
+  loaded_t ls[N];
+  for (int i = 0; i < N; i++) {
+    int64_t rows = 1 + (int64_t)(rnd64() % 3000);
+    ls[i] = load_one(i % 3 == 0 ? KERN_F32 : i % 3 == 1 ? KERN_Q4_0 : KERN_BF16, rows, 1024 + 32 * (i % 5));
+  }
+  for (int i = 0; i < N; i++) check_one(&ls[i]);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+}
+END_TEST
+
+/* load_end frees the staging; a later load makes it again; load_end with
+ * nothing loaded is fine. */
+START_TEST(test_load_end_then_load) {
+  ck_assert_ptr_nonnull(gpu->ops->load_end);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  load_check(KERN_Q4_K, 8000, 4096);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  load_check(KERN_F32, 2100, 2048);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  /* loaded weights stay usable by ops after load_end */
+  loaded_t l = load_one(KERN_F32, 64, 256);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  check_one(&l);
+}
+END_TEST
+
+/* A weight that cannot fit is FR_EDEVOOM with a message, and the backend
+ * loads the next one. */
+START_TEST(test_oom_is_an_error) {
+  kern_weight_t w = {.type = KERN_Q8_0, .rows = (int64_t)1 << 32, .cols = 4096};
+  w.row_bytes = kern_row_bytes(w.type, w.cols);
+  static const uint8_t dummy[64];
+  int rc = gpu->ops->weight_load(gpu->ctx, &w, dummy); /* fails before reading host data */
+  ck_assert_int_eq(rc, FR_EDEVOOM);
+  ck_assert_ptr_null(w.data);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "weight"));
+  fprintf(stderr, "  oom message: %s\n", fr_last_error());
+  load_check(KERN_Q4_K, 100, 4096);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+}
+END_TEST
+
+static Suite *weights_suite(void) {
+  Suite *s = suite_create("cuda_weights");
+  TCase *tc = tcase_create("weights");
+  tcase_add_checked_fixture(tc, setup, teardown);
+  tcase_set_timeout(tc, 120);
+  tcase_add_loop_test(tc, test_shapes, 0, (int)FR_ARRAY_SIZE(k_shapes));
+  tcase_add_test(tc, test_many_in_flight);
+  tcase_add_test(tc, test_load_end_then_load);
+  tcase_add_test(tc, test_oom_is_an_error);
+  suite_add_tcase(s, tc);
+  return s;
+}
+
+/* Probes for a device in a child so the parent never creates a CUDA context. */
+static int cuda_available(void) {
+  pid_t pid = fork();
+  if (pid == 0) {
+    kern_backend_t *b = NULL;
+    int rc = kern_cuda_create(&b, 0);
+    if (rc) fprintf(stderr, "test_cuda_weights: skipped: %s\n", fr_last_error());
+    kern_backend_destroy(b);
+    _exit(rc ? 77 : 0);
+  }
+  int st = 0;
+  if (pid < 0 || waitpid(pid, &st, 0) < 0) return 0;
+  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+int main(void) {
+  if (!cuda_available()) return 77;
+  SRunner *sr = srunner_create(weights_suite());
+  srunner_set_fork_status(sr, CK_FORK);
+  srunner_run_all(sr, CK_NORMAL);
+  int failed = srunner_ntests_failed(sr);
+  srunner_free(sr);
+  return failed ? 1 : 0;
+}

@@ -218,7 +218,8 @@ static int worker__warmup(worker_t *w, int bs) {
 /* The KV budget of a fraction of the device's total memory: what is left of
  * total * util once weights and activations (after a warm-up step) are in
  * use. *act grows by what the warm-up allocated. */
-static int worker__util_budget(worker_t *w, float util, size_t used_load, size_t *budget, size_t *act) {
+static int worker__util_budget(worker_t *w, float util, size_t used_load, size_t *budget, size_t *act, char *why,
+                               size_t why_cap) {
   if (!w->be->ops->mem_info)
     return fr_errorf(FR_EUNSUPPORTED,
                      "--gpu-memory-utilization needs a device that reports its memory; the %s backend does not "
@@ -230,9 +231,9 @@ static int worker__util_budget(worker_t *w, float util, size_t used_load, size_t
   if (used > used_load) *act += used - used_load;
   double limit = (double)total * util;
   *budget = limit > (double)used ? (size_t)(limit - (double)used) : 0;
-  FR_LOGI("device memory: %.1f of %.1f MiB in use after load and warm-up; %.2f of it is %.1f MiB: %.1f MiB left for "
-          "the KV cache",
-          used / 1048576.0, total / 1048576.0, (double)util, limit / 1048576.0, *budget / 1048576.0);
+  snprintf(why, why_cap, " (device: %.1f MiB free of %.1f MiB after loading; --gpu-memory-utilization %.2f allows %.1f MiB)",
+           (total - used) / 1048576.0, total / 1048576.0, (double)util, limit / 1048576.0);
+  FR_LOGI("KV budget %.1f MiB%s", *budget / 1048576.0, why);
   return 0;
 }
 
@@ -243,7 +244,8 @@ static int worker__kv_size(worker_t *w, const proto_load_t *l, size_t used_load,
   w->kv_block_bytes = kern_kv_pool_bytes(&kc);
   if (!w->kv_block_bytes) return fr_errorf(FR_ETOOBIG, "a KV block of %u tokens: size overflows", l->block_size);
   size_t budget = l->kv_bytes > SIZE_MAX ? SIZE_MAX : (size_t)l->kv_bytes;
-  int rc = l->kv_util > 0 ? worker__util_budget(w, l->kv_util, used_load, &budget, act) : 0;
+  char why[256] = "";
+  int rc = l->kv_util > 0 ? worker__util_budget(w, l->kv_util, used_load, &budget, act, why, sizeof why) : 0;
   if (rc) return rc;
   size_t blocks = budget / w->kv_block_bytes, cap = (size_t)(INT32_MAX / w->kv_block_size);
   if (blocks > cap) FR_LOGI("KV budget holds %zu blocks; using the most the allocator takes, %zu", blocks, cap);
@@ -251,10 +253,10 @@ static int worker__kv_size(worker_t *w, const proto_load_t *l, size_t used_load,
   uint32_t need = FR_MAX(l->kv_min_blocks, 1u);
   if (blocks < need)
     return fr_errorf(FR_EDEVOOM,
-                     "the KV cache needs at least %u blocks of %d tokens (%.1f MiB, %zu bytes each) but only %.1f MiB "
-                     "(%zu blocks) are available%s",
+                     "the KV cache needs at least %u block(s) of %d tokens (%.1f MiB, %zu bytes each) but only %.1f MiB "
+                     "(%zu blocks) are available%s%s",
                      need, w->kv_block_size, (double)need * w->kv_block_bytes / 1048576.0, w->kv_block_bytes,
-                     budget / 1048576.0, blocks,
+                     budget / 1048576.0, blocks, why,
                      l->kv_util > 0 ? ": raise --gpu-memory-utilization or lower --max-model-len"
                                     : ": raise --kv-cache-memory-bytes or lower --max-model-len");
   w->kv_capacity = (uint32_t)blocks;
@@ -329,10 +331,11 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   else rc = worker__finish(w);
   if (rc) goto fail;
   return 0;
-fail:
-  rc = fr_errorf(rc, "%s", fr_last_error());
+fail:;
+  char msg[512]; /* unloading may record messages of its own */
+  snprintf(msg, sizeof msg, "%s", fr_last_error());
   worker_unload(w);
-  return rc;
+  return fr_errorf(rc, "%s", msg);
 }
 
 int worker_kv_init(worker_t *w, uint32_t n_blocks) {
@@ -346,9 +349,10 @@ int worker_kv_init(worker_t *w, uint32_t n_blocks) {
                    w->kv_block_size);
   if (!rc) rc = worker__finish(w);
   if (rc) {
-    rc = fr_errorf(rc, "%s", fr_last_error());
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", fr_last_error());
     worker_unload(w);
-    return rc;
+    return fr_errorf(rc, "%s", msg);
   }
   w->kv_pending = false;
   return 0;

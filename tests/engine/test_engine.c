@@ -6,6 +6,7 @@
  * (model/generate.h), itself checked against llama.cpp by test_generate. */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -775,10 +776,35 @@ static const char *start_fails(const char *const *extra) {
   return log;
 }
 
+/* Exit code of `ferrumctl serve --no-http OPT VALUE` on a model that does
+ * not exist (2: usage error; a value that is taken fails later, with 1). */
+static int serve_exit(const char *opt, const char *value) {
+  pid_t p = fork();
+  if (p == 0) {
+    int fd = open("/dev/null", O_WRONLY);
+    if (fd >= 0) dup2(fd, 2), dup2(fd, 1);
+    execl(efx_bin("ferrumctl"), "ferrumctl", "serve", "--no-http", "--model", "/nonexistent/m.gguf", opt, value,
+          (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  waitpid(p, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
 /* Budgets that cannot hold the minimum fail the start with a message that
- * says what was needed and what there is. */
+ * says what was needed and what there is; values that are no budget are
+ * usage errors. */
 START_TEST(test_kv_budget_too_small) {
   need_model();
+  const char *bad_bytes[] = {"12x", "1.5", "0", "-1G", "4GiB", "G", "", "1e30"};
+  for (size_t i = 0; i < sizeof bad_bytes / sizeof bad_bytes[0]; i++)
+    ck_assert_msg(serve_exit("--kv-cache-memory-bytes", bad_bytes[i]) == 2, "'%s' taken", bad_bytes[i]);
+  const char *bad_util[] = {"0", "1.01", "-0.5", "nan", "x"};
+  for (size_t i = 0; i < sizeof bad_util / sizeof bad_util[0]; i++)
+    ck_assert_msg(serve_exit("--gpu-memory-utilization", bad_util[i]) == 2, "'%s' taken", bad_util[i]);
+  ck_assert_int_eq(serve_exit("--kv-cache-memory-bytes", "1.5g"), 1); /* taken: fails on the model */
+  ck_assert_int_eq(serve_exit("--gpu-memory-utilization", "1"), 1);
   const uint64_t bpb = kv_block_bytes(16);
   char need[128], mib[64];
   /* one sequence of an explicit --max-model-len (4096 tokens: 256 blocks) must fit */

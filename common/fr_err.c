@@ -44,10 +44,12 @@ const char *fr_errname(int err) {
 }
 
 int fr_errorf(int err, const char *fmt, ...) {
+  char buf[sizeof fr__detail]; /* callers pass fr_last_error() to add context: never format in place */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(fr__detail, sizeof fr__detail, fmt, ap);
+  vsnprintf(buf, sizeof buf, fmt, ap);
   va_end(ap);
+  memcpy(fr__detail, buf, sizeof buf);
   fr__last_code = err;
   return err;
 }

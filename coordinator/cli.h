@@ -3,6 +3,7 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "kernels/kern.h"
 #include "proto/proto.h"
@@ -33,6 +34,11 @@ const char *cli_default_model(void);
  * when it is not a number in [lo, hi]. */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
 int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out);
+/* Parses a byte count as vLLM reads one: plain bytes, or a number (decimals
+ * allowed) with a suffix, k / m / g / t for powers of 1000 and K / M / G / T
+ * for powers of 1024 ("4G", "512M", "1.5g"). Prints a usage error and
+ * returns -1 when it is not a whole count in [1, 2^63). */
+int cli_parse_size(const char *opt, const char *s, uint64_t *out);
 
 /* ---- engine client helpers (cli_rpc.c, cli_serve.c) ---- */
 

@@ -1,5 +1,7 @@
 /* cli_common.c - helpers shared by ferrumctl's subcommands. */
 #include <errno.h>
+#include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -43,6 +45,31 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
     return -1;
   }
   *out = v;
+  return 0;
+}
+
+/* The multiplier of a size suffix (0: not one). */
+static double cli_size_unit(char c) {
+  const char *dec = "kmgt", *bin = "KMGT";
+  const char *p = c ? strchr(dec, c) : NULL;
+  if (p) return pow(1000.0, (double)(p - dec + 1));
+  p = c ? strchr(bin, c) : NULL;
+  return p ? pow(1024.0, (double)(p - bin + 1)) : 0;
+}
+
+int cli_parse_size(const char *opt, const char *s, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  double v = s && *s && *s != '-' && *s != '+' ? strtod(s, &end) : -1;
+  double unit = end && end != s && *end ? cli_size_unit(*end) : 1;
+  bool ok = !errno && end && end != s && unit > 0 && (!*end || !end[1]) && isfinite(v);
+  double bytes = ok ? floor(v * unit) : -1;
+  if (!ok || bytes < 1 || bytes >= 9.2e18 || (unit == 1 && bytes != v)) {
+    fprintf(stderr, "ferrumctl: %s expects a byte count such as 4G, 512M or 1073741824, got '%s'\n", opt,
+            s ? s : "");
+    return -1;
+  }
+  *out = (uint64_t)bytes;
   return 0;
 }
 

@@ -42,7 +42,13 @@ static void serve_usage(FILE *f) {
           "  --max-num-seqs N              sequences per step (default 64)\n"
           "  --max-num-batched-tokens N    tokens per step (default 512)\n"
           "  --block-size N                tokens per KV block (default 16)\n"
-          "  --num-kv-blocks N             KV blocks (default: 4 contexts' worth, at most 4096)\n"
+          "  --gpu-memory-utilization F    fraction of the device's total memory each worker may use for weights,\n"
+          "                                activations and KV cache, in (0, 1] (default 0.9 on a GPU; the CPU\n"
+          "                                reports no memory size: there the KV pool holds 4 contexts' worth,\n"
+          "                                at most 4096 blocks)\n"
+          "  --kv-cache-memory-bytes N     KV cache bytes per worker, on any device: bytes, or K/M/G/T (powers\n"
+          "                                of 1024) or k/m/g/t (of 1000), e.g. 4G; overrides --gpu-memory-utilization\n"
+          "  --num-kv-blocks N             exactly N KV blocks (overrides both)\n"
           "  --enable-prefix-caching / --no-enable-prefix-caching   (default on)\n"
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
@@ -53,7 +59,7 @@ static void serve_usage(FILE *f) {
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
-  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT
+  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -83,6 +89,10 @@ static int serve_opt(serve_opts_t *o, int c) {
     return 0;
   case O_BS: if (cli_parse_int("--block-size", optarg, 1, 256, &v)) return 2; k->block_size = (int)v; return 0;
   case O_NKV: if (cli_parse_int("--num-kv-blocks", optarg, 1, 1 << 24, &v)) return 2; k->num_kv_blocks = (int)v; return 0;
+  case O_GMU:
+    if (cli_parse_float("--gpu-memory-utilization", optarg, 1e-6, 1, &k->gpu_memory_utilization)) return 2;
+    return 0;
+  case O_KVBYTES: if (cli_parse_size("--kv-cache-memory-bytes", optarg, &k->kv_cache_memory_bytes)) return 2; return 0;
   case O_PC: k->no_prefix_caching = false; return 0;
   case O_NOPC: k->no_prefix_caching = true; return 0;
   case O_KEY: o->api_key = optarg; return 0;
@@ -111,6 +121,8 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"max-num-batched-tokens", required_argument, 0, O_MNBT},
       {"block-size", required_argument, 0, O_BS},
       {"num-kv-blocks", required_argument, 0, O_NKV},
+      {"gpu-memory-utilization", required_argument, 0, O_GMU},
+      {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
       {"enable-prefix-caching", no_argument, 0, O_PC},
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},
@@ -175,7 +187,8 @@ int cli_cmd_serve(int argc, char **argv) {
   if (!o.no_http) {
     if ((rc = coord_metrics_create(&metrics, coord_served_model_name(c)))) goto done;
     coord_set_metrics(c, metrics);
-    if ((rc = serve_http_start(c, &o, metrics, &http))) goto done;
+    /* the frontend checks lengths against the context: start it once that is final */
+    if (coord_kv_sized(c) && (rc = serve_http_start(c, &o, metrics, &http))) goto done;
   }
 #endif
   FR_LOGI("waiting for the workers to load the model");
@@ -183,6 +196,9 @@ int cli_cmd_serve(int argc, char **argv) {
     if (rc == FR_ECANCELED) rc = 0; /* stopped while loading */
     goto done;
   }
+#ifdef CLI_SERVE_HTTP
+  if (!o.no_http && !http && (rc = serve_http_start(c, &o, metrics, &http))) goto done;
+#endif
   FR_LOGI("ready: RPC %s", coord_rpc_endpoint(c));
   rc = coord_run(c);
 done:

@@ -38,7 +38,15 @@ typedef struct {
   int max_num_seqs;               /* 0 = 64 */
   int max_num_batched_tokens;     /* 0 = 512 */
   int block_size;                 /* 0 = 16 */
-  int num_kv_blocks;              /* 0 = enough for 4 * max_model_len tokens, at most 4096 blocks */
+  /* KV pool size, first given wins: num_kv_blocks; kv_cache_memory_bytes;
+   * gpu_memory_utilization. None given: on the CPU, enough blocks for 4 *
+   * max_model_len tokens (at most 4096); on a device, utilization 0.9. With
+   * a byte budget or a fraction the workers size their pools after loading
+   * and the coordinator takes the smallest (docs/ARCHITECTURE.md). */
+  int num_kv_blocks;              /* > 0: exactly this many blocks */
+  uint64_t kv_cache_memory_bytes; /* > 0: each worker's pool gets this many bytes */
+  double gpu_memory_utilization;  /* (0, 1]: fraction of the device's total memory a worker may use for
+                                   * weights, activations and KV (vLLM's); 0 = not given */
   bool no_prefix_caching;         /* prefix caching is on unless this is set */
   int max_waiting;                /* queued jobs before 429; 0 = 1024 */
   const char *worker_exe;         /* NULL = ferrum-worker next to /proc/self/exe */
@@ -76,12 +84,16 @@ const char *coord_inproc_endpoint(const coord_t *c);
 const char *coord_rpc_endpoint(const coord_t *c);
 const char *coord_instance(const coord_t *c);
 int coord_max_model_len(const coord_t *c);
+/* Whether the KV pool has its size (and coord_max_model_len() its final
+ * value): at once with a fixed block count, else once the workers loaded. */
+bool coord_kv_sized(const coord_t *c);
 const struct model_tokenizer *coord_tokenizer(const coord_t *c);
 const char *coord_served_model_name(const coord_t *c);
 
 /* Hooks for the HTTP frontend (set before coord_run; NULL to clear): the
- * loop calls ready(arg, true) when workers become ready and ready(arg,
- * false) while one restarts, drain(arg) when draining starts. */
+ * loop calls ready(arg, true) when workers become ready (at once if they
+ * are) and ready(arg, false) while one restarts, drain(arg) when draining
+ * starts. */
 void coord_set_hooks(coord_t *c, void (*ready)(void *arg, bool ready), void (*drain)(void *arg), void *arg);
 /* Metrics registry to update (coordinator/metrics.h), borrowed; NULL = none. */
 struct coord_metrics;

@@ -82,7 +82,17 @@ struct coord_job {
   uint64_t t_arrival_ns, t_first_ns, t_last_ns;
 };
 
-typedef enum { COORD_W_DOWN = 0, COORD_W_STARTING, COORD_W_LOADING, COORD_W_READY } coord_wstate_t;
+/* STARTING -> (hello) LOADING -> (loaded) READY; when the workers size the
+ * KV pool: LOADING -> (loaded) SIZED, waiting for the others -> (kv_init
+ * sent) KV_INIT -> (kv_ready) READY. */
+typedef enum {
+  COORD_W_DOWN = 0,
+  COORD_W_STARTING,
+  COORD_W_LOADING,
+  COORD_W_SIZED,
+  COORD_W_KV_INIT,
+  COORD_W_READY
+} coord_wstate_t;
 
 typedef struct {
   int rank;
@@ -93,6 +103,8 @@ typedef struct {
   uint64_t spawn_ns, last_rx_ns, hb_seq;
   int restarts;
   uint32_t n_vocab, max_ctx;
+  uint32_t kv_capacity;      /* SIZED: blocks the worker can hold */
+  uint64_t kv_block_bytes;   /* bytes of one of its blocks (0: not said) */
 } coord_worker_t;
 
 /* One item of the step in flight. */
@@ -127,9 +139,13 @@ struct coord {
   int sigfd;
   proto_msg_t in;
   proto_buf_t out;
-  /* KV */
-  kv_ctl_t *kv;
+  /* KV: the control segment exists from create (a fixed block count) or
+   * once every worker reported its room (kv_sizing) */
+  kv_ctl_t *kv;              /* NULL until then */
   kv_info_t kvi;
+  bool kv_sizing;            /* the workers size the pool (byte budget or memory fraction) */
+  bool mml_explicit;         /* --max-model-len given: one such sequence must fit */
+  uint32_t kv_min_blocks;    /* sizing: fewer is a start-up error */
   uint64_t epoch;
   kv_segment_t logits_seg;   /* rank 0's logits, read-only */
   /* workers */
@@ -174,6 +190,10 @@ struct coord {
 
 /* ---- loop.c ---- */
 int coord__loop_once(coord_t *c, int timeout_ms);
+/* Creates the control segment of n_blocks blocks, caps the context to what
+ * the pool holds and logs the KV capacity (block_bytes: bytes of a block on
+ * a worker, 0 = unknown). Returns 0 or an error (nothing created). */
+int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes);
 
 /* ---- rpc.c ---- */
 int coord__rpc_bind(coord_t *c);

@@ -61,24 +61,17 @@ static int coord__tokenizer(coord_t *c) {
   return 0;
 }
 
-static int coord__kv(coord_t *c) {
+int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes) {
   coord_config_t *k = &c->cfg;
-  int model_ctx = c->src->config.max_ctx > 0 ? c->src->config.max_ctx : 4096;
-  int bs = k->block_size;
-  if (k->max_model_len <= 0) k->max_model_len = model_ctx;
-  if (k->max_model_len > model_ctx) FR_LOGW("--max-model-len %d exceeds the model's context %d", k->max_model_len, model_ctx);
-  if (k->num_kv_blocks <= 0) k->num_kv_blocks = FR_MIN(4096, FR_MAX(256, 4 * ((k->max_model_len + bs - 1) / bs)));
-  int mbps = (k->max_model_len + bs - 1) / bs;
-  if (mbps > k->num_kv_blocks) {
-    mbps = k->num_kv_blocks;
+  int bs = k->block_size, mbps = (k->max_model_len + bs - 1) / bs;
+  if (mbps > n_blocks) {
+    mbps = n_blocks;
     k->max_model_len = mbps * bs;
-    FR_LOGI("context capped at %d tokens: the KV pool holds %d blocks", k->max_model_len, k->num_kv_blocks);
+    FR_LOGI("context capped at %d tokens: the KV pool holds %d blocks", k->max_model_len, n_blocks);
   }
-  c->max_model_len = k->max_model_len;
-  c->epoch = (uint64_t)fr_now_ns();
   kv_config_t kc = {.instance = c->instance,
                     .epoch = c->epoch,
-                    .n_blocks = k->num_kv_blocks,
+                    .n_blocks = n_blocks,
                     .block_size = bs,
                     .max_seqs = k->max_num_seqs,
                     .max_blocks_per_seq = mbps,
@@ -86,7 +79,54 @@ static int coord__kv(coord_t *c) {
   int rc = kv_control_create(&c->kv, &kc);
   if (rc) return rc;
   kv_control_info(c->kv, &c->kvi);
+  c->max_model_len = k->max_model_len;
+  long long tokens = (long long)n_blocks * bs;
+  char size[64] = "";
+  if (block_bytes) snprintf(size, sizeof size, " (%.1f MiB per worker)", (double)n_blocks * block_bytes / 1048576.0);
+  FR_LOGI("KV cache: %d blocks of %d tokens, %lld tokens%s; maximum concurrency for %d tokens per request: %.2fx",
+          n_blocks, bs, tokens, size, c->max_model_len, (double)tokens / c->max_model_len);
   return 0;
+}
+
+/* Whether the workers size the KV pool (a byte budget or a memory fraction)
+ * rather than taking a block count made here. */
+static bool coord__kv_sized_by_workers(const coord_config_t *k, const char *device) {
+  if (k->num_kv_blocks > 0) {
+    if (k->kv_cache_memory_bytes || k->gpu_memory_utilization > 0)
+      FR_LOGW("--num-kv-blocks %d overrides --kv-cache-memory-bytes / --gpu-memory-utilization", k->num_kv_blocks);
+    return false;
+  }
+  if (k->kv_cache_memory_bytes && k->gpu_memory_utilization > 0)
+    FR_LOGW("--kv-cache-memory-bytes overrides --gpu-memory-utilization");
+  return k->kv_cache_memory_bytes || k->gpu_memory_utilization > 0 || strcmp(device, "cpu") != 0;
+}
+
+/* Works out the context and the KV pool: a fixed block count makes the
+ * control segment now; a byte budget or a memory fraction waits for the
+ * workers (supervise.c: loaded, then kv_init). */
+static int coord__kv(coord_t *c) {
+  coord_config_t *k = &c->cfg;
+  int model_ctx = c->src->config.max_ctx > 0 ? c->src->config.max_ctx : 4096;
+  int bs = k->block_size;
+  c->mml_explicit = k->max_model_len > 0;
+  if (k->max_model_len <= 0) k->max_model_len = model_ctx;
+  if (k->max_model_len > model_ctx) FR_LOGW("--max-model-len %d exceeds the model's context %d", k->max_model_len, model_ctx);
+  c->max_model_len = k->max_model_len;
+  c->epoch = (uint64_t)fr_now_ns();
+  if (coord__kv_sized_by_workers(k, c->device)) {
+    c->kv_sizing = true;
+    if (!k->kv_cache_memory_bytes && k->gpu_memory_utilization <= 0) k->gpu_memory_utilization = 0.9;
+    /* an explicit --max-model-len must fit once; else the context shrinks to the pool */
+    c->kv_min_blocks = c->mml_explicit ? (uint32_t)((k->max_model_len + bs - 1) / bs) : 1;
+    if (k->kv_cache_memory_bytes)
+      FR_LOGI("KV cache: %.1f MiB per worker", (double)k->kv_cache_memory_bytes / 1048576.0);
+    else
+      FR_LOGI("KV cache: what %.2f of the device's memory leaves after weights and activations",
+              k->gpu_memory_utilization);
+    return 0;
+  }
+  if (k->num_kv_blocks <= 0) k->num_kv_blocks = FR_MIN(4096, FR_MAX(256, 4 * ((k->max_model_len + bs - 1) / bs)));
+  return coord__kv_create(c, k->num_kv_blocks, 0);
 }
 
 static int coord__sockets(coord_t *c) {
@@ -184,8 +224,12 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   if ((rc = coord__sockets(c))) goto fail;
   if ((rc = coord__pidfile_write(c))) goto fail;
   if ((rc = coord__workers_start(c))) goto fail;
-  FR_LOGI("instance %s: %d KV blocks of %d tokens, context %d, RPC %s", c->instance, c->kvi.n_blocks,
-          c->kvi.block_size, c->max_model_len, c->rpc_addr);
+  if (c->kv)
+    FR_LOGI("instance %s: %d KV blocks of %d tokens, context %d, RPC %s", c->instance, c->kvi.n_blocks,
+            c->kvi.block_size, c->max_model_len, c->rpc_addr);
+  else
+    FR_LOGI("instance %s: KV pool sized once the workers loaded, context up to %d, RPC %s", c->instance,
+            c->max_model_len, c->rpc_addr);
   *out = c;
   return 0;
 fail:;
@@ -352,6 +396,7 @@ const char *coord_inproc_endpoint(const coord_t *c) { return c->inproc_addr; }
 const char *coord_rpc_endpoint(const coord_t *c) { return c->rpc_addr; }
 const char *coord_instance(const coord_t *c) { return c->instance; }
 int coord_max_model_len(const coord_t *c) { return c->max_model_len; }
+bool coord_kv_sized(const coord_t *c) { return c->kv != NULL; }
 const struct model_tokenizer *coord_tokenizer(const coord_t *c) { return c->tok; }
 const char *coord_served_model_name(const coord_t *c) { return c->served_name; }
 
@@ -359,6 +404,7 @@ void coord_set_hooks(coord_t *c, void (*ready)(void *, bool), void (*drain)(void
   c->hook_ready = ready;
   c->hook_drain = drain;
   c->hook_arg = arg;
+  if (ready && c->ready) ready(arg, true);
 }
 
 void coord_set_metrics(coord_t *c, struct coord_metrics *m) { c->metrics = m; }

@@ -93,7 +93,7 @@ static void coord__rpc_status(coord_t *c, const coord_peer_t *p, uint64_t rid) {
       .model = c->served_name,
       .queued = (uint32_t)c->n_waiting,
       .running = (uint32_t)c->n_running,
-      .kv_used_blocks = (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
+      .kv_used_blocks = c->kv ? (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)) : 0,
       .kv_total_blocks = (uint32_t)c->kvi.n_blocks,
       .n_workers = (uint32_t)ready,
       .prefix_queries = c->prefix_queries,

@@ -178,7 +178,9 @@ void coord__sched_gauges(coord_t *c) {
   if (!c->metrics) return;
   coord_metrics_set_running(c->metrics, (uint32_t)c->n_running);
   coord_metrics_set_waiting(c->metrics, (uint32_t)c->n_waiting);
-  coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)), (uint32_t)c->kvi.n_blocks);
+  if (c->kv)
+    coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
+                         (uint32_t)c->kvi.n_blocks);
 #else
   (void)c;
 #endif

@@ -86,7 +86,16 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
                     .format = (char *)(c->cfg.load_format ? c->cfg.load_format : "auto"),
                     .tp_size = (uint32_t)c->n_workers,
                     .n_options = FR_ARRAY_SIZE(opts),
-                    .options = opts};
+                    .options = opts,
+                    .kv_min_blocks = 1};
+  if (c->kv) { /* fixed from the start, or sized before this worker restarted */
+    l.kv_blocks = (uint32_t)c->kvi.n_blocks;
+  } else {
+    l.block_size = (uint32_t)c->cfg.block_size;
+    l.kv_min_blocks = c->kv_min_blocks;
+    l.kv_bytes = c->cfg.kv_cache_memory_bytes;
+    l.kv_util = l.kv_bytes ? 0.0f : (float)c->cfg.gpu_memory_utilization;
+  }
   return coord__worker_send(c, w, PROTO_T_LOAD, &l);
 }
 
@@ -140,6 +149,36 @@ static void coord__on_hello(coord_t *c, const uint8_t *ident, size_t len, const 
   if (coord__send_load(c, w)) FR_LOGE("%s", fr_last_error());
 }
 
+static void coord__worker_ready(coord_t *c, coord_worker_t *w) {
+  w->state = COORD_W_READY;
+  coord__own_segments(c, w->rank);
+  FR_LOGI("worker %d ready", w->rank);
+  if (coord__workers_ready(c)) coord__set_ready(c, true);
+}
+
+/* Every worker said how many blocks it can hold: the pool gets the fewest,
+ * the control segment is made, and the workers are told to allocate. */
+static void coord__kv_init(coord_t *c) {
+  uint32_t n = UINT32_MAX;
+  uint64_t bpb = 0;
+  for (int r = 0; r < c->n_workers; r++) {
+    n = FR_MIN(n, c->workers[r].kv_capacity);
+    bpb = FR_MAX(bpb, c->workers[r].kv_block_bytes);
+  }
+  int rc = n > (uint32_t)INT32_MAX ? fr_errorf(FR_ETOOBIG, "%u KV blocks", n) : coord__kv_create(c, (int)n, bpb);
+  if (rc) {
+    c->load_error = fr_errorf(rc, "KV control segment: %s", fr_last_error());
+    return;
+  }
+  proto_kv_init_t k = {.kv_blocks = n};
+  for (int r = 0; r < c->n_workers && !c->load_error; r++) {
+    coord_worker_t *w = &c->workers[r];
+    w->state = COORD_W_KV_INIT;
+    if (coord__worker_send(c, w, PROTO_T_KV_INIT, &k))
+      c->load_error = fr_errorf(FR_EDEAD, "worker %d: %s", r, fr_last_error());
+  }
+}
+
 static void coord__on_loaded(coord_t *c, coord_worker_t *w, const proto_loaded_t *l) {
   if (w->state != COORD_W_LOADING) return;
   if (l->error.code) {
@@ -147,15 +186,38 @@ static void coord__on_loaded(coord_t *c, coord_worker_t *w, const proto_loaded_t
     c->load_error = fr_errorf(FR_EFORMAT, "worker %d: %s", w->rank, l->error.message ? l->error.message : "load failed");
     return;
   }
-  if ((int)l->n_vocab != c->vocab || (int)l->kv_blocks != c->kvi.n_blocks) {
+  if ((int)l->n_vocab != c->vocab || (c->kv && (int)l->kv_blocks != c->kvi.n_blocks) || l->kv_blocks == 0) {
     c->load_error = fr_errorf(FR_ESTATE, "worker %d loaded a vocabulary of %u and %u KV blocks, expected %d and %d",
-                              w->rank, l->n_vocab, l->kv_blocks, c->vocab, c->kvi.n_blocks);
+                              w->rank, l->n_vocab, l->kv_blocks, c->vocab, c->kv ? c->kvi.n_blocks : -1);
     return;
   }
-  w->state = COORD_W_READY;
-  coord__own_segments(c, w->rank);
-  FR_LOGI("worker %d ready", w->rank);
-  if (coord__workers_ready(c)) coord__set_ready(c, true);
+  if (c->kv) {
+    coord__worker_ready(c, w);
+    return;
+  }
+  w->state = COORD_W_SIZED;
+  w->kv_capacity = l->kv_blocks;
+  w->kv_block_bytes = l->block_bytes;
+  FR_LOGI("worker %d loaded: room for %u KV blocks", w->rank, l->kv_blocks);
+  for (int r = 0; r < c->n_workers; r++)
+    if (c->workers[r].state != COORD_W_SIZED) return;
+  coord__kv_init(c);
+}
+
+static void coord__on_kv_ready(coord_t *c, coord_worker_t *w, const proto_kv_ready_t *k) {
+  if (w->state != COORD_W_KV_INIT) return;
+  if (k->error.code) {
+    FR_LOGE("worker %d failed to allocate its KV pool: %s", w->rank, k->error.message ? k->error.message : "?");
+    c->load_error =
+        fr_errorf(FR_EDEVOOM, "worker %d: %s", w->rank, k->error.message ? k->error.message : "KV pool failed");
+    return;
+  }
+  if ((int)k->kv_blocks != c->kvi.n_blocks) {
+    c->load_error = fr_errorf(FR_ESTATE, "worker %d allocated %u KV blocks, expected %d", w->rank, k->kv_blocks,
+                              c->kvi.n_blocks);
+    return;
+  }
+  coord__worker_ready(c, w);
 }
 
 void coord__workers_on_message(coord_t *c, const uint8_t *ident, size_t len, const proto_msg_t *m) {
@@ -170,6 +232,7 @@ void coord__workers_on_message(coord_t *c, const uint8_t *ident, size_t len, con
   w->last_rx_ns = fr_now_ns();
   switch (m->type) {
   case PROTO_T_LOADED: coord__on_loaded(c, w, &m->u.loaded); break;
+  case PROTO_T_KV_READY: coord__on_kv_ready(c, w, &m->u.kv_ready); break;
   case PROTO_T_RESULT: coord__step_on_result(c, &m->u.result, w->rank); break;
   case PROTO_T_ERROR: FR_LOGW("worker %d: error %d: %s", w->rank, m->u.error.code, m->u.error.message ? m->u.error.message : ""); break;
   default: break;
@@ -221,15 +284,16 @@ void coord__workers_tick(coord_t *c) {
     /* a worker in a step answers heartbeats after it: allow a long forward pass */
     uint64_t limit = (uint64_t)c->cfg.worker_hb_timeout_ms;
     if (c->step_busy) limit = FR_MAX(limit, COORD_STEP_TIMEOUT_MS);
-    bool stuck = (w->state == COORD_W_READY && quiet_ms > limit) ||
-                 (w->state != COORD_W_READY && quiet_ms > COORD_LOAD_TIMEOUT_MS);
+    /* loaded workers answer heartbeats, also while they wait for the others (SIZED) */
+    bool live = w->state == COORD_W_READY || w->state == COORD_W_SIZED;
+    bool stuck = (live && quiet_ms > limit) || (!live && quiet_ms > COORD_LOAD_TIMEOUT_MS);
     if (stuck) {
       FR_LOGW("worker %d silent for %llu ms: killing it", w->rank, (unsigned long long)quiet_ms);
       kill(w->pid, SIGKILL);
       w->last_rx_ns = now; /* SIGCHLD follows */
       continue;
     }
-    if (hb && w->state == COORD_W_READY) {
+    if (hb && live) {
       proto_heartbeat_t h = {.rank = -1, .seq = ++w->hb_seq, .ts_ns = now};
       coord__worker_send(c, w, PROTO_T_HEARTBEAT, &h);
     }

@@ -159,6 +159,10 @@ typedef struct {
   int (*copy)(void *ctx, void *dst, const void *src, size_t bytes);
   /* Waits for queued work. */
   int (*sync)(void *ctx);
+  /* Optional (NULL: unknown, e.g. the CPU): the device's free and total
+   * memory in bytes, as the driver reports them (free counts every
+   * process's allocations). */
+  int (*mem_info)(void *ctx, size_t *free_bytes, size_t *total_bytes);
 
   /* Makes a weight usable by the backend. host_data holds rows*row_bytes
    * bytes of w->type and stays valid (mmap) for the weight's lifetime; the

@@ -72,6 +72,7 @@ typedef struct model {
   kern_weight_t output;       /* (vocab, dim); aliases tok_embd when tied */
   model_layer_t *layers;      /* (n_layers) */
   int max_tokens, max_seqs;
+  size_t scratch_bytes; /* backend memory of the activation scratch below */
   /* activation scratch, backend memory, act_type elements */
   void *x;      /* (max_tokens, dim) residual stream */
   void *xn;     /* (max_tokens, dim) normed input */

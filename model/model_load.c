@@ -309,6 +309,7 @@ int model__alloc_scratch(model_t *m) {
     int rc = m->be->ops->alloc(m->be->ctx, bufs[i].n * es, bufs[i].p);
     if (rc) return fr_errorf(rc, "allocating %zu MiB of activation scratch: %s", bufs[i].n * es >> 20,
                              fr_strerror(rc));
+    m->scratch_bytes += bufs[i].n * es;
   }
   return 0;
 }

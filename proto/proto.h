@@ -34,7 +34,13 @@
 extern "C" {
 #endif
 
-#define PROTO_VERSION 1
+/* Protocol versions. Each message type has the version that last changed
+ * its schema (proto_type_version); the encoder writes that, so messages that
+ * did not change since version 1 stay readable by version-1 peers. Decoders
+ * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
+ * written with a version older than its type's (FR_EVERSION). */
+#define PROTO_VERSION 2     /* newest: load / loaded changed, kv_init / kv_ready added */
+#define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
  * that the peer would refuse). */
@@ -64,6 +70,8 @@ typedef enum {
   PROTO_T_RESULT,   /* "result"   worker -> coord: step result */
   PROTO_T_HEARTBEAT,/* "hb"       either way */
   PROTO_T_SHUTDOWN, /* "shutdown" coord -> worker */
+  PROTO_T_KV_INIT,  /* "kv_init"  coord -> worker: allocate the KV pool (v2) */
+  PROTO_T_KV_READY, /* "kv_ready" worker -> coord: pool allocated (or its error) (v2) */
   /* RPC client <-> coordinator */
   PROTO_T_SUBMIT,   /* "submit"   client -> coord */
   PROTO_T_EVENT,    /* "event"    coord -> client: token deltas, finish */
@@ -81,10 +89,10 @@ typedef enum {
 #define PROTO_ACCEPT_ANY (~0u)
 #define PROTO_ACCEPT_WORKER /* what a worker receives */                                          \
   (PROTO_MASK(PROTO_T_LOAD) | PROTO_MASK(PROTO_T_STEP) | PROTO_MASK(PROTO_T_HEARTBEAT) |             \
-   PROTO_MASK(PROTO_T_SHUTDOWN) | PROTO_MASK(PROTO_T_ERROR))
+   PROTO_MASK(PROTO_T_SHUTDOWN) | PROTO_MASK(PROTO_T_KV_INIT) | PROTO_MASK(PROTO_T_ERROR))
 #define PROTO_ACCEPT_FROM_WORKER /* what the coordinator receives from workers */                  \
   (PROTO_MASK(PROTO_T_HELLO) | PROTO_MASK(PROTO_T_LOADED) | PROTO_MASK(PROTO_T_RESULT) |             \
-   PROTO_MASK(PROTO_T_HEARTBEAT) | PROTO_MASK(PROTO_T_ERROR))
+   PROTO_MASK(PROTO_T_KV_READY) | PROTO_MASK(PROTO_T_HEARTBEAT) | PROTO_MASK(PROTO_T_ERROR))
 #define PROTO_ACCEPT_FROM_CLIENT /* what the coordinator receives from RPC clients */              \
   (PROTO_MASK(PROTO_T_SUBMIT) | PROTO_MASK(PROTO_T_CANCEL) | PROTO_MASK(PROTO_T_STATUS) |            \
    PROTO_MASK(PROTO_T_MODELS) | PROTO_MASK(PROTO_T_HEARTBEAT))
@@ -150,6 +158,10 @@ typedef struct {
   char *value; /* "v" required */
 } proto_option_t;
 
+/* The KV pool: either fixed (the control segment exists: the worker maps
+ * it and allocates its pool during the load) or sized by the worker (exactly
+ * one of kv_bytes, kv_util given: the worker loads, reports in loaded how
+ * many blocks it can hold and allocates nothing until kv_init). */
 typedef struct {
   char *path;               /* "path" required: GGUF file or safetensors folder */
   char *format;             /* "fmt"  required: "gguf", "safetensors", "dummy" */
@@ -157,15 +169,37 @@ typedef struct {
   uint32_t tp_size;         /* "tp"   default 1 */
   uint32_t n_options;       /* "opt"  <= PROTO_MAX_OPTIONS */
   proto_option_t *options;  /* (n_options) */
+  uint32_t kv_blocks;       /* "kvb"  fixed: blocks the control segment holds; 0 = as it says */
+  uint64_t kv_bytes;        /* "kvm"  sizing: bytes of KV pool per worker */
+  float kv_util;            /* "kvu"  sizing: fraction of the device's total memory for weights,
+                             * activations and KV, (0, 1]; 0 = not given */
+  uint32_t block_size;      /* "bs"   sizing: tokens per KV block, >= 1 (required when sizing) */
+  uint32_t kv_min_blocks;   /* "kvn"  sizing: fewer blocks than this is a load error; default 1 */
 } proto_load_t;
+
+/* True when a load asks the worker to size its KV pool. */
+static inline bool proto_load_sizes_kv(const proto_load_t *l) { return l->kv_bytes > 0 || l->kv_util > 0; }
 
 typedef struct {
   int32_t rank;        /* "r"   required */
-  uint32_t kv_blocks;  /* "kvb" KV blocks allocated for this model */
+  uint32_t kv_blocks;  /* "kvb" KV blocks allocated (fixed), or that the worker can hold (sizing) */
   uint32_t n_vocab;    /* "nv" */
   uint32_t max_ctx;    /* "ctx" */
   proto_error_t error; /* "err" code != 0: the load failed */
+  uint64_t block_bytes;/* "bpb" bytes of one KV block on this worker (0 = not said) */
 } proto_loaded_t;
+
+/* The KV pool's final size, after every worker reported (sizing loads):
+ * the control segment now exists with kv_blocks blocks. */
+typedef struct {
+  uint32_t kv_blocks; /* "kvb" required, >= 1, <= what the worker reported */
+} proto_kv_init_t;
+
+typedef struct {
+  int32_t rank;        /* "r"   required */
+  uint32_t kv_blocks;  /* "kvb" blocks allocated */
+  proto_error_t error; /* "err" code != 0: allocating the pool failed */
+} proto_kv_ready_t;
 
 typedef struct {
   uint32_t slot;       /* "s"  required: sequence slot (block table row) */
@@ -384,6 +418,8 @@ typedef struct {
     proto_result_t result;
     proto_heartbeat_t heartbeat;
     proto_shutdown_t shutdown;
+    proto_kv_init_t kv_init;
+    proto_kv_ready_t kv_ready;
     proto_submit_t submit;
     proto_event_t event;
     proto_cancel_t cancel;
@@ -423,6 +459,9 @@ static inline int proto_event_encode(proto_buf_t *b, const proto_event_t *e) { r
 /* Wire name of a type ("step") and back (PROTO_T_NONE if unknown). */
 const char *proto_type_name(proto_type_t t);
 proto_type_t proto_type_from_name(const char *name, size_t len);
+/* The protocol version a type is written with (the one that last changed
+ * its schema); 0 for an unknown type. */
+uint32_t proto_type_version(proto_type_t t);
 /* Wire name of a finish reason ("stop"), NULL for NONE. */
 const char *proto_finish_name(proto_finish_t f);
 

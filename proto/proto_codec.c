@@ -820,9 +820,9 @@ static int rd_envelope_value(rd_t *r, uint64_t key, uint64_t *version, proto_typ
   if (rc) return rc;
   if (key == KEY_V) {
     if (v.kind != K_UINT && v.kind != K_INT) return rd_type_error(r, "integer version", &v);
-    if (v.kind == K_INT || v.u != PROTO_VERSION)
-      return rd_fail(r, FR_EVERSION, "protocol version %lld is not %d",
-                     v.kind == K_INT ? (long long)v.i : (long long)v.u, PROTO_VERSION);
+    if (v.kind == K_INT || v.u < PROTO_VERSION_MIN || v.u > PROTO_VERSION)
+      return rd_fail(r, FR_EVERSION, "protocol version %lld is not in [%d, %d]",
+                     v.kind == K_INT ? (long long)v.i : (long long)v.u, PROTO_VERSION_MIN, PROTO_VERSION);
     *version = v.u;
     return 0;
   }
@@ -857,17 +857,17 @@ static int rd_envelope_scan(rd_t *r, uint32_t n_pairs, uint64_t *version, proto_
 
 /* Reads the envelope; *top says how the body decoder treats "v" / "t". The
  * fast path: "v" then "t" as the first two keys. */
-static int rd_envelope(rd_t *r, uint32_t *n_pairs, proto_type_t *type, int *top) {
+static int rd_envelope(rd_t *r, uint32_t *n_pairs, proto_type_t *type, uint64_t *version, int *top) {
   const uint8_t *start = r->p;
-  uint64_t version = 0, key;
+  uint64_t key;
   int rc;
   if (*n_pairs >= 2) {
     if ((rc = rd_key(r, &key))) return rc;
     if (key == KEY_V) {
-      if ((rc = rd_envelope_value(r, key, &version, type))) return rc;
+      if ((rc = rd_envelope_value(r, key, version, type))) return rc;
       if ((rc = rd_key(r, &key))) return rc;
       if (key == KEY_T) {
-        if ((rc = rd_envelope_value(r, key, &version, type))) return rc;
+        if ((rc = rd_envelope_value(r, key, version, type))) return rc;
         *n_pairs -= 2;
         *top = 1;
         return 0;
@@ -875,7 +875,7 @@ static int rd_envelope(rd_t *r, uint32_t *n_pairs, proto_type_t *type, int *top)
     }
   }
   r->p = start;
-  if ((rc = rd_envelope_scan(r, *n_pairs, &version, type))) return rc;
+  if ((rc = rd_envelope_scan(r, *n_pairs, version, type))) return rc;
   r->p = start;
   *top = 2;
   return 0;
@@ -893,9 +893,13 @@ int proto_msg_decode(proto_msg_t *m, const void *data, size_t len, uint32_t acce
   if ((rc = rd_value(&r, &v))) return rc;
   if (v.kind != K_MAP) return rd_type_error(&r, "map", &v);
   uint32_t n_pairs = v.len;
-  if ((rc = rd_envelope(&r, &n_pairs, &type, &top))) return rc;
+  uint64_t version = 0;
+  if ((rc = rd_envelope(&r, &n_pairs, &type, &version, &top))) return rc;
   if (type >= 32 || !(accept & PROTO_MASK(type)))
     return rd_fail(&r, FR_EPROTO, "unexpected message type \"%s\"", proto_type_name(type));
+  if (version < proto_type_version(type))
+    return rd_fail(&r, FR_EVERSION, "\"%s\" needs protocol version %u, got %llu", proto_type_name(type),
+                   proto_type_version(type), (unsigned long long)version);
   const proto_schema_t *s = proto__schema(type);
   r.msg = s->name;
   if ((rc = rd_obj(&r, s, &m->u, n_pairs, top))) return rc;
@@ -1128,7 +1132,7 @@ static int wr_obj(wr_t *w, const proto_schema_t *s, const uint8_t *in, proto_typ
   p++; /* fixmap, patched below */
   if (top) {
     p = put_str(p, "v", 1);
-    p = put_uint(p, PROTO_VERSION);
+    p = put_uint(p, proto_type_version(top));
     p = put_str(p, "t", 1);
     p = put_str(p, tname, (uint32_t)strlen(tname));
     n = 2;

@@ -58,6 +58,17 @@ static int check_hello(const void *body) {
 static int check_load(const void *body) {
   const proto_load_t *l = body;
   if (l->tp_size < 1) return fr_errorf(FR_EPROTO, "tensor-parallel size must be >= 1");
+  if (!finite_in(l->kv_util, 0, 1)) return fr_errorf(FR_EPROTO, "KV memory fraction %g not in (0, 1]", l->kv_util);
+  if (l->kv_bytes > 0 && l->kv_util > 0) return fr_errorf(FR_EPROTO, "give a KV byte budget or a memory fraction, not both");
+  if (!proto_load_sizes_kv(l)) return 0;
+  if (l->kv_blocks > 0) return fr_errorf(FR_EPROTO, "a fixed KV block count and a KV size to work out");
+  if (l->block_size < 1) return fr_errorf(FR_EPROTO, "sizing the KV pool needs a block size >= 1");
+  return 0;
+}
+
+static int check_kv_init(const void *body) {
+  const proto_kv_init_t *k = body;
+  if (k->kv_blocks < 1) return fr_errorf(FR_EPROTO, "a KV pool of 0 blocks");
   return 0;
 }
 
@@ -103,8 +114,10 @@ static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
 static const proto_option_t def_option;
-static const proto_load_t def_load = {.tp_size = 1};
+static const proto_load_t def_load = {.tp_size = 1, .kv_min_blocks = 1};
 static const proto_loaded_t def_loaded;
+static const proto_kv_init_t def_kv_init;
+static const proto_kv_ready_t def_kv_ready;
 static const proto_step_item_t def_step_item = {.final = true, .sp = SAMPLING_DEFAULTS};
 static const proto_copy_t def_copy;
 static const proto_step_t def_step;
@@ -174,6 +187,11 @@ static const proto_field_t f_load[] = {
     FSTR("dt", 0, proto_load_t, dtype, PROTO_MAX_STR),
     FS("tp", PF_U32, 0, proto_load_t, tp_size),
     FOBJS("opt", 0, proto_load_t, options, n_options, PROTO_MAX_OPTIONS, s_option),
+    FS("kvb", PF_U32, 0, proto_load_t, kv_blocks),
+    FS("kvm", PF_U64, 0, proto_load_t, kv_bytes),
+    FS("kvu", PF_F32, 0, proto_load_t, kv_util),
+    FS("bs", PF_U32, 0, proto_load_t, block_size),
+    FS("kvn", PF_U32, 0, proto_load_t, kv_min_blocks),
 };
 SCHEMA(s_load, "load", proto_load_t, f_load, def_load, check_load);
 
@@ -183,8 +201,21 @@ static const proto_field_t f_loaded[] = {
     FS("nv", PF_U32, 0, proto_loaded_t, n_vocab),
     FS("ctx", PF_U32, 0, proto_loaded_t, max_ctx),
     FOBJ("err", 0, proto_loaded_t, error, s_error),
+    FS("bpb", PF_U64, 0, proto_loaded_t, block_bytes),
 };
 SCHEMA(s_loaded, "loaded", proto_loaded_t, f_loaded, def_loaded, NULL);
+
+static const proto_field_t f_kv_init[] = {
+    FS("kvb", PF_U32, PF_REQ, proto_kv_init_t, kv_blocks),
+};
+SCHEMA(s_kv_init, "kv_init", proto_kv_init_t, f_kv_init, def_kv_init, check_kv_init);
+
+static const proto_field_t f_kv_ready[] = {
+    FS("r", PF_I32, PF_REQ, proto_kv_ready_t, rank),
+    FS("kvb", PF_U32, 0, proto_kv_ready_t, kv_blocks),
+    FOBJ("err", 0, proto_kv_ready_t, error, s_error),
+};
+SCHEMA(s_kv_ready, "kv_ready", proto_kv_ready_t, f_kv_ready, def_kv_ready, NULL);
 
 static const proto_field_t f_step_item[] = {
     FS("s", PF_U32, PF_REQ, proto_step_item_t, slot),
@@ -363,25 +394,29 @@ SCHEMA(s_error_msg, "error", proto_error_msg_t, f_error_msg, def_error_msg, NULL
 
 /* ------------------------------------------------------------ types */
 
+/* version: the protocol version that last changed the type's schema. */
 static const struct {
   const char *name;
   const proto_schema_t *schema;
+  uint32_t version;
 } types[PROTO_T_COUNT] = {
-    [PROTO_T_HELLO] = {"hello", &s_hello},
-    [PROTO_T_LOAD] = {"load", &s_load},
-    [PROTO_T_LOADED] = {"loaded", &s_loaded},
-    [PROTO_T_STEP] = {"step", &s_step},
-    [PROTO_T_RESULT] = {"result", &s_result},
-    [PROTO_T_HEARTBEAT] = {"hb", &s_heartbeat},
-    [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown},
-    [PROTO_T_SUBMIT] = {"submit", &s_submit},
-    [PROTO_T_EVENT] = {"event", &s_event},
-    [PROTO_T_CANCEL] = {"cancel", &s_cancel},
-    [PROTO_T_STATUS] = {"status", &s_status},
-    [PROTO_T_STATUS_R] = {"status_r", &s_status_r},
-    [PROTO_T_MODELS] = {"models", &s_models},
-    [PROTO_T_MODELS_R] = {"models_r", &s_models_r},
-    [PROTO_T_ERROR] = {"error", &s_error_msg},
+    [PROTO_T_HELLO] = {"hello", &s_hello, 1},
+    [PROTO_T_LOAD] = {"load", &s_load, 2},
+    [PROTO_T_LOADED] = {"loaded", &s_loaded, 2},
+    [PROTO_T_STEP] = {"step", &s_step, 1},
+    [PROTO_T_RESULT] = {"result", &s_result, 1},
+    [PROTO_T_HEARTBEAT] = {"hb", &s_heartbeat, 1},
+    [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
+    [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},
+    [PROTO_T_KV_READY] = {"kv_ready", &s_kv_ready, 2},
+    [PROTO_T_SUBMIT] = {"submit", &s_submit, 1},
+    [PROTO_T_EVENT] = {"event", &s_event, 1},
+    [PROTO_T_CANCEL] = {"cancel", &s_cancel, 1},
+    [PROTO_T_STATUS] = {"status", &s_status, 1},
+    [PROTO_T_STATUS_R] = {"status_r", &s_status_r, 1},
+    [PROTO_T_MODELS] = {"models", &s_models, 1},
+    [PROTO_T_MODELS_R] = {"models_r", &s_models_r, 1},
+    [PROTO_T_ERROR] = {"error", &s_error_msg, 1},
 };
 
 const proto_schema_t *proto__schema(proto_type_t t) {
@@ -392,6 +427,11 @@ const proto_schema_t *proto__schema(proto_type_t t) {
 const char *proto_type_name(proto_type_t t) {
   if ((unsigned)t >= PROTO_T_COUNT || !types[t].name) return "none";
   return types[t].name;
+}
+
+uint32_t proto_type_version(proto_type_t t) {
+  if ((unsigned)t >= PROTO_T_COUNT) return 0;
+  return types[t].version;
 }
 
 proto_type_t proto_type_from_name(const char *name, size_t len) {

@@ -53,18 +53,27 @@ static int worker__backend(worker_t *w, const worker_load_opts_t *o) {
   return fr_errorf(-EINVAL, "unknown device '%s' (cpu or cuda[:N])", o->device);
 }
 
+/* The KV element type: F16 in the CPU worker's shm pool, the activation
+ * type on a device. */
+static kern_type_t worker__kv_type(const worker_t *w) {
+  return strcmp(w->be->ops->name, "cpu") ? w->be->act_type : KERN_F16;
+}
+
 /* A device backend's pool lives in device memory (lost with the worker;
  * the coordinator recomputes). */
 static int worker__device_pool(worker_t *w) {
-  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, w->be->act_type);
-  return w->be->ops->kv_pool_init(w->be->ctx, &w->pool, &kc, NULL);
+  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, worker__kv_type(w));
+  int rc = w->be->ops->kv_pool_init(w->be->ctx, &w->pool, &kc, NULL);
+  if (rc) return fr_errorf(rc, "KV pool of %d blocks (%zu MiB): %s", w->info.n_blocks, kern_kv_pool_bytes(&kc) >> 20,
+                           fr_last_error());
+  return 0;
 }
 
 /* Maps (or creates) the KV pool segment and adopts it without zeroing, so
  * prefix-cached blocks written before a restart stay valid. */
 static int worker__pool(worker_t *w) {
   if (strcmp(w->be->ops->name, "cpu") != 0) return worker__device_pool(w);
-  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, KERN_F16);
+  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, worker__kv_type(w));
   size_t bytes = kern_kv_pool_bytes(&kc);
   if (!bytes) return fr_errorf(FR_ETOOBIG, "KV pool of %d blocks is too big", w->info.n_blocks);
   char what[KV_WHAT_MAX];
@@ -131,37 +140,223 @@ static void worker__scratch(worker_t *w) {
   model_sampler_init(&w->smp, w->vocab);
 }
 
+/* ---- memory: what the load uses, and the KV pool that fits -------------------- */
+
+static size_t worker__weight_bytes_one(const kern_weight_t *w) { return w->data ? (size_t)w->rows * w->row_bytes : 0; }
+
+/* Bytes of the model's weights as the backend stores them (a tied output
+ * counted once). */
+static size_t worker__weight_bytes(const model_t *m) {
+  size_t n = worker__weight_bytes_one(&m->tok_embd) + worker__weight_bytes_one(&m->output_norm) +
+             worker__weight_bytes_one(&m->inv_freq);
+  if (m->output.data != m->tok_embd.data) n += worker__weight_bytes_one(&m->output);
+  for (int i = 0; i < m->cfg.n_layers; i++) {
+    const model_layer_t *L = &m->layers[i];
+    const kern_weight_t *ws[] = {&L->attn_norm, &L->wqkv, &L->bqkv, &L->wq,     &L->wk,        &L->wv,
+                                 &L->bq,        &L->bk,   &L->bv,   &L->q_norm, &L->k_norm,    &L->wo,
+                                 &L->ffn_norm,  &L->w_gate_up, &L->w_gate, &L->w_up, &L->w_down};
+    for (size_t k = 0; k < FR_ARRAY_SIZE(ws); k++) n += worker__weight_bytes_one(ws[k]);
+  }
+  return n;
+}
+
+/* Device memory in use (total - free) and the total; 0 and 0 when the
+ * backend does not say (the CPU). */
+static int worker__mem_used(worker_t *w, size_t *used, size_t *total) {
+  size_t free_b = 0;
+  *used = *total = 0;
+  if (!w->be->ops->mem_info) return 0;
+  int rc = w->be->ops->mem_info(w->be->ctx, &free_b, total);
+  if (rc) return rc;
+  *used = *total > free_b ? *total - free_b : 0;
+  return 0;
+}
+
+/* One forward pass of max_tokens tokens over max_seqs sequences (the step
+ * shape the scratch is sized for) against a throw-away pool, without graph
+ * capture, so that what the backend allocates on first use (step metadata,
+ * staging buffers, library workspaces, lazily loaded kernels) is in use
+ * before the free memory is read. Costs one prefill of max_tokens tokens. */
+static int worker__warmup(worker_t *w, int bs) {
+  model_t *m = w->m;
+  const int T = m->max_tokens, S = m->max_seqs, per = T / S, last = T - per * (S - 1);
+  const int maxb = (last + bs - 1) / bs, nb = S * maxb; /* the last sequence is the longest */
+  kern_kv_config_t kc = model_kv_config(m, bs, nb, worker__kv_type(w));
+  kern_kv_pool_t pool;
+  int rc = w->be->ops->kv_pool_init(w->be->ctx, &pool, &kc, NULL);
+  if (rc) return fr_errorf(rc, "warm-up KV pool of %d blocks: %s", nb, fr_last_error());
+  int32_t *buf = fr_calloc(3 * (size_t)T + 2 * (size_t)S + 1 + (size_t)nb, sizeof(int32_t));
+  int32_t *tok = buf, *pos = tok + T, *slot = pos + T, *qs = slot + T, *cl = qs + S + 1, *bt = cl + S;
+  for (int s = 0; s < S; s++) {
+    qs[s] = s * per;
+    cl[s] = s == S - 1 ? last : per;
+    for (int b = 0; b < maxb; b++) bt[s * maxb + b] = s * maxb + b;
+    for (int i = 0; i < cl[s]; i++) {
+      int t = qs[s] + i;
+      tok[t] = t % m->cfg.vocab_size;
+      pos[t] = i;
+      slot[t] = (s * maxb + i / bs) * bs + i % bs;
+    }
+  }
+  qs[S] = T;
+  kern_step_t ks = {.n_tokens = T, .tokens = tok, .n_seqs = S, .positions = pos, .slots = slot, .q_start = qs,
+                    .ctx_len = cl, .block_tables = bt, .max_blocks = maxb};
+  bool no_graphs = m->no_graphs;
+  m->no_graphs = true; /* a graph captured against this pool must not outlive it */
+  const void *logits = NULL;
+  rc = model_forward(m, &pool, &ks, &logits);
+  m->no_graphs = no_graphs;
+  float *host = rc ? NULL : fr_malloc((size_t)S * (size_t)m->cfg.vocab_size * sizeof(float));
+  if (!rc) rc = model_logits_to_host(m, logits, S, host);
+  if (!rc) rc = w->be->ops->sync(w->be->ctx);
+  free(host);
+  free(buf);
+  w->be->ops->kv_pool_deinit(w->be->ctx, &pool);
+  return rc ? fr_errorf(rc, "warm-up step: %s", fr_last_error()) : 0;
+}
+
+/* The KV budget of a fraction of the device's total memory: what is left of
+ * total * util once weights and activations (after a warm-up step) are in
+ * use. *act grows by what the warm-up allocated. */
+static int worker__util_budget(worker_t *w, float util, size_t used_load, size_t *budget, size_t *act, char *why,
+                               size_t why_cap) {
+  if (!w->be->ops->mem_info)
+    return fr_errorf(FR_EUNSUPPORTED,
+                     "--gpu-memory-utilization needs a device that reports its memory; the %s backend does not "
+                     "(give --kv-cache-memory-bytes or --num-kv-blocks)",
+                     w->be->ops->name);
+  size_t used, total;
+  int rc = w->fake_forward ? 0 : worker__warmup(w, w->kv_block_size);
+  if (rc || (rc = worker__mem_used(w, &used, &total))) return rc;
+  if (used > used_load) *act += used - used_load;
+  double limit = (double)total * util;
+  *budget = limit > (double)used ? (size_t)(limit - (double)used) : 0;
+  snprintf(why, why_cap, " (device: %.1f MiB free of %.1f MiB after loading; --gpu-memory-utilization %.2f allows %.1f MiB)",
+           (total - used) / 1048576.0, total / 1048576.0, (double)util, limit / 1048576.0);
+  FR_LOGI("KV budget %.1f MiB%s", *budget / 1048576.0, why);
+  return 0;
+}
+
+/* Works out w->kv_capacity from the load's byte budget or memory fraction. */
+static int worker__kv_size(worker_t *w, const proto_load_t *l, size_t used_load, size_t *act) {
+  w->kv_block_size = (int)FR_MIN(l->block_size, (uint32_t)INT32_MAX);
+  kern_kv_config_t kc = model_kv_config(w->m, w->kv_block_size, 1, worker__kv_type(w));
+  w->kv_block_bytes = kern_kv_pool_bytes(&kc);
+  if (!w->kv_block_bytes) return fr_errorf(FR_ETOOBIG, "a KV block of %u tokens: size overflows", l->block_size);
+  size_t budget = l->kv_bytes > SIZE_MAX ? SIZE_MAX : (size_t)l->kv_bytes;
+  char why[256] = "";
+  int rc = l->kv_util > 0 ? worker__util_budget(w, l->kv_util, used_load, &budget, act, why, sizeof why) : 0;
+  if (rc) return rc;
+  size_t blocks = budget / w->kv_block_bytes, cap = (size_t)(INT32_MAX / w->kv_block_size);
+  if (blocks > cap) FR_LOGI("KV budget holds %zu blocks; using the most the allocator takes, %zu", blocks, cap);
+  blocks = FR_MIN(blocks, cap);
+  uint32_t need = FR_MAX(l->kv_min_blocks, 1u);
+  if (blocks < need)
+    return fr_errorf(FR_EDEVOOM,
+                     "the KV cache needs at least %u block(s) of %d tokens (%.1f MiB, %zu bytes each) but only %.1f MiB "
+                     "(%zu blocks) are available%s%s",
+                     need, w->kv_block_size, (double)need * w->kv_block_bytes / 1048576.0, w->kv_block_bytes,
+                     budget / 1048576.0, blocks, why,
+                     l->kv_util > 0 ? ": raise --gpu-memory-utilization or lower --max-model-len"
+                                    : ": raise --kv-cache-memory-bytes or lower --max-model-len");
+  w->kv_capacity = (uint32_t)blocks;
+  w->kv_pending = true;
+  return 0;
+}
+
+/* Logs what the worker holds: weights, activations, KV cache. */
+static void worker__log_memory(const worker_t *w, int kv_blocks, int block_size, size_t block_bytes) {
+  FR_LOGI("memory: weights %.1f MiB, activations %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens)",
+          w->weight_bytes / 1048576.0, w->act_bytes / 1048576.0, (double)kv_blocks * block_bytes / 1048576.0,
+          kv_blocks, block_size);
+}
+
+/* ---- load ------------------------------------------------------------------------ */
+
+/* Maps the control segment of a fixed KV pool (kv_blocks: what it must hold, 0 = any). */
+static int worker__attach_control(worker_t *w, uint32_t kv_blocks) {
+  int rc = kv_control_attach(&w->ctl, w->args.instance);
+  if (rc) return rc;
+  kv_control_info(w->ctl, &w->info);
+  if (kv_blocks && (uint32_t)w->info.n_blocks != kv_blocks)
+    return fr_errorf(FR_ESTATE, "the KV control segment holds %d blocks, expected %u", w->info.n_blocks, kv_blocks);
+  return 0;
+}
+
+static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_opts_t *o) {
+  model_load_opts_t mo = {.max_tokens = (int)o->max_tokens, .max_seqs = (int)o->max_seqs,
+                         .progress = w->args.rank == 0}; /* one rank logs the weights' progress */
+  int rc;
+  if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
+    model_config_t cfg;
+    if ((rc = model_dummy_config(l->path, &cfg))) return rc;
+    mo.seed = 1;
+    rc = model_load_dummy(&w->m, &cfg, w->be, &mo);
+  } else {
+    rc = model_load(&w->m, l->path, w->be, &mo);
+  }
+  if (rc) return rc;
+  w->fake_forward = o->fake_forward;
+  w->max_tokens = w->m->max_tokens;
+  w->max_seqs = w->m->max_seqs;
+  w->vocab = w->m->cfg.vocab_size;
+  w->weight_bytes = worker__weight_bytes(w->m);
+  w->act_bytes = w->m->scratch_bytes;
+  return 0;
+}
+
+/* With the control segment mapped: KV pool, logits segment, step scratch. */
+static int worker__finish(worker_t *w) {
+  int rc = worker__pool(w);
+  if (!rc) rc = worker__logits_seg(w);
+  if (rc) return rc;
+  worker__scratch(w);
+  w->loaded = true;
+  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, 1, worker__kv_type(w));
+  worker__log_memory(w, w->info.n_blocks, w->info.block_size, kern_kv_pool_bytes(&kc));
+  return 0;
+}
+
 int worker_load(worker_t *w, const proto_load_t *l) {
   worker_load_opts_t o;
   int rc = worker__parse_opts(l, &o);
   if (rc) return rc;
-  if (w->loaded) return fr_errorf(FR_ESTATE, "a model is already loaded");
-  if ((rc = kv_control_attach(&w->ctl, w->args.instance))) goto fail;
-  kv_control_info(w->ctl, &w->info);
+  if (w->loaded || w->m) return fr_errorf(FR_ESTATE, "a model is already loaded");
+  bool sizing = proto_load_sizes_kv(l);
+  if (!sizing && (rc = worker__attach_control(w, l->kv_blocks))) goto fail;
   if ((rc = worker__backend(w, &o))) goto fail;
-  model_load_opts_t mo = {.max_tokens = (int)o.max_tokens, .max_seqs = (int)o.max_seqs,
-                         .progress = w->args.rank == 0}; /* one rank logs the weights' progress */
-  if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
-    model_config_t cfg;
-    if ((rc = model_dummy_config(l->path, &cfg))) goto fail;
-    mo.seed = 1;
-    if ((rc = model_load_dummy(&w->m, &cfg, w->be, &mo))) goto fail;
-  } else if ((rc = model_load(&w->m, l->path, w->be, &mo))) {
-    goto fail;
-  }
-  w->fake_forward = o.fake_forward;
-  w->max_tokens = w->m->max_tokens;
-  w->max_seqs = w->m->max_seqs;
-  w->vocab = w->m->cfg.vocab_size;
-  if ((rc = worker__pool(w))) goto fail;
-  if ((rc = worker__logits_seg(w))) goto fail;
-  worker__scratch(w);
-  w->loaded = true;
+  size_t used_load, total;
+  if ((rc = worker__model(w, l, &o))) goto fail;
+  if ((rc = worker__mem_used(w, &used_load, &total))) goto fail;
+  if (sizing) rc = worker__kv_size(w, l, used_load, &w->act_bytes);
+  else rc = worker__finish(w);
+  if (rc) goto fail;
   return 0;
-fail:
-  rc = fr_errorf(rc, "%s", fr_last_error());
+fail:;
+  char msg[512]; /* unloading may record messages of its own */
+  snprintf(msg, sizeof msg, "%s", fr_last_error());
   worker_unload(w);
-  return rc;
+  return fr_errorf(rc, "%s", msg);
+}
+
+int worker_kv_init(worker_t *w, uint32_t n_blocks) {
+  if (!w->kv_pending) return fr_errorf(FR_ESTATE, "kv_init: no load that sizes the KV pool is waiting for it");
+  int rc = 0;
+  if (n_blocks < 1 || n_blocks > w->kv_capacity)
+    rc = fr_errorf(FR_EPROTO, "kv_init: %u KV blocks, this worker holds 1 to %u", n_blocks, w->kv_capacity);
+  if (!rc) rc = worker__attach_control(w, n_blocks);
+  if (!rc && w->info.block_size != w->kv_block_size)
+    rc = fr_errorf(FR_ESTATE, "the KV control segment has blocks of %d tokens, the load said %d", w->info.block_size,
+                   w->kv_block_size);
+  if (!rc) rc = worker__finish(w);
+  if (rc) {
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", fr_last_error());
+    worker_unload(w);
+    return fr_errorf(rc, "%s", msg);
+  }
+  w->kv_pending = false;
+  return 0;
 }
 
 void worker_unload(worker_t *w) {
@@ -188,4 +383,6 @@ void worker_unload(worker_t *w) {
   kv_control_destroy(w->ctl);
   w->ctl = NULL;
   w->loaded = false;
+  w->kv_pending = false;
+  w->kv_capacity = 0;
 }

@@ -74,6 +74,14 @@ static int worker__on_load(worker_t *w, const proto_load_t *l) {
     FR_LOGE("load %s: %s", l->path, fr_last_error());
     r.error.code = proto_err_from_fr(rc);
     r.error.message = (char *)fr_last_error();
+  } else if (w->kv_pending) {
+    r.kv_blocks = w->kv_capacity;
+    r.block_bytes = w->kv_block_bytes;
+    r.n_vocab = (uint32_t)w->vocab;
+    r.max_ctx = (uint32_t)w->m->cfg.max_ctx;
+    FR_LOGI("loaded %s in %.2f s: room for %u KV blocks of %d tokens (%.1f MiB), %d tokens / %d seqs per step",
+            l->path, (fr_now_ns() - t0) / 1e9, w->kv_capacity, w->kv_block_size,
+            (double)w->kv_capacity * w->kv_block_bytes / 1048576.0, w->max_tokens, w->max_seqs);
   } else {
     r.kv_blocks = (uint32_t)w->info.n_blocks;
     r.n_vocab = (uint32_t)w->vocab;
@@ -84,11 +92,25 @@ static int worker__on_load(worker_t *w, const proto_load_t *l) {
   return worker__send(w, PROTO_T_LOADED, &r);
 }
 
+static int worker__on_kv_init(worker_t *w, const proto_kv_init_t *k) {
+  proto_kv_ready_t r = {.rank = w->args.rank};
+  int rc = worker_kv_init(w, k->kv_blocks);
+  if (rc) {
+    FR_LOGE("KV pool: %s", fr_last_error());
+    r.error.code = proto_err_from_fr(rc);
+    r.error.message = (char *)fr_last_error();
+  } else {
+    r.kv_blocks = (uint32_t)w->info.n_blocks;
+  }
+  return worker__send(w, PROTO_T_KV_READY, &r);
+}
+
 /* Handles one message; returns 1 to exit, 0 to go on, < 0 on a send error. */
 static int worker__dispatch(worker_t *w) {
   proto_msg_t *m = &w->in;
   switch (m->type) {
   case PROTO_T_LOAD: return worker__on_load(w, &m->u.load);
+  case PROTO_T_KV_INIT: return worker__on_kv_init(w, &m->u.kv_init);
   case PROTO_T_STEP: {
     proto_result_t res;
     worker_step_run(w, &m->u.step, &res);

@@ -85,11 +85,30 @@ typedef struct {
   worker_hist_t *hist;             /* (info.max_seqs) */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
+  /* a load that sizes the KV pool: loaded, no pool yet (see worker_kv_init) */
+  bool kv_pending;
+  uint32_t kv_capacity;            /* blocks this worker can hold (reported in loaded) */
+  int kv_block_size;               /* tokens per block the load asked for */
+  size_t kv_block_bytes;           /* bytes of one block of this model's pool */
+  size_t weight_bytes, act_bytes;  /* backend memory of the weights, of the activations (logged) */
 } worker_t;
 
-/* Loads the model of a load message and maps the segments. Returns 0, or an
- * error with a message (the worker stays unloaded). */
+/* Loads the model of a load message. With a fixed KV pool (no sizing
+ * request) it also maps the control segment, allocates the pool, the logits
+ * segment and the step scratch: the worker is ready. With a sizing request
+ * (proto_load_sizes_kv) it works out w->kv_capacity, the blocks that fit the
+ * byte budget or the memory fraction once weights and activations are
+ * allocated, and allocates nothing more (w->kv_pending) until
+ * worker_kv_init(). Returns 0, or an error with a message (the worker stays
+ * unloaded); a budget that holds fewer than l->kv_min_blocks blocks is an
+ * error that says how much memory was needed and how much there is. */
 int worker_load(worker_t *w, const proto_load_t *load);
+
+/* After a sizing load: maps the control segment the coordinator created
+ * with n_blocks blocks (<= w->kv_capacity) and allocates the pool, the
+ * logits segment and the step scratch. Returns 0, or an error (the worker
+ * is then unloaded). */
+int worker_kv_init(worker_t *w, uint32_t n_blocks);
 
 /* Releases everything worker_load() set up (segments are not unlinked:
  * the coordinator owns their names). */

@@ -82,6 +82,12 @@ static int kcu_sync(void *ctx) {
   return 0;
 }
 
+static int kcu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
+  (void)ctx; /* the context's device is current on this thread (kcu_ctx_init) */
+  KCU_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+  return 0;
+}
+
 /* ---- weights --------------------------------------------------------------- */
 
 static bool kcu_is_dense(kern_type_t t) { return t == KERN_F32 || t == KERN_F16 || t == KERN_BF16; }
@@ -667,6 +673,7 @@ static const kern_ops_t kcu_ops = {
     .download = kcu_download,
     .copy = kcu_copy,
     .sync = kcu_sync,
+    .mem_info = kcu_mem_info,
     .weight_load = kcu_weight_load,
     .weight_release = kcu_weight_release,
     .load_end = kcu_load_end,

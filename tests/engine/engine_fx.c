@@ -93,6 +93,7 @@ int efx_start(efx_server_t *s, const char *const *extra) {
     int st;
     if (waitpid(s->pid, &st, WNOHANG) == s->pid) {
       fprintf(stderr, "efx: server exited early (see %s)\n", s->err_path);
+      s->exit_status = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
       s->pid = 0;
       return -1;
     }
@@ -109,8 +110,7 @@ static int efx__rm(const char *path, const struct stat *st, int flag, struct FTW
   return remove(path);
 }
 
-/* Removes the server's runtime folder (logs included) after a clean stop. */
-static void efx__cleanup(const efx_server_t *s) { nftw(s->dir, efx__rm, 16, FTW_DEPTH | FTW_PHYS); }
+void efx_cleanup(const efx_server_t *s) { nftw(s->dir, efx__rm, 16, FTW_DEPTH | FTW_PHYS); }
 
 int efx_stop(efx_server_t *s, bool use_cli) {
   if (s->pid <= 0) return -1;
@@ -139,7 +139,7 @@ int efx_stop(efx_server_t *s, bool use_cli) {
   }
   s->pid = 0;
   int rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-  if (rc == 0 && efx_shm_count(s) == 0) efx__cleanup(s); /* else keep the log */
+  if (rc == 0 && efx_shm_count(s) == 0) efx_cleanup(s); /* else keep the log */
   return rc;
 }
 

@@ -20,6 +20,7 @@ typedef struct {
   char instance[64];  /* from the server's pid file */
   char err_path[320]; /* the server's stderr */
   pid_t pid;          /* ferrumctl serve */
+  int exit_status;    /* when efx_start failed because the server exited: its exit code (-1: a signal) */
 } efx_server_t;
 
 /* One job's collected output. */
@@ -47,6 +48,8 @@ int efx_start(efx_server_t *s, const char *const *extra);
 int efx_stop(efx_server_t *s, bool use_cli);
 /* Number of /dev/shm/ferrum-<instance>* entries. */
 int efx_shm_count(const efx_server_t *s);
+/* Removes the server's runtime folder (its log included). */
+void efx_cleanup(const efx_server_t *s);
 
 /* A greedy request for a raw prompt with a fixed output length. */
 proto_submit_t efx_greedy(const char *prompt, uint32_t max_tokens);

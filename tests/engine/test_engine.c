@@ -6,6 +6,7 @@
  * (model/generate.h), itself checked against llama.cpp by test_generate. */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/prompt.h"
+#include "model/source.h"
 #include "tests/engine/engine_fx.h"
 
 #define N_OUT 16
@@ -695,6 +697,137 @@ START_TEST(test_logprobs_and_logits) {
 }
 END_TEST
 
+/* ---- KV pool sized from a memory budget ---------------------------------------------------- */
+
+/* Bytes of one KV block of the model: K and V of every layer, f16 (the CPU
+ * worker's pool), worked out from the file's config, not the engine's code. */
+static uint64_t kv_block_bytes(int block_size) {
+  model_source_t *src = NULL;
+  ck_assert_int_eq(model_source_open(&src, efx_model()), 0);
+  uint64_t b = 2ull * (uint64_t)src->config.n_layers * (uint64_t)src->config.n_kv_heads *
+               (uint64_t)src->config.head_dim * (uint64_t)block_size * 2;
+  model_source_close(src);
+  return b;
+}
+
+/* Kills every worker of s and waits until they are all back (restarted
+ * with the block count fixed at start-up). */
+static void kill_workers_and_wait(efx_server_t *s, int n) {
+  pid_t w[8];
+  ck_assert_int_eq(efx_worker_pids(s, w, 8), n);
+  for (int i = 0; i < n; i++) ck_assert_int_eq(kill(w[i], SIGKILL), 0);
+  uint64_t t0 = fr_now_ns();
+  proto_status_reply_t st = {0};
+  while (st.worker_restarts == 0 || st.n_workers != (uint32_t)n) {
+    ck_assert_msg(fr_now_ns() - t0 < 60000000000ull, "workers not back within 60 s");
+    usleep(20000);
+    ck_assert_int_eq(efx_status(s, &st), 0);
+  }
+}
+
+/* --kv-cache-memory-bytes on the CPU, two workers: each reports the blocks
+ * that fit the budget, the pool gets that many; requests give the reference
+ * tokens, also after the workers were restarted with the fixed count. */
+START_TEST(test_kv_cache_memory_bytes) {
+  need_model();
+  load_refs(3);
+  const uint64_t budget = 48ull << 20, bpb = kv_block_bytes(16);
+  efx_server_t s;
+  const char *extra[] = {"--kv-cache-memory-bytes", "48M", "--tensor-parallel-size", "2",
+                         "--max-num-batched-tokens", "64", NULL};
+  ck_assert_int_eq(efx_start(&s, extra), 0);
+  proto_status_reply_t st;
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  ck_assert_uint_eq(st.kv_total_blocks, budget / bpb);
+  ck_assert_uint_eq(st.n_workers, 2);
+  static efx_job_t jobs[3];
+  run_batch(&s, 2, jobs);
+  for (int i = 0; i < 2; i++) check_ref(&jobs[i], i);
+  kill_workers_and_wait(&s, 2);
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  ck_assert_uint_eq(st.kv_total_blocks, budget / bpb);
+  efx_job_t one;
+  proto_submit_t r = efx_greedy(prompts[2], N_OUT);
+  ck_assert_int_eq(efx_run_one(&s, &r, &one), 0);
+  check_ref(&one, 2);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* Starts a server that must fail to start; returns its log (static). */
+static const char *start_fails(const char *const *extra) {
+  static char log[16384];
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, extra), -1);
+  ck_assert_int_eq(s.exit_status, 1); /* an error, not a crash (signal) or a usage error (2) */
+  FILE *f = fopen(s.err_path, "r");
+  ck_assert_ptr_nonnull(f);
+  size_t n = fread(log, 1, sizeof log - 1, f);
+  fclose(f);
+  log[n] = 0;
+  /* nothing left in shared memory: the instance is in the log */
+  const char *p = strstr(log, "instance ");
+  char inst[64] = "";
+  ck_assert_ptr_nonnull(p);
+  ck_assert_int_eq(sscanf(p, "instance %63[^:]", inst), 1);
+  snprintf(s.instance, sizeof s.instance, "%s", inst);
+  ck_assert_int_eq(efx_shm_count(&s), 0);
+  efx_cleanup(&s);
+  return log;
+}
+
+/* Exit code of `ferrumctl serve --no-http OPT VALUE` on a model that does
+ * not exist (2: usage error; a value that is taken fails later, with 1). */
+static int serve_exit(const char *opt, const char *value) {
+  pid_t p = fork();
+  if (p == 0) {
+    int fd = open("/dev/null", O_WRONLY);
+    if (fd >= 0) dup2(fd, 2), dup2(fd, 1);
+    execl(efx_bin("ferrumctl"), "ferrumctl", "serve", "--no-http", "--model", "/nonexistent/m.gguf", opt, value,
+          (char *)NULL);
+    _exit(127);
+  }
+  int st = 0;
+  waitpid(p, &st, 0);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* Budgets that cannot hold the minimum fail the start with a message that
+ * says what was needed and what there is; values that are no budget are
+ * usage errors. */
+START_TEST(test_kv_budget_too_small) {
+  need_model();
+  const char *bad_bytes[] = {"12x", "1.5", "0", "-1G", "4GiB", "G", "", "1e30"};
+  for (size_t i = 0; i < sizeof bad_bytes / sizeof bad_bytes[0]; i++)
+    ck_assert_msg(serve_exit("--kv-cache-memory-bytes", bad_bytes[i]) == 2, "'%s' taken", bad_bytes[i]);
+  const char *bad_util[] = {"0", "1.01", "-0.5", "nan", "x"};
+  for (size_t i = 0; i < sizeof bad_util / sizeof bad_util[0]; i++)
+    ck_assert_msg(serve_exit("--gpu-memory-utilization", bad_util[i]) == 2, "'%s' taken", bad_util[i]);
+  ck_assert_int_eq(serve_exit("--kv-cache-memory-bytes", "1.5g"), 1); /* taken: fails on the model */
+  ck_assert_int_eq(serve_exit("--gpu-memory-utilization", "1"), 1);
+  const uint64_t bpb = kv_block_bytes(16);
+  char need[128], mib[64];
+  /* one sequence of an explicit --max-model-len (4096 tokens: 256 blocks) must fit */
+  const char *a[] = {"--kv-cache-memory-bytes", "16M", "--max-model-len", "4096", NULL};
+  const char *log = start_fails(a);
+  snprintf(need, sizeof need, "needs at least 256 block(s) of 16 tokens (%.1f MiB", 256.0 * bpb / 1048576.0);
+  ck_assert_msg(strstr(log, need), "no '%s' in:\n%s", need, log);
+  snprintf(mib, sizeof mib, "only 16.0 MiB (%llu blocks)", (unsigned long long)((16ull << 20) / bpb));
+  ck_assert_msg(strstr(log, mib), "no '%s' in:\n%s", mib, log);
+  ck_assert_ptr_nonnull(strstr(log, "ferrumctl serve: worker 0:"));
+  /* less than one block */
+  char tiny[32];
+  snprintf(tiny, sizeof tiny, "%llu", (unsigned long long)bpb - 1);
+  const char *b[] = {"--kv-cache-memory-bytes", tiny, NULL};
+  log = start_fails(b);
+  ck_assert_msg(strstr(log, "needs at least 1 block(s)") && strstr(log, "(0 blocks) are available"), "%s", log);
+  /* the CPU reports no memory size: a fraction of it is refused, clearly */
+  const char *c[] = {"--gpu-memory-utilization", "0.5", NULL};
+  log = start_fails(c);
+  ck_assert_msg(strstr(log, "--gpu-memory-utilization needs a device that reports its memory"), "%s", log);
+}
+END_TEST
+
 /* ENGINE_TEST=<name> runs one test (for debugging). */
 #define ADD(t, fn)                                                                 \
   do {                                                                             \
@@ -719,6 +852,8 @@ static Suite *engine_suite(void) {
   ADD(t, test_seed_and_stop_strings);
   ADD(t, test_logprobs_and_logits);
   ADD(t, test_chat_messages_match_generator);
+  ADD(t, test_kv_cache_memory_bytes);
+  ADD(t, test_kv_budget_too_small);
   suite_add_tcase(s, t);
   return s;
 }

@@ -14,6 +14,7 @@ static const char *family(proto_type_t t) {
   case PROTO_T_STEP: return "step";
   case PROTO_T_RESULT: return "result";
   case PROTO_T_HELLO: case PROTO_T_LOAD: case PROTO_T_LOADED: case PROTO_T_HEARTBEAT: case PROTO_T_SHUTDOWN:
+  case PROTO_T_KV_INIT: case PROTO_T_KV_READY:
     return "worker";
   default: return "rpc";
   }

@@ -179,7 +179,16 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
     h->block_size = 1 + tu_below(64);
     h->max_batch = 1 + tu_below(512);
   } else if (!strcmp(s->name, "load")) {
-    ((proto_load_t *)out)->tp_size = 1 + tu_below(8);
+    proto_load_t *l = (proto_load_t *)out;
+    l->tp_size = 1 + tu_below(8);
+    uint32_t mode = tu_below(3); /* fixed, a byte budget, a memory fraction */
+    if (mode != 1) l->kv_bytes = 0;
+    if (mode == 1 && !l->kv_bytes) l->kv_bytes = 1;
+    l->kv_util = mode == 2 ? rand_unit() : 0;
+    if (mode) l->kv_blocks = 0, l->block_size = 1 + tu_below(64);
+  } else if (!strcmp(s->name, "kv_init")) {
+    proto_kv_init_t *k = (proto_kv_init_t *)out;
+    k->kv_blocks = k->kv_blocks ? k->kv_blocks : 1;
   } else if (!strcmp(s->name, "step item")) {
     proto_step_item_t *it = (proto_step_item_t *)out;
     if (!it->n_tokens) {

@@ -285,6 +285,61 @@ START_TEST(ref_worker_small) {
   ck_assert_int_eq(msg.u.loaded.error.code, 503);
   ck_assert_ptr_null(msg.u.loaded.error.message);
 
+  /* a load that asks the worker to size its KV pool, then the pool messages */
+  mp_init(&m);
+  mp_msg(&m, "load", 5);
+  mp_str(&m, "path", "/m/x.gguf");
+  mp_str(&m, "fmt", "gguf");
+  mp_f64(&m, "kvu", 0.5);
+  mp_uint(&m, "bs", 32);
+  mp_uint(&m, "kvn", 256);
+  decode_ok(&m, PROTO_T_LOAD);
+  ck_assert(proto_load_sizes_kv(&msg.u.load));
+  ck_assert_float_eq(msg.u.load.kv_util, 0.5f);
+  ck_assert_uint_eq(msg.u.load.kv_bytes, 0);
+  ck_assert_uint_eq(msg.u.load.kv_blocks, 0);
+  ck_assert_uint_eq(msg.u.load.block_size, 32);
+  ck_assert_uint_eq(msg.u.load.kv_min_blocks, 256);
+
+  mp_init(&m);
+  mp_msg(&m, "load", 4);
+  mp_str(&m, "path", "/m/x.gguf");
+  mp_str(&m, "fmt", "gguf");
+  mp_uint(&m, "kvm", 5ull << 32);
+  mp_uint(&m, "bs", 16);
+  decode_ok(&m, PROTO_T_LOAD);
+  ck_assert_uint_eq(msg.u.load.kv_bytes, 5ull << 32);
+  ck_assert_uint_eq(msg.u.load.kv_min_blocks, 1); /* default */
+
+  mp_init(&m);
+  mp_msg(&m, "loaded", 3);
+  mp_int(&m, "r", 1);
+  mp_uint(&m, "kvb", 70000);
+  mp_uint(&m, "bpb", 368640);
+  decode_ok(&m, PROTO_T_LOADED);
+  ck_assert_uint_eq(msg.u.loaded.kv_blocks, 70000);
+  ck_assert_uint_eq(msg.u.loaded.block_bytes, 368640);
+
+  mp_init(&m);
+  mp_msg(&m, "kv_init", 1);
+  mp_uint(&m, "kvb", 1234);
+  decode_ok(&m, PROTO_T_KV_INIT);
+  ck_assert_uint_eq(msg.u.kv_init.kv_blocks, 1234);
+
+  mp_init(&m);
+  mp_msg(&m, "kv_ready", 3);
+  mp_int(&m, "r", 2);
+  mp_uint(&m, "kvb", 1234);
+  mp_key(&m, "err");
+  msgpack_pack_map(&m.pk, 2);
+  mp_int(&m, "c", 429);
+  mp_str(&m, "m", "out of device memory");
+  decode_ok(&m, PROTO_T_KV_READY);
+  ck_assert_int_eq(msg.u.kv_ready.rank, 2);
+  ck_assert_uint_eq(msg.u.kv_ready.kv_blocks, 1234);
+  ck_assert_int_eq(msg.u.kv_ready.error.code, 429);
+  ck_assert_str_eq(msg.u.kv_ready.error.message, "out of device memory");
+
   mp_init(&m);
   mp_msg(&m, "hb", 3);
   mp_int(&m, "r", 3);
@@ -541,7 +596,7 @@ START_TEST(enc_step_keys) {
   unpack(&b, &up);
   const msgpack_object *root = &up.data;
   ck_assert_uint_eq(root->via.map.size, 2 + 4); /* v t id ep it fr: no "cp" */
-  ck_assert_uint_eq(map_get(root, "v")->via.u64, PROTO_VERSION);
+  ck_assert_uint_eq(map_get(root, "v")->via.u64, proto_type_version(PROTO_T_STEP));
   ck_assert(!memcmp(map_get(root, "t")->via.str.ptr, "step", 4));
   ck_assert_uint_eq(map_get(root, "id")->via.u64, 5);
   ck_assert_ptr_null(map_get(root, "cp"));
@@ -738,6 +793,88 @@ START_TEST(encode_refuses) {
 }
 END_TEST
 
+/* The KV sizing fields and messages: what is refused, both ways. */
+static int decode_kv(mp_t *m) {
+  int rc = proto_msg_decode(&msg, m->sb.data, m->sb.size, PROTO_ACCEPT_ANY);
+  msgpack_sbuffer_destroy(&m->sb);
+  return rc;
+}
+
+START_TEST(kv_sizing_refused) {
+  proto_buf_t b;
+  proto_buf_init(&b);
+  proto_load_t l = {.path = "m", .format = "gguf", .tp_size = 1, .kv_min_blocks = 1};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), 0);
+  l.kv_util = 0.9f; /* sizing without a block size */
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), FR_EPROTO);
+  l.block_size = 16;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), 0);
+  l.kv_bytes = 1 << 20; /* both a budget and a fraction */
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), FR_EPROTO);
+  l.kv_bytes = 0;
+  l.kv_blocks = 100; /* a fixed count too */
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), FR_EPROTO);
+  l.kv_blocks = 0;
+  float bad[] = {1.5f, -0.1f, NAN, INFINITY};
+  for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+    l.kv_util = bad[i];
+    ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), FR_EPROTO);
+  }
+  l.kv_util = 1.0f;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_LOAD, &l), 0);
+  proto_kv_init_t ki = {.kv_blocks = 0};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_KV_INIT, &ki), FR_EPROTO);
+  ki.kv_blocks = 1;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_KV_INIT, &ki), 0);
+  ck_assert_int_eq(proto_msg_decode(&msg, b.data, b.len, PROTO_ACCEPT_WORKER), 0);
+  ck_assert_int_eq(proto_msg_decode(&msg, b.data, b.len, PROTO_ACCEPT_FROM_WORKER), FR_EPROTO);
+  proto_kv_ready_t kr = {.rank = 0, .kv_blocks = 9};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_KV_READY, &kr), 0);
+  ck_assert_int_eq(proto_msg_decode(&msg, b.data, b.len, PROTO_ACCEPT_FROM_WORKER), 0);
+  ck_assert_int_eq(proto_msg_decode(&msg, b.data, b.len, PROTO_ACCEPT_WORKER), FR_EPROTO);
+  proto_buf_free(&b);
+
+  /* decoder: the same rules on bytes from outside */
+  mp_t m;
+  mp_init(&m);
+  mp_msg(&m, "kv_init", 1);
+  mp_uint(&m, "kvb", 0);
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+  mp_init(&m);
+  mp_msg(&m, "kv_init", 0); /* kvb is required */
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+  mp_init(&m);
+  mp_msg(&m, "kv_init", 1);
+  mp_int(&m, "kvb", -5);
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+  mp_init(&m);
+  mp_msg(&m, "kv_ready", 1);
+  mp_uint(&m, "kvb", 5); /* rank is required */
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+  mp_init(&m);
+  mp_msg(&m, "load", 4);
+  mp_str(&m, "path", "m");
+  mp_str(&m, "fmt", "gguf");
+  mp_f32(&m, "kvu", 0.9f);
+  mp_uint(&m, "kvm", 1000); /* both */
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+  mp_init(&m);
+  mp_msg(&m, "load", 4);
+  mp_str(&m, "path", "m");
+  mp_str(&m, "fmt", "gguf");
+  mp_f64(&m, "kvu", 2.0);
+  mp_uint(&m, "bs", 16);
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "(0, 1]"));
+  mp_init(&m);
+  mp_msg(&m, "load", 3);
+  mp_str(&m, "path", "m");
+  mp_str(&m, "fmt", "gguf");
+  mp_uint(&m, "kvm", 1000); /* no block size */
+  ck_assert_int_eq(decode_kv(&m), FR_EPROTO);
+}
+END_TEST
+
 /* Decoding into the same proto_msg_t reuses its arena; big then small. */
 START_TEST(arena_reuse) {
   proto_buf_t b;
@@ -771,6 +908,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, round_trip_all);
   tcase_add_test(tc, schema_tables);
   tcase_add_test(tc, encode_refuses);
+  tcase_add_test(tc, kv_sizing_refused);
   tcase_add_test(tc, arena_reuse);
   suite_add_tcase(s, tc);
   return s;

@@ -374,7 +374,10 @@ START_TEST(versions_and_types) {
   unpack(&up);
   msgpack_object *root = &up.data, *v = find_key(root, "v"), *t = find_key(root, "t");
   msgpack_object sv = *v, st = *t;
-  v->via.u64 = 2;
+  ck_assert_uint_eq(sv.via.u64, 1); /* a step is written as version 1: unchanged since */
+  v->via.u64 = PROTO_VERSION; /* a newer peer's step is read */
+  ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), 0);
+  v->via.u64 = PROTO_VERSION + 1;
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = 0;
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
@@ -495,6 +498,33 @@ static void reverse_keys(msgpack_object *map) {
   }
 }
 
+/* Types changed in version 2 are written as 2, and a version-1 message of
+ * such a type is refused (a peer of another build), whatever it holds. */
+START_TEST(type_versions) {
+  static const proto_type_t v2[] = {PROTO_T_LOAD, PROTO_T_LOADED, PROTO_T_KV_INIT, PROTO_T_KV_READY};
+  for (size_t i = 0; i < sizeof v2 / sizeof v2[0]; i++) {
+    ck_assert_uint_eq(proto_type_version(v2[i]), 2);
+    make(v2[i], 0);
+    msgpack_unpacked up;
+    unpack(&up);
+    msgpack_object *v = find_key(&up.data, "v");
+    ck_assert_uint_eq(v->via.u64, 2);
+    ck_assert_int_eq(repack_decode(&up.data, PROTO_ACCEPT_ANY), 0);
+    v->via.u64 = 1;
+    ck_assert_int_eq(repack_decode(&up.data, PROTO_ACCEPT_ANY), FR_EVERSION);
+    ck_assert_ptr_nonnull(strstr(fr_last_error(), "needs protocol version 2"));
+    msgpack_unpacked_destroy(&up);
+  }
+  for (int t = 1; t < PROTO_T_COUNT; t++) {
+    ck_assert_uint_ge(proto_type_version((proto_type_t)t), PROTO_VERSION_MIN);
+    ck_assert_uint_le(proto_type_version((proto_type_t)t), PROTO_VERSION);
+  }
+  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 1); /* RPC clients of version 1 keep working */
+  ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_COUNT), 0);
+}
+END_TEST
+
 START_TEST(unknown_fields_skipped) {
   build_extras();
   for (int t = 1; t < PROTO_T_COUNT; t++) {
@@ -600,6 +630,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, truncated_everywhere);
   tcase_add_test(tc, trailing_bytes);
   tcase_add_test(tc, versions_and_types);
+  tcase_add_test(tc, type_versions);
   tcase_add_test(tc, unknown_fields_skipped);
   tcase_add_test(tc, duplicate_keys);
   tcase_add_test(tc, unknown_value_shapes);

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Everything the GPU machine checks in one call (see docs/bench/gpu.md):
-#   1. CUDA ops vs the CPU backend (tests/gpu)
+#   1. CUDA ops vs the CPU backend, weight upload (tests/gpu)
 #   2. CPU kernel tests on the AVX-512 path, when the host has it
 #   3. whole-model parity with transformers (tests/parity/hf_parity.py)
 #   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights)
@@ -18,7 +18,9 @@ step() { echo; echo "=== $*"; }
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader
 if want ops; then
 step "cuda ops"
-"$build/tests/test_cuda_ops" 2>&1 | tail -25 || status=1
+for t in test_cuda_ops test_cuda_weights; do
+  echo "--- $t"; "$build/tests/$t" 2>&1 | tail -25 || status=1
+done
 fi
 
 if want avx512; then

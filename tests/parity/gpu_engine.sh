@@ -4,6 +4,7 @@
 # client (tests/parity/gpu_openai.py) on a small random llama with the SmolLM2
 # tokenizer, then `ferrumctl bench` at concurrency 1, 16, 64 against
 # Llama-3-8B shapes with --load-format dummy.
+# MODELS_DIR/llama3-8b-dummy comes from tests/parity/make_dummy_folder.py.
 # usage: gpu_engine.sh BIN_DIR MODELS_DIR OUT_DIR
 set -u
 bin=$1 models=$2 out=$3
@@ -46,12 +47,36 @@ else
 fi
 kill -TERM $pid; wait $pid; echo "serve exit $?"; ls /dev/shm | grep -c ferrum || true
 
+echo "=== a KV budget below the weights fails start-up with a clear error"
+"$bin/ferrumctl" serve --model "$models/llama3-8b-dummy" --load-format dummy --device cuda --port 18602 \
+  --gpu-memory-utilization 0.05 --max-model-len 1024 >"$out/serve-small.log" 2>&1
+rc=$?
+echo "exit $rc"; grep -iE "error|MiB" "$out/serve-small.log" | tail -3
+[ $rc -eq 1 ] || { echo "expected exit 1"; status=1; }
+
 echo "=== ferrumctl bench, llama-3-8b shapes (dummy bf16), 128-token prompts, 256 new tokens"
+echo "    (KV pool from the default --gpu-memory-utilization 0.9)"
 "$bin/ferrumctl" serve --model "$models/llama3-8b-dummy" --load-format dummy --device cuda --port 18601 \
-  --num-kv-blocks 8192 --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 1024 \
+  --max-num-seqs 64 --max-num-batched-tokens 2048 --max-model-len 1024 \
   --served-model-name llama-3-8b-dummy >"$out/serve-8b.log" 2>&1 &
 pid=$!
 if wait_health 18601; then
+  grep -E "loading weights|loaded weights|device memory|KV|concurrency" "$out/serve-8b.log" | tail -8
+  python3 - <<'PY' || status=1
+import json, subprocess, torch, urllib.request
+m = urllib.request.urlopen("http://127.0.0.1:18601/metrics", timeout=5).read().decode()
+total = [l for l in m.splitlines() if l.startswith("ferrum:kv_blocks_total")]
+print(total[0] if total else "no ferrum:kv_blocks_total in /metrics")
+blocks = int(float(total[0].split()[-1]))
+# Llama-3-8B: 32 layers x 8 KV heads x 128 x bf16, K and V, 16 tokens a block
+per_block = 32 * 2 * 8 * 128 * 2 * 16
+gib = blocks * per_block / 2**30
+free, tot = torch.cuda.mem_get_info()
+print(f"KV pool {blocks} blocks = {gib:.1f} GiB; device total {tot / 2**30:.1f} GiB, now free {free / 2**30:.1f} GiB")
+# 0.9 of the card less ~16 GB of weights and the activations: between 40 and 60 GiB on an 80 GB card
+assert 0.45 * tot / 2**30 < gib < 0.75 * tot / 2**30, "KV pool size not from --gpu-memory-utilization 0.9"
+assert free / tot < 0.2, "the worker did not take 0.9 of the device"
+PY
   for spec in 1:8 16:64 64:128; do
     c=${spec%%:*} n=${spec##*:}
     "$bin/ferrumctl" bench --port 18601 --num-prompts "$n" --max-concurrency "$c" --random-input-len 128 \

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""A model folder for `--load-format dummy` runs on the GPU machine: the
+Llama-3-8B config.json with SmolLM2's tokenizer (tokenizer.json built from
+the GGUF's vocabulary and merges with HF `tokenizers`, as the tokenizer
+golden test does; tokenizer_config.json with the GGUF's chat template).
+Prompts are token ids below SmolLM2's 49152, so the tokenizer only needs to
+round-trip text. usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR"""
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tokenizer"))
+from gen_tok_golden import hf_tokenizer, read_gguf  # noqa: E402
+
+LLAMA3_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096,
+    "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+    "head_dim": 128, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "bos_token_id": 1, "eos_token_id": 2,
+}
+
+
+def main():
+    gguf_path, out = sys.argv[1:3]
+    kv = read_gguf(gguf_path)
+    tokens, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+    os.makedirs(out, exist_ok=True)
+    hf_tokenizer(tokens, types, kv["tokenizer.ggml.merges"][1], "smollm").save(os.path.join(out, "tokenizer.json"))
+    bos, eos = kv["tokenizer.ggml.bos_token_id"][1], kv["tokenizer.ggml.eos_token_id"][1]
+    tc = {"bos_token": tokens[bos], "eos_token": tokens[eos], "chat_template": kv["tokenizer.chat_template"][1]}
+    with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tc, f, indent=1)
+    with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(LLAMA3_8B, f, indent=1)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

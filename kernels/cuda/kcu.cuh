@@ -228,6 +228,8 @@ static inline cudaError_t kcu_launch(const kcu_ctx_t *c, void (*k)(KArgs...), di
 
 /* Device allocation: FR_EDEVOOM with a clear message when out of memory. */
 int kcu__alloc(kcu_ctx_t *c, size_t bytes, void **out, const char *what);
+/* Destroys the captured graphs: call before freeing a buffer they use. */
+void kcu__graphs_drop(kcu_ctx_t *c);
 /* Frees a device allocation (NULL is fine). */
 void kcu__free(void *p);
 /* Fails with FR_ESTATE when called during graph capture (for ops that would

@@ -254,13 +254,18 @@ int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long c
   return (int)FR_MAX(sp, 1ll);
 }
 
+/* Captured graphs hold the buffers' addresses: growing them drops the
+ * graphs (they are captured again), and they grow at least twofold. */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits) {
   if (splits <= 1) return 0;
   size_t floats = (size_t)n_seqs * n_heads * splits * (head_dim + 2), counters = (size_t)n_seqs * n_kv_heads;
   if (floats <= c->attn_part_floats && counters <= c->attn_cnt_n) return 0;
   int rc = kcu__not_capturing(c, "growing the attention partials");
   if (rc) return rc;
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  kcu__graphs_drop(c);
   if (floats > c->attn_part_floats) {
+    floats = FR_MAX(floats, 2 * c->attn_part_floats);
     kcu__free(c->attn_part);
     c->attn_part = NULL;
     c->attn_part_floats = 0;
@@ -268,6 +273,7 @@ int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int
     c->attn_part_floats = floats;
   }
   if (counters > c->attn_cnt_n) {
+    counters = FR_MAX(counters, 2 * c->attn_cnt_n);
     kcu__free(c->attn_cnt);
     c->attn_cnt = NULL;
     c->attn_cnt_n = 0;

@@ -351,7 +351,7 @@ static int kcu_kv_copy_blocks(void *ctx, kern_kv_pool_t *pool, const int32_t *pa
 
 /* ---- step metadata ----------------------------------------------------------- */
 
-static void kcu_graphs_drop(kcu_ctx_t *c) {
+void kcu__graphs_drop(kcu_ctx_t *c) {
   for (int i = 0; i < c->n_graphs; i++) cudaGraphExecDestroy(c->graphs[i].exec);
   c->n_graphs = 0;
 }
@@ -383,7 +383,7 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)4096);
   size_t bytes = (4 + 3 * (size_t)tok_cap + 2 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
-  kcu_graphs_drop(c);
+  kcu__graphs_drop(c);
   kcu_stage_free(c);
   kcu__free(c->meta_dev);
   cudaFreeHost(c->meta_pin);
@@ -643,7 +643,7 @@ static void kcu_destroy(void *ctx) {
   if (!c) return;
   cudaSetDevice(c->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
-  kcu_graphs_drop(c);
+  kcu__graphs_drop(c);
   kcu_stage_free(c);
   kcu__free(c->meta_dev);
   if (c->meta_pin) cudaFreeHost(c->meta_pin);

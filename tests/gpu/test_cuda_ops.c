@@ -726,20 +726,37 @@ static void mini_forward(mini_t *m, kvenv_t *e, int n) {
   ck_assert_int_eq(op->silu_mul(c, m->o, m->h, m->x, n, m->dim, m->dim), 0);
 }
 
+/* Weights and buffers of the mini layer, for up to n sequences. */
+static void mini_setup(mini_t *m, int vocab, int n) {
+  *m = (mini_t){.dim = 256, .n_heads = 8, .n_kv = 2, .hd = 64};
+  int qkv_rows = (m->n_heads + 2 * m->n_kv) * m->hd;
+  wpair_load(&m->emb, KERN_Q8_0, vocab, m->dim, rand_weight(KERN_Q8_0, vocab, m->dim));
+  wpair_load(&m->norm, KERN_F32, 1, m->dim, rand_weight(KERN_F32, 1, m->dim));
+  wpair_load(&m->wqkv, KERN_BF16, qkv_rows, m->dim, rand_weight(KERN_BF16, qkv_rows, m->dim));
+  wpair_load(&m->wo, KERN_Q4_K, m->dim, m->n_heads * m->hd, rand_weight(KERN_Q4_K, m->dim, m->n_heads * m->hd));
+  float *inv = fr_malloc(m->hd / 2 * 4);
+  for (int i = 0; i < m->hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / m->hd);
+  wpair_load(&m->freq, KERN_F32, 1, m->hd / 2, inv);
+  void **bufs[5] = {&m->x, &m->h, &m->qkv, &m->att, &m->o};
+  for (int i = 0; i < 5; i++) ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * 2048 * 2, bufs[i]), 0);
+}
+
+static void mini_free(mini_t *m) {
+  void *bufs[5] = {m->x, m->h, m->qkv, m->att, m->o};
+  for (int i = 0; i < 5; i++) gpu->ops->free(gpu->ctx, bufs[i]);
+  wpair_free(&m->emb);
+  wpair_free(&m->norm);
+  wpair_free(&m->wqkv);
+  wpair_free(&m->wo);
+  wpair_free(&m->freq);
+}
+
 START_TEST(test_graph_replay) {
-  mini_t m = {.dim = 256, .n_heads = 8, .n_kv = 2, .hd = 64};
   /* 6 sequences: the bf16 qkv matmul takes the cuBLAS path inside the
    * capture, the Q4_K one the int8 GEMV */
-  int vocab = 500, n = 6, qkv_rows = (m.n_heads + 2 * m.n_kv) * m.hd;
-  wpair_load(&m.emb, KERN_Q8_0, vocab, m.dim, rand_weight(KERN_Q8_0, vocab, m.dim));
-  wpair_load(&m.norm, KERN_F32, 1, m.dim, rand_weight(KERN_F32, 1, m.dim));
-  wpair_load(&m.wqkv, KERN_BF16, qkv_rows, m.dim, rand_weight(KERN_BF16, qkv_rows, m.dim));
-  wpair_load(&m.wo, KERN_Q4_K, m.dim, m.n_heads * m.hd, rand_weight(KERN_Q4_K, m.dim, m.n_heads * m.hd));
-  float *inv = fr_malloc(m.hd / 2 * 4);
-  for (int i = 0; i < m.hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / m.hd);
-  wpair_load(&m.freq, KERN_F32, 1, m.hd / 2, inv);
-  void **bufs[5] = {&m.x, &m.h, &m.qkv, &m.att, &m.o};
-  for (int i = 0; i < 5; i++) ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * 2048 * 2, bufs[i]), 0);
+  mini_t m;
+  int vocab = 500, n = 6;
+  mini_setup(&m, vocab, n);
   kvenv_t e;
   kv_setup(&e, 1, m.n_kv, m.hd, 16, n, 3000);
   int lens[6] = {2700, 100, 7, 1500, 1, 33}, one[6] = {1, 1, 1, 1, 1, 1};
@@ -775,12 +792,53 @@ START_TEST(test_graph_replay) {
     for (int i = 0; i < n; i++) lens[i] += 1 + 37 * step;
   }
   kv_teardown(&e);
-  for (int i = 0; i < 5; i++) gpu->ops->free(gpu->ctx, *bufs[i]);
-  wpair_free(&m.emb);
-  wpair_free(&m.norm);
-  wpair_free(&m.wqkv);
-  wpair_free(&m.wo);
-  wpair_free(&m.freq);
+  mini_free(&m);
+}
+END_TEST
+
+/* A step with more sequences grows the decode split buffers that a graph
+ * captured earlier uses: the graph must not read the freed ones (run under
+ * compute-sanitizer to see a use after free); its next run equals eager. */
+START_TEST(test_graph_after_growth) {
+  mini_t m;
+  int vocab = 500, n = 6;
+  mini_setup(&m, vocab, n);
+  kvenv_t e;
+  kv_setup(&e, 1, m.n_kv, m.hd, 16, n, 3000);
+  int lens[6] = {2000, 900, 7, 1500, 1, 33}, one[6] = {1, 1, 1, 1, 1, 1};
+  kern_step_t s;
+  int32_t *sb[4];
+  int32_t tok[6];
+  for (int round = 0; round < 3; round++) {
+    /* round 1 runs all 6 sequences (eagerly) between the 1-sequence graph's runs */
+    e.n_seqs = round == 1 ? n : 1;
+    for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
+    build_step(&e, lens, one, &s, sb);
+    s.tokens = tok;
+    ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
+    mini_forward(&m, &e, e.n_seqs);
+    float *eager = gpu_get(m.o, (size_t)e.n_seqs * m.dim);
+    if (round != 1) {
+      ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
+      poison(m.o, (size_t)m.dim);
+      bool replayed = false;
+      ck_assert_int_eq(gpu->ops->graph_begin(gpu->ctx, 43, &replayed), 0);
+      if (!replayed) mini_forward(&m, &e, 1);
+      ck_assert_int_eq(gpu->ops->graph_end(gpu->ctx, 43), 0);
+      float *graph = gpu_get(m.o, (size_t)m.dim);
+      double err = nerr(graph, eager, (size_t)m.dim);
+      fprintf(stderr, "  1-seq graph, round %d (%s) vs eager      err %.2e\n", round, replayed ? "replay" : "capture",
+              err);
+      ck_assert_double_lt(err, 1e-6);
+      free(graph);
+    }
+    free(eager);
+    free_step(sb);
+    for (int i = 0; i < n; i++) lens[i] += 1;
+  }
+  e.n_seqs = n;
+  kv_teardown(&e);
+  mini_free(&m);
 }
 END_TEST
 
@@ -956,6 +1014,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_kv_copy_blocks);
   tcase_add_test(tc, test_rope_kv_append);
   tcase_add_test(tc, test_graph_replay);
+  tcase_add_test(tc, test_graph_after_growth);
   tcase_add_test(tc, test_sample_greedy);
   tcase_add_loop_test(tc, test_sample_filters, 0, 2);
   tcase_add_test(tc, test_oom_is_an_error);

@@ -251,7 +251,7 @@ static char *bench_body(const bench_opts_t *o, const bench_req_t *r) {
 /* Folds one SSE chunk into the request's timings. Returns 0, or -1 for an
  * error chunk. */
 static int bench_chunk(bench_req_t *r, const char *data, uint64_t start, uint64_t *last) {
-  json_t *j = json_loads(data, 0, NULL);
+  json_t *j = json_loads(data, JSON_ALLOW_NUL, NULL); /* text may hold U+0000 */
   if (!j) return snprintf(r->err, sizeof r->err, "bad chunk"), -1;
   json_t *err = json_object_get(j, "error"), *usage = json_object_get(j, "usage");
   if (err) {
@@ -463,7 +463,7 @@ static int bench_model(bench_opts_t *o) {
   if (!rc) rc = cli_http_send(&c, "GET", "/v1/models", auth, NULL, 0);
   if (!rc) rc = cli_http_read_all(&c, 1 << 20, &b, NULL);
   cli_http_close(&c);
-  json_t *j = rc ? NULL : json_loads(b, 0, NULL);
+  json_t *j = rc ? NULL : json_loads(b, JSON_ALLOW_NUL, NULL);
   free(b);
   const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
   if (id) snprintf(name, sizeof name, "%s", id), o->model = name;

@@ -88,7 +88,7 @@ static json_t *chat_body(const chat_opts_t *o, json_t *history) {
 static void chat_print_error(cli_http_t *c) {
   char *b = NULL;
   cli_http_read_all(c, 1 << 20, &b, NULL);
-  json_t *j = b ? json_loads(b, 0, NULL) : NULL;
+  json_t *j = b ? json_loads(b, JSON_ALLOW_NUL, NULL) : NULL;
   const char *m = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
   fprintf(stderr, "ferrumctl chat: HTTP %d: %s\n", c->status, m ? m : b ? b : "");
   json_decref(j);
@@ -101,7 +101,7 @@ static int chat_stream(cli_http_t *c, char **reply, size_t *len) {
   int rc;
   while ((rc = cli_http_next_sse(c, &d)) == 1) {
     if (!strcmp(d, "[DONE]")) break;
-    json_t *j = json_loads(d, 0, NULL);
+    json_t *j = json_loads(d, JSON_ALLOW_NUL, NULL); /* text may hold U+0000 */
     json_t *err = json_object_get(j, "error");
     if (err) {
       fprintf(stderr, "\nferrumctl chat: %s\n", json_string_value(json_object_get(err, "message")));
@@ -109,13 +109,14 @@ static int chat_stream(cli_http_t *c, char **reply, size_t *len) {
       return -1;
     }
     json_t *delta = json_object_get(json_array_get(json_object_get(j, "choices"), 0), "delta");
-    const char *t = json_string_value(json_object_get(delta, "content"));
-    if (t && *t) {
-      size_t n = strlen(t);
+    json_t *content = json_object_get(delta, "content");
+    const char *t = json_string_value(content);
+    size_t n = json_string_length(content);
+    if (t && n) {
       *reply = fr_realloc(*reply, *len + n + 1);
       memcpy(*reply + *len, t, n + 1);
       *len += n;
-      fputs(t, stdout);
+      fwrite(t, 1, n, stdout);
       fflush(stdout);
     }
     json_decref(j);

@@ -31,11 +31,12 @@ static void fake_error(fake_io_t *io, uint64_t id, int code, const char *msg) {
 }
 
 /* One event of i-th piece; n pieces in all when final. */
-static void fake_event(fake_io_t *io, const proto_submit_t *s, const char *text, int32_t *toks, uint32_t n,
-                       proto_finish_t fin) {
+static void fake_event(fake_io_t *io, const proto_submit_t *s, const char *text, uint32_t text_len, int32_t *toks,
+                       uint32_t n, proto_finish_t fin) {
   float lps[3] = {-0.5f, -1.0f, -1.5f};
   proto_toplp_t top[3 * 2] = {{100, -0.1f}, {101, -2.f}, {102, -0.2f}, {103, -3.f}, {104, -0.3f}, {105, -4.f}};
-  proto_event_t ev = {.id = s->id, .text = (char *)text, .n_tokens = n, .tokens = toks, .finish = fin};
+  proto_event_t ev = {.id = s->id, .text = (char *)text, .text_len = text_len, .n_tokens = n, .tokens = toks,
+                      .finish = fin};
   if (s->sp.logprobs >= 0) {
     ev.n_logprobs = n, ev.logprobs = lps;
     uint32_t k = s->sp.logprobs > 2 ? 2 : (uint32_t)s->sp.logprobs;
@@ -52,14 +53,18 @@ static void fake_event(fake_io_t *io, const proto_submit_t *s, const char *text,
 }
 
 static void fake_answer(fake_io_t *io, const proto_submit_t *s) {
-  static const char *pieces[3] = {"Hel", "lo", " world"};
+  /* a streamed token-id prompt that ignores EOS (what `ferrumctl bench`
+   * sends) gets a NUL byte in its text, as random weights can produce */
+  const bool nul = !s->prompt && s->n_tokens && s->ignore_eos && s->stream;
+  const char *pieces[3] = {"Hel", nul ? "l\0o" : "lo", " world"};
+  const uint32_t lens[3] = {3, nul ? 3 : 2, 6};
   int32_t toks[3] = {11, 12, 13};
   proto_finish_t fin = s->max_tokens == 3 ? PROTO_FINISH_LENGTH : PROTO_FINISH_STOP;
   if (!s->stream) {
-    fake_event(io, s, "Hello world", toks, 3, fin);
+    fake_event(io, s, "Hello world", 0, toks, 3, fin);
     return;
   }
-  for (int i = 0; i < 3; i++) fake_event(io, s, pieces[i], toks + i, 1, i == 2 ? fin : PROTO_FINISH_NONE);
+  for (int i = 0; i < 3; i++) fake_event(io, s, pieces[i], lens[i], toks + i, 1, i == 2 ? fin : PROTO_FINISH_NONE);
 }
 
 static const char *fake_text(const proto_submit_t *s) {
@@ -88,10 +93,10 @@ static void fake_submit(fake_io_t *io, const proto_submit_t *s) {
   if (!strcmp(t, "busy")) fake_error(io, s->id, PROTO_ERR_BUSY, "the queue is full");
   else if (!strcmp(t, "long")) fake_error(io, s->id, PROTO_ERR_BAD_REQUEST, "prompt is longer than the context");
   else if (!strcmp(t, "hang")) return;
-  else if (!strcmp(t, "slow")) fake_event(io, s, "Hel", &tok, 1, PROTO_FINISH_NONE);
+  else if (!strcmp(t, "slow")) fake_event(io, s, "Hel", 0, &tok, 1, PROTO_FINISH_NONE);
   else if (!strcmp(t, "boom")) {
-    fake_event(io, s, "Hel", &tok, 1, PROTO_FINISH_NONE);
-    fake_event(io, s, "", NULL, 0, PROTO_FINISH_ERROR);
+    fake_event(io, s, "Hel", 0, &tok, 1, PROTO_FINISH_NONE);
+    fake_event(io, s, "", 0, NULL, 0, PROTO_FINISH_ERROR);
   } else if (!strcmp(t, "delay")) {
     usleep(1500 * 1000);
     fake_answer(io, s);

@@ -7,7 +7,9 @@
  *   "boom"  -> one event, then finish "error" (500)
  *   "delay" -> the normal answer after 1.5 s
  *   else    -> "Hel" "lo" " world" (3 tokens, ids 11 12 13), finish
- *              "length" when max_tokens == 3 else "stop", usage p=5 c=3
+ *              "length" when max_tokens == 3 else "stop", usage p=5 c=3;
+ *              streamed token-id prompts with ignore_eos (the bench's)
+ *              get "l\0o" for the second piece
  * Events carry logprobs (and top alternatives) when the submit asks. */
 #pragma once
 

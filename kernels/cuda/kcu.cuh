@@ -35,6 +35,7 @@
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
+#define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
 #define KCU_STAGE_N 4                /* pinned chunks in the weight-loading ring */
 #define KCU_STAGE_BYTES (16u << 20)  /* bytes per chunk */
@@ -68,6 +69,7 @@ typedef struct {
   size_t act_size;
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of WMMA */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
+  int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
 

@@ -727,6 +727,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->simt_prefill = kcu_env_int("FERRUM_CUDA_SIMT_PREFILL", 0, 0, 1);
   c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", -1, -1, 8);
   c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
+  c->dec_chunk = kcu_env_int("FERRUM_CUDA_DEC_CHUNK", KCU_DEC_MIN_CHUNK, 16, 4096);
   c->gemv_wpr = kcu_env_int("FERRUM_CUDA_GEMV_WPR", 0, 0, 4);
   if (c->gemv_wpr == 3) c->gemv_wpr = 2;
   c->pdl = prop.major >= 9 && kcu_env_int("FERRUM_PDL", 1, 0, 1);

@@ -384,7 +384,7 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   size_t bytes = (4 + 3 * (size_t)tok_cap + 2 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   kcu__graphs_drop(c);
-  kcu_stage_free(c);
+  kcu_stage_free(c); /* steps have begun: the weight staging is no longer needed (callers without load_end) */
   kcu__free(c->meta_dev);
   cudaFreeHost(c->meta_pin);
   c->meta_dev = c->meta_pin = NULL;

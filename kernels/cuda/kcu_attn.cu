@@ -297,13 +297,13 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   dim3 grid(sp, cf->n_kv_heads, n_seqs);
   /* measured on H200: prefetching pays while the grid fits one wave (~3 CTAs per SM) */
   if ((long long)sp * cf->n_kv_heads * n_seqs <= 3ll * c->n_sm)
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc,
-               c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
-               cf->n_kv_heads, G, scale, c->dec_chunk, c->attn_part, c->attn_cnt);
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc, c->dm.hdr,
+               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
+               c->dec_chunk, c->attn_part, c->attn_cnt);
   else
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc,
-               c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
-               cf->n_kv_heads, G, scale, c->dec_chunk, c->attn_part, c->attn_cnt);
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc, c->dm.hdr,
+               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
+               c->dec_chunk, c->attn_part, c->attn_cnt);
   return 0;
 }
 
@@ -564,8 +564,7 @@ static int kcu_prefill_wmma(kcu_ctx_t *c, T *out, const T *q, int q_stride, cons
   constexpr int bytes = kcu_wm_smem<HD>::BYTES;
   dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, c->n_seqs);
   KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, 128, bytes, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
-                                                                   c->dm.ctx_len, c->dm.block_tables, cf->block_size,
-                                                                   cf->n_blocks, cf->n_kv_heads, G, scale);
+             c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   return 0;
 }
 
@@ -582,8 +581,7 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
     return kcu_prefill_wmma<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale);
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
   KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, 256, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
-                                                         c->dm.ctx_len, c->dm.block_tables,
-                                                         cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
+             c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   return 0;
 }
 

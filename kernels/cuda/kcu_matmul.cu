@@ -183,11 +183,10 @@ __global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
   long long units = nrows * (w->cols / 32);
   if (units == 0) return 0;
-  KCU_ACT_DISPATCH(c, KCU_QUANT_DISPATCH(w->type,
-                                         return fr_errorf(FR_EUNSUPPORTED, "cuda: dequant of type %d", (int)w->type),
-                                         KCU_LAUNCH(c, kcu_dequant_k<T, QT>, kcu_div_up(units, 128), 128, 0, 
-                                             (T *)dst, (const uint8_t *)w->data, w->row_bytes, row0, units,
-                                             (int)w->cols)));
+  KCU_ACT_DISPATCH(
+      c, KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: dequant of type %d", (int)w->type),
+                            KCU_LAUNCH(c, kcu_dequant_k<T, QT>, kcu_div_up(units, 128), 128, 0, (T *)dst,
+                                       (const uint8_t *)w->data, w->row_bytes, row0, units, (int)w->cols)));
   return 0;
 }
 
@@ -237,8 +236,8 @@ static int kcu_gemv_q_launch(kcu_ctx_t *c, void *out, const kern_weight_t *w, co
 static int kcu_gemv_quant(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
   long long nblk = (long long)n * (w->cols / 32);
   if ((size_t)nblk * 32 > c->xq_cap) return fr_errorf(FR_ESTATE, "cuda: matmul: activation scratch too small");
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_quant_q8_1_k<T>, kcu_div_up(nblk, 8), 256, 0, (const T *)x, c->xq,
-                                                                                     (float2 *)c->xqd, nblk));
+  KCU_ACT_DISPATCH(
+      c, KCU_LAUNCH(c, kcu_quant_q8_1_k<T>, kcu_div_up(nblk, 8), 256, 0, (const T *)x, c->xq, (float2 *)c->xqd, nblk));
   KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul type %d", (int)w->type),
                      return kcu_gemv_q_launch<QT>(c, out, w, bias, n));
   return 0;

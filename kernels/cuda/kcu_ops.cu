@@ -69,17 +69,16 @@ int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
   KCU_ACT_DISPATCH(c, {
     T *o = (T *)out;
     if (tb->type == KERN_F32) {
-      KCU_LAUNCH(c, kcu_embed_dense_k<T, float>, dim3(kcu_div_up(cols, 256), nt), 256, 0, 
-          o, (const float *)tb->data, c->dm.tokens, tb->rows, cols);
+      KCU_LAUNCH(c, kcu_embed_dense_k<T, float>, dim3(kcu_div_up(cols, 256), nt), 256, 0, o, (const float *)tb->data,
+                 c->dm.tokens, tb->rows, cols);
     } else if (tb->type == c->act) {
-      KCU_LAUNCH(c, kcu_embed_dense_k<T, T>, dim3(kcu_div_up(cols, 256), nt), 256, 0, 
-          o, (const T *)tb->data, c->dm.tokens, tb->rows, cols);
+      KCU_LAUNCH(c, kcu_embed_dense_k<T, T>, dim3(kcu_div_up(cols, 256), nt), 256, 0, o, (const T *)tb->data,
+                 c->dm.tokens, tb->rows, cols);
     } else {
       dim3 grid(kcu_div_up(cols / 32, 64), nt);
       KCU_QUANT_DISPATCH(tb->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: embed from type %d", (int)tb->type),
                          KCU_LAUNCH(c, kcu_embed_quant_k<T, QT>, grid, 64, 0, o, (const uint8_t *)tb->data,
-                                                                              tb->row_bytes, c->dm.tokens, tb->rows,
-                                                                              cols));
+                                    tb->row_bytes, c->dm.tokens, tb->rows, cols));
     }
   });
   return 0;
@@ -177,18 +176,18 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
   if (n <= 0) return 0;
   if (dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual))) {
     if (dim <= 8 * 32 * 4) {
-      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 32, 4>, n, 32, 0, (T *)out, (T *)residual,
-                                     (const T *)x, w, dim, eps));
+      KCU_ACT_DISPATCH(
+          c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 32, 4>, n, 32, 0, (T *)out, (T *)residual, (const T *)x, w, dim, eps));
       return 0;
     }
     if (dim <= 8 * 256 * 4) {
-      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 256, 4>, n, 256, 0, (T *)out, (T *)residual,
-                                     (const T *)x, w, dim, eps));
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 256, 4>, n, 256, 0, (T *)out, (T *)residual, (const T *)x,
+                                     w, dim, eps));
       return 0;
     }
   }
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_k<T, 256>, n, 256, 0, (T *)out, (T *)residual, (const T *)x, w, dim,
-                                                                      eps));
+  KCU_ACT_DISPATCH(
+      c, KCU_LAUNCH(c, kcu_rms_norm_k<T, 256>, n, 256, 0, (T *)out, (T *)residual, (const T *)x, w, dim, eps));
   return 0;
 }
 
@@ -219,9 +218,9 @@ int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, 
     return fr_errorf(FR_EFORMAT, "cuda: rope: bad n_rot %d or inv_freq", r->n_rot);
   long long total = (long long)c->n_tokens * n_heads * (r->n_rot / 2);
   if (total == 0) return 0;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_k<T>, kcu_div_up(total, 256), 256, 0, 
-                          (T *)x, c->dm.positions, (const float *)r->inv_freq->data, c->n_tokens, n_heads, head_dim,
-                          row_stride, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_k<T>, kcu_div_up(total, 256), 256, 0, (T *)x, c->dm.positions,
+                                 (const float *)r->inv_freq->data, c->n_tokens, n_heads, head_dim, row_stride, r->n_rot,
+                                 r->mode == KERN_ROPE_NEOX, r->attn_factor));
   return 0;
 }
 
@@ -256,9 +255,9 @@ int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k,
   long long total = (long long)c->n_tokens * (row / vec);
   if (total == 0) return 0;
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, 
-                          (T *)kb, (T *)(kb + pool->layer_bytes), (const T *)k, k_stride, (const T *)v, v_stride,
-                          c->dm.slots, c->n_tokens, row, (long long)cf->n_blocks * cf->block_size, vec));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, (T *)kb,
+                                 (T *)(kb + pool->layer_bytes), (const T *)k, k_stride, (const T *)v, v_stride,
+                                 c->dm.slots, c->n_tokens, row, (long long)cf->n_blocks * cf->block_size, vec));
   return 0;
 }
 
@@ -324,11 +323,11 @@ int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, 
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   const long long total = (long long)c->n_tokens * (n_heads * (r->n_rot / 2) + cf->n_kv_heads * (r->n_rot / 2) +
                                                    cf->n_kv_heads * (hd - r->n_rot) + cf->n_kv_heads * hd);
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, (T *)q, q_stride, (T *)k,
-                                 (T *)v, kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes), c->dm.positions,
-                                 c->dm.slots, (const float *)r->inv_freq->data, c->n_tokens, n_heads, cf->n_kv_heads,
-                                 hd, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor,
-                                 (long long)cf->n_blocks * cf->block_size));
+  KCU_ACT_DISPATCH(
+      c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, (T *)q, q_stride, (T *)k, (T *)v,
+                    kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes), c->dm.positions, c->dm.slots,
+                    (const float *)r->inv_freq->data, c->n_tokens, n_heads, cf->n_kv_heads, hd, r->n_rot,
+                    r->mode == KERN_ROPE_NEOX, r->attn_factor, (long long)cf->n_blocks * cf->block_size));
   return 0;
 }
 
@@ -346,7 +345,7 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
   const kern_kv_config_t *cf = &pool->cfg;
   size_t block_bytes = (size_t)cf->block_size * cf->n_kv_heads * cf->head_dim * c->act_size; /* head_dim % 8 == 0 */
   KCU_LAUNCH(c, kcu_kv_copy_k, dim3(n_pairs, 2 * cf->n_layers), 256, 0, (char *)pool->base, pool->layer_bytes,
-                                                                        block_bytes, pairs_dev);
+             block_bytes, pairs_dev);
   return 0;
 }
 
@@ -366,7 +365,7 @@ int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int
   long long total = (long long)n * d;
   if (total <= 0) return 0;
   KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_silu_mul_k<T>, kcu_div_up(total, 256), 256, 0, (T *)out, (const T *)gate,
-                                                                                       (const T *)up, n, d, stride));
+                                 (const T *)up, n, d, stride));
   return 0;
 }
 

@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
 }
 
 int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev) {
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, 
-                          (const T *)logits, vocab, (const kcu_sparams_t *)params_dev, (int32_t *)result_dev));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, (const T *)logits, vocab,
+                                 (const kcu_sparams_t *)params_dev, (int32_t *)result_dev));
   return 0;
 }

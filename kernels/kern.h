@@ -132,7 +132,9 @@ size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg);
 
 typedef struct kern_backend kern_backend_t;
 
-/* Sampling parameters for the optional on-device sampler. */
+/* Sampling parameters for the optional on-device sampler. Penalties as
+ * model/sampler.h: repetition over prompt and output tokens, presence and
+ * frequency over output tokens (negative ids are skipped). */
 typedef struct {
   float temperature; /* 0 = greedy */
   int top_k;         /* 0 = off */
@@ -140,6 +142,10 @@ typedef struct {
   float min_p;       /* 0 = off */
   uint64_t seed;
   uint64_t counter; /* draw index for the counter-based RNG */
+  float repetition_penalty;                  /* 1 (or 0) = off */
+  float presence_penalty, frequency_penalty; /* 0 = off */
+  const int32_t *prompt, *output;            /* host: the row's tokens so far, read during the call */
+  int n_prompt, n_output;
 } kern_sample_params_t;
 
 typedef struct {

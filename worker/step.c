@@ -132,16 +132,14 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
   ri->logprob = -0.5f;
 }
 
-/* True when every final item can be sampled on the device: no logits rows,
- * no top-n logprobs and no penalties (those need the host's view). */
+/* True when every final item can be sampled on the device: no logits rows
+ * and no top-n logprobs (those need the host's view). */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256) return false;
   for (uint32_t i = 0; i < st->n_items; i++) {
     if (!st->items[i].final) continue;
     const proto_sampling_t *sp = &w->hist[st->items[i].slot].sp;
-    if (sp->want_logits || sp->logprobs > 0 || sp->repetition_penalty != 1.0f || sp->presence_penalty != 0.0f ||
-        sp->frequency_penalty != 0.0f)
-      return false;
+    if (sp->want_logits || sp->logprobs > 0) return false;
   }
   return true;
 }
@@ -158,7 +156,11 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
     int pl = FR_MIN(h->prompt_len, h->len);
     sp[i] = (kern_sample_params_t){.temperature = p->temperature, .top_k = p->top_k, .top_p = p->top_p,
                                    .min_p = p->min_p, .seed = p->has_seed ? p->seed : 0,
-                                   .counter = (uint64_t)(h->len - pl)};
+                                   .counter = (uint64_t)(h->len - pl),
+                                   .repetition_penalty = p->repetition_penalty,
+                                   .presence_penalty = p->presence_penalty,
+                                   .frequency_penalty = p->frequency_penalty,
+                                   .prompt = h->tok, .output = h->tok + pl, .n_prompt = pl, .n_output = h->len - pl};
   }
   int rc = w->be->ops->sample(w->be->ctx, logits, (int)st->n_items, w->vocab, sp, tok, lp);
   if (rc) return rc;

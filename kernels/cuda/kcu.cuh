@@ -57,6 +57,14 @@ typedef struct {
   cudaGraphExec_t exec;
 } kcu_graph_t;
 
+/* One penalized token of a row: its id, its count among the output tokens
+ * (0: only in the prompt), and its raw logit, kept by the sampler. */
+typedef struct {
+  int32_t token, count;
+  float raw;
+  int32_t pad;
+} kcu_pen_t;
+
 typedef struct {
   kern_backend_t be; /* what kern_cuda_create hands out; be.ctx points here */
   int device;
@@ -99,6 +107,10 @@ typedef struct {
   size_t f32_tmp_n;
   void *samp_dev, *samp_pin; /* sample params in, (token, logprob) out */
   int samp_cap;
+  kcu_pen_t *pen_dev, *pen_pin; /* the step's penalized tokens (kcu_sample) */
+  size_t pen_cap;
+  int32_t *pen_sort;         /* host scratch for building them */
+  size_t pen_sort_cap;
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
@@ -263,11 +275,17 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
-int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev);
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *pen_dev,
+                void *result_dev);
 
-/* Sample params as the device reads them (16-byte aligned rows). */
+/* Sample params as the device reads them (16-byte aligned rows). The
+ * row's penalized tokens are entries [pen_off, pen_off + n_pen) of the
+ * step's penalty list. */
 typedef struct {
   float temperature, top_p, min_p;
   int32_t top_k;
   uint64_t seed, counter;
+  float rep, pres, freq;
+  int32_t pen_off, n_pen;
+  int32_t pad[3];
 } kcu_sparams_t;

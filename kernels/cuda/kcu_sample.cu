@@ -1,6 +1,9 @@
 /* kcu_sample.cu - on-device sampling, one CTA per row of logits.
  *
- * Greedy (temperature 0) or: z = logits / T; min-p keeps z >= z_max +
+ * Penalties first (repetition over the prompt and output tokens, presence
+ * and frequency over the output tokens; the host lists each row's tokens
+ * with their output counts), rewriting those logits in place. Then greedy
+ * (temperature 0) or: z = logits / T; min-p keeps z >= z_max +
  * log(min_p); top-k keeps the k largest (ties at the k-th value kept);
  * top-p keeps the smallest top set whose probability (renormalized over what
  * is left) reaches p. The thresholds are found exactly by radix selection
@@ -119,16 +122,33 @@ __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, f
   return prefix > lo ? prefix : lo;
 }
 
+/* Penalties (as model/sampler.c) on the row's listed tokens, in place: the
+ * penalized logit is rounded to T like every logit; the raw one is kept in
+ * the list for the logprob. Ends with a barrier. */
+template <typename T> __device__ void kcu_apply_penalties(T *x, const kcu_sparams_t &p, kcu_pen_t *pe) {
+  const bool rep = p.rep > 0.f && p.rep != 1.f;
+  for (int k = threadIdx.x; k < p.n_pen; k += blockDim.x) {
+    const int t = pe[k].token;
+    float v = kcu_f(x[t]);
+    pe[k].raw = v;
+    if (rep) v = v > 0.f ? v / p.rep : v * p.rep;
+    if (pe[k].count) v -= p.pres + p.freq * (float)pe[k].count;
+    x[t] = kcu_t<T>(v);
+  }
+  __syncthreads();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(KCU_SAMP_NT)
-    kcu_sample_k(const T *logits, int vocab, const kcu_sparams_t *params, int32_t *res) {
+    kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, int32_t *res) {
   kcu_pdl_enter();
   __shared__ unsigned long long hist[256];
   __shared__ uint64_t red64[32];
   __shared__ float red[32];
   __shared__ uint32_t bc[4];
+  __shared__ float raw_tok;
   const int row = blockIdx.x;
-  const T *x = logits + (size_t)row * vocab;
+  T *x = logits + (size_t)row * vocab;
   const kcu_sparams_t p = params[row];
 
   /* one pass: argmax and the log-sum-exp (online: the sum is rescaled when
@@ -149,7 +169,7 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
     const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
     for (int j = threadIdx.x; j < vocab / 8; j += blockDim.x) {
       float f[8];
-      kcu_unpack8(__ldg(x8 + j), f, (const T *)0);
+      kcu_unpack8(x8[j], f, (const T *)0); /* not __ldg: penalties write x below */
 #pragma unroll
       for (int e = 0; e < 8; e++) see(f[e], 8 * j + e);
     }
@@ -157,9 +177,20 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) see(kcu_f(x[i]), i);
   }
   best = kcu_bmax64(best, red64);
-  const int amax = (int)(0xffffffffu - (uint32_t)best);
-  const float xmax = kcu_f(x[amax]);
+  int amax = (int)(0xffffffffu - (uint32_t)best);
+  float xmax = kcu_f(x[amax]);
   const float lse = xmax + __logf(kcu_bsum(m == -INFINITY ? 0.f : se * __expf(m - xmax), red));
+  if (p.n_pen > 0) { /* the logprob stays that of the raw logits (as vLLM); the rest sees the penalized ones */
+    kcu_apply_penalties(x, p, pen + p.pen_off);
+    best = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+      uint64_t a = kcu_pack_arg(kcu_f(x[i]), i);
+      best = a > best ? a : best;
+    }
+    best = kcu_bmax64(best, red64);
+    amax = (int)(0xffffffffu - (uint32_t)best);
+    xmax = kcu_f(x[amax]);
+  }
 
   int tok = amax;
   if (p.temperature > 0.f && p.top_k != 1) {
@@ -190,15 +221,21 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
     pick = kcu_bmax64(pick, red64);
     if (pick) tok = (int)(0xffffffffu - (uint32_t)pick);
   }
+  if (threadIdx.x == 0) raw_tok = kcu_f(x[tok]);
+  __syncthreads();
+  for (int k = threadIdx.x; k < p.n_pen; k += blockDim.x) /* a penalized token's raw logit was kept */
+    if (pen[p.pen_off + k].token == tok) raw_tok = pen[p.pen_off + k].raw;
+  __syncthreads();
   if (threadIdx.x == 0) {
     res[2 * row] = tok;
-    float lp = kcu_f(x[tok]) - lse;
-    res[2 * row + 1] = __float_as_int(lp);
+    res[2 * row + 1] = __float_as_int(raw_tok - lse);
   }
 }
 
-int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *result_dev) {
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, (const T *)logits, vocab,
-                                 (const kcu_sparams_t *)params_dev, (int32_t *)result_dev));
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *pen_dev,
+                void *result_dev) {
+  /* the logits are the step's scratch: rows with penalties are rewritten */
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, (T *)logits, vocab,
+                                 (const kcu_sparams_t *)params_dev, (kcu_pen_t *)pen_dev, (int32_t *)result_dev));
   return 0;
 }

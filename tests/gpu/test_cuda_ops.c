@@ -18,6 +18,7 @@
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "kernels/kern.h"
+#include "model/sampler.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
 #define TOL_QMM 2.5e-2 /* quantized weights: the decode GEMV also rounds activations to int8 per 32 */
@@ -881,6 +882,78 @@ static int cmp_desc(const void *a, const void *b) {
 /* Draws many rows of the same logits with distinct counters: every token
  * must lie in the set the filters allow, frequencies must follow the
  * renormalized probabilities, and equal (seed, counter) give equal draws. */
+/* Penalties on the device against the host sampler (model/sampler.c): the
+ * same rule, on logits where three planted tokens decide the winner: A (6.0,
+ * three times in the output), C (5.5, in the prompt only) and B (5.0, in
+ * neither), so that each penalty picks a different one. */
+START_TEST(test_sample_penalties) {
+  enum { ROWS = 64, VOCAB = 5000, A = 17, B = 4321, C = 999 };
+  float *l = fr_malloc((size_t)ROWS * VOCAB * sizeof(float));
+  for (size_t i = 0; i < (size_t)ROWS * VOCAB; i++) l[i] = round_act((rndu() - 0.5f) * 4.f);
+  int32_t hist[60];
+  for (int i = 0; i < 60; i++) hist[i] = 100 + rndi(40); /* repeats */
+  hist[3] = C, hist[7] = -1, hist[9] = VOCAB + 5;      /* prompt: C, an unseen slot, a bad id */
+  hist[41] = A, hist[50] = A, hist[58] = A;            /* output: A three times */
+  for (int r = 0; r < ROWS; r++) {
+    float *x = l + (size_t)r * VOCAB;
+    x[A] = 6.0f, x[C] = 5.5f, x[B] = 5.0f;
+    for (int i = 0; i < 60; i++) /* some history tokens negative, for the repetition rule's other branch */
+      if (hist[i] >= 0 && hist[i] < VOCAB && hist[i] != A && hist[i] != C) x[hist[i]] = round_act(-1.f - 0.01f * i);
+  }
+  const struct {
+    float rep, pres, freq, temp;
+    int top_k;
+    int want; /* greedy rows: the planted winner */
+  } k_rows[] = {{1.3f, 0, 0, 0, 0, B}, {1, 1.5f, 0, 0, 0, C}, {1, 0, 0.8f, 0, 0, C},
+                {1.2f, 0.5f, 0.3f, 0, 0, B}, {1, 0, 0, 0, 0, A}, {0.7f, 0, 0, 0, 0, A}};
+  const int n_greedy = (int)FR_ARRAY_SIZE(k_rows);
+  kern_sample_params_t p[ROWS];
+  for (int r = 0; r < ROWS; r++) {
+    bool g = r < n_greedy; /* the rest: temperature 0.7, top-k 2 and a presence penalty: only C or B may come */
+    p[r] = (kern_sample_params_t){.temperature = g ? k_rows[r].temp : 0.7f, .top_k = g ? k_rows[r].top_k : 2,
+                                  .top_p = 1.f, .seed = 7, .counter = (uint64_t)r,
+                                  .repetition_penalty = g ? k_rows[r].rep : 1.f,
+                                  .presence_penalty = g ? k_rows[r].pres : 1.5f,
+                                  .frequency_penalty = g ? k_rows[r].freq : 0.f,
+                                  .prompt = hist, .output = hist + 40, .n_prompt = 40, .n_output = 20};
+  }
+  void *d = upload_logits(l, ROWS, VOCAB);
+  int32_t tok[ROWS];
+  float lp[ROWS];
+  int rc = gpu->ops->sample(gpu->ctx, d, ROWS, VOCAB, p, tok, lp);
+  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+  model_sampler_t smp;
+  model_sampler_init(&smp, VOCAB);
+  float *row = fr_malloc(VOCAB * sizeof(float));
+  int seen_b = 0, seen_c = 0;
+  for (int r = 0; r < ROWS; r++) {
+    memcpy(row, l + (size_t)r * VOCAB, VOCAB * sizeof(float));
+    if (r < n_greedy) {
+      model_sampling_t hp = model_sampling_default();
+      hp.repetition_penalty = p[r].repetition_penalty;
+      hp.presence_penalty = p[r].presence_penalty;
+      hp.frequency_penalty = p[r].frequency_penalty;
+      float host_lp = 0;
+      int32_t host = model_sample(&smp, &hp, row, hist, 40, hist + 40, 20, 0, &host_lp);
+      fprintf(stderr, "  penalties rep %.1f pres %.1f freq %.1f: device %d host %d, logprob %.4f vs %.4f\n",
+              p[r].repetition_penalty, p[r].presence_penalty, p[r].frequency_penalty, tok[r], host, lp[r], host_lp);
+      ck_assert_int_eq(host, k_rows[r].want);
+      ck_assert_int_eq(tok[r], host);
+      ck_assert_msg(fabsf(lp[r] - host_lp) < 2e-3f, "logprob %f vs %f", lp[r], host_lp);
+    } else {
+      ck_assert_msg(tok[r] == B || tok[r] == C, "row %d drew %d, outside {B, C}", r, tok[r]);
+      seen_b += tok[r] == B, seen_c += tok[r] == C;
+    }
+  }
+  fprintf(stderr, "  penalties, T 0.7 top-k 2: %d x C, %d x B (never A)\n", seen_c, seen_b);
+  ck_assert(seen_b > 0 && seen_c > seen_b); /* exp((5.5 - 5) / 0.7) ~ 2 : 1 */
+  model_sampler_deinit(&smp);
+  free(row);
+  gpu->ops->free(gpu->ctx, d);
+  free(l);
+}
+END_TEST
+
 START_TEST(test_sample_filters) {
   int vocab = _i ? 100000 : 200, rows = _i ? 64 : 20000;
   float *one = rand_vec(vocab, 2.f);
@@ -1017,6 +1090,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_graph_after_growth);
   tcase_add_test(tc, test_sample_greedy);
   tcase_add_loop_test(tc, test_sample_filters, 0, 2);
+  tcase_add_test(tc, test_sample_penalties);
   tcase_add_test(tc, test_oom_is_an_error);
   tcase_add_test(tc, test_f16_mode);
   suite_add_tcase(s, tc);

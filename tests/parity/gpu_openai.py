@@ -64,4 +64,28 @@ rule = sum(within_top5(a, b) for a, b in zip(alone, together))
 # Batched GPU matmuls (cuBLAS) round differently from the batch-1 GEMV, so
 # bit-identical continuations are not guaranteed on the GPU (nor in vLLM).
 check("64 concurrent vs alone", rule == 64, f"({same}/64 identical, {rule}/64 equal or within top-5 at divergence)")
+# Penalties: sampled on the device (no logprobs asked) against the host
+# sampler (logprobs=5 sends the step to the host), and they must change
+# what this repetitive random model writes.
+pen = {"presence_penalty": 1.0, "frequency_penalty": 0.5, "extra_body": {"repetition_penalty": 1.3}}
+agree = changed = 0
+for p in prompts[:8]:
+    host = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0, logprobs=5, **pen)
+    dev = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0, **pen)
+    plain = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0)
+    hl = host.choices[0].logprobs
+    again = client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0, **pen).choices[0].text
+    same_text = dev.choices[0].text == host.choices[0].text
+    # at a divergence the device's text must start like the host's up to a token the host ranked top-5
+    if not same_text:
+        prefix = ""
+        for t, tok in enumerate(hl.tokens):
+            if not dev.choices[0].text.startswith(prefix + tok):
+                same_text = any(dev.choices[0].text.startswith(prefix + alt) for alt in hl.top_logprobs[t])
+                break
+            prefix += tok
+    agree += same_text and again == dev.choices[0].text
+    changed += plain.choices[0].text != dev.choices[0].text
+check("penalties on the device = host", agree == 8 and changed > 0,
+      f"({agree}/8 equal or within top-5 at divergence, repeatable; penalties changed {changed}/8 continuations)")
 sys.exit(0 if ok else 1)

@@ -146,7 +146,11 @@ typedef struct {
   float presence_penalty, frequency_penalty; /* 0 = off */
   const int32_t *prompt, *output;            /* host: the row's tokens so far, read during the call */
   int n_prompt, n_output;
+  int top_n;                                 /* 0..KERN_SAMPLE_MAX_TOP: also the top_n most likely tokens */
+  int32_t *top_ids;                          /* host, top_n entries: their ids, most likely first */
+  float *top_lp;                             /* host, top_n entries: their logprobs (raw logits, as the token's) */
 } kern_sample_params_t;
+#define KERN_SAMPLE_MAX_TOP 20
 
 typedef struct {
   /* Name of the backend ("cpu", "cuda"). */

@@ -134,8 +134,8 @@ static void worker__scratch(worker_t *w) {
   w->raw = fr_malloc(V * sizeof(float));
   w->ritems = fr_calloc(S, sizeof(proto_result_item_t));
   w->tops = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
-  w->top_ids = fr_malloc(PROTO_MAX_TOPN * sizeof(int32_t));
-  w->top_lp = fr_malloc(PROTO_MAX_TOPN * sizeof(float));
+  w->top_ids = fr_malloc(S * PROTO_MAX_TOPN * sizeof(int32_t)); /* a row per item: the device sampler fills all */
+  w->top_lp = fr_malloc(S * PROTO_MAX_TOPN * sizeof(float));
   w->hist = fr_calloc((size_t)w->info.max_seqs, sizeof(worker_hist_t));
   model_sampler_init(&w->smp, w->vocab);
 }

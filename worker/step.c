@@ -133,14 +133,11 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
 }
 
 /* True when every final item can be sampled on the device: no logits rows
- * and no top-n logprobs (those need the host's view). */
+ * (those go to the host's logits segment). */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256) return false;
-  for (uint32_t i = 0; i < st->n_items; i++) {
-    if (!st->items[i].final) continue;
-    const proto_sampling_t *sp = &w->hist[st->items[i].slot].sp;
-    if (sp->want_logits || sp->logprobs > 0) return false;
-  }
+  for (uint32_t i = 0; i < st->n_items; i++)
+    if (st->items[i].final && w->hist[st->items[i].slot].sp.want_logits) return false;
   return true;
 }
 
@@ -160,7 +157,10 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
                                    .repetition_penalty = p->repetition_penalty,
                                    .presence_penalty = p->presence_penalty,
                                    .frequency_penalty = p->frequency_penalty,
-                                   .prompt = h->tok, .output = h->tok + pl, .n_prompt = pl, .n_output = h->len - pl};
+                                   .prompt = h->tok, .output = h->tok + pl, .n_prompt = pl, .n_output = h->len - pl,
+                                   .top_n = it->final ? FR_MIN(p->logprobs, (int)PROTO_MAX_TOPN) : 0,
+                                   .top_ids = w->top_ids + (size_t)i * PROTO_MAX_TOPN,
+                                   .top_lp = w->top_lp + (size_t)i * PROTO_MAX_TOPN};
   }
   int rc = w->be->ops->sample(w->be->ctx, logits, (int)st->n_items, w->vocab, sp, tok, lp);
   if (rc) return rc;
@@ -171,6 +171,12 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
     ri->slot = st->items[i].slot;
     ri->token = tok[i];
     ri->logprob = lp[i];
+    if (sp[i].top_n > 0) {
+      ri->top = w->tops + (size_t)(*n_res - 1) * PROTO_MAX_TOPN;
+      ri->n_top = (uint32_t)sp[i].top_n;
+      for (int j = 0; j < sp[i].top_n; j++)
+        ri->top[j] = (proto_toplp_t){.token = sp[i].top_ids[j], .logprob = sp[i].top_lp[j]};
+    }
   }
   return 0;
 }

@@ -80,8 +80,8 @@ typedef struct {
   float *raw;                      /* (vocab) one row before sampling */
   proto_result_item_t *ritems;     /* (max_seqs) */
   proto_toplp_t *tops;             /* (max_seqs, PROTO_MAX_TOPN) */
-  int32_t *top_ids;                /* (PROTO_MAX_TOPN) */
-  float *top_lp;                   /* (PROTO_MAX_TOPN) */
+  int32_t *top_ids;                /* (max_seqs, PROTO_MAX_TOPN) */
+  float *top_lp;                   /* (max_seqs, PROTO_MAX_TOPN) */
   worker_hist_t *hist;             /* (info.max_seqs) */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */

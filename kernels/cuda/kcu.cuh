@@ -275,6 +275,8 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
+/* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
+ * logprob) per row for the rows that want top logprobs. */
 int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *pen_dev,
                 void *result_dev);
 
@@ -287,5 +289,6 @@ typedef struct {
   uint64_t seed, counter;
   float rep, pres, freq;
   int32_t pen_off, n_pen;
-  int32_t pad[3];
+  int32_t top_n; /* top logprobs wanted (<= KERN_SAMPLE_MAX_TOP) */
+  int32_t pad[2];
 } kcu_sparams_t;

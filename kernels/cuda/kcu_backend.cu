@@ -620,7 +620,8 @@ static int kcu_sample(void *ctx, const void *logits, int n_rows, int vocab, cons
   int rc = kcu__not_capturing(c, "sample");
   if (rc || n_rows <= 0) return rc;
   if (vocab <= 0) return fr_errorf(FR_EFORMAT, "cuda: sample: vocab %d", vocab);
-  size_t row_b = sizeof(kcu_sparams_t) + 8; /* params in, (token, logprob) out */
+  /* params in; (token, logprob) out, then the top (id, logprob) pairs */
+  const size_t top_b = 8 * KERN_SAMPLE_MAX_TOP, row_b = sizeof(kcu_sparams_t) + 8 + top_b;
   if (n_rows > c->samp_cap) {
     kcu__free(c->samp_dev);
     cudaFreeHost(c->samp_pin);
@@ -640,6 +641,7 @@ static int kcu_sample(void *ctx, const void *logits, int n_rows, int vocab, cons
   if ((rc = kcu_pen_reserve(c, bound))) return rc;
   kcu_sparams_t *sp = (kcu_sparams_t *)c->samp_pin;
   size_t n_pen = 0;
+  bool any_top = false;
   for (int i = 0; i < n_rows; i++) {
     const kern_sample_params_t *h = &params_host[i];
     size_t at = n_pen;
@@ -647,7 +649,9 @@ static int kcu_sample(void *ctx, const void *logits, int n_rows, int vocab, cons
     sp[i] = (kcu_sparams_t){.temperature = h->temperature, .top_p = h->top_p, .min_p = h->min_p, .top_k = h->top_k,
                             .seed = h->seed, .counter = h->counter, .rep = h->repetition_penalty,
                             .pres = h->presence_penalty, .freq = h->frequency_penalty, .pen_off = (int32_t)at,
-                            .n_pen = (int32_t)(n_pen - at)};
+                            .n_pen = (int32_t)(n_pen - at),
+                            .top_n = h->top_ids && h->top_lp ? FR_MAX(FR_MIN(h->top_n, KERN_SAMPLE_MAX_TOP), 0) : 0};
+    any_top |= sp[i].top_n > 0;
   }
   size_t pb = sizeof(kcu_sparams_t) * n_rows;
   char *res_dev = (char *)c->samp_dev + pb, *res_pin = (char *)c->samp_pin + pb;
@@ -655,12 +659,18 @@ static int kcu_sample(void *ctx, const void *logits, int n_rows, int vocab, cons
   if (n_pen)
     KCU_CHECK(cudaMemcpyAsync(c->pen_dev, c->pen_pin, n_pen * sizeof(kcu_pen_t), cudaMemcpyHostToDevice, c->stream));
   if ((rc = kcu__sample(c, logits, n_rows, vocab, c->samp_dev, c->pen_dev, res_dev))) return rc;
-  KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * 8, cudaMemcpyDeviceToHost, c->stream));
+  KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * (8 + (any_top ? top_b : 0)), cudaMemcpyDeviceToHost,
+                            c->stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));
-  const int32_t *r = (const int32_t *)res_pin;
+  const int32_t *r = (const int32_t *)res_pin, *top = r + 2 * (size_t)n_rows;
   for (int i = 0; i < n_rows; i++) {
     tokens_host[i] = r[2 * i];
     if (logprobs_host) memcpy(&logprobs_host[i], &r[2 * i + 1], 4);
+    const int32_t *t = top + (size_t)i * 2 * KERN_SAMPLE_MAX_TOP;
+    for (int j = 0; j < sp[i].top_n; j++) {
+      params_host[i].top_ids[j] = t[2 * j];
+      memcpy(&params_host[i].top_lp[j], &t[2 * j + 1], 4);
+    }
   }
   return 0;
 }

@@ -122,6 +122,45 @@ __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, f
   return prefix > lo ? prefix : lo;
 }
 
+#define KCU_TOP_CAND 128 /* candidates at the top-n threshold kept (ties beyond are dropped) */
+
+/* The n most likely tokens of the raw logits and their logprobs, into
+ * out[2 * j] (id) and out[2 * j + 1] (logprob bits), most likely first, ties
+ * by the smaller id: a radix selection of the n-th largest key, the tokens
+ * at or above it gathered in shared memory, then sorted by one thread. */
+template <typename T>
+__device__ void kcu_top_logprobs(const T *x, int vocab, int n, float xmax, float lse, int32_t *out,
+                                 unsigned long long *hist, uint32_t *bc) {
+  __shared__ uint64_t cand[KCU_TOP_CAND];
+  __shared__ int n_cand;
+  const uint32_t lo = kcu_select<T, false>(x, vocab, 1.f, xmax, 0.f, 0u, (unsigned long long)n, hist, bc);
+  if (threadIdx.x == 0) n_cand = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+    const float v = kcu_f(x[i]);
+    if (kcu_fkey(v) < lo) continue;
+    const int k = atomicAdd(&n_cand, 1);
+    if (k < KCU_TOP_CAND) cand[k] = kcu_pack_arg(v, i);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const int m = min(n_cand, KCU_TOP_CAND);
+    for (int j = 0; j < n && j < m; j++) {
+      int b = j;
+      for (int k = j + 1; k < m; k++)
+        if (cand[k] > cand[b]) b = k;
+      const uint64_t t = cand[b];
+      cand[b] = cand[j];
+      cand[j] = t;
+      const int id = (int)(0xffffffffu - (uint32_t)t);
+      out[2 * j] = id;
+      out[2 * j + 1] = __float_as_int(kcu_f(x[id]) - lse);
+    }
+    for (int j = m; j < n; j++) out[2 * j] = -1, out[2 * j + 1] = __float_as_int(-INFINITY);
+  }
+  __syncthreads();
+}
+
 /* Penalties (as model/sampler.c) on the row's listed tokens, in place: the
  * penalized logit is rounded to T like every logit; the raw one is kept in
  * the list for the logprob. Ends with a barrier. */
@@ -180,6 +219,8 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
   int amax = (int)(0xffffffffu - (uint32_t)best);
   float xmax = kcu_f(x[amax]);
   const float lse = xmax + __logf(kcu_bsum(m == -INFINITY ? 0.f : se * __expf(m - xmax), red));
+  if (p.top_n > 0) kcu_top_logprobs(x, vocab, min(p.top_n, KERN_SAMPLE_MAX_TOP), xmax, lse,
+                                    res + 2 * gridDim.x + (size_t)row * 2 * KERN_SAMPLE_MAX_TOP, hist, bc);
   if (p.n_pen > 0) { /* the logprob stays that of the raw logits (as vLLM); the rest sees the penalized ones */
     kcu_apply_penalties(x, p, pen + p.pen_off);
     best = 0;

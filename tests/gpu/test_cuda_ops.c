@@ -882,6 +882,40 @@ static int cmp_desc(const void *a, const void *b) {
 /* Draws many rows of the same logits with distinct counters: every token
  * must lie in the set the filters allow, frequencies must follow the
  * renormalized probabilities, and equal (seed, counter) give equal draws. */
+/* Top logprobs on the device against the host's (model_logprobs): 1, 5 and
+ * 20 of them, and none. Equal logits may come in either order. */
+START_TEST(test_sample_top_logprobs) {
+  enum { ROWS = 4, VOCAB = 50000 };
+  const int want_n[ROWS] = {1, 5, 20, 0};
+  float *l = rand_vec((size_t)ROWS * VOCAB, 3.f);
+  void *d = upload_logits(l, ROWS, VOCAB);
+  kern_sample_params_t p[ROWS];
+  int32_t ids[ROWS][KERN_SAMPLE_MAX_TOP], tok[ROWS];
+  float lps[ROWS][KERN_SAMPLE_MAX_TOP], lp[ROWS];
+  for (int r = 0; r < ROWS; r++)
+    p[r] = (kern_sample_params_t){.temperature = 0.8f, .top_p = 1.f, .seed = 3, .counter = (uint64_t)r,
+                                  .repetition_penalty = 1.f, .top_n = want_n[r], .top_ids = ids[r], .top_lp = lps[r]};
+  int rc = gpu->ops->sample(gpu->ctx, d, ROWS, VOCAB, p, tok, lp);
+  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+  int32_t hid[KERN_SAMPLE_MAX_TOP];
+  float hlp[KERN_SAMPLE_MAX_TOP];
+  for (int r = 0; r < ROWS; r++) {
+    const float *x = l + (size_t)r * VOCAB;
+    if (!want_n[r]) continue;
+    model_logprobs(x, VOCAB, want_n[r], hid, hlp, NULL);
+    for (int j = 0; j < want_n[r]; j++) {
+      ck_assert_msg(x[ids[r][j]] == x[hid[j]], "row %d top %d: id %d (%f) vs host %d (%f)", r, j, ids[r][j],
+                    x[ids[r][j]], hid[j], x[hid[j]]);
+      ck_assert_msg(fabsf(lps[r][j] - hlp[j]) < 2e-3f, "row %d top %d: logprob %f vs %f", r, j, lps[r][j], hlp[j]);
+    }
+    fprintf(stderr, "  top %2d logprobs: ids and logprobs as the host's (first %d, %.4f)\n", want_n[r], ids[r][0],
+            lps[r][0]);
+  }
+  gpu->ops->free(gpu->ctx, d);
+  free(l);
+}
+END_TEST
+
 /* Penalties on the device against the host sampler (model/sampler.c): the
  * same rule, on logits where three planted tokens decide the winner: A (6.0,
  * three times in the output), C (5.5, in the prompt only) and B (5.0, in
@@ -908,6 +942,8 @@ START_TEST(test_sample_penalties) {
                 {1.2f, 0.5f, 0.3f, 0, 0, B}, {1, 0, 0, 0, 0, A}, {0.7f, 0, 0, 0, 0, A}};
   const int n_greedy = (int)FR_ARRAY_SIZE(k_rows);
   kern_sample_params_t p[ROWS];
+  int32_t top_ids[ROWS][3];
+  float top_lp[ROWS][3];
   for (int r = 0; r < ROWS; r++) {
     bool g = r < n_greedy; /* the rest: temperature 0.7, top-k 2 and a presence penalty: only C or B may come */
     p[r] = (kern_sample_params_t){.temperature = g ? k_rows[r].temp : 0.7f, .top_k = g ? k_rows[r].top_k : 2,
@@ -915,7 +951,8 @@ START_TEST(test_sample_penalties) {
                                   .repetition_penalty = g ? k_rows[r].rep : 1.f,
                                   .presence_penalty = g ? k_rows[r].pres : 1.5f,
                                   .frequency_penalty = g ? k_rows[r].freq : 0.f,
-                                  .prompt = hist, .output = hist + 40, .n_prompt = 40, .n_output = 20};
+                                  .prompt = hist, .output = hist + 40, .n_prompt = 40, .n_output = 20,
+                                  .top_n = g ? 3 : 0, .top_ids = top_ids[r], .top_lp = top_lp[r]};
   }
   void *d = upload_logits(l, ROWS, VOCAB);
   int32_t tok[ROWS];
@@ -940,6 +977,15 @@ START_TEST(test_sample_penalties) {
       ck_assert_int_eq(host, k_rows[r].want);
       ck_assert_int_eq(tok[r], host);
       ck_assert_msg(fabsf(lp[r] - host_lp) < 2e-3f, "logprob %f vs %f", lp[r], host_lp);
+      /* top logprobs are of the raw logits, whatever the penalties: A, C, B */
+      int32_t want[3] = {A, C, B}, hid[3];
+      float hlp[3];
+      model_logprobs(l + (size_t)r * VOCAB, VOCAB, 3, hid, hlp, NULL);
+      for (int j = 0; j < 3; j++) {
+        ck_assert_int_eq(hid[j], want[j]);
+        ck_assert_int_eq(top_ids[r][j], want[j]);
+        ck_assert_msg(fabsf(top_lp[r][j] - hlp[j]) < 2e-3f, "top %d logprob %f vs %f", j, top_lp[r][j], hlp[j]);
+      }
     } else {
       ck_assert_msg(tok[r] == B || tok[r] == C, "row %d drew %d, outside {B, C}", r, tok[r]);
       seen_b += tok[r] == B, seen_c += tok[r] == C;
@@ -1091,6 +1137,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_sample_greedy);
   tcase_add_loop_test(tc, test_sample_filters, 0, 2);
   tcase_add_test(tc, test_sample_penalties);
+  tcase_add_test(tc, test_sample_top_logprobs);
   tcase_add_test(tc, test_oom_is_an_error);
   tcase_add_test(tc, test_f16_mode);
   suite_add_tcase(s, tc);

@@ -141,6 +141,8 @@ static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   return true;
 }
 
+_Static_assert(PROTO_MAX_TOPN <= KERN_SAMPLE_MAX_TOP, "the device sampler returns up to KERN_SAMPLE_MAX_TOP");
+
 /* Samples every row on the device; results for final items only. */
 static int worker__sample_device(worker_t *w, const proto_step_t *st, const void *logits, uint32_t *n_res) {
   kern_sample_params_t sp[256];

@@ -18,6 +18,7 @@
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "kernels/kern.h"
+#include "tests/gpu/gpu_main.h"
 #include "model/sampler.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
@@ -752,6 +753,29 @@ static void mini_free(mini_t *m) {
   wpair_free(&m->freq);
 }
 
+/* Runs the mini layer over step s (n sequences) eagerly, then through graph
+ * `key` (replayed if captured before, else captured now); returns the
+ * normalized difference of the outputs and says whether it replayed. */
+static double graph_vs_eager(mini_t *m, kvenv_t *e, const kern_step_t *s, int n, uint64_t key, bool *replayed) {
+  size_t out = (size_t)n * m->dim;
+  ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, s), 0);
+  poison(m->o, out);
+  mini_forward(m, e, n);
+  float *eager = gpu_get(m->o, out);
+  ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, s), 0);
+  poison(m->o, out);
+  int rc = gpu->ops->graph_begin(gpu->ctx, key, replayed);
+  ck_assert_msg(rc == 0, "graph_begin: %s", fr_last_error());
+  if (!*replayed) mini_forward(m, e, n);
+  rc = gpu->ops->graph_end(gpu->ctx, key);
+  ck_assert_msg(rc == 0, "graph_end: %s", fr_last_error());
+  float *graph = gpu_get(m->o, out);
+  double err = nerr(graph, eager, out);
+  free(eager);
+  free(graph);
+  return err;
+}
+
 START_TEST(test_graph_replay) {
   /* 6 sequences: the bf16 qkv matmul takes the cuBLAS path inside the
    * capture, the Q4_K one the int8 GEMV */
@@ -768,27 +792,11 @@ START_TEST(test_graph_replay) {
     for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
     build_step(&e, lens, one, &s, sb);
     s.tokens = tok;
-    /* eager */
-    ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
-    poison(m.o, (size_t)n * m.dim);
-    mini_forward(&m, &e, n);
-    float *eager = gpu_get(m.o, (size_t)n * m.dim);
-    /* graph: captured at step 0, replayed after */
-    ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
-    poison(m.o, (size_t)n * m.dim);
-    bool replayed = true;
-    int rc = gpu->ops->graph_begin(gpu->ctx, 42, &replayed);
-    ck_assert_msg(rc == 0, "graph_begin: %s", fr_last_error());
+    bool replayed = true; /* graph 42: captured at step 0, replayed after */
+    double err = graph_vs_eager(&m, &e, &s, n, 42, &replayed);
     ck_assert_int_eq(replayed, step > 0);
-    if (!replayed) mini_forward(&m, &e, n);
-    rc = gpu->ops->graph_end(gpu->ctx, 42);
-    ck_assert_msg(rc == 0, "graph_end: %s", fr_last_error());
-    float *graph = gpu_get(m.o, (size_t)n * m.dim);
-    double err = nerr(graph, eager, (size_t)n * m.dim);
     fprintf(stderr, "  graph %s step %d vs eager               err %.2e\n", step ? "replay" : "capture", step, err);
     ck_assert_double_lt(err, 1e-6);
-    free(eager);
-    free(graph);
     free_step(sb);
     for (int i = 0; i < n; i++) lens[i] += 1 + 37 * step;
   }
@@ -816,24 +824,16 @@ START_TEST(test_graph_after_growth) {
     for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
     build_step(&e, lens, one, &s, sb);
     s.tokens = tok;
-    ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
-    mini_forward(&m, &e, e.n_seqs);
-    float *eager = gpu_get(m.o, (size_t)e.n_seqs * m.dim);
-    if (round != 1) {
+    if (round == 1) {
       ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, &s), 0);
-      poison(m.o, (size_t)m.dim);
+      mini_forward(&m, &e, n);
+    } else {
       bool replayed = false;
-      ck_assert_int_eq(gpu->ops->graph_begin(gpu->ctx, 43, &replayed), 0);
-      if (!replayed) mini_forward(&m, &e, 1);
-      ck_assert_int_eq(gpu->ops->graph_end(gpu->ctx, 43), 0);
-      float *graph = gpu_get(m.o, (size_t)m.dim);
-      double err = nerr(graph, eager, (size_t)m.dim);
+      double err = graph_vs_eager(&m, &e, &s, 1, 43, &replayed);
       fprintf(stderr, "  1-seq graph, round %d (%s) vs eager      err %.2e\n", round, replayed ? "replay" : "capture",
               err);
       ck_assert_double_lt(err, 1e-6);
-      free(graph);
     }
-    free(eager);
     free_step(sb);
     for (int i = 0; i < n; i++) lens[i] += 1;
   }
@@ -1144,27 +1144,4 @@ static Suite *cuda_suite(void) {
   return s;
 }
 
-/* Probes for a device in a child so the parent never creates a CUDA context. */
-static int cuda_available(void) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    kern_backend_t *b = NULL;
-    int rc = kern_cuda_create(&b, 0);
-    if (rc) fprintf(stderr, "test_cuda_ops: skipped: %s\n", fr_last_error());
-    kern_backend_destroy(b);
-    _exit(rc ? 77 : 0);
-  }
-  int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) < 0) return 0;
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-int main(void) {
-  if (!cuda_available()) return 77;
-  SRunner *sr = srunner_create(cuda_suite());
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+int main(void) { return gpu_test_main(cuda_suite(), "test_cuda_ops"); }

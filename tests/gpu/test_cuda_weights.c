@@ -19,6 +19,7 @@
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "kernels/kern.h"
+#include "tests/gpu/gpu_main.h"
 
 #define CHUNK (16u << 20) /* KCU_STAGE_BYTES */
 
@@ -218,27 +219,4 @@ static Suite *weights_suite(void) {
   return s;
 }
 
-/* Probes for a device in a child so the parent never creates a CUDA context. */
-static int cuda_available(void) {
-  pid_t pid = fork();
-  if (pid == 0) {
-    kern_backend_t *b = NULL;
-    int rc = kern_cuda_create(&b, 0);
-    if (rc) fprintf(stderr, "test_cuda_weights: skipped: %s\n", fr_last_error());
-    kern_backend_destroy(b);
-    _exit(rc ? 77 : 0);
-  }
-  int st = 0;
-  if (pid < 0 || waitpid(pid, &st, 0) < 0) return 0;
-  return WIFEXITED(st) && WEXITSTATUS(st) == 0;
-}
-
-int main(void) {
-  if (!cuda_available()) return 77;
-  SRunner *sr = srunner_create(weights_suite());
-  srunner_set_fork_status(sr, CK_FORK);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+int main(void) { return gpu_test_main(weights_suite(), "test_cuda_weights"); }

@@ -159,7 +159,9 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
                                    .repetition_penalty = p->repetition_penalty,
                                    .presence_penalty = p->presence_penalty,
                                    .frequency_penalty = p->frequency_penalty,
-                                   .prompt = h->tok, .output = h->tok + pl, .n_prompt = pl, .n_output = h->len - pl,
+                                   /* penalty lists and top logprobs only for rows that are reported */
+                                   .prompt = it->final ? h->tok : NULL, .output = it->final ? h->tok + pl : NULL,
+                                   .n_prompt = pl, .n_output = h->len - pl,
                                    .top_n = it->final ? FR_MIN(p->logprobs, (int)PROTO_MAX_TOPN) : 0,
                                    .top_ids = w->top_ids + (size_t)i * PROTO_MAX_TOPN,
                                    .top_lp = w->top_lp + (size_t)i * PROTO_MAX_TOPN};

@@ -15,7 +15,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
+#include "kernels/kern.h"
 #include "model/dummy.h"
 #include "model/model.h"
 
@@ -163,7 +163,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < o.n_batches; i++) maxB = FR_MAX(maxB, o.batches[i]);
   kern_backend_t *be = NULL;
   model_t *m = NULL;
-  int rc = cli_backend_create(o.device, o.threads, &be);
+  int rc = kern_backend_create(&be, o.device, o.threads);
   model_load_opts_t lo = {.max_tokens = FR_MAX(o.prefill, FR_MAX(o.prompt, 256)), .max_seqs = FR_MAX(maxB, 1),
                           .progress = true, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(o.type), 0), .seed = 1};
   if (!rc && o.dummy) {

@@ -1,4 +1,5 @@
-# The CPU backend: kern.c (backend-independent helpers) plus kernels/cpu/.
+# ferrum_kernels: kern.c (backend creation from a device name) plus the CPU
+# backend, kernels/cpu/.
 # SIMD kernel tables are separate translation units with their own flags,
 # chosen at run time (FERRUM_CPU_ISA=scalar|avx2|avx512 forces one).
 set(_cpu_sources
@@ -15,4 +16,5 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq")
 endif()
 add_library(ferrum_kernels STATIC ${_cpu_sources})
-target_link_libraries(ferrum_kernels PUBLIC ferrum_common)
+ferrum_headers(ferrum_kernels FOLDER kernels PUBLIC kern.h kern_types.h)
+target_link_libraries(ferrum_kernels PUBLIC ferrum_kern_types ferrum_common)

@@ -28,12 +28,6 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_attn.cu
   cuda/kcu_sample.cu)
 ferrum_cuda_flags(ferrum_kernels_cuda)
-target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_common CUDA::cudart CUDA::cublas)
+ferrum_headers(ferrum_kernels_cuda FOLDER kernels)
+target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_kern_types ferrum_common CUDA::cudart CUDA::cublas)
 target_link_libraries(ferrum_kernels PUBLIC ferrum_kernels_cuda)
-
-# Ops benchmark (bench/cuda_ops.cu): GEMV bandwidth, decode attention, copy ceiling.
-if(EXISTS ${CMAKE_SOURCE_DIR}/bench/cuda_ops.cu)
-  add_executable(cuda_ops_bench ${CMAKE_SOURCE_DIR}/bench/cuda_ops.cu)
-  ferrum_cuda_flags(cuda_ops_bench)
-  target_link_libraries(cuda_ops_bench PRIVATE ferrum_kernels)
-endif()

@@ -3,7 +3,7 @@
  * The model code (model/) calls ops through a kern_backend_t and never
  * touches a device. A backend fills a `static const kern_ops_t` table with
  * designated initializers; optional slots are marked and may be NULL (the
- * kern_* wrappers check them). The CPU backend (kernels/cpu) is the reference
+ * caller checks before calling one). The CPU backend (kernels/cpu) is the reference
  * that other backends are tested against.
  *
  * Memory: activations, KV pools and weights live in backend memory ("device
@@ -26,48 +26,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/kern_types.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* Tensor element types. Values equal ggml's type ids (GGUF tensor types). */
-typedef enum {
-  KERN_F32 = 0,
-  KERN_F16 = 1,
-  KERN_Q4_0 = 2,
-  KERN_Q4_1 = 3,
-  KERN_Q5_0 = 6,
-  KERN_Q5_1 = 7,
-  KERN_Q8_0 = 8,
-  KERN_Q8_1 = 9, /* activation-side only */
-  KERN_Q4_K = 12,
-  KERN_Q5_K = 13,
-  KERN_Q6_K = 14,
-  KERN_Q8_K = 15, /* activation-side only */
-  KERN_BF16 = 30,
-  KERN_TYPE_MAX = 31
-} kern_type_t;
-
-typedef struct {
-  const char *name; /* "Q4_K" */
-  int blck;         /* elements per block (1 for float types) */
-  int size;         /* bytes per block */
-  bool quantized;
-} kern_type_traits_t;
-
-/* Traits of a type, or NULL when the id is unknown or unsupported. */
-const kern_type_traits_t *kern_type_traits(int type);
-
-/* The type named by name ("q4_k", "BF16"; case-insensitive), or -1. */
-int kern_type_from_name(const char *name);
-
-/* Bytes of a row of n elements; 0 when n is not a multiple of the block
- * size or the type is unknown. */
-size_t kern_row_bytes(int type, int64_t n);
-
-/* Dequantizes n elements (a multiple of the block size) of `type` from src
- * into dst (host memory, f32). Reference implementation, also used by tests. */
-void kern_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
 /* A weight matrix, row-major: `rows` rows of `cols` elements each. Output
  * features are rows (HF [out,in] = GGUF ne=[in,out]). 1-D weights (norms,
@@ -80,14 +43,10 @@ typedef struct kern_weight {
   void *priv;       /* backend-private (repacked copy, device handle), or NULL */
 } kern_weight_t;
 
-/* Rope: rotation of pairs within each head. The model precomputes the
- * per-pair inverse frequencies (base, llama3 scaling and rope_freqs folded
- * in); the backend uses theta = pos * inv_freq[i]. */
-typedef enum {
-  KERN_ROPE_NORM = 0, /* pairs (x[2i], x[2i+1]): GGUF llama */
-  KERN_ROPE_NEOX = 1  /* pairs (x[i], x[i + n_rot/2]): HF rotate-half, qwen */
-} kern_rope_mode_t;
-
+/* Rope: rotation of pairs within each head (kern_rope_mode_t in
+ * kern_types.h). The model precomputes the per-pair inverse frequencies
+ * (base, llama3 scaling and rope_freqs folded in); the backend uses
+ * theta = pos * inv_freq[i]. */
 typedef struct {
   kern_rope_mode_t mode;
   int n_rot;                     /* rotated dims per head (<= head_dim), even */
@@ -111,24 +70,12 @@ typedef struct {
   int max_blocks;           /* row stride of block_tables */
 } kern_step_t;
 
-/* A paged KV pool: per layer, K and V each of (n_blocks, block_size,
- * n_kv_heads, head_dim) elements of `type` (F32 or F16 on the CPU, BF16/F16
- * on CUDA). */
-typedef struct {
-  int n_layers, n_kv_heads, head_dim;
-  int block_size, n_blocks;
-  kern_type_t type;
-} kern_kv_config_t;
-
 typedef struct kern_kv_pool {
   kern_kv_config_t cfg;
   size_t layer_bytes; /* bytes of K (or V) for one layer */
   void *base;         /* backend memory: layer l's K at base + 2*l*layer_bytes, V after it */
   bool external;      /* base is borrowed (e.g. shared memory), not freed by the pool */
 } kern_kv_pool_t;
-
-/* Bytes a pool of this config needs. */
-size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg);
 
 typedef struct kern_backend kern_backend_t;
 
@@ -271,12 +218,23 @@ typedef struct {
   int (*graph_end)(void *ctx, uint64_t key);
 } kern_ops_t;
 
+/* A backend and what it can do: callers decide by these fields, never by
+ * the backend's name. */
 struct kern_backend {
   const kern_ops_t *ops;
   void *ctx;
   kern_type_t act_type; /* activation element type */
   size_t act_size;      /* bytes per activation element */
+  kern_type_t kv_type;  /* KV cache element type it keeps */
+  bool host_memory;     /* its memory is host memory: a KV pool may be adopted from
+                         * shared memory (kv_pool_init's external) and outlive the process */
 };
+
+/* Creates the backend for a device name (kern_device_parse: "cpu", "cuda",
+ * "cuda:N"); n_threads is the CPU backend's (0 = all cores). Returns 0, or
+ * -EINVAL for an unknown name, FR_EUNSUPPORTED when this build lacks the
+ * backend, FR_ECUDA when no device is usable. */
+int kern_backend_create(kern_backend_t **out, const char *device, int n_threads);
 
 /* Creates the CPU backend with n_threads workers (0 = all cores). */
 int kern_cpu_create(kern_backend_t **out, int n_threads);

@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kern.h"
+#include "kernels/kern_types.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -17,7 +17,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kern.h"
+#include "kernels/kern_types.h"
 #include "model/config.h"
 #include "model/gguf.h"
 #include "model/safetensors.h"

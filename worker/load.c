@@ -44,20 +44,9 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
   return 0;
 }
 
-static int worker__backend(worker_t *w, const worker_load_opts_t *o) {
-  if (!strcmp(o->device, "cpu")) return kern_cpu_create(&w->be, (int)o->threads);
-  if (!strncmp(o->device, "cuda", 4)) {
-    int dev = o->device[4] == ':' ? atoi(o->device + 5) : 0;
-    return kern_cuda_create(&w->be, dev);
-  }
-  return fr_errorf(-EINVAL, "unknown device '%s' (cpu or cuda[:N])", o->device);
-}
-
-/* The KV element type: F16 in the CPU worker's shm pool, the activation
- * type on a device. */
-static kern_type_t worker__kv_type(const worker_t *w) {
-  return strcmp(w->be->ops->name, "cpu") ? w->be->act_type : KERN_F16;
-}
+/* The KV element type the backend keeps (F16 on the CPU, the activation
+ * type on a device). */
+static kern_type_t worker__kv_type(const worker_t *w) { return w->be->kv_type; }
 
 /* A device backend's pool lives in device memory (lost with the worker;
  * the coordinator recomputes). */
@@ -69,10 +58,11 @@ static int worker__device_pool(worker_t *w) {
   return 0;
 }
 
-/* Maps (or creates) the KV pool segment and adopts it without zeroing, so
+/* A backend whose memory is host memory keeps its pool in a shared memory
+ * segment: maps (or creates) it and adopts it without zeroing, so
  * prefix-cached blocks written before a restart stay valid. */
 static int worker__pool(worker_t *w) {
-  if (strcmp(w->be->ops->name, "cpu") != 0) return worker__device_pool(w);
+  if (!w->be->host_memory) return worker__device_pool(w);
   kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, worker__kv_type(w));
   size_t bytes = kern_kv_pool_bytes(&kc);
   if (!bytes) return fr_errorf(FR_ETOOBIG, "KV pool of %d blocks is too big", w->info.n_blocks);
@@ -324,7 +314,7 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if (w->loaded || w->m) return fr_errorf(FR_ESTATE, "a model is already loaded");
   bool sizing = proto_load_sizes_kv(l);
   if (!sizing && (rc = worker__attach_control(w, l->kv_blocks))) goto fail;
-  if ((rc = worker__backend(w, &o))) goto fail;
+  if ((rc = kern_backend_create(&w->be, o.device, (int)o.threads))) goto fail;
   size_t used_load, total;
   if ((rc = worker__model(w, l, &o))) goto fail;
   if ((rc = worker__mem_used(w, &used_load, &total))) goto fail;

@@ -849,6 +849,8 @@ extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
   c->be.ctx = c;
   c->be.act_type = c->act;
   c->be.act_size = c->act_size;
+  c->be.kv_type = c->act;
+  c->be.host_memory = false;
   *out = &c->be;
   return 0;
 }

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 
 #include "common/fr_util.h"
-#include "coordinator/http_internal.h"
+#include "coordinator/http/http_internal.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

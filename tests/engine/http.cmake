@@ -1,21 +1,17 @@
 # tests/engine/http.cmake - the HTTP frontend's tests (label engine):
-# test_http (against a fake coordinator), test_http_json (request parsing,
+# test_http (against a fake coordinator), test_http_cli (ferrumctl's chat
+# and bench clients against the same fake), test_http_json (request parsing,
 # response shapes, metrics text), fuzz_http_json, and test_http_openai.py
 # (the real openai client against `ferrumctl serve` with the real model).
-if(TARGET ferrum_http AND NOT TARGET test_http)
-  set(_t ${CMAKE_CURRENT_LIST_DIR})
-  ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
-                   LIBS ferrum_http Threads::Threads LABELS engine TIMEOUT 120)
-  ferrum_add_check(test_http_cli SOURCES ${_t}/test_http_cli.c ${_t}/http_fake.c
-                   LIBS ferrum_http Threads::Threads LABELS engine TIMEOUT 120)
-  ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
-                   LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
-  ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
-endif()
+set(_t ${CMAKE_CURRENT_LIST_DIR})
+ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
+                 LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
+ferrum_add_check(test_http_cli SOURCES ${_t}/test_http_cli.c ${_t}/http_fake.c
+                 LIBS ferrum_ctl ferrum_http Threads::Threads LABELS engine TIMEOUT 120)
+ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
+                 LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
+ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
 
-# The real openai client against `ferrumctl serve` with the real model.
-if(TARGET ferrumctl AND NOT TEST test_http_openai)
-  add_test(NAME test_http_openai COMMAND ${FERRUM_PYTHON} ${CMAKE_CURRENT_LIST_DIR}/test_http_openai.py)
-  set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
-    ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
-endif()
+add_test(NAME test_http_openai COMMAND ${FERRUM_PYTHON} ${_t}/test_http_openai.py)
+set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
+  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")

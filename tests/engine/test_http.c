@@ -17,8 +17,8 @@
 #include <zmq.h>
 
 #include "common/fr_util.h"
-#include "coordinator/http.h"
-#include "coordinator/http_client.h"
+#include "coordinator/http/http.h"
+#include "ctl/http_client.h"
 #include "coordinator/metrics.h"
 #include "tests/engine/http_fake.h"
 

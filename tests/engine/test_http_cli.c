@@ -12,8 +12,8 @@
 #include <png.h>
 #include <zmq.h>
 
-#include "coordinator/cli.h"
-#include "coordinator/http.h"
+#include "ctl/cli.h"
+#include "coordinator/http/http.h"
 #include "tests/engine/http_fake.h"
 
 #define EP "inproc://fake-coord-cli"

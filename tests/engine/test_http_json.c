@@ -8,7 +8,7 @@
 
 #include <jansson.h>
 
-#include "coordinator/http_internal.h"
+#include "coordinator/http/http_internal.h"
 #include "coordinator/metrics.h"
 
 static int parse(coord_http_api_t api, const char *body, coord_http_req_t *r, coord_http_err_t *e) {

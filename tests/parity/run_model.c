@@ -12,7 +12,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
+#include "kernels/kern.h"
 #include "model/dummy.h"
 #include "model/generate.h"
 #include "model/model.h"
@@ -43,7 +43,7 @@ int main(int argc, char **argv) {
   kern_backend_t *be;
   model_t *m = NULL;
   model_gen_t *g = NULL;
-  int rc = cli_backend_create(device, 0, &be);
+  int rc = kern_backend_create(&be, device, 0);
   model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(type), 0), .seed = 7};
   if (!rc && dummy) {
     model_config_t cfg;

@@ -1,5 +1,5 @@
 /* http_client.c - see http_client.h. */
-#include "coordinator/http_client.h"
+#include "ctl/http_client.h"
 
 #include <errno.h>
 #include <fcntl.h>

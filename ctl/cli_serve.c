@@ -12,13 +12,10 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 #include "coordinator/coord.h"
-#if defined(FERRUM_HAVE_HTTP) && __has_include("coordinator/http.h")
-#include "coordinator/http.h"
+#include "coordinator/http/http.h"
 #include "coordinator/metrics.h"
-#define CLI_SERVE_HTTP 1
-#endif
 
 typedef struct {
   coord_config_t k;
@@ -149,7 +146,6 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
   return 0;
 }
 
-#ifdef CLI_SERVE_HTTP
 static void serve_hook_ready(void *arg, bool ready) { coord_http_set_ready(arg, ready); }
 static void serve_hook_drain(void *arg) { coord_http_set_draining(arg); }
 
@@ -169,7 +165,6 @@ static int serve_http_start(coord_t *c, const serve_opts_t *o, coord_metrics_t *
   FR_LOGI("HTTP on http://%s:%d", o->host, coord_http_port(*out));
   return 0;
 }
-#endif
 
 int cli_cmd_serve(int argc, char **argv) {
   serve_opts_t o;
@@ -177,39 +172,29 @@ int cli_cmd_serve(int argc, char **argv) {
   if (prc) return prc == 1 ? 0 : prc;
   fr_log_set_tag("coord");
   coord_t *c = NULL;
-#ifdef CLI_SERVE_HTTP
   coord_metrics_t *metrics = NULL;
   coord_http_t *http = NULL;
-#endif
   int rc = coord_create(&c, &o.k);
   if (rc) goto done;
-#ifdef CLI_SERVE_HTTP
   if (!o.no_http) {
     if ((rc = coord_metrics_create(&metrics, coord_served_model_name(c)))) goto done;
     coord_set_metrics(c, metrics);
     /* the frontend checks lengths against the context: start it once that is final */
     if (coord_kv_sized(c) && (rc = serve_http_start(c, &o, metrics, &http))) goto done;
   }
-#endif
   FR_LOGI("waiting for the workers to load the model");
   if ((rc = coord_wait_ready(c, 600000))) {
     if (rc == FR_ECANCELED) rc = 0; /* stopped while loading */
     goto done;
   }
-#ifdef CLI_SERVE_HTTP
   if (!o.no_http && !http && (rc = serve_http_start(c, &o, metrics, &http))) goto done;
-#endif
   FR_LOGI("ready: RPC %s", coord_rpc_endpoint(c));
   rc = coord_run(c);
 done:
   if (rc) fprintf(stderr, "ferrumctl serve: %s\n", fr_last_error());
-#ifdef CLI_SERVE_HTTP
   coord_http_stop(http);
-#endif
   coord_destroy(c);
-#ifdef CLI_SERVE_HTTP
   coord_metrics_destroy(metrics);
-#endif
   if (!rc) FR_LOGI("stopped");
   return rc ? 1 : 0;
 }

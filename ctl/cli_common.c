@@ -1,5 +1,6 @@
 /* cli_common.c - helpers shared by ferrumctl's subcommands. */
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -8,7 +9,7 @@
 #include <unistd.h>
 
 #include "common/fr_err.h"
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 
 #define CLI_DEFAULT_MODEL_FILE "models/SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -16,11 +17,9 @@ const char *cli_default_model(void) {
   const char *env = getenv("FERRUM_MODEL");
   if (env && *env) return env;
   if (access(CLI_DEFAULT_MODEL_FILE, R_OK) == 0) return CLI_DEFAULT_MODEL_FILE;
-#ifdef FERRUM_SOURCE_DIR
   static char path[4096];
   snprintf(path, sizeof path, "%s/%s", FERRUM_SOURCE_DIR, CLI_DEFAULT_MODEL_FILE);
   if (access(path, R_OK) == 0) return path;
-#endif
   return CLI_DEFAULT_MODEL_FILE;
 }
 
@@ -73,12 +72,15 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out) {
   return 0;
 }
 
-int cli_backend_create(const char *device, int threads, kern_backend_t **out) {
-  if (!device || !strcmp(device, "cpu")) return kern_cpu_create(out, threads);
-  if (!strncmp(device, "cuda", 4)) {
-    int dev = 0;
-    if (device[4] == ':') dev = atoi(device + 5);
-    return kern_cuda_create(out, dev);
-  }
-  return fr_errorf(-EINVAL, "unknown device '%s' (cpu or cuda[:N])", device);
+int cli_sibling_exe(const char *name, char *out, size_t cap) {
+  char self[PATH_MAX];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return fr_errorf(-errno, "readlink /proc/self/exe: %s", strerror(errno));
+  self[n] = 0;
+  char *slash = strrchr(self, '/');
+  if (slash) *slash = 0;
+  if ((size_t)snprintf(out, cap, "%s/%s", slash ? self : ".", name) >= cap)
+    return fr_errorf(FR_ETOOBIG, "path of %s is too long", name);
+  if (access(out, X_OK) != 0) return fr_errorf(-ENOENT, "%s not found (build it next to ferrumctl)", out);
+  return 0;
 }

@@ -5,10 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/http_internal.h"
-#ifdef COORD_HTTP_HAVE_TOKENIZER
+#include "coordinator/http/http_internal.h"
 #include "model/tokenizer.h"
-#endif
 
 /* ---- errors ---- */
 
@@ -76,9 +74,7 @@ void coord_http_err_from_proto(coord_http_err_t *e, int32_t code, const char *me
 static json_t *resp_token_str(const coord_http_meta_t *m, int32_t id, json_t **bytes_out) {
   const char *b = NULL;
   size_t n = 0;
-#ifdef COORD_HTTP_HAVE_TOKENIZER
   if (m->tok) b = model_token_bytes(m->tok, id, &n);
-#endif
   char tmp[64];
   if (!b) {
     snprintf(tmp, sizeof tmp, "token_id:%d", id);

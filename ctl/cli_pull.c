@@ -6,7 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 
 int cli_cmd_pull(int argc, char **argv) {
   if (argc > 1 && (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))) {
@@ -14,11 +14,7 @@ int cli_cmd_pull(int argc, char **argv) {
     return 0;
   }
   char script[4096];
-#ifdef FERRUM_SOURCE_DIR
   snprintf(script, sizeof script, "%s/deploy/fetch-model.sh", FERRUM_SOURCE_DIR);
-#else
-  snprintf(script, sizeof script, "deploy/fetch-model.sh");
-#endif
   if (access(script, X_OK) != 0) {
     fprintf(stderr, "ferrumctl pull: %s not found\n", script);
     return 1;

@@ -17,7 +17,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 #include "coordinator/coord.h"
 #include "proto/fr_client.h"
 

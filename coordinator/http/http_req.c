@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "coordinator/http_internal.h"
+#include "coordinator/http/http_internal.h"
 
 int coord_http_err(coord_http_err_t *e, int status, const char *param, const char *fmt, ...) {
   e->status = status;

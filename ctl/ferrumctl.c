@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 
 static void usage(FILE *f) {
   fprintf(f,
@@ -35,14 +35,9 @@ int main(int argc, char **argv) {
     int (*fn)(int, char **);
   } cmds[] = {
       {"run", cli_cmd_run},       {"tokenize", cli_cmd_tokenize}, {"inspect", cli_cmd_inspect},
-      {"pull", cli_cmd_pull},
-#ifdef FERRUM_HAVE_ENGINE
-      {"serve", cli_cmd_serve},   {"stop", cli_cmd_stop},         {"submit", cli_cmd_submit},
-      {"status", cli_cmd_status}, {"cancel", cli_cmd_cancel},
-#endif
-#ifdef FERRUM_HAVE_HTTP
+      {"pull", cli_cmd_pull},     {"serve", cli_cmd_serve},       {"stop", cli_cmd_stop},
+      {"submit", cli_cmd_submit}, {"status", cli_cmd_status},     {"cancel", cli_cmd_cancel},
       {"chat", cli_cmd_chat},     {"bench", cli_cmd_bench},
-#endif
   };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -9,7 +9,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
-#include "coordinator/http_internal.h"
+#include "coordinator/http/http_internal.h"
 
 #define RPC_WATCH_MS 100 /* how often a waiting handler looks at its client */
 

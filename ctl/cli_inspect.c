@@ -5,7 +5,7 @@
 #include <string.h>
 
 #include "common/fr_err.h"
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 #include "model/chat.h"
 #include "model/source.h"
 #include "model/tokenizer.h"

@@ -13,7 +13,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
-#include "coordinator/http_internal.h"
+#include "coordinator/http/http_internal.h"
 
 #define JOB_TICK_MS 100
 

@@ -3,9 +3,9 @@
 #pragma once
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/kern.h"
 #include "proto/proto.h"
 
 #ifdef __cplusplus
@@ -16,13 +16,12 @@ int cli_cmd_run(int argc, char **argv);
 int cli_cmd_tokenize(int argc, char **argv);
 int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_pull(int argc, char **argv);
-/* engine (FERRUM_HAVE_ENGINE): */
 int cli_cmd_serve(int argc, char **argv);
 int cli_cmd_stop(int argc, char **argv);
 int cli_cmd_submit(int argc, char **argv);
 int cli_cmd_status(int argc, char **argv);
 int cli_cmd_cancel(int argc, char **argv);
-/* HTTP frontend side (FERRUM_HAVE_HTTP): */
+/* clients of the HTTP API: */
 int cli_cmd_chat(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
 
@@ -56,8 +55,9 @@ int cli_engine_start_private(const char *model, const char *device, int threads,
 /* Drains and reaps a private server. */
 void cli_engine_stop_private(int pid);
 
-/* Creates the backend named by --device ("cpu" or "cuda[:N]"). */
-int cli_backend_create(const char *device, int threads, kern_backend_t **out);
+/* The path of a program that ships next to ferrumctl (ferrum-run), in out.
+ * Returns 0, or -ENOENT when it is not there or not executable. */
+int cli_sibling_exe(const char *name, char *out, size_t cap);
 
 #ifdef __cplusplus
 }

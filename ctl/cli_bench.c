@@ -20,9 +20,9 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
-#include "coordinator/http_client.h"
-#include "coordinator/http_plot.h"
+#include "ctl/cli.h"
+#include "ctl/http_client.h"
+#include "ctl/http_plot.h"
 
 #define BENCH_MAX_SWEEP 16
 

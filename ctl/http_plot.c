@@ -1,6 +1,6 @@
 /* http_plot.c - see http_plot.h. A tiny raster: an RGB canvas, Bresenham
  * lines, filled squares and a 5x7 font; written out with libpng. */
-#include "coordinator/http_plot.h"
+#include "ctl/http_plot.h"
 
 #include <ctype.h>
 #include <errno.h>

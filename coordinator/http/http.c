@@ -1,7 +1,7 @@
 /* http.c - the libmicrohttpd daemon: connection limits and timeouts, body
  * collection with the 4 MiB cap, routing, API-key auth, /health, /metrics,
  * /v1/models. Completion routes go to http_job.c. See http.h. */
-#include "coordinator/http.h"
+#include "coordinator/http/http.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
-#include "coordinator/http_internal.h"
+#include "coordinator/http/http_internal.h"
 #include "coordinator/metrics.h"
 
 /* What a connection collects while its request body arrives. */

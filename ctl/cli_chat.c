@@ -12,8 +12,8 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
-#include "coordinator/http_client.h"
+#include "ctl/cli.h"
+#include "ctl/http_client.h"
 
 typedef struct {
   const char *host, *model, *api_key, *system;

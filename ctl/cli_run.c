@@ -1,23 +1,23 @@
 /* cli_run.c - `ferrumctl run`: generate text from a prompt. It uses the
  * server on the default RPC endpoint when one answers (and serves the same
  * model), otherwise it starts a private engine (coordinator + worker
- * processes) for the call; --in-process generates in this process instead.
+ * processes) for the call; --in-process runs ferrum-run (worker/run.c),
+ * which generates in one process.
  * stdout gets only the generated text; diagnostics go to stderr. */
+#include <errno.h>
 #include <getopt.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
-#include "coordinator/cli.h"
+#include "ctl/cli.h"
 #include "coordinator/coord.h"
-#include "model/generate.h"
-#include "model/model.h"
-#include "model/prompt.h"
-#include "model/sampler.h"
 
 typedef struct {
   const char *model, *prompt, *device;
@@ -41,7 +41,7 @@ static void run_usage(FILE *f) {
           "  --seed S            RNG seed (default: random)\n"
           "  --threads N         CPU threads (default: all cores)\n"
           "  --device DEV        cpu (default) or cuda[:N]\n"
-          "  --in-process        generate in this process, without the engine\n",
+          "  --in-process        generate in one process (ferrum-run), without the engine\n",
           cli_default_model());
 }
 
@@ -93,42 +93,29 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
   return 0;
 }
 
-/* Generates up to max_tokens after the prompt, streaming text to stdout. */
-static int run_generate(model_t *m, model_gen_t *g, const run_opts_t *o, const int32_t *prompt, int n_prompt) {
-  model_sampler_t smp;
-  model_sampler_init(&smp, m->cfg.vocab_size);
-  model_sampling_t sp = model_sampling_default();
-  sp.temperature = (float)o->temperature;
-  sp.top_k = (int)o->top_k;
-  sp.top_p = (float)o->top_p;
-  sp.min_p = (float)o->min_p;
-  sp.seed = o->seed;
-  model_detok_t dt;
-  model_detok_init(&dt, m->tok, true);
-  int32_t *out = fr_malloc((size_t)(o->max_tokens + 1) * sizeof(int32_t));
-  char text[1024];
-  uint64_t t0 = fr_now_ns();
-  int rc = model_gen_feed(g, prompt, n_prompt), n = 0;
-  uint64_t t1 = fr_now_ns();
-  while (rc == 0 && n < o->max_tokens) {
-    int32_t tok = model_sample(&smp, &sp, g->logits, prompt, (size_t)n_prompt, out, (size_t)n, (uint64_t)n, NULL);
-    if (model_token_is_eog(m->tok, tok)) break;
-    out[n++] = tok;
-    int w = model_detok_feed(&dt, tok, text, sizeof text);
-    if (w > 0) fwrite(text, 1, (size_t)w, stdout), fflush(stdout);
-    if (n < o->max_tokens) rc = model_gen_feed(g, &tok, 1);
+/* The in-process path: ferrum-run, next to this program, generates in one
+ * process (ferrumctl links no backend). Returns its exit code. */
+static int run_in_process(const run_opts_t *o) {
+  char exe[PATH_MAX + 32], num[7][32];
+  int rc = cli_sibling_exe("ferrum-run", exe, sizeof exe);
+  if (rc) {
+    fprintf(stderr, "ferrumctl run: %s\n", fr_last_error());
+    return 1;
   }
-  int w = model_detok_flush(&dt, text, sizeof text);
-  if (w > 0) fwrite(text, 1, (size_t)w, stdout);
-  fputc('\n', stdout);
-  fflush(stdout);
-  uint64_t t2 = fr_now_ns();
-  if (rc == 0)
-    FR_LOGI("prompt %d tokens in %.3f s (%.1f tok/s), generated %d tokens in %.3f s (%.1f tok/s)", n_prompt,
-            (t1 - t0) / 1e9, n_prompt / ((t1 - t0) / 1e9), n, (t2 - t1) / 1e9, n > 1 ? (n - 1) / ((t2 - t1) / 1e9) : 0);
-  free(out);
-  model_sampler_deinit(&smp);
-  return rc;
+  snprintf(num[0], sizeof num[0], "%ld", o->max_tokens);
+  snprintf(num[1], sizeof num[1], "%.9g", o->temperature);
+  snprintf(num[2], sizeof num[2], "%ld", o->top_k);
+  snprintf(num[3], sizeof num[3], "%.9g", o->top_p);
+  snprintf(num[4], sizeof num[4], "%.9g", o->min_p);
+  snprintf(num[5], sizeof num[5], "%llu", o->seed);
+  snprintf(num[6], sizeof num[6], "%ld", o->threads);
+  char *argv[] = {exe, "--model", (char *)o->model, "--prompt", (char *)o->prompt, "--device", (char *)o->device,
+                  "--max-tokens", num[0], "--temperature", num[1], "--top-k", num[2], "--top-p", num[3],
+                  "--min-p", num[4], "--seed", num[5], "--threads", num[6], o->raw ? "--raw" : NULL, NULL};
+  fflush(NULL);
+  execv(exe, argv);
+  fprintf(stderr, "ferrumctl run: exec %s: %s\n", exe, strerror(errno));
+  return 1;
 }
 
 /* The engine path: a running server, or a private one for this call. */
@@ -165,33 +152,5 @@ int cli_cmd_run(int argc, char **argv) {
   run_opts_t o;
   int prc = run_parse(argc, argv, &o);
   if (prc) return prc == 1 ? 0 : prc;
-  if (!o.in_process) return run_engine(&o);
-  kern_backend_t *be = NULL;
-  model_t *m = NULL;
-  model_gen_t *g = NULL;
-  int32_t *ids = NULL;
-  size_t n_ids = 0;
-  model_load_opts_t lo = {.progress = true};
-  int rc = cli_backend_create(o.device, (int)o.threads, &be);
-  if (rc) goto done;
-  if ((rc = model_load(&m, o.model, be, &lo))) goto done;
-  if (!m->tok) {
-    rc = fr_errorf(FR_EUNSUPPORTED, "%s has no tokenizer", o.model);
-    goto done;
-  }
-  if ((rc = model_prompt_tokenize(m, o.prompt, o.raw, &ids, &n_ids))) goto done;
-  if ((rc = model_gen_create(&g, m, 0))) goto done;
-  if ((int)n_ids + o.max_tokens > g->max_ctx) {
-    rc = fr_errorf(FR_ECONTEXT, "prompt (%zu tokens) + --max-tokens %ld exceed the context of %d tokens", n_ids,
-                   o.max_tokens, g->max_ctx);
-    goto done;
-  }
-  rc = run_generate(m, g, &o, ids, (int)n_ids);
-done:
-  if (rc) fprintf(stderr, "ferrumctl run: %s\n", fr_last_error());
-  free(ids);
-  model_gen_destroy(g);
-  model_destroy(m);
-  kern_backend_destroy(be);
-  return rc ? 1 : 0;
+  return o.in_process ? run_in_process(&o) : run_engine(&o);
 }

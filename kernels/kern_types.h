@@ -1,0 +1,93 @@
+/* kern_types.h - tensor element types, their traits and sizes, the
+ * reference dequantizer (FORMATS.md section 3), KV pool geometry, and device
+ * names.
+ *
+ * Backend-free: the file readers (model/ formats), the coordinator and the
+ * CLI use it without linking any backend (ferrum_kern_types). kern.h, the
+ * backend interface, includes it.
+ *
+ * Threads: pure functions over constant tables; any thread.
+ */
+#pragma once
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Tensor element types. Values equal ggml's type ids (GGUF tensor types). */
+typedef enum {
+  KERN_F32 = 0,
+  KERN_F16 = 1,
+  KERN_Q4_0 = 2,
+  KERN_Q4_1 = 3,
+  KERN_Q5_0 = 6,
+  KERN_Q5_1 = 7,
+  KERN_Q8_0 = 8,
+  KERN_Q8_1 = 9, /* activation-side only */
+  KERN_Q4_K = 12,
+  KERN_Q5_K = 13,
+  KERN_Q6_K = 14,
+  KERN_Q8_K = 15, /* activation-side only */
+  KERN_BF16 = 30,
+  KERN_TYPE_MAX = 31
+} kern_type_t;
+
+typedef struct {
+  const char *name; /* "Q4_K" */
+  int blck;         /* elements per block (1 for float types) */
+  int size;         /* bytes per block */
+  bool quantized;
+} kern_type_traits_t;
+
+/* Traits of a type, or NULL when the id is unknown or unsupported. */
+const kern_type_traits_t *kern_type_traits(int type);
+
+/* The type named by name ("q4_k", "BF16"; case-insensitive), or -1. */
+int kern_type_from_name(const char *name);
+
+/* Bytes of a row of n elements; 0 when n is not a multiple of the block
+ * size or the type is unknown. */
+size_t kern_row_bytes(int type, int64_t n);
+
+/* Dequantizes n elements (a multiple of the block size) of `type` from src
+ * into dst (host memory, f32). Reference implementation, also used by tests. */
+void kern_dequantize_row(int type, const void *src, float *dst, int64_t n);
+
+/* A paged KV pool: per layer, K and V each of (n_blocks, block_size,
+ * n_kv_heads, head_dim) elements of `type` (F32 or F16 on the CPU, BF16/F16
+ * on CUDA). */
+typedef struct {
+  int n_layers, n_kv_heads, head_dim;
+  int block_size, n_blocks;
+  kern_type_t type;
+} kern_kv_config_t;
+
+/* Bytes a pool of this config needs. */
+size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg);
+
+/* Which pairs of a head rope rotates: a property of how the weights were
+ * stored (FORMATS.md), so the file readers report it. */
+typedef enum {
+  KERN_ROPE_NORM = 0, /* pairs (x[2i], x[2i+1]): GGUF llama */
+  KERN_ROPE_NEOX = 1  /* pairs (x[i], x[i + n_rot/2]): HF rotate-half, qwen */
+} kern_rope_mode_t;
+
+/* A device name as users write it (--device): "cpu", "cuda" or "cuda:N". */
+typedef enum { KERN_DEVICE_CPU = 0, KERN_DEVICE_CUDA = 1 } kern_device_kind_t;
+
+typedef struct {
+  kern_device_kind_t kind;
+  int index; /* CUDA device ordinal (0 for the CPU) */
+} kern_device_t;
+
+/* Parses a device name into out. Returns 0, or -EINVAL (with a message for
+ * fr_last_error naming the accepted forms) and leaves out unchanged. */
+int kern_device_parse(const char *name, kern_device_t *out);
+
+#ifdef __cplusplus
+}
+#endif

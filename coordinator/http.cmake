@@ -1,13 +1,9 @@
-# coordinator/http.cmake - the HTTP frontend (ferrum_http), the metrics
-# registry (ferrum_metrics) and the HTTP-side ferrumctl commands (chat,
-# bench). coordinator/CMakeLists.txt includes this file when it exists.
+# coordinator/http.cmake - the HTTP frontend (ferrum_http) and the HTTP-side
+# ferrumctl commands (chat, bench). coordinator/CMakeLists.txt includes this
+# file when it exists (and defines ferrum_metrics).
 if(NOT TARGET ferrum_http AND MHD_FOUND)
   set(_h ${CMAKE_CURRENT_LIST_DIR})
   find_package(PNG REQUIRED)
-
-  add_library(ferrum_metrics STATIC ${_h}/metrics.c)
-  target_include_directories(ferrum_metrics PUBLIC ${CMAKE_SOURCE_DIR})
-  target_link_libraries(ferrum_metrics PUBLIC ferrum_common)
 
   # The request parser and response shapes alone (the fuzz target's unit).
   add_library(ferrum_http_json STATIC ${_h}/http_req.c ${_h}/http_resp.c)

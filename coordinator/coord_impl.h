@@ -1,8 +1,9 @@
 /* coord_impl.h - the coordinator's internal state, shared by its files:
  * loop.c (event loop, timers, signals), rpc.c (RPC frontend), jobs.c (job
- * intake: validation, tokenization, lifetime), sched.c (the scheduler),
- * step.c (step descriptors out, results in), detok_stream.c (text, stop
- * strings, events), supervise.c (worker processes), runtime.c (paths).
+ * intake: validation, tokenization, lifetime), step.c (step descriptors
+ * out, results in), detok_stream.c (text, stop strings, events),
+ * supervise.c (worker processes), runtime.c (paths). The scheduler
+ * (sched.h) is a unit of its own, embedded here.
  *
  * Everything here belongs to the loop's thread. Not a public interface.
  */
@@ -13,6 +14,7 @@
 #include <sys/types.h>
 
 #include "coordinator/coord.h"
+#include "coordinator/sched.h"
 #include "kv/kv.h"
 #include "model/chat.h"
 #include "model/source.h"
@@ -23,64 +25,7 @@
 extern "C" {
 #endif
 
-#define COORD_IDENT_MAX 256 /* zmq routing ids are at most 255 bytes */
 #define COORD_MAX_WORKERS 16
-
-typedef enum { COORD_JOB_WAITING = 0, COORD_JOB_RUNNING, COORD_JOB_DONE } coord_job_state_t;
-
-/* A client's routing envelope: the identity frame and whether it sent an
- * empty delimiter frame (REQ-style) that replies must repeat. */
-typedef struct {
-  uint8_t id[COORD_IDENT_MAX];
-  uint8_t len;
-  bool delim;
-  bool inproc; /* arrived on the inproc socket (HTTP frontend) */
-  int fd;      /* the connection's file descriptor (ZMQ_SRCFD), -1 unknown */
-} coord_peer_t;
-
-typedef struct coord_job coord_job_t;
-struct coord_job {
-  coord_job_t *prev, *next;  /* waiting queue or running list */
-  coord_job_t *hnext;        /* id hash chain */
-  uint64_t id;               /* the client's job id */
-  uint64_t serial;           /* arrival order (FIFO, newest-first preemption) */
-  uint64_t admit_serial;     /* order of (re)admission: preemption victim = largest */
-  coord_peer_t peer;
-  coord_job_state_t state;
-  int32_t priority;
-  /* tokens: prompt then output; n_computed have KV (or are in the step in flight) */
-  int32_t *tok;              /* (cap) */
-  int n_tok, cap, n_prompt, n_computed;
-  int n_sched;               /* tokens of this job in the step in flight */
-  bool in_step;              /* part of the step in flight */
-  bool sp_sent;              /* the workers have this slot's sampling params */
-  int slot;                  /* KV slot, -1 while waiting */
-  uint32_t n_cached;         /* prompt tokens found in the prefix cache (first admission) */
-  bool admitted_once;
-  /* parameters */
-  proto_sampling_t sp;
-  int max_tokens;            /* output tokens at most */
-  char **stop;               /* (n_stop) owned */
-  uint32_t n_stop;
-  size_t stop_max;           /* longest stop string */
-  int32_t *stop_ids;         /* (n_stop_ids) owned */
-  uint32_t n_stop_ids;
-  bool ignore_eos, stream, return_logits;
-  /* results not yet streamed: tokens from out_sent on; text held back */
-  int out_done;              /* output tokens detokenized */
-  int out_sent;              /* output tokens sent in events */
-  float *lp;                 /* (max_tokens) logprobs of output tokens */
-  proto_toplp_t *top;        /* (max_tokens, top_n) */
-  int top_n;
-  float *logits;             /* (logits_cap, vocab): rows of output tokens out_sent.. (return_logits) */
-  size_t logits_cap;
-  model_detok_t detok;
-  char *text;                /* unsent text (held back for stop strings) */
-  size_t text_len, text_cap;
-  proto_finish_t finish;     /* set when the job ended */
-  bool finish_sent;
-  uint64_t t_arrival_ns, t_first_ns, t_last_ns;
-};
 
 /* STARTING -> (hello) LOADING -> (loaded) READY; when the workers size the
  * KV pool: LOADING -> (loaded) SIZED, waiting for the others -> (kv_init
@@ -106,13 +51,6 @@ typedef struct {
   uint32_t kv_capacity;      /* SIZED: blocks the worker can hold */
   uint64_t kv_block_bytes;   /* bytes of one of its blocks (0: not said) */
 } coord_worker_t;
-
-/* One item of the step in flight. */
-typedef struct {
-  coord_job_t *job;
-  int n;                     /* tokens fed */
-  bool final;
-} coord_sitem_t;
 
 /* Recorded coordinator time per step: (wall ns, CPU ns, ns to the next step's send, items). */
 typedef struct {
@@ -154,27 +92,22 @@ struct coord {
   bool ready;                /* all workers loaded */
   int load_error;            /* a worker's load failed: fatal */
   /* jobs */
-  coord_job_t *waiting_head, *waiting_tail;
-  coord_job_t *running_head, *running_tail;
-  int n_waiting, n_running;
+  coord_sched_t sched;       /* waiting queue, running list, the step's batch */
+  coord_sched_counters_t reported; /* sched.counters already added to metrics */
   coord_job_t **hash;        /* (hash_cap) by id */
   size_t hash_cap;
-  uint64_t serial;
+  uint64_t serial;           /* arrival order */
   /* step in flight */
   bool step_busy;
   uint64_t step_id, step_sent_ns;
   uint32_t step_results;     /* ranks that answered */
-  coord_sitem_t *sitems;     /* (max_num_seqs) */
-  int n_sitems;
   proto_step_item_t *pitems; /* (max_num_seqs) wire items */
-  proto_copy_t *copies;      /* (copies_cap) */
-  int n_copies, copies_cap;
-  uint32_t *freed;           /* (max_num_seqs) slots freed since the last step */
-  int n_freed;
+  proto_copy_t *copies;      /* (copies_cap) wire block copies */
+  int copies_cap;
   coord_job_t **touched;     /* (max_num_seqs) jobs with new tokens to stream */
   int n_touched;
   /* counters */
-  uint64_t n_preemptions, prefix_queries, prefix_hits, n_steps;
+  uint64_t n_steps;
   uint64_t t_rx_ns;          /* when the message being handled arrived */
   uint64_t t_rx_cpu_ns;      /* ... in the loop thread's CPU time (step stats) */
   proto_buf_t wout;          /* encoder buffer for worker control messages */
@@ -218,26 +151,12 @@ coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id);
 void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why);
 /* Frees what a finished job holds when it is safe; returns true if freed. */
 bool coord__job_reap(coord_t *c, coord_job_t *j);
-void coord__job_free_slot(coord_t *c, coord_job_t *j);
-void coord__list_remove(coord_t *c, coord_job_t *j);
-void coord__waiting_push(coord_t *c, coord_job_t *j, bool front);
-void coord__running_push(coord_t *c, coord_job_t *j);
 void coord__jobs_destroy(coord_t *c);
 /* Cancels the unfinished jobs of the RPC connection on fd (it closed). */
 void coord__jobs_cancel_fd(coord_t *c, int fd);
 /* Appends a sampled token to a running job and applies the token-level
  * stop rules (EOS, stop ids, max_tokens, context end). */
 void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row);
-
-/* ---- sched.c ---- */
-/* Builds the next step into c->sitems / c->pitems; returns the item count. */
-int coord__sched_build(coord_t *c);
-/* Sets the metrics gauges (running, waiting, KV blocks used). */
-void coord__sched_gauges(coord_t *c);
-/* Preempts a running job: frees its blocks, keeps its tokens, requeues it
- * at the front of the waiting queue; count: a preemption for the counters
- * (false for a worker restart's recompute). */
-void coord__sched_preempt(coord_t *c, coord_job_t *j, bool count);
 
 /* ---- step.c ---- */
 /* Schedules and sends the next step if workers are ready and none is in
@@ -266,11 +185,6 @@ bool coord__workers_ready(const coord_t *c);
 /* ---- runtime.c ---- */
 void coord__instance_id(char *out, size_t cap);
 int coord__pidfile_write(coord_t *c);
-/* Prefix-cache salt of a job (0 = shared cache; jobs with a repetition
- * penalty do not attach cached prefixes). */
-static inline bool coord__job_uses_cache(const coord_t *c, const coord_job_t *j) {
-  return !c->cfg.no_prefix_caching && j->sp.repetition_penalty == 1.0f;
-}
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-/* jobs.c - job intake (validation, tokenization), lists, lookup, lifetime. */
+/* jobs.c - job intake (validation, tokenization), lookup, lifetime. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -9,51 +9,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
-#ifdef FERRUM_HAVE_METRICS
 #include "coordinator/metrics.h"
-#endif
-
-/* ---- lists ---------------------------------------------------------------- */
-
-void coord__list_remove(coord_t *c, coord_job_t *j) {
-  coord_job_t **head, **tail;
-  int *n;
-  if (j->state == COORD_JOB_WAITING) head = &c->waiting_head, tail = &c->waiting_tail, n = &c->n_waiting;
-  else if (j->state == COORD_JOB_RUNNING) head = &c->running_head, tail = &c->running_tail, n = &c->n_running;
-  else return;
-  if (j->prev) j->prev->next = j->next;
-  else *head = j->next;
-  if (j->next) j->next->prev = j->prev;
-  else *tail = j->prev;
-  j->prev = j->next = NULL;
-  (*n)--;
-}
-
-/* Waiting queue order: priority (higher first), then arrival (FIFO). A
- * preempted job goes in front of its priority class. */
-void coord__waiting_push(coord_t *c, coord_job_t *j, bool front) {
-  j->state = COORD_JOB_WAITING;
-  coord_job_t *at = c->waiting_head; /* insert before `at` */
-  while (at && (at->priority > j->priority || (!front && at->priority == j->priority))) at = at->next;
-  j->next = at;
-  j->prev = at ? at->prev : c->waiting_tail;
-  if (j->prev) j->prev->next = j;
-  else c->waiting_head = j;
-  if (at) at->prev = j;
-  else c->waiting_tail = j;
-  c->n_waiting++;
-}
-
-void coord__running_push(coord_t *c, coord_job_t *j) {
-  j->state = COORD_JOB_RUNNING;
-  j->admit_serial = ++c->serial;
-  j->next = NULL;
-  j->prev = c->running_tail;
-  if (c->running_tail) c->running_tail->next = j;
-  else c->running_head = j;
-  c->running_tail = j;
-  c->n_running++;
-}
 
 /* ---- lookup ---------------------------------------------------------------- */
 
@@ -107,27 +63,14 @@ static void coord__job_destroy(coord_job_t *j) {
   free(j);
 }
 
-void coord__job_free_slot(coord_t *c, coord_job_t *j) {
-  if (j->slot < 0) return;
-  FR_ASSERT(!j->in_step);
-  int rc = kv_seq_free(c->kv, j->slot);
-  if (rc) FR_LOGE("kv_seq_free(%d): %s", j->slot, fr_last_error());
-  bool listed = false; /* the workers drop the slot's history before the next step */
-  for (int i = 0; i < c->n_freed && !listed; i++) listed = c->freed[i] == (uint32_t)j->slot;
-  if (!listed && c->n_freed < c->cfg.max_num_seqs) c->freed[c->n_freed++] = (uint32_t)j->slot;
-  j->slot = -1;
-  j->n_computed = 0;
-}
-
 bool coord__job_reap(coord_t *c, coord_job_t *j) {
   if (j->state != COORD_JOB_DONE || j->in_step || !j->finish_sent) return false;
-  coord__job_free_slot(c, j);
+  coord_sched_remove(&c->sched, j);
   coord__hash_remove(c, j);
   coord__job_destroy(j);
   return true;
 }
 
-#ifdef FERRUM_HAVE_METRICS
 static void coord__metrics_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
   if (!c->metrics) return;
   coord_metrics_finish_t f = why == PROTO_FINISH_STOP     ? COORD_METRICS_FINISH_STOP
@@ -136,17 +79,12 @@ static void coord__metrics_finish(coord_t *c, coord_job_t *j, proto_finish_t why
   coord_metrics_request_finish(c->metrics, f);
   coord_metrics_e2e(c->metrics, (fr_now_ns() - j->t_arrival_ns) / 1e9);
 }
-#endif
 
 void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
   if (j->finish != PROTO_FINISH_NONE) return;
   j->finish = why;
-  coord__list_remove(c, j);
-  j->state = COORD_JOB_DONE;
-  if (!j->in_step) coord__job_free_slot(c, j);
-#ifdef FERRUM_HAVE_METRICS
+  coord_sched_remove(&c->sched, j); /* the slot stays until a step that holds it returns */
   coord__metrics_finish(c, j, why);
-#endif
 }
 
 void coord__jobs_cancel_fd(coord_t *c, int fd) {
@@ -201,13 +139,11 @@ void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri
           i < (int)ri->n_top ? ri->top[i] : (proto_toplp_t){.token = -1, .logprob = -INFINITY};
   if (j->return_logits) coord__job_logits_row(c, j, k, logits_row);
   uint64_t now = fr_now_ns();
-#ifdef FERRUM_HAVE_METRICS
   if (c->metrics) {
     if (k == 0) coord_metrics_ttft(c->metrics, (now - j->t_arrival_ns) / 1e9);
     else coord_metrics_itl(c->metrics, (now - j->t_last_ns) / 1e9);
     coord_metrics_tokens(c->metrics, 0, 1);
   }
-#endif
   if (k == 0) j->t_first_ns = now;
   j->t_last_ns = now;
   bool stop = !j->ignore_eos && model_token_is_eog(c->tok, t);
@@ -270,7 +206,7 @@ static coord_reject_t coord__precheck(coord_t *c, const coord_peer_t *p, const p
     return (coord_reject_t){PROTO_ERR_UNAVAILABLE, "the workers are not ready yet"};
   if (s->model && *s->model && strcmp(s->model, c->served_name) != 0)
     return (coord_reject_t){PROTO_ERR_NOT_FOUND, "unknown model"};
-  if (c->n_waiting >= c->cfg.max_waiting) return (coord_reject_t){PROTO_ERR_BUSY, "the queue is full"};
+  if (c->sched.n_waiting >= c->cfg.max_waiting) return (coord_reject_t){PROTO_ERR_BUSY, "the queue is full"};
   if (coord__job_find(c, p, s->id)) return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "a job with this id is running"};
   return (coord_reject_t){0, NULL};
 }
@@ -345,10 +281,8 @@ void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *
   }
   coord_job_t *j = coord__job_new(c, p, s, ids, n, max_tokens);
   coord__hash_insert(c, j);
-  coord__waiting_push(c, j, false);
-#ifdef FERRUM_HAVE_METRICS
+  coord_sched_enqueue(&c->sched, j);
   if (c->metrics) coord_metrics_request_start(c->metrics);
-#endif
   FR_LOGD("job %llu: %d prompt tokens, max %d", (unsigned long long)j->id, j->n_prompt, j->max_tokens);
 }
 

@@ -16,6 +16,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
+#include "coordinator/metrics.h"
 
 /* ---- create ----------------------------------------------------------------- */
 
@@ -79,6 +80,7 @@ int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes) {
   int rc = kv_control_create(&c->kv, &kc);
   if (rc) return rc;
   kv_control_info(c->kv, &c->kvi);
+  coord_sched_set_kv(&c->sched, c->kv);
   c->max_model_len = k->max_model_len;
   long long tokens = (long long)n_blocks * bs;
   char size[64] = "";
@@ -186,9 +188,10 @@ static void coord__copy_cfg(coord_t *c, const coord_config_t *cfg) {
 
 static void coord__alloc_scratch(coord_t *c) {
   size_t S = (size_t)c->cfg.max_num_seqs;
-  c->sitems = fr_calloc(S, sizeof *c->sitems);
+  coord_sched_config_t sc = {.max_num_seqs = c->cfg.max_num_seqs,
+                             .max_num_batched_tokens = c->cfg.max_num_batched_tokens};
+  coord_sched_init(&c->sched, &sc);
   c->pitems = fr_calloc(S, sizeof *c->pitems);
-  c->freed = fr_calloc(S, sizeof *c->freed);
   c->touched = fr_calloc(S, sizeof *c->touched);
   c->hash_cap = 4096;
   c->hash = fr_calloc(c->hash_cap, sizeof *c->hash);
@@ -277,7 +280,16 @@ static void coord__on_workers(coord_t *c) {
 }
 
 static bool coord__drained(const coord_t *c) {
-  return c->draining && !c->waiting_head && !c->running_head && !c->step_busy;
+  return c->draining && !c->sched.waiting_head && !c->sched.running_head && !c->step_busy;
+}
+
+/* Sets the metrics gauges (running, waiting, KV blocks used). */
+static void coord__gauges(coord_t *c) {
+  coord_metrics_set_running(c->metrics, (uint32_t)c->sched.n_running);
+  coord_metrics_set_waiting(c->metrics, (uint32_t)c->sched.n_waiting);
+  if (c->kv)
+    coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
+                         (uint32_t)c->kvi.n_blocks);
 }
 
 int coord__loop_once(coord_t *c, int timeout_ms) {
@@ -298,7 +310,7 @@ int coord__loop_once(coord_t *c, int timeout_ms) {
   }
   coord__workers_tick(c);
   coord__step_kick(c);
-  if (c->metrics) coord__sched_gauges(c);
+  if (c->metrics) coord__gauges(c);
   if (coord__drained(c)) c->stop_loop = true;
   return 0;
 }
@@ -382,7 +394,8 @@ void coord_destroy(coord_t *c) {
   proto_msg_free(&c->in);
   proto_buf_free(&c->out);
   proto_buf_free(&c->wout);
-  free(c->sitems), free(c->pitems), free(c->freed), free(c->touched), free(c->hash), free(c->copies);
+  coord_sched_deinit(&c->sched);
+  free(c->pitems), free(c->touched), free(c->hash), free(c->copies);
   free(c->stats.us);
   free(c->model_path), free(c->served_name), free(c->device), free(c->rpc_addr), free(c->worker_exe);
   free(c->step_stats_path);

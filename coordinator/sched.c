@@ -1,5 +1,5 @@
 /* sched.c - the scheduler: continuous batching under a token budget and a
- * sequence cap, vLLM v1 style.
+ * sequence cap, vLLM v1 style. See sched.h for the interface.
  *
  * Each step: running jobs first, oldest admission first, each gets the
  * tokens it still needs (one for a decode, a chunk for a prefill that did
@@ -11,93 +11,147 @@
  * recomputed. The queue head is never skipped, so nothing starves behind
  * later arrivals of the same priority.
  *
- * Runs only while no step is in flight, so every slot it touches is idle.
+ * Plans only while no step is planned, so every slot it touches is idle.
  */
-#include <errno.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
-#include "coordinator/coord_impl.h"
-#ifdef FERRUM_HAVE_METRICS
-#include "coordinator/metrics.h"
-#endif
+#include "coordinator/sched.h"
 
-static void coord__add_copy(coord_t *c, const kv_copy_t *cp) {
+/* ---- lists ---------------------------------------------------------------- */
+
+static void coord__sched_unlink(coord_sched_t *s, coord_job_t *j) {
+  coord_job_t **head, **tail;
+  int *n;
+  if (j->state == COORD_JOB_WAITING) head = &s->waiting_head, tail = &s->waiting_tail, n = &s->n_waiting;
+  else if (j->state == COORD_JOB_RUNNING) head = &s->running_head, tail = &s->running_tail, n = &s->n_running;
+  else return;
+  if (j->prev) j->prev->next = j->next;
+  else *head = j->next;
+  if (j->next) j->next->prev = j->prev;
+  else *tail = j->prev;
+  j->prev = j->next = NULL;
+  (*n)--;
+}
+
+/* Waiting queue order: priority (higher first), then arrival (FIFO). A
+ * preempted job goes in front of its priority class. */
+static void coord__sched_push_waiting(coord_sched_t *s, coord_job_t *j, bool front) {
+  j->state = COORD_JOB_WAITING;
+  coord_job_t *at = s->waiting_head; /* insert before `at` */
+  while (at && (at->priority > j->priority || (!front && at->priority == j->priority))) at = at->next;
+  j->next = at;
+  j->prev = at ? at->prev : s->waiting_tail;
+  if (j->prev) j->prev->next = j;
+  else s->waiting_head = j;
+  if (at) at->prev = j;
+  else s->waiting_tail = j;
+  s->n_waiting++;
+}
+
+static void coord__sched_push_running(coord_sched_t *s, coord_job_t *j) {
+  j->state = COORD_JOB_RUNNING;
+  j->admit_serial = ++s->admit_serial;
+  j->next = NULL;
+  j->prev = s->running_tail;
+  if (s->running_tail) s->running_tail->next = j;
+  else s->running_head = j;
+  s->running_tail = j;
+  s->n_running++;
+}
+
+/* ---- slots ----------------------------------------------------------------- */
+
+/* Frees j's slot and lists it for the workers, who drop the slot's history
+ * before the next step. */
+static void coord__sched_free_slot(coord_sched_t *s, coord_job_t *j) {
+  if (j->slot < 0) return;
+  FR_ASSERT(!j->in_step);
+  coord_sched_batch_t *b = &s->batch;
+  int rc = kv_seq_free(s->kv, j->slot);
+  if (rc) FR_LOGE("kv_seq_free(%d): %s", j->slot, fr_last_error());
+  bool listed = false;
+  for (int i = 0; i < b->n_freed && !listed; i++) listed = b->freed[i] == (uint32_t)j->slot;
+  if (!listed && b->n_freed < s->cfg.max_num_seqs) b->freed[b->n_freed++] = (uint32_t)j->slot;
+  j->slot = -1;
+  j->n_computed = 0;
+}
+
+static void coord__sched_add_copy(coord_sched_t *s, const kv_copy_t *cp) {
+  coord_sched_batch_t *b = &s->batch;
   if (cp->src < 0) return;
-  if (c->n_copies == c->copies_cap) {
-    c->copies_cap = c->copies_cap ? 2 * c->copies_cap : 64;
-    c->copies = fr_realloc(c->copies, (size_t)c->copies_cap * sizeof *c->copies);
+  if (b->n_copies == b->copies_cap) {
+    b->copies_cap = b->copies_cap ? 2 * b->copies_cap : 64;
+    b->copies = fr_realloc(b->copies, (size_t)b->copies_cap * sizeof *b->copies);
   }
-  c->copies[c->n_copies++] = (proto_copy_t){.src = (uint32_t)cp->src, .dst = (uint32_t)cp->dst};
+  b->copies[b->n_copies++] = *cp;
 }
 
 /* Puts n tokens of j (from n_computed on) in the step. */
-static void coord__add_item(coord_t *c, coord_job_t *j, int n) {
-  int k = c->n_sitems++;
+static void coord__sched_add_item(coord_sched_t *s, coord_job_t *j, int n) {
+  coord_sched_batch_t *b = &s->batch;
   bool final = j->n_computed + n == j->n_tok;
-  c->sitems[k] = (coord_sitem_t){.job = j, .n = n, .final = final};
-  proto_step_item_t *it = &c->pitems[k];
-  it->slot = (uint32_t)j->slot;
-  it->pos = (uint32_t)j->n_computed;
-  it->n_tokens = (uint32_t)n;
-  it->tokens = j->tok + j->n_computed;
-  it->final = final;
-  it->has_sp = !j->sp_sent; /* once per slot assignment: workers keep them */
-  if (it->has_sp) it->sp = j->sp;
-  j->sp_sent = true;
-  it->prompt_len = it->has_sp ? (uint32_t)j->n_prompt : 0;
+  b->items[b->n_items++] = (coord_sitem_t){.job = j, .slot = j->slot, .pos = j->n_computed, .n = n, .final = final};
   j->in_step = true;
-  j->n_sched = n;
 }
 
-void coord__sched_preempt(coord_t *c, coord_job_t *j, bool count) {
+/* Frees j's blocks, keeps its tokens and requeues it at the front of its
+ * priority class; count: a preemption for lack of blocks (listed in the
+ * batch and counted). */
+static void coord__sched_preempt(coord_sched_t *s, coord_job_t *j, bool count) {
   FR_LOGD("preempting job %llu (%d tokens)", (unsigned long long)j->id, j->n_tok);
-  coord__list_remove(c, j);
-  coord__job_free_slot(c, j);
-  coord__waiting_push(c, j, true);
+  coord__sched_unlink(s, j);
+  coord__sched_free_slot(s, j);
+  coord__sched_push_waiting(s, j, true);
   if (!count) return;
-  c->n_preemptions++;
-#ifdef FERRUM_HAVE_METRICS
-  if (c->metrics) coord_metrics_preemption(c->metrics, 1);
-#endif
+  s->counters.n_preemptions++;
+  FR_ASSERT(s->batch.n_preempted < s->cfg.max_num_seqs);
+  s->batch.preempted[s->batch.n_preempted++] = j;
 }
+
+/* ---- planning -------------------------------------------------------------- */
 
 /* Grows j's slot by n tokens, preempting newer jobs when blocks run out.
  * Returns 0, 1 when j itself was preempted, or an error. */
-static int coord__grow(coord_t *c, coord_job_t *j, int n) {
+static int coord__sched_grow(coord_sched_t *s, coord_job_t *j, int n) {
   for (;;) {
     kv_copy_t cp;
-    int rc = kv_seq_append(c->kv, j->slot, n, &cp);
+    int rc = kv_seq_append(s->kv, j->slot, n, &cp);
     if (rc == 0) {
-      coord__add_copy(c, &cp);
+      coord__sched_add_copy(s, &cp);
       return 0;
     }
     if (rc != FR_EBUSY) return rc;
-    coord_job_t *victim = c->running_tail;
+    coord_job_t *victim = s->running_tail;
     while (victim && victim->in_step) victim = victim->prev;
     if (!victim || victim == j) {
-      coord__sched_preempt(c, j, true);
+      coord__sched_preempt(s, j, true);
       return 1;
     }
-    coord__sched_preempt(c, victim, true);
+    coord__sched_preempt(s, victim, true);
   }
 }
 
 /* Schedules one running job's next tokens; returns false when the job
- * itself had to be preempted (stop: nothing newer is left to preempt). */
-static bool coord__sched_one(coord_t *c, coord_job_t *j, int n, int *budget) {
-  int rc = coord__grow(c, j, n);
+ * itself had to be preempted (stop: nothing newer is left to preempt). A
+ * job whose slot cannot grow for another reason is removed and listed as
+ * failed. */
+static bool coord__sched_one(coord_sched_t *s, coord_job_t *j, int n, int *budget) {
+  int rc = coord__sched_grow(s, j, n);
   if (rc == 1) return false;
   if (rc < 0) {
     FR_LOGE("job %llu: %s", (unsigned long long)j->id, fr_last_error());
-    coord__job_finish(c, j, rc == FR_ECONTEXT ? PROTO_FINISH_LENGTH : PROTO_FINISH_ERROR);
-    coord__stream_job(c, j);
-    coord__job_reap(c, j);
+    coord_sched_remove(s, j);
+    coord_sched_batch_t *b = &s->batch;
+    FR_ASSERT(b->n_failed < s->cfg.max_num_seqs);
+    b->failed[b->n_failed] = j;
+    b->failed_rc[b->n_failed++] = rc;
     return true;
   }
-  coord__add_item(c, j, n);
+  coord__sched_add_item(s, j, n);
   *budget -= n;
   return true;
 }
@@ -105,95 +159,151 @@ static bool coord__sched_one(coord_t *c, coord_job_t *j, int n, int *budget) {
 /* Running jobs, oldest admission first: decodes in a first pass, then the
  * chunks of prefills (prompts that did not fit one step, recomputations),
  * so a long prefill never holds back the decodes of newer jobs. */
-static void coord__sched_running(coord_t *c, int *budget, bool *preempted) {
+static void coord__sched_running(coord_sched_t *s, int *budget, bool *preempted) {
   for (int pass = 0; pass < 2 && !*preempted; pass++) {
-    coord_job_t *j = c->running_head;
-    while (j && *budget > 0 && c->n_sitems < c->cfg.max_num_seqs) {
+    coord_job_t *j = s->running_head;
+    while (j && *budget > 0 && s->batch.n_items < s->cfg.max_num_seqs) {
       int need = j->n_tok - j->n_computed;
       if (j->in_step || need <= 0 || (pass == 0) != (need == 1)) {
         j = j->next;
         continue;
       }
       coord_job_t *prev = j->prev;
-      if (!coord__sched_one(c, j, FR_MIN(need, *budget), budget)) {
+      if (!coord__sched_one(s, j, FR_MIN(need, *budget), budget)) {
         *preempted = true;
         break;
       }
-      /* j may have finished (and left the list); newer jobs may have been preempted */
-      j = j->state == COORD_JOB_RUNNING ? j->next : prev ? prev->next : c->running_head;
+      /* j may have failed (and left the list); newer jobs may have been preempted */
+      j = j->state == COORD_JOB_RUNNING ? j->next : prev ? prev->next : s->running_head;
     }
   }
 }
 
+/* Jobs with a repetition penalty do not attach cached prefixes. */
+static bool coord__sched_uses_cache(const coord_sched_t *s, const coord_job_t *j) {
+  return s->prefix_cache && j->sp.repetition_penalty == 1.0f;
+}
+
 /* Blocks a waiting job needs to start with a chunk of n tokens after its
  * cached prefix, per the admission plan. */
-static int coord__admit_blocks(const coord_t *c, const kv_admit_t *p, int n) {
-  int bs = c->kvi.block_size;
+static int coord__sched_admit_blocks(const coord_sched_t *s, const kv_admit_t *p, int n) {
+  int bs = s->block_size;
   int total = (p->n_cached_tokens + n + bs - 1) / bs;
   return p->n_revive + (total - p->n_cached_blocks);
 }
 
 /* Admits the queue head; returns false when it does not fit now. */
-static bool coord__admit_one(coord_t *c, coord_job_t *j, int *budget) {
-  bool cache = coord__job_uses_cache(c, j);
+static bool coord__sched_admit_one(coord_sched_t *s, coord_job_t *j, int *budget) {
+  bool cache = coord__sched_uses_cache(s, j);
   kv_admit_t plan = {0};
-  if (cache) kv_admit_plan(c->kv, j->tok, j->n_tok, 0, 0, &plan);
-  else plan.n_free = kv_blocks_free_count(c->kv);
+  if (cache) kv_admit_plan(s->kv, j->tok, j->n_tok, 0, 0, &plan);
+  else plan.n_free = kv_blocks_free_count(s->kv);
   int n = FR_MIN(j->n_tok - plan.n_cached_tokens, *budget);
-  if (coord__admit_blocks(c, &plan, n) > kv_blocks_free_count(c->kv)) return false;
+  if (coord__sched_admit_blocks(s, &plan, n) > kv_blocks_free_count(s->kv)) return false;
   int slot, cached = 0;
-  if (kv_seq_alloc_slot(c->kv, 0, &slot)) return false;
-  if (cache) kv_seq_attach_prefix(c->kv, slot, j->tok, j->n_tok - 1, &cached);
+  if (kv_seq_alloc_slot(s->kv, 0, &slot)) return false;
+  if (cache) kv_seq_attach_prefix(s->kv, slot, j->tok, j->n_tok - 1, &cached);
   kv_copy_t cp;
   n = FR_MIN(j->n_tok - cached, *budget);
-  if (kv_seq_append(c->kv, slot, n, &cp)) {
-    kv_seq_free(c->kv, slot);
+  if (kv_seq_append(s->kv, slot, n, &cp)) {
+    kv_seq_free(s->kv, slot);
     return false;
   }
-  coord__add_copy(c, &cp);
-  coord__list_remove(c, j);
+  coord__sched_add_copy(s, &cp);
+  coord__sched_unlink(s, j);
   j->slot = slot;
   j->sp_sent = false;
   j->n_computed = cached;
   if (!j->admitted_once) {
     j->admitted_once = true;
     j->n_cached = (uint32_t)FR_MIN(cached, j->n_prompt);
-    c->prefix_queries += (uint64_t)j->n_prompt;
-    c->prefix_hits += j->n_cached;
-#ifdef FERRUM_HAVE_METRICS
-    if (c->metrics) {
-      coord_metrics_prefix(c->metrics, (uint64_t)j->n_prompt, j->n_cached);
-      coord_metrics_tokens(c->metrics, (uint64_t)j->n_prompt, 0);
-    }
-#endif
+    s->counters.prefix_queries += (uint64_t)j->n_prompt;
+    s->counters.prefix_hits += j->n_cached;
   }
-  coord__running_push(c, j);
-  coord__add_item(c, j, n);
+  coord__sched_push_running(s, j);
+  coord__sched_add_item(s, j, n);
   *budget -= n;
   return true;
 }
 
-void coord__sched_gauges(coord_t *c) {
-#ifdef FERRUM_HAVE_METRICS
-  if (!c->metrics) return;
-  coord_metrics_set_running(c->metrics, (uint32_t)c->n_running);
-  coord_metrics_set_waiting(c->metrics, (uint32_t)c->n_waiting);
-  if (c->kv)
-    coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
-                         (uint32_t)c->kvi.n_blocks);
-#else
-  (void)c;
-#endif
+/* ---- interface --------------------------------------------------------------- */
+
+void coord_sched_init(coord_sched_t *s, const coord_sched_config_t *cfg) {
+  FR_ASSERT(cfg->max_num_seqs > 0 && cfg->max_num_batched_tokens > 0);
+  memset(s, 0, sizeof *s);
+  s->cfg = *cfg;
+  size_t S = (size_t)cfg->max_num_seqs;
+  coord_sched_batch_t *b = &s->batch;
+  b->items = fr_calloc(S, sizeof *b->items);
+  b->freed = fr_calloc(S, sizeof *b->freed);
+  b->preempted = fr_calloc(S, sizeof *b->preempted);
+  b->failed = fr_calloc(S, sizeof *b->failed);
+  b->failed_rc = fr_calloc(S, sizeof *b->failed_rc);
 }
 
-int coord__sched_build(coord_t *c) {
-  c->n_sitems = 0;
-  c->n_copies = 0;
-  int budget = c->cfg.max_num_batched_tokens;
+void coord_sched_deinit(coord_sched_t *s) {
+  coord_sched_batch_t *b = &s->batch;
+  free(b->items), free(b->copies), free(b->freed), free(b->preempted), free(b->failed), free(b->failed_rc);
+  memset(s, 0, sizeof *s);
+}
+
+void coord_sched_set_kv(coord_sched_t *s, kv_ctl_t *kv) {
+  kv_info_t info;
+  kv_control_info(kv, &info);
+  s->kv = kv;
+  s->block_size = info.block_size;
+  s->prefix_cache = info.prefix_cache;
+}
+
+void coord_sched_enqueue(coord_sched_t *s, coord_job_t *j) {
+  FR_ASSERT(j->slot < 0 && j->n_tok > 0);
+  coord__sched_push_waiting(s, j, false);
+}
+
+void coord_sched_remove(coord_sched_t *s, coord_job_t *j) {
+  coord__sched_unlink(s, j);
+  j->state = COORD_JOB_DONE;
+  if (!j->in_step) coord__sched_free_slot(s, j);
+}
+
+const coord_sched_batch_t *coord_sched_plan(coord_sched_t *s) {
+  FR_ASSERT(s->kv && !s->busy);
+  coord_sched_batch_t *b = &s->batch;
+  b->n_items = b->n_copies = b->n_preempted = b->n_failed = 0;
+  int budget = s->cfg.max_num_batched_tokens;
   bool preempted = false;
-  coord__sched_running(c, &budget, &preempted);
-  while (!preempted && c->waiting_head && budget > 0 && c->n_running < c->cfg.max_num_seqs &&
-         c->n_sitems < c->cfg.max_num_seqs)
-    if (!coord__admit_one(c, c->waiting_head, &budget)) break;
-  return c->n_sitems;
+  coord__sched_running(s, &budget, &preempted);
+  while (!preempted && s->waiting_head && budget > 0 && s->n_running < s->cfg.max_num_seqs &&
+         b->n_items < s->cfg.max_num_seqs)
+    if (!coord__sched_admit_one(s, s->waiting_head, &budget)) break;
+  s->busy = b->n_items > 0;
+  return b;
+}
+
+void coord_sched_sent(coord_sched_t *s) { s->batch.n_freed = 0; }
+
+void coord_sched_commit(coord_sched_t *s, bool computed) {
+  if (!s->busy) return;
+  s->busy = false;
+  const coord_sched_batch_t *b = &s->batch;
+  for (int i = 0; i < b->n_items; i++) {
+    coord_job_t *j = b->items[i].job;
+    j->in_step = false;
+    if (j->state == COORD_JOB_DONE) { /* removed while in the step */
+      coord__sched_free_slot(s, j);
+      continue;
+    }
+    if (!computed) {
+      if (kv_seq_truncate(s->kv, j->slot, j->n_computed))
+        FR_LOGE("kv_seq_truncate(%d): %s", j->slot, fr_last_error());
+      continue;
+    }
+    j->n_computed += b->items[i].n;
+    if (s->prefix_cache) kv_prefix_commit(s->kv, j->slot, j->tok, j->n_computed);
+  }
+}
+
+void coord_sched_requeue_all(coord_sched_t *s) {
+  FR_ASSERT(!s->busy);
+  while (s->running_tail) coord__sched_preempt(s, s->running_tail, false);
 }

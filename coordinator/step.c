@@ -17,6 +17,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
+#include "coordinator/metrics.h"
 
 /* The calling thread's CPU time in ns. */
 uint64_t coord__cpu_ns(void) {
@@ -41,15 +42,37 @@ static void coord__stats_add(coord_t *c, uint64_t ns, uint64_t cpu_ns, uint64_t 
   s->us[s->n++] = (uint32_t)n_items;
 }
 
-static int coord__step_send(coord_t *c) {
+/* The wire form of a planned item; the sampling params travel once per
+ * slot assignment (workers keep them). */
+static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
+  coord_job_t *j = s->job;
+  it->slot = (uint32_t)s->slot;
+  it->pos = (uint32_t)s->pos;
+  it->n_tokens = (uint32_t)s->n;
+  it->tokens = j->tok + s->pos;
+  it->final = s->final;
+  it->has_sp = !j->sp_sent;
+  if (it->has_sp) it->sp = j->sp;
+  j->sp_sent = true;
+  it->prompt_len = it->has_sp ? (uint32_t)j->n_prompt : 0;
+}
+
+static int coord__step_send(coord_t *c, const coord_sched_batch_t *b) {
+  for (int i = 0; i < b->n_items; i++) coord__step_item(&c->pitems[i], &b->items[i]);
+  if (b->n_copies > c->copies_cap) {
+    c->copies_cap = FR_MAX(b->n_copies, 2 * c->copies_cap);
+    c->copies = fr_realloc(c->copies, (size_t)c->copies_cap * sizeof *c->copies);
+  }
+  for (int i = 0; i < b->n_copies; i++)
+    c->copies[i] = (proto_copy_t){.src = (uint32_t)b->copies[i].src, .dst = (uint32_t)b->copies[i].dst};
   proto_step_t st = {
       .step_id = ++c->step_id,
       .epoch = c->epoch,
-      .n_items = (uint32_t)c->n_sitems,
+      .n_items = (uint32_t)b->n_items,
       .items = c->pitems,
-      .n_freed = (uint32_t)c->n_freed,
-      .freed = c->freed,
-      .n_copies = (uint32_t)c->n_copies,
+      .n_freed = (uint32_t)b->n_freed,
+      .freed = b->freed,
+      .n_copies = (uint32_t)b->n_copies,
       .copies = c->copies,
   };
   int rc = proto_encode(&c->out, PROTO_T_STEP, &st);
@@ -57,7 +80,7 @@ static int coord__step_send(coord_t *c) {
   for (int r = 0; r < c->n_workers; r++) {
     if ((rc = coord__worker_send_buf(c, &c->workers[r], &c->out))) return rc;
   }
-  c->n_freed = 0;
+  coord_sched_sent(&c->sched);
   c->step_busy = true;
   c->step_results = 0;
   c->step_sent_ns = fr_now_ns();
@@ -65,39 +88,63 @@ static int coord__step_send(coord_t *c) {
   return 0;
 }
 
+/* Adds what the scheduler counted since the last call to the metrics. */
+static void coord__step_report(coord_t *c) {
+  const coord_sched_counters_t *n = &c->sched.counters, *o = &c->reported;
+  if (c->metrics && n->n_preemptions != o->n_preemptions)
+    coord_metrics_preemption(c->metrics, n->n_preemptions - o->n_preemptions);
+  if (c->metrics && n->prefix_queries != o->prefix_queries) {
+    coord_metrics_prefix(c->metrics, n->prefix_queries - o->prefix_queries, n->prefix_hits - o->prefix_hits);
+    coord_metrics_tokens(c->metrics, n->prefix_queries - o->prefix_queries, 0); /* prompt tokens admitted */
+  }
+  c->reported = *n;
+}
+
+/* Ends the jobs the plan removed because their slot could not grow. */
+static void coord__step_end_failed(coord_t *c, const coord_sched_batch_t *b) {
+  for (int i = 0; i < b->n_failed; i++) {
+    coord_job_t *j = b->failed[i];
+    coord__job_finish(c, j, b->failed_rc[i] == FR_ECONTEXT ? PROTO_FINISH_LENGTH : PROTO_FINISH_ERROR);
+    coord__stream_job(c, j);
+    coord__job_reap(c, j);
+  }
+}
+
 void coord__step_kick(coord_t *c) {
   if (!c->ready || c->step_busy) return;
-  if (!c->running_head && !c->waiting_head) return;
-  if (coord__sched_build(c) == 0) return;
-  int rc = coord__step_send(c);
+  if (!c->sched.running_head && !c->sched.waiting_head) return;
+  const coord_sched_batch_t *b = coord_sched_plan(&c->sched);
+  coord__step_report(c);
+  coord__step_end_failed(c, b);
+  if (b->n_items == 0) return;
+  int rc = coord__step_send(c, b);
   if (rc) {
     FR_LOGE("sending step %llu: %s", (unsigned long long)c->step_id, fr_last_error());
     coord__step_abort(c);
   }
 }
 
-/* Phase 1: the result's tokens go to their jobs. */
+/* Phase 1: the scheduler advances the jobs, then the result's tokens go to
+ * them. */
 static void coord__apply(coord_t *c, const proto_result_t *r) {
+  const coord_sched_batch_t *b = &c->sched.batch;
   uint32_t ri = 0;
   const float *lbase = c->logits_seg.base ? (const float *)kv_segment_data(&c->logits_seg) : NULL;
   size_t lrows = lbase ? kv_segment_data_size(&c->logits_seg) / ((size_t)c->vocab * sizeof(float)) : 0;
   c->n_touched = 0;
-  for (int i = 0; i < c->n_sitems; i++) {
-    coord_sitem_t *s = &c->sitems[i];
+  coord_sched_commit(&c->sched, true);
+  for (int i = 0; i < b->n_items; i++) {
+    const coord_sitem_t *s = &b->items[i];
     coord_job_t *j = s->job;
     const proto_result_item_t *it = NULL;
     if (s->final) {
-      if (ri < r->n_items && r->items[ri].slot == (uint32_t)j->slot) it = &r->items[ri++];
-      else FR_LOGE("step %llu: no result for slot %d", (unsigned long long)r->step_id, j->slot);
+      if (ri < r->n_items && r->items[ri].slot == (uint32_t)s->slot) it = &r->items[ri++];
+      else FR_LOGE("step %llu: no result for slot %d", (unsigned long long)r->step_id, s->slot);
     }
-    j->in_step = false;
-    if (j->state == COORD_JOB_DONE) { /* canceled or stopped while in flight */
-      coord__job_free_slot(c, j);
+    if (j->state == COORD_JOB_DONE) { /* canceled or stopped while in flight: its slot is free now */
       if (!coord__job_reap(c, j)) c->touched[c->n_touched++] = j;
       continue;
     }
-    j->n_computed += s->n;
-    if (!c->cfg.no_prefix_caching) kv_prefix_commit(c->kv, j->slot, j->tok, j->n_computed);
     if (s->final) {
       const float *row = NULL;
       if (it && it->has_logits && lbase && it->logits.row < lrows) row = lbase + (size_t)it->logits.row * (size_t)c->vocab;
@@ -111,12 +158,12 @@ static void coord__apply(coord_t *c, const proto_result_t *r) {
 static void coord__step_fail(coord_t *c, const proto_result_t *r) {
   FR_LOGE("step %llu failed on the worker: %s", (unsigned long long)r->step_id,
           r->error.message ? r->error.message : "?");
+  const coord_sched_batch_t *b = &c->sched.batch;
   c->n_touched = 0;
-  for (int i = 0; i < c->n_sitems; i++) {
-    coord_job_t *j = c->sitems[i].job;
-    j->in_step = false;
+  coord_sched_commit(&c->sched, false);
+  for (int i = 0; i < b->n_items; i++) {
+    coord_job_t *j = b->items[i].job;
     coord__job_finish(c, j, PROTO_FINISH_ERROR);
-    coord__job_free_slot(c, j);
     c->touched[c->n_touched++] = j;
   }
 }
@@ -127,7 +174,7 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
     return;
   }
   uint64_t t0 = c->t_rx_ns ? c->t_rx_ns : fr_now_ns();
-  int n_items = c->n_sitems;
+  int n_items = c->sched.batch.n_items;
   if (rank == 0) {
     if (r->error.code) coord__step_fail(c, r);
     else coord__apply(c, r);
@@ -147,15 +194,12 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
 }
 
 void coord__step_abort(coord_t *c) {
-  for (int i = 0; i < c->n_sitems && c->step_busy; i++) {
-    coord_job_t *j = c->sitems[i].job;
-    j->in_step = false;
-    if (j->state == COORD_JOB_DONE) {
-      coord__job_free_slot(c, j);
-      coord__job_reap(c, j);
-    }
+  const coord_sched_batch_t *b = &c->sched.batch;
+  if (c->sched.busy) { /* planned, its result not applied */
+    coord_sched_commit(&c->sched, false);
+    for (int i = 0; i < b->n_items; i++)
+      if (b->items[i].job->state == COORD_JOB_DONE) coord__job_reap(c, b->items[i].job);
   }
-  c->n_sitems = 0;
   c->step_busy = false;
   c->epoch++;
 }

@@ -243,7 +243,7 @@ void coord__workers_on_message(coord_t *c, const uint8_t *ident, size_t len, con
 static void coord__recompute_all(coord_t *c) {
   if (c->step_busy) coord__step_abort(c);
   else c->epoch++;
-  while (c->running_tail) coord__sched_preempt(c, c->running_tail, false);
+  coord_sched_requeue_all(&c->sched);
 }
 
 static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {

@@ -53,6 +53,7 @@ typedef struct {
   bool fake_workers;              /* workers skip the forward pass (benchmarks) */
   const char *step_stats_path;    /* NULL, or a file that gets the coordinator's time per step */
   int worker_hb_timeout_ms;       /* 0 = 10000: a silent worker is killed and restarted */
+  int restart_backoff_max_ms;     /* 0 = 30000: longest wait before restarting a worker that keeps dying */
 } coord_config_t;
 
 /* Opens the tokenizer, creates the control segment, binds the sockets and

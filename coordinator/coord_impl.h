@@ -26,6 +26,7 @@ extern "C" {
 #endif
 
 #define COORD_MAX_WORKERS 16
+#define COORD_DEATHS_KEPT 8 /* a worker's most recent deaths, for the restart backoff */
 
 /* STARTING -> (hello) LOADING -> (loaded) READY; when the workers size the
  * KV pool: LOADING -> (loaded) SIZED, waiting for the others -> (kv_init
@@ -46,7 +47,9 @@ typedef struct {
   uint8_t ident[COORD_IDENT_MAX];
   uint8_t ident_len;
   uint64_t spawn_ns, last_rx_ns, hb_seq;
-  int restarts;
+  int restarts;              /* over the server's lifetime (status, metrics) */
+  uint64_t deaths_ns[COORD_DEATHS_KEPT]; /* ring of the latest deaths' times */
+  uint64_t respawn_ns;       /* DOWN: when to start it again (0 = not scheduled) */
   uint32_t n_vocab, max_ctx;
   uint32_t kv_capacity;      /* SIZED: blocks the worker can hold */
   uint64_t kv_block_bytes;   /* bytes of one of its blocks (0: not said) */
@@ -101,6 +104,8 @@ struct coord {
   bool step_busy;
   uint64_t step_id, step_sent_ns;
   uint32_t step_results;     /* ranks that answered */
+  int step_tokens;           /* tokens in the step in flight */
+  double step_ns_per_token;  /* slowest recent step's time per token (decays); 0 = none timed since a start */
   proto_step_item_t *pitems; /* (max_num_seqs) wire items */
   proto_copy_t *copies;      /* (copies_cap) wire block copies */
   int copies_cap;

@@ -27,6 +27,7 @@ static void coord__defaults(coord_config_t *k) {
   if (k->block_size <= 0) k->block_size = KV_BLOCK_SIZE_DEFAULT;
   if (k->max_waiting <= 0) k->max_waiting = 1024;
   if (k->worker_hb_timeout_ms <= 0) k->worker_hb_timeout_ms = 10000;
+  if (k->restart_backoff_max_ms <= 0) k->restart_backoff_max_ms = 30000;
 }
 
 static int coord__worker_exe(coord_t *c) {

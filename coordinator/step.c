@@ -81,6 +81,8 @@ static int coord__step_send(coord_t *c, const coord_sched_batch_t *b) {
     if ((rc = coord__worker_send_buf(c, &c->workers[r], &c->out))) return rc;
   }
   coord_sched_sent(&c->sched);
+  c->step_tokens = 0;
+  for (int i = 0; i < b->n_items; i++) c->step_tokens += b->items[i].n;
   c->step_busy = true;
   c->step_results = 0;
   c->step_sent_ns = fr_now_ns();
@@ -108,6 +110,13 @@ static void coord__step_end_failed(coord_t *c, const coord_sched_batch_t *b) {
     coord__stream_job(c, j);
     coord__job_reap(c, j);
   }
+}
+
+/* Keeps the slowest recent time per token (decaying by 1% a step), which
+ * scales the deadline of the next steps (coord__step_deadline_ms). */
+static void coord__step_timed(coord_t *c, uint64_t ns) {
+  double per_token = (double)ns / FR_MAX(c->step_tokens, 1);
+  c->step_ns_per_token = FR_MAX(per_token, 0.99 * c->step_ns_per_token);
 }
 
 void coord__step_kick(coord_t *c) {
@@ -182,6 +191,7 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
   c->step_results |= 1u << rank;
   if (c->step_results != (1u << c->n_workers) - 1) return;
   c->step_busy = false;
+  coord__step_timed(c, fr_now_ns() - c->step_sent_ns);
   coord__step_kick(c); /* (2): next step out before (3) */
   uint64_t t_sent = fr_now_ns();
   for (int i = 0; i < c->n_touched; i++) {

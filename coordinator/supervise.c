@@ -1,12 +1,20 @@
 /* supervise.c - the worker processes: fork/exec, registration (hello), load,
  * heartbeats, death (SIGCHLD or silence) and restart, shutdown.
  *
- * A worker that dies is restarted at once; the step in flight is dropped
- * (its results, if any arrive, carry an old epoch) and every running job is
+ * A worker that dies is restarted; the step in flight is dropped (its
+ * results, if any arrive, carry an old epoch) and every running job is
  * preempted, so it is recomputed from its tokens once the new worker has
  * loaded. Blocks committed to the prefix cache stay valid: they were
  * written by steps whose results arrived, in a KV pool segment that
  * outlives the worker.
+ *
+ * Restarts are limited by rate, not by count: the first few deaths within a
+ * window restart at once, later ones wait twice as long each time (up to
+ * restart_backoff_max_ms), and the server never gives up on a worker that
+ * has loaded once; while one is down the server is not ready (/health 503)
+ * and jobs wait. A worker that says nothing for longer than a step should
+ * take (a multiple of the slowest recent time per token times the step's
+ * tokens, at least a few seconds) is taken for hung, killed and restarted.
  */
 #include <errno.h>
 #include <signal.h>
@@ -24,8 +32,12 @@
 
 #define COORD_HB_PERIOD_MS 1000
 #define COORD_LOAD_TIMEOUT_MS 300000
-#define COORD_MAX_RESTARTS 20
-#define COORD_STEP_TIMEOUT_MS 300000ull
+#define COORD_RESTART_WINDOW_MS 60000ull /* deaths older than this do not slow restarts */
+#define COORD_RESTARTS_AT_ONCE 3         /* deaths in the window restarted without waiting */
+#define COORD_BACKOFF_FIRST_MS 500ull    /* the first wait; each later death doubles it */
+#define COORD_STEP_SLACK 8               /* a step may take this many times the expected time */
+#define COORD_STEP_MIN_TIMEOUT_MS 5000ull
+#define COORD_STEP_TIMEOUT_MS 300000ull  /* the first step after a start (graph capture, warm-up) */
 
 static int coord__spawn(coord_t *c, coord_worker_t *w) {
   char rank[16], world[16], ppid[16];
@@ -246,6 +258,19 @@ static void coord__recompute_all(coord_t *c) {
   coord_sched_requeue_all(&c->sched);
 }
 
+/* Records a death and returns how long to wait before the restart: nothing
+ * for the first deaths in the window, then doubling up to the maximum. */
+static uint64_t coord__restart_delay_ms(coord_t *c, coord_worker_t *w, uint64_t now) {
+  memmove(w->deaths_ns + 1, w->deaths_ns, (COORD_DEATHS_KEPT - 1) * sizeof w->deaths_ns[0]);
+  w->deaths_ns[0] = now;
+  int recent = 0;
+  for (int i = 0; i < COORD_DEATHS_KEPT; i++)
+    if (w->deaths_ns[i] && now - w->deaths_ns[i] < COORD_RESTART_WINDOW_MS * 1000000ull) recent++;
+  if (recent <= COORD_RESTARTS_AT_ONCE) return 0;
+  int doublings = FR_MIN(recent - COORD_RESTARTS_AT_ONCE - 1, 20);
+  return FR_MIN(COORD_BACKOFF_FIRST_MS << doublings, (uint64_t)c->cfg.restart_backoff_max_ms);
+}
+
 static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
   if (WIFSIGNALED(status)) FR_LOGW("worker %d (pid %d) killed by signal %d", w->rank, (int)w->pid, WTERMSIG(status));
   else FR_LOGW("worker %d (pid %d) exited with status %d", w->rank, (int)w->pid, WEXITSTATUS(status));
@@ -255,14 +280,28 @@ static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
   w->ident_len = 0;
   coord__set_ready(c, false);
   coord__recompute_all(c);
+  c->step_ns_per_token = 0; /* the new worker's first step warms up again */
   if (c->stop_loop) return;
   if (!was_loaded && !c->n_steps && !w->restarts && c->load_error == 0)
     c->load_error = fr_errorf(FR_EDEAD, "worker %d died while loading the model", w->rank);
-  if (c->load_error || ++w->restarts > COORD_MAX_RESTARTS) {
-    if (!c->load_error) c->load_error = fr_errorf(FR_EDEAD, "worker %d keeps dying: giving up", w->rank);
-    return;
+  if (c->load_error) return;
+  w->restarts++;
+  uint64_t now = fr_now_ns(), delay = coord__restart_delay_ms(c, w, now);
+  if (delay) FR_LOGW("worker %d keeps dying: restarting it in %.1f s", w->rank, delay / 1e3);
+  w->respawn_ns = now + delay * 1000000ull;
+}
+
+/* Starts the workers whose restart is due. A failed start (fork) is a
+ * death too: it is tried again after the backoff. */
+static void coord__workers_respawn(coord_t *c, uint64_t now) {
+  for (int r = 0; r < c->n_workers; r++) {
+    coord_worker_t *w = &c->workers[r];
+    if (w->pid || !w->respawn_ns || now < w->respawn_ns || c->stop_loop) continue;
+    w->respawn_ns = 0;
+    if (coord__spawn(c, w) == 0) continue;
+    FR_LOGE("restarting worker %d: %s", w->rank, fr_last_error());
+    w->respawn_ns = now + FR_MAX(coord__restart_delay_ms(c, w, now), COORD_BACKOFF_FIRST_MS) * 1000000ull;
   }
-  if (coord__spawn(c, w)) c->load_error = fr_errorf(FR_EDEAD, "restarting worker %d: %s", w->rank, fr_last_error());
 }
 
 void coord__workers_on_sigchld(coord_t *c) {
@@ -273,22 +312,33 @@ void coord__workers_on_sigchld(coord_t *c) {
       if (c->workers[r].pid == pid) coord__on_death(c, &c->workers[r], status);
 }
 
+/* How long a loaded worker may stay silent: the heartbeat timeout, or
+ * while a step is in flight the time that step should take with slack. */
+static uint64_t coord__silence_limit_ms(const coord_t *c) {
+  uint64_t limit = (uint64_t)c->cfg.worker_hb_timeout_ms;
+  if (!c->step_busy) return limit;
+  if (c->step_ns_per_token <= 0) return FR_MAX(limit, COORD_STEP_TIMEOUT_MS);
+  double expect_ms = c->step_ns_per_token * FR_MAX(c->step_tokens, 1) / 1e6;
+  uint64_t step_ms = (uint64_t)FR_MIN(COORD_STEP_SLACK * expect_ms, (double)COORD_STEP_TIMEOUT_MS);
+  return FR_MAX(limit, FR_MAX(step_ms, COORD_STEP_MIN_TIMEOUT_MS));
+}
+
 void coord__workers_tick(coord_t *c) {
-  uint64_t now = fr_now_ns();
+  coord__workers_respawn(c, fr_now_ns());
+  uint64_t now = fr_now_ns(); /* after the spawns, which stamp their workers' last_rx_ns */
   bool hb = now >= c->next_hb_ns;
   if (hb) c->next_hb_ns = now + COORD_HB_PERIOD_MS * 1000000ull;
+  uint64_t limit = coord__silence_limit_ms(c);
   for (int r = 0; r < c->n_workers; r++) {
     coord_worker_t *w = &c->workers[r];
     if (w->pid == 0) continue;
-    uint64_t quiet_ms = (now - w->last_rx_ns) / 1000000;
-    /* a worker in a step answers heartbeats after it: allow a long forward pass */
-    uint64_t limit = (uint64_t)c->cfg.worker_hb_timeout_ms;
-    if (c->step_busy) limit = FR_MAX(limit, COORD_STEP_TIMEOUT_MS);
+    uint64_t quiet_ms = now > w->last_rx_ns ? (now - w->last_rx_ns) / 1000000 : 0;
     /* loaded workers answer heartbeats, also while they wait for the others (SIZED) */
     bool live = w->state == COORD_W_READY || w->state == COORD_W_SIZED;
     bool stuck = (live && quiet_ms > limit) || (!live && quiet_ms > COORD_LOAD_TIMEOUT_MS);
     if (stuck) {
-      FR_LOGW("worker %d silent for %llu ms: killing it", w->rank, (unsigned long long)quiet_ms);
+      FR_LOGW("worker %d silent for %llu ms (limit %llu ms): killing it", w->rank, (unsigned long long)quiet_ms,
+              (unsigned long long)limit);
       kill(w->pid, SIGKILL);
       w->last_rx_ns = now; /* SIGCHLD follows */
       continue;

@@ -50,13 +50,14 @@ static void serve_usage(FILE *f) {
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
           "  --max-queue N                 waiting jobs before new ones get 429 (default 1024)\n"
-          "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n",
+          "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n"
+          "  --restart-backoff-max MS      longest wait before restarting a worker that keeps dying (default 30000)\n",
           cli_default_model());
 }
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
-  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES
+  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -97,6 +98,10 @@ static int serve_opt(serve_opts_t *o, int c) {
   case O_STATS: k->step_stats_path = optarg; return 0;
   case O_FAKE: k->fake_workers = true; return 0;
   case O_QUEUE: if (cli_parse_int("--max-queue", optarg, 1, 1 << 20, &v)) return 2; k->max_waiting = (int)v; return 0;
+  case O_BACKOFF:
+    if (cli_parse_int("--restart-backoff-max", optarg, 1, 3600000, &v)) return 2;
+    k->restart_backoff_max_ms = (int)v;
+    return 0;
   case 'h': serve_usage(stdout); return 1;
   default: serve_usage(stderr); return 2;
   }
@@ -127,6 +132,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"step-stats", required_argument, 0, O_STATS},
       {"fake-workers", no_argument, 0, O_FAKE},
       {"max-queue", required_argument, 0, O_QUEUE},
+      {"restart-backoff-max", required_argument, 0, O_BACKOFF},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);

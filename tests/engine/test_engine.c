@@ -378,6 +378,87 @@ START_TEST(test_worker_killed_restarts_and_recomputes) {
 }
 END_TEST
 
+/* Waits until the server has restarted its worker `restarts` times in all
+ * and is ready again (a worker registered and loaded). */
+static void wait_restarted(const efx_server_t *s, uint32_t restarts, uint64_t limit_ns) {
+  uint64_t t0 = fr_now_ns();
+  proto_status_reply_t st = {0};
+  for (;;) {
+    ck_assert_int_eq(efx_status(s, &st), 0);
+    if (st.worker_restarts >= restarts && st.n_workers == 1) return;
+    ck_assert_msg(fr_now_ns() - t0 < limit_ns, "restart %u not done in %.0f s (at %u)", restarts, limit_ns / 1e9,
+                  st.worker_restarts);
+    usleep(20000);
+  }
+}
+
+/* Restarts are limited by rate, not by count: 25 deaths (more than the old
+ * lifetime cap of 20) leave the server up, and a job that was running all
+ * along still finishes with the reference tokens. */
+START_TEST(test_worker_deaths_never_stop_the_server) {
+  need_model();
+  load_refs(1);
+  efx_server_t s;
+  const char *extra[] = {"--restart-backoff-max", "300", NULL};
+  ck_assert_int_eq(efx_start(&s, extra), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t j = {0};
+  proto_submit_t r = efx_greedy(prompts[0], N_OUT);
+  ck_assert_int_eq(fr_client_submit(c, &r, &j.id), 0);
+  for (uint32_t k = 1; k <= 25; k++) {
+    pid_t w[4];
+    ck_assert_int_eq(efx_worker_pids(&s, w, 4), 1);
+    ck_assert_int_eq(kill(w[0], SIGKILL), 0);
+    wait_restarted(&s, k, 30000000000ull);
+  }
+  ck_assert_int_eq(waitpid(s.pid, NULL, WNOHANG), 0); /* serve is still running */
+  ck_assert_int_eq(efx_collect(c, &j, 1, 120000), 0);
+  check_ref(&j, 0);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* A worker that stops answering in the middle of a step (SIGSTOP) is taken
+ * for hung after a few seconds, not minutes: it is killed and restarted, and
+ * the streams go on to the reference tokens. */
+START_TEST(test_hung_worker_is_restarted) {
+  need_model();
+  load_refs(2);
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  for (int i = 0; i < 2; i++) {
+    proto_submit_t r = efx_greedy(prompts[i], N_OUT);
+    ck_assert_int_eq(fr_client_submit(c, &r, &jobs[i].id), 0);
+  }
+  proto_event_t ev;
+  for (int got = 0; got < 2;) { /* both are decoding */
+    ck_assert_int_eq(fr_client_next_event(c, 60000, &ev), 0);
+    for (int i = 0; i < 2; i++)
+      if (jobs[i].id == ev.id) {
+        for (uint32_t t = 0; t < ev.n_tokens; t++) jobs[i].tokens[jobs[i].n_tokens++] = ev.tokens[t];
+        got++;
+      }
+  }
+  pid_t w[4];
+  ck_assert_int_eq(efx_worker_pids(&s, w, 4), 1);
+  uint64_t t0 = fr_now_ns();
+  ck_assert_int_eq(kill(w[0], SIGSTOP), 0);
+  wait_restarted(&s, 1, 20000000000ull);
+  double noticed_s = (fr_now_ns() - t0) / 1e9;
+  ck_assert_msg(noticed_s < 15, "hung worker noticed after %.1f s", noticed_s);
+  ck_assert_int_eq(efx_collect(c, jobs, 2, 120000), 0);
+  for (int i = 0; i < 2; i++) check_ref(&jobs[i], i);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
 /* ---- drain ------------------------------------------------------------------------------- */
 
 static void drain_case(bool cli) {
@@ -846,6 +927,8 @@ static Suite *engine_suite(void) {
   ADD(t, test_prefix_cache_hit);
   ADD(t, test_cancel_and_disconnect_free_blocks);
   ADD(t, test_worker_killed_restarts_and_recomputes);
+  ADD(t, test_worker_deaths_never_stop_the_server);
+  ADD(t, test_hung_worker_is_restarted);
   ADD(t, test_sigterm_drains);
   ADD(t, test_ferrumctl_stop_drains);
   ADD(t, test_bad_rpc_input);

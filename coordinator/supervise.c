@@ -313,14 +313,15 @@ void coord__workers_on_sigchld(coord_t *c) {
 }
 
 /* How long a loaded worker may stay silent: the heartbeat timeout, or
- * while a step is in flight the time that step should take with slack. */
+ * while a step is in flight (heartbeats wait for it) the time that step
+ * should take with slack, at least COORD_STEP_MIN_TIMEOUT_MS. */
 static uint64_t coord__silence_limit_ms(const coord_t *c) {
   uint64_t limit = (uint64_t)c->cfg.worker_hb_timeout_ms;
   if (!c->step_busy) return limit;
   if (c->step_ns_per_token <= 0) return FR_MAX(limit, COORD_STEP_TIMEOUT_MS);
   double expect_ms = c->step_ns_per_token * FR_MAX(c->step_tokens, 1) / 1e6;
   uint64_t step_ms = (uint64_t)FR_MIN(COORD_STEP_SLACK * expect_ms, (double)COORD_STEP_TIMEOUT_MS);
-  return FR_MAX(limit, FR_MAX(step_ms, COORD_STEP_MIN_TIMEOUT_MS));
+  return FR_MAX(step_ms, COORD_STEP_MIN_TIMEOUT_MS);
 }
 
 void coord__workers_tick(coord_t *c) {

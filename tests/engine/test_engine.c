@@ -451,6 +451,7 @@ START_TEST(test_hung_worker_is_restarted) {
   ck_assert_int_eq(kill(w[0], SIGSTOP), 0);
   wait_restarted(&s, 1, 20000000000ull);
   double noticed_s = (fr_now_ns() - t0) / 1e9;
+  fprintf(stderr, "hung worker replaced after %.1f s\n", noticed_s);
   ck_assert_msg(noticed_s < 15, "hung worker noticed after %.1f s", noticed_s);
   ck_assert_int_eq(efx_collect(c, jobs, 2, 120000), 0);
   for (int i = 0; i < 2; i++) check_ref(&jobs[i], i);

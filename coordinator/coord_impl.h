@@ -11,6 +11,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <pthread.h>
 #include <sys/types.h>
 
 #include "coordinator/coord.h"
@@ -55,6 +56,21 @@ typedef struct {
   uint64_t kv_block_bytes;   /* bytes of one of its blocks (0: not said) */
 } coord_worker_t;
 
+/* The prompt pool (prompts.c): threads that tokenize submits' text. */
+typedef struct coord_prompt_task coord_prompt_task_t;
+typedef struct {
+  pthread_t threads[4];
+  int n_threads;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  coord_prompt_task_t *todo_head, *todo_tail; /* FIFO, under mu */
+  coord_prompt_task_t *done_head;             /* LIFO, under mu */
+  bool stop;
+  int efd;                                    /* eventfd: tasks are done (-1 before init) */
+  const model_tokenizer_t *tok;               /* immutable, shared */
+  model_chat_kind_t chat;
+} coord_prompts_t;
+
 /* Recorded coordinator time per step: (wall ns, CPU ns, ns to the next step's send, items). */
 typedef struct {
   uint32_t *us;              /* (cap) */
@@ -96,6 +112,8 @@ struct coord {
   int load_error;            /* a worker's load failed: fatal */
   /* jobs */
   coord_sched_t sched;       /* waiting queue, running list, the step's batch */
+  coord_prompts_t prompts;   /* tokenizes text prompts off this thread */
+  int n_tokenizing;          /* jobs whose prompt is in the pool */
   coord_sched_counters_t reported; /* sched.counters already added to metrics */
   coord_job_t **hash;        /* (hash_cap) by id */
   size_t hash_cap;
@@ -144,10 +162,23 @@ void coord__rpc_on_monitor(coord_t *c);
 int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body);
 int coord__rpc_error(coord_t *c, const coord_peer_t *p, int32_t code, uint64_t id, const char *msg);
 
+/* ---- prompts.c ---- */
+int coord__prompts_init(coord_t *c);
+/* Stops and joins the threads; tasks still queued are dropped (their jobs
+ * are freed by coord__jobs_destroy). */
+void coord__prompts_deinit(coord_t *c);
+/* Hands the text (or messages) of s to the pool; j is held until it is back. */
+void coord__prompts_submit(coord_t *c, coord_job_t *j, const proto_submit_t *s);
+/* The eventfd said tasks are done: finishes each one's intake. */
+void coord__prompts_on_ready(coord_t *c);
+
 /* ---- jobs.c ---- */
 /* Validates and tokenizes a submit; on success the job is queued. On
  * failure it answers the client with an error itself. */
 void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *s);
+/* The pool tokenized j's prompt (rc 0: ids, n; else err): the job is
+ * queued, or rejected with err. Takes ownership of ids. */
+void coord__job_prompt_ready(coord_t *c, coord_job_t *j, int rc, const char *err, int32_t *ids, size_t n);
 void coord__job_cancel(coord_t *c, const coord_peer_t *p, uint64_t id);
 coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id);
 /* Ends a job: sets finish (first reason wins), frees its slot unless a

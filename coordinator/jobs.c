@@ -11,6 +11,11 @@
 #include "coordinator/coord_impl.h"
 #include "coordinator/metrics.h"
 
+/* Text longer than this many bytes per token of context is refused before
+ * it is tokenized: no tokenizer packs more than a few dozen bytes in a
+ * token, so it could not fit. */
+#define COORD_MAX_PROMPT_BYTES_PER_TOKEN 64
+
 /* ---- lookup ---------------------------------------------------------------- */
 
 static size_t coord__hash_idx(const coord_t *c, uint64_t id) {
@@ -64,7 +69,7 @@ static void coord__job_destroy(coord_job_t *j) {
 }
 
 bool coord__job_reap(coord_t *c, coord_job_t *j) {
-  if (j->state != COORD_JOB_DONE || j->in_step || !j->finish_sent) return false;
+  if (j->state != COORD_JOB_DONE || j->in_step || j->tokenizing || !j->finish_sent) return false;
   coord_sched_remove(&c->sched, j);
   coord__hash_remove(c, j);
   coord__job_destroy(j);
@@ -159,45 +164,30 @@ typedef struct {
   const char *msg;
 } coord_reject_t;
 
-static int coord__tokenize_chat(coord_t *c, const proto_submit_t *s, int32_t **ids, size_t *n) {
-  if (c->chat == MODEL_CHAT_UNKNOWN) return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows");
-  model_chat_msg_t *msgs = fr_calloc(s->n_messages, sizeof *msgs);
-  char **owned = fr_calloc(s->n_messages, sizeof *owned);
-  for (uint32_t i = 0; i < s->n_messages; i++) {
-    const proto_chat_msg_t *m = &s->messages[i];
-    owned[i] = fr_strndup(m->content, m->content_len); /* NULs end the text */
-    msgs[i] = (model_chat_msg_t){.role = m->role, .content = owned[i]};
-  }
-  size_t bos_len = 0;
-  int32_t bos = model_token_bos(c->tok);
-  const char *bos_bytes = bos >= 0 ? model_token_bytes(c->tok, bos, &bos_len) : NULL;
-  char *bos_text = bos_bytes ? fr_strndup(bos_bytes, bos_len) : NULL;
-  char *text = NULL;
-  int rc = model_chat_render(c->chat, msgs, s->n_messages, bos_text, &text);
-  if (rc == 0) rc = model_tokenize(c->tok, text, strlen(text), false, true, ids, n);
-  for (uint32_t i = 0; i < s->n_messages; i++) free(owned[i]);
-  free(owned), free(msgs), free(bos_text), free(text);
-  return rc;
+/* Bytes of prompt text a submit carries (its prompt or its messages). */
+static size_t coord__prompt_bytes(const proto_submit_t *s) {
+  size_t n = s->prompt_len;
+  for (uint32_t i = 0; i < s->n_messages; i++) n += s->messages[i].content_len;
+  return n;
 }
 
-/* Prompt token ids of a submit (fr_malloc'd), or a rejection. */
-static int coord__prompt(coord_t *c, const proto_submit_t *s, int32_t **ids, size_t *n, coord_reject_t *rj) {
-  int rc = 0;
-  if (s->n_tokens > 0) {
-    for (uint32_t i = 0; i < s->n_tokens; i++)
-      if (s->tokens[i] < 0 || s->tokens[i] >= c->vocab) {
-        *rj = (coord_reject_t){PROTO_ERR_BAD_REQUEST, "token id out of the vocabulary"};
-        return -EINVAL;
-      }
-    *ids = fr_malloc((size_t)s->n_tokens * sizeof(int32_t));
-    memcpy(*ids, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
-    *n = s->n_tokens;
-    return 0;
+/* What is cheap to check before a prompt is tokenized: token ids against
+ * the vocabulary, and text too long for the context whatever it tokenizes
+ * to (fails fast, without tokenizing megabytes). */
+static coord_reject_t coord__prompt_precheck(coord_t *c, const proto_submit_t *s) {
+  static char msg[160];
+  for (uint32_t i = 0; i < s->n_tokens; i++)
+    if (s->tokens[i] < 0 || s->tokens[i] >= c->vocab)
+      return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "token id out of the vocabulary"};
+  if (s->n_tokens == 0 && s->n_messages == 0 && s->prompt_len == 0)
+    return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "the prompt is empty"};
+  size_t bytes = coord__prompt_bytes(s), most = (size_t)c->max_model_len * COORD_MAX_PROMPT_BYTES_PER_TOKEN;
+  if (bytes > most) {
+    snprintf(msg, sizeof msg, "the prompt has %zu bytes, more than this model's context of %d tokens can hold",
+             bytes, c->max_model_len);
+    return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
   }
-  if (s->n_messages > 0) rc = coord__tokenize_chat(c, s, ids, n);
-  else rc = model_tokenize(c->tok, s->prompt, s->prompt_len, true, true, ids, n);
-  if (rc) *rj = (coord_reject_t){PROTO_ERR_BAD_REQUEST, fr_last_error()};
-  return rc;
+  return (coord_reject_t){0, NULL};
 }
 
 static coord_reject_t coord__precheck(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
@@ -206,12 +196,15 @@ static coord_reject_t coord__precheck(coord_t *c, const coord_peer_t *p, const p
     return (coord_reject_t){PROTO_ERR_UNAVAILABLE, "the workers are not ready yet"};
   if (s->model && *s->model && strcmp(s->model, c->served_name) != 0)
     return (coord_reject_t){PROTO_ERR_NOT_FOUND, "unknown model"};
-  if (c->sched.n_waiting >= c->cfg.max_waiting) return (coord_reject_t){PROTO_ERR_BUSY, "the queue is full"};
+  if (c->sched.n_waiting + c->n_tokenizing >= c->cfg.max_waiting)
+    return (coord_reject_t){PROTO_ERR_BUSY, "the queue is full"};
   if (coord__job_find(c, p, s->id)) return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "a job with this id is running"};
   return (coord_reject_t){0, NULL};
 }
 
-static coord_reject_t coord__lencheck(coord_t *c, const proto_submit_t *s, size_t n_prompt, int *max_tokens) {
+/* Checks the prompt's length against the context and j's request, and
+ * works out its max_tokens (0 asked: the room left). */
+static coord_reject_t coord__lencheck(coord_t *c, const coord_job_t *j, size_t n_prompt, int *max_tokens) {
   static char msg[256];
   if (n_prompt == 0) return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "the prompt is empty"};
   if (n_prompt >= (size_t)c->max_model_len) {
@@ -220,31 +213,30 @@ static coord_reject_t coord__lencheck(coord_t *c, const proto_submit_t *s, size_
     return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
   }
   int room = c->max_model_len - (int)n_prompt;
-  if (s->max_tokens > (uint32_t)room) {
-    snprintf(msg, sizeof msg, "prompt (%zu tokens) + max_tokens (%u) exceed the context of %d tokens", n_prompt,
-             s->max_tokens, c->max_model_len);
+  if (j->max_tokens > room) {
+    snprintf(msg, sizeof msg, "prompt (%zu tokens) + max_tokens (%d) exceed the context of %d tokens", n_prompt,
+             j->max_tokens, c->max_model_len);
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, msg};
   }
-  *max_tokens = s->max_tokens ? (int)s->max_tokens : room;
-  if (s->return_logits && (uint64_t)(s->stream ? 1 : *max_tokens) * (uint64_t)c->vocab > PROTO_MAX_LOGITS)
+  *max_tokens = j->max_tokens ? j->max_tokens : room;
+  if (j->return_logits && (uint64_t)(j->stream ? 1 : *max_tokens) * (uint64_t)c->vocab > PROTO_MAX_LOGITS)
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "return_logits needs stream (or fewer max_tokens)"};
   return (coord_reject_t){0, NULL};
 }
 
-static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const proto_submit_t *s, int32_t *ids,
-                                   size_t n, int max_tokens) {
+/* A job for submit s, without its prompt yet (state NEW, max_tokens as
+ * asked; coord__job_set_prompt completes it). */
+static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
   coord_job_t *j = fr_calloc(1, sizeof *j);
+  j->state = COORD_JOB_NEW;
   j->id = s->id;
   j->serial = ++c->serial;
   j->peer = *p;
   j->priority = s->priority;
-  j->cap = (int)n + max_tokens + 1;
-  j->tok = fr_realloc(ids, (size_t)j->cap * sizeof(int32_t));
-  j->n_tok = j->n_prompt = (int)n;
   j->slot = -1;
   j->sp = s->sp;
   if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
-  j->max_tokens = max_tokens;
+  j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
   j->ignore_eos = s->ignore_eos;
   j->stream = s->stream;
   j->return_logits = s->return_logits;
@@ -258,32 +250,82 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->n_stop_ids = s->n_stop_ids;
   j->stop_ids = fr_malloc((s->n_stop_ids ? s->n_stop_ids : 1) * sizeof(int32_t));
   if (s->n_stop_ids) memcpy(j->stop_ids, s->stop_ids, s->n_stop_ids * sizeof(int32_t));
-  if (s->sp.logprobs >= 0) {
-    j->lp = fr_malloc((size_t)max_tokens * sizeof(float));
-    j->top_n = s->sp.logprobs;
-    if (j->top_n > 0) j->top = fr_malloc((size_t)max_tokens * (size_t)j->top_n * sizeof(proto_toplp_t));
-  }
   model_detok_init(&j->detok, c->tok, true);
   j->t_arrival_ns = fr_now_ns();
   return j;
 }
 
-void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
-  coord_reject_t rj = coord__precheck(c, p, s);
-  int32_t *ids = NULL;
-  size_t n = 0;
+/* Gives j its prompt (takes ids) once its length is checked, and sizes
+ * what depends on max_tokens. On a rejection ids are freed and j is
+ * unchanged. */
+static coord_reject_t coord__job_set_prompt(coord_t *c, coord_job_t *j, int32_t *ids, size_t n) {
   int max_tokens = 0;
-  if (!rj.code && coord__prompt(c, s, &ids, &n, &rj) == 0) rj = coord__lencheck(c, s, n, &max_tokens);
+  coord_reject_t rj = coord__lencheck(c, j, n, &max_tokens);
   if (rj.code) {
     free(ids);
+    return rj;
+  }
+  j->max_tokens = max_tokens;
+  j->cap = (int)n + max_tokens + 1;
+  j->tok = fr_realloc(ids, (size_t)j->cap * sizeof(int32_t));
+  j->n_tok = j->n_prompt = (int)n;
+  if (j->sp.logprobs >= 0) {
+    j->lp = fr_malloc((size_t)max_tokens * sizeof(float));
+    j->top_n = j->sp.logprobs;
+    if (j->top_n > 0) j->top = fr_malloc((size_t)max_tokens * (size_t)j->top_n * sizeof(proto_toplp_t));
+  }
+  return rj;
+}
+
+/* The job has its prompt: the scheduler takes it. */
+static void coord__job_queue(coord_t *c, coord_job_t *j) {
+  j->state = COORD_JOB_WAITING;
+  coord_sched_enqueue(&c->sched, j);
+  FR_LOGD("job %llu: %d prompt tokens, max %d", (unsigned long long)j->id, j->n_prompt, j->max_tokens);
+}
+
+/* Ends a job whose intake failed: the client gets the error reply (no
+ * event), and the job is gone. */
+static void coord__job_reject(coord_t *c, coord_job_t *j, coord_reject_t rj) {
+  coord__rpc_error(c, &j->peer, rj.code, j->id, rj.msg);
+  coord__job_finish(c, j, PROTO_FINISH_ERROR);
+  j->finish_sent = true;
+  coord__job_reap(c, j);
+}
+
+/* Intake: checks, then the job exists at once (cancel, duplicate ids and
+ * disconnects see it); a text prompt is tokenized by the pool, token ids
+ * are taken as they are. */
+void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
+  coord_reject_t rj = coord__precheck(c, p, s);
+  if (!rj.code) rj = coord__prompt_precheck(c, s);
+  if (rj.code) {
     coord__rpc_error(c, p, rj.code, s->id, rj.msg);
     return;
   }
-  coord_job_t *j = coord__job_new(c, p, s, ids, n, max_tokens);
+  coord_job_t *j = coord__job_new(c, p, s);
   coord__hash_insert(c, j);
-  coord_sched_enqueue(&c->sched, j);
   if (c->metrics) coord_metrics_request_start(c->metrics);
-  FR_LOGD("job %llu: %d prompt tokens, max %d", (unsigned long long)j->id, j->n_prompt, j->max_tokens);
+  if (s->n_tokens == 0) {
+    coord__prompts_submit(c, j, s);
+    return;
+  }
+  int32_t *ids = fr_malloc((size_t)s->n_tokens * sizeof(int32_t));
+  memcpy(ids, s->tokens, (size_t)s->n_tokens * sizeof(int32_t));
+  coord__job_prompt_ready(c, j, 0, NULL, ids, s->n_tokens);
+}
+
+void coord__job_prompt_ready(coord_t *c, coord_job_t *j, int rc, const char *err, int32_t *ids, size_t n) {
+  if (j->finish != PROTO_FINISH_NONE) { /* canceled (or the client left) while it was tokenized */
+    free(ids);
+    coord__job_reap(c, j);
+    return;
+  }
+  coord_reject_t rj = {PROTO_ERR_BAD_REQUEST, err};
+  if (rc == 0) rj = coord__job_set_prompt(c, j, ids, n);
+  else free(ids);
+  if (rj.code) coord__job_reject(c, j, rj);
+  else coord__job_queue(c, j);
 }
 
 void coord__job_cancel(coord_t *c, const coord_peer_t *p, uint64_t id) {

@@ -204,6 +204,7 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   if (cfg->tp_size > COORD_MAX_WORKERS) return fr_errorf(-EINVAL, "at most %d workers", COORD_MAX_WORKERS);
   coord_t *c = fr_calloc(1, sizeof *c);
   c->sigfd = -1;
+  c->prompts.efd = -1;
   c->logits_seg.fd = -1;
   proto_msg_init(&c->in);
   proto_buf_init(&c->out);
@@ -225,6 +226,7 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   if ((rc = coord__tokenizer(c))) goto fail;
   if ((rc = coord__kv(c))) goto fail;
   if ((rc = coord__signals(c))) goto fail;
+  if ((rc = coord__prompts_init(c))) goto fail; /* after the signal mask, which its threads inherit */
   if ((rc = coord__sockets(c))) goto fail;
   if ((rc = coord__pidfile_write(c))) goto fail;
   if ((rc = coord__workers_start(c))) goto fail;
@@ -281,7 +283,7 @@ static void coord__on_workers(coord_t *c) {
 }
 
 static bool coord__drained(const coord_t *c) {
-  return c->draining && !c->sched.waiting_head && !c->sched.running_head && !c->step_busy;
+  return c->draining && !c->sched.waiting_head && !c->sched.running_head && !c->step_busy && !c->n_tokenizing;
 }
 
 /* Sets the metrics gauges (running, waiting, KV blocks used). */
@@ -294,12 +296,13 @@ static void coord__gauges(coord_t *c) {
 }
 
 int coord__loop_once(coord_t *c, int timeout_ms) {
-  zmq_pollitem_t pi[5] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
+  zmq_pollitem_t pi[6] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
                           {.socket = c->rsock, .events = ZMQ_POLLIN},
                           {.socket = c->isock, .events = ZMQ_POLLIN},
                           {.fd = c->sigfd, .events = ZMQ_POLLIN},
-                          {.socket = c->msock, .events = ZMQ_POLLIN}};
-  int n = zmq_poll(pi, 5, FR_MIN(timeout_ms, 200));
+                          {.socket = c->msock, .events = ZMQ_POLLIN},
+                          {.fd = c->prompts.efd, .events = ZMQ_POLLIN}};
+  int n = zmq_poll(pi, 6, FR_MIN(timeout_ms, 200));
   if (n < 0 && errno != EINTR) return fr_errorf(FR_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
   if (n > 0) {
     if (pi[3].revents & ZMQ_POLLIN) coord__on_signals(c);
@@ -308,6 +311,7 @@ int coord__loop_once(coord_t *c, int timeout_ms) {
     if (pi[4].revents & ZMQ_POLLIN) coord__rpc_on_monitor(c);
     if (pi[1].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->rsock, false);
     if (pi[2].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->isock, true);
+    if (pi[5].revents & ZMQ_POLLIN) coord__prompts_on_ready(c);
   }
   coord__workers_tick(c);
   coord__step_kick(c);
@@ -377,6 +381,7 @@ static void coord__unlink_segments(coord_t *c) {
 void coord_destroy(coord_t *c) {
   if (!c) return;
   coord__workers_stop(c);
+  coord__prompts_deinit(c);
   coord__jobs_destroy(c);
   if (c->wsock) zmq_close(c->wsock);
   if (c->rsock) zmq_close(c->rsock);

@@ -36,7 +36,8 @@ extern "C" {
 
 #define COORD_IDENT_MAX 256 /* zmq routing ids are at most 255 bytes */
 
-typedef enum { COORD_JOB_WAITING = 0, COORD_JOB_RUNNING, COORD_JOB_DONE } coord_job_state_t;
+/* NEW: not handed to the scheduler yet (its prompt is being tokenized). */
+typedef enum { COORD_JOB_WAITING = 0, COORD_JOB_RUNNING, COORD_JOB_DONE, COORD_JOB_NEW } coord_job_state_t;
 
 /* A client's routing envelope: the identity frame and whether it sent an
  * empty delimiter frame (REQ-style) that replies must repeat. */
@@ -68,6 +69,7 @@ struct coord_job {
   uint64_t id;               /* the client's job id */
   uint64_t serial;           /* arrival order */
   coord_peer_t peer;
+  bool tokenizing;           /* a prompt task (prompts.c) holds it: not freed until the task is back */
   int32_t priority;          /* higher first */
   /* tokens: prompt then output */
   int32_t *tok;              /* (cap) */

@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -455,6 +456,83 @@ START_TEST(test_hung_worker_is_restarted) {
   ck_assert_msg(noticed_s < 15, "hung worker noticed after %.1f s", noticed_s);
   ck_assert_int_eq(efx_collect(c, jobs, 2, 120000), 0);
   for (int i = 0; i < 2; i++) check_ref(&jobs[i], i);
+  fr_client_close(c);
+  stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- big prompts ------------------------------------------------------------------------ */
+
+typedef struct {
+  const efx_server_t *s;
+  size_t bytes;
+  efx_job_t job;
+  uint64_t t_sent_ns, t_done_ns;
+} big_prompt_t;
+
+/* Submits a prompt of b->bytes of random letters on a connection of its own
+ * and waits for its answer. */
+static void *big_prompt_thread(void *arg) {
+  big_prompt_t *b = arg;
+  char *text = malloc(b->bytes + 1);
+  uint64_t x = 88172645463325252ull; /* letters without spaces: the slowest text for BPE */
+  for (size_t i = 0; i < b->bytes; i++) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    text[i] = (char)('a' + x % 26);
+  }
+  text[b->bytes] = 0;
+  fr_client_t *c = NULL;
+  proto_submit_t r = efx_greedy(text, 1);
+  b->t_sent_ns = fr_now_ns();
+  if (fr_client_connect(&c, b->s->rpc) == 0 && fr_client_submit(c, &r, &b->job.id) == 0)
+    efx_collect(c, &b->job, 1, 120000);
+  b->t_done_ns = fr_now_ns();
+  fr_client_close(c);
+  free(text);
+  return NULL;
+}
+
+/* A prompt of hundreds of kilobytes is tokenized off the coordinator's
+ * loop: a stream that runs meanwhile gets its tokens at the usual pace
+ * (before, every stream stalled for the whole tokenization). A prompt past
+ * what the context could hold is refused at once, without tokenizing it. */
+START_TEST(test_big_prompt_does_not_stall_streams) {
+  need_model();
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  efx_job_t j = {0};
+  proto_submit_t r = efx_greedy(prompts[1], 400);
+  ck_assert_int_eq(fr_client_submit(c, &r, &j.id), 0);
+  wait_events(c, j.id, 2);
+  big_prompt_t big = {.s = &s, .bytes = 500000};
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, big_prompt_thread, &big), 0);
+  static uint64_t at[1024]; /* when each event of the stream came */
+  int n_at = 0;
+  at[n_at++] = fr_now_ns();
+  proto_event_t ev;
+  bool done = false;
+  while (!done && n_at < 1024 && fr_client_next_event(c, 60000, &ev) == 0) {
+    at[n_at++] = fr_now_ns();
+    done = ev.finish != PROTO_FINISH_NONE;
+  }
+  pthread_join(th, NULL);
+  ck_assert(done);
+  uint64_t max_gap = 0; /* the longest wait for an event while the big prompt was in */
+  for (int i = 1; i < n_at; i++)
+    if (at[i] > big.t_sent_ns && at[i - 1] < big.t_done_ns) max_gap = FR_MAX(max_gap, at[i] - at[i - 1]);
+  double tok_s = (big.t_done_ns - big.t_sent_ns) / 1e9, gap_s = max_gap / 1e9;
+  fprintf(stderr, "500 kB prompt answered after %.2f s; longest stream gap meanwhile %.3f s\n", tok_s, gap_s);
+  ck_assert_int_eq(big.job.error, PROTO_ERR_TOO_BIG); /* more tokens than the context */
+  ck_assert_msg(tok_s > 0.1, "tokenizing took %.2f s: too short to tell", tok_s);
+  ck_assert_msg(gap_s < tok_s / 2, "a stream stalled %.3f s while a prompt was tokenized for %.2f s", gap_s, tok_s);
+  /* 4 MB: refused before tokenizing */
+  big_prompt_t huge = {.s = &s, .bytes = 4000000};
+  big_prompt_thread(&huge);
+  ck_assert_int_eq(huge.job.error, PROTO_ERR_TOO_BIG);
+  ck_assert_msg((huge.t_done_ns - huge.t_sent_ns) / 1e9 < tok_s, "4 MB prompt not refused fast");
   fr_client_close(c);
   stop_clean(&s, false);
 }
@@ -930,6 +1008,7 @@ static Suite *engine_suite(void) {
   ADD(t, test_worker_killed_restarts_and_recomputes);
   ADD(t, test_worker_deaths_never_stop_the_server);
   ADD(t, test_hung_worker_is_restarted);
+  ADD(t, test_big_prompt_does_not_stall_streams);
   ADD(t, test_sigterm_drains);
   ADD(t, test_ferrumctl_stop_drains);
   ADD(t, test_bad_rpc_input);

@@ -2,8 +2,10 @@
  *
  * The backend context (kcu_ctx_t), the one error-check macro for CUDA and
  * cuBLAS calls, element load/store helpers for the activation types (bf16 or
- * f16, chosen at create time) and the launchers each .cu file exports to
- * kcu_backend.cu. Not a public header: only kernels/cuda includes it.
+ * f16, chosen at create time) and what each .cu file exports to the others
+ * (weight loading, sampling and the kernel launchers, which the ops table in
+ * kcu_backend.cu calls). Not a public header: only kernels/cuda (and
+ * bench/cuda_ops.cu) include it.
  *
  * Threads: one owner thread per backend (kern.h). Every op runs on the
  * backend's one stream; ops called between graph_begin and graph_end are
@@ -121,7 +123,7 @@ typedef struct {
   int capturing;
   uint64_t capture_key;
 
-  /* weight loading (kcu_backend.cu): a ring of pinned host chunks feeding a
+  /* weight loading (kcu_weights.cu): a ring of pinned host chunks feeding a
    * copy stream, made by the first weight_load and freed by load_end */
   cudaStream_t load_stream;
   void *stage_pin[KCU_STAGE_N];          /* pinned host chunks, KCU_STAGE_BYTES each */
@@ -250,8 +252,23 @@ void kcu__free(void *p);
  * allocate or synchronize). */
 int kcu__not_capturing(kcu_ctx_t *c, const char *what);
 
-/* Launchers (kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu, kcu_sample.cu). All
- * return 0 or a negative error; they queue work on c->stream. */
+/* Weights (kcu_weights.cu), behind the ops table's weight slots (kern.h
+ * says what each does). */
+bool kcu__supports_type(kern_type_t t);
+int kcu__weight_load(kcu_ctx_t *c, kern_weight_t *w, const void *host_data);
+int kcu__load_end(kcu_ctx_t *c);
+void kcu__weight_release(kern_weight_t *w);
+/* Waits for the weight staging ring's copies and frees it, if there is one
+ * (cleanup: errors ignored). */
+void kcu__stage_free(kcu_ctx_t *c);
+
+/* The sample op (kcu_sample.cu): lists the rows' penalized tokens, uploads
+ * the parameters, samples on the device and waits for the tokens. */
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
+                int32_t *tokens_host, float *logprobs_host);
+
+/* Launchers (kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu). All return 0 or a
+ * negative error; they queue work on c->stream. */
 int kcu__convert(kcu_ctx_t *c, void *dst, kern_type_t dst_type, const void *src, kern_type_t src_type, size_t n);
 int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *table);
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps);
@@ -275,20 +292,3 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
-/* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
- * logprob) per row for the rows that want top logprobs. */
-int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *pen_dev,
-                void *result_dev);
-
-/* Sample params as the device reads them (16-byte aligned rows). The
- * row's penalized tokens are entries [pen_off, pen_off + n_pen) of the
- * step's penalty list. */
-typedef struct {
-  float temperature, top_p, min_p;
-  int32_t top_k;
-  uint64_t seed, counter;
-  float rep, pres, freq;
-  int32_t pen_off, n_pen;
-  int32_t top_n; /* top logprobs wanted (<= KERN_SAMPLE_MAX_TOP) */
-  int32_t pad[2];
-} kcu_sparams_t;

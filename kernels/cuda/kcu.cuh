@@ -42,6 +42,15 @@
 #define KCU_STAGE_N 4                /* pinned chunks in the weight-loading ring */
 #define KCU_STAGE_BYTES (16u << 20)  /* bytes per chunk */
 
+/* Launch geometry shared by the kernel files (each file names its own
+ * kernels' block and tile sizes at its top). */
+#define KCU_WARP 32      /* threads per warp on every NVIDIA GPU; lane math and the shuffles below rely on it */
+#define KCU_MAX_WARPS (1024 / KCU_WARP) /* warps in the largest CTA: the size of per-warp reduction scratch */
+#define KCU_ELEM_NT 256  /* threads per CTA of the elementwise kernels: 8 warps, the usual size for
+                            memory-bound kernels (not tuned here) */
+#define KCU_QSUB 32      /* elements of a quantization sub-block: the quantized kernels' unit of work
+                            (one a thread or a lane) and the int8 activations' scale group */
+
 /* Device copy of the step metadata: one allocation, fixed offsets while the
  * capacities hold (graphs captured against it stay valid). */
 typedef struct {
@@ -99,7 +108,7 @@ typedef struct {
   void *deq;               /* act-type dequantized weight rows for prefill GEMMs */
   size_t deq_elems;
   int8_t *xq;              /* decode GEMV activations as int8 (KCU_QGEMV_MAX_N * max cols) */
-  void *xqd;               /* their per-32 (scale, scale * sum) float2 */
+  void *xqd;               /* their per-KCU_QSUB (scale, scale * sum) float2 */
   size_t xq_cap;           /* elements of xq */
   float *attn_part;        /* decode split-K partials */
   size_t attn_part_floats;
@@ -172,12 +181,12 @@ template <typename T> __device__ __forceinline__ uint4 kcu_pack8(const float *f)
 
 __device__ __forceinline__ float kcu_warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = KCU_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 __device__ __forceinline__ float kcu_warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = KCU_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 

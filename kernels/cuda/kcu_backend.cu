@@ -10,6 +10,12 @@
 #include "kernels/cuda/kcu.cuh"
 
 #define KCU_CUBLAS_WS_BYTES (32u << 20)
+/* Smallest capacities of the step metadata (tokens, sequences, block table
+ * entries), made at create so that small steps never grow it (growing
+ * drops the captured graphs). */
+#define KCU_META_MIN_TOKENS 256
+#define KCU_META_MIN_SEQS 64
+#define KCU_META_MIN_BT 4096
 
 int kcu__alloc(kcu_ctx_t *c, size_t bytes, void **out, const char *what) {
   (void)c;
@@ -193,8 +199,9 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   if (n_tok <= c->tok_cap && n_seq <= c->seq_cap && n_bt <= c->bt_cap) return 0;
   int rc = kcu__not_capturing(c, "step metadata growth");
   if (rc) return rc;
-  int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), 256), seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), 64);
-  size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)4096);
+  int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), KCU_META_MIN_TOKENS);
+  int seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), KCU_META_MIN_SEQS);
+  size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)KCU_META_MIN_BT);
   size_t bytes = (4 + 3 * (size_t)tok_cap + 2 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   kcu__graphs_drop(c);
@@ -523,7 +530,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
   FR_LOGD("cuda: device %d %s, %d SMs, act %s, PDL %s", device, prop.name, c->n_sm,
           c->act == KERN_BF16 ? "bf16" : "f16", c->pdl ? "on" : "off");
-  return kcu_meta_grow(c, 256, 64, 4096);
+  return kcu_meta_grow(c, KCU_META_MIN_TOKENS, KCU_META_MIN_SEQS, KCU_META_MIN_BT);
 }
 
 extern "C" int kern_cuda_create(kern_backend_t **out, int device) {

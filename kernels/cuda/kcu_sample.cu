@@ -25,7 +25,10 @@
 #include "common/fr_util.h"
 #include "kernels/cuda/kcu.cuh"
 
-#define KCU_SAMP_NT 1024
+#define KCU_SAMP_NT 1024 /* threads per CTA: the most a CTA can have, as one CTA goes through a
+                            whole row of the vocabulary (several times) alone */
+#define KCU_RADIX_BITS 8 /* key bits a radix-selection pass: 4 passes, histograms of 256 bins */
+#define KCU_RADIX (1 << KCU_RADIX_BITS)
 #define KCU_MASS_ONE 1099511627776.0 /* 2^40 */
 
 /* Sample params as the device reads them (16-byte aligned rows). The
@@ -53,16 +56,14 @@ __device__ __forceinline__ uint64_t kcu_splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-template <typename T> struct kcu_red_t {
-  T v[32];
-};
+static_assert(KCU_SAMP_NT / KCU_WARP <= KCU_WARP, "one warp reduces the per-warp partials");
 
 __device__ float kcu_bsum(float v, float *red) {
   v = kcu_warp_sum(v);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  if (threadIdx.x % KCU_WARP == 0) red[threadIdx.x / KCU_WARP] = v;
   __syncthreads();
-  v = threadIdx.x < KCU_SAMP_NT / 32 ? red[threadIdx.x] : 0.f;
-  if (threadIdx.x < 32) v = kcu_warp_sum(v);
+  v = threadIdx.x < KCU_SAMP_NT / KCU_WARP ? red[threadIdx.x] : 0.f;
+  if (threadIdx.x < KCU_WARP) v = kcu_warp_sum(v);
   if (threadIdx.x == 0) red[0] = v;
   __syncthreads();
   v = red[0];
@@ -73,16 +74,16 @@ __device__ float kcu_bsum(float v, float *red) {
 /* Max of packed (key << 32 | ~index): largest value, smallest index on ties. */
 __device__ uint64_t kcu_bmax64(uint64_t v, uint64_t *red) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = KCU_WARP / 2; o > 0; o >>= 1) {
     uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
     v = w > v ? w : v;
   }
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  if (threadIdx.x % KCU_WARP == 0) red[threadIdx.x / KCU_WARP] = v;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < KCU_SAMP_NT / 32 ? red[threadIdx.x] : 0;
+  if (threadIdx.x < KCU_WARP) {
+    v = threadIdx.x < KCU_SAMP_NT / KCU_WARP ? red[threadIdx.x] : 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = KCU_WARP / 2; o > 0; o >>= 1) {
       uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
       v = w > v ? w : v;
     }
@@ -105,21 +106,21 @@ template <typename T, bool MASS>
 __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, float inv_z, uint32_t lo,
                                unsigned long long target, unsigned long long *hist, uint32_t *bc) {
   uint32_t prefix = 0, pmask = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+  for (int shift = 32 - KCU_RADIX_BITS; shift >= 0; shift -= KCU_RADIX_BITS) {
+    for (int b = threadIdx.x; b < KCU_RADIX; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       float z = kcu_f(x[i]) * inv_t;
       uint32_t k = kcu_fkey(z);
       if (k < lo || (k & pmask) != prefix) continue;
       unsigned long long w = MASS ? (unsigned long long)((double)__expf(z - zmax) * inv_z * KCU_MASS_ONE) : 1ull;
-      atomicAdd(&hist[(k >> shift) & 255], w);
+      atomicAdd(&hist[(k >> shift) & (KCU_RADIX - 1)], w);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       unsigned long long cum = 0;
       int sel = -1;
-      for (int b = 255; b >= 0; b--) {
+      for (int b = KCU_RADIX - 1; b >= 0; b--) {
         if (cum + hist[b] >= target) {
           sel = b;
           break;
@@ -137,7 +138,7 @@ __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, f
     __syncthreads();
     if (sel == 0xffffffffu) return lo;
     prefix |= sel << shift;
-    pmask |= 255u << shift;
+    pmask |= (uint32_t)(KCU_RADIX - 1) << shift;
   }
   return prefix > lo ? prefix : lo;
 }
@@ -201,9 +202,9 @@ template <typename T>
 __global__ void __launch_bounds__(KCU_SAMP_NT)
     kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, int32_t *res) {
   kcu_pdl_enter();
-  __shared__ unsigned long long hist[256];
-  __shared__ uint64_t red64[32];
-  __shared__ float red[32];
+  __shared__ unsigned long long hist[KCU_RADIX];
+  __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];
+  __shared__ float red[KCU_SAMP_NT / KCU_WARP];
   __shared__ uint32_t bc[4];
   __shared__ float raw_tok;
   const int row = blockIdx.x;

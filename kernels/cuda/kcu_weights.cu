@@ -36,7 +36,7 @@ static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
     c->xqd = NULL;
     c->xq_cap = 0;
     int rc = kcu__alloc(c, xq_need, (void **)&c->xq, "GEMV activation scratch");
-    if (!rc) rc = kcu__alloc(c, xq_need / 32 * sizeof(float2), &c->xqd, "GEMV activation scales");
+    if (!rc) rc = kcu__alloc(c, xq_need / KCU_QSUB * sizeof(float2), &c->xqd, "GEMV activation scales");
     if (rc) return rc;
     c->xq_cap = xq_need;
   }

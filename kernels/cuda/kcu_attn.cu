@@ -51,6 +51,27 @@ __device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int3
   return reinterpret_cast<const uint4 *>(p + ((size_t)blk * bs + j % bs) * row_elems + head_off);
 }
 
+/* Stages K/V rows [kb, kb + BN) of one KV head (head_off elements into a
+ * row of row_elems) into sk and sv, (BN, HD) each, through the block table,
+ * zeros past kv_end: NT threads, a 16-byte chunk of K and of V a step. The
+ * prefill kernels share it; the caller synchronizes around it. */
+template <int HD, int BN, int NT>
+__device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const void *kc, const void *vc,
+                                                 const int32_t *bt, int kb, int kv_end, int bs, int n_blocks,
+                                                 int row_elems, int head_off) {
+  constexpr int CH = HD / 8; /* chunks a row */
+  for (int i = threadIdx.x; i < BN * CH; i += NT) {
+    const int r = i / CH, ch = i % CH, j = kb + r;
+    uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
+    if (j < kv_end) {
+      kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off)[ch];
+      vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off)[ch];
+    }
+    sk[i] = kz;
+    sv[i] = vz;
+  }
+}
+
 /* Merges (m2, l2, a2) into (m1, l1, a1). */
 template <int N>
 __device__ __forceinline__ void kcu_merge(float &m1, float &l1, float *a1, float m2, float l2, const float *a2) {
@@ -375,16 +396,8 @@ __global__ void __launch_bounds__(KCU_PF_NT)
   }
   for (int kb = 0; kb < kv_end; kb += KCU_PF_BN) {
     __syncthreads();
-    for (int i = threadIdx.x; i < KCU_PF_BN * (HD / 8); i += KCU_PF_NT) {
-      int r = i / (HD / 8), ch = i % (HD / 8), j = kb + r;
-      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
-      if (j < kv_end) {
-        kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-        vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-      }
-      sk[r][ch] = kz;
-      sv[r][ch] = vz;
-    }
+    kcu_kv_tile_load<HD, KCU_PF_BN, KCU_PF_NT>(&sk[0][0], &sv[0][0], kc, vc, bt, kb, kv_end, bs, n_blocks, row_elems,
+                                               kvh * HD);
     __syncthreads();
     int nr = min(KCU_PF_BN, kv_end - kb);
     for (int r = 0; r < nr; r++) {
@@ -510,16 +523,8 @@ __global__ void __launch_bounds__(KCU_WM_NT)
 
   for (int kb = 0; kb < kv_end; kb += KCU_WM_BN) {
     __syncthreads();
-    for (int i = threadIdx.x; i < KCU_WM_BN * (HD / 8); i += KCU_WM_NT) {
-      int r = i / (HD / 8), ch = i % (HD / 8), j = kb + r;
-      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
-      if (j < kv_end) {
-        kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-        vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-      }
-      reinterpret_cast<uint4 *>(sK)[i] = kz;
-      reinterpret_cast<uint4 *>(sV)[i] = vz;
-    }
+    kcu_kv_tile_load<HD, KCU_WM_BN, KCU_WM_NT>(reinterpret_cast<uint4 *>(sK), reinterpret_cast<uint4 *>(sV), kc, vc, bt,
+                                               kb, kv_end, bs, n_blocks, row_elems, kvh * HD);
     __syncthreads();
     /* S = Q K^T */
 #pragma unroll

@@ -23,6 +23,7 @@ endfunction()
 
 add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_backend.cu
+  cuda/kcu_weights.cu
   cuda/kcu_ops.cu
   cuda/kcu_matmul.cu
   cuda/kcu_attn.cu

@@ -2,8 +2,10 @@
  *
  * The backend context (kcu_ctx_t), the one error-check macro for CUDA and
  * cuBLAS calls, element load/store helpers for the activation types (bf16 or
- * f16, chosen at create time) and the launchers each .cu file exports to
- * kcu_backend.cu. Not a public header: only kernels/cuda includes it.
+ * f16, chosen at create time) and what each .cu file exports to the others
+ * (weight loading, sampling and the kernel launchers, which the ops table in
+ * kcu_backend.cu calls). Not a public header: only kernels/cuda (and
+ * bench/cuda_ops.cu) include it.
  *
  * Threads: one owner thread per backend (kern.h). Every op runs on the
  * backend's one stream; ops called between graph_begin and graph_end are
@@ -39,6 +41,15 @@
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
 #define KCU_STAGE_N 4                /* pinned chunks in the weight-loading ring */
 #define KCU_STAGE_BYTES (16u << 20)  /* bytes per chunk */
+
+/* Launch geometry shared by the kernel files (each file names its own
+ * kernels' block and tile sizes at its top). */
+#define KCU_WARP 32      /* threads per warp on every NVIDIA GPU; lane math and the shuffles below rely on it */
+#define KCU_MAX_WARPS (1024 / KCU_WARP) /* warps in the largest CTA: the size of per-warp reduction scratch */
+#define KCU_ELEM_NT 256  /* threads per CTA of the elementwise kernels: 8 warps, the usual size for
+                            memory-bound kernels (not tuned here) */
+#define KCU_QSUB 32      /* elements of a quantization sub-block: the quantized kernels' unit of work
+                            (one a thread or a lane) and the int8 activations' scale group */
 
 /* Device copy of the step metadata: one allocation, fixed offsets while the
  * capacities hold (graphs captured against it stay valid). */
@@ -97,7 +108,7 @@ typedef struct {
   void *deq;               /* act-type dequantized weight rows for prefill GEMMs */
   size_t deq_elems;
   int8_t *xq;              /* decode GEMV activations as int8 (KCU_QGEMV_MAX_N * max cols) */
-  void *xqd;               /* their per-32 (scale, scale * sum) float2 */
+  void *xqd;               /* their per-KCU_QSUB (scale, scale * sum) float2 */
   size_t xq_cap;           /* elements of xq */
   float *attn_part;        /* decode split-K partials */
   size_t attn_part_floats;
@@ -121,7 +132,7 @@ typedef struct {
   int capturing;
   uint64_t capture_key;
 
-  /* weight loading (kcu_backend.cu): a ring of pinned host chunks feeding a
+  /* weight loading (kcu_weights.cu): a ring of pinned host chunks feeding a
    * copy stream, made by the first weight_load and freed by load_end */
   cudaStream_t load_stream;
   void *stage_pin[KCU_STAGE_N];          /* pinned host chunks, KCU_STAGE_BYTES each */
@@ -170,12 +181,12 @@ template <typename T> __device__ __forceinline__ uint4 kcu_pack8(const float *f)
 
 __device__ __forceinline__ float kcu_warp_sum(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  for (int o = KCU_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
 __device__ __forceinline__ float kcu_warp_max(float v) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  for (int o = KCU_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
@@ -250,8 +261,23 @@ void kcu__free(void *p);
  * allocate or synchronize). */
 int kcu__not_capturing(kcu_ctx_t *c, const char *what);
 
-/* Launchers (kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu, kcu_sample.cu). All
- * return 0 or a negative error; they queue work on c->stream. */
+/* Weights (kcu_weights.cu), behind the ops table's weight slots (kern.h
+ * says what each does). */
+bool kcu__supports_type(kern_type_t t);
+int kcu__weight_load(kcu_ctx_t *c, kern_weight_t *w, const void *host_data);
+int kcu__load_end(kcu_ctx_t *c);
+void kcu__weight_release(kern_weight_t *w);
+/* Waits for the weight staging ring's copies and frees it, if there is one
+ * (cleanup: errors ignored). */
+void kcu__stage_free(kcu_ctx_t *c);
+
+/* The sample op (kcu_sample.cu): lists the rows' penalized tokens, uploads
+ * the parameters, samples on the device and waits for the tokens. */
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
+                int32_t *tokens_host, float *logprobs_host);
+
+/* Launchers (kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu). All return 0 or a
+ * negative error; they queue work on c->stream. */
 int kcu__convert(kcu_ctx_t *c, void *dst, kern_type_t dst_type, const void *src, kern_type_t src_type, size_t n);
 int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *table);
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps);
@@ -275,20 +301,3 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
-/* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
- * logprob) per row for the rows that want top logprobs. */
-int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *pen_dev,
-                void *result_dev);
-
-/* Sample params as the device reads them (16-byte aligned rows). The
- * row's penalized tokens are entries [pen_off, pen_off + n_pen) of the
- * step's penalty list. */
-typedef struct {
-  float temperature, top_p, min_p;
-  int32_t top_k;
-  uint64_t seed, counter;
-  float rep, pres, freq;
-  int32_t pen_off, n_pen;
-  int32_t top_n; /* top logprobs wanted (<= KERN_SAMPLE_MAX_TOP) */
-  int32_t pad[2];
-} kcu_sparams_t;

@@ -21,14 +21,27 @@
 
 #include "kernels/cuda/kcu.cuh"
 
-#define KCU_DEC_WARPS 4
-#define KCU_DEC_UNROLL 4 /* tokens per lane whose K/V loads are in flight together */
+/* Decode geometry. */
+#define KCU_DEC_WARPS 4      /* warps per CTA, each on its own tokens of the split, merged in shared memory */
+#define KCU_DEC_NT (KCU_DEC_WARPS * KCU_WARP)
+#define KCU_DEC_CTAS 4       /* CTAs per SM the kernel is built for (__launch_bounds__): at most 128 registers */
+#define KCU_DEC_PIPE_CTAS 3  /* the same for the prefetching kernel, which needs more registers; measured on
+                                H200, prefetching pays while the grid fits one wave of that many CTAs per SM,
+                                so that is when it is launched */
+#define KCU_DEC_SPLIT_CTAS 2 /* the split count aims at this many CTAs per SM (kcu__attn_splits) */
+#define KCU_DEC_UNROLL 4     /* tokens per lane whose K/V loads are in flight together */
 /* KCU_DEC_MIN_CHUNK (kcu.cuh, FERRUM_CUDA_DEC_CHUNK), the fewest context
  * tokens per split: two passes of a CTA's warps (4 warps x 2 tokens x unroll
  * 4 at head_dim 128). Measured on H100, Llama-3-8B, batch 1 (model_bench):
  * 32 is 0.6% faster with a 128-token prompt, 64 is 1.1% faster with 1024. */
-#define KCU_PF_BM 64
-#define KCU_PF_BN 32
+
+/* SIMT prefill geometry. */
+#define KCU_PF_BM 64  /* queries per CTA (a query tile) */
+#define KCU_PF_BN 32  /* K/V tokens per shared-memory tile: K and V tiles take 32 KiB at head_dim 256,
+                         under the 48 KiB of static shared memory */
+#define KCU_PF_TPQ 4  /* threads per query: each owns every 4th 8-element chunk of the head, so the 4
+                         read 64 contiguous bytes */
+#define KCU_PF_NT (KCU_PF_BM * KCU_PF_TPQ)
 
 __device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int32_t *bt, int j, int bs, int n_blocks,
                                                    int row_elems, int head_off) {
@@ -36,6 +49,27 @@ __device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int3
   if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
   const __nv_bfloat16 *p = (const __nv_bfloat16 *)plane; /* 2-byte elements; type only for the arithmetic */
   return reinterpret_cast<const uint4 *>(p + ((size_t)blk * bs + j % bs) * row_elems + head_off);
+}
+
+/* Stages K/V rows [kb, kb + BN) of one KV head (head_off elements into a
+ * row of row_elems) into sk and sv, (BN, HD) each, through the block table,
+ * zeros past kv_end: NT threads, a 16-byte chunk of K and of V a step. The
+ * prefill kernels share it; the caller synchronizes around it. */
+template <int HD, int BN, int NT>
+__device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const void *kc, const void *vc,
+                                                 const int32_t *bt, int kb, int kv_end, int bs, int n_blocks,
+                                                 int row_elems, int head_off) {
+  constexpr int CH = HD / 8; /* chunks a row */
+  for (int i = threadIdx.x; i < BN * CH; i += NT) {
+    const int r = i / CH, ch = i % CH, j = kb + r;
+    uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
+    if (j < kv_end) {
+      kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off)[ch];
+      vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off)[ch];
+    }
+    sk[i] = kz;
+    sv[i] = vz;
+  }
 }
 
 /* Merges (m2, l2, a2) into (m1, l1, a1). */
@@ -94,16 +128,16 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
 /* PIPE: prefetch the next step's K/V while computing (more registers, so
  * fewer CTAs per SM: worth it only when the grid does not fill the GPU). */
 template <typename T, int HD, int GM, bool PIPE>
-__global__ void __launch_bounds__(KCU_DEC_WARPS * 32, PIPE ? 3 : 4)
+__global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC_CTAS)
     kcu_attn_decode_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                       int n_kv, int G, float scale, int min_chunk, float *part, int32_t *cnt) {
   kcu_pdl_enter();
-  constexpr int L = HD / 8, TPW = 32 / L, NW = KCU_DEC_WARPS;
+  constexpr int L = HD / 8, TPW = KCU_WARP / L, NW = KCU_DEC_WARPS;
   __shared__ float sm_a[GM][HD];
   __shared__ float sm_m[GM], sm_l[GM];
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_splits = gridDim.x;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % L, slot = lane / L;
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, sub = lane % L, slot = lane / L;
   const int max_blocks = hdr[2];
   const int t = q_start[s];
   if (q_start[s + 1] - t != 1) return;
@@ -193,7 +227,7 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32, PIPE ? 3 : 4)
   }
   /* merge the token slots of the warp */
 #pragma unroll
-  for (int o = L; o < 32; o <<= 1) {
+  for (int o = L; o < KCU_WARP; o <<= 1) {
 #pragma unroll
     for (int g = 0; g < GM; g++) {
       float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o), a2[8];
@@ -213,7 +247,7 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32, PIPE ? 3 : 4)
           for (int i = 0; i < 8; i++) a2[i] = sm_a[g][sub * 8 + i];
           kcu_merge<8>(m[g], l[g], acc[g], m2, l2, a2);
         }
-        __syncwarp(L == 32 ? 0xffffffffu : ((1u << (L % 32)) - 1u));
+        __syncwarp(L == KCU_WARP ? 0xffffffffu : ((1u << (L % KCU_WARP)) - 1u));
 #pragma unroll
         for (int i = 0; i < 8; i++) sm_a[g][sub * 8 + i] = acc[g][i];
         if (sub == 0) {
@@ -251,7 +285,7 @@ __global__ void __launch_bounds__(KCU_DEC_WARPS * 32, PIPE ? 3 : 4)
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
   long long per = (long long)n_seqs * n_kv_heads;
   if (per <= 0) return 1;
-  long long sp = (2ll * c->n_sm + per - 1) / per;
+  long long sp = ((long long)KCU_DEC_SPLIT_CTAS * c->n_sm + per - 1) / per;
   sp = FR_MIN(sp, capacity / c->dec_chunk);
   sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
   return (int)FR_MAX(sp, 1ll);
@@ -295,13 +329,13 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads, n_heads, HD, sp);
   if (rc) return rc;
   dim3 grid(sp, cf->n_kv_heads, n_seqs);
-  /* measured on H200: prefetching pays while the grid fits one wave (~3 CTAs per SM) */
-  if ((long long)sp * cf->n_kv_heads * n_seqs <= 3ll * c->n_sm)
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc, c->dm.hdr,
+  /* prefetch while the grid fits one wave (KCU_DEC_PIPE_CTAS) */
+  if ((long long)sp * cf->n_kv_heads * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm)
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
                c->dec_chunk, c->attn_part, c->attn_cnt);
   else
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_WARPS * 32, 0, out, q, q_stride, kc, vc, c->dm.hdr,
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
                c->dec_chunk, c->attn_part, c->attn_cnt);
   return 0;
@@ -318,15 +352,15 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T 
 
 /* ---- prefill -------------------------------------------------------------------------------- */
 
-/* 256 threads: 64 queries x 4 threads; thread `part` owns 8-element chunks
- * part, part+4, ... of the head (so the 4 threads read 64 contiguous bytes). */
+/* KCU_PF_BM queries x KCU_PF_TPQ threads; thread `part` owns 8-element
+ * chunks part, part + KCU_PF_TPQ, ... of the head. */
 template <typename T, int HD>
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(KCU_PF_NT)
     kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                        const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                        int n_kv, int G, float scale) {
   kcu_pdl_enter();
-  constexpr int NC = HD / 32; /* chunks of 8 per thread */
+  constexpr int NC = HD / (8 * KCU_PF_TPQ); /* chunks of 8 per thread */
   __shared__ uint4 sk[KCU_PF_BN][HD / 8], sv[KCU_PF_BN][HD / 8];
   __shared__ int s_maxpos;
   const int s = blockIdx.z, h = blockIdx.y, kvh = h / G;
@@ -334,7 +368,7 @@ __global__ void __launch_bounds__(256)
   if (tile >= qn) return;
   const int max_blocks = hdr[2];
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
-  const int qi = threadIdx.x / 4, part = threadIdx.x % 4;
+  const int qi = threadIdx.x / KCU_PF_TPQ, part = threadIdx.x % KCU_PF_TPQ;
   const bool active = tile + qi < qn;
   const int t = q0 + tile + qi;
   /* cache index of the query: the new tokens are the last qn of the context */
@@ -353,24 +387,17 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
     for (int i = 0; i < 8; i++) acc[c][i] = qr[c][i] = 0.f;
     if (active) {
-      kcu_unpack8(*reinterpret_cast<const uint4 *>(q + (size_t)t * q_stride + (size_t)h * HD + (part + 4 * c) * 8),
-                  qr[c], (const T *)0);
+      kcu_unpack8(
+          *reinterpret_cast<const uint4 *>(q + (size_t)t * q_stride + (size_t)h * HD + (part + KCU_PF_TPQ * c) * 8),
+          qr[c], (const T *)0);
 #pragma unroll
       for (int i = 0; i < 8; i++) qr[c][i] *= scale;
     }
   }
   for (int kb = 0; kb < kv_end; kb += KCU_PF_BN) {
     __syncthreads();
-    for (int i = threadIdx.x; i < KCU_PF_BN * (HD / 8); i += 256) {
-      int r = i / (HD / 8), ch = i % (HD / 8), j = kb + r;
-      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
-      if (j < kv_end) {
-        kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-        vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-      }
-      sk[r][ch] = kz;
-      sv[r][ch] = vz;
-    }
+    kcu_kv_tile_load<HD, KCU_PF_BN, KCU_PF_NT>(&sk[0][0], &sv[0][0], kc, vc, bt, kb, kv_end, bs, n_blocks, row_elems,
+                                               kvh * HD);
     __syncthreads();
     int nr = min(KCU_PF_BN, kv_end - kb);
     for (int r = 0; r < nr; r++) {
@@ -378,12 +405,12 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
       for (int c = 0; c < NC; c++) {
         float kf[8];
-        kcu_unpack8(sk[r][part + 4 * c], kf, (const T *)0);
+        kcu_unpack8(sk[r][part + KCU_PF_TPQ * c], kf, (const T *)0);
 #pragma unroll
         for (int i = 0; i < 8; i++) sc = fmaf(qr[c][i], kf[i], sc);
       }
-      sc += __shfl_xor_sync(0xffffffffu, sc, 1);
-      sc += __shfl_xor_sync(0xffffffffu, sc, 2);
+#pragma unroll
+      for (int o = 1; o < KCU_PF_TPQ; o <<= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
       if (kb + r <= pos) {
         if (sc > m) {
           float corr = __expf(m - sc);
@@ -399,7 +426,7 @@ __global__ void __launch_bounds__(256)
 #pragma unroll
         for (int c = 0; c < NC; c++) {
           float vf[8];
-          kcu_unpack8(sv[r][part + 4 * c], vf, (const T *)0);
+          kcu_unpack8(sv[r][part + KCU_PF_TPQ * c], vf, (const T *)0);
 #pragma unroll
           for (int i = 0; i < 8; i++) acc[c][i] = fmaf(p, vf[i], acc[c][i]);
         }
@@ -414,7 +441,8 @@ __global__ void __launch_bounds__(256)
     float o[8];
 #pragma unroll
     for (int i = 0; i < 8; i++) o[i] = acc[c][i] * inv;
-    *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + (part + 4 * c) * 8) = kcu_pack8<T>(o);
+    *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + (part + KCU_PF_TPQ * c) * 8) =
+        kcu_pack8<T>(o);
   }
 }
 
@@ -422,25 +450,32 @@ __global__ void __launch_bounds__(256)
  *
  * 4 warps, a tile of 64 queries (16 rows per warp) of one head against K/V
  * tiles of 64 tokens. Per KV tile each warp computes S = Q K^T (16 x 64) on
- * the tensor cores into shared memory; two lanes per row apply the causal
- * mask and the online softmax in f32 and write P (act type); the warp's O
- * (16 x HD, f32, shared memory) is rescaled by the row corrections, loaded as
- * accumulators, gets P V added on the tensor cores and is stored back. */
-#define KCU_WM_BM 64
-#define KCU_WM_BN 64
+ * the tensor cores into shared memory; its lanes, two columns each, apply
+ * the causal mask and the online softmax in f32 one row at a time and write
+ * P (act type); the warp's O (16 x HD, f32, shared memory) is rescaled by
+ * the row corrections, loaded as accumulators, gets P V added on the tensor
+ * cores and is stored back. */
+#define KCU_WM_F 16      /* WMMA fragment edge (m16n16k16, the shape for bf16 and f16) */
+#define KCU_WM_WARPS 4   /* warps per CTA, one fragment row of queries (KCU_WM_F) each */
+#define KCU_WM_NT (KCU_WM_WARPS * KCU_WARP)
+#define KCU_WM_BM (KCU_WM_WARPS * KCU_WM_F) /* queries per CTA: 64 */
+#define KCU_WM_BN 64     /* K/V tokens per tile: two score columns per lane in the row softmax */
+#define KCU_WM_MAX_HD 128 /* largest head_dim it serves (88 KiB of shared memory at 128); larger heads
+                             take the SIMT kernel */
+static_assert(KCU_WM_BN == 2 * KCU_WARP, "the row softmax gives each lane two columns");
 
 template <int HD> struct kcu_wm_smem {
   enum {
     KV = 2 * KCU_WM_BN * HD * 2,            /* K and V tiles (act type) */
-    S = 4 * 16 * KCU_WM_BN * 4,             /* per-warp scores, f32 */
-    P = 4 * 16 * KCU_WM_BN * 2,             /* per-warp probabilities, act type */
-    O = 4 * 16 * HD * 4,                    /* per-warp output accumulators, f32 */
+    S = KCU_WM_WARPS * KCU_WM_F * KCU_WM_BN * 4, /* per-warp scores, f32 */
+    P = KCU_WM_WARPS * KCU_WM_F * KCU_WM_BN * 2, /* per-warp probabilities, act type */
+    O = KCU_WM_WARPS * KCU_WM_F * HD * 4,        /* per-warp output accumulators, f32 */
     BYTES = KV + S + P + O
   };
 };
 
 template <typename T, int HD>
-__global__ void __launch_bounds__(128)
+__global__ void __launch_bounds__(KCU_WM_NT)
     kcu_attn_prefill_wmma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                             const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                             int n_kv, int G, float scale) {
@@ -448,11 +483,11 @@ __global__ void __launch_bounds__(128)
   using namespace nvcuda;
   extern __shared__ __align__(16) unsigned char smem[];
   T *sK = reinterpret_cast<T *>(smem), *sV = sK + KCU_WM_BN * HD;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  float *sS = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV) + warp * 16 * KCU_WM_BN;
-  T *sP = reinterpret_cast<T *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S) + warp * 16 * KCU_WM_BN;
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  float *sS = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV) + warp * KCU_WM_F * KCU_WM_BN;
+  T *sP = reinterpret_cast<T *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S) + warp * KCU_WM_F * KCU_WM_BN;
   float *sO = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S + kcu_wm_smem<HD>::P) +
-              warp * 16 * HD;
+              warp * KCU_WM_F * HD;
   const int s = blockIdx.z, h = blockIdx.y, kvh = h / G;
   const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_WM_BM;
   if (tile >= qn) return;
@@ -464,97 +499,90 @@ __global__ void __launch_bounds__(128)
   const int kv_end = min(ctx, ctx - qn + min(tile + KCU_WM_BM, qn));
 
   /* Q tile -> sK (staging) -> fragments */
-  for (int i = threadIdx.x; i < KCU_WM_BM * (HD / 8); i += 128) {
+  for (int i = threadIdx.x; i < KCU_WM_BM * (HD / 8); i += KCU_WM_NT) {
     int r = i / (HD / 8), ch = i % (HD / 8);
     uint4 v = make_uint4(0, 0, 0, 0);
     if (tile + r < qn) v = *reinterpret_cast<const uint4 *>(q + (size_t)(q0 + tile + r) * q_stride + (size_t)h * HD + ch * 8);
     reinterpret_cast<uint4 *>(sK)[i] = v;
   }
-  for (int i = lane; i < 16 * HD; i += 32) sO[i] = 0.f;
+  for (int i = lane; i < KCU_WM_F * HD; i += KCU_WARP) sO[i] = 0.f;
   __syncthreads();
-  wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> qf[HD / 16];
+  wmma::fragment<wmma::matrix_a, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::row_major> qf[HD / KCU_WM_F];
 #pragma unroll
-  for (int k = 0; k < HD / 16; k++) wmma::load_matrix_sync(qf[k], sK + warp * 16 * HD + k * 16, HD);
+  for (int k = 0; k < HD / KCU_WM_F; k++)
+    wmma::load_matrix_sync(qf[k], sK + warp * KCU_WM_F * HD + k * KCU_WM_F, HD);
 
   /* per-row softmax state of the warp's 16 rows (every lane holds all 16) */
-  const int row0 = tile + warp * 16;                 /* first query (index in the sequence) of the warp */
-  float m[16], l[16];
+  const int row0 = tile + warp * KCU_WM_F;           /* first query (index in the sequence) of the warp */
+  float m[KCU_WM_F], l[KCU_WM_F];
 #pragma unroll
-  for (int r = 0; r < 16; r++) {
+  for (int r = 0; r < KCU_WM_F; r++) {
     m[r] = -INFINITY;
     l[r] = 0.f;
   }
 
   for (int kb = 0; kb < kv_end; kb += KCU_WM_BN) {
     __syncthreads();
-    for (int i = threadIdx.x; i < KCU_WM_BN * (HD / 8); i += 128) {
-      int r = i / (HD / 8), ch = i % (HD / 8), j = kb + r;
-      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
-      if (j < kv_end) {
-        kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-        vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, kvh * HD)[ch];
-      }
-      reinterpret_cast<uint4 *>(sK)[i] = kz;
-      reinterpret_cast<uint4 *>(sV)[i] = vz;
-    }
+    kcu_kv_tile_load<HD, KCU_WM_BN, KCU_WM_NT>(reinterpret_cast<uint4 *>(sK), reinterpret_cast<uint4 *>(sV), kc, vc, bt,
+                                               kb, kv_end, bs, n_blocks, row_elems, kvh * HD);
     __syncthreads();
     /* S = Q K^T */
 #pragma unroll
-    for (int c = 0; c < KCU_WM_BN / 16; c++) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> sf;
+    for (int c = 0; c < KCU_WM_BN / KCU_WM_F; c++) {
+      wmma::fragment<wmma::accumulator, KCU_WM_F, KCU_WM_F, KCU_WM_F, float> sf;
       wmma::fill_fragment(sf, 0.f);
 #pragma unroll
-      for (int k = 0; k < HD / 16; k++) {
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::col_major> kf;
-        wmma::load_matrix_sync(kf, sK + c * 16 * HD + k * 16, HD);
+      for (int k = 0; k < HD / KCU_WM_F; k++) {
+        wmma::fragment<wmma::matrix_b, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::col_major> kf;
+        wmma::load_matrix_sync(kf, sK + c * KCU_WM_F * HD + k * KCU_WM_F, HD);
         wmma::mma_sync(sf, qf[k], kf, sf);
       }
-      wmma::store_matrix_sync(sS + c * 16, sf, KCU_WM_BN, wmma::mem_row_major);
+      wmma::store_matrix_sync(sS + c * KCU_WM_F, sf, KCU_WM_BN, wmma::mem_row_major);
     }
     __syncwarp();
     /* online softmax, one row at a time, lanes across the columns */
-    const int j0 = kb + lane, j1 = kb + lane + 32;
+    const int j0 = kb + lane, j1 = kb + lane + KCU_WARP;
 #pragma unroll
-    for (int r = 0; r < 16; r++) {
+    for (int r = 0; r < KCU_WM_F; r++) {
       const int pos = ctx - qn + row0 + r; /* cache index of the query */
       float v0 = (j0 <= pos && j0 < kv_end) ? sS[r * KCU_WM_BN + lane] * scale : -INFINITY;
-      float v1 = (j1 <= pos && j1 < kv_end) ? sS[r * KCU_WM_BN + lane + 32] * scale : -INFINITY;
+      float v1 = (j1 <= pos && j1 < kv_end) ? sS[r * KCU_WM_BN + lane + KCU_WARP] * scale : -INFINITY;
       const float mn = fmaxf(m[r], kcu_warp_max(fmaxf(v0, v1)));
       const float corr = mn == -INFINITY ? 1.f : __expf(m[r] - mn);
       T p0 = kcu_t<T>(mn == -INFINITY ? 0.f : __expf(v0 - mn)), p1 = kcu_t<T>(mn == -INFINITY ? 0.f : __expf(v1 - mn));
       sP[r * KCU_WM_BN + lane] = p0;
-      sP[r * KCU_WM_BN + lane + 32] = p1;
+      sP[r * KCU_WM_BN + lane + KCU_WARP] = p1;
       l[r] = l[r] * corr + kcu_warp_sum(kcu_f(p0) + kcu_f(p1));
       m[r] = mn;
 #pragma unroll
-      for (int k = 0; k < HD / 32; k++) sO[r * HD + lane + 32 * k] *= corr;
+      for (int k = 0; k < HD / KCU_WARP; k++) sO[r * HD + lane + KCU_WARP * k] *= corr;
     }
     __syncwarp();
     /* O += P V */
 #pragma unroll
-    for (int d = 0; d < HD / 16; d++) {
-      wmma::fragment<wmma::accumulator, 16, 16, 16, float> of;
-      wmma::load_matrix_sync(of, sO + d * 16, HD, wmma::mem_row_major);
+    for (int d = 0; d < HD / KCU_WM_F; d++) {
+      wmma::fragment<wmma::accumulator, KCU_WM_F, KCU_WM_F, KCU_WM_F, float> of;
+      wmma::load_matrix_sync(of, sO + d * KCU_WM_F, HD, wmma::mem_row_major);
 #pragma unroll
-      for (int k = 0; k < KCU_WM_BN / 16; k++) {
-        wmma::fragment<wmma::matrix_a, 16, 16, 16, T, wmma::row_major> pf;
-        wmma::fragment<wmma::matrix_b, 16, 16, 16, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, sP + k * 16, KCU_WM_BN);
-        wmma::load_matrix_sync(vf, sV + k * 16 * HD + d * 16, HD);
+      for (int k = 0; k < KCU_WM_BN / KCU_WM_F; k++) {
+        wmma::fragment<wmma::matrix_a, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::row_major> pf;
+        wmma::fragment<wmma::matrix_b, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::row_major> vf;
+        wmma::load_matrix_sync(pf, sP + k * KCU_WM_F, KCU_WM_BN);
+        wmma::load_matrix_sync(vf, sV + k * KCU_WM_F * HD + d * KCU_WM_F, HD);
         wmma::mma_sync(of, pf, vf, of);
       }
-      wmma::store_matrix_sync(sO + d * 16, of, HD, wmma::mem_row_major);
+      wmma::store_matrix_sync(sO + d * KCU_WM_F, of, HD, wmma::mem_row_major);
     }
     __syncwarp();
   }
   const int n_heads = n_kv * G;
 #pragma unroll
-  for (int r = 0; r < 16; r++) {
+  for (int r = 0; r < KCU_WM_F; r++) {
     if (row0 + r >= qn) break;
     const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
     T *o = out + (size_t)(q0 + row0 + r) * n_heads * HD + (size_t)h * HD;
 #pragma unroll
-    for (int k = 0; k < HD / 32; k++) o[lane + 32 * k] = kcu_t<T>(sO[r * HD + lane + 32 * k] * inv);
+    for (int k = 0; k < HD / KCU_WARP; k++) o[lane + KCU_WARP * k] = kcu_t<T>(sO[r * HD + lane + KCU_WARP * k] * inv);
   }
 }
 
@@ -563,8 +591,8 @@ static int kcu_prefill_wmma(kcu_ctx_t *c, T *out, const T *q, int q_stride, cons
                             const kern_kv_config_t *cf, int n_heads, int G, float scale) {
   constexpr int bytes = kcu_wm_smem<HD>::BYTES;
   dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, c->n_seqs);
-  KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, 128, bytes, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
-             c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
+  KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, KCU_WM_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
+             c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   return 0;
 }
 
@@ -577,10 +605,10 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   int G = n_heads / cf->n_kv_heads;
   if (c->all_single && G <= KCU_MAX_GROUP) return kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale);
   if (c->max_q == 0) return 0;
-  if (HD <= 128 && !c->simt_prefill)
+  if (HD <= KCU_WM_MAX_HD && !c->simt_prefill)
     return kcu_prefill_wmma<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale);
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
-  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, 256, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, KCU_PF_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
              c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   return 0;
 }
@@ -592,7 +620,7 @@ template <typename T, int HD> static int kcu_wmma_attr(void) {
 }
 
 int kcu__attn_init(kcu_ctx_t *c) {
-  if ((size_t)kcu_wm_smem<128>::BYTES > c->smem_optin) {
+  if ((size_t)kcu_wm_smem<KCU_WM_MAX_HD>::BYTES > c->smem_optin) {
     c->simt_prefill = 1;
     return 0;
   }

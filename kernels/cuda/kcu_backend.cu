@@ -1,7 +1,7 @@
-/* kcu_backend.cu - the CUDA backend: creation, memory, weights, KV pool,
- * step metadata, CUDA graphs and the ops table. The kernels live in
- * kcu_ops.cu, kcu_matmul.cu, kcu_attn.cu and kcu_sample.cu. */
-#include <stdio.h>
+/* kcu_backend.cu - the CUDA backend: creation, memory, KV pool, step
+ * metadata, CUDA graphs and the ops table. Weight loading lives in
+ * kcu_weights.cu, the sampler (device and host side) in kcu_sample.cu, the
+ * other kernels in kcu_ops.cu, kcu_matmul.cu and kcu_attn.cu. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,7 +10,12 @@
 #include "kernels/cuda/kcu.cuh"
 
 #define KCU_CUBLAS_WS_BYTES (32u << 20)
-#define KCU_DEQ_MAX_ELEMS (64ll << 20) /* prefill dequant scratch: at most 128 MB of bf16 */
+/* Smallest capacities of the step metadata (tokens, sequences, block table
+ * entries), made at create so that small steps never grow it (growing
+ * drops the captured graphs). */
+#define KCU_META_MIN_TOKENS 256
+#define KCU_META_MIN_SEQS 64
+#define KCU_META_MIN_BT 4096
 
 int kcu__alloc(kcu_ctx_t *c, size_t bytes, void **out, const char *what) {
   (void)c;
@@ -88,207 +93,22 @@ static int kcu_mem_info(void *ctx, size_t *free_bytes, size_t *total_bytes) {
   return 0;
 }
 
-/* ---- weights --------------------------------------------------------------- */
-
-static bool kcu_is_dense(kern_type_t t) { return t == KERN_F32 || t == KERN_F16 || t == KERN_BF16; }
+/* ---- weights (kcu_weights.cu) ------------------------------------------------ */
 
 static bool kcu_supports_type(void *ctx, kern_type_t t) {
   (void)ctx;
-  switch (t) {
-  case KERN_F32: case KERN_F16: case KERN_BF16: case KERN_Q4_0: case KERN_Q4_1: case KERN_Q5_0:
-  case KERN_Q5_1: case KERN_Q8_0: case KERN_Q4_K: case KERN_Q5_K: case KERN_Q6_K:
-    return true;
-  default:
-    return false;
-  }
+  return kcu__supports_type(t);
 }
 
-/* Grows the prefill dequant scratch for a quantized weight (outside capture,
- * at load time, so matmul never allocates). */
-static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
-  long long want = w->rows * w->cols;
-  if (want > KCU_DEQ_MAX_ELEMS) want = FR_MAX(KCU_DEQ_MAX_ELEMS / w->cols, 1) * w->cols;
-  size_t xq_need = (size_t)KCU_QGEMV_MAX_N * (size_t)w->cols;
-  if (xq_need > c->xq_cap) {
-    kcu__free(c->xq);
-    kcu__free(c->xqd);
-    c->xq = NULL;
-    c->xqd = NULL;
-    c->xq_cap = 0;
-    int rc = kcu__alloc(c, xq_need, (void **)&c->xq, "GEMV activation scratch");
-    if (!rc) rc = kcu__alloc(c, xq_need / 32 * sizeof(float2), &c->xqd, "GEMV activation scales");
-    if (rc) return rc;
-    c->xq_cap = xq_need;
-  }
-  if ((size_t)want <= c->deq_elems) return 0;
-  kcu__free(c->deq);
-  c->deq = NULL;
-  c->deq_elems = 0;
-  int rc = kcu__alloc(c, (size_t)want * c->act_size, &c->deq, "dequant scratch");
-  if (rc) return rc;
-  c->deq_elems = (size_t)want;
-  return 0;
-}
-
-/* ---- weight uploads through pinned staging -------------------------------------
- * weight_load copies each chunk of the host data (pageable, often a mmap'd
- * file) into a free pinned chunk on the CPU and queues its DMA on
- * load_stream, so the page faults of one chunk overlap the DMA of the ones
- * before it. Conversions (f32/f16 -> bf16) run chunk by chunk on the backend
- * stream from device staging chunks. Nothing waits at the end of a weight:
- * the backend stream waits on load_tail, and load_end synchronizes. */
-
-/* Waits for the staging ring's copies and frees it (cleanup; errors ignored). */
-static void kcu_stage_free(kcu_ctx_t *c) {
-  if (c->load_stream) cudaStreamSynchronize(c->load_stream);
-  for (int i = 0; i < KCU_STAGE_N; i++) {
-    if (c->stage_free[i]) cudaEventSynchronize(c->stage_free[i]);
-    if (c->stage_free[i]) cudaEventDestroy(c->stage_free[i]);
-    if (c->stage_copied[i]) cudaEventDestroy(c->stage_copied[i]);
-    if (c->stage_pin[i]) cudaFreeHost(c->stage_pin[i]);
-    c->stage_free[i] = c->stage_copied[i] = NULL;
-    c->stage_pin[i] = NULL;
-  }
-  kcu__free(c->stage_dev);
-  if (c->load_tail) cudaEventDestroy(c->load_tail);
-  if (c->load_stream) cudaStreamDestroy(c->load_stream);
-  c->stage_dev = NULL;
-  c->load_tail = NULL;
-  c->load_stream = NULL;
-  c->stage_next = 0;
-}
-
-static int kcu_stage_alloc(kcu_ctx_t *c) {
-  KCU_CHECK(cudaStreamCreateWithFlags(&c->load_stream, cudaStreamNonBlocking));
-  KCU_CHECK(cudaEventCreateWithFlags(&c->load_tail, cudaEventDisableTiming));
-  for (int i = 0; i < KCU_STAGE_N; i++) {
-    KCU_CHECK(cudaHostAlloc(&c->stage_pin[i], KCU_STAGE_BYTES, cudaHostAllocDefault));
-    KCU_CHECK(cudaEventCreateWithFlags(&c->stage_copied[i], cudaEventDisableTiming));
-    KCU_CHECK(cudaEventCreateWithFlags(&c->stage_free[i], cudaEventDisableTiming));
-  }
-  return 0;
-}
-
-/* Makes the staging ring unless it exists. On failure nothing is left. */
-static int kcu_stage_make(kcu_ctx_t *c) {
-  if (c->load_stream) return 0;
-  int rc = kcu_stage_alloc(c);
-  if (rc) kcu_stage_free(c);
-  return rc;
-}
-
-/* The ring's next chunk, once the copy and conversion that used it last
- * finished reading it. */
-static int kcu_stage_take(kcu_ctx_t *c, int *slot) {
-  int i = c->stage_next;
-  c->stage_next = (i + 1) % KCU_STAGE_N;
-  KCU_CHECK(cudaEventSynchronize(c->stage_free[i]));
-  *slot = i;
-  return 0;
-}
-
-/* Queues bytes of host memory at src to dst (device) through the ring. */
-static int kcu_stage_copy(kcu_ctx_t *c, void *dst, const void *src, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += KCU_STAGE_BYTES) {
-    size_t len = FR_MIN(bytes - off, (size_t)KCU_STAGE_BYTES);
-    int i, rc = kcu_stage_take(c, &i);
-    if (rc) return rc;
-    memcpy(c->stage_pin[i], (const char *)src + off, len);
-    KCU_CHECK(cudaMemcpyAsync((char *)dst + off, c->stage_pin[i], len, cudaMemcpyHostToDevice, c->load_stream));
-    KCU_CHECK(cudaEventRecord(c->stage_free[i], c->load_stream));
-  }
-  return 0;
-}
-
-/* Queues n dense elements of src_t at src (host) converted to dst_t at dst
- * (device): each chunk is copied to its device staging chunk, then
- * converted on the backend stream once the copy is done. */
-static int kcu_stage_convert(kcu_ctx_t *c, void *dst, kern_type_t dst_t, const void *src, kern_type_t src_t,
-                             size_t n) {
-  const size_t ss = (size_t)kern_type_traits(src_t)->size, ds = (size_t)kern_type_traits(dst_t)->size;
-  const size_t per = KCU_STAGE_BYTES / ss;
-  int rc = 0;
-  if (!c->stage_dev &&
-      (rc = kcu__alloc(c, (size_t)KCU_STAGE_N * KCU_STAGE_BYTES, &c->stage_dev, "weight conversion staging")))
-    return rc;
-  for (size_t e0 = 0; e0 < n; e0 += per) {
-    size_t k = FR_MIN(n - e0, per);
-    int i;
-    if ((rc = kcu_stage_take(c, &i))) return rc;
-    char *chunk = (char *)c->stage_dev + (size_t)i * KCU_STAGE_BYTES;
-    memcpy(c->stage_pin[i], (const char *)src + e0 * ss, k * ss);
-    KCU_CHECK(cudaMemcpyAsync(chunk, c->stage_pin[i], k * ss, cudaMemcpyHostToDevice, c->load_stream));
-    KCU_CHECK(cudaEventRecord(c->stage_copied[i], c->load_stream));
-    KCU_CHECK(cudaStreamWaitEvent(c->stream, c->stage_copied[i], 0));
-    if ((rc = kcu__convert(c, (char *)dst + e0 * ds, dst_t, chunk, src_t, k))) return rc;
-    KCU_CHECK(cudaEventRecord(c->stage_free[i], c->stream));
-  }
-  return 0;
-}
-
-/* Orders the backend stream after every copy queued so far. */
-static int kcu_stage_fence(kcu_ctx_t *c) {
-  KCU_CHECK(cudaEventRecord(c->load_tail, c->load_stream));
-  KCU_CHECK(cudaStreamWaitEvent(c->stream, c->load_tail, 0));
-  return 0;
-}
-
-/* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
- * inv_freq); quantized weights are copied as they are. w->type and
- * w->row_bytes describe what is stored on the device afterwards. On failure
- * nothing is allocated and w->data is NULL. */
 static int kcu_weight_load(void *ctx, kern_weight_t *w, const void *host_data) {
-  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
-  int rc = kcu__not_capturing(c, "weight_load");
-  if (rc) return rc;
-  if (!kcu_supports_type(ctx, w->type) || w->rows <= 0 || w->cols <= 0)
-    return fr_errorf(FR_EUNSUPPORTED, "cuda: weight of type %d (%lld x %lld) not supported", (int)w->type,
-                     (long long)w->rows, (long long)w->cols);
-  const bool dense = kcu_is_dense(w->type);
-  const kern_type_t dst_t = !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
-  size_t row_bytes = kern_row_bytes(w->type, w->cols), dst_rb = kern_row_bytes(dst_t, w->cols), bytes, dst_bytes;
-  if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes) ||
-      fr_mul_size(dst_rb, (size_t)w->rows, &dst_bytes))
-    return fr_errorf(FR_EFORMAT, "cuda: weight size overflows or cols %lld not a block multiple", (long long)w->cols);
-  char what[96];
-  snprintf(what, sizeof what, "a weight (%lld x %lld %s)", (long long)w->rows, (long long)w->cols,
-           kern_type_traits(w->type)->name);
-  w->data = NULL;
-  w->priv = NULL;
-  if ((rc = kcu__alloc(c, dst_bytes, &w->data, what))) return rc;
-  if ((rc = kcu_stage_make(c))) goto fail;
-  if (dst_t == w->type) rc = kcu_stage_copy(c, w->data, host_data, bytes);
-  else rc = kcu_stage_convert(c, w->data, dst_t, host_data, w->type, (size_t)w->rows * (size_t)w->cols);
-  if (rc || (rc = kcu_stage_fence(c))) goto fail;
-  if (!dense && (rc = kcu_grow_deq(c, w))) goto fail;
-  w->type = dst_t;
-  w->row_bytes = dst_rb;
-  return 0;
-fail:
-  /* no copy or conversion may still write w->data */
-  if (c->load_stream) cudaStreamSynchronize(c->load_stream);
-  cudaStreamSynchronize(c->stream);
-  kcu__free(w->data);
-  w->data = NULL;
-  return rc;
+  return kcu__weight_load((kcu_ctx_t *)ctx, w, host_data);
 }
 
-/* Waits for the weight copies in flight and frees the staging ring. */
-static int kcu_load_end(void *ctx) {
-  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
-  int rc = kcu__not_capturing(c, "load_end");
-  if (rc || !c->load_stream) return rc;
-  KCU_CHECK(cudaStreamSynchronize(c->load_stream));
-  KCU_CHECK(cudaStreamSynchronize(c->stream));
-  kcu_stage_free(c);
-  return 0;
-}
+static int kcu_load_end(void *ctx) { return kcu__load_end((kcu_ctx_t *)ctx); }
 
 static void kcu_weight_release(void *ctx, kern_weight_t *w) {
   (void)ctx;
-  kcu__free(w->data);
-  w->data = NULL;
-  w->priv = NULL;
+  kcu__weight_release(w);
 }
 
 /* ---- KV pool ---------------------------------------------------------------- */
@@ -379,12 +199,13 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   if (n_tok <= c->tok_cap && n_seq <= c->seq_cap && n_bt <= c->bt_cap) return 0;
   int rc = kcu__not_capturing(c, "step metadata growth");
   if (rc) return rc;
-  int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), 256), seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), 64);
-  size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)4096);
+  int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), KCU_META_MIN_TOKENS);
+  int seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), KCU_META_MIN_SEQS);
+  size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)KCU_META_MIN_BT);
   size_t bytes = (4 + 3 * (size_t)tok_cap + 2 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   kcu__graphs_drop(c);
-  kcu_stage_free(c); /* steps have begun: the weight staging is no longer needed (callers without load_end) */
+  kcu__stage_free(c); /* steps have begun: the weight staging is no longer needed (callers without load_end) */
   kcu__free(c->meta_dev);
   cudaFreeHost(c->meta_pin);
   c->meta_dev = c->meta_pin = NULL;
@@ -545,134 +366,9 @@ static int kcu_to_f32_host(void *ctx, float *dst_host, const void *src, size_t n
   return 0;
 }
 
-static int kcu_cmp_i32(const void *a, const void *b) {
-  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
-  return (x > y) - (x < y);
-}
-
-/* The valid ids (0 <= id < vocab) of tok[0..n) into c->pen_sort + at, sorted. */
-static size_t kcu_pen_sorted(kcu_ctx_t *c, size_t at, const int32_t *tok, int n, int vocab) {
-  size_t m = 0;
-  for (int i = 0; i < n; i++)
-    if (tok[i] >= 0 && tok[i] < vocab) c->pen_sort[at + m++] = tok[i];
-  qsort(c->pen_sort + at, m, sizeof(int32_t), kcu_cmp_i32);
-  return m;
-}
-
-/* Grows the host and device penalty lists to hold n entries. */
-static int kcu_pen_reserve(kcu_ctx_t *c, size_t n) {
-  if (n <= c->pen_cap) return 0;
-  size_t cap = FR_MAX(n, 2 * c->pen_cap);
-  kcu__free(c->pen_dev);
-  cudaFreeHost(c->pen_pin);
-  c->pen_dev = c->pen_pin = NULL;
-  c->pen_cap = 0;
-  int rc = kcu__alloc(c, cap * sizeof(kcu_pen_t), (void **)&c->pen_dev, "sampling penalty lists");
-  if (rc) return rc;
-  KCU_CHECK(cudaMallocHost((void **)&c->pen_pin, cap * sizeof(kcu_pen_t)));
-  c->pen_cap = cap;
-  return 0;
-}
-
-/* How many of a row's output and prompt tokens its penalties read. */
-static size_t kcu_pen_inputs(const kern_sample_params_t *h, int *n_out, int *n_pr) {
-  const bool rep = h->repetition_penalty > 0.f && h->repetition_penalty != 1.f;
-  const bool pf = h->presence_penalty != 0.f || h->frequency_penalty != 0.f;
-  *n_out = (rep || pf) && h->output ? FR_MAX(h->n_output, 0) : 0;
-  *n_pr = rep && h->prompt ? FR_MAX(h->n_prompt, 0) : 0;
-  return (size_t)*n_out + (size_t)*n_pr;
-}
-
-/* Lists a row's penalized tokens at c->pen_pin[*n_pen..] (room reserved for
- * its kcu_pen_inputs): each output token once with its count (capped at
- * 65535, as the host sampler), then, with a repetition penalty, each prompt
- * token that is not an output token with count 0. */
-static void kcu_pen_row(kcu_ctx_t *c, const kern_sample_params_t *h, int vocab, size_t *n_pen) {
-  int n_out, n_pr;
-  size_t need = kcu_pen_inputs(h, &n_out, &n_pr);
-  if (!need) return;
-  if (need > c->pen_sort_cap) {
-    c->pen_sort_cap = FR_MAX(need, 2 * c->pen_sort_cap);
-    c->pen_sort = (int32_t *)fr_realloc(c->pen_sort, c->pen_sort_cap * sizeof(int32_t));
-  }
-  size_t no = kcu_pen_sorted(c, 0, h->output, n_out, vocab), np = kcu_pen_sorted(c, no, h->prompt, n_pr, vocab);
-  const int32_t *o = c->pen_sort, *pr = c->pen_sort + no;
-  kcu_pen_t *e = c->pen_pin + *n_pen;
-  size_t k = 0;
-  for (size_t i = 0; i < no;) { /* run lengths of the sorted output ids */
-    size_t j = i;
-    while (j < no && o[j] == o[i]) j++;
-    e[k++] = (kcu_pen_t){.token = o[i], .count = (int32_t)FR_MIN(j - i, (size_t)UINT16_MAX)};
-    i = j;
-  }
-  for (size_t i = 0, j = 0; i < np; i++) { /* prompt ids not among the outputs (both sorted) */
-    if (i > 0 && pr[i] == pr[i - 1]) continue;
-    while (j < no && o[j] < pr[i]) j++;
-    if (j < no && o[j] == pr[i]) continue;
-    e[k++] = (kcu_pen_t){.token = pr[i], .count = 0};
-  }
-  *n_pen += k;
-}
-
 static int kcu_sample(void *ctx, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
                       int32_t *tokens_host, float *logprobs_host) {
-  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
-  int rc = kcu__not_capturing(c, "sample");
-  if (rc || n_rows <= 0) return rc;
-  if (vocab <= 0) return fr_errorf(FR_EFORMAT, "cuda: sample: vocab %d", vocab);
-  /* params in; (token, logprob) out, then the top (id, logprob) pairs */
-  const size_t top_b = 8 * KERN_SAMPLE_MAX_TOP, row_b = sizeof(kcu_sparams_t) + 8 + top_b;
-  if (n_rows > c->samp_cap) {
-    kcu__free(c->samp_dev);
-    cudaFreeHost(c->samp_pin);
-    c->samp_dev = c->samp_pin = NULL;
-    c->samp_cap = 0;
-    if ((rc = kcu__alloc(c, row_b * n_rows, &c->samp_dev, "sample buffers"))) return rc;
-    KCU_CHECK(cudaMallocHost(&c->samp_pin, row_b * n_rows));
-    c->samp_cap = n_rows;
-  }
-  /* the previous sample's uploads have finished: it synchronized */
-  size_t bound = 0; /* penalty list entries at most */
-  for (int i = 0; i < n_rows; i++) {
-    int n_out, n_pr;
-    bound += kcu_pen_inputs(&params_host[i], &n_out, &n_pr);
-  }
-  if (bound > INT32_MAX) return fr_errorf(FR_ETOOBIG, "cuda: sample: %zu penalized tokens", bound);
-  if ((rc = kcu_pen_reserve(c, bound))) return rc;
-  kcu_sparams_t *sp = (kcu_sparams_t *)c->samp_pin;
-  size_t n_pen = 0;
-  bool any_top = false;
-  for (int i = 0; i < n_rows; i++) {
-    const kern_sample_params_t *h = &params_host[i];
-    size_t at = n_pen;
-    kcu_pen_row(c, h, vocab, &n_pen);
-    sp[i] = (kcu_sparams_t){.temperature = h->temperature, .top_p = h->top_p, .min_p = h->min_p, .top_k = h->top_k,
-                            .seed = h->seed, .counter = h->counter, .rep = h->repetition_penalty,
-                            .pres = h->presence_penalty, .freq = h->frequency_penalty, .pen_off = (int32_t)at,
-                            .n_pen = (int32_t)(n_pen - at),
-                            .top_n = h->top_ids && h->top_lp ? FR_MAX(FR_MIN(h->top_n, KERN_SAMPLE_MAX_TOP), 0) : 0};
-    any_top |= sp[i].top_n > 0;
-  }
-  size_t pb = sizeof(kcu_sparams_t) * n_rows;
-  char *res_dev = (char *)c->samp_dev + pb, *res_pin = (char *)c->samp_pin + pb;
-  KCU_CHECK(cudaMemcpyAsync(c->samp_dev, c->samp_pin, pb, cudaMemcpyHostToDevice, c->stream));
-  if (n_pen)
-    KCU_CHECK(cudaMemcpyAsync(c->pen_dev, c->pen_pin, n_pen * sizeof(kcu_pen_t), cudaMemcpyHostToDevice, c->stream));
-  if ((rc = kcu__sample(c, logits, n_rows, vocab, c->samp_dev, c->pen_dev, res_dev))) return rc;
-  KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * (8 + (any_top ? top_b : 0)), cudaMemcpyDeviceToHost,
-                            c->stream));
-  KCU_CHECK(cudaStreamSynchronize(c->stream));
-  const int32_t *r = (const int32_t *)res_pin, *top = r + 2 * (size_t)n_rows;
-  for (int i = 0; i < n_rows; i++) {
-    tokens_host[i] = r[2 * i];
-    if (logprobs_host) memcpy(&logprobs_host[i], &r[2 * i + 1], 4);
-    const int32_t *t = top + (size_t)i * 2 * KERN_SAMPLE_MAX_TOP;
-    for (int j = 0; j < sp[i].top_n; j++) {
-      params_host[i].top_ids[j] = t[2 * j];
-      memcpy(&params_host[i].top_lp[j], &t[2 * j + 1], 4);
-    }
-  }
-  return 0;
+  return kcu__sample((kcu_ctx_t *)ctx, logits, n_rows, vocab, params_host, tokens_host, logprobs_host);
 }
 
 /* ---- graphs ------------------------------------------------------------------- */
@@ -734,7 +430,7 @@ static void kcu_destroy(void *ctx) {
   cudaSetDevice(c->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
   kcu__graphs_drop(c);
-  kcu_stage_free(c);
+  kcu__stage_free(c);
   kcu__free(c->meta_dev);
   if (c->meta_pin) cudaFreeHost(c->meta_pin);
   if (c->samp_pin) cudaFreeHost(c->samp_pin);
@@ -834,7 +530,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
   FR_LOGD("cuda: device %d %s, %d SMs, act %s, PDL %s", device, prop.name, c->n_sm,
           c->act == KERN_BF16 ? "bf16" : "f16", c->pdl ? "on" : "off");
-  return kcu_meta_grow(c, 256, 64, 4096);
+  return kcu_meta_grow(c, KCU_META_MIN_TOKENS, KCU_META_MIN_SEQS, KCU_META_MIN_BT);
 }
 
 extern "C" int kern_cuda_create(kern_backend_t **out, int device) {

@@ -8,6 +8,18 @@
  * into the act-type scratch, in row chunks that fit it. */
 #include "kernels/cuda/kcu_quant.cuh"
 
+#define KCU_GEMV_WARPS 8 /* warps per CTA of the GEMV kernels: a row takes 1, 2 or 4 of them (dense) or one
+                            (quantized), so a CTA serves 8 / that many rows */
+#define KCU_GEMV_NT (KCU_GEMV_WARPS * KCU_WARP)
+#define KCU_GEMV_WPR 4   /* default warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR), see
+                            kcu_gemv_dense_launch */
+#define KCU_GEMV_U 4     /* 16-byte weight loads each lane of the dense GEMV keeps in flight */
+#define KCU_QGEMV_U 2    /* sub-blocks each lane of the quantized GEMV keeps in flight */
+#define KCU_QX_WARPS (KCU_ELEM_NT / KCU_WARP) /* sub-blocks (a warp each) per CTA of the activation
+                                                quantizer: CTAs of the elementwise kernels' size */
+#define KCU_DEQ_NT 128   /* threads (a sub-block each, 32 floats in registers) per CTA of the prefill
+                            dequantization (not tuned) */
+
 /* Streaming 16-byte load: the weights are read once per matmul. */
 __device__ __forceinline__ uint4 kcu_ld_stream(const uint4 *p) { return __ldcs(p); }
 
@@ -22,7 +34,7 @@ __device__ __forceinline__ float kcu_dot8(const float *a, const float *b) {
 template <typename T, int NBM, int WPR>
 __device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *bias, int row, int rows, int nb,
                                                float (*red)[NBM]) {
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32, part = warp % WPR;
+  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, part = warp % WPR;
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = kcu_warp_sum(acc[b]);
   if (WPR > 1) {
@@ -44,17 +56,17 @@ __device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *
   }
 }
 
-/* 256 threads = 8 warps; WPR warps per row, 8 / WPR rows per CTA.
+/* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per CTA.
  * cols % 8 == 0, W and x 16-byte aligned. Each lane keeps U 16-byte weight
  * loads in flight. (Issuing the first loads before the PDL wait measured no
  * faster on H100.) */
 template <typename T, int NBM, int WPR>
-__global__ void __launch_bounds__(256) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias, int rows,
-                                                         int cols, int nb) {
+__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
+                                                                 int rows, int cols, int nb) {
   kcu_pdl_enter();
-  __shared__ float red[8][NBM];
-  constexpr int RPC = 8 / WPR, STEP = 32 * WPR, U = 4;
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ float red[KCU_GEMV_WARPS][NBM];
+  constexpr int RPC = KCU_GEMV_WARPS / WPR, STEP = KCU_WARP * WPR, U = KCU_GEMV_U;
+  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   int row = blockIdx.x * RPC + warp / WPR;
   float acc[NBM];
 #pragma unroll
@@ -63,7 +75,7 @@ __global__ void __launch_bounds__(256) kcu_gemv_dense_k(T *out, const T *W, cons
     const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)row * cols);
     const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
     int n8 = cols / 8, xs = cols / 8;
-    int i = (warp % WPR) * 32 + lane;
+    int i = (warp % WPR) * KCU_WARP + lane;
     for (; i + (U - 1) * STEP < n8; i += U * STEP) {
       uint4 wv[U];
 #pragma unroll
@@ -96,51 +108,52 @@ __global__ void __launch_bounds__(256) kcu_gemv_dense_k(T *out, const T *W, cons
   kcu_gemv_store<T, NBM, WPR>(acc, out, bias, row, rows, nb, red);
 }
 
-/* Activations to int8 per 32 elements: one warp per block of 32.
- * xq (n, cols) int8; xd (n, cols / 32) (scale, scale * sum of q). */
+/* Activations to int8 per KCU_QSUB elements: one warp per sub-block.
+ * xq (n, cols) int8; xd (n, cols / KCU_QSUB) (scale, scale * sum of q). */
+static_assert(KCU_QSUB == KCU_WARP, "the activation quantizer gives each lane one element of a sub-block");
 template <typename T>
 __global__ void kcu_quant_q8_1_k(const T *x, int8_t *xq, float2 *xd, long long n_blocks) {
   kcu_pdl_enter();
-  long long blk = blockIdx.x * 8ll + threadIdx.x / 32;
+  long long blk = blockIdx.x * (long long)KCU_QX_WARPS + threadIdx.x / KCU_WARP;
   if (blk >= n_blocks) return;
-  int lane = threadIdx.x % 32;
-  float v = kcu_f(x[blk * 32 + lane]);
+  int lane = threadIdx.x % KCU_WARP;
+  float v = kcu_f(x[blk * KCU_QSUB + lane]);
   float amax = kcu_warp_max(fabsf(v)), d = amax / 127.f;
   int q = amax > 0.f ? __float2int_rn(v / d) : 0;
-  xq[blk * 32 + lane] = (int8_t)q;
+  xq[blk * KCU_QSUB + lane] = (int8_t)q;
   float sum = kcu_warp_sum((float)q);
   if (lane == 0) xd[blk] = make_float2(d, d * sum);
 }
 
-/* Quantized GEMV (int8 dot products): one warp per row, one 32-element
- * sub-block per lane and step, two sub-blocks in flight. */
+/* Quantized GEMV (int8 dot products): one warp per row, one sub-block per
+ * lane and step, KCU_QGEMV_U sub-blocks in flight. */
 template <int QT, int NBM>
-__global__ void __launch_bounds__(256) kcu_gemv_q_k(void *out_v, int out_bf16, const uint8_t *W, size_t row_bytes,
-                                                     const int8_t *xq, const float2 *xd, const float *bias, int rows,
-                                                     int cols, int nb) {
+__global__ void __launch_bounds__(KCU_GEMV_NT)
+    kcu_gemv_q_k(void *out_v, int out_bf16, const uint8_t *W, size_t row_bytes, const int8_t *xq, const float2 *xd,
+                 const float *bias, int rows, int cols, int nb) {
   kcu_pdl_enter();
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  int row = blockIdx.x * 8 + warp;
+  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  int row = blockIdx.x * KCU_GEMV_WARPS + warp;
   float acc[NBM];
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = 0.f;
   if (row < rows) {
     const uint8_t *wr = W + (size_t)row * row_bytes;
-    const int nsub = cols / 32;
-    for (int u0 = lane; u0 < nsub; u0 += 64) {
-      kcu_qv_t w[2];
+    const int nsub = cols / KCU_QSUB;
+    for (int u0 = lane; u0 < nsub; u0 += KCU_QGEMV_U * KCU_WARP) {
+      kcu_qv_t w[KCU_QGEMV_U];
       int sub;
 #pragma unroll
-      for (int h = 0; h < 2; h++)
-        if (u0 + 32 * h < nsub) kcu_qv<QT>(kcu_sub_block<QT>(wr, u0 + 32 * h, &sub), sub, &w[h]);
+      for (int h = 0; h < KCU_QGEMV_U; h++)
+        if (u0 + KCU_WARP * h < nsub) kcu_qv<QT>(kcu_sub_block<QT>(wr, u0 + KCU_WARP * h, &sub), sub, &w[h]);
 #pragma unroll
-      for (int h = 0; h < 2; h++) {
-        const int u = u0 + 32 * h;
+      for (int h = 0; h < KCU_QGEMV_U; h++) {
+        const int u = u0 + KCU_WARP * h;
         if (u >= nsub) break;
 #pragma unroll
         for (int b = 0; b < NBM; b++) {
           if (b < nb) {
-            const uint4 *xp = reinterpret_cast<const uint4 *>(xq + (size_t)b * cols + 32 * u);
+            const uint4 *xp = reinterpret_cast<const uint4 *>(xq + (size_t)b * cols + KCU_QSUB * u);
             uint4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
             int xi[8] = {(int)x0.x, (int)x0.y, (int)x0.z, (int)x0.w, (int)x1.x, (int)x1.y, (int)x1.z, (int)x1.w};
             acc[b] += kcu_qv_dot(&w[h], xi, __ldg(xd + (size_t)b * nsub + u));
@@ -170,22 +183,22 @@ __global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_
   kcu_pdl_enter();
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= n_units) return;
-  int per = cols / 32;
+  int per = cols / KCU_QSUB;
   long long r = i / per;
   int u = (int)(i % per), sub;
-  float w[32];
+  float w[KCU_QSUB];
   kcu_deq32<QT>(kcu_sub_block<QT>(W + (size_t)(row0 + r) * row_bytes, u, &sub), sub, w);
-  uint4 *o = reinterpret_cast<uint4 *>(dst + (size_t)r * cols + 32 * u);
+  uint4 *o = reinterpret_cast<uint4 *>(dst + (size_t)r * cols + KCU_QSUB * u);
 #pragma unroll
-  for (int k = 0; k < 4; k++) o[k] = kcu_pack8<T>(w + 8 * k);
+  for (int k = 0; k < KCU_QSUB / 8; k++) o[k] = kcu_pack8<T>(w + 8 * k);
 }
 
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
-  long long units = nrows * (w->cols / 32);
+  long long units = nrows * (w->cols / KCU_QSUB);
   if (units == 0) return 0;
   KCU_ACT_DISPATCH(
       c, KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: dequant of type %d", (int)w->type),
-                            KCU_LAUNCH(c, kcu_dequant_k<T, QT>, kcu_div_up(units, 128), 128, 0, (T *)dst,
+                            KCU_LAUNCH(c, kcu_dequant_k<T, QT>, kcu_div_up(units, KCU_DEQ_NT), KCU_DEQ_NT, 0, (T *)dst,
                                        (const uint8_t *)w->data, w->row_bytes, row0, units, (int)w->cols)));
   return 0;
 }
@@ -198,13 +211,16 @@ static int kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const T *W, const T *x, c
   /* 4 warps a row: more CTAs, so the last wave is shorter. Measured on H100
    * (cuda_ops_bench gemv1), n = 1: as fast or faster than 1 or 2 for every
    * Llama-3-8B shape, 4096x4096 13.2 us against 14.8 with one warp a row. */
-  int wpr = c->gemv_wpr ? c->gemv_wpr : 4;
+  int wpr = c->gemv_wpr ? c->gemv_wpr : KCU_GEMV_WPR;
   if (wpr == 4)
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4>, kcu_div_up(rows, 2), 256, 0, out, W, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W, x, bias,
+               rows, cols, nb);
   else if (wpr == 2)
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2>, kcu_div_up(rows, 4), 256, 0, out, W, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W, x, bias,
+               rows, cols, nb);
   else
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1>, kcu_div_up(rows, 8), 256, 0, out, W, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W, x, bias,
+               rows, cols, nb);
   return 0;
 }
 
@@ -221,23 +237,23 @@ static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 template <int QT>
 static int kcu_gemv_q_launch(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, int n) {
   const uint8_t *W = (const uint8_t *)w->data;
-  int rows = (int)w->rows, cols = (int)w->cols, g = kcu_div_up(rows, 8), bf = c->act == KERN_BF16;
+  int rows = (int)w->rows, cols = (int)w->cols, g = kcu_div_up(rows, KCU_GEMV_WARPS), bf = c->act == KERN_BF16;
   size_t rb = w->row_bytes;
   const int8_t *xq = c->xq;
   const float2 *xd = (const float2 *)c->xqd;
-  if (n == 1) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 1>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
-  else if (n == 2) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 2>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
-  else if (n <= 4) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 4>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
-  else KCU_LAUNCH(c, kcu_gemv_q_k<QT, 8>, g, 256, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  if (n == 1) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 1>, g, KCU_GEMV_NT, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  else if (n == 2) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 2>, g, KCU_GEMV_NT, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  else if (n <= 4) KCU_LAUNCH(c, kcu_gemv_q_k<QT, 4>, g, KCU_GEMV_NT, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
+  else KCU_LAUNCH(c, kcu_gemv_q_k<QT, 8>, g, KCU_GEMV_NT, 0, out, bf, W, rb, xq, xd, bias, rows, cols, n);
   return 0;
 }
 
 /* Quantizes x (n, cols) into c->xq / c->xqd, then runs the integer GEMV. */
 static int kcu_gemv_quant(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
-  long long nblk = (long long)n * (w->cols / 32);
-  if ((size_t)nblk * 32 > c->xq_cap) return fr_errorf(FR_ESTATE, "cuda: matmul: activation scratch too small");
-  KCU_ACT_DISPATCH(
-      c, KCU_LAUNCH(c, kcu_quant_q8_1_k<T>, kcu_div_up(nblk, 8), 256, 0, (const T *)x, c->xq, (float2 *)c->xqd, nblk));
+  long long nblk = (long long)n * (w->cols / KCU_QSUB);
+  if ((size_t)nblk * KCU_QSUB > c->xq_cap) return fr_errorf(FR_ESTATE, "cuda: matmul: activation scratch too small");
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_quant_q8_1_k<T>, kcu_div_up(nblk, KCU_QX_WARPS), KCU_QX_WARPS * KCU_WARP, 0,
+                                 (const T *)x, c->xq, (float2 *)c->xqd, nblk));
   KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul type %d", (int)w->type),
                      return kcu_gemv_q_launch<QT>(c, out, w, bias, n));
   return 0;

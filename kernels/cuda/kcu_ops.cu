@@ -3,6 +3,16 @@
  * fused with rope) and block copy, silu_mul, add, last_rows, bias. All math in f32. */
 #include "kernels/cuda/kcu_quant.cuh"
 
+#define KCU_GRID_PER_SM 32   /* most CTAs per SM of the grid-stride kernels (convert, add): fills every SM
+                                several times over; the loop covers the rest */
+#define KCU_EMBED_Q_NT 64    /* threads (a sub-block each) per CTA of the quantized embedding: a row has
+                                only cols / KCU_QSUB sub-blocks (128 at dim 4096), spread over a few CTAs */
+#define KCU_NORM_V 4         /* 16-byte chunks of the row a thread keeps in registers (kcu_rms_norm_vec_k) */
+#define KCU_NORM_NT_SMALL 32 /* rms_norm (a CTA a row) takes one warp for rows of at most 8 * 32 * KCU_NORM_V
+                                = 1024 elements: a short row (the per-head q/k norms) would leave most of a
+                                larger CTA idle */
+#define KCU_NORM_NT 256      /* and 256 threads for longer rows (8 warps, as the elementwise kernels) */
+
 /* ---- conversion ---------------------------------------------------------------- */
 
 template <typename S, typename D> __global__ void kcu_convert_k(D *dst, const S *src, size_t n) {
@@ -12,10 +22,11 @@ template <typename S, typename D> __global__ void kcu_convert_k(D *dst, const S 
 }
 
 template <typename S> static int kcu_convert_from(kcu_ctx_t *c, void *dst, kern_type_t dt, const S *src, size_t n) {
-  int grid = (int)FR_MIN((n + 255) / 256, (size_t)c->n_sm * 32);
-  if (dt == KERN_F32) KCU_LAUNCH(c, kcu_convert_k<S, float>, grid, 256, 0, (float *)dst, src, n);
-  else if (dt == KERN_F16) KCU_LAUNCH(c, kcu_convert_k<S, __half>, grid, 256, 0, (__half *)dst, src, n);
-  else if (dt == KERN_BF16) KCU_LAUNCH(c, kcu_convert_k<S, __nv_bfloat16>, grid, 256, 0, (__nv_bfloat16 *)dst, src, n);
+  int grid = (int)FR_MIN((n + KCU_ELEM_NT - 1) / KCU_ELEM_NT, (size_t)c->n_sm * KCU_GRID_PER_SM);
+  if (dt == KERN_F32) KCU_LAUNCH(c, kcu_convert_k<S, float>, grid, KCU_ELEM_NT, 0, (float *)dst, src, n);
+  else if (dt == KERN_F16) KCU_LAUNCH(c, kcu_convert_k<S, __half>, grid, KCU_ELEM_NT, 0, (__half *)dst, src, n);
+  else if (dt == KERN_BF16)
+    KCU_LAUNCH(c, kcu_convert_k<S, __nv_bfloat16>, grid, KCU_ELEM_NT, 0, (__nv_bfloat16 *)dst, src, n);
   else return fr_errorf(FR_EUNSUPPORTED, "cuda: convert to type %d", (int)dt);
   return 0;
 }
@@ -46,20 +57,20 @@ __global__ void kcu_embed_quant_k(T *out, const uint8_t *table, size_t row_bytes
                                   int cols) {
   kcu_pdl_enter();
   int t = blockIdx.y, u = blockIdx.x * blockDim.x + threadIdx.x;
-  if (u >= cols / 32) return;
+  if (u >= cols / KCU_QSUB) return;
   int32_t id = tokens[t];
-  float w[32];
+  float w[KCU_QSUB];
   if (id >= 0 && id < rows) {
     int sub;
     const uint8_t *b = kcu_sub_block<QT>(table + (size_t)id * row_bytes, u, &sub);
     kcu_deq32<QT>(b, sub, w);
   } else {
 #pragma unroll
-    for (int i = 0; i < 32; i++) w[i] = 0.f;
+    for (int i = 0; i < KCU_QSUB; i++) w[i] = 0.f;
   }
-  uint4 *o = reinterpret_cast<uint4 *>(out + (size_t)t * cols + 32 * u);
+  uint4 *o = reinterpret_cast<uint4 *>(out + (size_t)t * cols + KCU_QSUB * u);
 #pragma unroll
-  for (int i = 0; i < 4; i++) o[i] = kcu_pack8<T>(w + 8 * i);
+  for (int i = 0; i < KCU_QSUB / 8; i++) o[i] = kcu_pack8<T>(w + 8 * i);
 }
 
 int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
@@ -69,15 +80,15 @@ int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
   KCU_ACT_DISPATCH(c, {
     T *o = (T *)out;
     if (tb->type == KERN_F32) {
-      KCU_LAUNCH(c, kcu_embed_dense_k<T, float>, dim3(kcu_div_up(cols, 256), nt), 256, 0, o, (const float *)tb->data,
-                 c->dm.tokens, tb->rows, cols);
+      KCU_LAUNCH(c, kcu_embed_dense_k<T, float>, dim3(kcu_div_up(cols, KCU_ELEM_NT), nt), KCU_ELEM_NT, 0, o,
+                 (const float *)tb->data, c->dm.tokens, tb->rows, cols);
     } else if (tb->type == c->act) {
-      KCU_LAUNCH(c, kcu_embed_dense_k<T, T>, dim3(kcu_div_up(cols, 256), nt), 256, 0, o, (const T *)tb->data,
-                 c->dm.tokens, tb->rows, cols);
+      KCU_LAUNCH(c, kcu_embed_dense_k<T, T>, dim3(kcu_div_up(cols, KCU_ELEM_NT), nt), KCU_ELEM_NT, 0, o,
+                 (const T *)tb->data, c->dm.tokens, tb->rows, cols);
     } else {
-      dim3 grid(kcu_div_up(cols / 32, 64), nt);
+      dim3 grid(kcu_div_up(cols / KCU_QSUB, KCU_EMBED_Q_NT), nt);
       KCU_QUANT_DISPATCH(tb->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: embed from type %d", (int)tb->type),
-                         KCU_LAUNCH(c, kcu_embed_quant_k<T, QT>, grid, 64, 0, o, (const uint8_t *)tb->data,
+                         KCU_LAUNCH(c, kcu_embed_quant_k<T, QT>, grid, KCU_EMBED_Q_NT, 0, o, (const uint8_t *)tb->data,
                                     tb->row_bytes, c->dm.tokens, tb->rows, cols));
     }
   });
@@ -88,10 +99,10 @@ int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
 
 template <int NT> __device__ float kcu_block_sum(float v, float *red) {
   v = kcu_warp_sum(v);
-  int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   if (lane == 0) red[warp] = v;
   __syncthreads();
-  v = lane < NT / 32 ? red[lane] : 0.f;
+  v = lane < NT / KCU_WARP ? red[lane] : 0.f;
   v = kcu_warp_sum(v);
   __syncthreads();
   return v;
@@ -101,7 +112,7 @@ template <int NT> __device__ float kcu_block_sum(float v, float *red) {
 template <typename T, int NT>
 __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int dim, float eps) {
   kcu_pdl_enter();
-  __shared__ float red[32];
+  __shared__ float red[KCU_MAX_WARPS];
   size_t row = (size_t)blockIdx.x * dim;
   float ss = 0.f;
   for (int i = threadIdx.x; i < dim; i += NT) {
@@ -126,7 +137,7 @@ template <typename T, int NT, int V>
 __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
                                                          float eps) {
   kcu_pdl_enter();
-  __shared__ float red[32];
+  __shared__ float red[KCU_MAX_WARPS];
   const int n8 = dim / 8;
   const size_t row = (size_t)blockIdx.x * n8;
   const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + row;
@@ -175,19 +186,19 @@ static bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
   if (n <= 0) return 0;
   if (dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual))) {
-    if (dim <= 8 * 32 * 4) {
-      KCU_ACT_DISPATCH(
-          c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 32, 4>, n, 32, 0, (T *)out, (T *)residual, (const T *)x, w, dim, eps));
+    if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V) {
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT_SMALL, KCU_NORM_V>, n, KCU_NORM_NT_SMALL, 0,
+                                     (T *)out, (T *)residual, (const T *)x, w, dim, eps));
       return 0;
     }
-    if (dim <= 8 * 256 * 4) {
-      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, 256, 4>, n, 256, 0, (T *)out, (T *)residual, (const T *)x,
-                                     w, dim, eps));
+    if (dim <= 8 * KCU_NORM_NT * KCU_NORM_V) {
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT, KCU_NORM_V>, n, KCU_NORM_NT, 0, (T *)out,
+                                     (T *)residual, (const T *)x, w, dim, eps));
       return 0;
     }
   }
-  KCU_ACT_DISPATCH(
-      c, KCU_LAUNCH(c, kcu_rms_norm_k<T, 256>, n, 256, 0, (T *)out, (T *)residual, (const T *)x, w, dim, eps));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_k<T, KCU_NORM_NT>, n, KCU_NORM_NT, 0, (T *)out, (T *)residual,
+                                 (const T *)x, w, dim, eps));
   return 0;
 }
 
@@ -218,9 +229,9 @@ int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, 
     return fr_errorf(FR_EFORMAT, "cuda: rope: bad n_rot %d or inv_freq", r->n_rot);
   long long total = (long long)c->n_tokens * n_heads * (r->n_rot / 2);
   if (total == 0) return 0;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_k<T>, kcu_div_up(total, 256), 256, 0, (T *)x, c->dm.positions,
-                                 (const float *)r->inv_freq->data, c->n_tokens, n_heads, head_dim, row_stride, r->n_rot,
-                                 r->mode == KERN_ROPE_NEOX, r->attn_factor));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)x,
+                                 c->dm.positions, (const float *)r->inv_freq->data, c->n_tokens, n_heads, head_dim,
+                                 row_stride, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor));
   return 0;
 }
 
@@ -255,7 +266,7 @@ int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k,
   long long total = (long long)c->n_tokens * (row / vec);
   if (total == 0) return 0;
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, (T *)kb,
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_kv_append_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)kb,
                                  (T *)(kb + pool->layer_bytes), (const T *)k, k_stride, (const T *)v, v_stride,
                                  c->dm.slots, c->n_tokens, row, (long long)cf->n_blocks * cf->block_size, vec));
   return 0;
@@ -323,11 +334,11 @@ int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, 
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   const long long total = (long long)c->n_tokens * (n_heads * (r->n_rot / 2) + cf->n_kv_heads * (r->n_rot / 2) +
                                                    cf->n_kv_heads * (hd - r->n_rot) + cf->n_kv_heads * hd);
-  KCU_ACT_DISPATCH(
-      c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, kcu_div_up(total, 256), 256, 0, (T *)q, q_stride, (T *)k, (T *)v,
-                    kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes), c->dm.positions, c->dm.slots,
-                    (const float *)r->inv_freq->data, c->n_tokens, n_heads, cf->n_kv_heads, hd, r->n_rot,
-                    r->mode == KERN_ROPE_NEOX, r->attn_factor, (long long)cf->n_blocks * cf->block_size));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)q,
+                                 q_stride, (T *)k, (T *)v, kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes),
+                                 c->dm.positions, c->dm.slots, (const float *)r->inv_freq->data, c->n_tokens, n_heads,
+                                 cf->n_kv_heads, hd, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor,
+                                 (long long)cf->n_blocks * cf->block_size));
   return 0;
 }
 
@@ -344,7 +355,7 @@ __global__ void kcu_kv_copy_k(char *base, size_t layer_bytes, size_t block_bytes
 int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, int n_pairs) {
   const kern_kv_config_t *cf = &pool->cfg;
   size_t block_bytes = (size_t)cf->block_size * cf->n_kv_heads * cf->head_dim * c->act_size; /* head_dim % 8 == 0 */
-  KCU_LAUNCH(c, kcu_kv_copy_k, dim3(n_pairs, 2 * cf->n_layers), 256, 0, (char *)pool->base, pool->layer_bytes,
+  KCU_LAUNCH(c, kcu_kv_copy_k, dim3(n_pairs, 2 * cf->n_layers), KCU_ELEM_NT, 0, (char *)pool->base, pool->layer_bytes,
              block_bytes, pairs_dev);
   return 0;
 }
@@ -364,8 +375,8 @@ __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d,
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride) {
   long long total = (long long)n * d;
   if (total <= 0) return 0;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_silu_mul_k<T>, kcu_div_up(total, 256), 256, 0, (T *)out, (const T *)gate,
-                                 (const T *)up, n, d, stride));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_silu_mul_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)out,
+                                 (const T *)gate, (const T *)up, n, d, stride));
   return 0;
 }
 
@@ -377,8 +388,8 @@ template <typename T> __global__ void kcu_add_k(T *out, const T *a, const T *b, 
 
 int kcu__add(kcu_ctx_t *c, void *out, const void *a, const void *b, size_t n) {
   if (n == 0) return 0;
-  int grid = (int)FR_MIN((n + 255) / 256, (size_t)c->n_sm * 32);
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_add_k<T>, grid, 256, 0, (T *)out, (const T *)a, (const T *)b, n));
+  int grid = (int)FR_MIN((n + KCU_ELEM_NT - 1) / KCU_ELEM_NT, (size_t)c->n_sm * KCU_GRID_PER_SM);
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_add_k<T>, grid, KCU_ELEM_NT, 0, (T *)out, (const T *)a, (const T *)b, n));
   return 0;
 }
 
@@ -393,8 +404,9 @@ template <typename T> __global__ void kcu_last_rows_k(T *out, const T *x, const 
 int kcu__last_rows(kcu_ctx_t *c, void *out, const void *x, int dim) {
   if (c->n_seqs == 0 || dim <= 0) return 0;
   if (c->n_seqs > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: last_rows of %d sequences", c->n_seqs);
-  dim3 grid(kcu_div_up(dim, 256), c->n_seqs);
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_last_rows_k<T>, grid, 256, 0, (T *)out, (const T *)x, c->dm.q_start, dim));
+  dim3 grid(kcu_div_up(dim, KCU_ELEM_NT), c->n_seqs);
+  KCU_ACT_DISPATCH(c,
+                   KCU_LAUNCH(c, kcu_last_rows_k<T>, grid, KCU_ELEM_NT, 0, (T *)out, (const T *)x, c->dm.q_start, dim));
   return 0;
 }
 
@@ -407,6 +419,7 @@ template <typename T> __global__ void kcu_add_bias_k(T *out, const float *bias, 
 int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows) {
   long long total = (long long)n * rows;
   if (total == 0) return 0;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_add_bias_k<T>, kcu_div_up(total, 256), 256, 0, (T *)out, bias, n, rows));
+  KCU_ACT_DISPATCH(
+      c, KCU_LAUNCH(c, kcu_add_bias_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)out, bias, n, rows));
   return 0;
 }

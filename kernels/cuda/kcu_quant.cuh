@@ -163,7 +163,7 @@ template <> __device__ __forceinline__ void kcu_deq32<KERN_Q6_K>(const uint8_t *
 /* Element (row, 32*u .. 32*u+31) sub-block address helpers. */
 template <int QT>
 __device__ __forceinline__ const uint8_t *kcu_sub_block(const uint8_t *row, int u, int *sub) {
-  constexpr int SUBS = kcu_qt<QT>::QK / 32;
+  constexpr int SUBS = kcu_qt<QT>::QK / KCU_QSUB;
   *sub = u % SUBS;
   return row + (size_t)(u / SUBS) * kcu_qt<QT>::BYTES;
 }

@@ -13,13 +13,36 @@
  * E_i = -log(u_i), u_i from splitmix64 of (seed, counter, token id), so the
  * result does not depend on the row's place in the batch. The logprob is the
  * log-softmax of the raw logits at temperature 1 (what vLLM returns).
+ *
+ * The sample op (kcu__sample, at the end) is the host side: it lists each
+ * row's penalized tokens, uploads them with the parameters, launches the
+ * kernel and waits for the tokens.
  */
 #include <math.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "common/fr_util.h"
 #include "kernels/cuda/kcu.cuh"
 
-#define KCU_SAMP_NT 1024
+#define KCU_SAMP_NT 1024 /* threads per CTA: the most a CTA can have, as one CTA goes through a
+                            whole row of the vocabulary (several times) alone */
+#define KCU_RADIX_BITS 8 /* key bits a radix-selection pass: 4 passes, histograms of 256 bins */
+#define KCU_RADIX (1 << KCU_RADIX_BITS)
 #define KCU_MASS_ONE 1099511627776.0 /* 2^40 */
+
+/* Sample params as the device reads them (16-byte aligned rows). The
+ * row's penalized tokens are entries [pen_off, pen_off + n_pen) of the
+ * step's penalty list. */
+typedef struct {
+  float temperature, top_p, min_p;
+  int32_t top_k;
+  uint64_t seed, counter;
+  float rep, pres, freq;
+  int32_t pen_off, n_pen;
+  int32_t top_n; /* top logprobs wanted (<= KERN_SAMPLE_MAX_TOP) */
+  int32_t pad[2];
+} kcu_sparams_t;
 
 __device__ __forceinline__ uint32_t kcu_fkey(float f) {
   uint32_t b = __float_as_uint(f);
@@ -33,16 +56,14 @@ __device__ __forceinline__ uint64_t kcu_splitmix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-template <typename T> struct kcu_red_t {
-  T v[32];
-};
+static_assert(KCU_SAMP_NT / KCU_WARP <= KCU_WARP, "one warp reduces the per-warp partials");
 
 __device__ float kcu_bsum(float v, float *red) {
   v = kcu_warp_sum(v);
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  if (threadIdx.x % KCU_WARP == 0) red[threadIdx.x / KCU_WARP] = v;
   __syncthreads();
-  v = threadIdx.x < KCU_SAMP_NT / 32 ? red[threadIdx.x] : 0.f;
-  if (threadIdx.x < 32) v = kcu_warp_sum(v);
+  v = threadIdx.x < KCU_SAMP_NT / KCU_WARP ? red[threadIdx.x] : 0.f;
+  if (threadIdx.x < KCU_WARP) v = kcu_warp_sum(v);
   if (threadIdx.x == 0) red[0] = v;
   __syncthreads();
   v = red[0];
@@ -53,16 +74,16 @@ __device__ float kcu_bsum(float v, float *red) {
 /* Max of packed (key << 32 | ~index): largest value, smallest index on ties. */
 __device__ uint64_t kcu_bmax64(uint64_t v, uint64_t *red) {
 #pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
+  for (int o = KCU_WARP / 2; o > 0; o >>= 1) {
     uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
     v = w > v ? w : v;
   }
-  if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = v;
+  if (threadIdx.x % KCU_WARP == 0) red[threadIdx.x / KCU_WARP] = v;
   __syncthreads();
-  if (threadIdx.x < 32) {
-    v = threadIdx.x < KCU_SAMP_NT / 32 ? red[threadIdx.x] : 0;
+  if (threadIdx.x < KCU_WARP) {
+    v = threadIdx.x < KCU_SAMP_NT / KCU_WARP ? red[threadIdx.x] : 0;
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
+    for (int o = KCU_WARP / 2; o > 0; o >>= 1) {
       uint64_t w = __shfl_xor_sync(0xffffffffu, v, o);
       v = w > v ? w : v;
     }
@@ -85,21 +106,21 @@ template <typename T, bool MASS>
 __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, float inv_z, uint32_t lo,
                                unsigned long long target, unsigned long long *hist, uint32_t *bc) {
   uint32_t prefix = 0, pmask = 0;
-  for (int shift = 24; shift >= 0; shift -= 8) {
-    for (int b = threadIdx.x; b < 256; b += blockDim.x) hist[b] = 0;
+  for (int shift = 32 - KCU_RADIX_BITS; shift >= 0; shift -= KCU_RADIX_BITS) {
+    for (int b = threadIdx.x; b < KCU_RADIX; b += blockDim.x) hist[b] = 0;
     __syncthreads();
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       float z = kcu_f(x[i]) * inv_t;
       uint32_t k = kcu_fkey(z);
       if (k < lo || (k & pmask) != prefix) continue;
       unsigned long long w = MASS ? (unsigned long long)((double)__expf(z - zmax) * inv_z * KCU_MASS_ONE) : 1ull;
-      atomicAdd(&hist[(k >> shift) & 255], w);
+      atomicAdd(&hist[(k >> shift) & (KCU_RADIX - 1)], w);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
       unsigned long long cum = 0;
       int sel = -1;
-      for (int b = 255; b >= 0; b--) {
+      for (int b = KCU_RADIX - 1; b >= 0; b--) {
         if (cum + hist[b] >= target) {
           sel = b;
           break;
@@ -117,7 +138,7 @@ __device__ uint32_t kcu_select(const T *x, int vocab, float inv_t, float zmax, f
     __syncthreads();
     if (sel == 0xffffffffu) return lo;
     prefix |= sel << shift;
-    pmask |= 255u << shift;
+    pmask |= (uint32_t)(KCU_RADIX - 1) << shift;
   }
   return prefix > lo ? prefix : lo;
 }
@@ -181,9 +202,9 @@ template <typename T>
 __global__ void __launch_bounds__(KCU_SAMP_NT)
     kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, int32_t *res) {
   kcu_pdl_enter();
-  __shared__ unsigned long long hist[256];
-  __shared__ uint64_t red64[32];
-  __shared__ float red[32];
+  __shared__ unsigned long long hist[KCU_RADIX];
+  __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];
+  __shared__ float red[KCU_SAMP_NT / KCU_WARP];
   __shared__ uint32_t bc[4];
   __shared__ float raw_tok;
   const int row = blockIdx.x;
@@ -273,10 +294,143 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
   }
 }
 
-int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev, void *pen_dev,
-                void *result_dev) {
+/* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
+ * logprob) per row for the rows that want top logprobs. */
+static int kcu_sample_launch(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev,
+                             void *pen_dev, void *result_dev) {
   /* the logits are the step's scratch: rows with penalties are rewritten */
   KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, (T *)logits, vocab,
                                  (const kcu_sparams_t *)params_dev, (kcu_pen_t *)pen_dev, (int32_t *)result_dev));
+  return 0;
+}
+
+/* ---- host side: penalty lists, parameters in, tokens out ---------------------------- */
+
+static int kcu_cmp_i32(const void *a, const void *b) {
+  int32_t x = *(const int32_t *)a, y = *(const int32_t *)b;
+  return (x > y) - (x < y);
+}
+
+/* The valid ids (0 <= id < vocab) of tok[0..n) into c->pen_sort + at, sorted. */
+static size_t kcu_pen_sorted(kcu_ctx_t *c, size_t at, const int32_t *tok, int n, int vocab) {
+  size_t m = 0;
+  for (int i = 0; i < n; i++)
+    if (tok[i] >= 0 && tok[i] < vocab) c->pen_sort[at + m++] = tok[i];
+  qsort(c->pen_sort + at, m, sizeof(int32_t), kcu_cmp_i32);
+  return m;
+}
+
+/* Grows the host and device penalty lists to hold n entries. */
+static int kcu_pen_reserve(kcu_ctx_t *c, size_t n) {
+  if (n <= c->pen_cap) return 0;
+  size_t cap = FR_MAX(n, 2 * c->pen_cap);
+  kcu__free(c->pen_dev);
+  cudaFreeHost(c->pen_pin);
+  c->pen_dev = c->pen_pin = NULL;
+  c->pen_cap = 0;
+  int rc = kcu__alloc(c, cap * sizeof(kcu_pen_t), (void **)&c->pen_dev, "sampling penalty lists");
+  if (rc) return rc;
+  KCU_CHECK(cudaMallocHost((void **)&c->pen_pin, cap * sizeof(kcu_pen_t)));
+  c->pen_cap = cap;
+  return 0;
+}
+
+/* How many of a row's output and prompt tokens its penalties read. */
+static size_t kcu_pen_inputs(const kern_sample_params_t *h, int *n_out, int *n_pr) {
+  const bool rep = h->repetition_penalty > 0.f && h->repetition_penalty != 1.f;
+  const bool pf = h->presence_penalty != 0.f || h->frequency_penalty != 0.f;
+  *n_out = (rep || pf) && h->output ? FR_MAX(h->n_output, 0) : 0;
+  *n_pr = rep && h->prompt ? FR_MAX(h->n_prompt, 0) : 0;
+  return (size_t)*n_out + (size_t)*n_pr;
+}
+
+/* Lists a row's penalized tokens at c->pen_pin[*n_pen..] (room reserved for
+ * its kcu_pen_inputs): each output token once with its count (capped at
+ * 65535, as the host sampler), then, with a repetition penalty, each prompt
+ * token that is not an output token with count 0. */
+static void kcu_pen_row(kcu_ctx_t *c, const kern_sample_params_t *h, int vocab, size_t *n_pen) {
+  int n_out, n_pr;
+  size_t need = kcu_pen_inputs(h, &n_out, &n_pr);
+  if (!need) return;
+  if (need > c->pen_sort_cap) {
+    c->pen_sort_cap = FR_MAX(need, 2 * c->pen_sort_cap);
+    c->pen_sort = (int32_t *)fr_realloc(c->pen_sort, c->pen_sort_cap * sizeof(int32_t));
+  }
+  size_t no = kcu_pen_sorted(c, 0, h->output, n_out, vocab), np = kcu_pen_sorted(c, no, h->prompt, n_pr, vocab);
+  const int32_t *o = c->pen_sort, *pr = c->pen_sort + no;
+  kcu_pen_t *e = c->pen_pin + *n_pen;
+  size_t k = 0;
+  for (size_t i = 0; i < no;) { /* run lengths of the sorted output ids */
+    size_t j = i;
+    while (j < no && o[j] == o[i]) j++;
+    e[k++] = (kcu_pen_t){.token = o[i], .count = (int32_t)FR_MIN(j - i, (size_t)UINT16_MAX)};
+    i = j;
+  }
+  for (size_t i = 0, j = 0; i < np; i++) { /* prompt ids not among the outputs (both sorted) */
+    if (i > 0 && pr[i] == pr[i - 1]) continue;
+    while (j < no && o[j] < pr[i]) j++;
+    if (j < no && o[j] == pr[i]) continue;
+    e[k++] = (kcu_pen_t){.token = pr[i], .count = 0};
+  }
+  *n_pen += k;
+}
+
+int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
+                int32_t *tokens_host, float *logprobs_host) {
+  int rc = kcu__not_capturing(c, "sample");
+  if (rc || n_rows <= 0) return rc;
+  if (vocab <= 0) return fr_errorf(FR_EFORMAT, "cuda: sample: vocab %d", vocab);
+  /* params in; (token, logprob) out, then the top (id, logprob) pairs */
+  const size_t top_b = 8 * KERN_SAMPLE_MAX_TOP, row_b = sizeof(kcu_sparams_t) + 8 + top_b;
+  if (n_rows > c->samp_cap) {
+    kcu__free(c->samp_dev);
+    cudaFreeHost(c->samp_pin);
+    c->samp_dev = c->samp_pin = NULL;
+    c->samp_cap = 0;
+    if ((rc = kcu__alloc(c, row_b * n_rows, &c->samp_dev, "sample buffers"))) return rc;
+    KCU_CHECK(cudaMallocHost(&c->samp_pin, row_b * n_rows));
+    c->samp_cap = n_rows;
+  }
+  /* the previous sample's uploads have finished: it synchronized */
+  size_t bound = 0; /* penalty list entries at most */
+  for (int i = 0; i < n_rows; i++) {
+    int n_out, n_pr;
+    bound += kcu_pen_inputs(&params_host[i], &n_out, &n_pr);
+  }
+  if (bound > INT32_MAX) return fr_errorf(FR_ETOOBIG, "cuda: sample: %zu penalized tokens", bound);
+  if ((rc = kcu_pen_reserve(c, bound))) return rc;
+  kcu_sparams_t *sp = (kcu_sparams_t *)c->samp_pin;
+  size_t n_pen = 0;
+  bool any_top = false;
+  for (int i = 0; i < n_rows; i++) {
+    const kern_sample_params_t *h = &params_host[i];
+    size_t at = n_pen;
+    kcu_pen_row(c, h, vocab, &n_pen);
+    sp[i] = (kcu_sparams_t){.temperature = h->temperature, .top_p = h->top_p, .min_p = h->min_p, .top_k = h->top_k,
+                            .seed = h->seed, .counter = h->counter, .rep = h->repetition_penalty,
+                            .pres = h->presence_penalty, .freq = h->frequency_penalty, .pen_off = (int32_t)at,
+                            .n_pen = (int32_t)(n_pen - at),
+                            .top_n = h->top_ids && h->top_lp ? FR_MAX(FR_MIN(h->top_n, KERN_SAMPLE_MAX_TOP), 0) : 0};
+    any_top |= sp[i].top_n > 0;
+  }
+  size_t pb = sizeof(kcu_sparams_t) * n_rows;
+  char *res_dev = (char *)c->samp_dev + pb, *res_pin = (char *)c->samp_pin + pb;
+  KCU_CHECK(cudaMemcpyAsync(c->samp_dev, c->samp_pin, pb, cudaMemcpyHostToDevice, c->stream));
+  if (n_pen)
+    KCU_CHECK(cudaMemcpyAsync(c->pen_dev, c->pen_pin, n_pen * sizeof(kcu_pen_t), cudaMemcpyHostToDevice, c->stream));
+  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, c->samp_dev, c->pen_dev, res_dev))) return rc;
+  KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * (8 + (any_top ? top_b : 0)), cudaMemcpyDeviceToHost,
+                            c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  const int32_t *r = (const int32_t *)res_pin, *top = r + 2 * (size_t)n_rows;
+  for (int i = 0; i < n_rows; i++) {
+    tokens_host[i] = r[2 * i];
+    if (logprobs_host) memcpy(&logprobs_host[i], &r[2 * i + 1], 4);
+    const int32_t *t = top + (size_t)i * 2 * KERN_SAMPLE_MAX_TOP;
+    for (int j = 0; j < sp[i].top_n; j++) {
+      params_host[i].top_ids[j] = t[2 * j];
+      memcpy(&params_host[i].top_lp[j], &t[2 * j + 1], 4);
+    }
+  }
   return 0;
 }

@@ -7,8 +7,12 @@
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
  *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|...] [--threads N] [--prefill N]
  *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N]
+ * The KV pool holds what the run needs (the prefill's sequence, or the
+ * largest batch's sequences of --prompt + --gen tokens); its size is printed.
  */
 #include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,34 +23,57 @@
 #include "model/dummy.h"
 #include "model/model.h"
 
+#define BENCH_MAX_BATCHES 16
+#define BENCH_MAX_BATCH 256 /* sequences per step: the device sampler's parameters below */
+#define BENCH_BLOCK 16      /* tokens per KV block */
+
 typedef struct {
   const char *model, *dummy, *device, *type;
   int threads, prefill, prompt, gen, repeat;
-  int batches[16], n_batches;
+  int batches[BENCH_MAX_BATCHES], n_batches;
 } bench_opts_t;
+
+/* A whole number in [lo, hi], or -1 (the option is refused). */
+static int bench_int(const char *s, int lo, int hi, int *out) {
+  char *end;
+  long v = strtol(s, &end, 10);
+  if (end == s || *end || v < lo || v > hi) return -1;
+  *out = (int)v;
+  return 0;
+}
+
+static int bench_parse_batches(const char *v, bench_opts_t *o) {
+  char *copy = fr_strdup(v), *save = NULL;
+  o->n_batches = 0;
+  int rc = 0;
+  for (char *t = strtok_r(copy, ",", &save); t && !rc; t = strtok_r(NULL, ",", &save))
+    rc = o->n_batches == BENCH_MAX_BATCHES ? -1 : bench_int(t, 1, BENCH_MAX_BATCH, &o->batches[o->n_batches++]);
+  free(copy);
+  return rc || !o->n_batches ? -1 : 0;
+}
 
 static int bench_parse(int argc, char **argv, bench_opts_t *o) {
   *o = (bench_opts_t){.device = "cpu", .prefill = 512, .prompt = 128, .gen = 128, .repeat = 1,
                       .batches = {1}, .n_batches = 1};
   for (int i = 1; i < argc; i += 2) {
     const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int rc = 0;
     if (!v) return -1;
     if (!strcmp(a, "--model")) o->model = v;
     else if (!strcmp(a, "--dummy")) o->dummy = v;
     else if (!strcmp(a, "--device")) o->device = v;
     else if (!strcmp(a, "--type")) o->type = v;
-    else if (!strcmp(a, "--threads")) o->threads = atoi(v);
-    else if (!strcmp(a, "--prefill")) o->prefill = atoi(v);
-    else if (!strcmp(a, "--prompt")) o->prompt = atoi(v);
-    else if (!strcmp(a, "--gen")) o->gen = atoi(v);
-    else if (!strcmp(a, "--repeat")) o->repeat = atoi(v);
-    else if (!strcmp(a, "--batch")) {
-      o->n_batches = 0;
-      for (char *s = (char *)v; *s && o->n_batches < 16;) {
-        o->batches[o->n_batches++] = (int)strtol(s, &s, 10);
-        if (*s == ',') s++;
-      }
-    } else return -1;
+    else if (!strcmp(a, "--threads")) rc = bench_int(v, 0, 1024, &o->threads);
+    else if (!strcmp(a, "--prefill")) rc = bench_int(v, 0, 1 << 20, &o->prefill);
+    else if (!strcmp(a, "--prompt")) rc = bench_int(v, 1, 1 << 20, &o->prompt);
+    else if (!strcmp(a, "--gen")) rc = bench_int(v, 1, 1 << 20, &o->gen);
+    else if (!strcmp(a, "--repeat")) rc = bench_int(v, 0, 1000, &o->repeat);
+    else if (!strcmp(a, "--batch")) rc = bench_parse_batches(v, o);
+    else return -1;
+    if (rc) {
+      fprintf(stderr, "model_bench: bad value '%s' for %s\n", v, a);
+      return -1;
+    }
   }
   return o->model || o->dummy ? 0 : -1;
 }
@@ -54,6 +81,7 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o) {
 typedef struct {
   model_t *m;
   kern_kv_pool_t pool;
+  bool pool_ready;
   int blocks_per_seq, max_seqs;
   int32_t *tables, *tokens, *pos, *slots, *q_start, *ctx_len, *next;
   float *logits_host;
@@ -68,7 +96,7 @@ static int bench_step(bench_t *b, int n_seqs, const int *seq, const int *start, 
       b->tokens[n] = (int32_t)((seq[s] * 7919 + p * 31) % b->m->cfg.vocab_size);
       if (out_tok && len[s] == 1) b->tokens[n] = b->next[seq[s]];
       b->pos[n] = p;
-      b->slots[n] = b->tables[seq[s] * b->blocks_per_seq + p / 16] * 16 + p % 16;
+      b->slots[n] = b->tables[seq[s] * b->blocks_per_seq + p / BENCH_BLOCK] * BENCH_BLOCK + p % BENCH_BLOCK;
     }
     b->q_start[s + 1] = n;
     b->ctx_len[s] = start[s] + len[s];
@@ -91,8 +119,8 @@ static int bench_step(bench_t *b, int n_seqs, const int *seq, const int *start, 
   const kern_ops_t *op = b->m->be->ops;
   if (!out_tok) return op->sync(b->m->be->ctx);
   if (op->sample) {
-    kern_sample_params_t sp[256] = {{0}};
-    float lp[256];
+    kern_sample_params_t sp[BENCH_MAX_BATCH] = {{0}};
+    float lp[BENCH_MAX_BATCH];
     return op->sample(b->m->be->ctx, logits, n_seqs, b->m->cfg.vocab_size, sp, out_tok, lp);
   }
   int V = b->m->cfg.vocab_size;
@@ -152,6 +180,33 @@ static int bench_decode(bench_t *b, int B, int prompt, int gen) {
   return rc;
 }
 
+static int bench_blocks(int tokens) { return (tokens + BENCH_BLOCK - 1) / BENCH_BLOCK; }
+
+/* The KV pool for what the run does, no more: the prefill's one sequence
+ * of --prefill tokens, or maxB sequences of --prompt + --gen tokens, which
+ * come after it and may reuse its blocks. Sequence s's blocks are s * (its
+ * share) onwards; the prefill's (sequence 0) run on from block 0. */
+static int bench_pool_init(bench_t *b, const bench_opts_t *o, int maxB) {
+  int per_seq = bench_blocks(o->prompt + o->gen), pre = bench_blocks(o->prefill);
+  int64_t n_blocks = FR_MAX((int64_t)per_seq * maxB, (int64_t)pre);
+  if (n_blocks > INT32_MAX) return fr_errorf(FR_ETOOBIG, "%lld KV blocks", (long long)n_blocks);
+  b->blocks_per_seq = FR_MAX(per_seq, pre);
+  b->max_seqs = maxB;
+  kern_backend_t *be = b->m->be;
+  kern_type_t kvt = be->act_type == KERN_F32 ? KERN_F16 : be->act_type;
+  kern_kv_config_t kc = model_kv_config(b->m, BENCH_BLOCK, (int)n_blocks, kvt);
+  int rc = be->ops->kv_pool_init(be->ctx, &b->pool, &kc, NULL);
+  if (rc) return fr_errorf(rc, "KV pool of %lld blocks: %s", (long long)n_blocks, fr_last_error());
+  b->tables = fr_malloc((size_t)maxB * b->blocks_per_seq * sizeof(int32_t));
+  for (int s = 0; s < maxB; s++)
+    for (int j = 0; j < b->blocks_per_seq; j++)
+      b->tables[s * b->blocks_per_seq + j] = (int32_t)(((int64_t)s * per_seq + j) % n_blocks);
+  double mib = 2.0 * b->m->cfg.n_layers * (double)b->pool.layer_bytes / (1 << 20);
+  printf("KV pool: %lld blocks of %d tokens (%d sequences of %d tokens, prefill %d), %.1f MiB\n",
+         (long long)n_blocks, BENCH_BLOCK, maxB, o->prompt + o->gen, o->prefill, mib);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   bench_opts_t o;
   if (bench_parse(argc, argv, &o)) {
@@ -175,27 +230,21 @@ int main(int argc, char **argv) {
   }
   bench_t b = {.m = m};
   if (!rc) {
-    int ctx = FR_MAX(o.prefill, o.prompt + o.gen) + 16;
-    b.blocks_per_seq = (ctx + 15) / 16;
-    b.max_seqs = maxB;
-    kern_type_t kvt = be->act_type == KERN_F32 ? KERN_F16 : be->act_type;
-    kern_kv_config_t kc = model_kv_config(m, 16, b.blocks_per_seq * maxB, kvt);
-    rc = be->ops->kv_pool_init(be->ctx, &b.pool, &kc, NULL);
+    printf("model %s (%s), device %s, %d layers, dim %d\n", o.dummy ? o.dummy : o.model, m->cfg.arch_name,
+           be->ops->name, m->cfg.n_layers, m->cfg.dim);
+    rc = bench_pool_init(&b, &o, maxB);
+    b.pool_ready = !rc;
   }
   if (!rc) {
-    b.tables = fr_malloc((size_t)maxB * b.blocks_per_seq * sizeof(int32_t));
-    for (int i = 0; i < maxB * b.blocks_per_seq; i++) b.tables[i] = i;
     size_t T = (size_t)m->max_tokens;
     b.tokens = fr_malloc(T * 4), b.pos = fr_malloc(T * 4), b.slots = fr_malloc(T * 4);
     b.q_start = fr_malloc((T + 1) * 4), b.ctx_len = fr_malloc(T * 4), b.next = fr_calloc((size_t)maxB, 4);
     b.logits_host = fr_malloc((size_t)maxB * m->cfg.vocab_size * sizeof(float));
-    printf("model %s (%s), device %s, %d layers, dim %d\n", o.dummy ? o.dummy : o.model, m->cfg.arch_name,
-           be->ops->name, m->cfg.n_layers, m->cfg.dim);
     if (o.prefill > 0) rc = bench_prefill(&b, o.prefill, o.repeat);
     for (int i = 0; i < o.n_batches && !rc; i++) rc = bench_decode(&b, o.batches[i], o.prompt, o.gen);
   }
   if (rc) fprintf(stderr, "model_bench: %s\n", fr_last_error());
-  if (m) be->ops->kv_pool_deinit(be->ctx, &b.pool);
+  if (b.pool_ready) be->ops->kv_pool_deinit(be->ctx, &b.pool);
   model_destroy(m);
   kern_backend_destroy(be);
   return rc ? 1 : 0;

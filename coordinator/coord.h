@@ -110,8 +110,15 @@ int coord_runtime_dir(char *out, size_t cap);
 int coord_default_rpc_addr(char *out, size_t cap);
 
 /* The pid file of the server bound to an RPC endpoint:
- * <runtime dir>/server-<hash of the endpoint>.pid. */
+ * <runtime dir>/server-<hash of the endpoint>.pid. Its lines: the pid, the
+ * instance id, the RPC endpoint and, once coord_set_http_addr() was
+ * called, the HTTP address as http://host:port ([host] for IPv6). */
 int coord_pidfile_path(const char *rpc_addr, char *out, size_t cap);
+
+/* Adds the HTTP frontend's address (host as bound, port as listening) to
+ * the pid file, where `ferrumctl chat` and `bench` find it. Returns 0, or
+ * an error (the pid file is left as it was). */
+int coord_set_http_addr(coord_t *c, const char *host, int port);
 
 #ifdef __cplusplus
 }

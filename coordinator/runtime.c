@@ -1,7 +1,10 @@
 /* runtime.c - the runtime folder, default RPC address, pid files and the
- * instance id. */
+ * instance id. A pid file holds four lines: the server's pid, its instance
+ * id, its RPC endpoint and, once the HTTP frontend listens, its address
+ * (http://host:port, the host as bound); clients read it (ctl/). */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -54,18 +57,35 @@ void coord__instance_id(char *out, size_t cap) {
   snprintf(out, cap, "p%u.%06llx", (unsigned)getpid(), (unsigned long long)(r & 0xffffff));
 }
 
-int coord__pidfile_write(coord_t *c) {
-  int rc = coord_pidfile_path(c->rpc_addr, c->pidfile, sizeof c->pidfile);
-  if (rc) return rc;
+/* Writes the pid file (pid, instance, RPC endpoint, then the HTTP address
+ * when there is one) through a rename, so readers never see half of it. */
+static int coord__pidfile_put(coord_t *c, const char *http) {
   char tmp[640];
   snprintf(tmp, sizeof tmp, "%s.tmp%d", c->pidfile, (int)getpid());
   FILE *f = fopen(tmp, "w");
   if (!f) return fr_errorf(-errno, "%s: %s", tmp, strerror(errno));
   fprintf(f, "%d\n%s\n%s\n", (int)getpid(), c->instance, c->rpc_addr);
+  if (http) fprintf(f, "%s\n", http);
+  int rc = 0;
   if (fclose(f) != 0 || rename(tmp, c->pidfile) != 0) {
     rc = fr_errorf(-errno, "%s: %s", c->pidfile, strerror(errno));
     unlink(tmp);
-    c->pidfile[0] = 0;
   }
   return rc;
+}
+
+int coord__pidfile_write(coord_t *c) {
+  int rc = coord_pidfile_path(c->rpc_addr, c->pidfile, sizeof c->pidfile);
+  if (rc) return rc;
+  if ((rc = coord__pidfile_put(c, NULL))) c->pidfile[0] = 0;
+  return rc;
+}
+
+int coord_set_http_addr(coord_t *c, const char *host, int port) {
+  if (!c->pidfile[0]) return fr_errorf(FR_ESTATE, "no pid file");
+  char url[320];
+  bool v6 = strchr(host, ':') != NULL;
+  int n = snprintf(url, sizeof url, "http://%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
+  if (n < 0 || (size_t)n >= sizeof url) return fr_errorf(FR_ETOOBIG, "HTTP host too long");
+  return coord__pidfile_put(c, url);
 }

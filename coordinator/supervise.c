@@ -144,9 +144,14 @@ static void coord__set_ready(coord_t *c, bool ready) {
   if (c->hook_ready) c->hook_ready(c->hook_arg, ready);
 }
 
+/* A worker registers. What is checked: the rank and world size it was
+ * started with, and its pid (when it sends one) against the one forked for
+ * that rank. Its dev / kvb / bs / mb are not read: a worker learns its
+ * device and KV pool from the load that follows (docs/PROTOCOL.md). */
 static void coord__on_hello(coord_t *c, const uint8_t *ident, size_t len, const proto_hello_t *h) {
-  if (h->rank < 0 || h->rank >= c->n_workers) {
-    FR_LOGW("hello from unknown rank %d ignored", h->rank);
+  if (h->rank < 0 || h->rank >= c->n_workers || h->world_size != c->n_workers) {
+    FR_LOGW("hello from rank %d of %d ignored: this coordinator runs %d workers", h->rank, h->world_size,
+            c->n_workers);
     return;
   }
   coord_worker_t *w = &c->workers[h->rank];

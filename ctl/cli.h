@@ -29,6 +29,15 @@ int cli_cmd_bench(int argc, char **argv);
  * working directory, else under the source tree ferrumctl was built from. */
 const char *cli_default_model(void);
 
+/* The model path as other processes (the workers) can open it, wherever
+ * they run: a relative path becomes absolute, its folder through realpath,
+ * its last component as given (a symlinked file keeps its name, and so the
+ * served model name). An absolute path, or one that does not exist, is
+ * copied as given, so that the error of whoever opens it names what the
+ * user typed. Returns 0, or an error when out is too small or the folder
+ * cannot be resolved. */
+int cli_model_path_abs(const char *path, char *out, size_t cap);
+
 /* Parses an int / float option value; prints a usage error and returns -1
  * when it is not a number in [lo, hi]. */
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out);
@@ -39,11 +48,25 @@ int cli_parse_float(const char *opt, const char *s, double lo, double hi, double
  * returns -1 when it is not a whole count in [1, 2^63). */
 int cli_parse_size(const char *opt, const char *s, uint64_t *out);
 
+/* The HTTP server for chat and bench, in *host / *port (NULL / 0: not
+ * given). Given ones stand (127.0.0.1 or 8000 for the other); with none,
+ * the server that cli_server_http(rpc) finds; with none found and no rpc,
+ * 127.0.0.1:8000. Returns 0, or -1 after a message on stderr (several
+ * servers run, or none at rpc). */
+int cli_http_target(const char *cmd, const char *rpc, const char **host, int *port);
+
 /* ---- engine client helpers (cli_rpc.c, cli_serve.c) ---- */
 
 /* The pid of the ferrumctl server bound to an RPC endpoint (its pid file),
  * or -1 when none runs. */
 int cli_server_pid(const char *rpc);
+/* The HTTP address of a running server, from the pid files in the runtime
+ * folder (coordinator/coord.h): the server bound to rpc, or with rpc NULL
+ * the one at the default RPC endpoint, else the only one with HTTP. A
+ * wildcard bind (0.0.0.0, ::) gives loopback. Returns 0 with host and port,
+ * FR_ENOTFOUND when none runs, FR_EBUSY when several do and none is the
+ * default (the message says so). */
+int cli_server_http(const char *rpc, char *host, size_t cap, int *port);
 /* True when a ready server answers at rpc and serves the model file's name. */
 bool cli_engine_running(const char *rpc, const char *model_path);
 /* Submits req at rpc, streams the text to stdout (then a newline); stats:

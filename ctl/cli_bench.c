@@ -27,7 +27,7 @@
 #define BENCH_MAX_SWEEP 16
 
 typedef struct {
-  const char *host, *model, *api_key, *result_file, *plot_file;
+  const char *host, *rpc, *model, *api_key, *result_file, *plot_file; /* host NULL, port 0: found */
   int port;
   long num_prompts, concurrency, in_len, out_len, seed, vocab_lo, vocab_hi, timeout_s;
   double rate, range_ratio;
@@ -71,7 +71,9 @@ typedef struct {
 static void bench_usage(FILE *f) {
   fprintf(f,
           "usage: ferrumctl bench [options]   (a running `ferrumctl serve`)\n"
-          "  --host H / --port P / --base-url http://H:P   server (127.0.0.1:8000)\n"
+          "  --host H / --port P / --base-url http://H:P   server (default: the running `ferrumctl serve`,\n"
+          "                          found through its pid file, else 127.0.0.1:8000)\n"
+          "  --rpc ADDR              the server bound to this RPC endpoint (its HTTP address)\n"
           "  --model NAME            served model (default: the server's first)\n"
           "  --api-key KEY           Authorization: Bearer KEY\n"
           "  --num-prompts N         requests (100)\n"
@@ -145,6 +147,7 @@ static int bench_opt(bench_opts_t *o, const char *k, const char *v) {
   int rc = bench_opt_num(o, k, v);
   if (rc <= 0) return rc;
   if (!strcmp(k, "--host")) o->host = v;
+  else if (!strcmp(k, "--rpc")) o->rpc = v;
   else if (!strcmp(k, "--base-url")) return bench_parse_url(o, v);
   else if (!strcmp(k, "--model")) o->model = v;
   else if (!strcmp(k, "--api-key")) o->api_key = v;
@@ -159,7 +162,7 @@ static int bench_opt(bench_opts_t *o, const char *k, const char *v) {
 }
 
 static int bench_parse(bench_opts_t *o, int argc, char **argv) {
-  *o = (bench_opts_t){.host = "127.0.0.1", .port = 8000, .num_prompts = 100, .in_len = 128, .out_len = 128,
+  *o = (bench_opts_t){.num_prompts = 100, .in_len = 128, .out_len = 128,
                       .rate = INFINITY, .vocab_lo = 1000, .vocab_hi = 20000, .timeout_s = 600};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
@@ -181,7 +184,7 @@ static int bench_parse(bench_opts_t *o, int argc, char **argv) {
     if (bench_opt(o, k, v)) return -1;
   }
   if (o->plot_file && !o->n_sweep) o->sweep[o->n_sweep++] = o->concurrency ? o->concurrency : o->num_prompts;
-  return 0;
+  return cli_http_target("bench", o->rpc, &o->host, &o->port);
 }
 
 /* ---- requests ---- */

@@ -16,7 +16,7 @@
 #include "ctl/http_client.h"
 
 typedef struct {
-  const char *host, *model, *api_key, *system;
+  const char *host, *rpc, *model, *api_key, *system; /* host NULL, port 0: found (cli_http_target) */
   int port;
   double temperature; /* < 0: the server's default */
   long max_tokens;    /* 0: the server's default */
@@ -25,7 +25,9 @@ typedef struct {
 static void chat_usage(FILE *f) {
   fprintf(f,
           "usage: ferrumctl chat [options]   (a running `ferrumctl serve`)\n"
-          "  --host H / --port P / --base-url http://H:P   server (127.0.0.1:8000)\n"
+          "  --host H / --port P / --base-url http://H:P   server (default: the running `ferrumctl serve`,\n"
+          "                      found through its pid file, else 127.0.0.1:8000)\n"
+          "  --rpc ADDR          the server bound to this RPC endpoint (its HTTP address)\n"
           "  --model NAME        served model name (default: the server's)\n"
           "  --api-key KEY       Authorization: Bearer KEY\n"
           "  --system TEXT       a system message first\n"
@@ -38,10 +40,12 @@ static int chat_opt(chat_opts_t *o, const char *k, const char *v) {
   static char host[256];
   long n;
   if (!strcmp(k, "--host")) o->host = v;
+  else if (!strcmp(k, "--rpc")) o->rpc = v;
   else if (!strcmp(k, "--port")) {
     if (cli_parse_int(k, v, 1, 65535, &n)) return -1;
     o->port = (int)n;
   } else if (!strcmp(k, "--base-url")) {
+    o->port = 80;
     if (strncmp(v, "http://", 7) || sscanf(v + 7, "%255[^:/]:%d", host, &o->port) < 1) {
       fprintf(stderr, "ferrumctl chat: --base-url must look like http://127.0.0.1:8000\n");
       return -1;
@@ -60,7 +64,7 @@ static int chat_opt(chat_opts_t *o, const char *k, const char *v) {
 }
 
 static int chat_parse(chat_opts_t *o, int argc, char **argv) {
-  *o = (chat_opts_t){.host = "127.0.0.1", .port = 8000, .temperature = -1};
+  *o = (chat_opts_t){.temperature = -1};
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       chat_usage(stdout);
@@ -73,7 +77,7 @@ static int chat_parse(chat_opts_t *o, int argc, char **argv) {
     if (chat_opt(o, argv[i], argv[i + 1])) return -1;
     i++;
   }
-  return 0;
+  return cli_http_target("chat", o->rpc, &o->host, &o->port);
 }
 
 static json_t *chat_body(const chat_opts_t *o, json_t *history) {

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "common/fr_err.h"
@@ -21,6 +22,49 @@ const char *cli_default_model(void) {
   snprintf(path, sizeof path, "%s/%s", FERRUM_SOURCE_DIR, CLI_DEFAULT_MODEL_FILE);
   if (access(path, R_OK) == 0) return path;
   return CLI_DEFAULT_MODEL_FILE;
+}
+
+int cli_model_path_abs(const char *path, char *out, size_t cap) {
+  struct stat st;
+  size_t n = strlen(path);
+  if (path[0] == '/' || stat(path, &st) != 0) /* absolute already, or not there: the opener names it */
+    return snprintf(out, cap, "%s", path) < (int)cap ? 0 : fr_errorf(FR_ETOOBIG, "model path too long");
+  while (n > 1 && path[n - 1] == '/') n--; /* "models/tiny-hf/" */
+  const char *slash = memrchr(path, '/', n);
+  const char *name = slash ? slash + 1 : path;
+  size_t name_len = n - (size_t)(name - path);
+  char dir[PATH_MAX], real[PATH_MAX];
+  bool dots = (name_len == 1 && name[0] == '.') || (name_len == 2 && !strncmp(name, "..", 2));
+  if (dots) snprintf(dir, sizeof dir, "%.*s", (int)n, path); /* the whole path is a folder */
+  else snprintf(dir, sizeof dir, "%.*s", slash ? (int)(slash - path) : 1, slash ? path : ".");
+  if (!realpath(dir, real)) return fr_errorf(-errno, "%s: %s", path, strerror(errno));
+  int w = dots ? snprintf(out, cap, "%s", real)
+               : snprintf(out, cap, "%s%s%.*s", real, strcmp(real, "/") ? "/" : "", (int)name_len, name);
+  return w >= 0 && (size_t)w < cap ? 0 : fr_errorf(FR_ETOOBIG, "%s: path too long", path);
+}
+
+int cli_http_target(const char *cmd, const char *rpc, const char **host, int *port) {
+  static char found[256];
+  if (rpc && (*host || *port)) {
+    fprintf(stderr, "ferrumctl %s: give --rpc or --host/--port/--base-url, not both\n", cmd);
+    return -1;
+  }
+  if (*host || *port) {
+    if (!*host) *host = "127.0.0.1";
+    if (!*port) *port = 8000;
+    return 0;
+  }
+  int rc = cli_server_http(rpc, found, sizeof found, port);
+  if (rc == 0) {
+    *host = found;
+    return 0;
+  }
+  if (rc != FR_ENOTFOUND || rpc) {
+    fprintf(stderr, "ferrumctl %s: %s\n", cmd, fr_last_error());
+    return -1;
+  }
+  *host = "127.0.0.1", *port = 8000; /* a server started some other way, as vLLM's clients assume */
+  return 0;
 }
 
 int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {

@@ -1,6 +1,7 @@
 /* cli_serve.c - `ferrumctl serve` (the coordinator is this process; it
  * starts and supervises the workers and the HTTP frontend) and `ferrumctl
  * stop` (drain the server bound to an RPC endpoint). */
+#include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
 #include <signal.h>
@@ -19,6 +20,8 @@
 
 typedef struct {
   coord_config_t k;
+  const char *model_given; /* --model as given (or the default) */
+  char model_abs[4096];    /* k.model_path: that, made absolute for the workers */
   const char *host, *api_key;
   long port;
   bool no_http;
@@ -149,6 +152,12 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
     return 2;
   }
   if (!o->k.model_path) o->k.model_path = cli_default_model();
+  if (cli_model_path_abs(o->k.model_path, o->model_abs, sizeof o->model_abs)) {
+    fprintf(stderr, "ferrumctl serve: --model %s\n", fr_last_error());
+    return 2;
+  }
+  o->model_given = o->k.model_path;
+  o->k.model_path = o->model_abs;
   return 0;
 }
 
@@ -169,6 +178,8 @@ static int serve_http_start(coord_t *c, const serve_opts_t *o, coord_metrics_t *
   if (rc) return rc;
   coord_set_hooks(c, serve_hook_ready, serve_hook_drain, *out);
   FR_LOGI("HTTP on http://%s:%d", o->host, coord_http_port(*out));
+  if (coord_set_http_addr(c, o->host, coord_http_port(*out))) /* chat and bench will not find it */
+    FR_LOGW("pid file: %s", fr_last_error());
   return 0;
 }
 
@@ -177,6 +188,7 @@ int cli_cmd_serve(int argc, char **argv) {
   int prc = serve_parse(argc, argv, &o);
   if (prc) return prc == 1 ? 0 : prc;
   fr_log_set_tag("coord");
+  if (strcmp(o.model_given, o.model_abs)) FR_LOGI("model %s is %s", o.model_given, o.model_abs);
   coord_t *c = NULL;
   coord_metrics_t *metrics = NULL;
   coord_http_t *http = NULL;
@@ -221,24 +233,95 @@ static bool cli_pid_alive(int pid) {
   return !(p && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X'));
 }
 
-/* The pid of the server bound to rpc (from its pid file), or -1. */
-int cli_server_pid(const char *rpc) {
-  char pf[700];
-  if (coord_pidfile_path(rpc, pf, sizeof pf)) return -1;
-  FILE *f = fopen(pf, "r");
+/* Reads a pid file: the pid when that process runs and is a ferrumctl (a
+ * reused pid is not), else -1; http gets its HTTP line ("" when none). */
+static int cli_pidfile_read(const char *path, char *http, size_t cap) {
+  FILE *f = fopen(path, "r");
   if (!f) return -1;
+  char line[700];
   int pid = -1;
-  if (fscanf(f, "%d", &pid) != 1) pid = -1;
+  if (http) http[0] = 0;
+  for (int i = 0; i < 4 && fgets(line, sizeof line, f); i++) {
+    line[strcspn(line, "\n")] = 0;
+    if (i == 0 && sscanf(line, "%d", &pid) != 1) pid = -1;
+    if (i == 3 && http && strlen(line) < cap) memcpy(http, line, strlen(line) + 1); /* longer: none */
+  }
   fclose(f);
   if (pid <= 0 || !cli_pid_alive(pid)) return -1;
-  char path[64], cmd[256] = {0};
-  snprintf(path, sizeof path, "/proc/%d/cmdline", pid);
-  FILE *cf = fopen(path, "r");
+  char path2[64], cmd[256] = {0};
+  snprintf(path2, sizeof path2, "/proc/%d/cmdline", pid);
+  FILE *cf = fopen(path2, "r");
   size_t n = cf ? fread(cmd, 1, sizeof cmd - 1, cf) : 0;
   if (cf) fclose(cf);
   for (size_t i = 0; i < n; i++)
     if (!cmd[i]) cmd[i] = ' ';
   return strstr(cmd, "ferrumctl") ? pid : -1;
+}
+
+int cli_server_pid(const char *rpc) {
+  char pf[700];
+  if (coord_pidfile_path(rpc, pf, sizeof pf)) return -1;
+  return cli_pidfile_read(pf, NULL, 0);
+}
+
+/* Splits http://host:port (or http://[v6]:port) into a host a client can
+ * connect to (a wildcard bind becomes loopback) and a port. */
+static int cli_http_url_split(const char *url, char *host, size_t cap, int *port) {
+  const char *h = !strncmp(url, "http://", 7) ? url + 7 : NULL;
+  const char *end = h && *h == '[' ? strchr(h, ']') : h ? strrchr(h, ':') : NULL;
+  const char *colon = end && *end == ']' ? end + 1 : end;
+  if (!end || !colon || *colon != ':' || sscanf(colon + 1, "%d", port) != 1 || *port <= 0 || *port > 65535)
+    return fr_errorf(FR_EFORMAT, "HTTP address '%s' is not http://host:port", url);
+  if (*h == '[') h++;
+  int n = (int)(end - h);
+  if (n <= 0 || (size_t)n >= cap) return fr_errorf(FR_EFORMAT, "HTTP address '%s' has a bad host", url);
+  snprintf(host, cap, "%.*s", n, h);
+  if (!strcmp(host, "0.0.0.0")) snprintf(host, cap, "127.0.0.1");
+  else if (!strcmp(host, "::")) snprintf(host, cap, "::1");
+  return 0;
+}
+
+/* Every running server's HTTP address in the runtime folder: the one at
+ * the default RPC endpoint if it has one, else the only one. */
+static int cli_server_http_scan(char *url, size_t cap) {
+  char dir[512], def[600], def_pf[700] = "";
+  int rc = coord_runtime_dir(dir, sizeof dir);
+  if (rc) return rc;
+  if (coord_default_rpc_addr(def, sizeof def) == 0) coord_pidfile_path(def, def_pf, sizeof def_pf);
+  DIR *d = opendir(dir);
+  if (!d) return fr_errorf(-errno, "%s: %s", dir, strerror(errno));
+  int found = 0;
+  bool is_default = false;
+  struct dirent *e;
+  while ((e = readdir(d)) && !is_default) {
+    size_t n = strlen(e->d_name);
+    if (strncmp(e->d_name, "server-", 7) || n < 4 || strcmp(e->d_name + n - 4, ".pid")) continue;
+    char pf[1100], http[320];
+    snprintf(pf, sizeof pf, "%s/%s", dir, e->d_name);
+    if (cli_pidfile_read(pf, http, sizeof http) < 0 || !http[0]) continue;
+    is_default = !strcmp(pf, def_pf);
+    if (found++ && !is_default) continue;
+    snprintf(url, cap, "%s", http);
+  }
+  closedir(d);
+  if (!found) return fr_errorf(FR_ENOTFOUND, "no running server with HTTP in %s", dir);
+  if (found > 1 && !is_default)
+    return fr_errorf(FR_EBUSY, "%d servers with HTTP run (pid files in %s): give --port or --rpc", found, dir);
+  return 0;
+}
+
+int cli_server_http(const char *rpc, char *host, size_t cap, int *port) {
+  char url[320] = "";
+  int rc = 0;
+  if (rpc) {
+    char pf[700];
+    if ((rc = coord_pidfile_path(rpc, pf, sizeof pf))) return rc;
+    if (cli_pidfile_read(pf, url, sizeof url) < 0) return fr_errorf(FR_ENOTFOUND, "no server runs at %s", rpc);
+    if (!url[0]) return fr_errorf(FR_ENOTFOUND, "the server at %s has no HTTP frontend", rpc);
+  } else if ((rc = cli_server_http_scan(url, sizeof url))) {
+    return rc;
+  }
+  return cli_http_url_split(url, host, cap, port);
 }
 
 int cli_cmd_stop(int argc, char **argv) {

@@ -1,5 +1,5 @@
 /* kern_types.c - type traits, row sizes, the reference dequantizer
- * (FORMATS.md section 3) and KV pool sizes: see kern_types.h. */
+ * (ggml's block layouts, ggml-common.h) and KV pool sizes: see kern_types.h. */
 #include "kernels/kern_types.h"
 
 #include <string.h>

@@ -1,5 +1,5 @@
 /* kern_types.h - tensor element types, their traits and sizes, the
- * reference dequantizer (FORMATS.md section 3), KV pool geometry, and device
+ * reference dequantizer (ggml's block layouts), KV pool geometry, and device
  * names.
  *
  * Backend-free: the file readers (model/ formats), the coordinator and the
@@ -70,7 +70,7 @@ typedef struct {
 size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg);
 
 /* Which pairs of a head rope rotates: a property of how the weights were
- * stored (FORMATS.md), so the file readers report it. */
+ * stored (docs/ARCHITECTURE.md, rope convention), so the file readers report it. */
 typedef enum {
   KERN_ROPE_NORM = 0, /* pairs (x[2i], x[2i+1]): GGUF llama */
   KERN_ROPE_NEOX = 1  /* pairs (x[i], x[i + n_rot/2]): HF rotate-half, qwen */

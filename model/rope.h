@@ -1,5 +1,5 @@
 /* rope.h - rope inverse frequencies for a config: base^(-2i/d), with linear
- * and llama3 scaling folded in (FORMATS.md section 4). */
+ * and llama3 scaling folded in (as transformers' llama3 rope init computes it). */
 #pragma once
 
 #include "model/config.h"

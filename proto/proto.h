@@ -143,13 +143,17 @@ proto_sampling_t proto_sampling_default(void);
 
 /* ---- coordinator <-> worker ---- */
 
+/* Registration. The coordinator checks rank, world size (its worker count)
+ * and pid (the one it forked, when not 0); dev, kvb, bs and mb are
+ * required on the wire but not read: a worker learns its device and KV
+ * pool from load (docs/PROTOCOL.md). */
 typedef struct {
   int32_t rank;        /* "r"   required, [0, world_size) */
   int32_t world_size;  /* "w"   required, >= 1 */
-  char *device;        /* "dev" required: "cpu", "cuda:0", ... */
-  uint32_t kv_blocks;  /* "kvb" required: KV blocks this worker can hold */
-  uint32_t block_size; /* "bs"  required: tokens per KV block, >= 1 */
-  uint32_t max_batch;  /* "mb"  required: sequences per step, >= 1 */
+  char *device;        /* "dev" required, not read (workers send "cpu") */
+  uint32_t kv_blocks;  /* "kvb" required, not read (workers send 0) */
+  uint32_t block_size; /* "bs"  required, >= 1, not read */
+  uint32_t max_batch;  /* "mb"  required, >= 1, not read */
   uint32_t pid;        /* "pid" default 0 */
 } proto_hello_t;
 

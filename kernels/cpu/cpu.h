@@ -25,7 +25,7 @@ extern "C" {
 #define CPU_QK 32   /* elements per block of the 32-element types */
 #define CPU_QK_K 256 /* elements per K-quant super-block */
 
-/* Weight blocks (FORMATS.md section 3); f16 fields as raw uint16_t. */
+/* Weight blocks (ggml's layouts, ggml-common.h); f16 fields as raw uint16_t. */
 typedef struct { uint16_t d; uint8_t qs[16]; } cpu_block_q4_0;
 typedef struct { uint16_t d, m; uint8_t qs[16]; } cpu_block_q4_1;
 typedef struct { uint16_t d; uint8_t qh[4]; uint8_t qs[16]; } cpu_block_q5_0;

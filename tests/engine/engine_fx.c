@@ -64,30 +64,41 @@ int efx_status(const efx_server_t *s, proto_status_reply_t *st) {
   return rc;
 }
 
-static void efx__exec(const efx_server_t *s, const char *const *extra) {
+static void efx__exec(const efx_server_t *s, const efx_opts_t *o, const char *const *extra) {
   const char *argv[64];
+  char exe[4096]; /* absolute: the program is found after the chdir */
   int n = 0;
-  argv[n++] = efx_bin("ferrumctl");
-  const char *base[] = {"serve", "--no-http", "--model", efx_model(), "--rpc", s->rpc, "--threads", "2"};
-  for (size_t i = 0; i < sizeof base / sizeof base[0]; i++) argv[n++] = base[i];
+  if (!realpath(efx_bin("ferrumctl"), exe)) _exit(127);
+  argv[n++] = exe;
+  argv[n++] = "serve";
+  if (o->http) argv[n++] = "--host", argv[n++] = "127.0.0.1", argv[n++] = "--port", argv[n++] = "0";
+  else argv[n++] = "--no-http";
+  argv[n++] = "--model", argv[n++] = o->model ? o->model : efx_model();
+  argv[n++] = "--rpc", argv[n++] = s->rpc, argv[n++] = "--threads", argv[n++] = "2";
   for (int i = 0; extra && extra[i] && n < 62; i++) argv[n++] = extra[i];
   argv[n] = NULL;
   int fd = open(s->err_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
   if (fd >= 0) dup2(fd, 2), dup2(fd, 1), close(fd);
   setenv("XDG_RUNTIME_DIR", s->dir, 1);
   prctl(PR_SET_PDEATHSIG, SIGTERM); /* a test that fails midway does not leave a server behind */
+  if (o->cwd && chdir(o->cwd) != 0) _exit(126);
   execv(argv[0], (char *const *)argv);
   _exit(127);
 }
 
 int efx_start(efx_server_t *s, const char *const *extra) {
+  efx_opts_t o = {0};
+  return efx_start_opts(s, &o, extra);
+}
+
+int efx_start_opts(efx_server_t *s, const efx_opts_t *o, const char *const *extra) {
   memset(s, 0, sizeof *s);
   snprintf(s->dir, sizeof s->dir, "/tmp/ferrum-enginetest-XXXXXX");
   if (!mkdtemp(s->dir)) return -1;
   snprintf(s->rpc, sizeof s->rpc, "ipc://%s/rpc.sock", s->dir);
   snprintf(s->err_path, sizeof s->err_path, "%s/serve.log", s->dir);
   s->pid = fork();
-  if (s->pid == 0) efx__exec(s, extra);
+  if (s->pid == 0) efx__exec(s, o, extra);
   uint64_t deadline = fr_now_ns() + 120ull * 1000000000ull;
   while (fr_now_ns() < deadline) {
     int st;

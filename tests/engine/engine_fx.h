@@ -43,6 +43,14 @@ const char *efx_bin(const char *name);
 /* Starts a server with extra flags (NULL-terminated list) and waits until
  * its workers are ready (up to 120 s). Returns 0 or -1 (message on stderr). */
 int efx_start(efx_server_t *s, const char *const *extra);
+
+/* How efx_start_opts starts the server; zeroes are efx_start's choices. */
+typedef struct {
+  const char *cwd;   /* its working folder (NULL: the test's) */
+  const char *model; /* --model as given (NULL: efx_model()) */
+  bool http;         /* the HTTP frontend on 127.0.0.1, an ephemeral port (else --no-http) */
+} efx_opts_t;
+int efx_start_opts(efx_server_t *s, const efx_opts_t *o, const char *const *extra);
 /* SIGTERM (or `ferrumctl stop` when use_cli) and waits for the exit (60 s);
  * returns the exit status (0 ok), or -1 when it had to be killed. */
 int efx_stop(efx_server_t *s, bool use_cli);

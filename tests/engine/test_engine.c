@@ -5,6 +5,7 @@
  * Reference for the tokens: the in-process single-sequence generator
  * (model/generate.h), itself checked against llama.cpp by test_generate. */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
@@ -13,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -24,6 +26,7 @@
 #include "model/model.h"
 #include "model/prompt.h"
 #include "model/source.h"
+#include "model/tok_internal.h"
 #include "tests/engine/engine_fx.h"
 
 #define N_OUT 16
@@ -607,6 +610,45 @@ static int raw_call(void *sock, const void *data, size_t len, bool extra_frame, 
   return rc ? -1 : (int)m->type;
 }
 
+/* Waits (up to 10 s) until the server's log holds text. */
+static bool log_has(const efx_server_t *s, const char *text) {
+  static char log[65536];
+  for (int i = 0; i < 200; i++) {
+    FILE *f = fopen(s->err_path, "r");
+    size_t n = f ? fread(log, 1, sizeof log - 1, f) : 0;
+    if (f) fclose(f);
+    log[n] = 0;
+    if (strstr(log, text)) return true;
+    usleep(50000);
+  }
+  return false;
+}
+
+/* Stray hellos on the worker endpoint: a world size this coordinator does
+ * not run, and a registered rank again. Both are ignored (and logged). */
+static void stray_hellos(const efx_server_t *s) {
+  char ep[512];
+  snprintf(ep, sizeof ep, "ipc://%s/ferrum/%s.workers", s->dir, s->instance);
+  void *ctx = zmq_ctx_new(), *sock = zmq_socket(ctx, ZMQ_DEALER);
+  int zero = 0;
+  zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+  ck_assert_int_eq(zmq_connect(sock, ep), 0);
+  proto_buf_t b;
+  proto_buf_init(&b);
+  proto_hello_t h = {.rank = 0, .world_size = 2, .device = "cpu", .block_size = 16, .max_batch = 1,
+                     .pid = (uint32_t)getpid()};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_HELLO, &h), 0);
+  ck_assert_int_eq(zmq_send(sock, b.data, b.len, 0), (int)b.len);
+  ck_assert_msg(log_has(s, "hello from rank 0 of 2 ignored"), "no world-size refusal in %s", s->err_path);
+  h.world_size = 1;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_HELLO, &h), 0);
+  ck_assert_int_eq(zmq_send(sock, b.data, b.len, 0), (int)b.len);
+  ck_assert_msg(log_has(s, "unexpected hello from rank 0"), "no refusal in %s", s->err_path);
+  proto_buf_free(&b);
+  zmq_close(sock);
+  zmq_ctx_term(ctx);
+}
+
 START_TEST(test_bad_rpc_input) {
   need_model();
   efx_server_t s;
@@ -691,6 +733,7 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(q[0].finish, PROTO_FINISH_CANCEL);
   ck_assert_int_eq(q[1].finish, PROTO_FINISH_CANCEL);
   fr_client_close(c);
+  stray_hellos(&s);
   /* still healthy: a normal job runs */
   efx_job_t j;
   proto_submit_t ok = efx_greedy(prompts[0], 4);
@@ -698,6 +741,177 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(j.finish, PROTO_FINISH_LENGTH);
   ck_assert_int_eq(j.n_tokens, 4);
   stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- paths and finding the server ------------------------------------------------------------ */
+
+/* The HTTP line of the server's pid file ("" when none). */
+static void pidfile_http(const efx_server_t *s, char *url, size_t cap) {
+  char path[600], line[600];
+  snprintf(path, sizeof path, "%s/ferrum", s->dir);
+  DIR *d = opendir(path);
+  ck_assert_ptr_nonnull(d);
+  url[0] = 0;
+  struct dirent *e;
+  while ((e = readdir(d)))
+    if (!strncmp(e->d_name, "server-", 7) && strstr(e->d_name, ".pid")) {
+      snprintf(path, sizeof path, "%s/ferrum/%s", s->dir, e->d_name);
+      FILE *f = fopen(path, "r");
+      for (int i = 0; f && i < 4 && fgets(line, sizeof line, f); i++)
+        if (i == 3) snprintf(url, cap, "%.*s", (int)strcspn(line, "\n"), line);
+      if (f) fclose(f);
+    }
+  closedir(d);
+}
+
+/* Runs `ferrumctl chat ARGS...` from / with the server's runtime folder and
+ * one user line on stdin; returns its exit code (-1: killed after 120 s),
+ * its stdout in out. */
+static int run_chat(const efx_server_t *s, const char *const *args, char *out, size_t cap) {
+  char in_path[400], out_path[400], exe[4096];
+  snprintf(in_path, sizeof in_path, "%s/chat.in", s->dir);
+  snprintf(out_path, sizeof out_path, "%s/chat.out", s->dir);
+  FILE *f = fopen(in_path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("Say hello.\n", f);
+  fclose(f);
+  ck_assert_ptr_nonnull(realpath(efx_bin("ferrumctl"), exe));
+  pid_t pid = fork();
+  if (pid == 0) {
+    const char *argv[16] = {exe, "chat"};
+    int n = 2;
+    for (int i = 0; args[i] && n < 15; i++) argv[n++] = args[i];
+    argv[n] = NULL;
+    int in = open(in_path, O_RDONLY), o = open(out_path, O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    if (in < 0 || o < 0 || dup2(in, 0) < 0 || dup2(o, 1) < 0 || chdir("/") != 0) _exit(126);
+    setenv("XDG_RUNTIME_DIR", s->dir, 1);
+    execv(exe, (char *const *)argv);
+    _exit(127);
+  }
+  int st = 0;
+  uint64_t deadline = fr_now_ns() + 120ull * 1000000000ull;
+  while (waitpid(pid, &st, WNOHANG) == 0) {
+    if (fr_now_ns() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &st, 0);
+      return -1;
+    }
+    usleep(20000);
+  }
+  f = fopen(out_path, "r");
+  size_t len = f ? fread(out, 1, cap - 1, f) : 0;
+  if (f) fclose(f);
+  out[len] = 0;
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+/* A Hugging Face folder for --load-format dummy: a one-layer llama
+ * config.json and a byte-level BPE tokenizer.json (the 256 byte tokens and
+ * one special, the EOS). */
+static void write_dummy_folder(const char *dir) {
+  char path[512];
+  ck_assert_int_eq(mkdir(dir, 0700), 0);
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 64, "
+        "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
+        "\"num_key_value_heads\": 1, \"head_dim\": 32, \"vocab_size\": 257, \"max_position_embeddings\": 256, "
+        "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", "
+        "\"bos_token_id\": 256, \"eos_token_id\": 256}\n", f);
+  ck_assert_int_eq(fclose(f), 0);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs("{\"model\": {\"type\": \"BPE\", \"merges\": [], \"vocab\": {", f);
+  for (int b = 0; b < 256; b++) {
+    char u[8] = {0};
+    tok__utf8_put(tok__byte_to_cp((uint8_t)b), u);
+    fprintf(f, "%s\"%s%s\": %d", b ? ", " : "", b == '"' || b == '\\' ? "\\" : "", u, b);
+  }
+  fputs("}}, \"added_tokens\": [{\"id\": 256, \"content\": \"<|endoftext|>\", \"special\": true}], "
+        "\"pre_tokenizer\": {\"type\": \"ByteLevel\", \"add_prefix_space\": false}}\n", f);
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static void rm_dummy_folder(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  ck_assert_int_eq(unlink(path), 0);
+  snprintf(path, sizeof path, "%s/tokenizer.json", dir);
+  ck_assert_int_eq(unlink(path), 0);
+  ck_assert_int_eq(rmdir(dir), 0);
+}
+
+/* `ferrumctl serve --model ../models/<file>` from another working folder
+ * (through a symlinked folder) serves the model; `ferrumctl chat` with no
+ * address finds the server's HTTP port (ephemeral, not 8000) through its
+ * pid file; a bare folder name serves (dummy weights: the worker once took
+ * it for a built-in config's name); a relative path that does not exist
+ * fails naming the path as given. */
+START_TEST(test_relative_model_and_chat_finds_server) {
+  need_model();
+  char model_abs[4096], tmp[] = "/tmp/ferrum-relpath-XXXXXX", cwd[128], link[128], rel[4200], name[64];
+  ck_assert_ptr_nonnull(realpath(efx_model(), model_abs));
+  ck_assert_ptr_nonnull(mkdtemp(tmp));
+  snprintf(cwd, sizeof cwd, "%s/cwd", tmp);
+  snprintf(link, sizeof link, "%s/models", tmp);
+  ck_assert_int_eq(mkdir(cwd, 0700), 0);
+  char *slash = strrchr(model_abs, '/');
+  *slash = 0;
+  ck_assert_int_eq(symlink(model_abs, link), 0);
+  snprintf(rel, sizeof rel, "../models/%s", slash + 1);
+  snprintf(name, sizeof name, "relpath-%d", (int)getpid()); /* no other server on 8000 serves this */
+  efx_server_t s;
+  efx_opts_t o = {.cwd = cwd, .model = rel, .http = true};
+  const char *extra[] = {"--served-model-name", name, "--max-model-len", "256", "--max-num-seqs", "2", NULL};
+  ck_assert_int_eq(efx_start_opts(&s, &o, extra), 0);
+  efx_job_t j;
+  proto_submit_t r = efx_greedy(prompts[0], 4);
+  ck_assert_int_eq(efx_run_one(&s, &r, &j), 0);
+  ck_assert_int_eq(j.finish, PROTO_FINISH_LENGTH);
+  ck_assert_int_eq(j.n_tokens, 4);
+  /* the pid file says where HTTP listens */
+  char url[320];
+  int port = 0;
+  pidfile_http(&s, url, sizeof url);
+  ck_assert_msg(sscanf(url, "http://127.0.0.1:%d", &port) == 1 && port > 0 && port != 8000, "HTTP line '%s'", url);
+  char out[4096];
+  const char *found[] = {"--model", name, "--max-tokens", "4", "--temperature", "0", NULL};
+  ck_assert_int_eq(run_chat(&s, found, out, sizeof out), 0);
+  ck_assert_msg(strlen(out) > 1 && out[strlen(out) - 1] == '\n', "chat printed '%s'", out);
+  const char *by_rpc[] = {"--rpc", s.rpc, "--model", name, "--max-tokens", "2", NULL};
+  ck_assert_int_eq(run_chat(&s, by_rpc, out, sizeof out), 0);
+  ck_assert(strlen(out) > 1);
+  const char *nowhere[] = {"--rpc", "ipc:///nonexistent/rpc.sock", NULL};
+  ck_assert_int_eq(run_chat(&s, nowhere, out, sizeof out), 2);
+  stop_clean(&s, false);
+  /* a bare folder name, from the folder above it */
+  char tiny[160];
+  snprintf(tiny, sizeof tiny, "%s/tiny", cwd);
+  write_dummy_folder(tiny);
+  efx_opts_t d = {.cwd = cwd, .model = "tiny"};
+  const char *dummy[] = {"--load-format", "dummy", "--max-model-len", "64", NULL};
+  ck_assert_int_eq(efx_start_opts(&s, &d, dummy), 0);
+  r = efx_greedy("hi", 3);
+  ck_assert_int_eq(efx_run_one(&s, &r, &j), 0);
+  ck_assert_int_eq(j.finish, PROTO_FINISH_LENGTH);
+  ck_assert_int_eq(j.n_tokens, 3);
+  proto_status_reply_t st;
+  ck_assert_int_eq(efx_status(&s, &st), 0);
+  ck_assert_str_eq(st.model, "tiny"); /* the served name is still the one given */
+  stop_clean(&s, false);
+  rm_dummy_folder(tiny);
+  /* a relative path that is not there: the error names it as typed */
+  efx_opts_t bad = {.cwd = cwd, .model = "./no-such-model.gguf"};
+  ck_assert_int_eq(efx_start_opts(&s, &bad, NULL), -1);
+  ck_assert_int_eq(s.exit_status, 1);
+  ck_assert_msg(log_has(&s, "./no-such-model.gguf"), "the error does not name the path (%s)", s.err_path);
+  efx_cleanup(&s);
+  ck_assert_int_eq(unlink(link), 0);
+  ck_assert_int_eq(rmdir(cwd), 0);
+  ck_assert_int_eq(rmdir(tmp), 0);
 }
 END_TEST
 
@@ -1012,6 +1226,7 @@ static Suite *engine_suite(void) {
   ADD(t, test_sigterm_drains);
   ADD(t, test_ferrumctl_stop_drains);
   ADD(t, test_bad_rpc_input);
+  ADD(t, test_relative_model_and_chat_finds_server);
   ADD(t, test_seed_and_stop_strings);
   ADD(t, test_logprobs_and_logits);
   ADD(t, test_chat_messages_match_generator);

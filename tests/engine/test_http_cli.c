@@ -18,24 +18,6 @@
 
 #define EP "inproc://fake-coord-cli"
 
-/* cli_common.c's parsers (it pulls in the backends; these tests need only these two). */
-int cli_parse_int(const char *opt, const char *s, long lo, long hi, long *out) {
-  char *end;
-  errno = 0;
-  long v = s ? strtol(s, &end, 10) : 0;
-  if (!s || errno || end == s || *end || v < lo || v > hi) return -1;
-  *out = v;
-  return 0;
-}
-
-int cli_parse_float(const char *opt, const char *s, double lo, double hi, double *out) {
-  char *end;
-  double v = s ? strtod(s, &end) : 0;
-  if (!s || end == s || *end || !(v >= lo && v <= hi)) return -1;
-  *out = v;
-  return 0;
-}
-
 static void *ctx;
 static http_fake_t fake;
 static coord_http_t *srv;
@@ -112,6 +94,8 @@ START_TEST(test_bench_fixed_rate) {
   ck_assert_int_eq(cli_cmd_bench(7, bad), 1); /* every request 404s */
   char *usage[] = {"bench", "--num-prompts", "0", NULL};
   ck_assert_int_eq(cli_cmd_bench(3, usage), 2);
+  char *both[] = {"bench", "--rpc", "ipc:///nonexistent", "--port", port, NULL}; /* one way to name the server */
+  ck_assert_int_eq(cli_cmd_bench(5, both), 2);
 }
 END_TEST
 

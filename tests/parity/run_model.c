@@ -1,7 +1,7 @@
 /* run_model - feeds token ids to a model on a backend and prints what the
  * parity scripts compare: the last prompt token's logits (f32 file) and N
  * greedy tokens (JSON on stdout). Used by tests/parity/hf_parity.py (GPU vs
- * transformers) and tests/parity/cross_backend.sh (CPU vs CUDA).
+ * transformers) and tests/parity/device_check.sh's cross step (CPU vs CUDA).
  * usage: run_model (--model PATH | --dummy NAME [--type T]) [--device D]
  *                  --ids 1,2,3 [--greedy N] [--logits-out FILE]
  */

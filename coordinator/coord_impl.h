@@ -162,6 +162,12 @@ void coord__rpc_on_monitor(coord_t *c);
 int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body);
 int coord__rpc_error(coord_t *c, const coord_peer_t *p, int32_t code, uint64_t id, const char *msg);
 
+/* ---- runtime.c ---- */
+/* Removes what killed servers left in the runtime folder: worker sockets
+ * of instances whose coordinator is dead, pid files of dead servers and
+ * their ipc:// RPC sockets. */
+void coord__runtime_clean_stale(const char *dir);
+
 /* ---- prompts.c ---- */
 int coord__prompts_init(coord_t *c);
 /* Stops and joins the threads; tasks still queued are dropped (their jobs

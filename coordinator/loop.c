@@ -165,7 +165,10 @@ static int coord__check_running(coord_t *c) {
   int ok = fscanf(f, "%d", &pid);
   fclose(f);
   if (ok == 1 && pid > 0 && pid != getpid() && kill(pid, 0) == 0)
-    return fr_errorf(-EADDRINUSE, "a server (pid %d) already serves %s", pid, c->rpc_addr);
+    return fr_errorf(-EADDRINUSE,
+                     "a server (pid %d) already serves %s: stop it (ferrumctl stop) or give this one another "
+                     "endpoint with --rpc ADDR",
+                     pid, c->rpc_addr);
   return 0;
 }
 
@@ -219,6 +222,7 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   if (!cfg->rpc_addr && (rc = coord_default_rpc_addr(addr, sizeof addr))) goto fail;
   c->rpc_addr = fr_strdup(cfg->rpc_addr ? cfg->rpc_addr : addr);
   if ((rc = coord__check_running(c))) goto fail;
+  coord__runtime_clean_stale(c->run_dir);
   if ((rc = coord__worker_exe(c))) goto fail;
   int n_removed = 0;
   kv_segment_scan_stale(&n_removed, NULL);

@@ -2,7 +2,9 @@
  * instance id. A pid file holds four lines: the server's pid, its instance
  * id, its RPC endpoint and, once the HTTP frontend listens, its address
  * (http://host:port, the host as bound); clients read it (ctl/). */
+#include <dirent.h>
 #include <errno.h>
+#include <signal.h>
 #include <fcntl.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -13,20 +15,34 @@
 
 #include "common/fr_err.h"
 #include "common/fr_hash.h"
+#include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
+
+/* Checks the runtime folder through a descriptor opened without following
+ * a link, so another local user cannot point it (or its chmod) elsewhere:
+ * it must be a real folder owned by this user, and ends up 0700. */
+static int coord__runtime_dir_check(const char *dir) {
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+  if (fd < 0)
+    return fr_errorf(-errno, "%s: %s", dir, errno == ELOOP || errno == ENOTDIR ? "not a folder (a link?)" : strerror(errno));
+  struct stat st;
+  int rc = 0;
+  if (fstat(fd, &st) != 0) rc = fr_errorf(-errno, "stat %s: %s", dir, strerror(errno));
+  else if (!S_ISDIR(st.st_mode) || st.st_uid != getuid())
+    rc = fr_errorf(-EPERM, "%s is not a folder owned by this user", dir);
+  else if ((st.st_mode & 0077) && fchmod(fd, 0700) != 0)
+    rc = fr_errorf(-errno, "chmod %s: %s", dir, strerror(errno));
+  close(fd);
+  return rc;
+}
 
 int coord_runtime_dir(char *out, size_t cap) {
   const char *xdg = getenv("XDG_RUNTIME_DIR");
   int n = xdg && *xdg ? snprintf(out, cap, "%s/ferrum", xdg) : snprintf(out, cap, "/tmp/ferrum-%u", (unsigned)getuid());
   if (n < 0 || (size_t)n >= cap) return fr_errorf(FR_ETOOBIG, "runtime folder path too long");
   if (mkdir(out, 0700) != 0 && errno != EEXIST) return fr_errorf(-errno, "mkdir %s: %s", out, strerror(errno));
-  struct stat st;
-  if (stat(out, &st) != 0) return fr_errorf(-errno, "stat %s: %s", out, strerror(errno));
-  if (!S_ISDIR(st.st_mode) || st.st_uid != getuid())
-    return fr_errorf(-EPERM, "%s is not a folder owned by this user", out);
-  if ((st.st_mode & 0077) && chmod(out, 0700) != 0) return fr_errorf(-errno, "chmod %s: %s", out, strerror(errno));
-  return 0;
+  return coord__runtime_dir_check(out);
 }
 
 int coord_default_rpc_addr(char *out, size_t cap) {
@@ -88,4 +104,47 @@ int coord_set_http_addr(coord_t *c, const char *host, int port) {
   int n = snprintf(url, sizeof url, "http://%s%s%s:%d", v6 ? "[" : "", host, v6 ? "]" : "", port);
   if (n < 0 || (size_t)n >= sizeof url) return fr_errorf(FR_ETOOBIG, "HTTP host too long");
   return coord__pidfile_put(c, url);
+}
+
+/* ---- stale files --------------------------------------------------------------- */
+
+/* The pid in an instance id ("p<pid>.<hex>"), or 0. */
+static pid_t coord__instance_pid(const char *name) {
+  unsigned pid = 0;
+  return sscanf(name, "p%u.", &pid) == 1 ? (pid_t)pid : 0;
+}
+
+static bool coord__pid_dead(pid_t pid) { return pid > 0 && kill(pid, 0) != 0 && errno == ESRCH; }
+
+/* A pid file of a server that is gone: removes it and its ipc:// socket. */
+static void coord__stale_pidfile(const char *dir, const char *name, int *n) {
+  char path[1024], rpc[700] = "";
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  int pid = 0;
+  char inst[64];
+  bool ok = fscanf(f, "%d %63s %699s", &pid, inst, rpc) >= 1;
+  fclose(f);
+  if (!ok || !coord__pid_dead((pid_t)pid)) return;
+  if (!strncmp(rpc, "ipc://", 6) && !strncmp(rpc + 6, dir, strlen(dir))) unlink(rpc + 6);
+  if (unlink(path) == 0) (*n)++;
+}
+
+void coord__runtime_clean_stale(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) {
+    const char *dot = strrchr(e->d_name, '.');
+    if (dot && !strcmp(dot, ".workers") && coord__pid_dead(coord__instance_pid(e->d_name))) {
+      char path[1024];
+      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+      if (unlink(path) == 0) n++;
+    } else if (!strncmp(e->d_name, "server-", 7) && dot && !strcmp(dot, ".pid")) {
+      coord__stale_pidfile(dir, e->d_name, &n);
+    }
+  }
+  closedir(d);
+  if (n) FR_LOGI("removed %d stale files of dead servers from %s", n, dir);
 }

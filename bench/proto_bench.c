@@ -8,8 +8,12 @@
  * sends them) travel with a sequence's first chunk only, as the
  * coordinator sends them (proto_step_item_t.has_sp); the last shape is
  * the worst case, 256 new sequences that all carry them. Prints the median
- * and p90 over the iterations, in us.
+ * and p90 over the iterations, in us; "tree" is msgpack-c's generic
+ * decoder on the same bytes for reference (msgpack_unpack_next into a
+ * msgpack_unpacked whose zone is reused: an object tree, no checks, no
+ * structs), which proto/ does not use.
  * Results: docs/bench/proto.md. */
+#include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -81,6 +85,23 @@ static int cmp_u64(const void *a, const void *b) {
   return x < y ? -1 : x > y;
 }
 
+/* Median time of msgpack-c's object-tree decode of b, iters times. */
+static double tree_us(const proto_buf_t *b, int iters, uint64_t *t) {
+  msgpack_unpacked up;
+  msgpack_unpacked_init(&up);
+  for (int i = -iters / 10; i < iters; i++) {
+    size_t off = 0;
+    uint64_t t0 = fr_now_ns();
+    int rc = msgpack_unpack_next(&up, (const char *)b->data, b->len, &off);
+    uint64_t t1 = fr_now_ns();
+    if (rc != MSGPACK_UNPACK_SUCCESS) return -1;
+    if (i >= 0) t[i] = t1 - t0;
+  }
+  msgpack_unpacked_destroy(&up);
+  qsort(t, (size_t)iters, sizeof *t, cmp_u64);
+  return t[iters / 2] / 1e3;
+}
+
 /* Times encode + decode of one message, iters times; prints median / p90. */
 static int bench(const char *name, proto_type_t type, const void *body, int iters) {
   proto_buf_t b;
@@ -108,8 +129,9 @@ static int bench(const char *name, proto_type_t type, const void *body, int iter
     qsort(enc, (size_t)iters, sizeof *enc, cmp_u64);
     qsort(dec, (size_t)iters, sizeof *dec, cmp_u64);
     qsort(tot, (size_t)iters, sizeof *tot, cmp_u64);
-    printf("%-34s %7zu B  encode %6.2f us  decode %6.2f us  total %6.2f us (p90 %6.2f)\n", name, b.len,
-           enc[iters / 2] / 1e3, dec[iters / 2] / 1e3, tot[iters / 2] / 1e3, tot[iters * 9 / 10] / 1e3);
+    double e = enc[iters / 2] / 1e3, tree = tree_us(&b, iters, enc);
+    printf("%-34s %7zu B  encode %6.2f us  decode %6.2f us  total %6.2f us (p90 %6.2f)  tree %6.2f us\n", name,
+           b.len, e, dec[iters / 2] / 1e3, tot[iters / 2] / 1e3, tot[iters * 9 / 10] / 1e3, tree);
   }
   free(enc);
   free(dec);

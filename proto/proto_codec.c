@@ -1,8 +1,16 @@
-/* proto_codec.c - the msgpack reader and writer behind every message: a
- * cursor over the input bytes (strict, allocation-safe), a growable output
- * buffer, the per-message arena, and the schema-driven encode / decode. */
-#include <errno.h>
-#include <math.h>
+/* proto_codec.c - the schema-driven encode and decode of every message, on
+ * msgpack-c. The encoder runs msgpack-c's packer into a proto_buf_t. The
+ * decoder runs msgpack-c's unpack state machine (msgpack/unpack_template.h,
+ * the parser behind msgpack_unpack), compiled here with callbacks that
+ * check every value against the schema as it arrives and store it straight
+ * into the message struct, in the message's arena. There is no object tree:
+ * msgpack-c's own callbacks would allocate a claimed element count (up to
+ * 2^32-1 of 24 bytes) before a single element is there; ours check a count
+ * against its limit and the bytes left first. Values of unknown keys never
+ * reach the parser: the callback for such a key stops it, skip_value() steps
+ * over the value (no recursion, no allocation, any depth) and the parser
+ * resumes behind it. */
+#include <msgpack.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +20,10 @@
 #include "common/fr_util.h"
 #include "proto/proto.h"
 #include "proto/proto_schema.h"
+
+/* Keys are matched as packed little-endian words; bins hold little-endian
+ * floats, written and read as they lie in memory. */
+_Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "proto_codec assumes a little-endian host");
 
 /* ---------------------------------------------------------------- arena */
 
@@ -100,821 +112,40 @@ static void buf_grow(proto_buf_t *b, size_t need) {
   b->cap = cap;
 }
 
-/* Makes room for n more bytes; writes after it need no checks. */
-static inline uint8_t *buf_reserve(proto_buf_t *b, size_t n) {
-  if (b->cap - b->len < n) buf_grow(b, n);
-  return b->data + b->len;
-}
-
-/* --------------------------------------------------------------- writer */
-
-static inline uint8_t *put_be16(uint8_t *p, uint16_t v) {
-  p[0] = (uint8_t)(v >> 8);
-  p[1] = (uint8_t)v;
-  return p + 2;
-}
-static inline uint8_t *put_be32(uint8_t *p, uint32_t v) {
-  p[0] = (uint8_t)(v >> 24);
-  p[1] = (uint8_t)(v >> 16);
-  p[2] = (uint8_t)(v >> 8);
-  p[3] = (uint8_t)v;
-  return p + 4;
-}
-static inline uint8_t *put_be64(uint8_t *p, uint64_t v) {
-  p = put_be32(p, (uint32_t)(v >> 32));
-  return put_be32(p, (uint32_t)v);
-}
-
-/* At most 9 bytes. */
-static inline uint8_t *put_uint(uint8_t *p, uint64_t v) {
-  if (v < 128) {
-    *p++ = (uint8_t)v;
-  } else if (v <= 0xff) {
-    *p++ = 0xcc;
-    *p++ = (uint8_t)v;
-  } else if (v <= 0xffff) {
-    *p++ = 0xcd;
-    p = put_be16(p, (uint16_t)v);
-  } else if (v <= 0xffffffffu) {
-    *p++ = 0xce;
-    p = put_be32(p, (uint32_t)v);
-  } else {
-    *p++ = 0xcf;
-    p = put_be64(p, v);
-  }
-  return p;
-}
-
-static inline uint8_t *put_int(uint8_t *p, int64_t v) {
-  if (v >= 0) return put_uint(p, (uint64_t)v);
-  if (v >= -32) {
-    *p++ = (uint8_t)(int8_t)v;
-  } else if (v >= INT8_MIN) {
-    *p++ = 0xd0;
-    *p++ = (uint8_t)(int8_t)v;
-  } else if (v >= INT16_MIN) {
-    *p++ = 0xd1;
-    p = put_be16(p, (uint16_t)(int16_t)v);
-  } else if (v >= INT32_MIN) {
-    *p++ = 0xd2;
-    p = put_be32(p, (uint32_t)(int32_t)v);
-  } else {
-    *p++ = 0xd3;
-    p = put_be64(p, (uint64_t)v);
-  }
-  return p;
-}
-
-static inline uint8_t *put_f32(uint8_t *p, float f) {
-  uint32_t bits;
-  memcpy(&bits, &f, 4);
-  *p++ = 0xca;
-  return put_be32(p, bits);
-}
-
-/* Header of a str / array / map / bin; at most 5 bytes. */
-static inline uint8_t *put_str_head(uint8_t *p, uint32_t n) {
-  if (n < 32) {
-    *p++ = (uint8_t)(0xa0 | n);
-  } else if (n <= 0xff) {
-    *p++ = 0xd9;
-    *p++ = (uint8_t)n;
-  } else if (n <= 0xffff) {
-    *p++ = 0xda;
-    p = put_be16(p, (uint16_t)n);
-  } else {
-    *p++ = 0xdb;
-    p = put_be32(p, n);
-  }
-  return p;
-}
-static inline uint8_t *put_arr_head(uint8_t *p, uint32_t n) {
-  if (n < 16) {
-    *p++ = (uint8_t)(0x90 | n);
-  } else if (n <= 0xffff) {
-    *p++ = 0xdc;
-    p = put_be16(p, (uint16_t)n);
-  } else {
-    *p++ = 0xdd;
-    p = put_be32(p, n);
-  }
-  return p;
-}
-static inline uint8_t *put_bin_head(uint8_t *p, uint32_t n) {
-  if (n <= 0xff) {
-    *p++ = 0xc4;
-    *p++ = (uint8_t)n;
-  } else if (n <= 0xffff) {
-    *p++ = 0xc5;
-    p = put_be16(p, (uint16_t)n);
-  } else {
-    *p++ = 0xc6;
-    p = put_be32(p, n);
-  }
-  return p;
-}
-
-static inline uint8_t *put_str(uint8_t *p, const void *s, uint32_t n) {
-  p = put_str_head(p, n);
-  memcpy(p, s, n);
-  return p + n;
-}
-
-/* --------------------------------------------------------------- reader */
-
-typedef enum { K_NIL, K_BOOL, K_UINT, K_INT, K_F32, K_F64, K_STR, K_BIN, K_EXT, K_ARR, K_MAP } kind_t;
-
-static const char *const kind_names[] = {"nil", "bool", "integer", "integer", "float", "float",
-                                         "string", "binary", "extension", "array", "map"};
-
-typedef struct {
-  kind_t kind;
-  uint32_t len;       /* str / bin / ext bytes, array elements, map pairs */
-  uint64_t u;         /* K_UINT, K_BOOL */
-  int64_t i;          /* K_INT (negative) */
-  double f;           /* K_F32, K_F64 */
-  const uint8_t *ptr; /* str / bin / ext payload */
-} mpv_t;
-
-#define RD_MAX_DEPTH 8
-
-typedef struct {
-  const uint8_t *p, *end;
-  proto_arena_t *arena;
-  const char *msg;                  /* message name for errors */
-  int depth;
-  const char *path[RD_MAX_DEPTH];   /* keys */
-  int64_t index[RD_MAX_DEPTH];      /* element index, -1 = none */
-} rd_t;
-
-static inline uint16_t get_be16(const uint8_t *p) { return (uint16_t)(p[0] << 8 | p[1]); }
-static inline uint32_t get_be32(const uint8_t *p) {
-  return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
-}
-static inline uint64_t get_be64(const uint8_t *p) { return (uint64_t)get_be32(p) << 32 | get_be32(p + 4); }
-
-/* Formats "<what> at <msg>.<key>[i].<key>" as the thread's error detail. */
-__attribute__((format(printf, 3, 4))) static int rd_fail(const rd_t *r, int err, const char *fmt, ...) {
-  char what[256], where[256];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(what, sizeof what, fmt, ap);
-  va_end(ap);
-  size_t n = (size_t)snprintf(where, sizeof where, "%s", r->msg ? r->msg : "message");
-  for (int d = 0; d < r->depth && n < sizeof where; d++) {
-    if (r->index[d] >= 0)
-      n += (size_t)snprintf(where + n, sizeof where - n, ".%s[%lld]", r->path[d], (long long)r->index[d]);
-    else
-      n += (size_t)snprintf(where + n, sizeof where - n, ".%s", r->path[d]);
-  }
-  return fr_errorf(err, "proto: %s at %s", what, where);
-}
-
-static inline size_t rd_left(const rd_t *r) { return (size_t)(r->end - r->p); }
-
-static int rd_truncated(const rd_t *r) { return rd_fail(r, FR_ETRUNCATED, "message truncated"); }
-
-/* Reads a payload of n bytes (str / bin / ext). When the bytes are not
- * all there, ptr is NULL and the input is used up: the consumer checks
- * the length against its limit first (FR_ETOOBIG for a huge claim), then
- * calls rd_need_payload (FR_ETRUNCATED). */
-static inline int rd_payload(rd_t *r, mpv_t *v, size_t n) {
-  v->len = (uint32_t)n;
-  if (rd_left(r) < n) {
-    v->ptr = NULL;
-    r->p = r->end;
-    return 0;
-  }
-  v->ptr = r->p;
-  r->p += n;
-  return 0;
-}
-
-static inline int rd_need_payload(const rd_t *r, const mpv_t *v) {
-  return v->ptr ? 0 : rd_truncated(r);
-}
-
-/* Reads the first bytes of one value: scalars whole, str/bin/ext with their
- * payload, arrays and maps only their header (len = element count). */
-static int rd_value_slow(rd_t *r, mpv_t *v) {
-  if (rd_left(r) < 1) return rd_truncated(r);
-  uint8_t b = *r->p++;
-  size_t need;
-  switch (b) {
-  case 0xc0: v->kind = K_NIL; return 0;
-  case 0xc2: case 0xc3: v->kind = K_BOOL; v->u = b & 1; return 0;
-  case 0xc4: case 0xd9: need = 1; break;
-  case 0xc5: case 0xda: case 0xdc: case 0xde: need = 2; break;
-  case 0xc6: case 0xdb: case 0xdd: case 0xdf: need = 4; break;
-  case 0xc7: need = 2; break; /* ext8: len, type */
-  case 0xc8: need = 3; break;
-  case 0xc9: need = 5; break;
-  case 0xca: case 0xd2: case 0xce: need = 4; break;
-  case 0xcb: case 0xd3: case 0xcf: need = 8; break;
-  case 0xcc: case 0xd0: need = 1; break;
-  case 0xcd: case 0xd1: need = 2; break;
-  case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: need = 1; break; /* fixext: type */
-  default: return rd_fail(r, FR_EPROTO, "invalid msgpack byte 0x%02x", b);
-  }
-  if (rd_left(r) < need) return rd_truncated(r);
-  const uint8_t *q = r->p;
-  r->p += need;
-  switch (b) {
-  case 0xc4: v->kind = K_BIN; return rd_payload(r, v, q[0]);
-  case 0xc5: v->kind = K_BIN; return rd_payload(r, v, get_be16(q));
-  case 0xc6: v->kind = K_BIN; return rd_payload(r, v, get_be32(q));
-  case 0xd9: v->kind = K_STR; return rd_payload(r, v, q[0]);
-  case 0xda: v->kind = K_STR; return rd_payload(r, v, get_be16(q));
-  case 0xdb: v->kind = K_STR; return rd_payload(r, v, get_be32(q));
-  case 0xc7: v->kind = K_EXT; return rd_payload(r, v, q[0]);
-  case 0xc8: v->kind = K_EXT; return rd_payload(r, v, get_be16(q));
-  case 0xc9: v->kind = K_EXT; return rd_payload(r, v, get_be32(q));
-  case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8:
-    v->kind = K_EXT;
-    return rd_payload(r, v, (size_t)1 << (b - 0xd4));
-  case 0xdc: v->kind = K_ARR; v->len = get_be16(q); return 0;
-  case 0xdd: v->kind = K_ARR; v->len = get_be32(q); return 0;
-  case 0xde: v->kind = K_MAP; v->len = get_be16(q); return 0;
-  case 0xdf: v->kind = K_MAP; v->len = get_be32(q); return 0;
-  case 0xca: {
-    uint32_t bits = get_be32(q);
-    float f;
-    memcpy(&f, &bits, 4);
-    v->kind = K_F32;
-    v->f = f;
-    return 0;
-  }
-  case 0xcb: {
-    uint64_t bits = get_be64(q);
-    memcpy(&v->f, &bits, 8);
-    v->kind = K_F64;
-    return 0;
-  }
-  case 0xcc: v->kind = K_UINT; v->u = q[0]; return 0;
-  case 0xcd: v->kind = K_UINT; v->u = get_be16(q); return 0;
-  case 0xce: v->kind = K_UINT; v->u = get_be32(q); return 0;
-  case 0xcf: v->kind = K_UINT; v->u = get_be64(q); return 0;
-  case 0xd0: v->i = (int8_t)q[0]; break;
-  case 0xd1: v->i = (int16_t)get_be16(q); break;
-  case 0xd2: v->i = (int32_t)get_be32(q); break;
-  default: v->i = (int64_t)get_be64(q); break; /* 0xd3 */
-  }
-  /* signed encodings of non-negative values are plain unsigned ints */
-  if (v->i >= 0) {
-    v->kind = K_UINT;
-    v->u = (uint64_t)v->i;
-  } else {
-    v->kind = K_INT;
-  }
-  return 0;
-}
-
-/* Fast path for the one-byte forms (fixint, fixstr, fixarray, fixmap). */
-static inline int rd_value(rd_t *r, mpv_t *v) {
-  if (r->p < r->end) {
-    uint8_t b = *r->p;
-    if (b < 0x80) {
-      r->p++;
-      v->kind = K_UINT;
-      v->u = b;
-      return 0;
-    }
-    if (b >= 0xe0) {
-      r->p++;
-      v->kind = K_INT;
-      v->i = (int8_t)b;
-      return 0;
-    }
-    if (b < 0xc0) {
-      r->p++;
-      if (b >= 0xa0) {
-        v->kind = K_STR;
-        return rd_payload(r, v, b & 0x1f);
-      }
-      v->kind = b >= 0x90 ? K_ARR : K_MAP;
-      v->len = b & 0x0f;
-      return 0;
-    }
-  }
-  return rd_value_slow(r, v);
-}
-
-/* Skips one value of any shape without recursion: every element still to
- * come needs at least one byte, so a count larger than the bytes left is a
- * truncated message, whatever a header claims. */
-static int rd_skip_value(rd_t *r, const mpv_t *first) {
-  uint64_t pending = 0;
-  if ((first->kind == K_STR || first->kind == K_BIN || first->kind == K_EXT) && !first->ptr) return rd_truncated(r);
-  if (first->kind == K_ARR) pending = first->len;
-  if (first->kind == K_MAP) pending = 2 * (uint64_t)first->len;
-  while (pending) {
-    if (pending > rd_left(r)) return rd_truncated(r);
-    mpv_t v;
-    int rc = rd_value(r, &v);
-    if (rc) return rc;
-    pending--;
-    if ((v.kind == K_STR || v.kind == K_BIN || v.kind == K_EXT) && !v.ptr) return rd_truncated(r);
-    if (v.kind == K_ARR) pending += v.len;
-    if (v.kind == K_MAP) pending += 2 * (uint64_t)v.len;
-  }
-  return 0;
-}
-
-static int rd_type_error(const rd_t *r, const char *want, const mpv_t *v) {
-  return rd_fail(r, FR_EPROTO, "expected %s, got %s", want, kind_names[v->kind]);
-}
-
-/* Checks an array / str count against its limit and the bytes left
- * (min_elem bytes per element at least). */
-static int rd_check_count(const rd_t *r, uint64_t n, uint32_t max, size_t min_elem) {
-  if (n > max) return rd_fail(r, FR_ETOOBIG, "%llu elements exceed the limit of %u", (unsigned long long)n, max);
-  if (n * min_elem > rd_left(r)) return rd_truncated(r);
-  return 0;
-}
-
-/* -------------------------------------------------------------- decoder */
-
-static int rd_obj(rd_t *r, const proto_schema_t *s, void *out, uint32_t n_pairs, int top);
-
-static int rd_u64(rd_t *r, const mpv_t *v, uint64_t max, uint64_t *out) {
-  if (v->kind == K_INT) return rd_fail(r, FR_EPROTO, "negative value %lld out of range", (long long)v->i);
-  if (v->kind != K_UINT) return rd_type_error(r, "integer", v);
-  if (v->u > max) return rd_fail(r, FR_EPROTO, "value %llu out of range", (unsigned long long)v->u);
-  *out = v->u;
-  return 0;
-}
-
-static int rd_i32(rd_t *r, const mpv_t *v, int32_t *out) {
-  if (v->kind == K_UINT) {
-    if (v->u > INT32_MAX) return rd_fail(r, FR_EPROTO, "value %llu out of range", (unsigned long long)v->u);
-    *out = (int32_t)v->u;
-    return 0;
-  }
-  if (v->kind != K_INT) return rd_type_error(r, "integer", v);
-  if (v->i < INT32_MIN) return rd_fail(r, FR_EPROTO, "value %lld out of range", (long long)v->i);
-  *out = (int32_t)v->i;
-  return 0;
-}
-
-static int rd_f32(rd_t *r, const mpv_t *v, float *out) {
-  switch (v->kind) {
-  case K_F32: case K_F64: *out = (float)v->f; return 0;
-  case K_UINT: *out = (float)v->u; return 0;
-  case K_INT: *out = (float)v->i; return 0;
-  default: return rd_type_error(r, "number", v);
-  }
-}
-
-/* Copies a str payload into the arena, NUL-terminated. */
-static int rd_str(rd_t *r, const mpv_t *v, uint32_t max, int allow_nul, char **out) {
-  if (v->kind != K_STR) return rd_type_error(r, "string", v);
-  if (v->len > max) return rd_fail(r, FR_ETOOBIG, "string of %u bytes exceeds the limit of %u", v->len, max);
-  int rc = rd_need_payload(r, v);
-  if (rc) return rc;
-  if (!allow_nul && memchr(v->ptr, 0, v->len)) return rd_fail(r, FR_EPROTO, "string holds a NUL byte");
-  char *s = arena_alloc(r->arena, (size_t)v->len + 1);
-  memcpy(s, v->ptr, v->len);
-  s[v->len] = 0;
-  *out = s;
-  return 0;
-}
-
-/* Reads an array header for field f and allocates n elements of esize. */
-static int rd_array(rd_t *r, const mpv_t *v, const proto_field_t *f, size_t esize, void **data, uint32_t *n) {
-  if (v->kind != K_ARR) return rd_type_error(r, "array", v);
-  int rc = rd_check_count(r, v->len, f->max, 1);
-  if (rc) return rc;
-  *n = v->len;
-  *data = v->len ? arena_alloc(r->arena, (size_t)v->len * esize) : NULL;
-  return 0;
-}
-
-/* Int arrays are the bulk of a step: their loop reads elements inline. */
-static int rd_i32s(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
-  void *data;
-  uint32_t n;
-  int rc = rd_array(r, v, f, 4, &data, &n);
-  if (rc) return rc;
-  int32_t *a = data;
-  int is_u32 = f->type == PF_U32S;
-  for (uint32_t i = 0; i < n; i++) {
-    const uint8_t *p = r->p;
-    if (r->end - p >= 5) { /* the unsigned forms inline */
-      if (*p < 0x80) {
-        a[i] = *p;
-        r->p = p + 1;
-        continue;
-      }
-      if (*p == 0xcd) {
-        a[i] = get_be16(p + 1);
-        r->p = p + 3;
-        continue;
-      }
-      if (*p == 0xcc) {
-        a[i] = p[1];
-        r->p = p + 2;
-        continue;
-      }
-      if (*p == 0xce && (is_u32 || get_be32(p + 1) <= INT32_MAX)) {
-        a[i] = (int32_t)get_be32(p + 1);
-        r->p = p + 5;
-        continue;
-      }
-    }
-    mpv_t e;
-    r->index[r->depth - 1] = i;
-    if ((rc = rd_value(r, &e))) return rc;
-    if (is_u32) {
-      uint64_t u;
-      if ((rc = rd_u64(r, &e, UINT32_MAX, &u))) return rc;
-      a[i] = (int32_t)(uint32_t)u;
-    } else if ((rc = rd_i32(r, &e, &a[i]))) {
-      return rc;
-    }
-  }
-  r->index[r->depth - 1] = -1;
-  memcpy(out + f->off, &data, sizeof data);
-  memcpy(out + f->off_n, &n, 4);
-  return 0;
-}
-
-static int rd_f32s(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
-  void *data;
-  uint32_t n;
-  int rc = rd_array(r, v, f, 4, &data, &n);
-  if (rc) return rc;
-  float *a = data;
-  for (uint32_t i = 0; i < n; i++) {
-    mpv_t e;
-    r->index[r->depth - 1] = i;
-    if ((rc = rd_value(r, &e)) || (rc = rd_f32(r, &e, &a[i]))) return rc;
-  }
-  r->index[r->depth - 1] = -1;
-  memcpy(out + f->off, &data, sizeof data);
-  memcpy(out + f->off_n, &n, 4);
-  return 0;
-}
-
-static int rd_f32bin(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
-  if (v->kind != K_BIN) return rd_type_error(r, "binary", v);
-  uint32_t n = v->len / 4;
-  if (n > f->max || (n == f->max && v->len % 4))
-    return rd_fail(r, FR_ETOOBIG, "%u bytes of floats exceed the limit of %u floats", v->len, f->max);
-  int rc = rd_need_payload(r, v);
-  if (rc) return rc;
-  if (v->len % 4) return rd_fail(r, FR_EPROTO, "binary of %u bytes is not a float32 array", v->len);
-  float *a = n ? arena_alloc(r->arena, v->len) : NULL;
-  for (uint32_t i = 0; i < n; i++) { /* little-endian on the wire */
-    const uint8_t *q = v->ptr + 4 * i;
-    uint32_t bits = (uint32_t)q[0] | (uint32_t)q[1] << 8 | (uint32_t)q[2] << 16 | (uint32_t)q[3] << 24;
-    memcpy(&a[i], &bits, 4);
-  }
-  memcpy(out + f->off, &a, sizeof a);
-  memcpy(out + f->off_n, &n, 4);
-  return 0;
-}
-
-static int rd_strs(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
-  void *data;
-  uint32_t n;
-  int rc = rd_array(r, v, f, sizeof(char *), &data, &n);
-  if (rc) return rc;
-  char **a = data;
-  for (uint32_t i = 0; i < n; i++) {
-    mpv_t e;
-    r->index[r->depth - 1] = i;
-    if ((rc = rd_value(r, &e)) || (rc = rd_str(r, &e, PROTO_MAX_STR, 0, &a[i]))) return rc;
-  }
-  r->index[r->depth - 1] = -1;
-  memcpy(out + f->off, &data, sizeof data);
-  memcpy(out + f->off_n, &n, 4);
-  return 0;
-}
-
-static int rd_objs(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
-  void *data;
-  uint32_t n;
-  int rc = rd_array(r, v, f, f->sub->size, &data, &n);
-  if (rc) return rc;
-  for (uint32_t i = 0; i < n; i++) {
-    mpv_t e;
-    r->index[r->depth - 1] = i;
-    if ((rc = rd_value(r, &e))) return rc;
-    if (e.kind != K_MAP) return rd_type_error(r, "map", &e);
-    if ((rc = rd_obj(r, f->sub, (uint8_t *)data + (size_t)i * f->sub->size, e.len, 0))) return rc;
-  }
-  r->index[r->depth - 1] = -1;
-  memcpy(out + f->off, &data, sizeof data);
-  memcpy(out + f->off_n, &n, 4);
-  return 0;
-}
-
-static int rd_enum(rd_t *r, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
-  if (v->kind != K_STR) return rd_type_error(r, "string", v);
-  if (v->len > PROTO_MAX_STR) return rd_fail(r, FR_ETOOBIG, "string of %u bytes is too long", v->len);
-  int rc = rd_need_payload(r, v);
-  if (rc) return rc;
-  for (uint32_t i = 1; i < f->max; i++) {
-    if (strlen(f->names[i]) == v->len && memcmp(f->names[i], v->ptr, v->len) == 0) {
-      int e = (int)i;
-      memcpy(out + f->off, &e, sizeof e);
-      return 0;
-    }
-  }
-  return rd_fail(r, FR_EPROTO, "unknown value \"%.*s\"", (int)FR_MIN(v->len, 32u), (const char *)v->ptr);
-}
-
-/* Decodes the value of field f (already read as v) into out. */
-static int rd_field(rd_t *r, const proto_field_t *f, const mpv_t *v, uint8_t *out) {
-  uint64_t u;
-  int rc;
-  switch (f->type) {
-  case PF_U32:
-    if ((rc = rd_u64(r, v, UINT32_MAX, &u))) return rc;
-    *(uint32_t *)(out + f->off) = (uint32_t)u;
-    return 0;
-  case PF_U64: return rd_u64(r, v, UINT64_MAX, (uint64_t *)(out + f->off));
-  case PF_I32: return rd_i32(r, v, (int32_t *)(out + f->off));
-  case PF_F32: return rd_f32(r, v, (float *)(out + f->off));
-  case PF_BOOL:
-    if (v->kind != K_BOOL) return rd_type_error(r, "boolean", v);
-    *(bool *)(out + f->off) = v->u != 0;
-    return 0;
-  case PF_ENUM: return rd_enum(r, v, f, out);
-  case PF_STR: return rd_str(r, v, f->max, 0, (char **)(out + f->off));
-  case PF_TEXT:
-    if ((rc = rd_str(r, v, f->max, 1, (char **)(out + f->off)))) return rc;
-    *(uint32_t *)(out + f->off_n) = v->len;
-    return 0;
-  case PF_I32S: case PF_U32S: return rd_i32s(r, v, f, out);
-  case PF_F32S: return rd_f32s(r, v, f, out);
-  case PF_F32BIN: return rd_f32bin(r, v, f, out);
-  case PF_STRS: return rd_strs(r, v, f, out);
-  case PF_OBJ:
-    if (v->kind != K_MAP) return rd_type_error(r, "map", v);
-    return rd_obj(r, f->sub, out + f->off, v->len, 0);
-  case PF_OBJS: return rd_objs(r, v, f, out);
-  default: return rd_fail(r, FR_EPROTO, "bad schema");
-  }
-}
-
-#define KEY_NONE (~(uint64_t)0) /* matches no field: keys over 7 bytes */
-#define KEY_V PROTO_KPACK("v")
-#define KEY_T PROTO_KPACK("t")
-
-/* Packs a key's bytes as PROTO_KPACK does. */
-static inline uint64_t pack_key(const uint8_t *p, const uint8_t *end, uint32_t len) {
-  static const uint64_t mask[8] = {0, 0xff, 0xffff, 0xffffff, 0xffffffffull, 0xffffffffffull, 0xffffffffffffull,
-                                   0xffffffffffffffull};
-  if (len > 7) return KEY_NONE;
-  uint64_t k = 0;
-  if (end - p >= 8) {
-    memcpy(&k, p, 8); /* little-endian hosts: bytes in order */
-    k &= mask[len];
-  } else {
-    for (uint32_t i = 0; i < len; i++) k |= (uint64_t)p[i] << (8 * i);
-  }
-  return k | (uint64_t)len << 56;
-}
-
-/* Reads a map key (a string) packed; *text / *len for messages. */
-static inline int rd_key(rd_t *r, uint64_t *key) {
-  if (r->p < r->end && (*r->p & 0xf8) == 0xa0) { /* fixstr of <= 7 bytes */
-    uint32_t len = *r->p & 7;
-    if (rd_left(r) < 1 + (size_t)len) return rd_truncated(r);
-    *key = pack_key(r->p + 1, r->end, len);
-    r->p += 1 + len;
-    return 0;
-  }
-  mpv_t k = {.len = 0};
-  int rc = rd_value(r, &k);
-  if (rc) return rc;
-  if (k.kind != K_STR) return rd_fail(r, FR_EPROTO, "map key is a %s, not a string", kind_names[k.kind]);
-  if ((rc = rd_need_payload(r, &k))) return rc;
-  *key = pack_key(k.ptr, r->end, k.len);
-  return 0;
-}
-
-/* Finds the field a key names: the one after the previous first (our
- * encoder writes fields in table order), else a search. -1: unknown. */
-static inline int find_field(const proto_schema_t *s, uint64_t key, uint32_t next) {
-  if (next < s->n_fields && s->fields[next].kpack == key) return (int)next;
-  for (uint32_t i = 0; i < s->n_fields; i++)
-    if (s->fields[i].kpack == key) return (int)i;
-  return -1;
-}
-
-static int rd_missing(rd_t *r, const proto_schema_t *s, uint32_t seen) {
-  for (uint32_t i = 0; i < s->n_fields; i++)
-    if ((s->fields[i].flags & PF_REQ) && !(seen & (1u << i)))
-      return rd_fail(r, FR_EPROTO, "missing required field \"%s\" in %s", s->fields[i].key, s->name);
-  return 0;
-}
-
-/* The common scalar encodings, read straight into the field: returns 1
- * when it took the value, 0 to leave it to the general path. */
-static inline int rd_scalar_fast(rd_t *r, const proto_field_t *f, uint8_t *out) {
-  const uint8_t *p = r->p;
-  if (r->end - p < 9) return 0;
-  uint8_t b = *p;
-  switch (f->type) {
-  case PF_U32: case PF_I32: case PF_U64: {
-    uint32_t x;
-    if (b < 0x80) {
-      x = b;
-      r->p = p + 1;
-    } else if (b == 0xcd) {
-      x = get_be16(p + 1);
-      r->p = p + 3;
-    } else if (b == 0xcc) {
-      x = p[1];
-      r->p = p + 2;
-    } else if (b == 0xce && (f->type != PF_I32 || get_be32(p + 1) <= INT32_MAX)) {
-      x = get_be32(p + 1);
-      r->p = p + 5;
-    } else {
-      return 0;
-    }
-    if (f->type == PF_U64) {
-      uint64_t u = x;
-      memcpy(out + f->off, &u, 8);
-    } else {
-      memcpy(out + f->off, &x, 4);
-    }
-    return 1;
-  }
-  case PF_F32:
-    if (b != 0xca) return 0;
-    uint32_t bits = get_be32(p + 1);
-    memcpy(out + f->off, &bits, 4);
-    r->p = p + 5;
-    return 1;
-  case PF_BOOL:
-    if ((b & 0xfe) != 0xc2) return 0;
-    *(bool *)(out + f->off) = b & 1;
-    r->p = p + 1;
-    return 1;
-  default:
-    return 0;
-  }
-}
-
-/* Decodes one key/value pair of an object into out; seen/next track the
- * fields. top: 1 = envelope keys already read (another is a duplicate),
- * 2 = envelope keys to skip (already checked by the prescan). */
-static int rd_pair(rd_t *r, const proto_schema_t *s, uint8_t *out, int top, uint32_t *seen, uint32_t *next) {
-  uint64_t key;
-  mpv_t v;
-  int rc = rd_key(r, &key);
-  if (rc) return rc;
-  int idx = find_field(s, key, *next);
-  if (idx >= 0 && !(*seen & (1u << idx)) && rd_scalar_fast(r, &s->fields[idx], out)) {
-    *seen |= 1u << idx;
-    *next = (uint32_t)idx + 1;
-    if (s->fields[idx].flags & PF_HAS) *(bool *)(out + s->fields[idx].off_n) = true;
-    return 0;
-  }
-  if ((rc = rd_value(r, &v))) return rc;
-  if (idx < 0) {
-    if (top == 1 && (key == KEY_V || key == KEY_T))
-      return rd_fail(r, FR_EPROTO, "duplicate key \"%c\"", (char)key);
-    return rd_skip_value(r, &v); /* unknown field: forward compatible */
-  }
-  const proto_field_t *f = &s->fields[idx];
-  if (*seen & (1u << idx)) return rd_fail(r, FR_EPROTO, "duplicate key \"%s\" in %s", f->key, s->name);
-  *seen |= 1u << idx;
-  *next = (uint32_t)idx + 1;
-  if (v.kind == K_NIL) { /* nil: absent */
-    if (f->flags & PF_REQ) return rd_fail(r, FR_EPROTO, "required field \"%s\" is nil", f->key);
-    return 0;
-  }
-  if (r->depth >= RD_MAX_DEPTH) return rd_fail(r, FR_EPROTO, "nested too deep");
-  r->path[r->depth] = f->key;
-  r->index[r->depth] = -1;
-  r->depth++;
-  rc = rd_field(r, f, &v, out);
-  if (rc) return rc;
-  r->depth--;
-  if (f->flags & PF_HAS) *(bool *)(out + f->off_n) = true;
-  return 0;
-}
-
-static int rd_obj(rd_t *r, const proto_schema_t *s, void *out, uint32_t n_pairs, int top) {
-  int rc;
-  if ((uint64_t)n_pairs * 2 > rd_left(r)) return rd_truncated(r);
-  memcpy(out, s->defaults, s->size);
-  uint32_t seen = 0, next = 0;
-  for (uint32_t i = 0; i < n_pairs; i++)
-    if ((rc = rd_pair(r, s, out, top, &seen, &next))) return rc;
-  if ((rc = rd_missing(r, s, seen))) return rc;
-  if (s->check && (rc = s->check(out))) return rd_fail(r, rc, "%s", fr_last_error());
-  return 0;
-}
-
-/* ------------------------------------------------------------- envelope */
-
-/* Reads the value of "v" or "t" into *version / *type. */
-static int rd_envelope_value(rd_t *r, uint64_t key, uint64_t *version, proto_type_t *type) {
-  mpv_t v;
-  int rc = rd_value(r, &v);
-  if (rc) return rc;
-  if (key == KEY_V) {
-    if (v.kind != K_UINT && v.kind != K_INT) return rd_type_error(r, "integer version", &v);
-    if (v.kind == K_INT || v.u < PROTO_VERSION_MIN || v.u > PROTO_VERSION)
-      return rd_fail(r, FR_EVERSION, "protocol version %lld is not in [%d, %d]",
-                     v.kind == K_INT ? (long long)v.i : (long long)v.u, PROTO_VERSION_MIN, PROTO_VERSION);
-    *version = v.u;
-    return 0;
-  }
-  if (v.kind != K_STR) return rd_type_error(r, "string type", &v);
-  if ((rc = rd_need_payload(r, &v))) return rc;
-  *type = proto_type_from_name((const char *)v.ptr, v.len);
-  if (*type == PROTO_T_NONE)
-    return rd_fail(r, FR_EPROTO, "unknown message type \"%.*s\"", (int)FR_MIN(v.len, 32u), (const char *)v.ptr);
-  return 0;
-}
-
-/* Finds "v" and "t" anywhere in the top map (keys in any order). */
-static int rd_envelope_scan(rd_t *r, uint32_t n_pairs, uint64_t *version, proto_type_t *type) {
-  int seen_v = 0, seen_t = 0, rc;
-  for (uint32_t i = 0; i < n_pairs; i++) {
-    uint64_t key;
-    mpv_t v;
-    if ((rc = rd_key(r, &key))) return rc;
-    if (key == KEY_V || key == KEY_T) {
-      int *seen = key == KEY_V ? &seen_v : &seen_t;
-      if (*seen) return rd_fail(r, FR_EPROTO, "duplicate key \"%c\"", (char)key);
-      *seen = 1;
-      if ((rc = rd_envelope_value(r, key, version, type))) return rc;
-      continue;
-    }
-    if ((rc = rd_value(r, &v)) || (rc = rd_skip_value(r, &v))) return rc;
-  }
-  if (!seen_v) return rd_fail(r, FR_EPROTO, "missing version key \"v\"");
-  if (!seen_t) return rd_fail(r, FR_EPROTO, "missing type key \"t\"");
-  return 0;
-}
-
-/* Reads the envelope; *top says how the body decoder treats "v" / "t". The
- * fast path: "v" then "t" as the first two keys. */
-static int rd_envelope(rd_t *r, uint32_t *n_pairs, proto_type_t *type, uint64_t *version, int *top) {
-  const uint8_t *start = r->p;
-  uint64_t key;
-  int rc;
-  if (*n_pairs >= 2) {
-    if ((rc = rd_key(r, &key))) return rc;
-    if (key == KEY_V) {
-      if ((rc = rd_envelope_value(r, key, version, type))) return rc;
-      if ((rc = rd_key(r, &key))) return rc;
-      if (key == KEY_T) {
-        if ((rc = rd_envelope_value(r, key, version, type))) return rc;
-        *n_pairs -= 2;
-        *top = 1;
-        return 0;
-      }
-    }
-  }
-  r->p = start;
-  if ((rc = rd_envelope_scan(r, *n_pairs, version, type))) return rc;
-  r->p = start;
-  *top = 2;
-  return 0;
-}
-
-int proto_msg_decode(proto_msg_t *m, const void *data, size_t len, uint32_t accept) {
-  rd_t r = {.p = data, .end = (const uint8_t *)data + len, .arena = &m->arena, .msg = "message"};
-  proto_type_t type = PROTO_T_NONE;
-  mpv_t v;
-  int top, rc;
-  m->type = PROTO_T_NONE;
-  arena_reset(&m->arena);
-  if (len > PROTO_MAX_MSG_BYTES)
-    return rd_fail(&r, FR_ETOOBIG, "%zu bytes exceed the limit of %u", len, PROTO_MAX_MSG_BYTES);
-  if ((rc = rd_value(&r, &v))) return rc;
-  if (v.kind != K_MAP) return rd_type_error(&r, "map", &v);
-  uint32_t n_pairs = v.len;
-  uint64_t version = 0;
-  if ((rc = rd_envelope(&r, &n_pairs, &type, &version, &top))) return rc;
-  if (type >= 32 || !(accept & PROTO_MASK(type)))
-    return rd_fail(&r, FR_EPROTO, "unexpected message type \"%s\"", proto_type_name(type));
-  if (version < proto_type_version(type))
-    return rd_fail(&r, FR_EVERSION, "\"%s\" needs protocol version %u, got %llu", proto_type_name(type),
-                   proto_type_version(type), (unsigned long long)version);
-  const proto_schema_t *s = proto__schema(type);
-  r.msg = s->name;
-  if ((rc = rd_obj(&r, s, &m->u, n_pairs, top))) return rc;
-  if (r.p != r.end) return rd_fail(&r, FR_EPROTO, "%zu trailing bytes", rd_left(&r));
-  m->type = type;
-  return 0;
-}
-
 /* -------------------------------------------------------------- encoder */
+
+/* Appends n bytes to the buffer. */
+static inline int wr_append(proto_buf_t *b, const void *p, size_t n) {
+  if (b->cap - b->len < n) buf_grow(b, n);
+  memcpy(b->data + b->len, p, n);
+  b->len += n;
+  return 0;
+}
+
+/* msgpack-c's packer: the code behind msgpack_pack_* (pack_template.h),
+ * compiled here as wr_pack_* to append to a proto_buf_t directly. The
+ * public msgpack_packer calls its write callback through a pointer for
+ * every header and scalar, which makes a step descriptor's encode twice as
+ * slow (docs/bench/proto.md). */
+#define msgpack_pack_inline_func(name) static inline int wr_pack##name
+#define msgpack_pack_inline_func_cint(name) static inline int wr_pack##name
+#define msgpack_pack_inline_func_fixint(name) static inline int wr_pack_fix##name
+#define msgpack_pack_user proto_buf_t *
+#define msgpack_pack_append_buffer(user, buf, len) return wr_append(user, buf, len)
+#include "msgpack/pack_template.h"
+
+static inline void wr_pack_str_with_body(proto_buf_t *b, const void *s, size_t n) {
+  wr_pack_str(b, n);
+  wr_pack_str_body(b, s, n);
+}
+
+#define WR_MAX_DEPTH 8
 
 typedef struct {
   proto_buf_t *b;
   const char *msg;
   int depth;
-  const char *path[RD_MAX_DEPTH];
+  const char *path[WR_MAX_DEPTH];
 } wr_t;
 
 __attribute__((format(printf, 3, 4))) static int wr_fail(const wr_t *w, int err, const char *fmt, ...) {
@@ -928,7 +159,6 @@ __attribute__((format(printf, 3, 4))) static int wr_fail(const wr_t *w, int err,
     n += (size_t)snprintf(where + n, sizeof where - n, ".%s", w->path[d]);
   return fr_errorf(err, "proto: encode %s: %s", where, what);
 }
-
 
 static inline uint32_t get_u32(const uint8_t *in, uint16_t off) {
   uint32_t n;
@@ -975,7 +205,7 @@ static int field_has_content(const proto_field_t *f, const uint8_t *in, const ui
   }
 }
 
-static int wr_obj(wr_t *w, const proto_schema_t *s, const uint8_t *in, proto_type_t top, uint32_t *n_written);
+static int wr_obj(wr_t *w, const proto_schema_t *s, const uint8_t *in, proto_type_t top);
 
 /* Array data must exist when the count says so; counts obey the limit. */
 static int wr_array_check(wr_t *w, const proto_field_t *f, const uint8_t *in, uint32_t *n, const void **data) {
@@ -986,24 +216,23 @@ static int wr_array_check(wr_t *w, const proto_field_t *f, const uint8_t *in, ui
   return 0;
 }
 
-static int wr_ints(wr_t *w, const proto_field_t *f, const uint8_t *in) {
+/* Arrays of numbers: the packer picks the shortest encoding of each. */
+static int wr_nums(wr_t *w, const proto_field_t *f, const uint8_t *in) {
   uint32_t n;
   const void *data;
   int rc = wr_array_check(w, f, in, &n, &data);
   if (rc) return rc;
-  uint8_t *p = buf_reserve(w->b, 5 + (size_t)n * 9), *p0 = p;
-  p = put_arr_head(p, n);
+  wr_pack_array(w->b, n);
   if (f->type == PF_U32S) {
     const uint32_t *a = data;
-    for (uint32_t i = 0; i < n; i++) p = put_uint(p, a[i]);
+    for (uint32_t i = 0; i < n; i++) wr_pack_uint32(w->b, a[i]);
   } else if (f->type == PF_I32S) {
     const int32_t *a = data;
-    for (uint32_t i = 0; i < n; i++) p = put_int(p, a[i]);
+    for (uint32_t i = 0; i < n; i++) wr_pack_int32(w->b, a[i]);
   } else {
     const float *a = data;
-    for (uint32_t i = 0; i < n; i++) p = put_f32(p, a[i]);
+    for (uint32_t i = 0; i < n; i++) wr_pack_float(w->b, a[i]);
   }
-  w->b->len += (size_t)(p - p0);
   return 0;
 }
 
@@ -1012,27 +241,15 @@ static int wr_f32bin(wr_t *w, const proto_field_t *f, const uint8_t *in) {
   const void *data;
   int rc = wr_array_check(w, f, in, &n, &data);
   if (rc) return rc;
-  uint8_t *p = buf_reserve(w->b, 5 + (size_t)n * 4), *p0 = p;
-  p = put_bin_head(p, n * 4);
-  const float *a = data;
-  for (uint32_t i = 0; i < n; i++) {
-    uint32_t bits;
-    memcpy(&bits, &a[i], 4);
-    p[0] = (uint8_t)bits;
-    p[1] = (uint8_t)(bits >> 8);
-    p[2] = (uint8_t)(bits >> 16);
-    p[3] = (uint8_t)(bits >> 24);
-    p += 4;
-  }
-  w->b->len += (size_t)(p - p0);
+  wr_pack_bin(w->b, (size_t)n * 4);
+  if (n) wr_pack_bin_body(w->b, data, (size_t)n * 4); /* little-endian, as in memory */
   return 0;
 }
 
 static int wr_string(wr_t *w, const char *s, size_t n, uint32_t max) {
   if (!s) return wr_fail(w, FR_EPROTO, "required string is NULL");
   if (n > max) return wr_fail(w, FR_ETOOBIG, "string of %zu bytes exceeds the limit of %u", n, max);
-  uint8_t *p = buf_reserve(w->b, 5 + n);
-  w->b->len += (size_t)(put_str(p, s, (uint32_t)n) - p);
+  wr_pack_str_with_body(w->b, s, n);
   return 0;
 }
 
@@ -1041,8 +258,7 @@ static int wr_strs(wr_t *w, const proto_field_t *f, const uint8_t *in) {
   const void *data;
   int rc = wr_array_check(w, f, in, &n, &data);
   if (rc) return rc;
-  uint8_t *p = buf_reserve(w->b, 5);
-  w->b->len += (size_t)(put_arr_head(p, n) - p);
+  wr_pack_array(w->b, n);
   char *const *a = data;
   for (uint32_t i = 0; i < n; i++)
     if ((rc = wr_string(w, a[i], a[i] ? strlen(a[i]) : 0, PROTO_MAX_STR))) return rc;
@@ -1054,10 +270,9 @@ static int wr_objs(wr_t *w, const proto_field_t *f, const uint8_t *in) {
   const void *data;
   int rc = wr_array_check(w, f, in, &n, &data);
   if (rc) return rc;
-  uint8_t *p = buf_reserve(w->b, 5);
-  w->b->len += (size_t)(put_arr_head(p, n) - p);
+  wr_pack_array(w->b, n);
   for (uint32_t i = 0; i < n; i++)
-    if ((rc = wr_obj(w, f->sub, (const uint8_t *)data + (size_t)i * f->sub->size, PROTO_T_NONE, NULL))) return rc;
+    if ((rc = wr_obj(w, f->sub, (const uint8_t *)data + (size_t)i * f->sub->size, PROTO_T_NONE))) return rc;
   return 0;
 }
 
@@ -1076,84 +291,68 @@ static int wr_text(wr_t *w, const proto_field_t *f, const uint8_t *in) {
 
 /* Writes the value of field f (its key is written). */
 static int wr_field(wr_t *w, const proto_field_t *f, const uint8_t *in) {
-  uint8_t *p = buf_reserve(w->b, 16), *p0 = p;
   switch (f->type) {
-  case PF_U32: p = put_uint(p, get_u32(in, f->off)); break;
+  case PF_U32: wr_pack_uint32(w->b, get_u32(in, f->off)); return 0;
   case PF_U64: {
     uint64_t u;
     memcpy(&u, in + f->off, 8);
-    p = put_uint(p, u);
-    break;
+    wr_pack_uint64(w->b, u);
+    return 0;
   }
-  case PF_I32: p = put_int(p, (int32_t)get_u32(in, f->off)); break;
+  case PF_I32: wr_pack_int32(w->b, (int32_t)get_u32(in, f->off)); return 0;
   case PF_F32: {
     float x;
     memcpy(&x, in + f->off, 4);
-    p = put_f32(p, x);
-    break;
+    wr_pack_float(w->b, x);
+    return 0;
   }
-  case PF_BOOL: *p++ = *(const bool *)(in + f->off) ? 0xc3 : 0xc2; break;
+  case PF_BOOL:
+    if (*(const bool *)(in + f->off)) wr_pack_true(w->b);
+    else wr_pack_false(w->b);
+    return 0;
   case PF_ENUM: return wr_enum(w, f, in);
   case PF_STR: {
     const char *s = get_ptr(in, f->off);
     return wr_string(w, s, s ? strlen(s) : 0, f->max);
   }
   case PF_TEXT: return wr_text(w, f, in);
-  case PF_I32S: case PF_U32S: case PF_F32S: return wr_ints(w, f, in);
+  case PF_I32S: case PF_U32S: case PF_F32S: return wr_nums(w, f, in);
   case PF_F32BIN: return wr_f32bin(w, f, in);
   case PF_STRS: return wr_strs(w, f, in);
+  case PF_OBJ: return wr_obj(w, f->sub, in + f->off, PROTO_T_NONE);
   case PF_OBJS: return wr_objs(w, f, in);
   default: return wr_fail(w, FR_EPROTO, "bad schema");
   }
-  w->b->len += (size_t)(p - p0);
-  return 0;
 }
 
-/* Writes a nested object under its key; leaves it out when it holds only
- * defaults (unless required or flagged present). *n counts written keys. */
-static int wr_nested(wr_t *w, const proto_field_t *f, const uint8_t *in, uint32_t *n) {
-  if (!(f->flags & (PF_REQ | PF_HAS)) && !obj_has_content(f->sub, in + f->off)) {
-    w->b->len -= 1 + (size_t)f->klen; /* take back the key */
-    return 0;
-  }
-  (*n)++;
-  return wr_obj(w, f->sub, in + f->off, PROTO_T_NONE, NULL);
-}
-
-/* Writes one object as a map; top != NONE adds the envelope. Every schema
- * has <= 13 fields, so the map header is one byte, patched at the end. */
-static int wr_obj(wr_t *w, const proto_schema_t *s, const uint8_t *in, proto_type_t top, uint32_t *n_written) {
+/* Writes one object as a map of the fields that differ from their default
+ * (and the required ones); top != NONE adds the envelope. */
+static int wr_obj(wr_t *w, const proto_schema_t *s, const uint8_t *in, proto_type_t top) {
   int rc;
   if (s->check && (rc = s->check(in))) return wr_fail(w, rc, "%s", fr_last_error());
-  const char *tname = top ? proto_type_name(top) : NULL;
-  size_t head = w->b->len;
-  uint8_t *p = buf_reserve(w->b, 16 + (tname ? strlen(tname) : 0)), *p0 = p;
-  uint32_t n = 0;
-  p++; /* fixmap, patched below */
+  uint32_t present = 0, n = top ? 2 : 0;
+  for (uint32_t i = 0; i < s->n_fields; i++)
+    if (field_present(&s->fields[i], in, s->defaults)) {
+      present |= 1u << i;
+      n++;
+    }
+  wr_pack_map(w->b, n);
   if (top) {
-    p = put_str(p, "v", 1);
-    p = put_uint(p, proto_type_version(top));
-    p = put_str(p, "t", 1);
-    p = put_str(p, tname, (uint32_t)strlen(tname));
-    n = 2;
+    const char *tname = proto_type_name(top);
+    wr_pack_str_with_body(w->b, "v", 1);
+    wr_pack_uint32(w->b, proto_type_version(top));
+    wr_pack_str_with_body(w->b, "t", 1);
+    wr_pack_str_with_body(w->b, tname, strlen(tname));
   }
-  w->b->len += (size_t)(p - p0);
   for (uint32_t i = 0; i < s->n_fields; i++) {
+    if (!(present & (1u << i))) continue;
     const proto_field_t *f = &s->fields[i];
-    if (!field_present(f, in, s->defaults)) continue;
-    p = buf_reserve(w->b, 8);
-    uint64_t kenc = (f->kpack & 0xffffffffffffffull) << 8 | (0xa0u | f->klen);
-    memcpy(p, &kenc, 8); /* header and up to 7 key bytes, little-endian */
-    w->b->len += 1 + (size_t)f->klen;
-    if (w->depth >= RD_MAX_DEPTH) return wr_fail(w, FR_EPROTO, "nested too deep");
+    wr_pack_str_with_body(w->b, f->key, f->klen);
+    if (w->depth >= WR_MAX_DEPTH) return wr_fail(w, FR_EPROTO, "nested too deep");
     w->path[w->depth++] = f->key;
-    rc = f->type == PF_OBJ ? wr_nested(w, f, in, &n) : (n++, wr_field(w, f, in));
-    if (rc) return rc;
+    if ((rc = wr_field(w, f, in))) return rc;
     w->depth--;
   }
-  FR_ASSERT(n < 16);
-  w->b->data[head] = (uint8_t)(0x80 | n);
-  if (n_written) *n_written = n - (top ? 2 : 0);
   return 0;
 }
 
@@ -1162,7 +361,7 @@ int proto_encode(proto_buf_t *b, proto_type_t type, const void *body) {
   b->len = 0;
   if (!s) return fr_errorf(FR_EPROTO, "proto: encode: unknown message type %d", (int)type);
   wr_t w = {.b = b, .msg = s->name};
-  int rc = wr_obj(&w, s, body, type, NULL);
+  int rc = wr_obj(&w, s, body, type);
   if (rc) {
     b->len = 0;
     return rc;
@@ -1175,3 +374,828 @@ int proto_encode(proto_buf_t *b, proto_type_t type, const void *body) {
 }
 
 int proto_msg_encode(proto_buf_t *b, const proto_msg_t *m) { return proto_encode(b, m->type, &m->u); }
+
+/* ------------------------------------------------------ decoder: state */
+
+typedef enum { K_NIL, K_BOOL, K_UINT, K_INT, K_F32, K_F64, K_STR, K_BIN, K_EXT, K_ARR, K_MAP } kind_t;
+
+static const char *const kind_names[] = {"nil", "bool", "integer", "integer", "float", "float",
+                                         "string", "binary", "extension", "array", "map"};
+
+/* One value as the parser hands it over. ptr is NULL for a str / bin /
+ * ext whose bytes are not all there (a truncated message being diagnosed):
+ * consumers check the length against its limit first (FR_ETOOBIG for a
+ * huge claim), then rd_need_payload (FR_ETRUNCATED). */
+typedef struct {
+  kind_t kind;
+  uint32_t len;       /* str / bin / ext bytes, array elements, map pairs */
+  uint64_t u;         /* K_UINT, K_BOOL */
+  int64_t i;          /* K_INT (negative) */
+  double f;           /* K_F32, K_F64 */
+  const uint8_t *ptr; /* str / bin / ext payload */
+} mpv_t;
+
+#define DEC_MAX_DEPTH 8
+
+/* One open map or array, outermost first. */
+typedef struct {
+  const proto_schema_t *s; /* map: its schema; NULL: the top map before its type is known */
+  const proto_field_t *f;  /* map: the field whose value comes next, NULL: a key comes next;
+                            * array: the array's field */
+  uint8_t *out;            /* map: the struct; array: its elements */
+  uint32_t i;              /* array: the element being read */
+  uint32_t seen, next;     /* map: fields seen (a bit each), the field expected next */
+  bool is_map;
+} frame_t;
+
+/* How the top map's envelope is read: "v", "t" as its first keys (FAST,
+ * one pass), or anywhere: a SCAN pass that reads only them, then a BODY
+ * pass that skips them. */
+typedef enum { DEC_FAST, DEC_SCAN, DEC_BODY } dec_mode_t;
+
+/* The parser's user data: what the callbacks know. */
+typedef struct {
+  const uint8_t *data;
+  size_t len;
+  size_t pos;          /* where the parser was after the last str / bin / ext ... */
+  uint32_t nvals;      /* ... plus the headers of this many values since (dec_where) */
+  proto_arena_t *arena;
+  void *body;          /* the message struct */
+  uint32_t accept;     /* PROTO_MASK bits */
+  const char *msg;     /* message name for errors */
+  dec_mode_t mode;
+  bool have_v, have_t;
+  uint64_t version;
+  proto_type_t type;
+  uint32_t n_top;      /* pairs in the message map */
+  const char *dup;     /* dup_key: the key seen twice ... */
+  const char *dup_in;  /* ... and its object's name, NULL for "v" / "t" */
+  int resync;          /* synthetic values to let through (dec_skip) */
+  int err;             /* the error behind DEC_ERR */
+  int depth;
+  frame_t fr[DEC_MAX_DEPTH];
+} dec_t;
+
+/* What the callbacks return to stop the parser (msgpack-c's own codes are
+ * -1 and -2). */
+enum {
+  DEC_ERR = -100,     /* d->err says what */
+  DEC_SKIP = -101,    /* the key just read is unknown: skip its value */
+  DEC_RESTART = -102, /* the envelope is not first: scan for it */
+};
+
+/* Pseudo fields of a map frame: the envelope keys of the top map, and a
+ * key seen twice (the error comes with its value, as it always did: a
+ * value cut short is a truncated message first). Their type is no
+ * proto_ftype_t, so the callbacks' fast paths leave them alone. */
+#define PF_PSEUDO 0xff
+static const proto_field_t env_v = {.key = "v", .klen = 1, .type = PF_PSEUDO};
+static const proto_field_t env_t = {.key = "t", .klen = 1, .type = PF_PSEUDO};
+static const proto_field_t dup_key = {.key = "", .type = PF_PSEUDO};
+
+#define KEY_NONE (~(uint64_t)0) /* matches no field: keys over 7 bytes */
+#define KEY_V PROTO_KPACK("v")
+#define KEY_T PROTO_KPACK("t")
+
+/* Formats "<what> at <msg>.<key>[i].<key>" as the thread's error detail;
+ * returns DEC_ERR, with the code in d->err. */
+__attribute__((format(printf, 3, 4))) static int dec_fail(dec_t *d, int err, const char *fmt, ...) {
+  char what[256], where[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  size_t n = (size_t)snprintf(where, sizeof where, "%s", d->msg);
+  for (int k = 0; k < d->depth && n < sizeof where; k++) {
+    const frame_t *F = &d->fr[k];
+    if (!F->is_map)
+      n += (size_t)snprintf(where + n, sizeof where - n, "[%u]", F->i);
+    else if (F->f && F->f->type != PF_PSEUDO)
+      n += (size_t)snprintf(where + n, sizeof where - n, ".%s", F->f->key);
+  }
+  d->err = fr_errorf(err, "proto: %s at %s", what, where);
+  return DEC_ERR;
+}
+
+static int rd_truncated(dec_t *d) { return dec_fail(d, FR_ETRUNCATED, "message truncated"); }
+
+static int rd_type_error(dec_t *d, const char *want, const mpv_t *v) {
+  return dec_fail(d, FR_EPROTO, "expected %s, got %s", want, kind_names[v->kind]);
+}
+
+static inline int rd_need_payload(dec_t *d, const mpv_t *v) { return v->ptr ? 0 : rd_truncated(d); }
+
+/* ------------------------------------------------- decoder: skipping */
+
+/* The header of the value at p (left bytes there): its length, the
+ * payload bytes after it and the values nested in it. 0, or -1 when the
+ * header is cut short, -2 for the byte no value starts with (0xc1). */
+static int mp_head(const uint8_t *p, size_t left, size_t *head, uint64_t *payload, uint64_t *nested) {
+  static const uint8_t fixed[32] = {/* 0xc0..0xdf: header bytes (0xc1: none) */
+                                    1, 0, 1, 1, 2, 3, 5, 2, 3, 5, 5, 9, 2, 3, 5, 9,
+                                    2, 3, 5, 9, 1, 1, 1, 1, 1, 2, 3, 5, 3, 5, 3, 5};
+  uint8_t b = p[0];
+  *payload = *nested = 0;
+  *head = 1;
+  if (b < 0x80 || b >= 0xe0) return 0; /* fixints */
+  if (b < 0xc0) {                       /* fixmap, fixarray, fixstr */
+    if (b < 0x90) *nested = 2u * (b & 0x0f);
+    else if (b < 0xa0) *nested = b & 0x0f;
+    else *payload = b & 0x1f;
+    return 0;
+  }
+  if (b == 0xc1) return -2;
+  *head = fixed[b - 0xc0];
+  if (left < *head) return -1;
+  uint64_t n = 0; /* the big-endian length after the type byte */
+  for (size_t k = 1; k < *head; k++) n = n << 8 | p[k];
+  switch (b) {
+  case 0xc4: case 0xc5: case 0xc6: case 0xd9: case 0xda: case 0xdb: *payload = n; break;
+  case 0xc7: case 0xc8: case 0xc9: *payload = n + 1; break; /* + the ext type */
+  case 0xd4: case 0xd5: case 0xd6: case 0xd7: case 0xd8: *payload = (1u << (b - 0xd4)) + 1; break;
+  case 0xdc: case 0xdd: *nested = n; break;
+  case 0xde: case 0xdf: *nested = 2 * n; break;
+  default: break; /* scalars: all in the header */
+  }
+  return 0;
+}
+
+/* Steps over the value at *at without recursion or allocation: every
+ * value still to come needs at least one byte, so a count larger than the
+ * bytes left is a truncated message, whatever a header claims. */
+static int skip_value(dec_t *d, size_t *at) {
+  uint64_t pending = 1;
+  size_t i = *at;
+  while (pending) {
+    if (pending > d->len - i) return rd_truncated(d);
+    size_t head;
+    uint64_t payload, nested;
+    int rc = mp_head(d->data + i, d->len - i, &head, &payload, &nested);
+    if (rc == -2) return dec_fail(d, FR_EPROTO, "invalid msgpack byte 0x%02x", d->data[i]);
+    if (rc || payload > d->len - i - head) return rd_truncated(d);
+    i += head + (size_t)payload;
+    pending += nested - 1;
+  }
+  *at = i;
+  return 0;
+}
+
+/* Where the header of the value the parser is at begins: pos, then the
+ * headers of the nvals values read since (scalars, container headers). */
+static size_t dec_where(dec_t *d) {
+  size_t i = d->pos, head;
+  uint64_t payload, nested;
+  for (; d->nvals > 0 && i < d->len; d->nvals--) {
+    mp_head(d->data + i, d->len - i, &head, &payload, &nested);
+    i += head + (size_t)payload;
+  }
+  d->nvals = 0;
+  return d->pos = FR_MIN(i, d->len);
+}
+
+/* Whether the bytes after the header of the container that starts now
+ * hold `need` values of a byte at least: FR_ETRUNCATED if not. Headers are
+ * 1..9 bytes, so the bounds from pos mostly decide without dec_where. */
+static int dec_room(dec_t *d, uint64_t need) {
+  size_t most = d->len - FR_MIN(d->len, d->pos + 1), least = d->len - FR_MIN(d->len, d->pos + 9 * (size_t)d->nvals + 5);
+  if (need <= least) return 0;
+  if (need <= most) {
+    size_t at = dec_where(d), head;
+    uint64_t payload, nested;
+    if (at < d->len && !mp_head(d->data + at, d->len - at, &head, &payload, &nested) && need <= d->len - at - head)
+      return 0;
+  }
+  return rd_truncated(d);
+}
+
+/* ---------------------------------------------------- decoder: values */
+
+static int rd_u64(dec_t *d, const mpv_t *v, uint64_t max, uint64_t *out) {
+  if (v->kind == K_INT) return dec_fail(d, FR_EPROTO, "negative value %lld out of range", (long long)v->i);
+  if (v->kind != K_UINT) return rd_type_error(d, "integer", v);
+  if (v->u > max) return dec_fail(d, FR_EPROTO, "value %llu out of range", (unsigned long long)v->u);
+  *out = v->u;
+  return 0;
+}
+
+static int rd_i32(dec_t *d, const mpv_t *v, int32_t *out) {
+  if (v->kind == K_UINT) {
+    if (v->u > INT32_MAX) return dec_fail(d, FR_EPROTO, "value %llu out of range", (unsigned long long)v->u);
+    *out = (int32_t)v->u;
+    return 0;
+  }
+  if (v->kind != K_INT) return rd_type_error(d, "integer", v);
+  if (v->i < INT32_MIN) return dec_fail(d, FR_EPROTO, "value %lld out of range", (long long)v->i);
+  *out = (int32_t)v->i;
+  return 0;
+}
+
+static int rd_f32(dec_t *d, const mpv_t *v, float *out) {
+  switch (v->kind) {
+  case K_F32: case K_F64: *out = (float)v->f; return 0;
+  case K_UINT: *out = (float)v->u; return 0;
+  case K_INT: *out = (float)v->i; return 0;
+  default: return rd_type_error(d, "number", v);
+  }
+}
+
+/* Copies a str payload into the arena, NUL-terminated. */
+static int rd_str(dec_t *d, const mpv_t *v, uint32_t max, int allow_nul, char **out) {
+  if (v->kind != K_STR) return rd_type_error(d, "string", v);
+  if (v->len > max) return dec_fail(d, FR_ETOOBIG, "string of %u bytes exceeds the limit of %u", v->len, max);
+  int rc = rd_need_payload(d, v);
+  if (rc) return rc;
+  if (!allow_nul && v->len && memchr(v->ptr, 0, v->len)) return dec_fail(d, FR_EPROTO, "string holds a NUL byte");
+  char *s = arena_alloc(d->arena, (size_t)v->len + 1);
+  if (v->len) memcpy(s, v->ptr, v->len);
+  s[v->len] = 0;
+  *out = s;
+  return 0;
+}
+
+static int rd_f32bin(dec_t *d, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
+  if (v->kind != K_BIN) return rd_type_error(d, "binary", v);
+  uint32_t n = v->len / 4;
+  if (n > f->max || (n == f->max && v->len % 4))
+    return dec_fail(d, FR_ETOOBIG, "%u bytes of floats exceed the limit of %u floats", v->len, f->max);
+  int rc = rd_need_payload(d, v);
+  if (rc) return rc;
+  if (v->len % 4) return dec_fail(d, FR_EPROTO, "binary of %u bytes is not a float32 array", v->len);
+  float *a = n ? arena_alloc(d->arena, v->len) : NULL;
+  if (n) memcpy(a, v->ptr, v->len); /* little-endian on the wire */
+  memcpy(out + f->off, &a, sizeof a);
+  memcpy(out + f->off_n, &n, 4);
+  return 0;
+}
+
+static int rd_enum(dec_t *d, const mpv_t *v, const proto_field_t *f, uint8_t *out) {
+  if (v->kind != K_STR) return rd_type_error(d, "string", v);
+  if (v->len > PROTO_MAX_STR) return dec_fail(d, FR_ETOOBIG, "string of %u bytes is too long", v->len);
+  int rc = rd_need_payload(d, v);
+  if (rc) return rc;
+  for (uint32_t i = 1; i < f->max; i++) {
+    if (strlen(f->names[i]) == v->len && memcmp(f->names[i], v->ptr, v->len) == 0) {
+      int e = (int)i;
+      memcpy(out + f->off, &e, sizeof e);
+      return 0;
+    }
+  }
+  return dec_fail(d, FR_EPROTO, "unknown value \"%.*s\"", (int)FR_MIN(v->len, 32u), (const char *)v->ptr);
+}
+
+/* Decodes a value that is no container into field f of out; a field that
+ * takes a container gets a type error. */
+static int rd_field(dec_t *d, const proto_field_t *f, const mpv_t *v, uint8_t *out) {
+  uint64_t u;
+  int rc;
+  switch (f->type) {
+  case PF_U32:
+    if ((rc = rd_u64(d, v, UINT32_MAX, &u))) return rc;
+    *(uint32_t *)(out + f->off) = (uint32_t)u;
+    return 0;
+  case PF_U64: return rd_u64(d, v, UINT64_MAX, (uint64_t *)(out + f->off));
+  case PF_I32: return rd_i32(d, v, (int32_t *)(out + f->off));
+  case PF_F32: return rd_f32(d, v, (float *)(out + f->off));
+  case PF_BOOL:
+    if (v->kind != K_BOOL) return rd_type_error(d, "boolean", v);
+    *(bool *)(out + f->off) = v->u != 0;
+    return 0;
+  case PF_ENUM: return rd_enum(d, v, f, out);
+  case PF_STR: return rd_str(d, v, f->max, 0, (char **)(out + f->off));
+  case PF_TEXT:
+    if ((rc = rd_str(d, v, f->max, 1, (char **)(out + f->off)))) return rc;
+    *(uint32_t *)(out + f->off_n) = v->len;
+    return 0;
+  case PF_F32BIN: return rd_f32bin(d, v, f, out);
+  case PF_I32S: case PF_U32S: case PF_F32S: case PF_STRS: case PF_OBJS: return rd_type_error(d, "array", v);
+  case PF_OBJ: return rd_type_error(d, "map", v);
+  default: return dec_fail(d, FR_EPROTO, "bad schema");
+  }
+}
+
+/* Decodes element F->i of an array of scalars or strings; arrays of
+ * objects take maps only. */
+static int rd_element(dec_t *d, frame_t *F, const mpv_t *v) {
+  uint64_t u;
+  int rc;
+  switch (F->f->type) {
+  case PF_I32S: return rd_i32(d, v, (int32_t *)F->out + F->i);
+  case PF_U32S:
+    if ((rc = rd_u64(d, v, UINT32_MAX, &u))) return rc;
+    ((uint32_t *)F->out)[F->i] = (uint32_t)u;
+    return 0;
+  case PF_F32S: return rd_f32(d, v, (float *)F->out + F->i);
+  case PF_STRS: return rd_str(d, v, PROTO_MAX_STR, 0, (char **)F->out + F->i);
+  default: return rd_type_error(d, "map", v);
+  }
+}
+
+/* ------------------------------------------- decoder: keys, envelope */
+
+/* Packs a key's bytes as PROTO_KPACK does. */
+static inline uint64_t pack_key(const uint8_t *p, const uint8_t *end, uint32_t len) {
+  static const uint64_t mask[8] = {0, 0xff, 0xffff, 0xffffff, 0xffffffffull, 0xffffffffffull, 0xffffffffffffull,
+                                   0xffffffffffffffull};
+  if (len > 7) return KEY_NONE;
+  uint64_t k = 0;
+  if (len == 0) return 0;
+  if (end - p >= 8) {
+    memcpy(&k, p, 8); /* little-endian: bytes in order */
+    k &= mask[len];
+  } else {
+    for (uint32_t i = 0; i < len; i++) k |= (uint64_t)p[i] << (8 * i);
+  }
+  return k | (uint64_t)len << 56;
+}
+
+/* Finds the field a key names: the one after the previous first (our
+ * encoder writes fields in table order), else a search. -1: unknown. */
+static inline int find_field(const proto_schema_t *s, uint64_t key, uint32_t next) {
+  if (next < s->n_fields && s->fields[next].kpack == key) return (int)next;
+  for (uint32_t i = 0; i < s->n_fields; i++)
+    if (s->fields[i].kpack == key) return (int)i;
+  return -1;
+}
+
+/* The type is known: checks it against accept and its version. */
+static int dec_check_type(dec_t *d) {
+  if (d->type >= 32 || !(d->accept & PROTO_MASK(d->type)))
+    return dec_fail(d, FR_EPROTO, "unexpected message type \"%s\"", proto_type_name(d->type));
+  if (d->version < proto_type_version(d->type))
+    return dec_fail(d, FR_EVERSION, "\"%s\" needs protocol version %u, got %llu", proto_type_name(d->type),
+                    proto_type_version(d->type), (unsigned long long)d->version);
+  d->msg = proto__schema(d->type)->name;
+  return 0;
+}
+
+/* The top frame takes the body's fields from now on. */
+static int dec_begin_body(dec_t *d, frame_t *F) {
+  F->s = proto__schema(d->type);
+  F->out = d->body;
+  memcpy(d->body, F->s->defaults, F->s->size);
+  return 0;
+}
+
+/* Reads the value of "v" or "t". */
+static int dec_envelope_value(dec_t *d, frame_t *F, const mpv_t *v) {
+  int rc;
+  if (F->f == &env_v) {
+    if (v->kind != K_UINT && v->kind != K_INT) return rd_type_error(d, "integer version", v);
+    if (v->kind == K_INT || v->u < PROTO_VERSION_MIN || v->u > PROTO_VERSION)
+      return dec_fail(d, FR_EVERSION, "protocol version %lld is not in [%d, %d]",
+                      v->kind == K_INT ? (long long)v->i : (long long)v->u, PROTO_VERSION_MIN, PROTO_VERSION);
+    d->version = v->u;
+    d->have_v = true;
+    return 0;
+  }
+  if (v->kind != K_STR) return rd_type_error(d, "string type", v);
+  if ((rc = rd_need_payload(d, v))) return rc;
+  d->type = proto_type_from_name((const char *)v->ptr, v->len);
+  if (d->type == PROTO_T_NONE)
+    return dec_fail(d, FR_EPROTO, "unknown message type \"%.*s\"", (int)FR_MIN(v->len, 32u), (const char *)v->ptr);
+  d->have_t = true;
+  if (d->mode != DEC_FAST) return 0;
+  if ((rc = dec_check_type(d))) return rc;
+  if ((uint64_t)(d->n_top - 2) * 2 > d->len - d->pos) return rd_truncated(d); /* the body's pairs; pos: after "t" */
+  return dec_begin_body(d, F);
+}
+
+/* A key seen twice: its value comes first. */
+static int dec_dup(dec_t *d, frame_t *F, const char *key, const char *in) {
+  d->dup = key;
+  d->dup_in = in;
+  F->f = &dup_key;
+  return 0;
+}
+
+static int dec_dup_error(dec_t *d, frame_t *F) {
+  F->f = NULL;
+  if (!d->dup_in) return dec_fail(d, FR_EPROTO, "duplicate key \"%s\"", d->dup);
+  return dec_fail(d, FR_EPROTO, "duplicate key \"%s\" in %s", d->dup, d->dup_in);
+}
+
+/* A key of the top map. Returns 1 when it is to be looked up in the body's
+ * schema, else 0 (an envelope key: its value comes next) or DEC_*. */
+static int dec_top_key(dec_t *d, frame_t *F, uint64_t key) {
+  int env = key == KEY_V || key == KEY_T;
+  switch (d->mode) {
+  case DEC_FAST: /* "v", "t" first, then the body */
+    if (d->have_v && d->have_t) return env ? dec_dup(d, F, key == KEY_V ? "v" : "t", NULL) : 1;
+    if (key != (d->have_v ? KEY_T : KEY_V)) return DEC_RESTART;
+    break;
+  case DEC_SCAN: /* only the envelope */
+    if (!env) return DEC_SKIP;
+    if (key == KEY_V ? d->have_v : d->have_t) return dec_fail(d, FR_EPROTO, "duplicate key \"%c\"", (char)key);
+    break;
+  default: /* DEC_BODY: the envelope is read */
+    return env ? DEC_SKIP : 1;
+  }
+  F->f = key == KEY_V ? &env_v : &env_t;
+  return 0;
+}
+
+/* A map key: selects the field its value goes to. */
+static int dec_key(dec_t *d, frame_t *F, const mpv_t *k) {
+  if (k->kind != K_STR) return dec_fail(d, FR_EPROTO, "map key is a %s, not a string", kind_names[k->kind]);
+  int rc = rd_need_payload(d, k);
+  if (rc) return rc;
+  uint64_t key = pack_key(k->ptr, d->data + d->len, k->len);
+  if (d->depth == 1 && (rc = dec_top_key(d, F, key)) <= 0) return rc;
+  int idx = find_field(F->s, key, F->next);
+  if (idx < 0) return DEC_SKIP; /* unknown field: forward compatible */
+  const proto_field_t *f = &F->s->fields[idx];
+  if (F->seen & (1u << idx)) return dec_dup(d, F, f->key, F->s->name);
+  F->seen |= 1u << idx;
+  F->next = (uint32_t)idx + 1;
+  F->f = f;
+  return 0;
+}
+
+/* Any value but a container: a key, an envelope value, a field's value or
+ * an array element, as the innermost open container expects. */
+static int dec_leaf(dec_t *d, const mpv_t *v) {
+  if (d->depth == 0) return rd_type_error(d, "map", v);
+  frame_t *F = &d->fr[d->depth - 1];
+  if (!F->is_map) return rd_element(d, F, v);
+  const proto_field_t *f = F->f;
+  if (!f) return dec_key(d, F, v);
+  if (f == &dup_key) return dec_dup_error(d, F);
+  if (f == &env_v || f == &env_t) return dec_envelope_value(d, F, v);
+  if (v->kind == K_NIL) { /* nil: absent */
+    if (!(f->flags & PF_REQ)) return 0;
+    F->f = NULL; /* said before the field is entered */
+    return dec_fail(d, FR_EPROTO, "required field \"%s\" is nil", f->key);
+  }
+  int rc = rd_field(d, f, v, F->out);
+  if (!rc && (f->flags & PF_HAS)) *(bool *)(F->out + f->off_n) = true;
+  return rc;
+}
+
+/* ------------------------------------------- decoder: containers */
+
+/* Opens a frame for a container of field f (NULL for the message) whose
+ * data is out: a map of schema s, or an array when s is NULL and f is. */
+static int dec_push(dec_t *d, const proto_schema_t *s, const proto_field_t *f, uint8_t *out, bool is_map) {
+  if (d->depth >= DEC_MAX_DEPTH) return dec_fail(d, FR_EPROTO, "nested too deep");
+  frame_t *F = &d->fr[d->depth++];
+  F->s = s;
+  F->f = is_map ? NULL : f;
+  F->out = out;
+  F->i = F->seen = F->next = 0;
+  F->is_map = is_map;
+  return 0;
+}
+
+/* A map of n pairs that fills out (schema s). */
+static int dec_open_map(dec_t *d, const proto_schema_t *s, uint8_t *out, uint32_t n) {
+  if (dec_room(d, (uint64_t)n * 2)) return DEC_ERR;
+  if (s) memcpy(out, s->defaults, s->size);
+  return dec_push(d, s, NULL, out, true);
+}
+
+/* The array of field f (of struct out): its count is checked against the
+ * limit and the bytes left before its elements are allocated. */
+static int dec_open_array(dec_t *d, const proto_field_t *f, uint8_t *out, uint32_t n) {
+  if (n > f->max) return dec_fail(d, FR_ETOOBIG, "%u elements exceed the limit of %u", n, f->max);
+  if (dec_room(d, n)) return DEC_ERR;
+  size_t esize = f->type == PF_OBJS ? f->sub->size : f->type == PF_STRS ? sizeof(char *) : 4;
+  void *data = n ? arena_alloc(d->arena, (size_t)n * esize) : NULL;
+  memcpy(out + f->off, &data, sizeof data);
+  memcpy(out + f->off_n, &n, 4);
+  return dec_push(d, NULL, f, data, false);
+}
+
+/* A map or array header of n entries; *obj becomes its frame's index. */
+static int dec_container(dec_t *d, kind_t kind, uint32_t n, uint32_t *obj) {
+  mpv_t v = {.kind = kind, .len = n};
+  *obj = (uint32_t)d->depth;
+  if (d->depth == 0) { /* the message: its pairs are counted against the bytes once the body starts */
+    if (kind != K_MAP) return rd_type_error(d, "map", &v);
+    d->n_top = n;
+    if (d->mode != DEC_BODY) return dec_push(d, NULL, NULL, NULL, true);
+    return dec_open_map(d, NULL, NULL, n) ? DEC_ERR : dec_begin_body(d, &d->fr[0]);
+  }
+  frame_t *F = &d->fr[d->depth - 1];
+  if (!F->is_map) { /* an element: arrays of objects hold maps */
+    const proto_field_t *f = F->f;
+    if (f->type != PF_OBJS || kind != K_MAP) return rd_element(d, F, &v);
+    return dec_open_map(d, f->sub, F->out + (size_t)F->i * f->sub->size, n);
+  }
+  const proto_field_t *f = F->f;
+  if (!f) return dec_key(d, F, &v);
+  if (f == &dup_key) return dec_dup_error(d, F);
+  if (f == &env_v || f == &env_t) return dec_envelope_value(d, F, &v);
+  if (f->type == PF_OBJ) {
+    if (kind != K_MAP) return rd_type_error(d, "map", &v);
+    if (f->flags & PF_HAS) *(bool *)(F->out + f->off_n) = true;
+    return dec_open_map(d, f->sub, F->out + f->off, n);
+  }
+  if (f->type >= PF_I32S && f->type != PF_F32BIN && kind == K_ARR) return dec_open_array(d, f, F->out, n);
+  return rd_field(d, f, &v, F->out); /* a type error */
+}
+
+/* Closes the innermost container: an object's required fields and cross-
+ * field checks. */
+static int dec_close(dec_t *d) {
+  frame_t *F = &d->fr[d->depth - 1];
+  const proto_schema_t *s = F->s;
+  if (F->is_map && s) {
+    for (uint32_t i = 0; i < s->n_fields; i++) /* fields not seen: required? */
+      if (!(F->seen & (1u << i)) && (s->fields[i].flags & PF_REQ))
+        return dec_fail(d, FR_EPROTO, "missing required field \"%s\" in %s", s->fields[i].key, s->name);
+    int rc;
+    if (s->check && (rc = s->check(F->out))) return dec_fail(d, rc, "%s", fr_last_error());
+  }
+  d->depth--;
+  return 0;
+}
+
+/* An entry of the container of frame `level` is complete: containers
+ * opened inside it are closed, a map takes a key next, an array its next
+ * element. */
+static int dec_entry_done_slow(dec_t *d, uint32_t level) {
+  while ((uint32_t)d->depth > level + 1) {
+    int rc = dec_close(d);
+    if (rc) return rc;
+  }
+  frame_t *F = &d->fr[level];
+  if (F->is_map) F->f = NULL;
+  else F->i++;
+  return 0;
+}
+
+static inline int dec_entry_done(dec_t *d, uint32_t level) {
+  if ((uint32_t)d->depth != level + 1) return dec_entry_done_slow(d, level);
+  frame_t *F = &d->fr[level];
+  if (F->is_map) F->f = NULL;
+  else F->i++;
+  return 0;
+}
+
+/* An error in the bytes of a value (a header cut short, a byte no value
+ * starts with): said at its container, not yet at its key. */
+__attribute__((format(printf, 3, 4))) static int dec_fail_bytes(dec_t *d, int err, const char *fmt, ...) {
+  char what[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(what, sizeof what, fmt, ap);
+  va_end(ap);
+  if (d->depth > 0 && d->fr[d->depth - 1].is_map) d->fr[d->depth - 1].f = NULL;
+  return dec_fail(d, err, "%s", what);
+}
+
+/* ------------------------------------------ decoder: msgpack-c parser */
+
+/* The callbacks of msgpack-c's unpack template: the parser's object is a
+ * frame index (containers) or 0 (anything else). */
+static inline uint32_t dec_cb_root(dec_t *d) { return 0; }
+
+/* Unsigned ints are most of a step (slots, positions, token ids): those
+ * for an integer field or an int32 element go straight in. */
+static inline int dec_uint(dec_t *d, uint64_t x, uint32_t *o) {
+  *o = 0;
+  d->nvals++;
+  if (d->depth > 0) {
+    frame_t *F = &d->fr[d->depth - 1];
+    const proto_field_t *f = F->f;
+    uint32_t u = (uint32_t)x;
+    if (!F->is_map && (f->type == PF_I32S || f->type == PF_U32S) && x <= INT32_MAX) {
+      memcpy(F->out + 4 * (size_t)F->i, &u, 4);
+      return 0;
+    }
+    if (F->is_map && f && (f->type == PF_U64 || (x <= INT32_MAX && (f->type == PF_U32 || f->type == PF_I32)))) {
+      if (f->type == PF_U64) memcpy(F->out + f->off, &x, 8);
+      else memcpy(F->out + f->off, &u, 4);
+      if (f->flags & PF_HAS) *(bool *)(F->out + f->off_n) = true;
+      return 0;
+    }
+  }
+  mpv_t v = {.kind = K_UINT, .u = x};
+  return dec_leaf(d, &v);
+}
+
+static inline int dec_int(dec_t *d, int64_t x, uint32_t *o) {
+  mpv_t v = {.kind = x < 0 ? K_INT : K_UINT, .i = x, .u = (uint64_t)x};
+  *o = 0;
+  d->nvals++;
+  return dec_leaf(d, &v);
+}
+/* A float32 for a float field goes in as it came, bit for bit (a NaN
+ * stays the NaN it was); anything else through a double. */
+static inline int dec_float(dec_t *d, float x, uint32_t *o) {
+  *o = 0;
+  d->nvals++;
+  if (d->depth > 0) {
+    frame_t *F = &d->fr[d->depth - 1];
+    const proto_field_t *f = F->f;
+    if (F->is_map && f && f->type == PF_F32) {
+      memcpy(F->out + f->off, &x, 4);
+      return 0;
+    }
+  }
+  mpv_t v = {.kind = K_F32, .f = x};
+  return dec_leaf(d, &v);
+}
+static inline int dec_double(dec_t *d, double x, uint32_t *o) {
+  mpv_t v = {.kind = K_F64, .f = x};
+  *o = 0;
+  d->nvals++;
+  return dec_leaf(d, &v);
+}
+/* nil, true, false; the nils of a resync (dec_skip) are let through. */
+static inline int dec_simple(dec_t *d, kind_t kind, uint64_t x, uint32_t *o) {
+  mpv_t v = {.kind = kind, .u = x};
+  *o = 0;
+  if (d->resync) {
+    d->resync--;
+    return 0;
+  }
+  d->nvals++;
+  return dec_leaf(d, &v);
+}
+/* Strings are mostly keys: a known key of a nested object, seen for the
+ * first time, is taken here. */
+static inline int dec_bytes(dec_t *d, kind_t kind, const char *p, unsigned int n, uint32_t *o) {
+  static const uint8_t empty[1];
+  const uint8_t *q = n ? (const uint8_t *)p : empty;
+  *o = 0;
+  if (n) { /* the exact position again */
+    d->pos = (size_t)(q + n - d->data);
+    d->nvals = 0;
+  } else {
+    d->nvals++;
+  }
+  if (kind == K_STR && d->depth > 1 && n && n <= 7) {
+    frame_t *F = &d->fr[d->depth - 1];
+    int idx = F->is_map && !F->f ? find_field(F->s, pack_key(q, d->data + d->len, n), F->next) : -1;
+    if (idx >= 0 && !(F->seen & (1u << idx))) {
+      F->seen |= 1u << idx;
+      F->next = (uint32_t)idx + 1;
+      F->f = &F->s->fields[idx];
+      return 0;
+    }
+  }
+  mpv_t v = {.kind = kind, .len = n, .ptr = q};
+  return dec_leaf(d, &v);
+}
+
+static inline int dec_cb_uint8(dec_t *d, uint8_t x, uint32_t *o) { return dec_uint(d, x, o); }
+static inline int dec_cb_uint16(dec_t *d, uint16_t x, uint32_t *o) { return dec_uint(d, x, o); }
+static inline int dec_cb_uint32(dec_t *d, uint32_t x, uint32_t *o) { return dec_uint(d, x, o); }
+static inline int dec_cb_uint64(dec_t *d, uint64_t x, uint32_t *o) { return dec_uint(d, x, o); }
+static inline int dec_cb_int8(dec_t *d, int8_t x, uint32_t *o) { return dec_int(d, x, o); }
+static inline int dec_cb_int16(dec_t *d, int16_t x, uint32_t *o) { return dec_int(d, x, o); }
+static inline int dec_cb_int32(dec_t *d, int32_t x, uint32_t *o) { return dec_int(d, x, o); }
+static inline int dec_cb_int64(dec_t *d, int64_t x, uint32_t *o) { return dec_int(d, x, o); }
+static inline int dec_cb_float(dec_t *d, float x, uint32_t *o) { return dec_float(d, x, o); }
+static inline int dec_cb_double(dec_t *d, double x, uint32_t *o) { return dec_double(d, x, o); }
+static inline int dec_cb_nil(dec_t *d, uint32_t *o) { return dec_simple(d, K_NIL, 0, o); }
+static inline int dec_cb_true(dec_t *d, uint32_t *o) { return dec_simple(d, K_BOOL, 1, o); }
+static inline int dec_cb_false(dec_t *d, uint32_t *o) { return dec_simple(d, K_BOOL, 0, o); }
+static inline int dec_cb_array(dec_t *d, unsigned int n, uint32_t *o) {
+  int rc = dec_container(d, K_ARR, n, o);
+  d->nvals++; /* its header */
+  return rc;
+}
+static inline int dec_cb_map(dec_t *d, unsigned int n, uint32_t *o) {
+  int rc = dec_container(d, K_MAP, n, o);
+  d->nvals++;
+  return rc;
+}
+static inline int dec_cb_array_item(dec_t *d, uint32_t *c, uint32_t o) { return dec_entry_done(d, *c); }
+static inline int dec_cb_map_item(dec_t *d, uint32_t *c, uint32_t k, uint32_t v) { return dec_entry_done(d, *c); }
+static inline int dec_cb_str(dec_t *d, const char *b, const char *p, unsigned int n, uint32_t *o) {
+  return dec_bytes(d, K_STR, p, n, o);
+}
+static inline int dec_cb_bin(dec_t *d, const char *b, const char *p, unsigned int n, uint32_t *o) {
+  return dec_bytes(d, K_BIN, p, n, o);
+}
+static inline int dec_cb_ext(dec_t *d, const char *b, const char *p, unsigned int n, uint32_t *o) {
+  /* p: the ext type, then the data. n is never 0 but for an ext 32 of
+   * 2^32-1 bytes, whose n + 1 the template wraps to 0 (p: its length):
+   * its bytes are not there, what it is may be wrong already. */
+  if (n == 0) {
+    mpv_t v = {.kind = K_EXT, .len = UINT32_MAX};
+    if ((const uint8_t *)p + 4 >= d->data + d->len) return dec_fail_bytes(d, FR_ETRUNCATED, "message truncated");
+    if (dec_leaf(d, &v) == DEC_ERR) return DEC_ERR;
+    return rd_truncated(d);
+  }
+  return dec_bytes(d, K_EXT, p, n, o);
+}
+
+#define msgpack_unpack_struct(name) struct proto__mp##name
+#define msgpack_unpack_func(ret, name) __attribute__((unused)) static ret proto__mp##name
+#define msgpack_unpack_callback(name) dec_cb##name
+#define msgpack_unpack_object uint32_t
+#define msgpack_unpack_user dec_t
+#include "msgpack/unpack_define.h"
+#include "msgpack/unpack_template.h"
+
+typedef struct proto__mp_context mp_ctx_t; /* the parser: its state, then dec_t (user) */
+
+/* ---------------------------------------------------- decoder: driver */
+
+/* The parser stopped at an unknown key (*off: its last byte): skips the
+ * key's value, then lets the parser finish the pair with a nil key and
+ * value that the callbacks let through. Returns 0 to resume at *off, 1
+ * when that completed the message, or an error. */
+static int dec_skip(mp_ctx_t *ctx, size_t *off) {
+  static const char nils[2] = {(char)0xc0, (char)0xc0};
+  dec_t *d = &ctx->user;
+  size_t at = *off + 1, o = 0;
+  int rc = skip_value(d, &at);
+  if (rc) return rc;
+  *off = d->pos = at;
+  d->nvals = 0;
+  ctx->cs = MSGPACK_CS_HEADER;
+  ctx->trail = 0;
+  d->resync = 2;
+  return proto__mp_execute(ctx, nils, sizeof nils, &o);
+}
+
+/* The parser wants more bytes at off: the message is truncated, unless the
+ * value cut short is a str / bin / ext (header complete) that its field
+ * refuses before its bytes: a claim over the limit, a wrong type. */
+static int dec_truncated(mp_ctx_t *ctx, size_t off) {
+  dec_t *d = &ctx->user;
+  mpv_t v = {.len = ctx->trail};
+  switch (ctx->cs) {
+  case MSGPACK_ACS_STR_VALUE: v.kind = K_STR; break;
+  case MSGPACK_ACS_BIN_VALUE: v.kind = K_BIN; break;
+  case MSGPACK_ACS_EXT_VALUE: v.kind = K_EXT; break;
+  default: return dec_fail_bytes(d, FR_ETRUNCATED, "message truncated");
+  }
+  if (v.kind == K_EXT && off >= d->len) return dec_fail_bytes(d, FR_ETRUNCATED, "message truncated"); /* ext type */
+  if (dec_leaf(d, &v) == DEC_ERR) return DEC_ERR;
+  return rd_truncated(d);
+}
+
+/* The message map is complete at off: closes it, checks the envelope and
+ * that nothing follows. */
+static int dec_finish(dec_t *d, size_t off) {
+  while (d->depth > 0)
+    if (dec_close(d)) return DEC_ERR;
+  if (!d->have_v) return dec_fail(d, FR_EPROTO, "missing version key \"v\"");
+  if (!d->have_t) return dec_fail(d, FR_EPROTO, "missing type key \"t\"");
+  if (d->mode != DEC_SCAN && off != d->len) return dec_fail(d, FR_EPROTO, "%zu trailing bytes", d->len - off);
+  return 0;
+}
+
+/* One pass of the parser over the message: 0, DEC_ERR or DEC_RESTART. */
+static int dec_pass(mp_ctx_t *ctx) {
+  dec_t *d = &ctx->user;
+  size_t off = 0;
+  proto__mp_init(ctx);
+  int rc = proto__mp_execute(ctx, (const char *)d->data, d->len, &off);
+  while (rc == DEC_SKIP) {
+    rc = dec_skip(ctx, &off);
+    if (rc == 0) rc = proto__mp_execute(ctx, (const char *)d->data, d->len, &off);
+  }
+  switch (rc) {
+  case 1: return dec_finish(d, off);
+  case 0: return dec_truncated(ctx, off);
+  case DEC_ERR: case DEC_RESTART: return rc;
+  case MSGPACK_UNPACK_NOMEM_ERROR: return dec_fail(d, FR_EPROTO, "nested too deep");
+  default: return dec_fail_bytes(d, FR_EPROTO, "invalid msgpack byte 0x%02x", d->data[off]);
+  }
+}
+
+/* Starts a pass in the given mode; a scan forgets what the first pass saw
+ * of the envelope, the body pass keeps what the scan found. */
+static void dec_reset(dec_t *d, dec_mode_t mode) {
+  if (mode == DEC_SCAN) d->have_v = d->have_t = false;
+  d->mode = mode;
+  d->depth = 0;
+  d->pos = 0;
+  d->nvals = 0;
+  d->resync = 0;
+}
+
+int proto_msg_decode(proto_msg_t *m, const void *data, size_t len, uint32_t accept) {
+  mp_ctx_t ctx;
+  dec_t *d = &ctx.user;
+  memset(d, 0, offsetof(dec_t, fr));
+  d->data = data;
+  d->len = len;
+  d->arena = &m->arena;
+  d->body = &m->u;
+  d->accept = accept;
+  d->msg = "message";
+  m->type = PROTO_T_NONE;
+  arena_reset(&m->arena);
+  if (len > PROTO_MAX_MSG_BYTES) {
+    dec_fail(d, FR_ETOOBIG, "%zu bytes exceed the limit of %u", len, PROTO_MAX_MSG_BYTES);
+    return d->err;
+  }
+  int rc = dec_pass(&ctx);
+  if (rc == DEC_RESTART) { /* the envelope is not first: find it, then read the body */
+    dec_reset(d, DEC_SCAN);
+    rc = dec_pass(&ctx);
+    if (!rc) rc = dec_check_type(d);
+    dec_reset(d, DEC_BODY);
+    if (!rc) rc = dec_pass(&ctx);
+  }
+  if (rc) return d->err;
+  m->type = d->type;
+  return 0;
+}

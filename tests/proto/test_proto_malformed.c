@@ -600,6 +600,79 @@ START_TEST(unknown_value_shapes) {
 }
 END_TEST
 
+/* Unknown keys inside nested objects, their values deep or claiming
+ * 2^32-1 elements, as the first or the last key of an item (the last one
+ * of the message: the map ends right behind the skipped value). */
+static void pack_str(msgpack_packer *pk, const char *s) { msgpack_pack_str_with_body(pk, s, strlen(s)); }
+
+/* {v, t: "step", id: 1, ep: 2, it: [{s: 1, tk: [5], <extra>}, {<extra>, s: 2, tk: [6]}]};
+ * extra is "zz" and the bytes of its value. */
+static void pack_step_extra(msgpack_sbuffer *sb, const uint8_t *val, size_t n) {
+  msgpack_packer pk;
+  msgpack_sbuffer_init(sb);
+  msgpack_packer_init(&pk, sb, msgpack_sbuffer_write);
+  msgpack_pack_map(&pk, 5);
+  pack_str(&pk, "v");
+  msgpack_pack_uint32(&pk, 1);
+  pack_str(&pk, "t");
+  pack_str(&pk, "step");
+  pack_str(&pk, "id");
+  msgpack_pack_uint32(&pk, 1);
+  pack_str(&pk, "ep");
+  msgpack_pack_uint32(&pk, 2);
+  pack_str(&pk, "it");
+  msgpack_pack_array(&pk, 2);
+  for (int i = 0; i < 2; i++) {
+    msgpack_pack_map(&pk, 3);
+    if (i == 1) {
+      pack_str(&pk, "zz");
+      msgpack_sbuffer_write(sb, (const char *)val, n);
+    }
+    pack_str(&pk, "s");
+    msgpack_pack_uint32(&pk, (uint32_t)i + 1);
+    pack_str(&pk, "tk");
+    msgpack_pack_array(&pk, 1);
+    msgpack_pack_uint32(&pk, (uint32_t)i + 5);
+    if (i == 0) {
+      pack_str(&pk, "zz");
+      msgpack_sbuffer_write(sb, (const char *)val, n);
+    }
+  }
+}
+
+START_TEST(unknown_nested_shapes) {
+  size_t depth = 100000;
+  uint8_t *deep = malloc(depth + 1);
+  memset(deep, 0x91, depth); /* [[[[...]]]] */
+  deep[depth] = 0x90;
+  msgpack_sbuffer sb;
+  pack_step_extra(&sb, deep, depth + 1);
+  ck_assert_msg(proto_msg_decode(&msg, sb.data, sb.size, PROTO_ACCEPT_ANY) == 0, "%s", fr_last_error());
+  ck_assert_uint_eq(msg.u.step.n_items, 2);
+  for (uint32_t i = 0; i < 2; i++) {
+    ck_assert_uint_eq(msg.u.step.items[i].slot, i + 1);
+    ck_assert_uint_eq(msg.u.step.items[i].n_tokens, 1);
+    ck_assert_int_eq(msg.u.step.items[i].tokens[0], (int32_t)i + 5);
+  }
+  ck_assert_uint_eq(msg.u.step.epoch, 2);
+  ck_assert_int_eq(proto_msg_decode(&msg, sb.data, sb.size - 1, PROTO_ACCEPT_ANY), FR_ETRUNCATED);
+  msgpack_sbuffer_destroy(&sb);
+  /* a value that claims 2^32-1 elements: the bytes run out */
+  static const uint8_t huge[] = {0xdd, 0xff, 0xff, 0xff, 0xff, 0x01};
+  pack_step_extra(&sb, huge, sizeof huge);
+  ck_assert_int_eq(proto_msg_decode(&msg, sb.data, sb.size, PROTO_ACCEPT_ANY), FR_ETRUNCATED);
+  msgpack_sbuffer_destroy(&sb);
+  /* nested maps, strings, an ext: skipped, the items as sent */
+  static const uint8_t mixed[] = {0x82, 0xa1, 'a', 0x92, 0xc0, 0x81, 0xa1, 'b', 0xd4, 0x01, 0x02,
+                                  0xa1, 'c', 0xdc, 0x00, 0x02, 0xcb, 0, 0, 0, 0, 0, 0, 0, 0, 0xc3};
+  pack_step_extra(&sb, mixed, sizeof mixed);
+  ck_assert_msg(proto_msg_decode(&msg, sb.data, sb.size, PROTO_ACCEPT_ANY) == 0, "%s", fr_last_error());
+  ck_assert_int_eq(msg.u.step.items[1].tokens[0], 6);
+  msgpack_sbuffer_destroy(&sb);
+  free(deep);
+}
+END_TEST
+
 /* Encodings other writers pick: signed ints for positive values, float64,
  * str8 keys, array16 of one element. */
 START_TEST(other_encodings) {
@@ -634,6 +707,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, unknown_fields_skipped);
   tcase_add_test(tc, duplicate_keys);
   tcase_add_test(tc, unknown_value_shapes);
+  tcase_add_test(tc, unknown_nested_shapes);
   tcase_add_test(tc, other_encodings);
   suite_add_tcase(s, tc);
   return s;

@@ -136,8 +136,10 @@ int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status
 /* Queues OpenAI's error body for e. */
 int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e);
 /* Runs a /v1/completions or /v1/chat/completions request whose body is
- * complete: validates, submits, answers (JSON, or an SSE stream). */
-int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body, size_t len);
+ * complete: validates, submits, answers (JSON, or an SSE stream). http11:
+ * the request is HTTP/1.1 (an interim 1xx answer may be sent). */
+int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body, size_t len,
+                    bool http11);
 
 /* ---- the RPC connection of one request (http_rpc.c) ---- */
 
@@ -146,6 +148,7 @@ typedef struct {
   int client_fd;     /* the HTTP client's socket, watched for hang-ups; -1 = none */
   uint64_t job;      /* submitted job id, 0 = none */
   bool finished;     /* the job's last event (or error) was received */
+  bool client_eof;   /* the client's end of stream was reported (COORD_HTTP_RPC_EOF) */
   proto_buf_t buf;
   proto_msg_t msg;
 } coord_http_rpc_t;
@@ -154,17 +157,31 @@ typedef struct {
 int coord_http_rpc_open(coord_http_rpc_t *c, void *ctx, const char *endpoint, int client_fd);
 /* Sends the submit (its id must be set). Returns 0 or a negative error. */
 int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s);
+#define COORD_HTTP_RPC_EOF 2
+
 /* Waits up to timeout_ms for the job's next message. Returns 1 with *msg
  * (an "event" or "error"; valid until the next call), 0 on timeout, -EPIPE
- * when the HTTP client hung up (the job is canceled then), or another
- * negative error. */
+ * when the HTTP client's socket is reset or failed (the job is canceled
+ * then), COORD_HTTP_RPC_EOF once when the client has sent its end of
+ * stream, or another negative error.
+ *
+ * An end of stream alone cannot tell a client that half-closed after its
+ * request (shutdown(SHUT_WR); it still reads the answer) from one that
+ * closed and left: both send FIN. Only a write tells them apart (a closed
+ * socket answers it with a reset, seen here as -EPIPE on a later call), so
+ * the caller writes something harmless then, or cancels. */
 int coord_http_rpc_next(coord_http_rpc_t *c, int timeout_ms, const proto_msg_t **msg);
 /* Sends "cancel" for the job unless it finished. */
 void coord_http_rpc_cancel(coord_http_rpc_t *c);
 /* Cancels an unfinished job and closes the socket. */
 void coord_http_rpc_close(coord_http_rpc_t *c);
-/* True when the peer of fd has closed its side (or the socket failed). */
-bool coord_http_fd_hung_up(int fd);
+/* What the peer of a socket did, seen without reading it. */
+typedef enum {
+  COORD_HTTP_PEER_OPEN = 0, /* nothing (or only data) */
+  COORD_HTTP_PEER_EOF,      /* it sent FIN: a half-close, or a close */
+  COORD_HTTP_PEER_GONE,     /* reset, or the socket failed */
+} coord_http_peer_t;
+coord_http_peer_t coord_http_peer(int fd);
 
 #ifdef __cplusplus
 }

@@ -179,10 +179,13 @@ static enum MHD_Result http_headers_in(struct coord_http *h, struct MHD_Connecti
                                        http_upload_t *up) {
   coord_http_err_t e;
   up->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0; /* 1.1, or 1.x that MHD reads as 1.1 */
-  if (http_check_framing(c, up->http11, &e))
+  if (http_check_framing(c, up->http11, &e)) {
+    coord_http__conn_received(h, c);
     return (enum MHD_Result)coord_http__send_error(h, c, &e);
+  }
   if (http_declared_huge(c)) {
     up->too_big = true;
+    coord_http__conn_received(h, c);
     return (enum MHD_Result)http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
   }
   return MHD_YES;
@@ -201,11 +204,13 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *c, const ch
     *data_size = 0;
     return MHD_YES;
   }
+  coord_http__conn_received(h, c); /* the whole request is in: no deadline while it runs */
   return (enum MHD_Result)http_route(h, c, url, method, up);
 }
 
 static void http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
   http_upload_t *up = *con_cls;
+  coord_http__conn_rearm(cls, c); /* keep-alive: the next request's clock */
   if (!up) return;
   free(up->body);
   free(up);
@@ -234,7 +239,7 @@ static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cf
       flags, 0, NULL, NULL, http_access, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
       cfg->max_connections ? cfg->max_connections : 256u, MHD_OPTION_CONNECTION_TIMEOUT,
       cfg->timeout_s ? cfg->timeout_s : 30u, MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
-      MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_CONNECTION, coord_http__conn_notify, h, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
   if (!h->daemon) return fr_errorf(-EADDRINUSE, "HTTP: cannot listen on %s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : cfg->port;
@@ -255,7 +260,9 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   uint64_t seed = 0;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = fr_now_ns();
   atomic_init(&h->next_job, (seed >> 16) | 1); /* far from 0 and from wrapping */
-  int rc = http_daemon_start(h, cfg);
+  int rc = coord_http__conns_start(h, cfg->request_timeout_s ? cfg->request_timeout_s : 30u,
+                                   cfg->timeout_s ? cfg->timeout_s : 30u);
+  if (!rc) rc = http_daemon_start(h, cfg);
   if (rc) {
     coord_http_stop(h);
     return rc;
@@ -274,7 +281,9 @@ void coord_http_set_draining(coord_http_t *h) { atomic_store(&h->draining, 1); }
 void coord_http_stop(coord_http_t *h) {
   if (!h) return;
   atomic_store(&h->stopping, 1); /* waiting handlers give up within 100 ms */
+  coord_http__watchdog_stop(h);
   if (h->daemon) MHD_stop_daemon(h->daemon);
+  coord_http__conns_free(h);
   free(h->rpc_endpoint);
   free(h->api_key);
   free(h->model);

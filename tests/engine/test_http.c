@@ -29,6 +29,7 @@ static http_fake_t fake;
 static coord_metrics_t *metrics;
 static coord_http_t *srv;
 static int port;
+static unsigned request_timeout_s; /* 0: the server's default */
 
 static void start_server(const char *api_key, unsigned max_conn, unsigned timeout_s) {
   ctx = zmq_ctx_new();
@@ -36,7 +37,8 @@ static void start_server(const char *api_key, unsigned max_conn, unsigned timeou
   ck_assert_int_eq(coord_metrics_create(&metrics, "smol"), 0);
   coord_http_config_t cfg = {.zmq_ctx = ctx, .rpc_endpoint = EP, .host = "127.0.0.1", .port = 0, .api_key = api_key,
                              .served_model_name = "smol", .max_model_len = 100, .metrics = metrics,
-                             .max_connections = max_conn, .timeout_s = timeout_s};
+                             .max_connections = max_conn, .timeout_s = timeout_s,
+                             .request_timeout_s = request_timeout_s};
   ck_assert_int_eq(coord_http_start(&srv, &cfg), 0);
   port = coord_http_port(srv);
   ck_assert_int_gt(port, 0);
@@ -700,6 +702,89 @@ START_TEST(test_half_close_mid_stream) {
 }
 END_TEST
 
+/* Reads one answer with a Content-Length body from a keep-alive
+ * connection; returns its status. */
+static int raw_read_response(int fd) {
+  char buf[8192];
+  size_t n = 0;
+  for (int i = 0; i < 100; i++) {
+    buf[n] = 0;
+    const char *e = strstr(buf, "\r\n\r\n"), *cl = strcasestr(buf, "\r\nContent-Length: ");
+    if (e && cl && n >= (size_t)(e + 4 - buf) + (size_t)atoi(cl + 18)) break;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 3000), 1);
+    ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+    ck_assert_msg(r > 0, "closed after '%s'", buf);
+    n += (size_t)r;
+  }
+  int st = 0;
+  ck_assert_msg(sscanf(buf, "HTTP/1.1 %d", &st) == 1, "got '%s'", buf);
+  return st;
+}
+
+/* Sends req one byte every 200 ms until the server closes the connection;
+ * returns the seconds that took (it must answer nothing). */
+static double raw_trickle(int fd, const char *req) {
+  uint64_t t0 = fr_now_ns();
+  for (size_t i = 0; i < strlen(req); i++) {
+    if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1) break;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 200) != 1) continue;
+    char b[512];
+    ssize_t r = read(fd, b, sizeof b - 1);
+    if (r > 0) b[r] = 0;
+    ck_assert_msg(r <= 0, "answered a request that never arrived: '%s'", b);
+    return (double)(fr_now_ns() - t0) / 1e9;
+  }
+  ck_abort_msg("the trickled request was never cut off");
+  return 0;
+}
+
+/* A client that keeps sending a byte now and then (the 2 s idle timeout
+ * never fires) is cut off when its request misses the deadline: 2 s on a
+ * fresh connection, 2 + 2 s after an answer on a kept-alive one. Requests
+ * that arrive in time and answers that take longer are not. */
+START_TEST(test_request_deadline) {
+  const char *req = RAW_POST "Content-Length: 15\r\n\r\n" RAW_BODY;
+  teardown();
+  request_timeout_s = 2;
+  start_server(NULL, 0, 2);
+  int fd = raw_connect();
+  double s = raw_trickle(fd, req);
+  ck_assert_msg(s > 1.8 && s < 5, "cut off after %.2f s", s);
+  close(fd);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 0);
+  /* kept alive: the clock starts again after each answer, not at the connection's start */
+  fd = raw_connect();
+  uint64_t t0 = fr_now_ns();
+  for (int i = 0; i < 6; i++) {
+    if (i) usleep(1000 * 1000);
+    raw_write(fd, req);
+    ck_assert_int_eq(raw_read_response(fd), 200);
+  }
+  ck_assert_uint_gt(fr_now_ns() - t0, 4500000000u); /* past 2 + 2 s since the connection's start */
+  s = raw_trickle(fd, req);
+  ck_assert_msg(s > 3.8 && s < 7, "kept-alive connection cut off after %.2f s", s);
+  close(fd);
+  /* slow but in time */
+  fd = raw_connect();
+  raw_write(fd, RAW_POST "Content-Length: 15\r\n\r\n");
+  usleep(1000 * 1000);
+  raw_write(fd, RAW_BODY);
+  ck_assert_int_eq(raw_read_response(fd), 200);
+  close(fd);
+  /* an answer that takes longer than the deadline goes on */
+  fd = raw_connect();
+  raw_write(fd, RAW_POST "Content-Length: 31\r\n\r\n{\"prompt\":\"slow\",\"stream\":true}");
+  raw_first_chunk(fd);
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  ck_assert_int_eq(poll(&p, 1, 2600), 0);
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), 0);
+  close(fd);
+  ck_assert_msg(wait_cancel(2000), "no cancel after the long answer's client left");
+}
+END_TEST
+
 static Suite *http_suite(void) {
   Suite *s = suite_create("http");
   TCase *tc = tcase_create("server");
@@ -720,6 +805,7 @@ static Suite *http_suite(void) {
   tcase_add_test(tc, test_framing_refused);
   tcase_add_test(tc, test_half_close_answered);
   tcase_add_test(tc, test_half_close_mid_stream);
+  tcase_add_test(tc, test_request_deadline);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -11,6 +11,7 @@
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "model/config.h"
+#include "model/file.h"
 #include "model/source.h"
 
 #define CFG_MAX_LAYERS 4096
@@ -19,6 +20,7 @@
 #define CFG_MAX_HEAD_DIM 4096
 #define CFG_MAX_VOCAB (1 << 24)
 #define CFG_MAX_CTX (1 << 24)
+#define CFG_MAX_JSON (16u << 20) /* config.json files are a few KiB */
 
 const char *model_arch_name(model_arch_t arch) {
   switch (arch) {
@@ -396,9 +398,14 @@ int model_config_from_hf_json_buf(model_config_t *cfg, const void *json, size_t 
 
 int model_config_from_hf_json(model_config_t *cfg, const char *config_json_path) {
   json_error_t jerr;
-  json_t *root = json_load_file(config_json_path, JSON_REJECT_DUPLICATES, &jerr);
+  char *text;
+  size_t len;
+  int rc = model__file_read("config.json", config_json_path, CFG_MAX_JSON, &text, &len);
+  if (rc) return rc;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+  free(text);
   if (!root) return fr_errorf(FR_EFORMAT, "%s: %s (line %d)", config_json_path, jerr.text, jerr.line);
-  int rc = hf_parse(cfg, root);
+  rc = hf_parse(cfg, root);
   json_decref(root);
   if (rc) return rc;
   char *dup = fr_strdup(config_json_path); /* name: the folder holding config.json */

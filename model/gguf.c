@@ -3,7 +3,6 @@
 #include "model/gguf.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -13,6 +12,7 @@
 #include "common/fr_err.h"
 #include "common/fr_hash.h"
 #include "common/fr_util.h"
+#include "model/file.h"
 
 #define GGUF_MAX_KEY 65535u   /* keys are at most 65535 bytes */
 #define GGUF_MAX_NAME 63u     /* tensor names: < 64 bytes, as ggml */
@@ -497,13 +497,9 @@ int model_gguf_open_memory(model_gguf_t **out, const void *data, size_t size) {
 
 static int map_file(const char *path, const uint8_t **map, size_t *size) {
   struct stat st;
-  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fr_errorf(-errno, "gguf: cannot open %s: %s", path, strerror(errno));
-  if (fstat(fd, &st) != 0) {
-    rc = fr_errorf(-errno, "gguf: cannot stat %s: %s", path, strerror(errno));
-  } else if (!S_ISREG(st.st_mode)) {
-    rc = fr_errorf(FR_EFORMAT, "gguf: %s is not a regular file", path);
-  } else if (st.st_size < 24) {
+  int fd, rc = model__path_open("gguf", path, MODEL_PATH_FILE, &fd, &st);
+  if (rc) return rc;
+  if (st.st_size < 24) {
     rc = fr_errorf(FR_ETRUNCATED, "gguf: %s is too short (%lld bytes) for a GGUF header", path,
                    (long long)st.st_size);
   } else {

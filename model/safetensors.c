@@ -3,7 +3,6 @@
 #include "model/safetensors.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -16,6 +15,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
+#include "model/file.h"
 
 #define ST_MAX_HEADER (100u * 1000u * 1000u) /* the reference reader's cap */
 #define ST_MAX_INDEX (100u * 1000u * 1000u)
@@ -264,12 +264,10 @@ int model_st_open_memory(model_st_t **out, const void *data, size_t size) {
 
 static int map_file(const char *path, st_shard_t *sh) {
   struct stat sb;
-  int rc = 0, fd = open(path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fr_errorf(-errno, "safetensors: cannot open %s: %s", path, strerror(errno));
-  if (fstat(fd, &sb) != 0) {
-    rc = fr_errorf(-errno, "safetensors: cannot stat %s: %s", path, strerror(errno));
-  } else if (!S_ISREG(sb.st_mode) || sb.st_size < 8) {
-    rc = fr_errorf(FR_ETRUNCATED, "safetensors: %s is not a file of at least 8 bytes", path);
+  int fd, rc = model__path_open("safetensors", path, MODEL_PATH_FILE, &fd, &sb);
+  if (rc) return rc;
+  if (sb.st_size < 8) {
+    rc = fr_errorf(FR_ETRUNCATED, "safetensors: %s is shorter than 8 bytes", path);
   } else {
     void *p = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -346,9 +344,12 @@ static int check_weight_map(model_st_t *st, json_t *wm, const char **names, size
 static int open_index(model_st_t *st, const char *dir, const char *index_path) {
   json_error_t jerr;
   const char **names = NULL;
-  size_t n = 0;
-  int rc = 0;
-  json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &jerr);
+  char *text;
+  size_t n = 0, len;
+  int rc = model__file_read("safetensors", index_path, ST_MAX_INDEX, &text, &len);
+  if (rc) return rc;
+  json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &jerr);
+  free(text);
   if (!root) return fr_errorf(FR_EFORMAT, "safetensors: %s: %s (line %d)", index_path, jerr.text, jerr.line);
   json_t *wm = json_object_get(root, "weight_map");
   if (!json_is_object(wm)) rc = fr_errorf(FR_EFORMAT, "safetensors: %s has no weight_map object", index_path);
@@ -365,18 +366,19 @@ static int open_index(model_st_t *st, const char *dir, const char *index_path) {
   return rc;
 }
 
-static bool is_file(const char *p) {
+/* True when something is at p (not ENOENT): what it is, the open checks. */
+static bool path_exists(const char *p) {
   struct stat sb;
-  return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+  return stat(p, &sb) == 0 || errno != ENOENT;
 }
 
 static int open_dir(model_st_t *st, const char *dir) {
   int rc;
   char *idx = join_path(dir, "model.safetensors.index.json");
   char *single = join_path(dir, "model.safetensors");
-  if (is_file(idx)) {
+  if (path_exists(idx)) {
     rc = open_index(st, dir, idx);
-  } else if (is_file(single)) {
+  } else if (path_exists(single)) {
     rc = open_one(st, single);
     if (!rc) rc = sort_tensors(st);
   } else {
@@ -390,9 +392,11 @@ static int open_dir(model_st_t *st, const char *dir) {
 
 int model_st_open(model_st_t **out, const char *path) {
   struct stat sb;
-  int rc;
+  int fd;
   *out = NULL;
-  if (stat(path, &sb) != 0) return fr_errorf(-errno, "safetensors: %s: %s", path, strerror(errno));
+  int rc = model__path_open("safetensors", path, MODEL_PATH_FILE | MODEL_PATH_DIR, &fd, &sb);
+  if (rc) return rc;
+  close(fd); /* each file is opened (and checked) again where it is read */
   model_st_t *st = st_new();
   if (S_ISDIR(sb.st_mode)) {
     rc = open_dir(st, path);

@@ -13,6 +13,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
+#include "model/file.h"
 
 /* ---- HF -> GGUF tensor names ------------------------------------------ */
 
@@ -182,6 +183,79 @@ static int check_tensors(const model_source_t *s) {
   return rc;
 }
 
+/* ---- opening paths (file.h) ------------------------------------------- */
+
+static const char *kind_names(unsigned kinds) {
+  if (kinds == MODEL_PATH_DIR) return "a folder";
+  return kinds & MODEL_PATH_DIR ? "a regular file or a folder" : "a regular file";
+}
+
+static bool kind_ok(mode_t mode, unsigned kinds) {
+  return ((kinds & MODEL_PATH_FILE) && S_ISREG(mode)) || ((kinds & MODEL_PATH_DIR) && S_ISDIR(mode));
+}
+
+int model__path_open(const char *what, const char *path, unsigned kinds, int *fd, struct stat *st) {
+  struct stat sb;
+  *fd = -1;
+  if (stat(path, &sb) != 0) return fr_errorf(-errno, "%s: cannot open %s: %s", what, path, strerror(errno));
+  if (!kind_ok(sb.st_mode, kinds)) /* a FIFO or a device is never opened */
+    return fr_errorf(FR_EFORMAT, "%s: %s is not %s", what, path, kind_names(kinds));
+  int f = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC), fl;
+  if (f < 0) return fr_errorf(-errno, "%s: cannot open %s: %s", what, path, strerror(errno));
+  int rc = 0;
+  if (fstat(f, &sb) != 0) rc = fr_errorf(-errno, "%s: cannot stat %s: %s", what, path, strerror(errno));
+  else if (!kind_ok(sb.st_mode, kinds)) rc = fr_errorf(FR_EFORMAT, "%s: %s is not %s", what, path, kind_names(kinds));
+  else if ((fl = fcntl(f, F_GETFL)) < 0 || fcntl(f, F_SETFL, fl & ~O_NONBLOCK) != 0)
+    rc = fr_errorf(-errno, "%s: %s: %s", what, path, strerror(errno));
+  if (rc) {
+    close(f);
+    return rc;
+  }
+  *fd = f;
+  if (st) *st = sb;
+  return 0;
+}
+
+/* Reads fd to its end, at most max bytes, into a NUL-terminated buffer. */
+static int read_all(const char *what, const char *path, int fd, size_t max, char **out, size_t *len) {
+  size_t n = 0, cap = FR_MIN((size_t)65536, max + 2); /* room for max + 1 bytes and the NUL */
+  char *buf = fr_malloc(cap);
+  int rc = 0;
+  for (;;) {
+    if (n == cap - 1) { /* full: past max, or grow */
+      if (n > max) {
+        rc = fr_errorf(FR_ETOOBIG, "%s: %s is larger than %zu bytes", what, path, max);
+        break;
+      }
+      cap = FR_MIN(cap * 2, max + 2);
+      buf = fr_realloc(buf, cap);
+    }
+    ssize_t r = read(fd, buf + n, cap - 1 - n);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) rc = fr_errorf(-errno, "%s: cannot read %s: %s", what, path, strerror(errno));
+    if (r <= 0) break;
+    n += (size_t)r;
+  }
+  if (rc) {
+    free(buf);
+    return rc;
+  }
+  buf[n] = '\0';
+  *out = buf;
+  if (len) *len = n;
+  return 0;
+}
+
+int model__file_read(const char *what, const char *path, size_t max, char **out, size_t *len) {
+  int fd;
+  *out = NULL;
+  int rc = model__path_open(what, path, MODEL_PATH_FILE, &fd, NULL);
+  if (rc) return rc;
+  rc = read_all(what, path, fd, max, out, len);
+  close(fd);
+  return rc;
+}
+
 /* ---- open ------------------------------------------------------------- */
 
 static char *join_path(const char *dir, const char *name) {
@@ -191,17 +265,29 @@ static char *join_path(const char *dir, const char *name) {
   return p;
 }
 
-static bool is_file(const char *p) {
+/* True when something is at p (not ENOENT): what it is, the open checks. */
+static bool path_exists(const char *p) {
   struct stat sb;
-  return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+  return stat(p, &sb) == 0 || errno != ENOENT;
 }
 
-/* The path of dir/name when that file exists, else NULL. */
-static char *optional_file(const char *dir, const char *name) {
+/* *out = the path of dir/name when something is there (it must be a
+ * regular file), NULL when nothing is. */
+static int optional_file(const char *dir, const char *name, char **out) {
   char *p = join_path(dir, name);
-  if (is_file(p)) return p;
-  free(p);
-  return NULL;
+  int fd, rc = 0;
+  *out = NULL;
+  if (!path_exists(p)) {
+    free(p);
+    return 0;
+  }
+  if ((rc = model__path_open("model", p, MODEL_PATH_FILE, &fd, NULL))) {
+    free(p);
+    return rc;
+  }
+  close(fd);
+  *out = p;
+  return 0;
 }
 
 static bool has_suffix(const char *s, const char *suf) {
@@ -228,24 +314,22 @@ static int open_gguf(model_source_t *s) {
  * NULL: no weights, for --load-format dummy). */
 static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
   char *cfg_path = join_path(dir, "config.json");
-  int rc = is_file(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
-                             : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
+  int rc = path_exists(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
+                                 : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
   free(cfg_path);
   if (!rc && st_path) rc = model_st_open(&s->st, st_path);
+  if (!rc) rc = optional_file(dir, "tokenizer.json", &s->tokenizer_json);
+  if (!rc) rc = optional_file(dir, "tokenizer_config.json", &s->tokenizer_config_json);
   if (rc) return rc;
   s->rope_mode = KERN_ROPE_NEOX; /* HF weights are rotate-half for every arch */
-  s->tokenizer_json = optional_file(dir, "tokenizer.json");
-  s->tokenizer_config_json = optional_file(dir, "tokenizer_config.json");
   return st_path ? tensors_from_st(s) : 0;
 }
 
-/* A file: GGUF by its magic, or a .safetensors with config.json beside it. */
-static int open_file(model_source_t *s) {
+/* A file (fd, open on s->path): GGUF by its magic, or a .safetensors with
+ * config.json beside it. */
+static int open_file(model_source_t *s, int fd) {
   char magic[4] = {0};
-  int fd = open(s->path, O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return fr_errorf(-errno, "model: cannot open %s: %s", s->path, strerror(errno));
   ssize_t n = read(fd, magic, sizeof magic);
-  close(fd);
   if (n == 4 && memcmp(magic, "GGUF", 4) == 0) return open_gguf(s);
   if (!has_suffix(s->path, ".safetensors"))
     return fr_errorf(FR_EFORMAT, "model: %s is neither a GGUF file nor a .safetensors file", s->path);
@@ -258,12 +342,14 @@ static int open_file(model_source_t *s) {
 
 int model_source_open(model_source_t **out, const char *path) {
   struct stat sb;
-  int rc;
+  int fd;
   *out = NULL;
-  if (stat(path, &sb) != 0) return fr_errorf(-errno, "model: %s: %s", path, strerror(errno));
+  int rc = model__path_open("model", path, MODEL_PATH_FILE | MODEL_PATH_DIR, &fd, &sb);
+  if (rc) return rc;
   model_source_t *s = fr_calloc(1, sizeof *s);
   s->path = fr_strdup(path);
-  rc = S_ISDIR(sb.st_mode) ? open_hf(s, path, path) : open_file(s);
+  rc = S_ISDIR(sb.st_mode) ? open_hf(s, path, path) : open_file(s, fd);
+  close(fd);
   if (!rc) rc = sort_tensors(s);
   if (!rc) rc = check_tensors(s);
   if (rc) {
@@ -275,10 +361,14 @@ int model_source_open(model_source_t **out, const char *path) {
 }
 
 int model_source_open_config(model_source_t **out, const char *dir) {
+  int fd;
   *out = NULL;
+  int rc = model__path_open("model", dir, MODEL_PATH_DIR, &fd, NULL);
+  if (rc) return rc;
+  close(fd);
   model_source_t *s = fr_calloc(1, sizeof *s);
   s->path = fr_strdup(dir);
-  int rc = open_hf(s, dir, NULL);
+  rc = open_hf(s, dir, NULL);
   if (rc) {
     model_source_close(s);
     return rc;

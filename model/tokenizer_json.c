@@ -15,10 +15,12 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
+#include "model/file.h"
 #include "model/tok_internal.h"
 
 const char *tok__known_regex(tok_pre_t pre);
 
+#define TOK_MAX_JSON (256u << 20) /* tokenizer.json, tokenizer_config.json */
 #define SPM_SPACE "\xE2\x96\x81"
 
 /* HF spellings of the known Split patterns (Oniguruma syntax). */
@@ -405,42 +407,11 @@ int model_tokenizer_from_json(model_tokenizer_t **out, const char *tokenizer_jso
   return 0;
 }
 
-/* Reads a whole file (at most 256 MiB) into a NUL-terminated buffer. */
-static int tok__read_file(const char *path, char **out) {
-  FILE *f = fopen(path, "rb");
-  if (!f) return fr_errorf(-errno, "%s: %s", path, strerror(errno));
-  char *buf = NULL;
-  size_t len = 0, cap = 0;
-  int rc = 0;
-  for (;;) {
-    if (cap - len < 65536) {
-      cap = cap ? cap * 2 : 1 << 20;
-      if (cap > (256u << 20) + 1) {
-        rc = fr_errorf(FR_ETOOBIG, "%s: larger than 256 MiB", path);
-        break;
-      }
-      buf = fr_realloc(buf, cap);
-    }
-    size_t n = fread(buf + len, 1, cap - len - 1, f);
-    len += n;
-    if (n == 0) break;
-  }
-  if (!rc && ferror(f)) rc = fr_errorf(-EIO, "%s: read error", path);
-  fclose(f);
-  if (rc) {
-    free(buf);
-    return rc;
-  }
-  buf[len] = '\0';
-  *out = buf;
-  return 0;
-}
-
 int model_tokenizer_from_json_files(model_tokenizer_t **out, const char *tokenizer_path, const char *config_path) {
   *out = NULL;
   char *tok = NULL, *cfg = NULL;
-  int rc = tok__read_file(tokenizer_path, &tok);
-  if (!rc && config_path) rc = tok__read_file(config_path, &cfg);
+  int rc = model__file_read("tokenizer", tokenizer_path, TOK_MAX_JSON, &tok, NULL);
+  if (!rc && config_path) rc = model__file_read("tokenizer", config_path, TOK_MAX_JSON, &cfg, NULL);
   if (!rc) rc = model_tokenizer_from_json(out, tok, cfg);
   free(tok);
   free(cfg);

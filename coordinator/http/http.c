@@ -8,6 +8,7 @@
 #include <netdb.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -25,6 +26,7 @@ typedef struct {
   char *body;
   size_t len, cap;
   bool too_big;
+  bool http11; /* HTTP/1.1 (not 1.0) */
 } http_upload_t;
 
 int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r) {
@@ -105,7 +107,7 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   if (!post) return http_error(h, c, 405, NULL, "use POST");
   if (up->too_big) return http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
   return coord_http__job(h, c, chat ? COORD_HTTP_API_CHAT : COORD_HTTP_API_COMPLETIONS, up->body ? up->body : "",
-                         up->len);
+                         up->len, up->http11);
 }
 
 /* Appends upload bytes; past the cap the rest is read and dropped. */
@@ -136,28 +138,79 @@ static bool http_declared_huge(struct MHD_Connection *c) {
   return cl && strtoull(cl, NULL, 10) > HTTP_DRAIN_MAX;
 }
 
+/* The framing headers of a request, counted by name. */
+typedef struct {
+  unsigned n_length, n_coding;
+  const char *coding; /* the first Transfer-Encoding value */
+} http_framing_t;
+
+static enum MHD_Result http_count_framing(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+  http_framing_t *f = cls;
+  (void)kind;
+  if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) f->n_length++;
+  if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING) && f->n_coding++ == 0) f->coding = value;
+  return MHD_YES;
+}
+
+/* A request whose body two parsers could delimit differently (a proxy in
+ * front and this server: request smuggling) is refused before its body is
+ * read, as RFC 9112 section 6 asks: Content-Length twice (even with equal
+ * values, which RFC 9112 lets a server refuse) or beside Transfer-Encoding,
+ * Transfer-Encoding twice or in an HTTP/1.0 request (400), or a coding
+ * other than chunked (501). libmicrohttpd would use the first length, or
+ * the coding and ignore the length. Returns 0, or -1 with e filled. */
+static int http_check_framing(struct MHD_Connection *c, bool http11, coord_http_err_t *e) {
+  http_framing_t f = {0};
+  MHD_get_connection_values(c, MHD_HEADER_KIND, http_count_framing, &f);
+  if (f.n_length > 1) return coord_http_err(e, 400, NULL, "the request has more than one Content-Length header");
+  if (f.n_length && f.n_coding)
+    return coord_http_err(e, 400, NULL, "the request has both Content-Length and Transfer-Encoding");
+  if (f.n_coding > 1) return coord_http_err(e, 400, NULL, "the request has more than one Transfer-Encoding header");
+  if (f.n_coding && !http11) return coord_http_err(e, 400, NULL, "Transfer-Encoding in an HTTP/1.0 request");
+  if (f.n_coding && strcasecmp(f.coding, "chunked"))
+    return coord_http_err(e, 501, NULL, "Transfer-Encoding '%.100s' is not supported (only chunked)", f.coding);
+  return 0;
+}
+
+/* The first call: headers are in, the body (if any) follows. A request
+ * answered here is not read further; MHD closes the connection after the
+ * answer. */
+static enum MHD_Result http_headers_in(struct coord_http *h, struct MHD_Connection *c, const char *version,
+                                       http_upload_t *up) {
+  coord_http_err_t e;
+  up->http11 = strcmp(version, MHD_HTTP_VERSION_1_0) != 0; /* 1.1, or 1.x that MHD reads as 1.1 */
+  if (http_check_framing(c, up->http11, &e)) {
+    coord_http__conn_received(h, c);
+    return (enum MHD_Result)coord_http__send_error(h, c, &e);
+  }
+  if (http_declared_huge(c)) {
+    up->too_big = true;
+    coord_http__conn_received(h, c);
+    return (enum MHD_Result)http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
+  }
+  return MHD_YES;
+}
+
 static enum MHD_Result http_access(void *cls, struct MHD_Connection *c, const char *url, const char *method,
                                    const char *version, const char *data, size_t *data_size, void **con_cls) {
   struct coord_http *h = cls;
   http_upload_t *up = *con_cls;
-  if (!up) { /* headers are in; the body (if any) follows */
+  if (!up) {
     *con_cls = up = fr_calloc(1, sizeof *up);
-    if (http_declared_huge(c)) { /* answer now; MHD closes the connection */
-      up->too_big = true;
-      return (enum MHD_Result)http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
-    }
-    return MHD_YES;
+    return http_headers_in(h, c, version, up);
   }
   if (*data_size) {
     http_upload_add(up, data, *data_size);
     *data_size = 0;
     return MHD_YES;
   }
+  coord_http__conn_received(h, c); /* the whole request is in: no deadline while it runs */
   return (enum MHD_Result)http_route(h, c, url, method, up);
 }
 
 static void http_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
   http_upload_t *up = *con_cls;
+  coord_http__conn_rearm(cls, c); /* keep-alive: the next request's clock */
   if (!up) return;
   free(up->body);
   free(up);
@@ -186,7 +239,7 @@ static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cf
       flags, 0, NULL, NULL, http_access, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
       cfg->max_connections ? cfg->max_connections : 256u, MHD_OPTION_CONNECTION_TIMEOUT,
       cfg->timeout_s ? cfg->timeout_s : 30u, MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
-      MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
+      MHD_OPTION_NOTIFY_CONNECTION, coord_http__conn_notify, h, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
   if (!h->daemon) return fr_errorf(-EADDRINUSE, "HTTP: cannot listen on %s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : cfg->port;
@@ -207,7 +260,9 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   uint64_t seed = 0;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = fr_now_ns();
   atomic_init(&h->next_job, (seed >> 16) | 1); /* far from 0 and from wrapping */
-  int rc = http_daemon_start(h, cfg);
+  int rc = coord_http__conns_start(h, cfg->request_timeout_s ? cfg->request_timeout_s : 30u,
+                                   cfg->timeout_s ? cfg->timeout_s : 30u);
+  if (!rc) rc = http_daemon_start(h, cfg);
   if (rc) {
     coord_http_stop(h);
     return rc;
@@ -226,7 +281,9 @@ void coord_http_set_draining(coord_http_t *h) { atomic_store(&h->draining, 1); }
 void coord_http_stop(coord_http_t *h) {
   if (!h) return;
   atomic_store(&h->stopping, 1); /* waiting handlers give up within 100 ms */
+  coord_http__watchdog_stop(h);
   if (h->daemon) MHD_stop_daemon(h->daemon);
+  coord_http__conns_free(h);
   free(h->rpc_endpoint);
   free(h->api_key);
   free(h->model);

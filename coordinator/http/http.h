@@ -42,6 +42,10 @@ typedef struct {
   uint32_t max_model_len;       /* context length; token prompts longer are a 400 */
   unsigned max_connections;     /* 0 = 256 */
   unsigned timeout_s;           /* idle connection timeout; 0 = 30 */
+  unsigned request_timeout_s;   /* a request's headers and body must arrive within this,
+                                   however steadily they trickle in (on a kept-alive
+                                   connection: timeout_s more); else the connection is
+                                   closed unanswered; 0 = 30 */
   coord_metrics_t *metrics;     /* borrowed; NULL = /metrics answers 404 */
   const struct model_tokenizer *tokenizer; /* borrowed, optional: token strings in logprobs
                                               (without it they read "token_id:N") */

@@ -12,6 +12,7 @@
 #include <stdint.h>
 
 #include <jansson.h>
+#include <pthread.h>
 
 #include "proto/proto.h"
 
@@ -117,6 +118,17 @@ struct MHD_Connection;
 struct MHD_Response;
 typedef struct coord_metrics coord_metrics_t;
 
+/* One open connection (http_conn.c), from MHD's "started" notification to
+ * its "closed" one, which comes before MHD closes the socket; MHD's
+ * socket_context points at it. Fields under coord_http.conn_mu. */
+typedef struct coord_http_conn {
+  struct coord_http_conn *prev, *next;
+  int fd;               /* the client's socket (MHD's; only shut down here) */
+  bool receiving;       /* a request (or the next one) is being received */
+  bool expired;         /* shut down for missing its deadline */
+  uint64_t deadline_ns; /* fr_now_ns() by which the request must be in */
+} coord_http_conn_t;
+
 struct coord_http {
   struct MHD_Daemon *daemon;
   void *zmq_ctx;
@@ -128,6 +140,14 @@ struct coord_http {
   _Atomic int ready, draining, stopping;
   _Atomic uint64_t next_job; /* job ids; starts at a random value */
   long long started;         /* unix seconds, for /v1/models */
+  /* connections and their deadline (http_conn.c) */
+  uint64_t request_timeout_ns; /* a request's headers and body must arrive within this */
+  uint64_t idle_timeout_ns;    /* MHD's idle timeout: a kept-alive connection's wait first */
+  pthread_mutex_t conn_mu;
+  pthread_cond_t conn_cv;      /* wakes the watchdog to stop */
+  pthread_t watchdog;
+  bool conn_init, watchdog_running, watchdog_stop;
+  coord_http_conn_t *conns;    /* the open connections, under conn_mu */
 };
 
 /* Queues a response with status (counted in the metrics) and destroys it.
@@ -136,8 +156,44 @@ int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status
 /* Queues OpenAI's error body for e. */
 int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e);
 /* Runs a /v1/completions or /v1/chat/completions request whose body is
- * complete: validates, submits, answers (JSON, or an SSE stream). */
-int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body, size_t len);
+ * complete: validates, submits, answers (JSON, or an SSE stream). http11:
+ * the request is HTTP/1.1 (an interim 1xx answer may be sent). */
+int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body, size_t len,
+                    bool http11);
+
+/* ---- connections (http_conn.c) ----
+ *
+ * libmicrohttpd's connection timeout is an idle timeout, reset by every
+ * byte, so a client that sends a byte every few seconds would hold a
+ * connection (and its thread) forever. Each connection gets a deadline for
+ * its request as well: from its start, a request's headers and body must
+ * be in within request_timeout_ns; from the end of each answer, the next
+ * one's within idle_timeout_ns + request_timeout_ns (a kept-alive
+ * connection may first wait, as long as the idle timeout lets it). No
+ * deadline runs while a request is answered. A watchdog thread shuts down
+ * (shutdown(2), not close: MHD owns the descriptor) the sockets that miss
+ * theirs; MHD then reads the end of the stream and closes the connection.
+ * Nothing is answered: a 408 written on a connection the client may be
+ * reusing could be taken as the answer to its next request (nginx closes
+ * silently too). libmicrohttpd 0.9.75 offers no hook for this: the access
+ * handler first runs once all headers are in, and no option bounds a
+ * request's total time. */
+
+/* Sets up the table and starts the watchdog. Returns 0 or -errno. */
+int coord_http__conns_start(struct coord_http *h, unsigned request_timeout_s, unsigned idle_timeout_s);
+/* Stops the watchdog (before MHD_stop_daemon). */
+void coord_http__watchdog_stop(struct coord_http *h);
+/* Frees the table (after MHD_stop_daemon closed every connection). */
+void coord_http__conns_free(struct coord_http *h);
+#ifdef MHD_VERSION /* in files that include <microhttpd.h> */
+/* MHD_OPTION_NOTIFY_CONNECTION's callback (cls: the coord_http). */
+void coord_http__conn_notify(void *cls, struct MHD_Connection *c, void **socket_context,
+                             enum MHD_ConnectionNotificationCode toe);
+#endif
+/* The request on c is in (or answered before its body): its clock stops. */
+void coord_http__conn_received(struct coord_http *h, struct MHD_Connection *c);
+/* The answer on c is done: the clock starts for the next request. */
+void coord_http__conn_rearm(struct coord_http *h, struct MHD_Connection *c);
 
 /* ---- the RPC connection of one request (http_rpc.c) ---- */
 
@@ -146,6 +202,7 @@ typedef struct {
   int client_fd;     /* the HTTP client's socket, watched for hang-ups; -1 = none */
   uint64_t job;      /* submitted job id, 0 = none */
   bool finished;     /* the job's last event (or error) was received */
+  bool client_eof;   /* the client's end of stream was reported (COORD_HTTP_RPC_EOF) */
   proto_buf_t buf;
   proto_msg_t msg;
 } coord_http_rpc_t;
@@ -154,17 +211,31 @@ typedef struct {
 int coord_http_rpc_open(coord_http_rpc_t *c, void *ctx, const char *endpoint, int client_fd);
 /* Sends the submit (its id must be set). Returns 0 or a negative error. */
 int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s);
+#define COORD_HTTP_RPC_EOF 2
+
 /* Waits up to timeout_ms for the job's next message. Returns 1 with *msg
  * (an "event" or "error"; valid until the next call), 0 on timeout, -EPIPE
- * when the HTTP client hung up (the job is canceled then), or another
- * negative error. */
+ * when the HTTP client's socket is reset or failed (the job is canceled
+ * then), COORD_HTTP_RPC_EOF once when the client has sent its end of
+ * stream, or another negative error.
+ *
+ * An end of stream alone cannot tell a client that half-closed after its
+ * request (shutdown(SHUT_WR); it still reads the answer) from one that
+ * closed and left: both send FIN. Only a write tells them apart (a closed
+ * socket answers it with a reset, seen here as -EPIPE on a later call), so
+ * the caller writes something harmless then, or cancels. */
 int coord_http_rpc_next(coord_http_rpc_t *c, int timeout_ms, const proto_msg_t **msg);
 /* Sends "cancel" for the job unless it finished. */
 void coord_http_rpc_cancel(coord_http_rpc_t *c);
 /* Cancels an unfinished job and closes the socket. */
 void coord_http_rpc_close(coord_http_rpc_t *c);
-/* True when the peer of fd has closed its side (or the socket failed). */
-bool coord_http_fd_hung_up(int fd);
+/* What the peer of a socket did, seen without reading it. */
+typedef enum {
+  COORD_HTTP_PEER_OPEN = 0, /* nothing (or only data) */
+  COORD_HTTP_PEER_EOF,      /* it sent FIN: a half-close, or a close */
+  COORD_HTTP_PEER_GONE,     /* reset, or the socket failed */
+} coord_http_peer_t;
+coord_http_peer_t coord_http_peer(int fd);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 
 #include <microhttpd.h>
@@ -26,8 +27,12 @@ typedef struct {
   coord_http_meta_t meta;
   char *pend; /* SSE bytes not yet handed to MHD */
   size_t pend_len, pend_off;
-  bool done; /* the last chunk is in pend */
+  bool done;      /* the last chunk is in pend */
+  bool http11;    /* the request is HTTP/1.1: an interim 1xx answer may be sent */
+  bool streaming; /* the SSE answer has started (MHD sends pend) */
 } job_t;
+
+#define JOB_PROBE 2 /* job_wait: pend holds a probe to send, no message */
 
 static void job_free(job_t *j) {
   if (!j) return;
@@ -37,8 +42,38 @@ static void job_free(job_t *j) {
   free(j);
 }
 
-/* Waits for the job's next message. Returns 1 (*m set), -EPIPE when the
- * client hung up, FR_ECANCELED when the frontend stops, other errors. */
+static void job_set_pend(job_t *j, char *s) {
+  free(j->pend);
+  j->pend = s;
+  j->pend_len = strlen(s);
+  j->pend_off = 0;
+}
+
+/* The client sent its end of stream: it half-closed and reads on, or it
+ * left (see coord_http_rpc_next). Writes what it must ignore, so that a
+ * closed socket answers with a reset (-EPIPE on a later wait): before the
+ * answer an interim "100 Continue" (RFC 9110 section 15.2: an HTTP/1.1
+ * client parses 1xx answers before the final one; none may go to HTTP/1.0
+ * clients, whose end of stream cancels the job), in an SSE stream a
+ * comment line (queued in pend). Returns 0 or JOB_PROBE to go on, -EPIPE
+ * when nothing could be written (the job canceled). */
+static int job_probe(job_t *j) {
+  static const char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  if (j->streaming) {
+    job_set_pend(j, fr_strdup(":\n\n"));
+    return JOB_PROBE;
+  }
+  /* MHD writes nothing while its connection thread waits here for the job */
+  if (j->http11 && send(j->rpc.client_fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) ==
+                       (ssize_t)(sizeof interim - 1))
+    return 0;
+  coord_http_rpc_cancel(&j->rpc);
+  return -EPIPE;
+}
+
+/* Waits for the job's next message. Returns 1 (*m set), JOB_PROBE (pend
+ * holds a probe of a half-closed client), -EPIPE when the client hung up,
+ * FR_ECANCELED when the frontend stops, other errors. */
 static int job_wait(job_t *j, const proto_msg_t **m) {
   for (;;) {
     if (atomic_load(&j->h->stopping)) {
@@ -46,6 +81,7 @@ static int job_wait(job_t *j, const proto_msg_t **m) {
       return fr_errorf(FR_ECANCELED, "the HTTP frontend is stopping");
     }
     int rc = coord_http_rpc_next(&j->rpc, JOB_TICK_MS, m);
+    if (rc == COORD_HTTP_RPC_EOF) rc = job_probe(j);
     if (rc) return rc;
   }
 }
@@ -110,10 +146,7 @@ static int job_chunk(job_t *j, const proto_msg_t *m, bool first) {
   coord_http_err_t e;
   char *s = job_msg_error(m, &e) ? coord_http_error_sse(&e) : coord_http_chunk_sse(&j->meta, &m->u.event, first);
   if (!s) return -ENOMEM;
-  free(j->pend);
-  j->pend = s;
-  j->pend_len = strlen(s);
-  j->pend_off = 0;
+  job_set_pend(j, s);
   if (!j->rpc.finished) return 0;
   j->pend = fr_realloc(j->pend, j->pend_len + sizeof job_done_sse);
   memcpy(j->pend + j->pend_len, job_done_sse, sizeof job_done_sse);
@@ -129,7 +162,9 @@ static ssize_t job_read(void *cls, uint64_t pos, char *buf, size_t max) {
   while (j->pend_off == j->pend_len) {
     if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
     const proto_msg_t *m;
-    if (job_wait(j, &m) < 0 || job_chunk(j, m, false)) return MHD_CONTENT_READER_END_WITH_ERROR;
+    int w = job_wait(j, &m);
+    if (w == JOB_PROBE) continue;
+    if (w < 0 || job_chunk(j, m, false)) return MHD_CONTENT_READER_END_WITH_ERROR;
   }
   size_t n = j->pend_len - j->pend_off < max ? j->pend_len - j->pend_off : max;
   memcpy(buf, j->pend + j->pend_off, n);
@@ -152,6 +187,7 @@ static int job_answer_stream(job_t *j, struct MHD_Connection *c, const proto_msg
     job_free(j);
     return rc;
   }
+  j->streaming = true;
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
   MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
   return coord_http__queue(j->h, c, 200, r);
@@ -181,10 +217,11 @@ static int job_submit(job_t *j, struct MHD_Connection *c, const proto_msg_t **fi
 }
 
 int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body,
-                    size_t len) {
+                    size_t len, bool http11) {
   coord_http_err_t e;
   job_t *j = fr_calloc(1, sizeof *j);
   j->h = h;
+  j->http11 = http11;
   j->rpc.client_fd = -1;
   int rc;
   if (coord_http_req_parse(&j->req, api, body, len, h->model, h->max_model_len, &e)) {

@@ -44,10 +44,26 @@ int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s) {
   return rc;
 }
 
-bool coord_http_fd_hung_up(int fd) {
-  if (fd < 0) return false;
+coord_http_peer_t coord_http_peer(int fd) {
+  if (fd < 0) return COORD_HTTP_PEER_OPEN;
   struct pollfd p = {.fd = fd, .events = POLLRDHUP};
-  return poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL));
+  if (poll(&p, 1, 0) <= 0) return COORD_HTTP_PEER_OPEN;
+  if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return COORD_HTTP_PEER_GONE;
+  return p.revents & POLLRDHUP ? COORD_HTTP_PEER_EOF : COORD_HTTP_PEER_OPEN;
+}
+
+/* 0, -EPIPE (the job canceled) or COORD_HTTP_RPC_EOF (once). */
+static int rpc_watch_client(coord_http_rpc_t *c) {
+  coord_http_peer_t p = coord_http_peer(c->client_fd);
+  if (p == COORD_HTTP_PEER_GONE) {
+    coord_http_rpc_cancel(c);
+    return -EPIPE;
+  }
+  if (p == COORD_HTTP_PEER_EOF && !c->client_eof) {
+    c->client_eof = true;
+    return COORD_HTTP_RPC_EOF;
+  }
+  return 0;
 }
 
 /* Receives one frame and decodes it. Returns 1 when it is about our job, 0
@@ -86,10 +102,7 @@ int coord_http_rpc_next(coord_http_rpc_t *c, int timeout_ms, const proto_msg_t *
       return 1;
     }
     if (rc < 0) return rc;
-    if (coord_http_fd_hung_up(c->client_fd)) {
-      coord_http_rpc_cancel(c);
-      return -EPIPE;
-    }
+    if ((rc = rpc_watch_client(c))) return rc;
     uint64_t now = fr_now_ns();
     if (timeout_ms >= 0 && now >= deadline) return 0;
     long wait = RPC_WATCH_MS;

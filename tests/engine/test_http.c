@@ -29,6 +29,7 @@ static http_fake_t fake;
 static coord_metrics_t *metrics;
 static coord_http_t *srv;
 static int port;
+static unsigned request_timeout_s; /* 0: the server's default */
 
 static void start_server(const char *api_key, unsigned max_conn, unsigned timeout_s) {
   ctx = zmq_ctx_new();
@@ -36,7 +37,8 @@ static void start_server(const char *api_key, unsigned max_conn, unsigned timeou
   ck_assert_int_eq(coord_metrics_create(&metrics, "smol"), 0);
   coord_http_config_t cfg = {.zmq_ctx = ctx, .rpc_endpoint = EP, .host = "127.0.0.1", .port = 0, .api_key = api_key,
                              .served_model_name = "smol", .max_model_len = 100, .metrics = metrics,
-                             .max_connections = max_conn, .timeout_s = timeout_s};
+                             .max_connections = max_conn, .timeout_s = timeout_s,
+                             .request_timeout_s = request_timeout_s};
   ck_assert_int_eq(coord_http_start(&srv, &cfg), 0);
   port = coord_http_port(srv);
   ck_assert_int_gt(port, 0);
@@ -499,6 +501,290 @@ START_TEST(test_metrics_endpoint) {
 }
 END_TEST
 
+/* ---- raw requests: framing, half-close, slow senders ---- */
+
+static int raw_connect(void) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+static void raw_write(int fd, const char *s) {
+  size_t n = strlen(s);
+  ck_assert_int_eq(write(fd, s, n), (ssize_t)n);
+}
+
+/* Reads until the server closes the connection or ms pass; returns the
+ * bytes (malloc'd, NUL-terminated) and sets *closed. */
+static char *raw_read_all(int fd, int ms, bool *closed) {
+  size_t n = 0, cap = 1 << 16;
+  char *b = malloc(cap);
+  uint64_t end = fr_now_ns() + (uint64_t)ms * 1000000u;
+  *closed = false;
+  for (int i = 0; i < 10000 && n + 1 < cap; i++) {
+    uint64_t now = fr_now_ns();
+    if (now >= end) break;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, (int)((end - now) / 1000000u) + 1) <= 0) continue;
+    ssize_t r = read(fd, b + n, cap - 1 - n);
+    if (r <= 0) {
+      *closed = true;
+      break;
+    }
+    n += (size_t)r;
+  }
+  b[n] = 0;
+  return b;
+}
+
+/* The final response of raw bytes: 1xx interim responses are skipped.
+ * Returns its status; *body points at its body inside resp. */
+static int raw_final(const char *resp, const char **body) {
+  int st = 0;
+  for (int i = 0; i < 4; i++) {
+    ck_assert_msg(sscanf(resp, "HTTP/1.1 %d", &st) == 1, "not a response: '%.200s'", resp);
+    const char *e = strstr(resp, "\r\n\r\n");
+    ck_assert_ptr_nonnull(e);
+    resp = e + 4;
+    if (st >= 200) break;
+  }
+  *body = resp;
+  return st;
+}
+
+/* Counts status lines in resp (interim ones too). */
+static int raw_count_responses(const char *resp) {
+  int k = 0;
+  for (const char *p = resp; (p = strstr(p, "HTTP/1.1 ")) != NULL; p++) k++;
+  return k;
+}
+
+/* Sends req, then reads until the server closes (at most 5 s): the
+ * request must be refused with want and OpenAI's error shape, the
+ * connection closed, and no job submitted. */
+static void raw_refused(const char *req, int want, const char *says) {
+  int before = atomic_load(&fake.n_submits);
+  int fd = raw_connect();
+  raw_write(fd, req);
+  bool closed;
+  char *resp = raw_read_all(fd, 5000, &closed), *bodycopy;
+  const char *body;
+  close(fd);
+  ck_assert_msg(raw_final(resp, &body) == want, "want %d for '%s', got '%s'", want, req, resp);
+  ck_assert_msg(closed, "the connection stays open after '%s'", req);
+  ck_assert_msg(raw_count_responses(resp) == 1, "more than one answer to '%s': '%s'", req, resp);
+  const char *cl = strcasestr(resp, "\r\nContent-Length: ");
+  ck_assert_ptr_nonnull(cl);
+  bodycopy = strndup(body, (size_t)atoi(cl + 18));
+  json_t *j = json_loads(bodycopy, 0, NULL);
+  ck_assert_msg(j != NULL, "not JSON: %s", bodycopy);
+  json_t *e = json_object_get(j, "error");
+  ck_assert_str_eq(jstr(e, "type"), want >= 500 ? "server_error" : "invalid_request_error");
+  ck_assert_msg(strstr(jstr(e, "message"), says) != NULL, "message '%s' does not say '%s'", jstr(e, "message"), says);
+  json_decref(j);
+  free(bodycopy);
+  free(resp);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), before);
+}
+
+#define RAW_POST "POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+#define RAW_BODY "{\"prompt\":\"hi\"}" /* 15 bytes */
+#define RAW_CHUNKED "f\r\n" RAW_BODY "\r\n0\r\n\r\n"
+
+START_TEST(test_framing_refused) {
+  /* two lengths: a proxy in front may have used the other one */
+  raw_refused(RAW_POST "Content-Length: 15\r\nContent-Length: 16\r\n\r\n" RAW_BODY " ", 400, "Content-Length");
+  raw_refused(RAW_POST "Content-Length: 15\r\ncontent-length: 15\r\n\r\n" RAW_BODY, 400, "Content-Length");
+  /* a length and a chunked body, in either order; a smuggled request behind it is never answered */
+  raw_refused(RAW_POST "Content-Length: 15\r\nTransfer-Encoding: chunked\r\n\r\n" RAW_CHUNKED, 400, "Transfer-Encoding");
+  raw_refused(RAW_POST "Transfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n" RAW_CHUNKED
+              "GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n", 400, "Transfer-Encoding");
+  /* codings other than one chunked */
+  raw_refused(RAW_POST "Transfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n" RAW_CHUNKED, 400,
+              "Transfer-Encoding");
+  raw_refused(RAW_POST "Transfer-Encoding: gzip, chunked\r\n\r\n" RAW_CHUNKED, 501, "Transfer-Encoding");
+  raw_refused("POST /v1/completions HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n" RAW_CHUNKED, 400,
+              "Transfer-Encoding");
+  /* well-framed requests still work: by length and chunked */
+  const char *ok[] = {RAW_POST "Content-Length: 15\r\nConnection: close\r\n\r\n" RAW_BODY,
+                      RAW_POST "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n" RAW_CHUNKED};
+  for (int i = 0; i < 2; i++) {
+    int fd = raw_connect();
+    raw_write(fd, ok[i]);
+    bool closed;
+    char *resp = raw_read_all(fd, 5000, &closed);
+    const char *body;
+    close(fd);
+    ck_assert_msg(raw_final(resp, &body) == 200, "got '%s'", resp);
+    ck_assert_ptr_nonnull(strstr(body, "Hello world"));
+    free(resp);
+  }
+}
+END_TEST
+
+/* A client that half-closes (shutdown SHUT_WR) after its whole request
+ * still gets the answer, while its job runs ("delay": 1.5 s). */
+START_TEST(test_half_close_answered) {
+  const char *reqs[] = {RAW_POST "Content-Length: 18\r\n\r\n{\"prompt\":\"delay\"}",
+                        RAW_POST "Content-Length: 32\r\n\r\n{\"prompt\":\"delay\",\"stream\":true}",
+                        RAW_POST "Transfer-Encoding: chunked\r\n\r\n12\r\n{\"prompt\":\"delay\"}\r\n0\r\n\r\n"};
+  for (int i = 0; i < 3; i++) {
+    int fd = raw_connect();
+    raw_write(fd, reqs[i]);
+    ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+    bool closed;
+    char *resp = raw_read_all(fd, 5000, &closed);
+    const char *body;
+    close(fd);
+    ck_assert_msg(raw_final(resp, &body) == 200, "request %d: got '%s'", i, resp);
+    if (i == 1) {
+      ck_assert_msg(strstr(body, "data: [DONE]"), "request %d: got '%s'", i, resp);
+      ck_assert_ptr_nonnull(strstr(body, "\"Hel\""));
+    } else {
+      ck_assert_msg(strstr(body, "Hello world"), "request %d: got '%s'", i, resp);
+    }
+    /* the probe that told it from a client that left */
+    static const char probed[] = "HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 ";
+    ck_assert_msg(!strncmp(resp, probed, sizeof probed - 1), "got '%s'", resp);
+    ck_assert(closed);
+    free(resp);
+  }
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), 0);
+  /* HTTP/1.0 allows no interim answer: its end of stream is taken as a hang-up */
+  int fd = raw_connect();
+  raw_write(fd, "POST /v1/completions HTTP/1.0\r\nContent-Length: 17\r\n\r\n{\"prompt\":\"hang\"}");
+  ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+  ck_assert_msg(wait_cancel(2000), "no cancel after an HTTP/1.0 end of stream");
+  close(fd);
+}
+END_TEST
+
+/* Reads an SSE answer until its first token chunk. */
+static void raw_first_chunk(int fd) {
+  char buf[4096];
+  size_t n = 0;
+  for (int i = 0; i < 50 && !strstr(buf, "\"Hel\""); i++) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 2000), 1);
+    ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+    ck_assert_int_gt(r, 0);
+    n += (size_t)r;
+    buf[n] = 0;
+  }
+  ck_assert_ptr_nonnull(strstr(buf, "\"Hel\""));
+}
+
+/* Mid-stream, an end of stream is probed with an SSE comment: a
+ * half-closed client reads it and its job goes on; a client that closed
+ * answers it with a reset and its job is canceled. */
+START_TEST(test_half_close_mid_stream) {
+  const char *req = RAW_POST "Content-Length: 31\r\n\r\n{\"prompt\":\"slow\",\"stream\":true}";
+  int fd = raw_connect();
+  raw_write(fd, req);
+  raw_first_chunk(fd);
+  ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+  bool closed;
+  char *more = raw_read_all(fd, 1000, &closed);
+  ck_assert_msg(strstr(more, "\r\n:\n\n\r\n") != NULL, "no probe: '%s'", more); /* one chunk: ":\n\n" */
+  ck_assert(!closed);
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), 0);
+  free(more);
+  close(fd); /* the probe was read: this close sends nothing the server can see */
+  fd = raw_connect();
+  raw_write(fd, req);
+  raw_first_chunk(fd);
+  ck_assert_int_eq(shutdown(fd, SHUT_WR), 0);
+  usleep(400 * 1000); /* the probe arrives unread, so close() resets */
+  close(fd);
+  ck_assert_msg(wait_cancel(2000), "no cancel after a close mid-stream");
+}
+END_TEST
+
+/* Reads one answer with a Content-Length body from a keep-alive
+ * connection; returns its status. */
+static int raw_read_response(int fd) {
+  char buf[8192];
+  size_t n = 0;
+  for (int i = 0; i < 100; i++) {
+    buf[n] = 0;
+    const char *e = strstr(buf, "\r\n\r\n"), *cl = strcasestr(buf, "\r\nContent-Length: ");
+    if (e && cl && n >= (size_t)(e + 4 - buf) + (size_t)atoi(cl + 18)) break;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    ck_assert_int_eq(poll(&p, 1, 3000), 1);
+    ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+    ck_assert_msg(r > 0, "closed after '%s'", buf);
+    n += (size_t)r;
+  }
+  int st = 0;
+  ck_assert_msg(sscanf(buf, "HTTP/1.1 %d", &st) == 1, "got '%s'", buf);
+  return st;
+}
+
+/* Sends req one byte every 200 ms until the server closes the connection;
+ * returns the seconds that took (it must answer nothing). */
+static double raw_trickle(int fd, const char *req) {
+  uint64_t t0 = fr_now_ns();
+  for (size_t i = 0; i < strlen(req); i++) {
+    if (send(fd, req + i, 1, MSG_NOSIGNAL) != 1) break;
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 200) != 1) continue;
+    char b[512];
+    ssize_t r = read(fd, b, sizeof b - 1);
+    if (r > 0) b[r] = 0;
+    ck_assert_msg(r <= 0, "answered a request that never arrived: '%s'", b);
+    return (double)(fr_now_ns() - t0) / 1e9;
+  }
+  ck_abort_msg("the trickled request was never cut off");
+  return 0;
+}
+
+/* A client that keeps sending a byte now and then (the 2 s idle timeout
+ * never fires) is cut off when its request misses the deadline: 2 s on a
+ * fresh connection, 2 + 2 s after an answer on a kept-alive one. Requests
+ * that arrive in time and answers that take longer are not. */
+START_TEST(test_request_deadline) {
+  const char *req = RAW_POST "Content-Length: 15\r\n\r\n" RAW_BODY;
+  teardown();
+  request_timeout_s = 2;
+  start_server(NULL, 0, 2);
+  int fd = raw_connect();
+  double s = raw_trickle(fd, req);
+  ck_assert_msg(s > 1.8 && s < 5, "cut off after %.2f s", s);
+  close(fd);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 0);
+  /* kept alive: the clock starts again after each answer, not at the connection's start */
+  fd = raw_connect();
+  uint64_t t0 = fr_now_ns();
+  for (int i = 0; i < 6; i++) {
+    if (i) usleep(1000 * 1000);
+    raw_write(fd, req);
+    ck_assert_int_eq(raw_read_response(fd), 200);
+  }
+  ck_assert_uint_gt(fr_now_ns() - t0, 4500000000u); /* past 2 + 2 s since the connection's start */
+  s = raw_trickle(fd, req);
+  ck_assert_msg(s > 3.8 && s < 7, "kept-alive connection cut off after %.2f s", s);
+  close(fd);
+  /* slow but in time */
+  fd = raw_connect();
+  raw_write(fd, RAW_POST "Content-Length: 15\r\n\r\n");
+  usleep(1000 * 1000);
+  raw_write(fd, RAW_BODY);
+  ck_assert_int_eq(raw_read_response(fd), 200);
+  close(fd);
+  /* an answer that takes longer than the deadline goes on */
+  fd = raw_connect();
+  raw_write(fd, RAW_POST "Content-Length: 31\r\n\r\n{\"prompt\":\"slow\",\"stream\":true}");
+  raw_first_chunk(fd);
+  struct pollfd p = {.fd = fd, .events = POLLIN};
+  ck_assert_int_eq(poll(&p, 1, 2600), 0);
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), 0);
+  close(fd);
+  ck_assert_msg(wait_cancel(2000), "no cancel after the long answer's client left");
+}
+END_TEST
+
 static Suite *http_suite(void) {
   Suite *s = suite_create("http");
   TCase *tc = tcase_create("server");
@@ -516,6 +802,10 @@ static Suite *http_suite(void) {
   tcase_add_test(tc, test_body_limits);
   tcase_add_test(tc, test_slow_clients);
   tcase_add_test(tc, test_metrics_endpoint);
+  tcase_add_test(tc, test_framing_refused);
+  tcase_add_test(tc, test_half_close_answered);
+  tcase_add_test(tc, test_half_close_mid_stream);
+  tcase_add_test(tc, test_request_deadline);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -128,6 +128,7 @@ struct coord {
   proto_copy_t *copies;      /* (copies_cap) wire block copies */
   int copies_cap;
   coord_job_t **touched;     /* (max_num_seqs) jobs with new tokens to stream */
+  const proto_result_item_t **res_by_slot; /* (max_num_seqs) the result being applied, by slot */
   int n_touched;
   /* counters */
   uint64_t n_steps;
@@ -182,6 +183,9 @@ void coord__prompts_on_ready(coord_t *c);
 /* Validates and tokenizes a submit; on success the job is queued. On
  * failure it answers the client with an error itself. */
 void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *s);
+/* Ends j with an error (PROTO_ERR_* code, a static message) that its last
+ * event carries. */
+void coord__job_fail(coord_t *c, coord_job_t *j, int32_t code, const char *msg);
 /* The pool tokenized j's prompt (rc 0: ids, n; else err): the job is
  * queued, or rejected with err. Takes ownership of ids. */
 void coord__job_prompt_ready(coord_t *c, coord_job_t *j, int rc, const char *err, int32_t *ids, size_t n);

@@ -104,8 +104,8 @@ static void coord__event_fill(coord_t *c, coord_job_t *j, proto_event_t *e, size
                                .completion_tokens = (uint32_t)n_out,
                                .cached_tokens = j->n_cached};
     if (j->finish == PROTO_FINISH_ERROR) {
-      e->error.code = PROTO_ERR_INTERNAL;
-      e->error.message = "the step failed";
+      e->error.code = j->error_code ? j->error_code : PROTO_ERR_INTERNAL;
+      e->error.message = (char *)(j->error_msg ? j->error_msg : "the step failed");
     }
   }
 }

@@ -92,6 +92,13 @@ void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
   coord__metrics_finish(c, j, why);
 }
 
+void coord__job_fail(coord_t *c, coord_job_t *j, int32_t code, const char *msg) {
+  if (j->finish != PROTO_FINISH_NONE) return;
+  j->error_code = code;
+  j->error_msg = msg;
+  coord__job_finish(c, j, PROTO_FINISH_ERROR);
+}
+
 void coord__jobs_cancel_fd(coord_t *c, int fd) {
   if (fd < 0) return;
   for (size_t h = 0; h < c->hash_cap; h++)
@@ -255,6 +262,18 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   return j;
 }
 
+/* Every id must have a row in the model's embedding, which can be smaller
+ * than the tokenizer's vocabulary (added tokens past the model's rows). */
+static coord_reject_t coord__ids_check(coord_t *c, const int32_t *ids, size_t n) {
+  static char msg[160];
+  for (size_t i = 0; i < n; i++)
+    if (ids[i] < 0 || ids[i] >= c->vocab) {
+      snprintf(msg, sizeof msg, "the prompt has token %d, past the model's %d embedding rows", ids[i], c->vocab);
+      return (coord_reject_t){PROTO_ERR_BAD_REQUEST, msg};
+    }
+  return (coord_reject_t){0, NULL};
+}
+
 /* Gives j its prompt (takes ids) once its length is checked, and sizes
  * what depends on max_tokens. On a rejection ids are freed and j is
  * unchanged. */
@@ -322,7 +341,8 @@ void coord__job_prompt_ready(coord_t *c, coord_job_t *j, int rc, const char *err
     return;
   }
   coord_reject_t rj = {PROTO_ERR_BAD_REQUEST, err};
-  if (rc == 0) rj = coord__job_set_prompt(c, j, ids, n);
+  if (rc == 0) rj = coord__ids_check(c, ids, n);
+  if (rc == 0 && !rj.code) rj = coord__job_set_prompt(c, j, ids, n);
   else free(ids);
   if (rj.code) coord__job_reject(c, j, rj);
   else coord__job_queue(c, j);

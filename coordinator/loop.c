@@ -197,6 +197,7 @@ static void coord__alloc_scratch(coord_t *c) {
   coord_sched_init(&c->sched, &sc);
   c->pitems = fr_calloc(S, sizeof *c->pitems);
   c->touched = fr_calloc(S, sizeof *c->touched);
+  c->res_by_slot = fr_calloc(S, sizeof *c->res_by_slot);
   c->hash_cap = 4096;
   c->hash = fr_calloc(c->hash_cap, sizeof *c->hash);
 }
@@ -405,7 +406,7 @@ void coord_destroy(coord_t *c) {
   proto_buf_free(&c->out);
   proto_buf_free(&c->wout);
   coord_sched_deinit(&c->sched);
-  free(c->pitems), free(c->touched), free(c->hash), free(c->copies);
+  free(c->pitems), free(c->touched), free(c->res_by_slot), free(c->hash), free(c->copies);
   free(c->stats.us);
   free(c->model_path), free(c->served_name), free(c->device), free(c->rpc_addr), free(c->worker_exe);
   free(c->step_stats_path);

@@ -34,6 +34,7 @@ struct coord_metrics {
   _Atomic uint64_t finished[COORD_METRICS_FINISH_COUNT];
   _Atomic uint64_t prompt_tokens, generation_tokens;
   _Atomic uint64_t preemptions;
+  _Atomic uint64_t nonfinite;
   _Atomic uint64_t prefix_queries, prefix_hits;
   _Atomic uint32_t running, waiting, kv_used, kv_total;
   _Atomic uint64_t http[6]; /* [0] other, [1..5] 1xx..5xx */
@@ -113,6 +114,7 @@ void coord_metrics_ttft(coord_metrics_t *m, double s) { if (m) m_hist_observe(&m
 void coord_metrics_itl(coord_metrics_t *m, double s) { if (m) m_hist_observe(&m->itl, s); }
 void coord_metrics_e2e(coord_metrics_t *m, double s) { if (m) m_hist_observe(&m->e2e, s); }
 void coord_metrics_preemption(coord_metrics_t *m, uint64_t n) { if (m) M_ADD(m->preemptions, n); }
+void coord_metrics_nonfinite(coord_metrics_t *m) { if (m) M_ADD(m->nonfinite, 1); }
 
 void coord_metrics_prefix(coord_metrics_t *m, uint64_t queries, uint64_t hits) {
   if (!m) return;
@@ -235,6 +237,8 @@ static void m_render_counters(m_out_t *o, const coord_metrics_t *m_) {
   m_counter(o, m, "prompt_tokens_total", "Number of prefill tokens processed.", M_GET(m->prompt_tokens));
   m_counter(o, m, "generation_tokens_total", "Number of generation tokens processed.", M_GET(m->generation_tokens));
   m_counter(o, m, "num_preemptions_total", "Cumulative number of preemptions.", M_GET(m->preemptions));
+  m_counter(o, m, "nonfinite_logits_total", "Requests ended because the model produced NaN or infinite logits.",
+            M_GET(m->nonfinite));
   m_counter(o, m, "prefix_cache_queries_total", "Prefix cache queries, in tokens.", M_GET(m->prefix_queries));
   m_counter(o, m, "prefix_cache_hits_total", "Prefix cache hits, in tokens.", M_GET(m->prefix_hits));
   m_render_http(o, m);

@@ -50,6 +50,8 @@ void coord_metrics_ttft(coord_metrics_t *m, double seconds);
 void coord_metrics_itl(coord_metrics_t *m, double seconds);
 void coord_metrics_e2e(coord_metrics_t *m, double seconds);
 /* n sequences were preempted (ferrum:num_preemptions_total). */
+/* One request ended because the model produced NaN or infinite logits. */
+void coord_metrics_nonfinite(coord_metrics_t *m);
 void coord_metrics_preemption(coord_metrics_t *m, uint64_t n);
 /* Prefix cache lookups, in tokens as vLLM counts them: queries = prompt
  * tokens looked up, hits = tokens found (ferrum:prefix_cache_queries_total,

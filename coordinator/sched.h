@@ -95,6 +95,8 @@ struct coord_job {
   char *text;                /* unsent text (held back for stop strings) */
   size_t text_len, text_cap;
   proto_finish_t finish;     /* set when the job ended */
+  int32_t error_code;        /* finish ERROR: PROTO_ERR_*, 0 = the step failed */
+  const char *error_msg;     /* static: what went wrong, for the client */
   bool finish_sent;
   uint64_t t_arrival_ns, t_first_ns, t_last_ns;
 };

@@ -133,29 +133,49 @@ void coord__step_kick(coord_t *c) {
   }
 }
 
+/* The result item for each slot of the step (NULL: none), from a result
+ * whose items may come in any order. */
+static void coord__results_by_slot(coord_t *c, const proto_result_t *r) {
+  const coord_sched_batch_t *b = &c->sched.batch;
+  for (int i = 0; i < b->n_items; i++) c->res_by_slot[b->items[i].slot] = NULL;
+  for (uint32_t k = 0; k < r->n_items; k++)
+    if (r->items[k].slot < (uint32_t)c->cfg.max_num_seqs) c->res_by_slot[r->items[k].slot] = &r->items[k];
+}
+
+/* A result item that failed alone: its job ends with the error, the
+ * step's others stand. */
+static void coord__item_failed(coord_t *c, coord_job_t *j, const proto_result_item_t *it) {
+  bool nonfinite = it->error == PROTO_ERR_INTERNAL;
+  FR_LOGE("job %llu: %s", (unsigned long long)j->id,
+          nonfinite ? "the model produced non-finite logits" : "the worker refused its tokens");
+  if (nonfinite && c->metrics) coord_metrics_nonfinite(c->metrics);
+  coord__job_fail(c, j, it->error, nonfinite ? "the model produced non-finite logits (NaN or infinity)"
+                                             : "the worker refused this request's tokens");
+}
+
 /* Phase 1: the scheduler advances the jobs, then the result's tokens go to
  * them. */
 static void coord__apply(coord_t *c, const proto_result_t *r) {
   const coord_sched_batch_t *b = &c->sched.batch;
-  uint32_t ri = 0;
   const float *lbase = c->logits_seg.base ? (const float *)kv_segment_data(&c->logits_seg) : NULL;
   size_t lrows = lbase ? kv_segment_data_size(&c->logits_seg) / ((size_t)c->vocab * sizeof(float)) : 0;
   c->n_touched = 0;
+  coord__results_by_slot(c, r);
   coord_sched_commit(&c->sched, true);
   for (int i = 0; i < b->n_items; i++) {
     const coord_sitem_t *s = &b->items[i];
     coord_job_t *j = s->job;
-    const proto_result_item_t *it = NULL;
-    if (s->final) {
-      if (ri < r->n_items && r->items[ri].slot == (uint32_t)s->slot) it = &r->items[ri++];
-      else FR_LOGE("step %llu: no result for slot %d", (unsigned long long)r->step_id, s->slot);
-    }
+    const proto_result_item_t *it = c->res_by_slot[s->slot];
     if (j->state == COORD_JOB_DONE) { /* canceled or stopped while in flight: its slot is free now */
       if (!coord__job_reap(c, j)) c->touched[c->n_touched++] = j;
       continue;
     }
-    if (s->final) {
+    if (it && it->error) {
+      coord__item_failed(c, j, it);
+      c->touched[c->n_touched++] = j;
+    } else if (s->final) {
       const float *row = NULL;
+      if (!it) FR_LOGE("step %llu: no result for slot %d", (unsigned long long)r->step_id, s->slot);
       if (it && it->has_logits && lbase && it->logits.row < lrows) row = lbase + (size_t)it->logits.row * (size_t)c->vocab;
       if (it) coord__job_append(c, j, it, row);
       else coord__job_finish(c, j, PROTO_FINISH_ERROR);

@@ -249,7 +249,9 @@ typedef struct {
 
 typedef struct {
   uint32_t slot;                /* "s"   required */
-  int32_t token;                /* "tok" required: sampled token, -1 = none (not final) */
+  int32_t token;                /* "tok" required: sampled token, -1 = none (not final, or failed) */
+  int32_t error;                /* "err" default 0: this item alone failed (PROTO_ERR_*): its request ends,
+                                 * the step's other items stand */
   float logprob;                /* "lp"  default 0 */
   uint32_t n_top;               /* "top" <= PROTO_MAX_TOPN */
   proto_toplp_t *top;           /* (n_top) by descending logprob */

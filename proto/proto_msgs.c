@@ -258,6 +258,7 @@ SCHEMA(s_handle, "logits handle", proto_logits_handle_t, f_handle, def_handle, N
 static const proto_field_t f_result_item[] = {
     FS("s", PF_U32, PF_REQ, proto_result_item_t, slot),
     FS("tok", PF_I32, PF_REQ, proto_result_item_t, token),
+    FS("err", PF_I32, 0, proto_result_item_t, error),
     FS("lp", PF_F32, 0, proto_result_item_t, logprob),
     FOBJS("top", 0, proto_result_item_t, top, n_top, PROTO_MAX_TOPN, s_toplp),
     FOBJH("lh", proto_result_item_t, logits, has_logits, s_handle),

@@ -123,6 +123,7 @@ static void worker__scratch(worker_t *w) {
   w->logits = fr_malloc(S * V * sizeof(float));
   w->raw = fr_malloc(V * sizeof(float));
   w->ritems = fr_calloc(S, sizeof(proto_result_item_t));
+  w->ok_items = fr_calloc(S, sizeof(proto_step_item_t));
   w->tops = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->top_ids = fr_malloc(S * PROTO_MAX_TOPN * sizeof(int32_t)); /* a row per item: the device sampler fills all */
   w->top_lp = fr_malloc(S * PROTO_MAX_TOPN * sizeof(float));
@@ -355,11 +356,12 @@ void worker_unload(worker_t *w) {
     for (int i = 0; i < w->info.max_seqs; i++) free(w->hist[i].tok);
   }
   free(w->tokens), free(w->pos), free(w->slots), free(w->q_start), free(w->ctx_len);
-  free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems);
+  free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems), free(w->ok_items);
   free(w->tops), free(w->top_ids), free(w->top_lp), free(w->hist);
   w->tokens = w->pos = w->slots = w->q_start = w->ctx_len = w->tables = w->copy_pairs = w->top_ids = NULL;
   w->logits = w->raw = w->top_lp = NULL;
   w->ritems = NULL;
+  w->ok_items = NULL;
   w->tops = NULL;
   w->hist = NULL;
   if (w->be && w->pool.base && !w->pool.external) w->be->ops->kv_pool_deinit(w->be->ctx, &w->pool);

@@ -94,6 +94,34 @@ static int worker__slot_params(worker_t *w, const proto_step_t *st) {
   return 0;
 }
 
+/* True when no logit is NaN or infinite. */
+static bool worker__row_finite(const float *row, int n) {
+  float acc = 0;
+  for (int i = 0; i < n; i++) acc += row[i] * 0.0f; /* NaN once any entry is NaN or infinite */
+  return acc == 0.0f;
+}
+
+/* Non-finite logits (a numerical fault in the model or the weights): this
+ * item fails alone. */
+static void worker__item_nonfinite(proto_result_item_t *ri) {
+  FR_LOGE("slot %u: non-finite logits", ri->slot);
+  ri->token = -1;
+  ri->error = PROTO_ERR_INTERNAL;
+  ri->n_top = 0;
+  ri->has_logits = false;
+}
+
+/* An item this worker refused (rc, message in fr_last_error): it is left
+ * out of the forward pass and reported failed; the others go on. */
+static void worker__item_refused(worker_t *w, const proto_step_item_t *it, int r) {
+  FR_LOGE("slot %u left out of the step: %s", it->slot, fr_last_error());
+  proto_result_item_t *ri = &w->ritems[r];
+  memset(ri, 0, sizeof *ri);
+  ri->slot = it->slot;
+  ri->token = -1;
+  ri->error = PROTO_ERR_BAD_REQUEST;
+}
+
 /* Samples the item's next token from its logits row; fills the result
  * item (top logprobs, logits handle). */
 static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float *row, int r) {
@@ -120,6 +148,7 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
   uint64_t draw = (uint64_t)(h->len - pl);
   ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
                            &ri->logprob);
+  if (!worker__row_finite(row, w->vocab)) worker__item_nonfinite(ri);
 }
 
 /* --fake-workers (benchmarks of the coordinator): no logits, a token that
@@ -175,6 +204,10 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
     ri->slot = st->items[i].slot;
     ri->token = tok[i];
     ri->logprob = lp[i];
+    if (!isfinite(lp[i])) { /* NaN or infinite logits give a NaN log-softmax */
+      worker__item_nonfinite(ri);
+      continue;
+    }
     if (sp[i].top_n > 0) {
       ri->top = w->tops + (size_t)(*n_res - 1) * PROTO_MAX_TOPN;
       ri->n_top = (uint32_t)sp[i].top_n;
@@ -203,19 +236,38 @@ static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok, const
   return model_forward(w->m, &w->pool, &ks, logits);
 }
 
-static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res) {
+/* The step's items this worker accepts, in *ok (items in w->ok_items),
+ * with the batch built for them; each refused item gets a failed result
+ * (counted in *n_res). */
+static void worker__accept_items(worker_t *w, const proto_step_t *st, proto_step_t *ok, int *n_tok, uint32_t *n_res) {
+  *ok = *st;
+  ok->items = w->ok_items;
+  ok->n_items = 0;
+  *n_tok = 0;
+  for (uint32_t i = 0; i < st->n_items; i++) {
+    if (worker__add_item(w, &st->items[i], (int)ok->n_items, n_tok) == 0) w->ok_items[ok->n_items++] = st->items[i];
+    else if (w->args.rank == 0) worker__item_refused(w, &st->items[i], (int)(*n_res)++);
+  }
+}
+
+static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *res) {
   if (!w->loaded) return fr_errorf(FR_ESTATE, "no model loaded");
-  if (st->n_items > (uint32_t)w->max_seqs)
-    return fr_errorf(FR_ETOOBIG, "step has %u items, more than %d", st->n_items, w->max_seqs);
-  for (uint32_t i = 0; i < st->n_freed; i++)
-    if (st->freed[i] < (uint32_t)w->info.max_seqs) w->hist[st->freed[i]].len = 0, w->hist[st->freed[i]].has_sp = false;
-  int rc = worker__slot_params(w, st);
-  if (!rc) rc = worker__copies(w, st);
+  if (st_in->n_items > (uint32_t)w->max_seqs)
+    return fr_errorf(FR_ETOOBIG, "step has %u items, more than %d", st_in->n_items, w->max_seqs);
+  for (uint32_t i = 0; i < st_in->n_freed; i++)
+    if (st_in->freed[i] < (uint32_t)w->info.max_seqs)
+      w->hist[st_in->freed[i]].len = 0, w->hist[st_in->freed[i]].has_sp = false;
+  int rc = worker__slot_params(w, st_in);
+  if (!rc) rc = worker__copies(w, st_in);
   if (rc) return rc;
-  if (st->n_items == 0) return 0;
+  res->items = w->ritems;
+  res->n_items = 0;
+  proto_step_t okst, *st = &okst;
   int n_tok = 0;
-  for (uint32_t i = 0; i < st->n_items; i++)
-    if ((rc = worker__add_item(w, &st->items[i], (int)i, &n_tok))) return rc;
+  uint32_t n_res = 0;
+  worker__accept_items(w, st_in, st, &n_tok, &n_res);
+  res->n_items = n_res;
+  if (st->n_items == 0) return 0;
   uint64_t t0 = fr_now_ns();
   const void *logits;
   if ((rc = worker__forward(w, st, n_tok, &logits))) return rc;
@@ -225,7 +277,6 @@ static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res)
     if (it->pos == 0) w->hist[it->slot].len = 0;
     worker__hist_feed(&w->hist[it->slot], (int)it->pos, it->tokens, (int)it->n_tokens);
   }
-  uint32_t n_res = 0;
   bool on_device = w->args.rank == 0 && !w->fake_forward && worker__device_sampling(w, st);
   if (on_device && (rc = worker__sample_device(w, st, logits, &n_res))) return rc;
   if (w->args.rank == 0 && !on_device && !w->fake_forward &&
@@ -237,7 +288,6 @@ static int worker__run(worker_t *w, const proto_step_t *st, proto_result_t *res)
       if (w->fake_forward) worker__fake_sample(w, &st->items[i], (int)i, (int)n_res++);
       else worker__sample_item(w, &st->items[i], w->logits + (size_t)i * (size_t)w->vocab, (int)n_res++);
     }
-  res->items = w->ritems;
   res->n_items = n_res;
   res->timings.forward_us = (t1 - t0) / 1000;
   res->timings.sample_us = (fr_now_ns() - t1) / 1000;

@@ -79,6 +79,7 @@ typedef struct {
   float *logits;                   /* (max_seqs, vocab) host */
   float *raw;                      /* (vocab) one row before sampling */
   proto_result_item_t *ritems;     /* (max_seqs) */
+  proto_step_item_t *ok_items;     /* (max_seqs) the step's items this worker accepted */
   proto_toplp_t *tops;             /* (max_seqs, PROTO_MAX_TOPN) */
   int32_t *top_ids;                /* (max_seqs, PROTO_MAX_TOPN) */
   float *top_lp;                   /* (max_seqs, PROTO_MAX_TOPN) */

@@ -27,6 +27,7 @@
 #include "model/prompt.h"
 #include "model/source.h"
 #include "model/tok_internal.h"
+#include "model/gguf.h"
 #include "tests/engine/engine_fx.h"
 
 #define N_OUT 16
@@ -538,6 +539,83 @@ START_TEST(test_big_prompt_does_not_stall_streams) {
   ck_assert_msg((huge.t_done_ns - huge.t_sent_ns) / 1e9 < tok_s, "4 MB prompt not refused fast");
   fr_client_close(c);
   stop_clean(&s, false);
+}
+END_TEST
+
+/* ---- non-finite logits -------------------------------------------------------------------- */
+
+#define NAN_TOKEN 500
+
+/* A copy of the tiny llama (F32, untied output; tests/golden) whose
+ * embedding row NAN_TOKEN is NaN: a sequence holding that token gets NaN
+ * logits, the others are untouched. Returns the copy's path (static). */
+static const char *nan_model(void) {
+  static char dst[512];
+  char src[512];
+  snprintf(src, sizeof src, "%s/golden/tiny-llama.gguf", getenv("FERRUM_BUILD_DIR"));
+  snprintf(dst, sizeof dst, "/tmp/ferrum-nan-%d.gguf", (int)getpid());
+  char cmd[1200];
+  snprintf(cmd, sizeof cmd, "cp '%s' '%s'", src, dst);
+  ck_assert_msg(system(cmd) == 0, "no %s (the golden_models fixture makes it)", src);
+  model_gguf_t *g = NULL;
+  ck_assert_int_eq(model_gguf_open(&g, dst), 0);
+  uint64_t at = 0, row_bytes = 0;
+  for (uint64_t i = 0; i < g->n_tensors; i++) {
+    const gguf_tensor_t *t = &g->tensors[i];
+    if (t->name.len != 17 || memcmp(t->name.ptr, "token_embd.weight", 17)) continue;
+    ck_assert_int_eq(t->type, KERN_F32);
+    row_bytes = (uint64_t)t->ne[0] * sizeof(float);
+    at = g->data_offset + t->offset + NAN_TOKEN * row_bytes;
+  }
+  model_gguf_close(g);
+  ck_assert_uint_gt(row_bytes, 0);
+  float *nan_row = malloc(row_bytes);
+  for (uint64_t i = 0; i < row_bytes / sizeof(float); i++) nan_row[i] = NAN;
+  int fd = open(dst, O_WRONLY);
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(pwrite(fd, nan_row, row_bytes, (off_t)at), (ssize_t)row_bytes);
+  close(fd);
+  free(nan_row);
+  return dst;
+}
+
+static proto_submit_t ids_request(const int32_t *ids, uint32_t n, uint32_t max_tokens) {
+  proto_submit_t r = efx_greedy(NULL, max_tokens);
+  r.prompt = NULL;
+  r.tokens = (int32_t *)ids;
+  r.n_tokens = n;
+  return r;
+}
+
+/* NaN logits end that request alone, with an error; a request in the same
+ * steps gets the tokens it gets alone. */
+START_TEST(test_nonfinite_logits_fail_one_request) {
+  need_model();
+  const char *model = nan_model();
+  efx_server_t s;
+  efx_opts_t o = {.model = model};
+  ck_assert_int_eq(efx_start_opts(&s, &o, NULL), 0);
+  static const int32_t poisoned[] = {1, 9690, NAN_TOKEN, 2683, 253};
+  static const int32_t clean[] = {1, 504, 3458, 282, 4649, 314};
+  efx_job_t alone = {0}, jobs[2];
+  memset(jobs, 0, sizeof jobs);
+  proto_submit_t rb = ids_request(clean, 6, 12);
+  ck_assert_int_eq(efx_run_one(&s, &rb, &alone), 0);
+  ck_assert_int_eq(alone.finish, PROTO_FINISH_LENGTH);
+  fr_client_t *c = NULL;
+  ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+  proto_submit_t ra = ids_request(poisoned, 5, 12);
+  ck_assert_int_eq(fr_client_submit(c, &ra, &jobs[0].id), 0);
+  ck_assert_int_eq(fr_client_submit(c, &rb, &jobs[1].id), 0);
+  ck_assert_int_eq(efx_collect(c, jobs, 2, 60000), 0);
+  ck_assert_int_eq(jobs[0].finish, PROTO_FINISH_ERROR);
+  ck_assert_int_eq(jobs[0].error, PROTO_ERR_INTERNAL);
+  ck_assert_int_eq(jobs[1].finish, PROTO_FINISH_LENGTH);
+  ck_assert_int_eq(jobs[1].n_tokens, alone.n_tokens);
+  ck_assert_mem_eq(jobs[1].tokens, alone.tokens, (size_t)alone.n_tokens * sizeof(int32_t));
+  fr_client_close(c);
+  stop_clean(&s, false);
+  unlink(model);
 }
 END_TEST
 
@@ -1223,6 +1301,7 @@ static Suite *engine_suite(void) {
   ADD(t, test_worker_deaths_never_stop_the_server);
   ADD(t, test_hung_worker_is_restarted);
   ADD(t, test_big_prompt_does_not_stall_streams);
+  ADD(t, test_nonfinite_logits_fail_one_request);
   ADD(t, test_sigterm_drains);
   ADD(t, test_ferrumctl_stop_drains);
   ADD(t, test_bad_rpc_input);

@@ -200,14 +200,18 @@ START_TEST(test_worker_rejects_bad_steps) {
   int32_t bad_tok[5] = {504, 3458, 1 << 30, 4649, 314};
   proto_step_item_t it;
   proto_step_t st = {.n_items = 1, .items = &it};
-  it = item(7, 0, prompt_a, 5); /* a free slot */
-  ck_assert_int_ne(wfx_step(&f, &st)->error.code, 0);
-  it = item(100, 0, prompt_a, 5); /* past max_seqs */
-  ck_assert_int_ne(wfx_step(&f, &st)->error.code, 0);
-  it = item(s, 3, prompt_a, 5); /* past the slot's length */
-  ck_assert_int_ne(wfx_step(&f, &st)->error.code, 0);
-  it = item(s, 0, bad_tok, 5); /* token outside the vocabulary */
-  ck_assert_int_ne(wfx_step(&f, &st)->error.code, 0);
+  /* items the worker refuses fail alone: the step stands, the item reports the error */
+  proto_step_item_t bad[4] = {item(7, 0, prompt_a, 5) /* a free slot */, item(100, 0, prompt_a, 5) /* past
+                                 max_seqs */, item(s, 3, prompt_a, 5) /* past the slot's length */,
+                              item(s, 0, bad_tok, 5) /* a token outside the vocabulary */};
+  for (int k = 0; k < 4; k++) {
+    it = bad[k];
+    const proto_result_t *r = wfx_step(&f, &st);
+    ck_assert_int_eq(r->error.code, 0);
+    ck_assert_uint_eq(r->n_items, 1);
+    ck_assert_int_eq(r->items[0].error, PROTO_ERR_BAD_REQUEST);
+    ck_assert_int_eq(r->items[0].token, -1);
+  }
   proto_copy_t c = {.src = 1, .dst = 5000};
   proto_step_t cs = {.n_copies = 1, .copies = &c};
   ck_assert_int_ne(wfx_step(&f, &cs)->error.code, 0);
@@ -223,6 +227,42 @@ START_TEST(test_worker_rejects_bad_steps) {
   wfx_send(&f, PROTO_T_HEARTBEAT, &hb);
   ck_assert_int_eq(wfx_recv(&f, 5000), PROTO_T_HEARTBEAT);
   ck_assert_uint_eq(f.in.u.heartbeat.seq, 42);
+  wfx_stop(&f);
+}
+END_TEST
+
+/* One refused item in a step: that item fails alone, the other one in the
+ * same step gets the reference tokens. */
+START_TEST(test_worker_bad_item_fails_alone) {
+  if (access(efx_model(), R_OK)) return;
+  int32_t ref_b[2];
+  reference(prompt_b, 7, 2, ref_b);
+  wfx_t f;
+  wfx_start(&f, 30000);
+  int sa, sb;
+  kv_copy_t cp;
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sa), 0);
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sb), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sa, 5, &cp), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sb, 7, &cp), 0);
+  int32_t bad_tok[5] = {504, 3458, 49152, 4649, 314}; /* one past the embedding rows */
+  proto_step_item_t its[2] = {item(sa, 0, bad_tok, 5), item(sb, 0, prompt_b, 7)};
+  proto_step_t st = {.n_items = 2, .items = its};
+  const proto_result_t *r = wfx_step(&f, &st);
+  ck_assert_int_eq(r->error.code, 0);
+  ck_assert_uint_eq(r->n_items, 2);
+  for (uint32_t k = 0; k < 2; k++) {
+    const proto_result_item_t *ri = &r->items[k];
+    ck_assert_int_eq(ri->error, ri->slot == (uint32_t)sa ? PROTO_ERR_BAD_REQUEST : 0);
+    if (ri->slot == (uint32_t)sb) ck_assert_int_eq(ri->token, ref_b[0]);
+  }
+  int32_t tb = ref_b[0];
+  ck_assert_int_eq(kv_seq_append(f.kv, sb, 1, &cp), 0);
+  its[0] = item(sb, 7, &tb, 1);
+  st.n_items = 1;
+  r = wfx_step(&f, &st);
+  ck_assert_int_eq(r->error.code, 0);
+  ck_assert_int_eq(r->items[0].token, ref_b[1]);
   wfx_stop(&f);
 }
 END_TEST
@@ -253,6 +293,7 @@ int main(void) {
   tcase_set_timeout(t, 120);
   tcase_add_test(t, test_worker_steps_match_generator);
   tcase_add_test(t, test_worker_rejects_bad_steps);
+  tcase_add_test(t, test_worker_bad_item_fails_alone);
   tcase_add_test(t, test_worker_exits_when_coordinator_silent);
   suite_add_tcase(s, t);
   SRunner *sr = srunner_create(s);

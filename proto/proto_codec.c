@@ -646,7 +646,7 @@ static int rd_enum(dec_t *d, const mpv_t *v, const proto_field_t *f, uint8_t *ou
 /* Decodes a value that is no container into field f of out; a field that
  * takes a container gets a type error. */
 static int rd_field(dec_t *d, const proto_field_t *f, const mpv_t *v, uint8_t *out) {
-  uint64_t u;
+  uint64_t u = 0;
   int rc;
   switch (f->type) {
   case PF_U32:
@@ -676,7 +676,7 @@ static int rd_field(dec_t *d, const proto_field_t *f, const mpv_t *v, uint8_t *o
 /* Decodes element F->i of an array of scalars or strings; arrays of
  * objects take maps only. */
 static int rd_element(dec_t *d, frame_t *F, const mpv_t *v) {
-  uint64_t u;
+  uint64_t u = 0;
   int rc;
   switch (F->f->type) {
   case PF_I32S: return rd_i32(d, v, (int32_t *)F->out + F->i);

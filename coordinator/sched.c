@@ -37,12 +37,21 @@ static void coord__sched_unlink(coord_sched_t *s, coord_job_t *j) {
   (*n)--;
 }
 
+/* Whether a new job j goes after `at` in the waiting queue: a higher
+ * priority, a preempted job of its priority, or one that arrived earlier
+ * (jobs reach the queue when their prompt is tokenized, not always in the
+ * order they arrived). */
+static bool coord__sched_after(const coord_job_t *at, const coord_job_t *j) {
+  if (at->priority != j->priority) return at->priority > j->priority;
+  return at->admitted_once || at->serial < j->serial;
+}
+
 /* Waiting queue order: priority (higher first), then arrival (FIFO). A
  * preempted job goes in front of its priority class. */
 static void coord__sched_push_waiting(coord_sched_t *s, coord_job_t *j, bool front) {
   j->state = COORD_JOB_WAITING;
   coord_job_t *at = s->waiting_head; /* insert before `at` */
-  while (at && (at->priority > j->priority || (!front && at->priority == j->priority))) at = at->next;
+  while (at && (front ? at->priority > j->priority : coord__sched_after(at, j))) at = at->next;
   j->next = at;
   j->prev = at ? at->prev : s->waiting_tail;
   if (j->prev) j->prev->next = j;

@@ -50,7 +50,7 @@ typedef struct {
 } coord_peer_t;
 
 /* One job (request), shared by the coordinator's files. The scheduler reads
- * tok, n_tok, n_prompt, priority and sp.repetition_penalty, and owns the
+ * tok, n_tok, n_prompt, priority, serial and sp.repetition_penalty, and owns the
  * fields of its first group; the caller sets slot = -1 before enqueueing. */
 typedef struct coord_job coord_job_t;
 struct coord_job {

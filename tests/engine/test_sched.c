@@ -55,6 +55,7 @@ static coord_job_t *job_make(fx_t *f, int n_prompt, int max_out, int seed, int p
   ck_assert_int_lt(f->n_jobs, MAX_JOBS);
   coord_job_t *j = calloc(1, sizeof *j);
   j->id = (uint64_t)f->n_jobs;
+  j->serial = (uint64_t)f->n_jobs + 1; /* arrival order, as coord__job_new sets it */
   j->cap = n_prompt + max_out + 1;
   j->tok = calloc((size_t)j->cap, sizeof *j->tok);
   for (int i = 0; i < n_prompt; i++) j->tok[i] = seed * 1000 + i;
@@ -245,6 +246,25 @@ START_TEST(test_admission_order) {
                   (unsigned long long)b->items[0].job->id, want[s]);
   }
   ck_assert_int_eq(f.n_done, 6);
+  fx_deinit(&f);
+}
+END_TEST
+
+/* Jobs reach the queue when their prompt is tokenized, which need not be
+ * the order they arrived in: the queue still follows arrival. */
+START_TEST(test_admission_follows_arrival_not_enqueue) {
+  fx_t f;
+  fx_init(&f, 1, 64, 64, 16, false);
+  coord_job_t *j[4];
+  for (int i = 0; i < 4; i++) j[i] = job_make(&f, 5, 1, i + 1, 0);
+  int enqueue[] = {2, 0, 3, 1};
+  for (int i = 0; i < 4; i++) coord_sched_enqueue(&f.s, j[enqueue[i]]);
+  for (int s = 0; s < 4; s++) {
+    const coord_sched_batch_t *b = step(&f);
+    ck_assert_int_eq(b->n_items, 1);
+    ck_assert_msg(b->items[0].job == j[s], "step %d admitted job %llu, want %d", s,
+                  (unsigned long long)b->items[0].job->id, s);
+  }
   fx_deinit(&f);
 }
 END_TEST
@@ -473,6 +493,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_prompt_chunking);
   tcase_add_test(tc, test_decodes_before_prefill_chunks);
   tcase_add_test(tc, test_admission_order);
+  tcase_add_test(tc, test_admission_follows_arrival_not_enqueue);
   tcase_add_test(tc, test_prefix_cache_reuse);
   tcase_add_test(tc, test_preemption_newest_first);
   tcase_add_test(tc, test_fairness_under_load);

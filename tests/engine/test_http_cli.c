@@ -125,7 +125,10 @@ START_TEST(test_chat_history) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static Suite *cli_suite(void) {
   Suite *s = suite_create("http_cli");
   TCase *tc = tcase_create("cli");
   tcase_add_checked_fixture(tc, setup, teardown);
@@ -134,9 +137,7 @@ int main(void) {
   tcase_add_test(tc, test_bench_fixed_rate);
   tcase_add_test(tc, test_chat_history);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {cli_suite}};

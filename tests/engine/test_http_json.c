@@ -213,7 +213,10 @@ START_TEST(test_metrics_text) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static Suite *json_suite(void) {
   Suite *s = suite_create("http_json");
   TCase *tc = tcase_create("json");
   tcase_add_test(tc, test_parse_completion);
@@ -223,9 +226,7 @@ int main(void) {
   tcase_add_test(tc, test_final_json_utf8);
   tcase_add_test(tc, test_metrics_text);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {json_suite}};

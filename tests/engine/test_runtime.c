@@ -13,6 +13,7 @@
 
 #include "common/fr_err.h"
 #include "coordinator/coord_impl.h"
+#include "tests/common/test_main.h"
 
 static char base[256];
 
@@ -124,10 +125,4 @@ static Suite *runtime_suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(runtime_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
-}
+const test_prog_t test_prog = {.suites = {runtime_suite}};

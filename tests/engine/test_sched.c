@@ -13,6 +13,7 @@
 #include "common/fr_err.h"
 #include "coordinator/sched.h"
 #include "kv/kv.h"
+#include "tests/common/test_main.h"
 
 #define BS 4        /* tokens per block: small, so block arithmetic shows */
 #define MAX_JOBS 128
@@ -504,10 +505,4 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const test_prog_t test_prog = {.suites = {suite}};

@@ -283,11 +283,18 @@ START_TEST(test_worker_exits_when_coordinator_silent) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static int worker_setup(int argc, char **argv) {
   if (access(efx_model(), R_OK) != 0) {
     fprintf(stderr, "skip: no model at %s\n", efx_model());
-    return 77;
+    return TEST_SKIP;
   }
+  return 0;
+}
+
+static Suite *worker_suite(void) {
   Suite *s = suite_create("worker");
   TCase *t = tcase_create("worker");
   tcase_set_timeout(t, 120);
@@ -296,9 +303,7 @@ int main(void) {
   tcase_add_test(t, test_worker_bad_item_fails_alone);
   tcase_add_test(t, test_worker_exits_when_coordinator_silent);
   suite_add_tcase(s, t);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {worker_suite}, .setup = worker_setup};

@@ -21,6 +21,7 @@
 #include "model/safetensors.h"
 #include "model/source.h"
 #include "model/tokenizer.h"
+#include "tests/common/test_main.h"
 #include "tests/formats/fx.h"
 
 #define GUARD_S 5 /* a reader that blocks this long fails the test (SIGALRM) */
@@ -196,10 +197,4 @@ static Suite *paths_suite(void) {
   return su;
 }
 
-int main(void) {
-  SRunner *sr = srunner_create(paths_suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
-}
+const test_prog_t test_prog = {.suites = {paths_suite}};

@@ -535,17 +535,29 @@ START_TEST(smollm2_gguf) {
 }
 END_TEST
 
-int main(int argc, char **argv) {
-  Suite *su = suite_create("source");
-  TCase *tc = tcase_create("source");
-  tcase_set_timeout(tc, 60);
-  if (argc > 1 && strcmp(argv[1], "smollm2") == 0) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static bool g_smollm2; /* argv[1] "smollm2": the real model's test only */
+
+static int source_setup(int argc, char **argv) {
+  g_smollm2 = argc > 1 && strcmp(argv[1], "smollm2") == 0;
+  if (g_smollm2) {
     struct stat sb;
     const char *m = getenv("FERRUM_MODEL");
     if (!m || stat(m, &sb) != 0) {
       fprintf(stderr, "FERRUM_MODEL not set or missing: skipped\n");
-      return 77;
+      return TEST_SKIP;
     }
+  }
+  return 0;
+}
+
+static Suite *source_suite(void) {
+  Suite *su = suite_create("source");
+  TCase *tc = tcase_create("source");
+  tcase_set_timeout(tc, 60);
+  if (g_smollm2) {
     tcase_add_test(tc, smollm2_gguf);
   } else {
     tcase_add_test(tc, gguf_llama);
@@ -561,9 +573,7 @@ int main(int argc, char **argv) {
     tcase_add_test(tc, gguf_config_keys);
   }
   suite_add_tcase(su, tc);
-  SRunner *sr = srunner_create(su);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+  return su;
 }
+
+const test_prog_t test_prog = {.suites = {source_suite}, .setup = source_setup};

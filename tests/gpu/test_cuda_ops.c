@@ -1144,4 +1144,7 @@ static Suite *cuda_suite(void) {
   return s;
 }
 
-int main(void) { return gpu_test_main(cuda_suite(), "test_cuda_ops"); }
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+const test_prog_t test_prog = {.suites = {cuda_suite}, .setup = gpu_test_setup};

@@ -219,4 +219,7 @@ static Suite *weights_suite(void) {
   return s;
 }
 
-int main(void) { return gpu_test_main(weights_suite(), "test_cuda_weights"); }
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+const test_prog_t test_prog = {.suites = {weights_suite}, .setup = gpu_test_setup};

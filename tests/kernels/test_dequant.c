@@ -107,15 +107,16 @@ START_TEST(test_traits_and_sizes) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static Suite *dequant_suite(void) {
   Suite *s = suite_create("kernels_dequant");
   TCase *tc = tcase_create("dequant");
   tcase_add_loop_test(tc, test_dequant_vs_gguf, 0, (int)(sizeof kTypes / sizeof kTypes[0]));
   tcase_add_test(tc, test_traits_and_sizes);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {dequant_suite}};

@@ -654,7 +654,10 @@ START_TEST(test_step_errors) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static Suite *ops_suite(void) {
   Suite *s = suite_create("kernels_ops");
   TCase *tc = tcase_create("ops");
   tcase_set_timeout(tc, 120);
@@ -670,9 +673,7 @@ int main(void) {
   tcase_add_loop_test(tc, test_attention, 0, N_CFG);
   tcase_add_test(tc, test_step_errors);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {ops_suite}};

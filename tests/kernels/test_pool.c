@@ -95,7 +95,10 @@ START_TEST(test_create_destroy) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static Suite *pool_suite(void) {
   Suite *s = suite_create("kernels_pool");
   TCase *tc = tcase_create("pool");
   tcase_set_timeout(tc, 60);
@@ -104,9 +107,7 @@ int main(void) {
   tcase_add_test(tc, test_split_covers_range);
   tcase_add_test(tc, test_create_destroy);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {pool_suite}};

@@ -122,18 +122,23 @@ START_TEST(test_matvec_vs_ggml) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static int ggml_setup(int argc, char **argv) {
   if (!open_ggml()) { /* loaded once here; the forked tests inherit it */
     fprintf(stderr, "skip: libggml-cpu (llama-cpp-python) not found next to FERRUM_PYTHON\n");
-    return 77;
+    return TEST_SKIP;
   }
+  return 0;
+}
+
+static Suite *ggml_suite(void) {
   Suite *s = suite_create("kernels_vs_ggml");
   TCase *tc = tcase_create("ggml");
   tcase_add_loop_test(tc, test_matvec_vs_ggml, 0, 3);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {ggml_suite}, .setup = ggml_setup};

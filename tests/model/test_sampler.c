@@ -171,7 +171,10 @@ START_TEST(logprob_is_raw_log_softmax) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static Suite *sampler_suite(void) {
   Suite *s = suite_create("sampler");
   TCase *tc = tcase_create("sampler");
   tcase_add_test(tc, greedy_and_degenerate_filters_pick_argmax);
@@ -182,9 +185,7 @@ int main(void) {
   tcase_add_test(tc, penalties_change_greedy_choice);
   tcase_add_test(tc, logprob_is_raw_log_softmax);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {sampler_suite}};

@@ -89,20 +89,25 @@ START_TEST(detect_names_and_unknown) {
 }
 END_TEST
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static int chat_setup(int argc, char **argv) {
   golden_path();
   if (access(g_path, R_OK) != 0) {
     fprintf(stderr, "skip: %s missing\n", g_path);
-    return 77;
+    return TEST_SKIP;
   }
+  return 0;
+}
+
+static Suite *chat_suite(void) {
   Suite *s = suite_create("chat");
   TCase *tc = tcase_create("chat");
   tcase_add_test(tc, render_matches_jinja);
   tcase_add_test(tc, detect_names_and_unknown);
   suite_add_tcase(s, tc);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+const test_prog_t test_prog = {.suites = {chat_suite}, .setup = chat_setup};

@@ -513,16 +513,17 @@ static Suite *suite(void) {
   return s;
 }
 
-int main(void) {
+/* The shared main (tests/common/test_main.c) runs this program's suites. */
+#include "tests/common/test_main.h"
+
+static int tok_setup(int argc, char **argv) {
   char path[4200];
   snprintf(path, sizeof(path), "%s/golden.json", tt_golden_dir());
   if (access(path, R_OK) != 0) {
     fprintf(stderr, "skip: %s missing (no model?)\n", path);
-    return 77;
+    return TEST_SKIP;
   }
-  SRunner *sr = srunner_create(suite());
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return 0;
 }
+
+const test_prog_t test_prog = {.suites = {suite}, .setup = tok_setup};

@@ -1,5 +1,5 @@
 /* proto_schema.h - internal: the field tables that drive the generic
- * msgpack encoder and decoder (proto_codec.c). One proto_schema_t per
+ * msgpack encoder and decoder (proto_encode.c, proto_decode.c). One proto_schema_t per
  * struct; one proto_field_t per wire key. proto_msgs.c defines the tables;
  * tests walk them to generate random messages and malformed variants.
  *

@@ -48,6 +48,14 @@ static void coord__task_free(coord_prompt_task_t *t) {
   free(t);
 }
 
+static void coord__tasks_free(coord_prompt_task_t *list) {
+  while (list) {
+    coord_prompt_task_t *t = list;
+    list = t->next;
+    coord__task_free(t);
+  }
+}
+
 /* ---- the pool's threads ---------------------------------------------------------- */
 
 static int coord__task_chat(const coord_prompts_t *p, coord_prompt_task_t *t) {
@@ -115,11 +123,8 @@ void coord__prompts_deinit(coord_t *c) {
   pthread_cond_broadcast(&p->cv);
   pthread_mutex_unlock(&p->mu);
   for (int i = 0; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
-  for (coord_prompt_task_t *l[2] = {p->todo_head, p->done_head}, *t; l[0] || l[1];) {
-    int k = l[0] ? 0 : 1;
-    t = l[k], l[k] = t->next;
-    coord__task_free(t); /* their jobs are freed with the others (coord__jobs_destroy) */
-  }
+  coord__tasks_free(p->todo_head); /* their jobs are freed with the others (coord__jobs_destroy) */
+  coord__tasks_free(p->done_head);
   pthread_mutex_destroy(&p->mu);
   pthread_cond_destroy(&p->cv);
   close(p->efd);

@@ -235,11 +235,16 @@ static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cf
   if (rc) return rc;
   unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
   if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
+  unsigned max_conn = cfg->max_connections ? cfg->max_connections : 256u;
+  /* one address cannot take every slot (128 of 256); 64 would refuse a local
+   * benchmark at a concurrency of 64, whose closed connections MHD counts for
+   * a moment */
+  unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : 128u;
   h->daemon = MHD_start_daemon(
       flags, 0, NULL, NULL, http_access, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
-      cfg->max_connections ? cfg->max_connections : 256u, MHD_OPTION_CONNECTION_TIMEOUT,
-      cfg->timeout_s ? cfg->timeout_s : 30u, MHD_OPTION_NOTIFY_COMPLETED, http_completed, h,
-      MHD_OPTION_NOTIFY_CONNECTION, coord_http__conn_notify, h, MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
+      max_conn, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT, h->timeout_s,
+      MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_NOTIFY_CONNECTION, coord_http__conn_notify, h,
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
   if (!h->daemon) return fr_errorf(-EADDRINUSE, "HTTP: cannot listen on %s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : cfg->port;
@@ -257,11 +262,14 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   h->metrics = cfg->metrics;
   h->tok = cfg->tokenizer;
   h->started = (long long)time(NULL);
+  h->timeout_s = cfg->timeout_s ? cfg->timeout_s : 30u;
+  h->keepalive_ns = (uint64_t)(cfg->keepalive_ms ? cfg->keepalive_ms : 5000u) * 1000000ull;
+  h->engine_timeout_ns = (uint64_t)(cfg->engine_timeout_ms ? cfg->engine_timeout_ms : 30000u) * 1000000ull;
+  if (h->engine_timeout_ns < 2 * h->keepalive_ns) h->engine_timeout_ns = 2 * h->keepalive_ns; /* a heartbeat's time */
   uint64_t seed = 0;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = fr_now_ns();
   atomic_init(&h->next_job, (seed >> 16) | 1); /* far from 0 and from wrapping */
-  int rc = coord_http__conns_start(h, cfg->request_timeout_s ? cfg->request_timeout_s : 30u,
-                                   cfg->timeout_s ? cfg->timeout_s : 30u);
+  int rc = coord_http__conns_start(h, cfg->request_timeout_s ? cfg->request_timeout_s : 30u, h->timeout_s);
   if (!rc) rc = http_daemon_start(h, cfg);
   if (rc) {
     coord_http_stop(h);
@@ -278,9 +286,14 @@ void coord_http_set_ready(coord_http_t *h, bool ready) { atomic_store(&h->ready,
 
 void coord_http_set_draining(coord_http_t *h) { atomic_store(&h->draining, 1); }
 
+#define HTTP_CLOSE_MS 5000 /* how long coord_http_stop lets the answers in progress finish */
+
 void coord_http_stop(coord_http_t *h) {
   if (!h) return;
-  atomic_store(&h->stopping, 1); /* waiting handlers give up within 100 ms */
+  atomic_store(&h->stopping, 1); /* handlers take what is queued for them and end */
+  /* MHD_stop_daemon shuts every socket down at once: the answers go out first */
+  if (!coord_http__conns_idle_wait(h, HTTP_CLOSE_MS))
+    FR_LOGW("HTTP: closing connections whose answers were not sent within %d ms", HTTP_CLOSE_MS);
   coord_http__watchdog_stop(h);
   if (h->daemon) MHD_stop_daemon(h->daemon);
   coord_http__conns_free(h);

@@ -10,7 +10,14 @@
  * "submit" with a job id unique within this frontend, then "event"s for
  * that id until finish != NONE, or one "error" {c: PROTO_ERR_*, id} that
  * maps 1:1 to the HTTP status. A client that disconnects makes the handler
- * send "cancel" {id} at once.
+ * send "cancel" {id} at once. While nothing comes for a keep-alive period,
+ * the handler sends a "heartbeat" (the loop answers it) and an SSE stream
+ * gets a comment line, so no client, proxy or idle timeout cuts a request
+ * that waits (queued, a worker restarting); a stream that waits for its
+ * first event that long starts (200) without it, and a later error comes
+ * as an error chunk. A coordinator silent for engine_timeout_ms ends the
+ * request with an error. Every stream ends with [DONE] unless its client
+ * left: after the last event, or after an error chunk when it ends early.
  *
  * Threads: coord_http_start spawns libmicrohttpd's threads (one per
  * connection, bounded); the coord_http_* calls below may be made from any
@@ -41,11 +48,21 @@ typedef struct {
   const char *served_model_name;/* the name /v1/models lists and requests must use */
   uint32_t max_model_len;       /* context length; token prompts longer are a 400 */
   unsigned max_connections;     /* 0 = 256 */
-  unsigned timeout_s;           /* idle connection timeout; 0 = 30 */
+  unsigned max_connections_per_ip; /* connections one client address may hold (loopback too;
+                                      more are closed at once); 0 = 128 */
+  unsigned timeout_s;           /* idle connection timeout (a client that reads or sends
+                                   nothing this long, not a request that waits for its
+                                   answer); 0 = 30 */
   unsigned request_timeout_s;   /* a request's headers and body must arrive within this,
                                    however steadily they trickle in (on a kept-alive
                                    connection: timeout_s more); else the connection is
                                    closed unanswered; 0 = 30 */
+  unsigned keepalive_ms;        /* an SSE stream that waits (queued, or between tokens) gets
+                                   a comment line ": keep-alive" this often; 0 = 5000 */
+  unsigned engine_timeout_ms;   /* a waiting request whose coordinator answers nothing (no
+                                   event, no reply to the heartbeat sent each keep-alive
+                                   period) this long ends with an error; 0 = 30000; at
+                                   least twice keepalive_ms */
   coord_metrics_t *metrics;     /* borrowed; NULL = /metrics answers 404 */
   const struct model_tokenizer *tokenizer; /* borrowed, optional: token strings in logprobs
                                               (without it they read "token_id:N") */
@@ -65,8 +82,12 @@ void coord_http_set_ready(coord_http_t *h, bool ready);
 /* Draining: new jobs get 503, running streams finish. Not reversible. */
 void coord_http_set_draining(coord_http_t *h);
 
-/* Stops listening, cancels the jobs of open connections, joins the
- * threads and frees h. NULL is fine. */
+/* Stops: first every answer in progress gets what its connection has
+ * queued from the coordinator (a stream its last chunks and [DONE]); one
+ * whose job has not finished ends with an error (a stream: an error chunk,
+ * then [DONE]); once they are sent, or after 5 s, it stops listening,
+ * closes the connections, joins the threads and frees h. Call it once the
+ * coordinator loop sends nothing more (after coord_run). NULL is fine. */
 void coord_http_stop(coord_http_t *h);
 
 #ifdef __cplusplus

@@ -78,6 +78,33 @@ void coord_http__conn_rearm(struct coord_http *h, struct MHD_Connection *c) {
   pthread_mutex_unlock(&h->conn_mu);
 }
 
+void coord_http__conn_touch(struct coord_http *h, struct MHD_Connection *c) {
+  if (!c) return;
+  /* MHD restarts the timer only when a connection's timeout goes from 0 to another value */
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+  MHD_set_connection_option(c, MHD_CONNECTION_OPTION_TIMEOUT, h->timeout_s);
+}
+
+/* True when a connection is answering a request (under conn_mu). */
+static bool conns_answering(const struct coord_http *h) {
+  for (const coord_http_conn_t *x = h->conns; x; x = x->next)
+    if (!x->receiving) return true;
+  return false;
+}
+
+bool coord_http__conns_idle_wait(struct coord_http *h, unsigned timeout_ms) {
+  if (!h->conn_init) return true;
+  uint64_t end = fr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+  for (;;) {
+    pthread_mutex_lock(&h->conn_mu);
+    bool busy = conns_answering(h);
+    pthread_mutex_unlock(&h->conn_mu);
+    if (!busy) return true;
+    if (fr_now_ns() >= end) return false;
+    nanosleep(&(struct timespec){.tv_nsec = 10 * 1000000L}, NULL);
+  }
+}
+
 /* Shuts down the sockets whose request is late (under conn_mu). */
 static void watchdog_scan(struct coord_http *h, uint64_t now) {
   for (coord_http_conn_t *x = h->conns; x; x = x->next) {

@@ -137,6 +137,11 @@ struct coord_http {
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
   int port;
+  unsigned timeout_s;          /* MHD's idle timeout, restored after each wait (coord_http__conn_touch) */
+  uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */
+  uint64_t engine_timeout_ns;  /* a coordinator silent this long ends the request */
+  /* stopping: coord_http_stop began; handlers take what the coordinator
+   * queued and end (it sends nothing more) */
   _Atomic int ready, draining, stopping;
   _Atomic uint64_t next_job; /* job ids; starts at a random value */
   long long started;         /* unix seconds, for /v1/models */
@@ -194,6 +199,15 @@ void coord_http__conn_notify(void *cls, struct MHD_Connection *c, void **socket_
 void coord_http__conn_received(struct coord_http *h, struct MHD_Connection *c);
 /* The answer on c is done: the clock starts for the next request. */
 void coord_http__conn_rearm(struct coord_http *h, struct MHD_Connection *c);
+/* Restarts MHD's idle timer of c, from c's own thread, after a wait for the
+ * coordinator: MHD checks its idle timeout after the content reader
+ * returns, so a reader that waited longer than the timeout would have its
+ * connection closed before its bytes go out. */
+void coord_http__conn_touch(struct coord_http *h, struct MHD_Connection *c);
+/* Waits until no connection is answering a request (each answer sent in
+ * full, or its connection gone), at most timeout_ms. Returns true when none
+ * is. */
+bool coord_http__conns_idle_wait(struct coord_http *h, unsigned timeout_ms);
 
 /* ---- the RPC connection of one request (http_rpc.c) ---- */
 
@@ -203,6 +217,8 @@ typedef struct {
   uint64_t job;      /* submitted job id, 0 = none */
   bool finished;     /* the job's last event (or error) was received */
   bool client_eof;   /* the client's end of stream was reported (COORD_HTTP_RPC_EOF) */
+  uint64_t last_rx_ns; /* fr_now_ns() when the coordinator last sent anything (or the open) */
+  uint64_t beats;    /* heartbeats sent */
   proto_buf_t buf;
   proto_msg_t msg;
 } coord_http_rpc_t;
@@ -225,6 +241,9 @@ int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s);
  * socket answers it with a reset, seen here as -EPIPE on a later call), so
  * the caller writes something harmless then, or cancels. */
 int coord_http_rpc_next(coord_http_rpc_t *c, int timeout_ms, const proto_msg_t **msg);
+/* Sends a "heartbeat"; the coordinator's answer (skipped by
+ * coord_http_rpc_next) refreshes last_rx_ns. Returns 0 or FR_EZMQ. */
+int coord_http_rpc_ping(coord_http_rpc_t *c);
 /* Sends "cancel" for the job unless it finished. */
 void coord_http_rpc_cancel(coord_http_rpc_t *c);
 /* Cancels an unfinished job and closes the socket. */

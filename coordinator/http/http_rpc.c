@@ -16,6 +16,7 @@
 int coord_http_rpc_open(coord_http_rpc_t *c, void *ctx, const char *endpoint, int client_fd) {
   memset(c, 0, sizeof *c);
   c->client_fd = client_fd;
+  c->last_rx_ns = fr_now_ns();
   proto_buf_init(&c->buf);
   proto_msg_init(&c->msg);
   int linger = 200; /* a cancel sent just before close still goes out */
@@ -42,6 +43,11 @@ int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s) {
   int rc = rpc_send(c, PROTO_T_SUBMIT, s);
   if (!rc) c->job = s->id;
   return rc;
+}
+
+int coord_http_rpc_ping(coord_http_rpc_t *c) {
+  proto_heartbeat_t hb = {.rank = -1, .seq = ++c->beats, .ts_ns = fr_now_ns()};
+  return rpc_send(c, PROTO_T_HEARTBEAT, &hb);
 }
 
 coord_http_peer_t coord_http_peer(int fd) {
@@ -77,6 +83,7 @@ static int rpc_recv_one(coord_http_rpc_t *c) {
     return err == EAGAIN ? 0 : fr_errorf(FR_EZMQ, "recv: %s", zmq_strerror(err));
   }
   int rc = 0;
+  c->last_rx_ns = fr_now_ns(); /* the coordinator is alive, whatever it sent */
   if (zmq_msg_size(&f) > 0) /* skip a ROUTER's empty delimiter frame */
     rc = proto_msg_decode(&c->msg, zmq_msg_data(&f), zmq_msg_size(&f), PROTO_ACCEPT_CLIENT);
   zmq_msg_close(&f);

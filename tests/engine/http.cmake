@@ -1,8 +1,10 @@
 # tests/engine/http.cmake - the HTTP frontend's tests (label engine):
 # test_http (against a fake coordinator), test_http_cli (ferrumctl's chat
 # and bench clients against the same fake), test_http_json (request parsing,
-# response shapes, metrics text), fuzz_http_json, and test_http_openai.py
-# (the real openai client against `ferrumctl serve` with the real model).
+# response shapes, metrics text), fuzz_http_json, test_http_streams (streams
+# of a real `ferrumctl serve` that wait for a hung worker or are drained) and
+# test_http_openai.py (the real openai client against `ferrumctl serve` with
+# the real model).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -11,6 +13,9 @@ ferrum_add_check(test_http_cli SOURCES ${_t}/test_http_cli.c ${_t}/http_fake.c
 ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
                  LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
 ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
+ferrum_add_check(test_http_streams SOURCES ${_t}/test_http_streams.c ${_t}/engine_fx.c
+                 LIBS ferrum_ctl ferrum_model ferrum_kv Threads::Threads LABELS engine TIMEOUT 600)
+add_dependencies(test_http_streams ferrumctl ferrum-worker)
 
 add_test(NAME test_http_openai COMMAND ${FERRUM_PYTHON} ${_t}/test_http_openai.py)
 set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300

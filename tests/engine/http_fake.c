@@ -13,6 +13,8 @@ typedef struct {
   http_fake_t *f;
   void *sock;
   zmq_msg_t ident;
+  const void *to; /* the routing id messages go to: the sender's, or a held job's */
+  size_t to_len;
   proto_buf_t buf;
 } fake_io_t;
 
@@ -21,7 +23,7 @@ static void fake_send(fake_io_t *io, proto_type_t t, const void *body) {
     fprintf(stderr, "fake: encode failed\n");
     abort();
   }
-  zmq_send(io->sock, zmq_msg_data(&io->ident), zmq_msg_size(&io->ident), ZMQ_SNDMORE);
+  zmq_send(io->sock, io->to, io->to_len, ZMQ_SNDMORE);
   zmq_send(io->sock, io->buf.data, io->buf.len, 0);
 }
 
@@ -67,6 +69,73 @@ static void fake_answer(fake_io_t *io, const proto_submit_t *s) {
   for (int i = 0; i < 3; i++) fake_event(io, s, pieces[i], lens[i], toks + i, 1, i == 2 ? fin : PROTO_FINISH_NONE);
 }
 
+static uint64_t fake_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t fake_quiet_ns(const http_fake_t *f) { return (uint64_t)(f->quiet_ms ? f->quiet_ms : 1500) * 1000000ull; }
+
+/* Keeps a job to answer later from fake_held_tick. */
+static void fake_hold(fake_io_t *io, const proto_submit_t *s, bool bulk) {
+  for (int i = 0; i < 8; i++) {
+    http_fake_held_t *h = &io->f->held[i];
+    if (h->phase || io->to_len > sizeof h->ident) continue;
+    memcpy(h->ident, io->to, io->to_len);
+    h->ident_len = io->to_len;
+    h->sub = (proto_submit_t){.id = s->id, .stream = s->stream, .max_tokens = s->max_tokens, .sp = s->sp};
+    h->due_ns = fake_now_ns() + fake_quiet_ns(io->f);
+    h->phase = 1;
+    h->bulk = bulk;
+    return;
+  }
+  fake_error(io, s->id, PROTO_ERR_BUSY, "the fake holds 8 jobs already");
+}
+
+/* "bulk": one big event now, the rest on release. */
+static void fake_bulk(fake_io_t *io, const proto_submit_t *s) {
+  char *text = malloc(HTTP_FAKE_BULK_BYTES);
+  int32_t tok = 11;
+  memset(text, 'a', HTTP_FAKE_BULK_BYTES);
+  fake_event(io, s, text, HTTP_FAKE_BULK_BYTES, &tok, 1, PROTO_FINISH_NONE);
+  free(text);
+  fake_hold(io, s, true);
+}
+
+/* Sends the next piece of a held job when it is due. */
+static void fake_held_step(fake_io_t *io, http_fake_held_t *h) {
+  int32_t toks[3] = {11, 12, 13};
+  const proto_submit_t *s = &h->sub;
+  io->to = h->ident, io->to_len = h->ident_len;
+  if (h->bulk) {
+    if (!atomic_load(&io->f->release)) return;
+    fake_event(io, s, " world", 6, toks + 2, 1, PROTO_FINISH_STOP);
+    h->phase = 0;
+    atomic_store(&io->f->released, 1);
+    return;
+  }
+  if (fake_now_ns() < h->due_ns) return;
+  if (h->phase == 1) { /* the first quiet period is over */
+    if (s->stream) fake_event(io, s, "Hel", 3, toks, 1, PROTO_FINISH_NONE);
+    h->due_ns += fake_quiet_ns(io->f);
+    h->phase = 2;
+    return;
+  }
+  if (s->stream) {
+    fake_event(io, s, "lo", 2, toks + 1, 1, PROTO_FINISH_NONE);
+    fake_event(io, s, " world", 6, toks + 2, 1, PROTO_FINISH_STOP);
+  } else {
+    fake_event(io, s, "Hello world", 11, toks, 3, PROTO_FINISH_STOP);
+  }
+  h->phase = 0;
+}
+
+static void fake_held_tick(fake_io_t *io) {
+  for (int i = 0; i < 8; i++)
+    if (io->f->held[i].phase) fake_held_step(io, &io->f->held[i]);
+}
+
 static const char *fake_text(const proto_submit_t *s) {
   if (s->prompt) return s->prompt;
   if (s->n_messages) return s->messages[s->n_messages - 1].content;
@@ -100,6 +169,10 @@ static void fake_submit(fake_io_t *io, const proto_submit_t *s) {
   } else if (!strcmp(t, "delay")) {
     usleep(1500 * 1000);
     fake_answer(io, s);
+  } else if (!strcmp(t, "quiet")) {
+    fake_hold(io, s, false);
+  } else if (!strcmp(t, "bulk") && s->stream) {
+    fake_bulk(io, s);
   } else
     fake_answer(io, s);
 }
@@ -118,6 +191,13 @@ static void fake_handle(fake_io_t *io, proto_msg_t *m) {
   if (m->type == PROTO_T_CANCEL) {
     atomic_store(&io->f->last_cancel, m->u.cancel.id);
     atomic_fetch_add(&io->f->n_cancels, 1);
+    for (int i = 0; i < 8; i++)
+      if (io->f->held[i].phase && io->f->held[i].sub.id == m->u.cancel.id) io->f->held[i].phase = 0;
+  }
+  if (m->type == PROTO_T_HEARTBEAT && !atomic_load(&io->f->deaf)) {
+    atomic_fetch_add(&io->f->n_beats, 1);
+    proto_heartbeat_t hb = {.rank = -1, .seq = m->u.heartbeat.seq, .ts_ns = fake_now_ns()};
+    fake_send(io, PROTO_T_HEARTBEAT, &hb);
   }
 }
 
@@ -131,10 +211,14 @@ static void *fake_main(void *arg) {
   zmq_setsockopt(io.sock, ZMQ_LINGER, &linger, sizeof linger);
   zmq_bind(io.sock, io.f->endpoint);
   while (!atomic_load(&io.f->stop)) {
+    fake_held_tick(&io);
     zmq_pollitem_t it = {.socket = io.sock, .events = ZMQ_POLLIN};
     if (zmq_poll(&it, 1, 20) <= 0) continue;
     zmq_msg_init(&io.ident);
-    if (zmq_msg_recv(&io.ident, io.sock, 0) >= 0) fake_handle(&io, &m);
+    if (zmq_msg_recv(&io.ident, io.sock, 0) >= 0) {
+      io.to = zmq_msg_data(&io.ident), io.to_len = zmq_msg_size(&io.ident);
+      fake_handle(&io, &m);
+    }
     zmq_msg_close(&io.ident);
   }
   zmq_close(io.sock);

@@ -16,6 +16,7 @@
 #include <netinet/in.h>
 #include <zmq.h>
 
+#include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "coordinator/http/http.h"
 #include "ctl/http_client.h"
@@ -30,6 +31,7 @@ static coord_metrics_t *metrics;
 static coord_http_t *srv;
 static int port;
 static unsigned request_timeout_s; /* 0: the server's default */
+static unsigned keepalive_ms, engine_timeout_ms, per_ip; /* 0: the server's defaults */
 
 static void start_server(const char *api_key, unsigned max_conn, unsigned timeout_s) {
   ctx = zmq_ctx_new();
@@ -38,7 +40,8 @@ static void start_server(const char *api_key, unsigned max_conn, unsigned timeou
   coord_http_config_t cfg = {.zmq_ctx = ctx, .rpc_endpoint = EP, .host = "127.0.0.1", .port = 0, .api_key = api_key,
                              .served_model_name = "smol", .max_model_len = 100, .metrics = metrics,
                              .max_connections = max_conn, .timeout_s = timeout_s,
-                             .request_timeout_s = request_timeout_s};
+                             .request_timeout_s = request_timeout_s, .keepalive_ms = keepalive_ms,
+                             .engine_timeout_ms = engine_timeout_ms, .max_connections_per_ip = per_ip};
   ck_assert_int_eq(coord_http_start(&srv, &cfg), 0);
   port = coord_http_port(srv);
   ck_assert_int_gt(port, 0);
@@ -785,6 +788,255 @@ START_TEST(test_request_deadline) {
 }
 END_TEST
 
+/* ---- streams that wait, streams that end early, per-address limits ---- */
+
+/* A whole SSE answer as text (de-chunked). Fails the test when the
+ * connection ends before the body did (a stream that was cut). */
+static char *stream_text(const char *path, const char *body, int *status) {
+  cli_http_t c;
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(&c, "POST", path, NULL, body, strlen(body)), 0);
+  *status = c.status;
+  char *b = NULL;
+  int rc = cli_http_read_all(&c, 8u << 20, &b, NULL);
+  ck_assert_msg(rc == 0, "the stream was cut: %s", fr_strerror(rc));
+  cli_http_close(&c);
+  return b;
+}
+
+/* Occurrences of needle in [from, to). */
+static int count_in(const char *from, const char *to, const char *needle) {
+  int n = 0;
+  for (const char *p = from; (p = strstr(p, needle)) != NULL && p < to; p += strlen(needle)) n++;
+  return n;
+}
+
+/* The text ends with a chunk whose finish_reason is want, then [DONE]. */
+static void check_finished(const char *t, const char *want) {
+  static const char done[] = "data: [DONE]\n\n";
+  size_t n = strlen(t);
+  ck_assert_msg(n >= sizeof done - 1 && !strcmp(t + n - (sizeof done - 1), done), "no [DONE] at the end: '%s'", t);
+  const char *last = t + n - (sizeof done - 1);
+  while (last > t && strncmp(last, "data: {", 7)) last--;
+  char reason[64];
+  snprintf(reason, sizeof reason, "\"finish_reason\":\"%s\"", want);
+  ck_assert_msg(strstr(last, reason) != NULL, "last chunk '%.300s' has no %s", last, reason);
+}
+
+/* A job that sends nothing for a while, before its first token and between
+ * tokens (1.5 s each, longer than the 1 s idle timeout), gets keep-alive
+ * comments meanwhile and then every token, its finish_reason and [DONE];
+ * the handler's heartbeats reach the coordinator. */
+START_TEST(test_keepalive_while_waiting) {
+  teardown();
+  keepalive_ms = 300;
+  start_server(NULL, 0, 1);
+  int st;
+  char *t = stream_text("/v1/completions", "{\"prompt\":\"quiet\",\"stream\":true}", &st);
+  ck_assert_int_eq(st, 200);
+  const char *hel = strstr(t, "\"Hel\""), *lo = strstr(t, "\"lo\"");
+  ck_assert_msg(hel && lo && strstr(t, "\" world\""), "tokens missing: '%s'", t);
+  ck_assert_msg(count_in(t, hel, ": keep-alive\n\n") >= 2, "no keep-alives while queued: '%s'", t);
+  ck_assert_msg(count_in(hel, lo, ": keep-alive\n\n") >= 2, "no keep-alives between tokens: '%s'", t);
+  check_finished(t, "stop");
+  free(t);
+  ck_assert_int_gt(atomic_load(&fake.n_beats), 4);
+  /* not streamed: the answer after 3 s of silence, past the idle timeout */
+  json_t *j = post("/v1/completions", "{\"prompt\":\"quiet\"}", &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_str_eq(jstr(json_array_get(json_object_get(j, "choices"), 0), "text"), "Hello world");
+  json_decref(j);
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), 0);
+}
+END_TEST
+
+/* With a keep-alive period longer than the idle timeout, a gap between
+ * tokens longer than the idle timeout still does not cut the stream. */
+START_TEST(test_wait_longer_than_idle_timeout) {
+  teardown();
+  keepalive_ms = 3000;
+  start_server(NULL, 0, 1);
+  int st;
+  char *t = stream_text("/v1/chat/completions",
+                        "{\"messages\":[{\"role\":\"user\",\"content\":\"quiet\"}],\"stream\":true}", &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_msg(strstr(t, "\"Hel\"") && strstr(t, "\"lo\""), "tokens missing: '%s'", t);
+  ck_assert_msg(strstr(t, "\"role\":\"assistant\""), "no role in the first chunk: '%s'", t);
+  check_finished(t, "stop");
+  free(t);
+}
+END_TEST
+
+/* A coordinator that answers nothing, heartbeats included, ends a waiting
+ * stream with an error chunk and [DONE] (and a waiting JSON request with
+ * 503) after engine_timeout_ms; one that answers its heartbeats keeps a
+ * waiting stream open however long its job takes. */
+START_TEST(test_silent_engine_ends_stream) {
+  teardown();
+  keepalive_ms = 300;
+  engine_timeout_ms = 1500;
+  start_server(NULL, 0, 0);
+  /* alive: 2.5 s of keep-alives, no end */
+  cli_http_t c;
+  const char *hang = "{\"prompt\":\"hang\",\"stream\":true}";
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(&c, "POST", "/v1/completions", NULL, hang, strlen(hang)), 0);
+  ck_assert_int_eq(c.status, 200);
+  char buf[4096];
+  size_t n = 0;
+  uint64_t t0 = fr_now_ns();
+  while (fr_now_ns() - t0 < 2500000000ull && n < sizeof buf - 1) {
+    long r = cli_http_read(&c, buf + n, sizeof buf - 1 - n);
+    ck_assert_msg(r > 0, "the stream of a live job ended: %ld", r);
+    n += (size_t)r;
+  }
+  buf[n] = 0;
+  ck_assert_msg(!strstr(buf, "data:"), "got '%s'", buf);
+  ck_assert_int_ge(count_in(buf, buf + n, ": keep-alive\n\n"), 5);
+  cli_http_close(&c);
+  ck_assert_msg(wait_cancel(2000), "no cancel after the client left");
+  /* deaf */
+  atomic_store(&fake.deaf, 1);
+  int st;
+  t0 = fr_now_ns();
+  char *t = stream_text("/v1/completions", hang, &st);
+  double s = (double)(fr_now_ns() - t0) / 1e9;
+  ck_assert_int_eq(st, 200);
+  ck_assert_msg(s > 1.4 && s < 4, "ended after %.2f s", s);
+  ck_assert_msg(strstr(t, ": keep-alive\n\n"), "got '%s'", t);
+  ck_assert_msg(strstr(t, "data: {\"error\"") && strstr(t, "did not answer"), "no error chunk: '%s'", t);
+  ck_assert_msg(strstr(t, "data: [DONE]\n\n"), "no [DONE]: '%s'", t);
+  free(t);
+  ck_assert_msg(wait_cancel(2000), "the silent job was not canceled");
+  check_error("/v1/completions", "{\"prompt\":\"hang\"}", 503, NULL);
+}
+END_TEST
+
+static void *stop_thread(void *arg) {
+  coord_http_stop(arg);
+  return NULL;
+}
+
+/* coord_http_stop while a stream waits for a job that will never finish:
+ * the stream ends with an error chunk and [DONE], not a cut. */
+START_TEST(test_stop_mid_stream) {
+  cli_http_t c;
+  const char *body = "{\"prompt\":\"slow\",\"stream\":true}";
+  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(&c, "POST", "/v1/completions", NULL, body, strlen(body)), 0);
+  const char *d;
+  ck_assert_int_eq(cli_http_next_sse(&c, &d), 1);
+  ck_assert(strstr(d, "Hel"));
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, stop_thread, srv), 0);
+  char *rest = NULL;
+  int rc = cli_http_read_all(&c, 1 << 20, &rest, NULL);
+  pthread_join(th, NULL);
+  srv = NULL;
+  ck_assert_msg(rc == 0, "the stream was cut: %s", fr_strerror(rc));
+  ck_assert_msg(strstr(rest, "data: {\"error\"") && strstr(rest, "shutting down"), "no error chunk: '%s'", rest);
+  ck_assert_msg(strstr(rest, "data: [DONE]\n\n"), "no [DONE]: '%s'", rest);
+  free(rest);
+  cli_http_close(&c);
+}
+END_TEST
+
+/* The drain race: the job's last event is queued for a handler that is
+ * still sending the earlier bytes (its client reads slowly) when
+ * coord_http_stop begins. The stream still gets that last chunk, its
+ * finish_reason and [DONE]. */
+START_TEST(test_stop_sends_queued_events) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), small = 4096;
+  ck_assert_int_ge(fd, 0);
+  ck_assert_int_eq(setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &small, sizeof small), 0); /* before connect: a small window */
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  cli_http_t c;
+  memset(&c, 0, sizeof c);
+  c.fd = fd;
+  c.timeout_ms = 5000;
+  const char *body = "{\"prompt\":\"bulk\",\"stream\":true}";
+  ck_assert_int_eq(cli_http_send(&c, "POST", "/v1/completions", NULL, body, strlen(body)), 0);
+  ck_assert_int_eq(c.status, 200);
+  usleep(300 * 1000); /* the server fills the socket and waits to write the rest */
+  atomic_store(&fake.release, 1);
+  for (int i = 0; i < 200 && !atomic_load(&fake.released); i++) usleep(10000);
+  ck_assert(atomic_load(&fake.released)); /* the last event is queued for the handler */
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, stop_thread, srv), 0);
+  usleep(300 * 1000); /* stopping */
+  char *t = NULL;
+  size_t n = 0;
+  int rc = cli_http_read_all(&c, 8u << 20, &t, &n);
+  pthread_join(th, NULL);
+  srv = NULL;
+  ck_assert_msg(rc == 0, "the stream was cut: %s", fr_strerror(rc));
+  ck_assert_uint_gt(n, HTTP_FAKE_BULK_BYTES);
+  ck_assert_msg(!strstr(t, "\"error\""), "an error chunk: '%.300s'", strstr(t, "\"error\""));
+  ck_assert_msg(strstr(t, "\" world\""), "no last token: '%s'", t + n - 400);
+  check_finished(t + n - 1000, "stop");
+  free(t);
+  cli_http_close(&c);
+}
+END_TEST
+
+/* A connection from src (host order) to the server; -1 when connect fails. */
+static int connect_from(uint32_t src) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  ck_assert_int_ge(fd, 0);
+  struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(src)};
+  ck_assert_int_eq(bind(fd, (struct sockaddr *)&me, sizeof me), 0);
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
+  ck_assert_int_eq(connect(fd, (struct sockaddr *)&a, sizeof a), 0);
+  return fd;
+}
+
+/* Asks /health on fd (kept alive); the status, or 0 when the server
+ * closed the connection without an answer. */
+static int health_on(int fd) {
+  static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) return 0;
+  bool closed;
+  char *resp = raw_read_all(fd, 300, &closed);
+  int st = 0;
+  if (sscanf(resp, "HTTP/1.1 %d", &st) != 1) st = 0;
+  free(resp);
+  return st;
+}
+
+/* One address holds at most max_connections_per_ip connections (loopback
+ * too): the next one is closed unanswered, while another address is served,
+ * and a slot freed is taken again. */
+START_TEST(test_per_ip_limit) {
+  teardown();
+  per_ip = 3;
+  start_server(NULL, 0, 0);
+  int fds[3];
+  for (int i = 0; i < 3; i++) {
+    fds[i] = connect_from(0x7f000001);
+    ck_assert_int_eq(health_on(fds[i]), 200);
+  }
+  int extra = connect_from(0x7f000001);
+  ck_assert_int_eq(health_on(extra), 0);
+  close(extra);
+  int other = connect_from(0x7f000002);
+  ck_assert_int_eq(health_on(other), 200);
+  close(other);
+  for (int i = 0; i < 3; i++) ck_assert_int_eq(health_on(fds[i]), 200); /* the first three still work */
+  close(fds[0]);
+  int st = 0;
+  for (int i = 0; i < 50 && st != 200; i++) { /* once MHD has seen the close */
+    usleep(20000);
+    extra = connect_from(0x7f000001);
+    st = health_on(extra);
+    close(extra);
+  }
+  ck_assert_int_eq(st, 200);
+  close(fds[1]);
+  close(fds[2]);
+}
+END_TEST
+
 static Suite *http_suite(void) {
   Suite *s = suite_create("http");
   TCase *tc = tcase_create("server");
@@ -806,6 +1058,12 @@ static Suite *http_suite(void) {
   tcase_add_test(tc, test_half_close_answered);
   tcase_add_test(tc, test_half_close_mid_stream);
   tcase_add_test(tc, test_request_deadline);
+  tcase_add_test(tc, test_keepalive_while_waiting);
+  tcase_add_test(tc, test_wait_longer_than_idle_timeout);
+  tcase_add_test(tc, test_silent_engine_ends_stream);
+  tcase_add_test(tc, test_stop_mid_stream);
+  tcase_add_test(tc, test_stop_sends_queued_events);
+  tcase_add_test(tc, test_per_ip_limit);
   suite_add_tcase(s, tc);
   return s;
 }

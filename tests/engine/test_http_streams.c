@@ -258,20 +258,24 @@ START_TEST(test_drain_ends_every_stream) {
 }
 END_TEST
 
-int main(void) {
-  if (access(efx_model(), R_OK) != 0) {
-    fprintf(stderr, "skip: no model at %s\n", efx_model());
-    return 77;
-  }
+static Suite *http_streams_suite(void) {
   Suite *s = suite_create("http_streams");
   TCase *t = tcase_create("e2e");
   tcase_set_timeout(t, 240);
   tcase_add_test(t, test_stream_survives_hung_worker);
   tcase_add_test(t, test_drain_ends_every_stream);
   suite_add_tcase(s, t);
-  SRunner *sr = srunner_create(s);
-  srunner_run_all(sr, CK_NORMAL);
-  int failed = srunner_ntests_failed(sr);
-  srunner_free(sr);
-  return failed ? 1 : 0;
+  return s;
 }
+
+static int http_streams_setup(int argc, char **argv) {
+  if (access(efx_model(), R_OK) != 0) {
+    fprintf(stderr, "skip: no model at %s\n", efx_model());
+    return TEST_SKIP;
+  }
+  return 0;
+}
+
+#include "tests/common/test_main.h"
+
+const test_prog_t test_prog = {.suites = {http_streams_suite}, .setup = http_streams_setup};

@@ -268,6 +268,8 @@ static Suite *http_streams_suite(void) {
   return s;
 }
 
+#include "tests/common/test_main.h"
+
 static int http_streams_setup(int argc, char **argv) {
   if (access(efx_model(), R_OK) != 0) {
     fprintf(stderr, "skip: no model at %s\n", efx_model());
@@ -275,7 +277,5 @@ static int http_streams_setup(int argc, char **argv) {
   }
   return 0;
 }
-
-#include "tests/common/test_main.h"
 
 const test_prog_t test_prog = {.suites = {http_streams_suite}, .setup = http_streams_setup};

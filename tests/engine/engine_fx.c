@@ -54,11 +54,16 @@ static int efx__read_instance(efx_server_t *s) {
 }
 
 int efx_status(const efx_server_t *s, proto_status_reply_t *st) {
+  static char model[256]; /* the reply's strings die with the client: the one a test reads is copied */
   fr_client_t *c = NULL;
   int rc = fr_client_connect(&c, s->rpc);
   if (rc == 0) {
     fr_client_set_timeout(c, 5000);
     rc = fr_client_status(c, NULL, st);
+  }
+  if (rc == 0 && st->model) {
+    snprintf(model, sizeof model, "%s", st->model);
+    st->model = model;
   }
   fr_client_close(c);
   return rc;

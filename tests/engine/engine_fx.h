@@ -69,7 +69,8 @@ int efx_collect(fr_client_t *c, efx_job_t *jobs, int n, int timeout_ms);
 /* Submits one request alone and collects it. */
 int efx_run_one(const efx_server_t *s, const proto_submit_t *req, efx_job_t *out);
 
-/* Status with a 5 s timeout. */
+/* Status with a 5 s timeout. st->model points at a static copy (valid
+ * until the next call); the reply's other strings are not kept. */
 int efx_status(const efx_server_t *s, proto_status_reply_t *st);
 
 /* Greedy continuation of a raw prompt by the in-process generator

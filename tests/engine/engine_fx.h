@@ -66,6 +66,10 @@ proto_submit_t efx_greedy(const char *prompt, uint32_t max_tokens);
  * overall). Returns 0, or -1 on timeout / connection loss. */
 int efx_collect(fr_client_t *c, efx_job_t *jobs, int n, int timeout_ms);
 
+/* As efx_collect, but returns as soon as jobs[k] has n_events events (k < 0:
+ * when every job has finished); events of the other jobs are kept too. */
+int efx_collect_until(fr_client_t *c, efx_job_t *jobs, int n, int k, int n_events, int timeout_ms);
+
 /* Submits one request alone and collects it. */
 int efx_run_one(const efx_server_t *s, const proto_submit_t *req, efx_job_t *out);
 

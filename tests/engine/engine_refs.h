@@ -7,8 +7,17 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "tests/engine/engine_fx.h"
+
+/* Adds a test to a case, or only the one named by ENGINE_TEST (debugging). */
+#define EFX_ADD(t, fn)                                                             \
+  do {                                                                             \
+    const char *only = getenv("ENGINE_TEST");                                      \
+    if (!only || !strcmp(only, #fn)) tcase_add_test(t, fn);                        \
+  } while (0)
 
 #define EFX_N_OUT 16
 #define EFX_N_PROMPTS 16

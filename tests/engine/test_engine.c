@@ -550,26 +550,19 @@ START_TEST(test_kv_budget_too_small) {
 }
 END_TEST
 
-/* ENGINE_TEST=<name> runs one test (for debugging). */
-#define ADD(t, fn)                                                                 \
-  do {                                                                             \
-    const char *only = getenv("ENGINE_TEST");                                      \
-    if (!only || !strcmp(only, #fn)) tcase_add_test(t, fn);                        \
-  } while (0)
-
 static Suite *engine_suite(void) {
   Suite *s = suite_create("engine");
   TCase *t = tcase_create("e2e");
   tcase_set_timeout(t, 240);
-  ADD(t, test_concurrent_same_as_alone);
-  ADD(t, test_preemption_same_outputs);
-  ADD(t, test_chunked_prefill_with_decodes);
-  ADD(t, test_priority_then_fifo);
-  ADD(t, test_prefix_cache_hit);
-  ADD(t, test_cancel_and_disconnect_free_blocks);
-  ADD(t, test_relative_model_and_chat_finds_server);
-  ADD(t, test_kv_cache_memory_bytes);
-  ADD(t, test_kv_budget_too_small);
+  EFX_ADD(t, test_concurrent_same_as_alone);
+  EFX_ADD(t, test_preemption_same_outputs);
+  EFX_ADD(t, test_chunked_prefill_with_decodes);
+  EFX_ADD(t, test_priority_then_fifo);
+  EFX_ADD(t, test_prefix_cache_hit);
+  EFX_ADD(t, test_cancel_and_disconnect_free_blocks);
+  EFX_ADD(t, test_relative_model_and_chat_finds_server);
+  EFX_ADD(t, test_kv_cache_memory_bytes);
+  EFX_ADD(t, test_kv_budget_too_small);
   suite_add_tcase(s, t);
   return s;
 }

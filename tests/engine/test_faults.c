@@ -298,23 +298,16 @@ END_TEST
 START_TEST(test_ferrumctl_stop_drains) { drain_case(true); }
 END_TEST
 
-/* ENGINE_TEST=<name> runs one test (for debugging). */
-#define ADD(t, fn)                                                                 \
-  do {                                                                             \
-    const char *only = getenv("ENGINE_TEST");                                      \
-    if (!only || !strcmp(only, #fn)) tcase_add_test(t, fn);                        \
-  } while (0)
-
 static Suite *faults_suite(void) {
   Suite *s = suite_create("faults");
   TCase *t = tcase_create("e2e");
   tcase_set_timeout(t, 240);
-  ADD(t, test_worker_killed_restarts_and_recomputes);
-  ADD(t, test_worker_deaths_never_stop_the_server);
-  ADD(t, test_hung_worker_is_restarted);
-  ADD(t, test_nonfinite_logits_fail_one_request);
-  ADD(t, test_sigterm_drains);
-  ADD(t, test_ferrumctl_stop_drains);
+  EFX_ADD(t, test_worker_killed_restarts_and_recomputes);
+  EFX_ADD(t, test_worker_deaths_never_stop_the_server);
+  EFX_ADD(t, test_hung_worker_is_restarted);
+  EFX_ADD(t, test_nonfinite_logits_fail_one_request);
+  EFX_ADD(t, test_sigterm_drains);
+  EFX_ADD(t, test_ferrumctl_stop_drains);
   suite_add_tcase(s, t);
   return s;
 }

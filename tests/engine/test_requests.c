@@ -399,22 +399,15 @@ START_TEST(test_logprobs_and_logits) {
 }
 END_TEST
 
-/* ENGINE_TEST=<name> runs one test (for debugging). */
-#define ADD(t, fn)                                                                 \
-  do {                                                                             \
-    const char *only = getenv("ENGINE_TEST");                                      \
-    if (!only || !strcmp(only, #fn)) tcase_add_test(t, fn);                        \
-  } while (0)
-
 static Suite *requests_suite(void) {
   Suite *s = suite_create("requests");
   TCase *t = tcase_create("e2e");
   tcase_set_timeout(t, 240);
-  ADD(t, test_big_prompt_does_not_stall_streams);
-  ADD(t, test_bad_rpc_input);
-  ADD(t, test_seed_and_stop_strings);
-  ADD(t, test_logprobs_and_logits);
-  ADD(t, test_chat_messages_match_generator);
+  EFX_ADD(t, test_big_prompt_does_not_stall_streams);
+  EFX_ADD(t, test_bad_rpc_input);
+  EFX_ADD(t, test_seed_and_stop_strings);
+  EFX_ADD(t, test_logprobs_and_logits);
+  EFX_ADD(t, test_chat_messages_match_generator);
   suite_add_tcase(s, t);
   return s;
 }

@@ -368,6 +368,16 @@ START_TEST(test_api_key) {
 }
 END_TEST
 
+/* Starts a stream of the fake's slow job on c and reads its first chunk. */
+static void open_slow_stream(cli_http_t *c) {
+  const char *body = "{\"prompt\":\"slow\",\"stream\":true}";
+  ck_assert_int_eq(cli_http_connect(c, "127.0.0.1", port, 5000), 0);
+  ck_assert_int_eq(cli_http_send(c, "POST", "/v1/completions", NULL, body, strlen(body)), 0);
+  const char *d;
+  ck_assert_int_eq(cli_http_next_sse(c, &d), 1);
+  ck_assert(strstr(d, "Hel"));
+}
+
 /* Waits until the fake saw a cancel for its last job. */
 static bool wait_cancel(int ms) {
   for (int i = 0; i < ms / 10; i++) {
@@ -380,17 +390,12 @@ static bool wait_cancel(int ms) {
 START_TEST(test_disconnect_cancels) {
   /* mid-stream: read the first chunk, then hang up */
   cli_http_t c;
-  const char *body = "{\"prompt\":\"slow\",\"stream\":true}";
-  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
-  ck_assert_int_eq(cli_http_send(&c, "POST", "/v1/completions", NULL, body, strlen(body)), 0);
-  const char *d;
-  ck_assert_int_eq(cli_http_next_sse(&c, &d), 1);
-  ck_assert(strstr(d, "Hel"));
+  open_slow_stream(&c);
   cli_http_close(&c);
   ck_assert_msg(wait_cancel(2000), "no cancel after a mid-stream disconnect");
   /* before the first token, non-streamed */
   atomic_store(&fake.n_cancels, 0);
-  body = "{\"prompt\":\"hang\"}";
+  const char *body = "{\"prompt\":\"hang\"}";
   ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
   char head[256];
   int n = snprintf(head, sizeof head, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %zu\r\n\r\n%s",
@@ -921,12 +926,7 @@ static void *stop_thread(void *arg) {
  * the stream ends with an error chunk and [DONE], not a cut. */
 START_TEST(test_stop_mid_stream) {
   cli_http_t c;
-  const char *body = "{\"prompt\":\"slow\",\"stream\":true}";
-  ck_assert_int_eq(cli_http_connect(&c, "127.0.0.1", port, 5000), 0);
-  ck_assert_int_eq(cli_http_send(&c, "POST", "/v1/completions", NULL, body, strlen(body)), 0);
-  const char *d;
-  ck_assert_int_eq(cli_http_next_sse(&c, &d), 1);
-  ck_assert(strstr(d, "Hel"));
+  open_slow_stream(&c);
   pthread_t th;
   ck_assert_int_eq(pthread_create(&th, NULL, stop_thread, srv), 0);
   char *rest = NULL;

@@ -226,7 +226,9 @@ START_TEST(test_cancel_and_disconnect_free_blocks) {
     proto_submit_t quiet = efx_greedy(efx_prompts[1], 4000);
     quiet.stream = false;
     ck_assert_int_eq(fr_client_submit(d, &quiet, &id), 0);
-    for (int i = 0; i < 500; i++) {
+    /* up to 30 s: under ASan, beside the golden suite, the prompt can
+     * take more than 5 s to reach a step */
+    for (int i = 0; i < 3000; i++) {
       ck_assert_int_eq(efx_status(&s, &st), 0);
       if (st.running == 1 && st.kv_used_blocks > 0) break;
       usleep(10000);
@@ -235,7 +237,7 @@ START_TEST(test_cancel_and_disconnect_free_blocks) {
     uint64_t t0 = fr_now_ns();
     fr_client_close(d);
     efx_wait_idle(&s, base);
-    ck_assert_msg(fr_now_ns() - t0 < 3000000000ull, "disconnect noticed late");
+    ck_assert_msg(fr_now_ns() - t0 < 5000000000ull, "disconnect noticed late");
   }
   /* the allocator's invariants hold, read from the control segment */
   kv_ctl_t *ctl = NULL;

@@ -16,6 +16,7 @@
 
 #include "coordinator/coord.h"
 #include "coordinator/sched.h"
+#include "kernels/kern_types.h"
 #include "kv/kv.h"
 #include "model/chat.h"
 #include "model/source.h"
@@ -29,12 +30,14 @@ extern "C" {
 #define COORD_MAX_WORKERS 16
 #define COORD_DEATHS_KEPT 8 /* a worker's most recent deaths, for the restart backoff */
 
-/* STARTING -> (hello) LOADING -> (loaded) READY; when the workers size the
- * KV pool: LOADING -> (loaded) SIZED, waiting for the others -> (kv_init
- * sent) KV_INIT -> (kv_ready) READY. */
+/* STARTING -> (hello) REGISTERED, until every rank said hello -> (load
+ * sent) LOADING -> (loaded) READY; when the workers size the KV pool:
+ * LOADING -> (loaded) SIZED, waiting for the others -> (kv_init sent)
+ * KV_INIT -> (kv_ready) READY. */
 typedef enum {
   COORD_W_DOWN = 0,
   COORD_W_STARTING,
+  COORD_W_REGISTERED,
   COORD_W_LOADING,
   COORD_W_SIZED,
   COORD_W_KV_INIT,
@@ -51,6 +54,7 @@ typedef struct {
   int restarts;              /* over the server's lifetime (status, metrics) */
   uint64_t deaths_ns[COORD_DEATHS_KEPT]; /* ring of the latest deaths' times */
   uint64_t respawn_ns;       /* DOWN: when to start it again (0 = not scheduled) */
+  bool group_kill;           /* killed because a peer rank died: restarts with it, not counted */
   uint32_t n_vocab, max_ctx;
   uint32_t kv_capacity;      /* SIZED: blocks the worker can hold */
   uint64_t kv_block_bytes;   /* bytes of one of its blocks (0: not said) */
@@ -109,6 +113,12 @@ struct coord {
   coord_worker_t workers[COORD_MAX_WORKERS];
   int n_workers;
   bool ready;                /* all workers loaded */
+  /* tensor parallel (n_workers > 1): the group's rendezvous for the next
+   * loads ("shm:/..." made here, or rank 0's "nccl:..."); every death
+   * restarts the whole group */
+  char comm_id[KERN_COMM_ID_MAX];
+  uint32_t comm_gen;         /* shm groups made so far (their names) */
+  uint64_t group_respawn_ns; /* when the group's ranks start again */
   int load_error;            /* a worker's load failed: fatal */
   /* jobs */
   coord_sched_t sched;       /* waiting queue, running list, the step's batch */

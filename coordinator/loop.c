@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/signalfd.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -216,8 +217,12 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   coord__copy_cfg(c, cfg);
   c->n_workers = c->cfg.tp_size;
   coord__alloc_scratch(c);
+  char dev[64];
+  int rc;
+  for (int r = 0; r < c->n_workers; r++) /* a device list that does not fit the ranks fails here */
+    if ((rc = kern_device_for_rank(c->device, r, c->n_workers, dev, sizeof dev))) goto fail;
   coord__instance_id(c->instance, sizeof c->instance);
-  int rc = coord_runtime_dir(c->run_dir, sizeof c->run_dir);
+  rc = coord_runtime_dir(c->run_dir, sizeof c->run_dir);
   if (rc) goto fail;
   char addr[600];
   if (!cfg->rpc_addr && (rc = coord_default_rpc_addr(addr, sizeof addr))) goto fail;
@@ -375,6 +380,7 @@ void coord_drain(coord_t *c) {
 
 static void coord__unlink_segments(coord_t *c) {
   char what[KV_WHAT_MAX];
+  if (c->comm_gen) shm_unlink(c->comm_id + 4); /* a CPU group's, if rank 0 did not get to it */
   for (int r = 0; r < COORD_MAX_WORKERS; r++) {
     snprintf(what, sizeof what, "kvpool%d", r);
     kv_segment_unlink(c->instance, what);

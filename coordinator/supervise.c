@@ -15,12 +15,18 @@
  * and jobs wait. A worker that says nothing for longer than a step should
  * take (a multiple of the slowest recent time per token times the step's
  * tokens, at least a few seconds) is taken for hung, killed and restarted.
+ *
+ * Tensor parallel (several ranks): loads go out once every rank said hello,
+ * with the group's rendezvous; a rank that dies or hangs takes its peers
+ * down with it (they are killed, not counted as deaths) and the group
+ * restarts together, the running jobs recomputed as with one worker.
  */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -45,7 +51,7 @@ static int coord__spawn(coord_t *c, coord_worker_t *w) {
   snprintf(world, sizeof world, "%d", c->n_workers);
   snprintf(ppid, sizeof ppid, "%d", (int)getpid());
   char *argv[] = {c->worker_exe, "--connect", c->worker_addr, "--instance", c->instance, "--rank", rank,
-                  "--world-size", world, "--coord-pid", ppid, NULL};
+                  "--world-size", world, "--device", c->device, "--coord-pid", ppid, NULL};
   pid_t pid = fork();
   if (pid < 0) return fr_errorf(-errno, "fork: %s", strerror(errno));
   if (pid == 0) {
@@ -88,16 +94,18 @@ int coord__worker_send(coord_t *c, coord_worker_t *w, proto_type_t type, const v
 }
 
 static int coord__send_load(coord_t *c, coord_worker_t *w) {
-  char threads[16], mt[16], ms[16];
+  char threads[16], mt[16], ms[16], dev[64];
   snprintf(threads, sizeof threads, "%d", c->cfg.threads);
   snprintf(mt, sizeof mt, "%d", c->cfg.max_num_batched_tokens);
   snprintf(ms, sizeof ms, "%d", c->cfg.max_num_seqs);
-  proto_option_t opts[] = {{"device", c->device}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
-                           {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
+  int rc = kern_device_for_rank(c->device, w->rank, c->n_workers, dev, sizeof dev); /* checked at create */
+  if (rc) return rc;
+  proto_option_t opts[] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
+                           {"fake_forward", c->cfg.fake_workers ? "1" : "0"}, {"comm", c->comm_id}};
   proto_load_t l = {.path = c->model_path,
                     .format = (char *)(c->cfg.load_format ? c->cfg.load_format : "auto"),
                     .tp_size = (uint32_t)c->n_workers,
-                    .n_options = FR_ARRAY_SIZE(opts),
+                    .n_options = FR_ARRAY_SIZE(opts) - (c->n_workers > 1 ? 0 : 1),
                     .options = opts,
                     .kv_min_blocks = 1};
   if (c->kv) { /* fixed from the start, or sized before this worker restarted */
@@ -144,6 +152,31 @@ static void coord__set_ready(coord_t *c, bool ready) {
   if (c->hook_ready) c->hook_ready(c->hook_arg, ready);
 }
 
+/* The group's rendezvous for the loads about to go out: rank 0's NCCL id
+ * (GPUs), or a fresh shared memory name (CPUs; the last group's segment,
+ * if a rank died before rank 0 unlinked it, goes). */
+static void coord__comm_id(coord_t *c, const proto_hello_t *rank0) {
+  if (rank0->comm_id && !strncmp(rank0->comm_id, "nccl:", 5)) {
+    snprintf(c->comm_id, sizeof c->comm_id, "%s", rank0->comm_id);
+    return;
+  }
+  if (c->comm_gen) shm_unlink(c->comm_id + 4);
+  snprintf(c->comm_id, sizeof c->comm_id, "shm:/ferrum-%s-tp%u", c->instance, ++c->comm_gen);
+}
+
+/* Every rank registered: the loads go out together (the ranks join their
+ * group inside the load, which waits for all of them). */
+static void coord__group_load(coord_t *c) {
+  for (int r = 0; r < c->n_workers; r++)
+    if (c->workers[r].state != COORD_W_REGISTERED) return;
+  for (int r = 0; r < c->n_workers; r++) {
+    coord_worker_t *w = &c->workers[r];
+    w->state = COORD_W_LOADING;
+    FR_LOGI("worker %d registered; loading %s", w->rank, c->model_path);
+    if (coord__send_load(c, w)) FR_LOGE("%s", fr_last_error());
+  }
+}
+
 /* A worker registers. What is checked: the rank and world size it was
  * started with, and its pid (when it sends one) against the one forked for
  * that rank. Its dev / kvb / bs / mb are not read: a worker learns its
@@ -161,9 +194,9 @@ static void coord__on_hello(coord_t *c, const uint8_t *ident, size_t len, const 
   }
   memcpy(w->ident, ident, len);
   w->ident_len = (uint8_t)len;
-  w->state = COORD_W_LOADING;
-  FR_LOGI("worker %d registered; loading %s", w->rank, c->model_path);
-  if (coord__send_load(c, w)) FR_LOGE("%s", fr_last_error());
+  w->state = COORD_W_REGISTERED;
+  if (h->rank == 0 && c->n_workers > 1) coord__comm_id(c, h);
+  coord__group_load(c);
 }
 
 static void coord__worker_ready(coord_t *c, coord_worker_t *w) {
@@ -276,7 +309,33 @@ static uint64_t coord__restart_delay_ms(coord_t *c, coord_worker_t *w, uint64_t 
   return FR_MIN(COORD_BACKOFF_FIRST_MS << doublings, (uint64_t)c->cfg.restart_backoff_max_ms);
 }
 
+/* Tensor parallel: one rank down takes its group down (its peers would
+ * wait in their next all-reduce for good); they restart together. */
+static void coord__group_kill(coord_t *c, const coord_worker_t *dead) {
+  for (int r = 0; r < c->n_workers; r++) {
+    coord_worker_t *p = &c->workers[r];
+    if (p == dead || !p->pid || p->group_kill) continue;
+    FR_LOGW("worker %d: restarting with rank %d", p->rank, dead->rank);
+    p->group_kill = true;
+    kill(p->pid, SIGKILL);
+  }
+}
+
+/* A peer killed by coord__group_kill: no backoff of its own; it starts
+ * again with the rank that died. */
+static void coord__on_group_death(coord_t *c, coord_worker_t *w) {
+  w->group_kill = false;
+  w->pid = 0;
+  w->state = COORD_W_DOWN;
+  w->ident_len = 0;
+  if (!c->stop_loop && !c->load_error) w->respawn_ns = FR_MAX(c->group_respawn_ns, 1);
+}
+
 static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
+  if (w->group_kill) {
+    coord__on_group_death(c, w);
+    return;
+  }
   if (WIFSIGNALED(status)) FR_LOGW("worker %d (pid %d) killed by signal %d", w->rank, (int)w->pid, WTERMSIG(status));
   else FR_LOGW("worker %d (pid %d) exited with status %d", w->rank, (int)w->pid, WEXITSTATUS(status));
   bool was_loaded = w->state == COORD_W_READY;
@@ -286,6 +345,7 @@ static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
   coord__set_ready(c, false);
   coord__recompute_all(c);
   c->step_ns_per_token = 0; /* the new worker's first step warms up again */
+  if (c->n_workers > 1) coord__group_kill(c, w);
   if (c->stop_loop) return;
   if (!was_loaded && !c->n_steps && !w->restarts && c->load_error == 0)
     c->load_error = fr_errorf(FR_EDEAD, "worker %d died while loading the model", w->rank);
@@ -293,7 +353,9 @@ static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
   w->restarts++;
   uint64_t now = fr_now_ns(), delay = coord__restart_delay_ms(c, w, now);
   if (delay) FR_LOGW("worker %d keeps dying: restarting it in %.1f s", w->rank, delay / 1e3);
-  w->respawn_ns = now + delay * 1000000ull;
+  w->respawn_ns = c->group_respawn_ns = now + delay * 1000000ull;
+  for (int r = 0; r < c->n_workers; r++) /* peers already down wait for it too */
+    if (c->workers[r].respawn_ns) c->workers[r].respawn_ns = c->group_respawn_ns;
 }
 
 /* Starts the workers whose restart is due. A failed start (fork) is a

@@ -8,6 +8,7 @@ set(_cpu_sources
   cpu/cpu_matmul.c
   cpu/cpu_ops.c
   cpu/cpu_attn.c
+  cpu/cpu_comm.c
   cpu/cpu_scalar.c)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
   list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c)

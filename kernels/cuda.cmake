@@ -27,8 +27,12 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_ops.cu
   cuda/kcu_matmul.cu
   cuda/kcu_attn.cu
-  cuda/kcu_sample.cu)
+  cuda/kcu_sample.cu
+  cuda/kcu_comm.cu)
 ferrum_cuda_flags(ferrum_kernels_cuda)
+# NCCL ships with the CUDA toolkit here (lib64/libnccl.so) or as a system
+# package; either way its header sits beside the toolkit's or in /usr/include.
+find_library(FERRUM_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
 ferrum_headers(ferrum_kernels_cuda FOLDER kernels)
-target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_kern_types ferrum_common CUDA::cudart CUDA::cublas)
+target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_kern_types ferrum_common CUDA::cudart CUDA::cublas ${FERRUM_NCCL_LIBRARY})
 target_link_libraries(ferrum_kernels PUBLIC ferrum_kernels_cuda)

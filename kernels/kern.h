@@ -79,6 +79,23 @@ typedef struct kern_kv_pool {
 
 typedef struct kern_backend kern_backend_t;
 
+/* A tensor-parallel group: `size` processes, one per device, each running
+ * the same layer stack on its shard of the weights and summing partial
+ * results with all_reduce. id names the rendezvous and its transport:
+ * "shm:<name>" (host memory: a POSIX shared memory segment of that name,
+ * which the ranks create together and rank 0 unlinks once all are in) or
+ * "nccl:<hex>" (an NCCL unique id from kern_nccl_new_id, made by rank 0). */
+typedef struct {
+  int rank, size;
+  const char *id;
+  size_t max_elems; /* the largest all_reduce (activations) the group will run */
+} kern_comm_t;
+
+/* Makes an NCCL unique id as "nccl:<256 hex digits>" in out (cap >= 262).
+ * The calling process hosts the rendezvous: it must be rank 0 and live
+ * until every rank joined. FR_EUNSUPPORTED in a build without CUDA. */
+int kern_nccl_new_id(char *out, size_t cap);
+
 /* Sampling parameters for the optional on-device sampler. Penalties as
  * model/sampler.h: repetition over prompt and output tokens, presence and
  * frequency over output tokens (negative ids are skipped). */
@@ -216,6 +233,14 @@ typedef struct {
    * to fixed sizes (padding tokens: slot < 0; padding sequences: ctx_len 0). */
   int (*graph_begin)(void *ctx, uint64_t key, bool *replayed);
   int (*graph_end)(void *ctx, uint64_t key);
+
+  /* Optional: tensor parallelism (see kern_comm_t). comm_init joins the
+   * group; it is collective (every rank calls it, and it returns once all
+   * have). all_reduce sums n activations across the group in place, on the
+   * backend's queue (captured in a graph like any op); every rank gets the
+   * same values. */
+  int (*comm_init)(void *ctx, const kern_comm_t *comm);
+  int (*all_reduce)(void *ctx, void *buf, size_t n);
 } kern_ops_t;
 
 /* A backend and what it can do: callers decide by these fields, never by

@@ -88,6 +88,15 @@ typedef struct {
  * fr_last_error naming the accepted forms) and leaves out unchanged. */
 int kern_device_parse(const char *name, kern_device_t *out);
 
+#define KERN_COMM_ID_MAX 300 /* bytes of the longest tensor-parallel group id (kern.h), NUL included */
+
+/* The device of rank `rank` of a tensor-parallel group of `size` on the
+ * device named by name, into out: "cpu" for every rank; "cuda" puts rank r
+ * on GPU r (of those CUDA_VISIBLE_DEVICES shows); "cuda:2,3" names one GPU
+ * per rank. Returns 0, or -EINVAL with a message (a list shorter than the
+ * ranks, one GPU named for several ranks). */
+int kern_device_for_rank(const char *name, int rank, int size, char *out, size_t cap);
+
 #ifdef __cplusplus
 }
 #endif

@@ -200,7 +200,9 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   m->rope.mode = KERN_ROPE_NEOX;
   kern_type_t t = opts && opts->dummy_type ? opts->dummy_type : be->act_type;
   int rc = model__check_config(&m->cfg);
+  if (!rc) rc = model__plan_shard(m, opts, kern_type_traits(t) ? kern_type_traits(t)->blck : 1);
   if (rc) goto fail;
+  model__use_shard(m); /* random weights of this rank's shapes */
   /* Two pools: layer weights with spread 1/sqrt(dim), and the embedding /
    * output table with 4x that, so that logits have clear winners (greedy
    * comparisons between backends are then meaningful). */

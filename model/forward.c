@@ -6,7 +6,9 @@
  *              rope(q,k); kv_append(k,v); att = attention(q); x += att Wo;
  *              xn = norm(x); x += (silu(xn Wg) * xn Wu) Wd
  *   logits = norm(x at each sequence's last token) Wout
- * Residual adds are fused into the next norm (add_rms_norm).
+ * Residual adds are fused into the next norm (add_rms_norm). Under tensor
+ * parallelism (model/shard.h) the outputs of Wo and Wd are all-reduced and
+ * only rank 0 computes logits.
  */
 #include <errno.h>
 #include <math.h>
@@ -36,6 +38,13 @@ static int model__qkv(model_t *m, const model_layer_t *L, int n, void *q, void *
   CALL(op->matmul(cx, k, &L->wk, model__opt(&L->bk), m->xn, n));
   CALL(op->matmul(cx, v, &L->wv, model__opt(&L->bv), m->xn, n));
   return 0;
+}
+
+/* Tensor parallel: m->xn holds this rank's partial sum of a row-split
+ * projection (attn_output, ffn_down); the all-reduce makes it the whole. */
+static int model__reduce(model_t *m, int n) {
+  if (m->shard.size <= 1) return 0;
+  return m->be->ops->all_reduce(m->be->ctx, m->xn, (size_t)n * (size_t)m->cfg.dim);
 }
 
 static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int n) {
@@ -68,7 +77,7 @@ static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int 
   CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
   /* xn = att Wo: the residual add happens in the next add_rms_norm. */
   CALL(op->matmul(cx, m->xn, &L->wo, NULL, m->att, n));
-  return 0;
+  return model__reduce(m, n);
 }
 
 static int model__ffn_block(model_t *m, int il, int n) {
@@ -87,7 +96,7 @@ static int model__ffn_block(model_t *m, int il, int n) {
     CALL(op->silu_mul(cx, m->up, m->gate, up, n, f, f));
   }
   CALL(op->matmul(cx, m->xn, &L->w_down, NULL, m->up, n));
-  return 0;
+  return model__reduce(m, n);
 }
 
 /* The layer stack after step_begin: leaves logits in m->logits. Safe to
@@ -106,6 +115,7 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
     const kern_weight_t *next = il + 1 < c->n_layers ? &m->layers[il + 1].attn_norm : &m->output_norm;
     CALL(op->add_rms_norm(cx, m->xn, m->x, m->xn, next, n, c->dim, c->norm_eps));
   }
+  if (m->shard.rank != 0) return 0; /* rank 0 samples: only it needs logits */
   /* xn holds norm(x) for every token; logits only for each sequence's last. */
   CALL(op->last_rows(cx, m->last, m->xn, c->dim));
   CALL(op->matmul(cx, m->logits, &m->output, NULL, m->last, n_seqs));

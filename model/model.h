@@ -16,6 +16,7 @@
 #include "kernels/kern.h"
 #include "model/chat.h"
 #include "model/config.h"
+#include "model/shard.h"
 #include "model/source.h"
 #include "model/tokenizer.h"
 
@@ -50,6 +51,7 @@ typedef struct {
   kern_type_t dummy_type;     /* weight type for dummy weights (default act type) */
   uint64_t seed;              /* dummy weights' seed */
   bool progress;              /* log load progress on stderr */
+  int tp_rank, tp_size;       /* tensor parallel: load this rank's shard (model/shard.h); 0, 0 = whole */
 } model_load_opts_t;
 
 /* Host scratch for padding decode steps to graph shapes (forward.c). */
@@ -60,7 +62,11 @@ typedef struct {
 } model_pad_t;
 
 typedef struct model {
+  /* The rank's shapes: n_heads, n_kv_heads and ffn_dim are its shard's
+   * (the whole model's without tensor parallelism); full_cfg is the file's. */
   model_config_t cfg;
+  model_config_t full_cfg;
+  model_shard_t shard;
   model_source_t *src;        /* NULL for dummy configs */
   kern_backend_t *be;         /* borrowed */
   model_tokenizer_t *tok;     /* NULL when the model has no tokenizer (dummy) */

@@ -9,6 +9,11 @@ int model__check_config(const model_config_t *c);
 void model__keep(model_t *m, void *p);
 int model__init_rope(model_t *m);
 int model__alloc_scratch(model_t *m);
+/* Tensor parallel: keeps the file's config in m->full_cfg and plans this
+ * rank's shard (opts' tp_rank / tp_size) in m->shard. */
+int model__plan_shard(model_t *m, const model_load_opts_t *opts, int ffn_unit);
+/* Makes m->cfg the shard's shapes (heads, KV heads, FFN). */
+void model__use_shard(model_t *m);
 
 /* Weight-load progress: bytes handed to the backend against the total the
  * loader expects. m->progress points at it between model__load_begin and

@@ -88,47 +88,97 @@ static uint64_t model__load_bytes(const model_t *m) {
 
 /* ---- weights --------------------------------------------------------------------- */
 
-static int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows,
-                              int64_t cols) {
-  memset(w, 0, sizeof *w);
-  const model_tensor_t *t = model_source_tensor(m->src, name);
-  if (!t) {
-    if (!required) return 0;
-    return fr_errorf(FR_ENOTFOUND, "tensor %s is missing", name);
-  }
-  if (t->rows != rows || t->cols != cols)
+/* The part of a tensor a rank loads: rows [r0, r0 + nr) and columns
+ * [c0, c0 + nc) of a (rows, cols) tensor. */
+typedef struct {
+  int64_t rows, cols; /* the whole tensor's shape, as the file must have it */
+  int64_t r0, nr, c0, nc;
+} model_part_t;
+
+static model_part_t model__whole(int64_t rows, int64_t cols) {
+  return (model_part_t){.rows = rows, .cols = cols, .nr = rows, .nc = cols};
+}
+
+static model_part_t model__rows(int64_t rows, int64_t cols, int64_t r0, int64_t nr) {
+  return (model_part_t){.rows = rows, .cols = cols, .r0 = r0, .nr = nr, .nc = cols};
+}
+
+static model_part_t model__cols(int64_t rows, int64_t cols, int64_t c0, int64_t nc) {
+  return (model_part_t){.rows = rows, .cols = cols, .nr = rows, .c0 = c0, .nc = nc};
+}
+
+/* Finds a tensor and checks it against the part's shape and the backend. */
+static int model__part_tensor(model_t *m, const char *name, bool required, const model_part_t *p,
+                              const model_tensor_t **out) {
+  const model_tensor_t *t = *out = model_source_tensor(m->src, name);
+  if (!t) return required ? fr_errorf(FR_ENOTFOUND, "tensor %s is missing", name) : 0;
+  if (t->rows != p->rows || t->cols != p->cols)
     return fr_errorf(FR_EFORMAT, "tensor %s has shape (%lld, %lld), expected (%lld, %lld)", name,
-                     (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+                     (long long)t->rows, (long long)t->cols, (long long)p->rows, (long long)p->cols);
   if (!m->be->ops->supports_type(m->be->ctx, t->type))
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: type %s is not supported by the %s backend", name,
                      kern_type_traits(t->type) ? kern_type_traits(t->type)->name : "?", m->be->ops->name);
-  w->type = t->type;
-  w->rows = rows;
-  w->cols = cols;
-  w->row_bytes = kern_row_bytes(t->type, cols);
-  return model__weight_load(m, w, t->data, name);
+  int blck = kern_type_traits(t->type)->blck;
+  if (p->c0 % blck || p->nc % blck)
+    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: tensor parallelism would cut its %s blocks of %d at column %lld",
+                     name, kern_type_traits(t->type)->name, blck, (long long)(p->c0 % blck ? p->c0 : p->c0 + p->nc));
+  return 0;
+}
+
+/* Copies the part's bytes into dst (nr rows of kern_row_bytes(type, nc)). */
+static void model__part_copy(const model_tensor_t *t, const model_part_t *p, uint8_t *dst) {
+  const size_t full = kern_row_bytes(t->type, p->cols), rb = kern_row_bytes(t->type, p->nc);
+  const uint8_t *src = (const uint8_t *)t->data + (size_t)p->r0 * full + kern_row_bytes(t->type, p->c0);
+  for (int64_t r = 0; r < p->nr; r++) memcpy(dst + (size_t)r * rb, src + (size_t)r * full, rb);
+}
+
+/* Loads part p of tensor name. Whole rows are handed over from the file's
+ * mapping; a column range is copied first (kept while the backend borrows it). */
+static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool required, model_part_t p) {
+  memset(w, 0, sizeof *w);
+  const model_tensor_t *t;
+  int rc = model__part_tensor(m, name, required, &p, &t);
+  if (rc || !t) return rc;
+  *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc)};
+  if (p.nc == p.cols)
+    return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
+  uint8_t *copy = fr_malloc((size_t)p.nr * w->row_bytes);
+  model__part_copy(t, &p, copy);
+  rc = model__weight_load(m, w, copy, name);
+  if (rc == 0 && w->data == copy) model__keep(m, copy); /* borrowed (CPU) */
+  else free(copy);
+  return rc;
+}
+
+static int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows,
+                              int64_t cols) {
+  return model__load_part(m, w, name, required, model__whole(rows, cols));
 }
 
 /* Norm weights and biases are used in f32 by every backend: convert
- * F16/BF16 ones (HF checkpoints) once at load. */
-static int model__load_f32_vector(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t n) {
+ * F16/BF16 ones (HF checkpoints) once at load. Elements [off, off + n) of
+ * a vector of total elements. */
+static int model__load_f32_part(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t total,
+                                int64_t off, int64_t n) {
   memset(w, 0, sizeof *w);
   const model_tensor_t *t = model_source_tensor(m->src, name);
   if (!t) return required ? fr_errorf(FR_ENOTFOUND, "tensor %s is missing", name) : 0;
-  if (t->rows * t->cols != n)
+  if (t->rows * t->cols != total)
     return fr_errorf(FR_EFORMAT, "tensor %s has %lld elements, expected %lld", name,
-                     (long long)(t->rows * t->cols), (long long)n);
+                     (long long)(t->rows * t->cols), (long long)total);
   if (t->type != KERN_F32 && t->type != KERN_F16 && t->type != KERN_BF16)
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: a vector must be F32, F16 or BF16", name);
-  float *tmp = fr_malloc((size_t)n * sizeof(float));
-  kern_dequantize_row(t->type, t->data, tmp, n);
-  w->type = KERN_F32;
-  w->rows = 1;
-  w->cols = n;
-  w->row_bytes = (size_t)n * sizeof(float);
+  float *tmp = fr_malloc((size_t)total * sizeof(float));
+  kern_dequantize_row(t->type, t->data, tmp, total);
+  if (off) memmove(tmp, tmp + off, (size_t)n * sizeof(float));
+  *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = n, .row_bytes = (size_t)n * sizeof(float)};
   /* The backend may borrow host_data: the model keeps the copy alive. */
   model__keep(m, tmp);
   return model__weight_load(m, w, tmp, name);
+}
+
+static int model__load_f32_vector(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t n) {
+  return model__load_f32_part(m, w, name, required, n, 0, n);
 }
 
 static void model__release_weight(model_t *m, kern_weight_t *w) {
@@ -136,26 +186,26 @@ static void model__release_weight(model_t *m, kern_weight_t *w) {
   memset(w, 0, sizeof *w);
 }
 
-/* Loads tensors names[0..n) (same type and columns) as one weight whose
- * rows are theirs in order. Returns 1 when it fused, 0 when the tensors do
- * not allow it (the caller loads them one by one), or an error. */
-static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *names, int n, const int64_t *rows,
-                             int64_t cols) {
+/* Loads row ranges of tensors names[0..n) (same type and columns) as one
+ * weight whose rows are theirs in order. Returns 1 when it fused, 0 when
+ * the tensors do not allow it (the caller loads them one by one), or an
+ * error. */
+static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *names, int n, const model_part_t *parts) {
   const model_tensor_t *t[4];
   int64_t total = 0;
   for (int i = 0; i < n; i++) {
     t[i] = model_source_tensor(m->src, names[i]);
-    if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != rows[i] || t[i]->cols != cols) return 0;
-    total += rows[i];
+    if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != parts[i].rows || t[i]->cols != parts[i].cols) return 0;
+    total += parts[i].nr;
   }
   if (!m->be->ops->supports_type(m->be->ctx, t[0]->type)) return 0;
-  const size_t rb = kern_row_bytes(t[0]->type, cols);
+  const size_t rb = kern_row_bytes(t[0]->type, parts[0].cols);
   uint8_t *buf = fr_malloc((size_t)total * rb), *p = buf;
   for (int i = 0; i < n; i++) {
-    memcpy(p, t[i]->data, (size_t)rows[i] * rb);
-    p += (size_t)rows[i] * rb;
+    model__part_copy(t[i], &parts[i], p);
+    p += (size_t)parts[i].nr * rb;
   }
-  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = cols, .row_bytes = rb};
+  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb};
   char label[256] = "";
   for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
     snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
@@ -165,35 +215,49 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   return rc ? rc : 1;
 }
 
-/* Fused bias (1, qd + 2*kvd) from the three biases. */
-static int model__load_fused_bias(model_t *m, kern_weight_t *w, int il, int64_t qd, int64_t kvd) {
+/* This rank's q, k and v rows of a layer (whole heads, shard.h), for cols inputs. */
+static void model__qkv_parts(const model_t *m, int64_t cols, model_part_t parts[3]) {
+  const model_config_t *c = &m->full_cfg;
+  const model_shard_t *s = &m->shard;
+  const int64_t hd = c->head_dim, qd = (int64_t)c->n_heads * hd, kvd = (int64_t)c->n_kv_heads * hd;
+  parts[0] = model__rows(qd, cols, s->head0 * hd, s->n_heads * hd);
+  parts[1] = model__rows(kvd, cols, s->kv0 * hd, s->n_kv_heads * hd);
+  parts[2] = parts[1];
+}
+
+/* Fused bias (1, qd + 2*kvd) of this rank's heads from the three biases. */
+static int model__load_fused_bias(model_t *m, kern_weight_t *w, int il) {
   static const char *sfx[3] = {"attn_q.bias", "attn_k.bias", "attn_v.bias"};
-  const int64_t n[3] = {qd, kvd, kvd};
-  float *all = fr_malloc((size_t)(qd + 2 * kvd) * sizeof(float)), *p = all;
+  model_part_t parts[3];
+  model__qkv_parts(m, 1, parts);
+  const int64_t n = parts[0].nr + 2 * parts[1].nr;
+  float *all = fr_malloc((size_t)n * sizeof(float)), *p = all;
   char name[96];
   for (int i = 0; i < 3; i++) {
     const model_tensor_t *t;
     snprintf(name, sizeof name, "blk.%d.%s", il, sfx[i]);
-    if (!(t = model_source_tensor(m->src, name)) || t->rows * t->cols != n[i] ||
+    if (!(t = model_source_tensor(m->src, name)) || t->rows * t->cols != parts[i].rows ||
         (t->type != KERN_F32 && t->type != KERN_F16 && t->type != KERN_BF16)) {
       free(all);
       return fr_errorf(FR_EFORMAT, "tensor %s is missing or misshaped", name);
     }
-    kern_dequantize_row(t->type, t->data, p, n[i]);
-    p += n[i];
+    float *whole = fr_malloc((size_t)parts[i].rows * sizeof(float));
+    kern_dequantize_row(t->type, t->data, whole, parts[i].rows);
+    memcpy(p, whole + parts[i].r0, (size_t)parts[i].nr * sizeof(float));
+    free(whole);
+    p += parts[i].nr;
   }
   model__keep(m, all);
-  *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = qd + 2 * kvd,
-                       .row_bytes = (size_t)(qd + 2 * kvd) * sizeof(float)};
+  *w = (kern_weight_t){.type = KERN_F32, .rows = 1, .cols = n, .row_bytes = (size_t)n * sizeof(float)};
   snprintf(name, sizeof name, "blk.%d.attn_{q,k,v}.bias", il);
   return model__weight_load(m, w, all, name);
 }
 
 /* q/k/v and gate/up as fused weights where the files allow. */
 static int model__load_layer_fused(model_t *m, int il) {
-  const model_config_t *c = &m->cfg;
+  const model_config_t *c = &m->full_cfg;
+  const model_shard_t *s = &m->shard;
   model_layer_t *L = &m->layers[il];
-  const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
   char q[96], k[96], v[96], g[96], u[96];
   snprintf(q, sizeof q, "blk.%d.attn_q.weight", il);
   snprintf(k, sizeof k, "blk.%d.attn_k.weight", il);
@@ -203,51 +267,56 @@ static int model__load_layer_fused(model_t *m, int il) {
   int rc = 0;
   if (!c->qk_norm) {
     const char *names[3] = {q, k, v};
-    const int64_t rows[3] = {qd, kvd, kvd};
-    if ((rc = model__load_fused(m, &L->wqkv, names, 3, rows, c->dim)) < 0) return rc;
-    if (rc == 1 && c->attn_bias && (rc = model__load_fused_bias(m, &L->bqkv, il, qd, kvd))) return rc;
+    model_part_t parts[3];
+    model__qkv_parts(m, c->dim, parts);
+    if ((rc = model__load_fused(m, &L->wqkv, names, 3, parts)) < 0) return rc;
+    if (rc == 1 && c->attn_bias && (rc = model__load_fused_bias(m, &L->bqkv, il))) return rc;
   }
   const char *gu[2] = {g, u};
-  const int64_t frows[2] = {c->ffn_dim, c->ffn_dim};
-  rc = model__load_fused(m, &L->w_gate_up, gu, 2, frows, c->dim);
+  const model_part_t ffn = model__rows(c->ffn_dim, c->dim, s->ffn0, s->ffn_dim), fparts[2] = {ffn, ffn};
+  rc = model__load_fused(m, &L->w_gate_up, gu, 2, fparts);
   return rc < 0 ? rc : 0;
 }
 
 static int model__load_layer(model_t *m, int il) {
-  const model_config_t *c = &m->cfg;
+  const model_config_t *c = &m->full_cfg;
+  const model_shard_t *s = &m->shard;
   model_layer_t *L = &m->layers[il];
-  const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+  const int64_t hd = c->head_dim, qd = (int64_t)c->n_heads * hd;
+  model_part_t qkv[3];
+  model__qkv_parts(m, c->dim, qkv);
+  const model_part_t ffn_rows = model__rows(c->ffn_dim, c->dim, s->ffn0, s->ffn_dim);
   char name[96];
   int rc = 0;
-#define W(field, suffix, req, r, cl)                                        \
-  do {                                                                      \
-    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);                   \
-    if ((rc = model__load_weight(m, &L->field, name, req, r, cl)) != 0) return rc; \
+#define W(field, suffix, req, part)                                                    \
+  do {                                                                                 \
+    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);                              \
+    if ((rc = model__load_part(m, &L->field, name, req, part)) != 0) return rc;        \
   } while (0)
-#define V(field, suffix, req, n)                                            \
-  do {                                                                      \
-    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);                   \
-    if ((rc = model__load_f32_vector(m, &L->field, name, req, n)) != 0) return rc; \
+#define V(field, suffix, req, total, off, n)                                           \
+  do {                                                                                 \
+    snprintf(name, sizeof name, "blk.%d.%s", il, suffix);                              \
+    if ((rc = model__load_f32_part(m, &L->field, name, req, total, off, n)) != 0) return rc; \
   } while (0)
-  V(attn_norm, "attn_norm.weight", true, c->dim);
+  V(attn_norm, "attn_norm.weight", true, c->dim, 0, c->dim);
   if ((rc = model__load_layer_fused(m, il))) return rc;
   if (!L->wqkv.data) {
-    W(wq, "attn_q.weight", true, qd, c->dim);
-    W(wk, "attn_k.weight", true, kvd, c->dim);
-    W(wv, "attn_v.weight", true, kvd, c->dim);
-    V(bq, "attn_q.bias", c->attn_bias, qd);
-    V(bk, "attn_k.bias", c->attn_bias, kvd);
-    V(bv, "attn_v.bias", c->attn_bias, kvd);
+    W(wq, "attn_q.weight", true, qkv[0]);
+    W(wk, "attn_k.weight", true, qkv[1]);
+    W(wv, "attn_v.weight", true, qkv[2]);
+    V(bq, "attn_q.bias", c->attn_bias, qkv[0].rows, qkv[0].r0, qkv[0].nr);
+    V(bk, "attn_k.bias", c->attn_bias, qkv[1].rows, qkv[1].r0, qkv[1].nr);
+    V(bv, "attn_v.bias", c->attn_bias, qkv[2].rows, qkv[2].r0, qkv[2].nr);
   }
-  V(q_norm, "attn_q_norm.weight", c->qk_norm, c->head_dim);
-  V(k_norm, "attn_k_norm.weight", c->qk_norm, c->head_dim);
-  W(wo, "attn_output.weight", true, c->dim, qd);
-  V(ffn_norm, "ffn_norm.weight", true, c->dim);
+  V(q_norm, "attn_q_norm.weight", c->qk_norm, hd, 0, hd);
+  V(k_norm, "attn_k_norm.weight", c->qk_norm, hd, 0, hd);
+  W(wo, "attn_output.weight", true, model__cols(c->dim, qd, s->head0 * hd, s->n_heads * hd));
+  V(ffn_norm, "ffn_norm.weight", true, c->dim, 0, c->dim);
   if (!L->w_gate_up.data) {
-    W(w_gate, "ffn_gate.weight", true, c->ffn_dim, c->dim);
-    W(w_up, "ffn_up.weight", true, c->ffn_dim, c->dim);
+    W(w_gate, "ffn_gate.weight", true, ffn_rows);
+    W(w_up, "ffn_up.weight", true, ffn_rows);
   }
-  W(w_down, "ffn_down.weight", true, c->dim, c->ffn_dim);
+  W(w_down, "ffn_down.weight", true, model__cols(c->dim, c->ffn_dim, s->ffn0, s->ffn_dim));
 #undef W
 #undef V
   return 0;
@@ -334,6 +403,25 @@ int model__check_config(const model_config_t *c) {
   return 0;
 }
 
+int model__plan_shard(model_t *m, const model_load_opts_t *opts, int ffn_unit) {
+  m->full_cfg = m->cfg;
+  int size = opts && opts->tp_size > 1 ? opts->tp_size : 1, rank = size > 1 ? opts->tp_rank : 0;
+  return model_shard_plan(&m->cfg, rank, size, ffn_unit, &m->shard);
+}
+
+void model__use_shard(model_t *m) {
+  m->cfg.n_heads = m->shard.n_heads;
+  m->cfg.n_kv_heads = m->shard.n_kv_heads;
+  m->cfg.ffn_dim = m->shard.ffn_dim;
+}
+
+/* The FFN's cut unit: ffn_down's quantization block (its columns are cut). */
+static int model__ffn_unit(const model_t *m) {
+  const model_tensor_t *t = model_source_tensor(m->src, "blk.0.ffn_down.weight");
+  const kern_type_traits_t *tr = t ? kern_type_traits(t->type) : NULL;
+  return tr ? tr->blck : 1;
+}
+
 static int model__load_tokenizer(model_t *m) {
   int rc;
   if (m->src->gguf) {
@@ -357,6 +445,7 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   if (rc) goto fail;
   m->cfg = m->src->config;
   if ((rc = model__check_config(&m->cfg))) goto fail;
+  if ((rc = model__plan_shard(m, opts, model__ffn_unit(m)))) goto fail;
   m->rope.mode = m->src->rope_mode;
   if ((rc = model__load_tokenizer(m))) goto fail;
   model_progress_t prog;
@@ -367,6 +456,7 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
     if ((rc = model__load_layer(m, il))) goto fail;
   if ((rc = model__init_rope(m))) goto fail;
   if ((rc = model__load_end(m))) goto fail;
+  model__use_shard(m);
   if ((rc = model__alloc_scratch(m))) goto fail;
   if (opts && opts->progress)
     FR_LOGI("loaded %s (%s, %d layers, dim %d) on %s in %.2f s", path, m->cfg.arch_name, m->cfg.n_layers,

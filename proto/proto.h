@@ -155,6 +155,9 @@ typedef struct {
   uint32_t block_size; /* "bs"  required, >= 1, not read */
   uint32_t max_batch;  /* "mb"  required, >= 1, not read */
   uint32_t pid;        /* "pid" default 0 */
+  char *comm_id;       /* "cid" rank 0 of a tensor-parallel group on a device: the group's rendezvous
+                        * (kern_nccl_new_id), which the coordinator hands to every rank in the load
+                        * (option "comm"); NULL otherwise */
 } proto_hello_t;
 
 typedef struct {

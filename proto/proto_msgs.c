@@ -172,6 +172,7 @@ static const proto_field_t f_hello[] = {
     FS("bs", PF_U32, PF_REQ, proto_hello_t, block_size),
     FS("mb", PF_U32, PF_REQ, proto_hello_t, max_batch),
     FS("pid", PF_U32, 0, proto_hello_t, pid),
+    FSTR("cid", 0, proto_hello_t, comm_id, PROTO_MAX_STR),
 };
 SCHEMA(s_hello, "hello", proto_hello_t, f_hello, def_hello, check_hello);
 

@@ -14,6 +14,7 @@
 /* Load options ("k" = "v" strings) the coordinator sends. */
 typedef struct {
   const char *device;
+  const char *comm; /* tensor parallel: the group's rendezvous (kern_comm_t.id) */
   long threads, max_tokens, max_seqs;
   bool fake_forward;
 } worker_load_opts_t;
@@ -38,6 +39,7 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "max_tokens")) rc = worker__opt_long(k, v, 1, PROTO_MAX_TOKENS, &o->max_tokens);
     else if (!strcmp(k, "max_seqs")) rc = worker__opt_long(k, v, 1, PROTO_MAX_ITEMS, &o->max_seqs);
     else if (!strcmp(k, "fake_forward")) o->fake_forward = !strcmp(v, "1");
+    else if (!strcmp(k, "comm")) o->comm = v;
     else FR_LOGW("unknown load option %s ignored", k);
     if (rc) return rc;
   }
@@ -276,7 +278,8 @@ static int worker__attach_control(worker_t *w, uint32_t kv_blocks) {
 
 static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_opts_t *o) {
   model_load_opts_t mo = {.max_tokens = (int)o->max_tokens, .max_seqs = (int)o->max_seqs,
-                         .progress = w->args.rank == 0}; /* one rank logs the weights' progress */
+                         .progress = w->args.rank == 0, /* one rank logs the weights' progress */
+                         .tp_rank = w->args.rank, .tp_size = w->args.world_size};
   int rc;
   if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
     model_config_t cfg;
@@ -293,6 +296,24 @@ static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_o
   w->vocab = w->m->cfg.vocab_size;
   w->weight_bytes = worker__weight_bytes(w->m);
   w->act_bytes = w->m->scratch_bytes;
+  return 0;
+}
+
+/* Tensor parallel: joins the group with the other ranks (they load at the
+ * same time; the join waits for all of them). */
+static int worker__comm(worker_t *w, const worker_load_opts_t *o) {
+  if (w->args.world_size < 2 || o->fake_forward) return 0;
+  if (!w->be->ops->comm_init || !w->be->ops->all_reduce)
+    return fr_errorf(FR_EUNSUPPORTED, "the %s backend has no tensor parallelism", w->be->ops->name);
+  if (!o->comm) return fr_errorf(FR_EPROTO, "tensor parallel size %d, but the load names no group (option comm)",
+                                 w->args.world_size);
+  kern_comm_t cm = {.rank = w->args.rank, .size = w->args.world_size, .id = o->comm,
+                    .max_elems = (size_t)w->m->max_tokens * (size_t)w->m->cfg.dim};
+  int rc = w->be->ops->comm_init(w->be->ctx, &cm);
+  if (rc) return fr_errorf(rc, "tensor parallel rank %d of %d: %s", cm.rank, cm.size, fr_last_error());
+  const model_shard_t *s = &w->m->shard;
+  FR_LOGI("tensor parallel rank %d of %d: heads %d..%d, KV heads %d..%d, FFN %d..%d", s->rank, s->size, s->head0,
+          s->head0 + s->n_heads - 1, s->kv0, s->kv0 + s->n_kv_heads - 1, s->ffn0, s->ffn0 + s->ffn_dim - 1);
   return 0;
 }
 
@@ -318,6 +339,7 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if ((rc = kern_backend_create(&w->be, o.device, (int)o.threads))) goto fail;
   size_t used_load, total;
   if ((rc = worker__model(w, l, &o))) goto fail;
+  if ((rc = worker__comm(w, &o))) goto fail;
   if ((rc = worker__mem_used(w, &used_load, &total))) goto fail;
   if (sizing) rc = worker__kv_size(w, l, used_load, &w->act_bytes);
   else rc = worker__finish(w);

@@ -1,7 +1,8 @@
 /* main.c - ferrum-worker: registration, the message loop, exit rules.
  *
  * usage: ferrum-worker --connect ENDPOINT --instance ID [--rank R]
- *                      [--world-size N] [--coord-pid PID] [--hb-timeout-ms MS]
+ *                      [--world-size N] [--device DEV] [--coord-pid PID]
+ *                      [--hb-timeout-ms MS]
  */
 #include <errno.h>
 #include <getopt.h>
@@ -29,6 +30,7 @@ static int worker__parse(int argc, char **argv, worker_args_t *a) {
                                      {"world-size", required_argument, 0, 'w'},
                                      {"coord-pid", required_argument, 0, 'p'},
                                      {"hb-timeout-ms", required_argument, 0, 't'},
+                                     {"device", required_argument, 0, 'd'},
                                      {0, 0, 0, 0}};
   *a = (worker_args_t){.world_size = 1, .hb_timeout_ms = 30000};
   int c;
@@ -40,6 +42,7 @@ static int worker__parse(int argc, char **argv, worker_args_t *a) {
     case 'w': a->world_size = atoi(optarg); break;
     case 'p': a->coord_pid = (pid_t)atol(optarg); break;
     case 't': a->hb_timeout_ms = atoi(optarg); break;
+    case 'd': a->device = optarg; break;
     default: return -1;
     }
   }
@@ -55,14 +58,25 @@ static int worker__send(worker_t *w, proto_type_t type, const void *body) {
   return 0;
 }
 
+/* Rank 0 of a group on GPUs makes the NCCL rendezvous the others join
+ * (the coordinator passes it on in their loads). */
+static void worker__comm_id(const worker_t *w, char *id, size_t cap) {
+  id[0] = 0;
+  if (w->args.rank != 0 || w->args.world_size < 2 || !w->args.device || strncmp(w->args.device, "cuda", 4)) return;
+  if (kern_nccl_new_id(id, cap)) FR_LOGE("tensor parallel: %s", fr_last_error()); /* the load then fails */
+}
+
 static int worker__hello(worker_t *w) {
+  char id[KERN_COMM_ID_MAX];
+  worker__comm_id(w, id, sizeof id);
   proto_hello_t h = {.rank = w->args.rank,
                      .world_size = w->args.world_size,
                      .device = "cpu",
                      .kv_blocks = 0,
                      .block_size = KV_BLOCK_SIZE_DEFAULT,
                      .max_batch = 1,
-                     .pid = (uint32_t)getpid()};
+                     .pid = (uint32_t)getpid(),
+                     .comm_id = id[0] ? id : NULL};
   return worker__send(w, PROTO_T_HELLO, &h);
 }
 
@@ -165,7 +179,7 @@ int main(int argc, char **argv) {
   w.pool_seg.fd = w.logits_seg.fd = -1;
   if (worker__parse(argc, argv, &w.args)) {
     fprintf(stderr, "usage: ferrum-worker --connect ENDPOINT --instance ID [--rank R] [--world-size N] "
-                    "[--coord-pid PID] [--hb-timeout-ms MS]\n");
+                    "[--device DEV] [--coord-pid PID] [--hb-timeout-ms MS]\n");
     return 2;
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL);

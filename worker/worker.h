@@ -49,6 +49,7 @@ typedef struct {
   const char *connect;  /* coordinator's worker endpoint (ipc:// or tcp://) */
   const char *instance; /* instance id (segment names) */
   int rank, world_size;
+  const char *device;   /* --device: what rank 0 of a GPU group makes its rendezvous for (NULL = cpu) */
   pid_t coord_pid;      /* the coordinator: exit when it is gone (0 = don't check) */
   int hb_timeout_ms;    /* exit after this long without a message (default 30000) */
 } worker_args_t;

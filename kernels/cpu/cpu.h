@@ -121,7 +121,13 @@ typedef struct {
   float rope_attn_factor;
   float *att_scratch; /* per thread: scores (block_size) + acc (head_dim) */
   size_t att_cap;
+  struct cpu_comm *comm; /* the tensor-parallel group (cpu_comm.c), or NULL */
 } cpu_ctx_t;
+
+typedef struct cpu_comm cpu_comm_t;
+int cpu__comm_init(void *vctx, const kern_comm_t *comm);
+int cpu__all_reduce(void *vctx, void *buf, size_t n);
+void cpu__comm_destroy(cpu_ctx_t *ctx);
 
 int cpu__embed(void *vctx, void *out, const kern_weight_t *table);
 int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);

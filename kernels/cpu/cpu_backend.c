@@ -238,6 +238,7 @@ static int cpu__to_f32_host(void *vctx, float *dst, const void *src, size_t n) {
 static void cpu__destroy(void *vctx) {
   cpu_ctx_t *ctx = vctx;
   if (!ctx) return;
+  cpu__comm_destroy(ctx);
   fr_pool_destroy(ctx->pool);
   free(ctx->tokens);
   free(ctx->positions);
@@ -282,6 +283,8 @@ static const kern_ops_t cpu__ops = {
     .sample = NULL,
     .graph_begin = NULL,
     .graph_end = NULL,
+    .comm_init = cpu__comm_init,
+    .all_reduce = cpu__all_reduce,
 };
 
 int kern_cpu_create(kern_backend_t **out, int n_threads) {

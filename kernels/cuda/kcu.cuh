@@ -141,6 +141,10 @@ typedef struct {
   cudaEvent_t stage_free[KCU_STAGE_N];   /* chunk i's copy (and conversion) finished reading it */
   cudaEvent_t load_tail;                 /* the last copy queued on load_stream */
   int stage_next;                        /* the ring's next chunk */
+
+  /* tensor parallelism (kcu_comm.cu) */
+  void *nccl;                            /* ncclComm_t, or NULL */
+  int comm_rank, comm_size;
 } kcu_ctx_t;
 
 /* Element helpers: T is __nv_bfloat16 or __half. */
@@ -301,3 +305,8 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
+
+/* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
+int kcu__comm_init(void *ctx, const kern_comm_t *comm);
+int kcu__all_reduce(void *ctx, void *buf, size_t n);
+void kcu__comm_destroy(kcu_ctx_t *c);

@@ -430,6 +430,7 @@ static void kcu_destroy(void *ctx) {
   cudaSetDevice(c->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
   kcu__graphs_drop(c);
+  kcu__comm_destroy(c);
   kcu__stage_free(c);
   kcu__free(c->meta_dev);
   if (c->meta_pin) cudaFreeHost(c->meta_pin);
@@ -486,6 +487,8 @@ static const kern_ops_t kcu_ops = {
     .sample = kcu_sample,
     .graph_begin = kcu_graph_begin,
     .graph_end = kcu_graph_end,
+    .comm_init = kcu__comm_init,
+    .all_reduce = kcu__all_reduce,
 };
 
 /* An integer tuning knob from the environment, clamped to [lo, hi]. */

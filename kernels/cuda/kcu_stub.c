@@ -1,4 +1,4 @@
-/* kcu_stub.c - kern_cuda_create when ferrum is built without CUDA
+/* kcu_stub.c - kern_cuda_create and kern_nccl_new_id when ferrum is built without CUDA
  * (FERRUM_CUDA=OFF): links, and says so. */
 #include "common/fr_err.h"
 #include "kernels/kern.h"
@@ -7,4 +7,9 @@ int kern_cuda_create(kern_backend_t **out, int device) {
   (void)device;
   *out = NULL;
   return fr_errorf(FR_EUNSUPPORTED, "ferrum was built without CUDA (configure with -DFERRUM_CUDA=ON)");
+}
+
+int kern_nccl_new_id(char *out, size_t cap) {
+  if (cap) out[0] = 0;
+  return fr_errorf(FR_EUNSUPPORTED, "ferrum was built without CUDA: no NCCL");
 }

@@ -10,6 +10,9 @@ tests, with the SmolLM2 tokenizer copied from the real GGUF:
   tiny-qwen2.gguf        qwen2 (q/k/v bias), Q8_0 / Q4_K / Q6_K / Q5_0 / F16 weights
   tiny-qwen3.gguf        qwen3 (q/k norm, head_dim 64 != dim / heads),
                          Q4_0 / Q4_1 / Q5_1 / Q5_K / BF16 weights
+  tiny-qwen3-hf/         a qwen3 Hugging Face folder (BF16, tied embeddings)
+                         with SmolLM2's tokenizer as tokenizer.json (built
+                         with HF `tokenizers`, as the tokenizer golden does)
 
 usage: make_tiny_models.py SMOLLM2_GGUF OUT_DIR
 """
@@ -264,6 +267,32 @@ def tiny_qwen3(out, tok):
     write_gguf(out / "tiny-qwen3.gguf", "qwen3", cfg, W, types, tok)
 
 
+def tiny_qwen3_hf(out, src):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tokenizer"))
+    from gen_tok_golden import hf_tokenizer, read_gguf  # noqa: E402
+    cfg = dict(dim=128, ffn=384, heads=8, kv_heads=2, head_dim=32, layers=2, vocab=49152, ctx=2048,
+               theta=1000000.0, eps=1e-6)
+    W = make_weights(cfg, with_qk_norm=True)
+    hf = out / "tiny-qwen3-hf"
+    hf.mkdir(exist_ok=True)
+    names = dict(HF_NAMES, attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    st = {"model.embed_tokens.weight": W["token_embd.weight"], "model.norm.weight": W["output_norm.weight"]}
+    for i in range(cfg["layers"]):
+        for g, h in names.items():
+            st[f"model.layers.{i}.{h}.weight"] = W[f"blk.{i}.{g}.weight"]
+    write_safetensors(hf / "model.safetensors", st, "BF16")
+    (hf / "config.json").write_text(json.dumps({
+        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": cfg["dim"],
+        "intermediate_size": cfg["ffn"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["heads"],
+        "num_key_value_heads": cfg["kv_heads"], "head_dim": cfg["head_dim"], "vocab_size": cfg["vocab"],
+        "max_position_embeddings": cfg["ctx"], "rms_norm_eps": cfg["eps"], "rope_theta": cfg["theta"],
+        "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False,
+        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}, indent=1))
+    kv = read_gguf(src)
+    tokens, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+    hf_tokenizer(tokens, types, kv["tokenizer.ggml.merges"][1], "smollm").save(str(hf / "tokenizer.json"))
+
+
 def main():
     src, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
@@ -271,6 +300,7 @@ def main():
     tiny_llama(out, tok)
     tiny_qwen2(out, tok)
     tiny_qwen3(out, tok)
+    tiny_qwen3_hf(out, src)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,41 @@
+/* shard.h - the tensor-parallel sharding plan (Megatron-style) of one rank.
+ *
+ * Attention is split by whole KV groups (a KV head and the query heads that
+ * read it): q/k/v rows and their biases by heads, attn_output by the
+ * matching columns, so each rank attends over its own heads and its
+ * attn_output gives a partial sum of the full projection. When there are
+ * fewer KV heads than ranks, query heads are split evenly and each rank
+ * keeps a copy of the one KV head its heads read (vLLM replicates the same
+ * way). The FFN is split by gate/up rows and the matching ffn_down columns,
+ * in units of the weights' quantization block so that no block is cut.
+ * Groups and units that do not divide evenly go to the later ranks (9
+ * heads in 3 groups over 2 ranks: 3 and 6). The two partial sums of a layer
+ * are added across ranks with one all-reduce each. Norms, the embedding
+ * and the LM head are whole on every rank; only rank 0 computes logits.
+ */
+#pragma once
+
+#include "model/config.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct {
+  int rank, size;
+  int head0, n_heads;  /* this rank's query heads: [head0, head0 + n_heads) */
+  int kv0, n_kv_heads; /* its KV heads */
+  int ffn0, ffn_dim;   /* its rows of gate/up (columns of ffn_down) */
+} model_shard_t;
+
+/* The whole model on one rank. */
+model_shard_t model_shard_whole(const model_config_t *c);
+
+/* Plans rank's shard of c over size ranks; ffn_unit: the FFN is cut only at
+ * multiples of it (the ffn_down weight's block size, 1 for float weights).
+ * Returns 0, or FR_EUNSUPPORTED with a message naming what does not divide. */
+int model_shard_plan(const model_config_t *c, int rank, int size, int ffn_unit, model_shard_t *out);
+
+#ifdef __cplusplus
+}
+#endif

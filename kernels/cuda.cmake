@@ -28,7 +28,8 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_matmul.cu
   cuda/kcu_attn.cu
   cuda/kcu_sample.cu
-  cuda/kcu_comm.cu)
+  cuda/kcu_comm.cu
+  cuda/kcu_car.cu)
 ferrum_cuda_flags(ferrum_kernels_cuda)
 # NCCL ships with the CUDA toolkit here (lib64/libnccl.so) or as a system
 # package; either way its header sits beside the toolkit's or in /usr/include.

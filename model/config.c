@@ -124,7 +124,7 @@ static int gg_shape(model_config_t *c, const model_gguf_t *g) {
   if ((rc = gg_int(g, a, "attention.key_length", c->dim % c->n_heads ? -1 : c->dim / c->n_heads,
                    CFG_MAX_HEAD_DIM, &c->head_dim)))
     return rc;
-  int vlen;
+  int vlen = 0;
   if ((rc = gg_int(g, a, "attention.value_length", c->head_dim, CFG_MAX_HEAD_DIM, &vlen))) return rc;
   if (vlen != c->head_dim)
     return fr_errorf(FR_EUNSUPPORTED, "gguf: value_length %d != key_length %d is not supported", vlen, c->head_dim);

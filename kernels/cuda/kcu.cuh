@@ -142,10 +142,21 @@ typedef struct {
   cudaEvent_t load_tail;                 /* the last copy queued on load_stream */
   int stage_next;                        /* the ring's next chunk */
 
-  /* tensor parallelism (kcu_comm.cu) */
+  /* tensor parallelism (kcu_comm.cu, kcu_car.cu) */
   void *nccl;                            /* ncclComm_t, or NULL */
   int comm_rank, comm_size;
+  struct kcu_car *car;                   /* the one-shot all-reduce, or NULL (NCCL only) */
 } kcu_ctx_t;
+
+/* The one-shot all-reduce over peer memory (kcu_car.cu). */
+#define KCU_CAR_MAX_RANKS 8
+#define KCU_CAR_MAX_BYTES (512u << 10) /* largest call it takes; NCCL's ring does better above */
+typedef struct kcu_car {
+  void *buf;                      /* this rank's IPC buffer: two slots, then the flags */
+  void *peer[KCU_CAR_MAX_RANKS];  /* every rank's buffer mapped here (this rank's is buf) */
+  uint32_t *counts;               /* (KCU_CAR_BLOCKS) calls made by each block */
+  size_t max_bytes;               /* calls up to this many bytes go here (FERRUM_CUSTOM_AR_MAX) */
+} kcu_car_t;
 
 /* Element helpers: T is __nv_bfloat16 or __half. */
 __device__ __forceinline__ float kcu_f(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -310,3 +321,10 @@ int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);
 int kcu__all_reduce(void *ctx, void *buf, size_t n);
 void kcu__comm_destroy(kcu_ctx_t *c);
+/* kcu_car.cu: sets c->car up after NCCL joined (collective; leaves it NULL
+ * when FERRUM_CUSTOM_AR=0 or the GPUs lack peer access); whether a call of
+ * n elements goes to it; the call; teardown. */
+int kcu__car_init(kcu_ctx_t *c);
+bool kcu__car_fits(const kcu_ctx_t *c, size_t n);
+int kcu__car_all_reduce(kcu_ctx_t *c, void *buf, size_t n);
+void kcu__car_destroy(kcu_ctx_t *c, kcu_car_t *car);

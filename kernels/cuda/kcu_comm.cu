@@ -6,6 +6,8 @@
  * each rank joins with ncclCommInitRank on its device. The all-reduce runs
  * on the backend's stream, so it orders after the matmul that produced the
  * partial sums and is captured into decode graphs like any other op.
+ * Calls up to KCU_CAR_MAX_BYTES (decode's) go to the one-shot all-reduce
+ * over peer memory instead (kcu_car.cu), when the GPUs reach each other.
  * NVLink SHARP (NVLS) stays off unless the environment sets it: the lent
  * machines' fabric does not offer it (see docs/ARCHITECTURE.md).
  */
@@ -70,19 +72,21 @@ int kcu__comm_init(void *ctx, const kern_comm_t *cm) {
   c->comm_size = cm->size;
   FR_LOGI("tensor parallel: rank %d of %d on cuda:%d joined in %.2f s (NCCL %d)", cm->rank, cm->size, c->device,
           (double)(fr_now_ns() - t0) / 1e9, NCCL_VERSION_CODE);
-  return 0;
+  return kcu__car_init(c);
 }
 
 int kcu__all_reduce(void *ctx, void *buf, size_t n) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   if (!c->nccl) return fr_errorf(FR_ESTATE, "all_reduce: the backend is in no tensor-parallel group");
   if (c->comm_size == 1 || n == 0) return 0;
+  if (kcu__car_fits(c, n)) return kcu__car_all_reduce(c, buf, n); /* small: one shot over peer memory */
   ncclDataType_t t = c->act == KERN_BF16 ? ncclBfloat16 : ncclFloat16;
   KCU_NCCL(ncclAllReduce(buf, buf, n, t, ncclSum, (ncclComm_t)c->nccl, c->stream));
   return 0;
 }
 
 void kcu__comm_destroy(kcu_ctx_t *c) {
+  kcu__car_destroy(c, c->car);
   if (!c->nccl) return;
   ncclCommDestroy((ncclComm_t)c->nccl);
   c->nccl = NULL;

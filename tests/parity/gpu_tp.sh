@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Tensor parallelism on a 2-GPU machine (device machine, repo root, after
+# `source .device/env.sh`); results in docs/bench/tensor-parallel.md:
+#   1. the all-reduce per message size (bench/allreduce_bench), NCCL alone
+#      and with the one-shot all-reduce for small sizes, eager and inside a
+#      CUDA graph;
+#   2. TP=1 and TP=2 greedy tokens against transformers (gpu_tp.py);
+#   3. Llama-3-8B shapes (dummy bf16): `ferrumctl bench` at TP=1 and TP=2,
+#      concurrency 1, 16, 64 and 256 (FERRUM_TP_BENCH picks "c:n:in:out" runs).
+# MODELS_DIR/llama3-8b-dummy comes from tests/parity/make_dummy_folder.py.
+# usage: gpu_tp.sh BIN_DIR MODELS_DIR OUT_DIR [STEPS (default allreduce,parity,bench)]
+set -u
+bin=$1 models=$2 out=$3 steps=${4:-allreduce,parity,bench}
+want() { [[ ",$steps," == *",$1,"* ]]; }
+mkdir -p "$out"
+export NCCL_NVLS_ENABLE=0
+status=0
+wait_health() {
+  for _ in $(seq 1 600); do
+    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=1)" 2>/dev/null && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.5
+  done
+  return 1
+}
+
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
+nvidia-smi topo -m | head -4
+
+if want allreduce; then
+  echo "=== all-reduce, 2 ranks: NCCL alone"
+  FERRUM_CUSTOM_AR=0 "$bin/allreduce_bench" --device cuda --ranks 2 --iters 400 | tee "$out/allreduce-nccl.md" || status=1
+  echo "=== all-reduce, 2 ranks: one-shot over peer memory up to 512 KiB, NCCL above (the default)"
+  "$bin/allreduce_bench" --device cuda --ranks 2 --iters 400 | tee "$out/allreduce.md" || status=1
+fi
+
+if want parity; then
+  echo "=== greedy tokens against transformers, TP=1 and TP=2"
+  python3 tests/parity/gpu_tp.py "$bin/ferrumctl" "$models/llama3-8b-dummy" "$out/parity" || status=1
+fi
+
+if want bench; then
+  for tp in ${FERRUM_TP_SIZES:-1 2}; do
+    echo "=== Llama-3-8B shapes (dummy bf16), tensor-parallel size $tp"
+    "$bin/ferrumctl" serve --model "$models/llama3-8b-dummy" --load-format dummy --device cuda \
+      --tensor-parallel-size "$tp" --port 18601 --max-num-seqs 256 --max-num-batched-tokens 2048 \
+      --max-model-len 1024 --served-model-name llama-3-8b-dummy >"$out/serve-tp$tp.log" 2>&1 &
+    pid=$!
+    if wait_health 18601 $pid; then
+      grep -E "tensor parallel|KV budget|memory:" "$out/serve-tp$tp.log" | head -6
+      for spec in ${FERRUM_TP_BENCH:-1:8:128:256 16:64:128:256 64:128:128:256 256:1000:512:256}; do
+        IFS=: read -r c n lin lout <<<"$spec"
+        echo "--- tp $tp: concurrency $c, $n prompts, $lin in / $lout out"
+        "$bin/ferrumctl" bench --port 18601 --num-prompts "$n" --max-concurrency "$c" --random-input-len "$lin" \
+          --random-output-len "$lout" --seed "$c" --result-file "$out/bench-tp$tp-c$c.json" 2>&1 |
+          grep -E "Successful|Failed|throughput|TPOT|TTFT" || status=1
+      done
+    else
+      echo "server did not come up"; tail -30 "$out/serve-tp$tp.log"; status=1
+    fi
+    kill -TERM $pid 2>/dev/null; wait $pid; echo "serve exit $?"
+  done
+fi
+exit $status

@@ -237,6 +237,7 @@ int coord__worker_send(coord_t *c, coord_worker_t *w, proto_type_t type, const v
 int coord__worker_send_buf(coord_t *c, coord_worker_t *w, const proto_buf_t *b);
 void coord__workers_stop(coord_t *c);
 bool coord__workers_ready(const coord_t *c);
+int coord__workers_ready_count(const coord_t *c);
 
 /* ---- runtime.c ---- */
 void coord__instance_id(char *out, size_t cap);

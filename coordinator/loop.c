@@ -303,6 +303,7 @@ static void coord__gauges(coord_t *c) {
   if (c->kv)
     coord_metrics_set_kv(c->metrics, (uint32_t)(c->kvi.n_blocks - kv_blocks_free_count(c->kv)),
                          (uint32_t)c->kvi.n_blocks);
+  coord_metrics_set_workers(c->metrics, (uint32_t)c->n_workers, (uint32_t)coord__workers_ready_count(c));
 }
 
 int coord__loop_once(coord_t *c, int timeout_ms) {

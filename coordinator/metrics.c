@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdarg.h>
 #include <stdatomic.h>
+#include <stddef.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,7 +37,9 @@ struct coord_metrics {
   _Atomic uint64_t preemptions;
   _Atomic uint64_t nonfinite;
   _Atomic uint64_t prefix_queries, prefix_hits;
-  _Atomic uint32_t running, waiting, kv_used, kv_total;
+  _Atomic uint32_t running, waiting, kv_used, kv_total, ranks, ready;
+  _Atomic uint64_t rank_steps[COORD_METRICS_MAX_RANKS], rank_fw_us[COORD_METRICS_MAX_RANKS],
+      rank_comm_us[COORD_METRICS_MAX_RANKS];
   _Atomic uint64_t http[6]; /* [0] other, [1..5] 1xx..5xx */
   m_hist_t ttft, itl, e2e;
 };
@@ -129,6 +132,19 @@ void coord_metrics_set_kv(coord_metrics_t *m, uint32_t used, uint32_t total) {
   if (!m) return;
   M_SET(m->kv_used, used);
   M_SET(m->kv_total, total);
+}
+
+void coord_metrics_set_workers(coord_metrics_t *m, uint32_t ranks, uint32_t ready) {
+  if (!m) return;
+  M_SET(m->ranks, ranks);
+  M_SET(m->ready, ready);
+}
+
+void coord_metrics_rank_step(coord_metrics_t *m, int rank, uint64_t forward_us, uint64_t comm_us) {
+  if (!m || rank < 0 || rank >= COORD_METRICS_MAX_RANKS) return;
+  M_ADD(m->rank_steps[rank], 1);
+  M_ADD(m->rank_fw_us[rank], forward_us);
+  M_ADD(m->rank_comm_us[rank], comm_us);
 }
 
 void coord_metrics_http(coord_metrics_t *m, int status) {
@@ -228,6 +244,38 @@ static void m_render_gauges(m_out_t *o, const coord_metrics_t *m_) {
   m_gauge(o, m, "gpu_cache_usage_perc", "KV-cache usage (vLLM's older name). 1 means 100 percent usage.", perc);
   m_gauge(o, m, "kv_blocks_used", "KV blocks in use.", used);
   m_gauge(o, m, "kv_blocks_total", "KV blocks in the pool.", total);
+  m_gauge(o, m, "tensor_parallel_size", "Tensor-parallel ranks (worker processes).", M_GET(m->ranks));
+  m_gauge(o, m, "workers_ready", "Workers loaded and ready.", M_GET(m->ready));
+}
+
+/* Per-rank step times: one family per name, a sample per rank that ran a step. */
+static void m_render_ranks(m_out_t *o, const coord_metrics_t *m_) {
+  coord_metrics_t *m = (coord_metrics_t *)m_;
+  static const struct {
+    const char *name, *help;
+    size_t off;
+    bool us;
+  } fams[] = {
+      {"worker_steps_total", "Steps each rank ran.", offsetof(coord_metrics_t, rank_steps), false},
+      {"worker_forward_seconds_total", "Time each rank spent in forward passes.", offsetof(coord_metrics_t, rank_fw_us), true},
+      {"worker_all_reduce_seconds_total",
+       "Time each rank spent in tensor-parallel all-reduces, as the host saw it (0 on GPUs: inside graphs).",
+       offsetof(coord_metrics_t, rank_comm_us), true},
+  };
+  for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
+    _Atomic uint64_t *v = (_Atomic uint64_t *)((uint8_t *)m + fams[f].off);
+    m_head(o, fams[f].name, "counter", fams[f].help);
+    for (int r = 0; r < COORD_METRICS_MAX_RANKS; r++) {
+      if (!M_GET(m->rank_steps[r])) continue;
+      uint64_t x = M_GET(v[r]);
+      if (fams[f].us)
+        m_printf(o, "ferrum:%s{model_name=\"%s\",rank=\"%d\"} %llu.%06llu\n", fams[f].name, m->label, r,
+                 (unsigned long long)(x / 1000000u), (unsigned long long)(x % 1000000u));
+      else
+        m_printf(o, "ferrum:%s{model_name=\"%s\",rank=\"%d\"} %llu\n", fams[f].name, m->label, r,
+                 (unsigned long long)x);
+    }
+  }
 }
 
 static void m_render_counters(m_out_t *o, const coord_metrics_t *m_) {
@@ -250,6 +298,7 @@ int coord_metrics_render(const coord_metrics_t *m, char **out, size_t *len) {
   o.p[0] = 0;
   m_render_gauges(&o, m);
   m_render_counters(&o, m);
+  m_render_ranks(&o, m);
   m_hist(&o, m, &m->ttft, "time_to_first_token_seconds", "Histogram of time to first token in seconds.");
   m_hist(&o, m, &m->itl, "inter_token_latency_seconds", "Histogram of inter-token latency in seconds.");
   m_hist(&o, m, &m->itl, "time_per_output_token_seconds", "Histogram of time per output token in seconds.");

@@ -64,6 +64,17 @@ void coord_metrics_prefix(coord_metrics_t *m, uint64_t queries, uint64_t hits);
 void coord_metrics_set_running(coord_metrics_t *m, uint32_t n);
 void coord_metrics_set_waiting(coord_metrics_t *m, uint32_t n);
 void coord_metrics_set_kv(coord_metrics_t *m, uint32_t used_blocks, uint32_t total_blocks);
+/* Workers: tensor-parallel ranks and how many are ready
+ * (ferrum:tensor_parallel_size, ferrum:workers_ready), set with the gauges;
+ * each rank's time per step, from its results: the forward pass and, of
+ * it, the all-reduces as the host saw them (ferrum:worker_forward_seconds_total
+ * {rank}, ferrum:worker_all_reduce_seconds_total{rank}; the latter stays 0
+ * on GPUs, where they run inside the step's graph), steps counted in
+ * ferrum:worker_steps_total{rank}. Ranks past COORD_METRICS_MAX_RANKS are not
+ * counted. */
+#define COORD_METRICS_MAX_RANKS 16
+void coord_metrics_set_workers(coord_metrics_t *m, uint32_t ranks, uint32_t ready);
+void coord_metrics_rank_step(coord_metrics_t *m, int rank, uint64_t forward_us, uint64_t comm_us);
 /* HTTP responses by status class, counted by the frontend
  * (ferrum:http_requests_total{code="2xx"...}). */
 void coord_metrics_http(coord_metrics_t *m, int status);

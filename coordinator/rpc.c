@@ -86,8 +86,13 @@ int coord__rpc_error(coord_t *c, const coord_peer_t *p, int32_t code, uint64_t i
 }
 
 static void coord__rpc_status(coord_t *c, const coord_peer_t *p, uint64_t rid) {
-  int ready = 0;
-  for (int r = 0; r < c->n_workers; r++) ready += c->workers[r].state == COORD_W_READY;
+  int ready = coord__workers_ready_count(c), restarts = 0;
+  char devs[COORD_MAX_WORKERS][64], *dv[COORD_MAX_WORKERS];
+  for (int r = 0; r < c->n_workers; r++) {
+    restarts += c->workers[r].restarts;
+    if (kern_device_for_rank(c->device, r, c->n_workers, devs[r], sizeof devs[r])) snprintf(devs[r], sizeof devs[r], "?");
+    dv[r] = devs[r];
+  }
   proto_status_reply_t st = {
       .rid = rid,
       .model = c->served_name,
@@ -99,8 +104,9 @@ static void coord__rpc_status(coord_t *c, const coord_peer_t *p, uint64_t rid) {
       .prefix_queries = c->sched.counters.prefix_queries,
       .prefix_hits = c->sched.counters.prefix_hits,
       .preemptions = c->sched.counters.n_preemptions,
-      .worker_restarts = (uint32_t)c->workers[0].restarts,
+      .worker_restarts = (uint32_t)restarts,
       .draining = c->draining,
+      .tp = {.size = (uint32_t)c->n_workers, .n_devices = (uint32_t)c->n_workers, .devices = dv},
   };
   coord__rpc_send(c, p, PROTO_T_STATUS_R, &st);
 }

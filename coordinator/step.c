@@ -204,6 +204,7 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
   }
   uint64_t t0 = c->t_rx_ns ? c->t_rx_ns : fr_now_ns();
   int n_items = c->sched.batch.n_items;
+  coord_metrics_rank_step(c->metrics, rank, r->timings.forward_us, r->timings.comm_us);
   if (rank == 0) {
     if (r->error.code) coord__step_fail(c, r);
     else coord__apply(c, r);

@@ -119,11 +119,13 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
   return coord__worker_send(c, w, PROTO_T_LOAD, &l);
 }
 
-bool coord__workers_ready(const coord_t *c) {
-  for (int r = 0; r < c->n_workers; r++)
-    if (c->workers[r].state != COORD_W_READY) return false;
-  return true;
+int coord__workers_ready_count(const coord_t *c) {
+  int n = 0;
+  for (int r = 0; r < c->n_workers; r++) n += c->workers[r].state == COORD_W_READY;
+  return n;
 }
+
+bool coord__workers_ready(const coord_t *c) { return coord__workers_ready_count(c) == c->n_workers; }
 
 /* Makes the coordinator the owner of a worker's segments, so that a stale
  * scan by another server never removes them while this one lives (a worker

@@ -180,10 +180,12 @@ int cli_cmd_status(int argc, char **argv) {
   if (!rc)
     printf("{\"model\": \"%s\", \"waiting\": %u, \"running\": %u, \"kv_used_blocks\": %u, \"kv_total_blocks\": %u, "
            "\"workers_ready\": %u, \"prefix_cache_queries\": %llu, \"prefix_cache_hits\": %llu, \"preemptions\": %llu, "
-           "\"worker_restarts\": %u, \"draining\": %s}\n",
+           "\"worker_restarts\": %u, \"draining\": %s, \"tensor_parallel_size\": %u, \"devices\": [",
            st.model ? st.model : "", st.queued, st.running, st.kv_used_blocks, st.kv_total_blocks, st.n_workers,
            (unsigned long long)st.prefix_queries, (unsigned long long)st.prefix_hits,
-           (unsigned long long)st.preemptions, st.worker_restarts, st.draining ? "true" : "false");
+           (unsigned long long)st.preemptions, st.worker_restarts, st.draining ? "true" : "false", st.tp.size);
+  for (uint32_t i = 0; !rc && i < st.tp.n_devices; i++) printf("%s\"%s\"", i ? ", " : "", st.tp.devices[i]);
+  if (!rc) printf("]}\n");
   else fprintf(stderr, "ferrumctl status: %s: %s\n", rpc ? rpc : "", fr_last_error());
   fr_client_close(cl);
   return rc ? 1 : 0;

@@ -44,7 +44,10 @@ static int model__qkv(model_t *m, const model_layer_t *L, int n, void *q, void *
  * projection (attn_output, ffn_down); the all-reduce makes it the whole. */
 static int model__reduce(model_t *m, int n) {
   if (m->shard.size <= 1) return 0;
-  return m->be->ops->all_reduce(m->be->ctx, m->xn, (size_t)n * (size_t)m->cfg.dim);
+  uint64_t t0 = fr_now_ns();
+  int rc = m->be->ops->all_reduce(m->be->ctx, m->xn, (size_t)n * (size_t)m->cfg.dim);
+  m->comm_ns += fr_now_ns() - t0;
+  return rc;
 }
 
 static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int n) {

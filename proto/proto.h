@@ -56,6 +56,7 @@ extern "C" {
 #define PROTO_MAX_FREED 4096u           /* freed slots in a step */
 #define PROTO_MAX_COPIES 65536u         /* block copies in a step */
 #define PROTO_MAX_OPTIONS 64u           /* model load options */
+#define PROTO_MAX_RANKS 16u             /* tensor-parallel ranks a status lists */
 #define PROTO_MAX_MODELS 256u           /* models in a list reply */
 #define PROTO_MAX_LOGITS (1u << 20)     /* logits floats in an event */
 
@@ -266,6 +267,8 @@ typedef struct {
   uint64_t forward_us; /* "fw" */
   uint64_t sample_us;  /* "sa" */
   uint64_t total_us;   /* "to" */
+  uint64_t comm_us;    /* "cm" tensor parallel: in all-reduces, as the host saw it (host-memory
+                        * backends; 0 where they run asynchronously on a device) */
 } proto_timings_t;
 
 typedef struct {
@@ -362,6 +365,13 @@ typedef struct {
   char *model;  /* "m"   NULL = the default model */
 } proto_status_t;
 
+/* The workers of a status reply. */
+typedef struct {
+  uint32_t size;           /* "n"  tensor-parallel ranks (workers) */
+  uint32_t n_devices;      /* "dv" <= PROTO_MAX_RANKS */
+  char **devices;          /* (n_devices) each rank's device, by rank ("cuda:1") */
+} proto_tp_info_t;
+
 typedef struct {
   uint64_t rid;            /* "rid" the request's */
   char *model;             /* "m" */
@@ -375,6 +385,7 @@ typedef struct {
   uint64_t preemptions;    /* "pre" sequences preempted (recomputed later) */
   uint32_t worker_restarts;/* "wr"  workers restarted after a crash */
   bool draining;           /* "dr"  refusing new jobs, finishing running ones */
+  proto_tp_info_t tp;      /* "tp" */
 } proto_status_reply_t;
 
 typedef struct {

@@ -270,6 +270,7 @@ static const proto_field_t f_timings[] = {
     FS("fw", PF_U64, 0, proto_timings_t, forward_us),
     FS("sa", PF_U64, 0, proto_timings_t, sample_us),
     FS("to", PF_U64, 0, proto_timings_t, total_us),
+    FS("cm", PF_U64, 0, proto_timings_t, comm_us),
 };
 SCHEMA(s_timings, "timings", proto_timings_t, f_timings, def_timings, NULL);
 
@@ -353,6 +354,13 @@ static const proto_field_t f_status[] = {
 };
 SCHEMA(s_status, "status", proto_status_t, f_status, def_status, NULL);
 
+static const proto_tp_info_t def_tp_info;
+static const proto_field_t f_tp_info[] = {
+    FS("n", PF_U32, 0, proto_tp_info_t, size),
+    FARR("dv", PF_STRS, 0, proto_tp_info_t, devices, n_devices, PROTO_MAX_RANKS),
+};
+SCHEMA(s_tp_info, "tp info", proto_tp_info_t, f_tp_info, def_tp_info, NULL);
+
 static const proto_field_t f_status_r[] = {
     FS("rid", PF_U64, 0, proto_status_reply_t, rid),
     FSTR("m", 0, proto_status_reply_t, model, PROTO_MAX_STR),
@@ -366,6 +374,7 @@ static const proto_field_t f_status_r[] = {
     FS("pre", PF_U64, 0, proto_status_reply_t, preemptions),
     FS("wr", PF_U32, 0, proto_status_reply_t, worker_restarts),
     FS("dr", PF_BOOL, 0, proto_status_reply_t, draining),
+    FOBJ("tp", 0, proto_status_reply_t, tp, s_tp_info),
 };
 SCHEMA(s_status_r, "status_r", proto_status_reply_t, f_status_r, def_status_r, NULL);
 

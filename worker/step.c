@@ -261,9 +261,10 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   worker__accept_items(w, st_in, st, &n_tok, &n_res);
   res->n_items = n_res;
   if (st->n_items == 0) return 0;
-  uint64_t t0 = fr_now_ns();
+  uint64_t t0 = fr_now_ns(), comm0 = w->m ? w->m->comm_ns : 0;
   const void *logits;
   if ((rc = worker__forward(w, st, n_tok, &logits))) return rc;
+  if (w->be->host_memory && w->m) res->timings.comm_us = (w->m->comm_ns - comm0) / 1000;
   uint64_t t1 = fr_now_ns();
   for (uint32_t i = 0; i < st->n_items; i++) {
     const proto_step_item_t *it = &st->items[i];

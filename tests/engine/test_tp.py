@@ -189,9 +189,28 @@ class TensorParallelCPU(unittest.TestCase):
     def test_tiny_qwen3_safetensors(self):
         self.check_model(os.path.join(GOLDEN, "tiny-qwen3-hf"), 1e-2, 1e-2, 0.8)
 
+    def serve_fails(self, *args):
+        """Runs `ferrumctl serve ARGS`, which must exit non-zero; returns its output."""
+        d = tempfile.mkdtemp(prefix="ferrum-tp-")
+        r = subprocess.run([FERRUMCTL, "serve", "--model", MODEL, "--threads", "1", "--port", "0", *args],
+                           env=dict(os.environ, XDG_RUNTIME_DIR=d), capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(r.returncode, 0, r.stderr[-2000:])
+        return r.stderr
+
+    def test_startup_errors_say_why(self):
+        # SmolLM2 has 3 KV heads: 4 ranks are neither whole groups nor a multiple of them
+        err = self.serve_fails("--tensor-parallel-size", "4")
+        self.assertIn("tensor parallel size 4 does not fit 9 attention heads over 3 KV heads", err)
+        # one GPU named per rank, checked before any worker starts (no GPU needed)
+        err = self.serve_fails("--device", "cuda:0,1", "--tensor-parallel-size", "3")
+        self.assertIn("names 2 GPU(s) for a tensor-parallel size of 3", err)
+        err = self.serve_fails("--device", "cuda:1", "--tensor-parallel-size", "2")
+        self.assertIn("is one GPU for 2 tensor-parallel ranks", err)
+
     def test_killed_rank_restarts_with_its_peer(self):
         """kill -9 of rank 1 under 8 streams: both ranks start again, every
-        request still gets all its tokens."""
+        request still gets all its tokens; /metrics and `ferrumctl status`
+        show the ranks, their devices and their all-reduce time."""
         srv = Server(MODEL, 2)
         try:
             before = srv.workers()
@@ -223,6 +242,31 @@ class TensorParallelCPU(unittest.TestCase):
             self.assertIn("worker 0: restarting with rank 1", log)
             srv.wait_healthy(60)
             self.assertEqual(srv.complete(PROMPTS[0], n=8, logprobs=None)["finish_reason"], "length")
+            # what /metrics and `ferrumctl status` say about the ranks
+            st, data = srv.request("GET", "/metrics")
+            self.assertEqual(st, 200)
+            m = {}
+            for line in data.decode().splitlines():
+                if line.startswith("ferrum:"):
+                    k, v = line.rsplit(" ", 1)
+                    m[k] = float(v)
+            gauge = lambda name: next(v for k, v in m.items() if k.startswith("ferrum:" + name + "{"))
+            self.assertEqual(gauge("tensor_parallel_size"), 2)
+            self.assertEqual(gauge("workers_ready"), 2)
+            for r in (0, 1):
+                ar = [v for k, v in m.items() if k.startswith("ferrum:worker_all_reduce_seconds_total{")
+                      and 'rank="%d"' % r in k]
+                fw = [v for k, v in m.items() if k.startswith("ferrum:worker_forward_seconds_total{")
+                      and 'rank="%d"' % r in k]
+                self.assertTrue(ar and fw and 0 < ar[0] <= fw[0], (r, ar, fw))
+            out = subprocess.run([FERRUMCTL, "status"], env=dict(os.environ, XDG_RUNTIME_DIR=srv.dir),
+                                 capture_output=True, text=True, timeout=30)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            status = json.loads(out.stdout)
+            self.assertEqual(status["tensor_parallel_size"], 2)
+            self.assertEqual(status["devices"], ["cpu", "cpu"])
+            self.assertEqual(status["workers_ready"], 2)
+            self.assertGreaterEqual(status["worker_restarts"], 1)
         finally:
             srv.stop()
         self.assertEqual(srv.proc.returncode, 0)

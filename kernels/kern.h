@@ -88,7 +88,8 @@ typedef struct kern_backend kern_backend_t;
 typedef struct {
   int rank, size;
   const char *id;
-  size_t max_elems; /* the largest all_reduce (activations) the group will run */
+  size_t max_elems;  /* the largest all_reduce (activations) the group will run */
+  size_t max_gather; /* the largest gather_cols part (n * cols elements), 0 = none */
 } kern_comm_t;
 
 /* Makes an NCCL unique id as "nccl:<256 hex digits>" in out (cap >= 262).
@@ -241,6 +242,12 @@ typedef struct {
    * same values. */
   int (*comm_init)(void *ctx, const kern_comm_t *comm);
   int (*all_reduce)(void *ctx, void *buf, size_t n);
+  /* Optional: every rank holds part (n, cols) (row stride cols), its slice
+   * of a row-wise concatenation; on rank 0, out (n, cols * size) gets rank
+   * r's part as its columns [r * cols, (r + 1) * cols) (the LM head split
+   * by vocabulary). Collective; out is unused on other ranks. n * cols <=
+   * the group's max_gather. */
+  int (*gather_cols)(void *ctx, void *out, const void *part, int n, int cols);
 } kern_ops_t;
 
 /* A backend and what it can do: callers decide by these fields, never by

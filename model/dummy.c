@@ -222,8 +222,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   model__load_begin(m, &prog, model__dummy_bytes(&m->cfg, t), opts && opts->progress);
   rc = model__dummy_weight(m, &emb, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
-  if (!rc && m->cfg.tied_embeddings) m->output = m->tok_embd;
-  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
+  if (!rc && m->cfg.tied_embeddings && !m->shard.split_vocab) m->output = m->tok_embd;
+  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, t, m->shard.n_vocab, m->cfg.dim, &eoff);
   if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
   for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pool, t, il, &off);
   if (!rc) rc = model__init_rope(m);

@@ -8,7 +8,7 @@
  *   logits = norm(x at each sequence's last token) Wout
  * Residual adds are fused into the next norm (add_rms_norm). Under tensor
  * parallelism (model/shard.h) the outputs of Wo and Wd are all-reduced and
- * only rank 0 computes logits.
+ * the logits of each rank's vocabulary slice are gathered on rank 0.
  */
 #include <errno.h>
 #include <math.h>
@@ -118,11 +118,13 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
     const kern_weight_t *next = il + 1 < c->n_layers ? &m->layers[il + 1].attn_norm : &m->output_norm;
     CALL(op->add_rms_norm(cx, m->xn, m->x, m->xn, next, n, c->dim, c->norm_eps));
   }
-  if (m->shard.rank != 0) return 0; /* rank 0 samples: only it needs logits */
+  if (m->shard.rank != 0 && !m->shard.split_vocab) return 0; /* rank 0 samples: only it needs logits */
   /* xn holds norm(x) for every token; logits only for each sequence's last. */
   CALL(op->last_rows(cx, m->last, m->xn, c->dim));
-  CALL(op->matmul(cx, m->logits, &m->output, NULL, m->last, n_seqs));
-  return 0;
+  if (!m->shard.split_vocab) return op->matmul(cx, m->logits, &m->output, NULL, m->last, n_seqs);
+  /* this rank's vocabulary slice, gathered into rank 0's logits */
+  CALL(op->matmul(cx, m->logits_part, &m->output, NULL, m->last, n_seqs));
+  return op->gather_cols(cx, m->logits, m->logits_part, n_seqs, m->shard.n_vocab);
 }
 
 /* Decode steps on a backend with graphs run padded to a fixed shape: a

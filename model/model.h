@@ -75,7 +75,8 @@ typedef struct model {
   kern_weight_t inv_freq;     /* F32 (1, rope_dim/2) */
   kern_weight_t tok_embd;     /* (vocab, dim) */
   kern_weight_t output_norm;  /* F32 (1, dim) */
-  kern_weight_t output;       /* (vocab, dim); aliases tok_embd when tied */
+  kern_weight_t output;       /* (vocab, dim), or this rank's (shard.n_vocab, dim) rows; aliases
+                               * tok_embd when tied and whole */
   model_layer_t *layers;      /* (n_layers) */
   int max_tokens, max_seqs;
   size_t scratch_bytes; /* backend memory of the activation scratch below */
@@ -88,6 +89,7 @@ typedef struct model {
   void *up;     /* (max_tokens, ffn_dim): silu(gate) * up */
   void *last;   /* (max_seqs, dim) */
   void *logits; /* (max_seqs, vocab) */
+  void *logits_part; /* tensor parallel, vocabulary split: (max_seqs, shard.n_vocab) this rank's slice */
   void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */

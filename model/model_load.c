@@ -324,14 +324,17 @@ static int model__load_layer(model_t *m, int il) {
 
 static int model__load_globals(model_t *m) {
   const model_config_t *c = &m->cfg;
+  const model_shard_t *s = &m->shard;
   int rc = model__load_weight(m, &m->tok_embd, "token_embd.weight", true, c->vocab_size, c->dim);
   if (rc) return rc;
   if ((rc = model__load_f32_vector(m, &m->output_norm, "output_norm.weight", true, c->dim))) return rc;
-  if (c->tied_embeddings || !model_source_tensor(m->src, "output.weight")) {
+  bool tied = c->tied_embeddings || !model_source_tensor(m->src, "output.weight");
+  if (tied && !s->split_vocab) {
     m->output = m->tok_embd; /* alias: released once, through tok_embd */
     return 0;
   }
-  return model__load_weight(m, &m->output, "output.weight", true, c->vocab_size, c->dim);
+  return model__load_part(m, &m->output, tied ? "token_embd.weight" : "output.weight", true,
+                          model__rows(c->vocab_size, c->dim, s->vocab0, s->n_vocab));
 }
 
 int model__init_rope(model_t *m) {
@@ -373,8 +376,10 @@ int model__alloc_scratch(model_t *m) {
       {&m->up, T * c->ffn_dim},
       {&m->last, (size_t)m->max_seqs * c->dim},
       {&m->logits, (size_t)m->max_seqs * c->vocab_size},
+      {&m->logits_part, m->shard.split_vocab ? (size_t)m->max_seqs * m->shard.n_vocab : 0},
   };
   for (size_t i = 0; i < FR_ARRAY_SIZE(bufs); i++) {
+    if (!bufs[i].n) continue;
     int rc = m->be->ops->alloc(m->be->ctx, bufs[i].n * es, bufs[i].p);
     if (rc) return fr_errorf(rc, "allocating %zu MiB of activation scratch: %s", bufs[i].n * es >> 20,
                              fr_strerror(rc));
@@ -487,7 +492,7 @@ void model_destroy(model_t *m) {
   model__release_weight(m, &m->tok_embd);
   model__release_weight(m, &m->output_norm);
   model__release_weight(m, &m->inv_freq);
-  void *bufs[] = {m->x, m->xn, m->qkv, m->att, m->gate, m->up, m->last, m->logits};
+  void *bufs[] = {m->x, m->xn, m->qkv, m->att, m->gate, m->up, m->last, m->logits, m->logits_part};
   for (size_t i = 0; i < FR_ARRAY_SIZE(bufs); i++)
     if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);
   model_tokenizer_destroy(m->tok);

@@ -7,7 +7,7 @@
 
 model_shard_t model_shard_whole(const model_config_t *c) {
   return (model_shard_t){.rank = 0, .size = 1, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-                         .ffn_dim = c->ffn_dim};
+                         .ffn_dim = c->ffn_dim, .n_vocab = c->vocab_size};
 }
 
 /* [lo, hi) of units 0..n-1 that rank r of size takes (later ranks get the rest). */
@@ -44,6 +44,9 @@ int model_shard_plan(const model_config_t *c, int rank, int size, int ffn_unit, 
                      c->ffn_dim, ffn_unit);
   shard__range(c->ffn_dim / ffn_unit, rank, size, &lo, &hi);
   s.ffn0 = lo * ffn_unit, s.ffn_dim = (hi - lo) * ffn_unit;
+  s.split_vocab = c->vocab_size % size == 0;
+  s.n_vocab = s.split_vocab ? c->vocab_size / size : c->vocab_size;
+  s.vocab0 = s.split_vocab ? rank * s.n_vocab : 0;
   *out = s;
   return 0;
 }

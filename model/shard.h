@@ -10,10 +10,14 @@
  * in units of the weights' quantization block so that no block is cut.
  * Groups and units that do not divide evenly go to the later ranks (9
  * heads in 3 groups over 2 ranks: 3 and 6). The two partial sums of a layer
- * are added across ranks with one all-reduce each. Norms, the embedding
- * and the LM head are whole on every rank; only rank 0 computes logits.
+ * are added across ranks with one all-reduce each. Norms and the embedding
+ * are whole on every rank. The LM head is split by vocabulary rows when
+ * they divide by the ranks, its logits gathered on rank 0 (which samples);
+ * otherwise rank 0 alone holds and runs it.
  */
 #pragma once
+
+#include <stdbool.h>
 
 #include "model/config.h"
 
@@ -26,6 +30,10 @@ typedef struct {
   int head0, n_heads;  /* this rank's query heads: [head0, head0 + n_heads) */
   int kv0, n_kv_heads; /* its KV heads */
   int ffn0, ffn_dim;   /* its rows of gate/up (columns of ffn_down) */
+  bool split_vocab;    /* the LM head is split by vocabulary (when it divides by the ranks): each
+                        * rank computes its slice of the logits, gathered on rank 0; else rank 0
+                        * holds it whole and alone computes logits */
+  int vocab0, n_vocab; /* its rows of the LM head */
 } model_shard_t;
 
 /* The whole model on one rank. */

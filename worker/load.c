@@ -307,13 +307,17 @@ static int worker__comm(worker_t *w, const worker_load_opts_t *o) {
     return fr_errorf(FR_EUNSUPPORTED, "the %s backend has no tensor parallelism", w->be->ops->name);
   if (!o->comm) return fr_errorf(FR_EPROTO, "tensor parallel size %d, but the load names no group (option comm)",
                                  w->args.world_size);
+  const model_shard_t *s = &w->m->shard;
+  if (s->split_vocab && !w->be->ops->gather_cols)
+    return fr_errorf(FR_EUNSUPPORTED, "the %s backend cannot gather logits", w->be->ops->name);
   kern_comm_t cm = {.rank = w->args.rank, .size = w->args.world_size, .id = o->comm,
-                    .max_elems = (size_t)w->m->max_tokens * (size_t)w->m->cfg.dim};
+                    .max_elems = (size_t)w->m->max_tokens * (size_t)w->m->cfg.dim,
+                    .max_gather = s->split_vocab ? (size_t)w->m->max_seqs * (size_t)s->n_vocab : 0};
   int rc = w->be->ops->comm_init(w->be->ctx, &cm);
   if (rc) return fr_errorf(rc, "tensor parallel rank %d of %d: %s", cm.rank, cm.size, fr_last_error());
-  const model_shard_t *s = &w->m->shard;
-  FR_LOGI("tensor parallel rank %d of %d: heads %d..%d, KV heads %d..%d, FFN %d..%d", s->rank, s->size, s->head0,
-          s->head0 + s->n_heads - 1, s->kv0, s->kv0 + s->n_kv_heads - 1, s->ffn0, s->ffn0 + s->ffn_dim - 1);
+  FR_LOGI("tensor parallel rank %d of %d: heads %d..%d, KV heads %d..%d, FFN %d..%d, vocabulary %d..%d", s->rank,
+          s->size, s->head0, s->head0 + s->n_heads - 1, s->kv0, s->kv0 + s->n_kv_heads - 1, s->ffn0,
+          s->ffn0 + s->ffn_dim - 1, s->vocab0, s->vocab0 + s->n_vocab - 1);
   return 0;
 }
 

@@ -127,6 +127,7 @@ typedef struct {
 typedef struct cpu_comm cpu_comm_t;
 int cpu__comm_init(void *vctx, const kern_comm_t *comm);
 int cpu__all_reduce(void *vctx, void *buf, size_t n);
+int cpu__gather_cols(void *vctx, void *out, const void *part, int n, int cols);
 void cpu__comm_destroy(cpu_ctx_t *ctx);
 
 int cpu__embed(void *vctx, void *out, const kern_weight_t *table);

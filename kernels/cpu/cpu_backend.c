@@ -285,6 +285,7 @@ static const kern_ops_t cpu__ops = {
     .graph_end = NULL,
     .comm_init = cpu__comm_init,
     .all_reduce = cpu__all_reduce,
+    .gather_cols = cpu__gather_cols,
 };
 
 int kern_cpu_create(kern_backend_t **out, int n_threads) {

@@ -2,12 +2,16 @@
  * shared memory ("shm:<name>" groups, kern.h).
  *
  * The segment holds a barrier and two banks of one slot per rank, each slot
- * max_elems floats. An all-reduce copies the rank's buffer into its slot of
+ * the larger of max_elems and max_gather floats. An all-reduce copies the rank's buffer into its slot of
  * the current bank, waits at the barrier, then sums every rank's slot in
  * rank order into the buffer: every rank adds the same numbers in the same
  * order, so all get bit-identical results. Banks alternate, so one barrier
  * per all-reduce is enough: a rank can only write a bank again after the
  * next barrier, which every rank reaches only once it has read that bank.
+ *
+ * gather_cols (the LM head's logits, split by vocabulary) uses the same
+ * banks: each rank writes its part, and after the barrier rank 0 copies
+ * them into place.
  *
  * The barrier spins briefly, then sleeps on a futex (FUTEX_WAIT on the
  * shared word, not the private form). A peer that stops arriving (dead or
@@ -110,6 +114,9 @@ static int cpu_comm_map(cpu_comm_t *c, const char *name) {
   return 0;
 }
 
+/* A slot holds the largest all-reduce or gather part. */
+static size_t cpu_comm_slot_elems(const kern_comm_t *cm) { return FR_MAX(cm->max_elems, cm->max_gather); }
+
 int cpu__comm_init(void *vctx, const kern_comm_t *cm) {
   cpu_ctx_t *ctx = vctx;
   if (ctx->comm) return fr_errorf(FR_ESTATE, "tensor parallel: this backend is in a group already");
@@ -119,7 +126,7 @@ int cpu__comm_init(void *vctx, const kern_comm_t *cm) {
   if (cm->size < 1 || cm->rank < 0 || cm->rank >= cm->size || cm->max_elems == 0)
     return fr_errorf(-EINVAL, "tensor parallel: rank %d of %d, %zu elements", cm->rank, cm->size, cm->max_elems);
   cpu_comm_t *c = fr_calloc(1, sizeof *c);
-  *c = (cpu_comm_t){.rank = cm->rank, .size = cm->size, .max_elems = cm->max_elems};
+  *c = (cpu_comm_t){.rank = cm->rank, .size = cm->size, .max_elems = cpu_comm_slot_elems(cm)};
   const char *name = cm->id + 4;
   int rc = cpu_comm_map(c, name);
   if (rc) {
@@ -131,12 +138,12 @@ int cpu__comm_init(void *vctx, const kern_comm_t *cm) {
   if (atomic_fetch_add(&c->hdr->joined, 1) == 0) {
     c->hdr->magic = CPU_COMM_MAGIC;
     c->hdr->size = (uint32_t)cm->size;
-    c->hdr->max_elems = cm->max_elems;
+    c->hdr->max_elems = c->max_elems;
   }
   ctx->comm = c;
   rc = cpu_comm_barrier(c); /* everyone mapped it: the name can go */
   if (!rc && (c->hdr->magic != CPU_COMM_MAGIC || c->hdr->size != (uint32_t)cm->size ||
-              c->hdr->max_elems != cm->max_elems))
+              c->hdr->max_elems != c->max_elems))
     rc = fr_errorf(FR_ESTATE, "tensor-parallel segment %s: the ranks disagree on the group's geometry", name);
   if (cm->rank == 0) shm_unlink(name);
   if (rc) {
@@ -163,6 +170,29 @@ int cpu__all_reduce(void *vctx, void *buf, size_t n) {
     const float *y = bank + (size_t)r * c->max_elems;
     for (size_t i = 0; i < n; i++) x[i] += y[i];
   }
+  return 0;
+}
+
+/* This rank's part goes into its slot of the current bank; after the
+ * barrier rank 0 copies every rank's into its columns of out. */
+int cpu__gather_cols(void *vctx, void *out, const void *part, int n, int cols) {
+  cpu_ctx_t *ctx = vctx;
+  cpu_comm_t *c = ctx->comm;
+  if (!c) return fr_errorf(FR_ESTATE, "gather_cols: the backend is in no tensor-parallel group");
+  size_t per = (size_t)n * (size_t)cols;
+  if (n < 0 || cols < 0 || per > c->max_elems)
+    return fr_errorf(FR_ETOOBIG, "gather_cols of %d x %d, the group holds %zu", n, cols, c->max_elems);
+  float *bank = c->slots + (size_t)c->bank * (size_t)c->size * c->max_elems;
+  c->bank ^= 1u;
+  memcpy(bank + (size_t)c->rank * c->max_elems, part, per * sizeof(float));
+  int rc = cpu_comm_barrier(c);
+  if (rc || c->rank != 0) return rc;
+  float *o = out;
+  const size_t total = (size_t)cols * (size_t)c->size;
+  for (int r = 0; r < c->size; r++)
+    for (int i = 0; i < n; i++)
+      memcpy(o + (size_t)i * total + (size_t)r * cols, bank + (size_t)r * c->max_elems + (size_t)i * cols,
+             (size_t)cols * sizeof(float));
   return 0;
 }
 

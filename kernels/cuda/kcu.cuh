@@ -146,6 +146,8 @@ typedef struct {
   void *nccl;                            /* ncclComm_t, or NULL */
   int comm_rank, comm_size;
   struct kcu_car *car;                   /* the one-shot all-reduce, or NULL (NCCL only) */
+  void *gather_stage;                    /* rank 0: (size, gather_max) parts of gather_cols */
+  size_t gather_max;                     /* elements of the largest gather_cols part */
 } kcu_ctx_t;
 
 /* The one-shot all-reduce over peer memory (kcu_car.cu). */
@@ -320,6 +322,7 @@ int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);
 int kcu__all_reduce(void *ctx, void *buf, size_t n);
+int kcu__gather_cols(void *ctx, void *out, const void *part, int n, int cols);
 void kcu__comm_destroy(kcu_ctx_t *c);
 /* kcu_car.cu: sets c->car up after NCCL joined (collective; leaves it NULL
  * when FERRUM_CUSTOM_AR=0 or the GPUs lack peer access); whether a call of

@@ -489,6 +489,7 @@ static const kern_ops_t kcu_ops = {
     .graph_end = kcu_graph_end,
     .comm_init = kcu__comm_init,
     .all_reduce = kcu__all_reduce,
+    .gather_cols = kcu__gather_cols,
 };
 
 /* An integer tuning knob from the environment, clamped to [lo, hi]. */

@@ -70,6 +70,11 @@ int kcu__comm_init(void *ctx, const kern_comm_t *cm) {
   c->nccl = comm;
   c->comm_rank = cm->rank;
   c->comm_size = cm->size;
+  c->gather_max = cm->max_gather;
+  if (cm->rank == 0 && cm->max_gather) { /* the other ranks' parts land here */
+    int rc = kcu__alloc(c, cm->max_gather * (size_t)cm->size * c->act_size, &c->gather_stage, "gather staging");
+    if (rc) return rc;
+  }
   FR_LOGI("tensor parallel: rank %d of %d on cuda:%d joined in %.2f s (NCCL %d)", cm->rank, cm->size, c->device,
           (double)(fr_now_ns() - t0) / 1e9, NCCL_VERSION_CODE);
   return kcu__car_init(c);
@@ -85,8 +90,36 @@ int kcu__all_reduce(void *ctx, void *buf, size_t n) {
   return 0;
 }
 
+/* Rank 0 receives every other rank's part (NCCL send/recv, grouped), then
+ * places each as its columns of out with one strided copy per rank. */
+int kcu__gather_cols(void *ctx, void *out, const void *part, int n, int cols) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  if (!c->nccl) return fr_errorf(FR_ESTATE, "gather_cols: the backend is in no tensor-parallel group");
+  const size_t per = (size_t)n * (size_t)cols, es = c->act_size;
+  if (n < 0 || cols < 0 || per > c->gather_max)
+    return fr_errorf(FR_ETOOBIG, "gather_cols of %d x %d, the group holds %zu", n, cols, c->gather_max);
+  ncclDataType_t t = c->act == KERN_BF16 ? ncclBfloat16 : ncclFloat16;
+  ncclComm_t comm = (ncclComm_t)c->nccl;
+  uint8_t *stage = (uint8_t *)c->gather_stage;
+  KCU_NCCL(ncclGroupStart());
+  for (int r = 1; r < c->comm_size && c->comm_rank == 0; r++)
+    KCU_NCCL(ncclRecv(stage + (size_t)r * per * es, per, t, r, comm, c->stream));
+  if (c->comm_rank != 0) KCU_NCCL(ncclSend(part, per, t, 0, comm, c->stream));
+  KCU_NCCL(ncclGroupEnd());
+  if (c->comm_rank != 0) return 0;
+  const size_t pitch = (size_t)cols * (size_t)c->comm_size * es;
+  for (int r = 0; r < c->comm_size; r++) {
+    const uint8_t *src = r == 0 ? (const uint8_t *)part : stage + (size_t)r * per * es;
+    KCU_CHECK(cudaMemcpy2DAsync((uint8_t *)out + (size_t)r * cols * es, pitch, src, (size_t)cols * es,
+                                (size_t)cols * es, (size_t)n, cudaMemcpyDeviceToDevice, c->stream));
+  }
+  return 0;
+}
+
 void kcu__comm_destroy(kcu_ctx_t *c) {
   kcu__car_destroy(c, c->car);
+  kcu__free(c->gather_stage);
+  c->gather_stage = NULL;
   if (!c->nccl) return;
   ncclCommDestroy((ncclComm_t)c->nccl);
   c->nccl = NULL;

@@ -24,7 +24,7 @@ typedef struct {
   char model_abs[4096];    /* k.model_path: that, made absolute for the workers */
   const char *host, *api_key;
   long port;
-  long keepalive_s, per_ip; /* 0: the HTTP frontend's defaults */
+  long keepalive_s, max_conn, per_ip; /* 0: the HTTP frontend's defaults */
   bool no_http;
 } serve_opts_t;
 
@@ -54,8 +54,11 @@ static void serve_usage(FILE *f) {
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --sse-keepalive S             a waiting stream gets an SSE comment line this often, so that\n"
           "                                clients and proxies keep it open (default 5)\n"
-          "  --max-connections-per-ip N    HTTP connections one client address may hold, of 256 (default\n"
-          "                                128; behind a proxy every client has the proxy's address)\n"
+          "  --max-connections N           open HTTP connections (default 4096, idle ones cost no thread;\n"
+          "                                fewer when the descriptor limit, raised to its hard limit, is lower)\n"
+          "  --max-connections-per-ip N    HTTP connections one client address may hold (default an eighth of\n"
+          "                                --max-connections, at least 128: 512; behind a proxy every client\n"
+          "                                has the proxy's address)\n"
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
           "  --max-queue N                 waiting jobs before new ones get 429 (default 1024)\n"
           "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n"
@@ -65,7 +68,8 @@ static void serve_usage(FILE *f) {
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
-  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP
+  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
+  O_MAXCONN
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -103,7 +107,8 @@ static int serve_opt(serve_opts_t *o, int c) {
   case O_NOPC: k->no_prefix_caching = true; return 0;
   case O_KEY: o->api_key = optarg; return 0;
   case O_KEEPALIVE: return cli_parse_int("--sse-keepalive", optarg, 1, 3600, &o->keepalive_s) ? 2 : 0;
-  case O_PERIP: return cli_parse_int("--max-connections-per-ip", optarg, 1, 256, &o->per_ip) ? 2 : 0;
+  case O_MAXCONN: return cli_parse_int("--max-connections", optarg, 1, 1 << 20, &o->max_conn) ? 2 : 0;
+  case O_PERIP: return cli_parse_int("--max-connections-per-ip", optarg, 1, 1 << 20, &o->per_ip) ? 2 : 0;
   case O_NAME: k->served_model_name = optarg; return 0;
   case O_STATS: k->step_stats_path = optarg; return 0;
   case O_FAKE: k->fake_workers = true; return 0;
@@ -139,6 +144,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},
       {"sse-keepalive", required_argument, 0, O_KEEPALIVE},
+      {"max-connections", required_argument, 0, O_MAXCONN},
       {"max-connections-per-ip", required_argument, 0, O_PERIP},
       {"served-model-name", required_argument, 0, O_NAME},
       {"step-stats", required_argument, 0, O_STATS},
@@ -180,6 +186,7 @@ static int serve_http_start(coord_t *c, const serve_opts_t *o, coord_metrics_t *
                             .port = (int)o->port,
                             .api_key = o->api_key,
                             .keepalive_ms = (unsigned)o->keepalive_s * 1000u,
+                            .max_connections = (unsigned)o->max_conn,
                             .max_connections_per_ip = (unsigned)o->per_ip,
                             .served_model_name = coord_served_model_name(c),
                             .max_model_len = (uint32_t)coord_max_model_len(c),

@@ -1,6 +1,7 @@
 /* http.c - the libmicrohttpd daemon: connection limits and timeouts, body
  * collection with the 4 MiB cap, routing, API-key auth, /health, /metrics,
- * /v1/models. Completion routes go to http_job.c. See http.h. */
+ * /v1/models. Completion routes go to http_job.c; the loop that runs MHD
+ * is http_loop.c. See http.h. */
 #include "coordinator/http/http.h"
 
 #include <arpa/inet.h>
@@ -10,6 +11,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/random.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -27,6 +29,7 @@ typedef struct {
   size_t len, cap;
   bool too_big;
   bool http11; /* HTTP/1.1 (not 1.0) */
+  coord_http_job_t *job; /* the completion it waits for, or NULL */
 } http_upload_t;
 
 int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r) {
@@ -91,7 +94,7 @@ static int http_models(struct coord_http *h, struct MHD_Connection *c) {
 
 /* The route table: path, method, handler kind. */
 static int http_route(struct coord_http *h, struct MHD_Connection *c, const char *url, const char *method,
-                      const http_upload_t *up) {
+                      http_upload_t *up) {
   bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
   if (!strcmp(url, "/health")) return get ? http_health(h, c) : http_error(h, c, 405, NULL, "use GET");
   if (!strcmp(url, "/metrics")) return get ? http_metrics(h, c) : http_error(h, c, 405, NULL, "use GET");
@@ -107,7 +110,7 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   if (!post) return http_error(h, c, 405, NULL, "use POST");
   if (up->too_big) return http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
   return coord_http__job(h, c, chat ? COORD_HTTP_API_CHAT : COORD_HTTP_API_COMPLETIONS, up->body ? up->body : "",
-                         up->len, up->http11);
+                         up->len, up->http11, &up->job);
 }
 
 /* Appends upload bytes; past the cap the rest is read and dropped. */
@@ -204,6 +207,7 @@ static enum MHD_Result http_access(void *cls, struct MHD_Connection *c, const ch
     *data_size = 0;
     return MHD_YES;
   }
+  if (up->job) return (enum MHD_Result)coord_http__job_answer(h, c, up->job); /* resumed */
   coord_http__conn_received(h, c); /* the whole request is in: no deadline while it runs */
   return (enum MHD_Result)http_route(h, c, url, method, up);
 }
@@ -212,6 +216,7 @@ static void http_completed(void *cls, struct MHD_Connection *c, void **con_cls, 
   http_upload_t *up = *con_cls;
   coord_http__conn_rearm(cls, c); /* keep-alive: the next request's clock */
   if (!up) return;
+  coord_http__job_free(up->job); /* cancels a job whose client left */
   free(up->body);
   free(up);
   *con_cls = NULL;
@@ -229,31 +234,63 @@ static int http_addr(const char *host, int port, struct sockaddr_storage *ss) {
   return 0;
 }
 
+/* Descriptors kept for everything but connections (zmq, model files,
+ * workers' sockets). */
+#define HTTP_FD_RESERVE 256u
+
+/* Raises RLIMIT_NOFILE's soft limit to the hard one (each connection is a
+ * descriptor) and returns the soft limit in force. */
+static unsigned long http_raise_nofile(void) {
+  struct rlimit rl;
+  if (getrlimit(RLIMIT_NOFILE, &rl)) return 1024;
+  if (rl.rlim_cur != rl.rlim_max) {
+    struct rlimit want = {.rlim_cur = rl.rlim_max, .rlim_max = rl.rlim_max};
+    if (setrlimit(RLIMIT_NOFILE, &want) == 0) rl = want;
+    else FR_LOGW("HTTP: cannot raise the descriptor limit to %llu: %s", (unsigned long long)rl.rlim_max, strerror(errno));
+  }
+  return rl.rlim_cur == RLIM_INFINITY ? 1ul << 20 : (unsigned long)rl.rlim_cur;
+}
+
+/* The connection limit: as asked (default COORD_HTTP_MAX_CONN), within
+ * the descriptors the process may open. */
+static unsigned http_max_conn(const coord_http_config_t *cfg) {
+  unsigned want = cfg->max_connections ? cfg->max_connections : COORD_HTTP_MAX_CONN;
+  unsigned long nofile = http_raise_nofile();
+  unsigned long room = nofile > 2 * HTTP_FD_RESERVE ? nofile - HTTP_FD_RESERVE : nofile / 2;
+  if (want <= room) return want;
+  FR_LOGW("HTTP: %u connections asked, %lu allowed by the descriptor limit (ulimit -n %lu)", want, room, nofile);
+  return (unsigned)(room ? room : 1);
+}
+
 static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cfg) {
   struct sockaddr_storage ss;
   int rc = http_addr(cfg->host ? cfg->host : "127.0.0.1", cfg->port, &ss);
   if (rc) return rc;
-  unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL;
+  /* no thread of MHD's own: the loop thread polls MHD's epoll descriptor
+   * and runs it; a request that waits for the engine is suspended */
+  unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
   if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
-  unsigned max_conn = cfg->max_connections ? cfg->max_connections : 256u;
-  /* one address cannot take every slot (128 of 256); 64 would refuse a local
-   * benchmark at a concurrency of 64, whose closed connections MHD counts for
-   * a moment */
-  unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : 128u;
+  unsigned max_conn = http_max_conn(cfg);
+  /* one address cannot take every slot (an eighth of them, at least 128: a
+   * local benchmark at a concurrency of 128 is not refused, and MHD counts
+   * closed connections for a moment) */
+  unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : FR_MAX(128u, max_conn / 8);
   h->daemon = MHD_start_daemon(
       flags, 0, NULL, NULL, http_access, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
       max_conn, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT, h->timeout_s,
       MHD_OPTION_NOTIFY_COMPLETED, http_completed, h, MHD_OPTION_NOTIFY_CONNECTION, coord_http__conn_notify, h,
-      MHD_OPTION_LISTEN_BACKLOG_SIZE, 128u, MHD_OPTION_END);
+      MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END);
   if (!h->daemon) return fr_errorf(-EADDRINUSE, "HTTP: cannot listen on %s:%d", cfg->host ? cfg->host : "127.0.0.1", cfg->port);
   const union MHD_DaemonInfo *info = MHD_get_daemon_info(h->daemon, MHD_DAEMON_INFO_BIND_PORT);
   h->port = info ? info->port : cfg->port;
+  FR_LOGD("HTTP: at most %u connections, %u per address", max_conn, per_ip);
   return 0;
 }
 
 int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   if (!cfg || !cfg->zmq_ctx || !cfg->rpc_endpoint) return fr_errorf(-EINVAL, "HTTP: zmq context and RPC endpoint needed");
   coord_http_t *h = fr_calloc(1, sizeof *h);
+  h->wake_fd = -1;
   h->zmq_ctx = cfg->zmq_ctx;
   h->rpc_endpoint = fr_strdup(cfg->rpc_endpoint);
   h->api_key = cfg->api_key && *cfg->api_key ? fr_strdup(cfg->api_key) : NULL;
@@ -268,9 +305,11 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   if (h->engine_timeout_ns < 2 * h->keepalive_ns) h->engine_timeout_ns = 2 * h->keepalive_ns; /* a heartbeat's time */
   uint64_t seed = 0;
   if (getrandom(&seed, sizeof seed, 0) != sizeof seed) seed = fr_now_ns();
-  atomic_init(&h->next_job, (seed >> 16) | 1); /* far from 0 and from wrapping */
-  int rc = coord_http__conns_start(h, cfg->request_timeout_s ? cfg->request_timeout_s : 30u, h->timeout_s);
+  h->next_job = seed >> 16; /* far from 0 and from wrapping */
+  coord_http__conns_init(h, cfg->request_timeout_s ? cfg->request_timeout_s : 30u, h->timeout_s);
+  int rc = coord_http_rpc_open(&h->rpc, h->zmq_ctx, h->rpc_endpoint);
   if (!rc) rc = http_daemon_start(h, cfg);
+  if (!rc) rc = coord_http__loop_start(h);
   if (rc) {
     coord_http_stop(h);
     return rc;
@@ -286,17 +325,14 @@ void coord_http_set_ready(coord_http_t *h, bool ready) { atomic_store(&h->ready,
 
 void coord_http_set_draining(coord_http_t *h) { atomic_store(&h->draining, 1); }
 
-#define HTTP_CLOSE_MS 5000 /* how long coord_http_stop lets the answers in progress finish */
-
 void coord_http_stop(coord_http_t *h) {
   if (!h) return;
-  atomic_store(&h->stopping, 1); /* handlers take what is queued for them and end */
-  /* MHD_stop_daemon shuts every socket down at once: the answers go out first */
-  if (!coord_http__conns_idle_wait(h, HTTP_CLOSE_MS))
-    FR_LOGW("HTTP: closing connections whose answers were not sent within %d ms", HTTP_CLOSE_MS);
-  coord_http__watchdog_stop(h);
-  if (h->daemon) MHD_stop_daemon(h->daemon);
+  atomic_store(&h->stopping, 1); /* the loop ends every job and sends what is queued */
+  coord_http__loop_join(h);      /* then no connection is suspended: MHD may stop */
+  if (h->daemon) MHD_stop_daemon(h->daemon); /* closes the connections: their jobs are freed */
   coord_http__conns_free(h);
+  coord_http_rpc_close(&h->rpc);
+  free(h->watch);
   free(h->rpc_endpoint);
   free(h->api_key);
   free(h->model);

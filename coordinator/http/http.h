@@ -2,29 +2,33 @@
  * /v1/completions, /v1/chat/completions (JSON or SSE streams), /v1/models,
  * /health and /metrics (Prometheus text from coordinator/metrics.h).
  *
- * How it reaches the scheduler: each request's handler thread opens its own
- * ZMQ_DEALER socket on the coordinator's zmq context, connects it to
- * cfg->rpc_endpoint (an inproc:// ROUTER of the coordinator loop) and
- * speaks proto/proto.h there, exactly as an RPC client does: one frame per
- * message (an empty delimiter frame, if the ROUTER sends one, is skipped);
- * "submit" with a job id unique within this frontend, then "event"s for
- * that id until finish != NONE, or one "error" {c: PROTO_ERR_*, id} that
- * maps 1:1 to the HTTP status. A client that disconnects makes the handler
- * send "cancel" {id} at once. While nothing comes for a keep-alive period,
- * the handler sends a "heartbeat" (the loop answers it) and an SSE stream
- * gets a comment line, so no client, proxy or idle timeout cuts a request
- * that waits (queued, a worker restarting); a stream that waits for its
- * first event that long starts (200) without it, and a later error comes
- * as an error chunk. A coordinator silent for engine_timeout_ms ends the
- * request with an error. Every stream ends with [DONE] unless its client
- * left: after the last event, or after an error chunk when it ends early.
+ * How it reaches the scheduler: the frontend opens one ZMQ_DEALER socket
+ * on the coordinator's zmq context, connects it to cfg->rpc_endpoint (an
+ * inproc:// ROUTER of the coordinator loop) and speaks proto/proto.h there,
+ * exactly as an RPC client does: one frame per message (an empty delimiter
+ * frame, if the ROUTER sends one, is skipped); each request is a "submit"
+ * with a job id unique within this frontend, then "event"s for that id
+ * until finish != NONE, or one "error" {c: PROTO_ERR_*, id} that maps 1:1
+ * to the HTTP status. A client that disconnects makes the frontend send
+ * "cancel" {id} at once. While nothing comes for a request for a keep-alive
+ * period, the frontend sends a "heartbeat" (the loop answers it) and an SSE
+ * stream gets a comment line, so no client, proxy or idle timeout cuts a
+ * request that waits (queued, a worker restarting); a stream that waits for
+ * its first event that long starts (200) without it, and a later error
+ * comes as an error chunk. A coordinator silent for engine_timeout_ms ends
+ * the request with an error. Every stream ends with [DONE] unless its
+ * client left: after the last event, or after an error chunk when it ends
+ * early.
  *
- * Threads: coord_http_start spawns libmicrohttpd's threads (one per
- * connection, bounded); the coord_http_* calls below may be made from any
- * one thread (the coordinator loop). Ownership: cfg strings are copied; the
- * zmq context, the metrics registry and the tokenizer are borrowed and must
- * outlive coord_http_stop(), which joins every handler thread and closes
- * their sockets (so call it before zmq_ctx_term).
+ * Threads: coord_http_start starts one thread, the frontend's event loop:
+ * libmicrohttpd runs in it (epoll, no thread of its own) beside the DEALER,
+ * and a request that waits for the coordinator has its connection
+ * suspended, so idle and waiting connections cost a descriptor and a
+ * little memory each, not a thread. The coord_http_* calls below may be
+ * made from any one thread (the coordinator loop). Ownership: cfg strings
+ * are copied; the zmq context, the metrics registry and the tokenizer are
+ * borrowed and must outlive coord_http_stop(), which joins the loop thread
+ * and closes the sockets (so call it before zmq_ctx_term).
  */
 #pragma once
 
@@ -47,9 +51,11 @@ typedef struct {
   const char *api_key;          /* NULL or "" = no auth; else "Authorization: Bearer KEY" */
   const char *served_model_name;/* the name /v1/models lists and requests must use */
   uint32_t max_model_len;       /* context length; token prompts longer are a 400 */
-  unsigned max_connections;     /* 0 = 256 */
+  unsigned max_connections;     /* 0 = 4096; fewer when RLIMIT_NOFILE leaves less room
+                                   (coord_http_start raises its soft limit to the hard one) */
   unsigned max_connections_per_ip; /* connections one client address may hold (loopback too;
-                                      more are closed at once); 0 = 128 */
+                                      more are closed at once); 0 = an eighth of
+                                      max_connections, at least 128 (512 of 4096) */
   unsigned timeout_s;           /* idle connection timeout (a client that reads or sends
                                    nothing this long, not a request that waits for its
                                    answer); 0 = 30 */
@@ -68,9 +74,11 @@ typedef struct {
                                               (without it they read "token_id:N") */
 } coord_http_config_t;
 
-/* Starts listening. Returns 0 and *out, or a negative error (bind failed:
- * -EADDRINUSE, ...) with nothing left running. The frontend starts "not
- * ready": /health answers 503 and jobs are refused until coord_http_set_ready. */
+/* Starts listening, and raises the process's RLIMIT_NOFILE soft limit to
+ * its hard limit (each connection is a descriptor). Returns 0 and *out, or
+ * a negative error (bind failed: -EADDRINUSE, ...) with nothing left
+ * running. The frontend starts "not ready": /health answers 503 and jobs
+ * are refused until coord_http_set_ready. */
 int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg);
 
 /* The port it listens on (the real one when cfg->port was 0). */
@@ -82,11 +90,11 @@ void coord_http_set_ready(coord_http_t *h, bool ready);
 /* Draining: new jobs get 503, running streams finish. Not reversible. */
 void coord_http_set_draining(coord_http_t *h);
 
-/* Stops: first every answer in progress gets what its connection has
- * queued from the coordinator (a stream its last chunks and [DONE]); one
- * whose job has not finished ends with an error (a stream: an error chunk,
- * then [DONE]); once they are sent, or after 5 s, it stops listening,
- * closes the connections, joins the threads and frees h. Call it once the
+/* Stops: first every answer in progress gets what the coordinator queued
+ * for it (a stream its last chunks and [DONE]); one whose job has not
+ * finished ends with an error (a stream: an error chunk, then [DONE]);
+ * once they are sent, or after 5 s, it stops listening, closes the
+ * connections, joins the loop thread and frees h. Call it once the
  * coordinator loop sends nothing more (after coord_run). NULL is fine. */
 void coord_http_stop(coord_http_t *h);
 

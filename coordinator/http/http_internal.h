@@ -1,8 +1,10 @@
 /* http_internal.h - pieces of the HTTP frontend shared by its files (not a
  * public interface): the parsed request, OpenAI error values, response
- * builders and the per-request RPC connection.
+ * builders, the event loop, its connections, jobs and RPC connection.
  *
- * Threads: everything here is used by one handler thread at a time.
+ * Threads: everything here runs on the frontend's one loop thread
+ * (http_loop.c), except the request parsing and response builders, which
+ * hold no state.
  */
 #pragma once
 
@@ -21,8 +23,10 @@ extern "C" {
 #endif
 
 struct model_tokenizer;
+struct pollfd;
 
 #define COORD_HTTP_MAX_BODY (4u << 20) /* request bodies larger get 413 */
+#define COORD_HTTP_MAX_CONN 4096u      /* connections by default (within RLIMIT_NOFILE) */
 
 typedef enum { COORD_HTTP_API_COMPLETIONS = 0, COORD_HTTP_API_CHAT } coord_http_api_t;
 
@@ -112,15 +116,16 @@ char *coord_http_models_json(const char *name, uint32_t max_model_len, long long
 /* Maps a PROTO_ERR_* code (and message) from the coordinator to e. */
 void coord_http_err_from_proto(coord_http_err_t *e, int32_t code, const char *message);
 
-/* ---- the server (http.c) and its job handlers (http_job.c) ---- */
+/* ---- the server (http.c, http_loop.c) ---- */
 
 struct MHD_Connection;
 struct MHD_Response;
 typedef struct coord_metrics coord_metrics_t;
+typedef struct coord_http_job coord_http_job_t; /* http_job.c */
 
 /* One open connection (http_conn.c), from MHD's "started" notification to
  * its "closed" one, which comes before MHD closes the socket; MHD's
- * socket_context points at it. Fields under coord_http.conn_mu. */
+ * socket_context points at it. */
 typedef struct coord_http_conn {
   struct coord_http_conn *prev, *next;
   int fd;               /* the client's socket (MHD's; only shut down here) */
@@ -128,6 +133,20 @@ typedef struct coord_http_conn {
   bool expired;         /* shut down for missing its deadline */
   uint64_t deadline_ns; /* fr_now_ns() by which the request must be in */
 } coord_http_conn_t;
+
+/* The frontend's one connection to the coordinator loop (http_rpc.c): a
+ * DEALER on the coordinator's zmq context, as an outside RPC client has,
+ * that carries every request's job; events come back by job id. */
+typedef struct {
+  void *sock;          /* ZMQ_DEALER */
+  uint64_t last_rx_ns; /* fr_now_ns() when the coordinator last sent anything (or the open) */
+  uint64_t last_ping_ns;
+  uint64_t beats;      /* heartbeats sent */
+  proto_buf_t buf;
+  proto_msg_t msg;
+} coord_http_rpc_t;
+
+#define COORD_HTTP_JOB_BUCKETS 1024u /* job ids are consecutive: id % buckets spreads them */
 
 struct coord_http {
   struct MHD_Daemon *daemon;
@@ -137,22 +156,30 @@ struct coord_http {
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
   int port;
-  unsigned timeout_s;          /* MHD's idle timeout, restored after each wait (coord_http__conn_touch) */
+  unsigned timeout_s;          /* MHD's idle timeout (not counted while a request waits: suspended) */
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */
   uint64_t engine_timeout_ns;  /* a coordinator silent this long ends the request */
-  /* stopping: coord_http_stop began; handlers take what the coordinator
-   * queued and end (it sends nothing more) */
+  /* stopping: coord_http_stop began; the loop reads what the coordinator
+   * queued, ends every job that is left and waits for the answers to go out */
   _Atomic int ready, draining, stopping;
-  _Atomic uint64_t next_job; /* job ids; starts at a random value */
-  long long started;         /* unix seconds, for /v1/models */
+  uint64_t next_job;           /* job ids; starts at a random value (loop thread) */
+  long long started;           /* unix seconds, for /v1/models */
+  /* the loop (http_loop.c) */
+  pthread_t loop;
+  bool loop_running;
+  int wake_fd;                 /* eventfd: coord_http_stop wakes the loop */
+  coord_http_rpc_t rpc;
+  /* unfinished jobs: a list and a table by id (http_job.c) */
+  coord_http_job_t *jobs;
+  coord_http_job_t *job_hash[COORD_HTTP_JOB_BUCKETS];
+  size_t n_jobs;
+  struct pollfd *watch;        /* scratch for the client sockets the tick looks at */
+  size_t watch_cap;
   /* connections and their deadline (http_conn.c) */
   uint64_t request_timeout_ns; /* a request's headers and body must arrive within this */
   uint64_t idle_timeout_ns;    /* MHD's idle timeout: a kept-alive connection's wait first */
-  pthread_mutex_t conn_mu;
-  pthread_cond_t conn_cv;      /* wakes the watchdog to stop */
-  pthread_t watchdog;
-  bool conn_init, watchdog_running, watchdog_stop;
-  coord_http_conn_t *conns;    /* the open connections, under conn_mu */
+  coord_http_conn_t *conns;    /* the open connections */
+  size_t n_conns;
 };
 
 /* Queues a response with status (counted in the metrics) and destroys it.
@@ -160,34 +187,73 @@ struct coord_http {
 int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r);
 /* Queues OpenAI's error body for e. */
 int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e);
+
+/* Runs the loop thread: zmq_poll over the RPC DEALER, MHD's epoll
+ * descriptor and the wake eventfd; MHD_run; every tick (100 ms) the jobs'
+ * timers and client sockets and the connections' deadlines. Returns 0 or
+ * -errno (the thread not started). */
+int coord_http__loop_start(struct coord_http *h);
+/* Wakes the loop (stopping was set) and joins it: it returns once every
+ * answer is sent (or 5 s passed) with no connection suspended. */
+void coord_http__loop_join(struct coord_http *h);
+
+/* ---- jobs (http_job.c) ----
+ *
+ * A completion request whose body is in becomes a job: validated, given an
+ * id, submitted over the RPC connection, and its connection suspended
+ * (MHD_suspend_connection: no thread waits for it, MHD's idle timeout does
+ * not run). The loop routes the coordinator's messages to their jobs by
+ * id; a job that has its answer (a JSON body, an error, or a stream that
+ * can start) resumes its connection, and MHD calls the access handler
+ * again, which queues the answer (coord_http__job_answer). A stream's
+ * content reader hands out the SSE text queued for it and suspends the
+ * connection again when there is none. */
+
 /* Runs a /v1/completions or /v1/chat/completions request whose body is
- * complete: validates, submits, answers (JSON, or an SSE stream). http11:
- * the request is HTTP/1.1 (an interim 1xx answer may be sent). */
+ * complete: validates and submits, then suspends c (*job set: the request
+ * owns it, coord_http__job_free frees it); or answers at once (an invalid
+ * body, not ready, *job NULL). http11: the request is HTTP/1.1 (an interim
+ * 1xx answer may be sent). Returns MHD's result as an int. */
 int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body, size_t len,
-                    bool http11);
+                    bool http11, coord_http_job_t **job);
+/* The access handler's call on a resumed connection: queues the job's
+ * answer, or suspends again. Returns MHD's result (MHD_NO: close, the
+ * client left). */
+int coord_http__job_answer(struct coord_http *h, struct MHD_Connection *c, coord_http_job_t *j);
+/* Frees a job when its request ends (MHD's "completed"); an unfinished one
+ * is canceled. NULL is fine. */
+void coord_http__job_free(coord_http_job_t *j);
+/* Hands a message from the coordinator (an "event" or "error") to its job;
+ * messages for no job (finished, canceled) are dropped. */
+void coord_http__jobs_on_msg(struct coord_http *h, const proto_msg_t *m);
+/* The tick: client sockets of waiting jobs (hang-up: cancel; end of
+ * stream: a probe), keep-alives, heartbeats, the engine timeout. */
+void coord_http__jobs_tick(struct coord_http *h, uint64_t now);
+/* Ends every unfinished job (the frontend stops; what the coordinator
+ * queued was read first): a stream with an error chunk and [DONE], a
+ * request not answered yet with 503. */
+void coord_http__jobs_stop(struct coord_http *h);
 
 /* ---- connections (http_conn.c) ----
  *
  * libmicrohttpd's connection timeout is an idle timeout, reset by every
  * byte, so a client that sends a byte every few seconds would hold a
- * connection (and its thread) forever. Each connection gets a deadline for
- * its request as well: from its start, a request's headers and body must
- * be in within request_timeout_ns; from the end of each answer, the next
- * one's within idle_timeout_ns + request_timeout_ns (a kept-alive
- * connection may first wait, as long as the idle timeout lets it). No
- * deadline runs while a request is answered. A watchdog thread shuts down
- * (shutdown(2), not close: MHD owns the descriptor) the sockets that miss
- * theirs; MHD then reads the end of the stream and closes the connection.
- * Nothing is answered: a 408 written on a connection the client may be
- * reusing could be taken as the answer to its next request (nginx closes
- * silently too). libmicrohttpd 0.9.75 offers no hook for this: the access
- * handler first runs once all headers are in, and no option bounds a
- * request's total time. */
+ * connection forever. Each connection gets a deadline for its request as
+ * well: from its start, a request's headers and body must be in within
+ * request_timeout_ns; from the end of each answer, the next one's within
+ * idle_timeout_ns + request_timeout_ns (a kept-alive connection may first
+ * wait, as long as the idle timeout lets it). No deadline runs while a
+ * request is answered. The loop's tick shuts down (shutdown(2), not close:
+ * MHD owns the descriptor) the sockets that miss theirs; MHD then reads
+ * the end of the stream and closes the connection. Nothing is answered: a
+ * 408 written on a connection the client may be reusing could be taken as
+ * the answer to its next request (nginx closes silently too).
+ * libmicrohttpd 0.9.75 offers no hook for this: the access handler first
+ * runs once all headers are in, and no option bounds a request's total
+ * time. */
 
-/* Sets up the table and starts the watchdog. Returns 0 or -errno. */
-int coord_http__conns_start(struct coord_http *h, unsigned request_timeout_s, unsigned idle_timeout_s);
-/* Stops the watchdog (before MHD_stop_daemon). */
-void coord_http__watchdog_stop(struct coord_http *h);
+/* Sets the deadlines (seconds). */
+void coord_http__conns_init(struct coord_http *h, unsigned request_timeout_s, unsigned idle_timeout_s);
 /* Frees the table (after MHD_stop_daemon closed every connection). */
 void coord_http__conns_free(struct coord_http *h);
 #ifdef MHD_VERSION /* in files that include <microhttpd.h> */
@@ -199,62 +265,36 @@ void coord_http__conn_notify(void *cls, struct MHD_Connection *c, void **socket_
 void coord_http__conn_received(struct coord_http *h, struct MHD_Connection *c);
 /* The answer on c is done: the clock starts for the next request. */
 void coord_http__conn_rearm(struct coord_http *h, struct MHD_Connection *c);
-/* Restarts MHD's idle timer of c, from c's own thread, after a wait for the
- * coordinator: MHD checks its idle timeout after the content reader
- * returns, so a reader that waited longer than the timeout would have its
- * connection closed before its bytes go out. */
-void coord_http__conn_touch(struct coord_http *h, struct MHD_Connection *c);
-/* Waits until no connection is answering a request (each answer sent in
- * full, or its connection gone), at most timeout_ms. Returns true when none
- * is. */
-bool coord_http__conns_idle_wait(struct coord_http *h, unsigned timeout_ms);
+/* Shuts down the sockets whose request is late. */
+void coord_http__conns_tick(struct coord_http *h, uint64_t now);
+/* True when a connection is answering a request. */
+bool coord_http__conns_answering(const struct coord_http *h);
 
-/* ---- the RPC connection of one request (http_rpc.c) ---- */
+/* ---- the RPC connection (http_rpc.c) ---- */
 
-typedef struct {
-  void *sock;        /* ZMQ_DEALER */
-  int client_fd;     /* the HTTP client's socket, watched for hang-ups; -1 = none */
-  uint64_t job;      /* submitted job id, 0 = none */
-  bool finished;     /* the job's last event (or error) was received */
-  bool client_eof;   /* the client's end of stream was reported (COORD_HTTP_RPC_EOF) */
-  uint64_t last_rx_ns; /* fr_now_ns() when the coordinator last sent anything (or the open) */
-  uint64_t beats;    /* heartbeats sent */
-  proto_buf_t buf;
-  proto_msg_t msg;
-} coord_http_rpc_t;
+/* Opens the DEALER on ctx connected to endpoint. Returns 0 or FR_EZMQ. */
+int coord_http_rpc_open(coord_http_rpc_t *r, void *ctx, const char *endpoint);
+/* Sends a message without waiting. Returns 0 or a negative error. */
+int coord_http_rpc_send(coord_http_rpc_t *r, proto_type_t type, const void *body);
+/* Receives one message without waiting. Returns 1 with *msg (valid until
+ * the next call), 2 when a frame was skipped (an empty delimiter, or a
+ * message that does not decode: logged), 0 when none is queued, or a
+ * negative error. Anything received refreshes last_rx_ns. */
+int coord_http_rpc_recv(coord_http_rpc_t *r, const proto_msg_t **msg);
+/* Sends a "heartbeat"; the coordinator's answer refreshes last_rx_ns.
+ * Returns 0 or a negative error. */
+int coord_http_rpc_ping(coord_http_rpc_t *r);
+/* Closes the socket (a cancel sent just before still goes out). */
+void coord_http_rpc_close(coord_http_rpc_t *r);
 
-/* Opens a DEALER on ctx connected to endpoint. Returns 0 or FR_EZMQ. */
-int coord_http_rpc_open(coord_http_rpc_t *c, void *ctx, const char *endpoint, int client_fd);
-/* Sends the submit (its id must be set). Returns 0 or a negative error. */
-int coord_http_rpc_submit(coord_http_rpc_t *c, const proto_submit_t *s);
-#define COORD_HTTP_RPC_EOF 2
-
-/* Waits up to timeout_ms for the job's next message. Returns 1 with *msg
- * (an "event" or "error"; valid until the next call), 0 on timeout, -EPIPE
- * when the HTTP client's socket is reset or failed (the job is canceled
- * then), COORD_HTTP_RPC_EOF once when the client has sent its end of
- * stream, or another negative error.
- *
- * An end of stream alone cannot tell a client that half-closed after its
- * request (shutdown(SHUT_WR); it still reads the answer) from one that
- * closed and left: both send FIN. Only a write tells them apart (a closed
- * socket answers it with a reset, seen here as -EPIPE on a later call), so
- * the caller writes something harmless then, or cancels. */
-int coord_http_rpc_next(coord_http_rpc_t *c, int timeout_ms, const proto_msg_t **msg);
-/* Sends a "heartbeat"; the coordinator's answer (skipped by
- * coord_http_rpc_next) refreshes last_rx_ns. Returns 0 or FR_EZMQ. */
-int coord_http_rpc_ping(coord_http_rpc_t *c);
-/* Sends "cancel" for the job unless it finished. */
-void coord_http_rpc_cancel(coord_http_rpc_t *c);
-/* Cancels an unfinished job and closes the socket. */
-void coord_http_rpc_close(coord_http_rpc_t *c);
 /* What the peer of a socket did, seen without reading it. */
 typedef enum {
   COORD_HTTP_PEER_OPEN = 0, /* nothing (or only data) */
   COORD_HTTP_PEER_EOF,      /* it sent FIN: a half-close, or a close */
   COORD_HTTP_PEER_GONE,     /* reset, or the socket failed */
 } coord_http_peer_t;
-coord_http_peer_t coord_http_peer(int fd);
+/* The same from poll's revents (POLLRDHUP asked). */
+coord_http_peer_t coord_http_peer_of(short revents);
 
 #ifdef __cplusplus
 }

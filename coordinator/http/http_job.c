@@ -1,10 +1,14 @@
 /* http_job.c - /v1/completions and /v1/chat/completions: validate the body,
- * submit it over the RPC connection, then answer with one JSON object or
- * stream SSE chunks as events arrive, with a comment line each keep-alive
- * period that passes without one. A client that hangs up cancels its job
- * (http_rpc.c watches its socket); every other end of a stream is a chunk
- * (the last event's, or an error) and [DONE]. See http_internal.h. */
+ * submit it over the frontend's RPC connection and suspend the request's
+ * connection; the loop hands each job the coordinator's messages for it,
+ * and a job resumes its connection when it has something to send: one JSON
+ * object, an error, or SSE chunks as events arrive, with a comment line
+ * each keep-alive period that passes without one. A client that hangs up
+ * cancels its job (the tick watches the sockets of suspended connections);
+ * every other end of a stream is a chunk (the last event's, or an error)
+ * and [DONE]. Loop thread only. See http_internal.h. */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,110 +22,155 @@
 #include "common/fr_util.h"
 #include "coordinator/http/http_internal.h"
 
-#define JOB_TICK_MS 100
+/* SSE text a client has not taken yet, past which its job is canceled and
+ * its connection closed (a client that stopped reading a long stream). */
+#define JOB_PEND_MAX (64u << 20)
 
 static const char job_done_sse[] = "data: [DONE]\n\n";
 static const char job_keepalive_sse[] = ": keep-alive\n\n";
 
-typedef struct {
+struct coord_http_job {
   struct coord_http *h;
-  struct MHD_Connection *conn; /* the request's connection (its thread runs the job) */
+  struct MHD_Connection *conn; /* the request's connection, until job_free */
+  int fd;                      /* its socket, watched while it is suspended */
+  coord_http_job_t *prev, *next, *hnext; /* in h's table while !finished */
   coord_http_req_t req;
-  coord_http_rpc_t rpc;
   coord_http_meta_t meta;
-  char *pend; /* SSE bytes not yet handed to MHD */
-  size_t pend_len, pend_off;
-  uint32_t n_events; /* events turned into chunks */
-  bool done;      /* the last chunk is in pend */
-  bool http11;    /* the request is HTTP/1.1: an interim 1xx answer may be sent */
-  bool streaming; /* the SSE answer has started (MHD sends pend) */
-} job_t;
+  coord_http_acc_t acc;        /* a JSON answer's events folded together */
+  coord_http_err_t err;        /* the error to answer with (failed) */
+  char *pend;                  /* SSE text not yet handed to MHD */
+  size_t pend_len, pend_off, pend_cap;
+  uint32_t n_events;           /* events turned into chunks */
+  uint64_t t_submit_ns, next_beat_ns;
+  bool http11;     /* the request is HTTP/1.1: an interim 1xx answer may be sent */
+  bool in_table;   /* submitted, not finished: messages and ticks reach it */
+  bool finished;   /* no message will come (last event, error, cancel) */
+  bool suspended;  /* its connection is suspended (by us) */
+  bool ready;      /* the answer can be queued (JSON in, failed, or the stream starts) */
+  bool failed;     /* answer err instead (nothing streamed yet) */
+  bool streaming;  /* the SSE answer has started (pend goes out) */
+  bool answered;   /* a response is queued */
+  bool done;       /* the last chunk and [DONE] are in pend */
+  bool gone;       /* the client left: the connection is closed */
+  bool client_eof; /* the client's end of stream was seen (and probed) */
+};
 
-#define JOB_PEND 2 /* job_wait: pend holds bytes to send (a probe, a keep-alive), no message */
-#define JOB_IDLE 3 /* job_wait: no message for a keep-alive period (not streaming yet) */
+/* ---- the table of unfinished jobs ---- */
 
-static void job_free(job_t *j) {
+static size_t job_bucket(uint64_t id) { return (size_t)(id % COORD_HTTP_JOB_BUCKETS); }
+
+static void job_table_add(struct coord_http *h, coord_http_job_t *j) {
+  j->next = h->jobs;
+  if (h->jobs) h->jobs->prev = j;
+  h->jobs = j;
+  coord_http_job_t **b = &h->job_hash[job_bucket(j->req.sub.id)];
+  j->hnext = *b;
+  *b = j;
+  h->n_jobs++;
+  j->in_table = true;
+}
+
+static void job_table_remove(struct coord_http *h, coord_http_job_t *j) {
+  if (!j->in_table) return;
+  if (j->prev) j->prev->next = j->next;
+  else h->jobs = j->next;
+  if (j->next) j->next->prev = j->prev;
+  for (coord_http_job_t **pp = &h->job_hash[job_bucket(j->req.sub.id)]; *pp; pp = &(*pp)->hnext)
+    if (*pp == j) {
+      *pp = j->hnext;
+      break;
+    }
+  j->prev = j->next = j->hnext = NULL;
+  h->n_jobs--;
+  j->in_table = false;
+}
+
+static coord_http_job_t *job_find(struct coord_http *h, uint64_t id) {
+  for (coord_http_job_t *j = h->job_hash[job_bucket(id)]; j; j = j->hnext)
+    if (j->req.sub.id == id) return j;
+  return NULL;
+}
+
+/* No message will come for j: out of the table. */
+static void job_finished(coord_http_job_t *j) {
+  j->finished = true;
+  job_table_remove(j->h, j);
+}
+
+/* Sends "cancel" for an unfinished job. */
+static void job_cancel(coord_http_job_t *j) {
+  if (j->finished) return;
+  proto_cancel_t cancel = {.id = j->req.sub.id};
+  if (coord_http_rpc_send(&j->h->rpc, PROTO_T_CANCEL, &cancel))
+    FR_LOGW("HTTP: cannot cancel job %llu: %s", (unsigned long long)j->req.sub.id, fr_last_error());
+  job_finished(j);
+}
+
+/* Lets MHD go on with j's connection (it calls the access handler or the
+ * content reader again). */
+static void job_wake(coord_http_job_t *j) {
+  if (!j->suspended) return;
+  j->suspended = false;
+  MHD_resume_connection(j->conn);
+}
+
+static void job_suspend(coord_http_job_t *j) {
+  MHD_suspend_connection(j->conn);
+  j->suspended = true;
+}
+
+/* The client left: its job is canceled and its connection closed. */
+static void job_gone(coord_http_job_t *j) {
+  job_cancel(j);
+  j->gone = true;
+  job_wake(j);
+}
+
+void coord_http__job_free(coord_http_job_t *j) {
   if (!j) return;
-  if (j->rpc.sock) coord_http_rpc_close(&j->rpc); /* cancels an unfinished job */
+  if (j->in_table) job_cancel(j);
   coord_http_req_free(&j->req);
+  coord_http_acc_free(&j->acc);
   free(j->pend);
   free(j);
 }
 
-static void job_set_pend(job_t *j, char *s) {
-  free(j->pend);
-  j->pend = s;
-  j->pend_len = strlen(s);
-  j->pend_off = 0;
-}
+/* ---- SSE text ---- */
 
-/* The client sent its end of stream: it half-closed and reads on, or it
- * left (see coord_http_rpc_next). Writes what it must ignore, so that a
- * closed socket answers with a reset (-EPIPE on a later wait): before the
- * answer an interim "100 Continue" (RFC 9110 section 15.2: an HTTP/1.1
- * client parses 1xx answers before the final one; none may go to HTTP/1.0
- * clients, whose end of stream cancels the job), in an SSE stream a
- * comment line (queued in pend). Returns 0 or JOB_PROBE to go on, -EPIPE
- * when nothing could be written (the job canceled). */
-static int job_probe(job_t *j) {
-  static const char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
-  if (j->streaming) {
-    job_set_pend(j, fr_strdup(":\n\n"));
-    return JOB_PEND;
-  }
-  /* MHD writes nothing while its connection thread waits here for the job */
-  if (j->http11 && send(j->rpc.client_fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) ==
-                       (ssize_t)(sizeof interim - 1))
-    return 0;
-  coord_http_rpc_cancel(&j->rpc);
-  return -EPIPE;
-}
-
-/* A keep-alive period passed without a message: checks that the
- * coordinator still answers (it answers each heartbeat; FR_ETIMEOUT, the
- * job canceled, when it has been silent too long) and queues an SSE
- * comment in a stream (JOB_PEND), else returns JOB_IDLE. */
-static int job_idle(job_t *j) {
-  const struct coord_http *h = j->h;
-  uint64_t silent = fr_now_ns() - j->rpc.last_rx_ns;
-  int rc = 0;
-  if (silent > h->engine_timeout_ns)
-    rc = fr_errorf(FR_ETIMEOUT, "the engine did not answer for %llu s", (unsigned long long)(silent / 1000000000ull));
-  else rc = coord_http_rpc_ping(&j->rpc);
-  if (rc) {
-    coord_http_rpc_cancel(&j->rpc);
-    return rc;
-  }
-  if (!j->streaming) return JOB_IDLE;
-  job_set_pend(j, fr_strdup(job_keepalive_sse));
-  return JOB_PEND;
-}
-
-/* Waits for the job's next message. Returns 1 (*m set), JOB_PEND (pend
- * holds a probe of a half-closed client or a keep-alive), JOB_IDLE, -EPIPE
- * when the client hung up, FR_ECANCELED when the frontend stops and
- * nothing is queued for the job (the coordinator sends nothing more then:
- * what it sent before is read first), other errors. */
-static int job_wait(job_t *j, const proto_msg_t **m) {
-  uint64_t idle_end = fr_now_ns() + j->h->keepalive_ns;
-  for (;;) {
-    bool stopping = atomic_load(&j->h->stopping);
-    int rc = coord_http_rpc_next(&j->rpc, stopping ? 0 : JOB_TICK_MS, m);
-    if (rc == COORD_HTTP_RPC_EOF) rc = job_probe(j);
-    if (rc) return rc;
-    if (stopping) {
-      coord_http_rpc_cancel(&j->rpc);
-      return fr_errorf(FR_ECANCELED, "the HTTP frontend is stopping");
+/* Appends s (n bytes) to pend. Returns 0, or -ENOMEM when the client has
+ * let more than JOB_PEND_MAX pile up. */
+static int job_pend_add(coord_http_job_t *j, const char *s, size_t n) {
+  if (j->pend_off == j->pend_len) j->pend_off = j->pend_len = 0;
+  if (j->pend_len - j->pend_off + n > JOB_PEND_MAX)
+    return fr_errorf(-ENOMEM, "the client of stream %s does not read", j->meta.id);
+  if (j->pend_len + n > j->pend_cap) {
+    if (j->pend_off) { /* move the unsent rest to the front first */
+      memmove(j->pend, j->pend + j->pend_off, j->pend_len - j->pend_off);
+      j->pend_len -= j->pend_off;
+      j->pend_off = 0;
     }
-    if (fr_now_ns() >= idle_end) return job_idle(j);
+    size_t cap = j->pend_cap ? j->pend_cap : 1024;
+    while (cap < j->pend_len + n) cap *= 2;
+    if (cap != j->pend_cap) j->pend = fr_realloc(j->pend, cap);
+    j->pend_cap = cap;
   }
+  memcpy(j->pend + j->pend_len, s, n);
+  j->pend_len += n;
+  return 0;
 }
 
-/* job_wait through idle periods: a message, or an error. */
-static int job_wait_msg(job_t *j, const proto_msg_t **m) {
-  int rc;
-  while ((rc = job_wait(j, m)) == JOB_IDLE) continue;
+/* Appends a malloc'd string (taken) to pend. */
+static int job_pend_take(coord_http_job_t *j, char *s) {
+  if (!s) return -ENOMEM;
+  int rc = job_pend_add(j, s, strlen(s));
+  free(s);
   return rc;
+}
+
+/* Appends [DONE]: the stream ends after it. */
+static int job_pend_done(coord_http_job_t *j) {
+  j->done = true;
+  return job_pend_add(j, job_done_sse, sizeof job_done_sse - 1);
 }
 
 /* The error a finished message means (an "error", or an event that
@@ -139,128 +188,220 @@ static bool job_msg_error(const proto_msg_t *m, coord_http_err_t *e) {
   return false;
 }
 
-/* The answer to a wait failure other than a gone client's. */
-static void job_fail_err(int rc, coord_http_err_t *e) {
-  if (rc == FR_ECANCELED) coord_http_err(e, 503, NULL, "the server is shutting down");
-  else if (rc == FR_ETIMEOUT) coord_http_err(e, 503, NULL, "%s", fr_last_error());
-  else coord_http_err(e, 500, NULL, "engine connection failed: %s", fr_last_error());
-}
-
-/* Maps a wait failure to the answer: nothing for a gone client. */
-static int job_fail(job_t *j, struct MHD_Connection *c, int rc) {
-  coord_http_err_t e;
-  if (rc == -EPIPE) return MHD_NO; /* the client left; MHD closes the connection */
-  job_fail_err(rc, &e);
-  return coord_http__send_error(j->h, c, &e);
-}
-
-static int job_answer_json(job_t *j, struct MHD_Connection *c, const proto_msg_t *m) {
-  coord_http_acc_t acc;
-  coord_http_err_t e;
-  int rc = 0;
-  coord_http_acc_init(&acc);
-  for (;;) {
-    if (job_msg_error(m, &e)) {
-      rc = coord_http__send_error(j->h, c, &e);
-      goto out;
-    }
-    if (coord_http_acc_add(&acc, &j->meta, &m->u.event)) {
-      rc = MHD_NO;
-      goto out;
-    }
-    if (j->rpc.finished) break;
-    int w = job_wait_msg(j, &m);
-    if (w < 0) {
-      rc = job_fail(j, c, w);
-      goto out;
-    }
-  }
-  char *body = coord_http_final_json(&j->meta, &acc);
-  struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
-  if (!r) free(body);
-  if (r) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
-  rc = coord_http__queue(j->h, c, 200, r); /* restarts MHD's idle timer */
-out:
-  coord_http_acc_free(&acc);
-  return rc;
-}
-
-/* Appends [DONE] to pend: the stream ends after it. */
-static void job_pend_done(job_t *j) {
-  j->pend = fr_realloc(j->pend, j->pend_len + sizeof job_done_sse);
-  memcpy(j->pend + j->pend_len, job_done_sse, sizeof job_done_sse);
-  j->pend_len += sizeof job_done_sse - 1;
-  j->done = true;
-}
-
-/* Replaces pend with the SSE text of message m (plus [DONE] at the end). */
-static int job_chunk(job_t *j, const proto_msg_t *m) {
+/* Appends the SSE text of message m (plus [DONE] after the last). */
+static int job_chunk(coord_http_job_t *j, const proto_msg_t *m) {
   coord_http_err_t e;
   bool first = j->n_events++ == 0;
   char *s = job_msg_error(m, &e) ? coord_http_error_sse(&e) : coord_http_chunk_sse(&j->meta, &m->u.event, first);
-  if (!s) return -ENOMEM;
-  job_set_pend(j, s);
-  if (j->rpc.finished) job_pend_done(j);
-  return 0;
+  int rc = job_pend_take(j, s);
+  if (!rc && j->finished) rc = job_pend_done(j);
+  return rc;
 }
 
-/* A stream that ends before its job's last event (the frontend stops, the
- * engine went silent or its connection failed) ends with an error chunk
- * and [DONE], as vLLM's do. */
-static int job_chunk_fail(job_t *j, int rc) {
+/* Ends j before its last event, as vLLM does: a stream with an error chunk
+ * and [DONE], an answer not started yet with e's status. */
+static void job_fail(coord_http_job_t *j, const coord_http_err_t *e) {
+  job_cancel(j);
+  if (j->streaming) {
+    FR_LOGW("HTTP: stream %s ends early: %s", j->meta.id, e->message);
+    if (job_pend_take(j, coord_http_error_sse(e)) || job_pend_done(j)) j->gone = true; /* cannot end it: close */
+  } else {
+    j->err = *e;
+    j->failed = true;
+  }
+  j->ready = true;
+  job_wake(j);
+}
+
+/* ---- messages ---- */
+
+/* A stream's message. Before the stream started, an error is answered
+ * with its status. */
+static void job_on_stream_msg(coord_http_job_t *j, const proto_msg_t *m) {
+  if (!j->streaming && job_msg_error(m, &j->err)) {
+    j->failed = true;
+  } else {
+    j->streaming = true;
+    if (job_chunk(j, m)) {
+      FR_LOGW("HTTP: %s", fr_last_error());
+      job_gone(j);
+      return;
+    }
+  }
+  j->ready = true;
+  job_wake(j);
+}
+
+static void job_on_json_msg(coord_http_job_t *j, const proto_msg_t *m) {
+  if (job_msg_error(m, &j->err)) {
+    j->failed = true;
+  } else if (coord_http_acc_add(&j->acc, &j->meta, &m->u.event)) {
+    coord_http_err(&j->err, 500, NULL, "out of memory");
+    j->failed = true;
+    job_cancel(j);
+  }
+  if (j->failed || j->finished) {
+    j->ready = true;
+    job_wake(j);
+  }
+}
+
+void coord_http__jobs_on_msg(struct coord_http *h, const proto_msg_t *m) {
+  uint64_t id;
+  if (m->type == PROTO_T_EVENT) id = m->u.event.id;
+  else if (m->type == PROTO_T_ERROR) id = m->u.error.id;
+  else return; /* a heartbeat's answer (it refreshed last_rx_ns) */
+  coord_http_job_t *j = id ? job_find(h, id) : NULL;
+  if (!j) {
+    if (m->type == PROTO_T_ERROR && id == 0) /* submits are encoded as the decoder wants them: not ours */
+      FR_LOGW("HTTP: the coordinator answered an error about no job: %s", m->u.error.message);
+    return;
+  }
+  j->next_beat_ns = fr_now_ns() + h->keepalive_ns;
+  if (m->type == PROTO_T_ERROR || m->u.event.finish != PROTO_FINISH_NONE) job_finished(j);
+  if (j->req.stream) job_on_stream_msg(j, m);
+  else job_on_json_msg(j, m);
+}
+
+/* ---- the tick ---- */
+
+/* The client sent its end of stream: it half-closed and reads on, or it
+ * left. Only a write tells them apart (a closed socket answers it with a
+ * reset, seen on a later tick as a hang-up), so j writes what the client
+ * must ignore: before the answer an interim "100 Continue" (RFC 9110
+ * section 15.2: an HTTP/1.1 client parses 1xx answers before the final
+ * one; none may go to HTTP/1.0 clients, whose end of stream cancels the
+ * job), in an SSE stream a comment line. MHD writes nothing meanwhile: the
+ * connection is suspended. */
+static void job_probe(coord_http_job_t *j) {
+  static const char interim[] = "HTTP/1.1 100 Continue\r\n\r\n";
+  j->client_eof = true;
+  if (j->streaming) {
+    if (job_pend_add(j, ":\n\n", 3)) job_gone(j);
+    else job_wake(j);
+    return;
+  }
+  if (j->http11 &&
+      send(j->fd, interim, sizeof interim - 1, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)(sizeof interim - 1))
+    return;
+  job_gone(j);
+}
+
+/* Looks at the sockets of the suspended connections (one poll for all):
+ * a hang-up cancels, an end of stream is probed. */
+static void jobs_watch(struct coord_http *h) {
+  size_t n = 0;
+  if (h->watch_cap < h->n_jobs) {
+    h->watch_cap = h->n_jobs * 2;
+    h->watch = fr_realloc(h->watch, h->watch_cap * sizeof *h->watch);
+  }
+  for (coord_http_job_t *j = h->jobs; j; j = j->next)
+    if (j->suspended && j->fd >= 0) h->watch[n++] = (struct pollfd){.fd = j->fd, .events = POLLRDHUP};
+  if (n == 0 || poll(h->watch, n, 0) <= 0) return;
+  size_t i = 0;
+  for (coord_http_job_t *j = h->jobs, *next; j && i < n; j = next) {
+    next = j->next; /* j may leave the table */
+    if (!j->suspended || j->fd < 0) continue;
+    coord_http_peer_t p = coord_http_peer_of(h->watch[i++].revents);
+    if (p == COORD_HTTP_PEER_GONE) job_gone(j);
+    else if (p == COORD_HTTP_PEER_EOF && !j->client_eof) job_probe(j);
+  }
+}
+
+/* A keep-alive period passed without a message for j: a coordinator
+ * silent too long ends it; else a waiting stream starts (200) or gets a
+ * comment line. Returns true when the coordinator should be pinged. */
+static bool job_idle(coord_http_job_t *j, uint64_t now) {
+  const struct coord_http *h = j->h;
+  uint64_t since = h->rpc.last_rx_ns > j->t_submit_ns ? h->rpc.last_rx_ns : j->t_submit_ns;
+  uint64_t silent = now > since ? now - since : 0;
+  j->next_beat_ns = now + h->keepalive_ns;
+  if (silent > h->engine_timeout_ns) {
+    coord_http_err_t e;
+    coord_http_err(&e, 503, NULL, "the engine did not answer for %llu s", (unsigned long long)(silent / 1000000000ull));
+    job_fail(j, &e);
+    return false;
+  }
+  if (j->req.stream && j->suspended && (j->streaming || !j->ready)) {
+    j->streaming = j->ready = true;
+    if (job_pend_add(j, job_keepalive_sse, sizeof job_keepalive_sse - 1)) job_gone(j);
+    else job_wake(j);
+  }
+  return true;
+}
+
+void coord_http__jobs_tick(struct coord_http *h, uint64_t now) {
+  jobs_watch(h);
+  bool ping = false;
+  for (coord_http_job_t *j = h->jobs, *next; j; j = next) {
+    next = j->next;
+    if (now >= j->next_beat_ns) ping |= job_idle(j, now);
+  }
+  /* one heartbeat serves every job: the coordinator's answer is all it asks */
+  if (ping && now - h->rpc.last_ping_ns >= h->keepalive_ns / 2 && coord_http_rpc_ping(&h->rpc))
+    FR_LOGW("HTTP: heartbeat: %s", fr_last_error());
+}
+
+void coord_http__jobs_stop(struct coord_http *h) {
   coord_http_err_t e;
-  job_fail_err(rc, &e);
-  char *s = coord_http_error_sse(&e);
-  if (!s) return -ENOMEM;
-  FR_LOGW("HTTP: stream %s ends early: %s", j->meta.id, e.message);
-  job_set_pend(j, s);
-  job_pend_done(j);
-  return 0;
+  coord_http_err(&e, 503, NULL, "the server is shutting down");
+  while (h->jobs) job_fail(h->jobs, &e); /* job_fail takes it out of the table */
 }
 
-/* MHD's content reader: hands out pend, waiting for the next event when it
- * is empty. Runs in the connection's thread. */
+/* ---- answers ---- */
+
+/* MHD's content reader: hands out pend; with none, suspends the
+ * connection until the loop has more. */
 static ssize_t job_read(void *cls, uint64_t pos, char *buf, size_t max) {
-  job_t *j = cls;
+  coord_http_job_t *j = cls;
   (void)pos;
-  while (j->pend_off == j->pend_len) {
-    if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
-    const proto_msg_t *m;
-    int w = job_wait(j, &m);
-    if (w == -EPIPE) return MHD_CONTENT_READER_END_WITH_ERROR; /* the client left */
-    int rc = w < 0 ? job_chunk_fail(j, w) : w == 1 ? job_chunk(j, m) : 0; /* else pend holds a comment */
-    if (rc) return MHD_CONTENT_READER_END_WITH_ERROR;
-    coord_http__conn_touch(j->h, j->conn); /* waiting for the engine is not the client's idleness */
+  if (j->gone) return MHD_CONTENT_READER_END_WITH_ERROR; /* the client left */
+  if (j->pend_off < j->pend_len) {
+    size_t n = j->pend_len - j->pend_off < max ? j->pend_len - j->pend_off : max;
+    memcpy(buf, j->pend + j->pend_off, n);
+    j->pend_off += n;
+    return (ssize_t)n;
   }
-  size_t n = j->pend_len - j->pend_off < max ? j->pend_len - j->pend_off : max;
-  memcpy(buf, j->pend + j->pend_off, n);
-  j->pend_off += n;
-  return (ssize_t)n;
+  if (j->done) return MHD_CONTENT_READER_END_OF_STREAM;
+  job_suspend(j);
+  return 0;
 }
 
-static void job_read_free(void *cls) { job_free(cls); }
-
-/* Starts the SSE answer with the first message m, or with nothing (NULL:
- * none came within a keep-alive period); j belongs to the response from
- * here on (or is freed here when no stream starts). */
-static int job_answer_stream(job_t *j, struct MHD_Connection *c, const proto_msg_t *m) {
-  coord_http_err_t e;
-  int rc = MHD_NO;
-  struct MHD_Response *r = NULL;
-  if (m && job_msg_error(m, &e)) rc = coord_http__send_error(j->h, c, &e); /* nothing streamed yet: a real status */
-  else if (!m || !job_chunk(j, m))
-    r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, job_read, j, job_read_free);
-  if (!r) {
-    job_free(j);
-    return rc;
-  }
-  j->streaming = true;
+static int job_answer_stream(struct coord_http *h, struct MHD_Connection *c, coord_http_job_t *j) {
+  struct MHD_Response *r = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16384, job_read, j, NULL);
+  if (!r) return MHD_NO;
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
   MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
-  return coord_http__queue(j->h, c, 200, r);
+  return coord_http__queue(h, c, 200, r);
 }
 
-static void job_meta_init(job_t *j, coord_http_api_t api) {
+static int job_answer_json(struct coord_http *h, struct MHD_Connection *c, coord_http_job_t *j) {
+  char *body = coord_http_final_json(&j->meta, &j->acc);
+  struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
+  if (!r) {
+    free(body);
+    return MHD_NO;
+  }
+  MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+  return coord_http__queue(h, c, 200, r);
+}
+
+int coord_http__job_answer(struct coord_http *h, struct MHD_Connection *c, coord_http_job_t *j) {
+  j->suspended = false; /* MHD resumed it */
+  if (j->gone) return MHD_NO; /* the client left; MHD closes the connection */
+  if (j->answered) return MHD_YES;
+  if (!j->ready) {
+    job_suspend(j);
+    return MHD_YES;
+  }
+  j->answered = true;
+  if (j->failed) return coord_http__send_error(h, c, &j->err);
+  return j->req.stream ? job_answer_stream(h, c, j) : job_answer_json(h, c, j);
+}
+
+/* ---- intake ---- */
+
+static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   coord_http_meta_t *m = &j->meta;
   m->api = api;
   snprintf(m->id, sizeof m->id, "%s-%016llx%08x", api == COORD_HTTP_API_CHAT ? "chatcmpl" : "cmpl",
@@ -272,49 +413,51 @@ static void job_meta_init(job_t *j, coord_http_api_t api) {
   m->tok = j->h->tok;
 }
 
-/* Opens the RPC connection, submits and waits for the first message.
- * Returns 0 with *first, or NULL for a stream whose first message did not
- * come within a keep-alive period (it starts without); or an error. */
-static int job_submit(job_t *j, struct MHD_Connection *c, const proto_msg_t **first) {
-  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-  int rc = coord_http_rpc_open(&j->rpc, j->h->zmq_ctx, j->h->rpc_endpoint, ci ? ci->connect_fd : -1);
-  if (rc) return rc;
-  j->req.sub.id = atomic_fetch_add(&j->h->next_job, 1);
-  if (j->req.sub.id == 0) j->req.sub.id = atomic_fetch_add(&j->h->next_job, 1);
-  if ((rc = coord_http_rpc_submit(&j->rpc, &j->req.sub))) return rc;
-  *first = NULL;
-  rc = j->req.stream ? job_wait(j, first) : job_wait_msg(j, first);
-  return rc < 0 ? rc : 0;
+/* Why no job is taken now (503), or NULL. */
+static const char *job_refusal(const struct coord_http *h) {
+  if (atomic_load(&h->stopping)) return "the server is shutting down";
+  if (atomic_load(&h->draining)) return "the server is draining";
+  if (!atomic_load(&h->ready)) return "the workers are not ready";
+  return NULL;
 }
 
 int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body,
-                    size_t len, bool http11) {
+                    size_t len, bool http11, coord_http_job_t **job) {
   coord_http_err_t e;
-  job_t *j = fr_calloc(1, sizeof *j);
+  coord_http_job_t *j = fr_calloc(1, sizeof *j);
   j->h = h;
   j->conn = c;
   j->http11 = http11;
-  j->rpc.client_fd = -1;
+  coord_http_acc_init(&j->acc);
+  *job = NULL;
   int rc;
+  const char *no;
   if (coord_http_req_parse(&j->req, api, body, len, h->model, h->max_model_len, &e)) {
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }
-  if (atomic_load(&h->draining) || !atomic_load(&h->ready)) {
-    coord_http_err(&e, 503, NULL, atomic_load(&h->draining) ? "the server is draining" : "the workers are not ready");
+  if ((no = job_refusal(h))) {
+    coord_http_err(&e, 503, NULL, "%s", no);
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }
-  const proto_msg_t *m;
-  int w = job_submit(j, c, &m);
+  if (++h->next_job == 0) ++h->next_job;
+  j->req.sub.id = h->next_job;
   job_meta_init(j, api);
-  if (w < 0) {
-    rc = job_fail(j, c, w);
+  if (coord_http_rpc_send(&h->rpc, PROTO_T_SUBMIT, &j->req.sub)) {
+    coord_http_err(&e, 500, NULL, "engine connection failed: %s", fr_last_error());
+    rc = coord_http__send_error(h, c, &e);
     goto out;
   }
-  if (j->req.stream) return job_answer_stream(j, c, m); /* takes j */
-  rc = job_answer_json(j, c, m);
+  const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+  j->fd = ci ? ci->connect_fd : -1;
+  j->t_submit_ns = fr_now_ns();
+  j->next_beat_ns = j->t_submit_ns + h->keepalive_ns;
+  job_table_add(h, j);
+  job_suspend(j);
+  *job = j;
+  return MHD_YES;
 out:
-  job_free(j);
+  coord_http__job_free(j);
   return rc;
 }

@@ -1037,6 +1037,61 @@ START_TEST(test_per_ip_limit) {
 }
 END_TEST
 
+/* This process's threads (the frontend runs in it). */
+static long own_threads(void) {
+  char line[256];
+  long v = -1;
+  FILE *f = fopen("/proc/self/status", "r");
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, "Threads:", 8)) v = atol(line + 8);
+  if (f) fclose(f);
+  return v;
+}
+
+#define WAITING 500 /* streams that wait for a job that never answers */
+
+/* 500 streams wait at once for jobs that never answer ("hang"): none holds
+ * a thread (the process keeps fewer than 32), each one gets its 200 and
+ * keep-alive comments, /health answers meanwhile, and when the clients
+ * leave every job is canceled within 2 s. */
+START_TEST(test_many_waiting_streams) {
+  teardown();
+  keepalive_ms = 300;
+  start_server(NULL, 0, 0);
+  static int fds[WAITING];
+  const char *req = RAW_POST "Content-Length: 31\r\n\r\n{\"prompt\":\"hang\",\"stream\":true}";
+  for (int i = 0; i < WAITING; i++) {
+    fds[i] = connect_from(0x7f000001 + (uint32_t)(i % 4)); /* each address under its cap */
+    raw_write(fds[i], req);
+  }
+  for (int i = 0; i < 500 && atomic_load(&fake.n_submits) < WAITING; i++) usleep(10000);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), WAITING);
+  long threads = own_threads();
+  fprintf(stderr, "waiting: %d streams, %ld threads in the process\n", WAITING, threads);
+  ck_assert_msg(threads > 0 && threads < 32, "%ld threads for %d waiting streams", threads, WAITING);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+  for (int i = 0; i < WAITING; i++) { /* each has started (200) with a keep-alive */
+    char buf[1024];
+    size_t n = 0;
+    buf[0] = 0;
+    for (int k = 0; k < 30 && !strstr(buf, ": keep-alive"); k++) {
+      struct pollfd p = {.fd = fds[i], .events = POLLIN};
+      if (poll(&p, 1, 100) != 1) continue;
+      ssize_t r = read(fds[i], buf + n, sizeof buf - 1 - n);
+      ck_assert_msg(r > 0, "stream %d closed: '%s'", i, buf);
+      n += (size_t)r;
+      buf[n] = 0;
+    }
+    ck_assert_msg(!strncmp(buf, "HTTP/1.1 200 ", 13) && strstr(buf, ": keep-alive"), "stream %d: '%s'", i, buf);
+  }
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), 0);
+  for (int i = 0; i < WAITING; i++) close(fds[i]);
+  for (int i = 0; i < 200 && atomic_load(&fake.n_cancels) < WAITING; i++) usleep(10000);
+  ck_assert_int_eq(atomic_load(&fake.n_cancels), WAITING);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+}
+END_TEST
+
 static Suite *http_suite(void) {
   Suite *s = suite_create("http");
   TCase *tc = tcase_create("server");
@@ -1064,6 +1119,7 @@ static Suite *http_suite(void) {
   tcase_add_test(tc, test_stop_mid_stream);
   tcase_add_test(tc, test_stop_sends_queued_events);
   tcase_add_test(tc, test_per_ip_limit);
+  tcase_add_test(tc, test_many_waiting_streams);
   suite_add_tcase(s, tc);
   return s;
 }

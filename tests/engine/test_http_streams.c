@@ -6,16 +6,23 @@
  *     finish_reason and [DONE];
  *   - SIGTERM or `ferrumctl stop` under 24 streams ends every one of them
  *     with its finish_reason chunk and [DONE] (four times: a lost last
- *     chunk was a race, about one stream in 48).
+ *     chunk was a race, about one stream in 48);
+ *   - with 300 slow-loris sockets and 2000 idle kept-alive connections
+ *     open, /health answers at once, a completion streams to its end, and
+ *     the server holds them all with a handful of threads.
  * A test program of its own, with a plain main(). */
 #include <check.h>
 #include <dirent.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -258,12 +265,156 @@ START_TEST(test_drain_ends_every_stream) {
 }
 END_TEST
 
+#define LORIS 300       /* sockets that send one header byte every LORIS_EVERY_MS */
+#define LORIS_EVERY_MS 2000
+#define IDLE 2000       /* kept-alive connections, idle after one answer each */
+#define IDLE_ADDRS 8    /* their source addresses (127.0.0.10...): each stays under the per-address cap */
+#define CROWD_THREADS 64
+
+/* A connection from 127.0.0.src to port; -1 when it fails. */
+static int crowd_connect(int port, unsigned src) {
+  int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return -1;
+  struct sockaddr_in me = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000000u | src)};
+  struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)port), .sin_addr.s_addr = htonl(0x7f000001)};
+  if (bind(fd, (struct sockaddr *)&me, sizeof me) || connect(fd, (struct sockaddr *)&a, sizeof a)) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+/* Sends GET /health on fd (kept alive) and reads the answer's head, 5 s at
+ * most; returns the status or 0. */
+static int crowd_health(int fd) {
+  static const char req[] = "GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+  if (send(fd, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) return 0;
+  char buf[1024];
+  size_t n = 0;
+  for (int i = 0; i < 50 && n < sizeof buf - 1; i++) {
+    struct pollfd p = {.fd = fd, .events = POLLIN};
+    if (poll(&p, 1, 100) != 1) continue;
+    ssize_t r = read(fd, buf + n, sizeof buf - 1 - n);
+    if (r <= 0) return 0;
+    n += (size_t)r;
+    buf[n] = 0;
+    if (strstr(buf, "\r\n\r\n")) break; /* /health's body is empty */
+  }
+  buf[n] = 0;
+  int st = 0;
+  return sscanf(buf, "HTTP/1.1 %d", &st) == 1 ? st : 0;
+}
+
+/* /health on a new connection: the status, and the seconds it took. */
+static int crowd_fresh_health(int port, double *secs) {
+  uint64_t t0 = fr_now_ns();
+  int fd = crowd_connect(port, 1), st = fd >= 0 ? crowd_health(fd) : 0;
+  *secs = (double)(fr_now_ns() - t0) / 1e9;
+  if (fd >= 0) close(fd);
+  return st;
+}
+
+/* The next byte of a slow-loris request on each socket; false when one
+ * was closed. */
+static bool loris_step(const int *fds, int n, int *sent) {
+  static const char req[] = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow-Loris: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+  bool ok = true;
+  for (int i = 0; i < n; i++) ok &= send(fds[i], req + (*sent % (int)(sizeof req - 1)), 1, MSG_NOSIGNAL) == 1;
+  (*sent)++;
+  return ok;
+}
+
+/* A field of /proc/<pid>/status ("Threads:"), or -1. */
+static long proc_status(pid_t pid, const char *key) {
+  char path[64], line[256];
+  long v = -1;
+  snprintf(path, sizeof path, "/proc/%d/status", (int)pid);
+  FILE *f = fopen(path, "r");
+  while (f && fgets(line, sizeof line, f))
+    if (!strncmp(line, key, strlen(key))) v = atol(line + strlen(key));
+  if (f) fclose(f);
+  return v;
+}
+
+/* Open descriptors of pid. */
+static int proc_fds(pid_t pid) {
+  char path[64];
+  snprintf(path, sizeof path, "/proc/%d/fd", (int)pid);
+  DIR *d = opendir(path);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  if (d) closedir(d);
+  return n;
+}
+
+/* 300 slow-loris sockets (a header byte every 2 s, never a whole request)
+ * and 2000 kept-alive connections, idle after one /health each, held at
+ * once: /health still answers within a second, a completion streams to its
+ * finish_reason and [DONE], the server holds every connection (its
+ * descriptors) with fewer than 64 threads, and none of them is dropped. */
+START_TEST(test_many_idle_connections) {
+  struct rlimit rl;
+  ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &rl), 0);
+  rl.rlim_cur = rl.rlim_max; /* the test holds every client socket */
+  ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &rl), 0);
+  ck_assert_msg(rl.rlim_cur >= LORIS + IDLE + 256, "ulimit -Hn %llu is too low", (unsigned long long)rl.rlim_cur);
+  efx_server_t s;
+  efx_opts_t o = {.http = true};
+  ck_assert_int_eq(efx_start_opts(&s, &o, NULL), 0);
+  int port = http_port(&s);
+  long threads0 = proc_status(s.pid, "Threads:");
+  static int loris[LORIS], idle[IDLE];
+  int sent = 0;
+  for (int i = 0; i < LORIS; i++) ck_assert_int_ge(loris[i] = crowd_connect(port, 2), 0);
+  ck_assert(loris_step(loris, LORIS, &sent));
+  uint64_t next_loris = fr_now_ns() + LORIS_EVERY_MS * 1000000ull;
+  for (int i = 0; i < IDLE; i++) {
+    ck_assert_int_ge(idle[i] = crowd_connect(port, 10 + (unsigned)(i % IDLE_ADDRS)), 0);
+    ck_assert_msg(crowd_health(idle[i]) == 200, "idle connection %d: no answer", i);
+  }
+  ck_assert(loris_step(loris, LORIS, &sent));
+  double secs;
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(crowd_fresh_health(port, &secs), 200);
+    ck_assert_msg(secs < 1.0, "/health took %.2f s beside %d connections", secs, LORIS + IDLE);
+  }
+  stream_t st;
+  stream_init(&st, port, "Once upon a time,", 16);
+  pthread_t th;
+  ck_assert_int_eq(pthread_create(&th, NULL, stream_run, &st), 0);
+  /* the slow clients go on while it streams (120 s at most) */
+  for (int i = 0; i < 1200 && atomic_load(&st.n_data) < 17 && !st.done; i++) {
+    usleep(100 * 1000);
+    if (fr_now_ns() >= next_loris) {
+      ck_assert_msg(loris_step(loris, LORIS, &sent), "a slow-loris socket was closed early");
+      next_loris = fr_now_ns() + LORIS_EVERY_MS * 1000000ull;
+    }
+  }
+  pthread_join(th, NULL);
+  check_complete(&st, 0, 16);
+  long threads = proc_status(s.pid, "Threads:");
+  int fds = proc_fds(s.pid);
+  fprintf(stderr, "crowd: %d connections held, server threads %ld (%ld before), %d descriptors, /health %.3f s\n",
+          LORIS + IDLE, threads, threads0, fds, secs);
+  ck_assert_msg(threads > 0 && threads < CROWD_THREADS, "the server runs %ld threads", threads);
+  ck_assert_msg(fds > LORIS + IDLE, "the server holds %d descriptors: connections were dropped", fds);
+  ck_assert_int_eq(crowd_fresh_health(port, &secs), 200);
+  ck_assert_msg(secs < 1.0, "/health took %.2f s after the stream", secs);
+  for (int i = 0; i < IDLE; i += 97) ck_assert_msg(crowd_health(idle[i]) == 200, "idle connection %d was dropped", i);
+  ck_assert(loris_step(loris, LORIS, &sent));
+  for (int i = 0; i < LORIS; i++) close(loris[i]);
+  for (int i = 0; i < IDLE; i++) close(idle[i]);
+  ck_assert_int_eq(efx_stop(&s, false), 0);
+}
+END_TEST
+
 static Suite *http_streams_suite(void) {
   Suite *s = suite_create("http_streams");
   TCase *t = tcase_create("e2e");
   tcase_set_timeout(t, 240);
   tcase_add_test(t, test_stream_survives_hung_worker);
   tcase_add_test(t, test_drain_ends_every_stream);
+  tcase_add_test(t, test_many_idle_connections);
   suite_add_tcase(s, t);
   return s;
 }

@@ -1,5 +1,6 @@
 /* cli_bench.c - `ferrumctl bench`: a serving benchmark against a running
- * server over HTTP, like `vllm bench serve` with its random dataset.
+ * server over HTTP, like `vllm bench serve` with its random and ShareGPT
+ * datasets (bench_dataset.c).
  * Streams every request (/v1/completions, token-id prompts, ignore_eos so
  * outputs have the asked length), measures TTFT, TPOT, ITL and end-to-end
  * latency, prints vLLM's result table, writes JSON (--result-file) and
@@ -20,6 +21,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
+#include "ctl/bench_dataset.h"
 #include "ctl/cli.h"
 #include "ctl/http_client.h"
 #include "ctl/http_plot.h"
@@ -28,6 +30,9 @@
 
 typedef struct {
   const char *host, *rpc, *model, *api_key, *result_file, *plot_file; /* host NULL, port 0: found */
+  const char *dataset_path, *tokenizer; /* ShareGPT prompts (else random ids); tokenizer: a model path */
+  long sharegpt_out_len;                /* > 0: every ShareGPT request asks this many tokens */
+  bool sharegpt;                        /* --dataset-name sharegpt */
   int port;
   long num_prompts, concurrency, in_len, out_len, seed, vocab_lo, vocab_hi, timeout_s;
   double rate, range_ratio;
@@ -83,6 +88,12 @@ static void bench_usage(FILE *f) {
           "  --random-output-len L   output tokens (128); --output-len is the same\n"
           "  --random-range-ratio F  lengths drawn in [L(1-F), L(1+F)] (0: fixed)\n"
           "  --seed S                prompts and arrivals (0)\n"
+          "  --dataset-name NAME     random (default) or sharegpt\n"
+          "  --dataset-path FILE     the ShareGPT JSON (vLLM's format); prompts are its first turns,\n"
+          "                          output lengths its second turns' (vLLM's sampling and limits)\n"
+          "  --tokenizer MODEL       the model whose tokenizer counts ShareGPT tokens (default: the\n"
+          "                          default model; give the served model's)\n"
+          "  --sharegpt-output-len L every ShareGPT request asks L tokens\n"
           "  --result-file FILE      write the results as JSON\n"
           "  --sweep 1,4,16          run once per concurrency\n"
           "  --plot FILE.png         latency against throughput over the sweep\n"
@@ -128,6 +139,7 @@ static int bench_opt_num(bench_opts_t *o, const char *k, const char *v) {
       {"--random-output-len", offsetof(bench_opts_t, out_len), 1, 1000000},
       {"--output-len", offsetof(bench_opts_t, out_len), 1, 1000000}, {"--seed", offsetof(bench_opts_t, seed), 0, LONG_MAX},
       {"--timeout", offsetof(bench_opts_t, timeout_s), 1, 86400},
+      {"--sharegpt-output-len", offsetof(bench_opts_t, sharegpt_out_len), 1, 1000000},
   };
   for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
     if (strcmp(k, ints[i].name)) continue;
@@ -154,6 +166,13 @@ static int bench_opt(bench_opts_t *o, const char *k, const char *v) {
   else if (!strcmp(k, "--result-file")) o->result_file = v;
   else if (!strcmp(k, "--plot")) o->plot_file = v;
   else if (!strcmp(k, "--sweep")) return bench_parse_sweep(o, v);
+  else if (!strcmp(k, "--dataset-path")) o->dataset_path = v;
+  else if (!strcmp(k, "--tokenizer")) o->tokenizer = v;
+  else if (!strcmp(k, "--dataset-name")) {
+    if (!strcmp(v, "random") || !strcmp(v, "sharegpt")) return (o->sharegpt = !strcmp(v, "sharegpt"), 0);
+    fprintf(stderr, "ferrumctl bench: --dataset-name %s: random or sharegpt\n", v);
+    return -1;
+  }
   else {
     fprintf(stderr, "ferrumctl bench: unknown option %s\n", k);
     return -1;
@@ -184,6 +203,11 @@ static int bench_parse(bench_opts_t *o, int argc, char **argv) {
     if (bench_opt(o, k, v)) return -1;
   }
   if (o->plot_file && !o->n_sweep) o->sweep[o->n_sweep++] = o->concurrency ? o->concurrency : o->num_prompts;
+  if (o->sharegpt != (o->dataset_path != NULL)) {
+    fprintf(stderr, "ferrumctl bench: --dataset-name sharegpt and --dataset-path FILE go together\n");
+    return -1;
+  }
+  if (o->sharegpt && !o->tokenizer) o->tokenizer = cli_default_model();
   return cli_http_target("bench", o->rpc, &o->host, &o->port);
 }
 
@@ -204,22 +228,35 @@ static long bench_len(uint64_t *s, long len, double ratio) {
   return hi > lo ? lo + (long)(bench_rand(s) % (uint64_t)(hi - lo + 1)) : lo;
 }
 
-/* Random prompts, lengths and Poisson arrival times, from the seed; each
- * run of a sweep gets prompts of its own (so that no run hits the prefix
- * cache with an earlier run's prompts). */
+/* Prompts (random ids, or ShareGPT's), lengths and Poisson arrival times,
+ * from the seed; each run of a sweep gets prompts of its own (so that no
+ * run hits the prefix cache with an earlier run's prompts; ShareGPT: a
+ * shuffle of its own). NULL when the dataset cannot be read (said on
+ * stderr). */
 static bench_req_t *bench_make_reqs(const bench_opts_t *o, int run) {
-  bench_req_t *r = fr_calloc((size_t)o->num_prompts, sizeof *r);
   uint64_t s = ((uint64_t)o->seed * 2654435761u + 1) ^ ((uint64_t)run << 40);
+  bench_sample_t *ds = NULL;
+  if (o->sharegpt && bench_sharegpt_load(o->dataset_path, o->tokenizer, o->num_prompts, s, o->sharegpt_out_len, &ds)) {
+    fprintf(stderr, "ferrumctl bench: %s\n", fr_last_error());
+    return NULL;
+  }
+  bench_req_t *r = fr_calloc((size_t)o->num_prompts, sizeof *r);
   double t = 0;
   for (long i = 0; i < o->num_prompts; i++) {
-    r[i].in_len = bench_len(&s, o->in_len, o->range_ratio);
-    r[i].out_len = bench_len(&s, o->out_len, o->range_ratio);
-    r[i].ids = fr_malloc((size_t)r[i].in_len * sizeof *r[i].ids);
-    for (long k = 0; k < r[i].in_len; k++)
-      r[i].ids[k] = (int32_t)(o->vocab_lo + (long)(bench_rand(&s) % (uint64_t)(o->vocab_hi - o->vocab_lo)));
+    if (ds) { /* taken over */
+      r[i].ids = ds[i].ids, r[i].in_len = ds[i].in_len, r[i].out_len = ds[i].out_len;
+      ds[i].ids = NULL;
+    } else {
+      r[i].in_len = bench_len(&s, o->in_len, o->range_ratio);
+      r[i].out_len = bench_len(&s, o->out_len, o->range_ratio);
+      r[i].ids = fr_malloc((size_t)r[i].in_len * sizeof *r[i].ids);
+      for (long k = 0; k < r[i].in_len; k++)
+        r[i].ids[k] = (int32_t)(o->vocab_lo + (long)(bench_rand(&s) % (uint64_t)(o->vocab_hi - o->vocab_lo)));
+    }
     r[i].arrival = t;
     if (isfinite(o->rate)) t += -log(1 - bench_unit(&s)) / o->rate;
   }
+  bench_samples_free(ds, o->num_prompts);
   return r;
 }
 
@@ -505,9 +542,14 @@ int cli_cmd_bench(int argc, char **argv) {
   int n = o.n_sweep ? o.n_sweep : 1;
   for (int i = 0; i < n; i++) {
     long c = o.n_sweep ? o.sweep[i] : o.concurrency ? o.concurrency : o.num_prompts;
-    fprintf(stderr, "ferrumctl bench: %ld requests, concurrency %ld, rate %g/s, input %ld, output %ld tokens\n",
-            o.num_prompts, c, o.rate, o.in_len, o.out_len);
+    if (o.sharegpt)
+      fprintf(stderr, "ferrumctl bench: %ld requests, concurrency %ld, rate %g/s, ShareGPT prompts from %s\n",
+              o.num_prompts, c, o.rate, o.dataset_path);
+    else
+      fprintf(stderr, "ferrumctl bench: %ld requests, concurrency %ld, rate %g/s, input %ld, output %ld tokens\n",
+              o.num_prompts, c, o.rate, o.in_len, o.out_len);
     bench_req_t *reqs = bench_make_reqs(&o, i);
+    if (!reqs) return 1;
     bench_run(&o, reqs, c, &res[i]);
     bench_free_reqs(reqs, o.num_prompts);
     bench_print(&o, &res[i]);

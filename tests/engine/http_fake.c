@@ -147,6 +147,7 @@ static void fake_record(http_fake_t *f, const proto_submit_t *s) {
   f->sp = s->sp;
   f->max_tokens = s->max_tokens, f->n_stop = s->n_stop, f->n_stop_ids = s->n_stop_ids;
   f->n_tokens = s->n_tokens, f->n_messages = s->n_messages;
+  f->sum_tokens += s->n_tokens, f->sum_max_tokens += s->max_tokens;
   snprintf(f->stop0, sizeof f->stop0, "%s", s->n_stop ? s->stop[0] : "");
   f->token0 = s->n_tokens ? s->tokens[0] : -1;
   f->ignore_eos = s->ignore_eos, f->stream = s->stream;

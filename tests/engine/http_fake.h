@@ -56,6 +56,7 @@ typedef struct {
   char stop0[64];
   int32_t token0;
   int ignore_eos, stream;
+  uint64_t sum_tokens, sum_max_tokens; /* over every submit: prompt tokens, max_tokens */
 } http_fake_t;
 
 int http_fake_start(http_fake_t *f, void *ctx, const char *endpoint);

@@ -425,14 +425,18 @@ END_TEST
 
 /* Bytes of one KV block of the model: K and V of every layer, f16 (the CPU
  * worker's pool), worked out from the file's config, not the engine's code. */
-static uint64_t kv_block_bytes(int block_size) {
+/* Bytes of a KV block of the model (f16 K and V) for kv_heads KV heads (0:
+ * all of them). */
+static uint64_t kv_block_bytes_heads(int block_size, int kv_heads) {
   model_source_t *src = NULL;
   ck_assert_int_eq(model_source_open(&src, efx_model()), 0);
-  uint64_t b = 2ull * (uint64_t)src->config.n_layers * (uint64_t)src->config.n_kv_heads *
+  uint64_t b = 2ull * (uint64_t)src->config.n_layers * (uint64_t)(kv_heads ? kv_heads : src->config.n_kv_heads) *
                (uint64_t)src->config.head_dim * (uint64_t)block_size * 2;
   model_source_close(src);
   return b;
 }
+
+static uint64_t kv_block_bytes(int block_size) { return kv_block_bytes_heads(block_size, 0); }
 
 /* Kills every worker of s and waits until they are all back (restarted
  * with the block count fixed at start-up). */
@@ -449,13 +453,16 @@ static void kill_workers_and_wait(efx_server_t *s, int n) {
   }
 }
 
-/* --kv-cache-memory-bytes on the CPU, two workers: each reports the blocks
- * that fit the budget, the pool gets that many; requests give the reference
- * tokens, also after the workers were restarted with the fixed count. */
+/* --kv-cache-memory-bytes on the CPU, two tensor-parallel ranks: each
+ * reports the blocks that fit the budget with its KV heads (SmolLM2's 3 KV
+ * groups split 1 and 2), the pool gets the fewer (rank 1's); requests give
+ * the reference tokens (these three prompts agree with one worker for more
+ * than 16 tokens: tests/engine/test_tp.py), also after the workers were
+ * restarted with the fixed count. */
 START_TEST(test_kv_cache_memory_bytes) {
   efx_need_model();
   efx_load_refs(3);
-  const uint64_t budget = 48ull << 20, bpb = kv_block_bytes(16);
+  const uint64_t budget = 48ull << 20, bpb = kv_block_bytes_heads(16, 2);
   efx_server_t s;
   const char *extra[] = {"--kv-cache-memory-bytes", "48M", "--tensor-parallel-size", "2",
                          "--max-num-batched-tokens", "64", NULL};

@@ -14,6 +14,8 @@
 
 #include "ctl/cli.h"
 #include "coordinator/http/http.h"
+#include "model/source.h"
+#include "model/tokenizer.h"
 #include "tests/engine/http_fake.h"
 
 #define EP "inproc://fake-coord-cli"
@@ -99,6 +101,93 @@ START_TEST(test_bench_fixed_rate) {
 }
 END_TEST
 
+/* A small file of ShareGPT's format: entries vLLM's sampling skips (one
+ * turn, a prompt under 4 tokens, a prompt over 1024, no conversations)
+ * among three that it takes. */
+static void write_sharegpt(const char *path, char long_prompt[8000]) {
+  memset(long_prompt, 0, 8000);
+  for (int i = 0; i < 1500; i++) strcat(long_prompt, "a ");
+  json_t *d = json_array(), *turn;
+  const char *pairs[][2] = {{"Tell me about the moon and its phases please.", "The moon has eight phases in all."},
+                            {"Hi", "Hello there, how can I help?"},
+                            {"Write a haiku about the sea at night.", "Dark waves fold on sand, salt wind hums."},
+                            {long_prompt, "Too long to take."},
+                            {"What is two plus two, in words?", "Four."}};
+  for (size_t i = 0; i < 5; i++) {
+    json_t *conv = json_array();
+    json_array_append_new(conv, json_pack("{s:s,s:s}", "from", "human", "value", pairs[i][0]));
+    json_array_append_new(conv, json_pack("{s:s,s:s}", "from", "gpt", "value", pairs[i][1]));
+    json_array_append_new(d, json_pack("{s:s,s:o}", "id", "x", "conversations", conv));
+  }
+  turn = json_array();
+  json_array_append_new(turn, json_pack("{s:s,s:s}", "from", "human", "value", "only one turn here, no answer"));
+  json_array_append_new(d, json_pack("{s:o}", "conversations", turn));
+  json_array_append_new(d, json_pack("{s:s}", "id", "no conversations"));
+  ck_assert_int_eq(json_dump_file(d, path, 0), 0);
+  json_decref(d);
+}
+
+/* ShareGPT prompts: the entries vLLM would take, tokenized by the model's
+ * tokenizer (token counts from the tokenizer, checked against HF
+ * `tokenizers` by the tokenizer suite), each sent as token ids with its
+ * answer's token count as max_tokens (the answer "Four." is under 4 tokens:
+ * skipped). 6 requests of 2 valid pairs: each used three times. */
+START_TEST(test_bench_sharegpt) {
+  const char *model = getenv("FERRUM_MODEL");
+  if (!model || access(model, R_OK)) return; /* no tokenizer: nothing to count with */
+  char path[128], json[128], *long_prompt = malloc(8000);
+  snprintf(path, sizeof path, "%s/sg.json", dir);
+  snprintf(json, sizeof json, "%s/r.json", dir);
+  write_sharegpt(path, long_prompt);
+  free(long_prompt);
+  char *argv[] = {"bench", "--port", port, "--num-prompts", "6", "--dataset-name", "sharegpt", "--dataset-path", path,
+                  "--tokenizer", (char *)model, "--result-file", json, NULL};
+  ck_assert_int_eq(cli_cmd_bench(13, argv), 0);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 6);
+  /* the two pairs that pass, as the tokenizer counts them (BOS added when the model adds one) */
+  model_source_t *src = NULL;
+  model_tokenizer_t *tok = NULL;
+  ck_assert_int_eq(model_source_open(&src, model), 0);
+  ck_assert_int_eq(model_tokenizer_from_gguf(&tok, src->gguf), 0);
+  const char *ok[][2] = {{"Tell me about the moon and its phases please.", "The moon has eight phases in all."},
+                         {"Write a haiku about the sea at night.", "Dark waves fold on sand, salt wind hums."}};
+  uint64_t in = 0, out = 0;
+  for (int i = 0; i < 2; i++) {
+    int32_t *ids;
+    size_t n;
+    ck_assert_int_eq(model_tokenize(tok, ok[i][0], strlen(ok[i][0]), true, false, &ids, &n), 0);
+    in += n, free(ids);
+    ck_assert_int_eq(model_tokenize(tok, ok[i][1], strlen(ok[i][1]), true, false, &ids, &n), 0);
+    out += n, free(ids);
+  }
+  model_tokenizer_destroy(tok);
+  model_source_close(src);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_uint_eq(fake.sum_tokens, 3 * in);
+  ck_assert_uint_eq(fake.sum_max_tokens, 3 * out);
+  pthread_mutex_unlock(&fake.mu);
+  json_t *j = json_load_file(json, 0, NULL);
+  ck_assert_ptr_nonnull(j);
+  json_t *r = j; /* one run: the run's object itself (vLLM's shape) */
+  ck_assert_int_eq(json_integer_value(json_object_get(r, "total_input_tokens")), (json_int_t)(3 * in));
+  ck_assert_int_eq(json_integer_value(json_object_get(r, "completed")), 6);
+  json_decref(j);
+  /* a fixed output length; a dataset with nothing usable; the flags go together */
+  char *fixed[] = {"bench", "--port", port, "--num-prompts", "2", "--dataset-name", "sharegpt", "--dataset-path", path,
+                   "--tokenizer", (char *)model, "--sharegpt-output-len", "7", NULL};
+  ck_assert_int_eq(cli_cmd_bench(13, fixed), 0);
+  pthread_mutex_lock(&fake.mu);
+  ck_assert_uint_eq(fake.max_tokens, 7);
+  pthread_mutex_unlock(&fake.mu);
+  FILE *f = fopen(path, "w");
+  fputs("[{\"conversations\": [{\"value\": \"Hi\"}, {\"value\": \"Yo\"}]}]", f);
+  fclose(f);
+  ck_assert_int_eq(cli_cmd_bench(11, argv), 1);
+  char *alone[] = {"bench", "--port", port, "--dataset-name", "sharegpt", NULL};
+  ck_assert_int_eq(cli_cmd_bench(5, alone), 2);
+}
+END_TEST
+
 START_TEST(test_chat_history) {
   char in[128], out[128];
   snprintf(in, sizeof in, "%s/in.txt", dir);
@@ -135,6 +224,7 @@ static Suite *cli_suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_bench_sweep);
   tcase_add_test(tc, test_bench_fixed_rate);
+  tcase_add_test(tc, test_bench_sharegpt);
   tcase_add_test(tc, test_chat_history);
   suite_add_tcase(s, tc);
   return s;

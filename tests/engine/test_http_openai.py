@@ -21,20 +21,15 @@ import sys
 import time
 import unittest
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from local_net import free_port  # noqa: E402
+
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 KEY = "test-key-123"
 NAME = "smol"
 srv = None  # the server process
 port = 0
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 def request(method, path, body=None, headers=None, key=KEY, timeout=30):

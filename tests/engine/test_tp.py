@@ -28,13 +28,15 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
 import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from local_net import free_port  # noqa: E402
 
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 MODEL = os.environ.get("FERRUM_MODEL", "")
@@ -50,14 +52,6 @@ PROMPTS = [
     "Listing prime numbers: 2, 3, 5,",
 ]
 N_OUT = 32
-
-
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    p = s.getsockname()[1]
-    s.close()
-    return p
 
 
 class Server:

@@ -205,6 +205,26 @@ def to_bf16_values(a):
     return r.view(np.float32)
 
 
+def write_hf_folder(hf, cfg, W, names, arch, model_type, extra):
+    """A Hugging Face folder: model.safetensors (BF16; lm_head when W has an
+    untied output) and config.json with extra keys added."""
+    hf.mkdir(exist_ok=True)
+    st = {"model.embed_tokens.weight": W["token_embd.weight"], "model.norm.weight": W["output_norm.weight"]}
+    if "output.weight" in W:
+        st["lm_head.weight"] = W["output.weight"]
+    for i in range(cfg["layers"]):
+        for g, h in names.items():
+            st[f"model.layers.{i}.{h}.weight"] = W[f"blk.{i}.{g}.weight"]
+    write_safetensors(hf / "model.safetensors", st, "BF16")
+    config = {
+        "architectures": [arch], "model_type": model_type, "hidden_size": cfg["dim"],
+        "intermediate_size": cfg["ffn"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["heads"],
+        "num_key_value_heads": cfg["kv_heads"], "head_dim": cfg["head_dim"], "vocab_size": cfg["vocab"],
+        "max_position_embeddings": cfg["ctx"], "rms_norm_eps": cfg["eps"], "rope_theta": cfg["theta"],
+        "hidden_act": "silu", "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2, **extra}
+    (hf / "config.json").write_text(json.dumps(config, indent=1))
+
+
 def tiny_llama(out, tok):
     cfg = dict(dim=128, ffn=256, heads=4, kv_heads=2, head_dim=32, layers=2, vocab=49152, ctx=2048,
                theta=500000.0, eps=1e-5)
@@ -214,21 +234,8 @@ def tiny_llama(out, tok):
     # HF weights are stored in BF16: round once so GGUF F32 and HF BF16 hold the same values.
     W = {k: to_bf16_values(v) for k, v in W.items()}
     # HF folder (rotate-half q/k)
-    hf = out / "tiny-llama-hf"
-    hf.mkdir(exist_ok=True)
-    st = {"model.embed_tokens.weight": W["token_embd.weight"], "model.norm.weight": W["output_norm.weight"],
-          "lm_head.weight": W["output.weight"]}
-    for i in range(cfg["layers"]):
-        for g, h in HF_NAMES.items():
-            st[f"model.layers.{i}.{h}.weight"] = W[f"blk.{i}.{g}.weight"]
-    write_safetensors(hf / "model.safetensors", st, "BF16")
-    (hf / "config.json").write_text(json.dumps({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": cfg["dim"],
-        "intermediate_size": cfg["ffn"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["heads"],
-        "num_key_value_heads": cfg["kv_heads"], "head_dim": cfg["head_dim"], "vocab_size": cfg["vocab"],
-        "max_position_embeddings": cfg["ctx"], "rms_norm_eps": cfg["eps"], "rope_theta": cfg["theta"],
-        "rope_scaling": dict(rope_type="llama3", **rs), "tie_word_embeddings": False, "hidden_act": "silu",
-        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}, indent=1))
+    write_hf_folder(out / "tiny-llama-hf", cfg, W, HF_NAMES, "LlamaForCausalLM", "llama",
+                    {"rope_scaling": dict(rope_type="llama3", **rs), "tie_word_embeddings": False})
     # GGUF (interleaved q/k, rope_freqs)
     G = dict(W)
     for i in range(cfg["layers"]):
@@ -274,20 +281,9 @@ def tiny_qwen3_hf(out, src):
                theta=1000000.0, eps=1e-6)
     W = make_weights(cfg, with_qk_norm=True)
     hf = out / "tiny-qwen3-hf"
-    hf.mkdir(exist_ok=True)
     names = dict(HF_NAMES, attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
-    st = {"model.embed_tokens.weight": W["token_embd.weight"], "model.norm.weight": W["output_norm.weight"]}
-    for i in range(cfg["layers"]):
-        for g, h in names.items():
-            st[f"model.layers.{i}.{h}.weight"] = W[f"blk.{i}.{g}.weight"]
-    write_safetensors(hf / "model.safetensors", st, "BF16")
-    (hf / "config.json").write_text(json.dumps({
-        "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": cfg["dim"],
-        "intermediate_size": cfg["ffn"], "num_hidden_layers": cfg["layers"], "num_attention_heads": cfg["heads"],
-        "num_key_value_heads": cfg["kv_heads"], "head_dim": cfg["head_dim"], "vocab_size": cfg["vocab"],
-        "max_position_embeddings": cfg["ctx"], "rms_norm_eps": cfg["eps"], "rope_theta": cfg["theta"],
-        "tie_word_embeddings": True, "hidden_act": "silu", "attention_bias": False,
-        "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2}, indent=1))
+    write_hf_folder(hf, cfg, W, names, "Qwen3ForCausalLM", "qwen3",
+                    {"tie_word_embeddings": True, "attention_bias": False})
     kv = read_gguf(src)
     tokens, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
     hf_tokenizer(tokens, types, kv["tokenizer.ggml.merges"][1], "smollm").save(str(hf / "tokenizer.json"))

@@ -25,29 +25,18 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from byte_level import unicode_to_bytes  # noqa: E402
 from hf_parity import configs, randomize  # noqa: E402
 
 N_OUT = 32
 PORT = 18700
 
 
-def byte_decoder():
-    """GPT-2's bytes_to_unicode, inverted: vocabulary characters -> bytes."""
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def ids_by_text(tok_dir):
     """ferrum's token text (UTF-8, or "bytes:\\xNN..." when not UTF-8) -> id."""
     vocab = json.load(open(os.path.join(tok_dir, "tokenizer.json")))["model"]["vocab"]
-    dec = byte_decoder()
+    dec = unicode_to_bytes()
     out = {}
     for t, i in vocab.items():
         try:

@@ -26,6 +26,9 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 import llama_cpp
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
+from byte_level import unicode_to_bytes  # noqa: E402
+
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
              r"\s*[\r\n]+|\s+(?!\S)|\s+")
 QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|"
@@ -64,18 +67,6 @@ def write_gguf(path, kv, overrides):
     w.close()
 
 
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
-
-
 def hf_tokenizer(tokens, types, merges, variant):
     vocab = {t: i for i, t in enumerate(tokens)}
     pairs = [tuple(m.split(" ", 1)) for m in merges]
@@ -100,7 +91,7 @@ def hf_tokenizer(tokens, types, merges, variant):
 
 def spm_gguf(kv, tokens, types, path):
     """A SentencePiece vocabulary from the decoded SmolLM2 pieces."""
-    b2u = bytes_to_unicode()
+    b2u = unicode_to_bytes()
     pieces, seen = [], set()
     for i, t in enumerate(tokens):
         if types[i] != 1:

@@ -271,10 +271,11 @@ static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cf
   unsigned flags = MHD_USE_EPOLL | MHD_ALLOW_SUSPEND_RESUME;
   if (ss.ss_family == AF_INET6) flags |= MHD_USE_IPv6;
   unsigned max_conn = http_max_conn(cfg);
-  /* one address cannot take every slot (an eighth of them, at least 128: a
-   * local benchmark at a concurrency of 128 is not refused, and MHD counts
-   * closed connections for a moment) */
-  unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : FR_MAX(128u, max_conn / 8);
+  /* one address cannot take every slot (half of them, at least 128): a
+   * benchmark of 1000 clients from one host is not refused (their requests
+   * wait in the queue; 429 past --max-queue), and MHD counts closed
+   * connections for a moment */
+  unsigned per_ip = cfg->max_connections_per_ip ? cfg->max_connections_per_ip : FR_MAX(128u, max_conn / 2);
   h->daemon = MHD_start_daemon(
       flags, 0, NULL, NULL, http_access, h, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&ss, MHD_OPTION_CONNECTION_LIMIT,
       max_conn, MHD_OPTION_PER_IP_CONNECTION_LIMIT, per_ip, MHD_OPTION_CONNECTION_TIMEOUT, h->timeout_s,

@@ -54,8 +54,8 @@ typedef struct {
   unsigned max_connections;     /* 0 = 4096; fewer when RLIMIT_NOFILE leaves less room
                                    (coord_http_start raises its soft limit to the hard one) */
   unsigned max_connections_per_ip; /* connections one client address may hold (loopback too;
-                                      more are closed at once); 0 = an eighth of
-                                      max_connections, at least 128 (512 of 4096) */
+                                      more are closed at once); 0 = half of
+                                      max_connections, at least 128 (2048 of 4096) */
   unsigned timeout_s;           /* idle connection timeout (a client that reads or sends
                                    nothing this long, not a request that waits for its
                                    answer); 0 = 30 */

@@ -35,8 +35,8 @@ typedef struct {
   int tp_size;                    /* workers (tensor-parallel ranks), default 1 */
   const char *rpc_addr;           /* RPC ROUTER endpoint; NULL = coord_default_rpc_addr() */
   int max_model_len;              /* 0 = the model's context (capped by the KV pool) */
-  int max_num_seqs;               /* 0 = 64 */
-  int max_num_batched_tokens;     /* 0 = 512 */
+  int max_num_seqs;               /* 0 = 64 on the CPU, 256 on a GPU */
+  int max_num_batched_tokens;     /* 0 = 512 on the CPU, 2048 on a GPU */
   int block_size;                 /* 0 = 16 */
   /* KV pool size, first given wins: num_kv_blocks; kv_cache_memory_bytes;
    * gpu_memory_utilization. None given: on the CPU, enough blocks for 4 *

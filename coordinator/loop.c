@@ -21,10 +21,16 @@
 
 /* ---- create ----------------------------------------------------------------- */
 
+/* Steps on a GPU are bigger than on the CPU: 256 sequences and 2048 tokens
+ * (vLLM's online defaults; on an H100 with Llama-3-8B shapes a budget of
+ * 2048 gave 1.8x the output rate of 512 under 200 clients, as measured for
+ * the GPU serving issue; larger budgets are not measured yet), against 64
+ * and 512 on the CPU, where a 2048-token step takes seconds. */
 static void coord__defaults(coord_config_t *k) {
+  const bool gpu = k->device && strncmp(k->device, "cpu", 3) != 0;
   if (k->tp_size <= 0) k->tp_size = 1;
-  if (k->max_num_seqs <= 0) k->max_num_seqs = 64;
-  if (k->max_num_batched_tokens <= 0) k->max_num_batched_tokens = 512;
+  if (k->max_num_seqs <= 0) k->max_num_seqs = gpu ? 256 : 64;
+  if (k->max_num_batched_tokens <= 0) k->max_num_batched_tokens = gpu ? 2048 : 512;
   if (k->block_size <= 0) k->block_size = KV_BLOCK_SIZE_DEFAULT;
   if (k->max_waiting <= 0) k->max_waiting = 1024;
   if (k->worker_hb_timeout_ms <= 0) k->worker_hb_timeout_ms = 10000;

@@ -3,7 +3,8 @@
 # UBSan) and runs each for SECONDS, one after the other, seeded from what the
 # tree generates: proto_corpus, the formats fixtures (written into
 # build/tests/formats-fixtures by deploy/test.sh's formats_fixtures, or
-# $FERRUM_FIXTURES), the tokenizer corpus.
+# $FERRUM_FIXTURES), the tokenizer corpus, small tokenizer.json files
+# (tests/tokenizer/fuzz_json_seeds.py), request bodies.
 #   tests/fuzz.sh SECONDS OUT_DIR [TARGET...]    (default: every fuzz_* target)
 # FERRUM_FUZZ_TOKENIZER: the model fuzz_tokenizer also loads (default: the
 # default model, where it exists). FERRUM_WERROR=ON: warnings are errors.
@@ -42,7 +43,9 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
     fuzz_gguf) seed "$dst" "$fx"/*.gguf ;;
     fuzz_safetensors) seed "$dst" "$fx"/*.safetensors "$fx"/*/*.safetensors ;;
     fuzz_hf_config) seed "$dst" "$fx"/*/config.json ;;
-    fuzz_tokenizer_json) seed "$dst" "$fx"/*/tokenizer.json ;;
+    fuzz_tokenizer_json)
+      seed "$dst" "$fx"/*/tokenizer.json
+      python3 tests/tokenizer/fuzz_json_seeds.py "$dst" ;;
     fuzz_http_json) # the first byte picks the API: even completions, odd chat
       printf '\0{"model":"smol","prompt":"Hello","max_tokens":16,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":1,"stop":["\\n","."],"stop_token_ids":[2],"stream":true,"stream_options":{"include_usage":true},"n":1,"echo":false,"logprobs":null,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"ignore_eos":false,"user":"u"}' >"$dst/completions"
       printf '\0{"prompt":[1,2,3],"max_tokens":4,"stop":"x"}' >"$dst/completions-ids"

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer targets with clang in build-fuzz/ (FERRUM_FUZZ: ASan +
+# UBSan) and runs each for SECONDS, one after the other, seeded from what the
+# tree generates: proto_corpus, the formats fixtures (written into
+# build/tests/formats-fixtures by deploy/test.sh's formats_fixtures, or
+# $FERRUM_FIXTURES), the tokenizer corpus, small tokenizer.json files
+# (tests/tokenizer/fuzz_json_seeds.py), request bodies.
+#   tests/fuzz.sh SECONDS OUT_DIR [TARGET...]    (default: every fuzz_* target)
+# FERRUM_FUZZ_TOKENIZER: the model fuzz_tokenizer also loads (default: the
+# default model, where it exists). FERRUM_WERROR=ON: warnings are errors.
+# OUT_DIR gets, per target T: T/ (the inputs it found; a later run starts
+# from them), T-seeds/, T.log and, for a crash, leak, timeout or failed check,
+# its input T-crash-… (-leak-, -timeout-, -oom-). stdout: one line per target,
+#   "T: ok (S seeds, N runs, corpus C, cov K)" or "T: FAILED (its input: …)".
+# Exit status: 0 all ok, 1 a target failed, 2 set-up or build failed.
+set -uo pipefail
+if [ $# -lt 2 ] || ! [[ $1 =~ ^[0-9]+$ ]]; then
+  echo "usage: $0 SECONDS OUT_DIR [TARGET...]" >&2
+  exit 2
+fi
+secs=$1
+mkdir -p "$2" || exit 2
+out=$(cd "$2" && pwd)
+shift 2
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$PWD
+fx=${FERRUM_FIXTURES:-$root/build/tests/formats-fixtures}
+
+note() { echo "fuzz: $*" >&2; }
+
+seed() { # DST FILE...: copies each FILE that exists as DST/<its folder>_<its name>
+  local dst=$1 f
+  shift
+  for f in "$@"; do [ -e "$f" ] && cp "$f" "$dst/$(basename "$(dirname "$f")")_$(basename "$f")"; done
+}
+
+fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
+  local dst=$2
+  case $1 in
+    fuzz_proto_*)
+      [ -d "$out/proto-seeds" ] || build-fuzz/bin/proto_corpus "$out/proto-seeds" >/dev/null
+      seed "$dst" "$out/proto-seeds/${1#fuzz_proto_}"/* ;;
+    fuzz_gguf) seed "$dst" "$fx"/*.gguf ;;
+    fuzz_safetensors) seed "$dst" "$fx"/*.safetensors "$fx"/*/*.safetensors ;;
+    fuzz_hf_config) seed "$dst" "$fx"/*/config.json ;;
+    fuzz_tokenizer_json)
+      seed "$dst" "$fx"/*/tokenizer.json
+      python3 tests/tokenizer/fuzz_json_seeds.py "$dst" ;;
+    fuzz_http_json) # the first byte picks the API: even completions, odd chat
+      printf '\0{"model":"smol","prompt":"Hello","max_tokens":16,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":1,"stop":["\\n","."],"stop_token_ids":[2],"stream":true,"stream_options":{"include_usage":true},"n":1,"echo":false,"logprobs":null,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"ignore_eos":false,"user":"u"}' >"$dst/completions"
+      printf '\0{"prompt":[1,2,3],"max_tokens":4,"stop":"x"}' >"$dst/completions-ids"
+      printf '\1{"model":"smol","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]},{"role":"assistant","content":"Hello"},{"role":"user","content":"Again"}],"max_completion_tokens":8,"metadata":{"k":"v"}}' >"$dst/chat" ;;
+    fuzz_tokenizer) # the first byte picks the tokenizer: 0, 1 built in, 2 the model's
+      python3 -c '
+import json, os, sys
+for i, s in enumerate(json.load(open(sys.argv[1]))):
+    for sel in (0, 1, 2):
+        with open(os.path.join(sys.argv[2], "%d-%d" % (i, sel)), "wb") as f:
+            f.write(bytes([sel]) + s.encode("utf-8", "surrogatepass"))
+' tests/tokenizer/corpus.json "$dst" ;;
+  esac
+  return 0
+}
+
+# fuzz_one TARGET: runs it, prints its line; non-zero when it failed.
+fuzz_one() {
+  local t=$1 corpus=$out/$1 seeds=$out/$1-seeds log=$out/$1.log runs units cov
+  rm -rf "$seeds"
+  mkdir -p "$corpus" "$seeds"
+  fuzz_seeds "$t" "$seeds"
+  if build-fuzz/fuzz/"$t" -max_total_time="$secs" -timeout=10 -print_final_stats=1 \
+       -artifact_prefix="$out/$t-" "$corpus" "$seeds" >"$log" 2>&1; then
+    runs=$(grep -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
+    units=$(grep -o 'corp: [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*$')
+    cov=$(grep -o 'cov: [0-9]*' "$log" | tail -n 1 | grep -o '[0-9]*$')
+    echo "$t: ok ($(ls "$seeds" | wc -l) seeds, $runs runs, corpus ${units:-?}, cov ${cov:-?})"
+  else
+    tail -n 60 "$log" >&2
+    echo "$t: FAILED (its input: $(ls "$out/$t"-crash-* "$out/$t"-leak-* "$out/$t"-timeout-* "$out/$t"-oom-* 2>/dev/null | head -n 1))"
+    return 1
+  fi
+}
+
+if ! cmake -S . -B build-fuzz -DCMAKE_C_COMPILER=clang -DFERRUM_FUZZ=ON -DFERRUM_TESTS=ON \
+       -DFERRUM_WERROR="${FERRUM_WERROR:-OFF}" >/dev/null; then
+  note "configure (clang) failed"
+  exit 2
+fi
+all=($(cmake --build build-fuzz --target help | grep -o '\bfuzz_[a-z0-9_]*' | sort -u))
+if [ ${#all[@]} -eq 0 ]; then
+  note "no fuzz_* target"
+  exit 2
+fi
+targets=("$@")
+[ $# -gt 0 ] || targets=("${all[@]}")
+for t in "${targets[@]}"; do
+  if ! printf '%s\n' "${all[@]}" | grep -qx "$t"; then
+    note "no target $t (there are: ${all[*]})"
+    exit 2
+  fi
+done
+if ! cmake --build build-fuzz -j"$(nproc)" --target "${targets[@]}" proto_corpus >&2; then
+  note "build failed"
+  exit 2
+fi
+[ -d "$fx" ] || note "no $fx (deploy/test.sh writes it): formats targets start without seeds"
+: "${FERRUM_FUZZ_TOKENIZER:=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
+if [ -e "$FERRUM_FUZZ_TOKENIZER" ]; then export FERRUM_FUZZ_TOKENIZER; else unset FERRUM_FUZZ_TOKENIZER; fi
+rc=0
+for t in "${targets[@]}"; do fuzz_one "$t" || rc=1; done
+exit $rc

@@ -82,7 +82,7 @@ typedef struct kern_backend kern_backend_t;
 /* A tensor-parallel group: `size` processes, one per device, each running
  * the same layer stack on its shard of the weights and summing partial
  * results with all_reduce. id names the rendezvous and its transport:
- * "shm:<name>" (host memory: a POSIX shared memory segment of that name,
+ * "shm:/<name>" (host memory: a POSIX shared memory segment of that name,
  * which the ranks create together and rank 0 unlinks once all are in) or
  * "nccl:<hex>" (an NCCL unique id from kern_nccl_new_id, made by rank 0). */
 typedef struct {

@@ -18,51 +18,21 @@ import http.client
 import json
 import os
 import resource
-import signal
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
 
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 MODEL = os.environ.get("FERRUM_MODEL", "")
 RUN_LIMIT_S = 240  # the whole of one crowd
 
 
-class Server:
-    def __init__(self, *extra):
-        self.dir = tempfile.mkdtemp(prefix="ferrum-load-")
-        self.port = free_port()
-        self.log = open(os.path.join(self.dir, "serve.log"), "w+")
-        self.proc = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--port", str(self.port), *extra],
-                                     stdout=self.log, stderr=subprocess.STDOUT,
-                                     env=dict(os.environ, XDG_RUNTIME_DIR=self.dir))
-        deadline = time.time() + 120
-        while time.time() < deadline:
-            assert self.proc.poll() is None, "serve exited"
-            try:
-                c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=2)
-                c.request("GET", "/health")
-                if c.getresponse().status == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("serve not healthy")
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
+def Server(*extra):
+    return LocalServer(FERRUMCTL, ["--model", MODEL, *extra], prefix="ferrum-load-")
 
 
 def crowd(port, n, body):

@@ -23,7 +23,6 @@ get 3 and 6 heads (uneven split).
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... GOLDEN_DIR=build/golden python test_tp.py
 Exit 77 (skip) when the SmolLM2 file is missing.
 """
-import http.client
 import json
 import os
 import re
@@ -36,7 +35,7 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
 
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 MODEL = os.environ.get("FERRUM_MODEL", "")
@@ -54,77 +53,19 @@ PROMPTS = [
 N_OUT = 32
 
 
-class Server:
-    """`ferrumctl serve` on 127.0.0.1 in a private runtime folder."""
+class Server(LocalServer):
+    """A tensor-parallel (or single) CPU server of the test's shape."""
 
     def __init__(self, model, tp, extra=()):
-        self.dir = tempfile.mkdtemp(prefix="ferrum-tp-")
-        self.port = free_port()
-        self.log = open(os.path.join(self.dir, "serve.log"), "w+")
-        env = dict(os.environ, XDG_RUNTIME_DIR=self.dir)
-        cmd = [FERRUMCTL, "serve", "--model", model, "--tensor-parallel-size", str(tp), "--threads", "1",
-               "--port", str(self.port), "--max-num-seqs", "16", "--restart-backoff-max", "1000", *extra]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=subprocess.STDOUT, env=env)
-        self.wait_healthy(120)
-
-    def wait_healthy(self, seconds):
-        deadline = time.time() + seconds
-        while time.time() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError("server exited: " + self.log_text()[-3000:])
-            try:
-                if self.request("GET", "/health", timeout=2)[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise AssertionError("server not healthy in %d s: %s" % (seconds, self.log_text()[-3000:]))
-
-    def log_text(self):
-        self.log.flush()
-        with open(self.log.name) as f:
-            return f.read()
-
-    def request(self, method, path, body=None, timeout=120):
-        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
-        c.request(method, path, body=json.dumps(body) if body is not None else None,
-                  headers={"Content-Type": "application/json"})
-        r = c.getresponse()
-        data = r.read()
-        c.close()
-        return r.status, data
+        super().__init__(FERRUMCTL, ["--model", model, "--tensor-parallel-size", str(tp), "--threads", "1",
+                                     "--max-num-seqs", "16", "--restart-backoff-max", "1000", *extra],
+                         prefix="ferrum-tp-")
 
     def complete(self, prompt, n=N_OUT, logprobs=5):
         st, data = self.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": n, "temperature": 0,
                                                             "logprobs": logprobs, "ignore_eos": True})
         assert st == 200, (st, data)
         return json.loads(data)["choices"][0]
-
-    def workers(self):
-        """pids of the ferrum-worker children, by rank."""
-        out = {}
-        for d in os.listdir("/proc"):
-            if not d.isdigit():
-                continue
-            try:
-                with open("/proc/%s/stat" % d) as f:
-                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-                with open("/proc/%s/cmdline" % d, "rb") as f:
-                    argv = f.read().split(b"\0")
-            except OSError:
-                continue
-            if ppid == self.proc.pid and b"--rank" in argv:
-                out[int(argv[argv.index(b"--rank") + 1])] = int(d)
-        return out
-
-    def stop(self):
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(60)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
-        self.log.close()
 
 
 def compare(test, ref, got, lp_tol, gap_tol):
@@ -207,7 +148,7 @@ class TensorParallelCPU(unittest.TestCase):
         show the ranks, their devices and their all-reduce time."""
         srv = Server(MODEL, 2)
         try:
-            before = srv.workers()
+            before = srv.worker_pids()
             self.assertEqual(sorted(before), [0, 1])
             results, errors = [None] * 8, []
 
@@ -228,7 +169,7 @@ class TensorParallelCPU(unittest.TestCase):
             for r in results:
                 self.assertIsNotNone(r)
                 self.assertEqual(r["finish_reason"], "length")
-            after = srv.workers()
+            after = srv.worker_pids()
             self.assertEqual(sorted(after), [0, 1])
             self.assertNotEqual(after[0], before[0], "rank 0 was not restarted with rank 1")
             self.assertNotEqual(after[1], before[1])

@@ -1,0 +1,79 @@
+"""`ferrumctl serve` on 127.0.0.1 for the Python end-to-end tests: a private
+runtime folder (XDG_RUNTIME_DIR), a free port, its log in the folder, a
+bounded wait for /health, plain HTTP requests, and a SIGTERM stop."""
+import http.client
+import json
+import os
+import signal
+import subprocess
+import tempfile
+import time
+
+from local_net import free_port
+
+
+class LocalServer:
+    def __init__(self, ferrumctl, args, prefix="ferrum-test-", ready_s=120):
+        """Starts `ferrumctl serve --port P ARGS` and waits until /health says 200."""
+        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.port = free_port()
+        self.log = open(os.path.join(self.dir, "serve.log"), "w+")
+        self.proc = subprocess.Popen([ferrumctl, "serve", "--port", str(self.port), *args], stdout=self.log,
+                                     stderr=subprocess.STDOUT, env=dict(os.environ, XDG_RUNTIME_DIR=self.dir))
+        self.wait_healthy(ready_s)
+
+    def wait_healthy(self, seconds):
+        deadline = time.time() + seconds
+        while time.time() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError("server exited: " + self.log_text()[-3000:])
+            try:
+                if self.request("GET", "/health", timeout=2)[0] == 200:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.1)
+        raise AssertionError("server not healthy in %d s: %s" % (seconds, self.log_text()[-3000:]))
+
+    def log_text(self):
+        self.log.flush()
+        with open(self.log.name) as f:
+            return f.read()
+
+    def request(self, method, path, body=None, timeout=120):
+        """(status, body bytes); body is sent as JSON."""
+        c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+        try:
+            c.request(method, path, body=json.dumps(body) if body is not None else None,
+                      headers={"Content-Type": "application/json"})
+            r = c.getresponse()
+            return r.status, r.read()
+        finally:
+            c.close()
+
+    def worker_pids(self):
+        """pids of the ferrum-worker children, by rank."""
+        out = {}
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open("/proc/%s/stat" % d) as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                with open("/proc/%s/cmdline" % d, "rb") as f:
+                    argv = f.read().split(b"\0")
+            except OSError:
+                continue
+            if ppid == self.proc.pid and b"--rank" in argv:
+                out[int(argv[argv.index(b"--rank") + 1])] = int(d)
+        return out
+
+    def stop(self):
+        """SIGTERM (drain), then SIGKILL after 60 s."""
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.log.close()

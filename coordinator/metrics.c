@@ -39,7 +39,9 @@ struct coord_metrics {
   _Atomic uint64_t prefix_queries, prefix_hits;
   _Atomic uint32_t running, waiting, kv_used, kv_total, ranks, ready;
   _Atomic uint64_t rank_steps[COORD_METRICS_MAX_RANKS], rank_fw_us[COORD_METRICS_MAX_RANKS],
-      rank_comm_us[COORD_METRICS_MAX_RANKS];
+      rank_comm_us[COORD_METRICS_MAX_RANKS], rank_sample_us[COORD_METRICS_MAX_RANKS],
+      rank_total_us[COORD_METRICS_MAX_RANKS];
+  _Atomic uint64_t steps, step_rt_ns;
   _Atomic uint64_t http[6]; /* [0] other, [1..5] 1xx..5xx */
   m_hist_t ttft, itl, e2e;
 };
@@ -140,11 +142,19 @@ void coord_metrics_set_workers(coord_metrics_t *m, uint32_t ranks, uint32_t read
   M_SET(m->ready, ready);
 }
 
-void coord_metrics_rank_step(coord_metrics_t *m, int rank, uint64_t forward_us, uint64_t comm_us) {
+void coord_metrics_rank_step(coord_metrics_t *m, int rank, const coord_rank_times_t *t) {
   if (!m || rank < 0 || rank >= COORD_METRICS_MAX_RANKS) return;
   M_ADD(m->rank_steps[rank], 1);
-  M_ADD(m->rank_fw_us[rank], forward_us);
-  M_ADD(m->rank_comm_us[rank], comm_us);
+  M_ADD(m->rank_fw_us[rank], t->forward_us);
+  M_ADD(m->rank_comm_us[rank], t->comm_us);
+  M_ADD(m->rank_sample_us[rank], t->sample_us);
+  M_ADD(m->rank_total_us[rank], t->total_us);
+}
+
+void coord_metrics_step(coord_metrics_t *m, uint64_t round_trip_ns) {
+  if (!m) return;
+  M_ADD(m->steps, 1);
+  M_ADD(m->step_rt_ns, round_trip_ns);
 }
 
 void coord_metrics_http(coord_metrics_t *m, int status) {
@@ -261,6 +271,10 @@ static void m_render_ranks(m_out_t *o, const coord_metrics_t *m_) {
       {"worker_all_reduce_seconds_total",
        "Time each rank spent in tensor-parallel all-reduces, as the host saw it (0 on GPUs: inside graphs).",
        offsetof(coord_metrics_t, rank_comm_us), true},
+      {"worker_sample_seconds_total", "Time each rank spent sampling (rank 0; the device's wait included).",
+       offsetof(coord_metrics_t, rank_sample_us), true},
+      {"worker_step_seconds_total", "Time each rank spent on steps, from the descriptor's decode to the result's send.",
+       offsetof(coord_metrics_t, rank_total_us), true},
   };
   for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
     _Atomic uint64_t *v = (_Atomic uint64_t *)((uint8_t *)m + fams[f].off);
@@ -289,6 +303,11 @@ static void m_render_counters(m_out_t *o, const coord_metrics_t *m_) {
             M_GET(m->nonfinite));
   m_counter(o, m, "prefix_cache_queries_total", "Prefix cache queries, in tokens.", M_GET(m->prefix_queries));
   m_counter(o, m, "prefix_cache_hits_total", "Prefix cache hits, in tokens.", M_GET(m->prefix_hits));
+  m_counter(o, m, "steps_total", "Steps the coordinator sent and got every rank's result for.", M_GET(m->steps));
+  m_head(o, "step_round_trip_seconds_total", "counter",
+         "Time from each step's send to its last rank's result, as the coordinator saw it.");
+  m_printf(o, "ferrum:step_round_trip_seconds_total{model_name=\"%s\"} %.6f\n", m->label,
+           (double)M_GET(m->step_rt_ns) / 1e9);
   m_render_http(o, m);
 }
 

@@ -69,12 +69,22 @@ void coord_metrics_set_kv(coord_metrics_t *m, uint32_t used_blocks, uint32_t tot
  * each rank's time per step, from its results: the forward pass and, of
  * it, the all-reduces as the host saw them (ferrum:worker_forward_seconds_total
  * {rank}, ferrum:worker_all_reduce_seconds_total{rank}; the latter stays 0
- * on GPUs, where they run inside the step's graph), steps counted in
- * ferrum:worker_steps_total{rank}. Ranks past COORD_METRICS_MAX_RANKS are not
- * counted. */
+ * on GPUs, where they run inside the step's graph), sampling
+ * (ferrum:worker_sample_seconds_total{rank}) and the whole step from the
+ * descriptor's decode to the result's send (ferrum:worker_step_seconds_total
+ * {rank}), steps counted in ferrum:worker_steps_total{rank}. Ranks past
+ * COORD_METRICS_MAX_RANKS are not counted. */
 #define COORD_METRICS_MAX_RANKS 16
 void coord_metrics_set_workers(coord_metrics_t *m, uint32_t ranks, uint32_t ready);
-void coord_metrics_rank_step(coord_metrics_t *m, int rank, uint64_t forward_us, uint64_t comm_us);
+typedef struct {
+  uint64_t forward_us, comm_us, sample_us, total_us;
+} coord_rank_times_t;
+void coord_metrics_rank_step(coord_metrics_t *m, int rank, const coord_rank_times_t *t);
+/* The coordinator's view of one step: from its send to the last rank's
+ * result (ferrum:step_round_trip_seconds_total, ferrum:steps_total).
+ * Round trip minus the ranks' step time is the transport's share; the wall
+ * time between steps minus the round trip is the coordinator's. */
+void coord_metrics_step(coord_metrics_t *m, uint64_t round_trip_ns);
 /* HTTP responses by status class, counted by the frontend
  * (ferrum:http_requests_total{code="2xx"...}). */
 void coord_metrics_http(coord_metrics_t *m, int status);

@@ -204,7 +204,9 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
   }
   uint64_t t0 = c->t_rx_ns ? c->t_rx_ns : fr_now_ns();
   int n_items = c->sched.batch.n_items;
-  coord_metrics_rank_step(c->metrics, rank, r->timings.forward_us, r->timings.comm_us);
+  coord_rank_times_t times = {.forward_us = r->timings.forward_us, .comm_us = r->timings.comm_us,
+                              .sample_us = r->timings.sample_us, .total_us = r->timings.total_us};
+  coord_metrics_rank_step(c->metrics, rank, &times);
   if (rank == 0) {
     if (r->error.code) coord__step_fail(c, r);
     else coord__apply(c, r);
@@ -212,7 +214,8 @@ void coord__step_on_result(coord_t *c, const proto_result_t *r, int rank) {
   c->step_results |= 1u << rank;
   if (c->step_results != (1u << c->n_workers) - 1) return;
   c->step_busy = false;
-  coord__step_timed(c, fr_now_ns() - c->step_sent_ns);
+  coord__step_timed(c, t0 - c->step_sent_ns);
+  coord_metrics_step(c->metrics, t0 - c->step_sent_ns);
   coord__step_kick(c); /* (2): next step out before (3) */
   uint64_t t_sent = fr_now_ns();
   for (int i = 0; i < c->n_touched; i++) {

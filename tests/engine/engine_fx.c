@@ -96,6 +96,20 @@ int efx_start(efx_server_t *s, const char *const *extra) {
   return efx_start_opts(s, &o, extra);
 }
 
+/* Says on stderr why a call failed (fr_last_error) and prints the end of
+ * the server's log, so a failure in CI explains itself. */
+static void efx__report(const efx_server_t *s, const char *what) {
+  fprintf(stderr, "efx: %s failed: %s\n--- end of %s\n", what, fr_last_error(), s->err_path);
+  FILE *f = fopen(s->err_path, "r");
+  if (!f) return;
+  char line[512], tail[40][512];
+  int n = 0;
+  while (fgets(line, sizeof line, f)) snprintf(tail[n++ % 40], sizeof tail[0], "%s", line);
+  fclose(f);
+  for (int i = n > 40 ? n - 40 : 0; i < n; i++) fputs(tail[i % 40], stderr);
+  fputs("---\n", stderr);
+}
+
 int efx_start_opts(efx_server_t *s, const efx_opts_t *o, const char *const *extra) {
   memset(s, 0, sizeof *s);
   snprintf(s->dir, sizeof s->dir, "/tmp/ferrum-enginetest-XXXXXX");
@@ -227,6 +241,7 @@ int efx_run_one(const efx_server_t *s, const proto_submit_t *req, efx_job_t *out
   int rc = fr_client_connect(&c, s->rpc);
   if (rc == 0) rc = fr_client_submit(c, req, &out->id);
   if (rc == 0) rc = efx_collect(c, out, 1, 120000);
+  if (rc) efx__report(s, "job");
   fr_client_close(c);
   return rc;
 }

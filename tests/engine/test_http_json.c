@@ -174,6 +174,12 @@ START_TEST(test_metrics_text) {
   coord_metrics_set_waiting(m, 4);
   coord_metrics_request_finish(m, COORD_METRICS_FINISH_LENGTH);
   coord_metrics_request_finish(m, (coord_metrics_finish_t)99); /* out of range: abort */
+  coord_rank_times_t rt = {.forward_us = 1500, .comm_us = 250, .sample_us = 500, .total_us = 2100};
+  coord_metrics_rank_step(m, 1, &rt);
+  coord_metrics_rank_step(m, 1, &rt);
+  coord_metrics_rank_step(m, COORD_METRICS_MAX_RANKS, &rt); /* past the table: not counted */
+  coord_metrics_step(m, 2500000);
+  coord_metrics_step(m, 2000000);
   char *t;
   size_t len;
   ck_assert_int_eq(coord_metrics_render(m, &t, &len), 0);
@@ -197,6 +203,13 @@ START_TEST(test_metrics_text) {
   ck_assert(strstr(t, "ferrum:request_success_total{finished_reason=\"length\"," L "} 1\n"));
   ck_assert(strstr(t, "ferrum:request_success_total{finished_reason=\"abort\"," L "} 1\n"));
   ck_assert(strstr(t, "# TYPE ferrum:prompt_tokens_total counter\n"));
+  ck_assert(strstr(t, "ferrum:worker_steps_total{" L ",rank=\"1\"} 2\n"));
+  ck_assert(strstr(t, "ferrum:worker_forward_seconds_total{" L ",rank=\"1\"} 0.003000\n"));
+  ck_assert(strstr(t, "ferrum:worker_sample_seconds_total{" L ",rank=\"1\"} 0.001000\n"));
+  ck_assert(strstr(t, "ferrum:worker_step_seconds_total{" L ",rank=\"1\"} 0.004200\n"));
+  ck_assert(!strstr(t, "rank=\"0\"")); /* a rank with no steps has no samples */
+  ck_assert(strstr(t, "ferrum:steps_total{" L "} 2\n"));
+  ck_assert(strstr(t, "ferrum:step_round_trip_seconds_total{" L "} 0.004500\n"));
   /* the sum: 0.005 + 0.3 + 1e9 + 0 */
   const char *sum = strstr(t, "ferrum:time_to_first_token_seconds_sum{" L "} ");
   ck_assert_ptr_nonnull(sum);

@@ -194,6 +194,11 @@ class TensorParallelCPU(unittest.TestCase):
                 fw = [v for k, v in m.items() if k.startswith("ferrum:worker_forward_seconds_total{")
                       and 'rank="%d"' % r in k]
                 self.assertTrue(ar and fw and 0 < ar[0] <= fw[0], (r, ar, fw))
+                step = [v for k, v in m.items() if k.startswith("ferrum:worker_step_seconds_total{")
+                        and 'rank="%d"' % r in k]
+                self.assertTrue(step and fw[0] <= step[0], (r, fw, step))
+            self.assertGreater(gauge("steps_total"), 0)
+            self.assertGreater(gauge("step_round_trip_seconds_total"), 0)
             out = subprocess.run([FERRUMCTL, "status"], env=dict(os.environ, XDG_RUNTIME_DIR=srv.dir),
                                  capture_output=True, text=True, timeout=30)
             self.assertEqual(out.returncode, 0, out.stderr)

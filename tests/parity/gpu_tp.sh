@@ -6,7 +6,8 @@
 #      CUDA graph;
 #   2. TP=1 and TP=2 greedy tokens against transformers (gpu_tp.py);
 #   3. Llama-3-8B shapes (dummy bf16): `ferrumctl bench` at TP=1 and TP=2,
-#      concurrency 1, 16, 64 and 256 (FERRUM_TP_BENCH picks "c:n:in:out" runs).
+#      concurrency 1, 16, 64 and 256 (FERRUM_TP_BENCH picks "c:n:in:out" runs),
+#      each with where a step's time goes (bench/step_time.py).
 # MODELS_DIR/llama3-8b-dummy comes from tests/parity/make_dummy_folder.py.
 # usage: gpu_tp.sh BIN_DIR MODELS_DIR OUT_DIR [STEPS (default allreduce,parity,bench)]
 set -u
@@ -51,9 +52,10 @@ if want bench; then
       for spec in ${FERRUM_TP_BENCH:-1:8:128:256 16:64:128:256 64:128:128:256 256:1000:512:256}; do
         IFS=: read -r c n lin lout <<<"$spec"
         echo "--- tp $tp: concurrency $c, $n prompts, $lin in / $lout out"
-        "$bin/ferrumctl" bench --port 18601 --num-prompts "$n" --max-concurrency "$c" --random-input-len "$lin" \
+        python3 bench/step_time.py 18601 -- \
+          "$bin/ferrumctl" bench --port 18601 --num-prompts "$n" --max-concurrency "$c" --random-input-len "$lin" \
           --random-output-len "$lout" --seed "$c" --result-file "$out/bench-tp$tp-c$c.json" 2>&1 |
-          grep -E "Successful|Failed|throughput|TPOT|TTFT" || status=1
+          grep -E "Successful|Failed|throughput|TPOT|TTFT|^steps|^interval|^round|^rank" || status=1
       done
     else
       echo "server did not come up"; tail -30 "$out/serve-tp$tp.log"; status=1

@@ -38,7 +38,8 @@ extern "C" {
   XX(BUSY, 15, "resource exhausted")                                       \
   XX(TIMEOUT, 16, "timed out")                                             \
   XX(ZMQ, 17, "ZeroMQ error")                                              \
-  XX(DEAD, 18, "peer died")
+  XX(DEAD, 18, "peer died")                                                \
+  XX(AUTH, 19, "not authorized")
 
 typedef enum {
 #define FR__ERR_ENUM(name, off, msg) FR_E##name = FR__ERR_BASE - (off),

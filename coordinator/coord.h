@@ -54,6 +54,16 @@ typedef struct {
   const char *step_stats_path;    /* NULL, or a file that gets the coordinator's time per step */
   int worker_hb_timeout_ms;       /* 0 = 10000: a silent worker is killed and restarted */
   int restart_backoff_max_ms;     /* 0 = 30000: longest wait before restarting a worker that keeps dying */
+  /* CURVE on tcp:// sockets (coordinator/auth.c): this server's key pair
+   * (NULL: FERRUM_CURVE_SECRET_KEY, else none) and the public keys of the
+   * clients and remote workers allowed to connect (NULL: only the pair's own). */
+  const char *curve_key_path;
+  const char *curve_clients_path;
+  /* Where workers connect (NULL: ipc:// in the runtime folder), and how many
+   * of the last ranks are remote: started elsewhere (ferrum-worker --connect
+   * on another host), joining over worker_endpoint, never spawned here. */
+  const char *worker_endpoint;
+  int remote_workers;
 } coord_config_t;
 
 /* Opens the tokenizer, creates the control segment, binds the sockets and

@@ -21,6 +21,7 @@
 #include "model/chat.h"
 #include "model/source.h"
 #include "model/tokenizer.h"
+#include "proto/curve.h"
 #include "proto/proto.h"
 
 #ifdef __cplusplus
@@ -58,7 +59,18 @@ typedef struct {
   uint32_t n_vocab, max_ctx;
   uint32_t kv_capacity;      /* SIZED: blocks the worker can hold */
   uint64_t kv_block_bytes;   /* bytes of one of its blocks (0: not said) */
+  bool remote;               /* started elsewhere, joins over tcp:// (pid 0): no shared memory, no signals */
 } coord_worker_t;
+
+/* The block tables sent to remote workers (remote.c): a mirror per slot. */
+typedef struct {
+  int mb;                 /* entries per row (the control segment's max_blocks_per_seq) */
+  int32_t *blocks;        /* (max_seqs, mb) what the workers hold */
+  int32_t *len;           /* (max_seqs) entries of each row */
+  uint32_t *ver;          /* (max_seqs) the slot version last compared */
+  int32_t *row;           /* (mb) scratch: one slot read from the control segment */
+  proto_table_t *tables;  /* (max_seqs) one step's changes */
+} coord_rtables_t;
 
 /* The prompt pool (prompts.c): threads that tokenize submits' text. */
 typedef struct coord_prompt_task coord_prompt_task_t;
@@ -97,6 +109,13 @@ struct coord {
   /* sockets */
   void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */
   void *msock;                        /* PAIR: the RPC ROUTER's disconnect events */
+  void *zap;                          /* REP: ZAP requests of CURVE sockets (auth.c), NULL without CURVE */
+  int n_remote;                       /* remote ranks: the last n_remote of n_workers */
+  coord_rtables_t rt;
+  proto_curve_pair_t curve;           /* this server's key pair, when curve_on */
+  bool curve_on;
+  uint8_t *allowed;                   /* n_allowed * 32 bytes: client public keys besides our own */
+  int n_allowed;
   int sigfd;
   proto_msg_t in;
   proto_buf_t out;
@@ -164,6 +183,21 @@ int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes);
 
 /* ---- rpc.c ---- */
 int coord__rpc_bind(coord_t *c);
+/* A tcp:// endpoint bound on port 0 or * gets the port the system chose. */
+void coord__endpoint_resolve(void *sock, char *addr, size_t cap);
+/* auth.c: the key pair and client list, the ZAP handler (or the refusal of
+ * a tcp:// endpoint other hosts reach without keys); CURVE on one socket
+ * about to bind endpoint (a no-op for ipc:// or without keys); the ZAP
+ * requests waiting; teardown. */
+int coord__auth_init(coord_t *c);
+/* remote.c: the step's block table changes into st->tables (none without
+ * remote ranks); every mirror emptied (a remote rank joined); teardown. */
+void coord__remote_tables(coord_t *c, const coord_sched_batch_t *b, proto_step_t *st);
+void coord__remote_reset(coord_t *c);
+void coord__remote_free(coord_t *c);
+int coord__auth_socket(coord_t *c, void *sock, const char *endpoint);
+void coord__auth_on_request(coord_t *c);
+void coord__auth_deinit(coord_t *c);
 void coord__rpc_on_readable(coord_t *c, void *sock, bool inproc);
 /* Handles the RPC ROUTER's monitor events: a client connection that closed
  * cancels the jobs it submitted (streaming or not). */

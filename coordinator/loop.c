@@ -141,13 +141,18 @@ static int coord__kv(coord_t *c) {
 
 static int coord__sockets(coord_t *c) {
   if (!(c->zctx = zmq_ctx_new())) return fr_errorf(FR_EZMQ, "zmq_ctx_new: %s", zmq_strerror(errno));
-  snprintf(c->worker_addr, sizeof c->worker_addr, "ipc://%s/%s.workers", c->run_dir, c->instance);
+  if (c->cfg.worker_endpoint) snprintf(c->worker_addr, sizeof c->worker_addr, "%s", c->cfg.worker_endpoint);
+  else snprintf(c->worker_addr, sizeof c->worker_addr, "ipc://%s/%s.workers", c->run_dir, c->instance);
+  int rc = coord__auth_init(c); /* before any CURVE socket binds */
+  if (rc) return rc;
   c->wsock = zmq_socket(c->zctx, ZMQ_ROUTER);
   int one = 1, zero = 0;
   zmq_setsockopt(c->wsock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
   zmq_setsockopt(c->wsock, ZMQ_LINGER, &zero, sizeof zero);
+  if ((rc = coord__auth_socket(c, c->wsock, c->worker_addr))) return rc;
   if (zmq_bind(c->wsock, c->worker_addr) != 0)
     return fr_errorf(FR_EZMQ, "bind %s: %s", c->worker_addr, zmq_strerror(errno));
+  coord__endpoint_resolve(c->wsock, c->worker_addr, sizeof c->worker_addr);
   return coord__rpc_bind(c);
 }
 
@@ -213,6 +218,13 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   *out = NULL;
   if (!cfg->model_path) return fr_errorf(-EINVAL, "no model given");
   if (cfg->tp_size > COORD_MAX_WORKERS) return fr_errorf(-EINVAL, "at most %d workers", COORD_MAX_WORKERS);
+  int tp = cfg->tp_size > 0 ? cfg->tp_size : 1;
+  if (cfg->remote_workers < 0 || cfg->remote_workers > tp)
+    return fr_errorf(-EINVAL, "--remote-workers %d: the tensor-parallel size is %d", cfg->remote_workers, tp);
+  if (cfg->remote_workers && tp > 1 && (!cfg->device || !strncmp(cfg->device, "cpu", 3)))
+    return fr_errorf(FR_EUNSUPPORTED, "CPU ranks all-reduce through shared memory: a CPU group cannot have remote ranks");
+  if (cfg->remote_workers && !proto_endpoint_tcp(cfg->worker_endpoint))
+    return fr_errorf(-EINVAL, "remote workers join over tcp://: give --worker-endpoint tcp://ADDRESS:PORT");
   coord_t *c = fr_calloc(1, sizeof *c);
   c->sigfd = -1;
   c->prompts.efd = -1;
@@ -222,6 +234,8 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   proto_buf_init(&c->wout);
   coord__copy_cfg(c, cfg);
   c->n_workers = c->cfg.tp_size;
+  c->n_remote = c->cfg.remote_workers;
+  for (int r = 0; r < c->n_workers; r++) c->workers[r].remote = r >= c->n_workers - c->n_remote;
   coord__alloc_scratch(c);
   char dev[64];
   int rc;
@@ -313,13 +327,14 @@ static void coord__gauges(coord_t *c) {
 }
 
 int coord__loop_once(coord_t *c, int timeout_ms) {
-  zmq_pollitem_t pi[6] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
+  zmq_pollitem_t pi[7] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
                           {.socket = c->rsock, .events = ZMQ_POLLIN},
                           {.socket = c->isock, .events = ZMQ_POLLIN},
                           {.fd = c->sigfd, .events = ZMQ_POLLIN},
                           {.socket = c->msock, .events = ZMQ_POLLIN},
-                          {.fd = c->prompts.efd, .events = ZMQ_POLLIN}};
-  int n = zmq_poll(pi, 6, FR_MIN(timeout_ms, 200));
+                          {.fd = c->prompts.efd, .events = ZMQ_POLLIN},
+                          {.socket = c->zap, .events = ZMQ_POLLIN}};
+  int n = zmq_poll(pi, c->zap ? 7 : 6, FR_MIN(timeout_ms, 200));
   if (n < 0 && errno != EINTR) return fr_errorf(FR_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
   if (n > 0) {
     if (pi[3].revents & ZMQ_POLLIN) coord__on_signals(c);
@@ -329,6 +344,7 @@ int coord__loop_once(coord_t *c, int timeout_ms) {
     if (pi[1].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->rsock, false);
     if (pi[2].revents & ZMQ_POLLIN) coord__rpc_on_readable(c, c->isock, true);
     if (pi[5].revents & ZMQ_POLLIN) coord__prompts_on_ready(c);
+    if (c->zap && (pi[6].revents & ZMQ_POLLIN)) coord__auth_on_request(c);
   }
   coord__workers_tick(c);
   coord__step_kick(c);
@@ -405,9 +421,11 @@ void coord_destroy(coord_t *c) {
   if (c->rsock) zmq_close(c->rsock);
   if (c->isock) zmq_close(c->isock);
   if (c->msock) zmq_close(c->msock);
+  coord__auth_deinit(c);
+  coord__remote_free(c);
   if (c->zctx) zmq_ctx_term(c->zctx);
   if (c->rpc_addr && !strncmp(c->rpc_addr, "ipc://", 6) && c->pidfile[0]) unlink(c->rpc_addr + 6);
-  if (c->worker_addr[0]) unlink(c->worker_addr + 6);
+  if (!strncmp(c->worker_addr, "ipc://", 6)) unlink(c->worker_addr + 6);
   if (c->pidfile[0]) unlink(c->pidfile);
   kv_segment_detach(&c->logits_seg);
   kv_control_destroy(c->kv);

@@ -29,6 +29,10 @@ static void *coord__router(coord_t *c, const char *addr) {
   zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof hwm);
   zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof hwm);
   zmq_setsockopt(s, ZMQ_MAXMSGSIZE, &maxmsg, sizeof maxmsg);
+  if (coord__auth_socket(c, s, addr)) {
+    zmq_close(s);
+    return NULL;
+  }
   if (zmq_bind(s, addr) != 0) {
     fr_errorf(FR_EZMQ, "bind %s: %s", addr, zmq_strerror(errno));
     zmq_close(s);
@@ -52,15 +56,19 @@ int coord__rpc_bind(coord_t *c) {
   zmq_setsockopt(c->msock, ZMQ_LINGER, &zero, sizeof zero);
   if (zmq_connect(c->msock, "inproc://ferrum-rpc-monitor") != 0)
     return fr_errorf(FR_EZMQ, "RPC socket monitor: %s", zmq_strerror(errno));
-  if (!strncmp(c->rpc_addr, "tcp://", 6) && strstr(c->rpc_addr, ":0")) {
-    char buf[256];
-    size_t n = sizeof buf;
-    if (zmq_getsockopt(c->rsock, ZMQ_LAST_ENDPOINT, buf, &n) == 0) {
-      free(c->rpc_addr);
-      c->rpc_addr = fr_strdup(buf);
-    }
-  }
+  char bound[600];
+  snprintf(bound, sizeof bound, "%s", c->rpc_addr);
+  coord__endpoint_resolve(c->rsock, bound, sizeof bound);
+  free(c->rpc_addr);
+  c->rpc_addr = fr_strdup(bound);
   return 0;
+}
+
+void coord__endpoint_resolve(void *sock, char *addr, size_t cap) {
+  if (strncmp(addr, "tcp://", 6) || (!strstr(addr, ":0") && !strstr(addr, ":*"))) return;
+  char buf[256];
+  size_t n = sizeof buf;
+  if (zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, buf, &n) == 0) snprintf(addr, cap, "%s", buf);
 }
 
 int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body) {

@@ -75,6 +75,7 @@ static int coord__step_send(coord_t *c, const coord_sched_batch_t *b) {
       .n_copies = (uint32_t)b->n_copies,
       .copies = c->copies,
   };
+  coord__remote_tables(c, b, &st);
   int rc = proto_encode(&c->out, PROTO_T_STEP, &st);
   if (rc) return rc;
   for (int r = 0; r < c->n_workers; r++) {

@@ -45,19 +45,27 @@
 #define COORD_STEP_MIN_TIMEOUT_MS 5000ull
 #define COORD_STEP_TIMEOUT_MS 300000ull  /* the first step after a start (graph capture, warm-up) */
 
+static void coord__remote_drop(coord_t *c, coord_worker_t *w, const char *why);
+static void coord__remote_lost(coord_t *c, coord_worker_t *w, const char *why);
+
 static int coord__spawn(coord_t *c, coord_worker_t *w) {
   char rank[16], world[16], ppid[16];
   snprintf(rank, sizeof rank, "%d", w->rank);
   snprintf(world, sizeof world, "%d", c->n_workers);
   snprintf(ppid, sizeof ppid, "%d", (int)getpid());
+  bool curve = c->curve_on && proto_endpoint_tcp(c->worker_addr);
   char *argv[] = {c->worker_exe, "--connect", c->worker_addr, "--instance", c->instance, "--rank", rank,
-                  "--world-size", world, "--device", c->device, "--coord-pid", ppid, NULL};
+                  "--world-size", world, "--device", c->device, "--coord-pid", ppid,
+                  curve ? "--server-key" : NULL, c->curve.pub, NULL};
   pid_t pid = fork();
   if (pid < 0) return fr_errorf(-errno, "fork: %s", strerror(errno));
   if (pid == 0) {
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, NULL);
+    /* a worker of this host authenticates with the server's own pair (in its
+     * environment, which only its user can read, rather than in argv) */
+    if (curve) setenv(PROTO_CURVE_ENV, c->curve.sec, 1);
     execv(argv[0], argv);
     fprintf(stderr, "ferrumctl: exec %s: %s\n", argv[0], strerror(errno));
     _exit(127);
@@ -70,10 +78,23 @@ static int coord__spawn(coord_t *c, coord_worker_t *w) {
   return 0;
 }
 
+/* A remote rank waits for its hello (it is started elsewhere). */
+static void coord__remote_wait(coord_t *c, coord_worker_t *w) {
+  w->state = COORD_W_STARTING;
+  w->ident_len = 0;
+  w->last_rx_ns = fr_now_ns();
+  FR_LOGI("worker %d is remote: waiting for it on %s", w->rank, c->worker_addr);
+}
+
 int coord__workers_start(coord_t *c) {
   for (int r = 0; r < c->n_workers; r++) {
-    c->workers[r].rank = r;
-    int rc = coord__spawn(c, &c->workers[r]);
+    coord_worker_t *w = &c->workers[r];
+    w->rank = r;
+    if (w->remote) {
+      coord__remote_wait(c, w);
+      continue;
+    }
+    int rc = coord__spawn(c, w);
     if (rc) return rc;
   }
   return 0;
@@ -100,12 +121,22 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
   snprintf(ms, sizeof ms, "%d", c->cfg.max_num_seqs);
   int rc = kern_device_for_rank(c->device, w->rank, c->n_workers, dev, sizeof dev); /* checked at create */
   if (rc) return rc;
-  proto_option_t opts[] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
-                           {"fake_forward", c->cfg.fake_workers ? "1" : "0"}, {"comm", c->comm_id}};
+  char bs[16], mb[16];
+  snprintf(bs, sizeof bs, "%d", c->cfg.block_size);
+  snprintf(mb, sizeof mb, "%d", c->kv ? c->kvi.max_blocks_per_seq : (c->cfg.max_model_len + c->cfg.block_size - 1) / c->cfg.block_size);
+  proto_option_t opts[9] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
+                            {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
+  uint32_t n_opts = 5;
+  if (c->n_workers > 1) opts[n_opts++] = (proto_option_t){"comm", c->comm_id};
+  if (w->remote) { /* the control segment's geometry, which it cannot map */
+    opts[n_opts++] = (proto_option_t){"remote", "1"};
+    opts[n_opts++] = (proto_option_t){"block_size", bs};
+    opts[n_opts++] = (proto_option_t){"max_blocks", mb};
+  }
   proto_load_t l = {.path = c->model_path,
                     .format = (char *)(c->cfg.load_format ? c->cfg.load_format : "auto"),
                     .tp_size = (uint32_t)c->n_workers,
-                    .n_options = FR_ARRAY_SIZE(opts) - (c->n_workers > 1 ? 0 : 1),
+                    .n_options = n_opts,
                     .options = opts,
                     .kv_min_blocks = 1};
   if (c->kv) { /* fixed from the start, or sized before this worker restarted */
@@ -131,6 +162,7 @@ bool coord__workers_ready(const coord_t *c) { return coord__workers_ready_count(
  * scan by another server never removes them while this one lives (a worker
  * that dies leaves them to its successor). */
 static void coord__own_segments(coord_t *c, int rank) {
+  if (c->workers[rank].remote) return;
   const char *kinds[2] = {"kvpool", "logits"};
   for (int k = 0; k < 2; k++) {
     char what[KV_WHAT_MAX];
@@ -145,7 +177,7 @@ static void coord__own_segments(coord_t *c, int rank) {
 static void coord__set_ready(coord_t *c, bool ready) {
   if (c->ready == ready) return;
   c->ready = ready;
-  if (ready && !c->logits_seg.base) {
+  if (ready && !c->logits_seg.base && !c->workers[0].remote) { /* a remote rank 0 returns no logits */
     char what[KV_WHAT_MAX];
     snprintf(what, sizeof what, "logits0");
     if (kv_segment_attach(&c->logits_seg, c->instance, what, KV_SEG_RDONLY))
@@ -171,6 +203,7 @@ static void coord__comm_id(coord_t *c, const proto_hello_t *rank0) {
 static void coord__group_load(coord_t *c) {
   for (int r = 0; r < c->n_workers; r++)
     if (c->workers[r].state != COORD_W_REGISTERED) return;
+  if (c->n_remote) coord__remote_reset(c); /* fresh remote workers hold no tables */
   for (int r = 0; r < c->n_workers; r++) {
     coord_worker_t *w = &c->workers[r];
     w->state = COORD_W_LOADING;
@@ -190,10 +223,15 @@ static void coord__on_hello(coord_t *c, const uint8_t *ident, size_t len, const 
     return;
   }
   coord_worker_t *w = &c->workers[h->rank];
-  if (w->state != COORD_W_STARTING || (h->pid && (pid_t)h->pid != w->pid)) {
+  if (w->remote && w->state != COORD_W_STARTING && w->state != COORD_W_DOWN)
+    coord__remote_lost(c, w, "said hello again (restarted): the old one is gone");
+  if (w->remote && w->state == COORD_W_DOWN) w->state = COORD_W_STARTING;
+  if (w->state != COORD_W_STARTING || (!w->remote && h->pid && (pid_t)h->pid != w->pid)) {
     FR_LOGW("unexpected hello from rank %d (pid %u) ignored", h->rank, h->pid);
     return;
   }
+  if (w->remote) FR_LOGI("remote worker %d joined", w->rank);
+  w->last_rx_ns = fr_now_ns();
   memcpy(w->ident, ident, len);
   w->ident_len = (uint8_t)len;
   w->state = COORD_W_REGISTERED;
@@ -291,11 +329,21 @@ void coord__workers_on_message(coord_t *c, const uint8_t *ident, size_t len, con
   }
 }
 
-/* Drops the step in flight and sends every running job back to the queue. */
+/* Whether the KV pool outlives a worker: a CPU worker's lives in a shared
+ * memory segment of this host; a GPU's or a remote worker's dies with it. */
+static bool coord__pool_survives(const coord_t *c) { return !c->n_remote && !strncmp(c->device, "cpu", 3); }
+
+/* Drops the step in flight and sends every running job back to the queue;
+ * when the pool died with the worker, the prefix cache forgets its blocks
+ * (their KV is gone: a hit would read garbage). */
 static void coord__recompute_all(coord_t *c) {
   if (c->step_busy) coord__step_abort(c);
   else c->epoch++;
   coord_sched_requeue_all(&c->sched);
+  if (c->kv && !coord__pool_survives(c)) {
+    int n = kv_prefix_forget(c->kv);
+    if (n) FR_LOGI("prefix cache: %d blocks forgotten with the worker's KV pool", n);
+  }
 }
 
 /* Records a death and returns how long to wait before the restart: nothing
@@ -316,11 +364,35 @@ static uint64_t coord__restart_delay_ms(coord_t *c, coord_worker_t *w, uint64_t 
 static void coord__group_kill(coord_t *c, const coord_worker_t *dead) {
   for (int r = 0; r < c->n_workers; r++) {
     coord_worker_t *p = &c->workers[r];
+    if (p != dead && p->remote && p->ident_len) coord__remote_drop(c, p, "its group restarts");
     if (p == dead || !p->pid || p->group_kill) continue;
     FR_LOGW("worker %d: restarting with rank %d", p->rank, dead->rank);
     p->group_kill = true;
     kill(p->pid, SIGKILL);
   }
+}
+
+/* A remote rank leaves the group: told to exit (its supervisor, a pod or a
+ * service manager, starts it again, and it says hello), forgotten here. */
+static void coord__remote_drop(coord_t *c, coord_worker_t *w, const char *why) {
+  proto_shutdown_t sd = {.reason = (char *)why};
+  if (w->ident_len) coord__worker_send(c, w, PROTO_T_SHUTDOWN, &sd);
+  w->state = COORD_W_STARTING;
+  w->ident_len = 0;
+  w->last_rx_ns = fr_now_ns();
+}
+
+/* A remote rank is gone (silent past its limit, or a new process said hello
+ * for it): as a death, its jobs are recomputed once the group is back; its
+ * peers restart with it. */
+static void coord__remote_lost(coord_t *c, coord_worker_t *w, const char *why) {
+  FR_LOGW("remote worker %d %s", w->rank, why);
+  coord__remote_drop(c, w, why);
+  w->restarts++;
+  coord__set_ready(c, false);
+  coord__recompute_all(c);
+  c->step_ns_per_token = 0;
+  if (c->n_workers > 1) coord__group_kill(c, w);
 }
 
 /* A peer killed by coord__group_kill: no backoff of its own; it starts
@@ -365,7 +437,7 @@ static void coord__on_death(coord_t *c, coord_worker_t *w, int status) {
 static void coord__workers_respawn(coord_t *c, uint64_t now) {
   for (int r = 0; r < c->n_workers; r++) {
     coord_worker_t *w = &c->workers[r];
-    if (w->pid || !w->respawn_ns || now < w->respawn_ns || c->stop_loop) continue;
+    if (w->remote || w->pid || !w->respawn_ns || now < w->respawn_ns || c->stop_loop) continue;
     w->respawn_ns = 0;
     if (coord__spawn(c, w) == 0) continue;
     FR_LOGE("restarting worker %d: %s", w->rank, fr_last_error());
@@ -401,11 +473,15 @@ void coord__workers_tick(coord_t *c) {
   uint64_t limit = coord__silence_limit_ms(c);
   for (int r = 0; r < c->n_workers; r++) {
     coord_worker_t *w = &c->workers[r];
-    if (w->pid == 0) continue;
+    if (w->remote ? w->ident_len == 0 : w->pid == 0) continue; /* not running, or not joined yet */
     uint64_t quiet_ms = now > w->last_rx_ns ? (now - w->last_rx_ns) / 1000000 : 0;
     /* loaded workers answer heartbeats, also while they wait for the others (SIZED) */
     bool live = w->state == COORD_W_READY || w->state == COORD_W_SIZED;
     bool stuck = (live && quiet_ms > limit) || (!live && quiet_ms > COORD_LOAD_TIMEOUT_MS);
+    if (stuck && w->remote) {
+      coord__remote_lost(c, w, "went silent: taken for gone");
+      continue;
+    }
     if (stuck) {
       FR_LOGW("worker %d silent for %llu ms (limit %llu ms): killing it", w->rank, (unsigned long long)quiet_ms,
               (unsigned long long)limit);
@@ -423,7 +499,8 @@ void coord__workers_tick(coord_t *c) {
 void coord__workers_stop(coord_t *c) {
   proto_shutdown_t sd = {.reason = "coordinator exiting", .drain = true};
   for (int r = 0; r < c->n_workers; r++)
-    if (c->workers[r].pid && c->workers[r].ident_len) coord__worker_send(c, &c->workers[r], PROTO_T_SHUTDOWN, &sd);
+    if ((c->workers[r].pid || c->workers[r].remote) && c->workers[r].ident_len)
+      coord__worker_send(c, &c->workers[r], PROTO_T_SHUTDOWN, &sd);
   uint64_t deadline = fr_now_ns() + 5000000000ull;
   for (int r = 0; r < c->n_workers; r++) {
     coord_worker_t *w = &c->workers[r];

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "proto/fr_client.h"
 #include "proto/proto.h"
 
 #ifdef __cplusplus
@@ -24,6 +25,7 @@ int cli_cmd_cancel(int argc, char **argv);
 /* clients of the HTTP API: */
 int cli_cmd_chat(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
+int cli_cmd_keygen(int argc, char **argv);
 
 /* The default model's path: $FERRUM_MODEL, else models/<default> under the
  * working directory, else under the source tree ferrumctl was built from. */
@@ -56,6 +58,15 @@ int cli_parse_size(const char *opt, const char *s, uint64_t *out);
 int cli_http_target(const char *cmd, const char *rpc, const char **host, int *port);
 
 /* ---- engine client helpers (cli_rpc.c, cli_serve.c) ---- */
+/* CURVE keys a client command was given (NULL: the environment's,
+ * FERRUM_SERVER_KEY and FERRUM_CURVE_SECRET_KEY). */
+typedef struct {
+  const char *server_key; /* the server's public key: Z85 or a file */
+  const char *curve_key;  /* this client's key pair file */
+} cli_curve_t;
+/* Connects to the server at rpc, with CURVE when a server key is given
+ * (k or the environment). Returns 0 or an error with a message. */
+int cli_connect(fr_client_t **out, const char *rpc, const cli_curve_t *k);
 
 /* The pid of the ferrumctl server bound to an RPC endpoint (its pid file),
  * or -1 when none runs. */
@@ -71,7 +82,7 @@ int cli_server_http(const char *rpc, char *host, size_t cap, int *port);
 bool cli_engine_running(const char *rpc, const char *model_path);
 /* Submits req at rpc, streams the text to stdout (then a newline); stats:
  * timings on stderr. Returns 0 or an error (the job's error included). */
-int cli_engine_generate(const char *rpc, const proto_submit_t *req, int timeout_ms, bool stats);
+int cli_engine_generate(const char *rpc, const cli_curve_t *k, const proto_submit_t *req, int timeout_ms, bool stats);
 /* Starts a private server (ferrumctl serve --no-http on a private ipc://
  * endpoint, written to rpc) and waits until it is ready; *pid gets its pid. */
 int cli_engine_start_private(const char *model, const char *device, int threads, char *rpc, size_t cap, int *pid);

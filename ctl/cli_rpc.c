@@ -19,6 +19,7 @@
 #include "common/fr_util.h"
 #include "ctl/cli.h"
 #include "coordinator/coord.h"
+#include "proto/curve.h"
 #include "proto/fr_client.h"
 
 static const char *cli_rpc_default(const char *rpc) {
@@ -28,11 +29,29 @@ static const char *cli_rpc_default(const char *rpc) {
   return def;
 }
 
+/* ---- connecting, with CURVE where the server asks for it ------------------------- */
+
+int cli_connect(fr_client_t **out, const char *rpc, const cli_curve_t *k) {
+  const char *server = k && k->server_key ? k->server_key : getenv(PROTO_CURVE_SERVER_ENV);
+  *out = NULL;
+  if (!server || !*server) return fr_client_connect(out, rpc);
+  char server_pub[PROTO_CURVE_Z85];
+  proto_curve_pair_t kp;
+  bool found;
+  int rc = proto_curve_public(server_pub, server);
+  if (!rc) rc = proto_curve_find(&kp, k ? k->curve_key : NULL, &found);
+  if (rc) return rc;
+  if (!found)
+    return fr_errorf(-EINVAL, "a server key needs this client's key pair too (--curve-key FILE or %s)", PROTO_CURVE_ENV);
+  fr_client_keys_t keys = {.server_key = server_pub, .public_key = kp.pub, .secret_key = kp.sec};
+  return fr_client_connect_curve(out, rpc, &keys);
+}
+
 /* ---- streaming one job ---------------------------------------------------------- */
 
-int cli_engine_generate(const char *rpc, const proto_submit_t *req, int timeout_ms, bool stats) {
+int cli_engine_generate(const char *rpc, const cli_curve_t *k, const proto_submit_t *req, int timeout_ms, bool stats) {
   fr_client_t *cl = NULL;
-  int rc = fr_client_connect(&cl, rpc);
+  int rc = cli_connect(&cl, rpc, k);
   if (rc) return rc;
   uint64_t id, t0 = fr_now_ns(), t1 = 0;
   proto_event_t ev;
@@ -67,6 +86,9 @@ done:
 
 static void submit_usage(FILE *f) {
   fprintf(f, "usage: ferrumctl submit [--rpc ADDR] (--prompt TEXT | --chat TEXT) [options]\n"
+             "  --server-key KEY   the server's CURVE public key (Z85 or a .pub file; or $FERRUM_SERVER_KEY)\n"
+             "  --curve-key FILE   this client's key pair, listed in the server's --curve-clients\n"
+             "                     (or the secret key in $FERRUM_CURVE_SECRET_KEY)\n"
              "  --prompt TEXT      raw prompt (no chat template)\n"
              "  --chat TEXT        one user message through the model's chat template\n"
              "  --max-tokens N     (default 128)\n"
@@ -81,6 +103,7 @@ typedef struct {
   proto_chat_msg_t msg;
   char *stops[PROTO_MAX_STOP];
   const char *rpc;
+  cli_curve_t keys;
 } submit_opts_t;
 
 static int submit_float(const char *name, float lo, float hi, float *out) {
@@ -95,6 +118,8 @@ static int submit_opt(submit_opts_t *o, int c) {
   proto_sampling_t *sp = &o->req.sp;
   switch (c) {
   case 'r': o->rpc = optarg; return 0;
+  case 'K': o->keys.server_key = optarg; return 0;
+  case 'C': o->keys.curve_key = optarg; return 0;
   case 'p': o->req.prompt = optarg; return 0;
   case 'c':
     o->msg = (proto_chat_msg_t){.role = "user", .content = optarg};
@@ -134,6 +159,7 @@ int cli_cmd_submit(int argc, char **argv) {
       {"frequency-penalty", required_argument, 0, 'F'},  {"seed", required_argument, 0, 's'},
       {"stop", required_argument, 0, 'S'},        {"ignore-eos", no_argument, 0, 'i'},
       {"priority", required_argument, 0, 'y'},    {"help", no_argument, 0, 'h'},
+      {"server-key", required_argument, 0, 'K'},  {"curve-key", required_argument, 0, 'C'},
       {0, 0, 0, 0}};
   submit_opts_t o;
   memset(&o, 0, sizeof o);
@@ -153,29 +179,45 @@ int cli_cmd_submit(int argc, char **argv) {
   }
   o.req.stop = o.stops;
   const char *rpc = cli_rpc_default(o.rpc);
-  int rc = rpc ? cli_engine_generate(rpc, &o.req, 600000, true) : -EINVAL;
+  int rc = rpc ? cli_engine_generate(rpc, &o.keys, &o.req, 600000, true) : -EINVAL;
   if (rc) fprintf(stderr, "ferrumctl submit: %s\n", fr_last_error());
   return rc ? 1 : 0;
 }
 
 /* ---- status / cancel ---------------------------------------------------------------- */
 
-int cli_cmd_status(int argc, char **argv) {
-  const char *rpc = NULL;
-  static const struct option lo[] = {{"rpc", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
+static const struct option cli_rpc_lo[] = {{"rpc", required_argument, 0, 'r'},
+                                           {"server-key", required_argument, 0, 'K'},
+                                           {"curve-key", required_argument, 0, 'C'},
+                                           {"help", no_argument, 0, 'h'},
+                                           {0, 0, 0, 0}};
+
+/* The options status and cancel share: --rpc and the CURVE keys. Returns 0,
+ * 1 after --help, 2 on a bad option. */
+static int cli_rpc_opts(int argc, char **argv, const char *usage, const char **rpc, cli_curve_t *k) {
   int c;
   optind = 1;
-  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-    if (c == 'r') rpc = optarg;
+  while ((c = getopt_long(argc, argv, "h", cli_rpc_lo, NULL)) != -1) {
+    if (c == 'r') *rpc = optarg;
+    else if (c == 'K') k->server_key = optarg;
+    else if (c == 'C') k->curve_key = optarg;
     else {
-      fprintf(c == 'h' ? stdout : stderr, "usage: ferrumctl status [--rpc ADDR]\n");
-      return c == 'h' ? 0 : 2;
+      fprintf(c == 'h' ? stdout : stderr, "usage: %s\n", usage);
+      return c == 'h' ? 1 : 2;
     }
   }
+  return 0;
+}
+
+int cli_cmd_status(int argc, char **argv) {
+  const char *rpc = NULL;
+  cli_curve_t keys = {0};
+  int orc = cli_rpc_opts(argc, argv, "ferrumctl status [--rpc ADDR] [--server-key KEY --curve-key FILE]", &rpc, &keys);
+  if (orc) return orc == 1 ? 0 : 2;
   rpc = cli_rpc_default(rpc);
   fr_client_t *cl = NULL;
   proto_status_reply_t st;
-  int rc = rpc ? fr_client_connect(&cl, rpc) : -EINVAL;
+  int rc = rpc ? cli_connect(&cl, rpc, &keys) : -EINVAL;
   if (!rc) fr_client_set_timeout(cl, 3000), rc = fr_client_status(cl, NULL, &st);
   if (!rc)
     printf("{\"model\": \"%s\", \"waiting\": %u, \"running\": %u, \"kv_used_blocks\": %u, \"kv_total_blocks\": %u, "
@@ -193,18 +235,15 @@ int cli_cmd_status(int argc, char **argv) {
 
 int cli_cmd_cancel(int argc, char **argv) {
   const char *rpc = NULL;
-  static const struct option lo[] = {{"rpc", required_argument, 0, 'r'}, {"help", no_argument, 0, 'h'}, {0, 0, 0, 0}};
-  int c;
+  cli_curve_t keys = {0};
   long id = 0;
-  optind = 1;
-  while ((c = getopt_long(argc, argv, "h", lo, NULL)) != -1) {
-    if (c == 'r') rpc = optarg;
-    else return fprintf(c == 'h' ? stdout : stderr, "usage: ferrumctl cancel [--rpc ADDR] JOB_ID\n"), c == 'h' ? 0 : 2;
-  }
+  int orc = cli_rpc_opts(argc, argv, "ferrumctl cancel [--rpc ADDR] [--server-key KEY --curve-key FILE] JOB_ID", &rpc,
+                         &keys);
+  if (orc) return orc == 1 ? 0 : 2;
   if (optind != argc - 1 || cli_parse_int("JOB_ID", argv[optind], 1, 0x7fffffffffffffffL, &id)) return 2;
   rpc = cli_rpc_default(rpc);
   fr_client_t *cl = NULL;
-  int rc = rpc ? fr_client_connect(&cl, rpc) : -EINVAL;
+  int rc = rpc ? cli_connect(&cl, rpc, &keys) : -EINVAL;
   if (!rc) rc = fr_client_cancel(cl, (uint64_t)id);
   proto_event_t ev;
   if (!rc && fr_client_next_event(cl, 500, &ev) == 0 && ev.error.code)

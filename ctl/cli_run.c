@@ -139,7 +139,7 @@ static int run_engine(const run_opts_t *o) {
     FR_LOGI("no server at %s: starting a private engine", rpc);
     rc = cli_engine_start_private(o->model, o->device, (int)o->threads, rpc, sizeof rpc, &pid);
   }
-  if (rc == 0) rc = cli_engine_generate(rpc, &req, -1, true);
+  if (rc == 0) rc = cli_engine_generate(rpc, NULL, &req, -1, true);
   int err = rc;
   char msgbuf[512];
   snprintf(msgbuf, sizeof msgbuf, "%s", rc ? fr_last_error() : "");

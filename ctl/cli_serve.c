@@ -62,14 +62,23 @@ static void serve_usage(FILE *f) {
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
           "  --max-queue N                 waiting jobs before new ones get 429 (default 1024)\n"
           "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n"
-          "  --restart-backoff-max MS      longest wait before restarting a worker that keeps dying (default 30000)\n",
+          "  --restart-backoff-max MS      longest wait before restarting a worker that keeps dying (default 30000)\n"
+          "  --curve-key FILE              this server's CURVE key pair (`ferrumctl keygen`; or the secret key in\n"
+          "                                $FERRUM_CURVE_SECRET_KEY): every tcp:// socket (RPC, workers) encrypts\n"
+          "                                and lets in only the keys of --curve-clients and its own. Without it a\n"
+          "                                tcp:// endpoint other hosts can reach is refused\n"
+          "  --curve-clients FILE          public keys allowed to connect, one per line (`cat a.pub b.pub`)\n"
+          "  --worker-endpoint ADDR        where workers connect (default ipc:// in the runtime folder;\n"
+          "                                tcp://0.0.0.0:5556 for remote workers)\n"
+          "  --remote-workers N            the last N ranks are not started here: they join from other hosts\n"
+          "                                (`ferrum-worker --connect` the worker endpoint; default 0)\n",
           cli_default_model());
 }
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -117,6 +126,10 @@ static int serve_opt(serve_opts_t *o, int c) {
     if (cli_parse_int("--restart-backoff-max", optarg, 1, 3600000, &v)) return 2;
     k->restart_backoff_max_ms = (int)v;
     return 0;
+  case O_CURVE: k->curve_key_path = optarg; return 0;
+  case O_CLIENTS: k->curve_clients_path = optarg; return 0;
+  case O_WEP: k->worker_endpoint = optarg; return 0;
+  case O_REMOTE: if (cli_parse_int("--remote-workers", optarg, 0, 16, &v)) return 2; k->remote_workers = (int)v; return 0;
   case 'h': serve_usage(stdout); return 1;
   default: serve_usage(stderr); return 2;
   }
@@ -151,6 +164,10 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"fake-workers", no_argument, 0, O_FAKE},
       {"max-queue", required_argument, 0, O_QUEUE},
       {"restart-backoff-max", required_argument, 0, O_BACKOFF},
+      {"curve-key", required_argument, 0, O_CURVE},
+      {"curve-clients", required_argument, 0, O_CLIENTS},
+      {"worker-endpoint", required_argument, 0, O_WEP},
+      {"remote-workers", required_argument, 0, O_REMOTE},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);

@@ -20,6 +20,7 @@ static void usage(FILE *f) {
           "  tokenize  print the token ids of a text as JSON\n"
           "  inspect   print a model's architecture, tokenizer and tensors\n"
           "  pull      fetch the default model into models/\n"
+          "  keygen    make a CURVE key pair for tcp:// sockets (servers, clients, remote workers)\n"
           "\n"
           "ferrumctl <command> --help shows a command's options.\n");
 }
@@ -37,7 +38,7 @@ int main(int argc, char **argv) {
       {"run", cli_cmd_run},       {"tokenize", cli_cmd_tokenize}, {"inspect", cli_cmd_inspect},
       {"pull", cli_cmd_pull},     {"serve", cli_cmd_serve},       {"stop", cli_cmd_stop},
       {"submit", cli_cmd_submit}, {"status", cli_cmd_status},     {"cancel", cli_cmd_cancel},
-      {"chat", cli_cmd_chat},     {"bench", cli_cmd_bench},
+      {"chat", cli_cmd_chat},     {"bench", cli_cmd_bench},       {"keygen", cli_cmd_keygen},
   };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

@@ -213,6 +213,13 @@ int kv_seq_len(const kv_ctl_t *ctl, int slot);
  * took from the cache. No-op with the cache disabled. */
 int kv_prefix_commit(kv_ctl_t *ctl, int slot, const int32_t *tokens, int n);
 
+/* Forgets the cached blocks that are free: the KV pool they lived in is
+ * gone (a worker whose pool is in its own memory, a GPU or a remote host,
+ * restarted). Free the sequences that used that pool first (blocks in use
+ * keep their entries). Forgotten blocks are reused like any free block.
+ * Returns how many were forgotten. */
+int kv_prefix_forget(kv_ctl_t *ctl);
+
 /* Finds the longest cached prefix of tokens[0..n) with this salt, in whole
  * blocks: *n_blocks receives the count and blocks[0..min(count, cap)) the
  * block ids (blocks may be NULL with cap 0); *n_free (may be NULL) the count

@@ -75,6 +75,17 @@ void kv__block_uncache(kv_ctl_t *ctl, uint32_t b) {
   ctl->blocks[b].h[0] = ctl->blocks[b].h[1] = 0;
 }
 
+int kv_prefix_forget(kv_ctl_t *ctl) {
+  int n = 0;
+  for (uint32_t b = 0; b < (uint32_t)ctl->n_blocks; b++) {
+    kv__block_t *blk = &ctl->blocks[b];
+    if (!blk->flags || blk->ref > 0) continue; /* in use: its sequence's slot says it is committed */
+    if (blk->flags & KV__BLK_INDEXED) ctl->hdr->n_cached_free--, n++;
+    kv__block_uncache(ctl, b); /* it stays in the free queue, where it is */
+  }
+  return n;
+}
+
 /* Walks the chain of tokens[0..n_blk * bs): stores hit block ids (up to cap)
  * and returns the hit count; *n_free counts hits with ref 0. */
 static int kv__lookup(const kv_ctl_t *ctl, const int32_t *tokens, int n_blk, uint64_t salt, int32_t *blocks,

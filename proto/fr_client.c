@@ -2,6 +2,7 @@
  * monitor (to notice a coordinator that went away), a queue of events that
  * arrived while a call waited for its reply, and the set of running jobs. */
 #include "proto/fr_client.h"
+#include "proto/curve.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -24,6 +25,7 @@ struct fr_client {
   void *mon;  /* PAIR receiving the socket's connect / disconnect events */
   int timeout_ms;
   int lost;   /* the connection dropped while jobs ran: next_event says so */
+  int refused; /* the monitor event of a failed security handshake, 0 if none */
   uint64_t next_id, next_rid;
   proto_buf_t out;
   proto_msg_t in;
@@ -93,7 +95,20 @@ static int set_int(void *sock, int opt, int v, const char *name) {
   return 0;
 }
 
-static int open_sockets(fr_client_t *c, const char *endpoint) {
+/* CURVE client options from keys (Z85 strings). */
+static int set_curve(fr_client_t *c, const fr_client_keys_t *keys) {
+  proto_curve_pair_t kp;
+  if (!keys->server_key || !keys->secret_key)
+    return fr_errorf(-EINVAL, "fr_client: CURVE needs the server's public key and this client's secret key");
+  int rc = proto_curve_from_secret(&kp, keys->secret_key);
+  if (rc) return fr_errorf(rc, "fr_client: this client's secret key: %s", fr_last_error());
+  if (keys->public_key && strcmp(keys->public_key, kp.pub))
+    return fr_errorf(FR_EFORMAT, "fr_client: the public key does not match the secret key");
+  rc = proto_curve_client(c->sock, &kp, keys->server_key);
+  return rc ? fr_errorf(rc, "fr_client: %s", fr_last_error()) : 0;
+}
+
+static int open_sockets(fr_client_t *c, const char *endpoint, const fr_client_keys_t *keys) {
   int rc;
   c->sock = zmq_socket(c->ctx, ZMQ_DEALER);
   if (!c->sock) return zmq_fail("socket");
@@ -101,11 +116,14 @@ static int open_sockets(fr_client_t *c, const char *endpoint) {
       (rc = set_int(c->sock, ZMQ_HEARTBEAT_IVL, 1000, "heartbeat")) ||
       (rc = set_int(c->sock, ZMQ_HEARTBEAT_TIMEOUT, 5000, "heartbeat timeout")))
     return rc;
+  if (keys && (rc = set_curve(c, keys))) return rc;
   /* The monitor endpoint is unique per client, also in a shared context. */
   static _Atomic unsigned long counter;
   char mon_ep[96];
   snprintf(mon_ep, sizeof mon_ep, "inproc://fr-client-monitor-%p-%lu", (void *)c, ++counter);
-  if (zmq_socket_monitor(c->sock, mon_ep, ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) != 0)
+  int events = ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+  if (zmq_socket_monitor(c->sock, mon_ep, events) != 0)
     return zmq_fail("socket_monitor");
   c->mon = zmq_socket(c->ctx, ZMQ_PAIR);
   if (!c->mon) return zmq_fail("socket");
@@ -118,7 +136,7 @@ static int open_sockets(fr_client_t *c, const char *endpoint) {
   return 0;
 }
 
-static int client_open(fr_client_t **out, void *ctx, const char *endpoint) {
+static int client_open(fr_client_t **out, void *ctx, const char *endpoint, const fr_client_keys_t *keys) {
   *out = NULL;
   if (!endpoint) return fr_errorf(-EINVAL, "fr_client: no endpoint");
   fr_client_t *c = fr_calloc(1, sizeof *c);
@@ -129,7 +147,7 @@ static int client_open(fr_client_t **out, void *ctx, const char *endpoint) {
   proto_msg_init(&c->in);
   c->own_ctx = ctx == NULL;
   c->ctx = ctx ? ctx : zmq_ctx_new();
-  int rc = c->ctx ? open_sockets(c, endpoint) : zmq_fail("ctx_new");
+  int rc = c->ctx ? open_sockets(c, endpoint, keys) : zmq_fail("ctx_new");
   if (rc) {
     fr_client_close(c);
     return rc;
@@ -138,11 +156,15 @@ static int client_open(fr_client_t **out, void *ctx, const char *endpoint) {
   return 0;
 }
 
-int fr_client_connect(fr_client_t **out, const char *endpoint) { return client_open(out, NULL, endpoint); }
+int fr_client_connect(fr_client_t **out, const char *endpoint) { return client_open(out, NULL, endpoint, NULL); }
+
+int fr_client_connect_curve(fr_client_t **out, const char *endpoint, const fr_client_keys_t *keys) {
+  return client_open(out, NULL, endpoint, keys);
+}
 
 int fr_client_connect_ctx(fr_client_t **out, void *zmq_ctx, const char *endpoint) {
   if (!zmq_ctx) return fr_errorf(-EINVAL, "fr_client: no ZeroMQ context");
-  return client_open(out, zmq_ctx, endpoint);
+  return client_open(out, zmq_ctx, endpoint, NULL);
 }
 
 void fr_client_close(fr_client_t *c) {
@@ -200,9 +222,20 @@ static int read_monitor(fr_client_t *c) {
       zmq_msg_close(&frame);
     }
     if (event == ZMQ_EVENT_DISCONNECTED) dropped = 1;
+    if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL || event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL ||
+        event == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+      c->refused = event;
   }
   if (dropped && c->n_jobs) c->lost = 1;
   return dropped;
+}
+
+/* The error for a connection the server's CURVE handshake refused. */
+static int refused_error(const fr_client_t *c) {
+  if (c->refused == ZMQ_EVENT_HANDSHAKE_FAILED_AUTH)
+    return fr_errorf(FR_EAUTH, "fr_client: the server refused this client's key (not in its --curve-clients)");
+  return fr_errorf(FR_EAUTH, "fr_client: the security handshake with the server failed (CURVE on one side only, "
+                             "or the wrong server key)");
 }
 
 static int remaining_ms(int timeout_ms, uint64_t start_ns) {
@@ -243,6 +276,7 @@ static int recv_msg(fr_client_t *c, int timeout_ms, int dead_on_drop, zmq_msg_t 
     /* messages first: a job's last events may precede the drop */
     if (items[1].revents & ZMQ_POLLIN) {
       int dropped = read_monitor(c);
+      if (c->refused) return refused_error(c);
       if ((dropped && dead_on_drop) || c->lost) return FR_EDEAD;
     }
     if (n == 0 && remaining_ms(timeout_ms, start) == 0) return fr_errorf(FR_ETIMEOUT, "fr_client: no reply");

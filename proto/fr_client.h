@@ -20,7 +20,8 @@
  * Errors: 0 or a negative FR_E* code with fr_last_error() set; ZeroMQ
  * failures are FR_EZMQ with zmq_strerror() in the message, a reply that
  * does not come is FR_ETIMEOUT, a coordinator that went away while jobs
- * were running is FR_EDEAD.
+ * were running is FR_EDEAD, a server that refused the connection's CURVE
+ * handshake is FR_EAUTH.
  *
  * Threads: a client is used by one thread at a time.
  * Ownership: what the library hands out (event texts and arrays, status
@@ -43,6 +44,20 @@ typedef struct fr_client fr_client_t;
  * "tcp://127.0.0.1:5555"). ZeroMQ connects in the background: this
  * succeeds before the coordinator is up, and messages wait for it. */
 int fr_client_connect(fr_client_t **out, const char *endpoint);
+
+/* CURVE keys of a client (Z85 text, 40 characters each; proto/curve.h
+ * reads them from files): the server's public key, this client's key pair
+ * (public_key may be NULL: derived from secret_key). */
+typedef struct {
+  const char *server_key;
+  const char *public_key;
+  const char *secret_key;
+} fr_client_keys_t;
+
+/* Connects with CURVE to a server whose tcp:// socket requires it. A
+ * server that refuses the key, or a handshake that fails, makes the calls
+ * that wait for the coordinator return FR_EAUTH. */
+int fr_client_connect_curve(fr_client_t **out, const char *endpoint, const fr_client_keys_t *keys);
 
 /* The same over a ZeroMQ context the caller owns (zmq_ctx, borrowed; it
  * must outlive the client), for inproc:// endpoints in one process. */

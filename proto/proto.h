@@ -55,6 +55,7 @@ extern "C" {
 #define PROTO_MAX_TOPN 20u              /* top logprobs per token */
 #define PROTO_MAX_FREED 4096u           /* freed slots in a step */
 #define PROTO_MAX_COPIES 65536u         /* block copies in a step */
+#define PROTO_MAX_TABLE 65536u          /* block table entries in one table update */
 #define PROTO_MAX_OPTIONS 64u           /* model load options */
 #define PROTO_MAX_RANKS 16u             /* tensor-parallel ranks a status lists */
 #define PROTO_MAX_MODELS 256u           /* models in a list reply */
@@ -229,6 +230,16 @@ typedef struct {
   uint32_t dst; /* "d" required */
 } proto_copy_t;
 
+/* A block table change for workers that cannot read the control segment
+ * (remote workers): the slot's table becomes its entries below first, then
+ * blocks; its length is first + n_blocks (n_blocks 0 truncates). */
+typedef struct {
+  uint32_t slot;     /* "s" required */
+  uint32_t first;    /* "f" */
+  uint32_t n_blocks; /* "b" <= PROTO_MAX_TABLE */
+  int32_t *blocks;   /* (n_blocks) block ids */
+} proto_table_t;
+
 typedef struct {
   uint64_t step_id;          /* "id" required */
   uint64_t epoch;            /* "ep" required: coordinator epoch (restarts) */
@@ -238,6 +249,9 @@ typedef struct {
   uint32_t *freed;           /* (n_freed) slots whose sequences ended */
   uint32_t n_copies;         /* "cp" <= PROTO_MAX_COPIES */
   proto_copy_t *copies;      /* (n_copies) block copies, before the forward pass */
+  uint32_t n_tables;         /* "tb" <= PROTO_MAX_ITEMS */
+  proto_table_t *tables;     /* (n_tables) table changes since the last step, for remote workers
+                              * (workers that map the control segment ignore them) */
 } proto_step_t;
 
 typedef struct {

@@ -120,6 +120,7 @@ static const proto_kv_init_t def_kv_init;
 static const proto_kv_ready_t def_kv_ready;
 static const proto_step_item_t def_step_item = {.final = true, .sp = SAMPLING_DEFAULTS};
 static const proto_copy_t def_copy;
+static const proto_table_t def_table;
 static const proto_step_t def_step;
 static const proto_toplp_t def_toplp;
 static const proto_logits_handle_t def_handle;
@@ -234,12 +235,28 @@ static const proto_field_t f_copy[] = {
 };
 SCHEMA(s_copy, "block copy", proto_copy_t, f_copy, def_copy, NULL);
 
+static const proto_field_t f_table[] = {
+    FS("s", PF_U32, PF_REQ, proto_table_t, slot),
+    FS("f", PF_U32, 0, proto_table_t, first),
+    FARR("b", PF_I32S, 0, proto_table_t, blocks, n_blocks, PROTO_MAX_TABLE),
+};
+
+static int check_table(const void *body) {
+  const proto_table_t *t = body;
+  if ((uint64_t)t->first + t->n_blocks > PROTO_MAX_TABLE)
+    return fr_errorf(FR_EPROTO, "block table of slot %u: %u + %u entries, more than %u", t->slot, t->first,
+                     t->n_blocks, PROTO_MAX_TABLE);
+  return 0;
+}
+SCHEMA(s_table, "block table", proto_table_t, f_table, def_table, check_table);
+
 static const proto_field_t f_step[] = {
     FS("id", PF_U64, PF_REQ, proto_step_t, step_id),
     FS("ep", PF_U64, PF_REQ, proto_step_t, epoch),
     FOBJS("it", 0, proto_step_t, items, n_items, PROTO_MAX_ITEMS, s_step_item),
     FARR("fr", PF_U32S, 0, proto_step_t, freed, n_freed, PROTO_MAX_FREED),
     FOBJS("cp", 0, proto_step_t, copies, n_copies, PROTO_MAX_COPIES, s_copy),
+    FOBJS("tb", 0, proto_step_t, tables, n_tables, PROTO_MAX_ITEMS, s_table),
 };
 SCHEMA(s_step, "step", proto_step_t, f_step, def_step, NULL);
 

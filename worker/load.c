@@ -16,7 +16,8 @@ typedef struct {
   const char *device;
   const char *comm; /* tensor parallel: the group's rendezvous (kern_comm_t.id) */
   long threads, max_tokens, max_seqs;
-  bool fake_forward;
+  long block_size, max_blocks; /* remote: the control segment's geometry */
+  bool fake_forward, remote;
 } worker_load_opts_t;
 
 static int worker__opt_long(const char *key, const char *v, long lo, long hi, long *out) {
@@ -40,9 +41,14 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "max_seqs")) rc = worker__opt_long(k, v, 1, PROTO_MAX_ITEMS, &o->max_seqs);
     else if (!strcmp(k, "fake_forward")) o->fake_forward = !strcmp(v, "1");
     else if (!strcmp(k, "comm")) o->comm = v;
+    else if (!strcmp(k, "remote")) o->remote = !strcmp(v, "1");
+    else if (!strcmp(k, "block_size")) rc = worker__opt_long(k, v, 1, 4096, &o->block_size);
+    else if (!strcmp(k, "max_blocks")) rc = worker__opt_long(k, v, 1, PROTO_MAX_TABLE, &o->max_blocks);
     else FR_LOGW("unknown load option %s ignored", k);
     if (rc) return rc;
   }
+  if (o->remote && (!o->block_size || !o->max_blocks))
+    return fr_errorf(FR_EPROTO, "a remote load needs the options block_size and max_blocks");
   return 0;
 }
 
@@ -64,7 +70,7 @@ static int worker__device_pool(worker_t *w) {
  * segment: maps (or creates) it and adopts it without zeroing, so
  * prefix-cached blocks written before a restart stay valid. */
 static int worker__pool(worker_t *w) {
-  if (!w->be->host_memory) return worker__device_pool(w);
+  if (!w->be->host_memory || w->remote) return worker__device_pool(w); /* remote: in this process */
   kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, worker__kv_type(w));
   size_t bytes = kern_kv_pool_bytes(&kc);
   if (!bytes) return fr_errorf(FR_ETOOBIG, "KV pool of %d blocks is too big", w->info.n_blocks);
@@ -96,7 +102,7 @@ static int worker__pool(worker_t *w) {
 }
 
 static int worker__logits_seg(worker_t *w) {
-  if (w->args.rank != 0) return 0;
+  if (w->args.rank != 0 || w->remote) return 0; /* remote: no logits handles */
   char what[KV_WHAT_MAX];
   snprintf(what, sizeof what, "%s%d", WORKER_LOGITS_WHAT, w->args.rank);
   size_t bytes = (size_t)w->max_seqs * (size_t)w->vocab * sizeof(float);
@@ -128,6 +134,10 @@ static void worker__scratch(worker_t *w) {
   w->ok_items = fr_calloc(S, sizeof(proto_step_item_t));
   w->tops = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->top_ids = fr_malloc(S * PROTO_MAX_TOPN * sizeof(int32_t)); /* a row per item: the device sampler fills all */
+  if (w->remote) {
+    w->rtab = fr_malloc((size_t)w->info.max_seqs * (size_t)w->info.max_blocks_per_seq * sizeof(int32_t));
+    w->rlen = fr_calloc((size_t)w->info.max_seqs, sizeof(int32_t));
+  }
   w->top_lp = fr_malloc(S * PROTO_MAX_TOPN * sizeof(float));
   w->hist = fr_calloc((size_t)w->info.max_seqs, sizeof(worker_hist_t));
   model_sampler_init(&w->smp, w->vocab);
@@ -268,6 +278,12 @@ static void worker__log_memory(const worker_t *w, int kv_blocks, int block_size,
 
 /* Maps the control segment of a fixed KV pool (kv_blocks: what it must hold, 0 = any). */
 static int worker__attach_control(worker_t *w, uint32_t kv_blocks) {
+  if (w->remote) { /* no segment to map: its geometry came with the load */
+    w->info = (kv_info_t){.n_blocks = (int)kv_blocks, .block_size = w->remote_block_size, .max_seqs = w->remote_max_seqs,
+                          .max_blocks_per_seq = w->remote_max_blocks};
+    return kv_blocks ? 0 : fr_errorf(FR_EPROTO, "a remote load needs a block count");
+  }
+  if (!w->args.instance) return fr_errorf(FR_EPROTO, "a worker started without --instance can only load remote");
   int rc = kv_control_attach(&w->ctl, w->args.instance);
   if (rc) return rc;
   kv_control_info(w->ctl, &w->info);
@@ -339,6 +355,10 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if (rc) return rc;
   if (w->loaded || w->m) return fr_errorf(FR_ESTATE, "a model is already loaded");
   bool sizing = proto_load_sizes_kv(l);
+  w->remote = o.remote;
+  w->remote_block_size = (int)o.block_size;
+  w->remote_max_blocks = (int)o.max_blocks;
+  w->remote_max_seqs = (int)o.max_seqs;
   if (!sizing && (rc = worker__attach_control(w, l->kv_blocks))) goto fail;
   if ((rc = kern_backend_create(&w->be, o.device, (int)o.threads))) goto fail;
   size_t used_load, total;
@@ -383,7 +403,8 @@ void worker_unload(worker_t *w) {
   }
   free(w->tokens), free(w->pos), free(w->slots), free(w->q_start), free(w->ctx_len);
   free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems), free(w->ok_items);
-  free(w->tops), free(w->top_ids), free(w->top_lp), free(w->hist);
+  free(w->tops), free(w->top_ids), free(w->top_lp), free(w->hist), free(w->rtab), free(w->rlen);
+  w->rtab = w->rlen = NULL;
   w->tokens = w->pos = w->slots = w->q_start = w->ctx_len = w->tables = w->copy_pairs = w->top_ids = NULL;
   w->logits = w->raw = w->top_lp = NULL;
   w->ritems = NULL;

@@ -1,8 +1,15 @@
 /* main.c - ferrum-worker: registration, the message loop, exit rules.
  *
- * usage: ferrum-worker --connect ENDPOINT --instance ID [--rank R]
+ * usage: ferrum-worker --connect ENDPOINT [--instance ID] [--rank R]
  *                      [--world-size N] [--device DEV] [--coord-pid PID]
- *                      [--hb-timeout-ms MS]
+ *                      [--hb-timeout-ms MS] [--curve-key FILE --server-key KEY]
+ *
+ * The coordinator starts its local workers with --instance (they map its
+ * shared memory). A remote worker, on another host, is started by hand or
+ * by its pod with --connect tcp://COORDINATOR:PORT and no --instance; a
+ * tcp:// endpoint other hosts reach needs CURVE: this worker's key pair
+ * (--curve-key, or FERRUM_CURVE_SECRET_KEY) and the coordinator's public
+ * key (--server-key, Z85 or a file, or FERRUM_SERVER_KEY).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -17,6 +24,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
+#include "proto/curve.h"
 #include "worker/worker.h"
 
 static volatile sig_atomic_t worker_stop;
@@ -31,6 +39,8 @@ static int worker__parse(int argc, char **argv, worker_args_t *a) {
                                      {"coord-pid", required_argument, 0, 'p'},
                                      {"hb-timeout-ms", required_argument, 0, 't'},
                                      {"device", required_argument, 0, 'd'},
+                                     {"curve-key", required_argument, 0, 'k'},
+                                     {"server-key", required_argument, 0, 's'},
                                      {0, 0, 0, 0}};
   *a = (worker_args_t){.world_size = 1, .hb_timeout_ms = 30000};
   int c;
@@ -43,11 +53,33 @@ static int worker__parse(int argc, char **argv, worker_args_t *a) {
     case 'p': a->coord_pid = (pid_t)atol(optarg); break;
     case 't': a->hb_timeout_ms = atoi(optarg); break;
     case 'd': a->device = optarg; break;
+    case 'k': a->curve_key = optarg; break;
+    case 's': a->server_key = optarg; break;
     default: return -1;
     }
   }
-  if (!a->connect || !a->instance || a->rank < 0 || a->world_size < 1 || a->rank >= a->world_size) return -1;
+  if (!a->connect || a->rank < 0 || a->world_size < 1 || a->rank >= a->world_size) return -1;
+  if (!a->server_key) a->server_key = getenv(PROTO_CURVE_SERVER_ENV);
   return 0;
+}
+
+/* CURVE on the connection to the coordinator: where a server key is given,
+ * or required where the endpoint is tcp:// beyond this host. */
+static int worker__curve(worker_t *w) {
+  const worker_args_t *a = &w->args;
+  bool wide = proto_endpoint_tcp(a->connect) && !proto_endpoint_loopback(a->connect);
+  if (!a->server_key || !*a->server_key)
+    return wide ? fr_errorf(FR_EAUTH, "%s reaches beyond this host: give --server-key (the coordinator's public key) "
+                                      "and --curve-key (this worker's key pair)", a->connect)
+                : 0;
+  char server[PROTO_CURVE_Z85];
+  proto_curve_pair_t kp;
+  bool found;
+  int rc = proto_curve_public(server, a->server_key);
+  if (!rc) rc = proto_curve_find(&kp, a->curve_key, &found);
+  if (!rc && !found) rc = fr_errorf(FR_EAUTH, "--server-key needs this worker's key pair (--curve-key or %s)", PROTO_CURVE_ENV);
+  if (!rc) rc = proto_curve_client(w->sock, &kp, server);
+  return rc;
 }
 
 static int worker__send(worker_t *w, proto_type_t type, const void *body) {
@@ -178,8 +210,8 @@ int main(int argc, char **argv) {
   memset(&w, 0, sizeof w);
   w.pool_seg.fd = w.logits_seg.fd = -1;
   if (worker__parse(argc, argv, &w.args)) {
-    fprintf(stderr, "usage: ferrum-worker --connect ENDPOINT --instance ID [--rank R] [--world-size N] "
-                    "[--device DEV] [--coord-pid PID] [--hb-timeout-ms MS]\n");
+    fprintf(stderr, "usage: ferrum-worker --connect ENDPOINT [--instance ID] [--rank R] [--world-size N] "
+                    "[--device DEV] [--coord-pid PID] [--hb-timeout-ms MS] [--curve-key FILE --server-key KEY]\n");
     return 2;
   }
   prctl(PR_SET_PDEATHSIG, SIGKILL);
@@ -198,6 +230,8 @@ int main(int argc, char **argv) {
   w.sock = w.zctx ? zmq_socket(w.zctx, ZMQ_DEALER) : NULL;
   if (!w.sock) goto done;
   zmq_setsockopt(w.sock, ZMQ_LINGER, &linger, sizeof linger);
+  if ((rc = worker__curve(&w))) goto done;
+  rc = FR_EZMQ;
   if (zmq_connect(w.sock, w.args.connect) != 0) {
     fr_errorf(FR_EZMQ, "connect %s: %s", w.args.connect, zmq_strerror(errno));
     goto done;

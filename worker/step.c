@@ -24,6 +24,40 @@ static void worker__hist_feed(worker_hist_t *h, int pos, const int32_t *tok, int
   h->len = (int)need;
 }
 
+/* A remote worker's tables: the step's changes, checked whole before any
+ * is applied (a bad one fails the step and changes nothing). */
+static int worker__tables(worker_t *w, const proto_step_t *st) {
+  const int mb = w->info.max_blocks_per_seq;
+  for (uint32_t i = 0; i < st->n_tables; i++) {
+    const proto_table_t *t = &st->tables[i];
+    if (t->slot >= (uint32_t)w->info.max_seqs) return fr_errorf(FR_EPROTO, "block table %u: slot %u out of range", i, t->slot);
+    if (t->first > (uint32_t)w->rlen[t->slot] || t->first + t->n_blocks > (uint32_t)mb)
+      return fr_errorf(FR_EPROTO, "block table of slot %u: entries %u..%u, the slot holds %d of at most %d", t->slot,
+                       t->first, t->first + t->n_blocks, w->rlen[t->slot], mb);
+    for (uint32_t b = 0; b < t->n_blocks; b++)
+      if (t->blocks[b] < 0 || t->blocks[b] >= w->info.n_blocks)
+        return fr_errorf(FR_EPROTO, "block table of slot %u: block %d out of range", t->slot, t->blocks[b]);
+  }
+  for (uint32_t i = 0; i < st->n_tables; i++) {
+    const proto_table_t *t = &st->tables[i];
+    memcpy(w->rtab + (size_t)t->slot * (size_t)mb + t->first, t->blocks, t->n_blocks * sizeof(int32_t));
+    w->rlen[t->slot] = (int32_t)(t->first + t->n_blocks);
+  }
+  return 0;
+}
+
+/* The slot's table into row: from the control segment, or (remote) from
+ * what the steps sent, the sequence as long as the item needs. */
+static int worker__read_table(worker_t *w, uint32_t slot, int32_t *row, uint64_t end, kv_seq_view_t *v) {
+  const int mb = w->info.max_blocks_per_seq;
+  if (!w->remote) return kv_seq_read(w->ctl, (int)slot, row, mb, v);
+  int n = w->rlen[slot];
+  memcpy(row, w->rtab + (size_t)slot * (size_t)mb, (size_t)n * sizeof(int32_t));
+  *v = (kv_seq_view_t){.len = (int32_t)FR_MIN(end, (uint64_t)n * (uint64_t)w->info.block_size), .n_blocks = n,
+                       .in_use = n > 0};
+  return 0;
+}
+
 /* Validates an item against the slot's block table and appends it to the
  * batch: positions, KV slots, query range, context length, table row. */
 static int worker__add_item(worker_t *w, const proto_step_item_t *it, int s, int *n_tok) {
@@ -33,7 +67,7 @@ static int worker__add_item(worker_t *w, const proto_step_item_t *it, int s, int
     return fr_errorf(FR_ETOOBIG, "step has more than %d tokens", w->max_tokens);
   int32_t *row = w->tables + (size_t)s * (size_t)mb;
   kv_seq_view_t v;
-  int rc = kv_seq_read(w->ctl, (int)it->slot, row, mb, &v);
+  int rc = worker__read_table(w, it->slot, row, (uint64_t)it->pos + it->n_tokens, &v);
   if (rc) return fr_errorf(rc, "item %d: slot %u: %s", s, it->slot, fr_last_error());
   uint64_t end = (uint64_t)it->pos + it->n_tokens;
   if (!v.in_use || end > (uint64_t)v.len || end > (uint64_t)v.n_blocks * (uint64_t)bs)
@@ -248,9 +282,12 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   if (st_in->n_items > (uint32_t)w->max_seqs)
     return fr_errorf(FR_ETOOBIG, "step has %u items, more than %d", st_in->n_items, w->max_seqs);
   for (uint32_t i = 0; i < st_in->n_freed; i++)
-    if (st_in->freed[i] < (uint32_t)w->info.max_seqs)
+    if (st_in->freed[i] < (uint32_t)w->info.max_seqs) {
       w->hist[st_in->freed[i]].len = 0, w->hist[st_in->freed[i]].has_sp = false;
-  int rc = worker__slot_params(w, st_in);
+      if (w->remote) w->rlen[st_in->freed[i]] = 0;
+    }
+  int rc = w->remote ? worker__tables(w, st_in) : 0;
+  if (!rc) rc = worker__slot_params(w, st_in);
   if (!rc) rc = worker__copies(w, st_in);
   if (rc) return rc;
   res->items = w->ritems;

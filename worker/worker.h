@@ -47,7 +47,9 @@ typedef struct {
 /* Command line of a worker process. */
 typedef struct {
   const char *connect;  /* coordinator's worker endpoint (ipc:// or tcp://) */
-  const char *instance; /* instance id (segment names) */
+  const char *instance; /* instance id (segment names); NULL for a remote worker */
+  const char *curve_key;  /* --curve-key: this worker's key pair file (NULL: FERRUM_CURVE_SECRET_KEY) */
+  const char *server_key; /* --server-key: the coordinator's public key, Z85 or a file (tcp:// with CURVE) */
   int rank, world_size;
   const char *device;   /* --device: what rank 0 of a GPU group makes its rendezvous for (NULL = cpu) */
   pid_t coord_pid;      /* the coordinator: exit when it is gone (0 = don't check) */
@@ -93,6 +95,13 @@ typedef struct {
   int kv_block_size;               /* tokens per block the load asked for */
   size_t kv_block_bytes;           /* bytes of one block of this model's pool */
   size_t weight_bytes, act_bytes;  /* backend memory of the weights, of the activations (logged) */
+  /* A remote worker (the load's option remote=1: another host, no shared
+   * memory): the block tables come in the step descriptors, the KV pool
+   * and the logits stay in this process. */
+  bool remote;
+  int remote_block_size, remote_max_blocks, remote_max_seqs; /* the control segment's geometry (load) */
+  int32_t *rtab;                   /* (max_seqs, max_blocks_per_seq) the tables the steps sent */
+  int32_t *rlen;                   /* (max_seqs) entries of each */
 } worker_t;
 
 /* Loads the model of a load message. With a fixed KV pool (no sizing

@@ -170,6 +170,39 @@ START_TEST(test_revive_after_free) {
 }
 END_TEST
 
+/* A lost pool (a restarted worker's): the free cached blocks are
+ * forgotten, in-use ones once their sequence is freed; the accounting
+ * stays whole. */
+START_TEST(test_forget_all) {
+  kv_ctl_t *ctl = mk(16, 16, true);
+  int32_t a[4 * BS], b[3 * BS];
+  fill(a, 4 * BS, 5);
+  fill(b, 3 * BS, 6);
+  int s = seq_commit(ctl, a, 3 * BS + 1, 0);
+  ck_assert_int_eq(kv_seq_free(ctl, s), 0); /* 3 cached free blocks */
+  int live = seq_commit(ctl, b, 2 * BS, 0); /* 2 cached in use */
+  ck_assert_int_eq(lookup(ctl, a, 4 * BS, 0), 3);
+  ck_assert_int_eq(lookup(ctl, b, 3 * BS, 0), 2);
+  ck_assert_int_eq(kv_prefix_forget(ctl), 3);
+  ck_assert_int_eq(lookup(ctl, a, 4 * BS, 0), 0);
+  ck_assert_int_eq(lookup(ctl, b, 3 * BS, 0), 2); /* in use: kept */
+  ck_assert_int_eq(kv_blocks_free_count(ctl), 14);
+  ck_assert_int_eq(kv_blocks_uncached_free_count(ctl), 14);
+  verify(ctl);
+  ck_assert_int_eq(kv_seq_free(ctl, live), 0);
+  ck_assert_int_eq(kv_blocks_uncached_free_count(ctl), 14);
+  ck_assert_int_eq(kv_prefix_forget(ctl), 2);
+  ck_assert_int_eq(lookup(ctl, b, 3 * BS, 0), 0);
+  ck_assert_int_eq(kv_blocks_uncached_free_count(ctl), 16);
+  verify(ctl);
+  /* the cache works again afterwards */
+  s = seq_commit(ctl, a, 3 * BS + 1, 0);
+  ck_assert_int_eq(lookup(ctl, a, 4 * BS, 0), 3);
+  verify(ctl);
+  kv_control_destroy(ctl);
+}
+END_TEST
+
 START_TEST(test_lru_eviction_on_reuse) {
   kv_ctl_t *ctl = mk(8, 16, true);
   int32_t a[4 * BS], b[4 * BS];
@@ -357,6 +390,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_hash_match_with_other_tokens_misses);
   tcase_add_test(tc, test_write_into_truncated_cached_block);
   tcase_add_test(tc, test_admit_plan);
+  tcase_add_test(tc, test_forget_all);
   tcase_add_test(tc, test_long_prompt);
   tcase_add_loop_test(tc, test_random_prefix, 0, 4);
   tcase_add_loop_test(tc, test_random_prefix_bs16, 0, 3);

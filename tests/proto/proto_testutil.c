@@ -189,6 +189,9 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
   } else if (!strcmp(s->name, "kv_init")) {
     proto_kv_init_t *k = (proto_kv_init_t *)out;
     k->kv_blocks = k->kv_blocks ? k->kv_blocks : 1;
+  } else if (!strcmp(s->name, "block table")) {
+    proto_table_t *t = (proto_table_t *)out;
+    t->first = tu_below(PROTO_MAX_TABLE - t->n_blocks + 1);
   } else if (!strcmp(s->name, "step item")) {
     proto_step_item_t *it = (proto_step_item_t *)out;
     if (!it->n_tokens) {

@@ -23,9 +23,9 @@ debs=(build-essential cmake pkg-config
       libzmq3-dev libmsgpack-dev libpcre2-dev libmicrohttpd-dev
       libjansson-dev libpng-dev python3 python3-pip)
 # Tests: Check, clang and its libFuzzer runtime, what the venv's
-# llama-cpp-python build needs.
+# llama-cpp-python build needs, iproute2 (test_remote's network namespaces).
 if [ $test_tools = 1 ]; then
-  debs+=(check libsubunit-dev clang libclang-rt-14-dev git python3-venv python3-dev)
+  debs+=(check libsubunit-dev clang libclang-rt-14-dev git python3-venv python3-dev iproute2)
 fi
 missing=()
 for p in "${debs[@]}"; do

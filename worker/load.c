@@ -356,6 +356,7 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if (w->loaded || w->m) return fr_errorf(FR_ESTATE, "a model is already loaded");
   bool sizing = proto_load_sizes_kv(l);
   w->remote = o.remote;
+  if (o.remote && w->args.device) o.device = w->args.device; /* its host's device, not the coordinator's guess */
   w->remote_block_size = (int)o.block_size;
   w->remote_max_blocks = (int)o.max_blocks;
   w->remote_max_seqs = (int)o.max_seqs;

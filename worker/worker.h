@@ -51,7 +51,8 @@ typedef struct {
   const char *curve_key;  /* --curve-key: this worker's key pair file (NULL: FERRUM_CURVE_SECRET_KEY) */
   const char *server_key; /* --server-key: the coordinator's public key, Z85 or a file (tcp:// with CURVE) */
   int rank, world_size;
-  const char *device;   /* --device: what rank 0 of a GPU group makes its rendezvous for (NULL = cpu) */
+  const char *device;   /* --device: what rank 0 of a GPU group makes its rendezvous for (NULL = cpu);
+                         * a remote worker's device (local ones take the load's) */
   pid_t coord_pid;      /* the coordinator: exit when it is gone (0 = don't check) */
   int hb_timeout_ms;    /* exit after this long without a message (default 30000) */
 } worker_args_t;

@@ -66,12 +66,17 @@ static int curve_slurp(const char *path, char **out) {
  * for a blank or comment line. */
 static bool curve_line(char *line, const char **name, char **value) {
   while (isspace((unsigned char)*line)) line++;
-  if (*line == '#') return false; /* comments are whole lines: '#' is a Z85 digit */
   char *end = line + strlen(line);
   while (end > line && isspace((unsigned char)end[-1])) *--end = 0;
   if (!*line) return false;
-  char *eq = strchr(line, '=');
+  uint8_t raw[32];
   *name = "";
+  if (end - line == 40 && zmq_z85_decode(raw, line)) { /* a bare key: '#' and '=' are Z85 digits too */
+    *value = line;
+    return true;
+  }
+  if (*line == '#') return false; /* comments are whole lines */
+  char *eq = strchr(line, '=');
   if (eq) {
     char *ne = eq;
     while (ne > line && isspace((unsigned char)ne[-1])) ne--;
@@ -86,30 +91,46 @@ static bool curve_line(char *line, const char **name, char **value) {
   return true;
 }
 
-/* The public and secret keys a file names (either may be missing). */
-static int curve_parse(const char *path, char *text, char pub[PROTO_CURVE_Z85], char sec[PROTO_CURVE_Z85]) {
+/* A NUL-terminated copy of len bytes (a key file's text may hold NULs: they end it). */
+static char *curve_copy(const char *text, size_t len) {
+  char *buf = fr_malloc(len + 1);
+  memcpy(buf, text, len);
+  buf[len] = 0;
+  return buf;
+}
+
+int proto_curve_parse(const char *name, const char *text_in, size_t len, char pub[PROTO_CURVE_Z85],
+                      char sec[PROTO_CURVE_Z85]) {
+  if (len > CURVE_FILE_MAX) return fr_errorf(FR_ETOOBIG, "%s: too large for a key file", name);
+  char *text = curve_copy(text_in, len);
+  int rc = 0, lineno = 0;
   pub[0] = sec[0] = 0;
-  int lineno = 0;
-  for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+  for (char *line = text, *next; line; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = 0;
     lineno++;
-    const char *name;
+    const char *field;
     char *value;
-    if (!curve_line(line, &name, &value)) continue;
-    bool is_sec = !strcmp(name, "secret-key"), is_pub = !strcmp(name, "public-key") || !*name;
+    if (!curve_line(line, &field, &value)) continue;
+    bool is_sec = !strcmp(field, "secret-key"), is_pub = !strcmp(field, "public-key") || !*field;
     uint8_t raw[32];
-    if ((!is_sec && !is_pub) || proto_curve_decode(raw, value))
-      return fr_errorf(FR_EFORMAT, "%s: line %d: expected public-key = KEY or secret-key = KEY (40 characters of Z85)",
-                       path, lineno);
+    if ((!is_sec && !is_pub) || proto_curve_decode(raw, value)) {
+      rc = fr_errorf(FR_EFORMAT, "%s: line %d: expected public-key = KEY or secret-key = KEY (40 characters of Z85)",
+                     name, lineno);
+      break;
+    }
     memcpy(is_sec ? sec : pub, value, PROTO_CURVE_Z85);
   }
-  return 0;
+  free(text);
+  if (rc) pub[0] = sec[0] = 0;
+  return rc;
 }
 
 int proto_curve_load(proto_curve_pair_t *kp, const char *path) {
   char *text, pub[PROTO_CURVE_Z85], sec[PROTO_CURVE_Z85];
   int rc = curve_slurp(path, &text);
   if (rc) return rc;
-  rc = curve_parse(path, text, pub, sec);
+  rc = proto_curve_parse(path, text, strlen(text), pub, sec);
   free(text);
   if (rc) return rc;
   if (!sec[0]) return fr_errorf(FR_EFORMAT, "%s: no secret-key line (a .pub file is not a key pair)", path);
@@ -173,7 +194,7 @@ int proto_curve_public(char out[PROTO_CURVE_Z85], const char *key_or_file) {
   char *text, sec[PROTO_CURVE_Z85];
   int rc = curve_slurp(key_or_file, &text);
   if (rc) return fr_errorf(rc, "server key '%s': neither a key (40 characters of Z85) nor a readable file", key_or_file);
-  rc = curve_parse(key_or_file, text, out, sec);
+  rc = proto_curve_parse(key_or_file, text, strlen(text), out, sec);
   free(text);
   if (rc) return rc;
   if (!out[0] && sec[0]) {
@@ -191,15 +212,27 @@ int proto_curve_read_list(const char *path, uint8_t **keys, int *n_keys) {
   char *text;
   int rc = curve_slurp(path, &text);
   if (rc) return rc;
-  int lineno = 0, n = 0;
+  rc = proto_curve_parse_list(path, text, strlen(text), keys, n_keys);
+  free(text);
+  return rc;
+}
+
+int proto_curve_parse_list(const char *name, const char *text_in, size_t len, uint8_t **keys, int *n_keys) {
+  *keys = NULL;
+  *n_keys = 0;
+  if (len > CURVE_FILE_MAX) return fr_errorf(FR_ETOOBIG, "%s: too large for a key list", name);
+  char *text = curve_copy(text_in, len);
+  int rc = 0, lineno = 0, n = 0;
   uint8_t *k = fr_malloc(32 * (CURVE_FILE_MAX / 41 + 1));
-  for (char *save = NULL, *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+  for (char *line = text, *next; line; line = next) {
+    next = strchr(line, '\n');
+    if (next) *next++ = 0;
     lineno++;
-    const char *name;
+    const char *field;
     char *value;
-    if (!curve_line(line, &name, &value)) continue;
-    if ((*name && strcmp(name, "public-key")) || proto_curve_decode(k + 32 * n, value)) {
-      rc = fr_errorf(FR_EFORMAT, "%s: line %d: expected a public key (40 characters of Z85)", path, lineno);
+    if (!curve_line(line, &field, &value)) continue;
+    if ((*field && strcmp(field, "public-key")) || proto_curve_decode(k + 32 * n, value)) {
+      rc = fr_errorf(FR_EFORMAT, "%s: line %d: expected a public key (40 characters of Z85)", name, lineno);
       break;
     }
     n++;

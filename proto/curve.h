@@ -7,8 +7,8 @@
  *     public-key = "…"
  *     secret-key = "…"
  * and PREFIX.pub the public line alone; a line starting with '#' is a
- * comment ('#' is also a Z85 digit, so never after a key), quotes are
- * optional. Instead of a file, the environment variable
+ * comment unless it is a bare key ('#' is also a Z85 digit: comments never
+ * follow a key on its line), quotes are optional. Instead of a file, the environment variable
  * FERRUM_CURVE_SECRET_KEY may hold a secret key (its public key is derived).
  * A list of public keys (who may connect) is a file of such public-key
  * lines or bare keys, one per line, so `cat a.pub b.pub > clients` makes
@@ -73,6 +73,14 @@ int proto_curve_public(char out[PROTO_CURVE_Z85], const char *key_or_file);
  * caller frees). An empty list is allowed. Returns 0, -errno or
  * FR_EFORMAT naming the line. */
 int proto_curve_read_list(const char *path, uint8_t **keys, int *n_keys);
+
+/* The parsers under the file readers, on text in memory (name for the
+ * messages; a NUL ends the text): the public and secret keys a key file
+ * names (either may come back ""), and a list of public keys (as
+ * proto_curve_read_list). Returns 0, FR_EFORMAT or FR_ETOOBIG (over 64 KiB). */
+int proto_curve_parse(const char *name, const char *text, size_t len, char pub[PROTO_CURVE_Z85],
+                      char sec[PROTO_CURVE_Z85]);
+int proto_curve_parse_list(const char *name, const char *text, size_t len, uint8_t **keys, int *n_keys);
 
 /* The 32 bytes of a Z85 key. Returns 0 or FR_EFORMAT. */
 int proto_curve_decode(uint8_t out[32], const char *z85);

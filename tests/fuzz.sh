@@ -40,6 +40,9 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
     fuzz_proto_*)
       [ -d "$out/proto-seeds" ] || build-fuzz/bin/proto_corpus "$out/proto-seeds" >/dev/null
       seed "$dst" "$out/proto-seeds/${1#fuzz_proto_}"/* ;;
+    fuzz_curve_keys) # a key pair file and a list, as ferrumctl keygen writes them
+      printf '\0# ferrum CURVE key pair\npublic-key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"\nsecret-key = "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%%wOTJ%%JR%%cs"\n' >"$dst/pair"
+      printf '\1# clients\nYne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\n\npublic-key = "rq:rM>}U?@Lns47E1%%kR.o@n%%FcmmsL/@{H8]yf7"\n' >"$dst/list" ;;
     fuzz_gguf) seed "$dst" "$fx"/*.gguf ;;
     fuzz_safetensors) seed "$dst" "$fx"/*.safetensors "$fx"/*/*.safetensors ;;
     fuzz_hf_config) seed "$dst" "$fx"/*/config.json ;;

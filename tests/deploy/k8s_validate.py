@@ -74,6 +74,7 @@ VARIANTS = [
     ("data-parallel+api-key", "data-parallel", True),
     ("multi-node", "multi-node", False),
     ("multi-node+api-key", "multi-node", True),
+    ("deploy/k8s/README.md's example", None, True),
 ]
 
 
@@ -257,8 +258,8 @@ def check_pod_common(where, tmpl, errs):
             errs.append(f"{where}: {c['name']}: the model is not mounted read-only at /models")
         if not gpus(c):
             errs.append(f"{where}: {c['name']}: no nvidia.com/gpu limit (requests, where set, must equal it)")
-        if c.get("image") != "ferrum:cuda":
-            errs.append(f"{where}: {c['name']}: image {c.get('image')!r} is not ferrum:cuda")
+        if not re.fullmatch(r"([^ ]+/)?ferrum(:[\w.-]+)?(@sha256:[0-9a-f]{64})?", c.get("image") or ""):
+            errs.append(f"{where}: {c['name']}: image {c.get('image')!r} is not ferrum's")
 
 
 def check_probes(where, tmpl, c, errs):
@@ -499,10 +500,27 @@ class Run:
             print(f"FAIL not rejected: {name} (wanted a message with {needle!r}; got {errs[:3]})")
 
 
+README_EXAMPLE = "# my-ferrum/kustomization.yaml, beside deploy/"
+
+
+def render_readme_example(tmp):
+    """The kustomization deploy/k8s/README.md shows, next to deploy/k8s."""
+    m = re.search(r"```yaml\n(" + re.escape(README_EXAMPLE) + r".*?)```", (K8S / "README.md").read_text(), re.S)
+    if not m:
+        raise RenderError(f"deploy/k8s/README.md has no yaml block starting {README_EXAMPLE!r}")
+    d = Path(tempfile.mkdtemp(dir=tmp))
+    (d / "deploy").mkdir()
+    (d / "deploy" / "k8s").symlink_to(K8S)
+    (d / "my-ferrum").mkdir()
+    (d / "my-ferrum" / "kustomization.yaml").write_text(m.group(1))
+    return kustomize(d / "my-ferrum")
+
+
 def validate_variant(k8s, base, api_key, tmp, lws_validator, known, notes):
-    """All the checks on one variant; returns (errors, objects)."""
+    """All the checks on one variant (base None: the README's example);
+    returns (errors, objects)."""
     try:
-        objs = render(k8s, base, api_key, tmp)
+        objs = render_readme_example(tmp) if base is None else render(k8s, base, api_key, tmp)
     except RenderError as e:
         return [f"kubectl kustomize: {e}"], []
     errs = check_schemas(objs, lws_validator)

@@ -278,7 +278,7 @@ def check_probes(where, tmpl, c, errs):
             errs.append(f"{where}: annotation {k} is {ann.get(k)!r}, not {v!r}")
 
 
-def check_serve_keys(where, c, env, flags, errs):
+def check_serve_keys(where, env, flags, errs):
     """Each SERVE_X_Y of the ConfigMap is passed as --x-y=$(SERVE_X_Y)."""
     for name, (raw, _) in flags.items():
         for var in re.findall(r"\$\((SERVE_[A-Z0-9_]+)\)", raw or ""):
@@ -301,7 +301,7 @@ def check_server(where, tmpl, lws, objs, api_key, errs):
     env = container_env(c, objs, lws, "server", errs, where)
     flags = parse_flags(c.get("args", []), env, errs, where)
     check_probes(where, tmpl, c, errs)
-    check_serve_keys(where, c, env, flags, errs)
+    check_serve_keys(where, env, flags, errs)
     if flags.get("host", (0, 0))[1] != "0.0.0.0" or as_int(flags.get("port", (0, 0))[1]) != HTTP_PORT:
         errs.append(f"{where}: serve does not listen on 0.0.0.0:{HTTP_PORT} (--host, --port)")
     if port_number(c, "http") != HTTP_PORT:
@@ -317,9 +317,11 @@ def check_server(where, tmpl, lws, objs, api_key, errs):
     if lws is not None:
         size = lws["spec"]["leaderWorkerTemplate"].get("size", 1)
         remote = as_int(flags.get("remote-workers", (0, "0"))[1])
-        if tp != size or g is None or remote != tp - g:
-            errs.append(f"{where}: tensor-parallel size {tp}, {g} local GPU(s) and --remote-workers {remote} "
-                        f"do not add up for a group of {size} pods")
+        # Worker pod i is rank LWS_WORKER_INDEX = i: the leader holds rank 0
+        # alone, every other rank is remote.
+        if tp != size or g != 1 or remote != size - 1:
+            errs.append(f"{where}: tensor-parallel size {tp}, {g} leader GPU(s) and --remote-workers {remote} "
+                        f"do not add up for a group of {size} one-GPU pods")
         check_nccl(where, c, errs)
     check_api_key(where, c, flags, api_key, errs)
     return flags

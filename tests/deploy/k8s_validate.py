@@ -55,16 +55,10 @@ KUSTOMIZE_MIN = (5, 0)
 HTTP_PORT = 8000
 MIN_DRAIN_S = 120    # grace period left for serve's drain after preStop
 MIN_STARTUP_S = 600  # the startup probe's budget for loading a model
+MIN_LIVENESS_S = 300  # 503s before a restart: serve reloads a worker itself
 LWS_ENV = ("LWS_LEADER_ADDRESS", "LWS_GROUP_SIZE", "LWS_WORKER_INDEX")
 SERVER_CONTAINER, WORKER_CONTAINER = "ferrum", "ferrum-worker"
 API_KEY_SECRET = ("ferrum-api-key", "api-key")
-
-# The remote-worker and CURVE flags are being added on main: a build
-# without them yet is noted, not failed; one with them is checked as usual.
-PENDING_FLAGS = {
-    "serve": {"remote-workers", "worker-endpoint", "curve-key", "curve-clients"},
-    "worker": {"curve-key", "server-key"},
-}
 
 # (name, the folder under deploy/k8s, with the api-key component)
 VARIANTS = [
@@ -268,9 +262,12 @@ def check_probes(where, tmpl, c, errs):
         get = (p or {}).get("httpGet") or {}
         if get.get("path") != "/health" or port_number(c, get.get("port")) != HTTP_PORT:
             errs.append(f"{where}: {kind} is not GET /health on port {HTTP_PORT}")
-    sp = c.get("startupProbe") or {}
-    if sp.get("periodSeconds", 10) * sp.get("failureThreshold", 3) < MIN_STARTUP_S:
+    budget = lambda p: (p or {}).get("periodSeconds", 10) * (p or {}).get("failureThreshold", 3)
+    if budget(c.get("startupProbe")) < MIN_STARTUP_S:
         errs.append(f"{where}: startupProbe allows less than {MIN_STARTUP_S} s to load the model")
+    if budget(c.get("livenessProbe")) < MIN_LIVENESS_S:
+        errs.append(f"{where}: livenessProbe restarts the pod after less than {MIN_LIVENESS_S} s of 503s, "
+                    "while serve may be reloading a worker")
     ann = tmpl.get("metadata", {}).get("annotations") or {}
     want = {"prometheus.io/scrape": "true", "prometheus.io/port": str(HTTP_PORT), "prometheus.io/path": "/metrics"}
     for k, v in want.items():
@@ -322,6 +319,9 @@ def check_server(where, tmpl, lws, objs, api_key, errs):
         if tp != size or g != 1 or remote != size - 1:
             errs.append(f"{where}: tensor-parallel size {tp}, {g} leader GPU(s) and --remote-workers {remote} "
                         f"do not add up for a group of {size} one-GPU pods")
+        if lws["spec"]["leaderWorkerTemplate"].get("restartPolicy") != "None":
+            errs.append(f"{where}: restartPolicy must be None: serve restarts the group itself when a remote rank "
+                        "comes back, and a recreated group would lose the leader's requests")
         check_nccl(where, c, errs)
     check_api_key(where, c, flags, api_key, errs)
     return flags
@@ -451,19 +451,10 @@ def program_flags():
     return known
 
 
-def check_flags(used, known, notes):
-    errs = []
-    for what, flags in used.items():
-        if what not in known:
-            continue
-        for f, where in sorted(flags.items()):
-            if f in known[what]:
-                continue
-            if f in PENDING_FLAGS[what]:
-                notes.add(f"--{f} is not in this build's {what} --help yet (being added on main): not checked")
-            else:
-                errs.append(f"{where}: --{f} is not a {what} flag ({what} --help)")
-    return errs
+def check_flags(used, known):
+    return [f"{where}: --{f} is not a {what} flag ({what} --help)"
+            for what, flags in used.items() if what in known
+            for f, where in sorted(flags.items()) if f not in known[what]]
 
 
 # ---- yamllint ---------------------------------------------------------------
@@ -518,7 +509,7 @@ def render_readme_example(tmp):
     return kustomize(d / "my-ferrum")
 
 
-def validate_variant(k8s, base, api_key, tmp, lws_validator, known, notes):
+def validate_variant(k8s, base, api_key, tmp, lws_validator, known):
     """All the checks on one variant (base None: the README's example);
     returns (errors, objects)."""
     try:
@@ -529,7 +520,7 @@ def validate_variant(k8s, base, api_key, tmp, lws_validator, known, notes):
     if errs:  # ferrum's rules assume the shapes the schemas check
         return errs, objs
     ferrum_errs, used = check_ferrum(objs, api_key)
-    return errs + ferrum_errs + check_flags(used, known, notes), objs
+    return errs + ferrum_errs + check_flags(used, known), objs
 
 
 def mutate_copy(tmp, path, old, new):
@@ -545,27 +536,25 @@ def mutate_copy(tmp, path, old, new):
 
 
 def negative_cases(run, objs_by_variant, tmp, lws_validator, known):
-    notes = set()
     # Copies of the manifests with a bad field: the schemas reject them.
     d = mutate_copy(tmp, "single-node/deployment.yaml", "imagePullPolicy: IfNotPresent",
                     "imagePullPolicy: IfNotPresent\n          gpus: 2")
     run.expect_rejected("an unknown field in the Deployment's container",
-                        validate_variant(d, "single-node", False, tmp, lws_validator, known, notes)[0], "'gpus'")
+                        validate_variant(d, "single-node", False, tmp, lws_validator, known)[0], "'gpus'")
     d = mutate_copy(tmp, "multi-node/leaderworkerset.yaml", "    size: 4", "    sizes: 4")
     run.expect_rejected("an unknown field in the LeaderWorkerSet",
-                        validate_variant(d, "multi-node", False, tmp, lws_validator, known, notes)[0], "'sizes'")
-    d = mutate_copy(tmp, "multi-node/leaderworkerset.yaml", "    restartPolicy: RecreateGroupOnPodRestart",
-                    "    restartPolicy: Always")
+                        validate_variant(d, "multi-node", False, tmp, lws_validator, known)[0], "'sizes'")
+    d = mutate_copy(tmp, "multi-node/leaderworkerset.yaml", "    restartPolicy: None", "    restartPolicy: Always")
     run.expect_rejected("a LeaderWorkerSet restartPolicy LWS does not have",
-                        validate_variant(d, "multi-node", False, tmp, lws_validator, known, notes)[0], "'Always'")
+                        validate_variant(d, "multi-node", False, tmp, lws_validator, known)[0], "'Always'")
     d = mutate_copy(tmp, "multi-node/leaderworkerset.yaml", "            command:\n              - ferrum-worker",
                     "            command: ferrum-worker")
     run.expect_rejected("a worker pod template whose command is not a list",
-                        validate_variant(d, "multi-node", False, tmp, lws_validator, known, notes)[0],
+                        validate_variant(d, "multi-node", False, tmp, lws_validator, known)[0],
                         "workerTemplate (as a PodTemplate)")
     d = mutate_copy(tmp, "single-node/serve.env", "SERVE_MAX_NUM_SEQS=256", "SERVE_MAX_NUM_SEQS=256\nSERVE_SEED=1")
     run.expect_rejected("a ConfigMap key no flag uses",
-                        validate_variant(d, "single-node", False, tmp, lws_validator, known, notes)[0],
+                        validate_variant(d, "single-node", False, tmp, lws_validator, known)[0],
                         "SERVE_SEED is in the environment")
     # ferrum's rules on edited copies of rendered objects.
     single, multi = objs_by_variant["single-node"], objs_by_variant["multi-node"]
@@ -581,6 +570,8 @@ def negative_cases(run, objs_by_variant, tmp, lws_validator, known):
     lws_wt = lambda o: o["spec"]["leaderWorkerTemplate"]["workerTemplate"]["spec"]
     run.expect_rejected("a liveness probe on port 8080", edited(
         single, "Deployment", lambda o: dep_c(o)["livenessProbe"]["httpGet"].update(port=8080)), "livenessProbe")
+    run.expect_rejected("a liveness probe that gives up after 30 s", edited(
+        single, "Deployment", lambda o: dep_c(o)["livenessProbe"].update(failureThreshold=3)), "livenessProbe restarts")
     run.expect_rejected("/dev/shm on disk", edited(
         single, "Deployment", lambda o: o["spec"]["template"]["spec"]["volumes"][0]["emptyDir"].pop("medium")),
         "/dev/shm")
@@ -610,6 +601,9 @@ def negative_cases(run, objs_by_variant, tmp, lws_validator, known):
             seconds=10)), "outlive")
     run.expect_rejected("a worker key file the Secret does not project", edited(
         multi, "LeaderWorkerSet", lambda o: lws_wt(o)["volumes"][-1]["secret"]["items"].pop(0)), "worker.key")
+    run.expect_rejected("a LeaderWorkerSet that recreates the group on a pod restart", edited(
+        multi, "LeaderWorkerSet", lambda o: o["spec"]["leaderWorkerTemplate"].update(
+            restartPolicy="RecreateGroupOnPodRestart")), "restartPolicy must be None")
     run.expect_rejected("a Service named like the LeaderWorkerSet", edited(
         multi, "Service", lambda o: o["metadata"].update(name="ferrum-lws")), "headless Service")
     run.expect_rejected("a leader without NCCL_NVLS_ENABLE=0", edited(
@@ -618,12 +612,12 @@ def negative_cases(run, objs_by_variant, tmp, lws_validator, known):
         bad = copy.deepcopy(single)
         dep_c(next(o for o in bad if o["kind"] == "Deployment"))["args"].append("--max-model-length=4096")
         errs, used = check_ferrum(bad, False)
-        run.expect_rejected("a flag serve does not know", check_flags(used, known, set()), "--max-model-length")
+        run.expect_rejected("a flag serve does not know", check_flags(used, known), "--max-model-length")
     if "worker" in known:
         bad = copy.deepcopy(multi)
         lws_wt(next(o for o in bad if o["kind"] == "LeaderWorkerSet"))["containers"][0]["args"].append("--ranks=2")
         errs, used = check_ferrum(bad, False)
-        run.expect_rejected("a flag ferrum-worker does not know", check_flags(used, known, set()), "--ranks")
+        run.expect_rejected("a flag ferrum-worker does not know", check_flags(used, known), "--ranks")
     # yamllint on a copy with a bad line.
     d = mutate_copy(tmp, "single-node/service.yaml", "  type: ClusterIP", "  type: ClusterIP   ")
     run.expect_rejected("trailing spaces (yamllint)", yamllint([d / "single-node" / "service.yaml"]),
@@ -641,18 +635,16 @@ def main():
     print(f"k8s_validate: kubectl kustomize v{kv[0]}.{kv[1]}, kubernetes-validate "
           f"{kubernetes_validate.__version__} (Kubernetes {', '.join(KUBE_VERSIONS)}, strict), "
           f"flags from --help: {', '.join(sorted(known)) or 'none (no build found)'}")
-    run, notes, objs_by_variant = Run(), set(), {}
+    run, objs_by_variant = Run(), {}
     run.report("yamllint deploy/k8s " + LWS_SCHEMA.name, yamllint([K8S, LWS_SCHEMA]))
     with tempfile.TemporaryDirectory(prefix="k8s_validate.") as tmp:
         for name, base, api_key in VARIANTS:
-            errs, objs = validate_variant(K8S, base, api_key, Path(tmp), lws_validator, known, notes)
+            errs, objs = validate_variant(K8S, base, api_key, Path(tmp), lws_validator, known)
             objs_by_variant[name] = objs
             kinds = ", ".join(sorted(o["kind"] for o in objs))
             run.report(f"{name}: {kinds}", errs)
         if run.failed == 0:
             negative_cases(run, objs_by_variant, Path(tmp), lws_validator, known)
-    for n in sorted(notes):
-        print(f"note {n}")
     print(f"k8s_validate: {run.passed} passed, {run.failed} failed")
     return 1 if run.failed else 0
 

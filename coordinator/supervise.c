@@ -124,10 +124,11 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
   char bs[16], mb[16];
   snprintf(bs, sizeof bs, "%d", c->cfg.block_size);
   snprintf(mb, sizeof mb, "%d", c->kv ? c->kvi.max_blocks_per_seq : (c->cfg.max_model_len + c->cfg.block_size - 1) / c->cfg.block_size);
-  proto_option_t opts[9] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
+  proto_option_t opts[10] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
                             {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
   uint32_t n_opts = 5;
   if (c->n_workers > 1) opts[n_opts++] = (proto_option_t){"comm", c->comm_id};
+  if (c->n_workers > 1 && c->n_remote) opts[n_opts++] = (proto_option_t){"multi_host", "1"};
   if (w->remote) { /* the control segment's geometry, which it cannot map */
     opts[n_opts++] = (proto_option_t){"remote", "1"};
     opts[n_opts++] = (proto_option_t){"block_size", bs};

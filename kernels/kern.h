@@ -90,6 +90,7 @@ typedef struct {
   const char *id;
   size_t max_elems;  /* the largest all_reduce (activations) the group will run */
   size_t max_gather; /* the largest gather_cols part (n * cols elements), 0 = none */
+  bool multi_host;   /* ranks may be on other hosts: no peer memory between processes (CUDA IPC) */
 } kern_comm_t;
 
 /* Makes an NCCL unique id as "nccl:<256 hex digits>" in out (cap >= 262).

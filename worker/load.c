@@ -18,6 +18,7 @@ typedef struct {
   long threads, max_tokens, max_seqs;
   long block_size, max_blocks; /* remote: the control segment's geometry */
   bool fake_forward, remote;
+  bool multi_host; /* the group has ranks on other hosts */
 } worker_load_opts_t;
 
 static int worker__opt_long(const char *key, const char *v, long lo, long hi, long *out) {
@@ -42,6 +43,7 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "fake_forward")) o->fake_forward = !strcmp(v, "1");
     else if (!strcmp(k, "comm")) o->comm = v;
     else if (!strcmp(k, "remote")) o->remote = !strcmp(v, "1");
+    else if (!strcmp(k, "multi_host")) o->multi_host = !strcmp(v, "1");
     else if (!strcmp(k, "block_size")) rc = worker__opt_long(k, v, 1, 4096, &o->block_size);
     else if (!strcmp(k, "max_blocks")) rc = worker__opt_long(k, v, 1, PROTO_MAX_TABLE, &o->max_blocks);
     else FR_LOGW("unknown load option %s ignored", k);
@@ -328,7 +330,8 @@ static int worker__comm(worker_t *w, const worker_load_opts_t *o) {
     return fr_errorf(FR_EUNSUPPORTED, "the %s backend cannot gather logits", w->be->ops->name);
   kern_comm_t cm = {.rank = w->args.rank, .size = w->args.world_size, .id = o->comm,
                     .max_elems = (size_t)w->m->max_tokens * (size_t)w->m->cfg.dim,
-                    .max_gather = s->split_vocab ? (size_t)w->m->max_seqs * (size_t)s->n_vocab : 0};
+                    .max_gather = s->split_vocab ? (size_t)w->m->max_seqs * (size_t)s->n_vocab : 0,
+                    .multi_host = o->multi_host};
   int rc = w->be->ops->comm_init(w->be->ctx, &cm);
   if (rc) return fr_errorf(rc, "tensor parallel rank %d of %d: %s", cm.rank, cm.size, fr_last_error());
   FR_LOGI("tensor parallel rank %d of %d: heads %d..%d, KV heads %d..%d, FFN %d..%d, vocabulary %d..%d", s->rank,

@@ -77,6 +77,10 @@ int kcu__comm_init(void *ctx, const kern_comm_t *cm) {
   }
   FR_LOGI("tensor parallel: rank %d of %d on cuda:%d joined in %.2f s (NCCL %d)", cm->rank, cm->size, c->device,
           (double)(fr_now_ns() - t0) / 1e9, NCCL_VERSION_CODE);
+  if (cm->multi_host) { /* a device ordinal or an IPC handle from another host means nothing here */
+    FR_LOGI("custom all-reduce off: the group spans hosts");
+    return 0;
+  }
   return kcu__car_init(c);
 }
 

@@ -13,8 +13,8 @@
 #   4. podman build (docker format, which keeps HEALTHCHECK), never pulling;
 #   5. prints the image's size and the time each step took.
 #   --tag NAME     the image's name (default ferrum:cpu)
-#   --fresh-base   debootstrap a new base even when one is there (CI: the
-#                  run does everything a fresh machine does)
+#   --fresh-base   remove the image NAME, debootstrap a new base even when
+#                  one is there (CI: the run does all a fresh machine does)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 tag=ferrum:cpu
@@ -139,6 +139,8 @@ EOF
 }
 
 tarball=$cache/debian-bookworm-slim.tar
+# A fresh run keeps no image of an earlier one: a failed build leaves none.
+if [ $fresh = 1 ] && podman image exists "$tag"; then podman image rm -f "$tag" >/dev/null; fi
 if [ $fresh = 1 ] || ! podman image exists "$base"; then
   if [ $fresh = 1 ] || [ ! -s "$tarball" ]; then
     make_base "$tarball"

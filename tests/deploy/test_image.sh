@@ -62,9 +62,10 @@ podman run -d --name "$name" --network host --shm-size 1g \
   --model "/models/$(basename "$model")" --host 127.0.0.1 --port "$cport" >"$tmp/run.log" 2>&1 ||
   fail "podman run: $(grep -v systemd "$tmp/run.log")"
 
-# Both ready within 60 s (600 polls of 0.1 s at most).
-ready=0
+# Both ready within 60 s (at most 600 polls, 0.1 s apart).
+ready=0 deadline=$((SECONDS + 60))
 for _ in $(seq 600); do
+  [ $SECONDS -lt $deadline ] || break
   [ "$(podman inspect --format '{{.State.Running}}' "$name" 2>/dev/null)" = true ] || fail "the container stopped"
   kill -0 "$hostpid" 2>/dev/null || fail "the host server exited"
   if "$bin/ferrumctl" health --port "$cport" --timeout 2 >/dev/null 2>&1 &&

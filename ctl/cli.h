@@ -26,6 +26,7 @@ int cli_cmd_cancel(int argc, char **argv);
 int cli_cmd_chat(int argc, char **argv);
 int cli_cmd_bench(int argc, char **argv);
 int cli_cmd_keygen(int argc, char **argv);
+int cli_cmd_health(int argc, char **argv);
 
 /* The default model's path: $FERRUM_MODEL, else models/<default> under the
  * working directory, else under the source tree ferrumctl was built from. */

@@ -16,6 +16,7 @@ static void usage(FILE *f) {
           "  status    show a running server's queues and KV usage\n"
           "  cancel    cancel a job\n"
           "  stop      drain and stop a running server\n"
+          "  health    exit 0 when a running server's /health answers 200\n"
           "  bench     benchmark a running server (like vllm bench serve)\n"
           "  tokenize  print the token ids of a text as JSON\n"
           "  inspect   print a model's architecture, tokenizer and tensors\n"
@@ -39,6 +40,7 @@ int main(int argc, char **argv) {
       {"pull", cli_cmd_pull},     {"serve", cli_cmd_serve},       {"stop", cli_cmd_stop},
       {"submit", cli_cmd_submit}, {"status", cli_cmd_status},     {"cancel", cli_cmd_cancel},
       {"chat", cli_cmd_chat},     {"bench", cli_cmd_bench},       {"keygen", cli_cmd_keygen},
+      {"health", cli_cmd_health},
   };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

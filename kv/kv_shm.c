@@ -125,6 +125,16 @@ int kv_segment_create(kv_segment_t *seg, const char *instance, const char *what,
     err = fr_errorf(-errno, "kv: ftruncate(%s, %zu): %s", seg->name, total, strerror(errno));
     goto fail_unlink;
   }
+  /* Reserve every page now: a tmpfs that fills up later would kill the
+   * process that touches a page past its end (SIGBUS) in the middle of a
+   * step; short of room, the start fails here and says so. */
+  int fe = posix_fallocate(fd, 0, (off_t)total);
+  if (fe != 0) {
+    err = fr_errorf(-fe, "kv: %s needs %.1f MiB of shared memory (/dev/shm): %s%s", seg->name,
+                    (double)total / 1048576.0, strerror(fe),
+                    fe == ENOSPC ? "; give /dev/shm more room (a container's --shm-size) or ask for fewer KV blocks" : "");
+    goto fail_unlink;
+  }
   void *base = mmap(NULL, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (base == MAP_FAILED) {
     err = fr_errorf(-errno, "kv: mmap(%s, %zu): %s", seg->name, total, strerror(errno));

@@ -9,7 +9,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
 #include <sys/mman.h>
+#include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -18,6 +20,26 @@
 #include "kv/kv_shm.h"
 
 static char g_inst[32];
+
+/* In a child with a mount namespace of its own and a 1 MiB /dev/shm (root
+ * only): a 4 MiB segment is refused at creation with a message, and leaves
+ * nothing. Exit 0 passed, 1 failed, 77 no privilege for namespaces. */
+static int small_shm_child(void) {
+  if (unshare(CLONE_NEWNS) != 0) return 77;
+  if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) != 0 ||
+      mount("tmpfs", "/dev/shm", "tmpfs", 0, "size=1m") != 0)
+    return 77;
+  kv_segment_t seg;
+  int rc = kv_segment_create(&seg, g_inst, "big", 4u << 20, 1);
+  if (rc != -ENOSPC || !strstr(fr_last_error(), "shared memory (/dev/shm)") || !strstr(fr_last_error(), "--shm-size")) {
+    fprintf(stderr, "create gave %d: %s\n", rc, fr_last_error());
+    return 1;
+  }
+  if (kv_segment_create(&seg, g_inst, "small", 64u << 10, 1) != 0) return 1; /* what fits still does */
+  kv_segment_detach(&seg);
+  kv_segment_unlink(g_inst, "small");
+  return access("/dev/shm/ferrum-big", F_OK) == 0 ? 1 : 0;
+}
 
 static void set_inst(const char *tag) { snprintf(g_inst, sizeof g_inst, "tkv%s%d", tag, (int)getpid()); }
 
@@ -39,6 +61,23 @@ START_TEST(test_names) {
   ck_assert_int_eq(kv_segment_name(buf, sizeof buf, "a", "x/y"), -EINVAL);
   ck_assert_int_eq(kv_segment_name(buf, sizeof buf, NULL, "x"), -EINVAL);
   ck_assert_int_eq(kv_segment_name(buf, 8, "abcdef", "x"), -EINVAL); /* buffer too small */
+}
+END_TEST
+
+/* A full /dev/shm fails the creation, not a process later (SIGBUS). */
+START_TEST(test_create_reserves_its_pages) {
+  set_inst("full");
+  pid_t pid = fork();
+  ck_assert_int_ge(pid, 0);
+  if (pid == 0) _exit(small_shm_child());
+  int st;
+  ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+  ck_assert(WIFEXITED(st));
+  if (WEXITSTATUS(st) == 77) {
+    fprintf(stderr, "test_create_reserves_its_pages: no mount namespace (not root): skipped\n");
+    return;
+  }
+  ck_assert_int_eq(WEXITSTATUS(st), 0);
 }
 END_TEST
 
@@ -287,6 +326,7 @@ static Suite *suite(void) {
   tcase_set_timeout(tc, 60);
   tcase_add_test(tc, test_names);
   tcase_add_test(tc, test_create_attach_unlink);
+  tcase_add_test(tc, test_create_reserves_its_pages);
   tcase_add_test(tc, test_readonly_write_faults);
   tcase_add_test(tc, test_bad_headers);
   tcase_add_test(tc, test_stale_scan_killed_owner);

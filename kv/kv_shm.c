@@ -291,7 +291,7 @@ int kv_pool_data_bytes(const kv_pool_geom_t *g, size_t *out) {
 }
 
 int kv_pool_bytes(const kv_pool_geom_t *g, size_t *out) {
-  size_t n;
+  size_t n = 0;
   int err = kv_pool_data_bytes(g, &n);
   if (err) return err;
   int overflow = 0;

@@ -202,13 +202,13 @@ static int vocab_size(json_t *vocab, json_t *added, int64_t *n) {
   size_t i;
   *n = 0;
   json_object_foreach(vocab, key, v) {
-    int64_t id;
+    int64_t id = 0;
     int rc = check_id(v, "model.vocab entry", &id);
     if (rc) return rc;
     *n = FR_MAX(*n, id + 1);
   }
   json_array_foreach(added, i, v) {
-    int64_t id;
+    int64_t id = 0;
     const char *content = json_is_object(v) ? jstr(v, "content") : NULL;
     if (!content) return fr_errorf(FR_EFORMAT, "tokenizer.json: added_tokens[%zu] has no content", i);
     int rc = check_id(json_object_get(v, "id"), "added token", &id);

@@ -111,7 +111,7 @@ static int kcu_stage_take(kcu_ctx_t *c, int *slot) {
 static int kcu_stage_copy(kcu_ctx_t *c, void *dst, const void *src, size_t bytes) {
   for (size_t off = 0; off < bytes; off += KCU_STAGE_BYTES) {
     size_t len = FR_MIN(bytes - off, (size_t)KCU_STAGE_BYTES);
-    int i, rc = kcu_stage_take(c, &i);
+    int i = 0, rc = kcu_stage_take(c, &i);
     if (rc) return rc;
     memcpy(c->stage_pin[i], (const char *)src + off, len);
     KCU_CHECK(cudaMemcpyAsync((char *)dst + off, c->stage_pin[i], len, cudaMemcpyHostToDevice, c->load_stream));
@@ -133,7 +133,7 @@ static int kcu_stage_convert(kcu_ctx_t *c, void *dst, kern_type_t dst_t, const v
     return rc;
   for (size_t e0 = 0; e0 < n; e0 += per) {
     size_t k = FR_MIN(n - e0, per);
-    int i;
+    int i = 0;
     if ((rc = kcu_stage_take(c, &i))) return rc;
     char *chunk = (char *)c->stage_dev + (size_t)i * KCU_STAGE_BYTES;
     memcpy(c->stage_pin[i], (const char *)src + e0 * ss, k * ss);

@@ -189,6 +189,9 @@ void coord__endpoint_resolve(void *sock, char *addr, size_t cap);
  * a tcp:// endpoint other hosts reach without keys); CURVE on one socket
  * about to bind endpoint (a no-op for ipc:// or without keys); the ZAP
  * requests waiting; teardown. */
+/* supervise.c: a remote rank a send could not reach is gone (as a death:
+ * its jobs are recomputed when it is back). */
+void coord__workers_remote_unreachable(coord_t *c, coord_worker_t *w);
 int coord__auth_init(coord_t *c);
 /* remote.c: the step's block table changes into st->tables (none without
  * remote ranks); every mirror emptied (a remote rank joined); teardown. */

@@ -57,7 +57,10 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
   it->prompt_len = it->has_sp ? (uint32_t)j->n_prompt : 0;
 }
 
-static int coord__step_send(coord_t *c, const coord_sched_batch_t *b) {
+/* Encodes the planned batch and sends it to every rank; *bad gets the rank
+ * a send failed to (or -1). */
+static int coord__step_send(coord_t *c, const coord_sched_batch_t *b, int *bad) {
+  *bad = -1;
   for (int i = 0; i < b->n_items; i++) coord__step_item(&c->pitems[i], &b->items[i]);
   if (b->n_copies > c->copies_cap) {
     c->copies_cap = FR_MAX(b->n_copies, 2 * c->copies_cap);
@@ -79,7 +82,10 @@ static int coord__step_send(coord_t *c, const coord_sched_batch_t *b) {
   int rc = proto_encode(&c->out, PROTO_T_STEP, &st);
   if (rc) return rc;
   for (int r = 0; r < c->n_workers; r++) {
-    if ((rc = coord__worker_send_buf(c, &c->workers[r], &c->out))) return rc;
+    if ((rc = coord__worker_send_buf(c, &c->workers[r], &c->out))) {
+      *bad = r;
+      return rc;
+    }
   }
   coord_sched_sent(&c->sched);
   c->step_tokens = 0;
@@ -127,10 +133,12 @@ void coord__step_kick(coord_t *c) {
   coord__step_report(c);
   coord__step_end_failed(c, b);
   if (b->n_items == 0) return;
-  int rc = coord__step_send(c, b);
+  int bad, rc = coord__step_send(c, b, &bad);
   if (rc) {
     FR_LOGE("sending step %llu: %s", (unsigned long long)c->step_id, fr_last_error());
     coord__step_abort(c);
+    /* a remote rank whose connection is gone is not waited for until its silence says so */
+    if (bad >= 0 && c->workers[bad].remote) coord__workers_remote_unreachable(c, &c->workers[bad]);
   }
 }
 

@@ -396,6 +396,10 @@ static void coord__remote_lost(coord_t *c, coord_worker_t *w, const char *why) {
   if (c->n_workers > 1) coord__group_kill(c, w);
 }
 
+void coord__workers_remote_unreachable(coord_t *c, coord_worker_t *w) {
+  coord__remote_lost(c, w, "cannot be reached: taken for gone");
+}
+
 /* A peer killed by coord__group_kill: no backoff of its own; it starts
  * again with the rank that died. */
 static void coord__on_group_death(coord_t *c, coord_worker_t *w) {

@@ -68,6 +68,12 @@ int coord_http_req_parse(coord_http_req_t *r, coord_http_api_t api, const char *
                          const char *served_model, uint32_t max_model_len, coord_http_err_t *e);
 void coord_http_req_free(coord_http_req_t *r);
 
+/* http_unsupported.c: a field of OpenAI's schema ferrum does not act on
+ * yet, sent with a value that would change the answer (tools, a response
+ * format, logit biases, ...), is a 400 naming it (returns -1, e filled);
+ * 0 when there is none. */
+int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_http_err_t *e);
+
 /* ---- responses (http_resp.c); each returns a malloc'd JSON string or NULL
  * on out of memory ---- */
 

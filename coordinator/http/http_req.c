@@ -278,7 +278,7 @@ static int req_model(coord_http_req_t *r, const char *served, coord_http_err_t *
 }
 
 static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_model_len, coord_http_err_t *e) {
-  if (req_model(r, served, e)) return -1;
+  if (req_model(r, served, e) || coord_http_req_unsupported(r->root, r->api, e)) return -1;
   if (r->api == COORD_HTTP_API_CHAT ? req_messages(r, e) : req_prompt(r, max_model_len, e)) return -1;
   if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_options(r, e) || req_logprobs(r, e))
     return -1;

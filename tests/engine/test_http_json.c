@@ -65,6 +65,15 @@ START_TEST(test_parse_chat) {
   ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0);
   proto_buf_free(&b);
   coord_http_req_free(&r);
+  /* the "off" values of fields ferrum does not act on, and fields that change no output, pass */
+  ck_assert_int_eq(parse(COORD_HTTP_API_CHAT,
+                         "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[],\"tool_choice\":\"none\","
+                         "\"response_format\":{\"type\":\"text\"},\"logit_bias\":{},\"modalities\":[\"text\"],"
+                         "\"functions\":null,\"parallel_tool_calls\":true,\"user\":\"u\",\"store\":false,"
+                         "\"metadata\":{\"k\":\"v\"},\"min_tokens\":0,\"prompt_logprobs\":null}",
+                         &r, &e),
+                   0);
+  coord_http_req_free(&r);
 }
 END_TEST
 
@@ -94,6 +103,20 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", 400, "messages"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", 400,
        "max_completion_tokens"},
+      /* fields ferrum does not act on yet: a 400 naming them, not a 200 that ignored them */
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", 400,
+       "tools"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400,
+       "tool_choice"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
+       400, "response_format"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"modalities\":[\"audio\"]}", 400,
+       "modalities"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"50256\":-100}}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_tokens\":4}", 400, "min_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\"}}", 400, "guided_json"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     coord_http_req_t r;

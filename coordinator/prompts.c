@@ -59,17 +59,7 @@ static void coord__tasks_free(coord_prompt_task_t *list) {
 /* ---- the pool's threads ---------------------------------------------------------- */
 
 static int coord__task_chat(const coord_prompts_t *p, coord_prompt_task_t *t) {
-  if (p->chat == MODEL_CHAT_UNKNOWN) return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows");
-  size_t bos_len = 0;
-  int32_t bos = model_token_bos(p->tok);
-  const char *bos_bytes = bos >= 0 ? model_token_bytes(p->tok, bos, &bos_len) : NULL;
-  char *bos_text = bos_bytes ? fr_strndup(bos_bytes, bos_len) : NULL;
-  char *text = NULL;
-  int rc = model_chat_render(p->chat, t->msgs, t->n_msgs, bos_text, &text);
-  if (rc == 0) rc = model_tokenize(p->tok, text, strlen(text), false, true, &t->ids, &t->n_ids);
-  free(bos_text);
-  free(text);
-  return rc;
+  return model_chat_tokenize(p->tok, p->chat, t->msgs, t->n_msgs, &t->ids, &t->n_ids);
 }
 
 static void coord__task_run(const coord_prompts_t *p, coord_prompt_task_t *t) {

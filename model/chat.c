@@ -278,3 +278,18 @@ int model_chat_render(model_chat_kind_t k, const model_chat_msg_t *msgs, size_t 
   *out = b.p;
   return 0;
 }
+
+int model_chat_tokenize(const model_tokenizer_t *tok, model_chat_kind_t k, const model_chat_msg_t *msgs, size_t n,
+                        int32_t **ids, size_t *n_ids) {
+  if (k == MODEL_CHAT_UNKNOWN) return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows");
+  size_t bos_len = 0;
+  int32_t bos = model_token_bos(tok);
+  const char *bos_bytes = bos >= 0 ? model_token_bytes(tok, bos, &bos_len) : NULL;
+  char *bos_text = bos_bytes ? fr_strndup(bos_bytes, bos_len) : NULL;
+  char *text = NULL;
+  int rc = model_chat_render(k, msgs, n, bos_text, &text);
+  if (rc == 0) rc = model_tokenize(tok, text, strlen(text), false, true, ids, n_ids);
+  free(bos_text);
+  free(text);
+  return rc;
+}

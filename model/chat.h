@@ -7,6 +7,7 @@
 #pragma once
 
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -36,6 +37,14 @@ const char *model_chat_kind_name(model_chat_kind_t k);
  * bos_text is the tokenizer's BOS token text, for templates that write it
  * (llama2, llama3, mistral); may be NULL. Returns 0 or FR_EUNSUPPORTED. */
 int model_chat_render(model_chat_kind_t k, const model_chat_msg_t *msgs, size_t n, const char *bos_text, char **out);
+
+/* The prompt tokens of a chat: rendered with the template of kind k (the
+ * tokenizer's BOS text handed to it), then tokenized with special tokens
+ * parsed and no BOS added (the template writes it). *ids is fr_malloc'd.
+ * Returns 0, FR_EUNSUPPORTED for MODEL_CHAT_UNKNOWN, or the tokenizer's error. */
+struct model_tokenizer;
+int model_chat_tokenize(const struct model_tokenizer *tok, model_chat_kind_t k, const model_chat_msg_t *msgs, size_t n,
+                        int32_t **ids, size_t *n_ids);
 
 #ifdef __cplusplus
 }

@@ -9,17 +9,7 @@
 int model_prompt_chat(const model_t *m, const model_chat_msg_t *msgs, size_t n, int32_t **ids, size_t *n_ids) {
   if (m->chat == MODEL_CHAT_UNKNOWN)
     return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows; use --raw");
-  size_t bos_len = 0;
-  int32_t bos = model_token_bos(m->tok);
-  const char *bos_bytes = bos >= 0 ? model_token_bytes(m->tok, bos, &bos_len) : NULL;
-  char *bos_text = bos_bytes ? strndup(bos_bytes, bos_len) : NULL;
-  char *text = NULL;
-  int rc = model_chat_render(m->chat, msgs, n, bos_text, &text);
-  free(bos_text);
-  if (rc) return rc;
-  rc = model_tokenize(m->tok, text, strlen(text), false, true, ids, n_ids);
-  free(text);
-  return rc;
+  return model_chat_tokenize(m->tok, m->chat, msgs, n, ids, n_ids);
 }
 
 int model_prompt_tokenize(const model_t *m, const char *text, bool raw, int32_t **ids, size_t *n_ids) {

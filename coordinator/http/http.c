@@ -21,6 +21,8 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/http/http_internal.h"
+#include "model/chat.h"
+#include "model/tokenizer.h"
 #include "coordinator/metrics.h"
 
 /* What a connection collects while its request body arrives. */
@@ -50,6 +52,10 @@ static int http_send(struct coord_http *h, struct MHD_Connection *c, int status,
   }
   MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
   return coord_http__queue(h, c, status, r);
+}
+
+int coord_http__send_json(struct coord_http *h, struct MHD_Connection *c, int status, char *json) {
+  return http_send(h, c, status, json, "application/json");
 }
 
 int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e) {
@@ -100,7 +106,8 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   if (!strcmp(url, "/metrics")) return get ? http_metrics(h, c) : http_error(h, c, 405, NULL, "use GET");
   bool cmpl = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
   bool models = !strcmp(url, "/v1/models");
-  if (!cmpl && !chat && !models) {
+  bool tokenize = !strcmp(url, "/tokenize"), detokenize = !strcmp(url, "/detokenize");
+  if (!cmpl && !chat && !models && !tokenize && !detokenize) {
     coord_http_err_t e;
     coord_http_err(&e, 404, NULL, "Invalid URL (%s %.200s)", method, url);
     return coord_http__send_error(h, c, &e);
@@ -109,6 +116,8 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   if (models) return get ? http_models(h, c) : http_error(h, c, 405, NULL, "use GET");
   if (!post) return http_error(h, c, 405, NULL, "use POST");
   if (up->too_big) return http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
+  if (tokenize || detokenize)
+    return (tokenize ? coord_http__tokenize : coord_http__detokenize)(h, c, up->body ? up->body : "", up->len);
   return coord_http__job(h, c, chat ? COORD_HTTP_API_CHAT : COORD_HTTP_API_COMPLETIONS, up->body ? up->body : "",
                          up->len, up->http11, &up->job);
 }
@@ -299,6 +308,7 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   h->max_model_len = cfg->max_model_len;
   h->metrics = cfg->metrics;
   h->tok = cfg->tokenizer;
+  h->chat = h->tok ? model_chat_detect(model_tokenizer_chat_template(h->tok)) : MODEL_CHAT_UNKNOWN;
   h->started = (long long)time(NULL);
   h->timeout_s = cfg->timeout_s ? cfg->timeout_s : 30u;
   h->keepalive_ns = (uint64_t)(cfg->keepalive_ms ? cfg->keepalive_ms : 5000u) * 1000000ull;

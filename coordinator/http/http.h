@@ -1,6 +1,8 @@
 /* http.h - the OpenAI-compatible HTTP frontend (libmicrohttpd): the routes
  * /v1/completions, /v1/chat/completions (JSON or SSE streams), /v1/models,
- * /health and /metrics (Prometheus text from coordinator/metrics.h).
+ * /health, /metrics (Prometheus text from coordinator/metrics.h), and
+ * vLLM's /tokenize and /detokenize (answered in the frontend's loop with
+ * the borrowed tokenizer).
  *
  * How it reaches the scheduler: the frontend opens one ZMQ_DEALER socket
  * on the coordinator's zmq context, connects it to cfg->rpc_endpoint (an

@@ -161,6 +161,7 @@ struct coord_http {
   uint32_t max_model_len;
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
+  int chat;                    /* model_chat_kind_t of tok's template (http_tokenize.c) */
   int port;
   unsigned timeout_s;          /* MHD's idle timeout (not counted while a request waits: suspended) */
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */
@@ -193,6 +194,11 @@ struct coord_http {
 int coord_http__queue(struct coord_http *h, struct MHD_Connection *c, int status, struct MHD_Response *r);
 /* Queues OpenAI's error body for e. */
 int coord_http__send_error(struct coord_http *h, struct MHD_Connection *c, const coord_http_err_t *e);
+/* Queues a malloc'd JSON body (taken over). */
+int coord_http__send_json(struct coord_http *h, struct MHD_Connection *c, int status, char *json);
+/* http_tokenize.c: POST /tokenize and /detokenize (vLLM's). */
+int coord_http__tokenize(struct coord_http *h, struct MHD_Connection *c, const char *body, size_t len);
+int coord_http__detokenize(struct coord_http *h, struct MHD_Connection *c, const char *body, size_t len);
 
 /* Runs the loop thread: zmq_poll over the RPC DEALER, MHD's epoll
  * descriptor and the wake eventfd; MHD_run; every tick (100 ms) the jobs'

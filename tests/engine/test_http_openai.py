@@ -230,6 +230,33 @@ class BadInput(unittest.TestCase):
         self.assertEqual(r.choices[0].finish_reason, "length")
         self.assertEqual(request("GET", "/health", key=None)[0], 200)
 
+    def test_tokenize_and_detokenize(self):
+        text = "Hello world, héllo wörld!"
+        ids = json.loads(subprocess.run([FERRUMCTL, "tokenize", "--model", MODEL, "--", text], capture_output=True,
+                                        text=True, timeout=60, check=True).stdout)
+        st, data = request("POST", "/tokenize", {"model": NAME, "prompt": text, "return_token_strs": True})
+        self.assertEqual(st, 200, data)
+        out = json.loads(data)
+        self.assertEqual(out["tokens"], ids)
+        self.assertEqual(out["count"], len(ids))
+        self.assertEqual(out["max_model_len"], 512)
+        self.assertEqual("".join(out["token_strs"]), text)
+        st, data = request("POST", "/detokenize", {"tokens": ids})
+        self.assertEqual((st, json.loads(data)["prompt"]), (200, text))
+        # a chat counts the tokens /v1/chat/completions bills for the same messages
+        msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a color."}]
+        st, data = request("POST", "/tokenize", {"messages": msgs})
+        self.assertEqual(st, 200, data)
+        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=1)
+        self.assertEqual(json.loads(data)["count"], r.usage.prompt_tokens)
+        # bad input: a clear error, the server goes on
+        self.check("/detokenize", {"tokens": [1, 10 ** 9]}, 400)
+        self.check("/detokenize", {"tokens": "abc"}, 400)
+        self.check("/tokenize", {"prompt": "x", "model": "other"}, 404)
+        self.check("/tokenize", {"prompt": 5}, 400)
+        self.check("/tokenize", {"prompt": "x"}, 401, key=None)
+        self.check("/tokenize", None, 405, method="GET")
+
     def test_oversized_body(self):
         st, data = request("POST", "/v1/completions", b'{"prompt": "' + b"a" * (5 << 20) + b'"}')
         self.assertEqual(st, 413)

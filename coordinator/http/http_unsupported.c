@@ -3,8 +3,10 @@
  * (tools to call, a response format, logit biases, ...) gets a 400 naming
  * it rather than a 200 whose output ignored it; the value that means "off"
  * (null, an empty list or object, "none", {"type": "text"}) passes.
- * Fields that change nothing about the output (user, metadata, store,
- * service_tier, parallel_tool_calls) are accepted. */
+ * The same for vLLM's output options when set away from what ferrum
+ * does (skip_special_tokens false, include_stop_str_in_output,
+ * truncate_prompt_tokens). Fields that change nothing about the output
+ * (user, metadata, store, service_tier, parallel_tool_calls) are accepted. */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -63,6 +65,14 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
     if (!unsupported_off(mod) && !(json_is_array(mod) && json_array_size(mod) == 1 && unsupported_is_str(json_array_get(mod, 0), "text")))
       return coord_http_err(e, 400, "modalities", "'modalities' other than [\"text\"] are not supported");
   }
+  /* vLLM's output options, where they would change what is sent back */
+  const json_t *sst = json_object_get(root, "skip_special_tokens"), *isr = json_object_get(root, "include_stop_str_in_output");
+  if (sst && !json_is_null(sst) && !json_is_true(sst))
+    return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
+  if (!unsupported_off(isr))
+    return coord_http_err(e, 400, "include_stop_str_in_output", "'include_stop_str_in_output' is not supported yet");
+  if (!unsupported_off(json_object_get(root, "truncate_prompt_tokens")))
+    return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported yet");
   const json_t *rf = json_object_get(root, "response_format");
   if (!unsupported_format_off(rf)) {
     const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;

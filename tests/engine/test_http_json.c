@@ -70,7 +70,8 @@ START_TEST(test_parse_chat) {
                          "{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[],\"tool_choice\":\"none\","
                          "\"response_format\":{\"type\":\"text\"},\"logit_bias\":{},\"modalities\":[\"text\"],"
                          "\"functions\":null,\"parallel_tool_calls\":true,\"user\":\"u\",\"store\":false,"
-                         "\"metadata\":{\"k\":\"v\"},\"min_tokens\":0,\"prompt_logprobs\":null}",
+                         "\"metadata\":{\"k\":\"v\"},\"min_tokens\":0,\"prompt_logprobs\":null,\"skip_special_tokens\":true,"
+                         "\"include_stop_str_in_output\":false,\"truncate_prompt_tokens\":null}",
                          &r, &e),
                    0);
   coord_http_req_free(&r);
@@ -117,6 +118,10 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_tokens\":4}", 400, "min_tokens"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\"}}", 400, "guided_json"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":false}", 400, "skip_special_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"include_stop_str_in_output\":true}", 400,
+       "include_stop_str_in_output"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"truncate_prompt_tokens\":8}", 400, "truncate_prompt_tokens"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     coord_http_req_t r;

@@ -123,7 +123,8 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
   if (rc) return rc;
   char bs[16], mb[16];
   snprintf(bs, sizeof bs, "%d", c->cfg.block_size);
-  snprintf(mb, sizeof mb, "%d", c->kv ? c->kvi.max_blocks_per_seq : (c->cfg.max_model_len + c->cfg.block_size - 1) / c->cfg.block_size);
+  int rows = c->kv ? c->kvi.max_blocks_per_seq : (c->cfg.max_model_len + c->cfg.block_size - 1) / c->cfg.block_size;
+  snprintf(mb, sizeof mb, "%d", rows); /* sizing: at least the rows the control segment will have */
   proto_option_t opts[10] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
                             {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
   uint32_t n_opts = 5;

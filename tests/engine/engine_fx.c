@@ -128,7 +128,8 @@ int efx_start_opts(efx_server_t *s, const efx_opts_t *o, const char *const *extr
       return -1;
     }
     proto_status_reply_t r;
-    if (efx_status(s, &r) == 0 && r.n_workers > 0) return efx__read_instance(s);
+    /* ready: every rank (a tensor-parallel group's ranks become ready one by one) */
+    if (efx_status(s, &r) == 0 && r.n_workers > 0 && r.n_workers >= r.tp.size) return efx__read_instance(s);
     usleep(50000);
   }
   fprintf(stderr, "efx: server not ready after 120 s\n");

@@ -91,6 +91,19 @@ static bool curve_line(char *line, const char **name, char **value) {
   return true;
 }
 
+/* The next line of text at *cur that holds a key (blanks and comments
+ * skipped), split by curve_line; *lineno counts every line. False at the end. */
+static bool curve_next(char **cur, int *lineno, const char **field, char **value) {
+  while (*cur) {
+    char *line = *cur, *next = strchr(line, '\n');
+    if (next) *next++ = 0;
+    *cur = next;
+    ++*lineno;
+    if (curve_line(line, field, value)) return true;
+  }
+  return false;
+}
+
 /* A NUL-terminated copy of len bytes (a key file's text may hold NULs: they end it). */
 static char *curve_copy(const char *text, size_t len) {
   char *buf = fr_malloc(len + 1);
@@ -105,13 +118,9 @@ int proto_curve_parse(const char *name, const char *text_in, size_t len, char pu
   char *text = curve_copy(text_in, len);
   int rc = 0, lineno = 0;
   pub[0] = sec[0] = 0;
-  for (char *line = text, *next; line; line = next) {
-    next = strchr(line, '\n');
-    if (next) *next++ = 0;
-    lineno++;
-    const char *field;
-    char *value;
-    if (!curve_line(line, &field, &value)) continue;
+  const char *field;
+  char *value;
+  for (char *cur = text; curve_next(&cur, &lineno, &field, &value);) {
     bool is_sec = !strcmp(field, "secret-key"), is_pub = !strcmp(field, "public-key") || !*field;
     uint8_t raw[32];
     if ((!is_sec && !is_pub) || proto_curve_decode(raw, value)) {
@@ -224,13 +233,9 @@ int proto_curve_parse_list(const char *name, const char *text_in, size_t len, ui
   char *text = curve_copy(text_in, len);
   int rc = 0, lineno = 0, n = 0;
   uint8_t *k = fr_malloc(32 * (CURVE_FILE_MAX / 41 + 1));
-  for (char *line = text, *next; line; line = next) {
-    next = strchr(line, '\n');
-    if (next) *next++ = 0;
-    lineno++;
-    const char *field;
-    char *value;
-    if (!curve_line(line, &field, &value)) continue;
+  const char *field;
+  char *value;
+  for (char *cur = text; curve_next(&cur, &lineno, &field, &value);) {
     if ((*field && strcmp(field, "public-key")) || proto_curve_decode(k + 32 * n, value)) {
       rc = fr_errorf(FR_EFORMAT, "%s: line %d: expected a public key (40 characters of Z85)", name, lineno);
       break;

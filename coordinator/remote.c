@@ -37,9 +37,9 @@ void coord__remote_reset(coord_t *c) {
 
 /* The change of one slot into *t, the mirror updated; false when none. */
 static bool coord__remote_diff(coord_t *c, int slot, proto_table_t *t) {
+  if (kv_seq_version(c->kv, slot) == c->rt.ver[slot]) return false; /* unchanged since sent: no table read */
   kv_seq_view_t v;
   if (kv_seq_read(c->kv, slot, c->rt.row, c->rt.mb, &v) != 0) return false;
-  if (v.version == c->rt.ver[slot] && v.n_blocks == c->rt.len[slot]) return false;
   int32_t *mine = c->rt.blocks + (size_t)slot * (size_t)c->rt.mb;
   int old = c->rt.len[slot], first = 0, common = FR_MIN(old, v.n_blocks);
   while (first < common && mine[first] == c->rt.row[first]) first++;

@@ -10,13 +10,7 @@ set -u
 bin=$1 models=$2 out=$3
 mkdir -p "$out"
 status=0
-wait_health() {
-  for _ in $(seq 1 240); do
-    python3 -c "import urllib.request,sys; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=1)" 2>/dev/null && return 0
-    sleep 0.5
-  done
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/wait_health.sh"
 
 python3 - "$out/tiny-chat" "$models/llama3-8b-dummy" <<'PY'
 import shutil, sys, torch

@@ -18,14 +18,7 @@ common=(--model "$model" --load-format dummy --device cuda --tensor-parallel-siz
         --gpu-memory-utilization 0.5 --served-model-name llama-3-8b-dummy)
 status=0
 
-wait_ready() { # PORT PID
-  for _ in $(seq 1 300); do
-    python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$1/health', timeout=1)" 2>/dev/null && return 0
-    kill -0 "$2" 2>/dev/null || return 1
-    sleep 0.5
-  done
-  return 1
-}
+source "$(dirname "${BASH_SOURCE[0]}")/wait_health.sh"
 
 run_case() { # NAME PORT: greedy texts and a bench into OUT/NAME.*
   local name=$1 port=$2
@@ -40,7 +33,7 @@ run_case() { # NAME PORT: greedy texts and a bench into OUT/NAME.*
 echo "=== single node: TP=2 over NVLink"
 "$bin/ferrumctl" serve "${common[@]}" --port 18701 --rpc "ipc://$out/local.sock" >"$out/local.log" 2>&1 &
 pid=$!
-if wait_ready 18701 $pid; then run_case local 18701; else echo "local server did not come up"; tail -20 "$out/local.log"; status=1; fi
+if wait_health 18701 $pid; then run_case local 18701; else echo "local server did not come up"; tail -20 "$out/local.log"; status=1; fi
 kill -TERM $pid; wait $pid
 
 echo "=== two 'hosts': rank 1 remote over tcp://127.0.0.1, NCCL over sockets"
@@ -50,7 +43,7 @@ export NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_SOCKET_IFNAME=lo NCCL_DEBUG=IN
 pid=$!
 "$bin/ferrum-worker" --connect tcp://127.0.0.1:18703 --rank 1 --world-size 2 --device cuda:1 >"$out/worker1.log" 2>&1 &
 wpid=$!
-if wait_ready 18702 $pid; then run_case remote 18702; else echo "remote server did not come up"; tail -20 "$out/remote.log"; tail -20 "$out/worker1.log"; status=1; fi
+if wait_health 18702 $pid; then run_case remote 18702; else echo "remote server did not come up"; tail -20 "$out/remote.log"; tail -20 "$out/worker1.log"; status=1; fi
 grep -E "custom all-reduce|via NET|remote worker" "$out/remote.log" "$out/worker1.log" | head -6
 kill -TERM $pid; wait $pid
 kill $wpid 2>/dev/null; wait $wpid 2>/dev/null

@@ -24,6 +24,11 @@ static const struct {
       .ffn_dim = 14336, .n_heads = 32, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 128256, .max_ctx = 8192,
       .norm_eps = 1e-5f, .rope_theta = 500000.0f, .rope_dim = 128, .rope_scaling = MODEL_ROPE_SCALING_LLAMA3,
       .rope_factor = 8.0f, .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f, .rope_orig_ctx = 8192}},
+    {"llama-3-70b",
+     {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "llama-3-70b", .n_layers = 80, .dim = 8192,
+      .ffn_dim = 28672, .n_heads = 64, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 128256, .max_ctx = 8192,
+      .norm_eps = 1e-5f, .rope_theta = 500000.0f, .rope_dim = 128, .rope_scaling = MODEL_ROPE_SCALING_LLAMA3,
+      .rope_factor = 8.0f, .rope_low_freq_factor = 1.0f, .rope_high_freq_factor = 4.0f, .rope_orig_ctx = 8192}},
     {"qwen2.5-7b",
      {.arch = MODEL_ARCH_QWEN2, .arch_name = "qwen2", .name = "qwen2.5-7b", .n_layers = 28, .dim = 3584,
       .ffn_dim = 18944, .n_heads = 28, .n_kv_heads = 4, .head_dim = 128, .vocab_size = 152064, .max_ctx = 32768,
@@ -57,7 +62,7 @@ int model_dummy_config(const char *name_or_path, model_config_t *cfg) {
     }
     return model_config_from_hf_json(cfg, p);
   }
-  return fr_errorf(FR_ENOTFOUND, "no built-in config '%s' (llama-3-8b, qwen2.5-7b, qwen3-8b, qwen3-0.6b, smollm2-135m) "
+  return fr_errorf(FR_ENOTFOUND, "no built-in config '%s' (llama-3-8b, llama-3-70b, qwen2.5-7b, qwen3-8b, qwen3-0.6b, smollm2-135m) "
                                  "and not a config.json path", name_or_path);
 }
 

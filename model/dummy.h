@@ -7,7 +7,7 @@
 extern "C" {
 #endif
 
-/* Fills cfg from a built-in name (llama-3-8b, qwen2.5-7b, qwen3-8b, qwen3-0.6b,
+/* Fills cfg from a built-in name (llama-3-8b, llama-3-70b, qwen2.5-7b, qwen3-8b, qwen3-0.6b,
  * smollm2-135m) or a config.json path / HF folder. */
 int model_dummy_config(const char *name_or_path, model_config_t *cfg);
 

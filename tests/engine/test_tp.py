@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """test_tp.py - tensor parallelism on CPU workers, end to end: for each
-model, `ferrumctl serve --tensor-parallel-size 2` against the same server
-with one worker, greedy, 32 tokens for 8 prompts, with the top-5 logprobs
+model, `ferrumctl serve --tensor-parallel-size 2` (and 4 and 8 where the
+heads allow) against the same server with one worker, greedy, 32 tokens for 8 prompts, with the top-5 logprobs
 of every token; then a rank killed under load.
 
 The rule (the one the GPU parity script uses): the tokens agree up to the
@@ -90,7 +90,8 @@ def compare(test, ref, got, lp_tol, gap_tol):
 
 
 class TensorParallelCPU(unittest.TestCase):
-    def check_model(self, model, lp_tol, gap_tol, min_agree):
+    def check_model(self, model, lp_tol, gap_tol, min_agree, sizes=(2,)):
+        """Each tensor-parallel size in SIZES against one worker, by the rule above."""
         if not os.path.exists(model):
             self.skipTest("no " + model)
         one = Server(model, 1)
@@ -98,31 +99,34 @@ class TensorParallelCPU(unittest.TestCase):
             refs = [one.complete(p) for p in PROMPTS]
         finally:
             one.stop()
-        two = Server(model, 2)
-        try:
-            log = two.log_text()
-            self.assertIn("tensor parallel rank 0 of 2", log)
-            self.assertIn("tensor parallel rank 1 of 2", log)
-            agreed = sum(compare(self, ref, two.complete(p), lp_tol, gap_tol) for p, ref in zip(PROMPTS, refs))
-        finally:
-            two.stop()
-        # most tokens agree: a rule met only by diverging at once would mean a wrong shard
-        self.assertGreaterEqual(agreed, min_agree * len(PROMPTS) * N_OUT, "%d tokens agreed" % agreed)
+        for tp in sizes:
+            srv = Server(model, tp)
+            try:
+                log = srv.log_text()
+                for r in range(tp):
+                    self.assertIn("tensor parallel rank %d of %d" % (r, tp), log)
+                agreed = sum(compare(self, ref, srv.complete(p), lp_tol, gap_tol) for p, ref in zip(PROMPTS, refs))
+            finally:
+                srv.stop()
+            # most tokens agree: a rule met only by diverging at once would mean a wrong shard
+            self.assertGreaterEqual(agreed, min_agree * len(PROMPTS) * N_OUT, "TP=%d: %d tokens agreed" % (tp, agreed))
 
     def test_smollm2_q4_1(self):
         self.check_model(MODEL, 0.5, 0.5, 0.6)
 
     def test_tiny_llama_f32(self):
-        self.check_model(os.path.join(GOLDEN, "tiny-llama.gguf"), 1e-3, 1e-3, 0.9)
+        # 4 heads over 2 KV heads: at TP=4 each rank has one head and a copy of its KV head
+        self.check_model(os.path.join(GOLDEN, "tiny-llama.gguf"), 1e-3, 1e-3, 0.9, (2, 4))
 
     def test_tiny_qwen2_quantized(self):
         self.check_model(os.path.join(GOLDEN, "tiny-qwen2.gguf"), 0.1, 0.1, 0.8)
 
     def test_tiny_qwen3_quantized(self):
-        self.check_model(os.path.join(GOLDEN, "tiny-qwen3.gguf"), 0.1, 0.1, 0.8)
+        # 8 heads over 2 KV heads: TP=8 gives each rank one head, each KV head copied to 4 ranks
+        self.check_model(os.path.join(GOLDEN, "tiny-qwen3.gguf"), 0.1, 0.1, 0.8, (2, 4, 8))
 
     def test_tiny_qwen3_safetensors(self):
-        self.check_model(os.path.join(GOLDEN, "tiny-qwen3-hf"), 1e-2, 1e-2, 0.8)
+        self.check_model(os.path.join(GOLDEN, "tiny-qwen3-hf"), 1e-2, 1e-2, 0.8, (2, 4, 8))
 
     def serve_fails(self, *args):
         """Runs `ferrumctl serve ARGS`, which must exit non-zero; returns its output."""

@@ -4,13 +4,15 @@
 Builds a small random llama and qwen3 (hf_parity.py's architectures, bf16
 safetensors, vocabulary 49152 with SmolLM2's tokenizer copied in), runs
 transformers greedy on cuda:0 in bf16 for 32 tokens from 4 token-id prompts
-(top-5 at every step), then `ferrumctl serve --device cuda` with
---tensor-parallel-size 1 and 2 and compares each to transformers with
-vLLM's rule: equal, or at the first divergence ferrum's token is in
-transformers' top 5. ferrum's logprobs name tokens by their text; they are
+(top-5 at every step), then `ferrumctl serve --device cuda` at each
+--tensor-parallel-size given (default 1 and 2) and compares each to
+transformers with vLLM's rule: equal, or at the first divergence ferrum's
+token is in transformers' top 5. Each size above 2 is also compared with
+TP=2 (tokens equal before the first divergence, and the same rule with
+transformers' top 5 at it). ferrum's logprobs name tokens by their text; they are
 mapped back to ids through the tokenizer's byte-level vocabulary.
 
-usage: gpu_tp.py FERRUMCTL TOKENIZER_DIR OUT_DIR
+usage: gpu_tp.py FERRUMCTL TOKENIZER_DIR OUT_DIR [TP_SIZE ...]
 Prints one line per (model, tp) and exits non-zero on a failure.
 """
 import http.client
@@ -90,8 +92,25 @@ def serve(ferrumctl, folder, tp, log):
     raise RuntimeError("serve not healthy")
 
 
+def report(name, what, against, refs, got_all):
+    """Prints how many greedy tokens of GOT_ALL equal REFS ((tokens, top5)
+    per prompt) before the first divergence; True when each divergence is
+    in the top 5 there."""
+    agreed, fails = 0, []
+    for k, ((ref, top5), got) in enumerate(zip(refs, got_all)):
+        div = next((t for t in range(N_OUT) if got[t] != ref[t]), None)
+        agreed += N_OUT if div is None else div
+        if div is not None and got[div] not in top5[div]:
+            fails.append("prompt %d: at %d %d not in HF top-5 %s" % (k, div, got[div], top5[div]))
+    print("%-6s %s: %d of %d greedy tokens equal to %s before any divergence; %s" %
+          (name, what, agreed, N_OUT * len(refs), against, "PASS" if not fails else "FAIL " + "; ".join(fails)))
+    sys.stdout.flush()
+    return not fails
+
+
 def main():
     ferrumctl, tok_dir, out = sys.argv[1:4]
+    sizes = [int(a) for a in sys.argv[4:]] or [1, 2]
     os.makedirs(out, exist_ok=True)
     to_id = ids_by_text(tok_dir)
     ok = True
@@ -111,7 +130,8 @@ def main():
         refs = [hf_greedy(model, p) for p in prompts]
         del model
         torch.cuda.empty_cache()
-        for tp in (1, 2):
+        by_tp = {}
+        for tp in sizes:
             with open(os.path.join(out, "serve-%s-tp%d.log" % (name, tp)), "w") as log:
                 srv = serve(ferrumctl, folder, tp, log)
                 try:
@@ -120,17 +140,10 @@ def main():
                 finally:
                     srv.send_signal(signal.SIGTERM)
                     srv.wait(60)
-            agreed, fails = 0, []
-            for k, ((ref, top5), toks) in enumerate(zip(refs, res)):
-                got = [to_id.get(t, -1) for t in toks]
-                div = next((t for t in range(N_OUT) if got[t] != ref[t]), None)
-                agreed += N_OUT if div is None else div
-                if div is not None and got[div] not in top5[div]:
-                    fails.append("prompt %d: at %d %d not in HF top-5 %s" % (k, div, got[div], top5[div]))
-            ok &= not fails
-            print("%-6s tp=%d: %d of %d greedy tokens equal to transformers bf16 before any divergence; %s" %
-                  (name, tp, agreed, N_OUT * len(prompts), "PASS" if not fails else "FAIL " + "; ".join(fails)))
-            sys.stdout.flush()
+            by_tp[tp] = [[to_id.get(t, -1) for t in toks] for toks in res]
+            ok &= report(name, "tp=%d" % tp, "transformers bf16", refs, by_tp[tp])
+            if tp > 2 and 2 in by_tp:
+                ok &= report(name, "tp=%d" % tp, "tp=2", [(r, top5) for r, (_, top5) in zip(by_tp[2], refs)], by_tp[tp])
     sys.exit(0 if ok else 1)
 
 

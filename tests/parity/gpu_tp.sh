@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
-# Tensor parallelism on a 2-GPU machine (device machine, repo root, after
+# Tensor parallelism on a multi-GPU machine (device machine, repo root, after
 # `source .device/env.sh`); results in docs/bench/tensor-parallel.md:
-#   1. the all-reduce per message size (bench/allreduce_bench), NCCL alone
-#      and with the one-shot all-reduce for small sizes, eager and inside a
-#      CUDA graph;
-#   2. TP=1 and TP=2 greedy tokens against transformers (gpu_tp.py);
-#   3. Llama-3-8B shapes (dummy bf16): `ferrumctl bench` at TP=1 and TP=2,
-#      concurrency 1, 16, 64 and 256 (FERRUM_TP_BENCH picks "c:n:in:out" runs),
-#      each with where a step's time goes (bench/step_time.py).
-# MODELS_DIR/llama3-8b-dummy comes from tests/parity/make_dummy_folder.py.
+#   1. the all-reduce per message size (bench/allreduce_bench) at every
+#      size of FERRUM_TP_SIZES above 1, NCCL alone and with the one-shot
+#      all-reduce for small sizes, eager and inside a CUDA graph;
+#   2. greedy tokens against transformers at each size (gpu_tp.py);
+#   3. Llama-3-8B shapes (dummy bf16; FERRUM_TP_MODEL names another folder,
+#      such as llama3-70b-dummy): `ferrumctl bench` at each size, concurrency
+#      1, 16, 64 and 256 (FERRUM_TP_BENCH picks "c:n:in:out" runs), each with
+#      where a step's time goes (bench/step_time.py).
+# FERRUM_TP_SIZES defaults to "1 2". MODELS_DIR/llama3-8b-dummy (and
+# llama3-70b-dummy) come from tests/parity/make_dummy_folder.py.
 # usage: gpu_tp.sh BIN_DIR MODELS_DIR OUT_DIR [STEPS (default allreduce,parity,bench)]
 set -u
 bin=$1 models=$2 out=$3 steps=${4:-allreduce,parity,bench}
+sizes=${FERRUM_TP_SIZES:-1 2} model=${FERRUM_TP_MODEL:-llama3-8b-dummy}
 want() { [[ ",$steps," == *",$1,"* ]]; }
 mkdir -p "$out"
 export NCCL_NVLS_ENABLE=0
@@ -22,23 +25,26 @@ nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader
 nvidia-smi topo -m | head -4
 
 if want allreduce; then
-  echo "=== all-reduce, 2 ranks: NCCL alone"
-  FERRUM_CUSTOM_AR=0 "$bin/allreduce_bench" --device cuda --ranks 2 --iters 400 | tee "$out/allreduce-nccl.md" || status=1
-  echo "=== all-reduce, 2 ranks: one-shot over peer memory up to 512 KiB, NCCL above (the default)"
-  "$bin/allreduce_bench" --device cuda --ranks 2 --iters 400 | tee "$out/allreduce.md" || status=1
+  for n in $sizes; do
+    [ "$n" -gt 1 ] || continue
+    echo "=== all-reduce, $n ranks: NCCL alone"
+    FERRUM_CUSTOM_AR=0 "$bin/allreduce_bench" --device cuda --ranks "$n" --iters 400 | tee "$out/allreduce$n-nccl.md" || status=1
+    echo "=== all-reduce, $n ranks: one-shot over peer memory up to 512 KiB, NCCL above (the default)"
+    "$bin/allreduce_bench" --device cuda --ranks "$n" --iters 400 | tee "$out/allreduce$n.md" || status=1
+  done
 fi
 
 if want parity; then
-  echo "=== greedy tokens against transformers, TP=1 and TP=2"
-  python3 tests/parity/gpu_tp.py "$bin/ferrumctl" "$models/llama3-8b-dummy" "$out/parity" || status=1
+  echo "=== greedy tokens against transformers, TP = $sizes"
+  python3 tests/parity/gpu_tp.py "$bin/ferrumctl" "$models/llama3-8b-dummy" "$out/parity" $sizes || status=1
 fi
 
 if want bench; then
-  for tp in ${FERRUM_TP_SIZES:-1 2}; do
-    echo "=== Llama-3-8B shapes (dummy bf16), tensor-parallel size $tp"
-    "$bin/ferrumctl" serve --model "$models/llama3-8b-dummy" --load-format dummy --device cuda \
+  for tp in $sizes; do
+    echo "=== $model (dummy bf16), tensor-parallel size $tp"
+    "$bin/ferrumctl" serve --model "$models/$model" --load-format dummy --device cuda \
       --tensor-parallel-size "$tp" --port 18601 --max-num-seqs 256 --max-num-batched-tokens 2048 \
-      --max-model-len 1024 --served-model-name llama-3-8b-dummy >"$out/serve-tp$tp.log" 2>&1 &
+      --max-model-len 1024 --served-model-name "$model" >"$out/serve-tp$tp.log" 2>&1 &
     pid=$!
     if wait_health 18601 $pid; then
       grep -E "tensor parallel|KV budget|memory:" "$out/serve-tp$tp.log" | head -6

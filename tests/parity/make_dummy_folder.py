@@ -1,10 +1,11 @@
 #!/usr/bin/env python3
 """A model folder for `--load-format dummy` runs on the GPU machine: the
-Llama-3-8B config.json with SmolLM2's tokenizer (tokenizer.json built from
+Llama-3-8B (or, with a third argument `llama-3-70b`, Llama-3-70B)
+config.json with SmolLM2's tokenizer (tokenizer.json built from
 the GGUF's vocabulary and merges with HF `tokenizers`, as the tokenizer
 golden test does; tokenizer_config.json with the GGUF's chat template).
 Prompts are token ids below SmolLM2's 49152, so the tokenizer only needs to
-round-trip text. usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR"""
+round-trip text. usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b]"""
 import json
 import os
 import sys
@@ -21,10 +22,14 @@ LLAMA3_8B = {
     "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
     "bos_token_id": 1, "eos_token_id": 2,
 }
+LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                  num_attention_heads=64)
+SHAPES = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B}
 
 
 def main():
     gguf_path, out = sys.argv[1:3]
+    config = SHAPES[sys.argv[3] if len(sys.argv) > 3 else "llama-3-8b"]
     kv = read_gguf(gguf_path)
     tokens, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
     os.makedirs(out, exist_ok=True)
@@ -34,7 +39,7 @@ def main():
     with open(os.path.join(out, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump(tc, f, indent=1)
     with open(os.path.join(out, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(LLAMA3_8B, f, indent=1)
+        json.dump(config, f, indent=1)
     print(f"wrote {out}")
 
 

@@ -3,10 +3,13 @@
  *   prefill: one sequence of --prefill tokens in one step;
  *   decode:  --batch B sequences with --prompt tokens each, then --gen decode
  *            steps of B tokens (greedy, sampled on the device when the
- *            backend can, else on the host).
+ *            backend can, else on the host);
+ *   mixed:   with --mixed P, the same decode steps again, each with one more
+ *            sequence prefilling a chunk of P tokens beside the B decodes
+ *            (a serving step under chunked prefill).
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
  *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|...] [--threads N] [--prefill N]
- *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N]
+ *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
  * The KV pool holds what the run needs (the prefill's sequence, or the
  * largest batch's sequences of --prompt + --gen tokens); its size is printed.
  */
@@ -29,7 +32,7 @@
 
 typedef struct {
   const char *model, *dummy, *device, *type;
-  int threads, prefill, prompt, gen, repeat;
+  int threads, prefill, prompt, gen, repeat, mixed;
   int batches[BENCH_MAX_BATCHES], n_batches;
 } bench_opts_t;
 
@@ -69,6 +72,7 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o) {
     else if (!strcmp(a, "--gen")) rc = bench_int(v, 1, 1 << 20, &o->gen);
     else if (!strcmp(a, "--repeat")) rc = bench_int(v, 0, 1000, &o->repeat);
     else if (!strcmp(a, "--batch")) rc = bench_parse_batches(v, o);
+    else if (!strcmp(a, "--mixed")) rc = bench_int(v, 2, 1 << 20, &o->mixed);
     else return -1;
     if (rc) {
       fprintf(stderr, "model_bench: bad value '%s' for %s\n", v, a);
@@ -119,8 +123,8 @@ static int bench_step(bench_t *b, int n_seqs, const int *seq, const int *start, 
   const kern_ops_t *op = b->m->be->ops;
   if (!out_tok) return op->sync(b->m->be->ctx);
   if (op->sample) {
-    kern_sample_params_t sp[BENCH_MAX_BATCH] = {{0}};
-    float lp[BENCH_MAX_BATCH];
+    kern_sample_params_t sp[BENCH_MAX_BATCH + 1] = {{0}}; /* + the mixed steps' prefill */
+    float lp[BENCH_MAX_BATCH + 1];
     return op->sample(b->m->be->ctx, logits, n_seqs, b->m->cfg.vocab_size, sp, out_tok, lp);
   }
   int V = b->m->cfg.vocab_size;
@@ -180,17 +184,43 @@ static int bench_decode(bench_t *b, int B, int prompt, int gen) {
   return rc;
 }
 
+/* Decode steps of B sequences (from --prompt on, as bench_decode's), each
+ * with sequence B prefilling P tokens from position 0 beside them. */
+static int bench_mixed(bench_t *b, int B, int prompt, int gen, int P) {
+  int n = B + 1, *seq = fr_malloc((size_t)n * sizeof(int)), *start = fr_malloc((size_t)n * sizeof(int));
+  int *len = fr_malloc((size_t)n * sizeof(int));
+  int32_t *tok = fr_malloc((size_t)n * sizeof(int32_t));
+  int rc = 0;
+  for (int s = 0; s < n; s++) seq[s] = s, len[s] = s < B ? 1 : P;
+  uint64_t t0 = 0;
+  for (int g = 0; g < gen && !rc; g++) {
+    if (g == 1) t0 = fr_now_ns();
+    for (int s = 0; s < n; s++) start[s] = s < B ? prompt + g : 0;
+    rc = bench_step(b, n, seq, start, len, tok);
+    for (int s = 0; s < B; s++) b->next[s] = tok[s];
+  }
+  if (!rc && gen > 1) {
+    double dt = (fr_now_ns() - t0) / 1e9;
+    printf("mixed    batch %3d + prefill %d, %d steps: %8.3f ms/step  %10.1f tok/s\n", B, P, gen - 1,
+           dt * 1e3 / (gen - 1), (double)(B + P) * (gen - 1) / dt);
+  }
+  free(seq), free(start), free(len), free(tok);
+  return rc;
+}
+
 static int bench_blocks(int tokens) { return (tokens + BENCH_BLOCK - 1) / BENCH_BLOCK; }
 
 /* The KV pool for what the run does, no more: the prefill's one sequence
  * of --prefill tokens, or maxB sequences of --prompt + --gen tokens, which
- * come after it and may reuse its blocks. Sequence s's blocks are s * (its
- * share) onwards; the prefill's (sequence 0) run on from block 0. */
+ * come after it and may reuse its blocks, and with --mixed one more of
+ * --mixed tokens. Sequence s's blocks are s * (its share) onwards; the
+ * prefill's (sequence 0) run on from block 0. */
 static int bench_pool_init(bench_t *b, const bench_opts_t *o, int maxB) {
-  int per_seq = bench_blocks(o->prompt + o->gen), pre = bench_blocks(o->prefill);
-  int64_t n_blocks = FR_MAX((int64_t)per_seq * maxB, (int64_t)pre);
+  int per_seq = bench_blocks(o->prompt + o->gen), pre = bench_blocks(o->prefill), mix = bench_blocks(o->mixed);
+  int64_t n_blocks = FR_MAX((int64_t)per_seq * maxB + mix, (int64_t)pre);
   if (n_blocks > INT32_MAX) return fr_errorf(FR_ETOOBIG, "%lld KV blocks", (long long)n_blocks);
-  b->blocks_per_seq = FR_MAX(per_seq, pre);
+  b->blocks_per_seq = FR_MAX(FR_MAX(per_seq, pre), mix);
+  if (o->mixed) maxB++; /* the mixed steps' prefill sequence */
   b->max_seqs = maxB;
   kern_backend_t *be = b->m->be;
   kern_type_t kvt = be->act_type == KERN_F32 ? KERN_F16 : be->act_type;
@@ -211,7 +241,7 @@ int main(int argc, char **argv) {
   bench_opts_t o;
   if (bench_parse(argc, argv, &o)) {
     fprintf(stderr, "usage: model_bench [--model PATH | --dummy NAME] [--device cpu|cuda] [--type T] "
-                    "[--threads N] [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N]\n");
+                    "[--threads N] [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]\n");
     return 2;
   }
   int maxB = 1;
@@ -219,7 +249,8 @@ int main(int argc, char **argv) {
   kern_backend_t *be = NULL;
   model_t *m = NULL;
   int rc = kern_backend_create(&be, o.device, o.threads);
-  model_load_opts_t lo = {.max_tokens = FR_MAX(o.prefill, FR_MAX(o.prompt, 256)), .max_seqs = FR_MAX(maxB, 1),
+  model_load_opts_t lo = {.max_tokens = FR_MAX(FR_MAX(o.prefill, o.mixed + maxB), FR_MAX(o.prompt, 256)),
+                          .max_seqs = maxB + 1,
                           .progress = true, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(o.type), 0), .seed = 1};
   if (!rc && o.dummy) {
     model_config_t cfg;
@@ -239,9 +270,12 @@ int main(int argc, char **argv) {
     size_t T = (size_t)m->max_tokens;
     b.tokens = fr_malloc(T * 4), b.pos = fr_malloc(T * 4), b.slots = fr_malloc(T * 4);
     b.q_start = fr_malloc((T + 1) * 4), b.ctx_len = fr_malloc(T * 4), b.next = fr_calloc((size_t)maxB, 4);
-    b.logits_host = fr_malloc((size_t)maxB * m->cfg.vocab_size * sizeof(float));
+    b.logits_host = fr_malloc((size_t)(maxB + 1) * m->cfg.vocab_size * sizeof(float));
     if (o.prefill > 0) rc = bench_prefill(&b, o.prefill, o.repeat);
-    for (int i = 0; i < o.n_batches && !rc; i++) rc = bench_decode(&b, o.batches[i], o.prompt, o.gen);
+    for (int i = 0; i < o.n_batches && !rc; i++) {
+      rc = bench_decode(&b, o.batches[i], o.prompt, o.gen);
+      if (!rc && o.mixed) rc = bench_mixed(&b, o.batches[i], o.prompt, o.gen, o.mixed);
+    }
   }
   if (rc) fprintf(stderr, "model_bench: %s\n", fr_last_error());
   if (b.pool_ready) be->ops->kv_pool_deinit(be->ctx, &b.pool);

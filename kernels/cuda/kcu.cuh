@@ -60,6 +60,7 @@ typedef struct {
   int32_t *tokens;       /* (tok_cap) */
   int32_t *q_start;      /* (seq_cap + 1) */
   int32_t *ctx_len;      /* (seq_cap) */
+  int32_t *pf_seqs;      /* (seq_cap) the sequences with more than one query token, in order */
   int32_t *block_tables; /* (bt_cap) */
 } kcu_meta_t;
 
@@ -101,7 +102,7 @@ typedef struct {
   cudaEvent_t meta_done;   /* the last metadata upload finished reading meta_pin */
   int n_tokens, n_seqs, max_blocks;
   int max_q, max_ctx;      /* longest query run and context in this step */
-  int all_single;          /* every sequence has exactly one query token */
+  int n_single, n_pf;      /* sequences with one query token; with more (listed in dm.pf_seqs) */
   int32_t *h_tokens;       /* host copy (tok_cap) for embed's bounds check */
 
   /* scratch */

@@ -357,13 +357,13 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T 
 template <typename T, int HD>
 __global__ void __launch_bounds__(KCU_PF_NT)
     kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
-                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
-                       int n_kv, int G, float scale) {
+                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, const int32_t *seq_map,
+                       int bs, int n_blocks, int n_kv, int G, float scale) {
   kcu_pdl_enter();
   constexpr int NC = HD / (8 * KCU_PF_TPQ); /* chunks of 8 per thread */
   __shared__ uint4 sk[KCU_PF_BN][HD / 8], sv[KCU_PF_BN][HD / 8];
   __shared__ int s_maxpos;
-  const int s = blockIdx.z, h = blockIdx.y, kvh = h / G;
+  const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.y, kvh = h / G;
   const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_PF_BM;
   if (tile >= qn) return;
   const int max_blocks = hdr[2];
@@ -477,8 +477,8 @@ template <int HD> struct kcu_wm_smem {
 template <typename T, int HD>
 __global__ void __launch_bounds__(KCU_WM_NT)
     kcu_attn_prefill_wmma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
-                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
-                            int n_kv, int G, float scale) {
+                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts,
+                            const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale) {
   kcu_pdl_enter();
   using namespace nvcuda;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -488,7 +488,7 @@ __global__ void __launch_bounds__(KCU_WM_NT)
   T *sP = reinterpret_cast<T *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S) + warp * KCU_WM_F * KCU_WM_BN;
   float *sO = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S + kcu_wm_smem<HD>::P) +
               warp * KCU_WM_F * HD;
-  const int s = blockIdx.z, h = blockIdx.y, kvh = h / G;
+  const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.y, kvh = h / G;
   const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_WM_BM;
   if (tile >= qn) return;
   const int max_blocks = hdr[2];
@@ -586,16 +586,31 @@ __global__ void __launch_bounds__(KCU_WM_NT)
   }
 }
 
+/* Prefill over n sequences: those of seq_map (device), or all of the step
+ * when seq_map is NULL. */
 template <typename T, int HD>
-static int kcu_prefill_wmma(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
-                            const kern_kv_config_t *cf, int n_heads, int G, float scale) {
-  constexpr int bytes = kcu_wm_smem<HD>::BYTES;
-  dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, c->n_seqs);
-  KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, KCU_WM_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
-             c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
+static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+                       const kern_kv_config_t *cf, int n_heads, int G, float scale, const int32_t *seq_map, int n) {
+  if (HD <= KCU_WM_MAX_HD && !c->simt_prefill) {
+    constexpr int bytes = kcu_wm_smem<HD>::BYTES;
+    dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, n);
+    KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, KCU_WM_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
+               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks,
+               cf->n_kv_heads, G, scale);
+    return 0;
+  }
+  dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, n);
+  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, KCU_PF_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+             c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
   return 0;
 }
 
+/* Decode-only steps take the decode kernel. Mixed steps (chunked prefill
+ * beside decodes) take it too for their one-token sequences, which then
+ * read each KV head once for its whole query group and split long contexts,
+ * and the prefill kernel only for the sequences with more tokens: a
+ * one-token sequence in a prefill grid would read K/V once per query head
+ * into a 64-query tile with one live row. */
 template <typename T, int HD>
 static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                        int n_heads, float scale) {
@@ -603,14 +618,13 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   const char *kb = (const char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   const T *kc = (const T *)kb, *vc = (const T *)(kb + pool->layer_bytes);
   int G = n_heads / cf->n_kv_heads;
-  if (c->all_single && G <= KCU_MAX_GROUP) return kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale);
-  if (c->max_q == 0) return 0;
-  if (HD <= KCU_WM_MAX_HD && !c->simt_prefill)
-    return kcu_prefill_wmma<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale);
-  dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, c->n_seqs);
-  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, KCU_PF_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
-             c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
-  return 0;
+  if (G > KCU_MAX_GROUP || c->n_single == 0) {
+    if (c->max_q == 0) return 0;
+    return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, NULL, c->n_seqs);
+  }
+  int rc = kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  if (rc || c->n_pf == 0) return rc;
+  return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, c->dm.pf_seqs, c->n_pf);
 }
 
 template <typename T, int HD> static int kcu_wmma_attr(void) {

@@ -190,6 +190,8 @@ static void kcu_meta_layout(kcu_meta_t *m, void *base, int tok_cap, int seq_cap)
   p += seq_cap + 1;
   m->ctx_len = p;
   p += seq_cap;
+  m->pf_seqs = p;
+  p += seq_cap;
   m->block_tables = p;
 }
 
@@ -202,7 +204,7 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), KCU_META_MIN_TOKENS);
   int seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), KCU_META_MIN_SEQS);
   size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)KCU_META_MIN_BT);
-  size_t bytes = (4 + 3 * (size_t)tok_cap + 2 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
+  size_t bytes = (4 + 3 * (size_t)tok_cap + 3 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   kcu__graphs_drop(c);
   kcu__stage_free(c); /* steps have begun: the weight staging is no longer needed (callers without load_end) */
@@ -236,15 +238,17 @@ static int kcu_step_check(const kern_step_t *s) {
   return 0;
 }
 
-/* Host-side summary used for launch shapes. */
+/* Host-side summary used for launch shapes; lists the sequences with more
+ * than one query token into the pinned mirror (pf_seqs). */
 static void kcu_step_summary(kcu_ctx_t *c, const kern_step_t *s) {
   c->max_q = 0;
   c->max_ctx = 0;
-  c->all_single = 1;
+  c->n_single = c->n_pf = 0;
   for (int i = 0; i < s->n_seqs; i++) {
     int q = s->q_start[i + 1] - s->q_start[i];
     c->max_q = FR_MAX(c->max_q, q);
-    if (q != 1) c->all_single = 0;
+    if (q == 1) c->n_single++;
+    else if (q > 1) c->pm.pf_seqs[c->n_pf++] = i;
     if (s->ctx_len) c->max_ctx = FR_MAX(c->max_ctx, s->ctx_len[i]);
   }
 }
@@ -273,12 +277,12 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   else if (s->n_seqs) memset(p->ctx_len, 0, (size_t)s->n_seqs * 4);
   if (n_bt && s->block_tables) memcpy(p->block_tables, s->block_tables, n_bt * 4);
   else if (n_bt) memset(p->block_tables, 0, n_bt * 4);
+  kcu_step_summary(c, s);
   KCU_CHECK(cudaMemcpyAsync(c->meta_dev, c->meta_pin, c->meta_bytes, cudaMemcpyHostToDevice, c->stream));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
   c->n_tokens = s->n_tokens;
   c->n_seqs = s->n_seqs;
   c->max_blocks = s->max_blocks;
-  kcu_step_summary(c, s);
   /* size the decode partials for this step shape (never inside a capture) */
   if (c->pool_kv_heads > 0 && s->n_seqs > 0) {
     int sp = kcu__attn_splits(c, s->n_seqs, c->pool_kv_heads, (long long)s->max_blocks * c->pool_block_size);

@@ -583,6 +583,15 @@ START_TEST(test_attention_prefill) {
            hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
   free_step(bufs);
+  /* step 3: a mixed step, decodes beside one prefill chunk (the decode
+   * kernel takes the one-token sequences, the prefill kernel the chunk) */
+  int c3[4] = {160, 6, 197, 17}, n3[4] = {1, 30, 1, 1};
+  nt = build_step(&e, c3, n3, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 1);
+  snprintf(what, sizeof what, "mixed%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
+  free_step(bufs);
   kv_teardown(&e);
 }
 END_TEST

@@ -1,7 +1,8 @@
 /* test_generate.c - whole-model checks against llama.cpp goldens
  * (tests/golden/gen_llama_golden.py): last-token logits of every prompt and
  * greedy continuations, for the real SmolLM2 GGUF, tiny random llama /
- * qwen2 / qwen3 GGUF files, and the safetensors copy of the tiny llama.
+ * qwen2 / qwen3 / qwen3moe GGUF files, and the safetensors copies of the
+ * tiny llama and qwen3moe.
  * Also: our chat template + tokenizer give llama.cpp's prompt ids. */
 #include <check.h>
 #include <jansson.h>
@@ -209,6 +210,32 @@ START_TEST(tiny_qwen3_matches_llama_cpp) {
 }
 END_TEST
 
+/* Qwen3-MoE, float (bf16-rounded) weights: routing, top-k and the experts
+ * must match llama.cpp's to the greedy token. */
+START_TEST(tiny_qwen3moe_gguf_matches_llama_cpp) {
+  score_t s = run_golden("tiny-qwen3moe", tiny("tiny-qwen3moe.gguf"));
+  ck_assert_int_eq(s.exact_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 1e-3);
+}
+END_TEST
+
+/* The HF folder: the same weights, one safetensors tensor per expert. */
+START_TEST(tiny_qwen3moe_safetensors_matches_gguf) {
+  score_t s = run_golden("tiny-qwen3moe", tiny("tiny-qwen3moe-hf"));
+  ck_assert_int_eq(s.exact_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 1e-3);
+}
+END_TEST
+
+/* Quantized experts (Q8_0 / Q5_0 / Q4_1 stacks): activations quantized per
+ * expert as llama.cpp's mul_mat_id does. */
+START_TEST(tiny_qwen3moe_quantized_matches_llama_cpp) {
+  score_t s = run_golden("tiny-qwen3moe-q", tiny("tiny-qwen3moe-q.gguf"));
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.05);
+}
+END_TEST
+
 START_TEST(chat_prompt_ids_match_llama_cpp) {
   golden_t g = {0};
   ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
@@ -244,6 +271,9 @@ static Suite *suite(void) {
   tcase_add_test(tc, tiny_llama_safetensors_matches_gguf);
   tcase_add_test(tc, tiny_qwen2_matches_llama_cpp);
   tcase_add_test(tc, tiny_qwen3_matches_llama_cpp);
+  tcase_add_test(tc, tiny_qwen3moe_gguf_matches_llama_cpp);
+  tcase_add_test(tc, tiny_qwen3moe_safetensors_matches_gguf);
+  tcase_add_test(tc, tiny_qwen3moe_quantized_matches_llama_cpp);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -168,7 +168,14 @@ def write_all_types(out, alignment=None, name="all_types"):
 TINY = dict(dim=64, heads=4, kv=2, hd=16, ffn=96, layers=2, vocab=100)
 
 
-def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, rope_freqs=False, fname=None):
+# A tiny qwen3moe: (experts, used per token, expert FFN)
+TINY_MOE = dict(experts=4, used=2, eff=32)
+
+
+def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, rope_freqs=False, fname=None,
+                     moe=None, bad_up_experts=None):
+    """moe: a TINY_MOE-like dict (every layer sparse); bad_up_experts: layer 1's
+    ffn_up_exps stack has that many experts instead."""
     c = dict(TINY)
     hd = head_dim or c["hd"]
     path = os.path.join(out, fname or "tiny_%s.gguf" % arch)
@@ -188,6 +195,10 @@ def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, 
     if arch == "llama" and not rope_freqs:
         w.add_string(arch + ".rope.scaling.type", "linear")
         w.add_float32(arch + ".rope.scaling.factor", 4.0)
+    if moe:
+        w.add_uint32(arch + ".expert_count", moe["experts"])
+        w.add_uint32(arch + ".expert_used_count", moe["used"])
+        w.add_uint32(arch + ".expert_feed_forward_length", moe["eff"])
     w.add_uint32("tokenizer.ggml.bos_token_id", 1)
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
     d, q, kv, f, v = c["dim"], c["heads"] * hd, c["kv"] * hd, c["ffn"], c["vocab"]
@@ -212,6 +223,14 @@ def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, 
             add_tensor(w, p + "attn_q_norm.weight", QT.F32, [hd])
             add_tensor(w, p + "attn_k_norm.weight", QT.F32, [hd])
         add_tensor(w, p + "ffn_norm.weight", QT.F32, [d])
+        if moe:
+            n, ef = moe["experts"], moe["eff"]
+            add_tensor(w, p + "ffn_gate_inp.weight", QT.F32, [n, d])
+            add_tensor(w, p + "ffn_gate_exps.weight", QT.Q8_0, [n, ef, d])
+            n_up = bad_up_experts if bad_up_experts and i == 1 else n
+            add_tensor(w, p + "ffn_up_exps.weight", QT.Q4_0, [n_up, ef, d])
+            add_tensor(w, p + "ffn_down_exps.weight", QT.F16, [n, d, ef])
+            continue
         add_tensor(w, p + "ffn_gate.weight", QT.F16, [f, d])
         add_tensor(w, p + "ffn_up.weight", QT.BF16, [f, d])
         add_tensor(w, p + "ffn_down.weight", QT.Q8_0, [d, f])
@@ -341,6 +360,9 @@ def main():
     write_gguf_model(out, "qwen2", tied=False, bias=True)
     write_gguf_model(out, "qwen3", tied=True, qk_norm=True, head_dim=32)
     write_gguf_model(out, "llama", tied=False, rope_freqs=True, fname="tiny_llama3.gguf")
+    write_gguf_model(out, "qwen3moe", tied=True, qk_norm=True, head_dim=32, moe=TINY_MOE)
+    write_gguf_model(out, "qwen3moe", tied=True, qk_norm=True, head_dim=32, moe=TINY_MOE,
+                     bad_up_experts=3, fname="tiny_qwen3moe_bad_experts.gguf")
     write_st_all(out)
     write_hf_folder(out, "hf_llama", "LlamaForCausalLM", tied=False,
                     extra={"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,

@@ -14,6 +14,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
+#include "model/dummy.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/prompt.h"
@@ -236,6 +237,51 @@ START_TEST(tiny_qwen3moe_quantized_matches_llama_cpp) {
 }
 END_TEST
 
+/* A backend without the moe_ffn op (CUDA for now) refuses MoE models at
+ * load, before any weight is read, for files and dummy configs alike. */
+START_TEST(moe_needs_the_backend_op) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 1), 0);
+  kern_ops_t ops = *be->ops;
+  ops.name = "no-moe";
+  ops.moe_ffn = NULL;
+  kern_backend_t no_moe = *be;
+  no_moe.ops = &ops;
+  model_t *m = NULL;
+  fr_error_clear();
+  ck_assert_int_eq(model_load(&m, tiny("tiny-qwen3moe.gguf"), &no_moe, NULL), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(fr_last_error(), "Qwen3-MoE needs the CPU backend for now"), "%s", fr_last_error());
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config(tiny("tiny-qwen3moe-hf"), &cfg), 0);
+  ck_assert_int_eq(model_load_dummy(&m, &cfg, &no_moe, NULL), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
+  kern_backend_destroy(be);
+}
+END_TEST
+
+/* --load-format dummy of a MoE config: random experts that run. */
+START_TEST(moe_dummy_runs) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config(tiny("tiny-qwen3moe-hf"), &cfg), 0);
+  model_t *m;
+  model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q8_0};
+  ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+  ck_assert_ptr_nonnull(m->layers[2].exp_down);
+  ck_assert_int_eq(m->layers[2].exp_down[7].cols, 64);
+  model_gen_t *gen;
+  ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
+  int32_t ids[5] = {1, 2, 3, 4, 5};
+  ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
+  for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
+  model_gen_destroy(gen);
+  model_destroy(m);
+  kern_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(chat_prompt_ids_match_llama_cpp) {
   golden_t g = {0};
   ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
@@ -274,6 +320,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, tiny_qwen3moe_gguf_matches_llama_cpp);
   tcase_add_test(tc, tiny_qwen3moe_safetensors_matches_gguf);
   tcase_add_test(tc, tiny_qwen3moe_quantized_matches_llama_cpp);
+  tcase_add_test(tc, moe_needs_the_backend_op);
+  tcase_add_test(tc, moe_dummy_runs);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -15,7 +15,7 @@ tests, with the SmolLM2 tokenizer copied from the real GGUF:
                          with HF `tokenizers`, as the tokenizer golden does)
   tiny-qwen3moe.gguf     qwen3moe: 3 layers of 8 experts (2 used, expert FFN 64),
                          F32 weights holding BF16-rounded values, experts as
-                         3-D stacks (ffn_{gate,up,down}_exps)
+                         3-D stacks (ffn_{gate,up,down}_exps), untied output
   tiny-qwen3moe-hf/      the same weights as a Qwen3MoeForCausalLM folder
                          (BF16, one tensor per expert)
   tiny-qwen3moe-q.gguf   the same model quantized: Q8_0 / Q5_0 / Q4_1 experts,
@@ -309,6 +309,8 @@ def tiny_qwen3moe(out, tok):
                theta=1000000.0, eps=1e-6, experts=8, experts_used=2, expert_ffn=64)
     d, E, F = cfg["dim"], cfg["experts"], cfg["expert_ffn"]
     W = make_weights(cfg, with_qk_norm=True)
+    # untied, as Qwen3-30B-A3B: a tied table makes a random model repeat its last token
+    W["output.weight"] = rand((cfg["vocab"], d), 3 * d ** -0.5)
     more = {}
     for i in range(cfg["layers"]):
         p = f"blk.{i}."
@@ -329,7 +331,7 @@ def tiny_qwen3moe(out, tok):
     names.update(attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
     hf = out / "tiny-qwen3moe-hf"
     write_hf_folder(hf, cfg, W, names, "Qwen3MoeForCausalLM", "qwen3_moe",
-                    {"tie_word_embeddings": True, "attention_bias": False, "num_experts": E,
+                    {"tie_word_embeddings": False, "attention_bias": False, "num_experts": E,
                      "num_experts_per_tok": cfg["experts_used"], "moe_intermediate_size": F,
                      "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}, more)
     shutil.copy(out / "tiny-qwen3-hf" / "tokenizer.json", hf / "tokenizer.json")

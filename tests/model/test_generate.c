@@ -260,24 +260,30 @@ START_TEST(moe_needs_the_backend_op) {
 }
 END_TEST
 
-/* --load-format dummy of a MoE config: random experts that run. */
+/* --load-format dummy of a MoE config: random experts that run; with
+ * decoder_sparse_step 2 (HF), layers 0 and 2 keep a dense FFN. */
 START_TEST(moe_dummy_runs) {
   kern_backend_t *be;
   ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
   model_config_t cfg;
   ck_assert_int_eq(model_dummy_config(tiny("tiny-qwen3moe-hf"), &cfg), 0);
-  model_t *m;
-  model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q8_0};
-  ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
-  ck_assert_ptr_nonnull(m->layers[2].exp_down);
-  ck_assert_int_eq(m->layers[2].exp_down[7].cols, 64);
-  model_gen_t *gen;
-  ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
-  int32_t ids[5] = {1, 2, 3, 4, 5};
-  ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
-  for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
-  model_gen_destroy(gen);
-  model_destroy(m);
+  for (int step = 1; step <= 2; step++) {
+    cfg.moe_step = step;
+    model_t *m;
+    model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q8_0};
+    ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+    ck_assert_ptr_nonnull(m->layers[1].exp_down);
+    ck_assert_int_eq(m->layers[1].exp_down[7].cols, 64);
+    ck_assert(step == 1 ? m->layers[2].exp_gate != NULL : m->layers[2].exp_gate == NULL);
+    ck_assert(step == 1 ? m->layers[2].w_gate_up.data == NULL : m->layers[2].w_gate_up.rows == 2 * cfg.ffn_dim);
+    model_gen_t *gen;
+    ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
+    int32_t ids[5] = {1, 2, 3, 4, 5};
+    ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
+    for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
+    model_gen_destroy(gen);
+    model_destroy(m);
+  }
   kern_backend_destroy(be);
 }
 END_TEST

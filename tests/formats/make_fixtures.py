@@ -292,7 +292,8 @@ def write_st_all(out):
             f.write(data[m["name"]])
 
 
-def hf_tensors(c, dtype, tied, bias, qk_norm, hd):
+def hf_tensors(c, dtype, tied, bias, qk_norm, hd, moe=None):
+    """moe: a TINY_MOE-like dict plus "dense", the layers that keep a dense MLP."""
     d, q, kv, f, v = c["dim"], c["heads"] * hd, c["kv"] * hd, c["ffn"], c["vocab"]
     t = [("model.embed_tokens.weight", dtype, [v, d]), ("model.norm.weight", dtype, [d])]
     if not tied:
@@ -305,10 +306,16 @@ def hf_tensors(c, dtype, tied, bias, qk_norm, hd):
               (p + "self_attn.v_proj.weight", "F32", [kv, d]),
               (p + "self_attn.o_proj.weight", dtype, [d, q]),
               (p + "post_attention_layernorm.weight", dtype, [d]),
-              (p + "mlp.gate_proj.weight", dtype, [f, d]),
-              (p + "mlp.up_proj.weight", dtype, [f, d]),
-              (p + "mlp.down_proj.weight", dtype, [d, f]),
               (p + "self_attn.rotary_emb.inv_freq", "F32", [hd // 2])]  # skipped by the loader
+        if moe and i not in moe["dense"]:
+            t.append((p + "mlp.gate.weight", dtype, [moe["experts"], d]))
+            for e in range(moe["experts"]):
+                x = p + "mlp.experts.%d." % e
+                t += [(x + "gate_proj.weight", dtype, [moe["eff"], d]), (x + "up_proj.weight", dtype, [moe["eff"], d]),
+                      (x + "down_proj.weight", dtype, [d, moe["eff"]])]
+        else:
+            t += [(p + "mlp.gate_proj.weight", dtype, [f, d]), (p + "mlp.up_proj.weight", dtype, [f, d]),
+                  (p + "mlp.down_proj.weight", dtype, [d, f])]
         if bias:
             t += [(p + "self_attn.q_proj.bias", dtype, [q]), (p + "self_attn.k_proj.bias", dtype, [kv]),
                   (p + "self_attn.v_proj.bias", dtype, [kv])]
@@ -327,7 +334,7 @@ def hf_config(arch, c, tied, hd, extra):
     return cfg
 
 
-def write_hf_folder(out, name, arch, tied, bias=False, qk_norm=False, hd=None, shards=1, extra=None):
+def write_hf_folder(out, name, arch, tied, bias=False, qk_norm=False, hd=None, shards=1, extra=None, moe=None):
     c = dict(TINY)
     hd = hd or c["hd"]
     folder = os.path.join(out, name)
@@ -336,7 +343,7 @@ def write_hf_folder(out, name, arch, tied, bias=False, qk_norm=False, hd=None, s
         json.dump(hf_config(arch, c, tied, hd, extra or {}), f, indent=1)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:
         f.write("{}")
-    tensors = hf_tensors(c, "BF16", tied, bias, qk_norm, hd)
+    tensors = hf_tensors(c, "BF16", tied, bias, qk_norm, hd, moe)
     if shards == 1:
         write_safetensors(os.path.join(folder, "model.safetensors"), tensors, {"format": "pt"})
         return
@@ -371,6 +378,11 @@ def main():
                     extra={"eos_token_id": [2, 3], "use_sliding_window": False, "sliding_window": 4096})
     write_hf_folder(out, "hf_qwen3", "Qwen3ForCausalLM", tied=True, qk_norm=True, hd=32,
                     extra={"head_dim": 32, "attention_bias": False})
+    m = TINY_MOE
+    write_hf_folder(out, "hf_qwen3moe", "Qwen3MoeForCausalLM", tied=True, qk_norm=True, hd=32,
+                    extra={"head_dim": 32, "num_experts": m["experts"], "num_experts_per_tok": m["used"],
+                           "moe_intermediate_size": m["eff"], "norm_topk_prob": True, "mlp_only_layers": [0]},
+                    moe=dict(m, dense=[0]))
     print("fixtures written to", out)
 
 

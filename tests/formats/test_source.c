@@ -292,8 +292,25 @@ START_TEST(hf_qwen_folders) {
 }
 END_TEST
 
-/* A folder with a given config.json and hf_llama's weights. */
-static int open_with_config(const char *config) {
+/* HF Qwen3-MoE: one tensor per expert, layer 0 dense (mlp_only_layers). */
+START_TEST(hf_qwen3moe_folder) {
+  model_source_t *s = open_ok(fx_path("hf_qwen3moe"));
+  const model_config_t *c = &s->config;
+  ck_assert_int_eq(c->arch, MODEL_ARCH_QWEN3MOE);
+  ck_assert(c->norm_topk && c->qk_norm);
+  ck_assert(!model_config_layer_moe(c, 0) && model_config_layer_moe(c, 1));
+  expect_tensor(s, "blk.0.ffn_gate.weight", KERN_BF16, 96, 64);
+  expect_tensor(s, "blk.1.ffn_gate_inp.weight", KERN_BF16, 4, 64);
+  expect_tensor(s, "blk.1.ffn_up_exps.3.weight", KERN_BF16, 32, 64);
+  expect_tensor(s, "blk.1.ffn_down_exps.0.weight", KERN_BF16, 64, 32);
+  ck_assert_int_eq(model_source_tensor(s, "blk.1.ffn_down_exps.0.weight")->n_mats, 1);
+  ck_assert_ptr_null(model_source_tensor(s, "blk.1.ffn_gate.weight"));
+  model_source_close(s);
+}
+END_TEST
+
+/* A folder with a given config.json and the weights of fixture folder `weights`. */
+static int open_with_config_of(const char *weights, const char *config) {
   char dir[] = "/tmp/ferrum-hf-XXXXXX", p[64], w[64];
   ck_assert_ptr_nonnull(mkdtemp(dir));
   snprintf(p, sizeof p, "%s/config.json", dir);
@@ -301,7 +318,9 @@ static int open_with_config(const char *config) {
   fputs(config, f);
   fclose(f);
   snprintf(w, sizeof w, "%s/model.safetensors", dir);
-  ck_assert_int_eq(symlink(fx_path("hf_llama/model.safetensors"), w), 0);
+  char src[256];
+  snprintf(src, sizeof src, "%s/model.safetensors", weights);
+  ck_assert_int_eq(symlink(fx_path(src), w), 0);
   model_source_t *s = NULL;
   fr_error_clear();
   int rc = model_source_open(&s, dir);
@@ -311,6 +330,9 @@ static int open_with_config(const char *config) {
   rmdir(dir);
   return rc;
 }
+
+/* A folder with a given config.json and hf_llama's weights. */
+static int open_with_config(const char *config) { return open_with_config_of("hf_llama", config); }
 
 #define HF_BASE                                                                                          \
   "\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"                 \
@@ -328,6 +350,25 @@ START_TEST(hf_misshaped) {
   ck_assert_int_eq(open_with_config("{" HF_BASE ",\"intermediate_size\":96,\"attention_bias\":true}"), FR_EFORMAT);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.0.attn_q.bias"));
   ck_assert_int_eq(open_with_config("{\"architectures\":[\"GemmaForCausalLM\"]}"), FR_EUNSUPPORTED);
+}
+END_TEST
+
+/* hf_qwen3moe's weights under configs they do not fit: what is missing or
+ * misshaped is named. */
+START_TEST(hf_qwen3moe_misshaped) {
+  /* the config asks for a 5th expert, or a sparse layer 0: what is missing is named */
+  static const char cfg[] = "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+                            "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                            "\"head_dim\":32,\"vocab_size\":100,\"tie_word_embeddings\":true,\"num_experts_per_tok\":2,"
+                            "\"moe_intermediate_size\":32,";
+  char json[1024];
+  snprintf(json, sizeof json, "%s\"num_experts\":5,\"mlp_only_layers\":[0]}", cfg);
+  ck_assert_int_eq(open_with_config_of("hf_qwen3moe", json), FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "blk.1.ffn_gate_inp.weight has shape 4 x 64, expected 5 x 64"), "%s",
+                fr_last_error());
+  snprintf(json, sizeof json, "%s\"num_experts\":4}", cfg);
+  ck_assert_int_eq(open_with_config_of("hf_qwen3moe", json), FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "blk.0.ffn_gate_inp.weight is missing"), "%s", fr_last_error());
 }
 END_TEST
 
@@ -654,6 +695,8 @@ static Suite *source_suite(void) {
     tcase_add_test(tc, not_a_model);
     tcase_add_test(tc, hf_llama_folder);
     tcase_add_test(tc, hf_qwen_folders);
+    tcase_add_test(tc, hf_qwen3moe_folder);
+    tcase_add_test(tc, hf_qwen3moe_misshaped);
     tcase_add_test(tc, hf_misshaped);
     tcase_add_test(tc, hf_config_fields);
     tcase_add_test(tc, hf_config_rope);

@@ -28,25 +28,19 @@ typedef struct {
 
 static size_t cpu__moe_align(size_t b) { return (b + 63) & ~(size_t)63; }
 
-/* Carves the scratch: sizes first (base NULL), then pointers. */
+/* Carves the scratch at base (NULL: only sizes it); returns its bytes. */
 static size_t cpu__moe_carve(uint8_t *base, cpu_moe_buf_t *b, int n, int k, int n_exp, int dim, int ffn) {
-  const size_t P = (size_t)n * k;
-  struct {
-    void **p;
-    size_t bytes;
-  } parts[] = {
-      {(void **)&b->logits, (size_t)n * n_exp * sizeof(float)}, {(void **)&b->sel, P * sizeof(int32_t)},
-      {(void **)&b->w, P * sizeof(float)}, {(void **)&b->start, (size_t)(n_exp + 1) * sizeof(int32_t)},
-      {(void **)&b->slot, P * sizeof(int32_t)}, {(void **)&b->xs, P * dim * sizeof(float)},
-      {(void **)&b->g, P * ffn * sizeof(float)}, {(void **)&b->u, P * ffn * sizeof(float)},
-      {(void **)&b->ys, P * dim * sizeof(float)},
-  };
-  size_t off = 0;
-  for (size_t i = 0; i < FR_ARRAY_SIZE(parts); i++) {
-    if (base) *parts[i].p = base + off;
-    off += cpu__moe_align(parts[i].bytes);
+  const size_t P = (size_t)n * k, F = sizeof(float), I = sizeof(int32_t);
+  const size_t bytes[9] = {(size_t)n * n_exp * F, P * I, P * F, (size_t)(n_exp + 1) * I, P * I,
+                           P * dim * F, P * ffn * F, P * ffn * F, P * dim * F};
+  size_t off[10] = {0};
+  for (int i = 0; i < 9; i++) off[i + 1] = off[i] + cpu__moe_align(bytes[i]);
+  if (base) {
+    b->logits = (float *)(base + off[0]), b->sel = (int32_t *)(base + off[1]), b->w = (float *)(base + off[2]);
+    b->start = (int32_t *)(base + off[3]), b->slot = (int32_t *)(base + off[4]), b->xs = (float *)(base + off[5]);
+    b->g = (float *)(base + off[6]), b->u = (float *)(base + off[7]), b->ys = (float *)(base + off[8]);
   }
-  return off;
+  return off[9];
 }
 
 /* Shapes: a router of (n_experts, dim), experts of one (ffn, dim) / (dim, ffn) shape. */

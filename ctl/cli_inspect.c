@@ -67,6 +67,9 @@ static void inspect_config(const model_source_t *src) {
   printf("layers:       %d\n", c->n_layers);
   printf("dim:          %d\n", c->dim);
   printf("ffn_dim:      %d\n", c->ffn_dim);
+  if (c->n_experts)
+    printf("experts:      %d (%d per token, FFN %d, weights %s)\n", c->n_experts, c->n_experts_used,
+           c->expert_ffn_dim, c->norm_topk ? "renormalised" : "as routed");
   printf("heads:        %d (kv %d, head_dim %d)\n", c->n_heads, c->n_kv_heads, c->head_dim);
   printf("vocab:        %d\n", c->vocab_size);
   printf("context:      %d\n", c->max_ctx);

@@ -6,6 +6,7 @@ set(_cpu_sources
   kern.c
   cpu/cpu_backend.c
   cpu/cpu_matmul.c
+  cpu/cpu_moe.c
   cpu/cpu_ops.c
   cpu/cpu_attn.c
   cpu/cpu_comm.c

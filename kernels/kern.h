@@ -79,6 +79,17 @@ typedef struct kern_kv_pool {
 
 typedef struct kern_backend kern_backend_t;
 
+/* A mixture-of-experts FFN layer (Qwen3-MoE) for the moe_ffn op. Weights
+ * are borrowed for the call. Experts may be any matmul type, each its own. */
+typedef struct {
+  const kern_weight_t *router;    /* (n_experts, dim) */
+  const kern_weight_t *gate, *up; /* (n_experts) weights of (ffn, dim) */
+  const kern_weight_t *down;      /* (n_experts) weights of (dim, ffn) */
+  int n_experts;                  /* >= 1 */
+  int n_used;                     /* experts per token (top-k), 1..n_experts */
+  bool norm_topk;                 /* renormalise the top-k weights to sum 1 */
+} kern_moe_t;
+
 /* A tensor-parallel group: `size` processes, one per device, each running
  * the same layer stack on its shard of the weights and summing partial
  * results with all_reduce. id names the rendezvous and its transport:
@@ -208,6 +219,15 @@ typedef struct {
   /* out(n, d) = silu(gate) * up, where gate and up are (n, d) with row
    * stride `stride` elements (e.g. halves of one fused projection). */
   int (*silu_mul)(void *ctx, void *out, const void *gate, const void *up, int n, int d, int stride);
+
+  /* Optional: out(n, dim) = the mixture-of-experts FFN of x(n, dim):
+   * per token, p = softmax(router x) over all experts, the n_used experts
+   * of largest p (ties: lower index first) with weights p (divided by
+   * their sum when norm_topk), and out = sum over them, in that order, of
+   * weight * down_e(silu(gate_e x) * up_e x). Tokens are grouped by expert
+   * so that each expert's weights are read once per call. out may equal x.
+   * NULL: the backend cannot run MoE models (model_load refuses them). */
+  int (*moe_ffn)(void *ctx, void *out, const void *x, int n, const kern_moe_t *moe);
 
   /* out(n) = a + b, elementwise. */
   int (*add)(void *ctx, void *out, const void *a, const void *b, size_t n);

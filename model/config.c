@@ -27,6 +27,7 @@ const char *model_arch_name(model_arch_t arch) {
   case MODEL_ARCH_LLAMA: return "llama";
   case MODEL_ARCH_QWEN2: return "qwen2";
   case MODEL_ARCH_QWEN3: return "qwen3";
+  case MODEL_ARCH_QWEN3MOE: return "qwen3moe";
   }
   return "unknown";
 }
@@ -43,6 +44,29 @@ static void config_defaults(model_config_t *cfg) {
 }
 
 static bool pos_finite(float f) { return isfinite(f) && f > 0.0f; }
+
+bool model_config_layer_moe(const model_config_t *c, int il) {
+  if (c->n_experts <= 0 || c->moe_step <= 0 || (il + 1) % c->moe_step) return false;
+  for (int i = 0; i < c->n_mlp_only; i++)
+    if (c->mlp_only[i] == il) return false;
+  return true;
+}
+
+/* Mixture-of-experts fields: present exactly for qwen3moe, top-k within the experts. */
+static int config_check_moe(const model_config_t *c, const char *src) {
+  if (c->arch != MODEL_ARCH_QWEN3MOE)
+    return c->n_experts ? fr_errorf(FR_EFORMAT, "%s: %s has no experts", src, c->arch_name) : 0;
+  if (c->n_experts < 1 || c->n_experts > MODEL_MAX_EXPERTS)
+    return fr_errorf(FR_EFORMAT, "%s: %d experts is out of range [1, %d]", src, c->n_experts, MODEL_MAX_EXPERTS);
+  if (c->n_experts_used < 1 || c->n_experts_used > c->n_experts)
+    return fr_errorf(FR_EFORMAT, "%s: %d experts used per token is out of range [1, %d experts]", src,
+                     c->n_experts_used, c->n_experts);
+  if (c->expert_ffn_dim < 1 || c->expert_ffn_dim > CFG_MAX_DIM * 4)
+    return fr_errorf(FR_EFORMAT, "%s: expert FFN size %d is out of range", src, c->expert_ffn_dim);
+  if (c->moe_step < 1 || c->moe_step > CFG_MAX_LAYERS)
+    return fr_errorf(FR_EFORMAT, "%s: decoder_sparse_step %d is out of range", src, c->moe_step);
+  return 0;
+}
 
 /* Cross-field checks shared by both readers; `src` names the file kind. */
 static int config_check(const model_config_t *c, const char *src) {
@@ -63,7 +87,7 @@ static int config_check(const model_config_t *c, const char *src) {
   if (c->rope_scaling == MODEL_ROPE_SCALING_LLAMA3 && c->rope_high_freq_factor <= c->rope_low_freq_factor)
     return fr_errorf(FR_EFORMAT, "%s: llama3 rope high_freq_factor must exceed low_freq_factor", src);
   if (c->sliding_window < 0) return fr_errorf(FR_EFORMAT, "%s: negative sliding window", src);
-  return 0;
+  return config_check_moe(c, src);
 }
 
 /* ---- GGUF ------------------------------------------------------------- */
@@ -101,7 +125,8 @@ static int gg_arch(model_config_t *c, const model_gguf_t *g) {
   if (rc == FR_ENOTFOUND) return fr_errorf(FR_EFORMAT, "gguf: general.architecture is missing");
   if (rc) return rc;
   static const struct { const char *name; model_arch_t arch; } known[] = {
-      {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3}};
+      {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
+      {"qwen3moe", MODEL_ARCH_QWEN3MOE}};
   for (size_t i = 0; i < FR_ARRAY_SIZE(known); i++) {
     if (s.len == strlen(known[i].name) && memcmp(s.ptr, known[i].name, s.len) == 0) {
       c->arch = known[i].arch;
@@ -109,7 +134,7 @@ static int gg_arch(model_config_t *c, const model_gguf_t *g) {
       return 0;
     }
   }
-  return fr_errorf(FR_EUNSUPPORTED, "gguf: architecture '%.*s' is not supported (llama, qwen2, qwen3)",
+  return fr_errorf(FR_EUNSUPPORTED, "gguf: architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe)",
                    (int)FR_MIN(s.len, 64), s.ptr);
 }
 
@@ -117,7 +142,9 @@ static int gg_shape(model_config_t *c, const model_gguf_t *g) {
   const char *a = c->arch_name;
   int rc = gg_int(g, a, "block_count", -1, CFG_MAX_LAYERS, &c->n_layers);
   if (!rc) rc = gg_int(g, a, "embedding_length", -1, CFG_MAX_DIM, &c->dim);
-  if (!rc) rc = gg_int(g, a, "feed_forward_length", -1, CFG_MAX_DIM * 4LL, &c->ffn_dim);
+  /* qwen3moe has no dense layers: feed_forward_length may be absent (gg_moe) */
+  if (!rc) rc = gg_int(g, a, "feed_forward_length", c->arch == MODEL_ARCH_QWEN3MOE ? 0 : -1, CFG_MAX_DIM * 4LL,
+                       &c->ffn_dim);
   if (!rc) rc = gg_int(g, a, "attention.head_count", -1, CFG_MAX_HEADS, &c->n_heads);
   if (!rc) rc = gg_int(g, a, "attention.head_count_kv", c->n_heads, CFG_MAX_HEADS, &c->n_kv_heads);
   if (rc) return rc;
@@ -134,6 +161,22 @@ static int gg_shape(model_config_t *c, const model_gguf_t *g) {
   if ((rc = gg_int(g, a, "context_length", 2048, CFG_MAX_CTX, &c->max_ctx))) return rc;
   if ((rc = gg_float(g, a, "attention.layer_norm_rms_epsilon", &c->norm_eps))) return rc;
   return gg_float(g, a, "rope.freq_base", &c->rope_theta);
+}
+
+/* qwen3moe: expert_count, expert_used_count, expert_feed_forward_length
+ * (required). Every layer is sparse and the top-k weights are renormalised,
+ * as llama.cpp runs it. */
+static int gg_moe(model_config_t *c, const model_gguf_t *g) {
+  if (c->arch != MODEL_ARCH_QWEN3MOE) return 0;
+  const char *a = c->arch_name;
+  int rc = gg_int(g, a, "expert_count", -1, MODEL_MAX_EXPERTS, &c->n_experts);
+  if (!rc) rc = gg_int(g, a, "expert_used_count", -1, MODEL_MAX_EXPERTS, &c->n_experts_used);
+  if (!rc) rc = gg_int(g, a, "expert_feed_forward_length", -1, CFG_MAX_DIM * 4LL, &c->expert_ffn_dim);
+  if (rc) return rc;
+  c->norm_topk = true;
+  c->moe_step = 1;
+  if (!c->ffn_dim) c->ffn_dim = c->expert_ffn_dim;
+  return 0;
 }
 
 /* rope.scaling.type (none|linear; yarn/longrope unsupported), factor, and
@@ -193,6 +236,7 @@ int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g) {
   config_defaults(&c);
   int rc = gg_arch(&c, g);
   if (!rc) rc = gg_shape(&c, g);
+  if (!rc) rc = gg_moe(&c, g);
   if (!rc) rc = gg_rope_scaling(&c, g);
   if (!rc) rc = gg_vocab(&c, g);
   if (rc) return rc;
@@ -263,6 +307,7 @@ static const hf_arch_t hf_archs[] = {
     {"MistralForCausalLM", "mistral", MODEL_ARCH_LLAMA, false},
     {"Qwen2ForCausalLM", "qwen2", MODEL_ARCH_QWEN2, false},
     {"Qwen3ForCausalLM", "qwen3", MODEL_ARCH_QWEN3, false},
+    {"Qwen3MoeForCausalLM", "qwen3_moe", MODEL_ARCH_QWEN3MOE, false},
 };
 
 static int hf_arch(json_t *root, const hf_arch_t **out) {
@@ -280,7 +325,7 @@ static int hf_arch(json_t *root, const hf_arch_t **out) {
   }
   return fr_errorf(FR_EUNSUPPORTED,
                    "config.json: architecture '%.64s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM, Qwen3ForCausalLM)",
+                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
                    name ? name : json_is_string(mt) ? json_string_value(mt) : "(none)");
 }
 
@@ -355,7 +400,7 @@ static int hf_features(model_config_t *c, json_t *root, const hf_arch_t *a) {
     return fr_errorf(FR_EUNSUPPORTED, "config.json: hidden_act must be silu");
   c->tied_embeddings = a->tied_default;
   c->attn_bias = c->arch == MODEL_ARCH_QWEN2; /* qwen2 always has q/k/v bias */
-  c->qk_norm = c->arch == MODEL_ARCH_QWEN3;
+  c->qk_norm = c->arch == MODEL_ARCH_QWEN3 || c->arch == MODEL_ARCH_QWEN3MOE;
   int rc = hf_bool(root, "tie_word_embeddings", &c->tied_embeddings);
   if (!rc && c->arch != MODEL_ARCH_QWEN2) rc = hf_bool(root, "attention_bias", &c->attn_bias);
   if (!rc) rc = hf_bool(root, "mlp_bias", &mlp_bias);
@@ -367,6 +412,35 @@ static int hf_features(model_config_t *c, json_t *root, const hf_arch_t *a) {
   if (use_sw || (mistral && !json_object_get(root, "use_sliding_window")))
     return hf_int(root, "sliding_window", 0, CFG_MAX_CTX, &c->sliding_window);
   return 0;
+}
+
+/* mlp_only_layers: a list of layer indices in [0, n_layers). */
+static int hf_mlp_only(model_config_t *c, json_t *root) {
+  json_t *l = hf_get(root, "mlp_only_layers");
+  if (!l) return 0;
+  if (!json_is_array(l)) return fr_errorf(FR_EFORMAT, "config.json: mlp_only_layers is not a list");
+  if (json_array_size(l) > MODEL_MAX_MLP_ONLY)
+    return fr_errorf(FR_EUNSUPPORTED, "config.json: more than %d mlp_only_layers", MODEL_MAX_MLP_ONLY);
+  for (size_t i = 0; i < json_array_size(l); i++) {
+    json_t *v = json_array_get(l, i);
+    if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= c->n_layers)
+      return fr_errorf(FR_EFORMAT, "config.json: mlp_only_layers[%zu] is not a layer index", i);
+    c->mlp_only[c->n_mlp_only++] = (int16_t)json_integer_value(v);
+  }
+  return 0;
+}
+
+/* Qwen3MoeForCausalLM: num_experts, num_experts_per_tok, moe_intermediate_size
+ * (required), norm_topk_prob (transformers' default false),
+ * decoder_sparse_step (default 1) and mlp_only_layers. */
+static int hf_moe(model_config_t *c, json_t *root) {
+  if (c->arch != MODEL_ARCH_QWEN3MOE) return 0;
+  int rc = hf_int(root, "num_experts", -1, MODEL_MAX_EXPERTS, &c->n_experts);
+  if (!rc) rc = hf_int(root, "num_experts_per_tok", -1, MODEL_MAX_EXPERTS, &c->n_experts_used);
+  if (!rc) rc = hf_int(root, "moe_intermediate_size", -1, CFG_MAX_DIM * 4LL, &c->expert_ffn_dim);
+  if (!rc) rc = hf_int(root, "decoder_sparse_step", 1, CFG_MAX_LAYERS, &c->moe_step);
+  if (!rc) rc = hf_bool(root, "norm_topk_prob", &c->norm_topk);
+  return rc ? rc : hf_mlp_only(c, root);
 }
 
 static int hf_parse(model_config_t *cfg, json_t *root) {
@@ -382,6 +456,7 @@ static int hf_parse(model_config_t *cfg, json_t *root) {
   if (!rc) rc = hf_rope(&c, root);
   if (!rc) rc = hf_special_ids(&c, root);
   if (!rc) rc = hf_features(&c, root, a);
+  if (!rc) rc = hf_moe(&c, root);
   if (!rc) rc = config_check(&c, "config.json");
   if (!rc) *cfg = c;
   return rc;

@@ -13,7 +13,11 @@ typedef enum {
   MODEL_ARCH_LLAMA = 0, /* LlamaForCausalLM, MistralForCausalLM, GGUF llama */
   MODEL_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
   MODEL_ARCH_QWEN3,     /* Qwen3ForCausalLM: per-head q/k RMSNorm */
+  MODEL_ARCH_QWEN3MOE,  /* Qwen3MoeForCausalLM: qwen3 attention, mixture-of-experts FFN */
 } model_arch_t;
+
+#define MODEL_MAX_EXPERTS 1024       /* experts per layer a config may name */
+#define MODEL_MAX_MLP_ONLY 64        /* HF mlp_only_layers entries kept */
 
 typedef enum {
   MODEL_ROPE_SCALING_NONE = 0,
@@ -23,11 +27,11 @@ typedef enum {
 
 typedef struct {
   model_arch_t arch;
-  char arch_name[32];  /* "llama", "qwen2", "qwen3" */
+  char arch_name[32];  /* "llama", "qwen2", "qwen3", "qwen3moe" */
   char name[128];      /* general.name or the folder name, may be empty */
   int n_layers;        /* block_count / num_hidden_layers */
   int dim;             /* embedding_length / hidden_size */
-  int ffn_dim;         /* feed_forward_length / intermediate_size */
+  int ffn_dim;         /* feed_forward_length / intermediate_size (dense layers) */
   int n_heads;         /* attention.head_count */
   int n_kv_heads;      /* attention.head_count_kv */
   int head_dim;        /* key_length, or dim / n_heads */
@@ -48,10 +52,23 @@ typedef struct {
   int bos_id;                      /* -1 when the file names none */
   int n_eos;                       /* eos ids from the model file (0..8) */
   int eos_ids[8];                  /* config.json eos_token_id (int or list) / GGUF eos_token_id */
+  /* Mixture of experts (qwen3moe); n_experts 0 = every layer dense. */
+  int n_experts;                   /* expert_count / num_experts */
+  int n_experts_used;              /* expert_used_count / num_experts_per_tok (top-k) */
+  int expert_ffn_dim;              /* expert_feed_forward_length / moe_intermediate_size */
+  bool norm_topk;                  /* renormalise the top-k weights to sum 1 (norm_topk_prob) */
+  int moe_step;                    /* decoder_sparse_step: layer il is sparse when (il+1) % step == 0 */
+  int n_mlp_only;                  /* HF mlp_only_layers: layers kept dense */
+  int16_t mlp_only[MODEL_MAX_MLP_ONLY];
 } model_config_t;
 
 /* Human-readable name of an architecture. */
 const char *model_arch_name(model_arch_t arch);
+
+/* Whether layer il runs a mixture-of-experts FFN (else a dense one of
+ * ffn_dim): the config has experts, il is not in mlp_only_layers and
+ * (il + 1) is a multiple of moe_step. */
+bool model_config_layer_moe(const model_config_t *c, int il);
 
 #ifdef __cplusplus
 }

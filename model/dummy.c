@@ -157,6 +157,23 @@ static int model__dummy_vector(model_t *m, kern_weight_t *w, int64_t n, float ba
   return model__weight_load(m, w, v, "a dummy vector");
 }
 
+/* A MoE layer: the router and every expert's gate, up and down. */
+static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t, int il, size_t *off) {
+  const model_config_t *c = &m->cfg;
+  model_layer_t *L = &m->layers[il];
+  const int64_t f = c->expert_ffn_dim;
+  int rc = model__dummy_weight(m, pool, &L->router, t, c->n_experts, c->dim, off);
+  L->exp_gate = fr_calloc((size_t)c->n_experts, sizeof *L->exp_gate);
+  L->exp_up = fr_calloc((size_t)c->n_experts, sizeof *L->exp_up);
+  L->exp_down = fr_calloc((size_t)c->n_experts, sizeof *L->exp_down);
+  for (int e = 0; e < c->n_experts && !rc; e++) {
+    rc = model__dummy_weight(m, pool, &L->exp_gate[e], t, f, c->dim, off);
+    if (!rc) rc = model__dummy_weight(m, pool, &L->exp_up[e], t, f, c->dim, off);
+    if (!rc) rc = model__dummy_weight(m, pool, &L->exp_down[e], t, c->dim, f, off);
+  }
+  return rc;
+}
+
 static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t t, int il, size_t *off) {
   const model_config_t *c = &m->cfg;
   model_layer_t *L = &m->layers[il];
@@ -180,6 +197,7 @@ static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t
   }
   if ((rc = model__dummy_weight(m, pool, &L->wo, t, c->dim, qd, off))) return rc;
   if ((rc = model__dummy_vector(m, &L->ffn_norm, c->dim, 1.0f))) return rc;
+  if (model_config_layer_moe(c, il)) return model__dummy_moe(m, pool, t, il, off);
   if ((rc = model__dummy_weight(m, pool, &L->w_gate_up, t, 2 * (int64_t)c->ffn_dim, c->dim, off))) return rc;
   return model__dummy_weight(m, pool, &L->w_down, t, c->dim, c->ffn_dim, off);
 }
@@ -194,7 +212,13 @@ static uint64_t model__dummy_bytes(const model_config_t *c, kern_type_t t) {
                    (uint64_t)c->dim * kern_row_bytes(t, c->ffn_dim) + vec * sizeof(float);
   uint64_t global = (c->tied_embeddings ? 1 : 2) * (uint64_t)c->vocab_size * kern_row_bytes(t, c->dim) +
                     (uint64_t)c->dim * sizeof(float) + (uint64_t)(c->rope_dim / 2) * sizeof(float);
-  return (uint64_t)c->n_layers * layer + global;
+  const uint64_t dense = 2 * (uint64_t)c->ffn_dim * kern_row_bytes(t, c->dim) + (uint64_t)c->dim * kern_row_bytes(t, c->ffn_dim);
+  const uint64_t moe = (uint64_t)c->n_experts * (2 * (uint64_t)c->expert_ffn_dim * kern_row_bytes(t, c->dim) +
+                                                 (uint64_t)c->dim * kern_row_bytes(t, c->expert_ffn_dim)) +
+                       (uint64_t)c->n_experts * kern_row_bytes(t, c->dim);
+  uint64_t total = global;
+  for (int il = 0; il < c->n_layers; il++) total += layer - dense + (model_config_layer_moe(c, il) ? moe : dense);
+  return total;
 }
 
 int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts) {
@@ -205,6 +229,7 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   m->rope.mode = KERN_ROPE_NEOX;
   kern_type_t t = opts && opts->dummy_type ? opts->dummy_type : be->act_type;
   int rc = model__check_config(&m->cfg);
+  if (!rc) rc = model__check_backend(m);
   if (!rc) rc = model__plan_shard(m, opts, kern_type_traits(t) ? kern_type_traits(t)->blck : 1);
   if (rc) goto fail;
   model__use_shard(m); /* random weights of this rank's shapes */
@@ -213,7 +238,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
    * comparisons between backends are then meaningful). */
   model__pool_t pool = {0}, emb = {0};
   /* the largest layer weight: fused gate/up (2*ffn, dim), fused qkv, or down */
-  const int64_t qkv_rows = (int64_t)(m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim;
+  const int64_t qkv_rows = FR_MAX((int64_t)(m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim,
+                                  FR_MAX(m->cfg.n_experts, m->cfg.expert_ffn_dim)); /* and router / experts */
   size_t ffn = FR_MAX(kern_row_bytes(t, m->cfg.dim) * (size_t)FR_MAX(2 * (int64_t)m->cfg.ffn_dim, qkv_rows),
                       kern_row_bytes(t, FR_MAX(m->cfg.ffn_dim, qkv_rows)) * (size_t)m->cfg.dim);
   size_t big = kern_row_bytes(t, m->cfg.dim) * (size_t)m->cfg.vocab_size;

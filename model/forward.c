@@ -1,10 +1,11 @@
-/* forward.c - the decoder layer stack (llama, qwen2, qwen3) over backend ops.
+/* forward.c - the decoder layer stack (llama, qwen2, qwen3, qwen3moe) over backend ops.
  *
  * One pass over a step's tokens (mixed prefill chunks and decodes):
  *   x = embed(tokens)
  *   per layer: xn = norm(x); q,k,v = xn W (+bias); [qwen3: per-head norms];
  *              rope(q,k); kv_append(k,v); att = attention(q); x += att Wo;
  *              xn = norm(x); x += (silu(xn Wg) * xn Wu) Wd
+ *              [MoE layers: x += moe_ffn(xn), the top-k experts' FFNs weighted]
  *   logits = norm(x at each sequence's last token) Wout
  * Residual adds are fused into the next norm (add_rms_norm). Under tensor
  * parallelism (model/shard.h) the outputs of Wo and Wd are all-reduced and
@@ -83,12 +84,22 @@ static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int 
   return model__reduce(m, n);
 }
 
+/* xn = the mixture-of-experts FFN of xn (the op reads all of xn first). */
+static int model__moe_block(model_t *m, const model_layer_t *L, int n) {
+  const model_config_t *c = &m->cfg;
+  const kern_moe_t moe = {.router = &L->router, .gate = L->exp_gate, .up = L->exp_up, .down = L->exp_down,
+                          .n_experts = c->n_experts, .n_used = c->n_experts_used, .norm_topk = c->norm_topk};
+  CALL(m->be->ops->moe_ffn(m->be->ctx, m->xn, m->xn, n, &moe));
+  return model__reduce(m, n);
+}
+
 static int model__ffn_block(model_t *m, int il, int n) {
   const kern_ops_t *op = m->be->ops;
   void *cx = m->be->ctx;
   const model_config_t *c = &m->cfg;
   const model_layer_t *L = &m->layers[il];
   const int f = c->ffn_dim;
+  if (L->exp_gate) return model__moe_block(m, L, n); /* model_load checked the op is there */
   if (L->w_gate_up.data) { /* gate, up side by side per token */
     CALL(op->matmul(cx, m->gate, &L->w_gate_up, NULL, m->xn, n));
     CALL(op->silu_mul(cx, m->up, m->gate, (uint8_t *)m->gate + (size_t)f * m->be->act_size, n, f, 2 * f));

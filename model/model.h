@@ -1,5 +1,5 @@
 /* model.h - a loaded model: weights on a backend, the tokenizer, the chat
- * template, and the layer stack (llama, qwen2, qwen3) written once over the
+ * template, and the layer stack (llama, qwen2, qwen3, qwen3moe) written once over the
  * backend ops of kernels/kern.h.
  *
  * Threads: a model is driven by one thread (its backend's owner).
@@ -40,6 +40,11 @@ typedef struct {
   kern_weight_t w_gate_up;            /* (2*ffn_dim, dim) fused, or empty */
   kern_weight_t w_gate, w_up;         /* (ffn_dim, dim) */
   kern_weight_t w_down;               /* (dim, ffn_dim) */
+  /* Mixture-of-experts layers (model_config_layer_moe) instead of the dense
+   * FFN above; expert_ffn is the rank's shard (cfg.expert_ffn_dim). */
+  kern_weight_t router;               /* (n_experts, dim) ffn_gate_inp */
+  kern_weight_t *exp_gate, *exp_up;   /* (n_experts) of (expert_ffn, dim), NULL on dense layers */
+  kern_weight_t *exp_down;            /* (n_experts) of (dim, expert_ffn) */
 } model_layer_t;
 
 typedef enum { MODEL_LOAD_AUTO = 0, MODEL_LOAD_DUMMY = 1 } model_load_format_t;

@@ -5,6 +5,9 @@
 
 model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts);
 int model__check_config(const model_config_t *c);
+/* FR_EUNSUPPORTED with a message when the backend lacks an op the config
+ * needs (moe_ffn for mixture-of-experts models). */
+int model__check_backend(const model_t *m);
 /* Keeps a host buffer (malloc'd) alive until model_destroy. */
 void model__keep(model_t *m, void *p);
 int model__init_rope(model_t *m);

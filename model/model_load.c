@@ -186,6 +186,17 @@ static void model__release_weight(model_t *m, kern_weight_t *w) {
   memset(w, 0, sizeof *w);
 }
 
+/* A MoE layer's router and experts (full_cfg.n_experts of each, or none). */
+static void model__release_experts(model_t *m, model_layer_t *L) {
+  model__release_weight(m, &L->router);
+  kern_weight_t *stacks[] = {L->exp_gate, L->exp_up, L->exp_down};
+  for (size_t i = 0; i < FR_ARRAY_SIZE(stacks); i++) {
+    for (int e = 0; stacks[i] && e < m->full_cfg.n_experts; e++) model__release_weight(m, &stacks[i][e]);
+    free(stacks[i]);
+  }
+  L->exp_gate = L->exp_up = L->exp_down = NULL;
+}
+
 /* Loads row ranges of tensors names[0..n) (same type and columns) as one
  * weight whose rows are theirs in order. Returns 1 when it fused, 0 when
  * the tensors do not allow it (the caller loads them one by one), or an
@@ -253,17 +264,14 @@ static int model__load_fused_bias(model_t *m, kern_weight_t *w, int il) {
   return model__weight_load(m, w, all, name);
 }
 
-/* q/k/v and gate/up as fused weights where the files allow. */
+/* q/k/v as one fused weight where the files allow (no per-head norms). */
 static int model__load_layer_fused(model_t *m, int il) {
   const model_config_t *c = &m->full_cfg;
-  const model_shard_t *s = &m->shard;
   model_layer_t *L = &m->layers[il];
-  char q[96], k[96], v[96], g[96], u[96];
+  char q[96], k[96], v[96];
   snprintf(q, sizeof q, "blk.%d.attn_q.weight", il);
   snprintf(k, sizeof k, "blk.%d.attn_k.weight", il);
   snprintf(v, sizeof v, "blk.%d.attn_v.weight", il);
-  snprintf(g, sizeof g, "blk.%d.ffn_gate.weight", il);
-  snprintf(u, sizeof u, "blk.%d.ffn_up.weight", il);
   int rc = 0;
   if (!c->qk_norm) {
     const char *names[3] = {q, k, v};
@@ -272,10 +280,65 @@ static int model__load_layer_fused(model_t *m, int il) {
     if ((rc = model__load_fused(m, &L->wqkv, names, 3, parts)) < 0) return rc;
     if (rc == 1 && c->attn_bias && (rc = model__load_fused_bias(m, &L->bqkv, il))) return rc;
   }
+  return 0;
+}
+
+/* Expert e's part of a stack of n_experts (rows, cols) experts: the GGUF
+ * 3-D tensor blk.il.<what>.weight, else the HF tensor of that expert. The
+ * rank's rows [r0, r0 + nr) and columns [c0, c0 + nc) of the expert. */
+static int model__load_expert(model_t *m, kern_weight_t *w, int il, const char *what, int e, model_part_t p) {
+  const int64_t n = m->full_cfg.n_experts;
+  char name[96];
+  snprintf(name, sizeof name, "blk.%d.%s.weight", il, what);
+  if (model_source_tensor(m->src, name)) { /* stacked: expert e is rows [e * rows, (e + 1) * rows) */
+    p.r0 += e * p.rows;
+    p.rows *= n;
+  } else {
+    snprintf(name, sizeof name, "blk.%d.%s.%d.weight", il, what, e);
+  }
+  return model__load_part(m, w, name, true, p);
+}
+
+/* A MoE layer's router (whole on every rank) and its experts' shards. */
+static int model__load_moe(model_t *m, int il) {
+  const model_config_t *c = &m->full_cfg;
+  const model_shard_t *s = &m->shard;
+  model_layer_t *L = &m->layers[il];
+  char name[96];
+  snprintf(name, sizeof name, "blk.%d.ffn_gate_inp.weight", il);
+  int rc = model__load_weight(m, &L->router, name, true, c->n_experts, c->dim);
+  const int64_t f = c->expert_ffn_dim;
+  const model_part_t rows = model__rows(f, c->dim, s->exp0, s->exp_dim);
+  const model_part_t cols = model__cols(c->dim, f, s->exp0, s->exp_dim);
+  L->exp_gate = fr_calloc((size_t)c->n_experts, sizeof *L->exp_gate);
+  L->exp_up = fr_calloc((size_t)c->n_experts, sizeof *L->exp_up);
+  L->exp_down = fr_calloc((size_t)c->n_experts, sizeof *L->exp_down);
+  for (int e = 0; e < c->n_experts && !rc; e++) {
+    rc = model__load_expert(m, &L->exp_gate[e], il, "ffn_gate_exps", e, rows);
+    if (!rc) rc = model__load_expert(m, &L->exp_up[e], il, "ffn_up_exps", e, rows);
+    if (!rc) rc = model__load_expert(m, &L->exp_down[e], il, "ffn_down_exps", e, cols);
+  }
+  return rc;
+}
+
+/* The dense FFN: fused gate/up when the file allows, then down. */
+static int model__load_dense_ffn(model_t *m, int il) {
+  const model_config_t *c = &m->full_cfg;
+  const model_shard_t *s = &m->shard;
+  model_layer_t *L = &m->layers[il];
+  const model_part_t ffn_rows = model__rows(c->ffn_dim, c->dim, s->ffn0, s->ffn_dim), parts[2] = {ffn_rows, ffn_rows};
+  char g[96], u[96], d[96];
+  snprintf(g, sizeof g, "blk.%d.ffn_gate.weight", il);
+  snprintf(u, sizeof u, "blk.%d.ffn_up.weight", il);
+  snprintf(d, sizeof d, "blk.%d.ffn_down.weight", il);
   const char *gu[2] = {g, u};
-  const model_part_t ffn = model__rows(c->ffn_dim, c->dim, s->ffn0, s->ffn_dim), fparts[2] = {ffn, ffn};
-  rc = model__load_fused(m, &L->w_gate_up, gu, 2, fparts);
-  return rc < 0 ? rc : 0;
+  int rc = model__load_fused(m, &L->w_gate_up, gu, 2, parts);
+  if (rc < 0) return rc;
+  if (!L->w_gate_up.data) {
+    if ((rc = model__load_part(m, &L->w_gate, g, true, ffn_rows))) return rc;
+    if ((rc = model__load_part(m, &L->w_up, u, true, ffn_rows))) return rc;
+  }
+  return model__load_part(m, &L->w_down, d, true, model__cols(c->dim, c->ffn_dim, s->ffn0, s->ffn_dim));
 }
 
 static int model__load_layer(model_t *m, int il) {
@@ -285,7 +348,6 @@ static int model__load_layer(model_t *m, int il) {
   const int64_t hd = c->head_dim, qd = (int64_t)c->n_heads * hd;
   model_part_t qkv[3];
   model__qkv_parts(m, c->dim, qkv);
-  const model_part_t ffn_rows = model__rows(c->ffn_dim, c->dim, s->ffn0, s->ffn_dim);
   char name[96];
   int rc = 0;
 #define W(field, suffix, req, part)                                                    \
@@ -312,14 +374,9 @@ static int model__load_layer(model_t *m, int il) {
   V(k_norm, "attn_k_norm.weight", c->qk_norm, hd, 0, hd);
   W(wo, "attn_output.weight", true, model__cols(c->dim, qd, s->head0 * hd, s->n_heads * hd));
   V(ffn_norm, "ffn_norm.weight", true, c->dim, 0, c->dim);
-  if (!L->w_gate_up.data) {
-    W(w_gate, "ffn_gate.weight", true, ffn_rows);
-    W(w_up, "ffn_up.weight", true, ffn_rows);
-  }
-  W(w_down, "ffn_down.weight", true, model__cols(c->dim, c->ffn_dim, s->ffn0, s->ffn_dim));
 #undef W
 #undef V
-  return 0;
+  return model_config_layer_moe(c, il) ? model__load_moe(m, il) : model__load_dense_ffn(m, il);
 }
 
 static int model__load_globals(model_t *m) {
@@ -418,13 +475,28 @@ void model__use_shard(model_t *m) {
   m->cfg.n_heads = m->shard.n_heads;
   m->cfg.n_kv_heads = m->shard.n_kv_heads;
   m->cfg.ffn_dim = m->shard.ffn_dim;
+  m->cfg.expert_ffn_dim = m->shard.exp_dim;
 }
 
-/* The FFN's cut unit: ffn_down's quantization block (its columns are cut). */
+/* The FFN's cut unit: the largest quantization block of the down
+ * projections (their columns are cut), dense or expert. */
 static int model__ffn_unit(const model_t *m) {
-  const model_tensor_t *t = model_source_tensor(m->src, "blk.0.ffn_down.weight");
-  const kern_type_traits_t *tr = t ? kern_type_traits(t->type) : NULL;
-  return tr ? tr->blck : 1;
+  static const char *const names[] = {"blk.0.ffn_down.weight", "blk.0.ffn_down_exps.weight",
+                                      "blk.0.ffn_down_exps.0.weight"};
+  int unit = 1;
+  for (size_t i = 0; i < FR_ARRAY_SIZE(names); i++) {
+    const model_tensor_t *t = model_source_tensor(m->src, names[i]);
+    const kern_type_traits_t *tr = t ? kern_type_traits(t->type) : NULL;
+    if (tr) unit = FR_MAX(unit, tr->blck);
+  }
+  return unit;
+}
+
+int model__check_backend(const model_t *m) {
+  if (m->cfg.n_experts && !m->be->ops->moe_ffn)
+    return fr_errorf(FR_EUNSUPPORTED, "%s: Qwen3-MoE needs the CPU backend for now (the %s backend has no "
+                     "mixture-of-experts op)", m->cfg.arch_name, m->be->ops->name);
+  return 0;
 }
 
 static int model__load_tokenizer(model_t *m) {
@@ -450,6 +522,7 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   if (rc) goto fail;
   m->cfg = m->src->config;
   if ((rc = model__check_config(&m->cfg))) goto fail;
+  if ((rc = model__check_backend(m))) goto fail;
   if ((rc = model__plan_shard(m, opts, model__ffn_unit(m)))) goto fail;
   m->rope.mode = m->src->rope_mode;
   if ((rc = model__load_tokenizer(m))) goto fail;
@@ -485,6 +558,7 @@ void model_destroy(model_t *m) {
                              &m->layers[il].k_norm, &m->layers[il].wo, &m->layers[il].ffn_norm,
                              &m->layers[il].w_gate, &m->layers[il].w_up, &m->layers[il].w_down};
       for (size_t i = 0; i < FR_ARRAY_SIZE(ws); i++) model__release_weight(m, ws[i]);
+      model__release_experts(m, &m->layers[il]);
     }
     free(m->layers);
   }

@@ -7,13 +7,31 @@
 
 model_shard_t model_shard_whole(const model_config_t *c) {
   return (model_shard_t){.rank = 0, .size = 1, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-                         .ffn_dim = c->ffn_dim, .n_vocab = c->vocab_size};
+                         .ffn_dim = c->ffn_dim, .exp_dim = c->expert_ffn_dim, .n_vocab = c->vocab_size};
 }
 
 /* [lo, hi) of units 0..n-1 that rank r of size takes (later ranks get the rest). */
 static void shard__range(int n, int r, int size, int *lo, int *hi) {
   *lo = (int)((long long)n * r / size);
   *hi = (int)((long long)n * (r + 1) / size);
+}
+
+/* Rank's [*lo, *lo + *n) of an FFN of dim, cut at multiples of unit. */
+static int shard__ffn(const char *what, int dim, int unit, int rank, int size, int *lo, int *n) {
+  int a, b;
+  if (dim % unit || dim / unit < size)
+    return fr_errorf(FR_EUNSUPPORTED, "tensor parallel size %d: %s of %d cannot be cut in blocks of %d", size, what,
+                     dim, unit);
+  shard__range(dim / unit, rank, size, &a, &b);
+  *lo = a * unit, *n = (b - a) * unit;
+  return 0;
+}
+
+/* Whether any layer of c runs a dense FFN. */
+static bool shard__has_dense(const model_config_t *c) {
+  for (int il = 0; il < c->n_layers; il++)
+    if (!model_config_layer_moe(c, il)) return true;
+  return false;
 }
 
 int model_shard_plan(const model_config_t *c, int rank, int size, int ffn_unit, model_shard_t *out) {
@@ -39,11 +57,11 @@ int model_shard_plan(const model_config_t *c, int rank, int size, int ffn_unit, 
     s.kv0 = s.head0 / group, s.n_kv_heads = 1;
   }
   if (ffn_unit < 1) ffn_unit = 1;
-  if (c->ffn_dim % ffn_unit || c->ffn_dim / ffn_unit < size)
-    return fr_errorf(FR_EUNSUPPORTED, "tensor parallel size %d: an FFN of %d cannot be cut in blocks of %d", size,
-                     c->ffn_dim, ffn_unit);
-  shard__range(c->ffn_dim / ffn_unit, rank, size, &lo, &hi);
-  s.ffn0 = lo * ffn_unit, s.ffn_dim = (hi - lo) * ffn_unit;
+  int rc = 0;
+  if (shard__has_dense(c)) rc = shard__ffn("an FFN", c->ffn_dim, ffn_unit, rank, size, &s.ffn0, &s.ffn_dim);
+  else s.ffn0 = 0, s.ffn_dim = c->ffn_dim; /* no dense layer: the size only sizes scratch */
+  if (!rc && c->n_experts) rc = shard__ffn("an expert FFN", c->expert_ffn_dim, ffn_unit, rank, size, &s.exp0, &s.exp_dim);
+  if (rc) return rc;
   s.split_vocab = c->vocab_size % size == 0;
   s.n_vocab = s.split_vocab ? c->vocab_size / size : c->vocab_size;
   s.vocab0 = s.split_vocab ? rank * s.n_vocab : 0;

@@ -44,7 +44,37 @@ static const name_map_t hf_layer_names[] = {
     {"mlp.gate_proj.weight", "ffn_gate.weight"},
     {"mlp.up_proj.weight", "ffn_up.weight"},
     {"mlp.down_proj.weight", "ffn_down.weight"},
+    {"mlp.gate.weight", "ffn_gate_inp.weight"},
 };
+
+/* Per-expert suffixes after "model.layers.N.mlp.experts.E." */
+static const name_map_t hf_expert_names[] = {
+    {"gate_proj.weight", "ffn_gate_exps"},
+    {"up_proj.weight", "ffn_up_exps"},
+    {"down_proj.weight", "ffn_down_exps"},
+};
+
+/* Parses a decimal index of 1..6 digits without leading zeros at p; the end in *end. */
+static bool parse_index(const char *p, const char **end) {
+  const char *q = p;
+  while (*q >= '0' && *q <= '9') q++;
+  *end = q;
+  return q > p && q - p <= 6 && !(*p == '0' && q - p > 1);
+}
+
+/* "mlp.experts.E.gate_proj.weight" (after the layer) -> blk.L.ffn_gate_exps.E.weight. */
+static char *map_hf_expert(const char *layer, int layer_len, const char *rest) {
+  static const char prefix[] = "mlp.experts.";
+  const char *e = rest + sizeof prefix - 1, *q;
+  char buf[128];
+  if (strncmp(rest, prefix, sizeof prefix - 1) != 0 || !parse_index(e, &q) || *q != '.') return NULL;
+  for (size_t i = 0; i < FR_ARRAY_SIZE(hf_expert_names); i++)
+    if (strcmp(q + 1, hf_expert_names[i].hf) == 0) {
+      snprintf(buf, sizeof buf, "blk.%.*s.%s.%.*s.weight", layer_len, layer, hf_expert_names[i].gguf, (int)(q - e), e);
+      return fr_strdup(buf);
+    }
+  return NULL;
+}
 
 /* Maps a HF tensor name to its GGUF name (malloc'd), NULL when unknown. */
 static char *map_hf_name(const char *hf) {
@@ -53,16 +83,15 @@ static char *map_hf_name(const char *hf) {
   for (size_t i = 0; i < FR_ARRAY_SIZE(hf_global_names); i++)
     if (strcmp(hf, hf_global_names[i].hf) == 0) return fr_strdup(hf_global_names[i].gguf);
   if (strncmp(hf, prefix, sizeof prefix - 1) != 0) return NULL;
-  const char *p = hf + sizeof prefix - 1, *q = p;
-  while (*q >= '0' && *q <= '9') q++;
-  if (q == p || q - p > 6 || *q != '.' || (*p == '0' && q - p > 1)) return NULL; /* no leading zeros */
+  const char *p = hf + sizeof prefix - 1, *q;
+  if (!parse_index(p, &q) || *q != '.') return NULL;
   for (size_t i = 0; i < FR_ARRAY_SIZE(hf_layer_names); i++) {
     if (strcmp(q + 1, hf_layer_names[i].hf) == 0) {
       snprintf(buf, sizeof buf, "blk.%.*s.%s", (int)(q - p), p, hf_layer_names[i].gguf);
       return fr_strdup(buf);
     }
   }
-  return NULL;
+  return map_hf_expert(p, (int)(q - p), q + 1);
 }
 
 /* ---- tensor tables ---------------------------------------------------- */
@@ -89,6 +118,7 @@ static void tensors_from_gguf(model_source_t *s) {
     m->type = t->type;
     m->rows = t->ne[1] * t->ne[2] * t->ne[3]; /* fits: the element count was checked */
     m->cols = t->ne[0];
+    m->n_mats = t->ne[2] * t->ne[3];
     m->data = t->data;
   }
 }
@@ -111,6 +141,7 @@ static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_na
                      t->dtype_name);
   m->type = kt[t->dtype];
   m->data = t->data;
+  m->n_mats = 1;
   return hf_rows_cols(t, &m->rows, &m->cols);
 }
 
@@ -133,22 +164,62 @@ static int tensors_from_st(model_source_t *s) {
 
 static bool is_float_type(kern_type_t t) { return t == KERN_F32 || t == KERN_F16 || t == KERN_BF16; }
 
-/* name must exist with (rows, cols); vectors (norms, biases) must be float. */
-static int expect(const model_source_t *s, const char *name, int64_t rows, int64_t cols) {
+/* name must exist as n_mats stacked matrices of (rows / n_mats, cols);
+ * vectors (norms, biases) must be float. */
+static int expect_mats(const model_source_t *s, const char *name, int64_t n_mats, int64_t rows, int64_t cols) {
   const model_tensor_t *t = model_source_tensor(s, name);
   if (!t) return fr_errorf(FR_EFORMAT, "model: tensor %s is missing", name);
-  if (t->rows != rows || t->cols != cols)
+  if ((t->rows != rows || t->cols != cols) && t->n_mats == 1 && n_mats == 1)
     return fr_errorf(FR_EFORMAT, "model: tensor %s has shape %lld x %lld, expected %lld x %lld", name,
                      (long long)t->rows, (long long)t->cols, (long long)rows, (long long)cols);
+  if (t->rows != rows || t->cols != cols || t->n_mats != n_mats) /* a stack of n_mats matrices */
+    return fr_errorf(FR_EFORMAT, "model: tensor %s has shape %lld x %lld x %lld, expected %lld x %lld x %lld", name,
+                     (long long)t->n_mats, (long long)(t->rows / FR_MAX(t->n_mats, 1)), (long long)t->cols,
+                     (long long)n_mats, (long long)(rows / n_mats), (long long)cols);
   if (rows == 1 && !is_float_type(t->type))
     return fr_errorf(FR_EUNSUPPORTED, "model: vector tensor %s has quantized type %d", name, t->type);
   return 0;
+}
+
+static int expect(const model_source_t *s, const char *name, int64_t rows, int64_t cols) {
+  return expect_mats(s, name, 1, rows, cols);
 }
 
 static int expect_layer(const model_source_t *s, int l, const char *what, int64_t rows, int64_t cols) {
   char name[96];
   snprintf(name, sizeof name, "blk.%d.%s", l, what);
   return expect(s, name, rows, cols);
+}
+
+/* One expert stack (ffn_gate_exps, ...) of (rows, cols) experts: a GGUF 3-D
+ * tensor of n_experts matrices, or one HF tensor per expert. */
+static int expect_experts(const model_source_t *s, int l, const char *what, int64_t rows, int64_t cols) {
+  const model_config_t *c = &s->config;
+  char name[96];
+  snprintf(name, sizeof name, "blk.%d.%s.weight", l, what);
+  if (model_source_tensor(s, name) || s->gguf) return expect_mats(s, name, c->n_experts, rows * c->n_experts, cols);
+  int rc = 0;
+  for (int e = 0; e < c->n_experts && !rc; e++) {
+    snprintf(name, sizeof name, "blk.%d.%s.%d.weight", l, what, e);
+    rc = expect(s, name, rows, cols);
+  }
+  return rc;
+}
+
+/* The FFN of layer l: dense, or the router and experts of a MoE layer. */
+static int check_ffn(const model_source_t *s, int l) {
+  const model_config_t *c = &s->config;
+  if (!model_config_layer_moe(c, l)) {
+    int rc = expect_layer(s, l, "ffn_gate.weight", c->ffn_dim, c->dim);
+    if (!rc) rc = expect_layer(s, l, "ffn_up.weight", c->ffn_dim, c->dim);
+    if (!rc) rc = expect_layer(s, l, "ffn_down.weight", c->dim, c->ffn_dim);
+    return rc;
+  }
+  int rc = expect_layer(s, l, "ffn_gate_inp.weight", c->n_experts, c->dim);
+  if (!rc) rc = expect_experts(s, l, "ffn_gate_exps", c->expert_ffn_dim, c->dim);
+  if (!rc) rc = expect_experts(s, l, "ffn_up_exps", c->expert_ffn_dim, c->dim);
+  if (!rc) rc = expect_experts(s, l, "ffn_down_exps", c->dim, c->expert_ffn_dim);
+  return rc;
 }
 
 static int check_layer(const model_source_t *s, int l) {
@@ -165,10 +236,7 @@ static int check_layer(const model_source_t *s, int l) {
   if (!rc && c->qk_norm) rc = expect_layer(s, l, "attn_q_norm.weight", 1, c->head_dim);
   if (!rc && c->qk_norm) rc = expect_layer(s, l, "attn_k_norm.weight", 1, c->head_dim);
   if (!rc) rc = expect_layer(s, l, "ffn_norm.weight", 1, c->dim);
-  if (!rc) rc = expect_layer(s, l, "ffn_gate.weight", c->ffn_dim, c->dim);
-  if (!rc) rc = expect_layer(s, l, "ffn_up.weight", c->ffn_dim, c->dim);
-  if (!rc) rc = expect_layer(s, l, "ffn_down.weight", c->dim, c->ffn_dim);
-  return rc;
+  return rc ? rc : check_ffn(s, l);
 }
 
 /* Every tensor the config needs exists with its shape; the first missing or

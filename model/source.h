@@ -2,7 +2,11 @@
  * folder (config.json + safetensors + tokenizer.json).
  *
  * Tensors are named with GGUF names ("blk.3.attn_q.weight") whatever the
- * format; HF names are mapped (embed_tokens -> token_embd, ...). Shapes are
+ * format; HF names are mapped (embed_tokens -> token_embd, ...). Experts:
+ * GGUF stacks a layer's experts in one 3-D tensor (blk.N.ffn_gate_exps.weight,
+ * n_mats experts); HF keeps one tensor per expert, named here
+ * blk.N.ffn_gate_exps.E.weight (E the expert), and mlp.gate (the router)
+ * is blk.N.ffn_gate_inp.weight. Shapes are
  * given as (rows, cols) of a row-major matrix: HF [out, in] and GGUF
  * ne=[in, out] are the same bytes. 1-D tensors have rows = 1.
  *
@@ -30,6 +34,8 @@ typedef struct {
   const char *name;  /* GGUF name, borrowed */
   kern_type_t type;  /* F32, F16, BF16 or a quantized type */
   int64_t rows, cols;
+  int64_t n_mats;    /* GGUF ne[2] * ne[3]: a stack of n_mats matrices of rows / n_mats rows
+                      * (the experts of ffn_*_exps); 1 for matrices and HF tensors */
   const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols) */
 } model_tensor_t;
 

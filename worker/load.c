@@ -334,9 +334,12 @@ static int worker__comm(worker_t *w, const worker_load_opts_t *o) {
                     .multi_host = o->multi_host};
   int rc = w->be->ops->comm_init(w->be->ctx, &cm);
   if (rc) return fr_errorf(rc, "tensor parallel rank %d of %d: %s", cm.rank, cm.size, fr_last_error());
-  FR_LOGI("tensor parallel rank %d of %d: heads %d..%d, KV heads %d..%d, FFN %d..%d, vocabulary %d..%d", s->rank,
+  char experts[64] = "";
+  if (w->m->full_cfg.n_experts)
+    snprintf(experts, sizeof experts, ", each expert's FFN %d..%d", s->exp0, s->exp0 + s->exp_dim - 1);
+  FR_LOGI("tensor parallel rank %d of %d: heads %d..%d, KV heads %d..%d, FFN %d..%d%s, vocabulary %d..%d", s->rank,
           s->size, s->head0, s->head0 + s->n_heads - 1, s->kv0, s->kv0 + s->n_kv_heads - 1, s->ffn0,
-          s->ffn0 + s->ffn_dim - 1, s->vocab0, s->vocab0 + s->n_vocab - 1);
+          s->ffn0 + s->ffn_dim - 1, experts, s->vocab0, s->vocab0 + s->n_vocab - 1);
   return 0;
 }
 

@@ -121,6 +121,8 @@ typedef struct {
   float rope_attn_factor;
   float *att_scratch; /* per thread: scores (block_size) + acc (head_dim) */
   size_t att_cap;
+  void *moe_buf; /* moe_ffn's routing and expert rows (cpu_moe.c) */
+  size_t moe_cap;
   struct cpu_comm *comm; /* the tensor-parallel group (cpu_comm.c), or NULL */
 } cpu_ctx_t;
 
@@ -141,6 +143,7 @@ int cpu__kv_append(void *vctx, kern_kv_pool_t *pool, int layer, const void *k, i
 int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                    int n_heads, int head_dim, float scale);
 int cpu__silu_mul(void *vctx, void *out, const void *gate, const void *up, int n, int d, int stride);
+int cpu__moe_ffn(void *vctx, void *out, const void *x, int n, const kern_moe_t *moe);
 int cpu__add(void *vctx, void *out, const void *a, const void *b, size_t n);
 int cpu__last_rows(void *vctx, void *out, const void *x, int dim);
 

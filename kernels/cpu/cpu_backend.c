@@ -1,6 +1,6 @@
 /* cpu_backend.c - the CPU backend: creation and ISA choice, memory, weights,
  * the KV pool, step metadata and the ops table. Ops live in cpu_matmul.c,
- * cpu_ops.c and cpu_attn.c. */
+ * cpu_ops.c, cpu_attn.c and cpu_moe.c. */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -250,6 +250,7 @@ static void cpu__destroy(void *vctx) {
   fr_free_aligned(ctx->qbuf);
   fr_free_aligned(ctx->rope_cs);
   fr_free_aligned(ctx->att_scratch);
+  fr_free_aligned(ctx->moe_buf);
   free(ctx);
 }
 
@@ -277,6 +278,7 @@ static const kern_ops_t cpu__ops = {
     .kv_append = cpu__kv_append,
     .attention = cpu__attention,
     .silu_mul = cpu__silu_mul,
+    .moe_ffn = cpu__moe_ffn,
     .add = cpu__add,
     .last_rows = cpu__last_rows,
     .to_f32_host = cpu__to_f32_host,

@@ -17,7 +17,8 @@ tolerances.
 
 Models: the real SmolLM2 GGUF (FERRUM_MODEL, Q4_1), the golden tiny models
 (GOLDEN_DIR: llama F32, qwen2 with biases and Q4_K / Q8_0 weights, qwen3
-with q/k norms, and tiny-qwen3-hf, a BF16 safetensors folder). SmolLM2 has 9 heads in 3 KV groups: the two ranks
+with q/k norms, and tiny-qwen3-hf, a BF16 safetensors folder; qwen3moe as
+F32 and quantized GGUF files and a BF16 folder, its experts sharded). SmolLM2 has 9 heads in 3 KV groups: the two ranks
 get 3 and 6 heads (uneven split).
 
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... GOLDEN_DIR=build/golden python test_tp.py
@@ -127,6 +128,17 @@ class TensorParallelCPU(unittest.TestCase):
 
     def test_tiny_qwen3_safetensors(self):
         self.check_model(os.path.join(GOLDEN, "tiny-qwen3-hf"), 1e-2, 1e-2, 0.8, (2, 4, 8))
+
+    def test_tiny_qwen3moe(self):
+        # every expert's FFN (64) cut like the dense one, the router whole on each rank
+        self.check_model(os.path.join(GOLDEN, "tiny-qwen3moe.gguf"), 1e-3, 1e-3, 0.9, (2, 4))
+
+    def test_tiny_qwen3moe_quantized(self):
+        # Q4_1 expert down projections: cut only at blocks of 32, so 2 ranks
+        self.check_model(os.path.join(GOLDEN, "tiny-qwen3moe-q.gguf"), 0.1, 0.1, 0.8)
+
+    def test_tiny_qwen3moe_safetensors(self):
+        self.check_model(os.path.join(GOLDEN, "tiny-qwen3moe-hf"), 1e-2, 1e-2, 0.8, (2, 4))
 
     def serve_fails(self, *args):
         """Runs `ferrumctl serve ARGS`, which must exit non-zero; returns its output."""

@@ -168,7 +168,14 @@ def write_all_types(out, alignment=None, name="all_types"):
 TINY = dict(dim=64, heads=4, kv=2, hd=16, ffn=96, layers=2, vocab=100)
 
 
-def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, rope_freqs=False, fname=None):
+# A tiny qwen3moe: (experts, used per token, expert FFN)
+TINY_MOE = dict(experts=4, used=2, eff=32)
+
+
+def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, rope_freqs=False, fname=None,
+                     moe=None, bad_up_experts=None):
+    """moe: a TINY_MOE-like dict (every layer sparse); bad_up_experts: layer 1's
+    ffn_up_exps stack has that many experts instead."""
     c = dict(TINY)
     hd = head_dim or c["hd"]
     path = os.path.join(out, fname or "tiny_%s.gguf" % arch)
@@ -188,6 +195,10 @@ def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, 
     if arch == "llama" and not rope_freqs:
         w.add_string(arch + ".rope.scaling.type", "linear")
         w.add_float32(arch + ".rope.scaling.factor", 4.0)
+    if moe:
+        w.add_uint32(arch + ".expert_count", moe["experts"])
+        w.add_uint32(arch + ".expert_used_count", moe["used"])
+        w.add_uint32(arch + ".expert_feed_forward_length", moe["eff"])
     w.add_uint32("tokenizer.ggml.bos_token_id", 1)
     w.add_uint32("tokenizer.ggml.eos_token_id", 2)
     d, q, kv, f, v = c["dim"], c["heads"] * hd, c["kv"] * hd, c["ffn"], c["vocab"]
@@ -212,6 +223,14 @@ def write_gguf_model(out, arch, tied, bias=False, qk_norm=False, head_dim=None, 
             add_tensor(w, p + "attn_q_norm.weight", QT.F32, [hd])
             add_tensor(w, p + "attn_k_norm.weight", QT.F32, [hd])
         add_tensor(w, p + "ffn_norm.weight", QT.F32, [d])
+        if moe:
+            n, ef = moe["experts"], moe["eff"]
+            add_tensor(w, p + "ffn_gate_inp.weight", QT.F32, [n, d])
+            add_tensor(w, p + "ffn_gate_exps.weight", QT.Q8_0, [n, ef, d])
+            n_up = bad_up_experts if bad_up_experts and i == 1 else n
+            add_tensor(w, p + "ffn_up_exps.weight", QT.Q4_0, [n_up, ef, d])
+            add_tensor(w, p + "ffn_down_exps.weight", QT.F16, [n, d, ef])
+            continue
         add_tensor(w, p + "ffn_gate.weight", QT.F16, [f, d])
         add_tensor(w, p + "ffn_up.weight", QT.BF16, [f, d])
         add_tensor(w, p + "ffn_down.weight", QT.Q8_0, [d, f])
@@ -273,7 +292,8 @@ def write_st_all(out):
             f.write(data[m["name"]])
 
 
-def hf_tensors(c, dtype, tied, bias, qk_norm, hd):
+def hf_tensors(c, dtype, tied, bias, qk_norm, hd, moe=None):
+    """moe: a TINY_MOE-like dict plus "dense", the layers that keep a dense MLP."""
     d, q, kv, f, v = c["dim"], c["heads"] * hd, c["kv"] * hd, c["ffn"], c["vocab"]
     t = [("model.embed_tokens.weight", dtype, [v, d]), ("model.norm.weight", dtype, [d])]
     if not tied:
@@ -286,10 +306,16 @@ def hf_tensors(c, dtype, tied, bias, qk_norm, hd):
               (p + "self_attn.v_proj.weight", "F32", [kv, d]),
               (p + "self_attn.o_proj.weight", dtype, [d, q]),
               (p + "post_attention_layernorm.weight", dtype, [d]),
-              (p + "mlp.gate_proj.weight", dtype, [f, d]),
-              (p + "mlp.up_proj.weight", dtype, [f, d]),
-              (p + "mlp.down_proj.weight", dtype, [d, f]),
               (p + "self_attn.rotary_emb.inv_freq", "F32", [hd // 2])]  # skipped by the loader
+        if moe and i not in moe["dense"]:
+            t.append((p + "mlp.gate.weight", dtype, [moe["experts"], d]))
+            for e in range(moe["experts"]):
+                x = p + "mlp.experts.%d." % e
+                t += [(x + "gate_proj.weight", dtype, [moe["eff"], d]), (x + "up_proj.weight", dtype, [moe["eff"], d]),
+                      (x + "down_proj.weight", dtype, [d, moe["eff"]])]
+        else:
+            t += [(p + "mlp.gate_proj.weight", dtype, [f, d]), (p + "mlp.up_proj.weight", dtype, [f, d]),
+                  (p + "mlp.down_proj.weight", dtype, [d, f])]
         if bias:
             t += [(p + "self_attn.q_proj.bias", dtype, [q]), (p + "self_attn.k_proj.bias", dtype, [kv]),
                   (p + "self_attn.v_proj.bias", dtype, [kv])]
@@ -308,7 +334,7 @@ def hf_config(arch, c, tied, hd, extra):
     return cfg
 
 
-def write_hf_folder(out, name, arch, tied, bias=False, qk_norm=False, hd=None, shards=1, extra=None):
+def write_hf_folder(out, name, arch, tied, bias=False, qk_norm=False, hd=None, shards=1, extra=None, moe=None):
     c = dict(TINY)
     hd = hd or c["hd"]
     folder = os.path.join(out, name)
@@ -317,7 +343,7 @@ def write_hf_folder(out, name, arch, tied, bias=False, qk_norm=False, hd=None, s
         json.dump(hf_config(arch, c, tied, hd, extra or {}), f, indent=1)
     with open(os.path.join(folder, "tokenizer.json"), "w") as f:
         f.write("{}")
-    tensors = hf_tensors(c, "BF16", tied, bias, qk_norm, hd)
+    tensors = hf_tensors(c, "BF16", tied, bias, qk_norm, hd, moe)
     if shards == 1:
         write_safetensors(os.path.join(folder, "model.safetensors"), tensors, {"format": "pt"})
         return
@@ -341,6 +367,9 @@ def main():
     write_gguf_model(out, "qwen2", tied=False, bias=True)
     write_gguf_model(out, "qwen3", tied=True, qk_norm=True, head_dim=32)
     write_gguf_model(out, "llama", tied=False, rope_freqs=True, fname="tiny_llama3.gguf")
+    write_gguf_model(out, "qwen3moe", tied=True, qk_norm=True, head_dim=32, moe=TINY_MOE)
+    write_gguf_model(out, "qwen3moe", tied=True, qk_norm=True, head_dim=32, moe=TINY_MOE,
+                     bad_up_experts=3, fname="tiny_qwen3moe_bad_experts.gguf")
     write_st_all(out)
     write_hf_folder(out, "hf_llama", "LlamaForCausalLM", tied=False,
                     extra={"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
@@ -349,6 +378,11 @@ def main():
                     extra={"eos_token_id": [2, 3], "use_sliding_window": False, "sliding_window": 4096})
     write_hf_folder(out, "hf_qwen3", "Qwen3ForCausalLM", tied=True, qk_norm=True, hd=32,
                     extra={"head_dim": 32, "attention_bias": False})
+    m = TINY_MOE
+    write_hf_folder(out, "hf_qwen3moe", "Qwen3MoeForCausalLM", tied=True, qk_norm=True, hd=32,
+                    extra={"head_dim": 32, "num_experts": m["experts"], "num_experts_per_tok": m["used"],
+                           "moe_intermediate_size": m["eff"], "norm_topk_prob": True, "mlp_only_layers": [0]},
+                    moe=dict(m, dense=[0]))
     print("fixtures written to", out)
 
 

@@ -170,6 +170,56 @@ START_TEST(gguf_missing_or_unsupported) {
 }
 END_TEST
 
+/* qwen3moe: config from the expert keys, 3-D expert stacks seen as n_mats
+ * stacked matrices. */
+START_TEST(gguf_qwen3moe) {
+  model_source_t *s = open_ok(fx_path("tiny_qwen3moe.gguf"));
+  const model_config_t *c = &s->config;
+  expect_tiny(c, 32);
+  ck_assert_int_eq(c->arch, MODEL_ARCH_QWEN3MOE);
+  ck_assert_str_eq(c->arch_name, "qwen3moe");
+  ck_assert(c->qk_norm && c->norm_topk);
+  ck_assert_int_eq(c->n_experts, 4);
+  ck_assert_int_eq(c->n_experts_used, 2);
+  ck_assert_int_eq(c->expert_ffn_dim, 32);
+  ck_assert(model_config_layer_moe(c, 0) && model_config_layer_moe(c, 1));
+  ck_assert_int_eq(s->rope_mode, KERN_ROPE_NEOX);
+  expect_tensor(s, "blk.1.ffn_gate_inp.weight", KERN_F32, 4, 64);
+  expect_tensor(s, "blk.1.ffn_gate_exps.weight", KERN_Q8_0, 4 * 32, 64);
+  expect_tensor(s, "blk.0.ffn_up_exps.weight", KERN_Q4_0, 4 * 32, 64);
+  expect_tensor(s, "blk.0.ffn_down_exps.weight", KERN_F16, 4 * 64, 32);
+  ck_assert_int_eq(model_source_tensor(s, "blk.0.ffn_down_exps.weight")->n_mats, 4);
+  ck_assert_int_eq(model_source_tensor(s, "blk.0.attn_q.weight")->n_mats, 1);
+  ck_assert_ptr_null(model_source_tensor(s, "blk.0.ffn_gate.weight"));
+  model_source_close(s);
+}
+END_TEST
+
+/* Broken MoE files are refused with the key or tensor named. */
+START_TEST(gguf_qwen3moe_broken) {
+  model_source_t *s = NULL;
+  fr_error_clear();
+  ck_assert_int_eq(model_source_open(&s, fx_path("tiny_qwen3moe_bad_experts.gguf")), FR_EFORMAT);
+  ck_assert_ptr_null(s);
+  ck_assert_msg(strstr(fr_last_error(), "blk.1.ffn_up_exps.weight has shape 3 x 32 x 64, expected 4 x 32 x 64"),
+                "%s", fr_last_error());
+  /* expert_used_count (u32, type 4) 2 -> 9 of 4 experts */
+  ck_assert_int_eq(open_patched_n("tiny_qwen3moe.gguf", "expert_used_count\x04\0\0\0\x02\0\0\0",
+                                  "expert_used_count\x04\0\0\0\x09\0\0\0", 25),
+                   FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "9 experts used per token is out of range [1, 4 experts]"), "%s",
+                fr_last_error());
+  ck_assert_int_eq(open_patched("tiny_qwen3moe.gguf", "qwen3moe.expert_count", "qwen3moe.expert_coun_"), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "qwen3moe.expert_count is missing"));
+  ck_assert_int_eq(open_patched("tiny_qwen3moe.gguf", "blk.1.ffn_gate_inp.weight", "blk.1.ffn_gate_inx.weight"),
+                   FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.1.ffn_gate_inp.weight is missing"));
+  ck_assert_int_eq(open_patched("tiny_qwen3moe.gguf", "blk.0.ffn_down_exps.weight", "blk.0.ffn_down_exps.weighx"),
+                   FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.0.ffn_down_exps.weight is missing"));
+}
+END_TEST
+
 START_TEST(not_a_model) {
   model_source_t *s;
   const char *p = temp_file("hello world", 11, ".txt");
@@ -242,8 +292,25 @@ START_TEST(hf_qwen_folders) {
 }
 END_TEST
 
-/* A folder with a given config.json and hf_llama's weights. */
-static int open_with_config(const char *config) {
+/* HF Qwen3-MoE: one tensor per expert, layer 0 dense (mlp_only_layers). */
+START_TEST(hf_qwen3moe_folder) {
+  model_source_t *s = open_ok(fx_path("hf_qwen3moe"));
+  const model_config_t *c = &s->config;
+  ck_assert_int_eq(c->arch, MODEL_ARCH_QWEN3MOE);
+  ck_assert(c->norm_topk && c->qk_norm);
+  ck_assert(!model_config_layer_moe(c, 0) && model_config_layer_moe(c, 1));
+  expect_tensor(s, "blk.0.ffn_gate.weight", KERN_BF16, 96, 64);
+  expect_tensor(s, "blk.1.ffn_gate_inp.weight", KERN_BF16, 4, 64);
+  expect_tensor(s, "blk.1.ffn_up_exps.3.weight", KERN_BF16, 32, 64);
+  expect_tensor(s, "blk.1.ffn_down_exps.0.weight", KERN_BF16, 64, 32);
+  ck_assert_int_eq(model_source_tensor(s, "blk.1.ffn_down_exps.0.weight")->n_mats, 1);
+  ck_assert_ptr_null(model_source_tensor(s, "blk.1.ffn_gate.weight"));
+  model_source_close(s);
+}
+END_TEST
+
+/* A folder with a given config.json and the weights of fixture folder `weights`. */
+static int open_with_config_of(const char *weights, const char *config) {
   char dir[] = "/tmp/ferrum-hf-XXXXXX", p[64], w[64];
   ck_assert_ptr_nonnull(mkdtemp(dir));
   snprintf(p, sizeof p, "%s/config.json", dir);
@@ -251,7 +318,9 @@ static int open_with_config(const char *config) {
   fputs(config, f);
   fclose(f);
   snprintf(w, sizeof w, "%s/model.safetensors", dir);
-  ck_assert_int_eq(symlink(fx_path("hf_llama/model.safetensors"), w), 0);
+  char src[256];
+  snprintf(src, sizeof src, "%s/model.safetensors", weights);
+  ck_assert_int_eq(symlink(fx_path(src), w), 0);
   model_source_t *s = NULL;
   fr_error_clear();
   int rc = model_source_open(&s, dir);
@@ -261,6 +330,9 @@ static int open_with_config(const char *config) {
   rmdir(dir);
   return rc;
 }
+
+/* A folder with a given config.json and hf_llama's weights. */
+static int open_with_config(const char *config) { return open_with_config_of("hf_llama", config); }
 
 #define HF_BASE                                                                                          \
   "\"architectures\":[\"LlamaForCausalLM\"],\"hidden_size\":64,\"num_hidden_layers\":2,"                 \
@@ -278,6 +350,25 @@ START_TEST(hf_misshaped) {
   ck_assert_int_eq(open_with_config("{" HF_BASE ",\"intermediate_size\":96,\"attention_bias\":true}"), FR_EFORMAT);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "blk.0.attn_q.bias"));
   ck_assert_int_eq(open_with_config("{\"architectures\":[\"GemmaForCausalLM\"]}"), FR_EUNSUPPORTED);
+}
+END_TEST
+
+/* hf_qwen3moe's weights under configs they do not fit: what is missing or
+ * misshaped is named. */
+START_TEST(hf_qwen3moe_misshaped) {
+  /* the config asks for a 5th expert, or a sparse layer 0: what is missing is named */
+  static const char cfg[] = "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96,"
+                            "\"num_hidden_layers\":2,\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+                            "\"head_dim\":32,\"vocab_size\":100,\"tie_word_embeddings\":true,\"num_experts_per_tok\":2,"
+                            "\"moe_intermediate_size\":32,";
+  char json[1024];
+  snprintf(json, sizeof json, "%s\"num_experts\":5,\"mlp_only_layers\":[0]}", cfg);
+  ck_assert_int_eq(open_with_config_of("hf_qwen3moe", json), FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "blk.1.ffn_gate_inp.weight has shape 4 x 64, expected 5 x 64"), "%s",
+                fr_last_error());
+  snprintf(json, sizeof json, "%s\"num_experts\":4}", cfg);
+  ck_assert_int_eq(open_with_config_of("hf_qwen3moe", json), FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "blk.0.ffn_gate_inp.weight is missing"), "%s", fr_last_error());
 }
 END_TEST
 
@@ -372,6 +463,33 @@ START_TEST(hf_config_rope) {
 }
 END_TEST
 
+/* Qwen3MoeForCausalLM with 4 layers; the expert keys follow. */
+#define HF_MOE "{\"architectures\":[\"Qwen3MoeForCausalLM\"],\"hidden_size\":64,\"intermediate_size\":96," \
+  "\"num_hidden_layers\":4,\"num_attention_heads\":4,\"num_key_value_heads\":2,\"vocab_size\":100,"
+
+START_TEST(hf_config_moe) {
+  model_config_t c;
+  ck_assert_int_eq(hf_cfg(&c, HF_MOE "\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32}"), 0);
+  ck_assert_int_eq(c.arch, MODEL_ARCH_QWEN3MOE);
+  ck_assert(c.qk_norm && !c.norm_topk); /* transformers' default */
+  ck_assert_int_eq(c.n_experts, 8);
+  ck_assert_int_eq(c.n_experts_used, 2);
+  ck_assert_int_eq(c.expert_ffn_dim, 32);
+  ck_assert_int_eq(c.ffn_dim, 96);
+  for (int il = 0; il < 4; il++) ck_assert(model_config_layer_moe(&c, il));
+  /* sparse every 2nd layer (1 and 3), layer 3 kept dense: only layer 1 */
+  ck_assert_int_eq(hf_cfg(&c, HF_MOE "\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,"
+                              "\"norm_topk_prob\":true,\"decoder_sparse_step\":2,\"mlp_only_layers\":[3]}"), 0);
+  ck_assert(c.norm_topk);
+  ck_assert(!model_config_layer_moe(&c, 0) && model_config_layer_moe(&c, 1));
+  ck_assert(!model_config_layer_moe(&c, 2) && !model_config_layer_moe(&c, 3));
+  /* dense archs have no experts */
+  ck_assert_int_eq(hf_cfg(&c, HF_Q2 "\"num_experts\":8}"), 0);
+  ck_assert_int_eq(c.n_experts, 0);
+  ck_assert(!model_config_layer_moe(&c, 0));
+}
+END_TEST
+
 START_TEST(hf_config_errors) {
   model_config_t c;
   static const struct {
@@ -399,6 +517,15 @@ START_TEST(hf_config_errors) {
       {"{" HF_BASE ",\"intermediate_size\":96,\"rope_theta\":\"x\"}", FR_EFORMAT, "rope_theta"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"head_dim\":15}", FR_EFORMAT, "even"},
       {"{" HF_BASE ",\"intermediate_size\":96,\"a\":1,\"a\":2}", FR_EFORMAT, "duplicate"},
+      {HF_MOE "\"num_experts\":8,\"num_experts_per_tok\":9,\"moe_intermediate_size\":32}", FR_EFORMAT,
+       "9 experts used per token is out of range [1, 8 experts]"},
+      {HF_MOE "\"num_experts\":8,\"num_experts_per_tok\":2}", FR_EFORMAT, "moe_intermediate_size"},
+      {HF_MOE "\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"mlp_only_layers\":[4]}",
+       FR_EFORMAT, "mlp_only_layers[0]"},
+      {HF_MOE "\"num_experts\":8,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32,\"mlp_only_layers\":1}",
+       FR_EFORMAT, "mlp_only_layers"},
+      {HF_MOE "\"num_experts\":4096,\"num_experts_per_tok\":2,\"moe_intermediate_size\":32}", FR_EFORMAT,
+       "num_experts"},
   };
   for (size_t i = 0; i < FR_ARRAY_SIZE(cases); i++) {
     int rc = hf_cfg(&c, cases[i].json);
@@ -562,14 +689,19 @@ static Suite *source_suite(void) {
   } else {
     tcase_add_test(tc, gguf_llama);
     tcase_add_test(tc, gguf_qwen2_qwen3_llama3);
+    tcase_add_test(tc, gguf_qwen3moe);
+    tcase_add_test(tc, gguf_qwen3moe_broken);
     tcase_add_test(tc, gguf_missing_or_unsupported);
     tcase_add_test(tc, not_a_model);
     tcase_add_test(tc, hf_llama_folder);
     tcase_add_test(tc, hf_qwen_folders);
+    tcase_add_test(tc, hf_qwen3moe_folder);
+    tcase_add_test(tc, hf_qwen3moe_misshaped);
     tcase_add_test(tc, hf_misshaped);
     tcase_add_test(tc, hf_config_fields);
     tcase_add_test(tc, hf_config_rope);
     tcase_add_test(tc, hf_config_errors);
+    tcase_add_test(tc, hf_config_moe);
     tcase_add_test(tc, gguf_config_keys);
   }
   suite_add_tcase(su, tc);

@@ -13,10 +13,18 @@ tests, with the SmolLM2 tokenizer copied from the real GGUF:
   tiny-qwen3-hf/         a qwen3 Hugging Face folder (BF16, tied embeddings)
                          with SmolLM2's tokenizer as tokenizer.json (built
                          with HF `tokenizers`, as the tokenizer golden does)
+  tiny-qwen3moe.gguf     qwen3moe: 3 layers of 8 experts (2 used, expert FFN 64),
+                         F32 weights holding BF16-rounded values, experts as
+                         3-D stacks (ffn_{gate,up,down}_exps), untied output
+  tiny-qwen3moe-hf/      the same weights as a Qwen3MoeForCausalLM folder
+                         (BF16, one tensor per expert)
+  tiny-qwen3moe-q.gguf   the same model quantized: Q8_0 / Q5_0 / Q4_1 experts,
+                         Q8_0 / Q4_0 attention, F16 embedding
 
 usage: make_tiny_models.py SMOLLM2_GGUF OUT_DIR
 """
 import json
+import shutil
 import struct
 import sys
 from pathlib import Path
@@ -91,7 +99,7 @@ def random_kquant(rows, cols, qtype):
 
 def add_weight(w, name, data, qtype):
     """data: f32 (rows, cols); stored in qtype."""
-    if qtype == T.F32:
+    if qtype == T.F32:  # any rank: 3-D expert stacks too
         w.add_tensor(name, data.astype(np.float32))
     elif qtype == T.F16:
         w.add_tensor(name, data.astype(np.float16))
@@ -151,6 +159,10 @@ def make_weights(cfg, with_bias=False, with_qk_norm=False):
 def write_gguf(path, arch, cfg, W, types, tok):
     reader, fields = tok
     w = gguf.GGUFWriter(str(path), arch)
+    if "experts" in cfg:
+        w.add_expert_count(cfg["experts"])
+        w.add_expert_used_count(cfg["experts_used"])
+        w.add_expert_feed_forward_length(cfg["expert_ffn"])
     w.add_name(Path(path).stem)
     w.add_context_length(cfg["ctx"])
     w.add_embedding_length(cfg["dim"])
@@ -166,7 +178,7 @@ def write_gguf(path, arch, cfg, W, types, tok):
     w.add_file_type(0)
     copy_tokenizer(w, reader, fields)
     for name, data in W.items():
-        add_weight(w, name, data, types(name) if data.ndim == 2 else T.F32)
+        add_weight(w, name, data, types(name) if data.ndim >= 2 else T.F32)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -205,11 +217,13 @@ def to_bf16_values(a):
     return r.view(np.float32)
 
 
-def write_hf_folder(hf, cfg, W, names, arch, model_type, extra):
+def write_hf_folder(hf, cfg, W, names, arch, model_type, extra, more=None):
     """A Hugging Face folder: model.safetensors (BF16; lm_head when W has an
-    untied output) and config.json with extra keys added."""
+    untied output; `more` HF-named tensors added) and config.json with extra
+    keys added."""
     hf.mkdir(exist_ok=True)
     st = {"model.embed_tokens.weight": W["token_embd.weight"], "model.norm.weight": W["output_norm.weight"]}
+    st.update(more or {})
     if "output.weight" in W:
         st["lm_head.weight"] = W["output.weight"]
     for i in range(cfg["layers"]):
@@ -289,6 +303,50 @@ def tiny_qwen3_hf(out, src):
     hf_tokenizer(tokens, types, kv["tokenizer.ggml.merges"][1], "smollm").save(str(hf / "tokenizer.json"))
 
 
+def tiny_qwen3moe(out, tok):
+    """Qwen3-MoE: qwen3 attention, every layer a mixture of 8 experts."""
+    cfg = dict(dim=128, ffn=256, heads=4, kv_heads=2, head_dim=32, layers=3, vocab=49152, ctx=2048,
+               theta=1000000.0, eps=1e-6, experts=8, experts_used=2, expert_ffn=64)
+    d, E, F = cfg["dim"], cfg["experts"], cfg["expert_ffn"]
+    W = make_weights(cfg, with_qk_norm=True)
+    # untied, as Qwen3-30B-A3B: a tied table makes a random model repeat its last token
+    W["output.weight"] = rand((cfg["vocab"], d), 3 * d ** -0.5)
+    more = {}
+    for i in range(cfg["layers"]):
+        p = f"blk.{i}."
+        for k in ("ffn_gate", "ffn_up", "ffn_down"):
+            del W[p + k + ".weight"]
+        W[p + "ffn_gate_inp.weight"] = rand((E, d), 2 * d ** -0.5)
+        W[p + "ffn_gate_exps.weight"] = rand((E, F, d), d ** -0.5)
+        W[p + "ffn_up_exps.weight"] = rand((E, F, d), d ** -0.5)
+        W[p + "ffn_down_exps.weight"] = rand((E, d, F), F ** -0.5)
+    W = {k: to_bf16_values(v) for k, v in W.items()}
+    for i in range(cfg["layers"]):
+        p, h = f"blk.{i}.", f"model.layers.{i}.mlp."
+        more[h + "gate.weight"] = W[p + "ffn_gate_inp.weight"]
+        for e in range(E):
+            for g, n in (("gate", "gate_proj"), ("up", "up_proj"), ("down", "down_proj")):
+                more[f"{h}experts.{e}.{n}.weight"] = W[p + f"ffn_{g}_exps.weight"][e]
+    names = {k: v for k, v in HF_NAMES.items() if not k.startswith("ffn_") or k == "ffn_norm"}
+    names.update(attn_q_norm="self_attn.q_norm", attn_k_norm="self_attn.k_norm")
+    hf = out / "tiny-qwen3moe-hf"
+    write_hf_folder(hf, cfg, W, names, "Qwen3MoeForCausalLM", "qwen3_moe",
+                    {"tie_word_embeddings": False, "attention_bias": False, "num_experts": E,
+                     "num_experts_per_tok": cfg["experts_used"], "moe_intermediate_size": F,
+                     "norm_topk_prob": True, "decoder_sparse_step": 1, "mlp_only_layers": []}, more)
+    shutil.copy(out / "tiny-qwen3-hf" / "tokenizer.json", hf / "tokenizer.json")
+    write_gguf(out / "tiny-qwen3moe.gguf", "qwen3moe", cfg, W, lambda n: T.F32, tok)
+    def types(n):
+        if "token_embd" in n: return T.F16
+        if "ffn_gate_inp" in n: return T.F32
+        if "ffn_gate_exps" in n: return T.Q8_0
+        if "ffn_up_exps" in n: return T.Q5_0
+        if "ffn_down_exps" in n: return T.Q4_1
+        if "attn_q." in n or "attn_output" in n: return T.Q8_0
+        return T.Q4_0
+    write_gguf(out / "tiny-qwen3moe-q.gguf", "qwen3moe", cfg, W, types, tok)
+
+
 def main():
     src, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
@@ -297,6 +355,7 @@ def main():
     tiny_qwen2(out, tok)
     tiny_qwen3(out, tok)
     tiny_qwen3_hf(out, src)
+    tiny_qwen3moe(out, tok)
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@
  * so quantized types are held to a normalized-error bound (activations are
  * quantized to int8 by the backend). */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -657,6 +658,114 @@ END_TEST
 /* The shared main (tests/common/test_main.c) runs this program's suites. */
 #include "tests/common/test_main.h"
 
+/* ---- moe_ffn ---- */
+
+#define MOE_E 6   /* experts */
+#define MOE_D 64  /* dim */
+#define MOE_F 32  /* expert FFN */
+
+typedef struct {
+  kern_weight_t router, gate[MOE_E], up[MOE_E], down[MOE_E];
+  uint8_t *bytes[1 + 3 * MOE_E];
+} moe_fx_t;
+
+/* Router F32; experts Q8_0 gate, Q4_1 up, F16 down (any type per stack). */
+static void moe_fx_init(kern_backend_t *b, moe_fx_t *f) {
+  f->bytes[0] = random_weight(KERN_F32, MOE_E, MOE_D);
+  load_weight(b, &f->router, KERN_F32, MOE_E, MOE_D, f->bytes[0]);
+  for (int e = 0; e < MOE_E; e++) {
+    f->bytes[1 + 3 * e] = random_weight(KERN_Q8_0, MOE_F, MOE_D);
+    f->bytes[2 + 3 * e] = random_weight(KERN_Q4_1, MOE_F, MOE_D);
+    f->bytes[3 + 3 * e] = random_weight(KERN_F16, MOE_D, MOE_F);
+    load_weight(b, &f->gate[e], KERN_Q8_0, MOE_F, MOE_D, f->bytes[1 + 3 * e]);
+    load_weight(b, &f->up[e], KERN_Q4_1, MOE_F, MOE_D, f->bytes[2 + 3 * e]);
+    load_weight(b, &f->down[e], KERN_F16, MOE_D, MOE_F, f->bytes[3 + 3 * e]);
+  }
+}
+
+static void moe_fx_free(moe_fx_t *f) {
+  for (size_t i = 0; i < sizeof f->bytes / sizeof f->bytes[0]; i++) free(f->bytes[i]);
+}
+
+/* y(rows) = W x in double from the dequantized weight. */
+static void ref_matvec(const kern_weight_t *w, const double *x, double *y) {
+  float *row = malloc(sizeof(float) * (size_t)w->cols);
+  for (int64_t r = 0; r < w->rows; r++) {
+    kern_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, row, w->cols);
+    double acc = 0;
+    for (int64_t c = 0; c < w->cols; c++) acc += row[c] * x[c];
+    y[r] = acc;
+  }
+  free(row);
+}
+
+/* The MoE FFN of one token in double, as kern.h states it. */
+static void ref_moe(const moe_fx_t *f, int k, bool norm, const float *x, double *out) {
+  double xd[MOE_D], p[MOE_E], g[MOE_F], u[MOE_F], y[MOE_D], max = -INFINITY, sum = 0, wsum = 0;
+  int sel[MOE_E];
+  for (int i = 0; i < MOE_D; i++) xd[i] = x[i], out[i] = 0;
+  ref_matvec(&f->router, xd, p);
+  for (int e = 0; e < MOE_E; e++) max = fmax(max, p[e]);
+  for (int e = 0; e < MOE_E; e++) sum += p[e] = exp(p[e] - max);
+  for (int j = 0; j < k; j++) {
+    sel[j] = -1;
+    for (int e = 0; e < MOE_E; e++) {
+      bool taken = false;
+      for (int i = 0; i < j; i++) taken |= sel[i] == e;
+      if (!taken && (sel[j] < 0 || p[e] > p[sel[j]])) sel[j] = e;
+    }
+    wsum += p[sel[j]] / sum;
+  }
+  for (int j = 0; j < k; j++) {
+    const int e = sel[j];
+    double w = p[e] / sum / (norm ? wsum : 1.0);
+    ref_matvec(&f->gate[e], xd, g);
+    ref_matvec(&f->up[e], xd, u);
+    for (int i = 0; i < MOE_F; i++) g[i] = g[i] / (1 + exp(-g[i])) * u[i];
+    ref_matvec(&f->down[e], g, y);
+    for (int i = 0; i < MOE_D; i++) out[i] += w * y[i];
+  }
+}
+
+/* Against the double reference; the batch (tokens grouped by expert) gives
+ * each token's single-token bits; out may alias x. */
+START_TEST(test_moe_ffn) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  ck_assert_ptr_nonnull(b->ops->moe_ffn);
+  moe_fx_t f;
+  moe_fx_init(b, &f);
+  const int n = 37;
+  float *x = rnd_vec((size_t)n * MOE_D), *out = malloc(sizeof(float) * n * MOE_D), one[MOE_D];
+  double *ref = malloc(sizeof(double) * n * MOE_D);
+  for (int k = 1; k <= 3; k++)
+    for (int norm = 0; norm < 2; norm++) {
+      kern_moe_t moe = {.router = &f.router, .gate = f.gate, .up = f.up, .down = f.down, .n_experts = MOE_E,
+                        .n_used = k, .norm_topk = norm};
+      poison(out, (size_t)n * MOE_D);
+      ck_assert_int_eq(b->ops->moe_ffn(b->ctx, out, x, n, &moe), 0);
+      for (int t = 0; t < n; t++) ref_moe(&f, k, norm, x + (size_t)t * MOE_D, ref + (size_t)t * MOE_D);
+      double e = nerr(out, ref, (size_t)n * MOE_D);
+      ck_assert_msg(e < 2e-2, "moe k %d norm %d: error %g", k, norm, e);
+      for (int t = 0; t < n; t += 5) {
+        ck_assert_int_eq(b->ops->moe_ffn(b->ctx, one, x + (size_t)t * MOE_D, 1, &moe), 0);
+        ck_assert_msg(!memcmp(one, out + (size_t)t * MOE_D, sizeof one), "token %d: batch != alone", t);
+      }
+      memcpy(one, x, sizeof one);
+      ck_assert_int_eq(b->ops->moe_ffn(b->ctx, one, one, 1, &moe), 0);
+      ck_assert(!memcmp(one, out, sizeof one));
+    }
+  kern_moe_t bad = {.router = &f.router, .gate = f.gate, .up = f.up, .down = f.down, .n_experts = MOE_E,
+                    .n_used = MOE_E + 1};
+  ck_assert_int_eq(b->ops->moe_ffn(b->ctx, out, x, n, &bad), -EINVAL);
+  bad.n_used = 2, bad.gate = f.down; /* experts of the wrong shape */
+  ck_assert_int_eq(b->ops->moe_ffn(b->ctx, out, x, n, &bad), -EINVAL);
+  free(x), free(out), free(ref);
+  moe_fx_free(&f);
+  kern_backend_destroy(b);
+}
+END_TEST
+
 static Suite *ops_suite(void) {
   Suite *s = suite_create("kernels_ops");
   TCase *tc = tcase_create("ops");
@@ -671,6 +780,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_rope, 0, N_CFG);
   tcase_add_loop_test(tc, test_kv_append_copy, 0, N_CFG);
   tcase_add_loop_test(tc, test_attention, 0, N_CFG);
+  tcase_add_loop_test(tc, test_moe_ffn, 0, N_CFG);
   tcase_add_test(tc, test_step_errors);
   suite_add_tcase(s, tc);
   return s;

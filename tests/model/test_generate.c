@@ -1,7 +1,8 @@
 /* test_generate.c - whole-model checks against llama.cpp goldens
  * (tests/golden/gen_llama_golden.py): last-token logits of every prompt and
  * greedy continuations, for the real SmolLM2 GGUF, tiny random llama /
- * qwen2 / qwen3 GGUF files, and the safetensors copy of the tiny llama.
+ * qwen2 / qwen3 / qwen3moe GGUF files, and the safetensors copies of the
+ * tiny llama and qwen3moe.
  * Also: our chat template + tokenizer give llama.cpp's prompt ids. */
 #include <check.h>
 #include <jansson.h>
@@ -13,6 +14,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
+#include "model/dummy.h"
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/prompt.h"
@@ -209,6 +211,83 @@ START_TEST(tiny_qwen3_matches_llama_cpp) {
 }
 END_TEST
 
+/* Qwen3-MoE, float (bf16-rounded) weights: routing, top-k and the experts
+ * must match llama.cpp's to the greedy token. */
+START_TEST(tiny_qwen3moe_gguf_matches_llama_cpp) {
+  score_t s = run_golden("tiny-qwen3moe", tiny("tiny-qwen3moe.gguf"));
+  ck_assert_int_eq(s.exact_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 1e-3);
+}
+END_TEST
+
+/* The HF folder: the same weights, one safetensors tensor per expert. */
+START_TEST(tiny_qwen3moe_safetensors_matches_gguf) {
+  score_t s = run_golden("tiny-qwen3moe", tiny("tiny-qwen3moe-hf"));
+  ck_assert_int_eq(s.exact_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 1e-3);
+}
+END_TEST
+
+/* Quantized experts (Q8_0 / Q5_0 / Q4_1 stacks): activations quantized per
+ * expert as llama.cpp's mul_mat_id does. */
+START_TEST(tiny_qwen3moe_quantized_matches_llama_cpp) {
+  score_t s = run_golden("tiny-qwen3moe-q", tiny("tiny-qwen3moe-q.gguf"));
+  ck_assert_int_eq(s.top5_cases, s.cases);
+  ck_assert_double_lt(s.max_rel, 0.05);
+}
+END_TEST
+
+/* A backend without the moe_ffn op (CUDA for now) refuses MoE models at
+ * load, before any weight is read, for files and dummy configs alike. */
+START_TEST(moe_needs_the_backend_op) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 1), 0);
+  kern_ops_t ops = *be->ops;
+  ops.name = "no-moe";
+  ops.moe_ffn = NULL;
+  kern_backend_t no_moe = *be;
+  no_moe.ops = &ops;
+  model_t *m = NULL;
+  fr_error_clear();
+  ck_assert_int_eq(model_load(&m, tiny("tiny-qwen3moe.gguf"), &no_moe, NULL), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(fr_last_error(), "Qwen3-MoE needs the CPU backend for now"), "%s", fr_last_error());
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config(tiny("tiny-qwen3moe-hf"), &cfg), 0);
+  ck_assert_int_eq(model_load_dummy(&m, &cfg, &no_moe, NULL), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
+  kern_backend_destroy(be);
+}
+END_TEST
+
+/* --load-format dummy of a MoE config: random experts that run; with
+ * decoder_sparse_step 2 (HF), layers 0 and 2 keep a dense FFN. */
+START_TEST(moe_dummy_runs) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config(tiny("tiny-qwen3moe-hf"), &cfg), 0);
+  for (int step = 1; step <= 2; step++) {
+    cfg.moe_step = step;
+    model_t *m;
+    model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q8_0};
+    ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+    ck_assert_ptr_nonnull(m->layers[1].exp_down);
+    ck_assert_int_eq(m->layers[1].exp_down[7].cols, 64);
+    ck_assert(step == 1 ? m->layers[2].exp_gate != NULL : m->layers[2].exp_gate == NULL);
+    ck_assert(step == 1 ? m->layers[2].w_gate_up.data == NULL : m->layers[2].w_gate_up.rows == 2 * cfg.ffn_dim);
+    model_gen_t *gen;
+    ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
+    int32_t ids[5] = {1, 2, 3, 4, 5};
+    ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
+    for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
+    model_gen_destroy(gen);
+    model_destroy(m);
+  }
+  kern_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(chat_prompt_ids_match_llama_cpp) {
   golden_t g = {0};
   ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
@@ -244,6 +323,11 @@ static Suite *suite(void) {
   tcase_add_test(tc, tiny_llama_safetensors_matches_gguf);
   tcase_add_test(tc, tiny_qwen2_matches_llama_cpp);
   tcase_add_test(tc, tiny_qwen3_matches_llama_cpp);
+  tcase_add_test(tc, tiny_qwen3moe_gguf_matches_llama_cpp);
+  tcase_add_test(tc, tiny_qwen3moe_safetensors_matches_gguf);
+  tcase_add_test(tc, tiny_qwen3moe_quantized_matches_llama_cpp);
+  tcase_add_test(tc, moe_needs_the_backend_op);
+  tcase_add_test(tc, moe_dummy_runs);
   suite_add_tcase(s, tc);
   return s;
 }

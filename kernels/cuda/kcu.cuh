@@ -87,7 +87,7 @@ typedef struct {
   void *cublas_ws;
   kern_type_t act;
   size_t act_size;
-  int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of WMMA */
+  int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of the tensor-core one */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
@@ -313,7 +313,7 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
 int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                    int n_heads, int head_dim, float scale);
-/* Raises the shared-memory limit of the WMMA prefill kernels (at create). */
+/* Raises the shared-memory limit of the tensor-core prefill kernels (at create). */
 int kcu__attn_init(kcu_ctx_t *c);
 /* Decode split count for a step shape; the partials buffer is sized from it. */
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);

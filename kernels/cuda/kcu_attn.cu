@@ -10,14 +10,16 @@
  * for any context length: each CTA finds its range from ctx_len on the
  * device.
  *
- * Prefill / mixed batches: flash-attention style, one CTA per (query tile of
- * 64 tokens, head, sequence), K/V tiles of 32 tokens staged in shared memory
- * through the block table, online softmax, causal by position. Reads cached
- * prefix blocks the same way as new ones (chunked prefill, prefix hits).
+ * Prefill (the sequences of a step with more than one query token):
+ * FlashAttention-2 style on the tensor cores (mma.sync) for head_dim up to
+ * 128, one CTA per (query tile of 64 tokens, head, sequence), K/V tiles
+ * staged in shared memory through the block table, online softmax, causal
+ * by position; a SIMT kernel of the same shape for larger heads. Both read
+ * cached prefix blocks the same way as new ones (chunked prefill, prefix
+ * hits). A mixed step runs the decode kernel for its one-token sequences
+ * and the prefill kernel for the others.
  */
 #include <math.h>
-
-#include <mma.h>
 
 #include "kernels/cuda/kcu.cuh"
 
@@ -446,143 +448,236 @@ __global__ void __launch_bounds__(KCU_PF_NT)
   }
 }
 
-/* ---- prefill on tensor cores (WMMA) ----------------------------------------------------------
+/* ---- prefill on tensor cores (mma.sync, FlashAttention-2 style) -----------------------------
  *
- * 4 warps, a tile of 64 queries (16 rows per warp) of one head against K/V
- * tiles of 64 tokens. Per KV tile each warp computes S = Q K^T (16 x 64) on
- * the tensor cores into shared memory; its lanes, two columns each, apply
- * the causal mask and the online softmax in f32 one row at a time and write
- * P (act type); the warp's O (16 x HD, f32, shared memory) is rescaled by
- * the row corrections, loaded as accumulators, gets P V added on the tensor
- * cores and is stored back. */
-#define KCU_WM_F 16      /* WMMA fragment edge (m16n16k16, the shape for bf16 and f16) */
-#define KCU_WM_WARPS 4   /* warps per CTA, one fragment row of queries (KCU_WM_F) each */
-#define KCU_WM_NT (KCU_WM_WARPS * KCU_WARP)
-#define KCU_WM_BM (KCU_WM_WARPS * KCU_WM_F) /* queries per CTA: 64 */
-#define KCU_WM_BN 64     /* K/V tokens per tile: two score columns per lane in the row softmax */
-#define KCU_WM_MAX_HD 128 /* largest head_dim it serves (88 KiB of shared memory at 128); larger heads
-                             take the SIMT kernel */
-static_assert(KCU_WM_BN == 2 * KCU_WARP, "the row softmax gives each lane two columns");
+ * One CTA per (tile of 64 queries, head, sequence): 4 warps, 16 query rows
+ * each. K/V tiles of 64 tokens come through the block table into shared
+ * memory with cp.async, double-buffered (the next tile loads while this one
+ * computes); rows are 16-byte chunks XOR-swizzled by row so that ldmatrix
+ * reads them without bank conflicts. Per tile each warp computes
+ * S = Q K^T (16 x 64) with m16n8k16 MMAs into registers, applies the causal
+ * mask and the online softmax there (a row lives in the 4 lanes of a quad),
+ * turns P into the A operand of P V without leaving registers, and keeps O
+ * (16 x HD, f32) in registers across the whole context. */
+#define KCU_FA_WARPS 4
+#define KCU_FA_NT (KCU_FA_WARPS * KCU_WARP)
+#define KCU_FA_BM (KCU_FA_WARPS * 16) /* queries per CTA */
+#define KCU_FA_BN 64                  /* K/V tokens per tile */
+#define KCU_FA_MAX_HD 128             /* larger heads take the SIMT kernel */
 
-template <int HD> struct kcu_wm_smem {
-  enum {
-    KV = 2 * KCU_WM_BN * HD * 2,            /* K and V tiles (act type) */
-    S = KCU_WM_WARPS * KCU_WM_F * KCU_WM_BN * 4, /* per-warp scores, f32 */
-    P = KCU_WM_WARPS * KCU_WM_F * KCU_WM_BN * 2, /* per-warp probabilities, act type */
-    O = KCU_WM_WARPS * KCU_WM_F * HD * 4,        /* per-warp output accumulators, f32 */
-    BYTES = KV + S + P + O
-  };
+template <int HD> struct kcu_fa_smem {
+  enum { TILE = KCU_FA_BN * HD * 2, BYTES = KCU_FA_BM * HD * 2 + 2 * 2 * TILE }; /* Q, then K and V twice */
 };
 
+/* Byte offset of 16-byte chunk ch of row r in a swizzled (rows, HD) tile. */
+template <int HD> __device__ __forceinline__ uint32_t kcu_fa_off(int r, int ch) {
+  return (uint32_t)(r * (HD * 2) + ((ch ^ (r & 7)) << 4));
+}
+
+__device__ __forceinline__ void kcu_cp_async16(uint32_t dst, const void *src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void kcu_cp_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N> __device__ __forceinline__ void kcu_cp_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void kcu_ldsm4(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void kcu_ldsm4_t(uint32_t *r, uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
+/* d += a (16x16, row) * b (16x8, col); f32 accumulators. */
+template <typename T> __device__ __forceinline__ void kcu_mma16816(float *d, const uint32_t *a, const uint32_t *b);
+template <> __device__ __forceinline__ void kcu_mma16816<__nv_bfloat16>(float *d, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+template <> __device__ __forceinline__ void kcu_mma16816<__half>(float *d, const uint32_t *a, const uint32_t *b) {
+  asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+               "{%0,%1,%2,%3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* Two floats as a pair of T in one register (the lower one first). */
+template <typename T> __device__ __forceinline__ uint32_t kcu_pack2(float x, float y);
+template <> __device__ __forceinline__ uint32_t kcu_pack2<__nv_bfloat16>(float x, float y) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(x, y);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+template <> __device__ __forceinline__ uint32_t kcu_pack2<__half>(float x, float y) {
+  __half2 v = __floats2half2_rn(x, y);
+  return *reinterpret_cast<uint32_t *>(&v);
+}
+
+/* Issues the cp.async loads of K/V rows [kb, kb + BN) of one KV head into
+ * the swizzled tiles at sk / sv (shared addresses); zeros past kv_end. */
+template <int HD>
+__device__ __forceinline__ void kcu_fa_load_kv(uint32_t sk, uint32_t sv, const void *kc, const void *vc,
+                                               const int32_t *bt, int kb, int kv_end, int bs, int n_blocks,
+                                               int row_elems, int head_off) {
+  constexpr int CH = HD / 8;
+  for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
+    const int r = i / CH, ch = i % CH, j = kb + r;
+    const bool ok = j < kv_end;
+    const uint4 *k = kcu_kv_row(kc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
+    const uint4 *v = kcu_kv_row(vc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
+    kcu_cp_async16(sk + kcu_fa_off<HD>(r, ch), k, ok);
+    kcu_cp_async16(sv + kcu_fa_off<HD>(r, ch), v, ok);
+  }
+}
+
+/* S (16 x BN, 8 n-tiles of 4) = Q K^T for the warp's rows. */
 template <typename T, int HD>
-__global__ void __launch_bounds__(KCU_WM_NT)
-    kcu_attn_prefill_wmma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
-                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts,
-                            const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale) {
+__device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4], uint32_t sk, int lane) {
+#pragma unroll
+  for (int n = 0; n < KCU_FA_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+  for (int np = 0; np < KCU_FA_BN / 16; np++) {
+    const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+#pragma unroll
+    for (int k = 0; k < HD / 16; k++) {
+      uint32_t b[4];
+      kcu_ldsm4(b, sk + kcu_fa_off<HD>(key, 2 * k + ((lane >> 3) & 1)));
+      kcu_mma16816<T>(sc[2 * np], qf[k], b);
+      kcu_mma16816<T>(sc[2 * np + 1], qf[k], b + 2);
+    }
+  }
+}
+
+/* O (16 x HD, HD/8 n-tiles of 4) += P V, P from the score registers. */
+template <typename T, int HD>
+__device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], uint32_t sv, int lane) {
+#pragma unroll
+  for (int kk = 0; kk < KCU_FA_BN / 16; kk++) {
+    uint32_t a[4] = {kcu_pack2<T>(p[2 * kk][0], p[2 * kk][1]), kcu_pack2<T>(p[2 * kk][2], p[2 * kk][3]),
+                     kcu_pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), kcu_pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
+    const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+#pragma unroll
+    for (int dp = 0; dp < HD / 16; dp++) {
+      uint32_t b[4];
+      kcu_ldsm4_t(b, sv + kcu_fa_off<HD>(key, 2 * dp + (lane >> 4)));
+      kcu_mma16816<T>(o[2 * dp], a, b);
+      kcu_mma16816<T>(o[2 * dp + 1], a, b + 2);
+    }
+  }
+}
+
+/* The causal mask and the online softmax of one tile: rows g and g + 8 of
+ * the warp (qpos: their cache indices), keys kb + column. Rescales o and
+ * l by the change of the running max; leaves P (unnormalized) in sc. */
+template <int HD>
+__device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], float *m, float *l, int kb, int kv_end,
+                                               const int *qpos, float scale_log2, bool mask, int lane) {
+  float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+  for (int n = 0; n < KCU_FA_BN / 8; n++)
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+      const int r = e >> 1, j = kb + n * 8 + 2 * (lane & 3) + (e & 1);
+      float v = sc[n][e] * scale_log2;
+      if (mask && (j > qpos[r] || j >= kv_end)) v = -INFINITY;
+      sc[n][e] = v;
+      mx[r] = fmaxf(mx[r], v);
+    }
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
+    mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
+    const float mn = fmaxf(m[r], mx[r]);
+    const float base = mn == -INFINITY ? 0.f : mn;
+    const float corr = exp2f(m[r] - base);
+    m[r] = mn;
+    l[r] *= corr;
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= corr, o[d][2 * r + 1] *= corr;
+#pragma unroll
+    for (int n = 0; n < KCU_FA_BN / 8; n++) {
+      sc[n][2 * r] = exp2f(sc[n][2 * r] - base);
+      sc[n][2 * r + 1] = exp2f(sc[n][2 * r + 1] - base);
+      l[r] += sc[n][2 * r] + sc[n][2 * r + 1];
+    }
+  }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(KCU_FA_NT)
+    kcu_attn_prefill_mma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts,
+                           const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale) {
   kcu_pdl_enter();
-  using namespace nvcuda;
-  extern __shared__ __align__(16) unsigned char smem[];
-  T *sK = reinterpret_cast<T *>(smem), *sV = sK + KCU_WM_BN * HD;
+  extern __shared__ __align__(128) unsigned char smem[];
+  const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem);
+  const uint32_t skv = sq + KCU_FA_BM * HD * 2; /* buffer b: K at skv + 2b TILE, V after it */
+  constexpr uint32_t TILE = kcu_fa_smem<HD>::TILE;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  float *sS = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV) + warp * KCU_WM_F * KCU_WM_BN;
-  T *sP = reinterpret_cast<T *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S) + warp * KCU_WM_F * KCU_WM_BN;
-  float *sO = reinterpret_cast<float *>(smem + kcu_wm_smem<HD>::KV + kcu_wm_smem<HD>::S + kcu_wm_smem<HD>::P) +
-              warp * KCU_WM_F * HD;
   const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.y, kvh = h / G;
-  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_WM_BM;
+  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_FA_BM;
   if (tile >= qn) return;
   const int max_blocks = hdr[2];
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
   const int32_t *bt = bts + (size_t)s * max_blocks;
   const int row_elems = n_kv * HD;
   /* the last query of the tile sees the most keys */
-  const int kv_end = min(ctx, ctx - qn + min(tile + KCU_WM_BM, qn));
+  const int kv_end = min(ctx, ctx - qn + min(tile + KCU_FA_BM, qn));
 
-  /* Q tile -> sK (staging) -> fragments */
-  for (int i = threadIdx.x; i < KCU_WM_BM * (HD / 8); i += KCU_WM_NT) {
-    int r = i / (HD / 8), ch = i % (HD / 8);
-    uint4 v = make_uint4(0, 0, 0, 0);
-    if (tile + r < qn) v = *reinterpret_cast<const uint4 *>(q + (size_t)(q0 + tile + r) * q_stride + (size_t)h * HD + ch * 8);
-    reinterpret_cast<uint4 *>(sK)[i] = v;
+  /* Q tile (zeros past the sequence), then the first K/V tile */
+  for (int i = threadIdx.x; i < KCU_FA_BM * (HD / 8); i += KCU_FA_NT) {
+    const int r = i / (HD / 8), ch = i % (HD / 8);
+    const bool ok = tile + r < qn;
+    const T *src = q + (size_t)(q0 + (ok ? tile + r : 0)) * q_stride + (size_t)h * HD + ch * 8;
+    kcu_cp_async16(sq + kcu_fa_off<HD>(r, ch), src, ok);
   }
-  for (int i = lane; i < KCU_WM_F * HD; i += KCU_WARP) sO[i] = 0.f;
-  __syncthreads();
-  wmma::fragment<wmma::matrix_a, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::row_major> qf[HD / KCU_WM_F];
-#pragma unroll
-  for (int k = 0; k < HD / KCU_WM_F; k++)
-    wmma::load_matrix_sync(qf[k], sK + warp * KCU_WM_F * HD + k * KCU_WM_F, HD);
+  if (kv_end > 0) kcu_fa_load_kv<HD>(skv, skv + TILE, kc, vc, bt, 0, kv_end, bs, n_blocks, row_elems, kvh * HD);
+  kcu_cp_commit();
 
-  /* per-row softmax state of the warp's 16 rows (every lane holds all 16) */
-  const int row0 = tile + warp * KCU_WM_F;           /* first query (index in the sequence) of the warp */
-  float m[KCU_WM_F], l[KCU_WM_F];
+  const int g = lane >> 2, row0 = warp * 16;
+  /* cache indices of the lane's two rows: the new tokens are the last qn of the context */
+  const int qpos[2] = {ctx - qn + tile + row0 + g, ctx - qn + tile + row0 + g + 8};
+  const int qpos_min = ctx - qn + tile; /* the CTA's first query */
+  const float scale_log2 = scale * 1.4426950408889634f;
+  float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-  for (int r = 0; r < KCU_WM_F; r++) {
-    m[r] = -INFINITY;
-    l[r] = 0.f;
-  }
+  for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  uint32_t qf[HD / 16][4];
 
-  for (int kb = 0; kb < kv_end; kb += KCU_WM_BN) {
+  for (int kb = 0, b = 0; kb < kv_end; kb += KCU_FA_BN, b ^= 1) {
+    if (kb + KCU_FA_BN < kv_end) /* the next tile into the other buffer */
+      kcu_fa_load_kv<HD>(skv + 2 * (b ^ 1) * TILE, skv + (2 * (b ^ 1) + 1) * TILE, kc, vc, bt, kb + KCU_FA_BN, kv_end,
+                         bs, n_blocks, row_elems, kvh * HD);
+    kcu_cp_commit();
+    kcu_cp_wait<1>();
     __syncthreads();
-    kcu_kv_tile_load<HD, KCU_WM_BN, KCU_WM_NT>(reinterpret_cast<uint4 *>(sK), reinterpret_cast<uint4 *>(sV), kc, vc, bt,
-                                               kb, kv_end, bs, n_blocks, row_elems, kvh * HD);
-    __syncthreads();
-    /* S = Q K^T */
+    if (kb == 0)
 #pragma unroll
-    for (int c = 0; c < KCU_WM_BN / KCU_WM_F; c++) {
-      wmma::fragment<wmma::accumulator, KCU_WM_F, KCU_WM_F, KCU_WM_F, float> sf;
-      wmma::fill_fragment(sf, 0.f);
-#pragma unroll
-      for (int k = 0; k < HD / KCU_WM_F; k++) {
-        wmma::fragment<wmma::matrix_b, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::col_major> kf;
-        wmma::load_matrix_sync(kf, sK + c * KCU_WM_F * HD + k * KCU_WM_F, HD);
-        wmma::mma_sync(sf, qf[k], kf, sf);
-      }
-      wmma::store_matrix_sync(sS + c * KCU_WM_F, sf, KCU_WM_BN, wmma::mem_row_major);
-    }
-    __syncwarp();
-    /* online softmax, one row at a time, lanes across the columns */
-    const int j0 = kb + lane, j1 = kb + lane + KCU_WARP;
-#pragma unroll
-    for (int r = 0; r < KCU_WM_F; r++) {
-      const int pos = ctx - qn + row0 + r; /* cache index of the query */
-      float v0 = (j0 <= pos && j0 < kv_end) ? sS[r * KCU_WM_BN + lane] * scale : -INFINITY;
-      float v1 = (j1 <= pos && j1 < kv_end) ? sS[r * KCU_WM_BN + lane + KCU_WARP] * scale : -INFINITY;
-      const float mn = fmaxf(m[r], kcu_warp_max(fmaxf(v0, v1)));
-      const float corr = mn == -INFINITY ? 1.f : __expf(m[r] - mn);
-      T p0 = kcu_t<T>(mn == -INFINITY ? 0.f : __expf(v0 - mn)), p1 = kcu_t<T>(mn == -INFINITY ? 0.f : __expf(v1 - mn));
-      sP[r * KCU_WM_BN + lane] = p0;
-      sP[r * KCU_WM_BN + lane + KCU_WARP] = p1;
-      l[r] = l[r] * corr + kcu_warp_sum(kcu_f(p0) + kcu_f(p1));
-      m[r] = mn;
-#pragma unroll
-      for (int k = 0; k < HD / KCU_WARP; k++) sO[r * HD + lane + KCU_WARP * k] *= corr;
-    }
-    __syncwarp();
-    /* O += P V */
-#pragma unroll
-    for (int d = 0; d < HD / KCU_WM_F; d++) {
-      wmma::fragment<wmma::accumulator, KCU_WM_F, KCU_WM_F, KCU_WM_F, float> of;
-      wmma::load_matrix_sync(of, sO + d * KCU_WM_F, HD, wmma::mem_row_major);
-#pragma unroll
-      for (int k = 0; k < KCU_WM_BN / KCU_WM_F; k++) {
-        wmma::fragment<wmma::matrix_a, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::row_major> pf;
-        wmma::fragment<wmma::matrix_b, KCU_WM_F, KCU_WM_F, KCU_WM_F, T, wmma::row_major> vf;
-        wmma::load_matrix_sync(pf, sP + k * KCU_WM_F, KCU_WM_BN);
-        wmma::load_matrix_sync(vf, sV + k * KCU_WM_F * HD + d * KCU_WM_F, HD);
-        wmma::mma_sync(of, pf, vf, of);
-      }
-      wmma::store_matrix_sync(sO + d * KCU_WM_F, of, HD, wmma::mem_row_major);
-    }
-    __syncwarp();
+      for (int k = 0; k < HD / 16; k++)
+        kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(row0 + (lane & 15), 2 * k + (lane >> 4)));
+    float sc[KCU_FA_BN / 8][4];
+    kcu_fa_qk<T, HD>(sc, qf, skv + 2 * b * TILE, lane);
+    const bool mask = kb + KCU_FA_BN > qpos_min + 1 || kb + KCU_FA_BN > kv_end;
+    kcu_fa_softmax<HD>(sc, o, m, l, kb, kv_end, qpos, scale_log2, mask, lane);
+    kcu_fa_pv<T, HD>(o, sc, skv + (2 * b + 1) * TILE, lane);
+    __syncthreads(); /* the buffer is loaded again two tiles on */
   }
   const int n_heads = n_kv * G;
 #pragma unroll
-  for (int r = 0; r < KCU_WM_F; r++) {
-    if (row0 + r >= qn) break;
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int qi = tile + row0 + g + 8 * r;
+    if (qi >= qn) continue;
     const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    T *o = out + (size_t)(q0 + row0 + r) * n_heads * HD + (size_t)h * HD;
+    T *dst = out + (size_t)(q0 + qi) * n_heads * HD + (size_t)h * HD + 2 * (lane & 3);
 #pragma unroll
-    for (int k = 0; k < HD / KCU_WARP; k++) o[lane + KCU_WARP * k] = kcu_t<T>(sO[r * HD + lane + KCU_WARP * k] * inv);
+    for (int d = 0; d < HD / 8; d++)
+      *reinterpret_cast<uint32_t *>(dst + d * 8) = kcu_pack2<T>(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
   }
 }
 
@@ -591,10 +686,10 @@ __global__ void __launch_bounds__(KCU_WM_NT)
 template <typename T, int HD>
 static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
                        const kern_kv_config_t *cf, int n_heads, int G, float scale, const int32_t *seq_map, int n) {
-  if (HD <= KCU_WM_MAX_HD && !c->simt_prefill) {
-    constexpr int bytes = kcu_wm_smem<HD>::BYTES;
-    dim3 grid(kcu_div_up(c->max_q, KCU_WM_BM), n_heads, n);
-    KCU_LAUNCH(c, kcu_attn_prefill_wmma_k<T, HD>, grid, KCU_WM_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
+  if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
+    constexpr int bytes = kcu_fa_smem<HD>::BYTES;
+    dim3 grid(kcu_div_up(c->max_q, KCU_FA_BM), n_heads, n);
+    KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD>, grid, KCU_FA_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks,
                cf->n_kv_heads, G, scale);
     return 0;
@@ -627,21 +722,21 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, c->dm.pf_seqs, c->n_pf);
 }
 
-template <typename T, int HD> static int kcu_wmma_attr(void) {
-  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_wmma_k<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kcu_wm_smem<HD>::BYTES));
+template <typename T, int HD> static int kcu_fa_attr(void) {
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_fa_smem<HD>::BYTES));
   return 0;
 }
 
 int kcu__attn_init(kcu_ctx_t *c) {
-  if ((size_t)kcu_wm_smem<KCU_WM_MAX_HD>::BYTES > c->smem_optin) {
+  if ((size_t)kcu_fa_smem<KCU_FA_MAX_HD>::BYTES > c->smem_optin) {
     c->simt_prefill = 1;
     return 0;
   }
-  int rc = kcu_wmma_attr<__nv_bfloat16, 64>();
-  if (!rc) rc = kcu_wmma_attr<__nv_bfloat16, 128>();
-  if (!rc) rc = kcu_wmma_attr<__half, 64>();
-  if (!rc) rc = kcu_wmma_attr<__half, 128>();
+  int rc = kcu_fa_attr<__nv_bfloat16, 64>();
+  if (!rc) rc = kcu_fa_attr<__nv_bfloat16, 128>();
+  if (!rc) rc = kcu_fa_attr<__half, 64>();
+  if (!rc) rc = kcu_fa_attr<__half, 128>();
   return rc;
 }
 

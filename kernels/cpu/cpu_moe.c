@@ -129,7 +129,7 @@ int cpu__moe_ffn(void *vctx, void *out, const void *x, int n, const kern_moe_t *
   if (rc || n == 0) return rc;
   const int k = m->n_used, E = m->n_experts, ffn = (int)m->gate[0].rows;
   const size_t dim = (size_t)m->router->cols;
-  cpu_moe_buf_t b;
+  cpu_moe_buf_t b = {0};
   cpu__scratch_reserve(&ctx->moe_buf, &ctx->moe_cap, cpu__moe_carve(NULL, &b, n, k, E, (int)dim, ffn));
   cpu__moe_carve(ctx->moe_buf, &b, n, k, E, (int)dim, ffn);
   if ((rc = cpu__matmul(ctx, b.logits, m->router, NULL, x, n))) return rc;

@@ -257,7 +257,7 @@ static void bench_attn(double ceil_gbs) {
       int reps = 10;
       double ms = time_graph(key++, reps, [&] {
         for (int r = 0; r < reps; r++)
-          CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f));
+          CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f, 0));
       });
       double bytes = 2.0 * nb * ctx * n_kv * hd * 2;
       double gbs = bytes / (ms * 1e-3) / 1e9;
@@ -304,7 +304,7 @@ static void bench_prefill(void) {
       C->simt_prefill = simt;
       ms[simt] = time_graph(key++, reps, [&] {
         for (int r = 0; r < reps; r++)
-          CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f));
+          CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f, 0));
       });
     }
     C->simt_prefill = 0;

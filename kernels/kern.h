@@ -211,10 +211,12 @@ typedef struct {
 
   /* Causal attention of q (n_tokens, q_stride elements per token, n_heads of
    * head_dim) over each sequence's paged K/V (ctx_len tokens, the query
-   * token at position p sees positions <= p); GQA maps head h to KV head
-   * h / (n_heads / n_kv_heads). out (n_tokens, n_heads * head_dim). */
+   * token at position p sees positions <= p, and with window > 0 only the
+   * last `window` of them, p - window < position <= p: sliding-window
+   * attention as Mistral and Hugging Face define it); GQA maps head h to KV
+   * head h / (n_heads / n_kv_heads). out (n_tokens, n_heads * head_dim). */
   int (*attention)(void *ctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                   int n_heads, int head_dim, float scale);
+                   int n_heads, int head_dim, float scale, int window);
 
   /* out(n, d) = silu(gate) * up, where gate and up are (n, d) with row
    * stride `stride` elements (e.g. halves of one fused projection). */

@@ -409,9 +409,11 @@ static int hf_features(model_config_t *c, json_t *root, const hf_arch_t *a) {
   if (mlp_bias) return fr_errorf(FR_EUNSUPPORTED, "config.json: mlp_bias is not supported");
   /* Qwen gates the window with use_sliding_window; Mistral has no flag. */
   bool mistral = strcmp(a->hf_arch, "MistralForCausalLM") == 0;
-  if (use_sw || (mistral && !json_object_get(root, "use_sliding_window")))
-    return hf_int(root, "sliding_window", 0, CFG_MAX_CTX, &c->sliding_window);
-  return 0;
+  if (!use_sw && !(mistral && !json_object_get(root, "use_sliding_window"))) return 0;
+  rc = hf_int(root, "sliding_window", 0, CFG_MAX_CTX, &c->sliding_window);
+  /* Qwen2: layers below max_window_layers (default 28) attend to everything */
+  if (!rc && c->arch == MODEL_ARCH_QWEN2) rc = hf_int(root, "max_window_layers", 28, CFG_MAX_LAYERS, &c->swa_first_layer);
+  return rc;
 }
 
 /* mlp_only_layers: a list of layer indices in [0, n_layers). */

@@ -48,7 +48,8 @@ typedef struct {
   bool tied_embeddings;            /* no output.weight / lm_head.weight */
   bool attn_bias;                  /* q/k/v biases present (qwen2, llama attention_bias) */
   bool qk_norm;                    /* qwen3 per-head q/k norms */
-  int sliding_window;              /* 0 = off */
+  int sliding_window;              /* keys a query sees, itself included; 0 = off */
+  int swa_first_layer;             /* the window applies to layers >= this (Qwen2's max_window_layers) */
   int bos_id;                      /* -1 when the file names none */
   int n_eos;                       /* eos ids from the model file (0..8) */
   int eos_ids[8];                  /* config.json eos_token_id (int or list) / GGUF eos_token_id */

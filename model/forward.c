@@ -51,6 +51,11 @@ static int model__reduce(model_t *m, int n) {
   return rc;
 }
 
+/* Keys a query of layer il sees (itself included); 0: all before it. */
+static int model__window(const model_config_t *c, int il) {
+  return c->sliding_window > 0 && il >= c->swa_first_layer ? c->sliding_window : 0;
+}
+
 static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int n) {
   const kern_ops_t *op = m->be->ops;
   void *cx = m->be->ctx;
@@ -78,7 +83,8 @@ static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int 
     CALL(op->rope(cx, k, c->n_kv_heads, c->head_dim, ks, &m->rope));
     CALL(op->kv_append(cx, pool, il, k, ks, v, ks));
   }
-  CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim)));
+  CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
+                     model__window(c, il)));
   /* xn = att Wo: the residual add happens in the next add_rms_norm. */
   CALL(op->matmul(cx, m->xn, &L->wo, NULL, m->att, n));
   return model__reduce(m, n);

@@ -141,7 +141,7 @@ int cpu__rope(void *vctx, void *x, int n_heads, int head_dim, int row_stride, co
 int cpu__kv_append(void *vctx, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
                    int v_stride);
 int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                   int n_heads, int head_dim, float scale);
+                   int n_heads, int head_dim, float scale, int window);
 int cpu__silu_mul(void *vctx, void *out, const void *gate, const void *up, int n, int d, int stride);
 int cpu__moe_ffn(void *vctx, void *out, const void *x, int n, const kern_moe_t *moe);
 int cpu__add(void *vctx, void *out, const void *a, const void *b, size_t n);

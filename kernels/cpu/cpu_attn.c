@@ -2,8 +2,8 @@
  *
  * Work items are (token, head) pairs, taken from an atomic counter. A query
  * of sequence s at index i of its n_q new tokens sits at position
- * p = ctx_len - n_q + i and attends to keys 0..p, walked block by block
- * through the block table.
+ * p = ctx_len - n_q + i and attends to keys lo..p (lo = 0, or p - window + 1
+ * with a sliding window), walked block by block through the block table.
  *
  * Numerics follow llama.cpp's CPU attention (without flash attention), so
  * that greedy decoding agrees with it: scores in f32 over all keys, softmax
@@ -28,25 +28,23 @@ typedef struct {
   int block_size, n_kv_heads;
   bool f16;
   float scale;
+  int window;             /* 0, or the keys a query sees (itself included) */
   size_t scratch_stride; /* floats per thread */
   long n_items;
   atomic_long next;
 } cpu_attn_job_t;
 
 /* Scores of one block's keys for query qv: s[o] = scale * q.k, keys at
- * element (row0 + o) * kvd of kh (this head's K). Returns max s. */
-static float cpu__attn_scores(const cpu_attn_job_t *j, const uint8_t *kh, const float *qv, size_t row0, int n,
-                              float *s) {
+ * element (row0 + o) * kvd of kh (this head's K). */
+static void cpu__attn_scores(const cpu_attn_job_t *j, const uint8_t *kh, const float *qv, size_t row0, int n,
+                             float *s) {
   const cpu_isa_t *isa = j->ctx->isa;
   const size_t kvd = (size_t)j->n_kv_heads * (size_t)j->head_dim;
-  float m = -INFINITY;
   for (int o = 0; o < n; o++) {
     size_t e = (row0 + (size_t)o) * kvd;
     s[o] = j->scale * (j->f16 ? isa->dot_f16(j->head_dim, (const uint16_t *)kh + e, qv)
                               : isa->dot_f32(j->head_dim, (const float *)kh + e, qv));
-    m = fmaxf(m, s[o]);
   }
-  return m;
 }
 
 /* Rounds x to the nearest f16 value (what ggml's f16 vec_dot sees). */
@@ -70,19 +68,21 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   float *qv = scratch, *acc = scratch + hd, *sc = scratch + 2 * (size_t)hd; /* sc: (pos + 1) scores */
   const float *q = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
   for (int d = 0; d < hd; d++) qv[d] = j->f16 ? cpu__round_f16(q[d]) : q[d];
-  float m = -INFINITY;
-  for (int b = 0; b * j->block_size <= pos; b++) {
+  const int lo = j->window > 0 ? FR_MAX(pos - j->window + 1, 0) : 0;
+  for (int b = lo / j->block_size; b * j->block_size <= pos; b++) {
     const int n = FR_MIN(j->block_size, pos + 1 - b * j->block_size);
-    m = fmaxf(m, cpu__attn_scores(j, kh, qv, (size_t)bt[b] * (size_t)j->block_size, n, sc + b * j->block_size));
+    cpu__attn_scores(j, kh, qv, (size_t)bt[b] * (size_t)j->block_size, n, sc + b * j->block_size);
   }
+  float m = -INFINITY;
+  for (int i = lo; i <= pos; i++) m = fmaxf(m, sc[i]);
   double sum = 0;
-  for (int i = 0; i <= pos; i++) {
+  for (int i = lo; i <= pos; i++) {
     sc[i] = expf(sc[i] - m);
     sum += sc[i];
   }
   const float inv = (float)(1.0 / sum);
   memset(acc, 0, (size_t)hd * sizeof(float));
-  for (int i = 0; i <= pos; i++) {
+  for (int i = lo; i <= pos; i++) {
     const float p = j->f16 ? cpu__round_f16(sc[i] * inv) : sc[i] * inv;
     const size_t e = ((size_t)bt[i / j->block_size] * (size_t)j->block_size + (size_t)(i % j->block_size)) * kvd +
                      kvh * (size_t)hd;
@@ -117,7 +117,7 @@ static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *
 }
 
 int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                   int n_heads, int head_dim, float scale) {
+                   int n_heads, int head_dim, float scale, int window) {
   cpu_ctx_t *ctx = vctx;
   const kern_kv_config_t *c = &pool->cfg;
   if (layer < 0 || layer >= c->n_layers || head_dim != c->head_dim || n_heads <= 0 || n_heads % c->n_kv_heads ||
@@ -128,7 +128,8 @@ int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const ker
   if (rc) return rc;
   cpu_attn_job_t j = {.ctx = ctx, .out = out, .q = q, .q_stride = q_stride, .n_heads = n_heads,
                       .head_dim = head_dim, .group = n_heads / c->n_kv_heads, .block_size = c->block_size,
-                      .n_kv_heads = c->n_kv_heads, .f16 = c->type == KERN_F16, .scale = scale};
+                      .n_kv_heads = c->n_kv_heads, .f16 = c->type == KERN_F16, .scale = scale,
+                      .window = FR_MAX(window, 0)};
   j.kb = (const uint8_t *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   j.vb = j.kb + pool->layer_bytes;
   int max_ctx = 0;

@@ -312,7 +312,7 @@ int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows);
 int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
 int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                   int n_heads, int head_dim, float scale);
+                   int n_heads, int head_dim, float scale, int window);
 /* Raises the shared-memory limit of the tensor-core prefill kernels (at create). */
 int kcu__attn_init(kcu_ctx_t *c);
 /* Decode split count for a step shape; the partials buffer is sized from it. */

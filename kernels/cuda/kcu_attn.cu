@@ -133,7 +133,7 @@ template <typename T, int HD, int GM, bool PIPE>
 __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC_CTAS)
     kcu_attn_decode_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
-                      int n_kv, int G, float scale, int min_chunk, float *part, int32_t *cnt) {
+                      int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt) {
   kcu_pdl_enter();
   constexpr int L = HD / 8, TPW = KCU_WARP / L, NW = KCU_DEC_WARPS;
   __shared__ float sm_a[GM][HD];
@@ -143,14 +143,15 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
   const int max_blocks = hdr[2];
   const int t = q_start[s];
   if (q_start[s + 1] - t != 1) return;
-  /* the query sits at cache index ctx_len - 1 and sees the whole context */
-  const int end = max(min(ctx_len[s], max_blocks * bs), 0);
+  /* the query sits at cache index ctx_len - 1 and sees the whole context,
+   * or its last `window` tokens */
+  const int end = max(min(ctx_len[s], max_blocks * bs), 0), lo = window > 0 ? max(end - window, 0) : 0;
   /* at least min_chunk tokens a split: short contexts use few of the
    * splits, and the merge reads only those */
-  int chunk = max((end + n_splits - 1) / n_splits, min_chunk);
+  int chunk = max((end - lo + n_splits - 1) / n_splits, min_chunk);
   chunk = (chunk + 15) & ~15;
-  const int n_used = (end + chunk - 1) / chunk;
-  const int start = split * chunk, stop = min(end, start + chunk);
+  const int n_used = (end - lo + chunk - 1) / chunk;
+  const int start = lo + split * chunk, stop = min(end, start + chunk);
   const int row_elems = n_kv * HD, head_off = kvh * HD + sub * 8;
   const int32_t *bt = bts + (size_t)s * max_blocks;
 
@@ -325,7 +326,7 @@ int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int
 
 template <typename T, int HD, int GM>
 static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
-                             const kern_kv_config_t *cf, int G, float scale) {
+                             const kern_kv_config_t *cf, int G, float scale, int window) {
   int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
   int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
   int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads, n_heads, HD, sp);
@@ -335,21 +336,21 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   if ((long long)sp * cf->n_kv_heads * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm)
     KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
-               c->dec_chunk, c->attn_part, c->attn_cnt);
+               window, c->dec_chunk, c->attn_part, c->attn_cnt);
   else
     KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
-               c->dec_chunk, c->attn_part, c->attn_cnt);
+               window, c->dec_chunk, c->attn_part, c->attn_cnt);
   return 0;
 }
 
 template <typename T, int HD>
 static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
-                        const kern_kv_config_t *cf, int G, float scale) {
-  if (G <= 1) return kcu_decode_launch<T, HD, 1>(c, out, q, q_stride, kc, vc, cf, G, scale);
-  if (G <= 2) return kcu_decode_launch<T, HD, 2>(c, out, q, q_stride, kc, vc, cf, G, scale);
-  if (G <= 4) return kcu_decode_launch<T, HD, 4>(c, out, q, q_stride, kc, vc, cf, G, scale);
-  return kcu_decode_launch<T, HD, 8>(c, out, q, q_stride, kc, vc, cf, G, scale);
+                        const kern_kv_config_t *cf, int G, float scale, int window) {
+  if (G <= 1) return kcu_decode_launch<T, HD, 1>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
+  if (G <= 2) return kcu_decode_launch<T, HD, 2>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
+  if (G <= 4) return kcu_decode_launch<T, HD, 4>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
+  return kcu_decode_launch<T, HD, 8>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
 }
 
 /* ---- prefill -------------------------------------------------------------------------------- */
@@ -360,7 +361,7 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(KCU_PF_NT)
     kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                        const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, const int32_t *seq_map,
-                       int bs, int n_blocks, int n_kv, int G, float scale) {
+                       int bs, int n_blocks, int n_kv, int G, float scale, int window) {
   kcu_pdl_enter();
   constexpr int NC = HD / (8 * KCU_PF_TPQ); /* chunks of 8 per thread */
   __shared__ uint4 sk[KCU_PF_BN][HD / 8], sv[KCU_PF_BN][HD / 8];
@@ -396,7 +397,9 @@ __global__ void __launch_bounds__(KCU_PF_NT)
       for (int i = 0; i < 8; i++) qr[c][i] *= scale;
     }
   }
-  for (int kb = 0; kb < kv_end; kb += KCU_PF_BN) {
+  /* with a window, the tile's first query sees nothing before kb0 */
+  const int kb0 = window > 0 ? max(ctx_len[s] - qn + tile - window + 1, 0) / KCU_PF_BN * KCU_PF_BN : 0;
+  for (int kb = kb0; kb < kv_end; kb += KCU_PF_BN) {
     __syncthreads();
     kcu_kv_tile_load<HD, KCU_PF_BN, KCU_PF_NT>(&sk[0][0], &sv[0][0], kc, vc, bt, kb, kv_end, bs, n_blocks, row_elems,
                                                kvh * HD);
@@ -413,7 +416,7 @@ __global__ void __launch_bounds__(KCU_PF_NT)
       }
 #pragma unroll
       for (int o = 1; o < KCU_PF_TPQ; o <<= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-      if (kb + r <= pos) {
+      if (kb + r <= pos && (window <= 0 || kb + r > pos - window)) {
         if (sc > m) {
           float corr = __expf(m - sc);
           l *= corr;
@@ -571,11 +574,13 @@ __device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], ui
 }
 
 /* The causal mask and the online softmax of one tile: rows g and g + 8 of
- * the warp (qpos: their cache indices), keys kb + column. Rescales o and
- * l by the change of the running max; leaves P (unnormalized) in sc. */
+ * the warp see keys qlo[r]..qpos[r] (their window; qpos: their cache
+ * indices), keys kb + column. Rescales o and l by the change of the running
+ * max; leaves P (unnormalized) in sc. */
 template <int HD>
 __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], float *m, float *l, int kb, int kv_end,
-                                               const int *qpos, float scale_log2, bool mask, int lane) {
+                                               const int *qpos, const int *qlo, float scale_log2, bool mask,
+                                               int lane) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
   for (int n = 0; n < KCU_FA_BN / 8; n++)
@@ -583,7 +588,7 @@ __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], fl
     for (int e = 0; e < 4; e++) {
       const int r = e >> 1, j = kb + n * 8 + 2 * (lane & 3) + (e & 1);
       float v = sc[n][e] * scale_log2;
-      if (mask && (j > qpos[r] || j >= kv_end)) v = -INFINITY;
+      if (mask && (j > qpos[r] || j < qlo[r] || j >= kv_end)) v = -INFINITY;
       sc[n][e] = v;
       mx[r] = fmaxf(mx[r], v);
     }
@@ -611,7 +616,8 @@ template <typename T, int HD>
 __global__ void __launch_bounds__(KCU_FA_NT)
     kcu_attn_prefill_mma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts,
-                           const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale) {
+                           const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale,
+                           int window) {
   kcu_pdl_enter();
   extern __shared__ __align__(128) unsigned char smem[];
   const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem);
@@ -625,8 +631,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
   const int32_t *bt = bts + (size_t)s * max_blocks;
   const int row_elems = n_kv * HD;
-  /* the last query of the tile sees the most keys */
+  /* the last query of the tile sees the most keys; with a window the first
+   * sees nothing before kb0 */
   const int kv_end = min(ctx, ctx - qn + min(tile + KCU_FA_BM, qn));
+  const int kb0 = window > 0 ? max(ctx - qn + tile - window + 1, 0) / KCU_FA_BN * KCU_FA_BN : 0;
 
   /* Q tile (zeros past the sequence), then the first K/V tile */
   for (int i = threadIdx.x; i < KCU_FA_BM * (HD / 8); i += KCU_FA_NT) {
@@ -635,12 +643,13 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     const T *src = q + (size_t)(q0 + (ok ? tile + r : 0)) * q_stride + (size_t)h * HD + ch * 8;
     kcu_cp_async16(sq + kcu_fa_off<HD>(r, ch), src, ok);
   }
-  if (kv_end > 0) kcu_fa_load_kv<HD>(skv, skv + TILE, kc, vc, bt, 0, kv_end, bs, n_blocks, row_elems, kvh * HD);
+  if (kb0 < kv_end) kcu_fa_load_kv<HD>(skv, skv + TILE, kc, vc, bt, kb0, kv_end, bs, n_blocks, row_elems, kvh * HD);
   kcu_cp_commit();
 
   const int g = lane >> 2, row0 = warp * 16;
   /* cache indices of the lane's two rows: the new tokens are the last qn of the context */
   const int qpos[2] = {ctx - qn + tile + row0 + g, ctx - qn + tile + row0 + g + 8};
+  const int qlo[2] = {window > 0 ? qpos[0] - window + 1 : 0, window > 0 ? qpos[1] - window + 1 : 0};
   const int qpos_min = ctx - qn + tile; /* the CTA's first query */
   const float scale_log2 = scale * 1.4426950408889634f;
   float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
@@ -648,21 +657,21 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   uint32_t qf[HD / 16][4];
 
-  for (int kb = 0, b = 0; kb < kv_end; kb += KCU_FA_BN, b ^= 1) {
+  for (int kb = kb0, b = 0; kb < kv_end; kb += KCU_FA_BN, b ^= 1) {
     if (kb + KCU_FA_BN < kv_end) /* the next tile into the other buffer */
       kcu_fa_load_kv<HD>(skv + 2 * (b ^ 1) * TILE, skv + (2 * (b ^ 1) + 1) * TILE, kc, vc, bt, kb + KCU_FA_BN, kv_end,
                          bs, n_blocks, row_elems, kvh * HD);
     kcu_cp_commit();
     kcu_cp_wait<1>();
     __syncthreads();
-    if (kb == 0)
+    if (kb == kb0)
 #pragma unroll
       for (int k = 0; k < HD / 16; k++)
         kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(row0 + (lane & 15), 2 * k + (lane >> 4)));
     float sc[KCU_FA_BN / 8][4];
     kcu_fa_qk<T, HD>(sc, qf, skv + 2 * b * TILE, lane);
-    const bool mask = kb + KCU_FA_BN > qpos_min + 1 || kb + KCU_FA_BN > kv_end;
-    kcu_fa_softmax<HD>(sc, o, m, l, kb, kv_end, qpos, scale_log2, mask, lane);
+    const bool mask = window > 0 || kb + KCU_FA_BN > qpos_min + 1 || kb + KCU_FA_BN > kv_end;
+    kcu_fa_softmax<HD>(sc, o, m, l, kb, kv_end, qpos, qlo, scale_log2, mask, lane);
     kcu_fa_pv<T, HD>(o, sc, skv + (2 * b + 1) * TILE, lane);
     __syncthreads(); /* the buffer is loaded again two tiles on */
   }
@@ -685,18 +694,20 @@ __global__ void __launch_bounds__(KCU_FA_NT)
  * when seq_map is NULL. */
 template <typename T, int HD>
 static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
-                       const kern_kv_config_t *cf, int n_heads, int G, float scale, const int32_t *seq_map, int n) {
+                       const kern_kv_config_t *cf, int n_heads, int G, float scale, int window,
+                       const int32_t *seq_map, int n) {
   if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
     dim3 grid(kcu_div_up(c->max_q, KCU_FA_BM), n_heads, n);
     KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD>, grid, KCU_FA_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks,
-               cf->n_kv_heads, G, scale);
+               cf->n_kv_heads, G, scale, window);
     return 0;
   }
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, n);
   KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, KCU_PF_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
-             c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale);
+             c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
+             window);
   return 0;
 }
 
@@ -708,18 +719,18 @@ static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *
  * into a 64-query tile with one live row. */
 template <typename T, int HD>
 static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                       int n_heads, float scale) {
+                       int n_heads, float scale, int window) {
   const kern_kv_config_t *cf = &pool->cfg;
   const char *kb = (const char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   const T *kc = (const T *)kb, *vc = (const T *)(kb + pool->layer_bytes);
   int G = n_heads / cf->n_kv_heads;
   if (G > KCU_MAX_GROUP || c->n_single == 0) {
     if (c->max_q == 0) return 0;
-    return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, NULL, c->n_seqs);
+    return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, window, NULL, c->n_seqs);
   }
-  int rc = kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale);
+  int rc = kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
   if (rc || c->n_pf == 0) return rc;
-  return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, c->dm.pf_seqs, c->n_pf);
+  return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, window, c->dm.pf_seqs, c->n_pf);
 }
 
 template <typename T, int HD> static int kcu_fa_attr(void) {
@@ -741,7 +752,7 @@ int kcu__attn_init(kcu_ctx_t *c) {
 }
 
 int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                   int n_heads, int head_dim, float scale) {
+                   int n_heads, int head_dim, float scale, int window) {
   const kern_kv_config_t *cf = &pool->cfg;
   if (head_dim != cf->head_dim || n_heads <= 0 || n_heads % cf->n_kv_heads)
     return fr_errorf(FR_EFORMAT, "cuda: attention: %d heads of %d over %d KV heads of %d", n_heads, head_dim,
@@ -751,10 +762,13 @@ int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const k
   if (c->n_seqs == 0 || c->n_tokens == 0) return 0;
   if (c->n_seqs > 65535 || n_heads > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: attention: grid too large");
   int rc = FR_EUNSUPPORTED;
+  window = window > 0 ? window : 0;
   KCU_ACT_DISPATCH(c, {
-    if (head_dim == 64) rc = kcu_attn_hd<T, 64>(c, (T *)out, (const T *)q, q_stride, pool, layer, n_heads, scale);
-    else if (head_dim == 128) rc = kcu_attn_hd<T, 128>(c, (T *)out, (const T *)q, q_stride, pool, layer, n_heads, scale);
-    else if (head_dim == 256) rc = kcu_attn_hd<T, 256>(c, (T *)out, (const T *)q, q_stride, pool, layer, n_heads, scale);
+    T *o = (T *)out;
+    const T *qt = (const T *)q;
+    if (head_dim == 64) rc = kcu_attn_hd<T, 64>(c, o, qt, q_stride, pool, layer, n_heads, scale, window);
+    else if (head_dim == 128) rc = kcu_attn_hd<T, 128>(c, o, qt, q_stride, pool, layer, n_heads, scale, window);
+    else if (head_dim == 256) rc = kcu_attn_hd<T, 256>(c, o, qt, q_stride, pool, layer, n_heads, scale, window);
     else rc = fr_errorf(FR_EUNSUPPORTED, "cuda: attention: head_dim %d (supported: 64, 128, 256)", head_dim);
   });
   return rc;

@@ -336,9 +336,9 @@ static int kcu_rope_kv_append(void *ctx, kern_kv_pool_t *pool, int layer, void *
 }
 
 static int kcu_attention(void *ctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
-                         int n_heads, int head_dim, float scale) {
+                         int n_heads, int head_dim, float scale, int window) {
   if (layer < 0 || layer >= pool->cfg.n_layers) return fr_errorf(FR_EFORMAT, "cuda: attention: bad layer %d", layer);
-  return kcu__attention((kcu_ctx_t *)ctx, out, q, q_stride, pool, layer, n_heads, head_dim, scale);
+  return kcu__attention((kcu_ctx_t *)ctx, out, q, q_stride, pool, layer, n_heads, head_dim, scale, window);
 }
 
 static int kcu_silu_mul(void *ctx, void *out, const void *gate, const void *up, int n, int d, int stride) {

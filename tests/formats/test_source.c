@@ -399,7 +399,11 @@ START_TEST(hf_config_fields) {
   ck_assert_int_eq(c.bos_id, -1);
   ck_assert_int_eq(hf_cfg(&c, HF_Q2 "\"use_sliding_window\":true,\"sliding_window\":4096}"), 0);
   ck_assert_int_eq(c.sliding_window, 4096);
+  ck_assert_int_eq(c.swa_first_layer, 28); /* Qwen2's max_window_layers default: layers 28.. use the window */
   ck_assert(!c.tied_embeddings); /* transformers' default */
+  ck_assert_int_eq(hf_cfg(&c, HF_Q2 "\"use_sliding_window\":true,\"sliding_window\":4096,"
+                                    "\"max_window_layers\":1}"), 0);
+  ck_assert_int_eq(c.swa_first_layer, 1);
   /* Qwen3: explicit head_dim, q/k norms, attention_bias false */
   ck_assert_int_eq(hf_cfg(&c, "{\"architectures\":[\"Qwen3ForCausalLM\"],\"hidden_size\":1024,"
                               "\"intermediate_size\":3072,\"num_hidden_layers\":28,\"num_attention_heads\":16,"
@@ -415,6 +419,7 @@ START_TEST(hf_config_fields) {
                               "\"vocab_size\":100,\"sliding_window\":4096}"), 0);
   ck_assert_int_eq(c.arch, MODEL_ARCH_LLAMA);
   ck_assert_int_eq(c.sliding_window, 4096);
+  ck_assert_int_eq(c.swa_first_layer, 0); /* every layer */
   ck_assert_int_eq(c.n_kv_heads, 4);
   ck_assert_int_eq(hf_cfg(&c, "{" HF_BASE ",\"intermediate_size\":96,\"sliding_window\":4096,\"head_dim\":null}"), 0);
   ck_assert_int_eq(c.sliding_window, 0);

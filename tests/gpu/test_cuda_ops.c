@@ -532,14 +532,15 @@ static void append_random(kvenv_t *e, int nt, int layer) {
   pair_free(&v);
 }
 
-/* Runs attention of the step's tokens in both backends and compares. */
-static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, const char *what) {
+/* Runs attention of the step's tokens in both backends (window: keys a
+ * query sees, 0 all) and compares. */
+static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, int window, const char *what) {
   int hd = e->cfg.head_dim, qs = n_heads * hd + 8 * (n_heads % 2); /* odd head counts get a padded stride */
   pair_t q = pair_rand((size_t)nt * qs, 1.f), o = pair_rand((size_t)nt * n_heads * hd, 1.f);
   poison(o.g, (size_t)nt * n_heads * hd);
   float scale = 1.f / sqrtf((float)hd);
-  ck_assert_int_eq(cpu->ops->attention(cpu->ctx, o.c, q.c, qs, &e->pc, layer, n_heads, hd, scale), 0);
-  int rc = gpu->ops->attention(gpu->ctx, o.g, q.g, qs, &e->pg, layer, n_heads, hd, scale);
+  ck_assert_int_eq(cpu->ops->attention(cpu->ctx, o.c, q.c, qs, &e->pc, layer, n_heads, hd, scale, window), 0);
+  int rc = gpu->ops->attention(gpu->ctx, o.g, q.g, qs, &e->pg, layer, n_heads, hd, scale, window);
   ck_assert_msg(rc == 0, "attention: %s", fr_last_error());
   double err = cmp_pair(&o, (size_t)nt * n_heads * hd, what);
   pair_free(&q);
@@ -571,7 +572,7 @@ START_TEST(test_attention_prefill) {
   append_random(&e, nt, 1);
   char what[96];
   snprintf(what, sizeof what, "prefill%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   free_step(bufs);
   /* step 2: chunked prefill over the cached prefix; the last sequence has
    * no new tokens this step */
@@ -581,7 +582,11 @@ START_TEST(test_attention_prefill) {
   append_random(&e, nt, 1);
   snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1],
            hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
+  for (int w = 40; w <= 100; w += 60) { /* sliding windows: tiles before the window skipped, edges masked */
+    snprintf(what, sizeof what, "window %d%s kv=%d g=%d hd=%d", w, _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+    ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, w, what), TOL_ACT);
+  }
   free_step(bufs);
   /* step 3: a mixed step, decodes beside one prefill chunk (the decode
    * kernel takes the one-token sequences, the prefill kernel the chunk) */
@@ -590,7 +595,9 @@ START_TEST(test_attention_prefill) {
   step_both(&s);
   append_random(&e, nt, 1);
   snprintf(what, sizeof what, "mixed%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, what), TOL_ACT);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
+  snprintf(what, sizeof what, "mixed, window 50%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 50, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
 }
@@ -618,7 +625,9 @@ START_TEST(test_attention_decode) {
   append_random(&e, nt, 0);
   char what[96];
   snprintf(what, sizeof what, "decode 4.5k kv=%d g=%d hd=%d", n_kv, sh[1], hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, what), TOL_ACT);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 0, what), TOL_ACT);
+  snprintf(what, sizeof what, "decode 4.5k, window 1000 kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 1000, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
 }
@@ -731,7 +740,7 @@ static void mini_forward(mini_t *m, kvenv_t *e, int n) {
   ck_assert_int_eq(op->rope(c, m->qkv, m->n_heads + m->n_kv, m->hd, qkv_rows, &r), 0);
   uint16_t *k = (uint16_t *)m->qkv + m->n_heads * m->hd, *v = k + m->n_kv * m->hd;
   ck_assert_int_eq(op->kv_append(c, &e->pg, 0, k, qkv_rows, v, qkv_rows), 0);
-  ck_assert_int_eq(op->attention(c, m->att, m->qkv, qkv_rows, &e->pg, 0, m->n_heads, m->hd, 0.125f), 0);
+  ck_assert_int_eq(op->attention(c, m->att, m->qkv, qkv_rows, &e->pg, 0, m->n_heads, m->hd, 0.125f, 0), 0);
   ck_assert_int_eq(op->matmul(c, m->o, &m->wo.g, NULL, m->att, n), 0);
   ck_assert_int_eq(op->add_rms_norm(c, m->h, m->x, m->o, &m->norm.g, n, m->dim, 1e-5f), 0);
   ck_assert_int_eq(op->silu_mul(c, m->o, m->h, m->x, n, m->dim, m->dim), 0);
@@ -1115,12 +1124,12 @@ START_TEST(test_f16_mode) {
   int nt = build_step(&e, z, n, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 0);
-  ck_assert_double_lt(attn_compare(&e, nt, 0, 8, "f16 prefill"), TOL_ACT);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, 8, 0, "f16 prefill"), TOL_ACT);
   free_step(bufs);
   nt = build_step(&e, n, one, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 0);
-  ck_assert_double_lt(attn_compare(&e, nt, 0, 8, "f16 decode"), TOL_ACT);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, 8, 0, "f16 decode"), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
 }

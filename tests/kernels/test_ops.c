@@ -528,7 +528,8 @@ static const struct {
 } kSeqs[] = {{1, 37}, {7, 27}, {9, 9}, {1, 0}, {3, 48}, {2, 2}};
 #define N_SEQS ((int)(sizeof kSeqs / sizeof kSeqs[0]))
 
-static void check_attention(kern_backend_t *b, kern_type_t kv_type, int hd) {
+/* window: keys a query sees (itself included), 0 all. */
+static void check_attention(kern_backend_t *b, kern_type_t kv_type, int hd, int window) {
   const int nh = 6, nkv = 2, bs = 16, layer = 1, max_blocks = 4;
   kern_kv_config_t cfg = {.n_layers = 2, .n_kv_heads = nkv, .head_dim = hd, .block_size = bs, .n_blocks = 40,
                           .type = kv_type};
@@ -579,35 +580,37 @@ static void check_attention(kern_backend_t *b, kern_type_t kv_type, int hd) {
     if (kSeqs[q].ctx == 0) continue; /* padding: zeros */
     for (int i = 0; i < kSeqs[q].n_q; i++) {
       int t = s.q_start[q] + i, pos = kSeqs[q].ctx - kSeqs[q].n_q + i;
+      int lo = window > 0 && pos - window + 1 > 0 ? pos - window + 1 : 0;
       for (int h = 0; h < nh; h++) {
         int kh = h / (nh / nkv);
         double mx = -INFINITY, sum = 0;
-        for (int p = 0; p <= pos; p++) {
+        for (int p = lo; p <= pos; p++) {
           double d = 0;
           for (int e = 0; e < hd; e++) d += (double)qv[(size_t)t * qstride + h * hd + e] * K[((size_t)q * 64 + p) * kvd + kh * hd + e];
           sc[p] = d * scale;
           mx = fmax(mx, sc[p]);
         }
-        for (int p = 0; p <= pos; p++) sum += (sc[p] = exp(sc[p] - mx));
-        for (int p = 0; p <= pos; p++)
+        for (int p = lo; p <= pos; p++) sum += (sc[p] = exp(sc[p] - mx));
+        for (int p = lo; p <= pos; p++)
           for (int e = 0; e < hd; e++)
             ref[((size_t)t * nh + h) * hd + e] += sc[p] / sum * V[((size_t)q * 64 + p) * kvd + kh * hd + e];
       }
     }
   }
   poison(out, (size_t)s.n_tokens * nh * hd);
-  ck_assert_int_eq(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale), 0);
+  ck_assert_int_eq(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale, window), 0);
   /* With an f16 pool the backend may round q and the probabilities to f16
    * before the dots, as llama.cpp's non-flash attention does (~2e-4). */
   double e = nerr(out, ref, (size_t)s.n_tokens * nh * hd), tol = kv_type == KERN_F16 ? 5e-4 : 1e-5;
-  ck_assert_msg(e < tol, "attention %s hd %d: normalized error %g", kern_type_traits(kv_type)->name, hd, e);
+  ck_assert_msg(e < tol, "attention %s hd %d window %d: normalized error %g", kern_type_traits(kv_type)->name, hd,
+                window, e);
   for (int h = 0; h < nh * hd; h++) ck_assert_float_eq(out[(size_t)s.q_start[3] * nh * hd + h], 0.0f);
   /* a block id outside the pool is an error */
   s.bt[1] = 40;
   st = step_of(&s);
   ck_assert_int_eq(b->ops->step_begin(b->ctx, &st), 0);
-  ck_assert_int_lt(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale), 0);
-  ck_assert_int_lt(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, 5, hd, scale), 0); /* 5 % 2 */
+  ck_assert_int_lt(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, nh, hd, scale, window), 0);
+  ck_assert_int_lt(b->ops->attention(b->ctx, out, qv, qstride, &pool, layer, 5, hd, scale, window), 0); /* 5 % 2 */
   b->ops->kv_pool_deinit(b->ctx, &pool);
   free(K), free(V), free(qv), free(out), free(ref);
 }
@@ -615,10 +618,12 @@ static void check_attention(kern_backend_t *b, kern_type_t kv_type, int hd) {
 START_TEST(test_attention) {
   kern_backend_t *b = backend_for(_i);
   if (!b) return;
-  check_attention(b, KERN_F32, 64);
-  check_attention(b, KERN_F16, 64);
-  check_attention(b, KERN_F32, 40);
-  check_attention(b, KERN_F16, 40);
+  check_attention(b, KERN_F32, 64, 0);
+  check_attention(b, KERN_F16, 64, 0);
+  check_attention(b, KERN_F32, 40, 0);
+  check_attention(b, KERN_F16, 40, 0);
+  check_attention(b, KERN_F32, 64, 5); /* sliding windows: shorter than most contexts, and one block's width */
+  check_attention(b, KERN_F16, 40, 16);
   kern_backend_destroy(b);
 }
 END_TEST

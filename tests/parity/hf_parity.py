@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """GPU whole-model parity with Hugging Face transformers + PyTorch.
 
-Builds small llama / qwen2 / qwen3 models with random weights (real
+Builds small llama / qwen2 / qwen3 / mistral (a sliding window of 16
+tokens) models with random weights (real
 architectures, scaled so logits are not flat), saves them as bf16
 safetensors with config.json, runs transformers on the GPU (fp32 reference
 and bf16) and ferrum's run_model on --device cuda (and cpu), and compares:
@@ -18,8 +19,8 @@ import subprocess
 import sys
 
 import torch
-from transformers import (LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config,
-                          Qwen3ForCausalLM)
+from transformers import (LlamaConfig, LlamaForCausalLM, MistralConfig, MistralForCausalLM, Qwen2Config,
+                          Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM)
 
 N_GREEDY = 32
 
@@ -37,6 +38,9 @@ def configs():
                                                  rope_theta=1000000.0)),
         "qwen3": (Qwen3ForCausalLM, Qwen3Config(**{**common, "tie_word_embeddings": True}, num_attention_heads=8,
                                                  num_key_value_heads=4, head_dim=128, rope_theta=1000000.0)),
+        # a sliding window shorter than the 48-token prompt: prefill and decode both cut the context
+        "mistral": (MistralForCausalLM, MistralConfig(**common, num_attention_heads=8, num_key_value_heads=2,
+                                                       rope_theta=10000.0, sliding_window=16)),
     }
 
 

@@ -75,12 +75,12 @@ START_TEST(detect_names_and_unknown) {
   ck_assert_int_eq(model_chat_detect("chatml"), MODEL_CHAT_CHATML);
   ck_assert_str_eq(model_chat_kind_name(MODEL_CHAT_QWEN3), "qwen3");
   ck_assert_str_eq(model_chat_kind_name((model_chat_kind_t)99), "unknown");
-  model_chat_msg_t m = {"user", "hi"};
+  model_chat_msg_t m = {"user", "hi", NULL};
   char *out = (char *)1;
   ck_assert_int_eq(model_chat_render(MODEL_CHAT_UNKNOWN, &m, 1, NULL, &out), FR_EUNSUPPORTED);
   ck_assert_ptr_null(out);
   ck_assert_int_ne(model_chat_render(MODEL_CHAT_CHATML, &m, 0, NULL, &out), 0);
-  model_chat_msg_t tool[] = {{"user", "q"}, {"tool", "r"}};
+  model_chat_msg_t tool[] = {{"user", "q", NULL}, {"tool", "r", NULL}};
   ck_assert_int_eq(model_chat_render(MODEL_CHAT_QWEN3, tool, 2, NULL, &out), FR_EUNSUPPORTED);
   /* NULL bos: nothing written in its place */
   ck_assert_int_eq(model_chat_render(MODEL_CHAT_LLAMA3, &m, 1, NULL, &out), 0);

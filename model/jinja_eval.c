@@ -220,9 +220,10 @@ static jinja_value_t *arith(jinja_ctx_t *c, int op, jinja_value_t *a, jinja_valu
   if (a->type == JV_UNDEF) undefined_error(c, a);
   if (b->type == JV_UNDEF) undefined_error(c, b);
   if (op == JOP_ADD && a->type == JV_STR && b->type == JV_STR) {
-    jinja_value_t *s = jinja_str(&c->ar, a->s.p, a->s.n + b->s.n);
-    memcpy((char *)s->s.p + a->s.n, b->s.p, b->s.n);
-    return s;
+    jinja_buf_t s = {0};
+    jinja_buf_put(&c->ar, &s, a->s.p, a->s.n);
+    jinja_buf_put(&c->ar, &s, b->s.p, b->s.n);
+    return jinja_str(&c->ar, s.p ? s.p : "", s.n);
   }
   if (op == JOP_ADD && a->type == JV_LIST && b->type == JV_LIST) return concat_lists(c, a, b);
   if (op == JOP_MUL && (a->type == JV_STR || a->type == JV_LIST) && b->type == JV_INT) return repeat(c, a, b->i);

@@ -78,7 +78,6 @@ static int coord__tokenizer(coord_t *c) {
   else rc = fr_errorf(FR_EUNSUPPORTED, "%s has no tokenizer", c->model_path);
   if (rc) return rc;
   if (c->cfg.chat_template && (rc = coord__chat_template(c))) return rc;
-  c->chat = model_chat_detect(model_tokenizer_chat_template(c->tok));
   c->vocab = c->src->config.vocab_size;
   c->n_layers = c->src->config.n_layers;
   return 0;

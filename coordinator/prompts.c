@@ -97,7 +97,7 @@ static void *coord__prompts_thread(void *arg) {
 
 int coord__prompts_init(coord_t *c) {
   coord_prompts_t *p = &c->prompts;
-  *p = (coord_prompts_t){.tok = c->tok, .chat = c->chat, .efd = -1};
+  *p = (coord_prompts_t){.tok = c->tok, .efd = -1};
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (p->efd < 0) return fr_errorf(-errno, "eventfd: %s", strerror(errno));
   pthread_mutex_init(&p->mu, NULL);

@@ -163,7 +163,6 @@ struct coord_http {
   uint32_t max_model_len;
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
-  int chat;                    /* model_chat_kind_t of tok's template (http_tokenize.c) */
   int port;
   unsigned timeout_s;          /* MHD's idle timeout (not counted while a request waits: suspended) */
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */

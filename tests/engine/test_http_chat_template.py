@@ -75,13 +75,15 @@ class ChatTemplate(unittest.TestCase):
 
 
 def setUpModule():
-    fd, path = tempfile.mkstemp(suffix=".jinja")
-    with os.fdopen(fd, "w") as f:
+    tmp = tempfile.mkdtemp(prefix="ferrum-chat-template-")
+    path = os.path.join(tmp, "template.jinja")
+    with open(path, "w") as f:
         f.write(TEMPLATE)
     base.port = base.free_port()
     base.srv = subprocess.Popen([base.FERRUMCTL, "serve", "--model", base.MODEL, "--host", "127.0.0.1", "--port",
                                  str(base.port), "--api-key", base.KEY, "--served-model-name", base.NAME,
-                                 "--max-model-len", "512", "--threads", "2", "--chat-template", path],
+                                 "--max-model-len", "512", "--threads", "2", "--chat-template", path,
+                                 "--rpc", "ipc://%s/rpc.sock" % tmp],  # its own endpoint: other servers may run
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.time() + 120
     while time.time() < deadline:

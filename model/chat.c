@@ -330,6 +330,8 @@ static int chat_vars(const model_tokenizer_t *tok, const model_chat_t *chat, jso
   json_object_set_new(v, "bos_token", json_string(bos));
   json_object_set_new(v, "eos_token", json_string(eos));
   json_object_set_new(v, "add_generation_prompt", json_true());
+  if (!json_object_get(v, "tools")) json_object_set_new(v, "tools", json_null()); /* as transformers: tools=None */
+  if (!json_object_get(v, "documents")) json_object_set_new(v, "documents", json_null());
   free(bos);
   free(eos);
   *out = v;

@@ -461,6 +461,7 @@ static jinja_value_t *filter_seq(jinja_ctx_t *c, const char *f, jinja_value_t *v
       bool seen = false;
       for (size_t k = 0; k < r->l.n && !seen; k++) seen = jinja_equal(r->l.items[k], l->l.items[i]);
       if (!seen) r->l.items[r->l.n++] = l->l.items[i];
+      c->steps += r->l.n / 32;
       jinja_step(c);
     }
     return r;

@@ -23,6 +23,23 @@ void jinja_step(jinja_ctx_t *c) {
   if (++c->steps > c->max_steps) jinja_fail(&c->err, FR_ETOOBIG, "template rendering takes more than %zu steps", c->max_steps);
 }
 
+/* A scan of n entries costs n/32 steps, so big dicts cannot make small
+ * templates slow. */
+static void charge(jinja_ctx_t *c, size_t n) {
+  c->steps += n / 32;
+  jinja_step(c);
+}
+
+static jinja_value_t *dict_get(jinja_ctx_t *c, const jinja_value_t *d, const char *name, size_t n) {
+  charge(c, d->d.n);
+  return jinja_dict_get(d, name, n);
+}
+
+static jinja_value_t *dict_find(jinja_ctx_t *c, const jinja_value_t *d, const jinja_value_t *key) {
+  charge(c, d->d.n);
+  return jinja_dict_find(d, key);
+}
+
 static void out_put(jinja_ctx_t *c, const char *s, size_t n) {
   if (c->out->n + n > c->max_output)
     jinja_fail(&c->err, FR_ETOOBIG, "template output is larger than %zu bytes", c->max_output);
@@ -49,7 +66,7 @@ static jinja_value_t *undef_named(jinja_ctx_t *c, const char *name) {
 
 static jinja_value_t *lookup(jinja_ctx_t *c, jinja_scope_t *sc, const char *name, size_t n) {
   for (; sc; sc = sc->parent) {
-    jinja_value_t *v = jinja_dict_get(sc->vars, name, n);
+    jinja_value_t *v = dict_get(c, sc->vars, name, n);
     if (v) return v;
   }
   if (jinja_is_global(name)) {
@@ -75,12 +92,12 @@ _Noreturn static void undefined_error(jinja_ctx_t *c, const jinja_value_t *v) {
 jinja_value_t *jinja_getattr(jinja_ctx_t *c, jinja_value_t *v, const char *name, size_t n) {
   if (v->type == JV_UNDEF) undefined_error(c, v);
   if (v->type == JV_NS) {
-    jinja_value_t *r = jinja_dict_get(v, name, n);
+    jinja_value_t *r = dict_get(c, v, name, n);
     return r ? r : undef_named(c, name);
   }
   if ((v->type == JV_DICT || v->type == JV_STR) && jinja_has_method(v, name)) return method(c, v, name);
   if (v->type == JV_DICT) {
-    jinja_value_t *r = jinja_dict_get(v, name, n);
+    jinja_value_t *r = dict_get(c, v, name, n);
     if (r) return r;
   }
   return undef_named(c, name);
@@ -104,7 +121,7 @@ static size_t cp_count(const jinja_value_t *s) {
 jinja_value_t *jinja_getitem(jinja_ctx_t *c, jinja_value_t *v, jinja_value_t *key) {
   if (v->type == JV_UNDEF) undefined_error(c, v);
   if (v->type == JV_DICT || v->type == JV_NS) {
-    jinja_value_t *r = jinja_dict_find(v, key);
+    jinja_value_t *r = dict_find(c, v, key);
     if (r) return r;
     if (key->type == JV_STR) return jinja_getattr(c, v, key->s.p, key->s.n);
     return &jinja_undef;
@@ -178,7 +195,7 @@ static jinja_value_t *slice(jinja_ctx_t *c, jinja_value_t *v, jinja_value_t **p)
 
 static bool is_num(const jinja_value_t *v) { return v->type == JV_INT || v->type == JV_FLOAT || v->type == JV_BOOL; }
 static double fnum(const jinja_value_t *v) { return v->type == JV_FLOAT ? v->f : v->type == JV_INT ? (double)v->i : v->b; }
-static int64_t inum(const jinja_value_t *v) { return v->type == JV_INT ? v->i : v->b; }
+static int64_t inum(const jinja_value_t *v) { return v->type == JV_INT ? v->i : v->type == JV_BOOL ? v->b : 0; }
 
 static jinja_value_t *concat_lists(jinja_ctx_t *c, const jinja_value_t *a, const jinja_value_t *b) {
   jinja_value_t *l = jinja_list(&c->ar, a->l.n + b->l.n);
@@ -206,8 +223,9 @@ static bool contains(jinja_ctx_t *c, jinja_value_t *hay, jinja_value_t *needle) 
     if (needle->type != JV_STR) fail(c, "'in <string>' requires string as left operand, not %s", jinja_type_name(needle));
     return needle->s.n == 0 || memmem(hay->s.p, hay->s.n, needle->s.p, needle->s.n);
   }
-  if (hay->type == JV_DICT || hay->type == JV_NS) return jinja_dict_find(hay, needle) != NULL;
+  if (hay->type == JV_DICT || hay->type == JV_NS) return dict_find(c, hay, needle) != NULL;
   if (hay->type == JV_LIST) {
+    charge(c, hay->l.n);
     for (size_t i = 0; i < hay->l.n; i++)
       if (jinja_equal(hay->l.items[i], needle)) return true;
     return false;

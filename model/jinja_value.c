@@ -114,12 +114,7 @@ jinja_value_t *jinja_dict_get(const jinja_value_t *d, const char *key, size_t n)
   return NULL;
 }
 
-void jinja_dict_set(jinja_arena_t *a, jinja_value_t *d, jinja_value_t *k, jinja_value_t *v) {
-  for (size_t i = 0; i < d->d.n; i++)
-    if (jinja_equal(d->d.keys[i], k)) {
-      d->d.vals[i] = v;
-      return;
-    }
+static void dict_append(jinja_arena_t *a, jinja_value_t *d, jinja_value_t *k, jinja_value_t *v) {
   if (d->d.n == d->d.cap) {
     size_t cap = d->d.cap ? d->d.cap * 2 : 8;
     jinja_value_t **keys = jinja_alloc(a, cap * sizeof *keys), **vals = jinja_alloc(a, cap * sizeof *vals);
@@ -133,6 +128,15 @@ void jinja_dict_set(jinja_arena_t *a, jinja_value_t *d, jinja_value_t *k, jinja_
   d->d.vals[d->d.n++] = v;
 }
 
+void jinja_dict_set(jinja_arena_t *a, jinja_value_t *d, jinja_value_t *k, jinja_value_t *v) {
+  for (size_t i = 0; i < d->d.n; i++)
+    if (jinja_equal(d->d.keys[i], k)) {
+      d->d.vals[i] = v;
+      return;
+    }
+  dict_append(a, d, k, v);
+}
+
 jinja_value_t *jinja_from_json(jinja_arena_t *a, const json_t *j, int depth) {
   if (depth > 64) jinja_fail(a->err, FR_ETOOBIG, "template variables nest deeper than 64");
   switch (json_typeof(j)) {
@@ -140,8 +144,8 @@ jinja_value_t *jinja_from_json(jinja_arena_t *a, const json_t *j, int depth) {
     jinja_value_t *d = jinja_dict(a);
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)j, k, v) jinja_dict_set(a, d, jinja_cstr(a, k), jinja_from_json(a, v, depth + 1));
-    return d;
+    json_object_foreach((json_t *)j, k, v) dict_append(a, d, jinja_cstr(a, k), jinja_from_json(a, v, depth + 1));
+    return d; /* a JSON object's keys are unique: no search */
   }
   case JSON_ARRAY: {
     jinja_value_t *l = jinja_list(a, json_array_size(j));
@@ -177,7 +181,17 @@ static double num(const jinja_value_t *v) {
   return v->type == JV_FLOAT ? v->f : v->type == JV_INT ? (double)v->i : (double)v->b;
 }
 
-bool jinja_equal(const jinja_value_t *a, const jinja_value_t *b) {
+/* Values nest at most this deep where they are walked recursively (a
+ * template can build deeper lists in a loop): equality compares identity
+ * past it, repr and tojson fail. */
+#define MAX_WALK 128
+
+static bool equal_at(const jinja_value_t *a, const jinja_value_t *b, int depth);
+
+bool jinja_equal(const jinja_value_t *a, const jinja_value_t *b) { return equal_at(a, b, 0); }
+
+static bool equal_at(const jinja_value_t *a, const jinja_value_t *b, int depth) {
+  if (depth > MAX_WALK) return a == b;
   if (is_num(a) && is_num(b)) {
     if (a->type != JV_FLOAT && b->type != JV_FLOAT)
       return (a->type == JV_INT ? a->i : a->b) == (b->type == JV_INT ? b->i : b->b);
@@ -190,20 +204,25 @@ bool jinja_equal(const jinja_value_t *a, const jinja_value_t *b) {
   case JV_LIST:
     if (a->l.n != b->l.n) return false;
     for (size_t i = 0; i < a->l.n; i++)
-      if (!jinja_equal(a->l.items[i], b->l.items[i])) return false;
+      if (!equal_at(a->l.items[i], b->l.items[i], depth + 1)) return false;
     return true;
   case JV_DICT:
     if (a->d.n != b->d.n) return false;
     for (size_t i = 0; i < a->d.n; i++) {
       const jinja_value_t *o = jinja_dict_find(b, a->d.keys[i]);
-      if (!o || !jinja_equal(a->d.vals[i], o)) return false;
+      if (!o || !equal_at(a->d.vals[i], o, depth + 1)) return false;
     }
     return true;
   default: return a == b;
   }
 }
 
-int jinja_compare(jinja_err_t *e, const jinja_value_t *a, const jinja_value_t *b) {
+static int compare_at(jinja_err_t *e, const jinja_value_t *a, const jinja_value_t *b, int depth);
+
+int jinja_compare(jinja_err_t *e, const jinja_value_t *a, const jinja_value_t *b) { return compare_at(e, a, b, 0); }
+
+static int compare_at(jinja_err_t *e, const jinja_value_t *a, const jinja_value_t *b, int depth) {
+  if (depth > MAX_WALK) jinja_fail(e, FR_ETOOBIG, "a value nests deeper than %d", MAX_WALK);
   if (is_num(a) && is_num(b)) {
     double x = num(a), y = num(b);
     return x < y ? -1 : x > y;
@@ -215,7 +234,7 @@ int jinja_compare(jinja_err_t *e, const jinja_value_t *a, const jinja_value_t *b
   }
   if (a->type == JV_LIST && b->type == JV_LIST) {
     for (size_t i = 0; i < a->l.n && i < b->l.n; i++)
-      if (!jinja_equal(a->l.items[i], b->l.items[i])) return jinja_compare(e, a->l.items[i], b->l.items[i]);
+      if (!jinja_equal(a->l.items[i], b->l.items[i])) return compare_at(e, a->l.items[i], b->l.items[i], depth + 1);
     return (a->l.n > b->l.n) - (a->l.n < b->l.n);
   }
   jinja_fail(e, FR_EFORMAT, "cannot order %s and %s", jinja_type_name(a), jinja_type_name(b));
@@ -311,14 +330,19 @@ static void put_str_repr(jinja_arena_t *a, jinja_buf_t *b, const char *s, size_t
   jinja_buf_put(a, b, &q, 1);
 }
 
-void jinja_repr(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v) {
+static void repr_at(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v, int depth);
+
+void jinja_repr(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v) { repr_at(a, b, v, 0); }
+
+static void repr_at(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v, int depth) {
+  if (depth > MAX_WALK) jinja_fail(a->err, FR_ETOOBIG, "a value nests deeper than %d", MAX_WALK);
   switch (v->type) {
   case JV_STR: return put_str_repr(a, b, v->s.p, v->s.n);
   case JV_LIST:
     jinja_buf_puts(a, b, v->is_tuple ? "(" : "[");
     for (size_t i = 0; i < v->l.n; i++) {
       if (i) jinja_buf_puts(a, b, ", ");
-      jinja_repr(a, b, v->l.items[i]);
+      repr_at(a, b, v->l.items[i], depth + 1);
     }
     if (v->is_tuple && v->l.n == 1) jinja_buf_puts(a, b, ",");
     return jinja_buf_puts(a, b, v->is_tuple ? ")" : "]");
@@ -326,9 +350,9 @@ void jinja_repr(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v) {
     jinja_buf_puts(a, b, "{");
     for (size_t i = 0; i < v->d.n; i++) {
       if (i) jinja_buf_puts(a, b, ", ");
-      jinja_repr(a, b, v->d.keys[i]);
+      repr_at(a, b, v->d.keys[i], depth + 1);
       jinja_buf_puts(a, b, ": ");
-      jinja_repr(a, b, v->d.vals[i]);
+      repr_at(a, b, v->d.vals[i], depth + 1);
     }
     return jinja_buf_puts(a, b, "}");
   default: return jinja_to_str(a, b, v);
@@ -382,7 +406,7 @@ static void json_newline(jinja_arena_t *a, jinja_buf_t *b, int indent, int level
 
 /* json.dumps(v, ensure_ascii=False, indent=indent or None). */
 void jinja_tojson(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v, int indent, int level) {
-  if (level > 64) jinja_fail(a->err, FR_ETOOBIG, "tojson: nesting deeper than 64");
+  if (level > MAX_WALK) jinja_fail(a->err, FR_ETOOBIG, "tojson: a value nests deeper than %d", MAX_WALK);
   const char *sep = indent >= 0 ? "," : ", ";
   switch (v->type) {
   case JV_NONE: case JV_UNDEF: return jinja_buf_puts(a, b, "null");

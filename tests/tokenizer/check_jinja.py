@@ -142,7 +142,8 @@ def main():
             failed += 1
             continue
         src = open(path, encoding="utf-8").read()
-        cs = [dict(c, bos_token=bos, eos_token=eos) for c in cases()]
+        # as transformers passes them: tools and documents are None when not given
+        cs = [dict({"tools": None, "documents": None}, **c, bos_token=bos, eos_token=eos) for c in cases()]
         want = [render_jinja2(env, src, c) for c in cs]
         with tempfile.TemporaryDirectory() as tmp:
             cp, op = os.path.join(tmp, "cases.json"), os.path.join(tmp, "out.json")

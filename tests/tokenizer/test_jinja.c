@@ -139,9 +139,24 @@ START_TEST(limits) {
   strcpy(deep + n, " }}");
   ck_assert_int_eq(render_lim(deep, NULL, NULL, &got), FR_EFORMAT);
   n = 0;
-  for (int i = 0; i < 20000; i++) n += (size_t)sprintf(deep + n, "{%% if 1 %%}");
+  for (int i = 0; i < 19000; i++) n += (size_t)sprintf(deep + n, "{%% if 1 %%}");
   ck_assert_int_eq(render_lim(deep, NULL, NULL, &got), FR_EFORMAT);
   free(deep);
+  /* a list nested a million deep (built in a loop) is compared and printed without a stack overflow */
+  lim = (model_jinja_limits_t){.max_steps = 50000000};
+  ck_assert_int_eq(render_lim("{% set ns = namespace(x=[]) %}{% for i in range(1000000) %}{% set ns.x = [ns.x] %}{% endfor %}"
+                              "{{ ns.x == ns.x }}{{ ns.x }}", NULL, &lim, &got), FR_ETOOBIG);
+  ck_assert_msg(strstr(got, "nests deeper") || strstr(got, "memory"), "%s", got);
+  /* a variable object of 200000 keys: loaded in linear time, and each lookup costs steps */
+  char *big = malloc(200000 * 32 + 16);
+  n = (size_t)sprintf(big, "{");
+  for (int i = 0; i < 200000; i++) n += (size_t)sprintf(big + n, "%s\"k%d\": %d", i ? ", " : "", i, i);
+  strcpy(big + n, "}");
+  lim = (model_jinja_limits_t){.max_steps = 1000000};
+  ck_assert_int_eq(render_lim("{{ k199999 }}", big, &lim, &got), 0);
+  ck_assert_str_eq(got, "199999");
+  ck_assert_int_eq(render_lim("{% for i in range(100000) %}{{ k199999 }}{% endfor %}", big, &lim, &got), FR_ETOOBIG);
+  free(big);
   /* the repetition operator cannot make a huge string */
   ck_assert_int_eq(render_lim("{{ 'x' * 10000000000 }}", NULL, NULL, &got), FR_ETOOBIG);
 }

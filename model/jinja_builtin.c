@@ -154,7 +154,8 @@ static bool affix(const jinja_value_t *s, const jinja_value_t *p, bool start) {
 /* ---- methods ---- */
 
 static const char *const k_str_methods[] = {"strip", "lstrip", "rstrip", "split", "startswith", "endswith", "upper",
-                                            "lower", "replace", "title", "capitalize", "join", "find", "count", NULL};
+                                            "lower", "replace", "title", "capitalize", "join", "find", "count",
+                                            "format", NULL};
 static const char *const k_dict_methods[] = {"items", "keys", "values", "get", NULL};
 
 static bool in_list(const char *const *l, const char *s) {
@@ -192,7 +193,42 @@ static jinja_value_t *join(jinja_ctx_t *c, jinja_value_t *seq, const jinja_value
   return S(c, &b);
 }
 
+/* str.format with {}, {0} and {name} fields ({{ and }} escape braces). */
+static jinja_value_t *format(jinja_ctx_t *c, const jinja_value_t *s, const jinja_args_t *a) {
+  jinja_buf_t b = {0};
+  size_t auto_i = 0;
+  for (size_t i = 0; i < s->s.n; i++) {
+    char ch = s->s.p[i];
+    if ((ch == '{' || ch == '}') && i + 1 < s->s.n && s->s.p[i + 1] == ch) {
+      jinja_buf_put(&c->ar, &b, &ch, 1);
+      i++;
+      continue;
+    }
+    if (ch != '{') {
+      jinja_buf_put(&c->ar, &b, &ch, 1);
+      continue;
+    }
+    const char *end = memchr(s->s.p + i, '}', s->s.n - i);
+    if (!end) fail(c, "%s", "format: single '{' encountered in format string");
+    size_t nlen = (size_t)(end - s->s.p) - i - 1;
+    char name[64];
+    if (nlen >= sizeof name || memchr(s->s.p + i + 1, ':', nlen) || memchr(s->s.p + i + 1, '!', nlen))
+      fail(c, "%s", "format: only {}, {N} and {name} fields are supported");
+    memcpy(name, s->s.p + i + 1, nlen);
+    name[nlen] = 0;
+    jinja_value_t *v = NULL;
+    if (!nlen) v = arg(a, auto_i++, NULL);
+    else if (isdigit((unsigned char)name[0])) v = arg(a, (size_t)strtoul(name, NULL, 10), NULL);
+    else v = arg(a, SIZE_MAX, name);
+    if (!v) fail(c, "format: no argument for {%s}", name);
+    jinja_to_str(&c->ar, &b, v);
+    i = (size_t)(end - s->s.p);
+  }
+  return S(c, &b);
+}
+
 static jinja_value_t *str_method(jinja_ctx_t *c, const char *m, jinja_value_t *s, const jinja_args_t *a) {
+  if (!strcmp(m, "format")) return format(c, s, a);
   jinja_value_t *a0 = arg(a, 0, NULL), *a1 = arg(a, 1, NULL);
   if (!strcmp(m, "strip")) return strip(c, s, a0, true, true);
   if (!strcmp(m, "lstrip")) return strip(c, s, a0, true, false);
@@ -353,7 +389,9 @@ static jinja_value_t *attr_path(jinja_ctx_t *c, jinja_value_t *v, const jinja_va
 
 /* selectattr / rejectattr / select / reject. */
 static jinja_value_t *select_items(jinja_ctx_t *c, jinja_value_t *seq, const jinja_args_t *a, bool attr, bool keep) {
+  if (!jinja_truthy(seq)) seq = jinja_list(&c->ar, 0); /* jinja2: `if value: for item in value` */
   jinja_value_t *l = jinja_iterate(c, seq), *out = jinja_list(&c->ar, l->l.n);
+  out->is_gen = true;
   size_t first = attr ? 1 : 0;
   jinja_value_t *test = arg(a, first, NULL);
   jinja_args_t targs = {a->args + (a->n_args > first + 1 ? first + 1 : a->n_args),
@@ -369,7 +407,9 @@ static jinja_value_t *select_items(jinja_ctx_t *c, jinja_value_t *seq, const jin
 }
 
 static jinja_value_t *map(jinja_ctx_t *c, jinja_value_t *seq, const jinja_args_t *a) {
+  if (!jinja_truthy(seq)) seq = jinja_list(&c->ar, 0);
   jinja_value_t *l = jinja_iterate(c, seq), *out = jinja_list(&c->ar, l->l.n);
+  out->is_gen = true;
   jinja_value_t *at = arg(a, SIZE_MAX, "attribute"), *def = arg(a, SIZE_MAX, "default");
   jinja_value_t *fname = at ? NULL : need_str(c, arg(a, 0, NULL), "map");
   jinja_args_t fargs = {a->n_args > 1 ? a->args + 1 : NULL, a->n_args > 1 ? a->n_args - 1 : 0, NULL, NULL, 0};
@@ -408,6 +448,7 @@ static jinja_value_t *indent(jinja_ctx_t *c, jinja_value_t *s, const jinja_args_
 }
 
 static int64_t length(jinja_ctx_t *c, jinja_value_t *v) {
+  if (v->is_gen) fail(c, "%s", "object of type 'generator' has no len()");
   if (v->type == JV_STR) return (int64_t)jinja_iterate(c, v)->l.n;
   if (v->type == JV_LIST) return (int64_t)v->l.n;
   if (v->type == JV_DICT || v->type == JV_NS) return (int64_t)v->d.n;
@@ -430,7 +471,70 @@ static jinja_value_t *to_int(jinja_ctx_t *c, jinja_value_t *v, jinja_value_t *de
   return def ? def : jinja_int(&c->ar, 0);
 }
 
+/* The sort key of v: an attribute path, lowercased for strings unless case sensitive. */
+static jinja_value_t *sort_key(jinja_ctx_t *c, jinja_value_t *v, const jinja_value_t *attr, bool cs) {
+  if (attr) v = attr_path(c, v, attr);
+  return v->type == JV_STR && !cs ? map_case(c, v, 1) : v;
+}
+
+/* A stable merge sort of items[0..n) by keys (Python's sorted). */
+static void merge_sort(jinja_ctx_t *c, jinja_value_t **items, jinja_value_t **keys, size_t n, bool rev) {
+  if (n < 2) return;
+  size_t h = n / 2;
+  merge_sort(c, items, keys, h, rev);
+  merge_sort(c, items + h, keys + h, n - h, rev);
+  jinja_value_t **ti = jinja_alloc(&c->ar, n * sizeof *ti), **tk = jinja_alloc(&c->ar, n * sizeof *tk);
+  size_t i = 0, j = h, k = 0;
+  while (i < h || j < n) {
+    bool left = j >= n || (i < h && (rev ? jinja_compare(&c->err, keys[j], keys[i]) <= 0
+                                          : jinja_compare(&c->err, keys[i], keys[j]) <= 0));
+    size_t from = left ? i++ : j++;
+    ti[k] = items[from], tk[k++] = keys[from];
+  }
+  memcpy(items, ti, n * sizeof *ti);
+  memcpy(keys, tk, n * sizeof *tk);
+  c->steps += n / 8;
+  jinja_step(c);
+}
+
+static jinja_value_t *sorted(jinja_ctx_t *c, jinja_value_t *l, const jinja_value_t *attr, bool cs, bool rev) {
+  jinja_value_t *out = jinja_list(&c->ar, l->l.n);
+  jinja_value_t **keys = jinja_alloc(&c->ar, (l->l.n + 1) * sizeof *keys);
+  for (size_t i = 0; i < l->l.n; i++) out->l.items[i] = l->l.items[i], keys[i] = sort_key(c, l->l.items[i], attr, cs);
+  merge_sort(c, out->l.items, keys, out->l.n, rev);
+  return out;
+}
+
+static bool flag(const jinja_args_t *a, size_t i, const char *name) {
+  jinja_value_t *v = arg(a, i, name);
+  return v && jinja_truthy(v);
+}
+
+static jinja_value_t *filter_sort(jinja_ctx_t *c, const char *f, jinja_value_t *v, const jinja_args_t *a) {
+  if (!strcmp(f, "dictsort")) { /* dictsort(case_sensitive=False, by='key', reverse=False) */
+    if (v->type != JV_DICT) fail(c, "%s", "dictsort needs a mapping");
+    jinja_value_t *by = arg(a, 1, "by"), *items = dict_items(c, v);
+    jinja_value_t *path = jinja_int(&c->ar, by && jinja_is_str(by, "value") ? 1 : 0);
+    return sorted(c, items, path, flag(a, 0, "case_sensitive"), flag(a, 2, "reverse"));
+  }
+  jinja_value_t *l = jinja_iterate(c, v);
+  if (!strcmp(f, "sort")) /* sort(reverse=False, case_sensitive=False, attribute=None) */
+    return sorted(c, l, arg(a, 2, "attribute"), flag(a, 1, "case_sensitive"), flag(a, 0, "reverse"));
+  /* min / max (case_sensitive=False, attribute=None) */
+  if (!l->l.n) return &jinja_undef;
+  jinja_value_t *best = l->l.items[0], *attr = arg(a, 1, "attribute");
+  bool cs = flag(a, 0, "case_sensitive");
+  for (size_t i = 1; i < l->l.n; i++) {
+    jinja_step(c);
+    int r = jinja_compare(&c->err, sort_key(c, l->l.items[i], attr, cs), sort_key(c, best, attr, cs));
+    if (f[1] == 'i' ? r < 0 : r > 0) best = l->l.items[i];
+  }
+  return best;
+}
+
 static jinja_value_t *filter_seq(jinja_ctx_t *c, const char *f, jinja_value_t *v, const jinja_args_t *a) {
+  if (!strcmp(f, "dictsort") || !strcmp(f, "sort") || !strcmp(f, "min") || !strcmp(f, "max"))
+    return filter_sort(c, f, v, a);
   if (!strcmp(f, "join")) return join(c, v, arg(a, 0, "d"), arg(a, 1, "attribute"));
   if (!strcmp(f, "selectattr") || !strcmp(f, "rejectattr")) return select_items(c, v, a, true, f[0] == 's');
   if (!strcmp(f, "select") || !strcmp(f, "reject")) return select_items(c, v, a, false, f[0] == 's');
@@ -441,7 +545,12 @@ static jinja_value_t *filter_seq(jinja_ctx_t *c, const char *f, jinja_value_t *v
     return dict_items(c, v);
   }
   jinja_value_t *l = jinja_iterate(c, v);
-  if (!strcmp(f, "list")) return l;
+  if (!strcmp(f, "list")) {
+    if (!l->is_gen) return l;
+    jinja_value_t *copy = jinja_list(&c->ar, l->l.n);
+    if (l->l.n) memcpy(copy->l.items, l->l.items, l->l.n * sizeof *copy->l.items);
+    return copy;
+  }
   if (!strcmp(f, "first")) return l->l.n ? l->l.items[0] : &jinja_undef;
   if (!strcmp(f, "last")) return l->l.n ? l->l.items[l->l.n - 1] : &jinja_undef;
   if (!strcmp(f, "reverse")) {
@@ -482,7 +591,12 @@ jinja_value_t *jinja_filter(jinja_ctx_t *c, const char *f, jinja_value_t *v, con
     return S(c, &b);
   }
   if (!strcmp(f, "length") || !strcmp(f, "count")) return jinja_int(&c->ar, length(c, v));
-  if (!strcmp(f, "safe")) return v;
+  if (!strcmp(f, "safe")) {
+    jinja_value_t *s = jinja_str_of(&c->ar, v);
+    s = jinja_str(&c->ar, s->s.p, s->s.n);
+    s->is_safe = true;
+    return s;
+  }
   if (!strcmp(f, "string")) return jinja_str_of(&c->ar, v);
   if (!strcmp(f, "int")) return to_int(c, v, arg(a, 0, "default"));
   if (!strcmp(f, "float")) {

@@ -126,6 +126,7 @@ jinja_value_t *jinja_getitem(jinja_ctx_t *c, jinja_value_t *v, jinja_value_t *ke
     if (key->type == JV_STR) return jinja_getattr(c, v, key->s.p, key->s.n);
     return &jinja_undef;
   }
+  if (v->is_gen) fail(c, "%s", "'generator' object is not subscriptable");
   if ((v->type == JV_LIST || v->type == JV_STR) && key->type == JV_INT) {
     int64_t len = v->type == JV_LIST ? (int64_t)v->l.n : (int64_t)cp_count(v), i = key->i;
     if (i < 0) i += len;
@@ -234,14 +235,40 @@ static bool contains(jinja_ctx_t *c, jinja_value_t *hay, jinja_value_t *needle) 
   fail(c, "argument of type '%s' is not iterable", jinja_type_name(hay));
 }
 
+/* Markup + str (or str + Markup): the plain one is HTML-escaped as
+ * markupsafe does, and the sum is Markup. */
+static jinja_value_t *markup_add(jinja_ctx_t *c, const jinja_value_t *a, const jinja_value_t *b) {
+  jinja_buf_t s = {0};
+  for (int k = 0; k < 2; k++) {
+    const jinja_value_t *v = k ? b : a;
+    size_t run = 0;
+    for (size_t i = 0; i < v->s.n && !v->is_safe; i++) {
+      char ch = v->s.p[i];
+      const char *esc = ch == '&' ? "&amp;" : ch == '<' ? "&lt;" : ch == '>' ? "&gt;" : ch == '"' ? "&#34;"
+                      : ch == '\'' ? "&#39;" : NULL;
+      if (!esc) continue;
+      jinja_buf_put(&c->ar, &s, v->s.p + run, i - run);
+      jinja_buf_puts(&c->ar, &s, esc);
+      run = i + 1;
+    }
+    jinja_buf_put(&c->ar, &s, v->s.p + (v->is_safe ? 0 : run), v->s.n - (v->is_safe ? 0 : run));
+  }
+  jinja_value_t *r = jinja_str(&c->ar, s.p ? s.p : "", s.n);
+  r->is_safe = true;
+  return r;
+}
+
 static jinja_value_t *arith(jinja_ctx_t *c, int op, jinja_value_t *a, jinja_value_t *b) {
   if (a->type == JV_UNDEF) undefined_error(c, a);
   if (b->type == JV_UNDEF) undefined_error(c, b);
+  if (op == JOP_ADD && a->type == JV_STR && b->type == JV_STR && a->is_safe != b->is_safe) return markup_add(c, a, b);
   if (op == JOP_ADD && a->type == JV_STR && b->type == JV_STR) {
     jinja_buf_t s = {0};
     jinja_buf_put(&c->ar, &s, a->s.p, a->s.n);
     jinja_buf_put(&c->ar, &s, b->s.p, b->s.n);
-    return jinja_str(&c->ar, s.p ? s.p : "", s.n);
+    jinja_value_t *r = jinja_str(&c->ar, s.p ? s.p : "", s.n);
+    r->is_safe = a->is_safe; /* Markup + Markup is Markup */
+    return r;
   }
   if (op == JOP_ADD && a->type == JV_LIST && b->type == JV_LIST) return concat_lists(c, a, b);
   if (op == JOP_MUL && (a->type == JV_STR || a->type == JV_LIST) && b->type == JV_INT) return repeat(c, a, b->i);
@@ -567,6 +594,7 @@ static int exec_stmt(jinja_ctx_t *c, jinja_scope_t *sc, const jinja_node_t *n) {
     out_put(c, s->s.p, s->s.n);
     return 0;
   }
+  case JN_BODY: return exec(c, sc, n); /* {% generation %}'s body */
   case JN_BREAK: return EXEC_BREAK;
   case JN_CONTINUE: return EXEC_CONTINUE;
   default: fail(c, "%s", "bad statement");

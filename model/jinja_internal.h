@@ -70,6 +70,8 @@ typedef struct jinja_scope jinja_scope_t;
 struct jinja_value {
   uint8_t type;
   bool is_tuple;
+  bool is_gen;
+  bool is_safe; /* a str marked |safe (jinja2's Markup): + escapes a plain str beside it */  /* a list that stands for a generator (map, select, ...): no len(), no JSON, no index */
   union {
     bool b;
     int64_t i;

@@ -169,7 +169,7 @@ bool jinja_truthy(const jinja_value_t *v) {
   case JV_INT: return v->i != 0;
   case JV_FLOAT: return v->f != 0.0;
   case JV_STR: return v->s.n > 0;
-  case JV_LIST: return v->l.n > 0;
+  case JV_LIST: return v->is_gen || v->l.n > 0; /* a generator is always true */
   case JV_DICT: return v->d.n > 0;
   case JV_NS: case JV_MACRO: case JV_FUNC: return true;
   default: return false;
@@ -339,6 +339,7 @@ static void repr_at(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v, in
   switch (v->type) {
   case JV_STR: return put_str_repr(a, b, v->s.p, v->s.n);
   case JV_LIST:
+    if (v->is_gen) return jinja_buf_puts(a, b, "<generator object>");
     jinja_buf_puts(a, b, v->is_tuple ? "(" : "[");
     for (size_t i = 0; i < v->l.n; i++) {
       if (i) jinja_buf_puts(a, b, ", ");
@@ -417,6 +418,7 @@ void jinja_tojson(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v, int 
     return put_float(a, b, v->f);
   case JV_STR: return put_json_str(a, b, v->s.p, v->s.n);
   case JV_LIST:
+    if (v->is_gen) jinja_fail(a->err, FR_EFORMAT, "Object of type generator is not JSON serializable");
     if (!v->l.n) return jinja_buf_puts(a, b, "[]");
     jinja_buf_puts(a, b, "[");
     for (size_t i = 0; i < v->l.n; i++) {

@@ -21,7 +21,8 @@ import jinja2.ext
 from jinja2.exceptions import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# template file -> (bos, eos)
+# template file -> (bos, eos): these must be present. Every other template
+# fetch_templates.py put in the folder is rendered too, with <s> and </s>.
 TEMPLATES = {
     "SmolLM2-135M-Instruct.gguf.jinja": ("<|im_start|>", "<|im_end|>"),
     "meta-llama-Llama-3.1-8B-Instruct.jinja": ("<|begin_of_text|>", "<|eot_id|>"),
@@ -67,6 +68,7 @@ CONVERSATIONS = [
     [m("user", "Think first."), m("assistant", "<think>\nhmm\n</think>\n\nFour."), m("user", "Again?")],
     [m("user", [{"type": "text", "text": "part one"}, {"type": "text", "text": " part two"}])],
     [m("system", [{"type": "text", "text": "sys parts"}]), m("user", [{"type": "text", "text": "hi"}])],
+    [m("user", "2+2?"), m("assistant", "4", reasoning_content="Adding."), m("user", "3+3?")],
 ]
 
 TOOL_CONVERSATIONS = [
@@ -75,6 +77,10 @@ TOOL_CONVERSATIONS = [
      {"role": "assistant", "content": "", "tool_calls": [CALL]},
      {"role": "tool", "tool_call_id": "call12345", "name": "get_weather", "content": "{\"temp\": 21}"},
      m("user", "Thanks")],
+    [m("user", "Weather?"),  # arguments as OpenAI clients send them: a JSON string
+     {"role": "assistant", "content": None, "tool_calls": [dict(CALL, function={"name": "get_weather",
+                                                                              "arguments": "{\"city\": \"Oslo\"}"})]},
+     {"role": "tool", "tool_call_id": "call12345", "content": "cold"}],
 ]
 
 
@@ -132,7 +138,8 @@ def main():
     exe, tdir = sys.argv[1], sys.argv[2]
     env = hf_env()
     failed = 0
-    for name, (bos, eos) in TEMPLATES.items():
+    others = sorted(n for n in os.listdir(tdir) if n.endswith(".jinja") and n not in TEMPLATES)
+    for name, (bos, eos) in list(TEMPLATES.items()) + [(n, ("<s>", "</s>")) for n in others]:
         path = os.path.join(tdir, name)
         if name in KNOWN_SKIPS:
             print(f"SKIP {name}: {KNOWN_SKIPS[name]}")

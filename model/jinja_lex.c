@@ -156,7 +156,7 @@ static void lex_number(lexer_t *L) {
   }
   if (p + 1 < L->n && L->s[p] == '.' && isdigit((unsigned char)L->s[p + 1])) {
     is_float = true;
-    buf[k++] = '.';
+    if (k < sizeof buf - 1) buf[k++] = '.';
     for (p++; p < L->n && (isdigit((unsigned char)L->s[p]) || L->s[p] == '_'); p++)
       if (L->s[p] != '_' && k < sizeof buf - 1) buf[k++] = L->s[p];
   }

@@ -294,11 +294,16 @@ static char *token_text(const model_tokenizer_t *tok, int32_t id) {
   return bytes ? fr_strndup(bytes, len) : fr_strdup("");
 }
 
-/* One message as the template sees it: the request's object, or {role, content}. */
-static json_t *msg_json(const model_chat_msg_t *m, size_t i) {
+/* One message as the template sees it: the request's object, or {role,
+ * content}. Content given as a list of parts stays a list for a template
+ * that loops over content, else it is the parts' text joined (vLLM's
+ * "openai" and "string" content formats). */
+static json_t *msg_json(const model_chat_msg_t *m, size_t i, bool parts) {
   if (m->json) {
     json_error_t je;
     json_t *j = json_loads(m->json, JSON_DECODE_ANY, &je);
+    if (json_is_array(json_object_get(j, "content")) && !parts)
+      json_object_set_new(j, "content", json_string(m->content ? m->content : ""));
     if (json_is_object(j)) return j;
     json_decref(j);
     fr_errorf(-EINVAL, "chat: message %zu is not a JSON object", i);
@@ -310,7 +315,7 @@ static json_t *msg_json(const model_chat_msg_t *m, size_t i) {
 /* The variables transformers passes: chat->vars (chat_template_kwargs and
  * tools) first, so that they cannot replace the chat's own (messages,
  * bos_token, ...). */
-static int chat_vars(const model_tokenizer_t *tok, const model_chat_t *chat, json_t **out) {
+static int chat_vars(const model_tokenizer_t *tok, const model_chat_t *chat, bool parts, json_t **out) {
   json_error_t je;
   json_t *v = chat->vars ? json_loads(chat->vars, 0, &je) : json_object();
   if (!json_is_object(v)) {
@@ -322,7 +327,7 @@ static int chat_vars(const model_tokenizer_t *tok, const model_chat_t *chat, jso
   json_t *msgs = json_array();
   json_object_set_new(v, "messages", msgs);
   for (size_t i = 0; i < chat->n; i++) {
-    json_t *m = msg_json(&chat->msgs[i], i);
+    json_t *m = msg_json(&chat->msgs[i], i, parts);
     if (!m) return json_decref(v), -EINVAL;
     json_array_append_new(msgs, m);
   }
@@ -342,7 +347,7 @@ static int apply_jinja(const model_tokenizer_t *tok, const char *tmpl, const mod
   model_jinja_t *t = NULL;
   json_t *vars = NULL;
   int rc = model_jinja_parse(&t, tmpl, strlen(tmpl));
-  if (!rc) rc = chat_vars(tok, chat, &vars);
+  if (!rc) rc = chat_vars(tok, chat, model_jinja_loops_over(t, "content"), &vars);
   if (!rc) rc = model_jinja_render(t, vars, NULL, out, NULL);
   if (rc == FR_EFORMAT || rc == FR_ETOOBIG) {
     char msg[600];

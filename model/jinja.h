@@ -13,6 +13,7 @@
 #pragma once
 
 #include <jansson.h>
+#include <stdbool.h>
 #include <stddef.h>
 
 #ifdef __cplusplus
@@ -32,6 +33,11 @@ typedef struct {
  * model_jinja_destroy. Returns 0 or FR_EFORMAT (the message names the line);
  * *out is NULL on failure. */
 int model_jinja_parse(model_jinja_t **out, const char *src, size_t len);
+
+/* True when a for loop of t iterates over a variable, attribute or item
+ * named name (`for p in message['content']`): how vLLM tells a template
+ * that takes content as a list of parts from one that takes a string. */
+bool model_jinja_loops_over(const model_jinja_t *t, const char *name);
 
 /* Frees a template (NULL is fine). */
 void model_jinja_destroy(model_jinja_t *t);

@@ -532,6 +532,25 @@ static jinja_node_t *parse_body(parser_t *P, const char *const *stops, const cha
   return body;
 }
 
+static bool names(const jinja_node_t *n, const char *name) {
+  if (!n) return false;
+  if (n->type == JN_NAME || n->type == JN_ATTR) return n->s && !strcmp(n->s, name);
+  if (n->type == JN_INDEX) return n->b->type == JN_LIT && jinja_is_str(n->b->v, name);
+  if (n->type == JN_FILTER) return names(n->a, name); /* for p in content | list */
+  return false;
+}
+
+static bool loops_over(const jinja_node_t *n, const char *name, int depth) {
+  if (!n || depth > MAX_NEST * 2) return false;
+  if (n->type == JN_FOR && names(n->b, name)) return true;
+  if (loops_over(n->body, name, depth + 1) || loops_over(n->orelse, name, depth + 1)) return true;
+  for (size_t i = 0; i < n->n_kids; i++)
+    if (loops_over(n->kids[i], name, depth + 1)) return true;
+  return false;
+}
+
+bool model_jinja_loops_over(const model_jinja_t *t, const char *name) { return loops_over(t->root, name, 0); }
+
 jinja_node_t *jinja_parse_tokens(jinja_arena_t *a, const jinja_tok_t *toks, size_t n_toks) {
   parser_t P = {.a = a, .t = toks, .n = n_toks};
   return parse_body(&P, NULL, NULL);

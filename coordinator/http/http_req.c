@@ -239,11 +239,16 @@ static int req_content(json_t *msg, size_t i, const char **out, size_t *len, coo
   return 0;
 }
 
-/* A message with more than role and content (tool_calls, tool_call_id,
- * name, ...) goes to the chat template whole, as JSON (content joined). */
-static int req_msg_json(coord_http_req_t *r, json_t *m, size_t i, size_t n, coord_http_err_t *e) {
+/* A message with more than role and string content (tool_calls,
+ * tool_call_id, name, content parts or null, ...) goes to the chat template
+ * whole, as JSON, with its content as given (orig; NULL: absent). */
+static int req_msg_json(coord_http_req_t *r, json_t *m, json_t *orig, size_t i, size_t n, coord_http_err_t *e) {
   if (!r->msg_json && !(r->msg_json = calloc(n, sizeof *r->msg_json))) return coord_http_err(e, 500, NULL, "out of memory");
-  r->msg_json[i] = json_dumps(m, JSON_COMPACT | JSON_ENCODE_ANY);
+  json_t *copy = json_copy(m);
+  if (copy && orig) json_object_set(copy, "content", orig);
+  else if (copy) json_object_del(copy, "content");
+  r->msg_json[i] = copy ? json_dumps(copy, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  json_decref(copy);
   if (!r->msg_json[i]) return coord_http_err(e, 500, NULL, "out of memory");
   if (strlen(r->msg_json[i]) > PROTO_MAX_TEXT) return coord_http_err(e, 400, "messages", "messages[%zu] is too long", i);
   r->messages[i].json = r->msg_json[i];
@@ -283,11 +288,14 @@ static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
       return coord_http_err(e, 400, "messages", "messages[%zu] needs a 'role' string", i);
     const char *text = NULL;
     size_t len = 0;
-    if (req_content(m, i, &text, &len, e)) return -1;
+    json_t *orig = json_incref(json_object_get(m, "content"));
+    if (req_content(m, i, &text, &len, e)) return json_decref(orig), -1;
     r->messages[i].role = (char *)json_string_value(role);
     r->messages[i].content = (char *)text;
     r->messages[i].content_len = (uint32_t)len;
-    if (json_object_size(m) > 2 && req_msg_json(r, m, i, n, e)) return -1;
+    int rc = json_object_size(m) > 2 || !json_is_string(orig) ? req_msg_json(r, m, orig, i, n, e) : 0;
+    json_decref(orig);
+    if (rc) return -1;
   }
   r->sub.messages = r->messages;
   r->sub.n_messages = (uint32_t)n;

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """The served chat path uses the chat template: `ferrumctl serve
 --chat-template FILE` (a template written here) on the real model, then
-/tokenize and /v1/chat/completions with messages, tools and
-chat_template_kwargs give the prompt jinja2 renders from the same template,
+/tokenize and /v1/chat/completions with messages (content parts, tool calls, null
+content), tools and chat_template_kwargs give the prompt jinja2 renders
+from the same template,
 and a template that raises gives a 400 with its message.
 """
 import json
@@ -20,7 +21,8 @@ import test_http_openai as base  # noqa: E402  (request(), the server's port)
 TEMPLATE = """{%- if messages[0]['content'] == 'boom' %}{{ raise_exception('boom: this template refuses') }}{% endif %}
 {%- for m in messages %}
 <|im_start|>{{ m.role }}
-{{ m.content }}{% if m.tool_calls is defined %} calls {{ m.tool_calls|tojson }}{% endif %}<|im_end|>
+{% if m.content is string or m.content is none %}{{ m.content }}{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}
+{%- if m.tool_calls is defined %} calls {{ m.tool_calls|tojson }}{% endif %}<|im_end|>
 {% endfor %}
 {%- if tools %}<|im_start|>tools {{ tools|map(attribute='function.name')|join(',') }}<|im_end|>
 {% endif %}
@@ -46,17 +48,19 @@ class ChatTemplate(unittest.TestCase):
     def test_prompt_is_the_template(self):
         tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
         msgs = [{"role": "user", "content": "Weather?"},
-                {"role": "assistant", "content": "", "tool_calls": [
+                {"role": "assistant", "content": None, "tool_calls": [
                     {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}]},
                 {"role": "tool", "content": "21 C", "tool_call_id": "c1"},
                 {"role": "user", "content": [{"type": "text", "text": "Thanks"}, {"type": "text", "text": "!"}]}]
         body = {"messages": msgs, "tools": tools, "chat_template_kwargs": {"enable_thinking": True}}
         text, n = self.prompt_text(body)
-        want = jinja2_render({"messages": [dict(m, content="Thanks!") if i == 3 else m for i, m in enumerate(msgs)],
-                              "tools": tools, "enable_thinking": True, "add_generation_prompt": True,
+        # the template loops over content: parts reach it as a list, as given (null content too)
+        want = jinja2_render({"messages": msgs, "tools": tools, "enable_thinking": True, "add_generation_prompt": True,
                               "bos_token": "<|im_start|>", "eos_token": "<|im_end|>"})
         self.assertEqual(text, want)
         self.assertIn("assistant think", text)
+        self.assertIn("[Thanks][!]", text)
+        self.assertIn("assistant\nNone calls", text)
         # the completion bills the same prompt
         st, data = base.request("POST", "/v1/chat/completions", dict(body, max_tokens=1, model=base.NAME))
         self.assertEqual(st, 200, data)

@@ -89,6 +89,43 @@ START_TEST(detect_names_and_unknown) {
 }
 END_TEST
 
+/* model_chat_apply on the test model's tokenizer: its own template (the
+ * GGUF's), a built-in name, content parts joined or passed as a list, the
+ * extra variables, and a template error as an error value. */
+START_TEST(apply_with_the_model_template) {
+  const char *path = getenv("FERRUM_MODEL");
+  model_gguf_t *g = NULL;
+  model_tokenizer_t *tok = path && access(path, R_OK) == 0 ? tt_open_gguf(path, &g) : NULL;
+  if (!tok) return; /* no model: the golden test above covers the renderers */
+  model_chat_msg_t parts[] = {{"user", "ab", "{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"a\"},"
+                                             " {\"type\": \"text\", \"text\": \"b\"}]}"}};
+  model_chat_t chat = {.msgs = parts, .n = 1};
+  char *out = NULL;
+  ck_assert_int_eq(model_chat_apply(tok, &chat, &out), 0); /* SmolLM2's template does not loop over content: joined */
+  ck_assert_str_eq(out, "<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n"
+                        "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n");
+  free(out);
+  model_tokenizer_set_chat_template(tok, "{% for m in messages %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endfor %}"
+                                         "{{ tools|length }}{{ flag }}{{ bos_token }}");
+  chat.vars = "{\"tools\": [1, 2], \"flag\": \"F\", \"messages\": \"not these\"}";
+  ck_assert_int_eq(model_chat_apply(tok, &chat, &out), 0); /* it loops over content: the parts as given */
+  ck_assert_str_eq(out, "[a][b]2F<|im_start|>");
+  free(out);
+  model_tokenizer_set_chat_template(tok, "{{ raise_exception('no ' ~ messages[0].role ~ ' here') }}");
+  ck_assert_int_eq(model_chat_apply(tok, &chat, &out), FR_EFORMAT);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "no user here"));
+  ck_assert_ptr_null(out);
+  model_tokenizer_set_chat_template(tok, "chatml"); /* a built-in name: the hand-written renderer */
+  ck_assert_int_eq(model_chat_apply(tok, &chat, &out), 0);
+  ck_assert_str_eq(out, "<|im_start|>user\nab<|im_end|>\n<|im_start|>assistant\n");
+  free(out);
+  model_tokenizer_set_chat_template(tok, NULL);
+  ck_assert_int_eq(model_chat_apply(tok, &chat, &out), FR_EUNSUPPORTED);
+  model_tokenizer_destroy(tok);
+  model_gguf_close(g);
+}
+END_TEST
+
 /* The shared main (tests/common/test_main.c) runs this program's suites. */
 #include "tests/common/test_main.h"
 
@@ -106,6 +143,7 @@ static Suite *chat_suite(void) {
   TCase *tc = tcase_create("chat");
   tcase_add_test(tc, render_matches_jinja);
   tcase_add_test(tc, detect_names_and_unknown);
+  tcase_add_test(tc, apply_with_the_model_template);
   suite_add_tcase(s, tc);
   return s;
 }

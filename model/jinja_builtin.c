@@ -394,8 +394,8 @@ static jinja_value_t *select_items(jinja_ctx_t *c, jinja_value_t *seq, const jin
   out->is_gen = true;
   size_t first = attr ? 1 : 0;
   jinja_value_t *test = arg(a, first, NULL);
-  jinja_args_t targs = {a->args + (a->n_args > first + 1 ? first + 1 : a->n_args),
-                        a->n_args > first + 1 ? a->n_args - first - 1 : 0, NULL, NULL, 0};
+  bool more = a->n_args > first + 1; /* the test's own arguments */
+  jinja_args_t targs = {more ? a->args + first + 1 : NULL, more ? a->n_args - first - 1 : 0, NULL, NULL, 0};
   out->l.n = 0;
   for (size_t i = 0; i < l->l.n; i++) {
     jinja_step(c);

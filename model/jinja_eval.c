@@ -352,7 +352,7 @@ static jinja_value_t *call_macro(jinja_ctx_t *c, jinja_value_t *m, const jinja_a
   if (a->n_args > def->n_kids) fail(c, "macro '%s' takes fewer arguments", def->s);
   for (size_t i = 0; i < def->n_kids; i++) {
     const jinja_node_t *p = def->kids[i];
-    const char *name = p->type == JN_KWARG ? p->s : p->s;
+    const char *name = p->s; /* a NAME or a KWARG with its default */
     jinja_value_t *v = i < a->n_args ? a->args[i] : NULL;
     for (size_t k = 0; k < a->n_kw; k++)
       if (!strcmp(a->kw_names[k], name)) v = a->kw_vals[k];

@@ -139,10 +139,9 @@ static void lex_string(lexer_t *L) {
     jinja_buf_put(L->a, &b, rep, nrep);
     p += skip;
   }
-  jinja_tok_t *t = emit(L, JT_STRING, b.p ? b.p : "", b.n);
+  emit(L, JT_STRING, b.p ? b.p : "", b.n);
   count_lines(L, L->pos, p);
   L->pos = p + 1;
-  (void)t;
 }
 
 static void lex_number(lexer_t *L) {

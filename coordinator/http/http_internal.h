@@ -57,7 +57,8 @@ typedef struct {
   char **stop;
   int32_t *tokens, *stop_ids;
   proto_chat_msg_t *messages;
-  char **msg_json;           /* (sub.n_messages) a message's JSON when it has more than role and content */
+  char **msg_json;           /* (n_msg_json) a message's JSON when it has more than role and string content */
+  size_t n_msg_json;
   char *chat_vars;           /* JSON text behind sub.messages[0].vars */
 } coord_http_req_t;
 

@@ -243,7 +243,10 @@ static int req_content(json_t *msg, size_t i, const char **out, size_t *len, coo
  * tool_call_id, name, content parts or null, ...) goes to the chat template
  * whole, as JSON, with its content as given (orig; NULL: absent). */
 static int req_msg_json(coord_http_req_t *r, json_t *m, json_t *orig, size_t i, size_t n, coord_http_err_t *e) {
-  if (!r->msg_json && !(r->msg_json = calloc(n, sizeof *r->msg_json))) return coord_http_err(e, 500, NULL, "out of memory");
+  if (!r->msg_json) {
+    if (!(r->msg_json = calloc(n, sizeof *r->msg_json))) return coord_http_err(e, 500, NULL, "out of memory");
+    r->n_msg_json = n; /* freed by coord_http_req_free, also when a later message fails */
+  }
   json_t *copy = json_copy(m);
   if (copy && orig) json_object_set(copy, "content", orig);
   else if (copy) json_object_del(copy, "content");
@@ -354,7 +357,7 @@ void coord_http_req_free(coord_http_req_t *r) {
   free(r->stop);
   free(r->tokens);
   free(r->stop_ids);
-  for (uint32_t i = 0; r->msg_json && i < r->sub.n_messages; i++) free(r->msg_json[i]);
+  for (size_t i = 0; i < r->n_msg_json; i++) free(r->msg_json[i]);
   free(r->msg_json);
   free(r->chat_vars);
   free(r->messages);

@@ -126,6 +126,51 @@ START_TEST(apply_with_the_model_template) {
 }
 END_TEST
 
+static void write_file(const char *dir, const char *name, const char *text) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/%s", dir, name);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fputs(text, f);
+  fclose(f);
+}
+
+/* Where a Hugging Face folder's template comes from: tokenizer_config.json's
+ * chat_template (a string, or the "default" of a list), and a
+ * chat_template.jinja beside tokenizer.json over both. */
+START_TEST(template_sources_of_a_folder) {
+  char dir[] = "/tmp/ferrum-chat-XXXXXX", tj[600], cj[600];
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  snprintf(tj, sizeof tj, "%s/tokenizer.json", dir);
+  snprintf(cj, sizeof cj, "%s/tokenizer_config.json", dir);
+  write_file(dir, "tokenizer.json",
+             "{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"b\": 1, \"<s>\": 2}, \"merges\": []},"
+             " \"pre_tokenizer\": {\"type\": \"ByteLevel\"}, \"added_tokens\": []}");
+  write_file(dir, "tokenizer_config.json",
+             "{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"},"
+             " {\"name\": \"default\", \"template\": \"D{{ messages|length }}\"}]}");
+  model_tokenizer_t *t = NULL;
+  ck_assert_msg(model_tokenizer_from_json_files(&t, tj, cj) == 0, "%s", fr_last_error());
+  ck_assert_str_eq(model_tokenizer_chat_template(t), "D{{ messages|length }}");
+  model_chat_msg_t m = {"user", "a", NULL};
+  model_chat_t chat = {.msgs = &m, .n = 1};
+  char *out = NULL;
+  ck_assert_int_eq(model_chat_apply(t, &chat, &out), 0);
+  ck_assert_str_eq(out, "D1");
+  free(out);
+  model_tokenizer_destroy(t);
+  write_file(dir, "chat_template.jinja", "J{{ messages[0].content }}\n");
+  ck_assert_int_eq(model_tokenizer_from_json_files(&t, tj, cj), 0);
+  ck_assert_int_eq(model_chat_apply(t, &chat, &out), 0);
+  ck_assert_str_eq(out, "Ja"); /* the file's trailing newline is dropped, as jinja2 does */
+  free(out);
+  model_tokenizer_destroy(t);
+  char rm[700];
+  snprintf(rm, sizeof rm, "rm -rf '%s'", dir);
+  ck_assert_int_eq(system(rm), 0);
+}
+END_TEST
+
 /* The shared main (tests/common/test_main.c) runs this program's suites. */
 #include "tests/common/test_main.h"
 
@@ -144,6 +189,7 @@ static Suite *chat_suite(void) {
   tcase_add_test(tc, render_matches_jinja);
   tcase_add_test(tc, detect_names_and_unknown);
   tcase_add_test(tc, apply_with_the_model_template);
+  tcase_add_test(tc, template_sources_of_a_folder);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -348,6 +348,10 @@ bool jinja_test(jinja_ctx_t *c, const char *t, jinja_value_t *v, const jinja_arg
   if (!strcmp(t, "true")) return ty == JV_BOOL && v->b;
   if (!strcmp(t, "false")) return ty == JV_BOOL && !v->b;
   if (!strcmp(t, "callable")) return ty == JV_MACRO || ty == JV_FUNC;
+  if (!strcmp(t, "even") || !strcmp(t, "odd")) {
+    if (ty != JV_INT) fail(c, "test '%s' needs an integer", t);
+    return (v->i % 2 == 0) == (t[0] == 'e');
+  }
   if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
     if (ty != JV_STR) return false;
     jinja_value_t *m = map_case(c, v, t[0] == 'l');
@@ -603,6 +607,34 @@ jinja_value_t *jinja_filter(jinja_ctx_t *c, const char *f, jinja_value_t *v, con
     if (v->type == JV_FLOAT) return v;
     if (v->type == JV_INT) return jinja_float(&c->ar, (double)v->i);
     return jinja_float(&c->ar, v->type == JV_STR ? strtod(v->s.p, NULL) : 0.0);
+  }
+  if (!strcmp(f, "attr")) { /* Python's getattr: a dict's keys are not attributes */
+    jinja_value_t *name = need_str(c, arg(a, 0, "name"), "attr");
+    if (v->type == JV_DICT && !jinja_has_method(v, name->s.p)) return &jinja_undef;
+    return jinja_getattr(c, v, name->s.p, name->s.n);
+  }
+  if (!strcmp(f, "round")) { /* round(precision=0, method='common') */
+    jinja_value_t *p = arg(a, 0, "precision"), *m = arg(a, 1, "method");
+    if (v->type != JV_INT && v->type != JV_FLOAT) fail(c, "%s", "round needs a number");
+    double x = v->type == JV_INT ? (double)v->i : v->f, scale = 1;
+    for (int64_t i = 0; p && p->type == JV_INT && i < p->i && i < 15; i++) scale *= 10;
+    double y = x * scale;
+    y = m && jinja_is_str(m, "floor") ? __builtin_floor(y) : m && jinja_is_str(m, "ceil") ? __builtin_ceil(y)
+                                                                                     : __builtin_rint(y); /* halves to even, as Python */
+    return jinja_float(&c->ar, y / scale);
+  }
+  if (!strcmp(f, "sum")) { /* sum(attribute=None, start=0) */
+    jinja_value_t *l = jinja_iterate(c, v), *at = arg(a, 0, "attribute"), *acc = arg(a, 1, "start");
+    if (!acc) acc = jinja_int(&c->ar, 0);
+    for (size_t i = 0; i < l->l.n; i++) {
+      jinja_step(c);
+      jinja_value_t *x = at ? attr_path(c, l->l.items[i], at) : l->l.items[i];
+      if ((acc->type != JV_INT && acc->type != JV_FLOAT) || (x->type != JV_INT && x->type != JV_FLOAT))
+        fail(c, "%s", "sum needs numbers");
+      acc = acc->type == JV_INT && x->type == JV_INT ? jinja_int(&c->ar, (int64_t)((uint64_t)acc->i + (uint64_t)x->i))
+          : jinja_float(&c->ar, (acc->type == JV_INT ? (double)acc->i : acc->f) + (x->type == JV_INT ? (double)x->i : x->f));
+    }
+    return acc;
   }
   if (!strcmp(f, "abs")) {
     if (v->type == JV_INT) return jinja_int(&c->ar, v->i < 0 ? -v->i : v->i);

@@ -96,6 +96,11 @@ START_TEST(filters_tests_methods) {
          "{\"x\": \"s\"}", "TrueFalseTrueTrueTrueTrue");
   expect("{{ ' ab '.strip() }}{{ 'a,b'.split(',') }}{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith(('x', 'c')) }}", NULL,
          "ab['a', 'b']TrueTrue");
+  expect("{{ 2 is even }}{{ 3 is odd }}{{ [1, 2.5]|sum }}{{ 2.567|round(2) }}{{ 2.5|round }}{{ 2.1|round(method='ceil') }}"
+         "{{ d|attr('a') }}{{ [{'n': 1}, {'n': 2}]|sum(attribute='n') }}", "{\"d\": {\"a\": 1}}", "TrueTrue3.52.572.03.03");
+  expect("{{ [3, 1, 2]|sort }}{{ ['b', 'A', 'c']|sort(reverse=true) }}{{ {'b': 1, 'a': 2}|dictsort }}{{ [3, 1]|min }}{{ ['a', 'B']|max }}",
+         NULL, "[1, 2, 3]['c', 'b', 'A'][('a', 2), ('b', 1)]1B");
+  expect("{{ '{} and {name}'.format(1, name='x') }}|{{ ('<' | safe) + '<' }}|{{ [1]|map('string')|list }}", NULL, "1 and x|<&lt;|['1']");
   expect("{{ d.get('a') }}{{ d.get('z', 9) }}{{ d.keys()|list }}{{ d.values()|list }}", "{\"d\": {\"a\": 1}}", "19['a'][1]");
 }
 END_TEST

@@ -218,10 +218,15 @@ static jinja_node_t *parse_filters(parser_t *P, jinja_node_t *n) {
       else if (accept_name(P, "true")) t->s = "true";
       else if (accept_name(P, "false")) t->s = "false";
       else t->s = expect_name(P);
-      if (accept_op(P, "(")) parse_args(P, t);
-      else if (peek(P)->type == JT_STRING || peek(P)->type == JT_INT || peek(P)->type == JT_FLOAT) {
+      const jinja_tok_t *u = peek(P);
+      bool bare_arg = u->type == JT_STRING || u->type == JT_INT || u->type == JT_FLOAT || is_op(u, "[") || is_op(u, "{") ||
+                      (u->type == JT_NAME && !is_name(u, "else") && !is_name(u, "or") && !is_name(u, "and"));
+      if (accept_op(P, "(")) {
+        parse_args(P, t);
+      } else if (bare_arg) { /* `x is divisibleby 3`, `x is sameas none`: one argument, as jinja2 reads it */
+        if (is_name(u, "is")) syntax(P, "tests cannot be chained with is");
         t->kids = jinja_alloc(P->a, sizeof *t->kids);
-        t->kids[0] = parse_primary(P);
+        t->kids[0] = parse_postfix(P, parse_primary(P));
         t->n_kids = 1;
       }
       n = t;

@@ -369,7 +369,13 @@ void jinja_to_str(jinja_arena_t *a, jinja_buf_t *b, const jinja_value_t *v) {
   case JV_FLOAT: return put_float(a, b, v->f);
   case JV_STR: return jinja_buf_put(a, b, v->s.p, v->s.n);
   case JV_LIST: case JV_DICT: return jinja_repr(a, b, v);
-  case JV_NS: return jinja_buf_puts(a, b, "<Namespace>");
+  case JV_NS: {
+    jinja_value_t d = *v;
+    d.type = JV_DICT;
+    jinja_buf_puts(a, b, "<Namespace ");
+    jinja_repr(a, b, &d);
+    return jinja_buf_puts(a, b, ">");
+  }
   case JV_MACRO: return jinja_buf_puts(a, b, "<Macro>");
   default: return jinja_buf_puts(a, b, "<function>");
   }

@@ -84,6 +84,55 @@ TOOL_CONVERSATIONS = [
 ]
 
 
+# Small templates for the corners real templates touch only now and then:
+# whitespace control, operators, slicing, scoping, filters, float printing.
+SNIPPETS = [
+ "a\n  {% if true %}\n    b\n  {% endif %}\nc",
+ "x {{ 1 }}   {% if true %}y{% endif %}",
+ "\t{% if true %}\tz{% endif %}\t\n",
+ "a {#- c -#} b\n{# d #}  \n e",
+ "{% for i in range(3) %}\n  {{ i }}\n{% endfor %}",
+ "{%+ if true %} a {%+ endif %}\n b",
+ "{% if true +%}\nkeep\n{% endif %}",
+ "  {{- 'x' }}  \n  {{ 'y' -}}  \n z",
+ "{% set a = [1,2,3] %}{{ a[::2] }}{{ a[-2:] }}{{ a[:-1] }}{{ 'héllo'[1:3] }}",
+ "{{ 'a' if 0 else 'b' if 1 else 'c' }}",
+ "{{ not 1 == 2 }}{{ - 2 ** 2 }}{{ 2 ** 3 ** 2 }}{{ 10 - 2 - 3 }}{{ 7 / 2 }}{{ -7 % 3 }}{{ 7.5 // 2 }}",
+ "{{ 'abc' ~ 1 + 2 }}",
+ "{{ [1, 'a', none, true, 1.0, {'k': [1]}] }}",
+ "{{ {'a': 1}.items()|list }}{{ (1,) }}{{ (1, 2) }}{{ () }}",
+ "{% for a, b in [[1, 2], [3, 4]] %}{{ a + b }}{{ loop.revindex }}{{ loop.first }}{% endfor %}",
+ "{{ 'x'|center(5) if false else 'ok' }}",
+ "{{ '  a b  '.split() }}{{ 'a,b,,c'.split(',') }}{{ 'a b c'.split(' ', 1) }}{{ 'abc'.rstrip('c') }}",
+ "{{ 'Hello World'.lower().title() }}{{ 'hello'.capitalize() }}{{ 'x'.join(['a','b']) }}",
+ "{{ '\\u00e9\\n\\t\\\\' }}",
+ "{{ 1 == 1.0 }}{{ true == 1 }}{{ none == none }}{{ [1] == [1] }}{{ 'a' < 'b' }}{{ [1, 2] < [1, 3] }}",
+ "{% macro m(x) %}[{{ x }}]{% endmacro %}{{ m('a') ~ m('b') }}{% set s = m(1) %}{{ s|length }}",
+ "{{ x|default(none) is none }}{{ y|default('a', true) }}",
+ "{% set ns = namespace(a=[]) %}{% set ns.a = ns.a + [1] %}{{ ns.a }}{{ ns }}",
+ "{{ 1.5e3 }}{{ 100000000000000000.0 }}{{ 0.0001 }}{{ 0.00001 }}{{ -0.0 }}{{ 1/3 }}",
+ "{{ [3,1,2]|sort|first }}{{ 'abc'|list }}{{ 'abc'|reverse }}{{ [1,2]|reverse|list }}",
+ "{{ {'z': 1, 'a': {'q': [1, 2]}}|tojson(indent=4) }}",
+ "{{ '\"quoted\" <tag> & é \\u2028'|tojson }}",
+ "{% for m in msgs if m.r != 's' %}{{ loop.index }}/{{ loop.length }}{{ m.r }}{% else %}none{% endfor %}",
+ "{{ msgs|selectattr('r', 'in', ['u', 'a'])|map(attribute='r')|join('-') }}",
+ "{{ msgs|map(attribute='missing', default='d')|list }}",
+ "{{ msgs[0] }}{{ msgs|length }}{{ msgs|first }}",
+ "{% if msgs[0].r is defined and msgs[0].q is not defined %}yes{% endif %}",
+ "{{ 'a\\nb\\n\\nc'|indent(2, true) }}|{{ 'a\\n\\nb'|indent(2, blank=true) }}",
+ "{{ 'abc'|replace('', '-') }}{{ 'aaa'|replace('a', 'b', 2) }}",
+ "{{ '%d' if false else 'x' }}{{ 5 // 0 if false else 1 }}",
+ "{%- set x -%}\n  block  \n{%- endset -%}[{{ x }}]",
+ "{% filter trim %}   padded   {% endfilter %}|",
+ "{% for i in range(10) %}{% if i is even %}{% continue %}{% endif %}{% if i > 6 %}{% break %}{% endif %}{{ i }}{% endfor %}",
+ "{{ range(2, 10, 3)|list }}{{ range(5, 0, -2)|list }}",
+ "{{ '1' + '2' }}{{ [0] * 3 }}{{ 'ab' * 0 }}",
+ "{{ x.y.z is defined if x is defined else 'nx' }}",
+ "{{ true and 'a' or 'b' }}{{ false or 0 or '' }}{{ none or [] }}",
+]
+SNIPPET_VARS = {"msgs": [{"r": "s"}, {"r": "u"}, {"r": "a"}]}
+
+
 def cases():
     out = []
     for conv in CONVERSATIONS:
@@ -134,10 +183,29 @@ def render_jinja2(env, src, variables):
         return {"error": f"{type(e).__name__}: {e}"}
 
 
+def check_snippets(exe, env):
+    """Each snippet rendered by both; returns how many differ."""
+    bad = 0
+    with tempfile.TemporaryDirectory() as tmp:
+        cp = os.path.join(tmp, "cases.json")
+        json.dump([SNIPPET_VARS], open(cp, "w"))
+        for i, src in enumerate(SNIPPETS):
+            tp, op = os.path.join(tmp, "t.jinja"), os.path.join(tmp, "out.json")
+            open(tp, "w", encoding="utf-8").write(src)
+            subprocess.run([exe, tp, cp, op], check=True)
+            (g,) = json.load(open(op, encoding="utf-8"))
+            w = render_jinja2(env, src, SNIPPET_VARS)
+            if not (("out" in w and g.get("out") == w["out"]) or ("error" in w and "error" in g)):
+                bad += 1
+                print(f"FAIL snippet {i}: {src!r}\n    jinja2: {w}\n    ferrum: {g}")
+    print(f"{'ok  ' if not bad else 'FAIL'} {len(SNIPPETS) - bad}/{len(SNIPPETS)} snippets identical")
+    return bad
+
+
 def main():
     exe, tdir = sys.argv[1], sys.argv[2]
     env = hf_env()
-    failed = 0
+    failed = check_snippets(exe, env)
     others = sorted(n for n in os.listdir(tdir) if n.endswith(".jinja") and n not in TEMPLATES)
     for name, (bos, eos) in list(TEMPLATES.items()) + [(n, ("<s>", "</s>")) for n in others]:
         path = os.path.join(tdir, name)

@@ -28,6 +28,8 @@ typedef struct coord coord_t;
 typedef struct {
   const char *model_path;         /* GGUF file or HF folder (required) */
   const char *served_model_name;  /* NULL = the model file's base name */
+  const char *chat_template;      /* NULL, or a Jinja file (or a built-in name: chatml, llama3, ...)
+                                   * that replaces the model's chat template */
   const char *device;             /* "cpu" (default) or "cuda[:N]" */
   const char *load_format;        /* NULL/"auto", or "dummy": random weights of model_path's config.json
                                    * (the folder's tokenizer.json serves the text side) */

@@ -83,8 +83,7 @@ typedef struct {
   coord_prompt_task_t *done_head;             /* LIFO, under mu */
   bool stop;
   int efd;                                    /* eventfd: tasks are done (-1 before init) */
-  const model_tokenizer_t *tok;               /* immutable, shared */
-  model_chat_kind_t chat;
+  const model_tokenizer_t *tok;               /* immutable, shared (its chat template too) */
 } coord_prompts_t;
 
 /* Recorded coordinator time per step: (wall ns, CPU ns, ns to the next step's send, items). */
@@ -104,7 +103,6 @@ struct coord {
   /* model side */
   model_source_t *src;
   model_tokenizer_t *tok;
-  model_chat_kind_t chat;
   int vocab, max_model_len, n_layers;
   /* sockets */
   void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */

@@ -53,6 +53,19 @@ static int coord__worker_exe(coord_t *c) {
   return 0;
 }
 
+/* --chat-template: a file's text, or a built-in renderer's name, replaces
+ * the model's template; a template that does not parse fails the start. */
+static int coord__chat_template(coord_t *c) {
+  const char *arg = c->cfg.chat_template;
+  char *text = NULL;
+  int rc = model_chat_template_load(arg, &text);
+  if (rc) return rc;
+  model_tokenizer_set_chat_template(c->tok, text);
+  free(text);
+  FR_LOGI("chat template from %s", arg);
+  return 0;
+}
+
 /* Opens the model's tokenizer (not its weights) and works out the context. */
 static int coord__tokenizer(coord_t *c) {
   int rc = c->cfg.load_format && !strcmp(c->cfg.load_format, "dummy")
@@ -64,7 +77,7 @@ static int coord__tokenizer(coord_t *c) {
     rc = model_tokenizer_from_json_files(&c->tok, c->src->tokenizer_json, c->src->tokenizer_config_json);
   else rc = fr_errorf(FR_EUNSUPPORTED, "%s has no tokenizer", c->model_path);
   if (rc) return rc;
-  c->chat = model_chat_detect(model_tokenizer_chat_template(c->tok));
+  if (c->cfg.chat_template && (rc = coord__chat_template(c))) return rc;
   c->vocab = c->src->config.vocab_size;
   c->n_layers = c->src->config.n_layers;
   return 0;

@@ -33,6 +33,7 @@ struct coord_prompt_task {
   size_t text_len;
   model_chat_msg_t *msgs;  /* (n_msgs) chat messages, strings owned */
   size_t n_msgs;
+  char *vars;              /* the chat's template variables (JSON), owned, or NULL */
   int32_t *ids;            /* out: prompt ids (owned until taken) */
   size_t n_ids;
   int rc;                  /* out */
@@ -41,8 +42,10 @@ struct coord_prompt_task {
 
 static void coord__task_free(coord_prompt_task_t *t) {
   if (!t) return;
-  for (size_t i = 0; i < t->n_msgs; i++) free((char *)t->msgs[i].role), free((char *)t->msgs[i].content);
+  for (size_t i = 0; i < t->n_msgs; i++)
+    free((char *)t->msgs[i].role), free((char *)t->msgs[i].content), free((char *)t->msgs[i].json);
   free(t->msgs);
+  free(t->vars);
   free(t->text);
   free(t->ids);
   free(t);
@@ -59,7 +62,8 @@ static void coord__tasks_free(coord_prompt_task_t *list) {
 /* ---- the pool's threads ---------------------------------------------------------- */
 
 static int coord__task_chat(const coord_prompts_t *p, coord_prompt_task_t *t) {
-  return model_chat_tokenize(p->tok, p->chat, t->msgs, t->n_msgs, &t->ids, &t->n_ids);
+  model_chat_t chat = {.msgs = t->msgs, .n = t->n_msgs, .vars = t->vars};
+  return model_chat_tokenize(p->tok, &chat, &t->ids, &t->n_ids);
 }
 
 static void coord__task_run(const coord_prompts_t *p, coord_prompt_task_t *t) {
@@ -93,7 +97,7 @@ static void *coord__prompts_thread(void *arg) {
 
 int coord__prompts_init(coord_t *c) {
   coord_prompts_t *p = &c->prompts;
-  *p = (coord_prompts_t){.tok = c->tok, .chat = c->chat, .efd = -1};
+  *p = (coord_prompts_t){.tok = c->tok, .efd = -1};
   p->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (p->efd < 0) return fr_errorf(-errno, "eventfd: %s", strerror(errno));
   pthread_mutex_init(&p->mu, NULL);
@@ -137,8 +141,11 @@ static coord_prompt_task_t *coord__task_new(coord_job_t *j, const proto_submit_t
   t->n_msgs = s->n_messages;
   for (uint32_t i = 0; i < s->n_messages; i++) {
     const proto_chat_msg_t *m = &s->messages[i];
-    t->msgs[i] = (model_chat_msg_t){.role = fr_strdup(m->role), .content = fr_strndup(m->content, m->content_len)};
+    t->msgs[i] = (model_chat_msg_t){.role = fr_strdup(m->role), .content = fr_strndup(m->content, m->content_len),
+                                    .json = m->json ? fr_strndup(m->json, m->json_len) : NULL};
   }
+  const proto_chat_msg_t *m0 = &s->messages[0];
+  t->vars = m0->vars ? fr_strndup(m0->vars, m0->vars_len) : NULL;
   return t; /* NULs in content end the text, as the template renders it */
 }
 

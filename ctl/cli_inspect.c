@@ -93,7 +93,9 @@ static void inspect_tokenizer(const model_tokenizer_t *tok) {
     printf("%s:          %d %.*s\n", names[i], ids[i], (int)len, b ? b : "");
   }
   printf("adds bos:     %s\n", model_tokenizer_adds_bos(tok) ? "yes" : "no");
-  printf("chat:         %s\n", model_chat_kind_name(model_chat_detect(model_tokenizer_chat_template(tok))));
+  const char *tmpl = model_tokenizer_chat_template(tok);
+  if (!tmpl) printf("chat:         none (serve --chat-template gives one)\n");
+  else printf("chat:         Jinja template, %zu bytes (family: %s)\n", strlen(tmpl), model_chat_kind_name(model_chat_detect(tmpl)));
 }
 
 static void inspect_tensors(const model_source_t *src) {

@@ -60,6 +60,8 @@ static void serve_usage(FILE *f) {
           "                                --max-connections, at least 128: 2048; behind a proxy every client\n"
           "                                has the proxy's address)\n"
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
+          "  --chat-template FILE          Jinja chat template to use instead of the model's (or a\n"
+          "                                built-in name: chatml, smollm2, qwen2.5, qwen3, llama3, ...)\n"
           "  --max-queue N                 waiting jobs before new ones get 429 (default 1024)\n"
           "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n"
           "  --restart-backoff-max MS      longest wait before restarting a worker that keeps dying (default 30000)\n"
@@ -77,7 +79,7 @@ static void serve_usage(FILE *f) {
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
-  O_PC, O_NOPC, O_KEY, O_NAME, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
+  O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
   O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE
 };
 
@@ -119,6 +121,7 @@ static int serve_opt(serve_opts_t *o, int c) {
   case O_MAXCONN: return cli_parse_int("--max-connections", optarg, 1, 1 << 20, &o->max_conn) ? 2 : 0;
   case O_PERIP: return cli_parse_int("--max-connections-per-ip", optarg, 1, 1 << 20, &o->per_ip) ? 2 : 0;
   case O_NAME: k->served_model_name = optarg; return 0;
+  case O_CHATTPL: k->chat_template = optarg; return 0;
   case O_STATS: k->step_stats_path = optarg; return 0;
   case O_FAKE: k->fake_workers = true; return 0;
   case O_QUEUE: if (cli_parse_int("--max-queue", optarg, 1, 1 << 20, &v)) return 2; k->max_waiting = (int)v; return 0;
@@ -160,6 +163,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"max-connections", required_argument, 0, O_MAXCONN},
       {"max-connections-per-ip", required_argument, 0, O_PERIP},
       {"served-model-name", required_argument, 0, O_NAME},
+      {"chat-template", required_argument, 0, O_CHATTPL},
       {"step-stats", required_argument, 0, O_STATS},
       {"fake-workers", no_argument, 0, O_FAKE},
       {"max-queue", required_argument, 0, O_QUEUE},

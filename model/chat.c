@@ -1,15 +1,23 @@
-/* chat.c - chat template detection and rendering for the families ferrum
- * loads, byte-equal to the upstream Jinja templates rendered the way
+/* chat.c - a chat as prompt tokens: the model's Jinja template rendered by
+ * model/jinja.h with the variables transformers passes (model_chat_apply).
+ * The hand-written renderers here are only the fallback for a model with no
+ * template at all, chosen by a built-in name ("chatml", "llama3", ...);
+ * they are byte-equal to the upstream templates rendered the way
  * transformers' apply_chat_template(add_generation_prompt=True,
  * enable_thinking=False) does (see tests/tokenizer/templates/). */
 #include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "model/chat.h"
+#include "model/file.h"
+#include "model/jinja.h"
 #include "model/tok_internal.h"
 
 #define SMOLLM2_SYSTEM "You are a helpful AI assistant named SmolLM, trained by Hugging Face"
@@ -279,17 +287,116 @@ int model_chat_render(model_chat_kind_t k, const model_chat_msg_t *msgs, size_t 
   return 0;
 }
 
-int model_chat_tokenize(const model_tokenizer_t *tok, model_chat_kind_t k, const model_chat_msg_t *msgs, size_t n,
-                        int32_t **ids, size_t *n_ids) {
-  if (k == MODEL_CHAT_UNKNOWN) return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows");
-  size_t bos_len = 0;
-  int32_t bos = model_token_bos(tok);
-  const char *bos_bytes = bos >= 0 ? model_token_bytes(tok, bos, &bos_len) : NULL;
-  char *bos_text = bos_bytes ? fr_strndup(bos_bytes, bos_len) : NULL;
+/* The token's text as a C string ("" when none). */
+static char *token_text(const model_tokenizer_t *tok, int32_t id) {
+  size_t len = 0;
+  const char *bytes = id >= 0 ? model_token_bytes(tok, id, &len) : NULL;
+  return bytes ? fr_strndup(bytes, len) : fr_strdup("");
+}
+
+/* One message as the template sees it: the request's object, or {role,
+ * content}. Content given as a list of parts stays a list for a template
+ * that loops over content, else it is the parts' text joined (vLLM's
+ * "openai" and "string" content formats). */
+static json_t *msg_json(const model_chat_msg_t *m, size_t i, bool parts) {
+  if (m->json) {
+    json_error_t je;
+    json_t *j = json_loads(m->json, JSON_DECODE_ANY, &je);
+    if (json_is_array(json_object_get(j, "content")) && !parts)
+      json_object_set_new(j, "content", json_string(m->content ? m->content : ""));
+    if (json_is_object(j)) return j;
+    json_decref(j);
+    fr_errorf(-EINVAL, "chat: message %zu is not a JSON object", i);
+    return NULL;
+  }
+  return json_pack("{s:s, s:s}", "role", m->role ? m->role : "", "content", m->content ? m->content : "");
+}
+
+/* The variables transformers passes: chat->vars (chat_template_kwargs and
+ * tools) first, so that they cannot replace the chat's own (messages,
+ * bos_token, ...). */
+static int chat_vars(const model_tokenizer_t *tok, const model_chat_t *chat, bool parts, json_t **out) {
+  json_error_t je;
+  json_t *v = chat->vars ? json_loads(chat->vars, 0, &je) : json_object();
+  if (!json_is_object(v)) {
+    json_decref(v);
+    return fr_errorf(-EINVAL, "chat_template_kwargs must be a JSON object");
+  }
+  json_t *tools = json_object_get(v, "tools");
+  if (tools && !json_is_array(tools)) return json_decref(v), fr_errorf(-EINVAL, "tools must be a JSON list");
+  json_t *msgs = json_array();
+  json_object_set_new(v, "messages", msgs);
+  for (size_t i = 0; i < chat->n; i++) {
+    json_t *m = msg_json(&chat->msgs[i], i, parts);
+    if (!m) return json_decref(v), -EINVAL;
+    json_array_append_new(msgs, m);
+  }
+  char *bos = token_text(tok, model_token_bos(tok)), *eos = token_text(tok, model_token_eos(tok));
+  json_object_set_new(v, "bos_token", json_string(bos));
+  json_object_set_new(v, "eos_token", json_string(eos));
+  json_object_set_new(v, "add_generation_prompt", json_true());
+  if (!json_object_get(v, "tools")) json_object_set_new(v, "tools", json_null()); /* as transformers: tools=None */
+  if (!json_object_get(v, "documents")) json_object_set_new(v, "documents", json_null());
+  free(bos);
+  free(eos);
+  *out = v;
+  return 0;
+}
+
+static int apply_jinja(const model_tokenizer_t *tok, const char *tmpl, const model_chat_t *chat, char **out) {
+  model_jinja_t *t = NULL;
+  json_t *vars = NULL;
+  int rc = model_jinja_parse(&t, tmpl, strlen(tmpl));
+  if (!rc) rc = chat_vars(tok, chat, model_jinja_loops_over(t, "content"), &vars);
+  if (!rc) rc = model_jinja_render(t, vars, NULL, out, NULL);
+  if (rc == FR_EFORMAT || rc == FR_ETOOBIG) {
+    char msg[600];
+    snprintf(msg, sizeof msg, "%s", fr_last_error());
+    rc = fr_errorf(rc, "%s%s", strncmp(msg, "chat template", 13) ? "chat template: " : "", msg);
+  }
+  json_decref(vars);
+  model_jinja_destroy(t);
+  return rc;
+}
+
+int model_chat_template_load(const char *arg, char **out) {
+  *out = NULL;
+  if (model_chat_detect(arg) != MODEL_CHAT_UNKNOWN && access(arg, F_OK) != 0) {
+    *out = fr_strdup(arg);
+    return 0;
+  }
   char *text = NULL;
-  int rc = model_chat_render(k, msgs, n, bos_text, &text);
+  int rc = model__file_read("chat template", arg, 1u << 24, &text, NULL);
+  if (rc) return rc;
+  model_jinja_t *t = NULL;
+  if ((rc = model_jinja_parse(&t, text, strlen(text)))) {
+    free(text);
+    return fr_errorf(rc, "--chat-template %s: %s", arg, fr_last_error());
+  }
+  model_jinja_destroy(t);
+  *out = text;
+  return 0;
+}
+
+int model_chat_apply(const model_tokenizer_t *tok, const model_chat_t *chat, char **out) {
+  *out = NULL;
+  const char *tmpl = model_tokenizer_chat_template(tok);
+  if (!tmpl) return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template (give serve --chat-template FILE)");
+  if (chat->n == 0 || !chat->msgs) return fr_errorf(-EINVAL, "chat: no messages");
+  for (size_t i = 1; i < FR_ARRAY_SIZE(k_names); i++) /* a built-in name: the hand-written fallback */
+    if (!strcmp(tmpl, k_names[i])) {
+      char *bos = token_text(tok, model_token_bos(tok));
+      int rc = model_chat_render((model_chat_kind_t)i, chat->msgs, chat->n, bos, out);
+      free(bos);
+      return rc;
+    }
+  return apply_jinja(tok, tmpl, chat, out);
+}
+
+int model_chat_tokenize(const model_tokenizer_t *tok, const model_chat_t *chat, int32_t **ids, size_t *n_ids) {
+  char *text = NULL;
+  int rc = model_chat_apply(tok, chat, &text);
   if (rc == 0) rc = model_tokenize(tok, text, strlen(text), false, true, ids, n_ids);
-  free(bos_text);
   free(text);
   return rc;
 }

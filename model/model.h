@@ -74,8 +74,7 @@ typedef struct model {
   model_shard_t shard;
   model_source_t *src;        /* NULL for dummy configs */
   kern_backend_t *be;         /* borrowed */
-  model_tokenizer_t *tok;     /* NULL when the model has no tokenizer (dummy) */
-  model_chat_kind_t chat;
+  model_tokenizer_t *tok;     /* NULL when the model has no tokenizer (dummy); holds the chat template */
   kern_rope_t rope;
   kern_weight_t inv_freq;     /* F32 (1, rope_dim/2) */
   kern_weight_t tok_embd;     /* (vocab, dim) */

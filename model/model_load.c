@@ -509,9 +509,7 @@ static int model__load_tokenizer(model_t *m) {
     FR_LOGW("%s has no tokenizer; token ids only", m->src->path);
     return 0;
   }
-  if (rc) return rc;
-  m->chat = model_chat_detect(model_tokenizer_chat_template(m->tok));
-  return 0;
+  return rc;
 }
 
 int model_load(model_t **out, const char *path, kern_backend_t *be, const model_load_opts_t *opts) {

@@ -7,9 +7,8 @@
 #include "common/fr_err.h"
 
 int model_prompt_chat(const model_t *m, const model_chat_msg_t *msgs, size_t n, int32_t **ids, size_t *n_ids) {
-  if (m->chat == MODEL_CHAT_UNKNOWN)
-    return fr_errorf(FR_EUNSUPPORTED, "the model has no chat template ferrum knows; use --raw");
-  return model_chat_tokenize(m->tok, m->chat, msgs, n, ids, n_ids);
+  model_chat_t chat = {.msgs = msgs, .n = n};
+  return model_chat_tokenize(m->tok, &chat, ids, n_ids);
 }
 
 int model_prompt_tokenize(const model_t *m, const char *text, bool raw, int32_t **ids, size_t *n_ids) {

@@ -457,6 +457,11 @@ int32_t model_token_lookup(const model_tokenizer_t *t, const char *text, size_t 
 }
 const char *model_tokenizer_chat_template(const model_tokenizer_t *t) { return t->chat_template; }
 
+void model_tokenizer_set_chat_template(model_tokenizer_t *t, const char *text) {
+  free(t->chat_template);
+  t->chat_template = text ? fr_strdup(text) : NULL;
+}
+
 /* ---------- streaming detokenizer ---------- */
 
 void model_detok_init(model_detok_t *d, const model_tokenizer_t *t, bool skip_special) {

@@ -68,6 +68,9 @@ bool model_token_is_control(const model_tokenizer_t *t, int32_t id);
 int32_t model_token_lookup(const model_tokenizer_t *t, const char *text, size_t len);
 /* The chat template text shipped with the tokenizer, or NULL. */
 const char *model_tokenizer_chat_template(const model_tokenizer_t *t);
+/* Replaces the chat template (serve --chat-template), before any thread
+ * uses the tokenizer; text is copied. */
+void model_tokenizer_set_chat_template(model_tokenizer_t *t, const char *text);
 
 /* Streaming detokenizer: feed tokens one at a time, get the bytes that are
  * complete UTF-8 so far. */

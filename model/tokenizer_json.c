@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
@@ -407,6 +408,22 @@ int model_tokenizer_from_json(model_tokenizer_t **out, const char *tokenizer_jso
   return 0;
 }
 
+/* A chat_template.jinja beside tokenizer.json wins over tokenizer_config.json's,
+ * as in transformers. */
+static void tok__chat_template_file(model_tokenizer_t *t, const char *tokenizer_path) {
+  const char *slash = strrchr(tokenizer_path, '/');
+  size_t dir = slash ? (size_t)(slash - tokenizer_path) + 1 : 0;
+  char *path = fr_malloc(dir + sizeof "chat_template.jinja");
+  memcpy(path, tokenizer_path, dir);
+  memcpy(path + dir, "chat_template.jinja", sizeof "chat_template.jinja");
+  char *text = NULL;
+  if (access(path, R_OK) == 0 && model__file_read("chat template", path, TOK_MAX_JSON, &text, NULL) == 0) {
+    free(t->chat_template);
+    t->chat_template = text;
+  }
+  free(path);
+}
+
 int model_tokenizer_from_json_files(model_tokenizer_t **out, const char *tokenizer_path, const char *config_path) {
   *out = NULL;
   char *tok = NULL, *cfg = NULL;
@@ -415,5 +432,6 @@ int model_tokenizer_from_json_files(model_tokenizer_t **out, const char *tokeniz
   if (!rc) rc = model_tokenizer_from_json(out, tok, cfg);
   free(tok);
   free(cfg);
+  if (!rc) tok__chat_template_file(*out, tokenizer_path);
   return rc;
 }

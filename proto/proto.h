@@ -312,6 +312,13 @@ typedef struct {
   char *role;           /* "r" required: "system", "user", "assistant", ... */
   char *content;        /* "c" required, <= PROTO_MAX_TEXT, may hold NULs */
   uint32_t content_len; /* encode: 0 means strlen(content) */
+  char *json;           /* "j" or NULL: the message object as the client gave it (content parts,
+                         * tool_calls, ...), what the chat template sees */
+  uint32_t json_len;    /* encode: 0 means strlen(json) */
+  char *vars;           /* "v" first message only, or NULL: a JSON object of more chat template
+                         * variables (chat_template_kwargs, and "tools"); here because a
+                         * submit map is full */
+  uint32_t vars_len;    /* encode: 0 means strlen(vars) */
 } proto_chat_msg_t;
 
 /* A job. Exactly one of prompt, tokens, messages is given. */

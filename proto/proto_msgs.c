@@ -317,6 +317,8 @@ SCHEMA(s_shutdown, "shutdown", proto_shutdown_t, f_shutdown, def_shutdown, NULL)
 static const proto_field_t f_chat_msg[] = {
     FSTR("r", PF_REQ, proto_chat_msg_t, role, PROTO_MAX_STR),
     FARR("c", PF_TEXT, PF_REQ, proto_chat_msg_t, content, content_len, PROTO_MAX_TEXT),
+    FARR("j", PF_TEXT, 0, proto_chat_msg_t, json, json_len, PROTO_MAX_TEXT),
+    FARR("v", PF_TEXT, 0, proto_chat_msg_t, vars, vars_len, PROTO_MAX_TEXT),
 };
 SCHEMA(s_chat_msg, "chat message", proto_chat_msg_t, f_chat_msg, def_chat_msg, NULL);
 

@@ -308,7 +308,6 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   h->max_model_len = cfg->max_model_len;
   h->metrics = cfg->metrics;
   h->tok = cfg->tokenizer;
-  h->chat = h->tok ? model_chat_detect(model_tokenizer_chat_template(h->tok)) : MODEL_CHAT_UNKNOWN;
   h->started = (long long)time(NULL);
   h->timeout_s = cfg->timeout_s ? cfg->timeout_s : 30u;
   h->keepalive_ns = (uint64_t)(cfg->keepalive_ms ? cfg->keepalive_ms : 5000u) * 1000000ull;

@@ -57,6 +57,9 @@ typedef struct {
   char **stop;
   int32_t *tokens, *stop_ids;
   proto_chat_msg_t *messages;
+  char **msg_json;           /* (n_msg_json) a message's JSON when it has more than role and string content */
+  size_t n_msg_json;
+  char *chat_vars;           /* JSON text behind sub.messages[0].vars */
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -161,7 +164,6 @@ struct coord_http {
   uint32_t max_model_len;
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
-  int chat;                    /* model_chat_kind_t of tok's template (http_tokenize.c) */
   int port;
   unsigned timeout_s;          /* MHD's idle timeout (not counted while a request waits: suspended) */
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */

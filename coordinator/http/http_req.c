@@ -239,6 +239,43 @@ static int req_content(json_t *msg, size_t i, const char **out, size_t *len, coo
   return 0;
 }
 
+/* A message with more than role and string content (tool_calls,
+ * tool_call_id, name, content parts or null, ...) goes to the chat template
+ * whole, as JSON, with its content as given (orig; NULL: absent). */
+static int req_msg_json(coord_http_req_t *r, json_t *m, json_t *orig, size_t i, size_t n, coord_http_err_t *e) {
+  if (!r->msg_json) {
+    if (!(r->msg_json = calloc(n, sizeof *r->msg_json))) return coord_http_err(e, 500, NULL, "out of memory");
+    r->n_msg_json = n; /* freed by coord_http_req_free, also when a later message fails */
+  }
+  json_t *copy = json_copy(m);
+  if (copy && orig) json_object_set(copy, "content", orig);
+  else if (copy) json_object_del(copy, "content");
+  r->msg_json[i] = copy ? json_dumps(copy, JSON_COMPACT | JSON_ENCODE_ANY) : NULL;
+  json_decref(copy);
+  if (!r->msg_json[i]) return coord_http_err(e, 500, NULL, "out of memory");
+  if (strlen(r->msg_json[i]) > PROTO_MAX_TEXT) return coord_http_err(e, 400, "messages", "messages[%zu] is too long", i);
+  r->messages[i].json = r->msg_json[i];
+  return 0;
+}
+
+/* tools (a list) and chat_template_kwargs (an object) for the chat template. */
+static int req_template_vars(coord_http_req_t *r, coord_http_err_t *e) {
+  json_t *tools = req_get(r->root, "tools"), *kw = req_get(r->root, "chat_template_kwargs");
+  if (tools && !json_is_null(tools) && !json_is_array(tools)) return coord_http_err(e, 400, "tools", "'tools' must be a list");
+  if (kw && !json_is_null(kw) && !json_is_object(kw))
+    return coord_http_err(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
+  bool has_tools = json_is_array(tools) && json_array_size(tools);
+  if (!has_tools && !(json_is_object(kw) && json_object_size(kw))) return 0;
+  json_t *vars = json_is_object(kw) ? json_deep_copy(kw) : json_object();
+  if (vars && has_tools) json_object_set(vars, "tools", tools);
+  r->chat_vars = vars ? json_dumps(vars, JSON_COMPACT) : NULL;
+  json_decref(vars);
+  if (!r->chat_vars) return coord_http_err(e, 500, NULL, "out of memory");
+  if (strlen(r->chat_vars) > PROTO_MAX_TEXT) return coord_http_err(e, 400, "tools", "'tools' and 'chat_template_kwargs' are too long");
+  r->messages[0].vars = r->chat_vars;
+  return 0;
+}
+
 static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
   json_t *ms = req_get(r->root, "messages");
   if (!json_is_array(ms) || json_array_size(ms) == 0)
@@ -254,14 +291,18 @@ static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
       return coord_http_err(e, 400, "messages", "messages[%zu] needs a 'role' string", i);
     const char *text = NULL;
     size_t len = 0;
-    if (req_content(m, i, &text, &len, e)) return -1;
+    json_t *orig = json_incref(json_object_get(m, "content"));
+    if (req_content(m, i, &text, &len, e)) return json_decref(orig), -1;
     r->messages[i].role = (char *)json_string_value(role);
     r->messages[i].content = (char *)text;
     r->messages[i].content_len = (uint32_t)len;
+    int rc = json_object_size(m) > 2 || !json_is_string(orig) ? req_msg_json(r, m, orig, i, n, e) : 0;
+    json_decref(orig);
+    if (rc) return -1;
   }
   r->sub.messages = r->messages;
   r->sub.n_messages = (uint32_t)n;
-  return 0;
+  return req_template_vars(r, e);
 }
 
 static int req_model(coord_http_req_t *r, const char *served, coord_http_err_t *e) {
@@ -316,6 +357,9 @@ void coord_http_req_free(coord_http_req_t *r) {
   free(r->stop);
   free(r->tokens);
   free(r->stop_ids);
+  for (size_t i = 0; i < r->n_msg_json; i++) free(r->msg_json[i]);
+  free(r->msg_json);
+  free(r->chat_vars);
   free(r->messages);
   memset(r, 0, sizeof *r);
 }

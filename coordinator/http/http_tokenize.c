@@ -57,8 +57,10 @@ static int tok_ids(const struct coord_http *h, json_t *root, const char *body, s
   coord_http_req_t r;
   if (coord_http_req_parse(&r, COORD_HTTP_API_CHAT, body, len, h->model, 0, e)) return -1;
   model_chat_msg_t *m = fr_calloc(r.sub.n_messages, sizeof *m);
-  for (uint32_t i = 0; i < r.sub.n_messages; i++) m[i] = (model_chat_msg_t){r.sub.messages[i].role, r.sub.messages[i].content};
-  int rc = model_chat_tokenize(h->tok, (model_chat_kind_t)h->chat, m, r.sub.n_messages, ids, n);
+  for (uint32_t i = 0; i < r.sub.n_messages; i++)
+    m[i] = (model_chat_msg_t){r.sub.messages[i].role, r.sub.messages[i].content, r.sub.messages[i].json};
+  model_chat_t chat = {.msgs = m, .n = r.sub.n_messages, .vars = r.sub.messages[0].vars};
+  int rc = model_chat_tokenize(h->tok, &chat, ids, n);
   free(m);
   coord_http_req_free(&r);
   return rc ? coord_http_err(e, 400, "messages", "%s", fr_last_error()) : 0;

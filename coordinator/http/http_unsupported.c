@@ -1,12 +1,15 @@
 /* http_unsupported.c - the OpenAI request fields ferrum does not act on
  * yet. A client that sends one with a value that would change the answer
- * (tools to call, a response format, logit biases, ...) gets a 400 naming
+ * (a tool choice, a response format, logit biases, ...) gets a 400 naming
  * it rather than a 200 whose output ignored it; the value that means "off"
  * (null, an empty list or object, "none", {"type": "text"}) passes.
  * The same for vLLM's output options when set away from what ferrum
  * does (skip_special_tokens false, include_stop_str_in_output,
  * truncate_prompt_tokens). Fields that change nothing about the output
- * (user, metadata, store, service_tier, parallel_tool_calls) are accepted. */
+ * (user, metadata, store, service_tier, parallel_tool_calls) are accepted.
+ * `tools` is accepted: the chat template renders them into the prompt
+ * (parsing tool calls out of the answer is not done yet, so tool_choice
+ * other than "auto"/"none" still gets a 400). */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -33,7 +36,6 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
     const char *field, *what;
     bool chat_only, completions_only, null_only; /* null_only: 0 or [] is a request too */
   } plain[] = {
-      {"tools", "tool calling", true, false, false},
       {"functions", "function calling", true, false, false},
       {"logit_bias", "logit biases", false, false, false},
       {"prompt_logprobs", "prompt logprobs", false, false, true},

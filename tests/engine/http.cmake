@@ -24,3 +24,6 @@ set_tests_properties(test_http_load PROPERTIES LABELS engine SKIP_RETURN_CODE 77
 add_test(NAME test_http_openai COMMAND ${FERRUM_PYTHON} ${_t}/test_http_openai.py)
 set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
   ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
+add_test(NAME test_http_chat_template COMMAND ${FERRUM_PYTHON} ${_t}/test_http_chat_template.py)
+set_tests_properties(test_http_chat_template PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
+  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")

@@ -105,8 +105,11 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"max_completion_tokens\":0}", 400,
        "max_completion_tokens"},
       /* fields ferrum does not act on yet: a 400 naming them, not a 200 that ignored them */
-      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\"}]}", 400,
+      /* tools go to the chat template, but must be a list; chat_template_kwargs an object */
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":{\"type\":\"function\"}}", 400,
        "tools"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"chat_template_kwargs\":[1]}", 400,
+       "chat_template_kwargs"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400,
        "tool_choice"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",

@@ -219,13 +219,14 @@ class BadInput(unittest.TestCase):
         # what ferrum does not act on yet is refused by name, not ignored
         msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
         tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-        for kwargs, param in (({"tools": [tool]}, "tools"), ({"response_format": {"type": "json_object"}}, "response_format"),
+        for kwargs, param in (({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
+                              ({"response_format": {"type": "json_object"}}, "response_format"),
                               ({"logit_bias": {"42": 5}}, "logit_bias")):
             with self.assertRaises(openai.BadRequestError) as cm:
                 client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, **kwargs)
             self.assertEqual(cm.exception.body.get("param"), param, cm.exception.body)
-        # their "off" values pass
-        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[], logit_bias={},
+        # their "off" values pass; tools go to the chat template
+        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool], logit_bias={},
                                              response_format={"type": "text"})
         self.assertEqual(r.choices[0].finish_reason, "length")
         self.assertEqual(request("GET", "/health", key=None)[0], 200)

@@ -308,7 +308,7 @@ START_TEST(test_chat_messages_match_generator) {
     model_load_opts_t lo = {0};
     ck_assert_int_eq(kern_cpu_create(&be, 2), 0);
     ck_assert_int_eq(model_load(&m, efx_model(), be, &lo), 0);
-    model_chat_msg_t msgs[2] = {{"system", "You answer in one short sentence."}, {"user", q}};
+    model_chat_msg_t msgs[2] = {{"system", "You answer in one short sentence.", NULL}, {"user", q, NULL}};
     ck_assert_int_eq(model_prompt_chat(m, msgs, 2, &ids, &n_ids), 0);
     ck_assert_int_eq(model_gen_create(&g, m, 0), 0);
     ck_assert_int_eq(model_gen_feed(g, ids, (int)n_ids), 0);

@@ -57,6 +57,7 @@ typedef struct {
   char **stop;
   int32_t *tokens, *stop_ids;
   proto_chat_msg_t *messages;
+  proto_bias_t *bias;
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -70,7 +71,7 @@ void coord_http_req_free(coord_http_req_t *r);
 
 /* http_unsupported.c: a field of OpenAI's schema ferrum does not act on
  * yet, sent with a value that would change the answer (tools, a response
- * format, logit biases, ...), is a 400 naming it (returns -1, e filled);
+ * format, guided decoding, ...), is a 400 naming it (returns -1, e filled);
  * 0 when there is none. */
 int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_http_err_t *e);
 

@@ -273,7 +273,7 @@ START_TEST(test_seed_and_stop_strings) {
   char stop[8] = {0};
   memcpy(stop, full.text + 3, 3); /* a stop string that starts at byte 3 */
   char *stops[] = {stop};
-  g.stop = stops, g.n_stop = 1;
+  g.stop.strs = stops, g.stop.n_strs = 1;
   ck_assert_int_eq(efx_run_one(&s, &g, &cut), 0);
   ck_assert_int_eq(cut.finish, PROTO_FINISH_STOP);
   const char *at = strstr(full.text, stop);
@@ -281,9 +281,9 @@ START_TEST(test_seed_and_stop_strings) {
   ck_assert_int_eq(cut.text_len, (size_t)(at - full.text));
   ck_assert_mem_eq(cut.text, full.text, cut.text_len);
   /* stop token id: the generation ends at its first occurrence */
-  g.n_stop = 0;
+  g.stop.n_strs = 0;
   int32_t sid = full.tokens[5];
-  g.stop_ids = &sid, g.n_stop_ids = 1;
+  g.stop.ids = &sid, g.stop.n_ids = 1;
   ck_assert_int_eq(efx_run_one(&s, &g, &cut), 0);
   ck_assert_int_eq(cut.finish, PROTO_FINISH_STOP);
   int first = 0;

@@ -70,9 +70,9 @@ static size_t coord__stop_strings(coord_t *c, coord_job_t *j) {
     j->stop_from = j->text_len;
     return j->text_len;
   }
-  size_t at, sl;
-  if (coord__stop_find(j, &at, &sl)) {
-    j->text_len = j->include_stop ? at + sl : at;
+  size_t at, len;
+  if (coord__stop_find(j, &at, &len)) {
+    j->text_len = j->include_stop ? at + len : at;
     j->text[j->text_len] = 0;
     coord__job_finish(c, j, PROTO_FINISH_STOP);
     return j->text_len;

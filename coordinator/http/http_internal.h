@@ -108,6 +108,8 @@ void coord_http_acc_init(coord_http_acc_t *a);
 void coord_http_acc_free(coord_http_acc_t *a);
 /* Folds one event into a; returns 0 or -ENOMEM. */
 int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const proto_event_t *ev);
+/* Appends n bytes of text (echo: the prompt, before the first event). */
+int coord_http_acc_text(coord_http_acc_t *a, const char *s, size_t n);
 
 /* The full non-streamed answer (text_completion / chat.completion). */
 char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a);

@@ -193,7 +193,8 @@ static int req_options(coord_http_req_t *r, coord_http_err_t *e) {
   if (req_bool(r->root, "stream", &r->stream, e) || req_bool(r->root, "ignore_eos", &r->sub.stop.ignore_eos, e) ||
       req_bool(r->root, "echo", &r->echo, e))
     return -1;
-  if (r->echo) return coord_http_err(e, 400, "echo", "'echo' is not supported");
+  if (r->echo && r->api == COORD_HTTP_API_CHAT)
+    return coord_http_err(e, 400, "echo", "'echo' is only supported for /v1/completions");
   json_t *so = req_get(r->root, "stream_options");
   if (so) {
     if (!r->stream) return coord_http_err(e, 400, "stream_options", "Stream options can only be defined when `stream=True`.");
@@ -329,6 +330,9 @@ static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_mode
   if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_logit_bias(r, e) ||
       req_options(r, e) || req_logprobs(r, e))
     return -1;
+  if (r->echo && r->logprobs >= 0)
+    return coord_http_err(e, 400, "echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not "
+                                          "return yet");
   if (r->sub.max_tokens && r->sub.sp.min_tokens > r->sub.max_tokens)
     return coord_http_err(e, 400, "min_tokens", "'min_tokens' (%u) must not exceed 'max_tokens' (%u)",
                           r->sub.sp.min_tokens, r->sub.max_tokens);

@@ -191,6 +191,8 @@ static int resp_text_add(coord_http_acc_t *a, const char *s, size_t n) {
   return 0;
 }
 
+int coord_http_acc_text(coord_http_acc_t *a, const char *s, size_t n) { return resp_text_add(a, s, n); }
+
 static size_t resp_ev_text_len(const proto_event_t *ev) {
   return ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
 }

@@ -114,7 +114,8 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "nul", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":0}", 400, "echo"}, /* prompt logprobs */
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 400, "echo"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1e400}", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream\":1}", 400, "stream"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_p\":2}", 400, "min_p"},

@@ -4,7 +4,8 @@ the output, end to end with the real model at temperature 0: logit_bias
 (a +100 bias makes its token every token; -100 on the greedy first token
 gives the next best one by the unbiased logprobs), min_tokens (EOS is
 banned until then, stop strings are not looked for before it),
-include_stop_str_in_output, and a 400 naming the field for each bad value.
+include_stop_str_in_output, echo (the prompt in front of the text), and
+a 400 naming the field for each bad value.
 The official openai client must accept every answer.
 
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_sampling.py
@@ -188,6 +189,25 @@ class IncludeStop(unittest.TestCase):
         r = c.chat.completions.create(model=NAME, messages=SHORT, max_tokens=10, temperature=0, stop=["o"],
                                       extra_body={"include_stop_str_in_output": True})
         self.assertTrue(r.choices[0].message.content.endswith("o"), r.choices[0].message.content)
+
+
+class Echo(unittest.TestCase):
+    def test_prompt_in_front(self):
+        c = client()
+        base = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0).choices[0].text
+        r = c.completions.create(model=NAME, prompt=PROMPT, max_tokens=4, temperature=0, echo=True)
+        self.assertEqual(r.choices[0].text, PROMPT + base)
+        self.assertEqual(r.usage.completion_tokens, 4)
+        parts = [ch.choices[0].text for ch in c.completions.create(model=NAME, prompt=PROMPT, max_tokens=4,
+                                                                   temperature=0, echo=True, stream=True)
+                 if ch.choices]
+        self.assertEqual("".join(parts), PROMPT + base)
+        ids = request("/tokenize", {"prompt": PROMPT})[1]["tokens"]
+        r = c.completions.create(model=NAME, prompt=ids, max_tokens=4, temperature=0, echo=True)
+        self.assertEqual(r.choices[0].text, PROMPT + base)  # a token prompt, detokenized
+        # echo with logprobs would need prompt logprobs: a 400 naming echo
+        st, r = request("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "echo": True, "logprobs": 1})
+        self.assertEqual((st, r["error"]["param"]), (400, "echo"), r)
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
     fuzz_http_json) # the first byte picks the API: even completions, odd chat
       printf '\0{"model":"smol","prompt":"Hello","max_tokens":16,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":1,"stop":["\\n","."],"stop_token_ids":[2],"stream":true,"stream_options":{"include_usage":true},"n":1,"echo":false,"logprobs":null,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"ignore_eos":false,"user":"u"}' >"$dst/completions"
       printf '\0{"prompt":[1,2,3],"max_tokens":4,"stop":"x"}' >"$dst/completions-ids"
+      printf '\0{"prompt":"a","max_tokens":8,"logit_bias":{"7042":100,"12":-100,"0":2.5},"min_tokens":3,"stop":["."],"include_stop_str_in_output":true,"echo":true}' >"$dst/completions-sampling"
       printf '\1{"model":"smol","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]},{"role":"assistant","content":"Hello"},{"role":"user","content":"Again"}],"max_completion_tokens":8,"metadata":{"k":"v"}}' >"$dst/chat" ;;
     fuzz_tokenizer) # the first byte picks the tokenizer: 0, 1 built in, 2 the model's
       python3 -c '

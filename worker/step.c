@@ -1,8 +1,8 @@
 /* step.c - one step descriptor: block copies, one forward pass over all
  * items (mixed prefill chunks and decodes), sampling on rank 0. */
 #include <errno.h>
-#include <stddef.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -119,8 +119,6 @@ static model_sampling_t worker__sampling(const worker_hist_t *h) {
   return p;
 }
 
-/* Takes the sampling params an item carries into its slot; a final item
- * of a slot that never got any is an error. */
 _Static_assert(sizeof(model_bias_t) == sizeof(proto_bias_t) && offsetof(model_bias_t, bias) == offsetof(proto_bias_t, bias),
                "a wire logit bias is a sampler one");
 
@@ -129,13 +127,16 @@ _Static_assert(sizeof(model_bias_t) == sizeof(proto_bias_t) && offsetof(model_bi
 static void worker__slot_keep(worker_hist_t *h, const proto_step_item_t *it) {
   h->sp = it->sp, h->prompt_len = (int)it->prompt_len, h->has_sp = true;
   h->sp.bias = NULL;
-  if (it->sp.n_bias > h->bias_cap) h->bias_cap = it->sp.n_bias, h->bias = fr_realloc(h->bias, h->bias_cap * sizeof *h->bias);
+  if (it->sp.n_bias > h->bias_cap)
+    h->bias_cap = it->sp.n_bias, h->bias = fr_realloc(h->bias, h->bias_cap * sizeof *h->bias);
   if (it->n_ban > h->ban_cap) h->ban_cap = it->n_ban, h->ban = fr_realloc(h->ban, h->ban_cap * sizeof *h->ban);
   h->n_bias = it->sp.n_bias, h->n_ban = it->n_ban;
   if (h->n_bias) memcpy(h->bias, it->sp.bias, h->n_bias * sizeof *h->bias);
   if (h->n_ban) memcpy(h->ban, it->ban, h->n_ban * sizeof *h->ban);
 }
 
+/* Takes the sampling params an item carries into its slot; a final item
+ * of a slot that never got any is an error. */
 static int worker__slot_params(worker_t *w, const proto_step_t *st) {
   for (uint32_t i = 0; i < st->n_items; i++) {
     const proto_step_item_t *it = &st->items[i];

@@ -46,21 +46,36 @@ static void coord__detok_new(coord_t *c, coord_job_t *j) {
   }
 }
 
-/* Finds the first stop string in the unsent text: cuts the text there and
- * finishes the job. Returns the bytes that may be sent now (the rest may
- * be the start of a stop string). */
+/* The first stop string in the unsent text that ends past j->stop_from
+ * (text from before min_tokens outputs is not searched, as vLLM): its
+ * offset in *at, its length in *len; false when there is none. */
+static bool coord__stop_find(const coord_job_t *j, size_t *at, size_t *len) {
+  size_t best = SIZE_MAX, best_len = 0;
+  for (uint32_t i = 0; i < j->n_stop; i++) {
+    size_t sl = strlen(j->stop[i]), from = j->stop_from >= sl ? j->stop_from - sl + 1 : 0;
+    if (from >= j->text_len) continue;
+    const char *p = memmem(j->text + from, j->text_len - from, j->stop[i], sl);
+    if (p && (size_t)(p - j->text) < best) best = (size_t)(p - j->text), best_len = sl;
+  }
+  *at = best, *len = best_len;
+  return best != SIZE_MAX;
+}
+
+/* Finds the first stop string in the unsent text: cuts the text there (or
+ * after it, include_stop_str_in_output) and finishes the job. Returns the
+ * bytes that may be sent now (the rest may be the start of a stop string). */
 static size_t coord__stop_strings(coord_t *c, coord_job_t *j) {
   if (j->n_stop == 0 || j->text_len == 0) return j->text_len;
-  size_t best = SIZE_MAX;
-  for (uint32_t i = 0; i < j->n_stop; i++) {
-    const char *p = memmem(j->text, j->text_len, j->stop[i], strlen(j->stop[i]));
-    if (p && (size_t)(p - j->text) < best) best = (size_t)(p - j->text);
+  if (j->n_tok - j->n_prompt < (int)j->sp.min_tokens) { /* not looked for yet */
+    j->stop_from = j->text_len;
+    return j->text_len;
   }
-  if (best != SIZE_MAX) {
-    j->text_len = best;
-    j->text[best] = 0;
+  size_t at, len;
+  if (coord__stop_find(j, &at, &len)) {
+    j->text_len = j->include_stop ? at + len : at;
+    j->text[j->text_len] = 0;
     coord__job_finish(c, j, PROTO_FINISH_STOP);
-    return best;
+    return j->text_len;
   }
   if (j->finish != PROTO_FINISH_NONE) return j->text_len;
   size_t hold = 0; /* longest suffix that is a proper prefix of a stop string */
@@ -131,6 +146,7 @@ void coord__stream_job(coord_t *c, coord_job_t *j) {
   if (j->text) {
     memmove(j->text, j->text + ready, j->text_len - ready);
     j->text_len -= ready;
+    j->stop_from = j->stop_from > ready ? j->stop_from - ready : 0;
     j->text[j->text_len] = 0;
   }
   if (done) j->finish_sent = true;

@@ -60,6 +60,8 @@ static void coord__job_destroy(coord_job_t *j) {
   for (uint32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
   free(j->stop);
   free(j->stop_ids);
+  free(j->bias);
+  free(j->ban);
   free(j->tok);
   free(j->lp);
   free(j->top);
@@ -186,6 +188,12 @@ static coord_reject_t coord__prompt_precheck(coord_t *c, const proto_submit_t *s
   for (uint32_t i = 0; i < s->n_tokens; i++)
     if (s->tokens[i] < 0 || s->tokens[i] >= c->vocab)
       return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "token id out of the vocabulary"};
+  for (uint32_t i = 0; i < s->sp.n_bias; i++)
+    if (s->sp.bias[i].token >= c->vocab) {
+      snprintf(msg, sizeof msg, "logit_bias: token %d is not in the vocabulary of %d tokens", s->sp.bias[i].token,
+               c->vocab);
+      return (coord_reject_t){PROTO_ERR_BAD_REQUEST, msg};
+    }
   if (s->n_tokens == 0 && s->n_messages == 0 && s->prompt_len == 0)
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "the prompt is empty"};
   size_t bytes = coord__prompt_bytes(s), most = (size_t)c->max_model_len * COORD_MAX_PROMPT_BYTES_PER_TOKEN;
@@ -231,6 +239,15 @@ static coord_reject_t coord__lencheck(coord_t *c, const coord_job_t *j, size_t n
   return (coord_reject_t){0, NULL};
 }
 
+/* The ids min_tokens bans: the model's end-of-generation tokens (unless
+ * EOS is ignored) and the job's stop ids, at most PROTO_MAX_BAN. */
+static void coord__job_ban(coord_t *c, coord_job_t *j) {
+  j->ban = fr_malloc(PROTO_MAX_BAN * sizeof(int32_t));
+  for (int32_t t = 0; t < c->vocab && !j->ignore_eos && j->n_ban < PROTO_MAX_BAN; t++)
+    if (model_token_is_eog(c->tok, t)) j->ban[j->n_ban++] = t;
+  for (uint32_t i = 0; i < j->n_stop_ids && j->n_ban < PROTO_MAX_BAN; i++) j->ban[j->n_ban++] = j->stop_ids[i];
+}
+
 /* A job for submit s, without its prompt yet (state NEW, max_tokens as
  * asked; coord__job_set_prompt completes it). */
 static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const proto_submit_t *s) {
@@ -244,19 +261,24 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->sp = s->sp;
   if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
   j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
-  j->ignore_eos = s->ignore_eos;
+  j->ignore_eos = s->stop.ignore_eos;
+  j->include_stop = s->stop.include;
   j->stream = s->stream;
   j->return_logits = s->return_logits;
   j->sp.want_logits = s->return_logits;
-  j->n_stop = s->n_stop;
-  j->stop = fr_calloc(s->n_stop ? s->n_stop : 1, sizeof(char *));
-  for (uint32_t i = 0; i < s->n_stop; i++) {
-    j->stop[i] = fr_strdup(s->stop[i]);
-    j->stop_max = FR_MAX(j->stop_max, strlen(s->stop[i]));
+  j->n_stop = s->stop.n_strs;
+  j->stop = fr_calloc(j->n_stop ? j->n_stop : 1, sizeof(char *));
+  for (uint32_t i = 0; i < j->n_stop; i++) {
+    j->stop[i] = fr_strdup(s->stop.strs[i]);
+    j->stop_max = FR_MAX(j->stop_max, strlen(s->stop.strs[i]));
   }
-  j->n_stop_ids = s->n_stop_ids;
-  j->stop_ids = fr_malloc((s->n_stop_ids ? s->n_stop_ids : 1) * sizeof(int32_t));
-  if (s->n_stop_ids) memcpy(j->stop_ids, s->stop_ids, s->n_stop_ids * sizeof(int32_t));
+  j->n_stop_ids = s->stop.n_ids;
+  j->stop_ids = fr_malloc((j->n_stop_ids ? j->n_stop_ids : 1) * sizeof(int32_t));
+  if (j->n_stop_ids) memcpy(j->stop_ids, s->stop.ids, j->n_stop_ids * sizeof(int32_t));
+  j->bias = fr_malloc((s->sp.n_bias ? s->sp.n_bias : 1) * sizeof(proto_bias_t));
+  if (s->sp.n_bias) memcpy(j->bias, s->sp.bias, s->sp.n_bias * sizeof(proto_bias_t));
+  j->sp.bias = j->bias;
+  if (j->sp.min_tokens > 0) coord__job_ban(c, j);
   model_detok_init(&j->detok, c->tok, true);
   j->t_arrival_ns = fr_now_ns();
   return j;

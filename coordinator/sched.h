@@ -83,6 +83,10 @@ struct coord_job {
   int32_t *stop_ids;         /* (n_stop_ids) owned */
   uint32_t n_stop_ids;
   bool ignore_eos, stream, return_logits;
+  bool include_stop;         /* a matched stop string stays in the text */
+  proto_bias_t *bias;        /* (sp.n_bias) owned: sp.bias points here */
+  int32_t *ban;              /* (n_ban) owned: EOS and stop ids banned before sp.min_tokens outputs */
+  uint32_t n_ban;
   /* results not yet streamed: tokens from out_sent on; text held back */
   int out_done;              /* output tokens detokenized */
   int out_sent;              /* output tokens sent in events */
@@ -94,6 +98,7 @@ struct coord_job {
   model_detok_t detok;
   char *text;                /* unsent text (held back for stop strings) */
   size_t text_len, text_cap;
+  size_t stop_from;          /* stop strings must end past this byte of text (min_tokens) */
   proto_finish_t finish;     /* set when the job ended */
   int32_t error_code;        /* finish ERROR: PROTO_ERR_*, 0 = the step failed */
   const char *error_msg;     /* static: what went wrong, for the client */

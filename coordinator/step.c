@@ -55,6 +55,8 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
   if (it->has_sp) it->sp = j->sp;
   j->sp_sent = true;
   it->prompt_len = it->has_sp ? (uint32_t)j->n_prompt : 0;
+  it->n_ban = it->has_sp ? j->n_ban : 0;
+  it->ban = it->has_sp ? j->ban : NULL;
 }
 
 /* Encodes the planned batch and sends it to every rank; *bad gets the rank

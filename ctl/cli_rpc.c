@@ -139,10 +139,10 @@ static int submit_opt(submit_opts_t *o, int c) {
     sp->seed = (uint64_t)v, sp->has_seed = true;
     return 0;
   case 'S':
-    if (o->req.n_stop >= PROTO_MAX_STOP || !*optarg) return 2;
-    o->stops[o->req.n_stop++] = optarg;
+    if (o->req.stop.n_strs >= PROTO_MAX_STOP || !*optarg) return 2;
+    o->stops[o->req.stop.n_strs++] = optarg;
     return 0;
-  case 'i': o->req.ignore_eos = true; return 0;
+  case 'i': o->req.stop.ignore_eos = true; return 0;
   case 'y': if (cli_parse_int("--priority", optarg, -1000000, 1000000, &v)) return 2; o->req.priority = (int32_t)v; return 0;
   case 'h': submit_usage(stdout); return 1;
   default: submit_usage(stderr); return 2;
@@ -177,7 +177,7 @@ int cli_cmd_submit(int argc, char **argv) {
     fprintf(stderr, "ferrumctl submit: give one of --prompt and --chat\n");
     return 2;
   }
-  o.req.stop = o.stops;
+  o.req.stop.strs = o.stops;
   const char *rpc = cli_rpc_default(o.rpc);
   int rc = rpc ? cli_engine_generate(rpc, &o.keys, &o.req, 600000, true) : -EINVAL;
   if (rc) fprintf(stderr, "ferrumctl submit: %s\n", fr_last_error());

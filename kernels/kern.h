@@ -109,9 +109,16 @@ typedef struct {
  * until every rank joined. FR_EUNSUPPORTED in a build without CUDA. */
 int kern_nccl_new_id(char *out, size_t cap);
 
+/* One logit bias of a row (model_bias_t's layout). */
+typedef struct {
+  int32_t token;
+  float bias;
+} kern_bias_t;
+
 /* Sampling parameters for the optional on-device sampler. Penalties as
- * model/sampler.h: repetition over prompt and output tokens, presence and
- * frequency over output tokens (negative ids are skipped). */
+ * model/sampler.h: logit bias and min_tokens bans first, then repetition
+ * over prompt and output tokens, presence and frequency over output tokens
+ * (ids out of the vocabulary are skipped). */
 typedef struct {
   float temperature; /* 0 = greedy */
   int top_k;         /* 0 = off */
@@ -126,6 +133,10 @@ typedef struct {
   int top_n;                                 /* 0..KERN_SAMPLE_MAX_TOP: also the top_n most likely tokens */
   int32_t *top_ids;                          /* host, top_n entries: their ids, most likely first */
   float *top_lp;                             /* host, top_n entries: their logprobs (raw logits, as the token's) */
+  const kern_bias_t *bias;                   /* host (n_bias), read during the call: distinct tokens */
+  int n_bias;
+  const int32_t *ban;                        /* host (n_ban): -inf while n_output < min_tokens */
+  int n_ban, min_tokens;
 } kern_sample_params_t;
 #define KERN_SAMPLE_MAX_TOP 20
 

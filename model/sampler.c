@@ -77,6 +77,20 @@ static void model__apply_penalties(model_sampler_t *s, const model_sampling_t *p
     }
 }
 
+/* Logit bias, then the min_tokens bans (-inf) while too few tokens exist. */
+static void model__apply_bias(const model_sampler_t *s, const model_sampling_t *p, float *logits, size_t n_out) {
+  for (int i = 0; i < p->n_bias; i++)
+    if (p->bias[i].token >= 0 && p->bias[i].token < s->vocab) logits[p->bias[i].token] += p->bias[i].bias;
+  if (n_out >= (size_t)FR_MAX(p->min_tokens, 0)) return;
+  for (int i = 0; i < p->n_ban; i++)
+    if (p->ban[i] >= 0 && p->ban[i] < s->vocab) logits[p->ban[i]] = -INFINITY;
+}
+
+/* True when model__apply_bias changes something. */
+static bool model__biased(const model_sampling_t *p, size_t n_out) {
+  return p->n_bias > 0 || (p->n_ban > 0 && n_out < (size_t)FR_MAX(p->min_tokens, 0));
+}
+
 /* Uniform in [0, 1) from (seed, draw): counter-based, batch-independent. */
 static double model__uniform(uint64_t seed, uint64_t draw) {
   uint64_t x = fr_mix64(seed ^ fr_mix64(draw + 0x632be59bd9b4e019ull));
@@ -168,12 +182,13 @@ int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logit
                      size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *logprob) {
   const int V = s->vocab;
   bool penalized = (p->repetition_penalty > 0 && p->repetition_penalty != 1.0f) || p->presence_penalty != 0.0f ||
-                   p->frequency_penalty != 0.0f;
+                   p->frequency_penalty != 0.0f || model__biased(p, n_output);
   float raw_lse = 0;
   if (logprob) {
     raw_lse = model__logsumexp(logits, V);
     if (penalized) memcpy(s->raw, logits, (size_t)V * sizeof(float));
   }
+  model__apply_bias(s, p, logits, n_output);
   model__apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
   int32_t chosen;
   if (p->temperature <= 0.0f) {
@@ -191,8 +206,9 @@ int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logit
     double mass = 0;
     for (int i = 0; i < n; i++) mass += s->probs[s->idx[i]];
     double u = model__uniform(p->seed, draw) * mass, acc = 0;
-    chosen = s->idx[n - 1];
+    chosen = s->idx[0];
     for (int i = 0; i < n; i++) {
+      if (s->probs[s->idx[i]] > 0) chosen = s->idx[i]; /* rounding: the last possible one, never a banned one */
       acc += s->probs[s->idx[i]];
       if (u < acc) {
         chosen = s->idx[i];

@@ -1,7 +1,8 @@
 /* sampler.h - token sampling on the host: greedy, temperature, top-k,
  * top-p, min-p, repetition / presence / frequency penalties, with a
  * counter-based RNG so the same seed gives the same tokens whatever the
- * batch. Order (as vLLM): penalties, temperature, top-k, top-p, min-p. */
+ * batch. Order (as vLLM): logit bias and min_tokens bans, penalties,
+ * temperature, top-k, top-p, min-p. */
 #pragma once
 
 #include <stdbool.h>
@@ -12,6 +13,12 @@
 extern "C" {
 #endif
 
+/* One logit bias (the wire's proto_bias_t has the same layout). */
+typedef struct {
+  int32_t token;
+  float bias; /* added to the logit */
+} model_bias_t;
+
 typedef struct {
   float temperature;        /* 0 = greedy */
   int top_k;                /* <= 0: off */
@@ -21,6 +28,11 @@ typedef struct {
   float presence_penalty;   /* 0: off; output tokens */
   float frequency_penalty;  /* 0: off; output tokens */
   uint64_t seed;
+  const model_bias_t *bias; /* (n_bias) borrowed for the call; ids out of the vocabulary are skipped */
+  int n_bias;
+  const int32_t *ban;       /* (n_ban) borrowed: ids that get no probability while n_output < min_tokens */
+  int n_ban;
+  int min_tokens;
 } model_sampling_t;
 
 /* Defaults: greedy, every filter off. */

@@ -39,7 +39,7 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 2     /* newest: load / loaded changed, kv_init / kv_ready added */
+#define PROTO_VERSION 3     /* newest: submit's stop group, sampling's logit bias and min_tokens */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -51,6 +51,8 @@ extern "C" {
 #define PROTO_MAX_TEXT (4u << 20)       /* prompt text, chat content, event text */
 #define PROTO_MAX_STOP 16u              /* stop strings */
 #define PROTO_MAX_STOP_IDS 256u         /* stop token ids */
+#define PROTO_MAX_BIAS 1024u            /* logit bias entries */
+#define PROTO_MAX_BAN 1024u             /* token ids a step item bans before min_tokens */
 #define PROTO_MAX_MESSAGES 1024u        /* chat messages in a submit */
 #define PROTO_MAX_TOPN 20u              /* top logprobs per token */
 #define PROTO_MAX_FREED 4096u           /* freed slots in a step */
@@ -125,6 +127,12 @@ typedef struct {
   char *message; /* "m" <= PROTO_MAX_STR bytes, or NULL */
 } proto_error_t;
 
+/* One logit bias: added to the token's logit before sampling. */
+typedef struct {
+  int32_t token; /* "t" required, >= 0 (the coordinator checks it against the vocabulary) */
+  float bias;    /* "b" required, [-100, 100] */
+} proto_bias_t;
+
 /* Sampling parameters ("sp"), shared by step items and submits. The
  * defaults are the values a missing key means (proto_sampling_default). */
 typedef struct {
@@ -139,6 +147,10 @@ typedef struct {
   uint64_t seed;            /* "sd" */
   int32_t logprobs;         /* "lp" default -1 = none; 0 = sampled token's; n = plus top n (<= PROTO_MAX_TOPN) */
   bool want_logits;         /* "wl" default false: keep the logits row (logits handle / event logits) */
+  uint32_t n_bias;          /* "lb" logit bias, <= PROTO_MAX_BIAS, by strictly increasing token */
+  proto_bias_t *bias;       /* (n_bias) */
+  uint32_t min_tokens;      /* "mn" default 0: EOS and stop token ids are banned (and stop strings not
+                             * looked for) until this many tokens were generated */
 } proto_sampling_t;
 
 proto_sampling_t proto_sampling_default(void);
@@ -223,6 +235,9 @@ typedef struct {
   proto_sampling_t sp; /* "sp" */
   uint32_t prompt_len; /* "pl" default 0, sent with sp: the sequence's prompt tokens; the
                         * ones fed after them are output (penalties, the draw index) */
+  uint32_t n_ban;      /* "ban" sent with sp: token ids the sampler bans while fewer than
+                        * sp.min_tokens output tokens exist (EOS ids, stop ids), <= PROTO_MAX_BAN */
+  int32_t *ban;        /* (n_ban) */
 } proto_step_item_t;
 
 typedef struct {
@@ -321,6 +336,16 @@ typedef struct {
   uint32_t vars_len;    /* encode: 0 means strlen(vars) */
 } proto_chat_msg_t;
 
+/* When a job stops ("stop", a nested map since version 3). */
+typedef struct {
+  uint32_t n_strs;   /* "s"   <= PROTO_MAX_STOP */
+  char **strs;       /* (n_strs) non-empty stop strings */
+  uint32_t n_ids;    /* "i"   <= PROTO_MAX_STOP_IDS */
+  int32_t *ids;      /* (n_ids) stop token ids */
+  bool ignore_eos;   /* "ie"  EOS does not stop the job */
+  bool include;      /* "inc" the matched stop string stays in the text */
+} proto_stop_t;
+
 /* A job. Exactly one of prompt, tokens, messages is given. */
 typedef struct {
   uint64_t id;                /* "id"   required, != 0: client job id (fr_client fills it) */
@@ -333,11 +358,7 @@ typedef struct {
   proto_chat_msg_t *messages; /* (n_messages) */
   proto_sampling_t sp;        /* "sp" */
   uint32_t max_tokens;        /* "mt"   default 0 = until the context ends */
-  uint32_t n_stop;            /* "st"   <= PROTO_MAX_STOP */
-  char **stop;                /* (n_stop) non-empty stop strings */
-  uint32_t n_stop_ids;        /* "si"   <= PROTO_MAX_STOP_IDS */
-  int32_t *stop_ids;          /* (n_stop_ids) */
-  bool ignore_eos;            /* "ie" */
+  proto_stop_t stop;          /* "stop" */
   bool stream;                /* "str"  events per token batch (else one final event) */
   bool return_logits;         /* "rl"   events carry the logits rows */
   int32_t priority;           /* "pr"   default 0; higher first */

@@ -44,6 +44,12 @@ static int check_sampling(const void *body) {
     return fr_errorf(FR_EPROTO, "presence / frequency penalty not in [-2, 2]");
   if (s->logprobs < -1 || s->logprobs > (int32_t)PROTO_MAX_TOPN)
     return fr_errorf(FR_EPROTO, "logprobs %d not in [-1, %u]", s->logprobs, PROTO_MAX_TOPN);
+  for (uint32_t i = 0; s->bias && i < s->n_bias; i++) {
+    if (s->bias[i].token < 0 || (i > 0 && s->bias[i].token <= s->bias[i - 1].token))
+      return fr_errorf(FR_EPROTO, "logit bias %u: token %d negative or not above the one before", i, s->bias[i].token);
+    if (!finite_in(s->bias[i].bias, -100, 100))
+      return fr_errorf(FR_EPROTO, "logit bias %u: %g not in [-100, 100]", i, s->bias[i].bias);
+  }
   return 0;
 }
 
@@ -83,8 +89,9 @@ static int check_submit(const void *body) {
   if (s->id == 0) return fr_errorf(FR_EPROTO, "job id 0 is reserved");
   int inputs = (s->prompt != NULL) + (s->n_tokens > 0) + (s->n_messages > 0);
   if (inputs != 1) return fr_errorf(FR_EPROTO, "give exactly one of prompt, tokens, messages (got %d)", inputs);
-  for (uint32_t i = 0; i < s->n_stop; i++)
-    if (s->stop && s->stop[i] && !s->stop[i][0]) return fr_errorf(FR_EPROTO, "stop string %u is empty", i);
+  for (uint32_t i = 0; i < s->stop.n_strs; i++)
+    if (s->stop.strs && s->stop.strs[i] && !s->stop.strs[i][0])
+      return fr_errorf(FR_EPROTO, "stop string %u is empty", i);
   return 0;
 }
 
@@ -111,6 +118,8 @@ static int check_id(const void *body) {
   {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f, .repetition_penalty = 1.0f, .logprobs = -1}
 
 static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
+static const proto_bias_t def_bias;
+static const proto_stop_t def_stop;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
 static const proto_option_t def_option;
@@ -145,6 +154,12 @@ proto_sampling_t proto_sampling_default(void) { return def_sampling; }
 
 /* ----------------------------------------------------------- schemas */
 
+static const proto_field_t f_bias[] = {
+    FS("t", PF_I32, PF_REQ, proto_bias_t, token),
+    FS("b", PF_F32, PF_REQ, proto_bias_t, bias),
+};
+SCHEMA(s_bias, "logit bias", proto_bias_t, f_bias, def_bias, NULL);
+
 static const proto_field_t f_sampling[] = {
     FS("t", PF_F32, 0, proto_sampling_t, temperature),
     FS("k", PF_I32, 0, proto_sampling_t, top_k),
@@ -156,6 +171,8 @@ static const proto_field_t f_sampling[] = {
     FLD("sd", PF_U64, PF_HAS, proto_sampling_t, seed, offsetof(proto_sampling_t, has_seed), 0, NULL, NULL),
     FS("lp", PF_I32, 0, proto_sampling_t, logprobs),
     FS("wl", PF_BOOL, 0, proto_sampling_t, want_logits),
+    FOBJS("lb", 0, proto_sampling_t, bias, n_bias, PROTO_MAX_BIAS, s_bias),
+    FS("mn", PF_U32, 0, proto_sampling_t, min_tokens),
 };
 SCHEMA(s_sampling, "sampling", proto_sampling_t, f_sampling, def_sampling, check_sampling);
 
@@ -226,6 +243,7 @@ static const proto_field_t f_step_item[] = {
     FS("f", PF_BOOL, 0, proto_step_item_t, final),
     FOBJH("sp", proto_step_item_t, sp, has_sp, s_sampling),
     FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
+    FARR("ban", PF_I32S, 0, proto_step_item_t, ban, n_ban, PROTO_MAX_BAN),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);
 
@@ -322,6 +340,14 @@ static const proto_field_t f_chat_msg[] = {
 };
 SCHEMA(s_chat_msg, "chat message", proto_chat_msg_t, f_chat_msg, def_chat_msg, NULL);
 
+static const proto_field_t f_stop[] = {
+    FARR("s", PF_STRS, 0, proto_stop_t, strs, n_strs, PROTO_MAX_STOP),
+    FARR("i", PF_I32S, 0, proto_stop_t, ids, n_ids, PROTO_MAX_STOP_IDS),
+    FS("ie", PF_BOOL, 0, proto_stop_t, ignore_eos),
+    FS("inc", PF_BOOL, 0, proto_stop_t, include),
+};
+SCHEMA(s_stop, "stop", proto_stop_t, f_stop, def_stop, NULL);
+
 static const proto_field_t f_submit[] = {
     FS("id", PF_U64, PF_REQ, proto_submit_t, id),
     FSTR("m", 0, proto_submit_t, model, PROTO_MAX_STR),
@@ -330,9 +356,7 @@ static const proto_field_t f_submit[] = {
     FOBJS("msgs", 0, proto_submit_t, messages, n_messages, PROTO_MAX_MESSAGES, s_chat_msg),
     FOBJ("sp", 0, proto_submit_t, sp, s_sampling),
     FS("mt", PF_U32, 0, proto_submit_t, max_tokens),
-    FARR("st", PF_STRS, 0, proto_submit_t, stop, n_stop, PROTO_MAX_STOP),
-    FARR("si", PF_I32S, 0, proto_submit_t, stop_ids, n_stop_ids, PROTO_MAX_STOP_IDS),
-    FS("ie", PF_BOOL, 0, proto_submit_t, ignore_eos),
+    FOBJ("stop", 0, proto_submit_t, stop, s_stop),
     FS("str", PF_BOOL, 0, proto_submit_t, stream),
     FS("rl", PF_BOOL, 0, proto_submit_t, return_logits),
     FS("pr", PF_I32, 0, proto_submit_t, priority),
@@ -433,13 +457,13 @@ static const struct {
     [PROTO_T_HELLO] = {"hello", &s_hello, 1},
     [PROTO_T_LOAD] = {"load", &s_load, 2},
     [PROTO_T_LOADED] = {"loaded", &s_loaded, 2},
-    [PROTO_T_STEP] = {"step", &s_step, 1},
+    [PROTO_T_STEP] = {"step", &s_step, 3},
     [PROTO_T_RESULT] = {"result", &s_result, 1},
     [PROTO_T_HEARTBEAT] = {"hb", &s_heartbeat, 1},
     [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
     [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},
     [PROTO_T_KV_READY] = {"kv_ready", &s_kv_ready, 2},
-    [PROTO_T_SUBMIT] = {"submit", &s_submit, 1},
+    [PROTO_T_SUBMIT] = {"submit", &s_submit, 3},
     [PROTO_T_EVENT] = {"event", &s_event, 1},
     [PROTO_T_CANCEL] = {"cancel", &s_cancel, 1},
     [PROTO_T_STATUS] = {"status", &s_status, 1},

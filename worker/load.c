@@ -406,7 +406,7 @@ int worker_kv_init(worker_t *w, uint32_t n_blocks) {
 void worker_unload(worker_t *w) {
   if (w->loaded) {
     model_sampler_deinit(&w->smp);
-    for (int i = 0; i < w->info.max_seqs; i++) free(w->hist[i].tok);
+    for (int i = 0; i < w->info.max_seqs; i++) free(w->hist[i].tok), free(w->hist[i].bias), free(w->hist[i].ban);
   }
   free(w->tokens), free(w->pos), free(w->slots), free(w->q_start), free(w->ctx_len);
   free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems), free(w->ok_items);

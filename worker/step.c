@@ -2,6 +2,7 @@
  * items (mixed prefill chunks and decodes), sampling on rank 0. */
 #include <errno.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,8 +102,12 @@ static int worker__copies(worker_t *w, const proto_step_t *st) {
   return w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
 }
 
-static model_sampling_t worker__sampling(const proto_sampling_t *sp) {
+static model_sampling_t worker__sampling(const worker_hist_t *h) {
+  const proto_sampling_t *sp = &h->sp;
   model_sampling_t p = model_sampling_default();
+  p.bias = h->bias, p.n_bias = (int)h->n_bias;
+  p.ban = h->ban, p.n_ban = (int)h->n_ban;
+  p.min_tokens = (int)FR_MIN(sp->min_tokens, (uint32_t)INT32_MAX);
   p.temperature = sp->temperature;
   p.top_k = sp->top_k;
   p.top_p = sp->top_p;
@@ -114,6 +119,22 @@ static model_sampling_t worker__sampling(const proto_sampling_t *sp) {
   return p;
 }
 
+_Static_assert(sizeof(model_bias_t) == sizeof(proto_bias_t) && offsetof(model_bias_t, bias) == offsetof(proto_bias_t, bias),
+               "a wire logit bias is a sampler one");
+
+/* Keeps the slot's copy of an item's sampling params (the message's
+ * memory is reused by the next decode). */
+static void worker__slot_keep(worker_hist_t *h, const proto_step_item_t *it) {
+  h->sp = it->sp, h->prompt_len = (int)it->prompt_len, h->has_sp = true;
+  h->sp.bias = NULL;
+  if (it->sp.n_bias > h->bias_cap)
+    h->bias_cap = it->sp.n_bias, h->bias = fr_realloc(h->bias, h->bias_cap * sizeof *h->bias);
+  if (it->n_ban > h->ban_cap) h->ban_cap = it->n_ban, h->ban = fr_realloc(h->ban, h->ban_cap * sizeof *h->ban);
+  h->n_bias = it->sp.n_bias, h->n_ban = it->n_ban;
+  if (h->n_bias) memcpy(h->bias, it->sp.bias, h->n_bias * sizeof *h->bias);
+  if (h->n_ban) memcpy(h->ban, it->ban, h->n_ban * sizeof *h->ban);
+}
+
 /* Takes the sampling params an item carries into its slot; a final item
  * of a slot that never got any is an error. */
 static int worker__slot_params(worker_t *w, const proto_step_t *st) {
@@ -121,7 +142,7 @@ static int worker__slot_params(worker_t *w, const proto_step_t *st) {
     const proto_step_item_t *it = &st->items[i];
     if (it->slot >= (uint32_t)w->info.max_seqs) continue; /* worker__add_item rejects it */
     worker_hist_t *h = &w->hist[it->slot];
-    if (it->has_sp) h->sp = it->sp, h->prompt_len = (int)it->prompt_len, h->has_sp = true;
+    if (it->has_sp) worker__slot_keep(h, it);
     if (it->final && !h->has_sp)
       return fr_errorf(FR_EPROTO, "step item for slot %u: no sampling params were sent for the slot", it->slot);
   }
@@ -171,7 +192,7 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
   }
   worker_hist_t *h = &w->hist[it->slot];
   int pl = FR_MIN(h->prompt_len, h->len); /* output tokens follow the prompt */
-  model_sampling_t p = worker__sampling(sp);
+  model_sampling_t p = worker__sampling(h);
   uint64_t draw = (uint64_t)(h->len - pl);
   ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
                            &ri->logprob);
@@ -220,7 +241,10 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
                                    .n_prompt = pl, .n_output = h->len - pl,
                                    .top_n = it->final ? FR_MIN(p->logprobs, (int)PROTO_MAX_TOPN) : 0,
                                    .top_ids = w->top_ids + (size_t)i * PROTO_MAX_TOPN,
-                                   .top_lp = w->top_lp + (size_t)i * PROTO_MAX_TOPN};
+                                   .top_lp = w->top_lp + (size_t)i * PROTO_MAX_TOPN,
+                                   .bias = (const kern_bias_t *)h->bias, .n_bias = it->final ? (int)h->n_bias : 0,
+                                   .ban = h->ban, .n_ban = it->final ? (int)h->n_ban : 0,
+                                   .min_tokens = (int)FR_MIN(p->min_tokens, (uint32_t)INT32_MAX)};
   }
   int rc = w->be->ops->sample(w->be->ctx, logits, (int)st->n_items, w->vocab, sp, tok, lp);
   if (rc) return rc;

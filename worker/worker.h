@@ -40,8 +40,11 @@ typedef struct {
   int32_t *tok; /* (cap) */
   int len, cap;
   bool has_sp;
-  proto_sampling_t sp;
-  int prompt_len; /* sent with sp */
+  proto_sampling_t sp;      /* sp.bias is not used: bias below holds the slot's copy */
+  int prompt_len;           /* sent with sp */
+  model_bias_t *bias;       /* (n_bias, cap bias_cap) logit bias, sent with sp */
+  int32_t *ban;             /* (n_ban, cap ban_cap) banned before sp.min_tokens outputs, sent with sp */
+  uint32_t n_bias, bias_cap, n_ban, ban_cap;
 } worker_hist_t;
 
 /* Command line of a worker process. */

@@ -60,6 +60,7 @@ typedef struct {
   char **msg_json;           /* (n_msg_json) a message's JSON when it has more than role and string content */
   size_t n_msg_json;
   char *chat_vars;           /* JSON text behind sub.messages[0].vars */
+  proto_bias_t *bias;
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -73,7 +74,7 @@ void coord_http_req_free(coord_http_req_t *r);
 
 /* http_unsupported.c: a field of OpenAI's schema ferrum does not act on
  * yet, sent with a value that would change the answer (tools, a response
- * format, logit biases, ...), is a 400 naming it (returns -1, e filled);
+ * format, guided decoding, ...), is a 400 naming it (returns -1, e filled);
  * 0 when there is none. */
 int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_http_err_t *e);
 
@@ -110,6 +111,8 @@ void coord_http_acc_init(coord_http_acc_t *a);
 void coord_http_acc_free(coord_http_acc_t *a);
 /* Folds one event into a; returns 0 or -ENOMEM. */
 int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const proto_event_t *ev);
+/* Appends n bytes of text (echo: the prompt, before the first event). */
+int coord_http_acc_text(coord_http_acc_t *a, const char *s, size_t n);
 
 /* The full non-streamed answer (text_completion / chat.completion). */
 char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a);

@@ -21,6 +21,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/http/http_internal.h"
+#include "model/tokenizer.h"
 
 /* SSE text a client has not taken yet, past which its job is canceled and
  * its connection closed (a client that stopped reading a long stream). */
@@ -41,6 +42,8 @@ struct coord_http_job {
   char *pend;                  /* SSE text not yet handed to MHD */
   size_t pend_len, pend_off, pend_cap;
   uint32_t n_events;           /* events turned into chunks */
+  char *echo;                  /* echo: the prompt's text, in front of the answer (owned) */
+  size_t echo_len;
   uint64_t t_submit_ns, next_beat_ns;
   bool http11;     /* the request is HTTP/1.1: an interim 1xx answer may be sent */
   bool in_table;   /* submitted, not finished: messages and ticks reach it */
@@ -131,6 +134,7 @@ void coord_http__job_free(coord_http_job_t *j) {
   if (j->in_table) job_cancel(j);
   coord_http_req_free(&j->req);
   coord_http_acc_free(&j->acc);
+  free(j->echo);
   free(j->pend);
   free(j);
 }
@@ -188,11 +192,23 @@ static bool job_msg_error(const proto_msg_t *m, coord_http_err_t *e) {
   return false;
 }
 
+/* The first event of an echo stream: its text behind the prompt's (in
+ * j->echo, which then holds both). */
+static proto_event_t job_echo_event(coord_http_job_t *j, const proto_event_t *ev) {
+  proto_event_t e = *ev;
+  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
+  j->echo = fr_realloc(j->echo, j->echo_len + n + 1);
+  if (n) memcpy(j->echo + j->echo_len, ev->text, n);
+  e.text = j->echo, e.text_len = (uint32_t)(j->echo_len + n);
+  return e;
+}
+
 /* Appends the SSE text of message m (plus [DONE] after the last). */
 static int job_chunk(coord_http_job_t *j, const proto_msg_t *m) {
   coord_http_err_t e;
   bool first = j->n_events++ == 0;
-  char *s = job_msg_error(m, &e) ? coord_http_error_sse(&e) : coord_http_chunk_sse(&j->meta, &m->u.event, first);
+  proto_event_t ev = first && j->echo ? job_echo_event(j, &m->u.event) : m->u.event;
+  char *s = job_msg_error(m, &e) ? coord_http_error_sse(&e) : coord_http_chunk_sse(&j->meta, &ev, first);
   int rc = job_pend_take(j, s);
   if (!rc && j->finished) rc = job_pend_done(j);
   return rc;
@@ -421,6 +437,33 @@ static const char *job_refusal(const struct coord_http *h) {
   return NULL;
 }
 
+/* echo: the prompt's text (a token prompt detokenized) goes in front of
+ * the answer: into the JSON answer now, into the first chunk of a stream. */
+static int job_echo_init(coord_http_job_t *j, coord_http_err_t *e) {
+  const proto_submit_t *sub = &j->req.sub;
+  if (sub->prompt) {
+    j->echo = fr_malloc(sub->prompt_len + 1);
+    memcpy(j->echo, sub->prompt, sub->prompt_len);
+    j->echo_len = sub->prompt_len;
+  } else {
+    if (!j->h->tok) return coord_http_err(e, 400, "echo", "'echo' of a token prompt needs the server's tokenizer");
+    model_detok_t d;
+    model_detok_init(&d, j->h->tok, false);
+    size_t cap = 4096 + (size_t)sub->n_tokens * 8;
+    j->echo = fr_malloc(cap);
+    for (uint32_t i = 0; i < sub->n_tokens; i++) {
+      if (cap - j->echo_len < 2048) j->echo = fr_realloc(j->echo, cap *= 2); /* > 4 * (longest token + 4) */
+      int w = model_detok_feed(&d, sub->tokens[i], j->echo + j->echo_len, cap - j->echo_len);
+      if (w > 0) j->echo_len += (size_t)w;
+    }
+    int w = model_detok_flush(&d, j->echo + j->echo_len, cap - j->echo_len);
+    if (w > 0) j->echo_len += (size_t)w;
+  }
+  if (!j->req.stream && coord_http_acc_text(&j->acc, j->echo, j->echo_len))
+    return coord_http_err(e, 500, NULL, "out of memory");
+  return 0;
+}
+
 int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_api_t api, const char *body,
                     size_t len, bool http11, coord_http_job_t **job) {
   coord_http_err_t e;
@@ -438,6 +481,10 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
   }
   if ((no = job_refusal(h))) {
     coord_http_err(&e, 503, NULL, "%s", no);
+    rc = coord_http__send_error(h, c, &e);
+    goto out;
+  }
+  if (j->req.echo && job_echo_init(j, &e)) {
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }

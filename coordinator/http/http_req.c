@@ -100,6 +100,9 @@ static int req_sampling(coord_http_req_t *r, coord_http_err_t *e) {
   sp->temperature = (float)t, sp->top_p = (float)p, sp->min_p = (float)mp, sp->repetition_penalty = (float)rp;
   sp->presence_penalty = (float)pp, sp->frequency_penalty = (float)fp;
   sp->top_k = k < 0 ? 0 : (int32_t)k;
+  long long mn = 0;
+  if (req_int(root, "min_tokens", 0, UINT32_MAX, &mn, e)) return -1;
+  sp->min_tokens = (uint32_t)mn;
   return 0;
 }
 
@@ -127,15 +130,58 @@ static int req_stop(coord_http_req_t *r, coord_http_err_t *e) {
       if (!json_is_string(s)) return coord_http_err(e, 400, "stop", "'stop'[%zu] must be a string", i);
       if (json_string_length(s) > PROTO_MAX_STR || strlen(json_string_value(s)) != json_string_length(s))
         return coord_http_err(e, 400, "stop", "'stop'[%zu] is too long or holds NUL", i);
-      if (json_string_length(s) > 0) r->stop[r->sub.n_stop++] = (char *)json_string_value(s); /* "" stops nothing */
+      if (json_string_length(s) > 0) r->stop[r->sub.stop.n_strs++] = (char *)json_string_value(s); /* "" stops nothing */
     }
-    r->sub.stop = r->stop;
+    r->sub.stop.strs = r->stop;
   }
+  if (req_bool(r->root, "include_stop_str_in_output", &r->sub.stop.include, e)) return -1;
   json_t *ids = req_get(r->root, "stop_token_ids");
   if (!ids) return 0;
   if (!json_is_array(ids)) return coord_http_err(e, 400, "stop_token_ids", "'stop_token_ids' must be a list of integers");
-  if (req_ids(ids, "stop_token_ids", PROTO_MAX_STOP_IDS, &r->stop_ids, &r->sub.n_stop_ids, e)) return -1;
-  r->sub.stop_ids = r->stop_ids;
+  if (req_ids(ids, "stop_token_ids", PROTO_MAX_STOP_IDS, &r->stop_ids, &r->sub.stop.n_ids, e)) return -1;
+  r->sub.stop.ids = r->stop_ids;
+  return 0;
+}
+
+static int req_bias_cmp(const void *a, const void *b) {
+  const proto_bias_t *x = a, *y = b;
+  return (x->token > y->token) - (x->token < y->token);
+}
+
+/* One logit_bias entry: a token id as a decimal string -> a number in
+ * [-100, 100]. */
+static int req_bias_entry(const char *key, json_t *v, proto_bias_t *out, coord_http_err_t *e) {
+  char *end;
+  errno = 0;
+  long long t = strtoll(key, &end, 10);
+  if (!*key || *end || errno || t < 0 || t > INT32_MAX || key[0] == '-' || key[0] == '+' || key[0] == ' ')
+    return coord_http_err(e, 400, "logit_bias", "'logit_bias' keys must be token ids, got '%.40s'", key);
+  double b = json_is_number(v) ? json_number_value(v) : NAN;
+  if (!isfinite(b) || b < -100 || b > 100)
+    return coord_http_err(e, 400, "logit_bias", "'logit_bias'[%s] must be a number in [-100, 100]", key);
+  *out = (proto_bias_t){.token = (int32_t)t, .bias = (float)b};
+  return 0;
+}
+
+/* logit_bias: {"token id": bias, ...}, sorted by token for the wire (the
+ * coordinator checks the ids against the vocabulary). */
+static int req_logit_bias(coord_http_req_t *r, coord_http_err_t *e) {
+  json_t *lb = req_get(r->root, "logit_bias"), *v;
+  if (!lb) return 0;
+  if (!json_is_object(lb)) return coord_http_err(e, 400, "logit_bias", "'logit_bias' must be an object of token id -> bias");
+  size_t n = json_object_size(lb), i = 0;
+  if (n > PROTO_MAX_BIAS)
+    return coord_http_err(e, 400, "logit_bias", "'logit_bias' has %zu entries, at most %u allowed", n, PROTO_MAX_BIAS);
+  r->bias = malloc((n ? n : 1) * sizeof *r->bias);
+  if (!r->bias) return coord_http_err(e, 500, NULL, "out of memory");
+  const char *key;
+  json_object_foreach(lb, key, v) if (req_bias_entry(key, v, &r->bias[i++], e)) return -1;
+  qsort(r->bias, n, sizeof *r->bias, req_bias_cmp);
+  for (i = 1; i < n; i++)
+    if (r->bias[i].token == r->bias[i - 1].token)
+      return coord_http_err(e, 400, "logit_bias", "'logit_bias' names token %d twice", r->bias[i].token);
+  r->sub.sp.bias = r->bias;
+  r->sub.sp.n_bias = (uint32_t)n;
   return 0;
 }
 
@@ -144,10 +190,11 @@ static int req_options(coord_http_req_t *r, coord_http_err_t *e) {
   long long n = 1, best_of = 1;
   if (req_int(r->root, "n", 1, 1, &n, e)) return coord_http_err(e, 400, "n", "only n = 1 is supported");
   if (req_int(r->root, "best_of", 1, 1, &best_of, e)) return coord_http_err(e, 400, "best_of", "only best_of = 1 is supported");
-  if (req_bool(r->root, "stream", &r->stream, e) || req_bool(r->root, "ignore_eos", &r->sub.ignore_eos, e) ||
+  if (req_bool(r->root, "stream", &r->stream, e) || req_bool(r->root, "ignore_eos", &r->sub.stop.ignore_eos, e) ||
       req_bool(r->root, "echo", &r->echo, e))
     return -1;
-  if (r->echo) return coord_http_err(e, 400, "echo", "'echo' is not supported");
+  if (r->echo && r->api == COORD_HTTP_API_CHAT)
+    return coord_http_err(e, 400, "echo", "'echo' is only supported for /v1/completions");
   json_t *so = req_get(r->root, "stream_options");
   if (so) {
     if (!r->stream) return coord_http_err(e, 400, "stream_options", "Stream options can only be defined when `stream=True`.");
@@ -321,8 +368,15 @@ static int req_model(coord_http_req_t *r, const char *served, coord_http_err_t *
 static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_model_len, coord_http_err_t *e) {
   if (req_model(r, served, e) || coord_http_req_unsupported(r->root, r->api, e)) return -1;
   if (r->api == COORD_HTTP_API_CHAT ? req_messages(r, e) : req_prompt(r, max_model_len, e)) return -1;
-  if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_options(r, e) || req_logprobs(r, e))
+  if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_logit_bias(r, e) ||
+      req_options(r, e) || req_logprobs(r, e))
     return -1;
+  if (r->echo && r->logprobs >= 0)
+    return coord_http_err(e, 400, "echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not "
+                                          "return yet");
+  if (r->sub.max_tokens && r->sub.sp.min_tokens > r->sub.max_tokens)
+    return coord_http_err(e, 400, "min_tokens", "'min_tokens' (%u) must not exceed 'max_tokens' (%u)",
+                          r->sub.sp.min_tokens, r->sub.max_tokens);
   if (max_model_len && (uint64_t)r->sub.n_tokens + r->sub.max_tokens > max_model_len)
     return coord_http_err(e, 400, "max_tokens",
                           "This model's maximum context length is %u tokens. However, you requested %llu tokens (%u "
@@ -361,5 +415,6 @@ void coord_http_req_free(coord_http_req_t *r) {
   free(r->msg_json);
   free(r->chat_vars);
   free(r->messages);
+  free(r->bias);
   memset(r, 0, sizeof *r);
 }

@@ -63,6 +63,10 @@ void coord_http_err_from_proto(coord_http_err_t *e, int32_t code, const char *me
   if (code == PROTO_ERR_VERSION) status = 500;
   coord_http_err(e, status, NULL, "%s", message && *message ? message : "the engine refused the request");
   if (code == PROTO_ERR_TOO_BIG) e->code = "context_length_exceeded";
+  /* checks only the engine can make (against the vocabulary) name the field first: "logit_bias: ..." */
+  static const char *const fields[] = {"logit_bias"};
+  for (size_t i = 0; status == 400 && message && i < sizeof fields / sizeof fields[0]; i++)
+    if (!strncmp(message, fields[i], strlen(fields[i])) && message[strlen(fields[i])] == ':') e->param = fields[i];
 }
 
 /* ---- token strings for logprobs ---- */
@@ -186,6 +190,8 @@ static int resp_text_add(coord_http_acc_t *a, const char *s, size_t n) {
   a->text[a->text_len] = 0;
   return 0;
 }
+
+int coord_http_acc_text(coord_http_acc_t *a, const char *s, size_t n) { return resp_text_add(a, s, n); }
 
 static size_t resp_ev_text_len(const proto_event_t *ev) {
   return ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;

@@ -1,15 +1,15 @@
 /* http_unsupported.c - the OpenAI request fields ferrum does not act on
  * yet. A client that sends one with a value that would change the answer
- * (a tool choice, a response format, logit biases, ...) gets a 400 naming
- * it rather than a 200 whose output ignored it; the value that means "off"
- * (null, an empty list or object, "none", {"type": "text"}) passes.
- * The same for vLLM's output options when set away from what ferrum
- * does (skip_special_tokens false, include_stop_str_in_output,
- * truncate_prompt_tokens). Fields that change nothing about the output
- * (user, metadata, store, service_tier, parallel_tool_calls) are accepted.
- * `tools` is accepted: the chat template renders them into the prompt
- * (parsing tool calls out of the answer is not done yet, so tool_choice
- * other than "auto"/"none" still gets a 400). */
+ * (a tool choice, a response format, guided decoding, ...) gets a 400
+ * naming it rather than a 200 whose output ignored it; the value that
+ * means "off" (null, an empty list or object, "none", {"type": "text"})
+ * passes. The same for vLLM's output options when set away from what
+ * ferrum does (skip_special_tokens false, truncate_prompt_tokens). Fields
+ * that change nothing about the output (user, metadata, store,
+ * service_tier, parallel_tool_calls) are accepted. `tools` is accepted:
+ * the chat template renders them into the prompt (parsing tool calls out
+ * of the answer is not done yet, so tool_choice other than "auto"/"none"
+ * still gets a 400). */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -37,9 +37,7 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
     bool chat_only, completions_only, null_only; /* null_only: 0 or [] is a request too */
   } plain[] = {
       {"functions", "function calling", true, false, false},
-      {"logit_bias", "logit biases", false, false, false},
       {"prompt_logprobs", "prompt logprobs", false, false, true},
-      {"min_tokens", "a minimum number of tokens", false, false, false},
       {"suffix", "suffixes (insertion)", false, true, false},
       {"audio", "audio output", true, false, false},
       {"prediction", "predicted outputs", true, false, false},
@@ -68,11 +66,9 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
       return coord_http_err(e, 400, "modalities", "'modalities' other than [\"text\"] are not supported");
   }
   /* vLLM's output options, where they would change what is sent back */
-  const json_t *sst = json_object_get(root, "skip_special_tokens"), *isr = json_object_get(root, "include_stop_str_in_output");
+  const json_t *sst = json_object_get(root, "skip_special_tokens");
   if (sst && !json_is_null(sst) && !json_is_true(sst))
     return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
-  if (!unsupported_off(isr))
-    return coord_http_err(e, 400, "include_stop_str_in_output", "'include_stop_str_in_output' is not supported yet");
   if (!unsupported_off(json_object_get(root, "truncate_prompt_tokens")))
     return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported yet");
   const json_t *rf = json_object_get(root, "response_format");

@@ -69,12 +69,14 @@ typedef struct {
   cudaGraphExec_t exec;
 } kcu_graph_t;
 
-/* One penalized token of a row: its id, its count among the output tokens
- * (0: only in the prompt), and its raw logit, kept by the sampler. */
+/* One penalized or biased token of a row: its id, its count among the
+ * output tokens (0: only in the prompt; -1: in neither, a logit bias or a
+ * min_tokens ban alone), its raw logit, kept by the sampler, and the bias
+ * added to it first (-inf: banned). A row lists each token once. */
 typedef struct {
   int32_t token, count;
   float raw;
-  int32_t pad;
+  float bias;
 } kcu_pen_t;
 
 typedef struct {

@@ -182,7 +182,7 @@ __device__ void kcu_top_logprobs(const T *x, int vocab, int n, float xmax, float
   __syncthreads();
 }
 
-/* Penalties (as model/sampler.c) on the row's listed tokens, in place: the
+/* Bias and penalties (as model/sampler.c) on the row's listed tokens, in place: the
  * penalized logit is rounded to T like every logit; the raw one is kept in
  * the list for the logprob. Ends with a barrier. */
 template <typename T> __device__ void kcu_apply_penalties(T *x, const kcu_sparams_t &p, kcu_pen_t *pe) {
@@ -191,8 +191,9 @@ template <typename T> __device__ void kcu_apply_penalties(T *x, const kcu_sparam
     const int t = pe[k].token;
     float v = kcu_f(x[t]);
     pe[k].raw = v;
-    if (rep) v = v > 0.f ? v / p.rep : v * p.rep;
-    if (pe[k].count) v -= p.pres + p.freq * (float)pe[k].count;
+    v += pe[k].bias; /* logit bias and min_tokens bans first, as vLLM */
+    if (rep && pe[k].count >= 0) v = v > 0.f ? v / p.rep : v * p.rep;
+    if (pe[k].count > 0) v -= p.pres + p.freq * (float)pe[k].count;
     x[t] = kcu_t<T>(v);
   }
   __syncthreads();
@@ -335,23 +336,61 @@ static int kcu_pen_reserve(kcu_ctx_t *c, size_t n) {
   return 0;
 }
 
-/* How many of a row's output and prompt tokens its penalties read. */
+/* The min_tokens bans a row applies now (0 once it has enough output). */
+static int kcu_pen_bans(const kern_sample_params_t *h) {
+  return h->ban && h->n_output < h->min_tokens ? FR_MAX(h->n_ban, 0) : 0;
+}
+
+/* How many of a row's output and prompt tokens its penalties read; the
+ * return value also counts its bias and ban entries. */
 static size_t kcu_pen_inputs(const kern_sample_params_t *h, int *n_out, int *n_pr) {
   const bool rep = h->repetition_penalty > 0.f && h->repetition_penalty != 1.f;
   const bool pf = h->presence_penalty != 0.f || h->frequency_penalty != 0.f;
   *n_out = (rep || pf) && h->output ? FR_MAX(h->n_output, 0) : 0;
   *n_pr = rep && h->prompt ? FR_MAX(h->n_prompt, 0) : 0;
-  return (size_t)*n_out + (size_t)*n_pr;
+  const size_t n_bias = h->bias ? (size_t)FR_MAX(h->n_bias, 0) : 0;
+  return (size_t)*n_out + (size_t)*n_pr + n_bias + (size_t)kcu_pen_bans(h);
+}
+
+static int kcu_cmp_pen(const void *a, const void *b) {
+  const kcu_pen_t *x = (const kcu_pen_t *)a, *y = (const kcu_pen_t *)b;
+  return (x->token > y->token) - (x->token < y->token);
+}
+
+/* Adds a row's logit biases and min_tokens bans to its k listed tokens at
+ * e, then sorts the list by token and merges a token's entries into one
+ * (the kernel writes each token from one thread). Returns the new count. */
+static size_t kcu_pen_bias(const kern_sample_params_t *h, int vocab, kcu_pen_t *e, size_t k) {
+  const int n_bias = h->bias ? h->n_bias : 0, n_ban = kcu_pen_bans(h);
+  if (n_bias <= 0 && n_ban <= 0) return k;
+  for (int i = 0; i < n_bias; i++)
+    if (h->bias[i].token >= 0 && h->bias[i].token < vocab)
+      e[k++] = (kcu_pen_t){.token = h->bias[i].token, .count = -1, .raw = 0.f, .bias = h->bias[i].bias};
+  for (int i = 0; i < n_ban; i++)
+    if (h->ban[i] >= 0 && h->ban[i] < vocab) e[k++] = (kcu_pen_t){.token = h->ban[i], .count = -1, .raw = 0.f, .bias = -INFINITY};
+  qsort(e, k, sizeof *e, kcu_cmp_pen);
+  size_t m = 0;
+  for (size_t i = 0; i < k; i++) {
+    if (m > 0 && e[m - 1].token == e[i].token) {
+      e[m - 1].count = FR_MAX(e[m - 1].count, e[i].count);
+      e[m - 1].bias += e[i].bias;
+    } else {
+      e[m++] = e[i];
+    }
+  }
+  return m;
 }
 
 /* Lists a row's penalized tokens at c->pen_pin[*n_pen..] (room reserved for
  * its kcu_pen_inputs): each output token once with its count (capped at
  * 65535, as the host sampler), then, with a repetition penalty, each prompt
- * token that is not an output token with count 0. */
+ * token that is not an output token with count 0; then its biases merged
+ * in (kcu_pen_bias). */
 static void kcu_pen_row(kcu_ctx_t *c, const kern_sample_params_t *h, int vocab, size_t *n_pen) {
   int n_out, n_pr;
   size_t need = kcu_pen_inputs(h, &n_out, &n_pr);
   if (!need) return;
+  need = (size_t)n_out + (size_t)n_pr;
   if (need > c->pen_sort_cap) {
     c->pen_sort_cap = FR_MAX(need, 2 * c->pen_sort_cap);
     c->pen_sort = (int32_t *)fr_realloc(c->pen_sort, c->pen_sort_cap * sizeof(int32_t));
@@ -363,16 +402,16 @@ static void kcu_pen_row(kcu_ctx_t *c, const kern_sample_params_t *h, int vocab, 
   for (size_t i = 0; i < no;) { /* run lengths of the sorted output ids */
     size_t j = i;
     while (j < no && o[j] == o[i]) j++;
-    e[k++] = (kcu_pen_t){.token = o[i], .count = (int32_t)FR_MIN(j - i, (size_t)UINT16_MAX)};
+    e[k++] = (kcu_pen_t){.token = o[i], .count = (int32_t)FR_MIN(j - i, (size_t)UINT16_MAX), .raw = 0.f, .bias = 0.f};
     i = j;
   }
   for (size_t i = 0, j = 0; i < np; i++) { /* prompt ids not among the outputs (both sorted) */
     if (i > 0 && pr[i] == pr[i - 1]) continue;
     while (j < no && o[j] < pr[i]) j++;
     if (j < no && o[j] == pr[i]) continue;
-    e[k++] = (kcu_pen_t){.token = pr[i], .count = 0};
+    e[k++] = (kcu_pen_t){.token = pr[i], .count = 0, .raw = 0.f, .bias = 0.f};
   }
-  *n_pen += k;
+  *n_pen += kcu_pen_bias(h, vocab, e, k);
 }
 
 int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,

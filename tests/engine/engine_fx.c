@@ -189,7 +189,7 @@ int efx_shm_count(const efx_server_t *s) {
 
 proto_submit_t efx_greedy(const char *prompt, uint32_t max_tokens) {
   proto_submit_t r = {.prompt = (char *)prompt, .sp = proto_sampling_default(), .max_tokens = max_tokens,
-                      .ignore_eos = true, .stream = true};
+                      .stop.ignore_eos = true, .stream = true};
   r.sp.temperature = 0;
   return r;
 }

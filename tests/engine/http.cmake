@@ -4,7 +4,8 @@
 # response shapes, metrics text), fuzz_http_json, test_http_streams (streams
 # of a real `ferrumctl serve` that wait for a hung worker or are drained) and
 # test_http_openai.py (the real openai client against `ferrumctl serve` with
-# the real model), test_http_load.py (1000 clients at once; a full queue
+# the real model), test_http_sampling.py (logit_bias, min_tokens and
+# include_stop_str_in_output with the real model), test_http_load.py (1000 clients at once; a full queue
 # answers 429).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
@@ -26,4 +27,7 @@ set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 
   ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
 add_test(NAME test_http_chat_template COMMAND ${FERRUM_PYTHON} ${_t}/test_http_chat_template.py)
 set_tests_properties(test_http_chat_template PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
+  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
+add_test(NAME test_http_sampling COMMAND ${FERRUM_PYTHON} ${_t}/test_http_sampling.py)
+set_tests_properties(test_http_sampling PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
   ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")

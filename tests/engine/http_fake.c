@@ -57,7 +57,7 @@ static void fake_event(fake_io_t *io, const proto_submit_t *s, const char *text,
 static void fake_answer(fake_io_t *io, const proto_submit_t *s) {
   /* a streamed token-id prompt that ignores EOS (what `ferrumctl bench`
    * sends) gets a NUL byte in its text, as random weights can produce */
-  const bool nul = !s->prompt && s->n_tokens && s->ignore_eos && s->stream;
+  const bool nul = !s->prompt && s->n_tokens && s->stop.ignore_eos && s->stream;
   const char *pieces[3] = {"Hel", nul ? "l\0o" : "lo", " world"};
   const uint32_t lens[3] = {3, nul ? 3 : 2, 6};
   int32_t toks[3] = {11, 12, 13};
@@ -145,12 +145,12 @@ static const char *fake_text(const proto_submit_t *s) {
 static void fake_record(http_fake_t *f, const proto_submit_t *s) {
   pthread_mutex_lock(&f->mu);
   f->sp = s->sp;
-  f->max_tokens = s->max_tokens, f->n_stop = s->n_stop, f->n_stop_ids = s->n_stop_ids;
+  f->max_tokens = s->max_tokens, f->n_stop = s->stop.n_strs, f->n_stop_ids = s->stop.n_ids;
   f->n_tokens = s->n_tokens, f->n_messages = s->n_messages;
   f->sum_tokens += s->n_tokens, f->sum_max_tokens += s->max_tokens;
-  snprintf(f->stop0, sizeof f->stop0, "%s", s->n_stop ? s->stop[0] : "");
+  snprintf(f->stop0, sizeof f->stop0, "%s", s->stop.n_strs ? s->stop.strs[0] : "");
   f->token0 = s->n_tokens ? s->tokens[0] : -1;
-  f->ignore_eos = s->ignore_eos, f->stream = s->stream;
+  f->ignore_eos = s->stop.ignore_eos, f->stream = s->stream;
   pthread_mutex_unlock(&f->mu);
   atomic_store(&f->last_job, s->id);
   atomic_fetch_add(&f->n_submits, 1);

@@ -31,8 +31,8 @@ START_TEST(test_parse_completion) {
   ck_assert(r.stream && r.include_usage && r.sub.stream);
   ck_assert_int_eq(r.logprobs, 0);
   ck_assert_int_eq(r.sub.sp.logprobs, 0);
-  ck_assert_uint_eq(r.sub.n_stop, 2);
-  ck_assert_str_eq(r.sub.stop[1], "y");
+  ck_assert_uint_eq(r.sub.stop.n_strs, 2);
+  ck_assert_str_eq(r.sub.stop.strs[1], "y");
   ck_assert_uint_eq(r.sub.n_messages + r.sub.n_tokens, 0);
   /* a submit built from it passes the protocol's own checks */
   r.sub.id = 7;
@@ -78,6 +78,32 @@ START_TEST(test_parse_chat) {
 }
 END_TEST
 
+/* logit_bias (sorted by token for the wire), min_tokens, include_stop_str_in_output */
+START_TEST(test_parse_sampling_fields) {
+  coord_http_req_t r;
+  coord_http_err_t e;
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS,
+                         "{\"prompt\":\"a\",\"max_tokens\":9,\"logit_bias\":{\"300\":-100,\"12\":2.5,\"0\":100},"
+                         "\"min_tokens\":4,\"stop\":\"x\",\"include_stop_str_in_output\":true}",
+                         &r, &e),
+                   0);
+  ck_assert_uint_eq(r.sub.sp.n_bias, 3);
+  ck_assert_int_eq(r.sub.sp.bias[0].token, 0);
+  ck_assert_float_eq(r.sub.sp.bias[0].bias, 100);
+  ck_assert_int_eq(r.sub.sp.bias[1].token, 12);
+  ck_assert_float_eq(r.sub.sp.bias[1].bias, 2.5f);
+  ck_assert_int_eq(r.sub.sp.bias[2].token, 300);
+  ck_assert_uint_eq(r.sub.sp.min_tokens, 4);
+  ck_assert(r.sub.stop.include);
+  r.sub.id = 3;
+  proto_buf_t b;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0); /* the wire takes it */
+  proto_buf_free(&b);
+  coord_http_req_free(&r);
+}
+END_TEST
+
 START_TEST(test_parse_errors) {
   static const struct {
     coord_http_api_t api;
@@ -88,7 +114,8 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "nul", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", 400, "echo"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":0}", 400, "echo"}, /* prompt logprobs */
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 400, "echo"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1e400}", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream\":1}", 400, "stream"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_p\":2}", 400, "min_p"},
@@ -116,14 +143,22 @@ START_TEST(test_parse_errors) {
        400, "response_format"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"modalities\":[\"audio\"]}", 400,
        "modalities"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"50256\":-100}}", 400, "logit_bias"},
+      /* bad values of the sampling fields ferrum acts on */
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"50256\":-100.5}}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"50256\":\"1\"}}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"x\":1}}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"-1\":1}}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":{\"7\":1,\"07\":2}}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"logit_bias\":[1]}", 400, "logit_bias"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_tokens\":-1}", 400, "min_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_tokens\":1.5}", 400, "min_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":4,\"min_tokens\":5}", 400, "min_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"include_stop_str_in_output\":1}", 400,
+       "include_stop_str_in_output"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"min_tokens\":4}", 400, "min_tokens"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\"}}", 400, "guided_json"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":false}", 400, "skip_special_tokens"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"include_stop_str_in_output\":true}", 400,
-       "include_stop_str_in_output"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"truncate_prompt_tokens\":8}", 400, "truncate_prompt_tokens"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
@@ -265,6 +300,7 @@ static Suite *json_suite(void) {
   TCase *tc = tcase_create("json");
   tcase_add_test(tc, test_parse_completion);
   tcase_add_test(tc, test_parse_chat);
+  tcase_add_test(tc, test_parse_sampling_fields);
   tcase_add_test(tc, test_parse_errors);
   tcase_add_test(tc, test_error_json);
   tcase_add_test(tc, test_final_json_utf8);

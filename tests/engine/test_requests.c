@@ -198,13 +198,31 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_NOT_FOUND);
   /* bad sampling params: a hand-made submit with temperature -1 */
-  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x01, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x03, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
                                    0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
                                    0xa2, 's', 'p', 0x81, 0xa1, 't', 0xff};
   uint8_t msg[64];
   memcpy(msg, bad_sp, sizeof bad_sp);
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  msg[3] = 0x02; /* an older client's submit (stop fields at the top level): refused by version, not misread */
+  ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_VERSION);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "version"));
+  /* logit bias: a value out of range (the decoder), a token past the vocabulary (the coordinator) */
+  static const uint8_t bad_lb[] = {0x85, 0xa1, 'v', 0x03, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+                                   0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
+                                   0xa2, 's', 'p', 0x81, 0xa2, 'l', 'b', 0x91, 0x82, 0xa1, 't', 0x05, 0xa1, 'b', 0xcc, 200};
+  memcpy(msg, bad_lb, sizeof bad_lb);
+  ck_assert_int_eq(raw_call(sock, msg, sizeof bad_lb, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "logit bias"));
+  proto_bias_t lb = {.token = 1 << 30, .bias = 1};
+  r.model = NULL, r.sp.bias = &lb, r.sp.n_bias = 1;
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "logit_bias"));
   /* cancel of an unknown job: 404 */
   proto_cancel_t cn = {.id = 999};
   ck_assert_int_eq(proto_encode(&b, PROTO_T_CANCEL, &cn), 0);
@@ -273,7 +291,7 @@ START_TEST(test_seed_and_stop_strings) {
   char stop[8] = {0};
   memcpy(stop, full.text + 3, 3); /* a stop string that starts at byte 3 */
   char *stops[] = {stop};
-  g.stop = stops, g.n_stop = 1;
+  g.stop.strs = stops, g.stop.n_strs = 1;
   ck_assert_int_eq(efx_run_one(&s, &g, &cut), 0);
   ck_assert_int_eq(cut.finish, PROTO_FINISH_STOP);
   const char *at = strstr(full.text, stop);
@@ -281,9 +299,9 @@ START_TEST(test_seed_and_stop_strings) {
   ck_assert_int_eq(cut.text_len, (size_t)(at - full.text));
   ck_assert_mem_eq(cut.text, full.text, cut.text_len);
   /* stop token id: the generation ends at its first occurrence */
-  g.n_stop = 0;
+  g.stop.n_strs = 0;
   int32_t sid = full.tokens[5];
-  g.stop_ids = &sid, g.n_stop_ids = 1;
+  g.stop.ids = &sid, g.stop.n_ids = 1;
   ck_assert_int_eq(efx_run_one(&s, &g, &cut), 0);
   ck_assert_int_eq(cut.finish, PROTO_FINISH_STOP);
   int first = 0;

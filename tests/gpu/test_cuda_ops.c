@@ -934,6 +934,64 @@ START_TEST(test_sample_top_logprobs) {
 }
 END_TEST
 
+/* Logit bias and min_tokens bans on the device against the host sampler:
+ * rows mix a bias list, bans (a token both biased and banned, duplicates,
+ * ids out of the vocabulary) and penalties on overlapping tokens; greedy
+ * rows must pick the host's token with the host's (raw) logprob, sampled
+ * rows never a banned token. */
+START_TEST(test_sample_bias) {
+  enum { ROWS = 32, VOCAB = 5000, A = 17, B = 4321, C = 999 };
+  float *l = fr_malloc((size_t)ROWS * VOCAB * sizeof(float));
+  for (size_t i = 0; i < (size_t)ROWS * VOCAB; i++) l[i] = round_act((rndu() - 0.5f) * 4.f);
+  for (int r = 0; r < ROWS; r++) {
+    float *x = l + (size_t)r * VOCAB;
+    x[A] = 6.0f, x[C] = 5.5f, x[B] = 5.0f;
+  }
+  int32_t hist[30];
+  for (int i = 0; i < 30; i++) hist[i] = 100 + rndi(20);
+  hist[25] = C; /* output: C once */
+  const kern_bias_t bias[] = {{A, -3.f}, {B, 2.f}, {C, 0.25f}, {VOCAB + 3, 100.f}};
+  const int32_t ban[] = {B, A, B, -1, VOCAB};
+  model_sampler_t smp;
+  model_sampler_init(&smp, VOCAB);
+  float *row = fr_malloc(VOCAB * sizeof(float));
+  kern_sample_params_t p[ROWS];
+  for (int r = 0; r < ROWS; r++) {
+    bool g = r < ROWS / 2;
+    p[r] = (kern_sample_params_t){.temperature = g ? 0.f : 0.9f, .top_p = 1.f, .seed = 11, .counter = (uint64_t)r,
+                                  .repetition_penalty = r % 3 == 1 ? 1.3f : 1.f,
+                                  .presence_penalty = r % 3 == 2 ? 0.5f : 0.f,
+                                  .prompt = hist, .output = hist + 20, .n_prompt = 20, .n_output = 10,
+                                  .bias = bias, .n_bias = r % 4 ? 4 : 0, .ban = ban, .n_ban = 5,
+                                  .min_tokens = r % 2 ? 11 : 10}; /* odd rows: 10 outputs < 11, banned */
+  }
+  void *d = upload_logits(l, ROWS, VOCAB);
+  int32_t tok[ROWS];
+  float lp[ROWS];
+  int rc = gpu->ops->sample(gpu->ctx, d, ROWS, VOCAB, p, tok, lp);
+  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+  for (int r = 0; r < ROWS; r++) {
+    if (r % 2) ck_assert_msg(tok[r] != A && tok[r] != B, "row %d drew banned %d", r, tok[r]);
+    if (p[r].temperature > 0) continue;
+    memcpy(row, l + (size_t)r * VOCAB, VOCAB * sizeof(float));
+    model_sampling_t hp = model_sampling_default();
+    hp.repetition_penalty = p[r].repetition_penalty;
+    hp.presence_penalty = p[r].presence_penalty;
+    hp.bias = (const model_bias_t *)bias, hp.n_bias = p[r].n_bias;
+    hp.ban = ban, hp.n_ban = 5, hp.min_tokens = p[r].min_tokens;
+    float host_lp = 0;
+    int32_t host = model_sample(&smp, &hp, row, hist, 20, hist + 20, 10, 0, &host_lp);
+    fprintf(stderr, "  bias row %d: device %d host %d, logprob %.4f vs %.4f\n", r, tok[r], host, lp[r], host_lp);
+    ck_assert_int_eq(tok[r], host);
+    ck_assert_msg(fabsf(lp[r] - host_lp) < 2e-3f, "logprob %f vs %f", lp[r], host_lp);
+  }
+  model_sampler_deinit(&smp);
+  free(row);
+  gpu->ops->free(gpu->ctx, d);
+  free(l);
+}
+END_TEST
+
 /* Penalties on the device against the host sampler (model/sampler.c): the
  * same rule, on logits where three planted tokens decide the winner: A (6.0,
  * three times in the output), C (5.5, in the prompt only) and B (5.0, in
@@ -1155,6 +1213,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_sample_greedy);
   tcase_add_loop_test(tc, test_sample_filters, 0, 2);
   tcase_add_test(tc, test_sample_penalties);
+  tcase_add_test(tc, test_sample_bias);
   tcase_add_test(tc, test_sample_top_logprobs);
   tcase_add_test(tc, test_oom_is_an_error);
   tcase_add_test(tc, test_f16_mode);

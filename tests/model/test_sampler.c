@@ -171,6 +171,62 @@ START_TEST(logprob_is_raw_log_softmax) {
 }
 END_TEST
 
+/* A bias list: +100 makes its token the greedy choice; -100 on the argmax
+ * gives the second best; the logprob stays that of the raw logits. */
+START_TEST(logit_bias_moves_greedy_choice) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  float l[V];
+  fill(l);
+  int32_t best = argmax_ref(), second = best == 0 ? 1 : 0;
+  for (int i = 0; i < V; i++)
+    if (i != best && l[i] > l[second]) second = i;
+  int32_t low = 0; /* the least likely token */
+  for (int i = 1; i < V; i++)
+    if (l[i] < l[low]) low = i;
+  model_bias_t up[] = {{.token = low, .bias = 100}, {.token = V + 5, .bias = 100}}; /* out of the vocabulary: skipped */
+  p.bias = up, p.n_bias = 2;
+  float lp;
+  ck_assert_int_eq(model_sample(&s, &p, l, NULL, 0, NULL, 0, 0, &lp), low);
+  float r[V];
+  fill(r);
+  double z = 0;
+  for (int i = 0; i < V; i++) z += exp(r[i]);
+  ck_assert_double_eq_tol(lp, r[low] - log(z), 1e-4); /* raw, as vLLM reports it */
+  model_bias_t down = {.token = best, .bias = -100};
+  p.bias = &down, p.n_bias = 1;
+  ck_assert_int_eq(draw(&s, &p, 0), second);
+  p.temperature = 1.0f; /* sampling: the banished token never comes */
+  for (uint64_t d = 0; d < 200; d++) ck_assert_int_ne(draw(&s, &p, d), best);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+/* min_tokens: banned ids get no probability until n_output reaches it. */
+START_TEST(min_tokens_bans_until_reached) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  int32_t best = argmax_ref(), out[4] = {1, 2, 3, 4};
+  int32_t ban[] = {best, V + 1};
+  p.ban = ban, p.n_ban = 2, p.min_tokens = 3;
+  float l[V];
+  for (size_t n = 0; n <= 4; n++) {
+    fill(l);
+    int32_t t = model_sample(&s, &p, l, NULL, 0, out, n, n, NULL);
+    if (n < 3) ck_assert_int_ne(t, best);
+    else ck_assert_int_eq(t, best);
+  }
+  p.temperature = 2.0f;
+  for (uint64_t d = 0; d < 300; d++) {
+    fill(l);
+    ck_assert_int_ne(model_sample(&s, &p, l, NULL, 0, out, 2, d, NULL), best);
+  }
+  model_sampler_deinit(&s);
+}
+END_TEST
+
 /* The shared main (tests/common/test_main.c) runs this program's suites. */
 #include "tests/common/test_main.h"
 
@@ -184,6 +240,8 @@ static Suite *sampler_suite(void) {
   tcase_add_test(tc, top_p_after_top_k);
   tcase_add_test(tc, penalties_change_greedy_choice);
   tcase_add_test(tc, logprob_is_raw_log_softmax);
+  tcase_add_test(tc, logit_bias_moves_greedy_choice);
+  tcase_add_test(tc, min_tokens_bans_until_reached);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -172,6 +172,11 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
     p->presence_penalty = rand_unit() * 4 - 2;
     p->frequency_penalty = -(rand_unit() * 2);
     p->logprobs = (int32_t)tu_below(PROTO_MAX_TOPN + 2) - 1;
+    for (uint32_t i = 0, t = 0; p->bias && i < p->n_bias; i++) { /* strictly increasing tokens, biases in range */
+      t += 1 + tu_below(1000);
+      p->bias[i].token = (int32_t)t;
+      p->bias[i].bias = rand_unit() * 200 - 100;
+    }
   } else if (!strcmp(s->name, "hello")) {
     proto_hello_t *h = (proto_hello_t *)out;
     h->world_size = 1 + (int32_t)tu_below(8);

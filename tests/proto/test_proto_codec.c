@@ -368,7 +368,7 @@ END_TEST
 START_TEST(ref_submit) {
   mp_t m;
   mp_init(&m);
-  mp_msg(&m, "submit", 11);
+  mp_msg(&m, "submit", 9);
   mp_uint(&m, "id", 31);
   mp_str(&m, "m", "smol");
   mp_key(&m, "msgs");
@@ -381,17 +381,29 @@ START_TEST(ref_submit) {
   mp_key(&m, "c");
   msgpack_pack_str_with_body(&m.pk, "a\0b", 3); /* content may hold NULs */
   mp_key(&m, "sp");
-  msgpack_pack_map(&m.pk, 1);
+  msgpack_pack_map(&m.pk, 3);
   mp_f32(&m, "t", 0.0f);
+  mp_key(&m, "lb");
+  msgpack_pack_array(&m.pk, 2);
+  msgpack_pack_map(&m.pk, 2);
+  mp_int(&m, "t", 5);
+  mp_f32(&m, "b", -100.0f);
+  msgpack_pack_map(&m.pk, 2);
+  mp_int(&m, "t", 9);
+  mp_f64(&m, "b", 2.5);
+  mp_uint(&m, "mn", 3);
   mp_uint(&m, "mt", 64);
-  mp_key(&m, "st");
+  mp_key(&m, "stop");
+  msgpack_pack_map(&m.pk, 4);
+  mp_key(&m, "s");
   msgpack_pack_array(&m.pk, 2);
   msgpack_pack_str_with_body(&m.pk, "\n\n", 2);
   msgpack_pack_str_with_body(&m.pk, "END", 3);
-  mp_key(&m, "si");
+  mp_key(&m, "i");
   msgpack_pack_array(&m.pk, 1);
   msgpack_pack_int32(&m.pk, 2);
   mp_bool(&m, "ie", 1);
+  mp_bool(&m, "inc", 1);
   mp_bool(&m, "str", 1);
   mp_bool(&m, "rl", 1);
   mp_int(&m, "pr", -3);
@@ -409,12 +421,18 @@ START_TEST(ref_submit) {
   ck_assert_float_eq(s->sp.temperature, 0.0f);
   ck_assert_float_eq(s->sp.top_p, 1.0f);
   ck_assert_uint_eq(s->max_tokens, 64);
-  ck_assert_uint_eq(s->n_stop, 2);
-  ck_assert_str_eq(s->stop[0], "\n\n");
-  ck_assert_str_eq(s->stop[1], "END");
-  ck_assert_uint_eq(s->n_stop_ids, 1);
-  ck_assert_int_eq(s->stop_ids[0], 2);
-  ck_assert(s->ignore_eos && s->stream && s->return_logits);
+  ck_assert_uint_eq(s->sp.n_bias, 2);
+  ck_assert_int_eq(s->sp.bias[0].token, 5);
+  ck_assert_float_eq(s->sp.bias[0].bias, -100.0f);
+  ck_assert_int_eq(s->sp.bias[1].token, 9);
+  ck_assert_float_eq(s->sp.bias[1].bias, 2.5f);
+  ck_assert_uint_eq(s->sp.min_tokens, 3);
+  ck_assert_uint_eq(s->stop.n_strs, 2);
+  ck_assert_str_eq(s->stop.strs[0], "\n\n");
+  ck_assert_str_eq(s->stop.strs[1], "END");
+  ck_assert_uint_eq(s->stop.n_ids, 1);
+  ck_assert_int_eq(s->stop.ids[0], 2);
+  ck_assert(s->stop.ignore_eos && s->stop.include && s->stream && s->return_logits);
   ck_assert_int_eq(s->priority, -3);
 
   mp_init(&m);
@@ -769,10 +787,10 @@ START_TEST(encode_refuses) {
   proto_submit_t s = {.id = 1, .prompt = "x", .sp = proto_sampling_default()};
   char *stops[PROTO_MAX_STOP + 1];
   for (uint32_t i = 0; i <= PROTO_MAX_STOP; i++) stops[i] = "s";
-  s.stop = stops;
-  s.n_stop = PROTO_MAX_STOP + 1;
+  s.stop.strs = stops;
+  s.stop.n_strs = PROTO_MAX_STOP + 1;
   ck_assert_int_eq(proto_submit_encode(&b, &s), FR_ETOOBIG);
-  s.n_stop = PROTO_MAX_STOP;
+  s.stop.n_strs = PROTO_MAX_STOP;
   ck_assert_int_eq(proto_submit_encode(&b, &s), 0);
   s.n_tokens = 1; /* two inputs */
   s.tokens = (int32_t[]){1};
@@ -782,8 +800,17 @@ START_TEST(encode_refuses) {
   ck_assert_int_eq(proto_submit_encode(&b, &s), FR_EPROTO);
   ck_assert_ptr_nonnull(strstr(fr_last_error(), "top_p"));
   s.sp.top_p = 1;
-  s.n_stop = 3;
-  s.stop = NULL; /* a count without data */
+  proto_bias_t lb[2] = {{.token = 7, .bias = 1}, {.token = 7, .bias = 2}};
+  s.sp.bias = lb, s.sp.n_bias = 2; /* a token twice */
+  ck_assert_int_eq(proto_submit_encode(&b, &s), FR_EPROTO);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "logit bias"));
+  lb[1] = (proto_bias_t){.token = 8, .bias = 100.5f}; /* out of range */
+  ck_assert_int_eq(proto_submit_encode(&b, &s), FR_EPROTO);
+  lb[1].bias = -100;
+  ck_assert_int_eq(proto_submit_encode(&b, &s), 0);
+  s.sp.n_bias = 0;
+  s.stop.n_strs = 3;
+  s.stop.strs = NULL; /* a count without data */
   ck_assert_int_eq(proto_submit_encode(&b, &s), FR_EPROTO);
   proto_step_item_t it = {.slot = 1, .n_tokens = 0, .sp = proto_sampling_default()};
   proto_step_t st = {.n_items = 1, .items = &it};

@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_http_openai as base  # noqa: E402  (request(), the server's port)
+from local_net import wait_healthy  # noqa: E402  (on the path through test_http_openai)
 
 TEMPLATE = """{%- if messages[0]['content'] == 'boom' %}{{ raise_exception('boom: this template refuses') }}{% endif %}
 {%- for m in messages %}
@@ -89,17 +89,7 @@ def setUpModule():
                                  "--max-model-len", "512", "--threads", "2", "--chat-template", path,
                                  "--rpc", "ipc://%s/rpc.sock" % tmp],  # its own endpoint: other servers may run
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if base.srv.poll() is not None:
-            raise RuntimeError("ferrumctl serve exited: %s" % base.srv.stderr.read().decode(errors="replace"))
-        try:
-            if base.request("GET", "/health", key=None, timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become healthy in 120 s")
+    wait_healthy(base.srv, base.port)
 
 
 def tearDownModule():

@@ -18,11 +18,12 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port  # noqa: E402
+from local_net import free_port, wait_healthy  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -71,18 +72,9 @@ def setUpModule():
     port = free_port()
     srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
                             "--api-key", KEY, "--served-model-name", NAME, "--max-model-len", "512",
-                            "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        if srv.poll() is not None:
-            raise RuntimeError("ferrumctl serve exited: %s" % srv.stderr.read().decode(errors="replace"))
-        try:
-            if request("GET", "/health", key=None, timeout=2)[0] == 200:
-                return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError("the server did not become healthy in 120 s")
+                            "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))  # its own RPC endpoint
+    wait_healthy(srv, port)
 
 
 def tearDownModule():

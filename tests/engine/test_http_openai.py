@@ -73,7 +73,8 @@ def setUpModule():
     srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
                             "--api-key", KEY, "--served-model-name", NAME, "--max-model-len", "512",
                             "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))  # its own RPC endpoint
+                           # its own runtime folder, so its own RPC endpoint
+                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))
     wait_healthy(srv, port)
 
 

@@ -1,6 +1,6 @@
 /* main.c - ferrum-worker: registration, the message loop, exit rules.
  *
- * usage: ferrum-worker --connect ENDPOINT [--instance ID] [--rank R]
+ * usage: ferrum-worker --connect (or --coordinator) ENDPOINT [--instance ID] [--rank R]
  *                      [--world-size N] [--device DEV] [--coord-pid PID]
  *                      [--hb-timeout-ms MS] [--curve-key FILE --server-key KEY]
  *
@@ -33,6 +33,7 @@ static void worker__on_signal(int sig) { worker_stop = sig; }
 
 static int worker__parse(int argc, char **argv, worker_args_t *a) {
   static const struct option lo[] = {{"connect", required_argument, 0, 'c'},
+                                     {"coordinator", required_argument, 0, 'c'}, /* another name for --connect */
                                      {"instance", required_argument, 0, 'i'},
                                      {"rank", required_argument, 0, 'r'},
                                      {"world-size", required_argument, 0, 'w'},
@@ -210,7 +211,7 @@ int main(int argc, char **argv) {
   memset(&w, 0, sizeof w);
   w.pool_seg.fd = w.logits_seg.fd = -1;
   if (worker__parse(argc, argv, &w.args)) {
-    fprintf(stderr, "usage: ferrum-worker --connect ENDPOINT [--instance ID] [--rank R] [--world-size N] "
+    fprintf(stderr, "usage: ferrum-worker --connect|--coordinator ENDPOINT [--instance ID] [--rank R] [--world-size N] "
                     "[--device DEV] [--coord-pid PID] [--hb-timeout-ms MS] [--curve-key FILE --server-key KEY]\n");
     return 2;
   }

@@ -113,8 +113,9 @@ class Remote(unittest.TestCase):
 
     @classmethod
     def start_worker(cls):
-        """ferrum-worker in host W: its own mount namespace, an empty /dev/shm."""
-        cmd = "mount -t tmpfs tmpfs /dev/shm && exec %s --connect %s --rank 0 --world-size 1 --curve-key %s " \
+        """ferrum-worker in host W (--coordinator, the other name of --connect): its own mount
+        namespace, an empty /dev/shm."""
+        cmd = "mount -t tmpfs tmpfs /dev/shm && exec %s --coordinator %s --rank 0 --world-size 1 --curve-key %s " \
               "--server-key %s" % (WORKER, WEP, cls.key("worker.key"), cls.key("server.pub"))
         return cls.start(["unshare", "--mount", "sh", "-c", cmd], "worker.log", ns=NS_W)
 
@@ -202,7 +203,7 @@ class Remote(unittest.TestCase):
         self.assertEqual(ref.returncode, 0, ref.stderr)
         job = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         time.sleep(1.0)
-        pids = [int(p) for p in sh("pgrep", "-f", "ferrum-worker --connect " + WEP, check=False).stdout.split()]
+        pids = [int(p) for p in sh("pgrep", "-f", "ferrum-worker --coordinator " + WEP, check=False).stdout.split()]
         self.assertTrue(pids, "no remote worker to kill")
         for pid in pids:
             os.kill(pid, signal.SIGKILL)

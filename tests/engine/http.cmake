@@ -4,9 +4,10 @@
 # response shapes, metrics text), fuzz_http_json, test_http_streams (streams
 # of a real `ferrumctl serve` that wait for a hung worker or are drained) and
 # test_http_openai.py (the real openai client against `ferrumctl serve` with
-# the real model), test_http_sampling.py (logit_bias, min_tokens and
-# include_stop_str_in_output with the real model), test_http_load.py (1000 clients at once; a full queue
-# answers 429).
+# the real model), test_http_chat_template.py (a --chat-template file
+# against jinja2), test_http_sampling.py (logit_bias, min_tokens and
+# include_stop_str_in_output with the real model), test_http_load.py (1000
+# clients at once; a full queue answers 429).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -19,15 +20,13 @@ ferrum_add_check(test_http_streams SOURCES ${_t}/test_http_streams.c ${_t}/engin
                  LIBS ferrum_ctl ferrum_model ferrum_kv Threads::Threads LABELS engine TIMEOUT 600)
 add_dependencies(test_http_streams ferrumctl ferrum-worker)
 
-add_test(NAME test_http_load COMMAND ${FERRUM_PYTHON} ${_t}/test_http_load.py)
-set_tests_properties(test_http_load PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 600
-  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
-add_test(NAME test_http_openai COMMAND ${FERRUM_PYTHON} ${_t}/test_http_openai.py)
-set_tests_properties(test_http_openai PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
-  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
-add_test(NAME test_http_chat_template COMMAND ${FERRUM_PYTHON} ${_t}/test_http_chat_template.py)
-set_tests_properties(test_http_chat_template PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
-  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
-add_test(NAME test_http_sampling COMMAND ${FERRUM_PYTHON} ${_t}/test_http_sampling.py)
-set_tests_properties(test_http_sampling PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT 300
-  ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
+# A Python end-to-end test against `ferrumctl serve` with the real model.
+function(ferrum_http_py name timeout)
+  add_test(NAME ${name} COMMAND ${FERRUM_PYTHON} ${_t}/${name}.py)
+  set_tests_properties(${name} PROPERTIES LABELS engine SKIP_RETURN_CODE 77 TIMEOUT ${timeout}
+    ENVIRONMENT "FERRUM_MODEL=${FERRUM_MODEL};FERRUMCTL=$<TARGET_FILE:ferrumctl>")
+endfunction()
+ferrum_http_py(test_http_load 600)
+ferrum_http_py(test_http_openai 300)
+ferrum_http_py(test_http_chat_template 300)
+ferrum_http_py(test_http_sampling 300)

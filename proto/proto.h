@@ -39,7 +39,7 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 3     /* newest: submit's stop group, sampling's logit bias and min_tokens */
+#define PROTO_VERSION 4     /* newest: submit's fork and truncation (event's stop reason, readable by older peers) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -362,6 +362,9 @@ typedef struct {
   bool stream;                /* "str"  events per token batch (else one final event) */
   bool return_logits;         /* "rl"   events carry the logits rows */
   int32_t priority;           /* "pr"   default 0; higher first */
+  uint64_t fork_of;           /* "fk"   v4, 0 = none: the id of an earlier job of this client with the same
+                               * prompt; this job shares its prompt's KV blocks once that job's prefill is done */
+  uint32_t truncate;          /* "tr"   v4, 0 = none: keep only the last this many prompt tokens */
 } proto_submit_t;
 
 typedef enum {
@@ -396,6 +399,9 @@ typedef struct {
   uint32_t n_logits;     /* "lg"  bin of little-endian f32, <= PROTO_MAX_LOGITS */
   float *logits;         /* (n_tokens, vocab) when the job asked for logits */
   proto_error_t error;   /* "err" with finish == ERROR */
+  char *stop_str;        /* "ss"  v4, with finish == STOP: the stop string that matched, or NULL */
+  int32_t stop_id;       /* "si"  v4, default -1; with finish == STOP: the stop token id that ended the job
+                          * (not EOS) */
 } proto_event_t;
 
 typedef struct {

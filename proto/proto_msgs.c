@@ -141,7 +141,7 @@ static const proto_shutdown_t def_shutdown;
 static const proto_chat_msg_t def_chat_msg;
 static const proto_submit_t def_submit = {.sp = SAMPLING_DEFAULTS};
 static const proto_usage_t def_usage;
-static const proto_event_t def_event;
+static const proto_event_t def_event = {.stop_id = -1};
 static const proto_cancel_t def_cancel;
 static const proto_status_t def_status;
 static const proto_status_reply_t def_status_r;
@@ -360,6 +360,8 @@ static const proto_field_t f_submit[] = {
     FS("str", PF_BOOL, 0, proto_submit_t, stream),
     FS("rl", PF_BOOL, 0, proto_submit_t, return_logits),
     FS("pr", PF_I32, 0, proto_submit_t, priority),
+    FS("fk", PF_U64, 0, proto_submit_t, fork_of),
+    FS("tr", PF_U32, 0, proto_submit_t, truncate),
 };
 SCHEMA(s_submit, "submit", proto_submit_t, f_submit, def_submit, check_submit);
 
@@ -383,6 +385,8 @@ static const proto_field_t f_event[] = {
     FOBJH("u", proto_event_t, usage, has_usage, s_usage),
     FARR("lg", PF_F32BIN, 0, proto_event_t, logits, n_logits, PROTO_MAX_LOGITS),
     FOBJ("err", 0, proto_event_t, error, s_error),
+    FSTR("ss", 0, proto_event_t, stop_str, PROTO_MAX_STR),
+    FS("si", PF_I32, 0, proto_event_t, stop_id),
 };
 SCHEMA(s_event, "event", proto_event_t, f_event, def_event, check_event);
 
@@ -463,7 +467,7 @@ static const struct {
     [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
     [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},
     [PROTO_T_KV_READY] = {"kv_ready", &s_kv_ready, 2},
-    [PROTO_T_SUBMIT] = {"submit", &s_submit, 3},
+    [PROTO_T_SUBMIT] = {"submit", &s_submit, 4},
     [PROTO_T_EVENT] = {"event", &s_event, 1},
     [PROTO_T_CANCEL] = {"cancel", &s_cancel, 1},
     [PROTO_T_STATUS] = {"status", &s_status, 1},

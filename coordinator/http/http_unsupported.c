@@ -69,8 +69,6 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
   const json_t *sst = json_object_get(root, "skip_special_tokens");
   if (sst && !json_is_null(sst) && !json_is_true(sst))
     return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
-  if (!unsupported_off(json_object_get(root, "truncate_prompt_tokens")))
-    return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported yet");
   const json_t *rf = json_object_get(root, "response_format");
   if (!unsupported_format_off(rf)) {
     const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;

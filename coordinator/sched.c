@@ -202,10 +202,12 @@ static int coord__sched_admit_blocks(const coord_sched_t *s, const kv_admit_t *p
 }
 
 /* Whether a waiting job can fork now: 1 yes, 0 not yet (its fork's
- * prefill is not done), -1 never (admit it as any job). */
+ * prefill is not done), -1 never (admit it as any job). A repetition
+ * penalty needs the whole prompt fed to the worker (its token history), as
+ * with cached prefixes. */
 static int coord__sched_fork_ready(const coord_job_t *j) {
   const coord_job_t *p = j->fork;
-  if (!p || p->state == COORD_JOB_DONE) return -1;
+  if (!p || p->state == COORD_JOB_DONE || j->sp.repetition_penalty != 1.0f) return -1;
   if (p->state == COORD_JOB_NEW) return 0;
   if (j->admitted_once || p->n_prompt != j->n_prompt || j->n_tok != j->n_prompt ||
       memcmp(p->tok, j->tok, (size_t)j->n_prompt * sizeof *j->tok))

@@ -211,8 +211,10 @@ void coord_sched_commit(coord_sched_t *s, bool computed);
  * which samples j's first token with j's own parameters). Until then j
  * waits at its place in the queue (admissions behind it wait too: p is
  * ahead of it, and its prefill goes on). When p cannot be forked (it
- * finished, was never tokenized, or its prompt differs), j is admitted as
- * any job, the prefix cache still finding p's full blocks.
+ * finished, was never tokenized, or its prompt differs) or j has a
+ * repetition penalty (the workers build its token history from the tokens
+ * fed), j is admitted as any job, the prefix cache still finding p's full
+ * blocks (penalty aside).
  * coord_sched_unfork drops j's link (j admitted or finished); a p that
  * finishes calls it for every job that waits on it. */
 void coord_sched_unfork(coord_job_t *j);

@@ -356,6 +356,16 @@ START_TEST(test_fork_shares_prompt_blocks) {
   ck_assert_uint_eq(f.s.counters.fork_shared, 6);
   ck_assert_uint_eq(f.s.counters.fork_copied, 2);
   finish(&f, b);
+  /* a repetition penalty is admitted as any job (the worker needs the whole prompt fed) */
+  coord_job_t *pen = job_make(&f, 14, 2, 1, 0);
+  pen->fork = a, a->fork_waiters++;
+  pen->sp.repetition_penalty = 1.3f;
+  coord_sched_enqueue(&f.s, pen);
+  b = plan(&f);
+  ck_assert_int_eq(b->items[item_of(b, pen)].pos, 0);
+  ck_assert_int_eq(a->fork_waiters, 0);
+  finish(&f, b);
+  drain(&f, 64);
   /* a fork whose first job ended before its prefill is admitted as any job */
   coord_job_t *d = job_add(&f, 6, 2, 2, 0), *e = job_make(&f, 6, 2, 2, 0);
   e->fork = d, d->fork_waiters++;

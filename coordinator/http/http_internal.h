@@ -81,7 +81,7 @@ typedef struct {
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
- * rules (types, ranges, n == 1, stream_options only with stream, ...).
+ * rules (types, ranges, best_of >= n, stream_options only with stream, ...).
  * served_model / max_model_len: model names other than served_model give
  * 404; a token prompt of max_model_len tokens or more gives 400. Returns 0,
  * or -1 with e filled (r freed). Never crashes on any bytes. */

@@ -208,7 +208,7 @@ static coord_reject_t coord__prompt_precheck(coord_t *c, const proto_submit_t *s
   if (s->n_tokens == 0 && s->n_messages == 0 && s->prompt_len == 0)
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "the prompt is empty"};
   size_t bytes = coord__prompt_bytes(s), most = (size_t)c->max_model_len * COORD_MAX_PROMPT_BYTES_PER_TOKEN;
-  if (bytes > most && !s->truncate) { /* truncated after tokenizing: 4 MiB at most (PROTO_MAX_TEXT) */
+  if (bytes > most && !s->ph.truncate) { /* truncated after tokenizing: 4 MiB at most (PROTO_MAX_TEXT) */
     snprintf(msg, sizeof msg, "the prompt has %zu bytes, more than this model's context of %d tokens can hold",
              bytes, c->max_model_len);
     return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
@@ -270,7 +270,7 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->priority = s->priority;
   j->slot = -1;
   j->stop_id = -1;
-  j->truncate = s->truncate;
+  j->truncate = s->ph.truncate;
   j->sp = s->sp;
   if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
   j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
@@ -362,7 +362,7 @@ void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *
     return;
   }
   coord_job_t *j = coord__job_new(c, p, s);
-  coord_job_t *parent = s->fork_of ? coord__job_find(c, p, s->fork_of) : NULL;
+  coord_job_t *parent = s->ph.fork_of ? coord__job_find(c, p, s->ph.fork_of) : NULL;
   if (parent) j->fork = parent, parent->fork_waiters++;
   coord__hash_insert(c, j);
   if (c->metrics) coord_metrics_request_start(c->metrics);

@@ -346,6 +346,13 @@ typedef struct {
   bool include;      /* "inc" the matched stop string stays in the text */
 } proto_stop_t;
 
+/* What is done with a job's prompt ("ph", a nested map since version 4). */
+typedef struct {
+  uint32_t truncate;  /* "tr" 0 = none: keep only the last this many prompt tokens (after tokenizing) */
+  uint64_t fork_of;   /* "fk" 0 = none: the id of an earlier job of this client with the same prompt; this job
+                       * shares that job's prompt KV blocks once its prefill is done (n > 1) */
+} proto_prompt_opts_t;
+
 /* A job. Exactly one of prompt, tokens, messages is given. */
 typedef struct {
   uint64_t id;                /* "id"   required, != 0: client job id (fr_client fills it) */
@@ -362,9 +369,7 @@ typedef struct {
   bool stream;                /* "str"  events per token batch (else one final event) */
   bool return_logits;         /* "rl"   events carry the logits rows */
   int32_t priority;           /* "pr"   default 0; higher first */
-  uint64_t fork_of;           /* "fk"   v4, 0 = none: the id of an earlier job of this client with the same
-                               * prompt; this job shares its prompt's KV blocks once that job's prefill is done */
-  uint32_t truncate;          /* "tr"   v4, 0 = none: keep only the last this many prompt tokens */
+  proto_prompt_opts_t ph;     /* "ph"   prompt handling (v4) */
 } proto_submit_t;
 
 typedef enum {

@@ -120,6 +120,7 @@ static int check_id(const void *body) {
 static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
 static const proto_bias_t def_bias;
 static const proto_stop_t def_stop;
+static const proto_prompt_opts_t def_prompt_opts;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
 static const proto_option_t def_option;
@@ -348,6 +349,12 @@ static const proto_field_t f_stop[] = {
 };
 SCHEMA(s_stop, "stop", proto_stop_t, f_stop, def_stop, NULL);
 
+static const proto_field_t f_prompt_opts[] = {
+    FS("tr", PF_U32, 0, proto_prompt_opts_t, truncate),
+    FS("fk", PF_U64, 0, proto_prompt_opts_t, fork_of),
+};
+SCHEMA(s_prompt_opts, "prompt handling", proto_prompt_opts_t, f_prompt_opts, def_prompt_opts, NULL);
+
 static const proto_field_t f_submit[] = {
     FS("id", PF_U64, PF_REQ, proto_submit_t, id),
     FSTR("m", 0, proto_submit_t, model, PROTO_MAX_STR),
@@ -360,8 +367,7 @@ static const proto_field_t f_submit[] = {
     FS("str", PF_BOOL, 0, proto_submit_t, stream),
     FS("rl", PF_BOOL, 0, proto_submit_t, return_logits),
     FS("pr", PF_I32, 0, proto_submit_t, priority),
-    FS("fk", PF_U64, 0, proto_submit_t, fork_of),
-    FS("tr", PF_U32, 0, proto_submit_t, truncate),
+    FOBJ("ph", 0, proto_submit_t, ph, s_prompt_opts),
 };
 SCHEMA(s_submit, "submit", proto_submit_t, f_submit, def_submit, check_submit);
 

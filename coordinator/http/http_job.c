@@ -608,7 +608,7 @@ static int job_submit_all(coord_http_job_t *j) {
     coord_http_req_prompt(&j->req, ch->prompt);
     sub->id = ch->id;
     sub->sp.seed = seed + ch->seq;
-    sub->fork_of = ch->seq ? j->choices[i - ch->seq].id : 0;
+    sub->ph.fork_of = ch->seq ? j->choices[i - ch->seq].id : 0;
     if (coord_http_rpc_send(&j->h->rpc, PROTO_T_SUBMIT, sub)) {
       for (uint32_t k = i; k < j->n_choices; k++) j->choices[k].id = 0; /* never sent: no cancel */
       job_cancel(j);

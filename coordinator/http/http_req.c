@@ -242,9 +242,9 @@ static int req_logprobs(coord_http_req_t *r, coord_http_err_t *e) {
 
 /* ---- inputs ---- */
 
-/* A prompt's tokens after truncate_prompt_tokens (sub.truncate). */
+/* A prompt's tokens after truncate_prompt_tokens (sub.ph.truncate). */
 static uint32_t req_prompt_tokens(const coord_http_req_t *r, uint32_t n) {
-  return r->sub.truncate && n > r->sub.truncate ? r->sub.truncate : n;
+  return r->sub.ph.truncate && n > r->sub.ph.truncate ? r->sub.ph.truncate : n;
 }
 
 /* One prompt: a non-empty string or a non-empty list of token ids. */
@@ -420,7 +420,7 @@ static int req_truncate(coord_http_req_t *r, uint32_t max_model_len, coord_http_
   if (k == 0 && req_get(r->root, "truncate_prompt_tokens"))
     return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1");
   if (k == -1) k = max_model_len ? max_model_len : UINT32_MAX;
-  r->sub.truncate = (uint32_t)k;
+  r->sub.ph.truncate = (uint32_t)k;
   return 0;
 }
 

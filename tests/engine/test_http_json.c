@@ -118,7 +118,7 @@ START_TEST(test_parse_prompts_and_choices) {
   ck_assert_uint_eq(r.best_of, 3);
   ck_assert_int_eq(r.sub.sp.logprobs, 0); /* best_of ranks by cumulative logprob */
   ck_assert_int_eq(r.logprobs, -1);       /* ... which the answer does not show */
-  ck_assert_uint_eq(r.sub.truncate, 2);
+  ck_assert_uint_eq(r.sub.ph.truncate, 2);
   ck_assert_str_eq(r.sub.prompt, "ab");
   proto_buf_t b;
   proto_buf_init(&b);

@@ -9,7 +9,9 @@
  * When a running job cannot grow, the newest running job is preempted (its
  * blocks freed, its tokens kept, requeued at the front) and later
  * recomputed. The queue head is never skipped, so nothing starves behind
- * later arrivals of the same priority.
+ * later arrivals of the same priority. A job that forks an earlier one's
+ * prompt (n > 1; sched.h, coord_sched_unfork) waits there for that job's
+ * prefill, then takes a copy of its block table.
  *
  * Plans only while no step is planned, so every slot it touches is idle.
  */

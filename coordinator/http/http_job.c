@@ -1,8 +1,9 @@
 /* http_job.c - /v1/completions and /v1/chat/completions: validate the body,
  * submit it over the frontend's RPC connection (one job of the coordinator
  * per choice: prompts x best_of, sequence k of a prompt with seed + k and
- * forking sequence 0's prompt KV) and suspend the request's connection; the loop hands each job the coordinator's messages for it,
- * and a job resumes its connection when it has something to send: one JSON
+ * forking sequence 0's prompt KV) and suspend the request's connection;
+ * the loop hands each job the coordinator's messages for its choices, and
+ * a job resumes its connection when it has something to send: one JSON
  * object, an error, or SSE chunks as events arrive, with a comment line
  * each keep-alive period that passes without one. A client that hangs up
  * cancels its job (the tick watches the sockets of suspended connections);

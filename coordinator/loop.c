@@ -106,8 +106,9 @@ int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes) {
   long long tokens = (long long)n_blocks * bs;
   char size[64] = "";
   if (block_bytes) snprintf(size, sizeof size, " (%.1f MiB per worker)", (double)n_blocks * block_bytes / 1048576.0);
-  FR_LOGI("KV cache: %d blocks of %d tokens, %lld tokens%s; maximum concurrency for %d tokens per request: %.2fx",
-          n_blocks, bs, tokens, size, c->max_model_len, (double)tokens / c->max_model_len);
+  const char *dt = k->kv_cache_dtype && strcmp(k->kv_cache_dtype, "auto") ? k->kv_cache_dtype : NULL;
+  FR_LOGI("KV cache: %d blocks of %d tokens, %lld tokens%s%s%s; maximum concurrency for %d tokens per request: %.2fx",
+          n_blocks, bs, tokens, dt ? " of " : "", dt ? dt : "", size, c->max_model_len, (double)tokens / c->max_model_len);
   return 0;
 }
 

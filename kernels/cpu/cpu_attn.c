@@ -135,8 +135,10 @@ static void cpu__attn_part(void *arg, int ith, int nth) {
     cpu__attn_item(j, it, scratch);
 }
 
-/* Every block a query may touch must be a real block of the pool. */
-static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *c) {
+/* Every block a query may touch must be a real block of the pool; with a
+ * window, the entries before the first query's window are never read (the
+ * engine may have released them: kv_seq_release_before). */
+static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *c, int window) {
   for (int s = 0; s < ctx->n_seqs; s++) {
     const int len = ctx->ctx_len[s];
     if (len == 0) continue;
@@ -144,7 +146,9 @@ static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *
     if (nb > ctx->max_blocks)
       return fr_errorf(-EINVAL, "attention: sequence %d needs %ld blocks, table has %d", s, nb, ctx->max_blocks);
     const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
-    for (long b = 0; b < nb; b++)
+    const int first = len - (ctx->q_start[s + 1] - ctx->q_start[s]); /* the first query's position */
+    const long lo = window > 0 ? FR_MAX(first - window + 1, 0) : 0;
+    for (long b = lo / c->block_size; b < nb; b++)
       if (bt[b] < 0 || bt[b] >= c->n_blocks)
         return fr_errorf(-EINVAL, "attention: sequence %d block %ld is %d (pool has %d)", s, b, bt[b], c->n_blocks);
   }
@@ -159,7 +163,7 @@ int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const ker
       q_stride < n_heads * head_dim || !pool->base)
     return fr_errorf(-EINVAL, "attention: bad shape (layer %d, heads %d/%d, head_dim %d/%d, q_stride %d)", layer,
                      n_heads, c->n_kv_heads, head_dim, c->head_dim, q_stride);
-  int rc = cpu__attn_check_tables(ctx, c);
+  int rc = cpu__attn_check_tables(ctx, c, window);
   if (rc) return rc;
   cpu_attn_job_t j = {.ctx = ctx, .out = out, .q = q, .q_stride = q_stride, .n_heads = n_heads,
                       .head_dim = head_dim, .group = n_heads / c->n_kv_heads, .block_size = c->block_size,

@@ -136,8 +136,8 @@ static void cpu__attn_part(void *arg, int ith, int nth) {
 }
 
 /* Every block a query may touch must be a real block of the pool; with a
- * window, the entries before the first query's window are never read (the
- * engine may have released them: kv_seq_release_before). */
+ * window, the entries wholly before the first query's window are never
+ * read and may also be -1 (released by the engine: kv_seq_release_before). */
 static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *c, int window) {
   for (int s = 0; s < ctx->n_seqs; s++) {
     const int len = ctx->ctx_len[s];
@@ -148,8 +148,8 @@ static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *
     const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
     const int first = len - (ctx->q_start[s + 1] - ctx->q_start[s]); /* the first query's position */
     const long lo = window > 0 ? FR_MAX(first - window + 1, 0) : 0;
-    for (long b = lo / c->block_size; b < nb; b++)
-      if (bt[b] < 0 || bt[b] >= c->n_blocks)
+    for (long b = 0; b < nb; b++)
+      if ((bt[b] < 0 || bt[b] >= c->n_blocks) && !(bt[b] == -1 && b < lo / c->block_size))
         return fr_errorf(-EINVAL, "attention: sequence %d block %ld is %d (pool has %d)", s, b, bt[b], c->n_blocks);
   }
   return 0;

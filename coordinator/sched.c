@@ -125,9 +125,18 @@ static void coord__sched_preempt(coord_sched_t *s, coord_job_t *j, bool count) {
 
 /* ---- planning -------------------------------------------------------------- */
 
+/* Sliding window on every layer: j's blocks wholly before the window of
+ * its next query (at n_computed) are never read again; they go back to
+ * the allocator before the slot grows. j is in no step in flight. */
+static void coord__sched_release(coord_sched_t *s, coord_job_t *j) {
+  int n = kv_seq_release_before(s->kv, j->slot, j->n_computed - s->cfg.kv_window + 1);
+  if (n > 0) s->counters.window_released += (uint64_t)n;
+}
+
 /* Grows j's slot by n tokens, preempting newer jobs when blocks run out.
  * Returns 0, 1 when j itself was preempted, or an error. */
 static int coord__sched_grow(coord_sched_t *s, coord_job_t *j, int n) {
+  if (s->cfg.kv_window > 0) coord__sched_release(s, j);
   for (;;) {
     kv_copy_t cp;
     int rc = kv_seq_append(s->kv, j->slot, n, &cp);
@@ -296,6 +305,8 @@ void coord_sched_init(coord_sched_t *s, const coord_sched_config_t *cfg) {
   b->failed = fr_calloc(S, sizeof *b->failed);
   b->failed_rc = fr_calloc(S, sizeof *b->failed_rc);
 }
+
+void coord_sched_set_window(coord_sched_t *s, int window) { s->cfg.kv_window = window > 0 ? window : 0; }
 
 void coord_sched_deinit(coord_sched_t *s) {
   coord_sched_batch_t *b = &s->batch;

@@ -144,11 +144,15 @@ typedef struct {
   uint64_t n_forks;          /* jobs admitted by forking another's slot */
   uint64_t fork_shared;      /* full prompt blocks they shared */
   uint64_t fork_copied;      /* partial last blocks they copied on write */
+  uint64_t window_released;  /* KV blocks released before every layer's sliding window */
 } coord_sched_counters_t;
 
 typedef struct {
   int max_num_seqs;           /* jobs running at once, items per step (> 0) */
   int max_num_batched_tokens; /* tokens per step (> 0) */
+  int kv_window;              /* > 0: every layer attends to at most this many tokens, so a running
+                               * job's blocks before its next query's window are released
+                               * (kv_seq_release_before); 0: none are */
 } coord_sched_config_t;
 
 /* Embedded in the coordinator. Fields are read-only outside sched.c. */
@@ -169,6 +173,9 @@ typedef struct {
 /* Sets up an empty scheduler (no allocator yet). Allocates its per-step
  * arrays once (aborts on host OOM). */
 void coord_sched_init(coord_sched_t *s, const coord_sched_config_t *cfg);
+
+/* Sets cfg.kv_window (the model's sliding window when every layer has one, else 0). */
+void coord_sched_set_window(coord_sched_t *s, int window);
 
 /* Frees the scheduler's arrays; the jobs and the allocator are the caller's. */
 void coord_sched_deinit(coord_sched_t *s);

@@ -17,6 +17,7 @@
 #include "coordinator/coord.h"
 #include "coordinator/http/http.h"
 #include "coordinator/metrics.h"
+#include "kernels/kern_types.h"
 
 typedef struct {
   coord_config_t k;
@@ -50,6 +51,9 @@ static void serve_usage(FILE *f) {
           "  --kv-cache-memory-bytes N     KV cache bytes per worker, on any device: bytes, or K/M/G/T (powers\n"
           "                                of 1024) or k/m/g/t (of 1000), e.g. 4G; overrides --gpu-memory-utilization\n"
           "  --num-kv-blocks N             exactly N KV blocks (overrides both)\n"
+          "  --kv-cache-dtype T            auto (default: f16 on the CPU, the activation type on a GPU), int8\n"
+          "                                or fp8 (E4M3): one byte per element and an f16 scale per token and KV\n"
+          "                                head, so the same bytes hold about twice the tokens\n"
           "  --enable-prefix-caching / --no-enable-prefix-caching   (default on)\n"
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --sse-keepalive S             a waiting stream gets an SSE comment line this often, so that\n"
@@ -80,7 +84,7 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -112,6 +116,13 @@ static int serve_opt(serve_opts_t *o, int c) {
   case O_NKV: if (cli_parse_int("--num-kv-blocks", optarg, 1, 1 << 24, &v)) return 2; k->num_kv_blocks = (int)v; return 0;
   case O_GMU:
     if (cli_parse_float("--gpu-memory-utilization", optarg, 1e-6, 1, &k->gpu_memory_utilization)) return 2;
+    return 0;
+  case O_KVDTYPE:
+    if (kern_kv_dtype_parse(optarg) < 0) {
+      fprintf(stderr, "ferrumctl serve: --kv-cache-dtype is auto, int8 or fp8, got '%s'\n", optarg);
+      return 2;
+    }
+    k->kv_cache_dtype = optarg;
     return 0;
   case O_KVBYTES: if (cli_parse_size("--kv-cache-memory-bytes", optarg, &k->kv_cache_memory_bytes)) return 2; return 0;
   case O_PC: k->no_prefix_caching = false; return 0;
@@ -156,6 +167,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"num-kv-blocks", required_argument, 0, O_NKV},
       {"gpu-memory-utilization", required_argument, 0, O_GMU},
       {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
+      {"kv-cache-dtype", required_argument, 0, O_KVDTYPE},
       {"enable-prefix-caching", no_argument, 0, O_PC},
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},

@@ -35,8 +35,8 @@ static int worker__tables(worker_t *w, const proto_step_t *st) {
     if (t->first > (uint32_t)w->rlen[t->slot] || t->first + t->n_blocks > (uint32_t)mb)
       return fr_errorf(FR_EPROTO, "block table of slot %u: entries %u..%u, the slot holds %d of at most %d", t->slot,
                        t->first, t->first + t->n_blocks, w->rlen[t->slot], mb);
-    for (uint32_t b = 0; b < t->n_blocks; b++)
-      if (t->blocks[b] < 0 || t->blocks[b] >= w->info.n_blocks)
+    for (uint32_t b = 0; b < t->n_blocks; b++) /* KV_HOLE: released before a sliding window (kv.h) */
+      if ((t->blocks[b] < 0 && t->blocks[b] != KV_HOLE) || t->blocks[b] >= w->info.n_blocks)
         return fr_errorf(FR_EPROTO, "block table of slot %u: block %d out of range", t->slot, t->blocks[b]);
   }
   for (uint32_t i = 0; i < st->n_tables; i++) {

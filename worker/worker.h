@@ -98,6 +98,7 @@ typedef struct {
   uint32_t kv_capacity;            /* blocks this worker can hold (reported in loaded) */
   int kv_block_size;               /* tokens per block the load asked for */
   size_t kv_block_bytes;           /* bytes of one block of this model's pool */
+  kern_kv_dtype_t kv_dtype;        /* --kv-cache-dtype (load option kv_cache_dtype) */
   size_t weight_bytes, act_bytes;  /* backend memory of the weights, of the activations (logged) */
   /* A remote worker (the load's option remote=1: another host, no shared
    * memory): the block tables come in the step descriptors, the KV pool

@@ -86,7 +86,8 @@ bool cli_engine_running(const char *rpc, const char *model_path);
 int cli_engine_generate(const char *rpc, const cli_curve_t *k, const proto_submit_t *req, int timeout_ms, bool stats);
 /* Starts a private server (ferrumctl serve --no-http on a private ipc://
  * endpoint, written to rpc) and waits until it is ready; *pid gets its pid. */
-int cli_engine_start_private(const char *model, const char *device, int threads, char *rpc, size_t cap, int *pid);
+int cli_engine_start_private(const char *model, const char *device, int threads, const char *spec, char *rpc,
+                             size_t cap, int *pid);
 /* Drains and reaps a private server. */
 void cli_engine_stop_private(int pid);
 

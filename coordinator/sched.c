@@ -9,7 +9,10 @@
  * When a running job cannot grow, the newest running job is preempted (its
  * blocks freed, its tokens kept, requeued at the front) and later
  * recomputed. The queue head is never skipped, so nothing starves behind
- * later arrivals of the same priority.
+ * later arrivals of the same priority. A decode may carry proposed tokens
+ * (speculative decoding, job->n_spec) when the budget, the logits rows and
+ * free blocks allow them without preempting anything; the commit keeps the
+ * accepted ones and truncates the slot past them.
  *
  * Plans only while no step is planned, so every slot it touches is idle.
  */

@@ -170,6 +170,7 @@ struct coord {
   void (*hook_drain)(void *);
   void *hook_arg;
   struct coord_metrics *metrics;
+  bool spec_gpu;             /* speculative decoding takes the GPU's defaults (spec_step.c) */
 };
 
 /* ---- loop.c ---- */

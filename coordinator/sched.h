@@ -106,6 +106,9 @@ struct coord_job {
   const char *error_msg;     /* static: what went wrong, for the client */
   bool finish_sent;
   uint64_t t_arrival_ns, t_first_ns, t_last_ns;
+  /* speculative decoding (spec_step.c) */
+  float spec_miss;           /* recent share of its proposals rejected (moving average; 0 at first) */
+  int spec_idle;             /* decodes without proposals since its acceptance fell too low */
 };
 
 /* One item of a step: tokens tok[pos, pos + n) of a job. */

@@ -23,7 +23,7 @@ static int coord__spec_int(json_t *o, const char *key, int lo, int hi, int *v, b
 /* Every key must be one we read. */
 static int coord__spec_keys(json_t *o) {
   static const char *known[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                                "disable_by_batch_size"};
+                                "disable_by_batch_size", "min_acceptance_rate"};
   const char *key;
   json_t *v;
   json_object_foreach(o, key, v) {
@@ -52,6 +52,10 @@ static int coord__spec_fields(json_t *o, coord_spec_config_t *c) {
   if ((rc = coord__spec_int(o, "prompt_lookup_max", 1, 1024, &c->prompt_lookup_max, &g_max))) return rc;
   if ((rc = coord__spec_int(o, "prompt_lookup_min", 1, 1024, &c->prompt_lookup_min, &g_min))) return rc;
   if ((rc = coord__spec_int(o, "disable_by_batch_size", 1, 1 << 20, &c->disable_by_batch_size, &given))) return rc;
+  json_t *r = json_object_get(o, "min_acceptance_rate");
+  if (r && (!json_is_number(r) || json_number_value(r) < 0 || json_number_value(r) > 1))
+    return fr_errorf(-EINVAL, "--speculative-config: min_acceptance_rate must be a number in [0, 1]");
+  if (r) c->min_acceptance_rate = (float)json_number_value(r);
   if (g_min && !g_max) c->prompt_lookup_max = c->prompt_lookup_min; /* vLLM: one given sets both */
   if (g_max && !g_min) c->prompt_lookup_min = c->prompt_lookup_max;
   if (c->prompt_lookup_min > c->prompt_lookup_max)
@@ -62,7 +66,7 @@ static int coord__spec_fields(json_t *o, coord_spec_config_t *c) {
 
 int coord_spec_parse(const char *json, coord_spec_config_t *out) {
   coord_spec_config_t c = {.prompt_lookup_max = 5, .prompt_lookup_min = 5, /* vLLM's defaults */
-                           .disable_by_batch_size = COORD_SPEC_BATCH_DEFAULT};
+                           .disable_by_batch_size = 0, .min_acceptance_rate = -1}; /* 0, -1: the device's */
   json_error_t err;
   json_t *o = json_loads(json, JSON_REJECT_DUPLICATES, &err);
   if (!o) return fr_errorf(-EINVAL, "--speculative-config is not JSON: %s (column %d)", err.text, err.column);

@@ -6,6 +6,8 @@
  * (which keeps their KV and truncates the slot past them) and the tokens
  * are appended one by one through the ordinary stop rules, so tokens after
  * a stop are dropped. */
+#include <string.h>
+
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
 #include "coordinator/metrics.h"
@@ -19,16 +21,33 @@ static int coord__spec_room(const coord_t *c, const coord_job_t *j, int rows_lef
   return FR_MIN(k, rows_left);
 }
 
+/* How many proposals job j may get (of room): all while its recent
+ * acceptance is at least min_acceptance_rate; else none (a proposal costs
+ * compute), but one every 8th decode, a cheap probe that lets it come back
+ * when its output starts repeating. */
+static int coord__spec_worth(const coord_t *c, coord_job_t *j, int room) {
+  float rate = c->cfg.spec.min_acceptance_rate;
+  if (rate < 0) rate = c->spec_gpu ? COORD_SPEC_RATE_GPU : COORD_SPEC_RATE_CPU;
+  if (1.0f - j->spec_miss >= rate) return room;
+  if (++j->spec_idle < 8) return 0;
+  j->spec_idle = 0;
+  return FR_MIN(room, 1);
+}
+
 void coord__spec_propose(coord_t *c) {
   coord_sched_t *s = &c->sched;
   const coord_spec_config_t *k = &c->cfg.spec;
+  if (k->num_speculative_tokens <= 0) return;
+  c->spec_gpu = strncmp(c->device, "cpu", 3) != 0;
   int active = s->n_running + s->n_waiting;
-  bool on = k->num_speculative_tokens > 0 && active <= k->disable_by_batch_size;
+  int limit = k->disable_by_batch_size > 0 ? k->disable_by_batch_size
+                                           : c->spec_gpu ? COORD_SPEC_BATCH_GPU : COORD_SPEC_BATCH_CPU;
+  bool on = active <= limit;
   int rows_left = c->cfg.max_num_seqs - FR_MIN(active, c->cfg.max_num_seqs); /* a row for every job first */
   for (coord_job_t *j = s->running_head; j; j = j->next) {
     j->n_spec = 0;
     if (!on || j->in_step || j->n_tok - j->n_computed != 1 || j->return_logits) continue;
-    int room = coord__spec_room(c, j, rows_left);
+    int room = coord__spec_worth(c, j, coord__spec_room(c, j, rows_left));
     if (room <= 0) continue;
     j->n_spec = coord_spec_propose(k, j->tok, j->n_tok, room, j->tok + j->n_tok);
     rows_left -= j->n_spec;
@@ -53,6 +72,7 @@ void coord__spec_accepted(coord_t *c) {
     if (!s->n_spec) continue;
     int a = s->job->state == COORD_JOB_DONE ? 0 : coord__spec_count(s->job, s, c->res_by_slot[s->slot]);
     coord_sched_set_accepted(&c->sched, i, a);
+    s->job->spec_miss = 0.7f * s->job->spec_miss + 0.3f * (float)(s->n_spec - a) / (float)s->n_spec;
     if (c->metrics) coord_metrics_spec(c->metrics, s->n_spec, a);
   }
 }

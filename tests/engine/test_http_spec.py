@@ -32,6 +32,8 @@ MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 NAME = "smol"
 SPEC = '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
+# every decode proposes, whatever its acceptance: the most verification to check
+SPEC_ALL = SPEC[:-1] + ', "min_acceptance_rate": 0}'
 CODE = ("def area(width, height):\n    return width * height\n\n"
         "def perimeter(width, height):\n    return 2 * (width + height)\n\n"
         "def describe(width, height):\n    return f'{width} by {height}'\n")
@@ -130,7 +132,7 @@ class Speculative(unittest.TestCase):
         self.assertEqual(self.plain[2][1], "stop")  # the stop string ends case 2
         self.assertEqual(self.plain[3][1:3], ("length", 7))
         # a small KV pool: jobs are preempted and recomputed with their proposals dropped
-        srv, port = start(["--speculative-config", SPEC, "--num-kv-blocks", "24"])
+        srv, port = start(["--speculative-config", SPEC_ALL, "--num-kv-blocks", "24"])
         try:
             self.check_same(ask_all(port))
             m = metrics(port)
@@ -178,6 +180,8 @@ class Speculative(unittest.TestCase):
                            ('{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_mx": 2}',
                             "prompt_lookup_mx"),
                            ('{"method": "ngram", "num_speculative_tokens": -1}', "num_speculative_tokens"),
+                           ('{"method": "ngram", "num_speculative_tokens": 2, "min_acceptance_rate": 2}',
+                            "min_acceptance_rate"),
                            ("{method: ngram}", "not JSON")]:
             r = subprocess.run([FERRUMCTL, "serve", "--model", MODEL, "--speculative-config", bad],
                                capture_output=True, text=True, timeout=60)

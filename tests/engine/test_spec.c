@@ -61,7 +61,8 @@ START_TEST(test_parse_vllm_spelling) {
   ck_assert_int_eq(c.num_speculative_tokens, 4);
   ck_assert_int_eq(c.prompt_lookup_max, 4);
   ck_assert_int_eq(c.prompt_lookup_min, 1);
-  ck_assert_int_eq(c.disable_by_batch_size, COORD_SPEC_BATCH_DEFAULT);
+  ck_assert_int_eq(c.disable_by_batch_size, 0); /* the device's default */
+  ck_assert(c.min_acceptance_rate < 0);
   /* vLLM: one bound given sets both; none: 5 and 5 */
   ck_assert_int_eq(coord_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"prompt_lookup_max\": 3}", &c), 0);
   ck_assert_int_eq(c.prompt_lookup_min, 3);
@@ -69,6 +70,9 @@ START_TEST(test_parse_vllm_spelling) {
                                     " \"disable_by_batch_size\": 16}", &c), 0);
   ck_assert_int_eq(c.prompt_lookup_max, 2);
   ck_assert_int_eq(c.disable_by_batch_size, 16);
+  ck_assert_int_eq(coord_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 2, \"min_acceptance_rate\": 0}",
+                                    &c), 0);
+  ck_assert(c.min_acceptance_rate == 0.0f);
   ck_assert_int_eq(coord_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 1}", &c), 0);
   ck_assert_int_eq(c.prompt_lookup_max, 5);
   ck_assert_int_eq(c.prompt_lookup_min, 5);
@@ -92,6 +96,8 @@ START_TEST(test_parse_errors_name_the_field) {
        "prompt_lookup_min"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"disable_by_batch_size\": 0}", "disable_by_batch_size"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"foo\": 1}", "foo"},
+      {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"min_acceptance_rate\": 1.5}", "min_acceptance_rate"},
+      {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"min_acceptance_rate\": \"x\"}", "min_acceptance_rate"},
       {"{\"model\": \"/m/draft.gguf\", \"num_speculative_tokens\": 4}", "draft model"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"num_speculative_tokens\": 2}", "not JSON"},
   };

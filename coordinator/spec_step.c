@@ -47,8 +47,8 @@ void coord__spec_propose(coord_t *c) {
   for (coord_job_t *j = s->running_head; j; j = j->next) {
     j->n_spec = 0;
     if (!on || j->in_step || j->n_tok - j->n_computed != 1 || j->return_logits) continue;
-    int room = coord__spec_worth(c, j, coord__spec_room(c, j, rows_left));
-    if (room <= 0) continue;
+    int room = coord__spec_room(c, j, rows_left);
+    if (room <= 0 || (room = coord__spec_worth(c, j, room)) <= 0) continue;
     j->n_spec = coord_spec_propose(k, j->tok, j->n_tok, room, j->tok + j->n_tok);
     rows_left -= j->n_spec;
   }
@@ -59,7 +59,7 @@ void coord__spec_propose(coord_t *c) {
  * own). */
 static int coord__spec_count(const coord_job_t *j, const coord_sitem_t *s, const proto_result_item_t *it) {
   if (!it || it->error) return 0;
-  const int32_t *prop = j->tok + s->pos + 1;
+  const int32_t *prop = j->tok + s->pos + s->n - s->n_spec;
   int a = 0, n = FR_MIN((int)it->n_extra, s->n_spec);
   while (a < n && (a == 0 ? it->token : it->extra[a - 1]) == prop[a]) a++;
   return a;

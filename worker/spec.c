@@ -49,7 +49,7 @@ void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, 
   worker_hist_t *h = &w->hist[it->slot];
   memset(ri, 0, sizeof *ri);
   ri->slot = it->slot;
-  const int k = (int)it->n_spec, V = w->vocab;
+  const int k = (int)it->n_spec, V = w->vocab, base = (int)(it->n_tokens - it->n_spec); /* proposals: tokens[base..] */
   const int n_top = h->sp.logprobs > 0 ? FR_MIN(h->sp.logprobs, (int)PROTO_MAX_TOPN) : 0;
   const int pl = FR_MIN(h->prompt_len, h->len);
   model_sampling_t p = worker__sampling(h);
@@ -58,14 +58,14 @@ void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, 
   int e = 0;
   for (int j = 0; j <= k; j++) {
     float *row = rows + (size_t)j * (size_t)V, lp;
-    int ctx = (int)it->pos + 1 + j; /* tokens before this prediction: the proposals before j count */
+    int ctx = (int)it->pos + base + j; /* tokens before this prediction: the proposals before j count */
     /* extras' tops: n_top per token, token after token, from the item's share of xtop */
     proto_toplp_t *top = e == 0 ? ri->top : w->xtop + (size_t)*x_used * PROTO_MAX_TOPN + (size_t)(e - 1) * n_top;
     if (n_top) worker__spec_top(w, row, n_top, top);
     uint64_t draw = (uint64_t)(ctx - pl);
     const int32_t *out = h->tok + pl;
     int32_t tok = j < k ? model_sample_verify(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw,
-                                              it->tokens[1 + j], &lp)
+                                              it->tokens[base + j], &lp)
                         : model_sample(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw, &lp);
     if (!isfinite(lp)) {
       worker__item_nonfinite(ri);
@@ -73,7 +73,7 @@ void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, 
       return;
     }
     worker__spec_emit(w, ri, e++, tok, lp, x_used);
-    if (j == k || tok != it->tokens[1 + j]) break; /* rejected: tok came from the residual */
+    if (j == k || tok != it->tokens[base + j]) break; /* rejected: tok came from the residual */
   }
   *x_used += e - 1;
 }

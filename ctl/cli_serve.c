@@ -241,6 +241,10 @@ int cli_cmd_serve(int argc, char **argv) {
   if (prc) return prc == 1 ? 0 : prc;
   fr_log_set_tag("coord");
   if (strcmp(o.model_given, o.model_abs)) FR_LOGI("model %s is %s", o.model_given, o.model_abs);
+  const coord_spec_config_t *sc = &o.k.spec;
+  if (sc->num_speculative_tokens > 0)
+    FR_LOGI("speculative decoding: ngram, %d tokens, n-grams of %d..%d", sc->num_speculative_tokens,
+            sc->prompt_lookup_min, sc->prompt_lookup_max);
   coord_t *c = NULL;
   coord_metrics_t *metrics = NULL;
   coord_http_t *http = NULL;

@@ -170,10 +170,14 @@ static int resp_lp_add(json_t *lp, const coord_http_meta_t *m, const proto_event
 
 /* ---- accumulation ---- */
 
-void coord_http_acc_init(coord_http_acc_t *a) { memset(a, 0, sizeof *a); }
+void coord_http_acc_init(coord_http_acc_t *a) {
+  memset(a, 0, sizeof *a);
+  a->stop_id = -1;
+}
 
 void coord_http_acc_free(coord_http_acc_t *a) {
   free(a->text);
+  free(a->stop_str);
   json_decref(a->logprobs);
   memset(a, 0, sizeof *a);
 }
@@ -204,7 +208,14 @@ int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const pr
     if (!a->logprobs && !(a->logprobs = resp_lp_new(m->api))) return -ENOMEM;
     if (resp_lp_add(a->logprobs, m, ev, &a->text_offset)) return -ENOMEM;
   }
-  if (ev->finish != PROTO_FINISH_NONE) a->finish = ev->finish;
+  for (uint32_t i = 0; i < ev->n_logprobs; i++) a->cum_logprob += ev->logprobs[i];
+  if (ev->finish != PROTO_FINISH_NONE) {
+    a->finish = ev->finish;
+    a->stop_id = ev->stop_id;
+    free(a->stop_str);
+    a->stop_str = ev->stop_str ? strdup(ev->stop_str) : NULL;
+    if (ev->stop_str && !a->stop_str) return -ENOMEM;
+  }
   if (ev->has_usage) a->has_usage = true, a->usage = ev->usage;
   return 0;
 }
@@ -240,26 +251,39 @@ static json_t *resp_text(const char *s, size_t n) {
   return j ? j : json_string("\xEF\xBF\xBD");
 }
 
-char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a) {
+/* vLLM's stop_reason: the stop string or stop token id that matched, null
+ * at EOS or a length limit. */
+static json_t *resp_stop_reason(const char *str, int32_t id) {
+  if (str) return resp_text(str, strlen(str));
+  return id >= 0 ? json_integer(id) : json_null();
+}
+
+static json_t *resp_choice(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index) {
   json_t *lp = a->logprobs ? json_incref(a->logprobs) : m->logprobs >= 0 ? resp_lp_new(m->api) : json_null();
-  json_t *choice;
+  json_t *text = resp_text(a->text, a->text_len), *why = resp_stop_reason(a->stop_str, a->stop_id);
   if (m->api == COORD_HTTP_API_CHAT)
-    choice = json_pack("{s:i,s:{s:s,s:o},s:o,s:o,s:n}", "index", 0, "message", "role", "assistant", "content",
-                       resp_text(a->text, a->text_len), "logprobs", lp, "finish_reason", resp_finish(a->finish),
-                       "stop_reason");
-  else
-    choice = json_pack("{s:i,s:o,s:o,s:o,s:n}", "index", 0, "text", resp_text(a->text, a->text_len), "logprobs", lp,
-                       "finish_reason", resp_finish(a->finish), "stop_reason");
-  proto_usage_t u = a->usage;
-  if (!a->has_usage) u.completion_tokens = a->n_tokens;
-  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion",
-                            json_pack("[o]", choice));
-  if (j) json_object_set_new(j, "usage", resp_usage(&u));
+    return json_pack("{s:i,s:{s:s,s:o},s:o,s:o,s:o}", "index", (json_int_t)index, "message", "role", "assistant",
+                     "content", text, "logprobs", lp, "finish_reason", resp_finish(a->finish), "stop_reason", why);
+  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
+                   resp_finish(a->finish), "stop_reason", why);
+}
+
+char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *const *accs, size_t n,
+                            const proto_usage_t *u) {
+  json_t *choices = json_array();
+  for (size_t i = 0; i < n && choices; i++)
+    if (json_array_append_new(choices, resp_choice(m, accs[i], (uint32_t)i))) {
+      json_decref(choices);
+      choices = NULL;
+    }
+  if (!choices) return NULL;
+  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion", choices);
+  if (j) json_object_set_new(j, "usage", resp_usage(u));
   return resp_dump(j);
 }
 
 /* The choice of one streamed chunk. */
-static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role) {
+static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role, uint32_t index) {
   json_t *lp = json_null();
   size_t off = 0;
   if (m->logprobs >= 0 && ev->n_tokens && (lp = resp_lp_new(m->api)) && resp_lp_add(lp, m, ev, &off)) {
@@ -270,11 +294,13 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
   if (m->api == COORD_HTTP_API_CHAT) {
     json_t *delta = json_pack("{s:o}", "content", text);
     if (role && delta) json_object_set_new(delta, "role", json_string("assistant"));
-    return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", lp, "finish_reason",
-                     resp_finish(ev->finish));
+    return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "delta", delta, "logprobs", lp,
+                     "finish_reason", resp_finish(ev->finish), "stop_reason",
+                     resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id));
   }
-  return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", text, "logprobs", lp, "finish_reason",
-                   resp_finish(ev->finish));
+  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
+                   resp_finish(ev->finish), "stop_reason",
+                   resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id));
 }
 
 /* Appends "data: <json>\n\n" of j (consumed) to *out. */
@@ -293,24 +319,30 @@ static int resp_sse_add(char **out, size_t *len, json_t *j) {
   return 0;
 }
 
-char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first) {
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index) {
   const char *object = m->api == COORD_HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion";
   char *out = NULL;
   size_t len = 0;
-  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT);
+  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT, index);
   json_t *j = choice ? resp_envelope(m, object, json_pack("[o]", choice)) : NULL;
   if (j && m->include_usage) json_object_set_new(j, "usage", json_null());
-  if (resp_sse_add(&out, &len, j)) goto fail;
-  if (ev->finish != PROTO_FINISH_NONE && m->include_usage) {
-    proto_usage_t u = ev->usage;
-    j = resp_envelope(m, object, json_array());
-    if (j) json_object_set_new(j, "usage", resp_usage(&u));
-    if (resp_sse_add(&out, &len, j)) goto fail;
+  if (resp_sse_add(&out, &len, j)) {
+    free(out);
+    return NULL;
   }
   return out;
-fail:
-  free(out);
-  return NULL;
+}
+
+char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u) {
+  char *out = NULL;
+  size_t len = 0;
+  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion", json_array());
+  if (j) json_object_set_new(j, "usage", resp_usage(u));
+  if (resp_sse_add(&out, &len, j)) {
+    free(out);
+    return NULL;
+  }
+  return out;
 }
 
 char *coord_http_error_sse(const coord_http_err_t *e) {

@@ -4,9 +4,11 @@
  * naming it rather than a 200 whose output ignored it; the value that
  * means "off" (null, an empty list or object, "none", {"type": "text"})
  * passes. The same for vLLM's output options when set away from what
- * ferrum does (skip_special_tokens false, truncate_prompt_tokens). Fields
- * that change nothing about the output (user, metadata, store,
- * service_tier, parallel_tool_calls) are accepted. `tools` is accepted:
+ * ferrum does (skip_special_tokens false). Fields that change nothing
+ * about the output (user, safety_identifier, metadata, store, service_tier,
+ * parallel_tool_calls, prompt_cache_key and the other prompt cache hints)
+ * are accepted, as vLLM accepts them. tests/engine/test_http_choices.py
+ * checks every field of the openai client's request types against this. `tools` is accepted:
  * the chat template renders them into the prompt (parsing tool calls out
  * of the answer is not done yet, so tool_choice other than "auto"/"none"
  * still gets a 400). */
@@ -41,6 +43,10 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
       {"suffix", "suffixes (insertion)", false, true, false},
       {"audio", "audio output", true, false, false},
       {"prediction", "predicted outputs", true, false, false},
+      {"reasoning_effort", "reasoning effort (no reasoning models' controls)", true, false, false},
+      {"verbosity", "verbosity control", true, false, false},
+      {"web_search_options", "web search", true, false, false},
+      {"moderation", "moderation", true, false, false},
       {"guided_json", "guided decoding", false, false, false},
       {"guided_regex", "guided decoding", false, false, false},
       {"guided_choice", "guided decoding", false, false, false},
@@ -69,8 +75,6 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
   const json_t *sst = json_object_get(root, "skip_special_tokens");
   if (sst && !json_is_null(sst) && !json_is_true(sst))
     return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
-  if (!unsupported_off(json_object_get(root, "truncate_prompt_tokens")))
-    return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported yet");
   const json_t *rf = json_object_get(root, "response_format");
   if (!unsupported_format_off(rf)) {
     const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;

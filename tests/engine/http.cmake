@@ -6,7 +6,9 @@
 # test_http_openai.py (the real openai client against `ferrumctl serve` with
 # the real model), test_http_chat_template.py (a --chat-template file
 # against jinja2), test_http_sampling.py (logit_bias, min_tokens and
-# include_stop_str_in_output with the real model), test_http_load.py (1000
+# include_stop_str_in_output with the real model), test_http_choices.py
+# (n, best_of, several prompts, truncation, stop_reason and the audit of
+# OpenAI's request fields, with the real model), test_http_load.py (1000
 # clients at once; a full queue answers 429), test_http_spec.py (speculative
 # decoding: greedy outputs identical with and without, through preemption,
 # chunked prefill, the prefix cache and a worker restart).
@@ -32,4 +34,5 @@ ferrum_http_py(test_http_load 600)
 ferrum_http_py(test_http_openai 300)
 ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
+ferrum_http_py(test_http_choices 600)
 ferrum_http_py(test_http_spec 600)

@@ -524,11 +524,13 @@ START_TEST(type_versions) {
     ck_assert_uint_le(proto_type_version((proto_type_t)t), PROTO_VERSION);
   }
   /* version 3 moved submit's stop fields into "stop": an older client's stops would be skipped, so it is
-   * refused instead; steps carry the logit bias and min_tokens an older worker would skip */
-  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 3);
-  ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4); /* v4: proposed tokens (ns) */
-  ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 4); /* v4: several tokens per item (xt) */
-  ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* what clients read is unchanged */
+   * refused instead; steps carry the logit bias and min_tokens an older worker would skip; version 4 gave
+   * submit its fork and truncation, which an older coordinator must not skip, and steps and results the
+   * proposed tokens of speculative decoding (ns) and the several tokens per item (xt) */
+  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* v4's stop reason is skipped by older clients */
   ck_assert_uint_eq(proto_type_version(PROTO_T_COUNT), 0);
 }
 END_TEST

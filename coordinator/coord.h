@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "coordinator/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -69,6 +70,9 @@ typedef struct {
    * on another host), joining over worker_endpoint, never spawned here. */
   const char *worker_endpoint;
   int remote_workers;
+  /* Speculative decoding (--speculative-config, coordinator/spec.h):
+   * num_speculative_tokens 0 = off. */
+  coord_spec_config_t spec;
 } coord_config_t;
 
 /* Opens the tokenizer, creates the control segment, binds the sockets and

@@ -23,6 +23,7 @@
 typedef struct {
   const char *model, *prompt, *device;
   const char *kv_dtype; /* --kv-cache-dtype, NULL = auto */
+  const char *spec; /* --speculative-config JSON (a private engine's), or NULL */
   long max_tokens, threads, top_k;
   double temperature, top_p, min_p;
   unsigned long long seed;
@@ -44,12 +45,18 @@ static void run_usage(FILE *f) {
           "  --threads N         CPU threads (default: all cores)\n"
           "  --device DEV        cpu (default) or cuda[:N]\n"
           "  --kv-cache-dtype T  auto (default), int8 or fp8: a quantized KV cache\n"
-          "  --in-process        generate in one process (ferrum-run), without the engine\n",
+          "  --in-process        generate in one process (ferrum-run), without the engine\n"
+          "  --speculative-config JSON   speculative decoding for the private engine, as serve's\n"
+          "                      (e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'); a running\n"
+          "                      server keeps its own\n",
           cli_default_model());
 }
 
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_INPROC, O_KVDT };
+  enum {
+    O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_INPROC,
+    O_KVDT, O_SPEC
+  };
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},     {"prompt", required_argument, 0, O_PROMPT},
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"temperature", required_argument, 0, O_TEMP},
@@ -58,6 +65,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"raw", no_argument, 0, O_RAW},               {"threads", required_argument, 0, O_THREADS},
       {"device", required_argument, 0, O_DEVICE},   {"in-process", no_argument, 0, O_INPROC},
       {"kv-cache-dtype", required_argument, 0, O_KVDT},
+      {"speculative-config", required_argument, 0, O_SPEC},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
@@ -90,6 +98,15 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       }
       o->kv_dtype = optarg;
       break;
+    case O_SPEC: {
+      coord_spec_config_t sc;
+      if (coord_spec_parse(optarg, &sc)) {
+        fprintf(stderr, "ferrumctl run: %s\n", fr_last_error());
+        return 2;
+      }
+      o->spec = optarg;
+      break;
+    }
     case 'h': run_usage(stdout); return 1;
     default: run_usage(stderr); return 2;
     }
@@ -149,7 +166,9 @@ static int run_engine(const run_opts_t *o) {
   int pid = -1, rc = coord_default_rpc_addr(rpc, sizeof rpc);
   if (rc == 0 && !cli_engine_running(rpc, o->model)) {
     FR_LOGI("no server at %s: starting a private engine", rpc);
-    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, o->kv_dtype, rpc, sizeof rpc, &pid);
+    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, o->kv_dtype, o->spec, rpc, sizeof rpc, &pid);
+  } else if (rc == 0 && o->spec) {
+    FR_LOGW("a server runs at %s: --speculative-config applies only to a private engine", rpc);
   }
   if (rc == 0) rc = cli_engine_generate(rpc, NULL, &req, -1, true);
   int err = rc;

@@ -39,7 +39,8 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 4     /* newest: submit's fork and truncation (event's stop reason, readable by older peers) */
+#define PROTO_VERSION 4     /* newest: submit's fork and truncation (event's stop reason, readable by older
+                             * peers), speculative tokens in step items (ns), several tokens per result item (xt) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -53,6 +54,7 @@ extern "C" {
 #define PROTO_MAX_STOP_IDS 256u         /* stop token ids */
 #define PROTO_MAX_BIAS 1024u            /* logit bias entries */
 #define PROTO_MAX_BAN 1024u             /* token ids a step item bans before min_tokens */
+#define PROTO_MAX_SPEC 32u              /* proposed (speculative) tokens per step item */
 #define PROTO_MAX_MESSAGES 1024u        /* chat messages in a submit */
 #define PROTO_MAX_TOPN 20u              /* top logprobs per token */
 #define PROTO_MAX_FREED 4096u           /* freed slots in a step */
@@ -238,6 +240,9 @@ typedef struct {
   uint32_t n_ban;      /* "ban" sent with sp: token ids the sampler bans while fewer than
                         * sp.min_tokens output tokens exist (EOS ids, stop ids), <= PROTO_MAX_BAN */
   int32_t *ban;        /* (n_ban) */
+  uint32_t n_spec;     /* "ns" default 0 (v4): the last n_spec of tokens are proposed (speculative
+                        * decoding): the worker verifies them and returns 1..n_spec + 1 tokens;
+                        * < n_tokens, <= PROTO_MAX_SPEC, only on a final item */
 } proto_step_item_t;
 
 typedef struct {
@@ -290,6 +295,15 @@ typedef struct {
   proto_toplp_t *top;           /* (n_top) by descending logprob */
   bool has_logits;              /* "lh"  present */
   proto_logits_handle_t logits; /* valid until the coordinator releases it */
+  /* speculative decoding (v4): the tokens after `token`, in order (the
+   * proposals the worker accepted, then its own token), their logprobs and
+   * n_top top logprobs each, token after token */
+  uint32_t n_extra;             /* "xt"  <= PROTO_MAX_SPEC */
+  int32_t *extra;               /* (n_extra) */
+  uint32_t n_extra_lp;          /* "xl"  0 or n_extra */
+  float *extra_lp;              /* (n_extra_lp) */
+  uint32_t n_extra_top;         /* "xtp" n_extra * n_top entries (or 0) */
+  proto_toplp_t *extra_top;     /* (n_extra_top) */
 } proto_result_item_t;
 
 typedef struct {

@@ -56,6 +56,9 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
       printf '\0{"prompt":["a",[1,2,3],"bc"],"n":2,"best_of":3,"max_tokens":4,"truncate_prompt_tokens":2,"seed":5,"user":"u"}' >"$dst/completions-choices"
       printf '\1{"model":"smol","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]},{"role":"assistant","content":"Hello"},{"role":"user","content":"Again"}],"max_completion_tokens":8,"metadata":{"k":"v"}}' >"$dst/chat"
       printf '\1{"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"21"}],"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"}}}],"tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false}}' >"$dst/chat-tools" ;;
+    fuzz_spec_config) # --speculative-config as vLLM spells it
+      printf '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}' >"$dst/ngram"
+      printf '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "disable_by_batch_size": 8}' >"$dst/min" ;;
     fuzz_jinja) # the chat templates the tree keeps, and the model's where fetched
       seed "$dst" tests/tokenizer/templates/*.jinja build/tests/jinja-templates/*.jinja ;;
     fuzz_tokenizer) # the first byte picks the tokenizer: 0, 1 built in, 2 the model's

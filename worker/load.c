@@ -147,6 +147,10 @@ static void worker__scratch(worker_t *w) {
   w->raw = fr_malloc(V * sizeof(float));
   w->ritems = fr_calloc(S, sizeof(proto_result_item_t));
   w->ok_items = fr_calloc(S, sizeof(proto_step_item_t));
+  w->rows = fr_malloc(S * sizeof(int32_t));
+  w->xtok = fr_malloc(S * sizeof(int32_t));
+  w->xlp = fr_malloc(S * sizeof(float));
+  w->xtop = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->tops = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->top_ids = fr_malloc(S * PROTO_MAX_TOPN * sizeof(int32_t)); /* a row per item: the device sampler fills all */
   if (w->remote) {
@@ -427,6 +431,8 @@ void worker_unload(worker_t *w) {
   free(w->tokens), free(w->pos), free(w->slots), free(w->q_start), free(w->ctx_len);
   free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems), free(w->ok_items);
   free(w->tops), free(w->top_ids), free(w->top_lp), free(w->hist), free(w->rtab), free(w->rlen);
+  free(w->rows), free(w->xtok), free(w->xlp), free(w->xtop);
+  w->rows = w->xtok = NULL, w->xlp = NULL, w->xtop = NULL;
   w->rtab = w->rlen = NULL;
   w->tokens = w->pos = w->slots = w->q_start = w->ctx_len = w->tables = w->copy_pairs = w->top_ids = NULL;
   w->logits = w->raw = w->top_lp = NULL;

@@ -9,7 +9,9 @@
 # include_stop_str_in_output with the real model), test_http_choices.py
 # (n, best_of, several prompts, truncation, stop_reason and the audit of
 # OpenAI's request fields, with the real model), test_http_load.py (1000
-# clients at once; a full queue answers 429).
+# clients at once; a full queue answers 429), test_http_spec.py (speculative
+# decoding: greedy outputs identical with and without, through preemption,
+# chunked prefill, the prefix cache and a worker restart).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -33,3 +35,4 @@ ferrum_http_py(test_http_openai 300)
 ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
 ferrum_http_py(test_http_choices 600)
+ferrum_http_py(test_http_spec 600)

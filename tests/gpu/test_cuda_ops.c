@@ -20,6 +20,7 @@
 #include "kernels/kern.h"
 #include "tests/gpu/gpu_main.h"
 #include "model/sampler.h"
+#include "tests/common/forward_rows.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
 #define TOL_QMM 2.5e-2 /* quantized weights: the decode GEMV also rounds activations to int8 per 32 */
@@ -1302,6 +1303,35 @@ START_TEST(test_f16_mode) {
 }
 END_TEST
 
+/* Speculative decoding's verify pass (model_forward_rows): the last 1 + 4
+ * positions' logits of one multi-token step on the GPU against the CPU's,
+ * and against the GPU's own token-by-token decodes (CUDA is not batch
+ * invariant: close, not equal). A tiny random llama, the same weights on
+ * both backends. */
+START_TEST(test_forward_rows) {
+  enum { NV = 512, R = 5 };
+  static const int32_t toks[12] = {5, 77, 301, 12, 9, 400, 401, 402, 33, 250, 7, 99};
+  fwr_t c, g, d;
+  ck_assert_msg(fwr_init(&c, cpu, 3) == 0, "%s", fr_last_error());
+  ck_assert_msg(fwr_init(&g, gpu, 3) == 0, "%s", fr_last_error());
+  ck_assert_msg(fwr_init(&d, gpu, 3) == 0, "%s", fr_last_error());
+  static float rc[R * NV], rg[R * NV], rd[R * NV];
+  ck_assert_int_eq(fwr_step(&c, toks, 0, 7, 0, rc), 0);
+  ck_assert_int_eq(fwr_step(&c, toks + 7, 7, R, R, rc), 0);
+  ck_assert_int_eq(fwr_step(&g, toks, 0, 7, 0, rg), 0);
+  ck_assert_int_eq(fwr_step(&g, toks + 7, 7, R, R, rg), 0);
+  ck_assert_int_eq(fwr_step(&d, toks, 0, 7, 0, rd), 0);
+  for (int i = 0; i < R; i++) ck_assert_int_eq(fwr_step(&d, toks + 7 + i, 7 + i, 1, 0, rd + (size_t)i * NV), 0);
+  for (int i = 0; i < R; i++) {
+    double e_cpu = nerr(rg + (size_t)i * NV, rc + (size_t)i * NV, NV);
+    double e_dec = nerr(rg + (size_t)i * NV, rd + (size_t)i * NV, NV);
+    ck_assert_msg(e_cpu < 3 * TOL_ACT, "row %d: GPU vs CPU normalized error %g", i, e_cpu);
+    ck_assert_msg(e_dec < 3 * TOL_ACT, "row %d: verify vs decode normalized error %g", i, e_dec);
+  }
+  fwr_deinit(&d), fwr_deinit(&g), fwr_deinit(&c);
+}
+END_TEST
+
 static Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda_ops");
   TCase *tc = tcase_create("ops");
@@ -1329,6 +1359,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_sample_top_logprobs);
   tcase_add_test(tc, test_oom_is_an_error);
   tcase_add_test(tc, test_f16_mode);
+  tcase_add_test(tc, test_forward_rows);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -22,13 +22,13 @@ typedef struct {
   int32_t table[FWR_NB];
 } fwr_t;
 
-/* A 2-layer llama of random f16 weights (the same on every backend for a
+/* A 2-layer llama (head_dim 64: the CUDA attention takes 64, 128, 256) of random f16 weights (the same on every backend for a
  * seed); 0 or an error. */
 static int fwr_init(fwr_t *f, kern_backend_t *be, uint64_t seed) {
   memset(f, 0, sizeof *f);
-  model_config_t c = {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "fwr", .n_layers = 2, .dim = 128,
-                      .ffn_dim = 256, .n_heads = 4, .n_kv_heads = 2, .head_dim = 32, .vocab_size = 512,
-                      .max_ctx = FWR_BS * FWR_NB, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_dim = 32,
+  model_config_t c = {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "fwr", .n_layers = 2, .dim = 256,
+                      .ffn_dim = 256, .n_heads = 4, .n_kv_heads = 2, .head_dim = 64, .vocab_size = 512,
+                      .max_ctx = FWR_BS * FWR_NB, .norm_eps = 1e-5f, .rope_theta = 10000.0f, .rope_dim = 64,
                       .bos_id = -1};
   model_load_opts_t lo = {.max_tokens = 64, .max_seqs = 8, .dummy_type = KERN_F16, .seed = seed};
   int rc = model_load_dummy(&f->m, &c, be, &lo);

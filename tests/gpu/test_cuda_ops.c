@@ -687,7 +687,7 @@ static float *kvq_values(const kern_kv_config_t *cf, const uint8_t *bytes) {
 
 /* The quantizing append, the fused rope + append and the block copy on a
  * quantized pool: the GPU pool's dequantized values against the CPU's
- * (same inputs, same quantizer: equal but for a rare rounding tie). */
+ * (the same quantizer over the CPU's f32 and the GPU's bf16 inputs). */
 START_TEST(test_kv_append_kvq) {
   for (int d = KERN_KV_INT8; d <= KERN_KV_FP8; d++) {
     const kern_kv_dtype_t dt = (kern_kv_dtype_t)d;
@@ -717,8 +717,7 @@ START_TEST(test_kv_append_kvq) {
     ck_assert_msg(rc == 0, "rope_kv_append: %s", fr_last_error());
     ck_assert_double_lt(cmp_pair(&x, (size_t)nt * stride, "rope_kv_append (quantized pool): q, k"), TOL_ACT);
     pair_free(&x);
-    wpair_free(&f);
-    free(inv);
+    wpair_free(&f); /* frees inv too */
     free_step(bufs);
     const int32_t *spare = e.bt + 3 * e.max_blocks; /* copies carry the scales */
     int32_t pairs[4] = {e.bt[0], spare[0], e.bt[2 * e.max_blocks + 1], spare[1]};
@@ -736,7 +735,9 @@ START_TEST(test_kv_append_kvq) {
     fprintf(stderr, "  %s kv pool after append, rope_kv_append, copy_blocks  err %.2e\n", kern_kv_dtype_name(dt),
             sqrt(num / den));
     ck_assert_double_gt(den, 0);
-    ck_assert_double_lt(sqrt(num / den), 1e-3);
+    /* the GPU's inputs are bf16 (and its rope runs on them): a value whose rounding crosses a quantization
+     * step lands one step away (H100: 2.6e-3 in all for int8, 5.7e-3 for fp8); a wrong scale or layout is O(1) */
+    ck_assert_double_lt(sqrt(num / den), 2e-2);
     free(gb), free(cv), free(gv);
     kv_teardown(&e);
   }

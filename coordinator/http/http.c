@@ -299,7 +299,11 @@ static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cf
 
 int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   if (!cfg || !cfg->zmq_ctx || !cfg->rpc_endpoint) return fr_errorf(-EINVAL, "HTTP: zmq context and RPC endpoint needed");
+  coord_tool_cfg_t tools = {.auto_choice = cfg->enable_auto_tool_choice};
+  if (cfg->tool_call_parser && coord_tool_parser_from_name(cfg->tool_call_parser, &tools.parser))
+    return fr_errorf(-EINVAL, "HTTP: unknown tool call parser '%s' (hermes, llama3_json, mistral)", cfg->tool_call_parser);
   coord_http_t *h = fr_calloc(1, sizeof *h);
+  h->tools = tools;
   h->wake_fd = -1;
   h->zmq_ctx = cfg->zmq_ctx;
   h->rpc_endpoint = fr_strdup(cfg->rpc_endpoint);

@@ -43,6 +43,9 @@ struct coord_http_job {
   size_t pend_len, pend_off, pend_cap;
   uint32_t n_events;           /* events turned into chunks */
   char *echo;                  /* echo: the prompt's text, in front of the answer (owned) */
+  coord_tool_stream_t tools;   /* a stream parsed for tool calls (meta.tool_parser) */
+  coord_tool_out_t tool_out;   /* what its last feed decided */
+  uint32_t n_calls;            /* tool calls streamed so far */
   size_t echo_len;
   uint64_t t_submit_ns, next_beat_ns;
   bool http11;     /* the request is HTTP/1.1: an interim 1xx answer may be sent */
@@ -134,6 +137,8 @@ void coord_http__job_free(coord_http_job_t *j) {
   if (j->in_table) job_cancel(j);
   coord_http_req_free(&j->req);
   coord_http_acc_free(&j->acc);
+  coord_tool_stream_free(&j->tools);
+  coord_tool_out_free(&j->tool_out);
   free(j->echo);
   free(j->pend);
   free(j);
@@ -203,12 +208,42 @@ static proto_event_t job_echo_event(coord_http_job_t *j, const proto_event_t *ev
   return e;
 }
 
+/* The chunks of an event of a stream whose output becomes tool calls: a
+ * parsed one feeds the parser; a forced one (required, named) gathers the
+ * text and turns it into the calls at the end. */
+static char *job_tool_chunks(coord_http_job_t *j, const proto_event_t *ev, bool first) {
+  const coord_http_meta_t *m = &j->meta;
+  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
+  bool last = ev->finish != PROTO_FINISH_NONE;
+  int rc;
+  if (m->tool_parser != COORD_TOOL_PARSER_NONE) {
+    rc = coord_tool_stream_feed(&j->tools, ev->text ? ev->text : "", n, last, &j->tool_out);
+  } else {
+    rc = coord_http_acc_text(&j->acc, ev->text ? ev->text : "", n);
+    coord_tool_out_free(&j->tool_out);
+    if (!rc && last)
+      rc = coord_tool_forced_calls(m->tool_choice, m->tool_name, j->acc.text ? j->acc.text : "", j->acc.text_len,
+                                   m->tool_seed, &j->tool_out);
+  }
+  if (rc) return NULL;
+  char *s = coord_http_chunk_sse_tools(m, ev, first, &j->tool_out, j->n_calls, j->n_calls > 0);
+  j->n_calls += (uint32_t)j->tool_out.n_calls;
+  return s;
+}
+
+static bool job_tools_on(const coord_http_meta_t *m) {
+  return m->tool_parser != COORD_TOOL_PARSER_NONE || m->tool_choice == COORD_TOOL_CHOICE_REQUIRED ||
+         m->tool_choice == COORD_TOOL_CHOICE_NAMED;
+}
+
 /* Appends the SSE text of message m (plus [DONE] after the last). */
 static int job_chunk(coord_http_job_t *j, const proto_msg_t *m) {
   coord_http_err_t e;
   bool first = j->n_events++ == 0;
   proto_event_t ev = first && j->echo ? job_echo_event(j, &m->u.event) : m->u.event;
-  char *s = job_msg_error(m, &e) ? coord_http_error_sse(&e) : coord_http_chunk_sse(&j->meta, &ev, first);
+  char *s = job_msg_error(m, &e)      ? coord_http_error_sse(&e)
+            : job_tools_on(&j->meta) ? job_tool_chunks(j, &ev, first)
+                                     : coord_http_chunk_sse(&j->meta, &ev, first);
   int rc = job_pend_take(j, s);
   if (!rc && j->finished) rc = job_pend_done(j);
   return rc;
@@ -427,6 +462,11 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   m->logprobs = j->req.logprobs;
   m->include_usage = j->req.include_usage;
   m->tok = j->h->tok;
+  m->tool_choice = j->req.tool_choice;
+  m->tool_name = j->req.tool_name;
+  m->tool_parser = j->req.tool_choice == COORD_TOOL_CHOICE_AUTO ? j->h->tools.parser : COORD_TOOL_PARSER_NONE;
+  m->tool_seed = j->req.sub.id ^ fr_now_ns() ^ ((uint64_t)(uintptr_t)j << 17);
+  if (m->tool_parser != COORD_TOOL_PARSER_NONE) coord_tool_stream_init(&j->tools, m->tool_parser, m->tool_seed);
 }
 
 /* Why no job is taken now (503), or NULL. */
@@ -476,6 +516,10 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
   int rc;
   const char *no;
   if (coord_http_req_parse(&j->req, api, body, len, h->model, h->max_model_len, &e)) {
+    rc = coord_http__send_error(h, c, &e);
+    goto out;
+  }
+  if (api == COORD_HTTP_API_CHAT && coord_tool_req_check(&j->req, &h->tools, &e)) {
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }

@@ -349,6 +349,7 @@ static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
   }
   r->sub.messages = r->messages;
   r->sub.n_messages = (uint32_t)n;
+  if (coord_tool_req_parse(r->root, &r->tool_choice, &r->tool_name, e)) return -1;
   return req_template_vars(r, e);
 }
 

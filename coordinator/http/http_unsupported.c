@@ -6,10 +6,9 @@
  * passes. The same for vLLM's output options when set away from what
  * ferrum does (skip_special_tokens false, truncate_prompt_tokens). Fields
  * that change nothing about the output (user, metadata, store,
- * service_tier, parallel_tool_calls) are accepted. `tools` is accepted:
- * the chat template renders them into the prompt (parsing tool calls out
- * of the answer is not done yet, so tool_choice other than "auto"/"none"
- * still gets a 400). */
+ * service_tier, parallel_tool_calls) are accepted. `tools` and
+ * `tool_choice` are read in http_tools.c; the legacy `functions` and
+ * `function_call` are refused. */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -56,9 +55,7 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
                             plain[i].field, plain[i].what);
   }
   if (chat) {
-    const json_t *tc = json_object_get(root, "tool_choice"), *fc = json_object_get(root, "function_call");
-    if (!unsupported_off(tc) && !unsupported_is_str(tc, "none") && !unsupported_is_str(tc, "auto"))
-      return coord_http_err(e, 400, "tool_choice", "'tool_choice' is not supported: this server does not do tool calling yet");
+    const json_t *fc = json_object_get(root, "function_call");
     if (!unsupported_off(fc) && !unsupported_is_str(fc, "none") && !unsupported_is_str(fc, "auto"))
       return coord_http_err(e, 400, "function_call", "'function_call' is not supported: this server does not do function calling yet");
     const json_t *mod = json_object_get(root, "modalities");

@@ -7,7 +7,9 @@
 # the real model), test_http_chat_template.py (a --chat-template file
 # against jinja2), test_http_sampling.py (logit_bias, min_tokens and
 # include_stop_str_in_output with the real model), test_http_load.py (1000
-# clients at once; a full queue answers 429).
+# clients at once; a full queue answers 429), test_http_tools (the tool call
+# parsers on documented formats) and test_http_tool_calls.py (tool calls and
+# structured output with the real model and the openai client).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -16,6 +18,8 @@ ferrum_add_check(test_http_cli SOURCES ${_t}/test_http_cli.c ${_t}/http_fake.c
 ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
                  LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
 ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
+ferrum_add_check(test_http_tools SOURCES ${_t}/test_http_tools.c LIBS ferrum_http_json LABELS engine TIMEOUT 60)
+ferrum_add_fuzz(http_tools SOURCES ${_t}/fuzz_http_tools.c LIBS ferrum_http_json)
 ferrum_add_check(test_http_streams SOURCES ${_t}/test_http_streams.c ${_t}/engine_fx.c
                  LIBS ferrum_ctl ferrum_model ferrum_kv Threads::Threads LABELS engine TIMEOUT 600)
 add_dependencies(test_http_streams ferrumctl ferrum-worker)
@@ -30,3 +34,4 @@ ferrum_http_py(test_http_load 600)
 ferrum_http_py(test_http_openai 300)
 ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
+ferrum_http_py(test_http_tool_calls 300)

@@ -217,9 +217,14 @@ class BadInput(unittest.TestCase):
             with self.assertRaises(openai.BadRequestError) as cm:
                 client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, **kwargs)
             self.assertEqual(cm.exception.body.get("param"), param, cm.exception.body)
+        # tools with tool_choice "auto" (their default) need --enable-auto-tool-choice, as in vLLM
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool])
+        self.assertEqual(cm.exception.body.get("param"), "tool_choice", cm.exception.body)
+        self.assertIn("--enable-auto-tool-choice", cm.exception.body.get("message"))
         # their "off" values pass; tools go to the chat template
-        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool], logit_bias={},
-                                             response_format={"type": "text"})
+        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool], tool_choice="none",
+                                             logit_bias={}, response_format={"type": "text"})
         self.assertEqual(r.choices[0].finish_reason, "length")
         self.assertEqual(request("GET", "/health", key=None)[0], 200)
 

@@ -39,7 +39,7 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 3     /* newest: submit's stop group, sampling's logit bias and min_tokens */
+#define PROTO_VERSION 4     /* newest: submit's guide (constrained decoding), step items' allowed-token mask */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -53,6 +53,7 @@ extern "C" {
 #define PROTO_MAX_STOP_IDS 256u         /* stop token ids */
 #define PROTO_MAX_BIAS 1024u            /* logit bias entries */
 #define PROTO_MAX_BAN 1024u             /* token ids a step item bans before min_tokens */
+#define PROTO_MAX_MASK_WORDS 16384u     /* 32-bit words of a step item's allowed-token mask (524288 tokens) */
 #define PROTO_MAX_MESSAGES 1024u        /* chat messages in a submit */
 #define PROTO_MAX_TOPN 20u              /* top logprobs per token */
 #define PROTO_MAX_FREED 4096u           /* freed slots in a step */
@@ -238,6 +239,9 @@ typedef struct {
   uint32_t n_ban;      /* "ban" sent with sp: token ids the sampler bans while fewer than
                         * sp.min_tokens output tokens exist (EOS ids, stop ids), <= PROTO_MAX_BAN */
   int32_t *ban;        /* (n_ban) */
+  uint32_t n_mask;     /* "am" (v4) constrained decoding: bit t of word t / 32 set = token t may be
+                        * sampled (every step, final items only); 0 words = no mask */
+  uint32_t *mask;      /* (n_mask) */
 } proto_step_item_t;
 
 typedef struct {
@@ -346,6 +350,20 @@ typedef struct {
   bool include;      /* "inc" the matched stop string stays in the text */
 } proto_stop_t;
 
+/* Constrained decoding ("gd", v4): the output must be a sentence of this. */
+typedef enum {
+  PROTO_GUIDE_NONE = 0,  /* (absent) */
+  PROTO_GUIDE_JSON,      /* "json": spec is a JSON schema; empty: any JSON object */
+  PROTO_GUIDE_REGEX,     /* "regex": spec is a regular expression the whole output matches */
+  PROTO_GUIDE_COUNT
+} proto_guide_kind_t;
+
+typedef struct {
+  proto_guide_kind_t kind; /* "k" required */
+  char *spec;              /* "s" <= PROTO_MAX_TEXT */
+  uint32_t spec_len;
+} proto_guide_t;
+
 /* A job. Exactly one of prompt, tokens, messages is given. */
 typedef struct {
   uint64_t id;                /* "id"   required, != 0: client job id (fr_client fills it) */
@@ -362,6 +380,7 @@ typedef struct {
   bool stream;                /* "str"  events per token batch (else one final event) */
   bool return_logits;         /* "rl"   events carry the logits rows */
   int32_t priority;           /* "pr"   default 0; higher first */
+  proto_guide_t guide;        /* "gd"   constrained decoding (v4); kind NONE = none */
 } proto_submit_t;
 
 typedef enum {

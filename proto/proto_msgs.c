@@ -120,6 +120,7 @@ static int check_id(const void *body) {
 static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
 static const proto_bias_t def_bias;
 static const proto_stop_t def_stop;
+static const proto_guide_t def_guide;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
 static const proto_option_t def_option;
@@ -244,6 +245,7 @@ static const proto_field_t f_step_item[] = {
     FOBJH("sp", proto_step_item_t, sp, has_sp, s_sampling),
     FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
     FARR("ban", PF_I32S, 0, proto_step_item_t, ban, n_ban, PROTO_MAX_BAN),
+    FARR("am", PF_U32S, 0, proto_step_item_t, mask, n_mask, PROTO_MAX_MASK_WORDS),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);
 
@@ -348,6 +350,14 @@ static const proto_field_t f_stop[] = {
 };
 SCHEMA(s_stop, "stop", proto_stop_t, f_stop, def_stop, NULL);
 
+static const char *const guide_names[] = {NULL, "json", "regex"};
+
+static const proto_field_t f_guide[] = {
+    FLD("k", PF_ENUM, PF_REQ, proto_guide_t, kind, 0, PROTO_GUIDE_COUNT, NULL, guide_names),
+    FARR("s", PF_TEXT, 0, proto_guide_t, spec, spec_len, PROTO_MAX_TEXT),
+};
+SCHEMA(s_guide, "guide", proto_guide_t, f_guide, def_guide, NULL);
+
 static const proto_field_t f_submit[] = {
     FS("id", PF_U64, PF_REQ, proto_submit_t, id),
     FSTR("m", 0, proto_submit_t, model, PROTO_MAX_STR),
@@ -360,6 +370,7 @@ static const proto_field_t f_submit[] = {
     FS("str", PF_BOOL, 0, proto_submit_t, stream),
     FS("rl", PF_BOOL, 0, proto_submit_t, return_logits),
     FS("pr", PF_I32, 0, proto_submit_t, priority),
+    FOBJ("gd", 0, proto_submit_t, guide, s_guide),
 };
 SCHEMA(s_submit, "submit", proto_submit_t, f_submit, def_submit, check_submit);
 
@@ -457,13 +468,13 @@ static const struct {
     [PROTO_T_HELLO] = {"hello", &s_hello, 1},
     [PROTO_T_LOAD] = {"load", &s_load, 2},
     [PROTO_T_LOADED] = {"loaded", &s_loaded, 2},
-    [PROTO_T_STEP] = {"step", &s_step, 3},
+    [PROTO_T_STEP] = {"step", &s_step, 4},
     [PROTO_T_RESULT] = {"result", &s_result, 1},
     [PROTO_T_HEARTBEAT] = {"hb", &s_heartbeat, 1},
     [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
     [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},
     [PROTO_T_KV_READY] = {"kv_ready", &s_kv_ready, 2},
-    [PROTO_T_SUBMIT] = {"submit", &s_submit, 3},
+    [PROTO_T_SUBMIT] = {"submit", &s_submit, 4},
     [PROTO_T_EVENT] = {"event", &s_event, 1},
     [PROTO_T_CANCEL] = {"cancel", &s_cancel, 1},
     [PROTO_T_STATUS] = {"status", &s_status, 1},

@@ -64,6 +64,8 @@ typedef struct {
   proto_bias_t *bias;
   coord_tool_choice_t tool_choice; /* chat: what tool_choice (and tools) ask */
   const char *tool_name;           /* COORD_TOOL_CHOICE_NAMED: the function (in root) */
+  char *guide_spec;                /* owned: the text behind sub.guide */
+  const char *guide_param;         /* the field the guide came from (static) */
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -90,6 +92,14 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
  * the named function (borrowed from root). Returns 0, or -1 with a 400 in
  * e. */
 int coord_tool_req_parse(json_t *root, coord_tool_choice_t *choice, const char **name, coord_http_err_t *e);
+/* http_guide.c: the fields that constrain the output (response_format,
+ * guided_json / guided_regex / guided_choice, structured_outputs, and
+ * tool_choice required / named, after coord_tool_req_parse) into
+ * r->sub.guide, compiled once to check them. Returns 0, or -1 with a 400
+ * naming the field (what the grammar does not support, two constraints
+ * at once). */
+int coord_http_req_guide(coord_http_req_t *r, coord_http_err_t *e);
+
 /* What the server's tool settings make of a parsed request's choice: a
  * 400 (-1, e filled) for "auto" without --enable-auto-tool-choice and a
  * parser (vLLM's message), else 0. */

@@ -370,7 +370,7 @@ static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_mode
   if (req_model(r, served, e) || coord_http_req_unsupported(r->root, r->api, e)) return -1;
   if (r->api == COORD_HTTP_API_CHAT ? req_messages(r, e) : req_prompt(r, max_model_len, e)) return -1;
   if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_logit_bias(r, e) ||
-      req_options(r, e) || req_logprobs(r, e))
+      req_options(r, e) || req_logprobs(r, e) || coord_http_req_guide(r, e))
     return -1;
   if (r->echo && r->logprobs >= 0)
     return coord_http_err(e, 400, "echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not "
@@ -417,5 +417,6 @@ void coord_http_req_free(coord_http_req_t *r) {
   free(r->chat_vars);
   free(r->messages);
   free(r->bias);
+  free(r->guide_spec);
   memset(r, 0, sizeof *r);
 }

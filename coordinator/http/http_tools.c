@@ -644,7 +644,5 @@ int coord_tool_req_check(const coord_http_req_t *r, const coord_tool_cfg_t *cfg,
   if (r->tool_choice == COORD_TOOL_CHOICE_AUTO && !(cfg->auto_choice && cfg->parser != COORD_TOOL_PARSER_NONE))
     return coord_http_err(e, 400, "tool_choice",
                           "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set");
-  if (r->tool_choice == COORD_TOOL_CHOICE_REQUIRED || r->tool_choice == COORD_TOOL_CHOICE_NAMED)
-    return coord_http_err(e, 400, "tool_choice", "'tool_choice' \"required\" or a named function is not supported yet");
   return 0;
 }

@@ -1,14 +1,15 @@
 /* http_unsupported.c - the OpenAI request fields ferrum does not act on
  * yet. A client that sends one with a value that would change the answer
- * (a tool choice, a response format, guided decoding, ...) gets a 400
+ * (legacy functions, guided_grammar, ...) gets a 400
  * naming it rather than a 200 whose output ignored it; the value that
  * means "off" (null, an empty list or object, "none", {"type": "text"})
  * passes. The same for vLLM's output options when set away from what
  * ferrum does (skip_special_tokens false, truncate_prompt_tokens). Fields
  * that change nothing about the output (user, metadata, store,
  * service_tier, parallel_tool_calls) are accepted. `tools` and
- * `tool_choice` are read in http_tools.c; the legacy `functions` and
- * `function_call` are refused. */
+ * `tool_choice` are read in http_tools.c, the output constraints
+ * (response_format, guided_json / regex / choice, structured_outputs) in
+ * http_guide.c; the legacy `functions` and `function_call` are refused. */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -25,11 +26,6 @@ static bool unsupported_off(const json_t *v) {
 
 static bool unsupported_is_str(const json_t *v, const char *s) { return json_is_string(v) && !strcmp(json_string_value(v), s); }
 
-/* response_format: absent, null or {"type": "text"}. */
-static bool unsupported_format_off(const json_t *v) {
-  return unsupported_off(v) || (json_is_object(v) && unsupported_is_str(json_object_get(v, "type"), "text"));
-}
-
 int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_http_err_t *e) {
   static const struct {
     const char *field, *what;
@@ -40,11 +36,7 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
       {"suffix", "suffixes (insertion)", false, true, false},
       {"audio", "audio output", true, false, false},
       {"prediction", "predicted outputs", true, false, false},
-      {"guided_json", "guided decoding", false, false, false},
-      {"guided_regex", "guided decoding", false, false, false},
-      {"guided_choice", "guided decoding", false, false, false},
       {"guided_grammar", "guided decoding", false, false, false},
-      {"structured_outputs", "structured outputs", false, false, false},
   };
   bool chat = api == COORD_HTTP_API_CHAT;
   for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
@@ -68,12 +60,5 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
     return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
   if (!unsupported_off(json_object_get(root, "truncate_prompt_tokens")))
     return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported yet");
-  const json_t *rf = json_object_get(root, "response_format");
-  if (!unsupported_format_off(rf)) {
-    const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-    return coord_http_err(e, 400, "response_format",
-                          "'response_format' of type '%.40s' is not supported: this server does not constrain output yet",
-                          json_is_string(type) ? json_string_value(type) : "?");
-  }
   return 0;
 }

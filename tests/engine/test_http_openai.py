@@ -212,8 +212,8 @@ class BadInput(unittest.TestCase):
         # what ferrum does not act on yet is refused by name, not ignored
         msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
         tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-        for kwargs, param in (({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
-                              ({"response_format": {"type": "json_object"}}, "response_format")):
+        for kwargs, param in (({"extra_body": {"guided_grammar": "root ::= \"a\""}}, "guided_grammar"),
+                              ({"response_format": {"type": "yaml"}}, "response_format")):
             with self.assertRaises(openai.BadRequestError) as cm:
                 client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, **kwargs)
             self.assertEqual(cm.exception.body.get("param"), param, cm.exception.body)

@@ -238,11 +238,13 @@ START_TEST(test_request_rules) {
     if (r.tool_choice == COORD_TOOL_CHOICE_NAMED) ck_assert_str_eq(r.tool_name, "w");
     /* auto needs the flag and a parser */
     coord_tool_cfg_t off = {0}, on = {.parser = COORD_TOOL_PARSER_HERMES, .auto_choice = true};
-    bool forced = r.tool_choice == COORD_TOOL_CHOICE_REQUIRED || r.tool_choice == COORD_TOOL_CHOICE_NAMED;
-    int want = r.tool_choice == COORD_TOOL_CHOICE_AUTO || forced ? -1 : 0;
+    int want = r.tool_choice == COORD_TOOL_CHOICE_AUTO ? -1 : 0; /* required / named need no flag */
     ck_assert_int_eq(coord_tool_req_check(&r, &off, &e), want);
-    if (want && !forced) ck_assert(strstr(e.message, "--enable-auto-tool-choice"));
-    ck_assert_int_eq(coord_tool_req_check(&r, &on, &e), forced ? -1 : 0);
+    if (want) ck_assert(strstr(e.message, "--enable-auto-tool-choice"));
+    ck_assert_int_eq(coord_tool_req_check(&r, &on, &e), 0);
+    /* a forced choice constrains the output to the calls' JSON schema */
+    bool forced = r.tool_choice == COORD_TOOL_CHOICE_REQUIRED || r.tool_choice == COORD_TOOL_CHOICE_NAMED;
+    ck_assert_int_eq(r.sub.guide.kind, forced ? PROTO_GUIDE_JSON : PROTO_GUIDE_NONE);
     coord_http_req_free(&r);
   }
 }

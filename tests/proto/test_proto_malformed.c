@@ -211,7 +211,7 @@ END_TEST
 
 /* Optional nil means absent: the default. */
 START_TEST(nil_is_absent) {
-  static const uint8_t step[] = {0x84, 0xa1, 'v', 0x03, 0xa1, 't', 0xa4, 's', 't', 'e', 'p', 0xa2, 'i', 'd', 0x05,
+  static const uint8_t step[] = {0x84, 0xa1, 'v', 0x04, 0xa1, 't', 0xa4, 's', 't', 'e', 'p', 0xa2, 'i', 'd', 0x05,
                                  0xa2, 'e', 'p', 0xc0}; /* "ep": nil is required -> error */
   ck_assert_int_eq(proto_msg_decode(&msg, step, sizeof step, PROTO_ACCEPT_ANY), FR_EPROTO);
   static const uint8_t hb[] = {0x84, 0xa1, 'v', 0x01, 0xa1, 't', 0xa2, 'h', 'b', 0xa1, 'r', 0xc0, 0xa3, 's', 'e', 'q', 0x07};
@@ -374,8 +374,8 @@ START_TEST(versions_and_types) {
   unpack(&up);
   msgpack_object *root = &up.data, *v = find_key(root, "v"), *t = find_key(root, "t");
   msgpack_object sv = *v, st = *t;
-  ck_assert_uint_eq(sv.via.u64, 3); /* a step is written as version 3: its sampling params changed */
-  v->via.u64 = 2; /* an older coordinator's step (no logit bias, no min_tokens) is refused */
+  ck_assert_uint_eq(sv.via.u64, 4); /* a step is written as version 4: its items carry allowed-token masks */
+  v->via.u64 = 3; /* an older coordinator's step is refused (an older worker would skip the mask) */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = PROTO_VERSION; /* a newer peer's step is read */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), 0);
@@ -522,9 +522,10 @@ START_TEST(type_versions) {
     ck_assert_uint_le(proto_type_version((proto_type_t)t), PROTO_VERSION);
   }
   /* version 3 moved submit's stop fields into "stop": an older client's stops would be skipped, so it is
-   * refused instead; steps carry the logit bias and min_tokens an older worker would skip */
-  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 3);
-  ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 3);
+   * refused instead; version 4 added submit's guide (an older coordinator would skip it and answer
+   * unconstrained) and step items' allowed-token masks (an older worker would skip them) */
+  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* what clients read is unchanged */
   ck_assert_uint_eq(proto_type_version(PROTO_T_COUNT), 0);
 }

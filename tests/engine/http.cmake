@@ -9,7 +9,8 @@
 # include_stop_str_in_output with the real model), test_http_load.py (1000
 # clients at once; a full queue answers 429), test_http_tools (the tool call
 # parsers on documented formats) and test_http_tool_calls.py (tool calls and
-# structured output with the real model and the openai client).
+# the openai client), test_http_structured.py (structured output with the
+# real model: json_schema answers validated by jsonschema).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -35,3 +36,4 @@ ferrum_http_py(test_http_openai 300)
 ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
 ferrum_http_py(test_http_tool_calls 300)
+ferrum_http_py(test_http_structured 600)

@@ -165,6 +165,61 @@ class Auto(unittest.TestCase):
         self.assertIn("<tool_call>", r.choices[0].message.content)
 
 
+class Forced(unittest.TestCase):
+    """tool_choice "required" and a named function constrain the output to
+    the calls' JSON schema (as vLLM builds it), so even a model with no tool
+    training answers with calls whose arguments validate."""
+
+    def check_calls(self, calls, names):
+        import jsonschema
+        self.assertTrue(calls)
+        params = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+        for tc in calls:
+            self.assertIn(tc.function.name, names)
+            jsonschema.validate(json.loads(tc.function.arguments), params[tc.function.name])
+
+    def test_required(self):
+        for temp in (0.0, 0.8):
+            r = client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                                 tools=TOOLS, tool_choice="required", temperature=temp, seed=3,
+                                                 max_tokens=200)
+            c = r.choices[0]
+            self.assertEqual(c.finish_reason, "tool_calls", c.message)
+            self.check_calls(c.message.tool_calls, ("get_weather", "get_time"))
+
+    def test_named(self):
+        choice = {"type": "function", "function": {"name": "get_time"}}
+        for temp in (0.0, 0.8):
+            r = client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Time in Tokyo?"}],
+                                                 tools=TOOLS, tool_choice=choice, temperature=temp, seed=4,
+                                                 max_tokens=100)
+            c = r.choices[0]
+            self.assertEqual(c.finish_reason, "stop")  # vLLM: a named function finishes as it stopped
+            self.assertEqual(len(c.message.tool_calls), 1)
+            self.check_calls(c.message.tool_calls, ("get_time",))
+
+    def test_stream_gives_the_same_calls(self):
+        for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+            kw = dict(model=NAME, messages=[{"role": "user", "content": "Weather in Rome?"}], tools=TOOLS,
+                      tool_choice=choice, temperature=0, max_tokens=200)
+            whole = client().chat.completions.create(**kw).choices[0]
+            content, calls, finish, _ = assemble(client().chat.completions.create(stream=True, **kw))
+            self.assertEqual(finish, whole.finish_reason)
+            self.assertEqual([(c["name"], c["arguments"]) for c in calls],
+                             [(t.function.name, t.function.arguments) for t in whole.message.tool_calls])
+
+    def test_auto_with_a_constrained_format(self):
+        # the Hermes format forced by a regex: the parser reads what the grammar made
+        pat = r'<tool_call>\n\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,12}"\}\}\n</tool_call>'
+        r = client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": "Weather in Lima?"}],
+                                             tools=TOOLS, temperature=0, max_tokens=60,
+                                             extra_body={"structured_outputs": {"regex": pat}})
+        c = r.choices[0]
+        self.assertEqual(c.finish_reason, "tool_calls", c.message)
+        self.assertEqual(c.message.tool_calls[0].function.name, "get_weather")
+        self.assertRegex(json.loads(c.message.tool_calls[0].function.arguments)["city"], "^[A-Z][a-z]{2,12}$")
+
+
 class BadRequests(unittest.TestCase):
     def test_400_naming_the_field(self):
         msgs = [{"role": "user", "content": "hi"}]

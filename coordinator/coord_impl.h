@@ -105,6 +105,7 @@ struct coord {
   model_tokenizer_t *tok;
   int vocab, max_model_len, n_layers;
   struct model_gvocab *gvocab;    /* every token's bytes, for constrained decoding's masks (made at first use) */
+  struct model_gscratch *gscratch; /* the masks' work memory */
   /* sockets */
   void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */
   void *msock;                        /* PAIR: the RPC ROUTER's disconnect events */

@@ -19,7 +19,6 @@
 struct coord_guide {
   model_grammar_t *g;
   model_gstate_t state;
-  model_gstate_t scratch[2]; /* the mask's work states */
   uint32_t *mask;            /* (model_gvocab_words) sent with the next final item */
 };
 
@@ -27,7 +26,8 @@ int coord__guide_init(coord_t *c, coord_job_t *j, const proto_submit_t *s, const
   static char err[512];
   char why[400] = "";
   if (s->guide.kind == PROTO_GUIDE_NONE) return 0;
-  if (!c->gvocab && model_gvocab_create(&c->gvocab, c->tok, c->vocab)) {
+  if ((!c->gvocab && model_gvocab_create(&c->gvocab, c->tok, c->vocab)) ||
+      (!c->gscratch && model_gscratch_create(&c->gscratch, c->gvocab))) {
     *msg = "out of memory";
     return -1;
   }
@@ -61,7 +61,7 @@ void coord__guide_item(coord_t *c, coord_job_t *j, proto_step_item_t *it) {
   struct coord_guide *gd = j->guide;
   it->n_mask = 0, it->mask = NULL;
   if (!gd || !it->final) return;
-  model_grammar_mask(gd->g, &gd->state, c->gvocab, gd->mask, gd->scratch);
+  model_grammar_mask(gd->g, &gd->state, c->gvocab, gd->mask, c->gscratch);
   it->mask = gd->mask;
   it->n_mask = model_gvocab_words(c->gvocab);
 }

@@ -644,14 +644,102 @@ bool model_gstate_must_end(const model_grammar_t *g, const model_gstate_t *s) {
 
 /* ---- masks ---- */
 
+/* Tokens in byte order with the prefix each shares with the one before,
+ * so a walk reuses the state of the shared prefix (a trie walk without
+ * the trie) and skips every token under a prefix that died. */
+typedef struct {
+  int32_t *ids;  /* (n) */
+  uint16_t *lcp; /* (n) bytes shared with the previous one */
+  uint32_t n;
+} gorder_t;
+
 struct model_gvocab {
   int n_vocab;
   uint32_t *off, *len; /* (n_vocab) bytes of token t: bytes[off[t] .. + len[t]]; len 0 = never allowed */
   char *bytes;
   uint8_t *eog;        /* (n_vocab) end-of-generation tokens */
-  int32_t *by_first;   /* (n_vocab) token ids grouped by first byte */
-  uint32_t first_at[257];
+  uint32_t *plain;     /* (words) tokens that are plain string content: no '"', '\\' or control byte, whole UTF-8 */
+  gorder_t all, other; /* every token; those not plain */
+  uint32_t max_len;
 };
+
+struct model_gscratch {
+  model_gstate_t *st; /* (max_len + 1): the state after each prefix length of the token walked */
+};
+
+/* A token's bytes, for sorting (qsort takes no context). */
+typedef struct {
+  const char *b;
+  uint32_t len;
+  int32_t id;
+} gkey_t;
+
+static int g_key_cmp(const void *a, const void *b) {
+  const gkey_t *x = a, *y = b;
+  int c = memcmp(x->b, y->b, x->len < y->len ? x->len : y->len);
+  return c ? c : (x->len > y->len) - (x->len < y->len);
+}
+
+/* Plain string content: printable, no quote or backslash, whole UTF-8. */
+static bool g_plain(const unsigned char *b, uint32_t n) {
+  for (uint32_t i = 0; i < n;) {
+    unsigned c = b[i];
+    if (c < 0x20 || c == '"' || c == '\\' || (c >= 0x80 && c < 0xC2) || c > 0xF4) return false;
+    uint32_t k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+    if (i + k >= n) return false; /* a sequence cut at the end */
+    for (uint32_t j = 1; j <= k; j++)
+      if (b[i + j] < 0x80 || b[i + j] >= 0xC0) return false;
+    i += k + 1;
+  }
+  return true;
+}
+
+static int g_order(model_gvocab_t *v, gorder_t *o, bool other) {
+  o->ids = malloc((size_t)v->n_vocab * sizeof *o->ids);
+  o->lcp = malloc((size_t)v->n_vocab * sizeof *o->lcp);
+  if (!o->ids || !o->lcp) return -ENOMEM;
+  gkey_t *keys = malloc((size_t)v->n_vocab * sizeof *keys);
+  if (!keys) return -ENOMEM;
+  o->n = 0;
+  for (int t = 0; t < v->n_vocab; t++)
+    if (v->len[t] && (!other || !(v->plain[t / 32] >> (t % 32) & 1)))
+      keys[o->n++] = (gkey_t){.b = v->bytes + v->off[t], .len = v->len[t], .id = t};
+  qsort(keys, o->n, sizeof *keys, g_key_cmp);
+  for (uint32_t k = 0; k < o->n; k++) o->ids[k] = keys[k].id;
+  free(keys);
+  for (uint32_t k = 0; k < o->n; k++) {
+    uint32_t l = 0;
+    if (k) {
+      int32_t x = o->ids[k - 1], y = o->ids[k];
+      while (l < v->len[x] && l < v->len[y] && v->bytes[v->off[x] + l] == v->bytes[v->off[y] + l]) l++;
+    }
+    o->lcp[k] = (uint16_t)(l > UINT16_MAX ? UINT16_MAX : l);
+  }
+  return 0;
+}
+
+static int g_vocab_tokens(model_gvocab_t *v, const model_tokenizer_t *tok) {
+  size_t total = 0, cap = (size_t)v->n_vocab * 8 + 16;
+  v->bytes = malloc(cap);
+  if (!v->bytes) return -ENOMEM;
+  for (int t = 0; t < v->n_vocab; t++) {
+    size_t n = 0;
+    const char *b = model_token_bytes(tok, t, &n);
+    v->eog[t] = model_token_is_eog(tok, t);
+    if (!b || n == 0 || n > 1024 || model_token_is_control(tok, t) || v->eog[t]) continue;
+    if (total + n > cap) {
+      char *p = realloc(v->bytes, cap = 2 * (total + n));
+      if (!p) return -ENOMEM;
+      v->bytes = p;
+    }
+    memcpy(v->bytes + total, b, n);
+    v->off[t] = (uint32_t)total, v->len[t] = (uint32_t)n;
+    total += n;
+    if (n > v->max_len) v->max_len = (uint32_t)n;
+    if (g_plain((const unsigned char *)b, (uint32_t)n)) v->plain[t / 32] |= 1u << (t % 32);
+  }
+  return 0;
+}
 
 int model_gvocab_create(model_gvocab_t **out, const model_tokenizer_t *tok, int n_vocab) {
   model_gvocab_t *v = calloc(1, sizeof *v);
@@ -660,64 +748,85 @@ int model_gvocab_create(model_gvocab_t **out, const model_tokenizer_t *tok, int 
   v->off = calloc((size_t)n_vocab, sizeof *v->off);
   v->len = calloc((size_t)n_vocab, sizeof *v->len);
   v->eog = calloc((size_t)n_vocab, 1);
-  v->by_first = calloc((size_t)n_vocab, sizeof *v->by_first);
-  size_t total = 0, cap = (size_t)n_vocab * 8 + 16;
-  v->bytes = malloc(cap);
-  if (!v->off || !v->len || !v->eog || !v->by_first || !v->bytes) goto fail;
-  uint32_t count[256] = {0};
-  for (int t = 0; t < n_vocab; t++) {
-    size_t n = 0;
-    const char *b = model_token_bytes(tok, t, &n);
-    v->eog[t] = model_token_is_eog(tok, t);
-    if (!b || n == 0 || model_token_is_control(tok, t) || v->eog[t]) continue;
-    if (total + n > cap) {
-      char *p = realloc(v->bytes, cap = 2 * (total + n));
-      if (!p) goto fail;
-      v->bytes = p;
-    }
-    memcpy(v->bytes + total, b, n);
-    v->off[t] = (uint32_t)total, v->len[t] = (uint32_t)n;
-    total += n;
-    count[(unsigned char)b[0]]++;
+  v->plain = calloc(model_gvocab_words(v), sizeof *v->plain);
+  if (!v->off || !v->len || !v->eog || !v->plain || g_vocab_tokens(v, tok) || g_order(v, &v->all, false) ||
+      g_order(v, &v->other, true)) {
+    model_gvocab_destroy(v);
+    return -ENOMEM;
   }
-  for (int c = 0; c < 256; c++) v->first_at[c + 1] = v->first_at[c] + count[c];
-  uint32_t fill[256];
-  memcpy(fill, v->first_at, sizeof fill);
-  for (int t = 0; t < n_vocab; t++)
-    if (v->len[t]) v->by_first[fill[(unsigned char)v->bytes[v->off[t]]]++] = t;
   *out = v;
   return 0;
-fail:
-  model_gvocab_destroy(v);
-  return -ENOMEM;
 }
 
 void model_gvocab_destroy(model_gvocab_t *v) {
   if (!v) return;
-  free(v->off), free(v->len), free(v->bytes), free(v->eog), free(v->by_first);
+  free(v->off), free(v->len), free(v->bytes), free(v->eog), free(v->plain);
+  free(v->all.ids), free(v->all.lcp), free(v->other.ids), free(v->other.lcp);
   free(v);
 }
 
 uint32_t model_gvocab_words(const model_gvocab_t *v) { return (uint32_t)((v->n_vocab + 31) / 32); }
 
-size_t model_grammar_mask(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, uint32_t *mask,
-                          model_gstate_t scratch[2]) {
-  memset(mask, 0, model_gvocab_words(v) * sizeof *mask);
+int model_gscratch_create(model_gscratch_t **out, const model_gvocab_t *v) {
+  model_gscratch_t *s = calloc(1, sizeof *s);
+  if (!s || !(s->st = malloc((v->max_len + 1) * sizeof *s->st))) {
+    free(s);
+    return -ENOMEM;
+  }
+  *out = s;
+  return 0;
+}
+
+void model_gscratch_destroy(model_gscratch_t *s) {
+  if (!s) return;
+  free(s->st);
+  free(s);
+}
+
+/* Inside a string whose length is not bounded, at a character boundary:
+ * every plain token keeps the output valid whatever the stack holds. */
+static bool g_in_free_string(const model_grammar_t *g, const model_gstate_t *s) {
+  if (g->kind != MODEL_GRAMMAR_JSON || s->n != 1 || s->s[0].depth == 0) return false;
+  const model_gframe_t *f = &s->s[0].f[s->s[0].depth - 1];
+  return f->kind == F_STR && f->st == S_N && f->b == 0 && (f->node < 0 || g->nodes[f->node].max == UINT32_MAX);
+}
+
+/* Walks the tokens of o from state s; sets the bits of those it may take. */
+static size_t g_walk(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, const gorder_t *o,
+                     uint32_t *mask, model_gstate_t *st) {
   size_t n = 0;
-  model_gstate_t *first = &scratch[0], *t = &scratch[1];
-  if (s->n > 0 && !model_gstate_must_end(g, s)) {
-    for (int c = 0; c < 256; c++) {
-      if (v->first_at[c] == v->first_at[c + 1]) continue;
-      g_copy(g, first, s);
-      if (!g_feed_byte(g, first, (unsigned)c)) continue;
-      for (uint32_t k = v->first_at[c]; k < v->first_at[c + 1]; k++) {
-        int32_t tok = v->by_first[k];
-        g_copy(g, t, first);
-        if (v->len[tok] > 1 && !model_gstate_feed(g, t, v->bytes + v->off[tok] + 1, v->len[tok] - 1)) continue;
-        mask[tok / 32] |= 1u << (tok % 32);
-        n++;
+  uint32_t have = 0, dead = UINT32_MAX; /* st[0..have] hold the walked prefix; a prefix of length dead died */
+  g_copy(g, &st[0], s);
+  for (uint32_t k = 0; k < o->n; k++) {
+    int32_t t = o->ids[k];
+    uint32_t l = o->lcp[k];
+    if (dead != UINT32_MAX && l >= dead) continue; /* shares the prefix that died */
+    dead = UINT32_MAX;
+    if (l < have) have = l;
+    const char *b = v->bytes + v->off[t];
+    for (; have < v->len[t]; have++) {
+      g_copy(g, &st[have + 1], &st[have]);
+      if (!g_feed_byte(g, &st[have + 1], (unsigned char)b[have])) {
+        dead = have + 1;
+        break;
       }
     }
+    if (dead == UINT32_MAX) mask[t / 32] |= 1u << (t % 32), n++;
+  }
+  return n;
+}
+
+size_t model_grammar_mask(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, uint32_t *mask,
+                          model_gscratch_t *scratch) {
+  uint32_t words = model_gvocab_words(v);
+  memset(mask, 0, words * sizeof *mask);
+  size_t n = 0;
+  if (s->n > 0 && !model_gstate_must_end(g, s)) {
+    if (g_in_free_string(g, s)) {
+      for (uint32_t w = 0; w < words; w++) mask[w] = v->plain[w], n += (size_t)__builtin_popcount(v->plain[w]);
+      n += g_walk(g, s, v, &v->other, mask, scratch->st);
+    } else
+      n = g_walk(g, s, v, &v->all, mask, scratch->st);
   }
   if (n == 0 || model_gstate_can_end(g, s))
     for (int tok = 0; tok < v->n_vocab; tok++)

@@ -24,10 +24,10 @@
  * forks on ambiguity (anyOf, an optional key vs. the next one) into at
  * most MODEL_GRAMMAR_MAX_FORKS deterministic stacks.
  *
- * The mask: model_gvocab_t holds every token's bytes once per tokenizer;
- * model_grammar_mask feeds each token's bytes to a copy of the state
- * (tokens whose first byte the state refuses are skipped at once) and
- * allows the end-of-generation tokens only where the output may end.
+ * The mask: model_gvocab_t holds every token's bytes once per tokenizer
+ * (sorted, with shared prefix lengths, and which tokens are plain string
+ * content); model_grammar_mask walks them from the state and allows the
+ * end-of-generation tokens only where the output may end.
  *
  * Threads: grammars and vocabularies are immutable once built (share
  * them); a state belongs to one job.
@@ -100,13 +100,22 @@ void model_gvocab_destroy(model_gvocab_t *v);
 /* Words of a mask: (n_vocab + 31) / 32. */
 uint32_t model_gvocab_words(const model_gvocab_t *v);
 
+/* Work memory of model_grammar_mask for a vocabulary: one per thread
+ * that builds masks (a state per byte of the longest token). */
+typedef struct model_gscratch model_gscratch_t;
+int model_gscratch_create(model_gscratch_t **out, const model_gvocab_t *v);
+void model_gscratch_destroy(model_gscratch_t *s);
+
 /* Sets bit t of mask (model_gvocab_words words) for each token t allowed
  * in state s. Never allows nothing: a dead state (or one no token can
- * continue) allows the end-of-generation tokens. scratch: two states the
- * call works in (they are large: give them from the heap). Returns how
- * many are allowed. */
+ * continue) allows the end-of-generation tokens. Tokens are walked in
+ * byte order, each from the state of the prefix it shares with the one
+ * before (a prefix that dies skips every token under it); inside a JSON
+ * string with no length bound, the tokens that are plain string content
+ * are allowed at once and only the others walked. Returns how many are
+ * allowed. */
 size_t model_grammar_mask(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, uint32_t *mask,
-                          model_gstate_t scratch[2]);
+                          model_gscratch_t *scratch);
 
 #ifdef __cplusplus
 }

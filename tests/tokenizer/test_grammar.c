@@ -121,7 +121,8 @@ static char *walk(const model_grammar_t *g, const model_tokenizer_t *tok, int n_
   model_gvocab_t *v = NULL;
   ck_assert_int_eq(model_gvocab_create(&v, tok, n_vocab), 0);
   uint32_t *mask = calloc(model_gvocab_words(v), sizeof *mask);
-  model_gstate_t *scratch = malloc(2 * sizeof *scratch);
+  model_gscratch_t *scratch = NULL;
+  ck_assert_int_eq(model_gscratch_create(&scratch, v), 0);
   size_t cap = 1 << 16, len = 0;
   char *out = calloc(cap, 1);
   model_gstate_init(g, &st);
@@ -151,9 +152,36 @@ static char *walk(const model_grammar_t *g, const model_tokenizer_t *tok, int n_
     ck_assert_uint_lt(len + bl, cap);
     memcpy(out + len, b, bl), len += bl;
   }
-  free(mask), free(scratch);
+  free(mask);
+  model_gscratch_destroy(scratch);
   model_gvocab_destroy(v);
   return out;
+}
+
+static model_gstate_t tmp;
+
+/* The mask of a state equals feeding every token's bytes to a copy of it. */
+static void check_mask_exact(const model_grammar_t *g, const char *prefix, const model_tokenizer_t *tok, int n_vocab) {
+  model_gvocab_t *v = NULL;
+  model_gscratch_t *scratch = NULL;
+  ck_assert_int_eq(model_gvocab_create(&v, tok, n_vocab), 0);
+  ck_assert_int_eq(model_gscratch_create(&scratch, v), 0);
+  uint32_t *mask = calloc(model_gvocab_words(v), sizeof *mask);
+  model_gstate_init(g, &st);
+  ck_assert(model_gstate_feed(g, &st, prefix, strlen(prefix)));
+  model_grammar_mask(g, &st, v, mask, scratch);
+  for (int32_t t = 0; t < n_vocab; t++) {
+    size_t n;
+    const char *b = model_token_bytes(tok, t, &n);
+    if (model_token_is_eog(tok, t) || model_token_is_control(tok, t) || !b || !n) continue;
+    tmp = st;
+    bool want = model_gstate_feed(g, &tmp, b, n);
+    ck_assert_msg(want == (bool)(mask[t / 32] >> (t % 32) & 1), "prefix [%s] token %d [%.*s]: want %d", prefix, t,
+                  (int)n, b, want);
+  }
+  free(mask);
+  model_gscratch_destroy(scratch);
+  model_gvocab_destroy(v);
 }
 
 START_TEST(masks_on_the_model_vocabulary) {
@@ -166,6 +194,13 @@ START_TEST(masks_on_the_model_vocabulary) {
                        "\"days\": {\"type\": \"integer\"}, \"hot\": {\"type\": \"boolean\"}}, \"required\": [\"city\", "
                        "\"days\", \"hot\"]}";
   model_grammar_t *g = json_g(schema);
+  const char *prefixes[] = {"", "{\"ci", "{\"city\": \"Pa", "{\"city\": \"Paris\", \"days\": 1", "{\"city\": \"\xc3",
+                            "{\"city\": \"a\\u00"};
+  for (size_t i = 0; i < sizeof prefixes / sizeof prefixes[0]; i++) check_mask_exact(g, prefixes[i], tok, n_vocab);
+  model_grammar_t *any = json_g(NULL);
+  check_mask_exact(any, "{\"k\": [1, {\"x\": \"y", tok, n_vocab);
+  check_mask_exact(any, "{\"k\": -1", tok, n_vocab);
+  model_grammar_destroy(any);
   for (unsigned seed = 0; seed < 4; seed++) {
     bool ended;
     char *text = walk(g, tok, n_vocab, seed * 7919u, &ended);

@@ -208,6 +208,35 @@ static proto_event_t job_echo_event(coord_http_job_t *j, const proto_event_t *ev
   return e;
 }
 
+/* The event's text with the parser's marker put back where a control
+ * token the detokenizer dropped stood (mistral's [TOOL_CALLS]): after the
+ * bytes of the tokens before it. NULL when the event has none (or out of
+ * memory: the text as it is). */
+static char *job_tool_marked(const coord_http_job_t *j, const proto_event_t *ev, size_t n, size_t *out_n) {
+  int32_t marker = j->h->tools.marker;
+  uint32_t count = 0;
+  for (uint32_t i = 0; marker >= 0 && i < ev->n_tokens; i++) count += ev->tokens[i] == marker;
+  if (!count) return NULL;
+  static const char mk[] = "[TOOL_CALLS]";
+  const char *text = ev->text ? ev->text : "";
+  char *t = malloc(n + count * (sizeof mk - 1) + 1);
+  if (!t) return NULL;
+  size_t at = 0, w = 0, off = 0;
+  for (uint32_t i = 0; i < ev->n_tokens; i++) {
+    size_t bl = 0;
+    if (ev->tokens[i] != marker) {
+      if (!model_token_is_control(j->h->tok, ev->tokens[i])) model_token_bytes(j->h->tok, ev->tokens[i], &bl);
+      off = off + bl < n ? off + bl : n;
+      continue;
+    }
+    memcpy(t + w, text + at, off - at), w += off - at, at = off;
+    memcpy(t + w, mk, sizeof mk - 1), w += sizeof mk - 1;
+  }
+  memcpy(t + w, text + at, n - at), w += n - at;
+  *out_n = w;
+  return t;
+}
+
 /* The chunks of an event of a stream whose output becomes tool calls: a
  * parsed one feeds the parser; a forced one (required, named) gathers the
  * text and turns it into the calls at the end. */
@@ -217,7 +246,11 @@ static char *job_tool_chunks(coord_http_job_t *j, const proto_event_t *ev, bool 
   bool last = ev->finish != PROTO_FINISH_NONE;
   int rc;
   if (m->tool_parser != COORD_TOOL_PARSER_NONE) {
-    rc = coord_tool_stream_feed(&j->tools, ev->text ? ev->text : "", n, last, &j->tool_out);
+    size_t mn = 0;
+    char *marked = job_tool_marked(j, ev, n, &mn);
+    rc = coord_tool_stream_feed(&j->tools, marked ? marked : ev->text ? ev->text : "", marked ? mn : n, last,
+                                &j->tool_out);
+    free(marked);
   } else {
     rc = coord_http_acc_text(&j->acc, ev->text ? ev->text : "", n);
     coord_tool_out_free(&j->tool_out);
@@ -283,10 +316,21 @@ static void job_on_stream_msg(coord_http_job_t *j, const proto_msg_t *m) {
   job_wake(j);
 }
 
+/* Folds an event into the JSON answer (with the tool parser's marker put back). */
+static int job_acc_add(coord_http_job_t *j, const proto_event_t *ev) {
+  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0, mn = 0;
+  char *marked = j->meta.tool_parser != COORD_TOOL_PARSER_NONE ? job_tool_marked(j, ev, n, &mn) : NULL;
+  proto_event_t e = *ev;
+  if (marked) e.text = marked, e.text_len = (uint32_t)mn;
+  int rc = coord_http_acc_add(&j->acc, &j->meta, &e);
+  free(marked);
+  return rc;
+}
+
 static void job_on_json_msg(coord_http_job_t *j, const proto_msg_t *m) {
   if (job_msg_error(m, &j->err)) {
     j->failed = true;
-  } else if (coord_http_acc_add(&j->acc, &j->meta, &m->u.event)) {
+  } else if (job_acc_add(j, &m->u.event)) {
     coord_http_err(&j->err, 500, NULL, "out of memory");
     j->failed = true;
     job_cancel(j);

@@ -58,6 +58,8 @@ typedef enum {
 typedef struct {
   coord_tool_parser_t parser; /* --tool-call-parser */
   bool auto_choice;           /* --enable-auto-tool-choice */
+  int32_t marker;             /* the parser's marker when it is a control token the detokenizer drops
+                               * (mistral's [TOOL_CALLS]): put back into the text by token id; -1 none */
 } coord_tool_cfg_t;
 
 /* One parsed call. Strings are malloc'd, owned by the coord_tool_out_t. */

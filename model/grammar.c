@@ -21,6 +21,7 @@
 
 /* ---- building ---- */
 
+static int g_err(model_grammar_t *g, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int g_err(model_grammar_t *g, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

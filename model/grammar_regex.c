@@ -26,6 +26,7 @@ typedef struct {
   int32_t start, end; /* end: an epsilon state whose out is still open */
 } rx_frag_t;
 
+static int rx_err(rx_t *x, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 static int rx_err(rx_t *x, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);

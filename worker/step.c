@@ -211,7 +211,8 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
 }
 
 /* True when every final item can be sampled on the device: no logits rows
- * (those go to the host's logits segment). */
+ * (those go to the host's logits segment) and no allowed-token masks
+ * (constrained decoding: the host sampler applies them). */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256) return false;
   for (uint32_t i = 0; i < st->n_items; i++) /* logits rows and constrained decoding's masks: the host */

@@ -454,8 +454,9 @@ static size_t tools_mistral_call(coord_tool_stream_t *st, coord_tool_out_t *o, c
     if (sc == 0 && !final) return 0;
     int ok = sc == 1 ? tools_list(st, o, s + i, end - i) : 0;
     if (ok < 0) return *rc = ok, 0;
-    if (!ok) *rc = tools_not_call(o, mistral_open, s, sc == 1 ? end : n, NULL);
     st->state = TS_TEXT;
+    if (sc < 0) return *rc = tools_content(o, mistral_open, strlen(mistral_open)), 0; /* the rest is text again */
+    if (!ok) *rc = tools_not_call(o, mistral_open, s, sc == 1 ? end : n, NULL);
     return sc == 1 ? end : n;
   }
   /* name[ARGS]{...} */
@@ -472,14 +473,14 @@ static size_t tools_mistral_call(coord_tool_stream_t *st, coord_tool_out_t *o, c
   if (j == n && !final) return 0;
   int sc = j < n && s[j] == '{' && name_end > i ? tools_scan(s, n, j, final, &end) : -1;
   if (sc == 0 && !final) return 0;
+  st->state = TS_TEXT;
   if (sc == 1) {
     *rc = tools_call(o, st->kind, &st->rng, s + i, name_end - i, s + j, end - j);
     if (!*rc) st->n_calls++;
-    st->state = TS_TEXT;
     return end;
   }
+  if (sc < 0) return *rc = tools_content(o, mistral_open, strlen(mistral_open)), 0; /* the rest is text again */
   *rc = tools_not_call(o, mistral_open, s, n, NULL);
-  st->state = TS_TEXT;
   return n;
 }
 

@@ -11,13 +11,17 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
-/* Content and calls of text fed in pieces of `piece` bytes, folded into one string. */
+/* Content and calls of text fed in pieces of `piece` bytes, folded into one
+ * string: the content, then the calls (a whole answer decides its content
+ * in one feed, so the two interleave differently in a stream). */
 static char *tools_run(coord_tool_parser_t kind, const char *text, size_t n, size_t piece) {
   coord_tool_stream_t st;
   coord_tool_out_t o;
   coord_tool_stream_init(&st, kind, 1);
   coord_tool_out_init(&o);
-  size_t cap = 64, len = 0;
+  size_t cap = 64, len = 0, calls_len = 0;
+  static char calls[1 << 16];
+  calls[0] = 0;
   char *acc = malloc(cap);
   FR_ASSERT(acc);
   acc[0] = 0;
@@ -26,7 +30,6 @@ static char *tools_run(coord_tool_parser_t kind, const char *text, size_t n, siz
     bool last = i + piece >= n;
     FR_ASSERT(coord_tool_stream_feed(&st, text + i, k, last, &o) == 0);
     size_t need = len + o.content_len + 8;
-    for (size_t c = 0; c < o.n_calls; c++) need += strlen(o.calls[c].name) + strlen(o.calls[c].args) + 8;
     if (need > cap) {
       cap = need * 2;
       acc = realloc(acc, cap);
@@ -34,12 +37,19 @@ static char *tools_run(coord_tool_parser_t kind, const char *text, size_t n, siz
     }
     memcpy(acc + len, o.content ? o.content : "", o.content_len);
     len += o.content_len;
-    for (size_t c = 0; c < o.n_calls; c++) len += (size_t)sprintf(acc + len, "\x01%s\x02%s\x03", o.calls[c].name, o.calls[c].args);
+    for (size_t c = 0; c < o.n_calls; c++) {
+      int w = snprintf(calls + calls_len, sizeof calls - calls_len, "\x01%s\x02%s\x03", o.calls[c].name, o.calls[c].args);
+      calls_len = FR_MIN(calls_len + (size_t)w, sizeof calls - 1);
+    }
     acc[len] = 0;
     if (last) break;
   }
   coord_tool_out_free(&o);
   coord_tool_stream_free(&st);
+  acc = realloc(acc, len + calls_len + 2);
+  FR_ASSERT(acc);
+  acc[len] = '\x04';
+  memcpy(acc + len + 1, calls, calls_len + 1);
   return acc;
 }
 

@@ -198,19 +198,19 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_NOT_FOUND);
   /* bad sampling params: a hand-made submit with temperature -1 */
-  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x03, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x04, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
                                    0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
                                    0xa2, 's', 'p', 0x81, 0xa1, 't', 0xff};
   uint8_t msg[64];
   memcpy(msg, bad_sp, sizeof bad_sp);
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
-  msg[3] = 0x02; /* an older client's submit (stop fields at the top level): refused by version, not misread */
+  msg[3] = 0x03; /* an older client's submit (no guide: it would be answered unconstrained): refused by version */
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_VERSION);
   ck_assert_ptr_nonnull(strstr(m.u.error.message, "version"));
   /* logit bias: a value out of range (the decoder), a token past the vocabulary (the coordinator) */
-  static const uint8_t bad_lb[] = {0x85, 0xa1, 'v', 0x03, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+  static const uint8_t bad_lb[] = {0x85, 0xa1, 'v', 0x04, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
                                    0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
                                    0xa2, 's', 'p', 0x81, 0xa2, 'l', 'b', 0x91, 0x82, 0xa1, 't', 0x05, 0xa1, 'b', 0xcc, 200};
   memcpy(msg, bad_lb, sizeof bad_lb);
@@ -223,6 +223,19 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
   ck_assert_ptr_nonnull(strstr(m.u.error.message, "logit_bias"));
+  /* a guide the coordinator cannot compile (an RPC client's: the HTTP layer checks its own): 400 naming it */
+  r.sp.bias = NULL, r.sp.n_bias = 0;
+  r.guide = (proto_guide_t){.kind = PROTO_GUIDE_JSON, .spec = "{\"type\": \"string\", \"pattern\": \"a+\"}"};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "pattern"));
+  r.guide = (proto_guide_t){.kind = PROTO_GUIDE_REGEX, .spec = "(a"};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "unbalanced"));
+  r.guide = (proto_guide_t){0};
   /* cancel of an unknown job: 404 */
   proto_cancel_t cn = {.id = 999};
   ck_assert_int_eq(proto_encode(&b, PROTO_T_CANCEL, &cn), 0);

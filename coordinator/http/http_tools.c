@@ -149,7 +149,7 @@ static int tools_scan(const char *s, size_t n, size_t i, bool final, size_t *end
       continue;
     }
     size_t e;
-    int rc = c == '"' ? tools_scan_str(s, n, i, &e) : tools_scan_atom(s, n, i, final || depth > 0, &e);
+    int rc = c == '"' ? tools_scan_str(s, n, i, &e) : tools_scan_atom(s, n, i, final, &e);
     if (rc <= 0) return rc;
     i = e;
     want_value = false;

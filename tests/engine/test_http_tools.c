@@ -138,6 +138,9 @@ START_TEST(test_llama3_json) {
   check(COORD_TOOL_PARSER_LLAMA3_JSON,
         "<|python_tag|>{\"name\": \"a\", \"arguments\": {\"x\": 1}}; {\"name\": \"b\", \"parameters\": {\"y\": [null]}}",
         "", 2, n2, a2);
+  /* numbers cut by a piece's end inside the arguments wait for the rest (found by fuzz_http_tools) */
+  const char *n3[] = {"f"}, *a3[] = {"{\"x\": 2.5e1, \"y\": [0.5, -10]}"};
+  check(COORD_TOOL_PARSER_LLAMA3_JSON, "{\"name\": \"f\", \"parameters\": {\"x\": 2.5e1, \"y\": [0.5, -10]}}", "", 1, n3, a3);
   /* text, and JSON that is not a call (no parameters: a JSON answer), stay text */
   check(COORD_TOOL_PARSER_LLAMA3_JSON, "The weather is fine.", "The weather is fine.", 0, NULL, NULL);
   check(COORD_TOOL_PARSER_LLAMA3_JSON, "{\"name\": \"Bob\", \"age\": 3}", "{\"name\": \"Bob\", \"age\": 3}", 0, NULL, NULL);

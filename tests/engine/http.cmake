@@ -7,10 +7,12 @@
 # the real model), test_http_chat_template.py (a --chat-template file
 # against jinja2), test_http_sampling.py (logit_bias, min_tokens and
 # include_stop_str_in_output with the real model), test_http_load.py (1000
-# clients at once; a full queue answers 429), test_http_tools (the tool call
-# parsers on documented formats) and test_http_tool_calls.py (tool calls and
-# the openai client), test_http_structured.py (structured output with the
-# real model: json_schema answers validated by jsonschema).
+# clients at once; a full queue answers 429), test_http_tools and
+# fuzz_http_tools (the tool call parsers on each family's documented
+# formats, whole and in pieces), test_http_tool_calls.py (tool calls with
+# the real model and the openai client: parsed, streamed, forced),
+# test_http_structured.py (structured output with the real model:
+# json_schema answers validated by jsonschema).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)

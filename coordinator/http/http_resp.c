@@ -240,15 +240,13 @@ static json_t *resp_text(const char *s, size_t n) {
   return j ? j : json_string("\xEF\xBF\xBD");
 }
 
-/* [{"id", "type": "function", "function": {"name", "arguments"}}] (with
- * "index" for stream deltas, from index0). */
-static json_t *resp_tool_calls(const coord_tool_out_t *o, bool delta, uint32_t index0) {
+/* [{"id", "type": "function", "function": {"name", "arguments"}}]. */
+static json_t *resp_tool_calls(const coord_tool_out_t *o) {
   json_t *arr = json_array();
   for (size_t i = 0; arr && i < o->n_calls; i++) {
     const coord_tool_call_t *c = &o->calls[i];
     json_t *call = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", c->id, "type", "function", "function", "name", c->name,
                              "arguments", c->args);
-    if (call && delta) json_object_set_new(call, "index", json_integer((json_int_t)(index0 + i)));
     if (!call || json_array_append_new(arr, call)) {
       json_decref(arr);
       return NULL;
@@ -284,7 +282,8 @@ static json_t *resp_tools_finish(const coord_http_meta_t *m, proto_finish_t f, b
   return resp_finish(f);
 }
 
-static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, proto_finish_t *f, bool *called) {
+/* The answer's message: its text, or content and tool_calls (*called: some). */
+static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, bool *called) {
   *called = false;
   if (!resp_tools_on(m)) return json_pack("{s:s,s:o}", "role", "assistant", "content", resp_text(a->text, a->text_len));
   coord_tool_out_t o;
@@ -295,25 +294,24 @@ static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_ac
     bool empty = o.content_len == 0 && (*called || m->tool_choice == COORD_TOOL_CHOICE_NAMED);
     msg = json_pack("{s:s,s:o,s:o}", "role", "assistant", "content",
                     empty ? json_null() : resp_text(o.content, o.content_len), "tool_calls",
-                    resp_tool_calls(&o, false, 0));
+                    resp_tool_calls(&o));
   }
   coord_tool_out_free(&o);
-  (void)f;
   return msg;
 }
 
 char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a) {
   json_t *lp = a->logprobs ? json_incref(a->logprobs) : m->logprobs >= 0 ? resp_lp_new(m->api) : json_null();
   json_t *choice;
-  proto_finish_t f = a->finish;
   bool called = false;
   if (m->api == COORD_HTTP_API_CHAT)
-    choice = json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "message", resp_chat_message(m, a, &f, &called), "logprobs", lp,
+    choice = json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "message", resp_chat_message(m, a, &called), "logprobs", lp,
                        "stop_reason");
   else
     choice = json_pack("{s:i,s:o,s:o,s:o,s:n}", "index", 0, "text", resp_text(a->text, a->text_len), "logprobs", lp,
                        "finish_reason", resp_finish(a->finish), "stop_reason");
-  if (choice && m->api == COORD_HTTP_API_CHAT) json_object_set_new(choice, "finish_reason", resp_tools_finish(m, f, called));
+  if (choice && m->api == COORD_HTTP_API_CHAT)
+    json_object_set_new(choice, "finish_reason", resp_tools_finish(m, a->finish, called));
   proto_usage_t u = a->usage;
   if (!a->has_usage) u.completion_tokens = a->n_tokens;
   json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion",

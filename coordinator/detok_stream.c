@@ -48,16 +48,19 @@ static void coord__detok_new(coord_t *c, coord_job_t *j) {
 
 /* The first stop string in the unsent text that ends past j->stop_from
  * (text from before min_tokens outputs is not searched, as vLLM): its
- * offset in *at, its length in *len; false when there is none. */
-static bool coord__stop_find(const coord_job_t *j, size_t *at, size_t *len) {
+ * offset in *at, its length in *len, the string in *stop; false when
+ * there is none. */
+static bool coord__stop_find(const coord_job_t *j, size_t *at, size_t *len, const char **stop) {
   size_t best = SIZE_MAX, best_len = 0;
+  uint32_t which = 0;
   for (uint32_t i = 0; i < j->n_stop; i++) {
     size_t sl = strlen(j->stop[i]), from = j->stop_from >= sl ? j->stop_from - sl + 1 : 0;
     if (from >= j->text_len) continue;
     const char *p = memmem(j->text + from, j->text_len - from, j->stop[i], sl);
-    if (p && (size_t)(p - j->text) < best) best = (size_t)(p - j->text), best_len = sl;
+    if (p && (size_t)(p - j->text) < best) best = (size_t)(p - j->text), best_len = sl, which = i;
   }
   *at = best, *len = best_len;
+  if (best != SIZE_MAX) *stop = j->stop[which];
   return best != SIZE_MAX;
 }
 
@@ -71,7 +74,9 @@ static size_t coord__stop_strings(coord_t *c, coord_job_t *j) {
     return j->text_len;
   }
   size_t at, len;
-  if (coord__stop_find(j, &at, &len)) {
+  const char *which;
+  if (coord__stop_find(j, &at, &len, &which)) {
+    if (j->finish == PROTO_FINISH_NONE) j->stop_str = which;
     j->text_len = j->include_stop ? at + len : at;
     j->text[j->text_len] = 0;
     coord__job_finish(c, j, PROTO_FINISH_STOP);
@@ -118,6 +123,10 @@ static void coord__event_fill(coord_t *c, coord_job_t *j, proto_event_t *e, size
     e->usage = (proto_usage_t){.prompt_tokens = (uint32_t)j->n_prompt,
                                .completion_tokens = (uint32_t)n_out,
                                .cached_tokens = j->n_cached};
+    if (j->finish == PROTO_FINISH_STOP) {
+      e->stop_str = (char *)j->stop_str;
+      e->stop_id = j->stop_str ? -1 : j->stop_id;
+    }
     if (j->finish == PROTO_FINISH_ERROR) {
       e->error.code = j->error_code ? j->error_code : PROTO_ERR_INTERNAL;
       e->error.message = (char *)(j->error_msg ? j->error_msg : "the step failed");

@@ -88,9 +88,19 @@ static void coord__metrics_finish(coord_t *c, coord_job_t *j, proto_finish_t why
   coord_metrics_e2e(c->metrics, (fr_now_ns() - j->t_arrival_ns) / 1e9);
 }
 
+/* j ended: it waits on no fork, and the jobs that wait on it are admitted
+ * as any job (a scan of the table, only when some wait). */
+static void coord__job_unfork_all(coord_t *c, coord_job_t *j) {
+  coord_sched_unfork(j);
+  for (size_t h = 0; h < c->hash_cap && j->fork_waiters > 0; h++)
+    for (coord_job_t *w = c->hash[h]; w; w = w->hnext)
+      if (w->fork == j) coord_sched_unfork(w);
+}
+
 void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why) {
   if (j->finish != PROTO_FINISH_NONE) return;
   j->finish = why;
+  coord__job_unfork_all(c, j);
   coord_sched_remove(&c->sched, j); /* the slot stays until a step that holds it returns */
   coord__metrics_finish(c, j, why);
 }
@@ -163,7 +173,8 @@ void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri
   if (k == 0) j->t_first_ns = now;
   j->t_last_ns = now;
   bool stop = !j->ignore_eos && model_token_is_eog(c->tok, t);
-  for (uint32_t i = 0; i < j->n_stop_ids && !stop; i++) stop = j->stop_ids[i] == t;
+  for (uint32_t i = 0; i < j->n_stop_ids && !stop; i++)
+    if (j->stop_ids[i] == t) stop = true, j->stop_id = t; /* EOS is no stop reason (vLLM: null) */
   if (stop) coord__job_finish(c, j, PROTO_FINISH_STOP);
   else if (k + 1 >= j->max_tokens || j->n_tok >= c->max_model_len) coord__job_finish(c, j, PROTO_FINISH_LENGTH);
 }
@@ -199,7 +210,7 @@ static coord_reject_t coord__prompt_precheck(coord_t *c, const proto_submit_t *s
   if (s->n_tokens == 0 && s->n_messages == 0 && s->prompt_len == 0)
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "the prompt is empty"};
   size_t bytes = coord__prompt_bytes(s), most = (size_t)c->max_model_len * COORD_MAX_PROMPT_BYTES_PER_TOKEN;
-  if (bytes > most) {
+  if (bytes > most && !s->ph.truncate) { /* truncated after tokenizing: 4 MiB at most (PROTO_MAX_TEXT) */
     snprintf(msg, sizeof msg, "the prompt has %zu bytes, more than this model's context of %d tokens can hold",
              bytes, c->max_model_len);
     return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
@@ -260,6 +271,8 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->peer = *p;
   j->priority = s->priority;
   j->slot = -1;
+  j->stop_id = -1;
+  j->truncate = s->ph.truncate;
   j->sp = s->sp;
   if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
   j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
@@ -303,6 +316,10 @@ static coord_reject_t coord__ids_check(coord_t *c, const int32_t *ids, size_t n)
  * unchanged. */
 static coord_reject_t coord__job_set_prompt(coord_t *c, coord_job_t *j, int32_t *ids, size_t n) {
   int max_tokens = 0;
+  if (j->truncate && n > j->truncate) { /* truncate_prompt_tokens: the last ones stay */
+    memmove(ids, ids + (n - j->truncate), j->truncate * sizeof *ids);
+    n = j->truncate;
+  }
   coord_reject_t rj = coord__lencheck(c, j, n, &max_tokens);
   if (rj.code) {
     free(ids);
@@ -347,6 +364,8 @@ void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *
     return;
   }
   coord_job_t *j = coord__job_new(c, p, s);
+  coord_job_t *parent = s->ph.fork_of ? coord__job_find(c, p, s->ph.fork_of) : NULL;
+  if (parent) j->fork = parent, parent->fork_waiters++;
   coord__hash_insert(c, j);
   if (c->metrics) coord_metrics_request_start(c->metrics);
   const char *why = NULL;

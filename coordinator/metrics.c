@@ -36,6 +36,7 @@ struct coord_metrics {
   _Atomic uint64_t prompt_tokens, generation_tokens;
   _Atomic uint64_t preemptions;
   _Atomic uint64_t nonfinite;
+  _Atomic uint64_t forks, fork_shared, fork_copied;
   _Atomic uint64_t prefix_queries, prefix_hits;
   _Atomic uint32_t running, waiting, kv_used, kv_total, ranks, ready;
   _Atomic uint64_t rank_steps[COORD_METRICS_MAX_RANKS], rank_fw_us[COORD_METRICS_MAX_RANKS],
@@ -120,6 +121,12 @@ void coord_metrics_itl(coord_metrics_t *m, double s) { if (m) m_hist_observe(&m-
 void coord_metrics_e2e(coord_metrics_t *m, double s) { if (m) m_hist_observe(&m->e2e, s); }
 void coord_metrics_preemption(coord_metrics_t *m, uint64_t n) { if (m) M_ADD(m->preemptions, n); }
 void coord_metrics_nonfinite(coord_metrics_t *m) { if (m) M_ADD(m->nonfinite, 1); }
+void coord_metrics_fork(coord_metrics_t *m, uint64_t seqs, uint64_t shared, uint64_t copied) {
+  if (!m) return;
+  M_ADD(m->forks, seqs);
+  M_ADD(m->fork_shared, shared);
+  M_ADD(m->fork_copied, copied);
+}
 
 void coord_metrics_prefix(coord_metrics_t *m, uint64_t queries, uint64_t hits) {
   if (!m) return;
@@ -301,6 +308,12 @@ static void m_render_counters(m_out_t *o, const coord_metrics_t *m_) {
   m_counter(o, m, "num_preemptions_total", "Cumulative number of preemptions.", M_GET(m->preemptions));
   m_counter(o, m, "nonfinite_logits_total", "Requests ended because the model produced NaN or infinite logits.",
             M_GET(m->nonfinite));
+  m_counter(o, m, "forked_sequences_total", "Sequences (n > 1, best_of) started by sharing another's prompt KV.",
+            M_GET(m->forks));
+  m_counter(o, m, "kv_fork_shared_blocks_total", "Full prompt KV blocks shared by forked sequences, not computed again.",
+            M_GET(m->fork_shared));
+  m_counter(o, m, "kv_fork_copied_blocks_total", "Partially filled KV blocks copied on write when a sequence forked.",
+            M_GET(m->fork_copied));
   m_counter(o, m, "prefix_cache_queries_total", "Prefix cache queries, in tokens.", M_GET(m->prefix_queries));
   m_counter(o, m, "prefix_cache_hits_total", "Prefix cache hits, in tokens.", M_GET(m->prefix_hits));
   m_counter(o, m, "steps_total", "Steps the coordinator sent and got every rank's result for.", M_GET(m->steps));

@@ -53,6 +53,11 @@ void coord_metrics_e2e(coord_metrics_t *m, double seconds);
 /* One request ended because the model produced NaN or infinite logits. */
 void coord_metrics_nonfinite(coord_metrics_t *m);
 void coord_metrics_preemption(coord_metrics_t *m, uint64_t n);
+/* Sequences forked from another's prompt (n > 1, best_of): how many
+ * (ferrum:forked_sequences_total), the full KV blocks they share instead of
+ * computing (ferrum:kv_fork_shared_blocks_total) and the partial last
+ * blocks copied on write (ferrum:kv_fork_copied_blocks_total). */
+void coord_metrics_fork(coord_metrics_t *m, uint64_t seqs, uint64_t shared, uint64_t copied);
 /* Prefix cache lookups, in tokens as vLLM counts them: queries = prompt
  * tokens looked up, hits = tokens found (ferrum:prefix_cache_queries_total,
  * ferrum:prefix_cache_hits_total). */

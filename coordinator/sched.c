@@ -9,7 +9,9 @@
  * When a running job cannot grow, the newest running job is preempted (its
  * blocks freed, its tokens kept, requeued at the front) and later
  * recomputed. The queue head is never skipped, so nothing starves behind
- * later arrivals of the same priority.
+ * later arrivals of the same priority. A job that forks an earlier one's
+ * prompt (n > 1; sched.h, coord_sched_unfork) waits there for that job's
+ * prefill, then takes a copy of its block table.
  *
  * Plans only while no step is planned, so every slot it touches is idle.
  */
@@ -201,8 +203,53 @@ static int coord__sched_admit_blocks(const coord_sched_t *s, const kv_admit_t *p
   return p->n_revive + (total - p->n_cached_blocks);
 }
 
+/* Whether a waiting job can fork now: 1 yes, 0 not yet (its fork's
+ * prefill is not done), -1 never (admit it as any job). A repetition
+ * penalty needs the whole prompt fed to the worker (its token history), as
+ * with cached prefixes. */
+static int coord__sched_fork_ready(const coord_job_t *j) {
+  const coord_job_t *p = j->fork;
+  if (!p || p->state == COORD_JOB_DONE || j->sp.repetition_penalty != 1.0f) return -1;
+  if (p->state == COORD_JOB_NEW) return 0;
+  if (j->admitted_once || p->n_prompt != j->n_prompt || j->n_tok != j->n_prompt ||
+      memcmp(p->tok, j->tok, (size_t)j->n_prompt * sizeof *j->tok))
+    return -1;
+  return p->state == COORD_JOB_RUNNING && p->slot >= 0 && p->n_computed >= j->n_prompt - 1 ? 1 : 0;
+}
+
+/* Admits j by forking its fork's slot down to j's prompt but its last
+ * token, which j computes (see coord_sched_unfork). Returns false when the
+ * blocks or slots are not there now. */
+static bool coord__sched_admit_fork(coord_sched_t *s, coord_job_t *j, int *budget) {
+  int slot, shared = j->n_prompt - 1;
+  kv_copy_t cp;
+  if (kv_seq_fork(s->kv, j->fork->slot, &slot)) return false;
+  if (kv_seq_truncate(s->kv, slot, shared) || kv_seq_append(s->kv, slot, 1, &cp)) {
+    kv_seq_free(s->kv, slot);
+    return false;
+  }
+  coord__sched_add_copy(s, &cp);
+  s->counters.n_forks++;
+  s->counters.fork_shared += (uint64_t)(shared / s->block_size);
+  s->counters.fork_copied += cp.src >= 0;
+  coord__sched_unlink(s, j);
+  j->n_cached = j->fork->n_cached;
+  coord_sched_unfork(j);
+  j->slot = slot;
+  j->sp_sent = false;
+  j->n_computed = shared;
+  j->admitted_once = true;
+  coord__sched_push_running(s, j);
+  coord__sched_add_item(s, j, 1);
+  *budget -= 1;
+  return true;
+}
+
 /* Admits the queue head; returns false when it does not fit now. */
 static bool coord__sched_admit_one(coord_sched_t *s, coord_job_t *j, int *budget) {
+  int fork = coord__sched_fork_ready(j);
+  if (fork >= 0) return fork && coord__sched_admit_fork(s, j, budget);
+  coord_sched_unfork(j);
   bool cache = coord__sched_uses_cache(s, j);
   kv_admit_t plan = {0};
   if (cache) kv_admit_plan(s->kv, j->tok, j->n_tok, 0, 0, &plan);
@@ -310,6 +357,12 @@ void coord_sched_commit(coord_sched_t *s, bool computed) {
     j->n_computed += b->items[i].n;
     if (s->prefix_cache) kv_prefix_commit(s->kv, j->slot, j->tok, j->n_computed);
   }
+}
+
+void coord_sched_unfork(coord_job_t *j) {
+  if (!j->fork) return;
+  j->fork->fork_waiters--;
+  j->fork = NULL;
 }
 
 void coord_sched_requeue_all(coord_sched_t *s) {

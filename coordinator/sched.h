@@ -64,6 +64,9 @@ struct coord_job {
   int slot;                  /* KV slot, -1 while waiting */
   uint32_t n_cached;         /* prompt tokens found in the prefix cache (first admission) */
   bool admitted_once;
+  coord_job_t *fork;         /* an earlier job with the same prompt whose prompt KV this one shares once
+                              * that job's prefill is done (n > 1), or NULL; see coord_sched_unfork */
+  int fork_waiters;          /* jobs whose fork is this one */
   /* the rest of the coordinator's */
   coord_job_t *hnext;        /* id hash chain */
   uint64_t id;               /* the client's job id */
@@ -84,6 +87,9 @@ struct coord_job {
   uint32_t n_stop_ids;
   bool ignore_eos, stream, return_logits;
   bool include_stop;         /* a matched stop string stays in the text */
+  uint32_t truncate;         /* keep only the last this many prompt tokens (0: all) */
+  int32_t stop_id;           /* the stop token id that ended it, or -1 */
+  const char *stop_str;      /* the stop string that ended it (one of stop[]), or NULL */
   proto_bias_t *bias;        /* (sp.n_bias) owned: sp.bias points here */
   int32_t *ban;              /* (n_ban) owned: EOS and stop ids banned before sp.min_tokens outputs */
   uint32_t n_ban;
@@ -136,6 +142,9 @@ typedef struct {
   uint64_t n_preemptions;    /* jobs preempted for lack of blocks */
   uint64_t prefix_queries;   /* prompt tokens of jobs admitted for the first time */
   uint64_t prefix_hits;      /* ... of them found in the prefix cache */
+  uint64_t n_forks;          /* jobs admitted by forking another's slot */
+  uint64_t fork_shared;      /* full prompt blocks they shared */
+  uint64_t fork_copied;      /* partial last blocks they copied on write */
 } coord_sched_counters_t;
 
 typedef struct {
@@ -194,6 +203,22 @@ void coord_sched_sent(coord_sched_t *s);
  * shrink back to n_computed. Either way the jobs leave the step and the
  * slots of jobs removed meanwhile are freed. No-op when none is planned. */
 void coord_sched_commit(coord_sched_t *s, bool computed);
+
+/* Forks: a waiting job j with j->fork set (the caller links it: j->fork =
+ * p, p->fork_waiters++) is admitted, once p has computed j's prompt but
+ * its last token, by forking p's slot (kv_seq_fork): the full prompt
+ * blocks are shared, the partially filled last one is copied on write,
+ * and j computes its last prompt token itself (a step item of one token,
+ * which samples j's first token with j's own parameters). Until then j
+ * waits at its place in the queue (admissions behind it wait too: p is
+ * ahead of it, and its prefill goes on). When p cannot be forked (it
+ * finished, was never tokenized, or its prompt differs) or j has a
+ * repetition penalty (the workers build its token history from the tokens
+ * fed), j is admitted as any job, the prefix cache still finding p's full
+ * blocks (penalty aside).
+ * coord_sched_unfork drops j's link (j admitted or finished); a p that
+ * finishes calls it for every job that waits on it. */
+void coord_sched_unfork(coord_job_t *j);
 
 /* Sends every running job back to the front of the queue (slots freed,
  * tokens kept) to be recomputed, e.g. after a worker restart; not counted as

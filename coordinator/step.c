@@ -111,6 +111,9 @@ static void coord__step_report(coord_t *c) {
     coord_metrics_prefix(c->metrics, n->prefix_queries - o->prefix_queries, n->prefix_hits - o->prefix_hits);
     coord_metrics_tokens(c->metrics, n->prefix_queries - o->prefix_queries, 0); /* prompt tokens admitted */
   }
+  if (c->metrics && n->n_forks != o->n_forks)
+    coord_metrics_fork(c->metrics, n->n_forks - o->n_forks, n->fork_shared - o->fork_shared,
+                       n->fork_copied - o->fork_copied);
   c->reported = *n;
 }
 

@@ -43,6 +43,13 @@ typedef struct kern_weight {
   void *priv;       /* backend-private (repacked copy, device handle), or NULL */
 } kern_weight_t;
 
+/* Bytes [off, off + len) of an open file (weight_load_file). */
+typedef struct {
+  int fd;
+  uint64_t off;
+  size_t len;
+} kern_file_span_t;
+
 /* Rope: rotation of pairs within each head (kern_rope_mode_t in
  * kern_types.h). The model precomputes the per-pair inverse frequencies
  * (base, llama3 scaling and rope_freqs folded in); the backend uses
@@ -169,6 +176,13 @@ typedef struct {
    * when it returns; the device copy may still be in flight, and later ops
    * and downloads are ordered after it. */
   int (*weight_load)(void *ctx, kern_weight_t *w, const void *host_data);
+  /* Optional (NULL: the caller hands mapped bytes to weight_load): as
+   * weight_load, with the weight's bytes the concatenation of n_spans spans
+   * of open files, which the backend reads itself (CUDA: io_uring into its
+   * pinned ring, overlapped with the copies to the device). The weight is
+   * usable, and a read error reported (here or by a later call), once
+   * load_end has returned; the files stay open until then. */
+  int (*weight_load_file)(void *ctx, kern_weight_t *w, const kern_file_span_t *spans, int n_spans);
   void (*weight_release)(void *ctx, kern_weight_t *w);
   /* Optional: the model's weights are loaded. Waits for the copies still in
    * flight (returns their error, if any) and frees load-time staging (CUDA:

@@ -486,6 +486,7 @@ int model_gguf_open_memory(model_gguf_t **out, const void *data, size_t size) {
   g->priv = pv;
   g->map = data;
   g->size = size;
+  g->fd = -1;
   int rc = data ? parse_all(g, pv) : fr_errorf(FR_ETRUNCATED, "gguf: empty input");
   if (rc) {
     model_gguf_close(g);
@@ -495,9 +496,11 @@ int model_gguf_open_memory(model_gguf_t **out, const void *data, size_t size) {
   return 0;
 }
 
-static int map_file(const char *path, const uint8_t **map, size_t *size) {
+/* Maps the file; *fd_out keeps it open (for weight reads), -1 on failure. */
+static int map_file(const char *path, const uint8_t **map, size_t *size, int *fd_out) {
   struct stat st;
   int fd, rc = model__path_open("gguf", path, MODEL_PATH_FILE, &fd, &st);
+  *fd_out = -1;
   if (rc) return rc;
   if (st.st_size < 24) {
     rc = fr_errorf(FR_ETRUNCATED, "gguf: %s is too short (%lld bytes) for a GGUF header", path,
@@ -507,21 +510,25 @@ static int map_file(const char *path, const uint8_t **map, size_t *size) {
     if (p == MAP_FAILED) rc = fr_errorf(-errno, "gguf: cannot map %s: %s", path, strerror(errno));
     else { *map = p; *size = (size_t)st.st_size; }
   }
-  close(fd);
+  if (rc) close(fd);
+  else *fd_out = fd;
   return rc;
 }
 
 int model_gguf_open(model_gguf_t **out, const char *path) {
   const uint8_t *map = NULL;
   size_t size = 0;
+  int fd;
   *out = NULL;
-  int rc = map_file(path, &map, &size);
+  int rc = map_file(path, &map, &size, &fd);
   if (rc) return rc;
   if ((rc = model_gguf_open_memory(out, map, size))) {
     munmap((void *)map, size);
+    close(fd);
     return rc;
   }
   ((gguf_priv_t *)(*out)->priv)->mapped = true;
+  (*out)->fd = fd;
   return 0;
 }
 
@@ -538,6 +545,7 @@ void model_gguf_close(model_gguf_t *g) {
     if (pv->mapped) munmap((void *)g->map, g->size);
     free(pv);
   }
+  if (g->fd >= 0) close(g->fd);
   free(g);
 }
 

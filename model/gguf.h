@@ -73,6 +73,7 @@ typedef struct {
 typedef struct model_gguf {
   const uint8_t *map;  /* whole file */
   size_t size;
+  int fd;              /* the file, open for reads (a tensor is at data - map); -1 for a memory image */
   uint32_t version;
   uint32_t alignment;
   uint64_t n_kv;

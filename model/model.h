@@ -97,6 +97,7 @@ typedef struct model {
   void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
+  bool file_reads;  /* the backend reads weights from the files itself (weight_load_file; FERRUM_LOAD_MMAP=1: no) */
   uint64_t comm_ns; /* tensor parallel: time in all_reduce calls so far, as the host saw it (the
                      * whole call on a host-memory backend; only the launch on a device) */
   int n_host_bufs;

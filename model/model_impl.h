@@ -34,6 +34,10 @@ void model__load_begin(model_t *m, model_progress_t *p, uint64_t total, bool log
 /* Hands a weight to the backend (ops->weight_load), counts its bytes and
  * logs progress when due. On failure the error names the weight. */
 int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, const char *name);
+/* The same from spans of the source's files (ops->weight_load_file), for
+ * backends that read the files themselves (model__file_reads). */
+int model__weight_load_file(model_t *m, kern_weight_t *w, const kern_file_span_t *spans, int n_spans,
+                            const char *name);
 /* Ends the load: the backend's load_end (copies finished, staging freed)
  * and a final line with bytes, seconds and GiB/s. Returns load_end's error. */
 int model__load_end(model_t *m);

@@ -56,6 +56,19 @@ int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, cons
   return 0;
 }
 
+int model__weight_load_file(model_t *m, kern_weight_t *w, const kern_file_span_t *spans, int n_spans,
+                            const char *name) {
+  uint64_t bytes = (uint64_t)w->rows * w->row_bytes;
+  int rc = m->be->ops->weight_load_file(m->be->ctx, w, spans, n_spans);
+  if (rc) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", fr_last_error());
+    return fr_errorf(rc, "loading %s: %s", name, why);
+  }
+  if (m->progress) model__progress_add(m->progress, bytes);
+  return 0;
+}
+
 int model__load_end(model_t *m) {
   model_progress_t *p = m->progress;
   int rc = m->be->ops->load_end ? m->be->ops->load_end(m->be->ctx) : 0;
@@ -125,6 +138,35 @@ static int model__part_tensor(model_t *m, const char *name, bool required, const
   return 0;
 }
 
+/* Whether the backend reads tensor t from its file itself (CUDA: io_uring
+ * into pinned memory), rather than from the mapping. FERRUM_LOAD_MMAP=1
+ * keeps the mapping. */
+static bool model__file_reads(const model_t *m, const model_tensor_t *t) {
+  return m->file_reads && t->fd >= 0;
+}
+
+/* Appends the part's spans of t's file to *spans (grown; *n of them). */
+static void model__part_spans(const model_tensor_t *t, const model_part_t *p, kern_file_span_t **spans, int *n) {
+  const size_t full = kern_row_bytes(t->type, p->cols), rb = kern_row_bytes(t->type, p->nc);
+  const uint64_t first = t->file_off + (uint64_t)p->r0 * full + kern_row_bytes(t->type, p->c0);
+  const int64_t count = p->nc == p->cols ? 1 : p->nr; /* whole rows: one span */
+  *spans = fr_realloc(*spans, (size_t)(*n + count) * sizeof **spans);
+  for (int64_t r = 0; r < count; r++)
+    (*spans)[(*n)++] = (kern_file_span_t){.fd = t->fd, .off = first + (uint64_t)r * full,
+                                          .len = count == 1 ? (size_t)p->nr * rb : rb};
+}
+
+/* Loads parts[0..n) of tensors t[0..n) as w, read from the files. */
+static int model__load_spans(model_t *m, kern_weight_t *w, const model_tensor_t *const *t, const model_part_t *parts,
+                             int n, const char *name) {
+  kern_file_span_t *spans = NULL;
+  int n_spans = 0;
+  for (int i = 0; i < n; i++) model__part_spans(t[i], &parts[i], &spans, &n_spans);
+  int rc = model__weight_load_file(m, w, spans, n_spans, name);
+  free(spans);
+  return rc;
+}
+
 /* Copies the part's bytes into dst (nr rows of kern_row_bytes(type, nc)). */
 static void model__part_copy(const model_tensor_t *t, const model_part_t *p, uint8_t *dst) {
   const size_t full = kern_row_bytes(t->type, p->cols), rb = kern_row_bytes(t->type, p->nc);
@@ -140,6 +182,7 @@ static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool
   int rc = model__part_tensor(m, name, required, &p, &t);
   if (rc || !t) return rc;
   *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc)};
+  if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);
   if (p.nc == p.cols)
     return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
   uint8_t *copy = fr_malloc((size_t)p.nr * w->row_bytes);
@@ -211,15 +254,21 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   }
   if (!m->be->ops->supports_type(m->be->ctx, t[0]->type)) return 0;
   const size_t rb = kern_row_bytes(t[0]->type, parts[0].cols);
+  char label[256] = "";
+  for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
+    snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
+  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb};
+  bool files = true;
+  for (int i = 0; i < n; i++) files = files && model__file_reads(m, t[i]);
+  if (files) {
+    int rc = model__load_spans(m, w, t, parts, n, label);
+    return rc ? rc : 1;
+  }
   uint8_t *buf = fr_malloc((size_t)total * rb), *p = buf;
   for (int i = 0; i < n; i++) {
     model__part_copy(t[i], &parts[i], p);
     p += (size_t)parts[i].nr * rb;
   }
-  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb};
-  char label[256] = "";
-  for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
-    snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
   int rc = model__weight_load(m, w, buf, label);
   if (rc == 0 && w->data == buf) model__keep(m, buf); /* borrowed (CPU) */
   else free(buf);
@@ -451,8 +500,9 @@ model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
   m->max_tokens = opts && opts->max_tokens > 0 ? opts->max_tokens : 512;
   m->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 64;
   if (m->max_seqs > m->max_tokens) m->max_seqs = m->max_tokens;
-  const char *ng = getenv("FERRUM_NO_GRAPHS");
+  const char *ng = getenv("FERRUM_NO_GRAPHS"), *mm = getenv("FERRUM_LOAD_MMAP");
   m->no_graphs = ng && *ng && strcmp(ng, "0");
+  m->file_reads = be->ops->weight_load_file && !(mm && *mm && strcmp(mm, "0"));
   return m;
 }
 

@@ -25,6 +25,7 @@ typedef struct {
   const uint8_t *map;
   size_t size;
   bool mapped; /* unmapped on close */
+  int fd;      /* open for weight reads, closed on close; -1 if none */
 } st_shard_t;
 
 typedef struct {
@@ -113,6 +114,8 @@ static int parse_entry(const char *name, json_t *e, const uint8_t *buf, uint64_t
                      (unsigned long long)*begin, (unsigned long long)*end, (unsigned long long)buf_size);
   t->bytes = bytes;
   t->data = buf + *begin;
+  t->fd = -1;
+  t->file_off = 0;
   t->name = fr_strdup(name);
   return 0;
 }
@@ -244,6 +247,7 @@ static st_shard_t *add_shard(model_st_t *st) {
   pv->shards = fr_realloc(pv->shards, (pv->n_shards + 1) * sizeof *pv->shards);
   st_shard_t *sh = &pv->shards[pv->n_shards++];
   memset(sh, 0, sizeof *sh);
+  sh->fd = -1;
   return sh;
 }
 
@@ -262,6 +266,7 @@ int model_st_open_memory(model_st_t **out, const void *data, size_t size) {
   return rc;
 }
 
+/* Maps the file into sh and keeps it open (sh->fd) for weight reads. */
 static int map_file(const char *path, st_shard_t *sh) {
   struct stat sb;
   int fd, rc = model__path_open("safetensors", path, MODEL_PATH_FILE, &fd, &sb);
@@ -278,7 +283,8 @@ static int map_file(const char *path, st_shard_t *sh) {
       sh->mapped = true;
     }
   }
-  close(fd);
+  if (rc) close(fd);
+  else sh->fd = fd;
   return rc;
 }
 
@@ -287,10 +293,15 @@ static int open_one(model_st_t *st, const char *path) {
   st_shard_t *sh = add_shard(st);
   int rc = map_file(path, sh);
   if (rc) return rc;
+  size_t first = st->n_tensors;
   if ((rc = parse_file(st, st->priv, sh->map, sh->size))) {
     char msg[400];
     snprintf(msg, sizeof msg, "%s", fr_last_error());
     return fr_errorf(rc, "%s (in %s)", msg, path);
+  }
+  for (size_t i = first; i < st->n_tensors; i++) {
+    st->tensors[i].fd = sh->fd;
+    st->tensors[i].file_off = (uint64_t)((const uint8_t *)st->tensors[i].data - sh->map);
   }
   return 0;
 }
@@ -417,8 +428,10 @@ void model_st_close(model_st_t *st) {
   st_priv_t *pv = st->priv;
   for (size_t i = 0; i < st->n_tensors; i++) free(st->tensors[i].name);
   free(st->tensors);
-  for (size_t i = 0; pv && i < pv->n_shards; i++)
+  for (size_t i = 0; pv && i < pv->n_shards; i++) {
     if (pv->shards[i].mapped) munmap((void *)pv->shards[i].map, pv->shards[i].size);
+    if (pv->shards[i].fd >= 0) close(pv->shards[i].fd);
+  }
   if (pv) free(pv->shards);
   free(pv);
   free(st);

@@ -33,6 +33,8 @@ typedef struct {
   int64_t shape[8];    /* row-major, shape[0] slowest (HF order) */
   const void *data;    /* pointer into the mapping */
   uint64_t bytes;
+  int fd;              /* its file, open for reads; -1 for a memory image */
+  uint64_t file_off;   /* where data starts in that file */
 } st_tensor_t;
 
 typedef struct model_st {

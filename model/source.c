@@ -120,6 +120,8 @@ static void tensors_from_gguf(model_source_t *s) {
     m->cols = t->ne[0];
     m->n_mats = t->ne[2] * t->ne[3];
     m->data = t->data;
+    m->fd = g->fd;
+    m->file_off = (uint64_t)((const uint8_t *)t->data - g->map);
   }
 }
 
@@ -141,6 +143,8 @@ static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_na
                      t->dtype_name);
   m->type = kt[t->dtype];
   m->data = t->data;
+  m->fd = t->fd;
+  m->file_off = t->file_off;
   m->n_mats = 1;
   return hf_rows_cols(t, &m->rows, &m->cols);
 }

@@ -37,6 +37,8 @@ typedef struct {
   int64_t n_mats;    /* GGUF ne[2] * ne[3]: a stack of n_mats matrices of rows / n_mats rows
                       * (the experts of ffn_*_exps); 1 for matrices and HF tensors */
   const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols) */
+  int fd;            /* the same bytes at file_off of this open file (the source's); -1: none */
+  uint64_t file_off;
 } model_tensor_t;
 
 typedef struct model_source {

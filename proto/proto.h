@@ -39,7 +39,8 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 4     /* newest: submit's guide (constrained decoding), step items' allowed-token mask */
+#define PROTO_VERSION 4     /* newest: submit's fork, truncation and guide (constrained decoding), step items'
+                             * allowed-token mask (event's stop reason, readable by older peers) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -350,6 +351,13 @@ typedef struct {
   bool include;      /* "inc" the matched stop string stays in the text */
 } proto_stop_t;
 
+/* What is done with a job's prompt ("ph", a nested map since version 4). */
+typedef struct {
+  uint32_t truncate;  /* "tr" 0 = none: keep only the last this many prompt tokens (after tokenizing) */
+  uint64_t fork_of;   /* "fk" 0 = none: the id of an earlier job of this client with the same prompt; this job
+                       * shares that job's prompt KV blocks once its prefill is done (n > 1) */
+} proto_prompt_opts_t;
+
 /* Constrained decoding ("gd", v4): the output must be a sentence of this. */
 typedef enum {
   PROTO_GUIDE_NONE = 0,  /* (absent) */
@@ -380,6 +388,7 @@ typedef struct {
   bool stream;                /* "str"  events per token batch (else one final event) */
   bool return_logits;         /* "rl"   events carry the logits rows */
   int32_t priority;           /* "pr"   default 0; higher first */
+  proto_prompt_opts_t ph;     /* "ph"   prompt handling (v4) */
   proto_guide_t guide;        /* "gd"   constrained decoding (v4); kind NONE = none */
 } proto_submit_t;
 
@@ -415,6 +424,9 @@ typedef struct {
   uint32_t n_logits;     /* "lg"  bin of little-endian f32, <= PROTO_MAX_LOGITS */
   float *logits;         /* (n_tokens, vocab) when the job asked for logits */
   proto_error_t error;   /* "err" with finish == ERROR */
+  char *stop_str;        /* "ss"  v4, with finish == STOP: the stop string that matched, or NULL */
+  int32_t stop_id;       /* "si"  v4, default -1; with finish == STOP: the stop token id that ended the job
+                          * (not EOS) */
 } proto_event_t;
 
 typedef struct {

@@ -120,6 +120,7 @@ static int check_id(const void *body) {
 static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
 static const proto_bias_t def_bias;
 static const proto_stop_t def_stop;
+static const proto_prompt_opts_t def_prompt_opts;
 static const proto_guide_t def_guide;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
@@ -142,7 +143,7 @@ static const proto_shutdown_t def_shutdown;
 static const proto_chat_msg_t def_chat_msg;
 static const proto_submit_t def_submit = {.sp = SAMPLING_DEFAULTS};
 static const proto_usage_t def_usage;
-static const proto_event_t def_event;
+static const proto_event_t def_event = {.stop_id = -1};
 static const proto_cancel_t def_cancel;
 static const proto_status_t def_status;
 static const proto_status_reply_t def_status_r;
@@ -350,6 +351,11 @@ static const proto_field_t f_stop[] = {
 };
 SCHEMA(s_stop, "stop", proto_stop_t, f_stop, def_stop, NULL);
 
+static const proto_field_t f_prompt_opts[] = {
+    FS("tr", PF_U32, 0, proto_prompt_opts_t, truncate),
+    FS("fk", PF_U64, 0, proto_prompt_opts_t, fork_of),
+};
+SCHEMA(s_prompt_opts, "prompt handling", proto_prompt_opts_t, f_prompt_opts, def_prompt_opts, NULL);
 static const char *const guide_names[] = {NULL, "json", "regex"};
 
 static const proto_field_t f_guide[] = {
@@ -370,6 +376,7 @@ static const proto_field_t f_submit[] = {
     FS("str", PF_BOOL, 0, proto_submit_t, stream),
     FS("rl", PF_BOOL, 0, proto_submit_t, return_logits),
     FS("pr", PF_I32, 0, proto_submit_t, priority),
+    FOBJ("ph", 0, proto_submit_t, ph, s_prompt_opts),
     FOBJ("gd", 0, proto_submit_t, guide, s_guide),
 };
 SCHEMA(s_submit, "submit", proto_submit_t, f_submit, def_submit, check_submit);
@@ -394,6 +401,8 @@ static const proto_field_t f_event[] = {
     FOBJH("u", proto_event_t, usage, has_usage, s_usage),
     FARR("lg", PF_F32BIN, 0, proto_event_t, logits, n_logits, PROTO_MAX_LOGITS),
     FOBJ("err", 0, proto_event_t, error, s_error),
+    FSTR("ss", 0, proto_event_t, stop_str, PROTO_MAX_STR),
+    FS("si", PF_I32, 0, proto_event_t, stop_id),
 };
 SCHEMA(s_event, "event", proto_event_t, f_event, def_event, check_event);
 

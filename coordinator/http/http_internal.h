@@ -43,8 +43,21 @@ typedef struct {
 int coord_http_err(coord_http_err_t *e, int status, const char *param, const char *fmt, ...)
     __attribute__((format(printf, 4, 5)));
 
+#define COORD_HTTP_MAX_SEQS 256u /* sequences one request may ask for: prompts * best_of */
+
+/* One prompt of a completions request: text or token ids (pointers into
+ * the request's JSON or its arrays). A chat request has one, empty: its
+ * messages are in sub. */
+typedef struct {
+  const char *text;
+  uint32_t text_len;
+  int32_t *ids;         /* owned by the request */
+  uint32_t n_ids;
+} coord_http_prompt_t;
+
 /* A parsed, validated request body. sub's pointers point into root (the
- * parsed JSON) or into arrays owned here; valid until coord_http_req_free. */
+ * parsed JSON) or into arrays owned here; valid until coord_http_req_free.
+ * sub holds the first prompt; coord_http_req_prompt sets another. */
 typedef struct {
   coord_http_api_t api;
   json_t *root;
@@ -54,9 +67,13 @@ typedef struct {
   bool include_usage;   /* stream_options.include_usage */
   int logprobs;         /* -1 none; else alternatives per token (0..PROTO_MAX_TOPN) */
   bool echo;            /* completions: prompt text in front of the answer */
+  uint32_t n;           /* choices per prompt */
+  uint32_t best_of;     /* sequences per prompt (>= n): the n with the highest cumulative logprob are returned */
+  uint32_t n_prompts;   /* >= 1 */
+  coord_http_prompt_t *prompts; /* (n_prompts) owned */
   /* owned arrays behind sub */
   char **stop;
-  int32_t *tokens, *stop_ids;
+  int32_t *stop_ids;
   proto_chat_msg_t *messages;
   char **msg_json;           /* (n_msg_json) a message's JSON when it has more than role and string content */
   size_t n_msg_json;
@@ -69,13 +86,15 @@ typedef struct {
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
- * rules (types, ranges, n == 1, stream_options only with stream, ...).
+ * rules (types, ranges, best_of >= n, stream_options only with stream, ...).
  * served_model / max_model_len: model names other than served_model give
  * 404; a token prompt of max_model_len tokens or more gives 400. Returns 0,
  * or -1 with e filled (r freed). Never crashes on any bytes. */
 int coord_http_req_parse(coord_http_req_t *r, coord_http_api_t api, const char *body, size_t len,
                          const char *served_model, uint32_t max_model_len, coord_http_err_t *e);
 void coord_http_req_free(coord_http_req_t *r);
+/* Points r->sub at prompt i (< n_prompts) of a completions request. */
+void coord_http_req_prompt(coord_http_req_t *r, uint32_t i);
 
 /* http_unsupported.c: a field of OpenAI's schema ferrum does not act on
  * yet, sent with a value that would change the answer (tools, a response
@@ -121,6 +140,9 @@ typedef struct {
   bool has_usage;
   proto_usage_t usage;
   uint32_t n_tokens;     /* completion tokens seen */
+  double cum_logprob;    /* sum of the tokens' logprobs (best_of ranks by it) */
+  char *stop_str;        /* the stop string that ended it (owned), or NULL */
+  int32_t stop_id;       /* the stop token id that ended it, or -1 */
 } coord_http_acc_t;
 
 /* Response identity shared by all chunks of one answer. */
@@ -145,20 +167,25 @@ int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const pr
 /* Appends n bytes of text (echo: the prompt, before the first event). */
 int coord_http_acc_text(coord_http_acc_t *a, const char *s, size_t n);
 
-/* The full non-streamed answer (text_completion / chat.completion). */
-char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a);
-/* One SSE chunk for an event ("data: {...}\n\n", possibly several: the
- * first chat chunk with the role, the usage chunk), appended to out as a
- * malloc'd string. first: this is the job's first event. */
-char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first);
-/* The SSE chunks of one event of a stream whose output is parsed for tool
- * calls (m->tool_parser or a forced tool_choice): out is what the parser
- * decided with this event: a chunk with its content (and the role when
- * first, the event's logprobs), for each call a chunk with its index, id,
- * type and name, then one with its arguments, and the finish (tool_calls
- * when any call was made, called: before this event) on the last. */
+/* The full non-streamed answer (text_completion / chat.completion): the
+ * choices accs[0..n) with indexes 0..n-1, and usage u. */
+char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *const *accs, size_t n,
+                            const proto_usage_t *u);
+/* One SSE chunk for an event of choice index ("data: {...}\n\n"), as a
+ * malloc'd string. first: this is the choice's first event (a chat chunk
+ * then carries the role). */
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index);
+/* The last chunk of a stream with include_usage: no choices, usage u. */
+char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u);
+/* The SSE chunks of one event of choice index of a stream whose output is
+ * parsed for tool calls (m->tool_parser or a forced tool_choice): out is
+ * what the parser decided with this event: a chunk with its content (and
+ * the role when first, the event's logprobs), for each call a chunk with
+ * its call index (from call0), id, type and name, then one with its
+ * arguments, and the finish (tool_calls when any call was made, called:
+ * before this event) on the last. */
 char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t *ev, bool first,
-                                 const coord_tool_out_t *out, uint32_t index0, bool called);
+                                 const coord_tool_out_t *out, uint32_t call0, bool called, uint32_t index);
 /* data: {"error": ...}\n\n for a stream that fails after it started. */
 char *coord_http_error_sse(const coord_http_err_t *e);
 /* {"object": "list", "data": [{"id", "object": "model", ...}]} */
@@ -173,6 +200,7 @@ struct MHD_Connection;
 struct MHD_Response;
 typedef struct coord_metrics coord_metrics_t;
 typedef struct coord_http_job coord_http_job_t; /* http_job.c */
+typedef struct coord_http_choice coord_http_choice_t; /* http_job.c: one sequence of a job */
 
 /* One open connection (http_conn.c), from MHD's "started" notification to
  * its "closed" one, which comes before MHD closes the socket; MHD's
@@ -197,7 +225,7 @@ typedef struct {
   proto_msg_t msg;
 } coord_http_rpc_t;
 
-#define COORD_HTTP_JOB_BUCKETS 1024u /* job ids are consecutive: id % buckets spreads them */
+#define COORD_HTTP_JOB_BUCKETS 1024u /* choice ids are consecutive: id % buckets spreads them */
 
 struct coord_http {
   struct MHD_Daemon *daemon;
@@ -223,7 +251,7 @@ struct coord_http {
   coord_http_rpc_t rpc;
   /* unfinished jobs: a list and a table by id (http_job.c) */
   coord_http_job_t *jobs;
-  coord_http_job_t *job_hash[COORD_HTTP_JOB_BUCKETS];
+  coord_http_choice_t *job_hash[COORD_HTTP_JOB_BUCKETS]; /* the jobs' choices by id */
   size_t n_jobs;
   struct pollfd *watch;        /* scratch for the client sockets the tick looks at */
   size_t watch_cap;

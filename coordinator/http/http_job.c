@@ -1,7 +1,9 @@
 /* http_job.c - /v1/completions and /v1/chat/completions: validate the body,
- * submit it over the frontend's RPC connection and suspend the request's
- * connection; the loop hands each job the coordinator's messages for it,
- * and a job resumes its connection when it has something to send: one JSON
+ * submit it over the frontend's RPC connection (one job of the coordinator
+ * per choice: prompts x best_of, sequence k of a prompt with seed + k and
+ * forking sequence 0's prompt KV) and suspend the request's connection;
+ * the loop hands each job the coordinator's messages for its choices, and
+ * a job resumes its connection when it has something to send: one JSON
  * object, an error, or SSE chunks as events arrive, with a comment line
  * each keep-alive period that passes without one. A client that hangs up
  * cancels its job (the tick watches the sockets of suspended connections);
@@ -30,23 +32,36 @@
 static const char job_done_sse[] = "data: [DONE]\n\n";
 static const char job_keepalive_sse[] = ": keep-alive\n\n";
 
+/* One sequence of a request: a job of the coordinator. Prompt p's
+ * sequences are choices p * best_of .. p * best_of + best_of - 1. */
+struct coord_http_choice {
+  coord_http_job_t *job;
+  coord_http_choice_t *hnext;  /* in h's table by id while !finished */
+  uint64_t id;                 /* the coordinator's job id */
+  uint32_t prompt, seq;        /* which prompt; which of its best_of sequences */
+  coord_http_acc_t acc;        /* its events folded together (JSON answer; a stream's usage, and the text of
+                                * a forced tool choice) */
+  uint32_t n_events;           /* events turned into chunks */
+  coord_tool_stream_t tools;   /* a stream parsed for tool calls (meta.tool_parser) */
+  coord_tool_out_t tool_out;   /* what its last feed decided */
+  uint32_t n_calls;            /* tool calls streamed so far */
+  bool finished, in_table;
+};
+
 struct coord_http_job {
   struct coord_http *h;
   struct MHD_Connection *conn; /* the request's connection, until job_free */
   int fd;                      /* its socket, watched while it is suspended */
-  coord_http_job_t *prev, *next, *hnext; /* in h's table while !finished */
+  coord_http_job_t *prev, *next; /* in h's list while !finished */
   coord_http_req_t req;
   coord_http_meta_t meta;
-  coord_http_acc_t acc;        /* a JSON answer's events folded together */
+  coord_http_choice_t *choices; /* (n_choices) n_prompts * best_of */
+  uint32_t n_choices, n_open;  /* choices; those not finished */
   coord_http_err_t err;        /* the error to answer with (failed) */
   char *pend;                  /* SSE text not yet handed to MHD */
   size_t pend_len, pend_off, pend_cap;
-  uint32_t n_events;           /* events turned into chunks */
-  char *echo;                  /* echo: the prompt's text, in front of the answer (owned) */
-  coord_tool_stream_t tools;   /* a stream parsed for tool calls (meta.tool_parser) */
-  coord_tool_out_t tool_out;   /* what its last feed decided */
-  uint32_t n_calls;            /* tool calls streamed so far */
-  size_t echo_len;
+  char **echo;                 /* (n_prompts) echo: each prompt's text, in front of its answers (owned) */
+  size_t *echo_len;
   uint64_t t_submit_ns, next_beat_ns;
   bool http11;     /* the request is HTTP/1.1: an interim 1xx answer may be sent */
   bool in_table;   /* submitted, not finished: messages and ticks reach it */
@@ -61,17 +76,31 @@ struct coord_http_job {
   bool client_eof; /* the client's end of stream was seen (and probed) */
 };
 
-/* ---- the table of unfinished jobs ---- */
+/* ---- the table of unfinished jobs (a list) and their choices (by id) ---- */
 
 static size_t job_bucket(uint64_t id) { return (size_t)(id % COORD_HTTP_JOB_BUCKETS); }
+
+static void choice_table_remove(struct coord_http *h, coord_http_choice_t *ch) {
+  if (!ch->in_table) return;
+  for (coord_http_choice_t **pp = &h->job_hash[job_bucket(ch->id)]; *pp; pp = &(*pp)->hnext)
+    if (*pp == ch) {
+      *pp = ch->hnext;
+      break;
+    }
+  ch->hnext = NULL;
+  ch->in_table = false;
+}
 
 static void job_table_add(struct coord_http *h, coord_http_job_t *j) {
   j->next = h->jobs;
   if (h->jobs) h->jobs->prev = j;
   h->jobs = j;
-  coord_http_job_t **b = &h->job_hash[job_bucket(j->req.sub.id)];
-  j->hnext = *b;
-  *b = j;
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    coord_http_choice_t *ch = &j->choices[i], **b = &h->job_hash[job_bucket(ch->id)];
+    ch->hnext = *b;
+    *b = ch;
+    ch->in_table = true;
+  }
   h->n_jobs++;
   j->in_table = true;
 }
@@ -81,19 +110,15 @@ static void job_table_remove(struct coord_http *h, coord_http_job_t *j) {
   if (j->prev) j->prev->next = j->next;
   else h->jobs = j->next;
   if (j->next) j->next->prev = j->prev;
-  for (coord_http_job_t **pp = &h->job_hash[job_bucket(j->req.sub.id)]; *pp; pp = &(*pp)->hnext)
-    if (*pp == j) {
-      *pp = j->hnext;
-      break;
-    }
-  j->prev = j->next = j->hnext = NULL;
+  for (uint32_t i = 0; i < j->n_choices; i++) choice_table_remove(h, &j->choices[i]);
+  j->prev = j->next = NULL;
   h->n_jobs--;
   j->in_table = false;
 }
 
-static coord_http_job_t *job_find(struct coord_http *h, uint64_t id) {
-  for (coord_http_job_t *j = h->job_hash[job_bucket(id)]; j; j = j->hnext)
-    if (j->req.sub.id == id) return j;
+static coord_http_choice_t *choice_find(struct coord_http *h, uint64_t id) {
+  for (coord_http_choice_t *ch = h->job_hash[job_bucket(id)]; ch; ch = ch->hnext)
+    if (ch->id == id) return ch;
   return NULL;
 }
 
@@ -103,12 +128,24 @@ static void job_finished(coord_http_job_t *j) {
   job_table_remove(j->h, j);
 }
 
-/* Sends "cancel" for an unfinished job. */
+/* No message will come for ch; the last one of its job ends the job. */
+static void choice_finished(coord_http_choice_t *ch) {
+  if (ch->finished) return;
+  ch->finished = true;
+  choice_table_remove(ch->job->h, ch);
+  if (--ch->job->n_open == 0) job_finished(ch->job);
+}
+
+/* Sends "cancel" for every unfinished choice of j. */
 static void job_cancel(coord_http_job_t *j) {
   if (j->finished) return;
-  proto_cancel_t cancel = {.id = j->req.sub.id};
-  if (coord_http_rpc_send(&j->h->rpc, PROTO_T_CANCEL, &cancel))
-    FR_LOGW("HTTP: cannot cancel job %llu: %s", (unsigned long long)j->req.sub.id, fr_last_error());
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    coord_http_choice_t *ch = &j->choices[i];
+    if (ch->finished || !ch->id) continue;
+    proto_cancel_t cancel = {.id = ch->id};
+    if (coord_http_rpc_send(&j->h->rpc, PROTO_T_CANCEL, &cancel))
+      FR_LOGW("HTTP: cannot cancel job %llu: %s", (unsigned long long)ch->id, fr_last_error());
+  }
   job_finished(j);
 }
 
@@ -135,11 +172,16 @@ static void job_gone(coord_http_job_t *j) {
 void coord_http__job_free(coord_http_job_t *j) {
   if (!j) return;
   if (j->in_table) job_cancel(j);
-  coord_http_req_free(&j->req);
-  coord_http_acc_free(&j->acc);
-  coord_tool_stream_free(&j->tools);
-  coord_tool_out_free(&j->tool_out);
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    coord_http_acc_free(&j->choices[i].acc);
+    coord_tool_stream_free(&j->choices[i].tools);
+    coord_tool_out_free(&j->choices[i].tool_out);
+  }
+  for (uint32_t i = 0; j->echo && i < j->req.n_prompts; i++) free(j->echo[i]);
   free(j->echo);
+  free(j->echo_len);
+  free(j->choices);
+  coord_http_req_free(&j->req);
   free(j->pend);
   free(j);
 }
@@ -197,15 +239,21 @@ static bool job_msg_error(const proto_msg_t *m, coord_http_err_t *e) {
   return false;
 }
 
-/* The first event of an echo stream: its text behind the prompt's (in
- * j->echo, which then holds both). */
-static proto_event_t job_echo_event(coord_http_job_t *j, const proto_event_t *ev) {
-  proto_event_t e = *ev;
-  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
-  j->echo = fr_realloc(j->echo, j->echo_len + n + 1);
-  if (n) memcpy(j->echo + j->echo_len, ev->text, n);
-  e.text = j->echo, e.text_len = (uint32_t)(j->echo_len + n);
-  return e;
+/* The usage of the answer: each prompt's tokens once (its first
+ * sequence's count), the completion tokens of the choices returned
+ * (sel[0..n)). */
+static proto_usage_t job_usage(const coord_http_job_t *j, coord_http_choice_t *const *sel, size_t n) {
+  proto_usage_t u = {0};
+  for (uint32_t p = 0; p < j->req.n_prompts; p++) {
+    const coord_http_acc_t *a = &j->choices[(size_t)p * j->req.best_of].acc;
+    u.prompt_tokens += a->usage.prompt_tokens;
+    u.cached_tokens += a->usage.cached_tokens;
+  }
+  for (size_t i = 0; i < n; i++) {
+    const coord_http_acc_t *a = &sel[i]->acc;
+    u.completion_tokens += a->has_usage ? a->usage.completion_tokens : a->n_tokens;
+  }
+  return u;
 }
 
 /* The event's text with the parser's marker put back where a control
@@ -237,10 +285,16 @@ static char *job_tool_marked(const coord_http_job_t *j, const proto_event_t *ev,
   return t;
 }
 
-/* The chunks of an event of a stream whose output becomes tool calls: a
- * parsed one feeds the parser; a forced one (required, named) gathers the
- * text and turns it into the calls at the end. */
-static char *job_tool_chunks(coord_http_job_t *j, const proto_event_t *ev, bool first) {
+static bool job_tools_on(const coord_http_meta_t *m) {
+  return m->tool_parser != COORD_TOOL_PARSER_NONE || m->tool_choice == COORD_TOOL_CHOICE_REQUIRED ||
+         m->tool_choice == COORD_TOOL_CHOICE_NAMED;
+}
+
+/* The chunks of choice ch's event of a stream whose output becomes tool
+ * calls: a parsed one feeds the parser; a forced one (required, named)
+ * gathers the text and turns it into the calls at the end. */
+static char *job_tool_chunks(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev, bool first,
+                             uint32_t index) {
   const coord_http_meta_t *m = &j->meta;
   size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
   bool last = ev->finish != PROTO_FINISH_NONE;
@@ -248,38 +302,57 @@ static char *job_tool_chunks(coord_http_job_t *j, const proto_event_t *ev, bool 
   if (m->tool_parser != COORD_TOOL_PARSER_NONE) {
     size_t mn = 0;
     char *marked = job_tool_marked(j, ev, n, &mn);
-    rc = coord_tool_stream_feed(&j->tools, marked ? marked : ev->text ? ev->text : "", marked ? mn : n, last,
-                                &j->tool_out);
+    rc = coord_tool_stream_feed(&ch->tools, marked ? marked : ev->text ? ev->text : "", marked ? mn : n, last,
+                                &ch->tool_out);
     free(marked);
   } else {
-    rc = coord_http_acc_text(&j->acc, ev->text ? ev->text : "", n);
-    coord_tool_out_free(&j->tool_out);
+    rc = coord_http_acc_text(&ch->acc, ev->text ? ev->text : "", n);
+    coord_tool_out_free(&ch->tool_out);
     if (!rc && last)
-      rc = coord_tool_forced_calls(m->tool_choice, m->tool_name, j->acc.text ? j->acc.text : "", j->acc.text_len,
-                                   m->tool_seed, &j->tool_out);
+      rc = coord_tool_forced_calls(m->tool_choice, m->tool_name, ch->acc.text ? ch->acc.text : "", ch->acc.text_len,
+                                   m->tool_seed ^ ch->id, &ch->tool_out);
   }
   if (rc) return NULL;
-  char *s = coord_http_chunk_sse_tools(m, ev, first, &j->tool_out, j->n_calls, j->n_calls > 0);
-  j->n_calls += (uint32_t)j->tool_out.n_calls;
+  char *s = coord_http_chunk_sse_tools(m, ev, first, &ch->tool_out, ch->n_calls, ch->n_calls > 0, index);
+  ch->n_calls += (uint32_t)ch->tool_out.n_calls;
   return s;
 }
 
-static bool job_tools_on(const coord_http_meta_t *m) {
-  return m->tool_parser != COORD_TOOL_PARSER_NONE || m->tool_choice == COORD_TOOL_CHOICE_REQUIRED ||
-         m->tool_choice == COORD_TOOL_CHOICE_NAMED;
+/* OpenAI's index of a streamed choice: prompt * n + sequence (a stream has
+ * best_of == n). */
+static uint32_t choice_index(const coord_http_choice_t *ch) { return ch->prompt * ch->job->req.n + ch->seq; }
+
+/* Appends the SSE chunk of choice ch's event ev (echo: the prompt's text in
+ * front of its first). */
+static int job_chunk_event(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev) {
+  bool first = ch->n_events++ == 0;
+  proto_event_t e = *ev;
+  char *joined = NULL;
+  if (first && j->echo) {
+    size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0, el = j->echo_len[ch->prompt];
+    joined = fr_malloc(el + n + 1);
+    memcpy(joined, j->echo[ch->prompt], el);
+    if (n) memcpy(joined + el, ev->text, n);
+    e.text = joined, e.text_len = (uint32_t)(el + n);
+  }
+  int rc = job_pend_take(j, job_tools_on(&j->meta) ? job_tool_chunks(j, ch, &e, first, choice_index(ch))
+                                                   : coord_http_chunk_sse(&j->meta, &e, first, choice_index(ch)));
+  free(joined);
+  return rc;
 }
 
-/* Appends the SSE text of message m (plus [DONE] after the last). */
-static int job_chunk(coord_http_job_t *j, const proto_msg_t *m) {
-  coord_http_err_t e;
-  bool first = j->n_events++ == 0;
-  proto_event_t ev = first && j->echo ? job_echo_event(j, &m->u.event) : m->u.event;
-  char *s = job_msg_error(m, &e)      ? coord_http_error_sse(&e)
-            : job_tools_on(&j->meta) ? job_tool_chunks(j, &ev, first)
-                                     : coord_http_chunk_sse(&j->meta, &ev, first);
-  int rc = job_pend_take(j, s);
-  if (!rc && j->finished) rc = job_pend_done(j);
-  return rc;
+/* The stream's end once every choice finished: the usage chunk (when
+ * asked) and [DONE]. */
+static int job_stream_end(coord_http_job_t *j) {
+  if (j->meta.include_usage) {
+    coord_http_choice_t **sel = fr_malloc(j->n_choices * sizeof *sel);
+    for (uint32_t i = 0; i < j->n_choices; i++) sel[i] = &j->choices[i];
+    proto_usage_t u = job_usage(j, sel, j->n_choices);
+    free(sel);
+    int rc = job_pend_take(j, coord_http_usage_sse(&j->meta, &u));
+    if (rc) return rc;
+  }
+  return job_pend_done(j);
 }
 
 /* Ends j before its last event, as vLLM does: a stream with an error chunk
@@ -299,43 +372,52 @@ static void job_fail(coord_http_job_t *j, const coord_http_err_t *e) {
 
 /* ---- messages ---- */
 
-/* A stream's message. Before the stream started, an error is answered
- * with its status. */
-static void job_on_stream_msg(coord_http_job_t *j, const proto_msg_t *m) {
-  if (!j->streaming && job_msg_error(m, &j->err)) {
-    j->failed = true;
-  } else {
-    j->streaming = true;
-    if (job_chunk(j, m)) {
-      FR_LOGW("HTTP: %s", fr_last_error());
-      job_gone(j);
-      return;
-    }
+/* A stream's message for choice ch. An error ends the whole request: with
+ * its status before the stream started, else with an error chunk. */
+static void job_on_stream_msg(coord_http_job_t *j, coord_http_choice_t *ch, const proto_msg_t *m) {
+  coord_http_err_t e;
+  if (job_msg_error(m, &e)) {
+    job_fail(j, &e);
+    return;
+  }
+  j->streaming = true;
+  const proto_event_t *ev = &m->u.event;
+  if (ev->has_usage) ch->acc.has_usage = true, ch->acc.usage = ev->usage;
+  int rc = job_chunk_event(j, ch, ev);
+  if (!rc && j->finished) rc = job_stream_end(j);
+  if (rc) {
+    FR_LOGW("HTTP: %s", fr_last_error());
+    job_gone(j);
+    return;
   }
   j->ready = true;
   job_wake(j);
 }
 
-/* Folds an event into the JSON answer (with the tool parser's marker put back). */
-static int job_acc_add(coord_http_job_t *j, const proto_event_t *ev) {
+/* Folds an event into choice ch's JSON answer (with the tool parser's
+ * marker put back). */
+static int job_acc_add(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev) {
   size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0, mn = 0;
   char *marked = j->meta.tool_parser != COORD_TOOL_PARSER_NONE ? job_tool_marked(j, ev, n, &mn) : NULL;
   proto_event_t e = *ev;
   if (marked) e.text = marked, e.text_len = (uint32_t)mn;
-  int rc = coord_http_acc_add(&j->acc, &j->meta, &e);
+  int rc = coord_http_acc_add(&ch->acc, &j->meta, &e);
   free(marked);
   return rc;
 }
 
-static void job_on_json_msg(coord_http_job_t *j, const proto_msg_t *m) {
-  if (job_msg_error(m, &j->err)) {
-    j->failed = true;
-  } else if (job_acc_add(j, &m->u.event)) {
-    coord_http_err(&j->err, 500, NULL, "out of memory");
-    j->failed = true;
-    job_cancel(j);
+static void job_on_json_msg(coord_http_job_t *j, coord_http_choice_t *ch, const proto_msg_t *m) {
+  coord_http_err_t e;
+  if (job_msg_error(m, &e)) {
+    job_fail(j, &e);
+    return;
   }
-  if (j->failed || j->finished) {
+  if (job_acc_add(j, ch, &m->u.event)) {
+    coord_http_err(&e, 500, NULL, "out of memory");
+    job_fail(j, &e);
+    return;
+  }
+  if (j->finished) {
     j->ready = true;
     job_wake(j);
   }
@@ -346,16 +428,17 @@ void coord_http__jobs_on_msg(struct coord_http *h, const proto_msg_t *m) {
   if (m->type == PROTO_T_EVENT) id = m->u.event.id;
   else if (m->type == PROTO_T_ERROR) id = m->u.error.id;
   else return; /* a heartbeat's answer (it refreshed last_rx_ns) */
-  coord_http_job_t *j = id ? job_find(h, id) : NULL;
-  if (!j) {
+  coord_http_choice_t *ch = id ? choice_find(h, id) : NULL;
+  if (!ch) {
     if (m->type == PROTO_T_ERROR && id == 0) /* submits are encoded as the decoder wants them: not ours */
       FR_LOGW("HTTP: the coordinator answered an error about no job: %s", m->u.error.message);
     return;
   }
+  coord_http_job_t *j = ch->job;
   j->next_beat_ns = fr_now_ns() + h->keepalive_ns;
-  if (m->type == PROTO_T_ERROR || m->u.event.finish != PROTO_FINISH_NONE) job_finished(j);
-  if (j->req.stream) job_on_stream_msg(j, m);
-  else job_on_json_msg(j, m);
+  if (m->type == PROTO_T_ERROR || m->u.event.finish != PROTO_FINISH_NONE) choice_finished(ch);
+  if (j->req.stream) job_on_stream_msg(j, ch, m);
+  else job_on_json_msg(j, ch, m);
 }
 
 /* ---- the tick ---- */
@@ -470,8 +553,34 @@ static int job_answer_stream(struct coord_http *h, struct MHD_Connection *c, coo
   return coord_http__queue(h, c, 200, r);
 }
 
+static int choice_by_logprob(const void *a, const void *b) {
+  const coord_http_choice_t *x = *(coord_http_choice_t *const *)a, *y = *(coord_http_choice_t *const *)b;
+  if (x->acc.cum_logprob != y->acc.cum_logprob) return x->acc.cum_logprob > y->acc.cum_logprob ? -1 : 1;
+  return (x->seq > y->seq) - (x->seq < y->seq);
+}
+
+/* The JSON body: per prompt its n choices (best_of > n: the n with the
+ * highest cumulative logprob, best first, as vLLM returns them). */
+static char *job_final_json(coord_http_job_t *j) {
+  uint32_t n = j->req.n, bo = j->req.best_of;
+  coord_http_choice_t **sel = fr_malloc((size_t)j->req.n_prompts * bo * sizeof *sel);
+  for (uint32_t i = 0; i < j->n_choices; i++) sel[i] = &j->choices[i];
+  for (uint32_t p = 0; p < j->req.n_prompts && bo > n; p++) {
+    qsort(sel + (size_t)p * bo, bo, sizeof *sel, choice_by_logprob);
+    memmove(sel + (size_t)p * n, sel + (size_t)p * bo, n * sizeof *sel);
+  }
+  size_t total = (size_t)j->req.n_prompts * n;
+  const coord_http_acc_t **accs = fr_malloc(total * sizeof *accs);
+  for (size_t i = 0; i < total; i++) accs[i] = &sel[i]->acc;
+  proto_usage_t u = job_usage(j, sel, total);
+  char *body = coord_http_final_json(&j->meta, accs, total, &u);
+  free(accs);
+  free(sel);
+  return body;
+}
+
 static int job_answer_json(struct coord_http *h, struct MHD_Connection *c, coord_http_job_t *j) {
-  char *body = coord_http_final_json(&j->meta, &j->acc);
+  char *body = job_final_json(j);
   struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
   if (!r) {
     free(body);
@@ -510,7 +619,8 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   m->tool_name = j->req.tool_name;
   m->tool_parser = j->req.tool_choice == COORD_TOOL_CHOICE_AUTO ? j->h->tools.parser : COORD_TOOL_PARSER_NONE;
   m->tool_seed = j->req.sub.id ^ fr_now_ns() ^ ((uint64_t)(uintptr_t)j << 17);
-  if (m->tool_parser != COORD_TOOL_PARSER_NONE) coord_tool_stream_init(&j->tools, m->tool_parser, m->tool_seed);
+  for (uint32_t i = 0; m->tool_parser != COORD_TOOL_PARSER_NONE && i < j->n_choices; i++)
+    coord_tool_stream_init(&j->choices[i].tools, m->tool_parser, m->tool_seed ^ j->choices[i].id);
 }
 
 /* Why no job is taken now (503), or NULL. */
@@ -521,30 +631,83 @@ static const char *job_refusal(const struct coord_http *h) {
   return NULL;
 }
 
-/* echo: the prompt's text (a token prompt detokenized) goes in front of
- * the answer: into the JSON answer now, into the first chunk of a stream. */
-static int job_echo_init(coord_http_job_t *j, coord_http_err_t *e) {
-  const proto_submit_t *sub = &j->req.sub;
-  if (sub->prompt) {
-    j->echo = fr_malloc(sub->prompt_len + 1);
-    memcpy(j->echo, sub->prompt, sub->prompt_len);
-    j->echo_len = sub->prompt_len;
-  } else {
-    if (!j->h->tok) return coord_http_err(e, 400, "echo", "'echo' of a token prompt needs the server's tokenizer");
-    model_detok_t d;
-    model_detok_init(&d, j->h->tok, false);
-    size_t cap = 4096 + (size_t)sub->n_tokens * 8;
-    j->echo = fr_malloc(cap);
-    for (uint32_t i = 0; i < sub->n_tokens; i++) {
-      if (cap - j->echo_len < 2048) j->echo = fr_realloc(j->echo, cap *= 2); /* > 4 * (longest token + 4) */
-      int w = model_detok_feed(&d, sub->tokens[i], j->echo + j->echo_len, cap - j->echo_len);
-      if (w > 0) j->echo_len += (size_t)w;
-    }
-    int w = model_detok_flush(&d, j->echo + j->echo_len, cap - j->echo_len);
-    if (w > 0) j->echo_len += (size_t)w;
+/* The text of prompt p (a token prompt detokenized) into j->echo[p]. */
+static int job_echo_one(coord_http_job_t *j, uint32_t p, coord_http_err_t *e) {
+  const coord_http_prompt_t *pr = &j->req.prompts[p];
+  if (pr->text) {
+    j->echo[p] = fr_malloc(pr->text_len + 1);
+    memcpy(j->echo[p], pr->text, pr->text_len);
+    j->echo_len[p] = pr->text_len;
+    return 0;
   }
-  if (!j->req.stream && coord_http_acc_text(&j->acc, j->echo, j->echo_len))
-    return coord_http_err(e, 500, NULL, "out of memory");
+  if (!j->h->tok) return coord_http_err(e, 400, "echo", "'echo' of a token prompt needs the server's tokenizer");
+  model_detok_t d;
+  model_detok_init(&d, j->h->tok, false);
+  size_t cap = 4096 + (size_t)pr->n_ids * 8, len = 0;
+  char *out = fr_malloc(cap);
+  for (uint32_t i = 0; i < pr->n_ids; i++) {
+    if (cap - len < 2048) out = fr_realloc(out, cap *= 2); /* > 4 * (longest token + 4) */
+    int w = model_detok_feed(&d, pr->ids[i], out + len, cap - len);
+    if (w > 0) len += (size_t)w;
+  }
+  int w = model_detok_flush(&d, out + len, cap - len);
+  if (w > 0) len += (size_t)w;
+  j->echo[p] = out;
+  j->echo_len[p] = len;
+  return 0;
+}
+
+/* echo: each prompt's text goes in front of its answers: into the JSON
+ * answer now, into the first chunk of each choice of a stream. */
+static int job_echo_init(coord_http_job_t *j, coord_http_err_t *e) {
+  j->echo = fr_calloc(j->req.n_prompts, sizeof *j->echo);
+  j->echo_len = fr_calloc(j->req.n_prompts, sizeof *j->echo_len);
+  for (uint32_t p = 0; p < j->req.n_prompts; p++)
+    if (job_echo_one(j, p, e)) return -1;
+  for (uint32_t i = 0; i < j->n_choices && !j->req.stream; i++) {
+    coord_http_choice_t *ch = &j->choices[i];
+    if (coord_http_acc_text(&ch->acc, j->echo[ch->prompt], j->echo_len[ch->prompt]))
+      return coord_http_err(e, 500, NULL, "out of memory");
+  }
+  return 0;
+}
+
+/* The request's sequences: best_of per prompt, each its own job with its
+ * own id. Sequence k of a prompt draws with seed + k (vLLM's rule for n > 1,
+ * so seeded n = 4 answers as 4 requests seeded seed .. seed + 3) and forks
+ * sequence 0's prompt KV. */
+static void job_choices_init(coord_http_job_t *j) {
+  j->n_choices = j->n_open = j->req.n_prompts * j->req.best_of;
+  j->choices = fr_calloc(j->n_choices, sizeof *j->choices);
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    coord_http_choice_t *ch = &j->choices[i];
+    ch->job = j;
+    ch->prompt = i / j->req.best_of;
+    ch->seq = i % j->req.best_of;
+    coord_http_acc_init(&ch->acc);
+    if (++j->h->next_job == 0) ++j->h->next_job;
+    ch->id = j->h->next_job;
+  }
+}
+
+/* Submits every sequence; on a failure those sent are canceled. */
+static int job_submit_all(coord_http_job_t *j) {
+  proto_submit_t *sub = &j->req.sub;
+  uint64_t seed = sub->sp.seed;
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    coord_http_choice_t *ch = &j->choices[i];
+    coord_http_req_prompt(&j->req, ch->prompt);
+    sub->id = ch->id;
+    sub->sp.seed = seed + ch->seq;
+    sub->ph.fork_of = ch->seq ? j->choices[i - ch->seq].id : 0;
+    if (coord_http_rpc_send(&j->h->rpc, PROTO_T_SUBMIT, sub)) {
+      for (uint32_t k = i; k < j->n_choices; k++) j->choices[k].id = 0; /* never sent: no cancel */
+      job_cancel(j);
+      return -1;
+    }
+  }
+  sub->id = j->choices[0].id;
+  sub->sp.seed = seed;
   return 0;
 }
 
@@ -555,7 +718,6 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
   j->h = h;
   j->conn = c;
   j->http11 = http11;
-  coord_http_acc_init(&j->acc);
   *job = NULL;
   int rc;
   const char *no;
@@ -572,14 +734,15 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }
+  job_choices_init(j);
   if (j->req.echo && job_echo_init(j, &e)) {
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }
-  if (++h->next_job == 0) ++h->next_job;
-  j->req.sub.id = h->next_job;
+  j->req.sub.id = j->choices[0].id;
   job_meta_init(j, api);
-  if (coord_http_rpc_send(&h->rpc, PROTO_T_SUBMIT, &j->req.sub)) {
+  job_table_add(h, j); /* before the submits: a failed one cancels the others (job_cancel) */
+  if (job_submit_all(j)) {
     coord_http_err(&e, 500, NULL, "engine connection failed: %s", fr_last_error());
     rc = coord_http__send_error(h, c, &e);
     goto out;
@@ -588,7 +751,6 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
   j->fd = ci ? ci->connect_fd : -1;
   j->t_submit_ns = fr_now_ns();
   j->next_beat_ns = j->t_submit_ns + h->keepalive_ns;
-  job_table_add(h, j);
   job_suspend(j);
   *job = j;
   return MHD_YES;

@@ -185,11 +185,30 @@ static int req_logit_bias(coord_http_req_t *r, coord_http_err_t *e) {
   return 0;
 }
 
-/* n, best_of, stream, stream_options, logprobs, echo, ignore_eos. */
+/* n and best_of (vLLM's rules: best_of >= n, no stream unless equal). */
+static int req_choices(coord_http_req_t *r, coord_http_err_t *e) {
+  long long n = 1, best_of = 0;
+  if (req_int(r->root, "n", 1, COORD_HTTP_MAX_SEQS, &n, e) ||
+      req_int(r->root, "best_of", 1, COORD_HTTP_MAX_SEQS, &best_of, e))
+    return -1;
+  if (best_of == 0) best_of = n;
+  if (best_of < n) return coord_http_err(e, 400, "best_of", "best_of must be greater than or equal to n, got n=%lld and "
+                                                         "best_of=%lld", n, best_of);
+  if (r->stream && best_of > n)
+    return coord_http_err(e, 400, "best_of", "best_of (%lld) greater than n (%lld) cannot be streamed", best_of, n);
+  uint32_t prompts = r->n_prompts ? r->n_prompts : 1;
+  if ((uint64_t)prompts * (uint64_t)best_of > COORD_HTTP_MAX_SEQS)
+    return coord_http_err(e, 400, best_of > n ? "best_of" : "n", "%u prompts of %lld sequences each: at most %u "
+                          "sequences in one request", prompts, best_of, COORD_HTTP_MAX_SEQS);
+  r->n = (uint32_t)n;
+  r->best_of = (uint32_t)best_of;
+  /* best_of ranks by cumulative logprob: each sequence reports its tokens' logprobs */
+  if (best_of > n && r->sub.sp.logprobs < 0) r->sub.sp.logprobs = 0;
+  return 0;
+}
+
+/* stream, stream_options, echo, ignore_eos. */
 static int req_options(coord_http_req_t *r, coord_http_err_t *e) {
-  long long n = 1, best_of = 1;
-  if (req_int(r->root, "n", 1, 1, &n, e)) return coord_http_err(e, 400, "n", "only n = 1 is supported");
-  if (req_int(r->root, "best_of", 1, 1, &best_of, e)) return coord_http_err(e, 400, "best_of", "only best_of = 1 is supported");
   if (req_bool(r->root, "stream", &r->stream, e) || req_bool(r->root, "ignore_eos", &r->sub.stop.ignore_eos, e) ||
       req_bool(r->root, "echo", &r->echo, e))
     return -1;
@@ -223,31 +242,59 @@ static int req_logprobs(coord_http_req_t *r, coord_http_err_t *e) {
 
 /* ---- inputs ---- */
 
-static int req_prompt(coord_http_req_t *r, uint32_t max_model_len, coord_http_err_t *e) {
-  json_t *p = req_get(r->root, "prompt");
-  if (!p) return coord_http_err(e, 400, "prompt", "'prompt' is required");
-  if (json_is_array(p) && json_array_size(p) == 1 && !json_is_integer(json_array_get(p, 0)))
-    p = json_array_get(p, 0); /* a batch of one: ["text"] or [[ids]] */
+/* A prompt's tokens after truncate_prompt_tokens (sub.ph.truncate). */
+static uint32_t req_prompt_tokens(const coord_http_req_t *r, uint32_t n) {
+  return r->sub.ph.truncate && n > r->sub.ph.truncate ? r->sub.ph.truncate : n;
+}
+
+/* One prompt: a non-empty string or a non-empty list of token ids. */
+static int req_prompt_one(coord_http_req_t *r, json_t *p, size_t i, uint32_t max_model_len, coord_http_err_t *e) {
+  coord_http_prompt_t *out = &r->prompts[i];
   if (json_is_string(p)) {
     if (json_string_length(p) > PROTO_MAX_TEXT)
       return coord_http_err(e, 400, "prompt", "'prompt' is longer than %u bytes", PROTO_MAX_TEXT);
-    r->sub.prompt = (char *)json_string_value(p);
-    r->sub.prompt_len = (uint32_t)json_string_length(p);
-    if (r->sub.prompt_len == 0) return coord_http_err(e, 400, "prompt", "'prompt' must not be empty");
+    out->text = json_string_value(p);
+    out->text_len = (uint32_t)json_string_length(p);
+    if (out->text_len == 0) return coord_http_err(e, 400, "prompt", "'prompt' must not be empty");
     return 0;
   }
   if (!json_is_array(p) || json_array_size(p) == 0)
-    return coord_http_err(e, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of one of those");
-  if (!json_is_integer(json_array_get(p, 0)))
-    return coord_http_err(e, 400, "prompt", "only one prompt per request is supported");
-  if (req_ids(p, "prompt", PROTO_MAX_TOKENS, &r->tokens, &r->sub.n_tokens, e)) return -1;
-  r->sub.tokens = r->tokens;
-  if (max_model_len && r->sub.n_tokens >= max_model_len)
+    return coord_http_err(e, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
+  if (req_ids(p, "prompt", PROTO_MAX_TOKENS, &out->ids, &out->n_ids, e)) return -1;
+  uint32_t n = req_prompt_tokens(r, out->n_ids);
+  if (max_model_len && n >= max_model_len)
     return coord_http_err(e, 400, "prompt",
                           "This model's maximum context length is %u tokens. However, you requested %u tokens in the "
                           "prompt. Please reduce the length of the prompt.",
-                          max_model_len, r->sub.n_tokens);
+                          max_model_len, n);
   return 0;
+}
+
+/* prompt: a string, a list of token ids, or a list of either (several
+ * prompts, OpenAI's batch). */
+static int req_prompt(coord_http_req_t *r, uint32_t max_model_len, coord_http_err_t *e) {
+  json_t *p = req_get(r->root, "prompt");
+  if (!p) return coord_http_err(e, 400, "prompt", "'prompt' is required");
+  bool batch = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
+  size_t n = batch ? json_array_size(p) : 1;
+  if (n > COORD_HTTP_MAX_SEQS)
+    return coord_http_err(e, 400, "prompt", "'prompt' has %zu prompts, at most %u allowed", n, COORD_HTTP_MAX_SEQS);
+  r->prompts = calloc(n, sizeof *r->prompts);
+  if (!r->prompts) return coord_http_err(e, 500, NULL, "out of memory");
+  r->n_prompts = (uint32_t)n;
+  for (size_t i = 0; i < n; i++)
+    if (req_prompt_one(r, batch ? json_array_get(p, i) : p, i, max_model_len, e)) return -1;
+  coord_http_req_prompt(r, 0);
+  return 0;
+}
+
+void coord_http_req_prompt(coord_http_req_t *r, uint32_t i) {
+  if (r->api == COORD_HTTP_API_CHAT || i >= r->n_prompts) return;
+  const coord_http_prompt_t *p = &r->prompts[i];
+  r->sub.prompt = (char *)p->text;
+  r->sub.prompt_len = p->text_len;
+  r->sub.tokens = p->ids;
+  r->sub.n_tokens = p->n_ids;
 }
 
 /* Chat content: a string, null (assistant turns), or a list of parts of
@@ -366,11 +413,26 @@ static int req_model(coord_http_req_t *r, const char *served, coord_http_err_t *
   return 0;
 }
 
+/* truncate_prompt_tokens (vLLM's): keep the last k prompt tokens; -1 is
+ * the model's context. */
+static int req_truncate(coord_http_req_t *r, uint32_t max_model_len, coord_http_err_t *e) {
+  long long k = 0;
+  if (req_int(r->root, "truncate_prompt_tokens", -1, UINT32_MAX, &k, e)) return -1;
+  if (k == 0 && req_get(r->root, "truncate_prompt_tokens"))
+    return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' must be -1 or at least 1");
+  if (k == -1) k = max_model_len ? max_model_len : UINT32_MAX;
+  r->sub.ph.truncate = (uint32_t)k;
+  return 0;
+}
+
 static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_model_len, coord_http_err_t *e) {
-  if (req_model(r, served, e) || coord_http_req_unsupported(r->root, r->api, e)) return -1;
+  if (req_model(r, served, e) || coord_http_req_unsupported(r->root, r->api, e) || req_truncate(r, max_model_len, e))
+    return -1;
   if (r->api == COORD_HTTP_API_CHAT ? req_messages(r, e) : req_prompt(r, max_model_len, e)) return -1;
+  if (!r->prompts && !(r->prompts = calloc(1, sizeof *r->prompts))) return coord_http_err(e, 500, NULL, "out of memory");
+  if (!r->n_prompts) r->n_prompts = 1; /* chat: the messages */
   if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_logit_bias(r, e) ||
-      req_options(r, e) || req_logprobs(r, e) || coord_http_req_guide(r, e))
+      req_options(r, e) || req_logprobs(r, e) || req_choices(r, e) || coord_http_req_guide(r, e))
     return -1;
   if (r->echo && r->logprobs >= 0)
     return coord_http_err(e, 400, "echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not "
@@ -378,12 +440,15 @@ static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_mode
   if (r->sub.max_tokens && r->sub.sp.min_tokens > r->sub.max_tokens)
     return coord_http_err(e, 400, "min_tokens", "'min_tokens' (%u) must not exceed 'max_tokens' (%u)",
                           r->sub.sp.min_tokens, r->sub.max_tokens);
-  if (max_model_len && (uint64_t)r->sub.n_tokens + r->sub.max_tokens > max_model_len)
-    return coord_http_err(e, 400, "max_tokens",
-                          "This model's maximum context length is %u tokens. However, you requested %llu tokens (%u "
-                          "in the prompt, %u in the completion). Please reduce the length of the prompt or completion.",
-                          max_model_len, (unsigned long long)r->sub.n_tokens + r->sub.max_tokens, r->sub.n_tokens,
-                          r->sub.max_tokens);
+  for (uint32_t i = 0; i < r->n_prompts; i++) {
+    uint32_t n = req_prompt_tokens(r, r->prompts[i].n_ids);
+    if (max_model_len && (uint64_t)n + r->sub.max_tokens > max_model_len)
+      return coord_http_err(e, 400, "max_tokens",
+                            "This model's maximum context length is %u tokens. However, you requested %llu tokens (%u "
+                            "in the prompt, %u in the completion). Please reduce the length of the prompt or "
+                            "completion.",
+                            max_model_len, (unsigned long long)n + r->sub.max_tokens, n, r->sub.max_tokens);
+  }
   return 0;
 }
 
@@ -410,13 +475,14 @@ int coord_http_req_parse(coord_http_req_t *r, coord_http_api_t api, const char *
 void coord_http_req_free(coord_http_req_t *r) {
   json_decref(r->root);
   free(r->stop);
-  free(r->tokens);
   free(r->stop_ids);
   for (size_t i = 0; i < r->n_msg_json; i++) free(r->msg_json[i]);
   free(r->msg_json);
   free(r->chat_vars);
   free(r->messages);
   free(r->bias);
+  for (uint32_t i = 0; i < r->n_prompts; i++) free(r->prompts[i].ids);
+  free(r->prompts);
   free(r->guide_spec);
   memset(r, 0, sizeof *r);
 }

@@ -170,10 +170,14 @@ static int resp_lp_add(json_t *lp, const coord_http_meta_t *m, const proto_event
 
 /* ---- accumulation ---- */
 
-void coord_http_acc_init(coord_http_acc_t *a) { memset(a, 0, sizeof *a); }
+void coord_http_acc_init(coord_http_acc_t *a) {
+  memset(a, 0, sizeof *a);
+  a->stop_id = -1;
+}
 
 void coord_http_acc_free(coord_http_acc_t *a) {
   free(a->text);
+  free(a->stop_str);
   json_decref(a->logprobs);
   memset(a, 0, sizeof *a);
 }
@@ -204,7 +208,14 @@ int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const pr
     if (!a->logprobs && !(a->logprobs = resp_lp_new(m->api))) return -ENOMEM;
     if (resp_lp_add(a->logprobs, m, ev, &a->text_offset)) return -ENOMEM;
   }
-  if (ev->finish != PROTO_FINISH_NONE) a->finish = ev->finish;
+  for (uint32_t i = 0; i < ev->n_logprobs; i++) a->cum_logprob += ev->logprobs[i];
+  if (ev->finish != PROTO_FINISH_NONE) {
+    a->finish = ev->finish;
+    a->stop_id = ev->stop_id;
+    free(a->stop_str);
+    a->stop_str = ev->stop_str ? strdup(ev->stop_str) : NULL;
+    if (ev->stop_str && !a->stop_str) return -ENOMEM;
+  }
   if (ev->has_usage) a->has_usage = true, a->usage = ev->usage;
   return 0;
 }
@@ -240,6 +251,13 @@ static json_t *resp_text(const char *s, size_t n) {
   return j ? j : json_string("\xEF\xBF\xBD");
 }
 
+/* vLLM's stop_reason: the stop string or stop token id that matched, null
+ * at EOS or a length limit. */
+static json_t *resp_stop_reason(const char *str, int32_t id) {
+  if (str) return resp_text(str, strlen(str));
+  return id >= 0 ? json_integer(id) : json_null();
+}
+
 /* [{"id", "type": "function", "function": {"name", "arguments"}}]. */
 static json_t *resp_tool_calls(const coord_tool_out_t *o) {
   json_t *arr = json_array();
@@ -257,12 +275,12 @@ static json_t *resp_tool_calls(const coord_tool_out_t *o) {
 
 /* The output of a chat whose tool calls are parsed (or forced) split into
  * content and calls; 0 or -ENOMEM. */
-static int resp_tools_split(const coord_http_meta_t *m, const coord_http_acc_t *a, coord_tool_out_t *o) {
-  if (m->tool_choice == COORD_TOOL_CHOICE_REQUIRED || m->tool_choice == COORD_TOOL_CHOICE_NAMED) {
-    return coord_tool_forced_calls(m->tool_choice, m->tool_name, a->text ? a->text : "", a->text_len, m->tool_seed, o);
-  }
+static int resp_tools_split(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, coord_tool_out_t *o) {
+  uint64_t seed = m->tool_seed ^ ((uint64_t)index * 0x9e3779b97f4a7c15ull); /* each choice's call ids */
+  if (m->tool_choice == COORD_TOOL_CHOICE_REQUIRED || m->tool_choice == COORD_TOOL_CHOICE_NAMED)
+    return coord_tool_forced_calls(m->tool_choice, m->tool_name, a->text ? a->text : "", a->text_len, seed, o);
   coord_tool_stream_t st;
-  coord_tool_stream_init(&st, m->tool_parser, m->tool_seed);
+  coord_tool_stream_init(&st, m->tool_parser, seed);
   int rc = coord_tool_stream_feed(&st, a->text ? a->text : "", a->text_len, true, o);
   coord_tool_stream_free(&st);
   return rc;
@@ -282,48 +300,54 @@ static json_t *resp_tools_finish(const coord_http_meta_t *m, proto_finish_t f, b
   return resp_finish(f);
 }
 
-/* The answer's message: its text, or content and tool_calls (*called: some). */
-static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, bool *called) {
+/* A chat answer's message: its text, or content and tool_calls (*called: some). */
+static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, bool *called) {
   *called = false;
   if (!resp_tools_on(m)) return json_pack("{s:s,s:o}", "role", "assistant", "content", resp_text(a->text, a->text_len));
   coord_tool_out_t o;
   coord_tool_out_init(&o);
   json_t *msg = NULL;
-  if (!resp_tools_split(m, a, &o)) {
+  if (!resp_tools_split(m, a, index, &o)) {
     *called = o.n_calls > 0;
     bool empty = o.content_len == 0 && (*called || m->tool_choice == COORD_TOOL_CHOICE_NAMED);
     msg = json_pack("{s:s,s:o,s:o}", "role", "assistant", "content",
-                    empty ? json_null() : resp_text(o.content, o.content_len), "tool_calls",
-                    resp_tool_calls(&o));
+                    empty ? json_null() : resp_text(o.content, o.content_len), "tool_calls", resp_tool_calls(&o));
   }
   coord_tool_out_free(&o);
   return msg;
 }
 
-char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *a) {
+static json_t *resp_choice(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index) {
   json_t *lp = a->logprobs ? json_incref(a->logprobs) : m->logprobs >= 0 ? resp_lp_new(m->api) : json_null();
-  json_t *choice;
-  bool called = false;
-  if (m->api == COORD_HTTP_API_CHAT)
-    choice = json_pack("{s:i,s:o,s:o,s:n}", "index", 0, "message", resp_chat_message(m, a, &called), "logprobs", lp,
-                       "stop_reason");
-  else
-    choice = json_pack("{s:i,s:o,s:o,s:o,s:n}", "index", 0, "text", resp_text(a->text, a->text_len), "logprobs", lp,
-                       "finish_reason", resp_finish(a->finish), "stop_reason");
-  if (choice && m->api == COORD_HTTP_API_CHAT)
-    json_object_set_new(choice, "finish_reason", resp_tools_finish(m, a->finish, called));
-  proto_usage_t u = a->usage;
-  if (!a->has_usage) u.completion_tokens = a->n_tokens;
-  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion",
-                            json_pack("[o]", choice));
-  if (j) json_object_set_new(j, "usage", resp_usage(&u));
+  json_t *why = resp_stop_reason(a->stop_str, a->stop_id);
+  if (m->api == COORD_HTTP_API_CHAT) {
+    bool called;
+    json_t *msg = resp_chat_message(m, a, index, &called);
+    return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "message", msg, "logprobs", lp,
+                     "finish_reason", resp_tools_finish(m, a->finish, called), "stop_reason", why);
+  }
+  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", resp_text(a->text, a->text_len),
+                   "logprobs", lp, "finish_reason", resp_finish(a->finish), "stop_reason", why);
+}
+
+char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *const *accs, size_t n,
+                            const proto_usage_t *u) {
+  json_t *choices = json_array();
+  for (size_t i = 0; i < n && choices; i++)
+    if (json_array_append_new(choices, resp_choice(m, accs[i], (uint32_t)i))) {
+      json_decref(choices);
+      choices = NULL;
+    }
+  if (!choices) return NULL;
+  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion", choices);
+  if (j) json_object_set_new(j, "usage", resp_usage(u));
   return resp_dump(j);
 }
 
 /* The choice of one streamed chunk: text (n bytes) as its content or
  * text, the event's logprobs, finish (consumed; NULL: the event's). */
-static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role, const char *t, size_t n,
-                                 json_t *finish) {
+static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role, uint32_t index,
+                                 const char *t, size_t n, json_t *finish) {
   json_t *lp = json_null();
   size_t off = 0;
   if (!finish) finish = resp_finish(ev->finish);
@@ -333,12 +357,15 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
     return NULL;
   }
   json_t *text = resp_text(t, n);
+  json_t *why = resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id);
   if (m->api == COORD_HTTP_API_CHAT) {
     json_t *delta = json_pack("{s:o}", "content", text);
     if (role && delta) json_object_set_new(delta, "role", json_string("assistant"));
-    return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "delta", delta, "logprobs", lp, "finish_reason", finish);
+    return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "delta", delta, "logprobs", lp,
+                     "finish_reason", finish, "stop_reason", why);
   }
-  return json_pack("{s:i,s:o,s:o,s:o}", "index", 0, "text", text, "logprobs", lp, "finish_reason", finish);
+  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
+                   finish, "stop_reason", why);
 }
 
 /* Appends "data: <json>\n\n" of j (consumed) to *out. */
@@ -365,57 +392,63 @@ static int resp_chunk_add(const coord_http_meta_t *m, char **out, size_t *len, j
   return resp_sse_add(out, len, j);
 }
 
-/* The usage chunk after the last event, when asked for. */
-static int resp_chunk_usage(const coord_http_meta_t *m, const proto_event_t *ev, char **out, size_t *len) {
-  if (ev->finish == PROTO_FINISH_NONE || !m->include_usage) return 0;
-  proto_usage_t u = ev->usage;
-  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion", json_array());
-  if (j) json_object_set_new(j, "usage", resp_usage(&u));
-  return resp_sse_add(out, len, j);
-}
-
-char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first) {
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index) {
   char *out = NULL;
   size_t len = 0;
-  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT, ev->text, resp_ev_text_len(ev), NULL);
-  if (resp_chunk_add(m, &out, &len, choice) || resp_chunk_usage(m, ev, &out, &len)) {
+  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT, index, ev->text,
+                                     resp_ev_text_len(ev), NULL);
+  if (resp_chunk_add(m, &out, &len, choice)) {
     free(out);
     return NULL;
   }
   return out;
 }
 
-/* A chunk of one tool call delta: {"index", "id", "type", "function":
- * {"name", "arguments": ""}} (head) or {"index", "function": {"arguments"}}. */
-static json_t *resp_call_delta(const coord_tool_call_t *c, uint32_t index, bool head) {
-  json_t *call = head ? json_pack("{s:i,s:s,s:s,s:{s:s,s:s}}", "index", (json_int_t)index, "id", c->id, "type",
-                                  "function", "function", "name", c->name, "arguments", "")
-                      : json_pack("{s:i,s:{s:s}}", "index", (json_int_t)index, "function", "arguments", c->args);
-  return json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", 0, "delta", "tool_calls", call, "logprobs", "finish_reason");
+/* A chunk of one tool call delta of choice index: {"index", "id", "type",
+ * "function": {"name", "arguments": ""}} (head) or {"index", "function":
+ * {"arguments"}}. */
+static json_t *resp_call_delta(const coord_tool_call_t *c, uint32_t call, bool head, uint32_t index) {
+  json_t *d = head ? json_pack("{s:i,s:s,s:s,s:{s:s,s:s}}", "index", (json_int_t)call, "id", c->id, "type", "function",
+                               "function", "name", c->name, "arguments", "")
+                   : json_pack("{s:i,s:{s:s}}", "index", (json_int_t)call, "function", "arguments", c->args);
+  return json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", (json_int_t)index, "delta", "tool_calls", d, "logprobs",
+                   "finish_reason");
 }
 
 char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t *ev, bool first,
-                                 const coord_tool_out_t *o, uint32_t index0, bool called) {
+                                 const coord_tool_out_t *o, uint32_t call0, bool called, uint32_t index) {
   char *out = NULL;
   size_t len = 0;
   bool last = ev->finish != PROTO_FINISH_NONE, any = called || o->n_calls;
   int rc = 0;
   if (o->content_len || first || (last && !o->n_calls) || (m->logprobs >= 0 && ev->n_tokens))
     rc = resp_chunk_add(m, &out, &len,
-                        resp_chunk_choice(m, ev, first, o->content ? o->content : "", o->content_len,
+                        resp_chunk_choice(m, ev, first, index, o->content ? o->content : "", o->content_len,
                                           o->n_calls ? json_null() : resp_tools_finish(m, ev->finish, any)));
   for (size_t i = 0; !rc && i < o->n_calls; i++) {
-    rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], index0 + (uint32_t)i, true));
-    if (!rc) rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], index0 + (uint32_t)i, false));
+    rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], call0 + (uint32_t)i, true, index));
+    if (!rc) rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], call0 + (uint32_t)i, false, index));
   }
   if (!rc && last && o->n_calls)
-    rc = resp_chunk_add(m, &out, &len, json_pack("{s:i,s:{},s:n,s:o}", "index", 0, "delta", "logprobs",
+    rc = resp_chunk_add(m, &out, &len, json_pack("{s:i,s:{},s:n,s:o}", "index", (json_int_t)index, "delta", "logprobs",
                                                  "finish_reason", resp_tools_finish(m, ev->finish, any)));
-  if (rc || resp_chunk_usage(m, ev, &out, &len)) {
+  if (rc) {
     free(out);
     return NULL;
   }
   return out ? out : calloc(1, 1); /* nothing decided yet: no chunk */
+}
+
+char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u) {
+  char *out = NULL;
+  size_t len = 0;
+  json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion", json_array());
+  if (j) json_object_set_new(j, "usage", resp_usage(u));
+  if (resp_sse_add(&out, &len, j)) {
+    free(out);
+    return NULL;
+  }
+  return out;
 }
 
 char *coord_http_error_sse(const coord_http_err_t *e) {

@@ -4,12 +4,15 @@
  * naming it rather than a 200 whose output ignored it; the value that
  * means "off" (null, an empty list or object, "none", {"type": "text"})
  * passes. The same for vLLM's output options when set away from what
- * ferrum does (skip_special_tokens false, truncate_prompt_tokens). Fields
- * that change nothing about the output (user, metadata, store,
- * service_tier, parallel_tool_calls) are accepted. `tools` and
- * `tool_choice` are read in http_tools.c, the output constraints
- * (response_format, guided_json / regex / choice, structured_outputs) in
- * http_guide.c; the legacy `functions` and `function_call` are refused. */
+ * ferrum does (skip_special_tokens false). Fields that change nothing
+ * about the output (user, safety_identifier, metadata, store, service_tier,
+ * parallel_tool_calls, prompt_cache_key and the other prompt cache hints)
+ * are accepted, as vLLM accepts them. tests/engine/test_http_choices.py
+ * checks every field of the openai client's request types against this.
+ * `tools` and `tool_choice` are read in http_tools.c, the output
+ * constraints (response_format, guided_json / regex / choice,
+ * structured_outputs) in http_guide.c; the legacy `functions` and
+ * `function_call` are refused. */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -36,6 +39,10 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
       {"suffix", "suffixes (insertion)", false, true, false},
       {"audio", "audio output", true, false, false},
       {"prediction", "predicted outputs", true, false, false},
+      {"reasoning_effort", "reasoning effort (no reasoning models' controls)", true, false, false},
+      {"verbosity", "verbosity control", true, false, false},
+      {"web_search_options", "web search", true, false, false},
+      {"moderation", "moderation", true, false, false},
       {"guided_grammar", "guided decoding", false, false, false},
   };
   bool chat = api == COORD_HTTP_API_CHAT;
@@ -58,7 +65,5 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
   const json_t *sst = json_object_get(root, "skip_special_tokens");
   if (sst && !json_is_null(sst) && !json_is_true(sst))
     return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
-  if (!unsupported_off(json_object_get(root, "truncate_prompt_tokens")))
-    return coord_http_err(e, 400, "truncate_prompt_tokens", "'truncate_prompt_tokens' is not supported yet");
   return 0;
 }

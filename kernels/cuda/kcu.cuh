@@ -20,6 +20,7 @@
 #include <stdint.h>
 
 #include "common/fr_err.h"
+#include "common/fr_read.h"
 #include "common/fr_util.h"
 #include "kernels/kern.h"
 
@@ -39,7 +40,8 @@
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
-#define KCU_STAGE_N 4                /* pinned chunks in the weight-loading ring */
+#define KCU_STAGE_N 16               /* pinned chunks in the weight-loading ring */
+#define KCU_STAGE_AHEAD (KCU_STAGE_N - 2) /* of them being read (weight_load_file); the others' DMA runs */
 #define KCU_STAGE_BYTES (16u << 20)  /* bytes per chunk */
 
 /* Launch geometry shared by the kernel files (each file names its own
@@ -78,6 +80,17 @@ typedef struct {
   float raw;
   float bias;
 } kcu_pen_t;
+
+/* A chunk of the weight-loading ring being filled (kcu_weights.cu): bytes
+ * [off, off + len) of a weight of src_t whose device copy (dst_t) is at
+ * dst. */
+typedef struct {
+  int slot;
+  size_t off, len;
+  void *dst;
+  kern_type_t dst_t, src_t;
+  fr_read_batch_t reads;
+} kcu_fill_t;
 
 typedef struct {
   kern_backend_t be; /* what kern_cuda_create hands out; be.ctx points here */
@@ -144,6 +157,10 @@ typedef struct {
   cudaEvent_t stage_free[KCU_STAGE_N];   /* chunk i's copy (and conversion) finished reading it */
   cudaEvent_t load_tail;                 /* the last copy queued on load_stream */
   int stage_next;                        /* the ring's next chunk */
+  fr_reader_t *reader;                   /* io_uring reads of weight_load_file (common/fr_read.h) */
+  kcu_fill_t fills[KCU_STAGE_AHEAD];     /* chunks being read, oldest first from fill_head: each one's DMA */
+  int fill_head, n_fills;                /*   goes out once read, in a later weight_load_file or load_end */
+  uint64_t load_ns[3];                   /* since the ring was made: waiting for reads, for free chunks, in cudaMalloc */
 
   /* tensor parallelism (kcu_comm.cu, kcu_car.cu) */
   void *nccl;                            /* ncclComm_t, or NULL */
@@ -285,6 +302,7 @@ int kcu__not_capturing(kcu_ctx_t *c, const char *what);
  * says what each does). */
 bool kcu__supports_type(kern_type_t t);
 int kcu__weight_load(kcu_ctx_t *c, kern_weight_t *w, const void *host_data);
+int kcu__weight_load_file(kcu_ctx_t *c, kern_weight_t *w, const kern_file_span_t *spans, int n_spans);
 int kcu__load_end(kcu_ctx_t *c);
 void kcu__weight_release(kern_weight_t *w);
 /* Waits for the weight staging ring's copies and frees it, if there is one

@@ -104,6 +104,10 @@ static int kcu_weight_load(void *ctx, kern_weight_t *w, const void *host_data) {
   return kcu__weight_load((kcu_ctx_t *)ctx, w, host_data);
 }
 
+static int kcu_weight_load_file(void *ctx, kern_weight_t *w, const kern_file_span_t *spans, int n_spans) {
+  return kcu__weight_load_file((kcu_ctx_t *)ctx, w, spans, n_spans);
+}
+
 static int kcu_load_end(void *ctx) { return kcu__load_end((kcu_ctx_t *)ctx); }
 
 static void kcu_weight_release(void *ctx, kern_weight_t *w) {
@@ -207,7 +211,8 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   size_t bytes = (4 + 3 * (size_t)tok_cap + 3 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   kcu__graphs_drop(c);
-  kcu__stage_free(c); /* steps have begun: the weight staging is no longer needed (callers without load_end) */
+  /* steps have begun: the weights are in (callers without load_end) */
+  if ((rc = kcu__load_end(c))) return rc;
   kcu__free(c->meta_dev);
   cudaFreeHost(c->meta_pin);
   c->meta_dev = c->meta_pin = NULL;
@@ -469,6 +474,7 @@ static const kern_ops_t kcu_ops = {
     .sync = kcu_sync,
     .mem_info = kcu_mem_info,
     .weight_load = kcu_weight_load,
+    .weight_load_file = kcu_weight_load_file,
     .weight_release = kcu_weight_release,
     .load_end = kcu_load_end,
     .supports_type = kcu_supports_type,

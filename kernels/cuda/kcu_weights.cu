@@ -5,6 +5,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "common/fr_log.h"
+#include "common/fr_read.h"
 #include "common/fr_util.h"
 #include "kernels/cuda/kcu.cuh"
 
@@ -51,15 +53,41 @@ static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
 }
 
 /* ---- weight uploads through pinned staging -------------------------------------
- * weight_load copies each chunk of the host data (pageable, often a mmap'd
- * file) into a free pinned chunk on the CPU and queues its DMA on
- * load_stream, so the page faults of one chunk overlap the DMA of the ones
- * before it. Conversions (f32/f16 -> bf16) run chunk by chunk on the backend
- * stream from device staging chunks. Nothing waits at the end of a weight:
- * the backend stream waits on load_tail, and load_end synchronizes. */
+ * A weight's bytes reach the device through a ring of pinned host chunks
+ * and a copy stream (load_stream). They come from mapped host memory (a
+ * mmap'd file: each chunk is copied into its pinned chunk, so the page
+ * faults of one chunk overlap the DMA of the ones before it) or from spans
+ * of files (weight_load_file: io_uring reads straight into the pinned
+ * chunks, up to KCU_STAGE_AHEAD chunks read ahead of the DMA, each chunk in
+ * pieces that the kernel copies in parallel; the reads run on across
+ * weights, and load_end sends the last chunks). Conversions (f32/f16 ->
+ * bf16) run chunk by chunk on the backend stream from device staging
+ * chunks. Nothing waits at the end of a weight: the backend stream waits on
+ * load_tail, and load_end synchronizes. */
 
-/* Waits for the staging ring's copies and frees it (cleanup; errors ignored). */
+/* Where a weight's bytes come from. */
+typedef struct {
+  const uint8_t *host;            /* mapped bytes, or NULL: */
+  const kern_file_span_t *spans;  /* (n_spans) the bytes in order */
+  int n_spans;
+} kcu_src_t;
+
+static int kcu_read_error(int rc) {
+  return fr_errorf(rc, "reading weights: %s", rc == FR_ETRUNCATED ? "the file is shorter than its header says"
+                                                                   : fr_strerror(rc));
+}
+
+/* Waits for the reads of every chunk being filled and forgets them (no
+ * DMA): after a failure, before the ring is freed. */
+static void kcu_stage_abandon(kcu_ctx_t *c) {
+  for (; c->n_fills > 0; c->n_fills--, c->fill_head = (c->fill_head + 1) % KCU_STAGE_AHEAD)
+    fr_reader_wait(c->reader, &c->fills[c->fill_head].reads);
+  c->fill_head = 0;
+}
+
+/* Waits for the ring's copies and frees it (cleanup; errors ignored). */
 void kcu__stage_free(kcu_ctx_t *c) {
+  if (c->reader) kcu_stage_abandon(c);
   if (c->load_stream) cudaStreamSynchronize(c->load_stream);
   for (int i = 0; i < KCU_STAGE_N; i++) {
     if (c->stage_free[i]) cudaEventSynchronize(c->stage_free[i]);
@@ -72,10 +100,13 @@ void kcu__stage_free(kcu_ctx_t *c) {
   kcu__free(c->stage_dev);
   if (c->load_tail) cudaEventDestroy(c->load_tail);
   if (c->load_stream) cudaStreamDestroy(c->load_stream);
+  fr_reader_destroy(c->reader);
+  c->reader = NULL;
   c->stage_dev = NULL;
   c->load_tail = NULL;
   c->load_stream = NULL;
   c->stage_next = 0;
+  memset(c->load_ns, 0, sizeof c->load_ns);
 }
 
 static int kcu_stage_alloc(kcu_ctx_t *c) {
@@ -86,6 +117,7 @@ static int kcu_stage_alloc(kcu_ctx_t *c) {
     KCU_CHECK(cudaEventCreateWithFlags(&c->stage_copied[i], cudaEventDisableTiming));
     KCU_CHECK(cudaEventCreateWithFlags(&c->stage_free[i], cudaEventDisableTiming));
   }
+  c->reader = fr_reader_create(0, 0);
   return 0;
 }
 
@@ -97,53 +129,113 @@ static int kcu_stage_make(kcu_ctx_t *c) {
   return rc;
 }
 
-/* The ring's next chunk, once the copy and conversion that used it last
- * finished reading it. */
+static int kcu_stage_retire(kcu_ctx_t *c);
+
+/* The ring's next chunk (the one taken longest ago), once the copy and
+ * conversion that used it last finished reading it; when it is still
+ * being read (host chunks taken since made the ring come round), its DMA
+ * goes out first. */
 static int kcu_stage_take(kcu_ctx_t *c, int *slot) {
+  int rc = 0;
+  while (rc == 0 && c->n_fills > 0 && c->fills[c->fill_head].slot == c->stage_next) rc = kcu_stage_retire(c);
+  if (rc) return rc;
   int i = c->stage_next;
   c->stage_next = (i + 1) % KCU_STAGE_N;
+  uint64_t t0 = fr_now_ns();
   KCU_CHECK(cudaEventSynchronize(c->stage_free[i]));
+  c->load_ns[1] += fr_now_ns() - t0;
   *slot = i;
   return 0;
 }
 
-/* Queues bytes of host memory at src to dst (device) through the ring. */
-static int kcu_stage_copy(kcu_ctx_t *c, void *dst, const void *src, size_t bytes) {
-  for (size_t off = 0; off < bytes; off += KCU_STAGE_BYTES) {
-    size_t len = FR_MIN(bytes - off, (size_t)KCU_STAGE_BYTES);
-    int i = 0, rc = kcu_stage_take(c, &i);
-    if (rc) return rc;
-    memcpy(c->stage_pin[i], (const char *)src + off, len);
-    KCU_CHECK(cudaMemcpyAsync((char *)dst + off, c->stage_pin[i], len, cudaMemcpyHostToDevice, c->load_stream));
-    KCU_CHECK(cudaEventRecord(c->stage_free[i], c->load_stream));
+/* Fills f's pinned chunk from src: copied now (host) or reads queued (files). */
+static int kcu_stage_fill(kcu_ctx_t *c, const kcu_src_t *src, kcu_fill_t *f) {
+  uint8_t *dst = (uint8_t *)c->stage_pin[f->slot];
+  size_t off = f->off, len = f->len, at = 0; /* at: the span's first byte in the weight */
+  if (src->host) {
+    memcpy(dst, src->host + off, len);
+    return 0;
+  }
+  for (int s = 0; s < src->n_spans && len > 0; at += src->spans[s].len, s++) {
+    const kern_file_span_t *sp = &src->spans[s];
+    if (off >= at + sp->len) continue;
+    size_t in = off - at, n = FR_MIN(sp->len - in, len);
+    int rc = fr_reader_read(c->reader, sp->fd, sp->off + in, dst, n, &f->reads);
+    if (rc) return kcu_read_error(rc);
+    dst += n, off += n, len -= n;
   }
   return 0;
 }
 
-/* Queues n dense elements of src_t at src (host) converted to dst_t at dst
- * (device): each chunk is copied to its device staging chunk, then
- * converted on the backend stream once the copy is done. */
-static int kcu_stage_convert(kcu_ctx_t *c, void *dst, kern_type_t dst_t, const void *src, kern_type_t src_t,
-                             size_t n) {
-  const size_t ss = (size_t)kern_type_traits(src_t)->size, ds = (size_t)kern_type_traits(dst_t)->size;
-  const size_t per = KCU_STAGE_BYTES / ss;
+/* Queues the filled chunk f's copy to its weight (dst_t == src_t) or to its
+ * device staging chunk and its conversion into the weight. */
+static int kcu_stage_drain(kcu_ctx_t *c, const kcu_fill_t *f) {
+  const int i = f->slot;
+  if (f->dst_t == f->src_t) {
+    KCU_CHECK(cudaMemcpyAsync((char *)f->dst + f->off, c->stage_pin[i], f->len, cudaMemcpyHostToDevice,
+                              c->load_stream));
+    KCU_CHECK(cudaEventRecord(c->stage_free[i], c->load_stream));
+    return 0;
+  }
+  const size_t ss = (size_t)kern_type_traits(f->src_t)->size, ds = (size_t)kern_type_traits(f->dst_t)->size;
+  char *chunk = (char *)c->stage_dev + (size_t)i * KCU_STAGE_BYTES;
+  KCU_CHECK(cudaMemcpyAsync(chunk, c->stage_pin[i], f->len, cudaMemcpyHostToDevice, c->load_stream));
+  KCU_CHECK(cudaEventRecord(c->stage_copied[i], c->load_stream));
+  KCU_CHECK(cudaStreamWaitEvent(c->stream, c->stage_copied[i], 0));
+  int rc = kcu__convert(c, (char *)f->dst + f->off / ss * ds, f->dst_t, chunk, f->src_t, f->len / ss);
+  if (rc) return rc;
+  KCU_CHECK(cudaEventRecord(c->stage_free[i], c->stream));
+  return 0;
+}
+
+/* The oldest chunk being filled: once its reads are done, its DMA goes out. */
+static int kcu_stage_retire(kcu_ctx_t *c) {
+  kcu_fill_t *f = &c->fills[c->fill_head];
+  uint64_t t0 = fr_now_ns();
+  int err = fr_reader_wait(c->reader, &f->reads);
+  c->load_ns[0] += fr_now_ns() - t0;
+  c->fill_head = (c->fill_head + 1) % KCU_STAGE_AHEAD;
+  c->n_fills--;
+  return err ? kcu_read_error(err) : kcu_stage_drain(c, f);
+}
+
+/* Sends every chunk being filled (after its reads). */
+static int kcu_stage_flush(kcu_ctx_t *c) {
   int rc = 0;
-  if (!c->stage_dev &&
+  while (rc == 0 && c->n_fills > 0) rc = kcu_stage_retire(c);
+  return rc;
+}
+
+/* Queues `bytes` bytes of src of type src_t to dst (device) as dst_t,
+ * chunk by chunk through the ring. A chunk from the host goes out as soon
+ * as it is copied, past the file chunks being read; from files, the last
+ * chunks may still be read when it returns (a later call or load_end sends
+ * them). */
+static int kcu_stage_upload(kcu_ctx_t *c, void *dst, kern_type_t dst_t, const kcu_src_t *src, kern_type_t src_t,
+                            size_t bytes) {
+  const size_t ss = dst_t == src_t ? 1 : (size_t)kern_type_traits(src_t)->size;
+  const size_t per = KCU_STAGE_BYTES / ss * ss;
+  int rc = 0;
+  if (dst_t != src_t && !c->stage_dev &&
       (rc = kcu__alloc(c, (size_t)KCU_STAGE_N * KCU_STAGE_BYTES, &c->stage_dev, "weight conversion staging")))
     return rc;
-  for (size_t e0 = 0; e0 < n; e0 += per) {
-    size_t k = FR_MIN(n - e0, per);
-    int i = 0;
-    if ((rc = kcu_stage_take(c, &i))) return rc;
-    char *chunk = (char *)c->stage_dev + (size_t)i * KCU_STAGE_BYTES;
-    memcpy(c->stage_pin[i], (const char *)src + e0 * ss, k * ss);
-    KCU_CHECK(cudaMemcpyAsync(chunk, c->stage_pin[i], k * ss, cudaMemcpyHostToDevice, c->load_stream));
-    KCU_CHECK(cudaEventRecord(c->stage_copied[i], c->load_stream));
-    KCU_CHECK(cudaStreamWaitEvent(c->stream, c->stage_copied[i], 0));
-    if ((rc = kcu__convert(c, (char *)dst + e0 * ds, dst_t, chunk, src_t, k))) return rc;
-    KCU_CHECK(cudaEventRecord(c->stage_free[i], c->stream));
+  for (size_t off = 0; rc == 0 && off < bytes; off += per) {
+    kcu_fill_t one, *f = &one;
+    if (!src->host) {
+      if (c->n_fills == KCU_STAGE_AHEAD && (rc = kcu_stage_retire(c))) break;
+      f = &c->fills[(c->fill_head + c->n_fills) % KCU_STAGE_AHEAD];
+    }
+    *f = (kcu_fill_t){.slot = 0, .off = off, .len = FR_MIN(bytes - off, per), .dst = dst, .dst_t = dst_t,
+                      .src_t = src_t, .reads = {0, 0}};
+    if ((rc = kcu_stage_take(c, &f->slot))) break;
+    if (src->host) {
+      if ((rc = kcu_stage_fill(c, src, f)) == 0) rc = kcu_stage_drain(c, f);
+      continue;
+    }
+    c->n_fills++;
+    rc = kcu_stage_fill(c, src, f);
   }
-  return 0;
+  return rc;
 }
 
 /* Orders the backend stream after every copy queued so far. */
@@ -157,7 +249,7 @@ static int kcu_stage_fence(kcu_ctx_t *c) {
  * inv_freq); quantized weights are copied as they are. w->type and
  * w->row_bytes describe what is stored on the device afterwards. On failure
  * nothing is allocated and w->data is NULL. */
-int kcu__weight_load(kcu_ctx_t *c, kern_weight_t *w, const void *host_data) {
+static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {
   int rc = kcu__not_capturing(c, "weight_load");
   if (rc) return rc;
   if (!kcu__supports_type(w->type) || w->rows <= 0 || w->cols <= 0)
@@ -169,22 +261,29 @@ int kcu__weight_load(kcu_ctx_t *c, kern_weight_t *w, const void *host_data) {
   if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes) ||
       fr_mul_size(dst_rb, (size_t)w->rows, &dst_bytes))
     return fr_errorf(FR_EFORMAT, "cuda: weight size overflows or cols %lld not a block multiple", (long long)w->cols);
+  size_t span_bytes = 0;
+  for (int s = 0; !src->host && s < src->n_spans; s++) span_bytes += src->spans[s].len;
+  if (!src->host && span_bytes != bytes)
+    return fr_errorf(FR_EFORMAT, "cuda: weight of %zu bytes given as file spans of %zu", bytes, span_bytes);
   char what[96];
   snprintf(what, sizeof what, "a weight (%lld x %lld %s)", (long long)w->rows, (long long)w->cols,
            kern_type_traits(w->type)->name);
   w->data = NULL;
   w->priv = NULL;
-  if ((rc = kcu__alloc(c, dst_bytes, &w->data, what))) return rc;
-  if ((rc = kcu_stage_make(c))) goto fail;
-  if (dst_t == w->type) rc = kcu_stage_copy(c, w->data, host_data, bytes);
-  else rc = kcu_stage_convert(c, w->data, dst_t, host_data, w->type, (size_t)w->rows * (size_t)w->cols);
-  if (rc || (rc = kcu_stage_fence(c))) goto fail;
+  if ((rc = kcu_stage_make(c))) return rc;
+  uint64_t t0 = fr_now_ns();
+  rc = kcu__alloc(c, dst_bytes, &w->data, what);
+  c->load_ns[2] += fr_now_ns() - t0;
+  if (rc) return rc;
+  if ((rc = kcu_stage_upload(c, w->data, dst_t, src, w->type, bytes)) || (rc = kcu_stage_fence(c))) goto fail;
   if (!dense && (rc = kcu_grow_deq(c, w))) goto fail;
   w->type = dst_t;
   w->row_bytes = dst_rb;
   return 0;
 fail:
-  /* no copy or conversion may still write w->data */
+  /* earlier weights' chunks still go out (this one's too, into memory freed only after the syncs); no
+   * read, copy or conversion may still write w->data when it is freed */
+  if (c->reader && kcu_stage_flush(c)) kcu_stage_abandon(c);
   if (c->load_stream) cudaStreamSynchronize(c->load_stream);
   cudaStreamSynchronize(c->stream);
   kcu__free(w->data);
@@ -192,12 +291,29 @@ fail:
   return rc;
 }
 
+int kcu__weight_load(kcu_ctx_t *c, kern_weight_t *w, const void *host_data) {
+  const kcu_src_t src = {.host = (const uint8_t *)host_data, .spans = NULL, .n_spans = 0};
+  return kcu_weight_upload(c, w, &src);
+}
+
+int kcu__weight_load_file(kcu_ctx_t *c, kern_weight_t *w, const kern_file_span_t *spans, int n_spans) {
+  const kcu_src_t src = {.host = NULL, .spans = spans, .n_spans = n_spans};
+  return kcu_weight_upload(c, w, &src);
+}
+
 /* Waits for the weight copies in flight and frees the staging ring. */
 int kcu__load_end(kcu_ctx_t *c) {
   int rc = kcu__not_capturing(c, "load_end");
   if (rc || !c->load_stream) return rc;
+  if ((rc = kcu_stage_flush(c))) {
+    kcu__stage_free(c);
+    return rc;
+  }
   KCU_CHECK(cudaStreamSynchronize(c->load_stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));
+  FR_LOGD("cuda: weight staging %s: %.3f s waiting for reads, %.3f s for free chunks, %.3f s in cudaMalloc",
+          fr_reader_async(c->reader) ? "io_uring" : "pread", c->load_ns[0] / 1e9, c->load_ns[1] / 1e9,
+          c->load_ns[2] / 1e9);
   kcu__stage_free(c);
   return 0;
 }

@@ -1,6 +1,6 @@
 /* fuzz_http_json.c - libFuzzer target over the HTTP request-body parser:
- * any bytes, both APIs; a parsed request is also encoded as a submit (the
- * encoder must accept everything the parser lets through). */
+ * any bytes, both APIs; each prompt of a parsed request is also encoded as
+ * a submit (the encoder must accept everything the parser lets through). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -19,7 +19,12 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     r.sub.id = 1;
     proto_buf_t b;
     proto_buf_init(&b);
-    FR_ASSERT(proto_submit_encode(&b, &r.sub) == 0);
+    FR_ASSERT(r.n_prompts >= 1 && r.n >= 1 && r.best_of >= r.n);
+    FR_ASSERT((uint64_t)r.n_prompts * r.best_of <= COORD_HTTP_MAX_SEQS);
+    for (uint32_t i = 0; i < r.n_prompts; i++) {
+      coord_http_req_prompt(&r, i);
+      FR_ASSERT(proto_submit_encode(&b, &r.sub) == 0);
+    }
     proto_buf_free(&b);
     coord_http_req_free(&r);
   } else {

@@ -6,7 +6,9 @@
 # test_http_openai.py (the real openai client against `ferrumctl serve` with
 # the real model), test_http_chat_template.py (a --chat-template file
 # against jinja2), test_http_sampling.py (logit_bias, min_tokens and
-# include_stop_str_in_output with the real model), test_http_load.py (1000
+# include_stop_str_in_output with the real model), test_http_choices.py
+# (n, best_of, several prompts, truncation, stop_reason and the audit of
+# OpenAI's request fields, with the real model), test_http_load.py (1000
 # clients at once; a full queue answers 429), test_http_tools and
 # fuzz_http_tools (the tool call parsers on each family's documented
 # formats, whole and in pieces), test_http_tool_calls.py (tool calls with
@@ -37,5 +39,6 @@ ferrum_http_py(test_http_load 600)
 ferrum_http_py(test_http_openai 300)
 ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
+ferrum_http_py(test_http_choices 600)
 ferrum_http_py(test_http_tool_calls 300)
 ferrum_http_py(test_http_structured 600)

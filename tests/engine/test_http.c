@@ -297,7 +297,7 @@ START_TEST(test_errors) {
   check_error(C, "[1,2]", 400, NULL);
   check_error(C, "", 400, NULL);
   check_error(C, "{}", 400, "prompt");
-  check_error(C, "{\"prompt\":\"hi\",\"n\":2}", 400, "n");
+  check_error(C, "{\"prompt\":\"hi\",\"n\":2,\"best_of\":1}", 400, "best_of");
   check_error(C, "{\"prompt\":\"hi\",\"temperature\":\"hot\"}", 400, "temperature");
   check_error(C, "{\"prompt\":\"hi\",\"temperature\":-1}", 400, "temperature");
   check_error(C, "{\"prompt\":\"hi\",\"top_p\":0}", 400, "top_p");
@@ -307,7 +307,7 @@ START_TEST(test_errors) {
   check_error(C, "{\"prompt\":\"hi\",\"stop\":[1]}", 400, "stop");
   check_error(C, "{\"prompt\":\"hi\",\"stream_options\":{\"include_usage\":true}}", 400, "stream_options");
   check_error(C, "{\"prompt\":[-1]}", 400, "prompt");
-  check_error(C, "{\"prompt\":[\"a\",\"b\"]}", 400, "prompt");
+  check_error(C, "{\"prompt\":[\"a\",7]}", 400, "prompt");
   check_error(C, "{\"prompt\":\"hi\",\"prompt\":\"again\"}", 400, NULL);
   check_error(C, "{\"prompt\":\"hi\",\"model\":\"gpt-9\"}", 404, "model");
   check_error(H, "{\"messages\":[]}", 400, "messages");

@@ -104,6 +104,55 @@ START_TEST(test_parse_sampling_fields) {
 }
 END_TEST
 
+/* several prompts (text and token ids), n and best_of, truncate_prompt_tokens */
+START_TEST(test_parse_prompts_and_choices) {
+  coord_http_req_t r;
+  coord_http_err_t e;
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS,
+                         "{\"prompt\":[\"ab\",[5,6,7],\"c\"],\"n\":2,\"best_of\":3,\"max_tokens\":4,"
+                         "\"truncate_prompt_tokens\":2,\"user\":\"u\"}",
+                         &r, &e),
+                   0);
+  ck_assert_uint_eq(r.n_prompts, 3);
+  ck_assert_uint_eq(r.n, 2);
+  ck_assert_uint_eq(r.best_of, 3);
+  ck_assert_int_eq(r.sub.sp.logprobs, 0); /* best_of ranks by cumulative logprob */
+  ck_assert_int_eq(r.logprobs, -1);       /* ... which the answer does not show */
+  ck_assert_uint_eq(r.sub.ph.truncate, 2);
+  ck_assert_str_eq(r.sub.prompt, "ab");
+  proto_buf_t b;
+  proto_buf_init(&b);
+  r.sub.id = 9;
+  for (uint32_t i = 0; i < r.n_prompts; i++) {
+    coord_http_req_prompt(&r, i);
+    ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0);
+  }
+  coord_http_req_prompt(&r, 1);
+  ck_assert_uint_eq(r.sub.n_tokens, 3);
+  ck_assert_int_eq(r.sub.tokens[2], 7);
+  ck_assert_ptr_null(r.sub.prompt);
+  proto_buf_free(&b);
+  coord_http_req_free(&r);
+  /* truncation lets a token prompt longer than the context (64) in */
+  char body[1024] = "{\"prompt\":[";
+  for (int i = 0; i < 100; i++) strcat(body, i ? ",1" : "1");
+  strcat(body, "],\"truncate_prompt_tokens\":10,\"max_tokens\":5}");
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS, body, &r, &e), 0);
+  ck_assert_uint_eq(r.sub.n_tokens, 100);
+  coord_http_req_free(&r);
+  body[strlen(body) - strlen(",\"truncate_prompt_tokens\":10,\"max_tokens\":5}")] = 0;
+  strcat(body, "}");
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS, body, &r, &e), -1);
+  ck_assert_str_eq(e.param, "prompt");
+  /* chat: n */
+  ck_assert_int_eq(parse(COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"n\":4}", &r, &e), 0);
+  ck_assert_uint_eq(r.n, 4);
+  ck_assert_uint_eq(r.best_of, 4);
+  ck_assert_uint_eq(r.n_prompts, 1);
+  coord_http_req_free(&r);
+}
+END_TEST
+
 START_TEST(test_parse_errors) {
   static const struct {
     coord_http_api_t api;
@@ -113,7 +162,14 @@ START_TEST(test_parse_errors) {
   } cases[] = {
       {COORD_HTTP_API_COMPLETIONS, "nul", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\\u0000b\"}", 400, NULL},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2}", 400, "best_of"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"n\":3,\"best_of\":2}", 400, "best_of"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"best_of\":2,\"stream\":true}", 400, "best_of"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"n\":0}", 400, "n"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[\"a\",\"b\"],\"n\":200}", 400, "n"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[\"a\",[]]}", 400, "prompt"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[\"a\",[1,\"x\"]]}", 400, "prompt"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"truncate_prompt_tokens\":0}", 400, "truncate_prompt_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[1,2,3],\"truncate_prompt_tokens\":\"2\"}", 400, "truncate_prompt_tokens"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":0}", 400, "echo"}, /* prompt logprobs */
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 400, "echo"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1e400}", 400, NULL},
@@ -171,7 +227,6 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\",\"minProperties\":1}}", 400,
        "guided_json"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":false}", 400, "skip_special_tokens"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"truncate_prompt_tokens\":8}", 400, "truncate_prompt_tokens"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     coord_http_req_t r;
@@ -222,13 +277,16 @@ START_TEST(test_final_json_utf8) {
   int32_t t[2] = {1, 2};
   proto_event_t ev = {.id = 1, .text = "caf\xc3\xa9", .n_tokens = 2, .tokens = t};
   ck_assert_int_eq(coord_http_acc_add(&a, &m, &ev), 0);
-  proto_event_t fin = {.id = 1, .finish = PROTO_FINISH_STOP, .has_usage = true, .usage = {4, 2, 3}};
+  proto_event_t fin = {.id = 1, .finish = PROTO_FINISH_STOP, .has_usage = true, .usage = {4, 2, 3}, .stop_id = -1};
   ck_assert_int_eq(coord_http_acc_add(&a, &m, &fin), 0);
-  char *s = coord_http_final_json(&m, &a);
+  const coord_http_acc_t *accs[2] = {&a, &a};
+  char *s = coord_http_final_json(&m, accs, 2, &a.usage);
   json_t *j = json_loads(s, 0, NULL);
   json_t *c = json_array_get(json_object_get(j, "choices"), 0);
   ck_assert_str_eq(json_string_value(json_object_get(c, "text")), "caf\xc3\xa9");
   ck_assert_str_eq(json_string_value(json_object_get(c, "finish_reason")), "stop");
+  ck_assert(json_is_null(json_object_get(c, "stop_reason"))); /* EOS: null, as vLLM */
+  ck_assert_int_eq(json_integer_value(json_object_get(json_array_get(json_object_get(j, "choices"), 1), "index")), 1);
   json_t *u = json_object_get(j, "usage");
   ck_assert_int_eq(json_integer_value(json_object_get(json_object_get(u, "prompt_tokens_details"), "cached_tokens")), 3);
   json_decref(j);
@@ -313,6 +371,7 @@ static Suite *json_suite(void) {
   tcase_add_test(tc, test_parse_completion);
   tcase_add_test(tc, test_parse_chat);
   tcase_add_test(tc, test_parse_sampling_fields);
+  tcase_add_test(tc, test_parse_prompts_and_choices);
   tcase_add_test(tc, test_parse_errors);
   tcase_add_test(tc, test_error_json);
   tcase_add_test(tc, test_final_json_utf8);

@@ -186,7 +186,7 @@ class BadInput(unittest.TestCase):
         C, H = "/v1/completions", "/v1/chat/completions"
         self.check(C, '{"prompt": "hi"', 400)
         self.check(C, "[]", 400)
-        self.check(C, {"prompt": "hi", "n": 2}, 400)
+        self.check(C, {"prompt": "hi", "n": 2, "best_of": 1}, 400)  # best_of under n
         self.check(C, {"prompt": "hi", "temperature": "warm"}, 400)
         self.check(C, {"prompt": "hi", "max_tokens": -1}, 400)
         self.check(C, {"prompt": "hi", "top_p": 1.5}, 400)
@@ -206,7 +206,7 @@ class BadInput(unittest.TestCase):
         # the openai client sees the same
         import openai
         with self.assertRaises(openai.BadRequestError):
-            client().completions.create(model=NAME, prompt="hi", n=3)
+            client().completions.create(model=NAME, prompt="hi", n=3, best_of=2)
         with self.assertRaises(openai.NotFoundError):
             client().completions.create(model="nope", prompt="hi")
         # what ferrum does not act on yet is refused by name, not ignored

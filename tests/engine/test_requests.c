@@ -205,7 +205,7 @@ START_TEST(test_bad_rpc_input) {
   memcpy(msg, bad_sp, sizeof bad_sp);
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
-  msg[3] = 0x03; /* an older client's submit (no guide: it would be answered unconstrained): refused by version */
+  msg[3] = 0x03; /* an older client's submit (no fork, truncation or guide): refused by version, not misread */
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_VERSION);
   ck_assert_ptr_nonnull(strstr(m.u.error.message, "version"));

@@ -4,8 +4,9 @@
  * token appended to each job whose item was final. Covers admission under
  * the token budget and the sequence cap, prompt chunking, decodes before
  * prefill chunks, admission order, prefix-cache reuse, preemption of the
- * newest job, fairness under load, cancel while in flight, commit of a
- * dropped step and a job whose context is full. */
+ * newest job, forks (n > 1) sharing a prompt's blocks, fairness under
+ * load, cancel while in flight, commit of a dropped step and a job whose
+ * context is full. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
@@ -311,6 +312,77 @@ START_TEST(test_prefix_cache_reuse) {
 }
 END_TEST
 
+/* n > 1: jobs linked to a first one (fork) wait for its prefill, then
+ * share its full prompt blocks, copy the partial one on write and compute
+ * only their last prompt token; a fork whose first job ended is admitted
+ * as any job. The prefix cache is off: the sharing is the fork's. */
+START_TEST(test_fork_shares_prompt_blocks) {
+  fx_t f;
+  fx_init(&f, 8, 8, 64, 16, false);
+  coord_job_t *a = job_add(&f, 14, 4, 1, 0); /* 3 full blocks and 2 tokens; prefilled in chunks of 8 and 6 */
+  coord_job_t *c[2];
+  for (int i = 0; i < 2; i++) {
+    c[i] = job_make(&f, 14, 4, 1, 0);
+    c[i]->fork = a, a->fork_waiters++;
+    coord_sched_enqueue(&f.s, c[i]);
+  }
+  for (int s = 0; s < 2; s++) { /* a's two chunks: the forks wait */
+    const coord_sched_batch_t *b = step(&f);
+    ck_assert_int_eq(b->n_items, 1);
+    ck_assert_ptr_eq(b->items[0].job, a);
+  }
+  const coord_sched_batch_t *b = plan(&f);
+  ck_assert_int_eq(b->n_items, 3); /* a's decode, then each fork's last prompt token */
+  ck_assert_int_eq(a->fork_waiters, 0);
+  ck_assert_int_eq(b->n_copies, 2);
+  for (int i = 0; i < 2; i++) {
+    int k = item_of(b, c[i]);
+    ck_assert_int_ge(k, 0);
+    ck_assert_int_eq(b->items[k].pos, 13);
+    ck_assert_int_eq(b->items[k].n, 1);
+    ck_assert(b->items[k].final);
+    ck_assert_ptr_null(c[i]->fork);
+    int32_t ra[16], rc[16];
+    kv_seq_view_t va, vc;
+    ck_assert_int_eq(kv_seq_read(f.kv, a->slot, ra, 16, &va), 0);
+    ck_assert_int_eq(kv_seq_read(f.kv, c[i]->slot, rc, 16, &vc), 0);
+    for (int blk = 0; blk < 3; blk++) ck_assert_int_eq(ra[blk], rc[blk]);
+    ck_assert_int_ne(ra[3], rc[3]); /* the partial block was copied */
+    ck_assert_int_eq(b->copies[i].src, ra[3]);
+    ck_assert_int_eq(b->copies[i].dst, rc[3]);
+    ck_assert_int_eq(kv_block_ref(f.kv, ra[0]), 3);
+  }
+  ck_assert_uint_eq(f.s.counters.n_forks, 2);
+  ck_assert_uint_eq(f.s.counters.fork_shared, 6);
+  ck_assert_uint_eq(f.s.counters.fork_copied, 2);
+  finish(&f, b);
+  /* a repetition penalty is admitted as any job (the worker needs the whole prompt fed) */
+  coord_job_t *pen = job_make(&f, 14, 2, 1, 0);
+  pen->fork = a, a->fork_waiters++;
+  pen->sp.repetition_penalty = 1.3f;
+  coord_sched_enqueue(&f.s, pen);
+  b = plan(&f);
+  ck_assert_int_eq(b->items[item_of(b, pen)].pos, 0);
+  ck_assert_int_eq(a->fork_waiters, 0);
+  finish(&f, b);
+  drain(&f, 64);
+  /* a fork whose first job ended before its prefill is admitted as any job */
+  coord_job_t *d = job_add(&f, 6, 2, 2, 0), *e = job_make(&f, 6, 2, 2, 0);
+  e->fork = d, d->fork_waiters++;
+  coord_sched_enqueue(&f.s, e);
+  coord_sched_remove(&f.s, d);
+  b = plan(&f);
+  int k = item_of(b, e);
+  ck_assert_int_ge(k, 0);
+  ck_assert_int_eq(b->items[k].pos, 0);
+  ck_assert_ptr_null(e->fork);
+  finish(&f, b);
+  drain(&f, 64);
+  ck_assert_int_eq(kv_blocks_free_count(f.kv), 64);
+  fx_deinit(&f);
+}
+END_TEST
+
 START_TEST(test_preemption_newest_first) {
   fx_t f;
   /* 6 blocks; three jobs of 7 prompt tokens take 2 blocks each. */
@@ -496,6 +568,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_admission_order);
   tcase_add_test(tc, test_admission_follows_arrival_not_enqueue);
   tcase_add_test(tc, test_prefix_cache_reuse);
+  tcase_add_test(tc, test_fork_shares_prompt_blocks);
   tcase_add_test(tc, test_preemption_newest_first);
   tcase_add_test(tc, test_fairness_under_load);
   tcase_add_test(tc, test_cancel_in_flight_frees_at_commit);

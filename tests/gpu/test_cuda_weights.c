@@ -1,5 +1,6 @@
-/* test_cuda_weights.c - weight_load of the CUDA backend (pinned staging
- * ring, copy stream, chunked conversion), checked bit-exactly: each weight
+/* test_cuda_weights.c - weight_load and weight_load_file of the CUDA
+ * backend (pinned staging ring, io_uring reads, copy stream, chunked
+ * conversion), checked bit-exactly: each weight
  * is downloaded and compared with its host bytes (copied types) or with the
  * host conversion (f32/f16 -> the activation type, f16 -> f32 vectors).
  * Sizes cross the staging chunk (KCU_STAGE_BYTES, 16 MiB) and are not
@@ -9,6 +10,7 @@
  * present. The device probe runs in a child process: a CUDA context must not
  * exist in the parent before Check forks the tests. */
 #include <check.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -133,6 +135,71 @@ static void load_check(kern_type_t t, int64_t rows, int64_t cols) {
   check_one(&l);
 }
 
+/* An unlinked temporary file for file-backed weights. */
+static int temp_file(void) {
+  char path[] = "/tmp/ferrum-weights-XXXXXX";
+  int fd = mkstemp(path);
+  ck_assert_int_ge(fd, 0);
+  unlink(path);
+  return fd;
+}
+
+static void write_at(int fd, const void *p, size_t n, uint64_t off) {
+  ck_assert_int_eq(pwrite(fd, p, n, (off_t)off), (ssize_t)n);
+}
+
+/* How a file-backed weight's bytes are laid out in its file. */
+typedef enum {
+  SPANS_ONE,   /* one span, at an odd offset */
+  SPANS_CUTS,  /* cut at random points into spans, some a few bytes long, stored in reverse order */
+  SPANS_ROWS,  /* one span per row, each row followed by other bytes (a column slice of a wider tensor) */
+} spans_kind_t;
+
+/* Loads a random weight of type t (rows, cols) with weight_load_file from
+ * fd, laid out as kind says; the bytes are on disk only (the page cache). */
+static loaded_t load_one_file(int fd, kern_type_t t, int64_t rows, int64_t cols, spans_kind_t kind) {
+  loaded_t l = {.w = {.type = t, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(t, cols)}};
+  size_t rb = l.w.row_bytes, bytes = rb * (size_t)rows, n = (size_t)rows * (size_t)cols;
+  bool dense = t == KERN_F32 || t == KERN_F16 || t == KERN_BF16;
+  kern_type_t dst_t = !dense ? t : rows == 1 ? KERN_F32 : gpu->act_type;
+  uint8_t *src = rand_bytes(t, bytes);
+  l.want = expected(t, dst_t, src, n, bytes);
+  l.want_bytes = kern_row_bytes(dst_t, cols) * (size_t)rows;
+  ck_assert_int_eq(ftruncate(fd, 0), 0);
+  kern_file_span_t *spans = NULL;
+  int ns = 0;
+  if (kind == SPANS_ONE) {
+    spans = fr_malloc(sizeof *spans);
+    spans[ns++] = (kern_file_span_t){.fd = fd, .off = 4099, .len = bytes};
+    write_at(fd, src, bytes, 4099);
+  } else if (kind == SPANS_ROWS) {
+    spans = fr_malloc((size_t)rows * sizeof *spans);
+    for (int64_t r = 0; r < rows; r++) {
+      uint64_t off = 512 + (uint64_t)r * (rb + 96);
+      spans[ns++] = (kern_file_span_t){.fd = fd, .off = off, .len = rb};
+      write_at(fd, src + (size_t)r * rb, rb, off);
+    }
+  } else { /* pieces of 1 byte to 3 MB, written back to front in the file */
+    spans = fr_malloc(4096 * sizeof *spans);
+    uint64_t end = bytes + 1000000;
+    for (size_t at = 0; at < bytes && ns < 4095;) {
+      size_t r = rnd64() % 4 == 0 ? 1 + rnd64() % 64 : 1 + rnd64() % (3u << 20), len = FR_MIN(bytes - at, r);
+      end -= len + 7;
+      spans[ns++] = (kern_file_span_t){.fd = fd, .off = end, .len = len};
+      write_at(fd, src + at, len, end);
+      at += len;
+    }
+    ck_assert_int_lt(ns, 4095);
+  }
+  int rc = gpu->ops->weight_load_file(gpu->ctx, &l.w, spans, ns);
+  ck_assert_msg(rc == 0, "weight_load_file %s (%lld x %lld): %s", kern_type_traits(t)->name, (long long)rows,
+                (long long)cols, fr_last_error());
+  free(spans);
+  free(src);
+  ck_assert_int_eq(l.w.type, dst_t);
+  return l;
+}
+
 /* ---- tests ---------------------------------------------------------------------- */
 
 /* Shapes around the chunk size: under it, just over it, several chunks
@@ -206,6 +273,61 @@ START_TEST(test_oom_is_an_error) {
 }
 END_TEST
 
+/* The shapes again, read from files by the backend (each layout), checked
+ * after load_end. */
+START_TEST(test_files_shapes) {
+  int fd = temp_file();
+  loaded_t l = load_one_file(fd, k_shapes[_i].type, k_shapes[_i].rows, k_shapes[_i].cols, (spans_kind_t)(_i % 3));
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  check_one(&l);
+  close(fd);
+}
+END_TEST
+
+/* File-backed weights and host weights interleaved, more than the ring
+ * holds in flight, each file its own; all checked after load_end. */
+START_TEST(test_files_many) {
+  enum { N = 30 };
+  loaded_t ls[N];
+  int fds[N];
+  for (int i = 0; i < N; i++) {
+    int64_t rows = 1 + (int64_t)(rnd64() % 6000);
+    kern_type_t t = i % 3 == 0 ? KERN_F32 : i % 3 == 1 ? KERN_Q4_0 : KERN_BF16;
+    fds[i] = temp_file();
+    ls[i] = i % 4 == 3 ? load_one(t, rows, 2048) : load_one_file(fds[i], t, rows, 2048, (spans_kind_t)(i % 3));
+  }
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  for (int i = 0; i < N; i++) {
+    check_one(&ls[i]);
+    close(fds[i]);
+  }
+}
+END_TEST
+
+/* A span past the end of its file: the load fails with a message naming the
+ * read (from weight_load_file or load_end), and the backend loads on. */
+START_TEST(test_file_too_short) {
+  int fd = temp_file();
+  uint8_t junk[4096] = {0};
+  write_at(fd, junk, sizeof junk, 0);
+  kern_weight_t w = {.type = KERN_Q8_0, .rows = 64, .cols = 4096};
+  w.row_bytes = kern_row_bytes(w.type, w.cols);
+  kern_file_span_t span = {.fd = fd, .off = 0, .len = w.row_bytes * 64};
+  int rc = gpu->ops->weight_load_file(gpu->ctx, &w, &span, 1);
+  if (rc == 0) rc = gpu->ops->load_end(gpu->ctx);
+  ck_assert_int_eq(rc, FR_ETRUNCATED);
+  ck_assert_ptr_nonnull(strstr(fr_last_error(), "reading weights"));
+  if (w.data) gpu->ops->weight_release(gpu->ctx, &w);
+  span.len = 100; /* spans that do not add up to the weight */
+  w = (kern_weight_t){.type = KERN_Q8_0, .rows = 64, .cols = 4096, .row_bytes = kern_row_bytes(KERN_Q8_0, 4096)};
+  ck_assert_int_eq(gpu->ops->weight_load_file(gpu->ctx, &w, &span, 1), FR_EFORMAT);
+  loaded_t l = load_one_file(fd, KERN_Q4_K, 100, 4096, SPANS_ONE);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  check_one(&l);
+  close(fd);
+}
+END_TEST
+
 static Suite *weights_suite(void) {
   Suite *s = suite_create("cuda_weights");
   TCase *tc = tcase_create("weights");
@@ -215,6 +337,9 @@ static Suite *weights_suite(void) {
   tcase_add_test(tc, test_many_in_flight);
   tcase_add_test(tc, test_load_end_then_load);
   tcase_add_test(tc, test_oom_is_an_error);
+  tcase_add_loop_test(tc, test_files_shapes, 0, (int)FR_ARRAY_SIZE(k_shapes));
+  tcase_add_test(tc, test_files_many);
+  tcase_add_test(tc, test_file_too_short);
   suite_add_tcase(s, tc);
   return s;
 }

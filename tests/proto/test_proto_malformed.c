@@ -522,11 +522,12 @@ START_TEST(type_versions) {
     ck_assert_uint_le(proto_type_version((proto_type_t)t), PROTO_VERSION);
   }
   /* version 3 moved submit's stop fields into "stop": an older client's stops would be skipped, so it is
-   * refused instead; version 4 added submit's guide (an older coordinator would skip it and answer
-   * unconstrained) and step items' allowed-token masks (an older worker would skip them) */
+   * refused instead; steps carry the logit bias and min_tokens an older worker would skip; version 4 gave
+   * submit its fork, truncation and guide (an older coordinator must not skip them: a truncation ignored
+   * or an answer unconstrained) and step items their allowed-token masks (an older worker would skip them) */
   ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
-  ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* what clients read is unchanged */
+  ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* v4's stop reason is skipped by older clients */
   ck_assert_uint_eq(proto_type_version(PROTO_T_COUNT), 0);
 }
 END_TEST

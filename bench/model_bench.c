@@ -10,6 +10,7 @@
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
  *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|...] [--threads N] [--prefill N]
  *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
+ *          [--kv-cache-dtype auto|int8|fp8]
  * The KV pool holds what the run needs (the prefill's sequence, or the
  * largest batch's sequences of --prompt + --gen tokens); its size is printed.
  */
@@ -33,6 +34,7 @@
 typedef struct {
   const char *model, *dummy, *device, *type;
   int threads, prefill, prompt, gen, repeat, mixed;
+  int kv_dtype; /* kern_kv_dtype_t */
   int batches[BENCH_MAX_BATCHES], n_batches;
 } bench_opts_t;
 
@@ -73,6 +75,7 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o) {
     else if (!strcmp(a, "--repeat")) rc = bench_int(v, 0, 1000, &o->repeat);
     else if (!strcmp(a, "--batch")) rc = bench_parse_batches(v, o);
     else if (!strcmp(a, "--mixed")) rc = bench_int(v, 2, 1 << 20, &o->mixed);
+    else if (!strcmp(a, "--kv-cache-dtype")) rc = (o->kv_dtype = kern_kv_dtype_parse(v)) < 0 ? -1 : 0;
     else return -1;
     if (rc) {
       fprintf(stderr, "model_bench: bad value '%s' for %s\n", v, a);
@@ -225,15 +228,17 @@ static int bench_pool_init(bench_t *b, const bench_opts_t *o, int maxB) {
   kern_backend_t *be = b->m->be;
   kern_type_t kvt = be->act_type == KERN_F32 ? KERN_F16 : be->act_type;
   kern_kv_config_t kc = model_kv_config(b->m, BENCH_BLOCK, (int)n_blocks, kvt);
+  kc.dtype = (kern_kv_dtype_t)o->kv_dtype;
   int rc = be->ops->kv_pool_init(be->ctx, &b->pool, &kc, NULL);
   if (rc) return fr_errorf(rc, "KV pool of %lld blocks: %s", (long long)n_blocks, fr_last_error());
   b->tables = fr_malloc((size_t)maxB * b->blocks_per_seq * sizeof(int32_t));
   for (int s = 0; s < maxB; s++)
     for (int j = 0; j < b->blocks_per_seq; j++)
       b->tables[s * b->blocks_per_seq + j] = (int32_t)(((int64_t)s * per_seq + j) % n_blocks);
-  double mib = 2.0 * b->m->cfg.n_layers * (double)b->pool.layer_bytes / (1 << 20);
-  printf("KV pool: %lld blocks of %d tokens (%d sequences of %d tokens, prefill %d), %.1f MiB\n",
-         (long long)n_blocks, BENCH_BLOCK, maxB, o->prompt + o->gen, o->prefill, mib);
+  double mib = (double)kern_kv_pool_bytes(&kc) / (1 << 20);
+  printf("KV pool: %lld blocks of %d tokens (%d sequences of %d tokens, prefill %d), %.1f MiB of %s K/V\n",
+         (long long)n_blocks, BENCH_BLOCK, maxB, o->prompt + o->gen, o->prefill, mib,
+         kc.dtype ? kern_kv_dtype_name(kc.dtype) : kern_type_traits(kvt)->name);
   return 0;
 }
 
@@ -241,7 +246,8 @@ int main(int argc, char **argv) {
   bench_opts_t o;
   if (bench_parse(argc, argv, &o)) {
     fprintf(stderr, "usage: model_bench [--model PATH | --dummy NAME] [--device cpu|cuda] [--type T] "
-                    "[--threads N] [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]\n");
+                    "[--threads N] [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P] "
+                    "[--kv-cache-dtype auto|int8|fp8]\n");
     return 2;
   }
   int maxB = 1;

@@ -18,6 +18,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include "coordinator/spec.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -49,6 +50,9 @@ typedef struct {
   uint64_t kv_cache_memory_bytes; /* > 0: each worker's pool gets this many bytes */
   double gpu_memory_utilization;  /* (0, 1]: fraction of the device's total memory a worker may use for
                                    * weights, activations and KV (vLLM's); 0 = not given */
+  const char *kv_cache_dtype;     /* NULL/"auto" (the backend's element type), "int8" or "fp8": a quantized
+                                   * KV cache (kern_kv_dtype_t), sent to the workers as load option
+                                   * kv_cache_dtype */
   bool no_prefix_caching;         /* prefix caching is on unless this is set */
   int max_waiting;                /* queued jobs before 429; 0 = 1024 */
   const char *worker_exe;         /* NULL = ferrum-worker next to /proc/self/exe */
@@ -66,6 +70,9 @@ typedef struct {
    * on another host), joining over worker_endpoint, never spawned here. */
   const char *worker_endpoint;
   int remote_workers;
+  /* Speculative decoding (--speculative-config, coordinator/spec.h):
+   * num_speculative_tokens 0 = off. */
+  coord_spec_config_t spec;
 } coord_config_t;
 
 /* Opens the tokenizer, creates the control segment, binds the sockets and

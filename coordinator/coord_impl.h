@@ -172,6 +172,7 @@ struct coord {
   void (*hook_drain)(void *);
   void *hook_arg;
   struct coord_metrics *metrics;
+  bool spec_gpu;             /* speculative decoding takes the GPU's defaults (spec_step.c) */
 };
 
 /* ---- loop.c ---- */
@@ -270,7 +271,22 @@ uint64_t coord__cpu_ns(void);
 /* Forgets the step in flight (a worker died): its jobs are recomputed. */
 void coord__step_abort(coord_t *c);
 
+/* ---- spec_step.c (speculative decoding) ---- */
+/* Before a plan: the proposer's tokens for each running decode (job->n_spec;
+ * 0 when speculation is off for this step: too many jobs, or none found). */
+void coord__spec_propose(coord_t *c);
+/* A result arrived (res_by_slot set), before the scheduler's commit: tells
+ * it how many proposals each item kept, and counts them in the metrics. */
+void coord__spec_accepted(coord_t *c);
+/* coord__job_append for a result item with several tokens: one at a time,
+ * stop rules and stop strings after each; the ones after a stop are dropped. */
+void coord__spec_append(coord_t *c, coord_job_t *j, const proto_result_item_t *it, const float *logits_row);
+
 /* ---- detok_stream.c ---- */
+/* Stop strings over a job's tokens so far, before more of one step's tokens
+ * are appended (speculative decoding): detokenizes, and finishes the job at
+ * a stop string as coord__stream_job would; sends nothing. */
+void coord__stream_stop_check(coord_t *c, coord_job_t *j);
 /* Detokenizes a job's new tokens, applies stop strings and sends what is
  * ready (every token batch when streaming, one event at the end if not). */
 void coord__stream_job(coord_t *c, coord_job_t *j);

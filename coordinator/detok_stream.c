@@ -134,6 +134,15 @@ static void coord__event_fill(coord_t *c, coord_job_t *j, proto_event_t *e, size
   }
 }
 
+void coord__stream_stop_check(coord_t *c, coord_job_t *j) {
+  if (j->finish_sent || j->n_stop == 0 || j->finish != PROTO_FINISH_NONE) return;
+  coord__detok_new(c, j);
+  coord__stop_strings(c, j);
+  if (j->finish == PROTO_FINISH_NONE) return;
+  char rest[64]; /* bytes the detokenizer holds come after the cut: dropped, as without speculation */
+  while (model_detok_flush(&j->detok, rest, sizeof rest) > 0) {}
+}
+
 void coord__stream_job(coord_t *c, coord_job_t *j) {
   if (j->finish_sent) return;
   coord__detok_new(c, j);

@@ -84,10 +84,25 @@ static int coord__tokenizer(coord_t *c) {
   return 0;
 }
 
+/* The window every layer's attention keeps (config.json sliding_window
+ * with no full-attention layer), else 0: the scheduler releases the KV
+ * blocks before it. FERRUM_KV_WINDOW_FREE=0 keeps them (tests compare). */
+static int coord__kv_window(const coord_t *c) {
+  const model_config_t *m = &c->src->config;
+  if (m->sliding_window <= 0 || m->swa_first_layer > 0) return 0;
+  const char *e = getenv("FERRUM_KV_WINDOW_FREE");
+  if (e && !strcmp(e, "0")) return 0;
+  FR_LOGI("sliding window of %d tokens on every layer: KV blocks before it are released", m->sliding_window);
+  return m->sliding_window;
+}
+
 int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes) {
   coord_config_t *k = &c->cfg;
   int bs = k->block_size, mbps = (k->max_model_len + bs - 1) / bs;
-  if (mbps > n_blocks) {
+  /* a sliding window on every layer: a sequence holds about window / bs
+   * blocks whatever its length (kv_seq_release_before), so the context is
+   * not capped by the pool (a prompt chunk still needs its blocks at once) */
+  if (mbps > n_blocks && c->sched.cfg.kv_window == 0) {
     mbps = n_blocks;
     k->max_model_len = mbps * bs;
     FR_LOGI("context capped at %d tokens: the KV pool holds %d blocks", k->max_model_len, n_blocks);
@@ -107,8 +122,9 @@ int coord__kv_create(coord_t *c, int n_blocks, uint64_t block_bytes) {
   long long tokens = (long long)n_blocks * bs;
   char size[64] = "";
   if (block_bytes) snprintf(size, sizeof size, " (%.1f MiB per worker)", (double)n_blocks * block_bytes / 1048576.0);
-  FR_LOGI("KV cache: %d blocks of %d tokens, %lld tokens%s; maximum concurrency for %d tokens per request: %.2fx",
-          n_blocks, bs, tokens, size, c->max_model_len, (double)tokens / c->max_model_len);
+  const char *dt = k->kv_cache_dtype && strcmp(k->kv_cache_dtype, "auto") ? k->kv_cache_dtype : NULL;
+  FR_LOGI("KV cache: %d blocks of %d tokens, %lld tokens%s%s%s; maximum concurrency for %d tokens per request: %.2fx",
+          n_blocks, bs, tokens, dt ? " of " : "", dt ? dt : "", size, c->max_model_len, (double)tokens / c->max_model_len);
   return 0;
 }
 
@@ -268,6 +284,7 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   kv_segment_scan_stale(&n_removed, NULL);
   if (n_removed) FR_LOGI("removed %d stale shared-memory segments", n_removed);
   if ((rc = coord__tokenizer(c))) goto fail;
+  coord_sched_set_window(&c->sched, coord__kv_window(c));
   if ((rc = coord__kv(c))) goto fail;
   if ((rc = coord__signals(c))) goto fail;
   if ((rc = coord__prompts_init(c))) goto fail; /* after the signal mask, which its threads inherit */

@@ -44,6 +44,8 @@ struct coord_metrics {
       rank_total_us[COORD_METRICS_MAX_RANKS];
   _Atomic uint64_t steps, step_rt_ns;
   _Atomic uint64_t http[6]; /* [0] other, [1..5] 1xx..5xx */
+  _Atomic uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
+  _Atomic uint64_t spec_pos_drafted[COORD_METRICS_SPEC_POS], spec_pos_accepted[COORD_METRICS_SPEC_POS];
   m_hist_t ttft, itl, e2e;
 };
 
@@ -299,6 +301,28 @@ static void m_render_ranks(m_out_t *o, const coord_metrics_t *m_) {
   }
 }
 
+static void m_render_spec(m_out_t *o, const coord_metrics_t *m_) {
+  coord_metrics_t *m = (coord_metrics_t *)m_;
+  m_counter(o, m, "spec_decode_num_drafts_total", "Number of spec decoding drafts.", M_GET(m->spec_drafts));
+  m_counter(o, m, "spec_decode_num_draft_tokens_total", "Number of draft tokens.", M_GET(m->spec_draft_tokens));
+  m_counter(o, m, "spec_decode_num_accepted_tokens_total", "Number of accepted tokens.", M_GET(m->spec_accepted));
+  m_head(o, "spec_decode_num_accepted_tokens_per_pos_total", "counter", "Accepted tokens per draft position.");
+  for (int i = 0; i < COORD_METRICS_SPEC_POS && M_GET(m->spec_pos_drafted[i]); i++)
+    m_printf(o, "ferrum:spec_decode_num_accepted_tokens_per_pos_total{model_name=\"%s\",position=\"%d\"} %llu\n",
+             m->label, i, (unsigned long long)M_GET(m->spec_pos_accepted[i]));
+}
+
+void coord_metrics_spec(coord_metrics_t *m, int n_draft, int n_accepted) {
+  if (!m || n_draft <= 0) return;
+  atomic_fetch_add_explicit(&m->spec_drafts, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&m->spec_draft_tokens, (uint64_t)n_draft, memory_order_relaxed);
+  atomic_fetch_add_explicit(&m->spec_accepted, (uint64_t)n_accepted, memory_order_relaxed);
+  for (int i = 0; i < n_draft && i < COORD_METRICS_SPEC_POS; i++) {
+    atomic_fetch_add_explicit(&m->spec_pos_drafted[i], 1, memory_order_relaxed);
+    if (i < n_accepted) atomic_fetch_add_explicit(&m->spec_pos_accepted[i], 1, memory_order_relaxed);
+  }
+}
+
 static void m_render_counters(m_out_t *o, const coord_metrics_t *m_) {
   coord_metrics_t *m = (coord_metrics_t *)m_;
   m_counter(o, m, "request_received_total", "Number of requests admitted.", M_GET(m->received));
@@ -322,6 +346,7 @@ static void m_render_counters(m_out_t *o, const coord_metrics_t *m_) {
   m_printf(o, "ferrum:step_round_trip_seconds_total{model_name=\"%s\"} %.6f\n", m->label,
            (double)M_GET(m->step_rt_ns) / 1e9);
   m_render_http(o, m);
+  m_render_spec(o, m);
 }
 
 int coord_metrics_render(const coord_metrics_t *m, char **out, size_t *len) {

@@ -90,6 +90,14 @@ void coord_metrics_rank_step(coord_metrics_t *m, int rank, const coord_rank_time
  * Round trip minus the ranks' step time is the transport's share; the wall
  * time between steps minus the round trip is the coordinator's. */
 void coord_metrics_step(coord_metrics_t *m, uint64_t round_trip_ns);
+/* Speculative decoding, vLLM's counters: one draft of n_draft proposed
+ * tokens was verified and its first n_accepted were accepted
+ * (ferrum:spec_decode_num_drafts_total, _num_draft_tokens_total,
+ * _num_accepted_tokens_total, and _num_accepted_tokens_per_pos_total
+ * {position} for the positions of the drafts so far, 0-based). Positions
+ * past COORD_METRICS_SPEC_POS are counted in the totals only. */
+#define COORD_METRICS_SPEC_POS 32
+void coord_metrics_spec(coord_metrics_t *m, int n_draft, int n_accepted);
 /* HTTP responses by status class, counted by the frontend
  * (ferrum:http_requests_total{code="2xx"...}). */
 void coord_metrics_http(coord_metrics_t *m, int status);

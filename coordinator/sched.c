@@ -11,7 +11,10 @@
  * recomputed. The queue head is never skipped, so nothing starves behind
  * later arrivals of the same priority. A job that forks an earlier one's
  * prompt (n > 1; sched.h, coord_sched_unfork) waits there for that job's
- * prefill, then takes a copy of its block table.
+ * prefill, then takes a copy of its block table. A decode may carry
+ * proposed tokens (speculative decoding, job->n_spec) when the budget, the
+ * logits rows and free blocks allow them without preempting anything; the
+ * commit keeps the accepted ones and truncates the slot past them.
  *
  * Plans only while no step is planned, so every slot it touches is idle.
  */
@@ -101,11 +104,14 @@ static void coord__sched_add_copy(coord_sched_t *s, const kv_copy_t *cp) {
   b->copies[b->n_copies++] = *cp;
 }
 
-/* Puts n tokens of j (from n_computed on) in the step. */
-static void coord__sched_add_item(coord_sched_t *s, coord_job_t *j, int n) {
+/* Puts n tokens of j (from n_computed on), the last n_spec of them
+ * proposals, in the step. */
+static void coord__sched_add_item(coord_sched_t *s, coord_job_t *j, int n, int n_spec) {
   coord_sched_batch_t *b = &s->batch;
-  bool final = j->n_computed + n == j->n_tok;
-  b->items[b->n_items++] = (coord_sitem_t){.job = j, .slot = j->slot, .pos = j->n_computed, .n = n, .final = final};
+  bool final = j->n_computed + n - n_spec == j->n_tok;
+  b->items[b->n_items++] =
+      (coord_sitem_t){.job = j, .slot = j->slot, .pos = j->n_computed, .n = n, .final = final, .n_spec = n_spec};
+  b->n_rows += 1 + n_spec;
   j->in_step = true;
 }
 
@@ -125,9 +131,18 @@ static void coord__sched_preempt(coord_sched_t *s, coord_job_t *j, bool count) {
 
 /* ---- planning -------------------------------------------------------------- */
 
+/* Sliding window on every layer: j's blocks wholly before the window of
+ * its next query (at n_computed) are never read again; they go back to
+ * the allocator before the slot grows. j is in no step in flight. */
+static void coord__sched_release(coord_sched_t *s, coord_job_t *j) {
+  int n = kv_seq_release_before(s->kv, j->slot, j->n_computed - s->cfg.kv_window + 1);
+  if (n > 0) s->counters.window_released += (uint64_t)n;
+}
+
 /* Grows j's slot by n tokens, preempting newer jobs when blocks run out.
  * Returns 0, 1 when j itself was preempted, or an error. */
 static int coord__sched_grow(coord_sched_t *s, coord_job_t *j, int n) {
+  if (s->cfg.kv_window > 0) coord__sched_release(s, j);
   for (;;) {
     kv_copy_t cp;
     int rc = kv_seq_append(s->kv, j->slot, n, &cp);
@@ -162,8 +177,24 @@ static bool coord__sched_one(coord_sched_t *s, coord_job_t *j, int n, int *budge
     b->failed_rc[b->n_failed++] = rc;
     return true;
   }
-  coord__sched_add_item(s, j, n);
+  coord__sched_add_item(s, j, n, 0);
   *budget -= n;
+  return true;
+}
+
+/* A decode with its proposals (job->n_spec), when the budget, the logits
+ * rows and free blocks allow them without preempting anything; false:
+ * schedule it without (n_spec dropped). */
+static bool coord__sched_spec_one(coord_sched_t *s, coord_job_t *j, int *budget) {
+  int k = j->n_spec;
+  j->n_spec = 0;
+  kv_copy_t cp;
+  int others = s->n_running - s->batch.n_items - 1; /* running jobs not planned yet keep a row each */
+  if (k <= 0 || *budget < 1 + k || s->batch.n_rows + 1 + k + others > s->cfg.max_num_seqs) return false;
+  if (kv_seq_append(s->kv, j->slot, 1 + k, &cp)) return false;
+  coord__sched_add_copy(s, &cp);
+  coord__sched_add_item(s, j, 1 + k, k);
+  *budget -= 1 + k;
   return true;
 }
 
@@ -173,13 +204,17 @@ static bool coord__sched_one(coord_sched_t *s, coord_job_t *j, int n, int *budge
 static void coord__sched_running(coord_sched_t *s, int *budget, bool *preempted) {
   for (int pass = 0; pass < 2 && !*preempted; pass++) {
     coord_job_t *j = s->running_head;
-    while (j && *budget > 0 && s->batch.n_items < s->cfg.max_num_seqs) {
+    while (j && *budget > 0 && s->batch.n_rows < s->cfg.max_num_seqs) {
       int need = j->n_tok - j->n_computed;
       if (j->in_step || need <= 0 || (pass == 0) != (need == 1)) {
         j = j->next;
         continue;
       }
       coord_job_t *prev = j->prev;
+      if (pass == 0 && coord__sched_spec_one(s, j, budget)) {
+        j = j->next;
+        continue;
+      }
       if (!coord__sched_one(s, j, FR_MIN(need, *budget), budget)) {
         *preempted = true;
         break;
@@ -240,7 +275,7 @@ static bool coord__sched_admit_fork(coord_sched_t *s, coord_job_t *j, int *budge
   j->n_computed = shared;
   j->admitted_once = true;
   coord__sched_push_running(s, j);
-  coord__sched_add_item(s, j, 1);
+  coord__sched_add_item(s, j, 1, 0);
   *budget -= 1;
   return true;
 }
@@ -277,7 +312,7 @@ static bool coord__sched_admit_one(coord_sched_t *s, coord_job_t *j, int *budget
     s->counters.prefix_hits += j->n_cached;
   }
   coord__sched_push_running(s, j);
-  coord__sched_add_item(s, j, n);
+  coord__sched_add_item(s, j, n, 0);
   *budget -= n;
   return true;
 }
@@ -296,6 +331,8 @@ void coord_sched_init(coord_sched_t *s, const coord_sched_config_t *cfg) {
   b->failed = fr_calloc(S, sizeof *b->failed);
   b->failed_rc = fr_calloc(S, sizeof *b->failed_rc);
 }
+
+void coord_sched_set_window(coord_sched_t *s, int window) { s->cfg.kv_window = window > 0 ? window : 0; }
 
 void coord_sched_deinit(coord_sched_t *s) {
   coord_sched_batch_t *b = &s->batch;
@@ -325,15 +362,20 @@ void coord_sched_remove(coord_sched_t *s, coord_job_t *j) {
 const coord_sched_batch_t *coord_sched_plan(coord_sched_t *s) {
   FR_ASSERT(s->kv && !s->busy);
   coord_sched_batch_t *b = &s->batch;
-  b->n_items = b->n_copies = b->n_preempted = b->n_failed = 0;
+  b->n_items = b->n_copies = b->n_preempted = b->n_failed = b->n_rows = 0;
   int budget = s->cfg.max_num_batched_tokens;
   bool preempted = false;
   coord__sched_running(s, &budget, &preempted);
   while (!preempted && s->waiting_head && budget > 0 && s->n_running < s->cfg.max_num_seqs &&
-         b->n_items < s->cfg.max_num_seqs)
+         b->n_rows < s->cfg.max_num_seqs)
     if (!coord__sched_admit_one(s, s->waiting_head, &budget)) break;
   s->busy = b->n_items > 0;
   return b;
+}
+
+void coord_sched_set_accepted(coord_sched_t *s, int i, int n) {
+  FR_ASSERT(s->busy && i >= 0 && i < s->batch.n_items);
+  s->batch.items[i].n_accepted = FR_MAX(0, FR_MIN(n, s->batch.items[i].n_spec));
 }
 
 void coord_sched_sent(coord_sched_t *s) { s->batch.n_freed = 0; }
@@ -354,7 +396,10 @@ void coord_sched_commit(coord_sched_t *s, bool computed) {
         FR_LOGE("kv_seq_truncate(%d): %s", j->slot, fr_last_error());
       continue;
     }
-    j->n_computed += b->items[i].n;
+    const coord_sitem_t *it = &b->items[i];
+    j->n_computed += it->n - it->n_spec + it->n_accepted;
+    if (it->n_spec > it->n_accepted && kv_seq_truncate(s->kv, j->slot, j->n_computed)) /* rejected proposals */
+      FR_LOGE("kv_seq_truncate(%d): %s", j->slot, fr_last_error());
     if (s->prefix_cache) kv_prefix_commit(s->kv, j->slot, j->tok, j->n_computed);
   }
 }

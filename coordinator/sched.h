@@ -61,6 +61,8 @@ struct coord_job {
   int n_computed;            /* tokens with KV (advanced at commit) */
   bool in_step;              /* part of the step planned (until its commit) */
   bool sp_sent;              /* the workers have this slot's sampling params (false on admission) */
+  int n_spec;                /* proposed tokens for its next decode, in tok[n_tok, n_tok + n_spec) (the
+                              * caller's proposer sets it before each plan; the plan may drop them) */
   int slot;                  /* KV slot, -1 while waiting */
   uint32_t n_cached;         /* prompt tokens found in the prefix cache (first admission) */
   bool admitted_once;
@@ -111,6 +113,9 @@ struct coord_job {
   const char *error_msg;     /* static: what went wrong, for the client */
   bool finish_sent;
   uint64_t t_arrival_ns, t_first_ns, t_last_ns;
+  /* speculative decoding (spec_step.c) */
+  float spec_miss;           /* recent share of its proposals rejected (moving average; 0 at first) */
+  int spec_idle;             /* decodes without proposals since its acceptance fell too low */
 };
 
 /* One item of a step: tokens tok[pos, pos + n) of a job. */
@@ -120,12 +125,15 @@ typedef struct {
   int pos;                   /* the job's n_computed when planned */
   int n;                     /* tokens fed */
   bool final;                /* reaches the job's last token: the step samples the next one */
+  int n_spec;                /* of the n tokens, the last n_spec are proposals (speculative decoding) */
+  int n_accepted;            /* of them, accepted by the step (the caller sets it before the commit) */
 } coord_sitem_t;
 
 /* What coord_sched_plan() built; valid until the next plan. */
 typedef struct {
   coord_sitem_t *items;      /* (n_items): running jobs, then admissions */
   int n_items;
+  int n_rows;                /* logits rows: an item's 1 + n_spec each (<= max_num_seqs) */
   kv_copy_t *copies;         /* (n_copies) block copies the workers do before the step */
   int n_copies, copies_cap;
   uint32_t *freed;           /* (n_freed) slots freed since the last step went out */
@@ -145,11 +153,15 @@ typedef struct {
   uint64_t n_forks;          /* jobs admitted by forking another's slot */
   uint64_t fork_shared;      /* full prompt blocks they shared */
   uint64_t fork_copied;      /* partial last blocks they copied on write */
+  uint64_t window_released;  /* KV blocks released before every layer's sliding window */
 } coord_sched_counters_t;
 
 typedef struct {
   int max_num_seqs;           /* jobs running at once, items per step (> 0) */
   int max_num_batched_tokens; /* tokens per step (> 0) */
+  int kv_window;              /* > 0: every layer attends to at most this many tokens, so a running
+                               * job's blocks before its next query's window are released
+                               * (kv_seq_release_before); 0: none are */
 } coord_sched_config_t;
 
 /* Embedded in the coordinator. Fields are read-only outside sched.c. */
@@ -170,6 +182,9 @@ typedef struct {
 /* Sets up an empty scheduler (no allocator yet). Allocates its per-step
  * arrays once (aborts on host OOM). */
 void coord_sched_init(coord_sched_t *s, const coord_sched_config_t *cfg);
+
+/* Sets cfg.kv_window (the model's sliding window when every layer has one, else 0). */
+void coord_sched_set_window(coord_sched_t *s, int window);
 
 /* Frees the scheduler's arrays; the jobs and the allocator are the caller's. */
 void coord_sched_deinit(coord_sched_t *s);
@@ -193,6 +208,11 @@ void coord_sched_remove(coord_sched_t *s, coord_job_t *j);
  * jobs' slots in the allocator. Returns the batch (n_items may be 0: then
  * no step is planned). The failed jobs are DONE: the caller ends them. */
 const coord_sched_batch_t *coord_sched_plan(coord_sched_t *s);
+
+/* Speculative decoding: item i of the planned batch had n proposals
+ * accepted (0..its n_spec); the commit keeps their KV and truncates the
+ * slot past them. Call before coord_sched_commit(). */
+void coord_sched_set_accepted(coord_sched_t *s, int i, int n);
 
 /* The planned step went out: the freed slots it listed are forgotten. */
 void coord_sched_sent(coord_sched_t *s);

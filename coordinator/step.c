@@ -51,6 +51,7 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
   it->n_tokens = (uint32_t)s->n;
   it->tokens = j->tok + s->pos;
   it->final = s->final;
+  it->n_spec = (uint32_t)s->n_spec;
   it->has_sp = !j->sp_sent;
   if (it->has_sp) it->sp = j->sp;
   j->sp_sent = true;
@@ -137,6 +138,7 @@ static void coord__step_timed(coord_t *c, uint64_t ns) {
 void coord__step_kick(coord_t *c) {
   if (!c->ready || c->step_busy) return;
   if (!c->sched.running_head && !c->sched.waiting_head) return;
+  coord__spec_propose(c);
   const coord_sched_batch_t *b = coord_sched_plan(&c->sched);
   coord__step_report(c);
   coord__step_end_failed(c, b);
@@ -178,6 +180,7 @@ static void coord__apply(coord_t *c, const proto_result_t *r) {
   size_t lrows = lbase ? kv_segment_data_size(&c->logits_seg) / ((size_t)c->vocab * sizeof(float)) : 0;
   c->n_touched = 0;
   coord__results_by_slot(c, r);
+  coord__spec_accepted(c);
   coord_sched_commit(&c->sched, true);
   for (int i = 0; i < b->n_items; i++) {
     const coord_sitem_t *s = &b->items[i];
@@ -194,7 +197,7 @@ static void coord__apply(coord_t *c, const proto_result_t *r) {
       const float *row = NULL;
       if (!it) FR_LOGE("step %llu: no result for slot %d", (unsigned long long)r->step_id, s->slot);
       if (it && it->has_logits && lbase && it->logits.row < lrows) row = lbase + (size_t)it->logits.row * (size_t)c->vocab;
-      if (it) coord__job_append(c, j, it, row);
+      if (it) coord__spec_append(c, j, it, row);
       else coord__job_finish(c, j, PROTO_FINISH_ERROR);
       c->touched[c->n_touched++] = j;
     }

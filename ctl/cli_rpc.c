@@ -273,7 +273,9 @@ bool cli_engine_running(const char *rpc, const char *model_path) {
   return ok;
 }
 
-int cli_engine_start_private(const char *model, const char *device, int threads, char *rpc, size_t cap, int *pid_out) {
+int cli_engine_start_private(const char *model, const char *device, int threads, const char *kv_dtype,
+                             const char *spec, char *rpc,
+                             size_t cap, int *pid_out) {
   char dir[512], self[PATH_MAX], th[16];
   int rc = coord_runtime_dir(dir, sizeof dir);
   if (rc) return rc;
@@ -283,7 +285,8 @@ int cli_engine_start_private(const char *model, const char *device, int threads,
   snprintf(rpc, cap, "ipc://%s/run-%d.sock", dir, (int)getpid());
   snprintf(th, sizeof th, "%d", threads);
   char *argv[] = {self, "serve", "--no-http", "--model", (char *)model, "--device", (char *)device, "--threads", th,
-                  "--rpc", rpc, "--max-num-seqs", "4", "--num-kv-blocks", "256", NULL};
+                  "--rpc", rpc, "--max-num-seqs", "4", "--num-kv-blocks", "256", "--kv-cache-dtype",
+                  (char *)(kv_dtype ? kv_dtype : "auto"), spec ? "--speculative-config" : NULL, (char *)spec, NULL};
   pid_t parent = getpid(), pid = fork();
   if (pid < 0) return fr_errorf(-errno, "fork: %s", strerror(errno));
   if (pid == 0) {

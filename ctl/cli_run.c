@@ -18,9 +18,12 @@
 #include "common/fr_util.h"
 #include "ctl/cli.h"
 #include "coordinator/coord.h"
+#include "kernels/kern_types.h"
 
 typedef struct {
   const char *model, *prompt, *device;
+  const char *kv_dtype; /* --kv-cache-dtype, NULL = auto */
+  const char *spec; /* --speculative-config JSON (a private engine's), or NULL */
   long max_tokens, threads, top_k;
   double temperature, top_p, min_p;
   unsigned long long seed;
@@ -41,12 +44,19 @@ static void run_usage(FILE *f) {
           "  --seed S            RNG seed (default: random)\n"
           "  --threads N         CPU threads (default: all cores)\n"
           "  --device DEV        cpu (default) or cuda[:N]\n"
-          "  --in-process        generate in one process (ferrum-run), without the engine\n",
+          "  --kv-cache-dtype T  auto (default), int8 or fp8: a quantized KV cache\n"
+          "  --in-process        generate in one process (ferrum-run), without the engine\n"
+          "  --speculative-config JSON   speculative decoding for the private engine, as serve's\n"
+          "                      (e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'); a running\n"
+          "                      server keeps its own\n",
           cli_default_model());
 }
 
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_INPROC };
+  enum {
+    O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_INPROC,
+    O_KVDT, O_SPEC
+  };
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},     {"prompt", required_argument, 0, O_PROMPT},
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"temperature", required_argument, 0, O_TEMP},
@@ -54,6 +64,8 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"min-p", required_argument, 0, O_MINP},      {"seed", required_argument, 0, O_SEED},
       {"raw", no_argument, 0, O_RAW},               {"threads", required_argument, 0, O_THREADS},
       {"device", required_argument, 0, O_DEVICE},   {"in-process", no_argument, 0, O_INPROC},
+      {"kv-cache-dtype", required_argument, 0, O_KVDT},
+      {"speculative-config", required_argument, 0, O_SPEC},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
@@ -79,6 +91,22 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     case O_THREADS: if (cli_parse_int("--threads", optarg, 0, 1024, &o->threads)) return 2; break;
     case O_DEVICE: o->device = optarg; break;
     case O_INPROC: o->in_process = true; break;
+    case O_KVDT:
+      if (kern_kv_dtype_parse(optarg) < 0) {
+        fprintf(stderr, "ferrumctl run: --kv-cache-dtype is auto, int8 or fp8, got '%s'\n", optarg);
+        return 2;
+      }
+      o->kv_dtype = optarg;
+      break;
+    case O_SPEC: {
+      coord_spec_config_t sc;
+      if (coord_spec_parse(optarg, &sc)) {
+        fprintf(stderr, "ferrumctl run: %s\n", fr_last_error());
+        return 2;
+      }
+      o->spec = optarg;
+      break;
+    }
     case 'h': run_usage(stdout); return 1;
     default: run_usage(stderr); return 2;
     }
@@ -111,7 +139,8 @@ static int run_in_process(const run_opts_t *o) {
   snprintf(num[6], sizeof num[6], "%ld", o->threads);
   char *argv[] = {exe, "--model", (char *)o->model, "--prompt", (char *)o->prompt, "--device", (char *)o->device,
                   "--max-tokens", num[0], "--temperature", num[1], "--top-k", num[2], "--top-p", num[3],
-                  "--min-p", num[4], "--seed", num[5], "--threads", num[6], o->raw ? "--raw" : NULL, NULL};
+                  "--min-p", num[4], "--seed", num[5], "--threads", num[6], "--kv-cache-dtype",
+                  (char *)(o->kv_dtype ? o->kv_dtype : "auto"), o->raw ? "--raw" : NULL, NULL};
   fflush(NULL);
   execv(exe, argv);
   fprintf(stderr, "ferrumctl run: exec %s: %s\n", exe, strerror(errno));
@@ -137,7 +166,9 @@ static int run_engine(const run_opts_t *o) {
   int pid = -1, rc = coord_default_rpc_addr(rpc, sizeof rpc);
   if (rc == 0 && !cli_engine_running(rpc, o->model)) {
     FR_LOGI("no server at %s: starting a private engine", rpc);
-    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, rpc, sizeof rpc, &pid);
+    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, o->kv_dtype, o->spec, rpc, sizeof rpc, &pid);
+  } else if (rc == 0 && o->spec) {
+    FR_LOGW("a server runs at %s: --speculative-config applies only to a private engine", rpc);
   }
   if (rc == 0) rc = cli_engine_generate(rpc, NULL, &req, -1, true);
   int err = rc;

@@ -17,6 +17,7 @@
 #include "coordinator/coord.h"
 #include "coordinator/http/http.h"
 #include "coordinator/metrics.h"
+#include "kernels/kern_types.h"
 
 typedef struct {
   coord_config_t k;
@@ -52,6 +53,9 @@ static void serve_usage(FILE *f) {
           "  --kv-cache-memory-bytes N     KV cache bytes per worker, on any device: bytes, or K/M/G/T (powers\n"
           "                                of 1024) or k/m/g/t (of 1000), e.g. 4G; overrides --gpu-memory-utilization\n"
           "  --num-kv-blocks N             exactly N KV blocks (overrides both)\n"
+          "  --kv-cache-dtype T            auto (default: f16 on the CPU, the activation type on a GPU), int8\n"
+          "                                or fp8 (E4M3): one byte per element and an f16 scale per token and KV\n"
+          "                                head, so the same bytes hold about twice the tokens\n"
           "  --enable-prefix-caching / --no-enable-prefix-caching   (default on)\n"
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --sse-keepalive S             a waiting stream gets an SSE comment line this often, so that\n"
@@ -79,14 +83,20 @@ static void serve_usage(FILE *f) {
           "  --worker-endpoint ADDR        where workers connect (default ipc:// in the runtime folder;\n"
           "                                tcp://0.0.0.0:5556 for remote workers)\n"
           "  --remote-workers N            the last N ranks are not started here: they join from other hosts\n"
-          "                                (`ferrum-worker --connect` the worker endpoint; default 0)\n",
+          "                                (`ferrum-worker --connect` the worker endpoint; default 0)\n"
+          "  --speculative-config JSON     speculative decoding, as vLLM spells it: '{\"method\": \"ngram\",\n"
+          "                                \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'\n"
+          "                                (n-gram prompt lookup; \"disable_by_batch_size\": N turns it off while more\n"
+          "                                than N requests run or wait, default 4 on the CPU, 8 on a GPU;\n"
+          "                                \"min_acceptance_rate\": R, a request whose proposals are accepted less\n"
+          "                                often stops proposing, default 0.75 on the CPU, 0.1 on a GPU)\n",
           cli_default_model());
 }
 
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_AUTOTOOLS, O_TOOLPARSER
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -119,6 +129,13 @@ static int serve_opt(serve_opts_t *o, int c) {
   case O_GMU:
     if (cli_parse_float("--gpu-memory-utilization", optarg, 1e-6, 1, &k->gpu_memory_utilization)) return 2;
     return 0;
+  case O_KVDTYPE:
+    if (kern_kv_dtype_parse(optarg) < 0) {
+      fprintf(stderr, "ferrumctl serve: --kv-cache-dtype is auto, int8 or fp8, got '%s'\n", optarg);
+      return 2;
+    }
+    k->kv_cache_dtype = optarg;
+    return 0;
   case O_KVBYTES: if (cli_parse_size("--kv-cache-memory-bytes", optarg, &k->kv_cache_memory_bytes)) return 2; return 0;
   case O_PC: k->no_prefix_caching = false; return 0;
   case O_NOPC: k->no_prefix_caching = true; return 0;
@@ -138,6 +155,12 @@ static int serve_opt(serve_opts_t *o, int c) {
   case O_CURVE: k->curve_key_path = optarg; return 0;
   case O_CLIENTS: k->curve_clients_path = optarg; return 0;
   case O_WEP: k->worker_endpoint = optarg; return 0;
+  case O_SPEC:
+    if (coord_spec_parse(optarg, &k->spec)) {
+      fprintf(stderr, "ferrumctl serve: %s\n", fr_last_error());
+      return 2;
+    }
+    return 0;
   case O_REMOTE: if (cli_parse_int("--remote-workers", optarg, 0, 16, &v)) return 2; k->remote_workers = (int)v; return 0;
   case O_AUTOTOOLS: o->auto_tools = true; return 0;
   case O_TOOLPARSER:
@@ -170,6 +193,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"num-kv-blocks", required_argument, 0, O_NKV},
       {"gpu-memory-utilization", required_argument, 0, O_GMU},
       {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
+      {"kv-cache-dtype", required_argument, 0, O_KVDTYPE},
       {"enable-prefix-caching", no_argument, 0, O_PC},
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},
@@ -186,6 +210,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"curve-clients", required_argument, 0, O_CLIENTS},
       {"worker-endpoint", required_argument, 0, O_WEP},
       {"remote-workers", required_argument, 0, O_REMOTE},
+      {"speculative-config", required_argument, 0, O_SPEC},
       {"enable-auto-tool-choice", no_argument, 0, O_AUTOTOOLS},
       {"tool-call-parser", required_argument, 0, O_TOOLPARSER},
       {"help", no_argument, 0, 'h'},
@@ -250,6 +275,10 @@ int cli_cmd_serve(int argc, char **argv) {
   if (prc) return prc == 1 ? 0 : prc;
   fr_log_set_tag("coord");
   if (strcmp(o.model_given, o.model_abs)) FR_LOGI("model %s is %s", o.model_given, o.model_abs);
+  const coord_spec_config_t *sc = &o.k.spec;
+  if (sc->num_speculative_tokens > 0)
+    FR_LOGI("speculative decoding: ngram, %d tokens, n-grams of %d..%d", sc->num_speculative_tokens,
+            sc->prompt_lookup_min, sc->prompt_lookup_max);
   coord_t *c = NULL;
   coord_metrics_t *metrics = NULL;
   coord_http_t *http = NULL;

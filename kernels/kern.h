@@ -79,10 +79,33 @@ typedef struct {
 
 typedef struct kern_kv_pool {
   kern_kv_config_t cfg;
-  size_t layer_bytes; /* bytes of K (or V) for one layer */
-  void *base;         /* backend memory: layer l's K at base + 2*l*layer_bytes, V after it */
+  size_t layer_bytes; /* bytes of K (or V) elements for one layer (kern_kv_layer_bytes) */
+  size_t scale_bytes; /* bytes of K (or V) scales for one layer; 0 unless cfg.dtype quantizes */
+  void *base;         /* backend memory: layer l's K at base + 2*l*layer_bytes, V after it; scales after
+                       * every layer's elements (kern_types.h) */
   bool external;      /* base is borrowed (e.g. shared memory), not freed by the pool */
 } kern_kv_pool_t;
+
+/* Sets a pool's geometry over base (kern_kv_pool_bytes(cfg) bytes): what
+ * a backend's kv_pool_init does besides allocating and zeroing. */
+static inline void kern_kv_pool_layout(kern_kv_pool_t *pool, const kern_kv_config_t *cfg, void *base, bool external) {
+  pool->cfg = *cfg;
+  pool->layer_bytes = kern_kv_layer_bytes(cfg);
+  pool->scale_bytes = kern_kv_scale_bytes(cfg);
+  pool->base = base;
+  pool->external = external;
+}
+
+/* Layer l's K (is_v 0) or V (is_v 1) elements, and its scales (NULL when
+ * not quantized). */
+static inline void *kern_kv_pool_elems(const kern_kv_pool_t *pool, int layer, int is_v) {
+  return (uint8_t *)pool->base + (2 * (size_t)layer + (size_t)is_v) * pool->layer_bytes;
+}
+static inline uint16_t *kern_kv_pool_scales(const kern_kv_pool_t *pool, int layer, int is_v) {
+  if (!pool->scale_bytes) return NULL;
+  return (uint16_t *)((uint8_t *)pool->base + 2 * (size_t)pool->cfg.n_layers * pool->layer_bytes +
+                      (2 * (size_t)layer + (size_t)is_v) * pool->scale_bytes);
+}
 
 typedef struct kern_backend kern_backend_t;
 
@@ -305,7 +328,8 @@ struct kern_backend {
   void *ctx;
   kern_type_t act_type; /* activation element type */
   size_t act_size;      /* bytes per activation element */
-  kern_type_t kv_type;  /* KV cache element type it keeps */
+  kern_type_t kv_type;  /* KV cache element type it keeps (--kv-cache-dtype auto) */
+  uint32_t kv_dtypes;   /* bit (1 << kern_kv_dtype_t) for each KV cache dtype it can keep */
   bool host_memory;     /* its memory is host memory: a KV pool may be adopted from
                          * shared memory (kv_pool_init's external) and outlive the process */
 };

@@ -2,6 +2,7 @@
  * (ggml's block layouts, ggml-common.h) and KV pool sizes: see kern_types.h. */
 #include "kernels/kern_types.h"
 
+#include <math.h>
 #include <string.h>
 #include <strings.h>
 
@@ -186,15 +187,97 @@ void kern_dequantize_row(int type, const void *src, float *dst, int64_t n) {
   }
 }
 
-size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg) {
-  const kern_type_traits_t *t = kern_type_traits(cfg->type);
-  if (!t || t->quantized || cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0 ||
-      cfg->block_size <= 0 || cfg->n_blocks <= 0)
+/* Bytes per element of a pool (1 when quantized), 0 for a bad type. */
+static size_t kern__kv_elem(const kern_kv_config_t *cfg) {
+  if (cfg->dtype == KERN_KV_INT8 || cfg->dtype == KERN_KV_FP8) return 1;
+  const kern_type_traits_t *t = cfg->dtype == KERN_KV_AUTO ? kern_type_traits(cfg->type) : NULL;
+  return t && !t->quantized ? (size_t)t->size : 0;
+}
+
+/* Slots of one KV head in the pool (n_blocks * block_size * n_kv_heads), 0 when bad. */
+static size_t kern__kv_head_slots(const kern_kv_config_t *cfg) {
+  if (cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->head_dim <= 0 || cfg->block_size <= 0 ||
+      cfg->n_blocks <= 0 || !kern__kv_elem(cfg))
     return 0;
-  size_t n = (size_t)t->size, total;
-  if (fr_mul_size(n, (size_t)cfg->n_blocks, &n) || fr_mul_size(n, (size_t)cfg->block_size, &n) ||
-      fr_mul_size(n, (size_t)cfg->n_kv_heads, &n) || fr_mul_size(n, (size_t)cfg->head_dim, &n) ||
-      fr_mul_size(n, 2 * (size_t)cfg->n_layers, &total))
-    return 0;
+  size_t n = (size_t)cfg->n_blocks;
+  if (fr_mul_size(n, (size_t)cfg->block_size, &n) || fr_mul_size(n, (size_t)cfg->n_kv_heads, &n)) return 0;
+  return n;
+}
+
+size_t kern_kv_layer_bytes(const kern_kv_config_t *cfg) {
+  size_t n = kern__kv_head_slots(cfg), total;
+  if (!n || fr_mul_size(n, (size_t)cfg->head_dim * kern__kv_elem(cfg), &total)) return 0;
   return total;
+}
+
+size_t kern_kv_scale_bytes(const kern_kv_config_t *cfg) {
+  if (cfg->dtype == KERN_KV_AUTO) return 0;
+  size_t n = kern__kv_head_slots(cfg), total;
+  if (!n || fr_mul_size(n, sizeof(uint16_t), &total)) return 0;
+  return total;
+}
+
+size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg) {
+  size_t per = kern_kv_layer_bytes(cfg), total;
+  if (!per || per > SIZE_MAX - kern_kv_scale_bytes(cfg)) return 0;
+  per += kern_kv_scale_bytes(cfg);
+  if (fr_mul_size(per, 2 * (size_t)cfg->n_layers, &total)) return 0;
+  return total;
+}
+
+size_t kern_kv_block_bytes(const kern_kv_config_t *cfg) {
+  kern_kv_config_t one = *cfg;
+  one.n_blocks = 1;
+  return kern_kv_pool_bytes(&one);
+}
+
+int kern_kv_dtype_parse(const char *name) {
+  if (!name) return -1;
+  if (!strcasecmp(name, "auto")) return KERN_KV_AUTO;
+  if (!strcasecmp(name, "int8")) return KERN_KV_INT8;
+  if (!strcasecmp(name, "fp8") || !strcasecmp(name, "fp8_e4m3")) return KERN_KV_FP8;
+  return -1;
+}
+
+const char *kern_kv_dtype_name(kern_kv_dtype_t d) {
+  return d == KERN_KV_INT8 ? "int8" : d == KERN_KV_FP8 ? "fp8" : "auto";
+}
+
+float kern_fp8_e4m3_to_f32(uint8_t x) {
+  const int e = (x >> 3) & 15, m = x & 7;
+  float v;
+  if (e == 15 && m == 7) v = NAN;
+  else if (e == 0) v = ldexpf((float)m, -9);
+  else v = ldexpf(1.0f + (float)m / 8.0f, e - 7);
+  return x & 0x80 ? -v : v;
+}
+
+uint8_t kern_fp8_e4m3_from_f32(float x) {
+  const uint8_t sign = signbit(x) ? 0x80 : 0;
+  if (isnan(x)) return sign | 0x7F;
+  float a = fabsf(x);
+  if (a >= 448.0f) return sign | 0x7E; /* saturate: 448 = 1.75 * 2^8 */
+  int ex;
+  frexpf(a, &ex); /* a = f * 2^ex, f in [0.5, 1) */
+  const int quantum = ex - 1 < -6 ? -9 : ex - 1 - 3; /* exponent of one unit in the last place */
+  a = ldexpf(nearbyintf(ldexpf(a, -quantum)), quantum); /* exact: a power-of-two scale; RNE */
+  if (a >= 448.0f) return sign | 0x7E;
+  if (a < 0x1p-6f) return sign | (uint8_t)(int)ldexpf(a, 9); /* subnormal (or zero) */
+  frexpf(a, &ex);
+  const int m = (int)ldexpf(ldexpf(a, -(ex - 1)) - 1.0f, 3);
+  return sign | (uint8_t)(((ex - 1 + 7) << 3) | m);
+}
+
+void kern_kv_quantize_row(kern_kv_dtype_t dtype, const float *x, int n, void *q, uint16_t *scale) {
+  float amax = 0.0f;
+  for (int i = 0; i < n; i++) amax = fmaxf(amax, fabsf(x[i]));
+  const float qmax = dtype == KERN_KV_INT8 ? 127.0f : 448.0f;
+  const uint16_t h = fr_fp32_to_fp16(fminf(amax / qmax, 65504.0f));
+  const float s = fr_fp16_to_fp32(h), inv = s > 0.0f ? 1.0f / s : 0.0f;
+  *scale = h;
+  for (int i = 0; i < n; i++) {
+    const float v = x[i] * inv;
+    if (dtype == KERN_KV_INT8) ((int8_t *)q)[i] = (int8_t)fmaxf(-127.0f, fminf(127.0f, nearbyintf(v)));
+    else ((uint8_t *)q)[i] = kern_fp8_e4m3_from_f32(v);
+  }
 }

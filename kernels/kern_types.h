@@ -57,17 +57,60 @@ size_t kern_row_bytes(int type, int64_t n);
  * into dst (host memory, f32). Reference implementation, also used by tests. */
 void kern_dequantize_row(int type, const void *src, float *dst, int64_t n);
 
+/* How a KV pool stores K and V (--kv-cache-dtype, vLLM's names).
+ * KERN_KV_AUTO keeps elements of the config's `type`. KERN_KV_INT8 and
+ * KERN_KV_FP8 keep one byte per element (int8, or FP8 E4M3) and one
+ * symmetric f16 scale per (token, KV head): x = q * scale, with scale =
+ * max|x| / 127 (int8) or / 448 (E4M3) over the head's row. */
+typedef enum { KERN_KV_AUTO = 0, KERN_KV_INT8 = 1, KERN_KV_FP8 = 2 } kern_kv_dtype_t;
+
 /* A paged KV pool: per layer, K and V each of (n_blocks, block_size,
  * n_kv_heads, head_dim) elements of `type` (F32 or F16 on the CPU, BF16/F16
- * on CUDA). */
+ * on CUDA), or of bytes when dtype quantizes; then (quantized only) every
+ * layer's K and V scales, each (n_blocks, block_size, n_kv_heads) f16. */
 typedef struct {
   int n_layers, n_kv_heads, head_dim;
   int block_size, n_blocks;
-  kern_type_t type;
+  kern_type_t type;      /* the element type when dtype is KERN_KV_AUTO */
+  kern_kv_dtype_t dtype; /* 0 (auto) unless a quantized cache was asked for */
 } kern_kv_config_t;
 
-/* Bytes a pool of this config needs. */
+/* Bytes a pool of this config needs: n_blocks times kern_kv_block_bytes
+ * (0 when the config is bad or the size overflows). */
 size_t kern_kv_pool_bytes(const kern_kv_config_t *cfg);
+
+/* Bytes of one block over every layer, K and V, scales included. */
+size_t kern_kv_block_bytes(const kern_kv_config_t *cfg);
+
+/* Bytes of one layer's K (or V) elements, and of its scales (0 when not
+ * quantized). Layer l's K is at base + 2 l layer_bytes, V after it; layer
+ * l's K scales at base + 2 n_layers layer_bytes + 2 l scale_bytes, V's
+ * after them. */
+size_t kern_kv_layer_bytes(const kern_kv_config_t *cfg);
+size_t kern_kv_scale_bytes(const kern_kv_config_t *cfg);
+
+/* Parses "auto", "int8", "fp8" (or "fp8_e4m3"), case-insensitive; -1 for
+ * anything else. */
+int kern_kv_dtype_parse(const char *name);
+
+/* "auto", "int8" or "fp8". */
+const char *kern_kv_dtype_name(kern_kv_dtype_t d);
+
+/* FP8 E4M3 (OCP, as CUDA's __nv_fp8_e4m3): to f32, and from f32 rounding
+ * to nearest even and saturating to +-448. */
+float kern_fp8_e4m3_to_f32(uint8_t x);
+uint8_t kern_fp8_e4m3_from_f32(float x);
+
+/* The reference quantizer of one (token, KV head) row of n elements: q
+ * (n bytes) and its f16 scale, as every backend's KV append stores them
+ * (scale = f16(max|x| / 127 or 448); q = x / scale rounded to nearest even,
+ * clamped; a zero row has scale 0). dtype is KERN_KV_INT8 or KERN_KV_FP8. */
+void kern_kv_quantize_row(kern_kv_dtype_t dtype, const float *x, int n, void *q, uint16_t *scale);
+
+/* The element of a quantized row as f32 (without the scale). */
+static inline float kern_kv_dequant(kern_kv_dtype_t dtype, const void *q, int i) {
+  return dtype == KERN_KV_INT8 ? (float)((const int8_t *)q)[i] : kern_fp8_e4m3_to_f32(((const uint8_t *)q)[i]);
+}
 
 /* Which pairs of a head rope rotates: a property of how the weights were
  * stored (docs/ARCHITECTURE.md, rope convention), so the file readers report it. */

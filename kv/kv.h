@@ -61,6 +61,7 @@ extern "C" {
 #endif
 
 #define KV_BLOCK_SIZE_DEFAULT 16
+#define KV_HOLE (-1) /* a table entry whose block was released (kv_seq_release_before) */
 #define KV_CTL_WHAT "kvctl" /* segment kind of the control segment */
 
 typedef struct kv_ctl kv_ctl_t;
@@ -192,8 +193,25 @@ int kv_seq_fork(kv_ctl_t *ctl, int parent, int *child);
 
 /* Shrinks a slot to new_len tokens (0 <= new_len <= len), freeing blocks no
  * longer needed (speculative decoding rejects draft tokens this way).
- * Returns 0, -EINVAL for a bad slot or length. */
+ * Returns 0, -EINVAL for a bad slot or length (also a length inside the
+ * released blocks of kv_seq_release_before). */
 int kv_seq_truncate(kv_ctl_t *ctl, int slot, int new_len);
+
+/* Sliding-window attention: releases the slot's blocks that hold only
+ * tokens before position pos (blocks [0, pos / block_size)), which no
+ * query at pos or later reads when every layer's window is at most
+ * (next query position - pos + 1). Their table entries become KV_HOLE
+ * (the table keeps its length and positions); the blocks lose this
+ * reference (a cached prefix block stays findable until reused). With the
+ * prefix cache on, only committed blocks are released (the chain hash of
+ * the last one stays in the slot, so later commits continue). Call it
+ * only when no step in flight reads those blocks (the scheduler does so
+ * before building the slot's next step). Returns how many blocks it
+ * released, or -EINVAL for a bad slot. */
+int kv_seq_release_before(kv_ctl_t *ctl, int slot, int pos);
+
+/* Leading table entries of a slot released by kv_seq_release_before, or -EINVAL. */
+int kv_seq_released(const kv_ctl_t *ctl, int slot);
 
 /* Frees a slot: drops all its blocks (last block first, so a prefix's tail is
  * evicted before its head) and returns the slot. -EINVAL for a bad slot. */
@@ -237,7 +255,7 @@ int kv_admit_plan(const kv_ctl_t *ctl, const int32_t *tokens, int n, uint64_t sa
 /* ---- block tables (readers and writer) ---------------------------------- */
 
 /* Reads a consistent snapshot of a slot: its length, table length, version,
- * and up to cap table entries into blocks (cap >= view->n_blocks, or
+ * and up to cap table entries into blocks (KV_HOLE for released ones) (cap >= view->n_blocks, or
  * FR_ETOOBIG and blocks holds a prefix). Lock-free: retries while the writer
  * updates the slot; FR_EBUSY if the slot stays mid-update (a writer that died
  * mid-write). Returns 0, -EINVAL for a bad slot. */

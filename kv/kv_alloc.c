@@ -130,6 +130,7 @@ int kv__alloc_verify(const kv_ctl_t *ctl) {
     if (!sl->in_use) continue;
     const int32_t *t = kv__table(ctl, s);
     for (int i = 0; i < sl->n_blocks; i++) {
+      if (i < sl->n_released && t[i] == KV_HOLE) continue;
       if (t[i] < 0 || t[i] >= ctl->n_blocks) {
         err = fr_errorf(FR_ESTATE, "kv: slot %d entry %d = %d out of range", s, i, t[i]);
         break;

@@ -208,7 +208,12 @@ static int kv__slots_verify(const kv_ctl_t *ctl) {
     if (sl->n_committed < 0 || sl->n_committed > sl->len / bs)
       return fr_errorf(FR_ESTATE, "kv: slot %d: %d committed of %d tokens", s, sl->n_committed, sl->len);
     const int32_t *t = kv__table(ctl, s);
-    for (int i = 0; i < sl->n_committed; i++)
+    if (sl->n_released < 0 || sl->n_released >= FR_MAX(sl->n_blocks, 1) || (ctl->prefix_cache && sl->n_released > sl->n_committed))
+      return fr_errorf(FR_ESTATE, "kv: slot %d: %d released of %d blocks", s, sl->n_released, sl->n_blocks);
+    for (int i = 0; i < sl->n_blocks; i++)
+      if ((i < sl->n_released) != (t[i] == KV_HOLE))
+        return fr_errorf(FR_ESTATE, "kv: slot %d: entry %d is %d with %d released", s, i, t[i], sl->n_released);
+    for (int i = sl->n_released; i < sl->n_committed; i++)
       if (!(ctl->blocks[t[i]].flags & KV__BLK_HASHED))
         return fr_errorf(FR_ESTATE, "kv: slot %d: committed block %d (%d) not hashed", s, i, t[i]);
   }

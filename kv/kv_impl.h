@@ -51,8 +51,11 @@ typedef struct {
   int32_t n_committed;  /* leading blocks whose chain hash is set (HASHED) */
   uint32_t next_free;   /* slot free list */
   uint64_t salt;
-  uint8_t pad[32];      /* one cache line per slot */
+  uint64_t last_h[2];   /* chain hash of block n_committed - 1 (the next commit's parent) */
+  int32_t n_released;   /* leading table entries released (KV_HOLE): kv_seq_release_before */
+  uint8_t pad[12];      /* one cache line per slot */
 } kv__slot_t;
+_Static_assert(sizeof(kv__slot_t) == 64, "one cache line per slot");
 
 typedef struct {
   uint64_t magic;       /* KV__CTL_MAGIC */

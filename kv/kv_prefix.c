@@ -160,16 +160,18 @@ static int kv__commit_one(kv_ctl_t *ctl, int slot, const int32_t *t, int i, cons
   uint64_t parent[2], h[2];
   if (i == 0)
     kv__hash_root(sl->salt, parent);
-  else
-    memcpy(parent, ctl->blocks[t[i - 1]].h, sizeof parent);
+  else /* block i - 1 is the last committed one: its hash, kept in the slot (the block may be released) */
+    memcpy(parent, sl->last_h, sizeof parent);
   const int32_t *bt = tokens + (size_t)i * bs;
   kv__hash_block(parent, bt, bs, sl->salt, h);
   kv__block_t *blk = &ctl->blocks[t[i]];
   if (blk->flags & KV__BLK_HASHED) {
     if (blk->h[0] != h[0] || blk->h[1] != h[1])
       return fr_errorf(FR_ESTATE, "kv: slot %d block %d: tokens differ from the cached block's", slot, i);
+    memcpy(sl->last_h, h, sizeof h);
     return 0;
   }
+  memcpy(sl->last_h, h, sizeof h);
   blk->h[0] = h[0];
   blk->h[1] = h[1];
   blk->flags |= KV__BLK_HASHED;

@@ -52,6 +52,7 @@ int kv_seq_alloc_slot(kv_ctl_t *ctl, uint64_t salt, int *slot) {
   KV__ST(sl->in_use, 1);
   kv__wend(sl);
   sl->n_committed = 0;
+  sl->n_released = 0;
   sl->next_free = KV_NIL;
   sl->salt = salt;
   *slot = (int)s;
@@ -84,6 +85,7 @@ int kv_seq_attach_prefix(kv_ctl_t *ctl, int slot, const int32_t *tokens, int n, 
   KV__ST(sl->len, got * ctl->block_size);
   kv__wend(sl);
   sl->n_committed = got;
+  if (got > 0) memcpy(sl->last_h, ctl->blocks[t[got - 1]].h, sizeof sl->last_h);
   ctl->hdr->n_lookup_blocks += (uint64_t)n_blk;
   ctl->hdr->n_hit_blocks += (uint64_t)got;
   *n_cached_tokens = got * ctl->block_size;
@@ -144,20 +146,22 @@ int kv_seq_fork(kv_ctl_t *ctl, int parent, int *child) {
   int32_t *t = kv__table(ctl, c);
   kv__wbegin(sl);
   for (int i = 0; i < p->n_blocks; i++) {
-    kv__block_ref(ctl, (uint32_t)pt[i]);
+    if (i >= p->n_released) kv__block_ref(ctl, (uint32_t)pt[i]);
     KV__ST(t[i], pt[i]);
   }
   KV__ST(sl->n_blocks, p->n_blocks);
   KV__ST(sl->len, p->len);
   kv__wend(sl);
   sl->n_committed = p->n_committed;
+  sl->n_released = p->n_released;
+  memcpy(sl->last_h, p->last_h, sizeof sl->last_h);
   *child = c;
   return 0;
 }
 
 /* Drops table entries [keep, n_blocks), last first. Inside a write section. */
 static void kv__drop_tail(kv_ctl_t *ctl, kv__slot_t *sl, const int32_t *t, int keep) {
-  for (int i = sl->n_blocks - 1; i >= keep; i--) kv__block_unref(ctl, (uint32_t)t[i]);
+  for (int i = sl->n_blocks - 1; i >= keep && i >= sl->n_released; i--) kv__block_unref(ctl, (uint32_t)t[i]);
   KV__ST(sl->n_blocks, keep);
 }
 
@@ -165,15 +169,46 @@ int kv_seq_truncate(kv_ctl_t *ctl, int slot, int new_len) {
   int err = kv__slot_check(ctl, slot, "truncate");
   if (err) return err;
   kv__slot_t *sl = &ctl->slots[slot];
-  if (new_len < 0 || new_len > sl->len)
-    return fr_errorf(-EINVAL, "kv: truncate slot %d to %d tokens (has %d)", slot, new_len, sl->len);
   int bs = ctl->block_size;
+  if (new_len < 0 || new_len > sl->len || (sl->n_released > 0 && new_len <= sl->n_released * bs))
+    return fr_errorf(-EINVAL, "kv: truncate slot %d to %d tokens (has %d, the first %d released)", slot, new_len,
+                     sl->len, sl->n_released * bs);
+  const int32_t *t = kv__table(ctl, slot);
   kv__wbegin(sl);
-  kv__drop_tail(ctl, sl, kv__table(ctl, slot), (new_len + bs - 1) / bs);
+  kv__drop_tail(ctl, sl, t, (new_len + bs - 1) / bs);
   KV__ST(sl->len, new_len);
   kv__wend(sl);
-  sl->n_committed = FR_MIN(sl->n_committed, new_len / bs);
+  if (new_len / bs < sl->n_committed) {
+    sl->n_committed = new_len / bs;
+    if (sl->n_committed > 0) memcpy(sl->last_h, ctl->blocks[t[sl->n_committed - 1]].h, sizeof sl->last_h);
+  }
   return 0;
+}
+
+int kv_seq_release_before(kv_ctl_t *ctl, int slot, int pos) {
+  int err = kv__slot_check(ctl, slot, "release");
+  if (err) return err;
+  kv__slot_t *sl = &ctl->slots[slot];
+  int end = FR_MIN(pos, sl->len) / ctl->block_size;
+  end = FR_MIN(end, sl->n_blocks - 1); /* the last block holds the next token's neighbours: always kept */
+  if (ctl->prefix_cache) end = FR_MIN(end, sl->n_committed);
+  if (end <= sl->n_released) return 0;
+  int32_t *t = kv__table(ctl, slot);
+  const int first = sl->n_released;
+  kv__wbegin(sl);
+  for (int i = end - 1; i >= first; i--) { /* last first, like kv_seq_free: a prefix's tail is evicted first */
+    kv__block_unref(ctl, (uint32_t)t[i]);
+    KV__ST(t[i], KV_HOLE);
+  }
+  kv__wend(sl);
+  sl->n_released = end;
+  return end - first;
+}
+
+int kv_seq_released(const kv_ctl_t *ctl, int slot) {
+  if (slot < 0 || slot >= ctl->max_seqs || !ctl->slots[slot].in_use)
+    return fr_errorf(-EINVAL, "kv: slot %d is not in use", slot);
+  return ctl->slots[slot].n_released;
 }
 
 int kv_seq_free(kv_ctl_t *ctl, int slot) {
@@ -186,6 +221,7 @@ int kv_seq_free(kv_ctl_t *ctl, int slot) {
   KV__ST(sl->in_use, 0);
   kv__wend(sl);
   sl->n_committed = 0;
+  sl->n_released = 0;
   sl->salt = 0;
   sl->next_free = ctl->hdr->slot_free;
   ctl->hdr->slot_free = (uint32_t)slot;
@@ -245,7 +281,7 @@ int kv_seq_read(const kv_ctl_t *ctl, int slot, int32_t *blocks, int cap, kv_seq_
       (int64_t)view->n_blocks != ((int64_t)view->len + bs - 1) / bs)
     return fr_errorf(FR_EFORMAT, "kv: slot %d: inconsistent length %d / %d blocks", slot, view->len, view->n_blocks);
   for (int i = 0; i < m; i++)
-    if (blocks[i] < 0 || blocks[i] >= ctl->n_blocks)
+    if ((blocks[i] < 0 && blocks[i] != KV_HOLE) || blocks[i] >= ctl->n_blocks)
       return fr_errorf(FR_EFORMAT, "kv: slot %d entry %d = %d out of range", slot, i, blocks[i]);
   if (view->n_blocks > cap) return fr_errorf(FR_ETOOBIG, "kv: slot %d has %d blocks, buffer %d", slot, view->n_blocks, cap);
   return 0;

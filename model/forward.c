@@ -119,9 +119,36 @@ static int model__ffn_block(model_t *m, int il, int n) {
   return model__reduce(m, n);
 }
 
-/* The layer stack after step_begin: leaves logits in m->logits. Safe to
- * capture as a graph (reads per-step inputs only through the step). */
-static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs) {
+/* Several logits rows per sequence (speculative decoding): the last
+ * rows[s] tokens of sequence s, gathered from xn into m->last with one
+ * device copy per run of consecutive rows. Returns the row count. */
+static int model__gather_rows(model_t *m, const kern_step_t *st, const int32_t *rows, int *n_out) {
+  const size_t rb = (size_t)m->cfg.dim * m->be->act_size;
+  int out = 0, run_from = -1, run_len = 0;
+  for (int s = 0; s < st->n_seqs; s++) {
+    int end = st->q_start[s + 1], from = end - rows[s];
+    if (run_len && run_from + run_len != from) {
+      CALL(m->be->ops->copy(m->be->ctx, (uint8_t *)m->last + (size_t)(out - run_len) * rb,
+                            (const uint8_t *)m->xn + (size_t)run_from * rb, (size_t)run_len * rb));
+      run_len = 0;
+    }
+    if (!run_len) run_from = from;
+    run_len += rows[s];
+    out += rows[s];
+  }
+  if (run_len)
+    CALL(m->be->ops->copy(m->be->ctx, (uint8_t *)m->last + (size_t)(out - run_len) * rb,
+                          (const uint8_t *)m->xn + (size_t)run_from * rb, (size_t)run_len * rb));
+  *n_out = out;
+  return 0;
+}
+
+/* The layer stack after step_begin: leaves logits in m->logits, one row
+ * per sequence, or rows[s] rows for sequence s of st (NULL: one). Safe to
+ * capture as a graph without rows (reads per-step inputs only through the
+ * step). */
+static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs, const kern_step_t *st,
+                             const int32_t *rows) {
   const kern_ops_t *op = m->be->ops;
   void *cx = m->be->ctx;
   const model_config_t *c = &m->cfg;
@@ -136,8 +163,10 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
     CALL(op->add_rms_norm(cx, m->xn, m->x, m->xn, next, n, c->dim, c->norm_eps));
   }
   if (m->shard.rank != 0 && !m->shard.split_vocab) return 0; /* rank 0 samples: only it needs logits */
-  /* xn holds norm(x) for every token; logits only for each sequence's last. */
-  CALL(op->last_rows(cx, m->last, m->xn, c->dim));
+  /* xn holds norm(x) for every token; logits only for each sequence's last
+   * (or, verifying proposals, its last rows[s]). */
+  if (rows) CALL(model__gather_rows(m, st, rows, &n_seqs));
+  else CALL(op->last_rows(cx, m->last, m->xn, c->dim));
   if (!m->shard.split_vocab) return op->matmul(cx, m->logits, &m->output, NULL, m->last, n_seqs);
   /* this rank's vocabulary slice, gathered into rank 0's logits */
   CALL(op->matmul(cx, m->logits_part, &m->output, NULL, m->last, n_seqs));
@@ -203,29 +232,42 @@ static int model__forward_graph(model_t *m, kern_kv_pool_t *pool, const kern_ste
   bool replayed = false;
   CALL(op->graph_begin(m->be->ctx, key, &replayed));
   if (!replayed) {
-    int rc = model__run_layers(m, pool, B, B);
+    int rc = model__run_layers(m, pool, B, B, NULL, NULL);
     int rc2 = op->graph_end(m->be->ctx, key);
     return rc ? rc : rc2;
   }
   return op->graph_end(m->be->ctx, key);
 }
 
-int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const void **logits) {
+int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const int32_t *rows,
+                       const void **logits) {
   if (step->n_tokens <= 0 || step->n_tokens > m->max_tokens || step->n_seqs <= 0 || step->n_seqs > m->max_seqs)
     return fr_errorf(-EINVAL, "step of %d tokens / %d sequences exceeds the model's scratch (%d / %d)",
                      step->n_tokens, step->n_seqs, m->max_tokens, m->max_seqs);
   for (int i = 0; i < step->n_tokens; i++)
     if (step->tokens[i] < 0 || step->tokens[i] >= m->cfg.vocab_size)
       return fr_errorf(-EINVAL, "token id %d out of range [0, %d)", step->tokens[i], m->cfg.vocab_size);
+  int total = 0;
+  for (int s = 0; rows && s < step->n_seqs; s++) {
+    if (rows[s] < 1 || rows[s] > step->q_start[s + 1] - step->q_start[s])
+      return fr_errorf(-EINVAL, "sequence %d: %d logits rows of %d tokens", s, rows[s],
+                       step->q_start[s + 1] - step->q_start[s]);
+    total += rows[s];
+  }
+  if (total > m->max_seqs) return fr_errorf(FR_ETOOBIG, "%d logits rows, more than %d", total, m->max_seqs);
   const kern_ops_t *op = m->be->ops;
-  if (model__use_graph(m, step)) {
+  if (!rows && model__use_graph(m, step)) {
     CALL(model__forward_graph(m, pool, step));
   } else {
     CALL(op->step_begin(m->be->ctx, step));
-    CALL(model__run_layers(m, pool, step->n_tokens, step->n_seqs));
+    CALL(model__run_layers(m, pool, step->n_tokens, step->n_seqs, step, rows));
   }
   *logits = m->logits;
   return 0;
+}
+
+int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const void **logits) {
+  return model_forward_rows(m, pool, step, NULL, logits);
 }
 
 int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out) {

@@ -9,7 +9,15 @@
 #include "common/fr_util.h"
 
 int model_gen_create(model_gen_t **out, model_t *m, int max_ctx) {
+  return model_gen_create_kv(out, m, max_ctx, KERN_KV_AUTO);
+}
+
+int model_gen_create_kv(model_gen_t **out, model_t *m, int max_ctx, kern_kv_dtype_t dtype) {
   *out = NULL;
+  if (!(m->be->kv_dtypes & (1u << dtype)))
+    return fr_errorf(FR_EUNSUPPORTED, "--kv-cache-dtype %s: the %s backend cannot keep it%s",
+                     kern_kv_dtype_name(dtype), m->be->ops->name,
+                     dtype == KERN_KV_FP8 ? " (fp8 KV needs a CUDA device)" : "");
   if (max_ctx <= 0) max_ctx = m->cfg.max_ctx > 0 && m->cfg.max_ctx < 4096 ? m->cfg.max_ctx : 4096;
   model_gen_t *g = fr_calloc(1, sizeof *g);
   g->m = m;
@@ -18,6 +26,7 @@ int model_gen_create(model_gen_t **out, model_t *m, int max_ctx) {
   g->max_ctx = g->n_blocks * g->block_size;
   kern_type_t kv_type = m->be->act_type == KERN_F32 ? KERN_F16 : m->be->act_type;
   kern_kv_config_t kc = model_kv_config(m, g->block_size, g->n_blocks, kv_type);
+  kc.dtype = dtype;
   int rc = m->be->ops->kv_pool_init(m->be->ctx, &g->pool, &kc, NULL);
   if (rc) {
     int nb = g->n_blocks;

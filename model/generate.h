@@ -31,6 +31,9 @@ typedef struct {
 /* Creates a generator for up to max_ctx tokens (0: the model's context,
  * capped at 4096). KV type: F16 on the CPU, the act type elsewhere. */
 int model_gen_create(model_gen_t **out, model_t *m, int max_ctx);
+/* The same with a KV cache dtype (kern_kv_dtype_t: auto, int8, fp8);
+ * FR_EUNSUPPORTED (with a message) when the backend cannot keep it. */
+int model_gen_create_kv(model_gen_t **out, model_t *m, int max_ctx, kern_kv_dtype_t dtype);
 void model_gen_destroy(model_gen_t *g);
 
 /* Forgets every token (the KV pool is reused). */

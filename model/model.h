@@ -123,6 +123,13 @@ kern_kv_config_t model_kv_config(const model_t *m, int block_size, int n_blocks,
  * valid until the next call. */
 int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const void **logits);
 
+/* model_forward with several logits rows per sequence (speculative
+ * decoding verifies proposals): the last rows[s] tokens of sequence s
+ * (1 <= rows[s] <= its tokens; at most max_seqs rows in all), in order, in
+ * *logits. rows NULL: model_forward. Such a step never runs as a graph. */
+int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const int32_t *rows,
+                       const void **logits);
+
 /* Copies (n_seqs, vocab) logits to host f32. */
 int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out);
 

@@ -199,46 +199,116 @@ static int model__filter(model_sampler_t *s, const model_sampling_t *p, int n) {
   return m > 0 ? m : 1;
 }
 
-int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
-                     size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *logprob) {
-  const int V = s->vocab;
+/* Bias, bans and penalties on logits in place; *raw_lse (when logprob is
+ * wanted) gets the raw logits' log-sum-exp and s->raw a copy of them if
+ * they change. Returns whether they changed. */
+static bool model__prepare(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                           size_t n_prompt, const int32_t *output, size_t n_output, bool want_lp, float *raw_lse) {
   bool penalized = (p->repetition_penalty > 0 && p->repetition_penalty != 1.0f) || p->presence_penalty != 0.0f ||
                    p->frequency_penalty != 0.0f || model__biased(p, n_output);
-  float raw_lse = 0;
-  if (logprob) {
-    raw_lse = model__logsumexp(logits, V);
-    if (penalized) memcpy(s->raw, logits, (size_t)V * sizeof(float));
+  if (want_lp) {
+    *raw_lse = model__logsumexp(logits, s->vocab);
+    if (penalized) memcpy(s->raw, logits, (size_t)s->vocab * sizeof(float));
   }
   model__apply_bias(s, p, logits, n_output);
   model__apply_penalties(s, p, logits, prompt, n_prompt, output, n_output);
+  return penalized;
+}
+
+/* The distribution temperature > 0 samples from: s->probs (softmax at the
+ * temperature, over the vocabulary), the candidates the filters keep in
+ * s->idx[0..n) (returned), their total probability in *mass. */
+static int model__dist(model_sampler_t *s, const model_sampling_t *p, const float *logits, double *mass) {
+  const int V = s->vocab;
+  float mx = logits[model__argmax(logits, V)];
+  double sum = 0;
+  for (int i = 0; i < V; i++) {
+    s->probs[i] = expf((logits[i] - mx) / p->temperature);
+    sum += s->probs[i];
+    s->idx[i] = i;
+  }
+  for (int i = 0; i < V; i++) s->probs[i] = (float)(s->probs[i] / sum);
+  int n = model__filter(s, p, V);
+  *mass = 0;
+  for (int i = 0; i < n; i++) *mass += s->probs[s->idx[i]];
+  return n;
+}
+
+/* Inverse CDF over the candidates s->idx[0..n), leaving out `skip` (-1:
+ * none): u in [0, mass of the others). */
+static int32_t model__pick(const model_sampler_t *s, int n, double u, int32_t skip) {
+  double acc = 0;
+  int32_t chosen = s->idx[0] != skip || n == 1 ? s->idx[0] : s->idx[1];
+  for (int i = 0; i < n; i++) {
+    int32_t t = s->idx[i];
+    if (t == skip) continue;
+    if (s->probs[t] > 0) chosen = t; /* rounding: the last possible one, never a banned one */
+    acc += s->probs[t];
+    if (u < acc) return t;
+  }
+  return chosen;
+}
+
+static float model__lp(const model_sampler_t *s, bool penalized, const float *logits, float raw_lse, int32_t t) {
+  return (penalized ? s->raw[t] : logits[t]) - raw_lse;
+}
+
+int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                     size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *logprob) {
+  float raw_lse = 0;
+  bool penalized = model__prepare(s, p, logits, prompt, n_prompt, output, n_output, logprob != NULL, &raw_lse);
   int32_t chosen;
   if (p->temperature <= 0.0f) {
-    chosen = model__argmax(logits, V);
+    chosen = model__argmax(logits, s->vocab);
   } else {
-    float mx = logits[model__argmax(logits, V)];
-    double sum = 0;
-    for (int i = 0; i < V; i++) {
-      s->probs[i] = expf((logits[i] - mx) / p->temperature);
-      sum += s->probs[i];
-      s->idx[i] = i;
-    }
-    for (int i = 0; i < V; i++) s->probs[i] = (float)(s->probs[i] / sum);
-    int n = model__filter(s, p, V);
-    double mass = 0;
-    for (int i = 0; i < n; i++) mass += s->probs[s->idx[i]];
-    double u = model__uniform(p->seed, draw) * mass, acc = 0;
-    chosen = s->idx[0];
-    for (int i = 0; i < n; i++) {
-      if (s->probs[s->idx[i]] > 0) chosen = s->idx[i]; /* rounding: the last possible one, never a banned one */
-      acc += s->probs[s->idx[i]];
-      if (u < acc) {
-        chosen = s->idx[i];
-        break;
-      }
+    double mass;
+    int n = model__dist(s, p, logits, &mass);
+    chosen = model__pick(s, n, model__uniform(p->seed, draw) * mass, -1);
+  }
+  if (logprob) *logprob = model__lp(s, penalized, logits, raw_lse, chosen);
+  return chosen;
+}
+
+/* Salt of the acceptance draws, apart from the sampling draws. */
+#define MODEL__SPEC_SALT 0x9e3779b97f4a7c15ull
+
+/* model_sample_verify; broken: the residual is p itself (tests only). */
+static int32_t model__verify(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                             size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw,
+                             int32_t proposal, float *logprob, bool broken) {
+  float raw_lse = 0;
+  bool penalized = model__prepare(s, p, logits, prompt, n_prompt, output, n_output, logprob != NULL, &raw_lse);
+  int32_t chosen;
+  if (p->temperature <= 0.0f) {
+    chosen = model__argmax(logits, s->vocab); /* accepted iff it is the proposal */
+  } else {
+    double mass;
+    int n = model__dist(s, p, logits, &mass);
+    double px = 0; /* the proposal's probability after the filters (0 if they drop it) */
+    for (int i = 0; i < n && proposal >= 0 && proposal < s->vocab; i++)
+      if (s->idx[i] == proposal) px = s->probs[proposal];
+    if (model__uniform(p->seed ^ MODEL__SPEC_SALT, draw) * mass < px) {
+      chosen = proposal; /* accepted with probability p(x) / q(x), q(x) = 1 */
+    } else if (broken) {
+      chosen = model__pick(s, n, model__uniform(p->seed, draw) * mass, -1);
+    } else { /* the residual max(0, p - q), renormalised: p without the proposal */
+      chosen = model__pick(s, n, model__uniform(p->seed, draw) * (mass - px), proposal);
     }
   }
-  if (logprob) *logprob = (penalized ? s->raw[chosen] : logits[chosen]) - raw_lse;
+  if (logprob) *logprob = model__lp(s, penalized, logits, raw_lse, chosen);
   return chosen;
+}
+
+int32_t model_sample_verify(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                            size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, int32_t proposal,
+                            float *logprob) {
+  return model__verify(s, p, logits, prompt, n_prompt, output, n_output, draw, proposal, logprob, false);
+}
+
+int32_t model__sample_verify_broken(model_sampler_t *s, const model_sampling_t *p, float *logits,
+                                    const int32_t *prompt, size_t n_prompt, const int32_t *output, size_t n_output,
+                                    uint64_t draw, int32_t proposal) {
+  return model__verify(s, p, logits, prompt, n_prompt, output, n_output, draw, proposal, NULL, true);
 }
 
 void model_logprobs(const float *logits, int vocab, int top_n, int32_t *top_ids, float *top_lp, float *lse_out) {

@@ -62,6 +62,26 @@ void model_sampler_deinit(model_sampler_t *s);
 int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
                      size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *logprob);
 
+/* Speculative decoding: verifies one proposed token (from a deterministic
+ * proposer, so q is one-hot) at a position whose logits are given, with
+ * the same bias, bans, penalties and filters as model_sample. Greedy: the
+ * argmax, which accepts the proposal iff it is the proposal. Temperature
+ * > 0: rejection sampling (accept with probability min(1, p(x) / q(x)) =
+ * p(x); on rejection, a sample from the residual max(0, p - q)
+ * renormalised, i.e. p without the proposal), which keeps the output
+ * distribution p. Returns the token to emit: the proposal when accepted.
+ * draw as model_sample (the acceptance draw uses its own stream). */
+int32_t model_sample_verify(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                            size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, int32_t proposal,
+                            float *logprob);
+
+/* Tests only: model_sample_verify with a wrong residual (p itself, so a
+ * rejected proposal can come back), to show that a statistical test of
+ * model_sample_verify can fail. */
+int32_t model__sample_verify_broken(model_sampler_t *s, const model_sampling_t *p, float *logits,
+                                    const int32_t *prompt, size_t n_prompt, const int32_t *output, size_t n_output,
+                                    uint64_t draw, int32_t proposal);
+
 /* The top_n alternatives of logits (ids and log-softmax values, by
  * descending logit) and the log-sum-exp (NULL to skip). */
 void model_logprobs(const float *logits, int vocab, int top_n, int32_t *top_ids, float *top_lp, float *lse_out);

@@ -39,8 +39,9 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 4     /* newest: submit's fork, truncation and guide (constrained decoding), step items'
-                             * allowed-token mask (event's stop reason, readable by older peers) */
+#define PROTO_VERSION 4     /* newest: submit's fork, truncation and guide (event's stop reason, readable by
+                             * older peers), speculative tokens (ns) and allowed-token masks (am) in step items,
+                             * several tokens per result item (xt) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -54,6 +55,7 @@ extern "C" {
 #define PROTO_MAX_STOP_IDS 256u         /* stop token ids */
 #define PROTO_MAX_BIAS 1024u            /* logit bias entries */
 #define PROTO_MAX_BAN 1024u             /* token ids a step item bans before min_tokens */
+#define PROTO_MAX_SPEC 32u              /* proposed (speculative) tokens per step item */
 #define PROTO_MAX_MASK_WORDS 16384u     /* 32-bit words of a step item's allowed-token mask (524288 tokens) */
 #define PROTO_MAX_MESSAGES 1024u        /* chat messages in a submit */
 #define PROTO_MAX_TOPN 20u              /* top logprobs per token */
@@ -240,6 +242,9 @@ typedef struct {
   uint32_t n_ban;      /* "ban" sent with sp: token ids the sampler bans while fewer than
                         * sp.min_tokens output tokens exist (EOS ids, stop ids), <= PROTO_MAX_BAN */
   int32_t *ban;        /* (n_ban) */
+  uint32_t n_spec;     /* "ns" default 0 (v4): the last n_spec of tokens are proposed (speculative
+                        * decoding): the worker verifies them and returns 1..n_spec + 1 tokens;
+                        * < n_tokens, <= PROTO_MAX_SPEC, only on a final item */
   uint32_t n_mask;     /* "am" (v4) constrained decoding: bit t of word t / 32 set = token t may be
                         * sampled (every step, final items only); 0 words = no mask */
   uint32_t *mask;      /* (n_mask) */
@@ -295,6 +300,15 @@ typedef struct {
   proto_toplp_t *top;           /* (n_top) by descending logprob */
   bool has_logits;              /* "lh"  present */
   proto_logits_handle_t logits; /* valid until the coordinator releases it */
+  /* speculative decoding (v4): the tokens after `token`, in order (the
+   * proposals the worker accepted, then its own token), their logprobs and
+   * n_top top logprobs each, token after token */
+  uint32_t n_extra;             /* "xt"  <= PROTO_MAX_SPEC */
+  int32_t *extra;               /* (n_extra) */
+  uint32_t n_extra_lp;          /* "xl"  0 or n_extra */
+  float *extra_lp;              /* (n_extra_lp) */
+  uint32_t n_extra_top;         /* "xtp" n_extra * n_top entries (or 0) */
+  proto_toplp_t *extra_top;     /* (n_extra_top) */
 } proto_result_item_t;
 
 typedef struct {

@@ -81,6 +81,9 @@ static int check_kv_init(const void *body) {
 static int check_step_item(const void *body) {
   const proto_step_item_t *it = body;
   if (it->n_tokens < 1) return fr_errorf(FR_EPROTO, "an item needs at least one token");
+  if (it->n_spec > PROTO_MAX_SPEC || it->n_spec >= it->n_tokens || (it->n_spec && !it->final))
+    return fr_errorf(FR_EPROTO, "%u proposed tokens in a %s item of %u tokens (at most %u, fewer than the item's)",
+                     it->n_spec, it->final ? "final" : "non-final", it->n_tokens, PROTO_MAX_SPEC);
   return 0;
 }
 
@@ -246,6 +249,7 @@ static const proto_field_t f_step_item[] = {
     FOBJH("sp", proto_step_item_t, sp, has_sp, s_sampling),
     FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
     FARR("ban", PF_I32S, 0, proto_step_item_t, ban, n_ban, PROTO_MAX_BAN),
+    FS("ns", PF_U32, 0, proto_step_item_t, n_spec),
     FARR("am", PF_U32S, 0, proto_step_item_t, mask, n_mask, PROTO_MAX_MASK_WORDS),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);
@@ -301,8 +305,21 @@ static const proto_field_t f_result_item[] = {
     FS("lp", PF_F32, 0, proto_result_item_t, logprob),
     FOBJS("top", 0, proto_result_item_t, top, n_top, PROTO_MAX_TOPN, s_toplp),
     FOBJH("lh", proto_result_item_t, logits, has_logits, s_handle),
+    FARR("xt", PF_I32S, 0, proto_result_item_t, extra, n_extra, PROTO_MAX_SPEC),
+    FARR("xl", PF_F32S, 0, proto_result_item_t, extra_lp, n_extra_lp, PROTO_MAX_SPEC),
+    FOBJS("xtp", 0, proto_result_item_t, extra_top, n_extra_top, PROTO_MAX_SPEC * PROTO_MAX_TOPN, s_toplp),
 };
-SCHEMA(s_result_item, "result item", proto_result_item_t, f_result_item, def_result_item, NULL);
+
+static int check_result_item(const void *body) {
+  const proto_result_item_t *it = body;
+  if (it->n_extra_lp != 0 && it->n_extra_lp != it->n_extra)
+    return fr_errorf(FR_EPROTO, "%u extra logprobs for %u extra tokens", it->n_extra_lp, it->n_extra);
+  if (it->n_extra_top != 0 && it->n_extra_top != it->n_extra * it->n_top)
+    return fr_errorf(FR_EPROTO, "%u extra top logprobs for %u extra tokens of %u each", it->n_extra_top, it->n_extra,
+                     it->n_top);
+  return 0;
+}
+SCHEMA(s_result_item, "result item", proto_result_item_t, f_result_item, def_result_item, check_result_item);
 
 static const proto_field_t f_timings[] = {
     FS("fw", PF_U64, 0, proto_timings_t, forward_us),
@@ -478,7 +495,7 @@ static const struct {
     [PROTO_T_LOAD] = {"load", &s_load, 2},
     [PROTO_T_LOADED] = {"loaded", &s_loaded, 2},
     [PROTO_T_STEP] = {"step", &s_step, 4},
-    [PROTO_T_RESULT] = {"result", &s_result, 1},
+    [PROTO_T_RESULT] = {"result", &s_result, 4},
     [PROTO_T_HEARTBEAT] = {"hb", &s_heartbeat, 1},
     [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
     [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},

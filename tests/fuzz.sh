@@ -68,6 +68,9 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
       printf '\0{"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"enum": ["a", 3, null]}, "maxItems": 2}, "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/P"}]}}, "required": ["name"], "$defs": {"P": {"type": "object", "properties": {"kind": {"const": "cat"}}}}}\0{"name": "Bo\\u00e9", "tags": [3, "a"], "pet": {"kind": "cat"}}' >"$dst/schema"
       printf '\0\0{"a": [1, -2.5e3, "x", true, false, null, {"b": {}}]}' >"$dst/object"
       printf '\1^\\(\\d{3}\\) [A-Z][a-z]+( [a-z]+)*(yes|no){1,3}[^\\s,]?$\0(555) Paris yesno' >"$dst/regex" ;;
+    fuzz_spec_config) # --speculative-config as vLLM spells it
+      printf '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}' >"$dst/ngram"
+      printf '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "disable_by_batch_size": 8}' >"$dst/min" ;;
     fuzz_jinja) # the chat templates the tree keeps, and the model's where fetched
       seed "$dst" tests/tokenizer/templates/*.jinja build/tests/jinja-templates/*.jinja ;;
     fuzz_tokenizer) # the first byte picks the tokenizer: 0, 1 built in, 2 the model's

@@ -19,6 +19,7 @@ typedef struct {
   long block_size, max_blocks; /* remote: the control segment's geometry */
   bool fake_forward, remote;
   bool multi_host; /* the group has ranks on other hosts */
+  int kv_dtype;    /* kern_kv_dtype_t */
 } worker_load_opts_t;
 
 static int worker__opt_long(const char *key, const char *v, long lo, long hi, long *out) {
@@ -46,6 +47,8 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "multi_host")) o->multi_host = !strcmp(v, "1");
     else if (!strcmp(k, "block_size")) rc = worker__opt_long(k, v, 1, 4096, &o->block_size);
     else if (!strcmp(k, "max_blocks")) rc = worker__opt_long(k, v, 1, PROTO_MAX_TABLE, &o->max_blocks);
+    else if (!strcmp(k, "kv_cache_dtype") && (o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
+      rc = fr_errorf(FR_EPROTO, "load option kv_cache_dtype=%s: not auto, int8 or fp8", v);
     else FR_LOGW("unknown load option %s ignored", k);
     if (rc) return rc;
   }
@@ -54,14 +57,27 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
   return 0;
 }
 
-/* The KV element type the backend keeps (F16 on the CPU, the activation
- * type on a device). */
-static kern_type_t worker__kv_type(const worker_t *w) { return w->be->kv_type; }
+/* The pool's config for this model: the backend's element type, or the
+ * quantized cache the load asked for. */
+static kern_kv_config_t worker__kv_config(const worker_t *w, int block_size, int n_blocks) {
+  kern_kv_config_t kc = model_kv_config(w->m, block_size, n_blocks, w->be->kv_type);
+  kc.dtype = w->kv_dtype;
+  return kc;
+}
+
+/* Whether the backend keeps the asked KV cache dtype (a clear start-up error otherwise). */
+static int worker__kv_dtype(worker_t *w, int dtype) {
+  w->kv_dtype = (kern_kv_dtype_t)dtype;
+  if (w->be->kv_dtypes & (1u << dtype)) return 0;
+  return fr_errorf(FR_EUNSUPPORTED, "--kv-cache-dtype %s: the %s backend cannot keep it%s",
+                   kern_kv_dtype_name(w->kv_dtype), w->be->ops->name,
+                   dtype == KERN_KV_FP8 ? " (fp8 KV needs a CUDA device)" : "");
+}
 
 /* A device backend's pool lives in device memory (lost with the worker;
  * the coordinator recomputes). */
 static int worker__device_pool(worker_t *w) {
-  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, worker__kv_type(w));
+  kern_kv_config_t kc = worker__kv_config(w, w->info.block_size, w->info.n_blocks);
   int rc = w->be->ops->kv_pool_init(w->be->ctx, &w->pool, &kc, NULL);
   if (rc) return fr_errorf(rc, "KV pool of %d blocks (%zu MiB): %s", w->info.n_blocks, kern_kv_pool_bytes(&kc) >> 20,
                            fr_last_error());
@@ -73,7 +89,7 @@ static int worker__device_pool(worker_t *w) {
  * prefix-cached blocks written before a restart stay valid. */
 static int worker__pool(worker_t *w) {
   if (!w->be->host_memory || w->remote) return worker__device_pool(w); /* remote: in this process */
-  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, w->info.n_blocks, worker__kv_type(w));
+  kern_kv_config_t kc = worker__kv_config(w, w->info.block_size, w->info.n_blocks);
   size_t bytes = kern_kv_pool_bytes(&kc);
   if (!bytes) return fr_errorf(FR_ETOOBIG, "KV pool of %d blocks is too big", w->info.n_blocks);
   char what[KV_WHAT_MAX];
@@ -96,10 +112,7 @@ static int worker__pool(worker_t *w) {
     return rc;
   }
   /* the CPU backend's kv_pool_init would zero it: set the pool up as it does, without that */
-  w->pool.cfg = kc;
-  w->pool.layer_bytes = bytes / (2 * (size_t)kc.n_layers);
-  w->pool.base = kv_segment_data(&w->pool_seg);
-  w->pool.external = true;
+  kern_kv_pool_layout(&w->pool, &kc, kv_segment_data(&w->pool_seg), true);
   return 0;
 }
 
@@ -134,6 +147,10 @@ static void worker__scratch(worker_t *w) {
   w->raw = fr_malloc(V * sizeof(float));
   w->ritems = fr_calloc(S, sizeof(proto_result_item_t));
   w->ok_items = fr_calloc(S, sizeof(proto_step_item_t));
+  w->rows = fr_malloc(S * sizeof(int32_t));
+  w->xtok = fr_malloc(S * sizeof(int32_t));
+  w->xlp = fr_malloc(S * sizeof(float));
+  w->xtop = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->tops = fr_calloc(S * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->top_ids = fr_malloc(S * PROTO_MAX_TOPN * sizeof(int32_t)); /* a row per item: the device sampler fills all */
   if (w->remote) {
@@ -186,7 +203,7 @@ static int worker__warmup(worker_t *w, int bs) {
   model_t *m = w->m;
   const int T = m->max_tokens, S = m->max_seqs, per = T / S, last = T - per * (S - 1);
   const int maxb = (last + bs - 1) / bs, nb = S * maxb; /* the last sequence is the longest */
-  kern_kv_config_t kc = model_kv_config(m, bs, nb, worker__kv_type(w));
+  kern_kv_config_t kc = worker__kv_config(w, bs, nb);
   kern_kv_pool_t pool;
   int rc = w->be->ops->kv_pool_init(w->be->ctx, &pool, &kc, NULL);
   if (rc) return fr_errorf(rc, "warm-up KV pool of %d blocks: %s", nb, fr_last_error());
@@ -245,8 +262,8 @@ static int worker__util_budget(worker_t *w, float util, size_t used_load, size_t
 /* Works out w->kv_capacity from the load's byte budget or memory fraction. */
 static int worker__kv_size(worker_t *w, const proto_load_t *l, size_t used_load, size_t *act) {
   w->kv_block_size = (int)FR_MIN(l->block_size, (uint32_t)INT32_MAX);
-  kern_kv_config_t kc = model_kv_config(w->m, w->kv_block_size, 1, worker__kv_type(w));
-  w->kv_block_bytes = kern_kv_pool_bytes(&kc);
+  kern_kv_config_t kc = worker__kv_config(w, w->kv_block_size, 1);
+  w->kv_block_bytes = kern_kv_block_bytes(&kc);
   if (!w->kv_block_bytes) return fr_errorf(FR_ETOOBIG, "a KV block of %u tokens: size overflows", l->block_size);
   size_t budget = l->kv_bytes > SIZE_MAX ? SIZE_MAX : (size_t)l->kv_bytes;
   char why[256] = "";
@@ -271,9 +288,11 @@ static int worker__kv_size(worker_t *w, const proto_load_t *l, size_t used_load,
 
 /* Logs what the worker holds: weights, activations, KV cache. */
 static void worker__log_memory(const worker_t *w, int kv_blocks, int block_size, size_t block_bytes) {
-  FR_LOGI("memory: weights %.1f MiB, activations %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens)",
+  const char *dt = w->kv_dtype == KERN_KV_AUTO ? kern_type_traits(w->be->kv_type)->name : kern_kv_dtype_name(w->kv_dtype);
+  FR_LOGI("memory: weights %.1f MiB, activations %.1f MiB, KV cache %.1f MiB (%d blocks of %d tokens: %lld tokens "
+          "of %s K/V)",
           w->weight_bytes / 1048576.0, w->act_bytes / 1048576.0, (double)kv_blocks * block_bytes / 1048576.0,
-          kv_blocks, block_size);
+          kv_blocks, block_size, (long long)kv_blocks * block_size, dt);
 }
 
 /* ---- load ------------------------------------------------------------------------ */
@@ -350,8 +369,8 @@ static int worker__finish(worker_t *w) {
   if (rc) return rc;
   worker__scratch(w);
   w->loaded = true;
-  kern_kv_config_t kc = model_kv_config(w->m, w->info.block_size, 1, worker__kv_type(w));
-  worker__log_memory(w, w->info.n_blocks, w->info.block_size, kern_kv_pool_bytes(&kc));
+  kern_kv_config_t kc = worker__kv_config(w, w->info.block_size, 1);
+  worker__log_memory(w, w->info.n_blocks, w->info.block_size, kern_kv_block_bytes(&kc));
   return 0;
 }
 
@@ -368,6 +387,7 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   w->remote_max_seqs = (int)o.max_seqs;
   if (!sizing && (rc = worker__attach_control(w, l->kv_blocks))) goto fail;
   if ((rc = kern_backend_create(&w->be, o.device, (int)o.threads))) goto fail;
+  if ((rc = worker__kv_dtype(w, o.kv_dtype))) goto fail;
   size_t used_load, total;
   if ((rc = worker__model(w, l, &o))) goto fail;
   if ((rc = worker__comm(w, &o))) goto fail;
@@ -411,6 +431,8 @@ void worker_unload(worker_t *w) {
   free(w->tokens), free(w->pos), free(w->slots), free(w->q_start), free(w->ctx_len);
   free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems), free(w->ok_items);
   free(w->tops), free(w->top_ids), free(w->top_lp), free(w->hist), free(w->rtab), free(w->rlen);
+  free(w->rows), free(w->xtok), free(w->xlp), free(w->xtop);
+  w->rows = w->xtok = NULL, w->xlp = NULL, w->xtop = NULL;
   w->rtab = w->rlen = NULL;
   w->tokens = w->pos = w->slots = w->q_start = w->ctx_len = w->tables = w->copy_pairs = w->top_ids = NULL;
   w->logits = w->raw = w->top_lp = NULL;

@@ -5,7 +5,7 @@
  *
  * usage: ferrum-run --model PATH --prompt TEXT [--raw] [--max-tokens N]
  *                   [--temperature T] [--top-k K] [--top-p P] [--min-p P]
- *                   [--seed S] [--threads N] [--device DEV]
+ *                   [--seed S] [--threads N] [--device DEV] [--kv-cache-dtype T]
  * stdout gets only the generated text; progress and speed go to stderr.
  * Exit: 0 done, 1 failure, 2 usage. */
 #include <errno.h>
@@ -29,6 +29,7 @@ typedef struct {
   double temperature, top_p, min_p;
   unsigned long long seed;
   bool raw;
+  int kv_dtype; /* kern_kv_dtype_t */
 } run_opts_t;
 
 /* Parses a number in [lo, hi]; false (with a message) otherwise. */
@@ -58,14 +59,15 @@ static bool run_seed(const char *s, unsigned long long *out) {
 }
 
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE };
+  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_KVDT };
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt", required_argument, 0, O_PROMPT},
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"temperature", required_argument, 0, O_TEMP},
       {"top-k", required_argument, 0, O_TOPK},        {"top-p", required_argument, 0, O_TOPP},
       {"min-p", required_argument, 0, O_MINP},        {"seed", required_argument, 0, O_SEED},
       {"raw", no_argument, 0, O_RAW},                 {"threads", required_argument, 0, O_THREADS},
-      {"device", required_argument, 0, O_DEVICE},     {0, 0, 0, 0}};
+      {"device", required_argument, 0, O_DEVICE},     {"kv-cache-dtype", required_argument, 0, O_KVDT},
+      {0, 0, 0, 0}};
   *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
                     .device = "cpu"};
   double v;
@@ -84,12 +86,17 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     case O_RAW: o->raw = true; break;
     case O_THREADS: ok = run_number("--threads", optarg, 0, 1024, &v), o->threads = (long)v; break;
     case O_DEVICE: o->device = optarg; break;
+    case O_KVDT:
+      if ((o->kv_dtype = kern_kv_dtype_parse(optarg)) < 0)
+        fprintf(stderr, "ferrum-run: --kv-cache-dtype is auto, int8 or fp8, got '%s'\n", optarg), ok = false;
+      break;
     default: ok = false;
     }
   }
   if (ok && o->model && o->prompt && optind == argc) return 0;
   fprintf(stderr, "usage: ferrum-run --model PATH --prompt TEXT [--raw] [--max-tokens N] [--temperature T] "
-                  "[--top-k K] [--top-p P] [--min-p P] [--seed S] [--threads N] [--device DEV]\n");
+                  "[--top-k K] [--top-p P] [--min-p P] [--seed S] [--threads N] [--device DEV] "
+                  "[--kv-cache-dtype auto|int8|fp8]\n");
   return 2;
 }
 
@@ -154,7 +161,7 @@ int main(int argc, char **argv) {
     goto done;
   }
   if ((rc = model_prompt_tokenize(m, o.prompt, o.raw, &ids, &n_ids))) goto done;
-  if ((rc = model_gen_create(&g, m, 0))) goto done;
+  if ((rc = model_gen_create_kv(&g, m, 0, (kern_kv_dtype_t)o.kv_dtype))) goto done;
   if ((int)n_ids + o.max_tokens > g->max_ctx) {
     rc = fr_errorf(FR_ECONTEXT, "prompt (%zu tokens) + --max-tokens %ld exceed the context of %d tokens", n_ids,
                    o.max_tokens, g->max_ctx);

@@ -35,8 +35,8 @@ static int worker__tables(worker_t *w, const proto_step_t *st) {
     if (t->first > (uint32_t)w->rlen[t->slot] || t->first + t->n_blocks > (uint32_t)mb)
       return fr_errorf(FR_EPROTO, "block table of slot %u: entries %u..%u, the slot holds %d of at most %d", t->slot,
                        t->first, t->first + t->n_blocks, w->rlen[t->slot], mb);
-    for (uint32_t b = 0; b < t->n_blocks; b++)
-      if (t->blocks[b] < 0 || t->blocks[b] >= w->info.n_blocks)
+    for (uint32_t b = 0; b < t->n_blocks; b++) /* KV_HOLE: released before a sliding window (kv.h) */
+      if ((t->blocks[b] < 0 && t->blocks[b] != KV_HOLE) || t->blocks[b] >= w->info.n_blocks)
         return fr_errorf(FR_EPROTO, "block table of slot %u: block %d out of range", t->slot, t->blocks[b]);
   }
   for (uint32_t i = 0; i < st->n_tables; i++) {
@@ -102,7 +102,7 @@ static int worker__copies(worker_t *w, const proto_step_t *st) {
   return w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
 }
 
-static model_sampling_t worker__sampling(const worker_hist_t *h) {
+model_sampling_t worker__sampling(const worker_hist_t *h) {
   const proto_sampling_t *sp = &h->sp;
   model_sampling_t p = model_sampling_default();
   p.bias = h->bias, p.n_bias = (int)h->n_bias;
@@ -151,7 +151,7 @@ static int worker__slot_params(worker_t *w, const proto_step_t *st) {
 
 /* Non-finite logits (a numerical fault in the model or the weights): this
  * item fails alone. */
-static void worker__item_nonfinite(proto_result_item_t *ri) {
+void worker__item_nonfinite(proto_result_item_t *ri) {
   FR_LOGE("slot %u: non-finite logits", ri->slot);
   ri->token = -1;
   ri->error = PROTO_ERR_INTERNAL;
@@ -214,7 +214,7 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
  * (those go to the host's logits segment) and no allowed-token masks
  * (constrained decoding: the host sampler applies them). */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
-  if (!w->be->ops->sample || st->n_items > 256) return false;
+  if (!w->be->ops->sample || st->n_items > 256 || w->spec) return false; /* proposals: verified on the host */
   for (uint32_t i = 0; i < st->n_items; i++) /* logits rows and constrained decoding's masks: the host */
     if (st->items[i].final && (w->hist[st->items[i].slot].sp.want_logits || st->items[i].n_mask)) return false;
   return true;
@@ -286,7 +286,7 @@ static int worker__forward(worker_t *w, const proto_step_t *st, int n_tok, const
   w->q_start[st->n_items] = n_tok;
   *logits = NULL;
   if (w->fake_forward) return 0; /* worker__fake_sample picks the tokens */
-  return model_forward(w->m, &w->pool, &ks, logits);
+  return model_forward_rows(w->m, &w->pool, &ks, w->spec ? w->rows : NULL, logits);
 }
 
 /* The step's items this worker accepts, in *ok (items in w->ok_items),
@@ -323,6 +323,7 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   uint32_t n_res = 0;
   worker__accept_items(w, st_in, st, &n_tok, &n_res);
   res->n_items = n_res;
+  w->spec = worker__spec_rows(w, st);
   if (st->n_items == 0) return 0;
   uint64_t t0 = fr_now_ns(), comm0 = w->m ? w->m->comm_ns : 0;
   const void *logits;
@@ -336,14 +337,19 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   }
   bool on_device = w->args.rank == 0 && !w->fake_forward && worker__device_sampling(w, st);
   if (on_device && (rc = worker__sample_device(w, st, logits, &n_res))) return rc;
+  int n_rows = 0, x_used = 0;
+  for (uint32_t i = 0; i < st->n_items; i++) n_rows += w->spec ? w->rows[i] : 1;
   if (w->args.rank == 0 && !on_device && !w->fake_forward &&
-      (rc = model_logits_to_host(w->m, logits, (int)st->n_items, w->logits)))
+      (rc = model_logits_to_host(w->m, logits, n_rows, w->logits)))
     return rc;
   if (w->args.rank == 0 && !on_device)
-    for (uint32_t i = 0; i < st->n_items; i++) {
-      if (!st->items[i].final) continue;
-      if (w->fake_forward) worker__fake_sample(w, &st->items[i], (int)i, (int)n_res++);
-      else worker__sample_item(w, &st->items[i], w->logits + (size_t)i * (size_t)w->vocab, (int)n_res++);
+    for (uint32_t i = 0, row = 0; i < st->n_items; row += w->spec ? (uint32_t)w->rows[i] : 1, i++) {
+      const proto_step_item_t *it = &st->items[i];
+      float *lg = w->logits + (size_t)row * (size_t)w->vocab;
+      if (!it->final) continue;
+      if (w->fake_forward) worker__fake_sample(w, it, (int)i, (int)n_res++);
+      else if (it->n_spec) worker__spec_verify(w, it, lg, (int)n_res++, &x_used);
+      else worker__sample_item(w, it, lg, (int)n_res++);
     }
   res->n_items = n_res;
   res->timings.forward_us = (t1 - t0) / 1000;

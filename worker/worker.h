@@ -91,6 +91,13 @@ typedef struct {
   int32_t *top_ids;                /* (max_seqs, PROTO_MAX_TOPN) */
   float *top_lp;                   /* (max_seqs, PROTO_MAX_TOPN) */
   worker_hist_t *hist;             /* (info.max_seqs) */
+  /* speculative decoding (spec.c): logits rows per accepted item, and the
+   * result items' extra tokens (the step has at most max_seqs rows) */
+  int32_t *rows;                   /* (max_seqs) */
+  int32_t *xtok;                   /* (max_seqs) */
+  float *xlp;                      /* (max_seqs) */
+  proto_toplp_t *xtop;             /* (max_seqs, PROTO_MAX_TOPN) */
+  bool spec;                       /* the step being run has proposals */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
   /* a load that sizes the KV pool: loaded, no pool yet (see worker_kv_init) */
@@ -98,6 +105,7 @@ typedef struct {
   uint32_t kv_capacity;            /* blocks this worker can hold (reported in loaded) */
   int kv_block_size;               /* tokens per block the load asked for */
   size_t kv_block_bytes;           /* bytes of one block of this model's pool */
+  kern_kv_dtype_t kv_dtype;        /* --kv-cache-dtype (load option kv_cache_dtype) */
   size_t weight_bytes, act_bytes;  /* backend memory of the weights, of the activations (logged) */
   /* A remote worker (the load's option remote=1: another host, no shared
    * memory): the block tables come in the step descriptors, the KV pool
@@ -124,6 +132,20 @@ int worker_load(worker_t *w, const proto_load_t *load);
  * logits segment and the step scratch. Returns 0, or an error (the worker
  * is then unloaded). */
 int worker_kv_init(worker_t *w, uint32_t n_blocks);
+
+/* ---- step.c / spec.c internals ---- */
+/* The sampler's params of a slot's history. */
+model_sampling_t worker__sampling(const worker_hist_t *h);
+/* Marks a result item failed for non-finite logits. */
+void worker__item_nonfinite(proto_result_item_t *ri);
+/* Logits rows of each of the step's (accepted) items into w->rows: 1 +
+ * its proposed tokens. Returns true when some item has proposals. */
+bool worker__spec_rows(worker_t *w, const proto_step_t *st);
+/* Verifies an item's proposed tokens against its 1 + n_spec logits rows
+ * (host f32, (1 + n_spec, vocab), modified) and fills result item r with
+ * the accepted tokens and the one after them; *x_used counts the extra
+ * token entries of w->xtok / xlp / xtop used by the step so far. */
+void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, int r, int *x_used);
 
 /* Releases everything worker_load() set up (segments are not unlinked:
  * the coordinator owns their names). */

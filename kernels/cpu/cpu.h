@@ -67,6 +67,11 @@ typedef struct {
   float (*dot_f16)(int n, const uint16_t *a, const float *b);
   void (*axpy_f32)(int n, float a, const float *x, float *y);    /* y += a * x */
   void (*axpy_f16)(int n, float a, const uint16_t *x, float *y); /* y += a * x */
+  /* Quantized KV rows (kern_kv_dtype_t), without their scale: int8 and FP8 E4M3 bytes. */
+  float (*dot_i8)(int n, const int8_t *a, const float *b);
+  void (*axpy_i8)(int n, float a, const int8_t *x, float *y);    /* y += a * x */
+  float (*dot_e4m3)(int n, const uint8_t *a, const float *b);
+  void (*axpy_e4m3)(int n, float a, const uint8_t *x, float *y); /* y += a * x */
 } cpu_isa_t;
 
 extern const cpu_isa_t cpu_isa_scalar;
@@ -90,6 +95,18 @@ void cpu__quantize_q8_0_scalar(const float *x, void *y, int n);
 void cpu__quantize_q8_1_scalar(const float *x, void *y, int n);
 void cpu__quantize_q8_K(const float *x, void *y, int n);
 float cpu__dot_bf16_scalar(int n, const uint16_t *a, const float *b);
+float cpu__dot_e4m3_scalar(int n, const uint8_t *a, const float *b);
+void cpu__axpy_e4m3_scalar(int n, float a, const uint8_t *x, float *y);
+
+/* An FP8 E4M3 byte as f32 by bits: the 7 magnitude bits shifted into an f32
+ * (exponent and mantissa line up, subnormals included) times 2^120 (the
+ * difference of the biases, 127 - 7), and the sign. NaN (0x7F) is never
+ * stored (appends saturate). */
+static inline float cpu_e4m3_to_f32(uint8_t x) {
+  union { uint32_t u; float f; } v = {.u = (uint32_t)(x & 0x7F) << 20};
+  const float m = v.f * 0x1p120f;
+  return x & 0x80 ? -m : m;
+}
 
 /* Grows a 64-byte aligned scratch buffer to at least `bytes` (keeps it when
  * large enough: no allocation once warm). */

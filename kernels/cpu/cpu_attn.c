@@ -9,7 +9,13 @@
  * that greedy decoding agrees with it: scores in f32 over all keys, softmax
  * normalized in f32, then P @ V. With an f16 KV cache, llama.cpp's matmuls
  * convert the other operand to f16 first: the query before Q.K and the
- * probabilities before P.V; so do we. */
+ * probabilities before P.V; so do we.
+ *
+ * A quantized cache (int8 or FP8 E4M3 bytes, an f16 scale per token and KV
+ * head) is read as it is: each dot converts the bytes to f32 in registers
+ * (cpu_isa_t's dot_i8 / dot_e4m3) and multiplies by the row's scale; P.V
+ * adds p * scale times the row (axpy_i8 / axpy_e4m3). The query and the
+ * probabilities stay f32. */
 #include <errno.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -25,8 +31,11 @@ typedef struct {
   const float *q;         /* (n_tokens, q_stride) */
   int q_stride, n_heads, head_dim, group;
   const uint8_t *kb, *vb; /* this layer's K and V */
+  const uint16_t *ks, *vs; /* their f16 scales, (slots, n_kv_heads); quantized pools only */
   int block_size, n_kv_heads;
   bool f16;
+  kern_kv_dtype_t dtype;
+  size_t es;              /* bytes per element */
   float scale;
   int window;             /* 0, or the keys a query sees (itself included) */
   size_t scratch_stride; /* floats per thread */
@@ -47,12 +56,38 @@ static void cpu__attn_scores(const cpu_attn_job_t *j, const uint8_t *kh, const f
   }
 }
 
+/* The same over a quantized cache: kh is this head's bytes, ksc its scales
+ * (stride n_kv_heads). */
+static void cpu__attn_scores_q(const cpu_attn_job_t *j, const uint8_t *kh, const uint16_t *ksc, const float *qv,
+                               size_t row0, int n, float *s) {
+  const cpu_isa_t *isa = j->ctx->isa;
+  const size_t kvd = (size_t)j->n_kv_heads * (size_t)j->head_dim;
+  for (int o = 0; o < n; o++) {
+    const size_t r = row0 + (size_t)o;
+    const float d = j->dtype == KERN_KV_INT8 ? isa->dot_i8(j->head_dim, (const int8_t *)kh + r * kvd, qv)
+                                             : isa->dot_e4m3(j->head_dim, kh + r * kvd, qv);
+    s[o] = j->scale * fr_fp16_to_fp32(ksc[r * (size_t)j->n_kv_heads]) * d;
+  }
+}
+
+/* acc += p * V row i (element offset e, scale index si). */
+static inline void cpu__attn_pv(const cpu_attn_job_t *j, float p, size_t e, size_t si, float *acc) {
+  const cpu_isa_t *isa = j->ctx->isa;
+  const int hd = j->head_dim;
+  switch (j->dtype) {
+  case KERN_KV_INT8: isa->axpy_i8(hd, p * fr_fp16_to_fp32(j->vs[si]), (const int8_t *)j->vb + e, acc); return;
+  case KERN_KV_FP8: isa->axpy_e4m3(hd, p * fr_fp16_to_fp32(j->vs[si]), j->vb + e, acc); return;
+  default:
+    if (j->f16) isa->axpy_f16(hd, p, (const uint16_t *)j->vb + e, acc);
+    else isa->axpy_f32(hd, p, (const float *)j->vb + e, acc);
+  }
+}
+
 /* Rounds x to the nearest f16 value (what ggml's f16 vec_dot sees). */
 static inline float cpu__round_f16(float x) { return fr_fp16_to_fp32(fr_fp32_to_fp16(x)); }
 
 static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   const cpu_ctx_t *ctx = j->ctx;
-  const cpu_isa_t *isa = ctx->isa;
   const int t = (int)(item / j->n_heads), h = (int)(item % j->n_heads), hd = j->head_dim;
   float *o = j->out + (size_t)t * (size_t)j->n_heads * (size_t)hd + (size_t)h * (size_t)hd;
   const int s = ctx->tok_seq[t];
@@ -64,14 +99,16 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   const int pos = ctx->ctx_len[s] - n_q + (t - ctx->q_start[s]);
   const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
   const size_t kvh = (size_t)(h / j->group), kvd = (size_t)j->n_kv_heads * (size_t)hd;
-  const uint8_t *kh = j->kb + kvh * (size_t)hd * (j->f16 ? 2 : 4);
+  const uint8_t *kh = j->kb + kvh * (size_t)hd * j->es;
   float *qv = scratch, *acc = scratch + hd, *sc = scratch + 2 * (size_t)hd; /* sc: (pos + 1) scores */
   const float *q = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
   for (int d = 0; d < hd; d++) qv[d] = j->f16 ? cpu__round_f16(q[d]) : q[d];
   const int lo = j->window > 0 ? FR_MAX(pos - j->window + 1, 0) : 0;
   for (int b = lo / j->block_size; b * j->block_size <= pos; b++) {
     const int n = FR_MIN(j->block_size, pos + 1 - b * j->block_size);
-    cpu__attn_scores(j, kh, qv, (size_t)bt[b] * (size_t)j->block_size, n, sc + b * j->block_size);
+    const size_t row0 = (size_t)bt[b] * (size_t)j->block_size;
+    if (j->ks) cpu__attn_scores_q(j, kh, j->ks + kvh, qv, row0, n, sc + b * j->block_size);
+    else cpu__attn_scores(j, kh, qv, row0, n, sc + b * j->block_size);
   }
   float m = -INFINITY;
   for (int i = lo; i <= pos; i++) m = fmaxf(m, sc[i]);
@@ -84,10 +121,8 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   memset(acc, 0, (size_t)hd * sizeof(float));
   for (int i = lo; i <= pos; i++) {
     const float p = j->f16 ? cpu__round_f16(sc[i] * inv) : sc[i] * inv;
-    const size_t e = ((size_t)bt[i / j->block_size] * (size_t)j->block_size + (size_t)(i % j->block_size)) * kvd +
-                     kvh * (size_t)hd;
-    if (j->f16) isa->axpy_f16(hd, p, (const uint16_t *)j->vb + e, acc);
-    else isa->axpy_f32(hd, p, (const float *)j->vb + e, acc);
+    const size_t slot = (size_t)bt[i / j->block_size] * (size_t)j->block_size + (size_t)(i % j->block_size);
+    cpu__attn_pv(j, p, slot * kvd + kvh * (size_t)hd, slot * (size_t)j->n_kv_heads + kvh, acc);
   }
   memcpy(o, acc, (size_t)hd * sizeof(float));
 }
@@ -100,8 +135,10 @@ static void cpu__attn_part(void *arg, int ith, int nth) {
     cpu__attn_item(j, it, scratch);
 }
 
-/* Every block a query may touch must be a real block of the pool. */
-static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *c) {
+/* Every block a query may touch must be a real block of the pool; with a
+ * window, the entries wholly before the first query's window are never
+ * read and may also be -1 (released by the engine: kv_seq_release_before). */
+static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *c, int window) {
   for (int s = 0; s < ctx->n_seqs; s++) {
     const int len = ctx->ctx_len[s];
     if (len == 0) continue;
@@ -109,8 +146,10 @@ static int cpu__attn_check_tables(const cpu_ctx_t *ctx, const kern_kv_config_t *
     if (nb > ctx->max_blocks)
       return fr_errorf(-EINVAL, "attention: sequence %d needs %ld blocks, table has %d", s, nb, ctx->max_blocks);
     const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
+    const int first = len - (ctx->q_start[s + 1] - ctx->q_start[s]); /* the first query's position */
+    const long lo = window > 0 ? FR_MAX(first - window + 1, 0) : 0;
     for (long b = 0; b < nb; b++)
-      if (bt[b] < 0 || bt[b] >= c->n_blocks)
+      if ((bt[b] < 0 || bt[b] >= c->n_blocks) && !(bt[b] == -1 && b < lo / c->block_size))
         return fr_errorf(-EINVAL, "attention: sequence %d block %ld is %d (pool has %d)", s, b, bt[b], c->n_blocks);
   }
   return 0;
@@ -124,14 +163,18 @@ int cpu__attention(void *vctx, void *out, const void *q, int q_stride, const ker
       q_stride < n_heads * head_dim || !pool->base)
     return fr_errorf(-EINVAL, "attention: bad shape (layer %d, heads %d/%d, head_dim %d/%d, q_stride %d)", layer,
                      n_heads, c->n_kv_heads, head_dim, c->head_dim, q_stride);
-  int rc = cpu__attn_check_tables(ctx, c);
+  int rc = cpu__attn_check_tables(ctx, c, window);
   if (rc) return rc;
   cpu_attn_job_t j = {.ctx = ctx, .out = out, .q = q, .q_stride = q_stride, .n_heads = n_heads,
                       .head_dim = head_dim, .group = n_heads / c->n_kv_heads, .block_size = c->block_size,
-                      .n_kv_heads = c->n_kv_heads, .f16 = c->type == KERN_F16, .scale = scale,
+                      .n_kv_heads = c->n_kv_heads, .dtype = c->dtype, .scale = scale,
                       .window = FR_MAX(window, 0)};
-  j.kb = (const uint8_t *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
-  j.vb = j.kb + pool->layer_bytes;
+  j.f16 = c->dtype == KERN_KV_AUTO && c->type == KERN_F16;
+  j.es = c->dtype != KERN_KV_AUTO ? 1 : j.f16 ? 2 : 4;
+  j.kb = kern_kv_pool_elems(pool, layer, 0);
+  j.vb = kern_kv_pool_elems(pool, layer, 1);
+  j.ks = kern_kv_pool_scales(pool, layer, 0);
+  j.vs = kern_kv_pool_scales(pool, layer, 1);
   int max_ctx = 0;
   for (int i = 0; i < ctx->n_seqs; i++) max_ctx = FR_MAX(max_ctx, ctx->ctx_len[i]);
   const size_t n_sc = ((size_t)max_ctx + (size_t)c->block_size - 1) / (size_t)c->block_size * (size_t)c->block_size;

@@ -30,5 +30,9 @@ const cpu_isa_t cpu_isa_avx2 = {
     .dot_f16 = x86__dot_f16,
     .axpy_f32 = x86__axpy_f32,
     .axpy_f16 = x86__axpy_f16,
+    .dot_i8 = x86__dot_i8,
+    .axpy_i8 = x86__axpy_i8,
+    .dot_e4m3 = x86__dot_e4m3,
+    .axpy_e4m3 = x86__axpy_e4m3,
 };
 #endif

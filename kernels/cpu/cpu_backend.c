@@ -133,19 +133,16 @@ static bool cpu__supports_type(void *vctx, kern_type_t type) {
 
 static int cpu__kv_pool_init(void *vctx, kern_kv_pool_t *pool, const kern_kv_config_t *cfg, void *external) {
   memset(pool, 0, sizeof *pool);
-  if (cfg->type != KERN_F32 && cfg->type != KERN_F16)
-    return fr_errorf(FR_EUNSUPPORTED, "cpu backend: KV type must be F32 or F16");
+  if (cfg->dtype == KERN_KV_AUTO && cfg->type != KERN_F32 && cfg->type != KERN_F16)
+    return fr_errorf(FR_EUNSUPPORTED, "cpu backend: KV type must be F32 or F16 (or an int8 / fp8 cache)");
   size_t bytes = kern_kv_pool_bytes(cfg);
   if (bytes == 0) return fr_errorf(-EINVAL, "cpu backend: bad or oversized KV pool config");
-  pool->cfg = *cfg;
-  pool->layer_bytes = bytes / (2 * (size_t)cfg->n_layers);
-  if (external) {
-    pool->base = external;
-    pool->external = true;
-  } else {
-    int rc = cpu__alloc(vctx, bytes, &pool->base);
+  void *base = external;
+  if (!base) {
+    int rc = cpu__alloc(vctx, bytes, &base);
     if (rc) return rc;
   }
+  kern_kv_pool_layout(pool, cfg, base, external != NULL);
   memset(pool->base, 0, bytes);
   return 0;
 }
@@ -157,14 +154,17 @@ static void cpu__kv_pool_deinit(void *vctx, kern_kv_pool_t *pool) {
 
 static int cpu__kv_copy_blocks(void *vctx, kern_kv_pool_t *pool, const int32_t *pairs, int n_pairs) {
   const kern_kv_config_t *c = &pool->cfg;
-  size_t block_bytes = pool->layer_bytes / (size_t)c->n_blocks;
+  const size_t block_bytes = pool->layer_bytes / (size_t)c->n_blocks, scale_block = pool->scale_bytes / (size_t)c->n_blocks;
   for (int i = 0; i < n_pairs; i++) {
     int32_t src = pairs[2 * i], dst = pairs[2 * i + 1];
     if (src < 0 || src >= c->n_blocks || dst < 0 || dst >= c->n_blocks)
       return fr_errorf(-EINVAL, "kv_copy_blocks: pair (%d, %d) outside %d blocks", src, dst, c->n_blocks);
+    if (src == dst) continue;
     for (int l = 0; l < 2 * c->n_layers; l++) {
-      uint8_t *base = (uint8_t *)pool->base + (size_t)l * pool->layer_bytes;
-      if (src != dst) memcpy(base + (size_t)dst * block_bytes, base + (size_t)src * block_bytes, block_bytes);
+      uint8_t *base = kern_kv_pool_elems(pool, l / 2, l % 2);
+      memcpy(base + (size_t)dst * block_bytes, base + (size_t)src * block_bytes, block_bytes);
+      uint8_t *sc = (uint8_t *)kern_kv_pool_scales(pool, l / 2, l % 2);
+      if (sc) memcpy(sc + (size_t)dst * scale_block, sc + (size_t)src * scale_block, scale_block);
     }
   }
   return 0;
@@ -308,6 +308,7 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   ctx->be.act_type = KERN_F32;
   ctx->be.act_size = sizeof(float);
   ctx->be.kv_type = KERN_F16;
+  ctx->be.kv_dtypes = 1u << KERN_KV_AUTO | 1u << KERN_KV_INT8 | 1u << KERN_KV_FP8;
   ctx->be.host_memory = true;
   FR_LOGD("cpu backend: %d threads, %s kernels", ctx->n_threads, isa->name);
   *out = &ctx->be;

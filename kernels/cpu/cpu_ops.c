@@ -166,6 +166,27 @@ static void cpu__store_row(void *dst, kern_type_t type, const float *src, int n)
   for (int i = 0; i < n; i++) d[i] = fr_fp32_to_fp16(src[i]);
 }
 
+/* A quantized pool: each (token, KV head) row of K and V becomes bytes and
+ * an f16 scale (kern_kv_quantize_row, the reference every backend follows). */
+static void cpu__kv_append_quant(const cpu_ctx_t *ctx, kern_kv_pool_t *pool, int layer, const float *k,
+                                 int k_stride, const float *v, int v_stride) {
+  const kern_kv_config_t *c = &pool->cfg;
+  const size_t hd = (size_t)c->head_dim, nkv = (size_t)c->n_kv_heads;
+  for (int isv = 0; isv < 2; isv++) {
+    int8_t *q = kern_kv_pool_elems(pool, layer, isv);
+    uint16_t *sc = kern_kv_pool_scales(pool, layer, isv);
+    const float *x = isv ? v : k;
+    const size_t stride = (size_t)(isv ? v_stride : k_stride);
+    for (int t = 0; t < ctx->n_tokens; t++) {
+      if (ctx->slots[t] < 0) continue;
+      const size_t slot = (size_t)ctx->slots[t];
+      for (size_t h = 0; h < nkv; h++)
+        kern_kv_quantize_row(c->dtype, x + (size_t)t * stride + h * hd, (int)hd, q + (slot * nkv + h) * hd,
+                             sc + slot * nkv + h);
+    }
+  }
+}
+
 int cpu__kv_append(void *vctx, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
                    int v_stride) {
   cpu_ctx_t *ctx = vctx;
@@ -178,8 +199,12 @@ int cpu__kv_append(void *vctx, kern_kv_pool_t *pool, int layer, const void *k, i
   for (int t = 0; t < ctx->n_tokens; t++)
     if (ctx->slots[t] >= n_slots)
       return fr_errorf(-EINVAL, "kv_append: slot %d outside the pool (%ld slots)", ctx->slots[t], n_slots);
+  if (c->dtype != KERN_KV_AUTO) {
+    cpu__kv_append_quant(ctx, pool, layer, k, k_stride, v, v_stride);
+    return 0;
+  }
   const size_t es = c->type == KERN_F16 ? 2 : 4, row_bytes = (size_t)kvd * es;
-  uint8_t *kb = (uint8_t *)pool->base + 2 * (size_t)layer * pool->layer_bytes, *vb = kb + pool->layer_bytes;
+  uint8_t *kb = kern_kv_pool_elems(pool, layer, 0), *vb = kern_kv_pool_elems(pool, layer, 1);
   for (int t = 0; t < ctx->n_tokens; t++) {
     if (ctx->slots[t] < 0) continue;
     size_t off = (size_t)ctx->slots[t] * row_bytes;

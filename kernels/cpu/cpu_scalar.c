@@ -281,6 +281,26 @@ static void cpu__axpy_f16_scalar(int n, float a, const uint16_t *x, float *y) {
   for (int i = 0; i < n; i++) y[i] += a * F16(x[i]);
 }
 
+static float cpu__dot_i8_scalar(int n, const int8_t *a, const float *b) {
+  float s = 0.0f;
+  for (int i = 0; i < n; i++) s += (float)a[i] * b[i];
+  return s;
+}
+
+static void cpu__axpy_i8_scalar(int n, float a, const int8_t *x, float *y) {
+  for (int i = 0; i < n; i++) y[i] += a * (float)x[i];
+}
+
+float cpu__dot_e4m3_scalar(int n, const uint8_t *a, const float *b) {
+  float s = 0.0f;
+  for (int i = 0; i < n; i++) s += cpu_e4m3_to_f32(a[i]) * b[i];
+  return s;
+}
+
+void cpu__axpy_e4m3_scalar(int n, float a, const uint8_t *x, float *y) {
+  for (int i = 0; i < n; i++) y[i] += a * cpu_e4m3_to_f32(x[i]);
+}
+
 const cpu_isa_t cpu_isa_scalar = {
     .name = "scalar",
     .vec_dot =
@@ -307,4 +327,8 @@ const cpu_isa_t cpu_isa_scalar = {
     .dot_f16 = cpu__dot_f16_scalar,
     .axpy_f32 = cpu__axpy_f32_scalar,
     .axpy_f16 = cpu__axpy_f16_scalar,
+    .dot_i8 = cpu__dot_i8_scalar,
+    .axpy_i8 = cpu__axpy_i8_scalar,
+    .dot_e4m3 = cpu__dot_e4m3_scalar,
+    .axpy_e4m3 = cpu__axpy_e4m3_scalar,
 };

@@ -409,6 +409,61 @@ static inline void x86__axpy_f32(int n, float a, const float *x, float *y) {
   for (; i < n; i++) y[i] += a * x[i];
 }
 
+/* 8 int8 -> 8 f32. */
+static inline __m256 x86__load_i8(const int8_t *p) {
+  return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));
+}
+
+/* 8 FP8 E4M3 -> 8 f32, by bits as cpu_e4m3_to_f32. */
+static inline __m256 x86__load_e4m3(const uint8_t *p) {
+  const __m256i b = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)p));
+  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x7F)), 20);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(b, _mm256_set1_epi32(0x80)), 24);
+  const __m256 m = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
+  return _mm256_or_ps(m, _mm256_castsi256_ps(sign));
+}
+
+static inline float x86__dot_i8(int n, const int8_t *a, const float *b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(x86__load_i8(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(x86__load_i8(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(x86__load_i8(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = x86__hsum_f32_8(_mm256_add_ps(s0, s1));
+  for (; i < n; i++) s += (float)a[i] * b[i];
+  return s;
+}
+
+static inline void x86__axpy_i8(int n, float a, const int8_t *x, float *y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, x86__load_i8(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += a * (float)x[i];
+}
+
+static inline float x86__dot_e4m3(int n, const uint8_t *a, const float *b) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(x86__load_e4m3(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(x86__load_e4m3(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(x86__load_e4m3(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = x86__hsum_f32_8(_mm256_add_ps(s0, s1));
+  for (; i < n; i++) s += cpu_e4m3_to_f32(a[i]) * b[i];
+  return s;
+}
+
+static inline void x86__axpy_e4m3(int n, float a, const uint8_t *x, float *y) {
+  const __m256 va = _mm256_set1_ps(a);
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, x86__load_e4m3(x + i), _mm256_loadu_ps(y + i)));
+  for (; i < n; i++) y[i] += a * cpu_e4m3_to_f32(x[i]);
+}
+
 static inline void x86__axpy_f16(int n, float a, const uint16_t *x, float *y) {
   const __m256 va = _mm256_set1_ps(a);
   int i = 0;

@@ -16,6 +16,7 @@
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <cuda_fp8.h>
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -214,6 +215,45 @@ template <typename T> __device__ __forceinline__ uint4 kcu_pack8(const float *f)
 #pragma unroll
   for (int i = 0; i < 8; i++) t[i] = kcu_t<T>(f[i]);
   return v;
+}
+
+/* ---- quantized KV cache (kern_kv_dtype_t, kern_types.h) ----
+ * A quantized pool keeps one byte per element (int8, or FP8 E4M3) and an
+ * f16 scale per (token, KV head); the kernels take the kind as a template
+ * argument Q. Appends quantize as kern_kv_quantize_row does; attention
+ * converts the bytes to f32 after the load (registers or shared memory). */
+enum { KCU_KVQ_NONE = 0, KCU_KVQ_INT8 = 1, KCU_KVQ_FP8 = 2 };
+
+/* One stored byte of v (an element already divided by its row's scale):
+ * int8 rounded to nearest even and clamped to +-127; E4M3 rounded to
+ * nearest even and saturated to +-448. */
+template <int Q> __device__ __forceinline__ uint8_t kcu_kvq_byte(float v) {
+  if constexpr (Q == KCU_KVQ_INT8) {
+    const int i = min(127, max(-127, __float2int_rn(v)));
+    return (uint8_t)(int8_t)i;
+  } else {
+    return (uint8_t)__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
+/* 8 stored bytes (lo: elements 0-3, hi: 4-7, little-endian) times scale. */
+template <int Q> __device__ __forceinline__ void kcu_kvq_unpack8(uint32_t lo, uint32_t hi, float scale, float *f) {
+  const uint32_t w[2] = {lo, hi};
+#pragma unroll
+  for (int k = 0; k < 2; k++) {
+    if constexpr (Q == KCU_KVQ_INT8) {
+#pragma unroll
+      for (int i = 0; i < 4; i++) f[4 * k + i] = (float)(int8_t)((w[k] >> (8 * i)) & 0xffu) * scale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; i++) {
+        const __half2 h(__nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)((w[k] >> (16 * i)) & 0xffffu), __NV_E4M3));
+        const float2 p = __half22float2(h);
+        f[4 * k + 2 * i] = p.x * scale;
+        f[4 * k + 2 * i + 1] = p.y * scale;
+      }
+    }
+  }
 }
 
 __device__ __forceinline__ float kcu_warp_sum(float v) {

@@ -18,6 +18,14 @@
  * cached prefix blocks the same way as new ones (chunked prefill, prefix
  * hits). A mixed step runs the decode kernel for its one-token sequences
  * and the prefill kernel for the others.
+ *
+ * A quantized cache (int8 / FP8 E4M3 bytes, an f16 scale per token and KV
+ * head; template argument Q) is read as it is: the decode kernel loads 8
+ * bytes and the row's scale where it loads 8 elements, and converts them in
+ * registers; the prefill kernels convert each 8-element chunk after the
+ * load and store it to the same T tile in shared memory that cp.async fills
+ * for an unquantized cache (cp.async cannot convert), so their tensor-core
+ * and SIMT loops are unchanged.
  */
 #include <math.h>
 
@@ -53,21 +61,61 @@ __device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int3
   return reinterpret_cast<const uint4 *>(p + ((size_t)blk * bs + j % bs) * row_elems + head_off);
 }
 
+/* Quantized cache: the 8 bytes at head_off of cache row j (through the
+ * block table) and their row's scale (KV head kvh of n_kv), as
+ * {bytes 0-3, bytes 4-7, scale as f32 bits, 0}: one register set that
+ * kcu_kv_unpack turns into 8 floats. */
+__device__ __forceinline__ uint4 kcu_kvq_row8(const void *plane, const uint16_t *sc, const int32_t *bt, int j, int bs,
+                                              int n_blocks, int row_elems, int head_off, int n_kv, int kvh) {
+  int blk = bt[j / bs];
+  if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
+  const size_t slot = (size_t)blk * bs + j % bs;
+  const uint2 b = *reinterpret_cast<const uint2 *>((const uint8_t *)plane + slot * row_elems + head_off);
+  const float s = __half2float(__ushort_as_half(sc[slot * n_kv + kvh]));
+  return make_uint4(b.x, b.y, __float_as_uint(s), 0u);
+}
+
+/* 8 elements of cache row j: 16 bytes of T, or (Q) 8 bytes and a scale. */
+template <int Q>
+__device__ __forceinline__ uint4 kcu_kv_fetch(const void *plane, const uint16_t *sc, const int32_t *bt, int j, int bs,
+                                              int n_blocks, int row_elems, int head_off, int n_kv, int kvh) {
+  if constexpr (Q == KCU_KVQ_NONE) return *kcu_kv_row(plane, bt, j, bs, n_blocks, row_elems, head_off);
+  else return kcu_kvq_row8(plane, sc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
+}
+
+/* What kcu_kv_fetch loaded, as 8 floats. */
+template <typename T, int Q> __device__ __forceinline__ void kcu_kv_unpack(uint4 r, float *f) {
+  if constexpr (Q == KCU_KVQ_NONE) kcu_unpack8(r, f, (const T *)0);
+  else kcu_kvq_unpack8<Q>(r.x, r.y, __uint_as_float(r.z), f);
+}
+
+/* What kcu_kv_fetch loaded, as 8 elements of T (a 16-byte chunk of a tile). */
+template <typename T, int Q> __device__ __forceinline__ uint4 kcu_kv_to_t(uint4 r) {
+  if constexpr (Q == KCU_KVQ_NONE) {
+    return r;
+  } else {
+    float f[8];
+    kcu_kvq_unpack8<Q>(r.x, r.y, __uint_as_float(r.z), f);
+    return kcu_pack8<T>(f);
+  }
+}
+
 /* Stages K/V rows [kb, kb + BN) of one KV head (head_off elements into a
  * row of row_elems) into sk and sv, (BN, HD) each, through the block table,
  * zeros past kv_end: NT threads, a 16-byte chunk of K and of V a step. The
  * prefill kernels share it; the caller synchronizes around it. */
-template <int HD, int BN, int NT>
+template <typename T, int HD, int BN, int NT, int Q>
 __device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const void *kc, const void *vc,
-                                                 const int32_t *bt, int kb, int kv_end, int bs, int n_blocks,
-                                                 int row_elems, int head_off) {
+                                                 const uint16_t *ksc, const uint16_t *vsc, const int32_t *bt, int kb,
+                                                 int kv_end, int bs, int n_blocks, int n_kv, int kvh) {
   constexpr int CH = HD / 8; /* chunks a row */
+  const int row_elems = n_kv * HD;
   for (int i = threadIdx.x; i < BN * CH; i += NT) {
     const int r = i / CH, ch = i % CH, j = kb + r;
     uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
     if (j < kv_end) {
-      kz = kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off)[ch];
-      vz = kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off)[ch];
+      kz = kcu_kv_to_t<T, Q>(kcu_kv_fetch<Q>(kc, ksc, bt, j, bs, n_blocks, row_elems, kvh * HD + ch * 8, n_kv, kvh));
+      vz = kcu_kv_to_t<T, Q>(kcu_kv_fetch<Q>(vc, vsc, bt, j, bs, n_blocks, row_elems, kvh * HD + ch * 8, n_kv, kvh));
     }
     sk[i] = kz;
     sv[i] = vz;
@@ -129,9 +177,10 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
 
 /* PIPE: prefetch the next step's K/V while computing (more registers, so
  * fewer CTAs per SM: worth it only when the grid does not fill the GPU). */
-template <typename T, int HD, int GM, bool PIPE>
+template <typename T, int HD, int GM, bool PIPE, int Q>
 __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC_CTAS)
-    kcu_attn_decode_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+    kcu_attn_decode_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ksc,
+                      const uint16_t *vsc, const int32_t *hdr,
                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                       int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt) {
   kcu_pdl_enter();
@@ -182,8 +231,8 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
       int j = jj + u * NW * TPW + slot;
       kd[u] = vd[u] = make_uint4(0, 0, 0, 0);
       if (j < stop) {
-        kd[u] = *kcu_kv_row(kc, bt, j, bs, n_blocks, row_elems, head_off);
-        vd[u] = *kcu_kv_row(vc, bt, j, bs, n_blocks, row_elems, head_off);
+        kd[u] = kcu_kv_fetch<Q>(kc, ksc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
+        vd[u] = kcu_kv_fetch<Q>(vc, vsc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
       }
     }
   };
@@ -196,8 +245,8 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
     for (int u = 0; u < U; u++) {
     const bool valid = jj + u * NW * TPW + slot < stop;
     float kf[8], vf[8];
-    kcu_unpack8(kr[u], kf, (const T *)0);
-    kcu_unpack8(vr[u], vf, (const T *)0);
+    kcu_kv_unpack<T, Q>(kr[u], kf);
+    kcu_kv_unpack<T, Q>(vr[u], vf);
 #pragma unroll
     for (int g = 0; g < GM; g++) {
       float sc = 0.f;
@@ -324,8 +373,15 @@ int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int
   return 0;
 }
 
-template <typename T, int HD, int GM>
-static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+/* The K/V planes of one layer: elements (T, or bytes when quantized) and
+ * the scales of a quantized pool (NULL otherwise). */
+typedef struct {
+  const void *kc, *vc;
+  const uint16_t *ks, *vs;
+} kcu_kv_layer_t;
+
+template <typename T, int HD, int GM, int Q>
+static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                              const kern_kv_config_t *cf, int G, float scale, int window) {
   int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
   int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
@@ -334,32 +390,35 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   dim3 grid(sp, cf->n_kv_heads, n_seqs);
   /* prefetch while the grid fits one wave (KCU_DEC_PIPE_CTAS) */
   if ((long long)sp * cf->n_kv_heads * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm)
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true>, grid, KCU_DEC_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr,
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+               kv.vs, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
                window, c->dec_chunk, c->attn_part, c->attn_cnt);
   else
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false>, grid, KCU_DEC_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr,
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+               kv.vs, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
                window, c->dec_chunk, c->attn_part, c->attn_cnt);
   return 0;
 }
 
-template <typename T, int HD>
-static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+template <typename T, int HD, int Q>
+static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                         const kern_kv_config_t *cf, int G, float scale, int window) {
-  if (G <= 1) return kcu_decode_launch<T, HD, 1>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
-  if (G <= 2) return kcu_decode_launch<T, HD, 2>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
-  if (G <= 4) return kcu_decode_launch<T, HD, 4>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
-  return kcu_decode_launch<T, HD, 8>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
+  if (G <= 1) return kcu_decode_launch<T, HD, 1, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  if (G <= 2) return kcu_decode_launch<T, HD, 2, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  if (G <= 4) return kcu_decode_launch<T, HD, 4, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  return kcu_decode_launch<T, HD, 8, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
 }
 
 /* ---- prefill -------------------------------------------------------------------------------- */
 
 /* KCU_PF_BM queries x KCU_PF_TPQ threads; thread `part` owns 8-element
  * chunks part, part + KCU_PF_TPQ, ... of the head. */
-template <typename T, int HD>
+template <typename T, int HD, int Q>
 __global__ void __launch_bounds__(KCU_PF_NT)
-    kcu_attn_prefill_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+    kcu_attn_prefill_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ksc,
+                       const uint16_t *vsc, const int32_t *hdr,
                        const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, const int32_t *seq_map,
                        int bs, int n_blocks, int n_kv, int G, float scale, int window) {
   kcu_pdl_enter();
@@ -382,7 +441,6 @@ __global__ void __launch_bounds__(KCU_PF_NT)
   __syncthreads();
   const int kv_end = min(ctx, s_maxpos + 1);
   const int32_t *bt = bts + (size_t)s * max_blocks;
-  const int row_elems = n_kv * HD;
 
   float qr[NC][8], acc[NC][8], m = -INFINITY, l = 0.f;
 #pragma unroll
@@ -401,8 +459,8 @@ __global__ void __launch_bounds__(KCU_PF_NT)
   const int kb0 = window > 0 ? max(ctx_len[s] - qn + tile - window + 1, 0) / KCU_PF_BN * KCU_PF_BN : 0;
   for (int kb = kb0; kb < kv_end; kb += KCU_PF_BN) {
     __syncthreads();
-    kcu_kv_tile_load<HD, KCU_PF_BN, KCU_PF_NT>(&sk[0][0], &sv[0][0], kc, vc, bt, kb, kv_end, bs, n_blocks, row_elems,
-                                               kvh * HD);
+    kcu_kv_tile_load<T, HD, KCU_PF_BN, KCU_PF_NT, Q>(&sk[0][0], &sv[0][0], kc, vc, ksc, vsc, bt, kb, kv_end, bs,
+                                                     n_blocks, n_kv, kvh);
     __syncthreads();
     int nr = min(KCU_PF_BN, kv_end - kb);
     for (int r = 0; r < nr; r++) {
@@ -520,20 +578,42 @@ template <> __device__ __forceinline__ uint32_t kcu_pack2<__half>(float x, float
   return *reinterpret_cast<uint32_t *>(&v);
 }
 
+__device__ __forceinline__ void kcu_st_shared16(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
 /* Issues the cp.async loads of K/V rows [kb, kb + BN) of one KV head into
- * the swizzled tiles at sk / sv (shared addresses); zeros past kv_end. */
-template <int HD>
+ * the swizzled tiles at sk / sv (shared addresses); zeros past kv_end. A
+ * quantized cache (Q) is loaded to registers, converted to T and stored
+ * instead (at the same swizzled offsets), which the caller's barrier
+ * orders like the cp.async groups. */
+template <typename T, int HD, int Q>
 __device__ __forceinline__ void kcu_fa_load_kv(uint32_t sk, uint32_t sv, const void *kc, const void *vc,
-                                               const int32_t *bt, int kb, int kv_end, int bs, int n_blocks,
-                                               int row_elems, int head_off) {
+                                               const uint16_t *ksc, const uint16_t *vsc, const int32_t *bt, int kb,
+                                               int kv_end, int bs, int n_blocks, int n_kv, int kvh) {
   constexpr int CH = HD / 8;
-  for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
-    const int r = i / CH, ch = i % CH, j = kb + r;
-    const bool ok = j < kv_end;
-    const uint4 *k = kcu_kv_row(kc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
-    const uint4 *v = kcu_kv_row(vc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
-    kcu_cp_async16(sk + kcu_fa_off<HD>(r, ch), k, ok);
-    kcu_cp_async16(sv + kcu_fa_off<HD>(r, ch), v, ok);
+  const int row_elems = n_kv * HD, head_off = kvh * HD;
+  if constexpr (Q != KCU_KVQ_NONE) {
+    for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
+      const int r = i / CH, ch = i % CH, j = kb + r;
+      uint4 kz = make_uint4(0, 0, 0, 0), vz = kz;
+      if (j < kv_end) {
+        kz = kcu_kv_to_t<T, Q>(kcu_kvq_row8(kc, ksc, bt, j, bs, n_blocks, row_elems, head_off + ch * 8, n_kv, kvh));
+        vz = kcu_kv_to_t<T, Q>(kcu_kvq_row8(vc, vsc, bt, j, bs, n_blocks, row_elems, head_off + ch * 8, n_kv, kvh));
+      }
+      kcu_st_shared16(sk + kcu_fa_off<HD>(r, ch), kz);
+      kcu_st_shared16(sv + kcu_fa_off<HD>(r, ch), vz);
+    }
+  } else {
+    for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
+      const int r = i / CH, ch = i % CH, j = kb + r;
+      const bool ok = j < kv_end;
+      const uint4 *k = kcu_kv_row(kc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
+      const uint4 *v = kcu_kv_row(vc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
+      kcu_cp_async16(sk + kcu_fa_off<HD>(r, ch), k, ok);
+      kcu_cp_async16(sv + kcu_fa_off<HD>(r, ch), v, ok);
+    }
   }
 }
 
@@ -612,9 +692,10 @@ __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], fl
   }
 }
 
-template <typename T, int HD>
+template <typename T, int HD, int Q>
 __global__ void __launch_bounds__(KCU_FA_NT)
-    kcu_attn_prefill_mma_k(T *out, const T *q, int q_stride, const T *kc, const T *vc, const int32_t *hdr,
+    kcu_attn_prefill_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ksc,
+                           const uint16_t *vsc, const int32_t *hdr,
                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts,
                            const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale,
                            int window) {
@@ -630,7 +711,6 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const int max_blocks = hdr[2];
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
   const int32_t *bt = bts + (size_t)s * max_blocks;
-  const int row_elems = n_kv * HD;
   /* the last query of the tile sees the most keys; with a window the first
    * sees nothing before kb0 */
   const int kv_end = min(ctx, ctx - qn + min(tile + KCU_FA_BM, qn));
@@ -643,7 +723,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     const T *src = q + (size_t)(q0 + (ok ? tile + r : 0)) * q_stride + (size_t)h * HD + ch * 8;
     kcu_cp_async16(sq + kcu_fa_off<HD>(r, ch), src, ok);
   }
-  if (kb0 < kv_end) kcu_fa_load_kv<HD>(skv, skv + TILE, kc, vc, bt, kb0, kv_end, bs, n_blocks, row_elems, kvh * HD);
+  if (kb0 < kv_end)
+    kcu_fa_load_kv<T, HD, Q>(skv, skv + TILE, kc, vc, ksc, vsc, bt, kb0, kv_end, bs, n_blocks, n_kv, kvh);
   kcu_cp_commit();
 
   const int g = lane >> 2, row0 = warp * 16;
@@ -659,8 +740,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 
   for (int kb = kb0, b = 0; kb < kv_end; kb += KCU_FA_BN, b ^= 1) {
     if (kb + KCU_FA_BN < kv_end) /* the next tile into the other buffer */
-      kcu_fa_load_kv<HD>(skv + 2 * (b ^ 1) * TILE, skv + (2 * (b ^ 1) + 1) * TILE, kc, vc, bt, kb + KCU_FA_BN, kv_end,
-                         bs, n_blocks, row_elems, kvh * HD);
+      kcu_fa_load_kv<T, HD, Q>(skv + 2 * (b ^ 1) * TILE, skv + (2 * (b ^ 1) + 1) * TILE, kc, vc, ksc, vsc, bt,
+                               kb + KCU_FA_BN, kv_end, bs, n_blocks, n_kv, kvh);
     kcu_cp_commit();
     kcu_cp_wait<1>();
     __syncthreads();
@@ -692,20 +773,22 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 
 /* Prefill over n sequences: those of seq_map (device), or all of the step
  * when seq_map is NULL. */
-template <typename T, int HD>
-static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *kc, const T *vc,
+template <typename T, int HD, int Q>
+static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                        const kern_kv_config_t *cf, int n_heads, int G, float scale, int window,
                        const int32_t *seq_map, int n) {
   if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
     dim3 grid(kcu_div_up(c->max_q, KCU_FA_BM), n_heads, n);
-    KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD>, grid, KCU_FA_NT, bytes, out, q, q_stride, kc, vc, c->dm.hdr,
+    KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, Q>, grid, KCU_FA_NT, bytes, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+               kv.vs, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks,
                cf->n_kv_heads, G, scale, window);
     return 0;
   }
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, n);
-  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD>, grid, KCU_PF_NT, 0, out, q, q_stride, kc, vc, c->dm.hdr, c->dm.q_start,
+  KCU_LAUNCH(c, kcu_attn_prefill_k<T, HD, Q>, grid, KCU_PF_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks, kv.vs,
+             c->dm.hdr, c->dm.q_start,
              c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
              window);
   return 0;
@@ -717,25 +800,39 @@ static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const T *
  * and the prefill kernel only for the sequences with more tokens: a
  * one-token sequence in a prefill grid would read K/V once per query head
  * into a 64-query tile with one live row. */
+template <typename T, int HD, int Q>
+static int kcu_attn_hdq(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
+                        const kern_kv_config_t *cf, int n_heads, float scale, int window) {
+  int G = n_heads / cf->n_kv_heads;
+  if (G > KCU_MAX_GROUP || c->n_single == 0) {
+    if (c->max_q == 0) return 0;
+    return kcu_prefill<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, NULL, c->n_seqs);
+  }
+  int rc = kcu_decode_g<T, HD, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  if (rc || c->n_pf == 0) return rc;
+  return kcu_prefill<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, c->dm.pf_seqs, c->n_pf);
+}
+
 template <typename T, int HD>
 static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                        int n_heads, float scale, int window) {
   const kern_kv_config_t *cf = &pool->cfg;
-  const char *kb = (const char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
-  const T *kc = (const T *)kb, *vc = (const T *)(kb + pool->layer_bytes);
-  int G = n_heads / cf->n_kv_heads;
-  if (G > KCU_MAX_GROUP || c->n_single == 0) {
-    if (c->max_q == 0) return 0;
-    return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, window, NULL, c->n_seqs);
-  }
-  int rc = kcu_decode_g<T, HD>(c, out, q, q_stride, kc, vc, cf, G, scale, window);
-  if (rc || c->n_pf == 0) return rc;
-  return kcu_prefill<T, HD>(c, out, q, q_stride, kc, vc, cf, n_heads, G, scale, window, c->dm.pf_seqs, c->n_pf);
+  const kcu_kv_layer_t kv = {kern_kv_pool_elems(pool, layer, 0), kern_kv_pool_elems(pool, layer, 1),
+                             kern_kv_pool_scales(pool, layer, 0), kern_kv_pool_scales(pool, layer, 1)};
+  if (cf->dtype == KERN_KV_INT8)
+    return kcu_attn_hdq<T, HD, KCU_KVQ_INT8>(c, out, q, q_stride, kv, cf, n_heads, scale, window);
+  if (cf->dtype == KERN_KV_FP8)
+    return kcu_attn_hdq<T, HD, KCU_KVQ_FP8>(c, out, q, q_stride, kv, cf, n_heads, scale, window);
+  return kcu_attn_hdq<T, HD, KCU_KVQ_NONE>(c, out, q, q_stride, kv, cf, n_heads, scale, window);
 }
 
 template <typename T, int HD> static int kcu_fa_attr(void) {
-  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kcu_fa_smem<HD>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kcu_fa_smem<HD>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_INT8>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kcu_fa_smem<HD>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_FP8>,
+                                 cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kcu_fa_smem<HD>::BYTES));
   return 0;
 }
 

@@ -122,22 +122,20 @@ static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_confi
   int rc = kcu__not_capturing(c, "kv_pool_init");
   if (rc) return rc;
   memset(pool, 0, sizeof(*pool));
-  if (cfg->type != c->act)
+  const bool quant = cfg->dtype != KERN_KV_AUTO;
+  if (!quant && cfg->type != c->act)
     return fr_errorf(FR_EUNSUPPORTED, "cuda: KV type %d must equal the activation type %d", (int)cfg->type,
                      (int)c->act);
-  if (cfg->head_dim % 8 || cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->block_size <= 0 || cfg->n_blocks <= 0)
-    return fr_errorf(FR_EUNSUPPORTED, "cuda: KV config not supported (head_dim %d must be a multiple of 8)",
-                     cfg->head_dim);
+  const int align = quant ? 16 : 8; /* whole 16-byte chunks a block row (kcu_kv_copy) */
+  if (cfg->head_dim % align || cfg->n_layers <= 0 || cfg->n_kv_heads <= 0 || cfg->block_size <= 0 ||
+      cfg->n_blocks <= 0)
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: KV config not supported (head_dim %d must be a multiple of %d)",
+                     cfg->head_dim, align);
   size_t bytes = kern_kv_pool_bytes(cfg);
   if (bytes == 0) return fr_errorf(FR_ETOOBIG, "cuda: KV pool size overflows");
-  pool->cfg = *cfg;
-  pool->layer_bytes = bytes / (2 * (size_t)cfg->n_layers);
-  if (external) {
-    pool->base = external;
-    pool->external = true;
-  } else if ((rc = kcu__alloc(c, bytes, &pool->base, "KV pool"))) {
-    return rc;
-  }
+  void *base = external;
+  if (!base && (rc = kcu__alloc(c, bytes, &base, "KV pool"))) return rc;
+  kern_kv_pool_layout(pool, cfg, base, external != NULL);
   KCU_CHECK(cudaMemsetAsync(pool->base, 0, bytes, c->stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   c->pool_kv_heads = cfg->n_kv_heads;
@@ -560,6 +558,7 @@ extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
   c->be.act_type = c->act;
   c->be.act_size = c->act_size;
   c->be.kv_type = c->act;
+  c->be.kv_dtypes = 1u << KERN_KV_AUTO | 1u << KERN_KV_INT8 | 1u << KERN_KV_FP8;
   c->be.host_memory = false;
   *out = &c->be;
   return 0;

@@ -258,9 +258,52 @@ __global__ void kcu_kv_append_k(T *kc, T *vc, const T *k, int k_stride, const T 
   }
 }
 
+/* A quantized pool: one warp per (token, KV head, K or V) row of head_dim
+ * elements: its max |x| (warp reduction), the f16 scale, then the bytes, as
+ * kern_kv_quantize_row computes them. Rows are (n_tokens * n_kv * 2) warps
+ * of KCU_ELEM_NT / 32 per CTA. */
+template <typename T, int Q>
+__global__ void kcu_kv_append_q_k(uint8_t *kq, uint8_t *vq, uint16_t *ks, uint16_t *vs, const T *k, int k_stride,
+                                  const T *v, int v_stride, const int32_t *slots, int n_tokens, int n_kv, int hd,
+                                  long long n_slots) {
+  kcu_pdl_enter();
+  const long long w = (blockIdx.x * (long long)blockDim.x + threadIdx.x) / KCU_WARP;
+  const int lane = threadIdx.x % KCU_WARP;
+  if (w >= (long long)n_tokens * n_kv * 2) return; /* whole warps leave together: blockDim is a multiple of 32 */
+  const int isv = (int)(w % 2), h = (int)(w / 2 % n_kv), t = (int)(w / 2 / n_kv);
+  const int32_t slot = slots[t];
+  if (slot < 0 || slot >= n_slots) return;
+  const T *x = isv ? v + (size_t)t * v_stride + (size_t)h * hd : k + (size_t)t * k_stride + (size_t)h * hd;
+  float amax = 0.f;
+  for (int e = lane; e < hd; e += KCU_WARP) amax = fmaxf(amax, fabsf(kcu_f(x[e])));
+  amax = kcu_warp_max(amax);
+  const float qmax = Q == KCU_KVQ_INT8 ? 127.f : 448.f;
+  const __half hs = __float2half_rn(fminf(amax / qmax, 65504.f));
+  const float sc = __half2float(hs), inv = sc > 0.f ? 1.f / sc : 0.f;
+  uint8_t *dq = (isv ? vq : kq) + ((size_t)slot * n_kv + h) * hd;
+  for (int e = lane; e < hd; e += KCU_WARP) dq[e] = kcu_kvq_byte<Q>(kcu_f(x[e]) * inv);
+  if (lane == 0) (isv ? vs : ks)[(size_t)slot * n_kv + h] = __half_as_ushort(hs);
+}
+
+template <int Q>
+static int kcu_kv_append_q(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
+                           int v_stride) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  const long long threads = (long long)c->n_tokens * cf->n_kv_heads * 2 * KCU_WARP;
+  uint8_t *kq = (uint8_t *)kern_kv_pool_elems(pool, layer, 0), *vq = (uint8_t *)kern_kv_pool_elems(pool, layer, 1);
+  uint16_t *ks = kern_kv_pool_scales(pool, layer, 0), *vs = kern_kv_pool_scales(pool, layer, 1);
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_kv_append_q_k<T, Q>, kcu_div_up(threads, KCU_ELEM_NT), KCU_ELEM_NT, 0, kq, vq,
+                                 ks, vs, (const T *)k, k_stride, (const T *)v, v_stride, c->dm.slots, c->n_tokens,
+                                 cf->n_kv_heads, cf->head_dim, (long long)cf->n_blocks * cf->block_size));
+  return 0;
+}
+
 int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k, int k_stride, const void *v,
                    int v_stride) {
   const kern_kv_config_t *cf = &pool->cfg;
+  if (c->n_tokens == 0) return 0;
+  if (cf->dtype == KERN_KV_INT8) return kcu_kv_append_q<KCU_KVQ_INT8>(c, pool, layer, k, k_stride, v, v_stride);
+  if (cf->dtype == KERN_KV_FP8) return kcu_kv_append_q<KCU_KVQ_FP8>(c, pool, layer, k, k_stride, v, v_stride);
   int row = cf->n_kv_heads * cf->head_dim;
   int vec = (k_stride % 8 == 0 && v_stride % 8 == 0 && kcu_al16(k) && kcu_al16(v)) ? 8 : 1;
   long long total = (long long)c->n_tokens * (row / vec);
@@ -331,6 +374,11 @@ int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, 
     return fr_errorf(FR_EFORMAT, "cuda: rope_kv_append: strides (%d, %d) too small for %d + %d heads of %d",
                      q_stride, kv_stride, n_heads, cf->n_kv_heads, hd);
   if (c->n_tokens == 0) return 0;
+  if (cf->dtype != KERN_KV_AUTO) { /* a quantized pool: rope, rope, then the quantizing append */
+    int rc = kcu__rope(c, q, n_heads, hd, q_stride, r);
+    if (!rc) rc = kcu__rope(c, k, cf->n_kv_heads, hd, kv_stride, r);
+    return rc ? rc : kcu__kv_append(c, pool, layer, k, kv_stride, v, kv_stride);
+  }
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
   const long long total = (long long)c->n_tokens * (n_heads * (r->n_rot / 2) + cf->n_kv_heads * (r->n_rot / 2) +
                                                    cf->n_kv_heads * (hd - r->n_rot) + cf->n_kv_heads * hd);
@@ -352,11 +400,24 @@ __global__ void kcu_kv_copy_k(char *base, size_t layer_bytes, size_t block_bytes
   for (size_t i = threadIdx.x; i < block_bytes / 16; i += blockDim.x) d[i] = s[i];
 }
 
+/* grid (n_pairs, 2 * n_layers): copies one block's scales of K or V of one
+ * layer (n f16 values a block). */
+__global__ void kcu_kv_copy_scales_k(uint16_t *base, size_t plane_elems, int n, const int32_t *pairs) {
+  kcu_pdl_enter();
+  const int32_t src = pairs[2 * blockIdx.x], dst = pairs[2 * blockIdx.x + 1];
+  uint16_t *plane = base + (size_t)blockIdx.y * plane_elems;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) plane[(size_t)dst * n + i] = plane[(size_t)src * n + i];
+}
+
 int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, int n_pairs) {
   const kern_kv_config_t *cf = &pool->cfg;
-  size_t block_bytes = (size_t)cf->block_size * cf->n_kv_heads * cf->head_dim * c->act_size; /* head_dim % 8 == 0 */
+  /* elements: head_dim % 8 == 0 (16 when quantized), so a block is whole 16-byte chunks */
+  size_t block_bytes = pool->layer_bytes / (size_t)cf->n_blocks;
   KCU_LAUNCH(c, kcu_kv_copy_k, dim3(n_pairs, 2 * cf->n_layers), KCU_ELEM_NT, 0, (char *)pool->base, pool->layer_bytes,
              block_bytes, pairs_dev);
+  if (pool->scale_bytes)
+    KCU_LAUNCH(c, kcu_kv_copy_scales_k, dim3(n_pairs, 2 * cf->n_layers), KCU_ELEM_NT, 0, kern_kv_pool_scales(pool, 0, 0),
+               pool->scale_bytes / 2, cf->block_size * cf->n_kv_heads, pairs_dev);
   return 0;
 }
 

@@ -9,7 +9,9 @@
 # include_stop_str_in_output with the real model), test_http_choices.py
 # (n, best_of, several prompts, truncation, stop_reason and the audit of
 # OpenAI's request fields, with the real model), test_http_load.py (1000
-# clients at once; a full queue answers 429), test_http_tools and
+# clients at once; a full queue answers 429), test_http_spec.py (speculative
+# decoding: greedy outputs identical with and without, through preemption,
+# chunked prefill, the prefix cache and a worker restart), test_http_tools and
 # fuzz_http_tools (the tool call parsers on each family's documented
 # formats, whole and in pieces), test_http_tool_calls.py (tool calls with
 # the real model and the openai client: parsed, streamed, forced),
@@ -40,5 +42,6 @@ ferrum_http_py(test_http_openai 300)
 ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
 ferrum_http_py(test_http_choices 600)
+ferrum_http_py(test_http_spec 600)
 ferrum_http_py(test_http_tool_calls 300)
 ferrum_http_py(test_http_structured 600)

@@ -95,12 +95,13 @@ static const coord_sched_batch_t *plan(fx_t *f) {
     ck_assert_int_eq(it->slot, j->slot);
     ck_assert_int_eq(it->pos, j->n_computed);
     ck_assert_int_gt(it->n, 0);
-    ck_assert_int_eq(it->final, it->pos + it->n == j->n_tok);
+    ck_assert_int_eq(it->final, it->pos + it->n - it->n_spec == j->n_tok);
     ck_assert_int_eq(kv_seq_len(f->kv, j->slot), it->pos + it->n);
     for (int k = 0; k < i; k++) ck_assert_ptr_ne(b->items[k].job, j);
     tokens += it->n;
   }
   ck_assert_int_le(tokens, f->budget);
+  ck_assert_int_le(b->n_rows, f->max_seqs);
   verify_kv(f);
   return b;
 }
@@ -559,6 +560,90 @@ START_TEST(test_context_full_fails_the_job) {
 }
 END_TEST
 
+
+/* Speculative decoding: a decode carries its job's proposals (written
+ * after its last token) when budget, rows and blocks allow; the commit
+ * keeps the accepted ones' KV, truncates the slot past them (freeing whole
+ * blocks) and the prefix cache never covers a rejected token. */
+START_TEST(test_spec_decode_truncates_rejected) {
+  fx_t f;
+  fx_init(&f, 4, 16, 64, 16, true);
+  coord_job_t *a = job_add(&f, 6, 20, 1, 0);
+  step(&f); /* prefill: n_tok 7, n_computed 6 */
+  kv_stats_t st0;
+  kv_stats_get(f.kv, &st0);
+  a->n_spec = 3;
+  for (int i = 0; i < 3; i++) a->tok[a->n_tok + i] = 900 + i;
+  const coord_sched_batch_t *b = plan(&f);
+  ck_assert_int_eq(b->n_items, 1);
+  ck_assert_int_eq(b->items[0].n, 4);
+  ck_assert_int_eq(b->items[0].n_spec, 3);
+  ck_assert(b->items[0].final);
+  ck_assert_int_eq(b->n_rows, 4);
+  ck_assert_int_eq(kv_seq_len(f.kv, a->slot), 10); /* positions 6..9: blocks 1 and 2 */
+  coord_sched_sent(&f.s);
+  coord_sched_set_accepted(&f.s, 0, 0); /* none accepted: back to 7 tokens, block 2 freed */
+  coord_sched_commit(&f.s, true);
+  ck_assert_int_eq(a->n_computed, 7);
+  ck_assert_int_eq(kv_seq_len(f.kv, a->slot), 7);
+  kv_stats_t st1;
+  kv_stats_get(f.kv, &st1);
+  ck_assert_int_eq(st1.n_free, st0.n_free);
+  ck_assert_int_eq(st1.n_cached, 1); /* block 0 only: block 1 (4..7) is not full of accepted tokens */
+  a->tok[a->n_tok++] = 777; /* the model's own token */
+  verify_kv(&f);
+  /* two accepted of three: 8 + 2 computed, the prefix cache takes block 1 (4..7) and not block 2 */
+  a->n_spec = 3;
+  for (int i = 0; i < 3; i++) a->tok[a->n_tok + i] = 800 + i;
+  b = plan(&f);
+  ck_assert_int_eq(b->items[0].n_spec, 3);
+  coord_sched_sent(&f.s);
+  coord_sched_set_accepted(&f.s, 0, 2);
+  coord_sched_commit(&f.s, true);
+  ck_assert_int_eq(a->n_computed, 10);
+  ck_assert_int_eq(kv_seq_len(f.kv, a->slot), 10);
+  kv_stats_get(f.kv, &st1);
+  ck_assert_int_eq(st1.n_cached, 2);
+  a->tok[a->n_tok++] = 800, a->tok[a->n_tok++] = 801, a->tok[a->n_tok++] = 555;
+  verify_kv(&f);
+  /* a dropped step (worker restart): back to n_computed */
+  a->n_spec = 2;
+  b = plan(&f);
+  ck_assert_int_eq(kv_seq_len(f.kv, a->slot), 13);
+  coord_sched_sent(&f.s);
+  coord_sched_commit(&f.s, false);
+  ck_assert_int_eq(kv_seq_len(f.kv, a->slot), 10);
+  ck_assert_int_eq(a->n_computed, 10);
+  verify_kv(&f);
+  fx_deinit(&f);
+}
+END_TEST
+
+/* Proposals never take the rows (max_num_seqs) or the budget of other
+ * running jobs: each keeps its decode. */
+START_TEST(test_spec_leaves_rows_for_others) {
+  fx_t f;
+  fx_init(&f, 4, 64, 64, 16, false);
+  coord_job_t *a = job_add(&f, 3, 20, 1, 0), *c = job_add(&f, 3, 20, 2, 0);
+  step(&f);
+  a->n_spec = 3, c->n_spec = 3;
+  const coord_sched_batch_t *b = plan(&f);
+  ck_assert_int_eq(b->n_items, 2);
+  ck_assert_int_eq(b->items[0].n_spec, 0); /* 1 + 3 + the other's row > 4 rows */
+  ck_assert_int_eq(b->items[1].n_spec, 0);
+  finish(&f, b);
+  a->n_spec = 2, c->n_spec = 0;
+  b = plan(&f);
+  ck_assert_int_eq(b->items[0].n_spec, 2); /* 1 + 2 + 1 = 4 rows */
+  ck_assert_int_eq(b->n_rows, 4);
+  coord_sched_sent(&f.s);
+  coord_sched_set_accepted(&f.s, 0, 2);
+  coord_sched_commit(&f.s, true);
+  fx_deinit(&f);
+}
+END_TEST
+
+
 static Suite *suite(void) {
   Suite *s = suite_create("sched");
   TCase *tc = tcase_create("sched");
@@ -574,6 +659,8 @@ static Suite *suite(void) {
   tcase_add_test(tc, test_cancel_in_flight_frees_at_commit);
   tcase_add_test(tc, test_dropped_step_shrinks_back);
   tcase_add_test(tc, test_context_full_fails_the_job);
+  tcase_add_test(tc, test_spec_decode_truncates_rejected);
+  tcase_add_test(tc, test_spec_leaves_rows_for_others);
   suite_add_tcase(s, tc);
   return s;
 }

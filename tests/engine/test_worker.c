@@ -2,7 +2,9 @@
  * its coordinator (a ROUTER socket and a control segment of its own):
  * registration and load, steps whose sampled tokens must equal the
  * in-process generator's, malformed step descriptors answered with an
- * error result (the worker keeps serving), and the worker's exit when its
+ * error result (the worker keeps serving), items with proposed tokens
+ * (speculative decoding) verified against the generator's greedy tokens,
+ * and the worker's exit when its
  * coordinator goes silent. */
 #include <check.h>
 #include <signal.h>
@@ -189,6 +191,67 @@ START_TEST(test_worker_steps_match_generator) {
 }
 END_TEST
 
+/* Speculative decoding: an item whose last tokens are proposals (ns)
+ * returns the proposals the model agrees with (greedy: its own tokens,
+ * from the in-process generator), then its own token at the first
+ * disagreement, or after all of them the next one; a plain decode beside
+ * it in the same step is unchanged. */
+START_TEST(test_worker_verifies_proposals) {
+  if (access(efx_model(), R_OK)) return;
+  int32_t ra[7], rb[2];
+  reference(prompt_a, 5, 7, ra);
+  reference(prompt_b, 7, 2, rb);
+  wfx_t f;
+  wfx_start(&f, 30000);
+  int sa, sb;
+  kv_copy_t cp;
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sa), 0);
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sb), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sa, 5, &cp), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sb, 7, &cp), 0);
+  proto_step_item_t its[2] = {item(sa, 0, prompt_a, 5), item(sb, 0, prompt_b, 7)};
+  its[0].sp.logprobs = 2;
+  proto_step_t st = {.n_items = 2, .items = its};
+  const proto_result_t *r = wfx_step(&f, &st);
+  ck_assert_int_eq(r->items[0].token, ra[0]);
+  /* ra[0] fed, proposals ra[1], ra[2], a wrong one, ra[4]: two accepted, then the model's ra[3] */
+  int32_t va[5] = {ra[0], ra[1], ra[2], (ra[3] + 1) % 1000, ra[4]}, tb = rb[0];
+  ck_assert_int_eq(kv_seq_append(f.kv, sa, 5, &cp), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sb, 1, &cp), 0);
+  its[0] = item(sa, 5, va, 5), its[1] = item(sb, 7, &tb, 1);
+  its[0].n_spec = 4, its[0].sp.logprobs = 2;
+  r = wfx_step(&f, &st);
+  ck_assert_int_eq(r->error.code, 0);
+  ck_assert_uint_eq(r->n_items, 2);
+  const proto_result_item_t *a = r->items[0].slot == (uint32_t)sa ? &r->items[0] : &r->items[1];
+  const proto_result_item_t *b = a == &r->items[0] ? &r->items[1] : &r->items[0];
+  ck_assert_int_eq(a->token, ra[1]);
+  ck_assert_uint_eq(a->n_extra, 2);
+  ck_assert_int_eq(a->extra[0], ra[2]);
+  ck_assert_int_eq(a->extra[1], ra[3]);
+  ck_assert_uint_eq(a->n_extra_lp, 2);
+  ck_assert_uint_eq(a->n_top, 2);
+  ck_assert_uint_eq(a->n_extra_top, 4);
+  ck_assert_int_eq(a->extra_top[2].token, ra[3]); /* greedy: the token is its position's top logprob */
+  ck_assert_float_eq_tol(a->extra_top[2].logprob, a->extra_lp[1], 1e-6);
+  ck_assert_int_eq(b->token, rb[1]);
+  ck_assert_uint_eq(b->n_extra, 0);
+  /* the coordinator keeps 5 + 1 + 2 tokens; then every proposal right: all kept and one more */
+  ck_assert_int_eq(kv_seq_truncate(f.kv, sa, 8), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sa, 3, &cp), 0);
+  int32_t vb[3] = {ra[3], ra[4], ra[5]};
+  its[0] = item(sa, 8, vb, 3);
+  its[0].n_spec = 2;
+  st.n_items = 1;
+  r = wfx_step(&f, &st);
+  ck_assert_int_eq(r->items[0].token, ra[4]);
+  ck_assert_uint_eq(r->items[0].n_extra, 2);
+  ck_assert_int_eq(r->items[0].extra[0], ra[5]);
+  ck_assert_int_eq(r->items[0].extra[1], ra[6]);
+  wfx_stop(&f);
+}
+END_TEST
+
 START_TEST(test_worker_rejects_bad_steps) {
   if (access(efx_model(), R_OK)) return;
   wfx_t f;
@@ -300,6 +363,7 @@ static Suite *worker_suite(void) {
   tcase_set_timeout(t, 120);
   tcase_add_test(t, test_worker_steps_match_generator);
   tcase_add_test(t, test_worker_rejects_bad_steps);
+  tcase_add_test(t, test_worker_verifies_proposals);
   tcase_add_test(t, test_worker_bad_item_fails_alone);
   tcase_add_test(t, test_worker_exits_when_coordinator_silent);
   suite_add_tcase(s, t);

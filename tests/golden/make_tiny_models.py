@@ -347,6 +347,23 @@ def tiny_qwen3moe(out, tok):
     write_gguf(out / "tiny-qwen3moe-q.gguf", "qwen3moe", cfg, W, types, tok)
 
 
+def tiny_mistral_window(out, src):
+    """A Mistral HF folder whose every layer has a sliding window of 16
+    tokens (the engine releases KV blocks before it: test_kv_window.py)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tokenizer"))
+    from gen_tok_golden import hf_tokenizer, read_gguf  # noqa: E402
+    cfg = dict(dim=128, ffn=256, heads=4, kv_heads=2, head_dim=32, layers=2, vocab=49152, ctx=2048,
+               theta=10000.0, eps=1e-5)
+    W = make_weights(cfg)
+    W["output.weight"] = rand((cfg["vocab"], cfg["dim"]), 3 * cfg["dim"] ** -0.5)  # untied
+    hf = out / "tiny-mistral-window-hf"
+    write_hf_folder(hf, cfg, W, HF_NAMES, "MistralForCausalLM", "mistral",
+                    {"sliding_window": 16, "tie_word_embeddings": False})
+    kv = read_gguf(src)
+    tokens, types = kv["tokenizer.ggml.tokens"][1], kv["tokenizer.ggml.token_type"][1]
+    hf_tokenizer(tokens, types, kv["tokenizer.ggml.merges"][1], "smollm").save(str(hf / "tokenizer.json"))
+
+
 def main():
     src, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
@@ -356,6 +373,7 @@ def main():
     tiny_qwen3(out, tok)
     tiny_qwen3_hf(out, src)
     tiny_qwen3moe(out, tok)
+    tiny_mistral_window(out, src)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@
 #include "kernels/kern.h"
 #include "tests/gpu/gpu_main.h"
 #include "model/sampler.h"
+#include "tests/common/forward_rows.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
 #define TOL_QMM 2.5e-2 /* quantized weights: the decode GEMV also rounds activations to int8 per 32 */
@@ -462,13 +463,16 @@ typedef struct {
   int32_t *bt; /* (n_seqs, max_blocks), then the spare blocks */
 } kvenv_t;
 
-static void kv_setup(kvenv_t *e, int n_layers, int n_kv, int hd, int bs, int n_seqs, int max_ctx) {
+/* Pools of dtype dt on both backends (a quantized dtype: the same int8 /
+ * E4M3 cache semantics on both, so they compare like the f32 / act pools). */
+static void kv_setup_dt(kvenv_t *e, int n_layers, int n_kv, int hd, int bs, int n_seqs, int max_ctx,
+                        kern_kv_dtype_t dt) {
   memset(e, 0, sizeof(*e));
   e->n_seqs = n_seqs;
   e->max_blocks = (max_ctx + bs - 1) / bs;
   int n_blocks = n_seqs * e->max_blocks + 7;
   e->cfg = (kern_kv_config_t){.n_layers = n_layers, .n_kv_heads = n_kv, .head_dim = hd, .block_size = bs,
-                              .n_blocks = n_blocks, .type = KERN_F32};
+                              .n_blocks = n_blocks, .type = KERN_F32, .dtype = dt};
   ck_assert_int_eq(cpu->ops->kv_pool_init(cpu->ctx, &e->pc, &e->cfg, NULL), 0);
   kern_kv_config_t gc = e->cfg;
   gc.type = gpu->act_type;
@@ -483,6 +487,10 @@ static void kv_setup(kvenv_t *e, int n_layers, int n_kv, int hd, int bs, int n_s
     perm[j] = t;
   }
   e->bt = perm;
+}
+
+static void kv_setup(kvenv_t *e, int n_layers, int n_kv, int hd, int bs, int n_seqs, int max_ctx) {
+  kv_setup_dt(e, n_layers, n_kv, hd, bs, n_seqs, max_ctx, KERN_KV_AUTO);
 }
 
 static void kv_teardown(kvenv_t *e) {
@@ -551,18 +559,19 @@ static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, int windo
 /* (n_kv, group, head_dim) per _i. */
 static const int k_attn_shapes[][3] = {{2, 1, 64}, {2, 4, 128}, {1, 8, 128}, {3, 3, 64}, {2, 7, 64}};
 
-/* _i < shapes: tensor-core prefill; the rest: the same shapes on the SIMT kernel */
-START_TEST(test_attention_prefill) {
-  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  const int *sh = k_attn_shapes[_i % n_shapes];
-  if (_i >= n_shapes) {
+/* Prefill, chunked prefill (with windows) and a mixed step of shape sh on
+ * pools of dtype dt; simt: the SIMT prefill kernel instead of the
+ * tensor-core one. */
+static void attn_prefill_case(const int *sh, bool simt, kern_kv_dtype_t dt) {
+  if (simt) {
     kern_backend_destroy(gpu);
     setenv("FERRUM_CUDA_SIMT_PREFILL", "1", 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   }
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
+  const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
   kvenv_t e;
-  kv_setup(&e, 2, n_kv, hd, 16, 4, 400);
+  kv_setup_dt(&e, 2, n_kv, hd, 16, 4, 400, dt);
   /* step 1: plain prefill of different lengths (layer 1) */
   int z[4] = {0, 0, 0, 0}, n1[4] = {70, 1, 133, 17};
   kern_step_t s;
@@ -571,7 +580,7 @@ START_TEST(test_attention_prefill) {
   step_both(&s);
   append_random(&e, nt, 1);
   char what[96];
-  snprintf(what, sizeof what, "prefill%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "prefill%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   free_step(bufs);
   /* step 2: chunked prefill over the cached prefix; the last sequence has
@@ -580,11 +589,12 @@ START_TEST(test_attention_prefill) {
   nt = build_step(&e, n1, n2, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 1);
-  snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1],
-           hd);
+  snprintf(what, sizeof what, "chunked prefill%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv,
+           sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   for (int w = 40; w <= 100; w += 60) { /* sliding windows: tiles before the window skipped, edges masked */
-    snprintf(what, sizeof what, "window %d%s kv=%d g=%d hd=%d", w, _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+    snprintf(what, sizeof what, "window %d%s%s kv=%d g=%d hd=%d", w, dn, simt ? " simt" : "", n_kv, sh[1],
+             hd);
     ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, w, what), TOL_ACT);
   }
   free_step(bufs);
@@ -594,21 +604,38 @@ START_TEST(test_attention_prefill) {
   nt = build_step(&e, c3, n3, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 1);
-  snprintf(what, sizeof what, "mixed%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "mixed%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
-  snprintf(what, sizeof what, "mixed, window 50%s kv=%d g=%d hd=%d", _i >= n_shapes ? " simt" : "", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "mixed, window 50%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv,
+           sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 50, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
 }
+
+/* _i < shapes: tensor-core prefill; the rest: the same shapes on the SIMT kernel */
+START_TEST(test_attention_prefill) {
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
+  attn_prefill_case(k_attn_shapes[_i % n_shapes], _i >= n_shapes, KERN_KV_AUTO);
+}
 END_TEST
 
-START_TEST(test_attention_decode) {
-  const int *sh = k_attn_shapes[_i];
+/* The same over quantized caches: _i = (dtype, kernel, shape), int8 then
+ * fp8, tensor-core then SIMT. */
+START_TEST(test_attention_prefill_kvq) {
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
+  const int shape = _i % n_shapes, simt = _i / n_shapes % 2, fp8 = _i / (2 * n_shapes);
+  attn_prefill_case(k_attn_shapes[shape], simt, fp8 ? KERN_KV_FP8 : KERN_KV_INT8);
+}
+END_TEST
+
+/* Decode steps of shape sh over a long context on pools of dtype dt. */
+static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
+  const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
   kvenv_t e;
   int lens[4] = {4500, 37, 1, 0};
-  kv_setup(&e, 1, n_kv, hd, 16, 4, 4600);
+  kv_setup_dt(&e, 1, n_kv, hd, 16, 4, 4600, dt);
   int z[4] = {0, 0, 0, 0};
   kern_step_t s;
   int32_t *bufs[4];
@@ -624,12 +651,95 @@ START_TEST(test_attention_decode) {
   step_both(&s);
   append_random(&e, nt, 0);
   char what[96];
-  snprintf(what, sizeof what, "decode 4.5k kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "decode 4.5k%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 0, what), TOL_ACT);
-  snprintf(what, sizeof what, "decode 4.5k, window 1000 kv=%d g=%d hd=%d", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "decode 4.5k, window 1000%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 1000, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
+}
+
+START_TEST(test_attention_decode) { attn_decode_case(k_attn_shapes[_i], KERN_KV_AUTO); }
+END_TEST
+
+/* _i = (dtype, shape): int8 then fp8. */
+START_TEST(test_attention_decode_kvq) {
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
+  attn_decode_case(k_attn_shapes[_i % n_shapes], _i / n_shapes ? KERN_KV_FP8 : KERN_KV_INT8);
+}
+END_TEST
+
+/* Every value of a quantized pool's bytes (host), dequantized, layer by
+ * layer, K then V: (2 * n_layers * slots * n_kv * head_dim) floats. */
+static float *kvq_values(const kern_kv_config_t *cf, const uint8_t *bytes) {
+  const size_t lb = kern_kv_layer_bytes(cf), sb = kern_kv_scale_bytes(cf), hd = (size_t)cf->head_dim;
+  const size_t rows = lb / hd; /* (slot, KV head) rows of a plane */
+  float *out = fr_malloc(2 * (size_t)cf->n_layers * lb * sizeof(float));
+  for (size_t pl = 0; pl < 2 * (size_t)cf->n_layers; pl++) {
+    const uint8_t *q = bytes + pl * lb;
+    const uint16_t *sc = (const uint16_t *)(bytes + 2 * (size_t)cf->n_layers * lb + pl * sb);
+    for (size_t r = 0; r < rows; r++)
+      for (size_t e = 0; e < hd; e++)
+        out[pl * lb + r * hd + e] = kern_kv_dequant(cf->dtype, q + r * hd, (int)e) * fr_fp16_to_fp32(sc[r]);
+  }
+  return out;
+}
+
+/* The quantizing append, the fused rope + append and the block copy on a
+ * quantized pool: the GPU pool's dequantized values against the CPU's
+ * (same inputs, same quantizer: equal but for a rare rounding tie). */
+START_TEST(test_kv_append_kvq) {
+  for (int d = KERN_KV_INT8; d <= KERN_KV_FP8; d++) {
+    const kern_kv_dtype_t dt = (kern_kv_dtype_t)d;
+    kvenv_t e;
+    const int n_kv = 2, hd = 64, nh = 6, stride = (nh + 2 * n_kv) * hd;
+    kv_setup_dt(&e, 2, n_kv, hd, 16, 3, 64, dt);
+    int cached[3] = {0, 5, 30}, n_new[3] = {9, 1, 4};
+    kern_step_t s;
+    int32_t *bufs[4];
+    int nt = build_step(&e, cached, n_new, &s, bufs);
+    bufs[1][9] = -1; /* padding: no K/V write */
+    step_both(&s);
+    append_random(&e, nt, 0); /* layer 0: kv_append */
+    float *inv = fr_malloc(hd / 2 * 4); /* layer 1: rope + kv_append, fused on the GPU */
+    for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
+    wpair_t f;
+    wpair_load(&f, KERN_F32, 1, hd / 2, inv);
+    kern_rope_t cr = {.mode = KERN_ROPE_NEOX, .n_rot = hd, .inv_freq = &f.c, .attn_factor = 1.f}, gr = cr;
+    gr.inv_freq = &f.g;
+    pair_t x = pair_rand((size_t)nt * stride, 1.f);
+    size_t ko = (size_t)nh * hd, vo = ko + (size_t)n_kv * hd;
+    ck_assert_int_eq(cpu->ops->rope(cpu->ctx, x.c, nh, hd, stride, &cr), 0);
+    ck_assert_int_eq(cpu->ops->rope(cpu->ctx, (float *)x.c + ko, n_kv, hd, stride, &cr), 0);
+    ck_assert_int_eq(cpu->ops->kv_append(cpu->ctx, &e.pc, 1, (float *)x.c + ko, stride, (float *)x.c + vo, stride), 0);
+    uint16_t *g = x.g;
+    int rc = gpu->ops->rope_kv_append(gpu->ctx, &e.pg, 1, g, stride, g + ko, g + vo, stride, nh, &gr);
+    ck_assert_msg(rc == 0, "rope_kv_append: %s", fr_last_error());
+    ck_assert_double_lt(cmp_pair(&x, (size_t)nt * stride, "rope_kv_append (quantized pool): q, k"), TOL_ACT);
+    pair_free(&x);
+    wpair_free(&f);
+    free(inv);
+    free_step(bufs);
+    const int32_t *spare = e.bt + 3 * e.max_blocks; /* copies carry the scales */
+    int32_t pairs[4] = {e.bt[0], spare[0], e.bt[2 * e.max_blocks + 1], spare[1]};
+    ck_assert_int_eq(cpu->ops->kv_copy_blocks(cpu->ctx, &e.pc, pairs, 2), 0);
+    ck_assert_int_eq(gpu->ops->kv_copy_blocks(gpu->ctx, &e.pg, pairs, 2), 0);
+    const size_t bytes = kern_kv_pool_bytes(&e.cfg);
+    uint8_t *gb = fr_malloc(bytes);
+    ck_assert_int_eq(gpu->ops->download(gpu->ctx, gb, e.pg.base, bytes), 0);
+    float *cv = kvq_values(&e.cfg, e.pc.base), *gv = kvq_values(&e.cfg, gb);
+    double num = 0, den = 0;
+    for (size_t i = 0; i < 2 * (size_t)e.cfg.n_layers * kern_kv_layer_bytes(&e.cfg); i++) {
+      num += ((double)gv[i] - cv[i]) * ((double)gv[i] - cv[i]);
+      den += (double)cv[i] * cv[i];
+    }
+    fprintf(stderr, "  %s kv pool after append, rope_kv_append, copy_blocks  err %.2e\n", kern_kv_dtype_name(dt),
+            sqrt(num / den));
+    ck_assert_double_gt(den, 0);
+    ck_assert_double_lt(sqrt(num / den), 1e-3);
+    free(gb), free(cv), free(gv);
+    kv_teardown(&e);
+  }
 }
 END_TEST
 
@@ -1193,6 +1303,35 @@ START_TEST(test_f16_mode) {
 }
 END_TEST
 
+/* Speculative decoding's verify pass (model_forward_rows): the last 1 + 4
+ * positions' logits of one multi-token step on the GPU against the CPU's,
+ * and against the GPU's own token-by-token decodes (CUDA is not batch
+ * invariant: close, not equal). A tiny random llama, the same weights on
+ * both backends. */
+START_TEST(test_forward_rows) {
+  enum { NV = 512, R = 5 };
+  static const int32_t toks[12] = {5, 77, 301, 12, 9, 400, 401, 402, 33, 250, 7, 99};
+  fwr_t c, g, d;
+  ck_assert_msg(fwr_init(&c, cpu, 3) == 0, "%s", fr_last_error());
+  ck_assert_msg(fwr_init(&g, gpu, 3) == 0, "%s", fr_last_error());
+  ck_assert_msg(fwr_init(&d, gpu, 3) == 0, "%s", fr_last_error());
+  static float rc[R * NV], rg[R * NV], rd[R * NV];
+  ck_assert_int_eq(fwr_step(&c, toks, 0, 7, 0, rc), 0);
+  ck_assert_int_eq(fwr_step(&c, toks + 7, 7, R, R, rc), 0);
+  ck_assert_int_eq(fwr_step(&g, toks, 0, 7, 0, rg), 0);
+  ck_assert_int_eq(fwr_step(&g, toks + 7, 7, R, R, rg), 0);
+  ck_assert_int_eq(fwr_step(&d, toks, 0, 7, 0, rd), 0);
+  for (int i = 0; i < R; i++) ck_assert_int_eq(fwr_step(&d, toks + 7 + i, 7 + i, 1, 0, rd + (size_t)i * NV), 0);
+  for (int i = 0; i < R; i++) {
+    double e_cpu = nerr(rg + (size_t)i * NV, rc + (size_t)i * NV, NV);
+    double e_dec = nerr(rg + (size_t)i * NV, rd + (size_t)i * NV, NV);
+    ck_assert_msg(e_cpu < 3 * TOL_ACT, "row %d: GPU vs CPU normalized error %g", i, e_cpu);
+    ck_assert_msg(e_dec < 3 * TOL_ACT, "row %d: verify vs decode normalized error %g", i, e_dec);
+  }
+  fwr_deinit(&d), fwr_deinit(&g), fwr_deinit(&c);
+}
+END_TEST
+
 static Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda_ops");
   TCase *tc = tcase_create("ops");
@@ -1206,6 +1345,9 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_elementwise);
   tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);
   tcase_add_test(tc, test_rope_kv_append);
   tcase_add_test(tc, test_graph_replay);
@@ -1217,6 +1359,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_sample_top_logprobs);
   tcase_add_test(tc, test_oom_is_an_error);
   tcase_add_test(tc, test_f16_mode);
+  tcase_add_test(tc, test_forward_rows);
   suite_add_tcase(s, tc);
   return s;
 }

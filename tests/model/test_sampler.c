@@ -227,6 +227,147 @@ START_TEST(min_tokens_bans_until_reached) {
 }
 END_TEST
 
+/* ---- speculative decoding: model_sample_verify ---------------------------- */
+
+/* Greedy verification: the proposal is accepted iff it is the argmax after
+ * the penalties, and the argmax comes back otherwise. */
+START_TEST(verify_greedy_accepts_only_the_argmax) {
+  model_sampler_t s;
+  model_sampler_init(&s, V);
+  model_sampling_t p = model_sampling_default();
+  int32_t best = argmax_ref();
+  float l[V], lp, lp_ref;
+  fill(l);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, NULL, 0, 0, best, &lp), best);
+  fill(l);
+  ck_assert_int_eq(model_sample(&s, &p, l, NULL, 0, NULL, 0, 0, &lp_ref), best);
+  ck_assert_float_eq(lp, lp_ref);
+  fill(l);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, NULL, 0, 0, (best + 1) % V, NULL), best);
+  /* a presence penalty on the argmax (it is in the output) moves the choice, as in model_sample */
+  p.presence_penalty = 2.0f;
+  int32_t out[1] = {best};
+  fill(l);
+  int32_t pen = model_sample(&s, &p, l, NULL, 0, out, 1, 1, NULL);
+  ck_assert_int_ne(pen, best);
+  fill(l);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, out, 1, 1, best, NULL), pen);
+  fill(l);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, out, 1, 1, pen, NULL), pen);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
+/* A toy model over SV tokens: the logits after token `prev`. */
+#define SV 6
+static void toy_logits(int32_t prev, float *l) {
+  for (int t = 0; t < SV; t++) l[t] = 2.0f * sinf((float)(prev * 7 + t) * 1.3f);
+}
+
+/* Its exact next-token distribution at temperature T with a presence
+ * penalty on the tokens in out[0..n). */
+static void toy_probs(int32_t prev, const int32_t *out, int n, float T, float pres, double *pr) {
+  float l[SV];
+  toy_logits(prev, l);
+  double z = 0;
+  for (int t = 0; t < SV; t++) {
+    double x = l[t];
+    for (int i = 0; i < n; i++)
+      if (out[i] == t) {
+        x -= pres;
+        break;
+      }
+    pr[t] = exp(x / T);
+    z += pr[t];
+  }
+  for (int t = 0; t < SV; t++) pr[t] /= z;
+}
+
+/* Two tokens after token 0, as speculation makes them: a step verifies
+ * the proposals d[0], d[1]; if d[0] is rejected, a second step verifies
+ * d[1] after what came. Returns the pair as t1 * SV + t2. broken: the
+ * wrong residual. */
+static int toy_spec_pair(model_sampler_t *s, const model_sampling_t *p, const int32_t *d, bool broken) {
+  int32_t out[2];
+  float l[SV];
+  for (int j = 0; j < 2; j++) {
+    int32_t prev = j == 0 ? 0 : out[0];
+    toy_logits(prev, l);
+    out[j] = broken ? model__sample_verify_broken(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d[j])
+                    : model_sample_verify(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d[j], NULL);
+  }
+  return out[0] * SV + out[1];
+}
+
+static int toy_plain_pair(model_sampler_t *s, const model_sampling_t *p) {
+  int32_t out[2];
+  float l[SV];
+  for (int j = 0; j < 2; j++) {
+    toy_logits(j == 0 ? 0 : out[0], l);
+    out[j] = model_sample(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, NULL);
+  }
+  return out[0] * SV + out[1];
+}
+
+/* Pearson's chi-square of counts (n draws) against the exact pair law. */
+static double toy_chi2(const int *count, int n, float T, float pres) {
+  double chi2 = 0, p1[SV], p2[SV];
+  toy_probs(0, NULL, 0, T, pres, p1);
+  for (int a = 0; a < SV; a++) {
+    int32_t out[1] = {a};
+    toy_probs(a, out, 1, T, pres, p2);
+    for (int b = 0; b < SV; b++) {
+      double e = n * p1[a] * p2[b];
+      chi2 += (count[a * SV + b] - e) * (count[a * SV + b] - e) / e;
+    }
+  }
+  return chi2;
+}
+
+/* Rejection sampling keeps the distribution: 20000 seeded pairs (fixed
+ * seeds, so the test is deterministic) with speculation, without, and
+ * with a broken residual, each against the exact law of the pair. 35
+ * degrees of freedom: chi-square > 80 has probability < 1e-5 for a right
+ * sampler; the broken residual gives thousands. */
+START_TEST(verify_rejection_sampling_keeps_the_distribution) {
+  model_sampler_t s;
+  model_sampler_init(&s, SV);
+  model_sampling_t p = model_sampling_default();
+  p.temperature = 0.9f, p.presence_penalty = 0.4f;
+  double p1[SV];
+  toy_probs(0, NULL, 0, p.temperature, p.presence_penalty, p1);
+  int32_t d[2] = {0, 3}; /* proposals: the second likeliest first token (rejected often), then token 3 */
+  int first = 0;
+  for (int t = 1; t < SV; t++) first = p1[t] > p1[first] ? t : first;
+  d[0] = first == 0 ? 1 : 0;
+  for (int t = 0; t < SV; t++)
+    if (t != first && p1[t] > p1[d[0]]) d[0] = t;
+  d[1] = 3;
+  ck_assert(p1[d[0]] > 0.1 && p1[d[0]] < 0.6);
+  enum { N = 20000 };
+  static int c_spec[SV * SV], c_plain[SV * SV], c_broken[SV * SV];
+  memset(c_spec, 0, sizeof c_spec), memset(c_plain, 0, sizeof c_plain), memset(c_broken, 0, sizeof c_broken);
+  int accepted = 0;
+  for (int i = 0; i < N; i++) {
+    p.seed = 1000003ull * (uint64_t)i + 17;
+    int pair = toy_spec_pair(&s, &p, d, false);
+    c_spec[pair]++;
+    accepted += pair / SV == d[0];
+    c_plain[toy_plain_pair(&s, &p)]++;
+    c_broken[toy_spec_pair(&s, &p, d, true)]++;
+  }
+  double chi_spec = toy_chi2(c_spec, N, p.temperature, p.presence_penalty);
+  double chi_plain = toy_chi2(c_plain, N, p.temperature, p.presence_penalty);
+  double chi_broken = toy_chi2(c_broken, N, p.temperature, p.presence_penalty);
+  ck_assert_msg(chi_spec < 80, "speculative chi2 %.1f", chi_spec);
+  ck_assert_msg(chi_plain < 80, "plain chi2 %.1f", chi_plain);
+  ck_assert_msg(chi_broken > 1000, "broken residual chi2 %.1f: the check cannot see it", chi_broken);
+  /* the proposal was accepted about as often as its probability */
+  ck_assert_msg(fabs((double)accepted / N - p1[d[0]]) < 0.02, "accepted %.3f, p %.3f", (double)accepted / N, p1[d[0]]);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
 /* The shared main (tests/common/test_main.c) runs this program's suites. */
 #include "tests/common/test_main.h"
 
@@ -242,6 +383,8 @@ static Suite *sampler_suite(void) {
   tcase_add_test(tc, logprob_is_raw_log_softmax);
   tcase_add_test(tc, logit_bias_moves_greedy_choice);
   tcase_add_test(tc, min_tokens_bans_until_reached);
+  tcase_add_test(tc, verify_greedy_accepts_only_the_argmax);
+  tcase_add_test(tc, verify_rejection_sampling_keeps_the_distribution);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "common/fr_util.h"
+
 static uint64_t rng = 0x243f6a8885a308d3ull;
 
 void tu_seed(uint64_t seed) { rng = seed ? seed : 1; }
@@ -208,6 +210,13 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
       it->tokens = tu_alloc(4);
       it->tokens[0] = 42;
     }
+    it->n_spec = it->final ? tu_below(FR_MIN(it->n_tokens, PROTO_MAX_SPEC + 1)) : 0; /* < n_tokens, final only */
+  } else if (!strcmp(s->name, "result item")) {
+    proto_result_item_t *r = (proto_result_item_t *)out;
+    if (r->n_extra_lp != r->n_extra) r->n_extra_lp = 0;
+    r->n_extra_top = r->n_extra * r->n_top;
+    r->extra_top = r->n_extra_top ? tu_alloc(r->n_extra_top * sizeof *r->extra_top) : NULL;
+    for (uint32_t i = 0; i < r->n_extra_top; i++) r->extra_top[i] = (proto_toplp_t){rand_i32(), rand_f32()};
   } else if (!strcmp(s->name, "submit")) {
     proto_submit_t *r = (proto_submit_t *)out;
     r->id = r->id ? r->id : 1;

@@ -374,8 +374,10 @@ START_TEST(versions_and_types) {
   unpack(&up);
   msgpack_object *root = &up.data, *v = find_key(root, "v"), *t = find_key(root, "t");
   msgpack_object sv = *v, st = *t;
-  ck_assert_uint_eq(sv.via.u64, 4); /* a step is written as version 4: its items carry allowed-token masks */
-  v->via.u64 = 3; /* an older coordinator's step is refused (an older worker would skip the mask) */
+  ck_assert_uint_eq(sv.via.u64, 4); /* a step is written as version 4: its items may carry proposals */
+  v->via.u64 = 2; /* an older coordinator's step (no logit bias, no min_tokens) is refused */
+  ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
+  v->via.u64 = 3; /* ... and a version-3 one (its worker would take proposals for plain tokens) */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = PROTO_VERSION; /* a newer peer's step is read */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), 0);
@@ -523,10 +525,12 @@ START_TEST(type_versions) {
   }
   /* version 3 moved submit's stop fields into "stop": an older client's stops would be skipped, so it is
    * refused instead; steps carry the logit bias and min_tokens an older worker would skip; version 4 gave
-   * submit its fork, truncation and guide (an older coordinator must not skip them: a truncation ignored
-   * or an answer unconstrained) and step items their allowed-token masks (an older worker would skip them) */
+   * submit its fork and truncation, which an older coordinator must not skip, and steps and results the
+   * proposed tokens of speculative decoding (ns), the allowed-token masks of constrained decoding (am) and the
+   * several tokens per result item (xt); submit got its guide (an older coordinator would answer unconstrained) */
   ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* v4's stop reason is skipped by older clients */
   ck_assert_uint_eq(proto_type_version(PROTO_T_COUNT), 0);
 }

@@ -104,6 +104,8 @@ struct coord {
   model_source_t *src;
   model_tokenizer_t *tok;
   int vocab, max_model_len, n_layers;
+  struct model_gvocab *gvocab;    /* every token's bytes, for constrained decoding's masks (made at first use) */
+  struct model_gscratch *gscratch; /* the masks' work memory */
   /* sockets */
   void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */
   void *msock;                        /* PAIR: the RPC ROUTER's disconnect events */
@@ -249,6 +251,16 @@ void coord__jobs_cancel_fd(coord_t *c, int fd);
 /* Appends a sampled token to a running job and applies the token-level
  * stop rules (EOS, stop ids, max_tokens, context end). */
 void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row);
+
+/* ---- guide.c: constrained decoding ---- */
+/* Compiles the submit's guide (a JSON schema or a regex) for j. Returns
+ * 0, or a 400 with a static message in *msg. */
+int coord__guide_init(coord_t *c, coord_job_t *j, const proto_submit_t *s, const char **msg);
+/* Moves j's grammar state past output token t. */
+void coord__guide_advance(coord_t *c, coord_job_t *j, int32_t t);
+/* The allowed-token mask of j's next token, on a final step item. */
+void coord__guide_item(coord_t *c, coord_job_t *j, proto_step_item_t *it);
+void coord__guide_free(coord_job_t *j);
 
 /* ---- step.c ---- */
 /* Schedules and sends the next step if workers are ready and none is in

@@ -57,6 +57,7 @@ coord_job_t *coord__job_find(coord_t *c, const coord_peer_t *p, uint64_t id) {
 /* ---- lifetime --------------------------------------------------------------- */
 
 static void coord__job_destroy(coord_job_t *j) {
+  coord__guide_free(j);
   for (uint32_t i = 0; i < j->n_stop; i++) free(j->stop[i]);
   free(j->stop);
   free(j->stop_ids);
@@ -156,6 +157,7 @@ void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri
     return;
   }
   j->tok[j->n_tok++] = t;
+  coord__guide_advance(c, j, t);
   if (j->lp) j->lp[k] = ri->logprob;
   if (j->top && j->top_n > 0)
     for (int i = 0; i < j->top_n; i++)
@@ -366,6 +368,11 @@ void coord__job_submit(coord_t *c, const coord_peer_t *p, const proto_submit_t *
   if (parent) j->fork = parent, parent->fork_waiters++;
   coord__hash_insert(c, j);
   if (c->metrics) coord_metrics_request_start(c->metrics);
+  const char *why = NULL;
+  if (coord__guide_init(c, j, s, &why)) {
+    coord__job_reject(c, j, (coord_reject_t){PROTO_ERR_BAD_REQUEST, why});
+    return;
+  }
   if (s->n_tokens == 0) {
     coord__prompts_submit(c, j, s);
     return;

@@ -17,6 +17,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
+#include "model/grammar.h"
 #include "coordinator/metrics.h"
 
 /* ---- create ----------------------------------------------------------------- */
@@ -462,6 +463,8 @@ void coord_destroy(coord_t *c) {
   if (c->instance[0]) coord__unlink_segments(c);
   if (c->sigfd >= 0) close(c->sigfd);
   model_tokenizer_destroy(c->tok);
+  model_gscratch_destroy(c->gscratch);
+  model_gvocab_destroy(c->gvocab);
   model_source_close(c->src);
   proto_msg_free(&c->in);
   proto_buf_free(&c->out);

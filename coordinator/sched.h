@@ -95,6 +95,7 @@ struct coord_job {
   proto_bias_t *bias;        /* (sp.n_bias) owned: sp.bias points here */
   int32_t *ban;              /* (n_ban) owned: EOS and stop ids banned before sp.min_tokens outputs */
   uint32_t n_ban;
+  struct coord_guide *guide; /* owned: constrained decoding (coordinator/guide.c), or NULL */
   /* results not yet streamed: tokens from out_sent on; text held back */
   int out_done;              /* output tokens detokenized */
   int out_sent;              /* output tokens sent in events */

@@ -46,7 +46,8 @@ void coord__spec_propose(coord_t *c) {
   int rows_left = c->cfg.max_num_seqs - FR_MIN(active, c->cfg.max_num_seqs); /* a row for every job first */
   for (coord_job_t *j = s->running_head; j; j = j->next) {
     j->n_spec = 0;
-    if (!on || j->in_step || j->n_tok - j->n_computed != 1 || j->return_logits) continue;
+    /* a guided job (constrained decoding) is not speculated: its mask holds for its next token only */
+    if (!on || j->in_step || j->n_tok - j->n_computed != 1 || j->return_logits || j->guide) continue;
     int room = coord__spec_room(c, j, rows_left);
     if (room <= 0 || (room = coord__spec_worth(c, j, room)) <= 0) continue;
     j->n_spec = coord_spec_propose(k, j->tok, j->n_tok, room, j->tok + j->n_tok);

@@ -64,7 +64,10 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
  * a send failed to (or -1). */
 static int coord__step_send(coord_t *c, const coord_sched_batch_t *b, int *bad) {
   *bad = -1;
-  for (int i = 0; i < b->n_items; i++) coord__step_item(&c->pitems[i], &b->items[i]);
+  for (int i = 0; i < b->n_items; i++) {
+    coord__step_item(&c->pitems[i], &b->items[i]);
+    coord__guide_item(c, b->items[i].job, &c->pitems[i]); /* constrained decoding's mask, or none */
+  }
   if (b->n_copies > c->copies_cap) {
     c->copies_cap = FR_MAX(b->n_copies, 2 * c->copies_cap);
     c->copies = fr_realloc(c->copies, (size_t)c->copies_cap * sizeof *c->copies);

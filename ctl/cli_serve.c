@@ -27,6 +27,8 @@ typedef struct {
   long port;
   long keepalive_s, max_conn, per_ip; /* 0: the HTTP frontend's defaults */
   bool no_http;
+  const char *tool_parser;  /* --tool-call-parser */
+  bool auto_tools;          /* --enable-auto-tool-choice */
 } serve_opts_t;
 
 static void serve_usage(FILE *f) {
@@ -66,6 +68,10 @@ static void serve_usage(FILE *f) {
           "  --served-model-name NAME      model name for clients (default: the file name)\n"
           "  --chat-template FILE          Jinja chat template to use instead of the model's (or a\n"
           "                                built-in name: chatml, smollm2, qwen2.5, qwen3, llama3, ...)\n"
+          "  --enable-auto-tool-choice     tool_choice \"auto\" (the default when a request has tools): the\n"
+          "                                model may call tools, its output is parsed (needs --tool-call-parser)\n"
+          "  --tool-call-parser NAME       how tool calls look in the output: hermes (Qwen, Hermes: <tool_call>),\n"
+          "                                llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS])\n"
           "  --max-queue N                 waiting jobs before new ones get 429 (default 1024)\n"
           "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n"
           "  --restart-backoff-max MS      longest wait before restarting a worker that keeps dying (default 30000)\n"
@@ -90,7 +96,7 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -156,6 +162,14 @@ static int serve_opt(serve_opts_t *o, int c) {
     }
     return 0;
   case O_REMOTE: if (cli_parse_int("--remote-workers", optarg, 0, 16, &v)) return 2; k->remote_workers = (int)v; return 0;
+  case O_AUTOTOOLS: o->auto_tools = true; return 0;
+  case O_TOOLPARSER:
+    if (strcmp(optarg, "hermes") && strcmp(optarg, "llama3_json") && strcmp(optarg, "mistral")) {
+      fprintf(stderr, "ferrumctl serve: --tool-call-parser is hermes, llama3_json or mistral, got '%s'\n", optarg);
+      return 2;
+    }
+    o->tool_parser = optarg;
+    return 0;
   case 'h': serve_usage(stdout); return 1;
   default: serve_usage(stderr); return 2;
   }
@@ -197,6 +211,8 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"worker-endpoint", required_argument, 0, O_WEP},
       {"remote-workers", required_argument, 0, O_REMOTE},
       {"speculative-config", required_argument, 0, O_SPEC},
+      {"enable-auto-tool-choice", no_argument, 0, O_AUTOTOOLS},
+      {"tool-call-parser", required_argument, 0, O_TOOLPARSER},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
@@ -210,6 +226,10 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
   }
   if (optind < argc) {
     fprintf(stderr, "ferrumctl serve: unexpected argument '%s'\n", argv[optind]);
+    return 2;
+  }
+  if (o->auto_tools && !o->tool_parser) { /* as vLLM refuses it */
+    fprintf(stderr, "ferrumctl serve: --enable-auto-tool-choice requires --tool-call-parser\n");
     return 2;
   }
   if (!o->k.model_path) o->k.model_path = cli_default_model();
@@ -237,7 +257,9 @@ static int serve_http_start(coord_t *c, const serve_opts_t *o, coord_metrics_t *
                             .served_model_name = coord_served_model_name(c),
                             .max_model_len = (uint32_t)coord_max_model_len(c),
                             .metrics = m,
-                            .tokenizer = coord_tokenizer(c)};
+                            .tokenizer = coord_tokenizer(c),
+                            .tool_call_parser = o->tool_parser,
+                            .enable_auto_tool_choice = o->auto_tools};
   int rc = coord_http_start(out, &hc);
   if (rc) return rc;
   coord_set_hooks(c, serve_hook_ready, serve_hook_drain, *out);

@@ -77,18 +77,39 @@ static void model__apply_penalties(model_sampler_t *s, const model_sampling_t *p
     }
 }
 
-/* Logit bias, then the min_tokens bans (-inf) while too few tokens exist. */
+static bool model__allowed(const model_sampling_t *p, int t) {
+  return t / 32 < p->n_allow && (p->allow[t / 32] >> (t % 32) & 1);
+}
+
+/* The min_tokens bans leave something a mask allows (a grammar that must
+ * end now allows only EOS: the mask wins over min_tokens). */
+static bool model__bans_leave_some(const model_sampler_t *s, const model_sampling_t *p, const float *logits) {
+  if (!p->allow) return true;
+  for (int t = 0; t < s->vocab; t++) {
+    if (!(logits[t] > -INFINITY)) continue;
+    bool banned = false;
+    for (int i = 0; i < p->n_ban && !banned; i++) banned = p->ban[i] == t;
+    if (!banned) return true;
+  }
+  return false;
+}
+
+/* The allowed-token mask, logit bias, then the min_tokens bans (-inf)
+ * while too few tokens exist. */
 static void model__apply_bias(const model_sampler_t *s, const model_sampling_t *p, float *logits, size_t n_out) {
+  if (p->allow)
+    for (int t = 0; t < s->vocab; t++)
+      if (!model__allowed(p, t)) logits[t] = -INFINITY;
   for (int i = 0; i < p->n_bias; i++)
     if (p->bias[i].token >= 0 && p->bias[i].token < s->vocab) logits[p->bias[i].token] += p->bias[i].bias;
-  if (n_out >= (size_t)FR_MAX(p->min_tokens, 0)) return;
+  if (n_out >= (size_t)FR_MAX(p->min_tokens, 0) || !model__bans_leave_some(s, p, logits)) return;
   for (int i = 0; i < p->n_ban; i++)
     if (p->ban[i] >= 0 && p->ban[i] < s->vocab) logits[p->ban[i]] = -INFINITY;
 }
 
 /* True when model__apply_bias changes something. */
 static bool model__biased(const model_sampling_t *p, size_t n_out) {
-  return p->n_bias > 0 || (p->n_ban > 0 && n_out < (size_t)FR_MAX(p->min_tokens, 0));
+  return p->allow || p->n_bias > 0 || (p->n_ban > 0 && n_out < (size_t)FR_MAX(p->min_tokens, 0));
 }
 
 /* Uniform in [0, 1) from (seed, draw): counter-based, batch-independent. */

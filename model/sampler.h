@@ -1,8 +1,9 @@
 /* sampler.h - token sampling on the host: greedy, temperature, top-k,
  * top-p, min-p, repetition / presence / frequency penalties, with a
  * counter-based RNG so the same seed gives the same tokens whatever the
- * batch. Order (as vLLM): logit bias and min_tokens bans, penalties,
- * temperature, top-k, top-p, min-p. */
+ * batch. Order (as vLLM): the allowed-token mask of constrained
+ * decoding, logit bias and min_tokens bans, penalties, temperature,
+ * top-k, top-p, min-p. */
 #pragma once
 
 #include <stdbool.h>
@@ -33,6 +34,9 @@ typedef struct {
   const int32_t *ban;       /* (n_ban) borrowed: ids that get no probability while n_output < min_tokens */
   int n_ban;
   int min_tokens;
+  const uint32_t *allow;    /* (n_allow words) borrowed, or NULL: constrained decoding, only tokens whose bit
+                             * (word t / 32, bit t % 32) is set may be sampled; ids past the words are not */
+  int n_allow;
 } model_sampling_t;
 
 /* Defaults: greedy, every filter off. */

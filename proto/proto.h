@@ -39,8 +39,9 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 4     /* newest: submit's fork and truncation (event's stop reason, readable by older
-                             * peers), speculative tokens in step items (ns), several tokens per result item (xt) */
+#define PROTO_VERSION 4     /* newest: submit's fork, truncation and guide (event's stop reason, readable by
+                             * older peers), speculative tokens (ns) and allowed-token masks (am) in step items,
+                             * several tokens per result item (xt) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -55,6 +56,7 @@ extern "C" {
 #define PROTO_MAX_BIAS 1024u            /* logit bias entries */
 #define PROTO_MAX_BAN 1024u             /* token ids a step item bans before min_tokens */
 #define PROTO_MAX_SPEC 32u              /* proposed (speculative) tokens per step item */
+#define PROTO_MAX_MASK_WORDS 16384u     /* 32-bit words of a step item's allowed-token mask (524288 tokens) */
 #define PROTO_MAX_MESSAGES 1024u        /* chat messages in a submit */
 #define PROTO_MAX_TOPN 20u              /* top logprobs per token */
 #define PROTO_MAX_FREED 4096u           /* freed slots in a step */
@@ -243,6 +245,9 @@ typedef struct {
   uint32_t n_spec;     /* "ns" default 0 (v4): the last n_spec of tokens are proposed (speculative
                         * decoding): the worker verifies them and returns 1..n_spec + 1 tokens;
                         * < n_tokens, <= PROTO_MAX_SPEC, only on a final item */
+  uint32_t n_mask;     /* "am" (v4) constrained decoding: bit t of word t / 32 set = token t may be
+                        * sampled (every step, final items only); 0 words = no mask */
+  uint32_t *mask;      /* (n_mask) */
 } proto_step_item_t;
 
 typedef struct {
@@ -367,6 +372,20 @@ typedef struct {
                        * shares that job's prompt KV blocks once its prefill is done (n > 1) */
 } proto_prompt_opts_t;
 
+/* Constrained decoding ("gd", v4): the output must be a sentence of this. */
+typedef enum {
+  PROTO_GUIDE_NONE = 0,  /* (absent) */
+  PROTO_GUIDE_JSON,      /* "json": spec is a JSON schema; empty: any JSON object */
+  PROTO_GUIDE_REGEX,     /* "regex": spec is a regular expression the whole output matches */
+  PROTO_GUIDE_COUNT
+} proto_guide_kind_t;
+
+typedef struct {
+  proto_guide_kind_t kind; /* "k" required */
+  char *spec;              /* "s" <= PROTO_MAX_TEXT */
+  uint32_t spec_len;
+} proto_guide_t;
+
 /* A job. Exactly one of prompt, tokens, messages is given. */
 typedef struct {
   uint64_t id;                /* "id"   required, != 0: client job id (fr_client fills it) */
@@ -384,6 +403,7 @@ typedef struct {
   bool return_logits;         /* "rl"   events carry the logits rows */
   int32_t priority;           /* "pr"   default 0; higher first */
   proto_prompt_opts_t ph;     /* "ph"   prompt handling (v4) */
+  proto_guide_t guide;        /* "gd"   constrained decoding (v4); kind NONE = none */
 } proto_submit_t;
 
 typedef enum {

@@ -124,6 +124,7 @@ static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
 static const proto_bias_t def_bias;
 static const proto_stop_t def_stop;
 static const proto_prompt_opts_t def_prompt_opts;
+static const proto_guide_t def_guide;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
 static const proto_option_t def_option;
@@ -249,6 +250,7 @@ static const proto_field_t f_step_item[] = {
     FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
     FARR("ban", PF_I32S, 0, proto_step_item_t, ban, n_ban, PROTO_MAX_BAN),
     FS("ns", PF_U32, 0, proto_step_item_t, n_spec),
+    FARR("am", PF_U32S, 0, proto_step_item_t, mask, n_mask, PROTO_MAX_MASK_WORDS),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);
 
@@ -371,6 +373,13 @@ static const proto_field_t f_prompt_opts[] = {
     FS("fk", PF_U64, 0, proto_prompt_opts_t, fork_of),
 };
 SCHEMA(s_prompt_opts, "prompt handling", proto_prompt_opts_t, f_prompt_opts, def_prompt_opts, NULL);
+static const char *const guide_names[] = {NULL, "json", "regex"};
+
+static const proto_field_t f_guide[] = {
+    FLD("k", PF_ENUM, PF_REQ, proto_guide_t, kind, 0, PROTO_GUIDE_COUNT, NULL, guide_names),
+    FARR("s", PF_TEXT, 0, proto_guide_t, spec, spec_len, PROTO_MAX_TEXT),
+};
+SCHEMA(s_guide, "guide", proto_guide_t, f_guide, def_guide, NULL);
 
 static const proto_field_t f_submit[] = {
     FS("id", PF_U64, PF_REQ, proto_submit_t, id),
@@ -385,6 +394,7 @@ static const proto_field_t f_submit[] = {
     FS("rl", PF_BOOL, 0, proto_submit_t, return_logits),
     FS("pr", PF_I32, 0, proto_submit_t, priority),
     FOBJ("ph", 0, proto_submit_t, ph, s_prompt_opts),
+    FOBJ("gd", 0, proto_submit_t, guide, s_guide),
 };
 SCHEMA(s_submit, "submit", proto_submit_t, f_submit, def_submit, check_submit);
 

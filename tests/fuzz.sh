@@ -55,7 +55,19 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
       printf '\0{"prompt":"a","max_tokens":8,"logit_bias":{"7042":100,"12":-100,"0":2.5},"min_tokens":3,"stop":["."],"include_stop_str_in_output":true,"echo":true}' >"$dst/completions-sampling"
       printf '\0{"prompt":["a",[1,2,3],"bc"],"n":2,"best_of":3,"max_tokens":4,"truncate_prompt_tokens":2,"seed":5,"user":"u"}' >"$dst/completions-choices"
       printf '\1{"model":"smol","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":[{"type":"text","text":"Hi"}]},{"role":"assistant","content":"Hello"},{"role":"user","content":"Again"}],"max_completion_tokens":8,"metadata":{"k":"v"}}' >"$dst/chat"
-      printf '\1{"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"21"}],"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"}}}],"tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false}}' >"$dst/chat-tools" ;;
+      printf '\1{"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"w","arguments":"{}"}}]},{"role":"tool","tool_call_id":"c1","content":"21"}],"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object"}}}],"tool_choice":"auto","chat_template_kwargs":{"enable_thinking":false}}' >"$dst/chat-tools"
+      printf '\1{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object","properties":{"c":{"type":"string"}}}}}],"tool_choice":{"type":"function","function":{"name":"w"}}}' >"$dst/chat-tool-named"
+      printf '\1{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x",1]}},"required":["a"]}}}}' >"$dst/chat-json-schema"
+      printf '\0{"prompt":"a","guided_regex":"(yes|no)\\\\d{2,3}","structured_outputs":null}' >"$dst/completions-regex"
+      printf '\0{"prompt":"a","structured_outputs":{"choice":["a.b","c"]}}' >"$dst/completions-choice" ;;
+    fuzz_http_tools) # the first byte picks the piece size; then a model's output in each family's format
+      printf '\3Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5e1]}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": "{\\"x\\": 1}"}\n</tool_call>' >"$dst/hermes"
+      printf '\1<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": [null, true]}}' >"$dst/llama3"
+      printf '\5Sure.[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France"}}][TOOL_CALLS]get_time[ARGS]{"tz": "CET"}' >"$dst/mistral" ;;
+    fuzz_grammar) # the first byte: even a JSON schema, odd a regex; then the schema, a NUL, an output
+      printf '\0{"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"enum": ["a", 3, null]}, "maxItems": 2}, "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/P"}]}}, "required": ["name"], "$defs": {"P": {"type": "object", "properties": {"kind": {"const": "cat"}}}}}\0{"name": "Bo\\u00e9", "tags": [3, "a"], "pet": {"kind": "cat"}}' >"$dst/schema"
+      printf '\0\0{"a": [1, -2.5e3, "x", true, false, null, {"b": {}}]}' >"$dst/object"
+      printf '\1^\\(\\d{3}\\) [A-Z][a-z]+( [a-z]+)*(yes|no){1,3}[^\\s,]?$\0(555) Paris yesno' >"$dst/regex" ;;
     fuzz_spec_config) # --speculative-config as vLLM spells it
       printf '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}' >"$dst/ngram"
       printf '{"method": "ngram", "num_speculative_tokens": 2, "prompt_lookup_min": 2, "disable_by_batch_size": 8}' >"$dst/min" ;;

@@ -193,6 +193,7 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
   worker_hist_t *h = &w->hist[it->slot];
   int pl = FR_MIN(h->prompt_len, h->len); /* output tokens follow the prompt */
   model_sampling_t p = worker__sampling(h);
+  p.allow = it->mask, p.n_allow = (int)it->n_mask; /* the message's, valid for this step */
   uint64_t draw = (uint64_t)(h->len - pl);
   ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
                            &ri->logprob);
@@ -210,11 +211,12 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
 }
 
 /* True when every final item can be sampled on the device: no logits rows
- * (those go to the host's logits segment). */
+ * (those go to the host's logits segment) and no allowed-token masks
+ * (constrained decoding: the host sampler applies them). */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256 || w->spec) return false; /* proposals: verified on the host */
-  for (uint32_t i = 0; i < st->n_items; i++)
-    if (st->items[i].final && w->hist[st->items[i].slot].sp.want_logits) return false;
+  for (uint32_t i = 0; i < st->n_items; i++) /* logits rows and constrained decoding's masks: the host */
+    if (st->items[i].final && (w->hist[st->items[i].slot].sp.want_logits || st->items[i].n_mask)) return false;
   return true;
 }
 

@@ -299,7 +299,15 @@ static int http_daemon_start(struct coord_http *h, const coord_http_config_t *cf
 
 int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
   if (!cfg || !cfg->zmq_ctx || !cfg->rpc_endpoint) return fr_errorf(-EINVAL, "HTTP: zmq context and RPC endpoint needed");
+  coord_tool_cfg_t tools = {.auto_choice = cfg->enable_auto_tool_choice, .marker = -1};
+  if (cfg->tool_call_parser && coord_tool_parser_from_name(cfg->tool_call_parser, &tools.parser))
+    return fr_errorf(-EINVAL, "HTTP: unknown tool call parser '%s' (hermes, llama3_json, mistral)", cfg->tool_call_parser);
+  if (tools.parser == COORD_TOOL_PARSER_MISTRAL && cfg->tokenizer) { /* a control token: skip_special drops it */
+    int32_t id = model_token_lookup(cfg->tokenizer, "[TOOL_CALLS]", 12);
+    if (id >= 0 && model_token_is_control(cfg->tokenizer, id)) tools.marker = id;
+  }
   coord_http_t *h = fr_calloc(1, sizeof *h);
+  h->tools = tools;
   h->wake_fd = -1;
   h->zmq_ctx = cfg->zmq_ctx;
   h->rpc_endpoint = fr_strdup(cfg->rpc_endpoint);

@@ -74,6 +74,11 @@ typedef struct {
   coord_metrics_t *metrics;     /* borrowed; NULL = /metrics answers 404 */
   const struct model_tokenizer *tokenizer; /* borrowed, optional: token strings in logprobs
                                               (without it they read "token_id:N") */
+  const char *tool_call_parser; /* vLLM's --tool-call-parser: hermes, llama3_json, mistral; NULL = none
+                                   (coord_http_start fails with -EINVAL for another name) */
+  bool enable_auto_tool_choice; /* vLLM's --enable-auto-tool-choice: tool_choice "auto" (the default
+                                   with tools) parses the output for calls; without it such a request
+                                   is a 400 naming the flag, as in vLLM */
 } coord_http_config_t;
 
 /* Starts listening, and raises the process's RLIMIT_NOFILE soft limit to

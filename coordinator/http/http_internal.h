@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <pthread.h>
 
+#include "coordinator/http/http_tools.h"
 #include "proto/proto.h"
 
 #ifdef __cplusplus
@@ -78,6 +79,10 @@ typedef struct {
   size_t n_msg_json;
   char *chat_vars;           /* JSON text behind sub.messages[0].vars */
   proto_bias_t *bias;
+  coord_tool_choice_t tool_choice; /* chat: what tool_choice (and tools) ask */
+  const char *tool_name;           /* COORD_TOOL_CHOICE_NAMED: the function (in root) */
+  char *guide_spec;                /* owned: the text behind sub.guide */
+  const char *guide_param;         /* the field the guide came from (static) */
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -96,6 +101,28 @@ void coord_http_req_prompt(coord_http_req_t *r, uint32_t i);
  * format, guided decoding, ...), is a 400 naming it (returns -1, e filled);
  * 0 when there is none. */
 int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_http_err_t *e);
+
+/* http_tools.c: reads `tools` and `tool_choice` of a chat request (root)
+ * as vLLM does: each tool {"type": "function", "function": {"name",
+ * "parameters"?, ...}}; tool_choice "none" / "auto" / "required" /
+ * {"type": "function", "function": {"name"}} naming one of them; with
+ * tools and no tool_choice it is "auto"; a tool_choice other than "none"
+ * needs tools; "required" or "auto" with an empty list is "none". *name:
+ * the named function (borrowed from root). Returns 0, or -1 with a 400 in
+ * e. */
+int coord_tool_req_parse(json_t *root, coord_tool_choice_t *choice, const char **name, coord_http_err_t *e);
+/* http_guide.c: the fields that constrain the output (response_format,
+ * guided_json / guided_regex / guided_choice, structured_outputs, and
+ * tool_choice required / named, after coord_tool_req_parse) into
+ * r->sub.guide, compiled once to check them. Returns 0, or -1 with a 400
+ * naming the field (what the grammar does not support, two constraints
+ * at once). */
+int coord_http_req_guide(coord_http_req_t *r, coord_http_err_t *e);
+
+/* What the server's tool settings make of a parsed request's choice: a
+ * 400 (-1, e filled) for "auto" without --enable-auto-tool-choice and a
+ * parser (vLLM's message), else 0. */
+int coord_tool_req_check(const coord_http_req_t *r, const coord_tool_cfg_t *cfg, coord_http_err_t *e);
 
 /* ---- responses (http_resp.c); each returns a malloc'd JSON string or NULL
  * on out of memory ---- */
@@ -127,6 +154,10 @@ typedef struct {
   int logprobs;         /* -1 none */
   bool include_usage;
   const struct model_tokenizer *tok; /* optional, for token strings */
+  coord_tool_parser_t tool_parser;   /* chat with tool_choice auto: the output is parsed for calls (else NONE) */
+  coord_tool_choice_t tool_choice;   /* REQUIRED / NAMED: the (constrained) output is the calls */
+  const char *tool_name;             /* NAMED: the function */
+  uint64_t tool_seed;                /* call ids */
 } coord_http_meta_t;
 
 void coord_http_acc_init(coord_http_acc_t *a);
@@ -146,6 +177,15 @@ char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *
 char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index);
 /* The last chunk of a stream with include_usage: no choices, usage u. */
 char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u);
+/* The SSE chunks of one event of choice index of a stream whose output is
+ * parsed for tool calls (m->tool_parser or a forced tool_choice): out is
+ * what the parser decided with this event: a chunk with its content (and
+ * the role when first, the event's logprobs), for each call a chunk with
+ * its call index (from call0), id, type and name, then one with its
+ * arguments, and the finish (tool_calls when any call was made, called:
+ * before this event) on the last. */
+char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t *ev, bool first,
+                                 const coord_tool_out_t *out, uint32_t call0, bool called, uint32_t index);
 /* data: {"error": ...}\n\n for a stream that fails after it started. */
 char *coord_http_error_sse(const coord_http_err_t *e);
 /* {"object": "list", "data": [{"id", "object": "model", ...}]} */
@@ -194,6 +234,7 @@ struct coord_http {
   uint32_t max_model_len;
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
+  coord_tool_cfg_t tools;      /* --tool-call-parser, --enable-auto-tool-choice */
   int port;
   unsigned timeout_s;          /* MHD's idle timeout (not counted while a request waits: suspended) */
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */

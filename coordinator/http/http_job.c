@@ -39,8 +39,12 @@ struct coord_http_choice {
   coord_http_choice_t *hnext;  /* in h's table by id while !finished */
   uint64_t id;                 /* the coordinator's job id */
   uint32_t prompt, seq;        /* which prompt; which of its best_of sequences */
-  coord_http_acc_t acc;        /* its events folded together (JSON answer; a stream's usage) */
+  coord_http_acc_t acc;        /* its events folded together (JSON answer; a stream's usage, and the text of
+                                * a forced tool choice) */
   uint32_t n_events;           /* events turned into chunks */
+  coord_tool_stream_t tools;   /* a stream parsed for tool calls (meta.tool_parser) */
+  coord_tool_out_t tool_out;   /* what its last feed decided */
+  uint32_t n_calls;            /* tool calls streamed so far */
   bool finished, in_table;
 };
 
@@ -168,7 +172,11 @@ static void job_gone(coord_http_job_t *j) {
 void coord_http__job_free(coord_http_job_t *j) {
   if (!j) return;
   if (j->in_table) job_cancel(j);
-  for (uint32_t i = 0; i < j->n_choices; i++) coord_http_acc_free(&j->choices[i].acc);
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    coord_http_acc_free(&j->choices[i].acc);
+    coord_tool_stream_free(&j->choices[i].tools);
+    coord_tool_out_free(&j->choices[i].tool_out);
+  }
   for (uint32_t i = 0; j->echo && i < j->req.n_prompts; i++) free(j->echo[i]);
   free(j->echo);
   free(j->echo_len);
@@ -248,6 +256,68 @@ static proto_usage_t job_usage(const coord_http_job_t *j, coord_http_choice_t *c
   return u;
 }
 
+/* The event's text with the parser's marker put back where a control
+ * token the detokenizer dropped stood (mistral's [TOOL_CALLS]): after the
+ * bytes of the tokens before it. NULL when the event has none (or out of
+ * memory: the text as it is). */
+static char *job_tool_marked(const coord_http_job_t *j, const proto_event_t *ev, size_t n, size_t *out_n) {
+  int32_t marker = j->h->tools.marker;
+  uint32_t count = 0;
+  for (uint32_t i = 0; marker >= 0 && i < ev->n_tokens; i++) count += ev->tokens[i] == marker;
+  if (!count) return NULL;
+  static const char mk[] = "[TOOL_CALLS]";
+  const char *text = ev->text ? ev->text : "";
+  char *t = malloc(n + count * (sizeof mk - 1) + 1);
+  if (!t) return NULL;
+  size_t at = 0, w = 0, off = 0;
+  for (uint32_t i = 0; i < ev->n_tokens; i++) {
+    size_t bl = 0;
+    if (ev->tokens[i] != marker) {
+      if (!model_token_is_control(j->h->tok, ev->tokens[i])) model_token_bytes(j->h->tok, ev->tokens[i], &bl);
+      off = off + bl < n ? off + bl : n;
+      continue;
+    }
+    memcpy(t + w, text + at, off - at), w += off - at, at = off;
+    memcpy(t + w, mk, sizeof mk - 1), w += sizeof mk - 1;
+  }
+  memcpy(t + w, text + at, n - at), w += n - at;
+  *out_n = w;
+  return t;
+}
+
+static bool job_tools_on(const coord_http_meta_t *m) {
+  return m->tool_parser != COORD_TOOL_PARSER_NONE || m->tool_choice == COORD_TOOL_CHOICE_REQUIRED ||
+         m->tool_choice == COORD_TOOL_CHOICE_NAMED;
+}
+
+/* The chunks of choice ch's event of a stream whose output becomes tool
+ * calls: a parsed one feeds the parser; a forced one (required, named)
+ * gathers the text and turns it into the calls at the end. */
+static char *job_tool_chunks(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev, bool first,
+                             uint32_t index) {
+  const coord_http_meta_t *m = &j->meta;
+  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
+  bool last = ev->finish != PROTO_FINISH_NONE;
+  int rc;
+  if (m->tool_parser != COORD_TOOL_PARSER_NONE) {
+    size_t mn = 0;
+    char *marked = job_tool_marked(j, ev, n, &mn);
+    rc = coord_tool_stream_feed(&ch->tools, marked ? marked : ev->text ? ev->text : "", marked ? mn : n, last,
+                                &ch->tool_out);
+    free(marked);
+  } else {
+    rc = coord_http_acc_text(&ch->acc, ev->text ? ev->text : "", n);
+    coord_tool_out_free(&ch->tool_out);
+    if (!rc && last)
+      rc = coord_tool_forced_calls(m->tool_choice, m->tool_name, ch->acc.text ? ch->acc.text : "", ch->acc.text_len,
+                                   m->tool_seed ^ ch->id, &ch->tool_out);
+  }
+  if (rc) return NULL;
+  char *s = coord_http_chunk_sse_tools(m, ev, first, &ch->tool_out, ch->n_calls, ch->n_calls > 0, index);
+  ch->n_calls += (uint32_t)ch->tool_out.n_calls;
+  return s;
+}
+
 /* OpenAI's index of a streamed choice: prompt * n + sequence (a stream has
  * best_of == n). */
 static uint32_t choice_index(const coord_http_choice_t *ch) { return ch->prompt * ch->job->req.n + ch->seq; }
@@ -265,7 +335,8 @@ static int job_chunk_event(coord_http_job_t *j, coord_http_choice_t *ch, const p
     if (n) memcpy(joined + el, ev->text, n);
     e.text = joined, e.text_len = (uint32_t)(el + n);
   }
-  int rc = job_pend_take(j, coord_http_chunk_sse(&j->meta, &e, first, choice_index(ch)));
+  int rc = job_pend_take(j, job_tools_on(&j->meta) ? job_tool_chunks(j, ch, &e, first, choice_index(ch))
+                                                   : coord_http_chunk_sse(&j->meta, &e, first, choice_index(ch)));
   free(joined);
   return rc;
 }
@@ -323,13 +394,25 @@ static void job_on_stream_msg(coord_http_job_t *j, coord_http_choice_t *ch, cons
   job_wake(j);
 }
 
+/* Folds an event into choice ch's JSON answer (with the tool parser's
+ * marker put back). */
+static int job_acc_add(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev) {
+  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0, mn = 0;
+  char *marked = j->meta.tool_parser != COORD_TOOL_PARSER_NONE ? job_tool_marked(j, ev, n, &mn) : NULL;
+  proto_event_t e = *ev;
+  if (marked) e.text = marked, e.text_len = (uint32_t)mn;
+  int rc = coord_http_acc_add(&ch->acc, &j->meta, &e);
+  free(marked);
+  return rc;
+}
+
 static void job_on_json_msg(coord_http_job_t *j, coord_http_choice_t *ch, const proto_msg_t *m) {
   coord_http_err_t e;
   if (job_msg_error(m, &e)) {
     job_fail(j, &e);
     return;
   }
-  if (coord_http_acc_add(&ch->acc, &j->meta, &m->u.event)) {
+  if (job_acc_add(j, ch, &m->u.event)) {
     coord_http_err(&e, 500, NULL, "out of memory");
     job_fail(j, &e);
     return;
@@ -532,6 +615,12 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   m->logprobs = j->req.logprobs;
   m->include_usage = j->req.include_usage;
   m->tok = j->h->tok;
+  m->tool_choice = j->req.tool_choice;
+  m->tool_name = j->req.tool_name;
+  m->tool_parser = j->req.tool_choice == COORD_TOOL_CHOICE_AUTO ? j->h->tools.parser : COORD_TOOL_PARSER_NONE;
+  m->tool_seed = j->req.sub.id ^ fr_now_ns() ^ ((uint64_t)(uintptr_t)j << 17);
+  for (uint32_t i = 0; m->tool_parser != COORD_TOOL_PARSER_NONE && i < j->n_choices; i++)
+    coord_tool_stream_init(&j->choices[i].tools, m->tool_parser, m->tool_seed ^ j->choices[i].id);
 }
 
 /* Why no job is taken now (503), or NULL. */
@@ -633,6 +722,10 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
   int rc;
   const char *no;
   if (coord_http_req_parse(&j->req, api, body, len, h->model, h->max_model_len, &e)) {
+    rc = coord_http__send_error(h, c, &e);
+    goto out;
+  }
+  if (api == COORD_HTTP_API_CHAT && coord_tool_req_check(&j->req, &h->tools, &e)) {
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }

@@ -396,6 +396,7 @@ static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
   }
   r->sub.messages = r->messages;
   r->sub.n_messages = (uint32_t)n;
+  if (coord_tool_req_parse(r->root, &r->tool_choice, &r->tool_name, e)) return -1;
   return req_template_vars(r, e);
 }
 
@@ -431,7 +432,7 @@ static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_mode
   if (!r->prompts && !(r->prompts = calloc(1, sizeof *r->prompts))) return coord_http_err(e, 500, NULL, "out of memory");
   if (!r->n_prompts) r->n_prompts = 1; /* chat: the messages */
   if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_logit_bias(r, e) ||
-      req_options(r, e) || req_logprobs(r, e) || req_choices(r, e))
+      req_options(r, e) || req_logprobs(r, e) || req_choices(r, e) || coord_http_req_guide(r, e))
     return -1;
   if (r->echo && r->logprobs >= 0)
     return coord_http_err(e, 400, "echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not "
@@ -482,5 +483,6 @@ void coord_http_req_free(coord_http_req_t *r) {
   free(r->bias);
   for (uint32_t i = 0; i < r->n_prompts; i++) free(r->prompts[i].ids);
   free(r->prompts);
+  free(r->guide_spec);
   memset(r, 0, sizeof *r);
 }

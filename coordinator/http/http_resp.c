@@ -258,14 +258,76 @@ static json_t *resp_stop_reason(const char *str, int32_t id) {
   return id >= 0 ? json_integer(id) : json_null();
 }
 
+/* [{"id", "type": "function", "function": {"name", "arguments"}}]. */
+static json_t *resp_tool_calls(const coord_tool_out_t *o) {
+  json_t *arr = json_array();
+  for (size_t i = 0; arr && i < o->n_calls; i++) {
+    const coord_tool_call_t *c = &o->calls[i];
+    json_t *call = json_pack("{s:s,s:s,s:{s:s,s:s}}", "id", c->id, "type", "function", "function", "name", c->name,
+                             "arguments", c->args);
+    if (!call || json_array_append_new(arr, call)) {
+      json_decref(arr);
+      return NULL;
+    }
+  }
+  return arr;
+}
+
+/* The output of a chat whose tool calls are parsed (or forced) split into
+ * content and calls; 0 or -ENOMEM. */
+static int resp_tools_split(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, coord_tool_out_t *o) {
+  uint64_t seed = m->tool_seed ^ ((uint64_t)index * 0x9e3779b97f4a7c15ull); /* each choice's call ids */
+  if (m->tool_choice == COORD_TOOL_CHOICE_REQUIRED || m->tool_choice == COORD_TOOL_CHOICE_NAMED)
+    return coord_tool_forced_calls(m->tool_choice, m->tool_name, a->text ? a->text : "", a->text_len, seed, o);
+  coord_tool_stream_t st;
+  coord_tool_stream_init(&st, m->tool_parser, seed);
+  int rc = coord_tool_stream_feed(&st, a->text ? a->text : "", a->text_len, true, o);
+  coord_tool_stream_free(&st);
+  return rc;
+}
+
+static bool resp_tools_on(const coord_http_meta_t *m) {
+  return m->api == COORD_HTTP_API_CHAT &&
+         (m->tool_parser != COORD_TOOL_PARSER_NONE || m->tool_choice == COORD_TOOL_CHOICE_REQUIRED ||
+          m->tool_choice == COORD_TOOL_CHOICE_NAMED);
+}
+
+/* The finish reason of a chat that made calls: "tool_calls" (vLLM: not
+ * for a named function, which finishes as it stopped). */
+static json_t *resp_tools_finish(const coord_http_meta_t *m, proto_finish_t f, bool called) {
+  if (called && m->tool_choice != COORD_TOOL_CHOICE_NAMED && f != PROTO_FINISH_NONE && f != PROTO_FINISH_ERROR)
+    return json_string("tool_calls");
+  return resp_finish(f);
+}
+
+/* A chat answer's message: its text, or content and tool_calls (*called: some). */
+static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, bool *called) {
+  *called = false;
+  if (!resp_tools_on(m)) return json_pack("{s:s,s:o}", "role", "assistant", "content", resp_text(a->text, a->text_len));
+  coord_tool_out_t o;
+  coord_tool_out_init(&o);
+  json_t *msg = NULL;
+  if (!resp_tools_split(m, a, index, &o)) {
+    *called = o.n_calls > 0;
+    bool empty = o.content_len == 0 && (*called || m->tool_choice == COORD_TOOL_CHOICE_NAMED);
+    msg = json_pack("{s:s,s:o,s:o}", "role", "assistant", "content",
+                    empty ? json_null() : resp_text(o.content, o.content_len), "tool_calls", resp_tool_calls(&o));
+  }
+  coord_tool_out_free(&o);
+  return msg;
+}
+
 static json_t *resp_choice(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index) {
   json_t *lp = a->logprobs ? json_incref(a->logprobs) : m->logprobs >= 0 ? resp_lp_new(m->api) : json_null();
-  json_t *text = resp_text(a->text, a->text_len), *why = resp_stop_reason(a->stop_str, a->stop_id);
-  if (m->api == COORD_HTTP_API_CHAT)
-    return json_pack("{s:i,s:{s:s,s:o},s:o,s:o,s:o}", "index", (json_int_t)index, "message", "role", "assistant",
-                     "content", text, "logprobs", lp, "finish_reason", resp_finish(a->finish), "stop_reason", why);
-  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
-                   resp_finish(a->finish), "stop_reason", why);
+  json_t *why = resp_stop_reason(a->stop_str, a->stop_id);
+  if (m->api == COORD_HTTP_API_CHAT) {
+    bool called;
+    json_t *msg = resp_chat_message(m, a, index, &called);
+    return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "message", msg, "logprobs", lp,
+                     "finish_reason", resp_tools_finish(m, a->finish, called), "stop_reason", why);
+  }
+  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", resp_text(a->text, a->text_len),
+                   "logprobs", lp, "finish_reason", resp_finish(a->finish), "stop_reason", why);
 }
 
 char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *const *accs, size_t n,
@@ -282,25 +344,28 @@ char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *
   return resp_dump(j);
 }
 
-/* The choice of one streamed chunk. */
-static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role, uint32_t index) {
+/* The choice of one streamed chunk: text (n bytes) as its content or
+ * text, the event's logprobs, finish (consumed; NULL: the event's). */
+static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role, uint32_t index,
+                                 const char *t, size_t n, json_t *finish) {
   json_t *lp = json_null();
   size_t off = 0;
+  if (!finish) finish = resp_finish(ev->finish);
   if (m->logprobs >= 0 && ev->n_tokens && (lp = resp_lp_new(m->api)) && resp_lp_add(lp, m, ev, &off)) {
     json_decref(lp);
+    json_decref(finish);
     return NULL;
   }
-  json_t *text = resp_text(ev->text, resp_ev_text_len(ev));
+  json_t *text = resp_text(t, n);
+  json_t *why = resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id);
   if (m->api == COORD_HTTP_API_CHAT) {
     json_t *delta = json_pack("{s:o}", "content", text);
     if (role && delta) json_object_set_new(delta, "role", json_string("assistant"));
     return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "delta", delta, "logprobs", lp,
-                     "finish_reason", resp_finish(ev->finish), "stop_reason",
-                     resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id));
+                     "finish_reason", finish, "stop_reason", why);
   }
   return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
-                   resp_finish(ev->finish), "stop_reason",
-                   resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id));
+                   finish, "stop_reason", why);
 }
 
 /* Appends "data: <json>\n\n" of j (consumed) to *out. */
@@ -319,18 +384,59 @@ static int resp_sse_add(char **out, size_t *len, json_t *j) {
   return 0;
 }
 
-char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index) {
+/* Appends one chunk of choice (consumed) to *out. */
+static int resp_chunk_add(const coord_http_meta_t *m, char **out, size_t *len, json_t *choice) {
   const char *object = m->api == COORD_HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion";
-  char *out = NULL;
-  size_t len = 0;
-  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT, index);
   json_t *j = choice ? resp_envelope(m, object, json_pack("[o]", choice)) : NULL;
   if (j && m->include_usage) json_object_set_new(j, "usage", json_null());
-  if (resp_sse_add(&out, &len, j)) {
+  return resp_sse_add(out, len, j);
+}
+
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index) {
+  char *out = NULL;
+  size_t len = 0;
+  json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT, index, ev->text,
+                                     resp_ev_text_len(ev), NULL);
+  if (resp_chunk_add(m, &out, &len, choice)) {
     free(out);
     return NULL;
   }
   return out;
+}
+
+/* A chunk of one tool call delta of choice index: {"index", "id", "type",
+ * "function": {"name", "arguments": ""}} (head) or {"index", "function":
+ * {"arguments"}}. */
+static json_t *resp_call_delta(const coord_tool_call_t *c, uint32_t call, bool head, uint32_t index) {
+  json_t *d = head ? json_pack("{s:i,s:s,s:s,s:{s:s,s:s}}", "index", (json_int_t)call, "id", c->id, "type", "function",
+                               "function", "name", c->name, "arguments", "")
+                   : json_pack("{s:i,s:{s:s}}", "index", (json_int_t)call, "function", "arguments", c->args);
+  return json_pack("{s:i,s:{s:[o]},s:n,s:n}", "index", (json_int_t)index, "delta", "tool_calls", d, "logprobs",
+                   "finish_reason");
+}
+
+char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t *ev, bool first,
+                                 const coord_tool_out_t *o, uint32_t call0, bool called, uint32_t index) {
+  char *out = NULL;
+  size_t len = 0;
+  bool last = ev->finish != PROTO_FINISH_NONE, any = called || o->n_calls;
+  int rc = 0;
+  if (o->content_len || first || (last && !o->n_calls) || (m->logprobs >= 0 && ev->n_tokens))
+    rc = resp_chunk_add(m, &out, &len,
+                        resp_chunk_choice(m, ev, first, index, o->content ? o->content : "", o->content_len,
+                                          o->n_calls ? json_null() : resp_tools_finish(m, ev->finish, any)));
+  for (size_t i = 0; !rc && i < o->n_calls; i++) {
+    rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], call0 + (uint32_t)i, true, index));
+    if (!rc) rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], call0 + (uint32_t)i, false, index));
+  }
+  if (!rc && last && o->n_calls)
+    rc = resp_chunk_add(m, &out, &len, json_pack("{s:i,s:{},s:n,s:o}", "index", (json_int_t)index, "delta", "logprobs",
+                                                 "finish_reason", resp_tools_finish(m, ev->finish, any)));
+  if (rc) {
+    free(out);
+    return NULL;
+  }
+  return out ? out : calloc(1, 1); /* nothing decided yet: no chunk */
 }
 
 char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u) {

@@ -1,6 +1,6 @@
 /* http_unsupported.c - the OpenAI request fields ferrum does not act on
  * yet. A client that sends one with a value that would change the answer
- * (a tool choice, a response format, guided decoding, ...) gets a 400
+ * (legacy functions, guided_grammar, ...) gets a 400
  * naming it rather than a 200 whose output ignored it; the value that
  * means "off" (null, an empty list or object, "none", {"type": "text"})
  * passes. The same for vLLM's output options when set away from what
@@ -8,10 +8,11 @@
  * about the output (user, safety_identifier, metadata, store, service_tier,
  * parallel_tool_calls, prompt_cache_key and the other prompt cache hints)
  * are accepted, as vLLM accepts them. tests/engine/test_http_choices.py
- * checks every field of the openai client's request types against this. `tools` is accepted:
- * the chat template renders them into the prompt (parsing tool calls out
- * of the answer is not done yet, so tool_choice other than "auto"/"none"
- * still gets a 400). */
+ * checks every field of the openai client's request types against this.
+ * `tools` and `tool_choice` are read in http_tools.c, the output
+ * constraints (response_format, guided_json / regex / choice,
+ * structured_outputs) in http_guide.c; the legacy `functions` and
+ * `function_call` are refused. */
 #include <string.h>
 
 #include "coordinator/http/http_internal.h"
@@ -28,11 +29,6 @@ static bool unsupported_off(const json_t *v) {
 
 static bool unsupported_is_str(const json_t *v, const char *s) { return json_is_string(v) && !strcmp(json_string_value(v), s); }
 
-/* response_format: absent, null or {"type": "text"}. */
-static bool unsupported_format_off(const json_t *v) {
-  return unsupported_off(v) || (json_is_object(v) && unsupported_is_str(json_object_get(v, "type"), "text"));
-}
-
 int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_http_err_t *e) {
   static const struct {
     const char *field, *what;
@@ -47,11 +43,7 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
       {"verbosity", "verbosity control", true, false, false},
       {"web_search_options", "web search", true, false, false},
       {"moderation", "moderation", true, false, false},
-      {"guided_json", "guided decoding", false, false, false},
-      {"guided_regex", "guided decoding", false, false, false},
-      {"guided_choice", "guided decoding", false, false, false},
       {"guided_grammar", "guided decoding", false, false, false},
-      {"structured_outputs", "structured outputs", false, false, false},
   };
   bool chat = api == COORD_HTTP_API_CHAT;
   for (size_t i = 0; i < sizeof plain / sizeof plain[0]; i++) {
@@ -62,9 +54,7 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
                             plain[i].field, plain[i].what);
   }
   if (chat) {
-    const json_t *tc = json_object_get(root, "tool_choice"), *fc = json_object_get(root, "function_call");
-    if (!unsupported_off(tc) && !unsupported_is_str(tc, "none") && !unsupported_is_str(tc, "auto"))
-      return coord_http_err(e, 400, "tool_choice", "'tool_choice' is not supported: this server does not do tool calling yet");
+    const json_t *fc = json_object_get(root, "function_call");
     if (!unsupported_off(fc) && !unsupported_is_str(fc, "none") && !unsupported_is_str(fc, "auto"))
       return coord_http_err(e, 400, "function_call", "'function_call' is not supported: this server does not do function calling yet");
     const json_t *mod = json_object_get(root, "modalities");
@@ -75,12 +65,5 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
   const json_t *sst = json_object_get(root, "skip_special_tokens");
   if (sst && !json_is_null(sst) && !json_is_true(sst))
     return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
-  const json_t *rf = json_object_get(root, "response_format");
-  if (!unsupported_format_off(rf)) {
-    const json_t *type = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-    return coord_http_err(e, 400, "response_format",
-                          "'response_format' of type '%.40s' is not supported: this server does not constrain output yet",
-                          json_is_string(type) ? json_string_value(type) : "?");
-  }
   return 0;
 }

@@ -11,7 +11,12 @@
 # OpenAI's request fields, with the real model), test_http_load.py (1000
 # clients at once; a full queue answers 429), test_http_spec.py (speculative
 # decoding: greedy outputs identical with and without, through preemption,
-# chunked prefill, the prefix cache and a worker restart).
+# chunked prefill, the prefix cache and a worker restart), test_http_tools and
+# fuzz_http_tools (the tool call parsers on each family's documented
+# formats, whole and in pieces), test_http_tool_calls.py (tool calls with
+# the real model and the openai client: parsed, streamed, forced),
+# test_http_structured.py (structured output with the real model:
+# json_schema answers validated by jsonschema).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -20,6 +25,8 @@ ferrum_add_check(test_http_cli SOURCES ${_t}/test_http_cli.c ${_t}/http_fake.c
 ferrum_add_check(test_http_json SOURCES ${_t}/test_http_json.c
                  LIBS ferrum_http_json ferrum_metrics LABELS engine TIMEOUT 60)
 ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
+ferrum_add_check(test_http_tools SOURCES ${_t}/test_http_tools.c LIBS ferrum_http_json LABELS engine TIMEOUT 60)
+ferrum_add_fuzz(http_tools SOURCES ${_t}/fuzz_http_tools.c LIBS ferrum_http_json)
 ferrum_add_check(test_http_streams SOURCES ${_t}/test_http_streams.c ${_t}/engine_fx.c
                  LIBS ferrum_ctl ferrum_model ferrum_kv Threads::Threads LABELS engine TIMEOUT 600)
 add_dependencies(test_http_streams ferrumctl ferrum-worker)
@@ -36,3 +43,5 @@ ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
 ferrum_http_py(test_http_choices 600)
 ferrum_http_py(test_http_spec 600)
+ferrum_http_py(test_http_tool_calls 300)
+ferrum_http_py(test_http_structured 600)

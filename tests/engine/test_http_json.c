@@ -195,8 +195,19 @@ START_TEST(test_parse_errors) {
        "chat_template_kwargs"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", 400,
        "tool_choice"},
-      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"}}",
+      /* output constraints the grammar cannot do, or two at once */
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}",
        400, "response_format"},
+      {COORD_HTTP_API_CHAT,
+       "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\",\"json_schema\":"
+       "{\"name\":\"n\",\"schema\":{\"type\":\"string\",\"format\":\"email\"}}}}",
+       400, "response_format"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_object\"},"
+       "\"guided_regex\":\"a+\"}", 400, "guided_regex"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_regex\":\"(a\"}", 400, "guided_regex"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_choice\":[]}", 400, "guided_choice"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"structured_outputs\":{\"grammar\":\"root ::= x\"}}", 400,
+       "structured_outputs"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"modalities\":[\"audio\"]}", 400,
        "modalities"},
       /* bad values of the sampling fields ferrum acts on */
@@ -213,7 +224,8 @@ START_TEST(test_parse_errors) {
        "include_stop_str_in_output"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\"}}", 400, "guided_json"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\",\"minProperties\":1}}", 400,
+       "guided_json"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":false}", 400, "skip_special_tokens"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {

@@ -212,14 +212,19 @@ class BadInput(unittest.TestCase):
         # what ferrum does not act on yet is refused by name, not ignored
         msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
         tool = {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
-        for kwargs, param in (({"tools": [tool], "tool_choice": "required"}, "tool_choice"),
-                              ({"response_format": {"type": "json_object"}}, "response_format")):
+        for kwargs, param in (({"extra_body": {"guided_grammar": "root ::= \"a\""}}, "guided_grammar"),
+                              ({"response_format": {"type": "yaml"}}, "response_format")):
             with self.assertRaises(openai.BadRequestError) as cm:
                 client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, **kwargs)
             self.assertEqual(cm.exception.body.get("param"), param, cm.exception.body)
+        # tools with tool_choice "auto" (their default) need --enable-auto-tool-choice, as in vLLM
+        with self.assertRaises(openai.BadRequestError) as cm:
+            client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool])
+        self.assertEqual(cm.exception.body.get("param"), "tool_choice", cm.exception.body)
+        self.assertIn("--enable-auto-tool-choice", cm.exception.body.get("message"))
         # their "off" values pass; tools go to the chat template
-        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool], logit_bias={},
-                                             response_format={"type": "text"})
+        r = client().chat.completions.create(model=NAME, messages=msgs, max_tokens=2, tools=[tool], tool_choice="none",
+                                             logit_bias={}, response_format={"type": "text"})
         self.assertEqual(r.choices[0].finish_reason, "length")
         self.assertEqual(request("GET", "/health", key=None)[0], 200)
 

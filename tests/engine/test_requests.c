@@ -205,7 +205,7 @@ START_TEST(test_bad_rpc_input) {
   memcpy(msg, bad_sp, sizeof bad_sp);
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
-  msg[3] = 0x03; /* an older client's submit (no fork or truncation): refused by version, not misread */
+  msg[3] = 0x03; /* an older client's submit (no fork, truncation or guide): refused by version, not misread */
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_VERSION);
   ck_assert_ptr_nonnull(strstr(m.u.error.message, "version"));
@@ -223,6 +223,19 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
   ck_assert_ptr_nonnull(strstr(m.u.error.message, "logit_bias"));
+  /* a guide the coordinator cannot compile (an RPC client's: the HTTP layer checks its own): 400 naming it */
+  r.sp.bias = NULL, r.sp.n_bias = 0;
+  r.guide = (proto_guide_t){.kind = PROTO_GUIDE_JSON, .spec = "{\"type\": \"string\", \"pattern\": \"a+\"}"};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "pattern"));
+  r.guide = (proto_guide_t){.kind = PROTO_GUIDE_REGEX, .spec = "(a"};
+  ck_assert_int_eq(proto_encode(&b, PROTO_T_SUBMIT, &r), 0);
+  ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
+  ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
+  ck_assert_ptr_nonnull(strstr(m.u.error.message, "unbalanced"));
+  r.guide = (proto_guide_t){0};
   /* cancel of an unknown job: 404 */
   proto_cancel_t cn = {.id = 999};
   ck_assert_int_eq(proto_encode(&b, PROTO_T_CANCEL, &cn), 0);

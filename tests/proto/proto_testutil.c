@@ -103,7 +103,11 @@ static void rand_field(const proto_field_t *f, uint8_t *out, int big, int depth)
   case PF_U64: *(uint64_t *)(out + f->off) = rand_width(); break;
   case PF_F32: *(float *)(out + f->off) = rand_f32(); break;
   case PF_BOOL: *(bool *)(out + f->off) = tu_below(2); break;
-  case PF_ENUM: *(int *)(out + f->off) = (int)tu_below(f->max - (big == 2)) + (big == 2); break;
+  case PF_ENUM: { /* a required enum has no 0 (absent) value */
+    int lo = big == 2 || (f->flags & PF_REQ);
+    *(int *)(out + f->off) = (int)tu_below(f->max - (uint32_t)lo) + lo;
+    break;
+  }
   case PF_STR:
     *(char **)(out + f->off) = tu_below(4) == 0 && !(f->flags & PF_REQ) && big != 2 ? NULL : rand_str(0, big, NULL);
     break;

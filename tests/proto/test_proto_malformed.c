@@ -526,7 +526,8 @@ START_TEST(type_versions) {
   /* version 3 moved submit's stop fields into "stop": an older client's stops would be skipped, so it is
    * refused instead; steps carry the logit bias and min_tokens an older worker would skip; version 4 gave
    * submit its fork and truncation, which an older coordinator must not skip, and steps and results the
-   * proposed tokens of speculative decoding (ns) and the several tokens per item (xt) */
+   * proposed tokens of speculative decoding (ns), the allowed-token masks of constrained decoding (am) and the
+   * several tokens per result item (xt); submit got its guide (an older coordinator would answer unconstrained) */
   ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 4);

@@ -51,6 +51,20 @@ class LocalServer:
         finally:
             c.close()
 
+    def json(self, method, path, body=None, timeout=120):
+        """(status, the body parsed as JSON, or its text when it is not JSON)."""
+        status, data = self.request(method, path, body, timeout)
+        try:
+            return status, json.loads(data)
+        except ValueError:
+            return status, data.decode()
+
+    def openai(self, timeout=120):
+        """The official openai client on this server."""
+        import openai
+        return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % self.port, api_key="none", timeout=timeout,
+                             max_retries=0)
+
     def worker_pids(self):
         """pids of the ferrum-worker children, by rank."""
         out = {}

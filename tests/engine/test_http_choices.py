@@ -20,18 +20,13 @@ real model through the official openai client:
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_choices.py
 Exit 77 (skip) when the model file or the openai package is missing.
 """
-import http.client
-import json
 import os
 import re
-import signal
-import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port, wait_healthy  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -41,45 +36,27 @@ BLOCK = 16  # the server's KV block size (KV_BLOCK_SIZE_DEFAULT)
 # 40-odd tokens: two full KV blocks and a partial one
 LONG = ("The history of the city of Paris begins with a small settlement on an island in the river Seine, "
         "where a Celtic tribe fished and traded for centuries before the Romans came and")
-srv = None
-port = 0
+srv = None  # the LocalServer of this module
 
 
 def request(method, path, body=None, timeout=120):
     """Sends body as JSON; returns (status, parsed body or text)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request(method, path, body=None if body is None else json.dumps(body),
-              headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    try:
-        return r.status, json.loads(data)
-    except ValueError:
-        return r.status, data.decode()
+    return srv.json(method, path, body, timeout)
 
 
 def setUpModule():
-    global srv, port
-    port = free_port()
-    srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                            "--served-model-name", NAME, "--max-model-len", str(MAX_LEN), "--threads", "2"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))
-    wait_healthy(srv, port)
+    global srv
+    srv = LocalServer(FERRUMCTL, ["--model", MODEL, "--host", "127.0.0.1",
+                                  "--served-model-name", NAME, "--max-model-len", str(MAX_LEN), "--threads", "2"])
 
 
 def tearDownModule():
-    if srv is not None and srv.poll() is None:
-        srv.send_signal(signal.SIGTERM)
-        srv.wait(30)
     if srv is not None:
-        srv.stderr.close()
+        srv.stop()
 
 
 def client():
-    import openai
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", timeout=120, max_retries=0)
+    return srv.openai(timeout=120)
 
 
 def tokens(text):

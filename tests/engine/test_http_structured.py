@@ -13,24 +13,18 @@ completions; what the grammar does not support is a 400 naming it.
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_structured.py
 Exit 77 (skip) when the model file, openai or jsonschema is missing.
 """
-import http.client
 import json
 import os
-import re
-import signal
-import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port, wait_healthy  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 NAME = "smol"
-srv = None
-port = 0
+srv = None  # the LocalServer of this module
 
 
 def S(n=24):
@@ -76,35 +70,22 @@ SCHEMAS = [
 
 
 def request(path, body, timeout=120):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, json.loads(data)
+    return srv.json("POST", path, body, timeout)
 
 
 def setUpModule():
-    global srv, port
-    port = free_port()
-    srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                            "--served-model-name", NAME, "--max-model-len", "1024", "--threads", "2"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))
-    wait_healthy(srv, port)
+    global srv
+    srv = LocalServer(FERRUMCTL, ["--model", MODEL, "--host", "127.0.0.1",
+                                  "--served-model-name", NAME, "--max-model-len", "1024", "--threads", "2"])
 
 
 def tearDownModule():
-    if srv is not None and srv.poll() is None:
-        srv.send_signal(signal.SIGTERM)
-        srv.wait(30)
     if srv is not None:
-        srv.stderr.close()
+        srv.stop()
 
 
 def client():
-    import openai
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", timeout=300, max_retries=0)
+    return srv.openai(timeout=300)
 
 
 def chat(prompt, **kw):

@@ -17,6 +17,8 @@ int cli_cmd_run(int argc, char **argv);
 int cli_cmd_tokenize(int argc, char **argv);
 int cli_cmd_inspect(int argc, char **argv);
 int cli_cmd_pull(int argc, char **argv);
+int cli_cmd_list(int argc, char **argv);
+int cli_cmd_rm(int argc, char **argv);
 int cli_cmd_serve(int argc, char **argv);
 int cli_cmd_stop(int argc, char **argv);
 int cli_cmd_submit(int argc, char **argv);
@@ -40,6 +42,18 @@ const char *cli_default_model(void);
  * user typed. Returns 0, or an error when out is too small or the folder
  * cannot be resolved. */
 int cli_model_path_abs(const char *path, char *out, size_t cap);
+
+/* Models by Hub name (hf_cache.c): the Hugging Face cache folder (HF_HUB_CACHE,
+ * HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub, ~/.cache/huggingface/hub);
+ * whether s reads as "org/name" or "org/name:PATTERN"; the snapshot folder
+ * (config.json) or .gguf file (the one there, or the one whose name
+ * contains PATTERN) that such a name loads from the cache, or an error that
+ * says what is missing (nothing is downloaded). cli_model_resolve: a path
+ * that exists as cli_model_path_abs makes it, else a Hub name resolved. */
+int cli_hf_cache_dir(char *out, size_t cap);
+bool cli_hf_is_name(const char *s);
+int cli_hf_resolve(const char *name, char *out, size_t cap);
+int cli_model_resolve(const char *arg, char *out, size_t cap);
 
 /* Parses an int / float option value; prints a usage error and returns -1
  * when it is not a number in [lo, hi]. */

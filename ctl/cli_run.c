@@ -24,6 +24,7 @@ typedef struct {
   const char *model, *prompt, *device;
   const char *kv_dtype; /* --kv-cache-dtype, NULL = auto */
   const char *spec; /* --speculative-config JSON (a private engine's), or NULL */
+  char model_buf[PATH_MAX]; /* a Hub name's file or folder in the Hugging Face cache */
   long max_tokens, threads, top_k;
   double temperature, top_p, min_p;
   unsigned long long seed;
@@ -117,6 +118,13 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
     return 2;
   }
   if (!o->model) o->model = cli_default_model();
+  if (cli_hf_is_name(o->model) && access(o->model, F_OK) != 0) {
+    if (cli_hf_resolve(o->model, o->model_buf, sizeof o->model_buf)) {
+      fprintf(stderr, "ferrumctl run: --model %s\n", fr_last_error());
+      return 2;
+    }
+    o->model = o->model_buf;
+  }
   if (!o->seed_set) o->seed = (unsigned long long)time(NULL) ^ ((unsigned long long)fr_now_ns() << 16);
   return 0;
 }

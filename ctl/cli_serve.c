@@ -65,7 +65,7 @@ static void serve_usage(FILE *f) {
           "  --max-connections-per-ip N    HTTP connections one client address may hold (default half of\n"
           "                                --max-connections, at least 128: 2048; behind a proxy every client\n"
           "                                has the proxy's address)\n"
-          "  --served-model-name NAME      model name for clients (default: the file name)\n"
+          "  --served-model-name NAME      model name for clients (default: the file name, or the Hub name given)\n"
           "  --chat-template FILE          Jinja chat template to use instead of the model's (or a\n"
           "                                built-in name: chatml, smollm2, qwen2.5, qwen3, llama3, ...)\n"
           "  --enable-auto-tool-choice     tool_choice \"auto\" (the default when a request has tools): the\n"
@@ -233,12 +233,14 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
     return 2;
   }
   if (!o->k.model_path) o->k.model_path = cli_default_model();
-  if (cli_model_path_abs(o->k.model_path, o->model_abs, sizeof o->model_abs)) {
+  if (cli_model_resolve(o->k.model_path, o->model_abs, sizeof o->model_abs)) {
     fprintf(stderr, "ferrumctl serve: --model %s\n", fr_last_error());
     return 2;
   }
   o->model_given = o->k.model_path;
   o->k.model_path = o->model_abs;
+  if (!o->k.served_model_name && cli_hf_is_name(o->model_given) && access(o->model_given, F_OK) != 0)
+    o->k.served_model_name = o->model_given; /* a Hub name is served as given, as vLLM does */
   return 0;
 }
 

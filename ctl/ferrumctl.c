@@ -21,6 +21,8 @@ static void usage(FILE *f) {
           "  tokenize  print the token ids of a text as JSON\n"
           "  inspect   print a model's architecture, tokenizer and tensors\n"
           "  pull      fetch the default model into models/\n"
+          "  list      the models in the Hugging Face cache (--model ORG/NAME loads them)\n"
+          "  rm        delete a model from the Hugging Face cache\n"
           "  keygen    make a CURVE key pair for tcp:// sockets (servers, clients, remote workers)\n"
           "\n"
           "ferrumctl <command> --help shows a command's options.\n");
@@ -40,7 +42,7 @@ int main(int argc, char **argv) {
       {"pull", cli_cmd_pull},     {"serve", cli_cmd_serve},       {"stop", cli_cmd_stop},
       {"submit", cli_cmd_submit}, {"status", cli_cmd_status},     {"cancel", cli_cmd_cancel},
       {"chat", cli_cmd_chat},     {"bench", cli_cmd_bench},       {"keygen", cli_cmd_keygen},
-      {"health", cli_cmd_health},
+      {"health", cli_cmd_health}, {"list", cli_cmd_list},         {"rm", cli_cmd_rm},
   };
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++)
     if (!strcmp(cmd, cmds[i].name)) return cmds[i].fn(argc - 1, argv + 1);

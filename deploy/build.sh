@@ -5,6 +5,7 @@
 #   FERRUM_SANITIZE=...  address;undefined or thread
 #   FERRUM_TESTS=ON|OFF  build the test suites (default: ON when Check is
 #                        installed, as deploy/setup.sh --test does)
+#   FERRUM_BUILD_TARGETS="a b"  only these targets (default: all)
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FERRUM_BUILD_DIR:-$root/build}
@@ -12,4 +13,6 @@ tests=${FERRUM_TESTS:-$(pkg-config --exists check 2>/dev/null && echo ON || echo
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=${FERRUM_BUILD_TYPE:-RelWithDebInfo} \
   -DFERRUM_WERROR=${FERRUM_WERROR:-OFF} -DFERRUM_CUDA=${FERRUM_CUDA:-OFF} \
   -DFERRUM_SANITIZE="${FERRUM_SANITIZE:-}" -DFERRUM_TESTS="$tests" >/dev/null
-cmake --build "$build" -j"$(nproc)"
+targets=()
+for t in ${FERRUM_BUILD_TARGETS:-}; do targets+=(--target "$t"); done
+cmake --build "$build" -j"$(nproc)" ${targets[@]+"${targets[@]}"}

@@ -188,17 +188,6 @@ void fr_client_set_timeout(fr_client_t *c, int timeout_ms) { c->timeout_ms = tim
 
 /* ---------------------------------------------------------- transport */
 
-static int send_encoded(fr_client_t *c, proto_type_t type, const void *body) {
-  int rc = proto_encode(&c->out, type, body);
-  if (rc) return rc;
-  if (set_int(c->sock, ZMQ_SNDTIMEO, c->timeout_ms, "sndtimeo")) return FR_EZMQ;
-  while (zmq_send(c->sock, c->out.data, c->out.len, 0) < 0) {
-    if (zmq_errno() == EINTR) continue;
-    if (zmq_errno() == EAGAIN) return fr_errorf(FR_ETIMEOUT, "fr_client: send timed out (coordinator not reachable)");
-    return zmq_fail("send");
-  }
-  return 0;
-}
 
 /* Reads monitor events: a drop while jobs run marks the client lost.
  * Returns 1 when the connection dropped. */
@@ -236,6 +225,23 @@ static int refused_error(const fr_client_t *c) {
     return fr_errorf(FR_EAUTH, "fr_client: the server refused this client's key (not in its --curve-clients)");
   return fr_errorf(FR_EAUTH, "fr_client: the security handshake with the server failed (CURVE on one side only, "
                              "or the wrong server key)");
+}
+
+/* Sends one encoded message. A send that times out because every
+ * connection attempt failed the security handshake says so (the monitor
+ * saw it), not that the coordinator is unreachable. */
+static int send_encoded(fr_client_t *c, proto_type_t type, const void *body) {
+  int rc = proto_encode(&c->out, type, body);
+  if (rc) return rc;
+  if (set_int(c->sock, ZMQ_SNDTIMEO, c->timeout_ms, "sndtimeo")) return FR_EZMQ;
+  while (zmq_send(c->sock, c->out.data, c->out.len, 0) < 0) {
+    if (zmq_errno() == EINTR) continue;
+    if (zmq_errno() != EAGAIN) return zmq_fail("send");
+    read_monitor(c);
+    if (c->refused) return refused_error(c);
+    return fr_errorf(FR_ETIMEOUT, "fr_client: send timed out (coordinator not reachable)");
+  }
+  return 0;
 }
 
 static int remaining_ms(int timeout_ms, uint64_t start_ns) {

@@ -67,6 +67,15 @@ int cli_model_resolve(const char *arg, char *out, size_t cap);
  * blobs/ETAG.incomplete for the next pull to resume. */
 int cli_hf_pull(const char *name, const char *revision);
 
+/* The Hub's listing of a revision (the JSON body of GET
+ * /api/models/REPO/revision/REV, len bytes) read: its commit (40 hex
+ * digits) into commit, and the names of the files a pull of
+ * repo_id[:pattern] downloads into names[0..cap) (the safetensors folder's
+ * weights, configs, tokenizer and templates, or the one .gguf the pattern
+ * matches). Returns their count, or an error that says what is wrong. */
+int cli_hf_listing_files(const char *repo_id, const char *json, size_t len, const char *pattern, char commit[41],
+                         char (*names)[512], int cap);
+
 /* Whether HF_HUB_OFFLINE is set (1, true, yes, on): nothing is downloaded. */
 bool cli_hf_offline(void);
 

@@ -222,8 +222,8 @@ static size_t hf_on_body(char *d, size_t size, size_t n, void *arg) {
   return len;
 }
 
-/* GET url into a JSON document (*out, owned by the caller). */
-static int hf_get_json(const hf_pull_t *p, const char *url, json_t **out) {
+/* GET url's body into *out (*len bytes, NUL-terminated; the caller frees it). */
+static int hf_get_body(const hf_pull_t *p, const char *url, char **out, size_t *len) {
   struct curl_slist *hdrs = NULL;
   hf_headers_t h;
   hf_buf_t b = {0};
@@ -241,13 +241,13 @@ static int hf_get_json(const hf_pull_t *p, const char *url, json_t **out) {
   int rc = 0;
   if (cc != CURLE_OK) rc = fr_errorf(FR_EPROTO, "%s: %s: %s", p->repo_id, url, curl_easy_strerror(cc));
   else if (status < 200 || status >= 300) rc = hf_status_error(p, status, url);
-  else {
-    json_error_t je;
-    *out = json_loadb(b.data ? b.data : "", b.len, 0, &je);
-    if (!*out) rc = fr_errorf(FR_EFORMAT, "%s: %s: not JSON: %s", p->repo_id, url, je.text);
+  if (rc) {
+    free(b.data);
+    return rc;
   }
-  free(b.data);
-  return rc;
+  *out = b.data ? b.data : calloc(1, 1);
+  *len = b.len;
+  return *out ? 0 : fr_errorf(-ENOMEM, "out of memory");
 }
 
 /* HEAD the file's resolve URL (relative redirects followed, as huggingface_hub
@@ -499,39 +499,53 @@ static bool hf_wanted(const char *name) {
 /* Picks the files to download from the listing's siblings: the safetensors
  * folder when config.json is there (and no pattern), else the one .gguf
  * the pattern matches. */
-static int hf_select(const hf_pull_t *p, json_t *siblings, const char *pattern, hf_file_t *files, int *n_files) {
+static int hf_select(const char *repo_id, json_t *siblings, const char *pattern, char (*out)[512], int cap) {
   const char *names[HF_MAX_FILES];
-  int n = 0, n_gguf = 0, has_config = 0;
+  int n = 0, n_gguf = 0, has_config = 0, max = cap < HF_MAX_FILES ? cap : HF_MAX_FILES;
   size_t i;
   json_t *s;
   json_array_foreach(siblings, i, s) {
     const char *name = json_string_value(json_object_get(s, "rfilename"));
     if (!name || !hf_safe_name(name)) continue;
     if (!strcmp(name, "config.json")) has_config = 1;
-    if (hf_suffix(name, ".gguf") && (!pattern || strcasestr(name, pattern)) && n < HF_MAX_FILES) names[n++] = name;
+    if (hf_suffix(name, ".gguf") && (!pattern || strcasestr(name, pattern)) && n < max) names[n++] = name;
   }
   n_gguf = n;
   if (!pattern && has_config) {
     n = 0;
     json_array_foreach(siblings, i, s) {
       const char *name = json_string_value(json_object_get(s, "rfilename"));
-      if (name && hf_safe_name(name) && hf_wanted(name) && n < HF_MAX_FILES) names[n++] = name;
+      if (name && hf_safe_name(name) && hf_wanted(name) && n < max) names[n++] = name;
     }
   } else if (n_gguf != 1) {
     char list[1024] = "";
     for (int k = 0; k < n_gguf; k++)
       snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", k ? ", " : "", names[k]);
-    return n_gguf ? fr_errorf(FR_EFORMAT, "%s: %d .gguf files match; name one, as %s:Q4_K_M (files: %s)",
-                              p->repo_id, n_gguf, p->repo_id, list)
-                  : fr_errorf(FR_ENOTFOUND, "%s: no %s in the repository", p->repo_id,
+    return n_gguf ? fr_errorf(FR_EFORMAT, "%s: %d .gguf files match; name one, as %s:Q4_K_M (files: %s)", repo_id,
+                              n_gguf, repo_id, list)
+                  : fr_errorf(FR_ENOTFOUND, "%s: no %s in the repository", repo_id,
                               pattern ? "matching .gguf file" : "config.json or .gguf file");
   }
-  for (int k = 0; k < n; k++) {
-    memset(&files[k], 0, sizeof files[k]);
-    snprintf(files[k].name, sizeof files[k].name, "%s", names[k]);
+  for (int k = 0; k < n; k++) snprintf(out[k], 512, "%s", names[k]);
+  return n;
+}
+
+int cli_hf_listing_files(const char *repo_id, const char *json, size_t len, const char *pattern, char commit[41],
+                         char (*names)[512], int cap) {
+  json_error_t je;
+  json_t *info = json_loadb(json, len, 0, &je);
+  if (!info) return fr_errorf(FR_EFORMAT, "%s: the Hub's listing is not JSON: %s", repo_id, je.text);
+  const char *sha = json_string_value(json_object_get(info, "sha"));
+  json_t *siblings = json_object_get(info, "siblings");
+  int rc;
+  if (!sha || !hf_is_hex(sha, 40) || !json_is_array(siblings))
+    rc = fr_errorf(FR_EFORMAT, "%s: the Hub's listing has no commit sha or file list", repo_id);
+  else {
+    memcpy(commit, sha, 41);
+    rc = hf_select(repo_id, siblings, pattern, names, cap);
   }
-  *n_files = n;
-  return 0;
+  json_decref(info);
+  return rc;
 }
 
 /* ---- the pull ---------------------------------------------------------------------- */
@@ -562,22 +576,23 @@ static int hf_pull_init(hf_pull_t *p, const char *name) {
 
 /* The listing of REVISION: its commit into p->commit, its files' names. */
 static int hf_list(hf_pull_t *p, const char *revision, const char *pattern, hf_file_t *files, int *n) {
-  char url[HF_PATH], *rev = curl_easy_escape(NULL, revision, 0);
+  char url[HF_PATH], *rev = curl_easy_escape(NULL, revision, 0), *body = NULL, commit[41];
   snprintf(url, sizeof url, "%s/api/models/%s/revision/%s", p->endpoint, p->repo_id, rev ? rev : revision);
   curl_free(rev);
-  json_t *info = NULL;
-  int rc = hf_get_json(p, url, &info);
+  size_t len = 0;
+  int rc = hf_get_body(p, url, &body, &len);
   if (rc) return rc;
-  const char *sha = json_string_value(json_object_get(info, "sha"));
-  json_t *siblings = json_object_get(info, "siblings");
-  if (!sha || !hf_is_hex(sha, 40) || !json_is_array(siblings))
-    rc = fr_errorf(FR_EFORMAT, "%s: the Hub's listing has no commit sha or file list", p->repo_id);
-  else {
-    snprintf(p->commit, sizeof p->commit, "%s", sha);
-    rc = hf_select(p, siblings, pattern, files, n);
+  static char names[HF_MAX_FILES][512];
+  rc = cli_hf_listing_files(p->repo_id, body, len, pattern, commit, names, HF_MAX_FILES);
+  free(body);
+  if (rc < 0) return rc;
+  snprintf(p->commit, sizeof p->commit, "%s", commit);
+  for (int k = 0; k < rc; k++) {
+    memset(&files[k], 0, sizeof files[k]);
+    memcpy(files[k].name, names[k], sizeof names[k]);
   }
-  json_decref(info);
-  return rc;
+  *n = rc;
+  return 0;
 }
 
 static int hf_write_ref(const hf_pull_t *p, const char *revision) {

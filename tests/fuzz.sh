@@ -46,10 +46,13 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
     fuzz_gguf) seed "$dst" "$fx"/*.gguf ;;
     fuzz_safetensors) seed "$dst" "$fx"/*.safetensors "$fx"/*/*.safetensors ;;
     fuzz_hf_config) seed "$dst" "$fx"/*/config.json ;;
+    fuzz_hf_listing) # the first byte picks the pattern (none, Q4_K_M, gguf); then a listing as the Hub sends it
+      printf '\0{"id":"org/name","sha":"0123456789abcdef0123456789abcdef01234567","siblings":[{"rfilename":"config.json"},{"rfilename":"model-00001-of-00002.safetensors"},{"rfilename":"model.safetensors.index.json"},{"rfilename":"tokenizer.json"},{"rfilename":"chat_template.jinja"},{"rfilename":"README.md"},{"rfilename":"sub/x.json"}]}' >"$dst/folder"
+      printf '\1{"id":"org/name-GGUF","sha":"89abcdef0123456789abcdef0123456789abcdef","siblings":[{"rfilename":"m-Q4_K_M.gguf"},{"rfilename":"m-Q8_0.gguf"},{"rfilename":"../evil.gguf"}]}' >"$dst/gguf" ;;
     fuzz_tokenizer_json)
       seed "$dst" "$fx"/*/tokenizer.json
       python3 tests/tokenizer/fuzz_json_seeds.py "$dst" ;;
-    fuzz_http_json) # the first byte picks the API: even completions, odd chat
+    fuzz_http_json) # the first byte picks the API: 0 completions, 1 chat, 2 embeddings (mod 4)
       printf '\0{"model":"smol","prompt":"Hello","max_tokens":16,"temperature":0.7,"top_p":0.9,"top_k":40,"min_p":0.05,"seed":1,"stop":["\\n","."],"stop_token_ids":[2],"stream":true,"stream_options":{"include_usage":true},"n":1,"echo":false,"logprobs":null,"presence_penalty":0.5,"frequency_penalty":0.5,"repetition_penalty":1.1,"ignore_eos":false,"user":"u"}' >"$dst/completions"
       printf '\0{"prompt":[1,2,3],"max_tokens":4,"stop":"x"}' >"$dst/completions-ids"
       printf '\0{"prompt":"a","max_tokens":8,"logit_bias":{"7042":100,"12":-100,"0":2.5},"min_tokens":3,"stop":["."],"include_stop_str_in_output":true,"echo":true}' >"$dst/completions-sampling"
@@ -59,7 +62,9 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
       printf '\1{"messages":[{"role":"user","content":"x"}],"tools":[{"type":"function","function":{"name":"w","parameters":{"type":"object","properties":{"c":{"type":"string"}}}}}],"tool_choice":{"type":"function","function":{"name":"w"}}}' >"$dst/chat-tool-named"
       printf '\1{"messages":[{"role":"user","content":"x"}],"response_format":{"type":"json_schema","json_schema":{"name":"n","strict":true,"schema":{"type":"object","properties":{"a":{"type":"integer"},"b":{"enum":["x",1]}},"required":["a"]}}}}' >"$dst/chat-json-schema"
       printf '\0{"prompt":"a","guided_regex":"(yes|no)\\\\d{2,3}","structured_outputs":null}' >"$dst/completions-regex"
-      printf '\0{"prompt":"a","structured_outputs":{"choice":["a.b","c"]}}' >"$dst/completions-choice" ;;
+      printf '\0{"prompt":"a","structured_outputs":{"choice":["a.b","c"]}}' >"$dst/completions-choice"
+      printf '\2{"model":"smol","input":["Hello",[1,2,3]],"encoding_format":"base64","dimensions":576,"user":"u"}' >"$dst/embeddings"
+      printf '\2{"input":"x","truncate_prompt_tokens":4}' >"$dst/embeddings-truncate" ;;
     fuzz_http_tools) # the first byte picks the piece size; then a model's output in each family's format
       printf '\3Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5e1]}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": "{\\"x\\": 1}"}\n</tool_call>' >"$dst/hermes"
       printf '\1<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": [null, true]}}' >"$dst/llama3"

@@ -651,6 +651,8 @@ bool model_gstate_must_end(const model_grammar_t *g, const model_gstate_t *s) {
 typedef struct {
   int32_t *ids;  /* (n) */
   uint16_t *lcp; /* (n) bytes shared with the previous one */
+  uint32_t *up;  /* (n) the first k' > k with lcp[k'] < lcp[k] (n: none): every token in between shares
+                  * lcp[k] bytes with token k, so a walk that skips a dead prefix jumps over them */
   uint32_t n;
 } gorder_t;
 
@@ -681,18 +683,36 @@ static int g_key_cmp(const void *a, const void *b) {
   return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
-/* Plain string content: printable, no quote or backslash, whole UTF-8. */
+/* Plain string content: printable, no quote or backslash, UTF-8 from a
+ * character boundary (the last character may be cut: the string takes
+ * its first bytes and waits for the rest, as g_string does). */
 static bool g_plain(const unsigned char *b, uint32_t n) {
   for (uint32_t i = 0; i < n;) {
     unsigned c = b[i];
     if (c < 0x20 || c == '"' || c == '\\' || (c >= 0x80 && c < 0xC2) || c > 0xF4) return false;
     uint32_t k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-    if (i + k >= n) return false; /* a sequence cut at the end */
+    if (i + k >= n) k = n - 1 - i; /* a sequence cut at the end */
     for (uint32_t j = 1; j <= k; j++)
       if (b[i + j] < 0x80 || b[i + j] >= 0xC0) return false;
     i += k + 1;
   }
   return true;
+}
+
+/* o->up by a stack of the indexes still waiting for a smaller lcp. */
+static int g_order_up(gorder_t *o) {
+  uint32_t *stack = malloc(((size_t)o->n + 1) * sizeof *stack), top = 0;
+  if (!(o->up = malloc(((size_t)o->n + 1) * sizeof *o->up)) || !stack) {
+    free(stack);
+    return -ENOMEM;
+  }
+  for (uint32_t k = 0; k < o->n; k++) {
+    while (top && o->lcp[stack[top - 1]] > o->lcp[k]) o->up[stack[--top]] = k;
+    stack[top++] = k;
+  }
+  while (top) o->up[stack[--top]] = o->n;
+  free(stack);
+  return 0;
 }
 
 static int g_order(model_gvocab_t *v, gorder_t *o, bool other) {
@@ -716,7 +736,7 @@ static int g_order(model_gvocab_t *v, gorder_t *o, bool other) {
     }
     o->lcp[k] = (uint16_t)(l > UINT16_MAX ? UINT16_MAX : l);
   }
-  return 0;
+  return g_order_up(o);
 }
 
 static int g_vocab_tokens(model_gvocab_t *v, const model_tokenizer_t *tok) {
@@ -762,7 +782,7 @@ int model_gvocab_create(model_gvocab_t **out, const model_tokenizer_t *tok, int 
 void model_gvocab_destroy(model_gvocab_t *v) {
   if (!v) return;
   free(v->off), free(v->len), free(v->bytes), free(v->eog), free(v->plain);
-  free(v->all.ids), free(v->all.lcp), free(v->other.ids), free(v->other.lcp);
+  free(v->all.ids), free(v->all.lcp), free(v->all.up), free(v->other.ids), free(v->other.lcp), free(v->other.up);
   free(v);
 }
 
@@ -792,27 +812,39 @@ static bool g_in_free_string(const model_grammar_t *g, const model_gstate_t *s) 
   return f->kind == F_STR && f->st == S_N && f->b == 0 && (f->node < 0 || g->nodes[f->node].max == UINT32_MAX);
 }
 
-/* Walks the tokens of o from state s; sets the bits of those it may take. */
+/* The first token after k that does not begin with token k's first d
+ * bytes: the tokens that do follow k in order, so jumping up the lcp
+ * chain passes over each level of them at once. */
+static uint32_t g_skip(const gorder_t *o, uint32_t k, uint32_t d) {
+  uint32_t j = k + 1;
+  while (j < o->n && o->lcp[j] >= d) j = o->up[j];
+  return j;
+}
+
+/* Walks the tokens of o from state s; sets the bits of those it may take.
+ * A prefix that dies skips every token under it. */
 static size_t g_walk(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, const gorder_t *o,
                      uint32_t *mask, model_gstate_t *st) {
   size_t n = 0;
-  uint32_t have = 0, dead = UINT32_MAX; /* st[0..have] hold the walked prefix; a prefix of length dead died */
+  uint32_t have = 0; /* st[0..have] hold the walked prefix */
   g_copy(g, &st[0], s);
-  for (uint32_t k = 0; k < o->n; k++) {
+  for (uint32_t k = 0; k < o->n;) {
     int32_t t = o->ids[k];
-    uint32_t l = o->lcp[k];
-    if (dead != UINT32_MAX && l >= dead) continue; /* shares the prefix that died */
-    dead = UINT32_MAX;
-    if (l < have) have = l;
+    if (o->lcp[k] < have) have = o->lcp[k];
     const char *b = v->bytes + v->off[t];
+    bool alive = true;
     for (; have < v->len[t]; have++) {
       g_copy(g, &st[have + 1], &st[have]);
       if (!g_feed_byte(g, &st[have + 1], (unsigned char)b[have])) {
-        dead = have + 1;
+        alive = false;
         break;
       }
     }
-    if (dead == UINT32_MAX) mask[t / 32] |= 1u << (t % 32), n++;
+    if (alive) {
+      mask[t / 32] |= 1u << (t % 32), n++;
+      k++;
+    } else
+      k = g_skip(o, k, have + 1); /* every token that shares the prefix that died */
   }
   return n;
 }

@@ -359,6 +359,7 @@ static int req_template_vars(coord_http_req_t *r, coord_http_err_t *e) {
   if (kw && !json_is_null(kw) && !json_is_object(kw))
     return coord_http_err(e, 400, "chat_template_kwargs", "'chat_template_kwargs' must be an object");
   bool has_tools = json_is_array(tools) && json_array_size(tools);
+  r->thinking_off = json_is_object(kw) && json_is_false(json_object_get(kw, "enable_thinking")); /* Qwen3's switch */
   if (!has_tools && !(json_is_object(kw) && json_object_size(kw))) return 0;
   json_t *vars = json_is_object(kw) ? json_deep_copy(kw) : json_object();
   if (vars && has_tools) json_object_set(vars, "tools", tools);

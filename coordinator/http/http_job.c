@@ -651,6 +651,20 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
     coord_reason_stream_init(&j->choices[i].reason, m->reasoning);
 }
 
+/* With a reasoning parser the output's constraint (response_format,
+ * guided_*, a forced tool choice) holds for the answer after the think
+ * block, as vLLM starts the grammar when the reasoning ends: the guide
+ * starts after "</think>" (not when enable_thinking is false, whose
+ * prompt closed the think block). */
+static void job_guide_after_think(const struct coord_http *h, coord_http_req_t *r) {
+  static char close_tag[] = "</think>";
+  if (r->api != COORD_HTTP_API_CHAT || h->reasoning == COORD_REASON_PARSER_NONE || r->thinking_off ||
+      r->sub.guide.kind == PROTO_GUIDE_NONE)
+    return;
+  r->sub.guide.after = close_tag;
+  r->sub.guide.after_len = sizeof close_tag - 1;
+}
+
 /* Why no job is taken now (503), or NULL. */
 static const char *job_refusal(const struct coord_http *h) {
   if (atomic_load(&h->stopping)) return "the server is shutting down";
@@ -757,6 +771,7 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }
+  job_guide_after_think(h, &j->req);
   if ((no = job_refusal(h))) {
     coord_http_err(&e, 503, NULL, "%s", no);
     rc = coord_http__send_error(h, c, &e);

@@ -3,8 +3,10 @@
  * states a JSON answer passes through (before the object, in a key, in a
  * free string, in a number, after a value) and for a regex, and the
  * schema compile time. Results: docs/bench/structured-output.md.
- *   grammar_bench MODEL.gguf [ROUNDS]
+ *   grammar_bench MODEL.gguf|tokenizer.json [ROUNDS]
+ * (a ~150k vocabulary: bench/qwen_vocab.py writes Qwen's as a tokenizer.json)
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,13 +40,16 @@ static void bench_state(const char *what, const model_grammar_t *g, const char *
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    fprintf(stderr, "usage: %s MODEL.gguf [ROUNDS]\n", argv[0]);
+    fprintf(stderr, "usage: %s MODEL.gguf|tokenizer.json [ROUNDS]\n", argv[0]);
     return 2;
   }
   int rounds = argc > 2 ? atoi(argv[2]) : 50;
   model_gguf_t *gg = NULL;
   model_tokenizer_t *tok = NULL;
-  if (model_gguf_open(&gg, argv[1]) || model_tokenizer_from_gguf(&tok, gg)) {
+  size_t pl = strlen(argv[1]);
+  bool json = pl > 5 && !strcmp(argv[1] + pl - 5, ".json");
+  if (json ? model_tokenizer_from_json_files(&tok, argv[1], NULL)
+           : model_gguf_open(&gg, argv[1]) || model_tokenizer_from_gguf(&tok, gg)) {
     fprintf(stderr, "%s: %s\n", argv[1], fr_last_error());
     return 1;
   }

@@ -200,7 +200,12 @@ START_TEST(masks_on_the_model_vocabulary) {
   model_grammar_t *any = json_g(NULL);
   check_mask_exact(any, "{\"k\": [1, {\"x\": \"y", tok, n_vocab);
   check_mask_exact(any, "{\"k\": -1", tok, n_vocab);
+  check_mask_exact(any, "{\"k\": \"ab", tok, n_vocab); /* a free string: plain tokens and tails */
   model_grammar_destroy(any);
+  model_grammar_t *min3 = json_g("{\"type\": \"array\", \"items\": {\"type\": \"string\", \"minLength\": 3}}");
+  check_mask_exact(min3, "[\"a", tok, n_vocab);    /* below the minimum: a closing quote depends on the count */
+  check_mask_exact(min3, "[\"abcd", tok, n_vocab); /* the minimum met */
+  model_grammar_destroy(min3);
   for (unsigned seed = 0; seed < 4; seed++) {
     bool ended;
     char *text = walk(g, tok, n_vocab, seed * 7919u, &ended);
@@ -249,7 +254,9 @@ static size_t reference_mask(const model_grammar_t *g, const model_gstate_t *s, 
 
 /* Random walks through each grammar (a pseudo-random allowed token each
  * step): in every state passed the fast mask (the sorted walk with its
- * skips, the plain-string shortcut) is the reference mask, bit for bit. */
+ * skips, the plain-string shortcut and the tails of the tokens that leave
+ * a string, strings below their minimum length) is the reference mask,
+ * bit for bit. */
 static void check_random_states(const model_grammar_t *g, const model_tokenizer_t *tok, int n_vocab, unsigned seed,
                                  int steps) {
   model_gvocab_t *v = NULL;
@@ -288,10 +295,11 @@ START_TEST(fast_mask_is_the_reference_mask) {
                        "{\"type\": \"number\"}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", "
                        "\"maxLength\": 5}}, \"ok\": {\"anyOf\": [{\"type\": \"boolean\"}, {\"type\": \"null\"}]}}, "
                        "\"required\": [\"name\", \"n\"]}";
-  model_grammar_t *gs[3] = {json_g(schema), json_g(NULL), NULL};
+  const char *strings = "{\"type\": \"array\", \"items\": {\"type\": \"string\", \"minLength\": 3}}";
+  model_grammar_t *gs[4] = {json_g(schema), json_g(NULL), json_g(strings), NULL};
   const char *re = "<think>[a-z ]{3,40}</think>[A-Za-z ,.]{3,60}";
-  ck_assert_int_eq(model_grammar_regex(&gs[2], re, strlen(re), NULL, 0), 0);
-  for (int i = 0; i < 3; i++) {
+  ck_assert_int_eq(model_grammar_regex(&gs[3], re, strlen(re), NULL, 0), 0);
+  for (int i = 0; i < 4; i++) {
     for (unsigned seed = 1; seed <= 2; seed++) check_random_states(gs[i], tok, n_vocab, seed * 2654435761u + i, 12);
     model_grammar_destroy(gs[i]);
   }

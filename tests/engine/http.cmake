@@ -28,6 +28,7 @@ ferrum_add_fuzz(http_json SOURCES ${_t}/fuzz_http_json.c LIBS ferrum_http_json)
 ferrum_add_check(test_http_tools SOURCES ${_t}/test_http_tools.c LIBS ferrum_http_json LABELS engine TIMEOUT 60)
 ferrum_add_check(test_http_reason SOURCES ${_t}/test_http_reason.c LIBS ferrum_http_json LABELS engine TIMEOUT 60)
 ferrum_add_fuzz(http_tools SOURCES ${_t}/fuzz_http_tools.c LIBS ferrum_http_json)
+ferrum_add_fuzz(http_reason SOURCES ${_t}/fuzz_http_reason.c LIBS ferrum_http_json)
 ferrum_add_check(test_http_streams SOURCES ${_t}/test_http_streams.c ${_t}/engine_fx.c
                  LIBS ferrum_ctl ferrum_model ferrum_kv Threads::Threads LABELS engine TIMEOUT 600)
 add_dependencies(test_http_streams ferrumctl ferrum-worker)

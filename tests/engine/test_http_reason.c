@@ -3,11 +3,17 @@
  * <think>...</think>answer; DeepSeek-R1's ...</think>answer with the
  * opening tag in the prompt): the whole text at once, and the same text
  * cut at every position (tags split across feeds) and in pieces of every
- * size, which must give the same reasoning and content; the names. */
+ * size, which must give the same reasoning and content; the names; the
+ * answers' shapes (vLLM's): message.reasoning_content (null without a
+ * think block) and content (null when the block is all there is), stream
+ * deltas with reasoning_content alone, no chunk while a tag is held. */
 #include <check.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include <jansson.h>
+
+#include "coordinator/http/http_internal.h"
 #include "coordinator/http/http_reason.h"
 
 typedef struct {
@@ -114,6 +120,94 @@ START_TEST(names) {
 }
 END_TEST
 
+/* The message of a chat answer whose output is text, parsed by kind. */
+static json_t *final_message(coord_reason_parser_t kind, const char *text) {
+  coord_http_meta_t m = {.api = COORD_HTTP_API_CHAT, .id = "chatcmpl-1", .logprobs = -1, .reasoning = kind};
+  coord_http_acc_t a;
+  coord_http_acc_init(&a);
+  ck_assert_int_eq(coord_http_acc_text(&a, text, strlen(text)), 0);
+  a.finish = PROTO_FINISH_STOP;
+  const coord_http_acc_t *accs[1] = {&a};
+  proto_usage_t u = {0};
+  char *body = coord_http_final_json(&m, accs, 1, &u);
+  ck_assert_ptr_nonnull(body);
+  json_t *root = json_loads(body, 0, NULL);
+  ck_assert_ptr_nonnull(root);
+  json_t *msg = json_incref(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "message"));
+  json_decref(root);
+  free(body);
+  coord_http_acc_free(&a);
+  return msg;
+}
+
+static void expect_message(json_t *msg, const char *reasoning, const char *content) {
+  json_t *r = json_object_get(msg, "reasoning_content"), *c = json_object_get(msg, "content");
+  ck_assert_ptr_nonnull(r); /* the field is there with a parser, null or not */
+  if (reasoning) ck_assert_str_eq(json_string_value(r), reasoning);
+  else ck_assert(json_is_null(r));
+  if (content) ck_assert_str_eq(json_string_value(c), content);
+  else ck_assert(json_is_null(c));
+  json_decref(msg);
+}
+
+START_TEST(answers) {
+  expect_message(final_message(COORD_REASON_PARSER_QWEN3, "<think>abc</think>Hi"), "abc", "Hi");
+  expect_message(final_message(COORD_REASON_PARSER_QWEN3, "Hello"), NULL, "Hello");
+  expect_message(final_message(COORD_REASON_PARSER_QWEN3, "<think>abc</think>"), "abc", NULL);
+  expect_message(final_message(COORD_REASON_PARSER_DEEPSEEK_R1, "abc"), "abc", NULL);
+  expect_message(final_message(COORD_REASON_PARSER_DEEPSEEK_R1, "abc</think>d"), "abc", "d");
+  /* no parser: no field */
+  json_t *msg = final_message(COORD_REASON_PARSER_NONE, "<think>abc</think>Hi");
+  ck_assert_ptr_null(json_object_get(msg, "reasoning_content"));
+  ck_assert_str_eq(json_string_value(json_object_get(msg, "content")), "<think>abc</think>Hi");
+  json_decref(msg);
+}
+END_TEST
+
+/* The delta of one chunk (NULL: no chunk). */
+static json_t *chunk_delta(const char *content, const char *reasoning, bool first, bool last) {
+  coord_http_meta_t m = {.api = COORD_HTTP_API_CHAT, .id = "chatcmpl-1", .logprobs = -1,
+                         .reasoning = COORD_REASON_PARSER_QWEN3};
+  proto_event_t ev = {.text = (char *)content, .text_len = (uint32_t)strlen(content),
+                      .finish = last ? PROTO_FINISH_STOP : PROTO_FINISH_NONE, .stop_id = -1};
+  coord_http_think_t think = {.r = reasoning, .r_len = reasoning ? strlen(reasoning) : 0};
+  char *s = coord_http_chunk_sse(&m, &ev, first, 0, &think);
+  ck_assert_ptr_nonnull(s);
+  json_t *delta = NULL;
+  if (*s) {
+    ck_assert(!strncmp(s, "data: ", 6));
+    json_t *root = json_loads(s + 6, 0, NULL);
+    ck_assert_ptr_nonnull(root);
+    delta = json_incref(json_object_get(json_array_get(json_object_get(root, "choices"), 0), "delta"));
+    json_decref(root);
+  }
+  free(s);
+  return delta;
+}
+
+START_TEST(stream_deltas) {
+  json_t *d = chunk_delta("", "two plus", false, false);
+  ck_assert_str_eq(json_string_value(json_object_get(d, "reasoning_content")), "two plus");
+  ck_assert_ptr_null(json_object_get(d, "content"));
+  json_decref(d);
+  d = chunk_delta("The", " four", false, false); /* </think> inside the event: both */
+  ck_assert_str_eq(json_string_value(json_object_get(d, "reasoning_content")), " four");
+  ck_assert_str_eq(json_string_value(json_object_get(d, "content")), "The");
+  json_decref(d);
+  d = chunk_delta(" answer", NULL, false, false);
+  ck_assert_str_eq(json_string_value(json_object_get(d, "content")), " answer");
+  ck_assert_ptr_null(json_object_get(d, "reasoning_content"));
+  json_decref(d);
+  ck_assert_ptr_null(chunk_delta("", NULL, false, false)); /* a tag held back: no chunk */
+  d = chunk_delta("", NULL, true, false); /* the first chunk carries the role */
+  ck_assert_str_eq(json_string_value(json_object_get(d, "role")), "assistant");
+  json_decref(d);
+  d = chunk_delta("", NULL, false, true); /* the last one carries the finish */
+  ck_assert_ptr_nonnull(d);
+  json_decref(d);
+}
+END_TEST
+
 #include "tests/common/test_main.h"
 
 static Suite *reason_suite(void) {
@@ -124,6 +218,8 @@ static Suite *reason_suite(void) {
   tcase_add_test(tc, qwen3_without_thinking);
   tcase_add_test(tc, deepseek_r1_think_blocks);
   tcase_add_test(tc, names);
+  tcase_add_test(tc, answers);
+  tcase_add_test(tc, stream_deltas);
   suite_add_tcase(s, tc);
   return s;
 }

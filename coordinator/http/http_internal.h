@@ -85,6 +85,7 @@ typedef struct {
   char *guide_spec;                /* owned: the text behind sub.guide */
   const char *guide_param;         /* the field the guide came from (static) */
   bool thinking_off;               /* chat_template_kwargs.enable_thinking is false: no reasoning to parse */
+  bool hide_reasoning;             /* include_reasoning false (vLLM's): the think block is parsed, not sent */
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -161,6 +162,7 @@ typedef struct {
   const char *tool_name;             /* NAMED: the function */
   uint64_t tool_seed;                /* call ids */
   coord_reason_parser_t reasoning;   /* chat: the think block is split off as reasoning_content (else NONE) */
+  bool hide_reasoning;               /* ... and dropped (include_reasoning false) */
 } coord_http_meta_t;
 
 void coord_http_acc_init(coord_http_acc_t *a);

@@ -326,14 +326,14 @@ static uint32_t choice_index(const coord_http_choice_t *ch) { return ch->prompt 
 
 /* The event's text split by the reasoning parser: e's text becomes the
  * content, *think the reasoning (both borrowed from ch until its next
- * feed). Returns 0 or -ENOMEM. */
-static int job_think(coord_http_choice_t *ch, proto_event_t *e, coord_http_think_t *think) {
+ * feed; none when hidden). Returns 0 or -ENOMEM. */
+static int job_think(coord_http_choice_t *ch, proto_event_t *e, coord_http_think_t *think, bool hide) {
   size_t n = e->text ? (e->text_len ? e->text_len : strlen(e->text)) : 0;
   coord_reason_out_t *o = &ch->reason_out;
   if (coord_reason_stream_feed(&ch->reason, e->text ? e->text : "", n, e->finish != PROTO_FINISH_NONE, o))
     return fr_errorf(-ENOMEM, "out of memory");
   e->text = o->content ? o->content : "", e->text_len = (uint32_t)o->content_len;
-  think->r = o->reasoning, think->r_len = o->reasoning_len;
+  think->r = o->reasoning, think->r_len = hide ? 0 : o->reasoning_len;
   return 0;
 }
 
@@ -357,7 +357,7 @@ static int job_chunk_event(coord_http_job_t *j, coord_http_choice_t *ch, const p
     e.text = marked, e.text_len = (uint32_t)mn;
   coord_http_think_t think = {0}, *tp = NULL;
   int rc = 0;
-  if (j->meta.reasoning != COORD_REASON_PARSER_NONE) rc = job_think(ch, &e, &think), tp = &think;
+  if (j->meta.reasoning != COORD_REASON_PARSER_NONE) rc = job_think(ch, &e, &think, j->meta.hide_reasoning), tp = &think;
   if (!rc)
     rc = job_pend_take(j, job_tools_on(&j->meta) ? job_tool_chunks(j, ch, &e, first, choice_index(ch), tp)
                                                  : coord_http_chunk_sse(&j->meta, &e, first, choice_index(ch), tp));
@@ -647,6 +647,7 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   for (uint32_t i = 0; m->tool_parser != COORD_TOOL_PARSER_NONE && i < j->n_choices; i++)
     coord_tool_stream_init(&j->choices[i].tools, m->tool_parser, m->tool_seed ^ j->choices[i].id);
   m->reasoning = api == COORD_HTTP_API_CHAT && !j->req.thinking_off ? j->h->reasoning : COORD_REASON_PARSER_NONE;
+  m->hide_reasoning = j->req.hide_reasoning;
   for (uint32_t i = 0; m->reasoning != COORD_REASON_PARSER_NONE && i < j->n_choices; i++)
     coord_reason_stream_init(&j->choices[i].reason, m->reasoning);
 }

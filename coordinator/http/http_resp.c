@@ -336,7 +336,8 @@ static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_ac
   json_t *msg = NULL;
   if (!coord_reason_stream_feed(&st, a->text ? a->text : "", a->text_len, true, &o) &&
       (msg = resp_chat_content(m, o.content ? o.content : "", o.content_len, o.thought, index, called)))
-    json_object_set_new(msg, "reasoning_content", o.thought ? resp_text(o.reasoning, o.reasoning_len) : json_null());
+    json_object_set_new(msg, "reasoning_content",
+                        o.thought && !m->hide_reasoning ? resp_text(o.reasoning, o.reasoning_len) : json_null());
   coord_reason_out_free(&o);
   coord_reason_stream_free(&st);
   return msg;

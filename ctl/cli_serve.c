@@ -29,6 +29,7 @@ typedef struct {
   bool no_http;
   const char *tool_parser;  /* --tool-call-parser */
   bool auto_tools;          /* --enable-auto-tool-choice */
+  const char *reasoning;    /* --reasoning-parser */
 } serve_opts_t;
 
 static void serve_usage(FILE *f) {
@@ -74,6 +75,8 @@ static void serve_usage(FILE *f) {
           "                                model may call tools, its output is parsed (needs --tool-call-parser)\n"
           "  --tool-call-parser NAME       how tool calls look in the output: hermes (Qwen, Hermes: <tool_call>),\n"
           "                                llama3_json (Llama 3.x JSON), mistral ([TOOL_CALLS])\n"
+          "  --reasoning-parser NAME       chat answers put the model's think block in reasoning_content: qwen3\n"
+          "                                (<think>...</think>), deepseek_r1 (...</think>, <think> in the prompt)\n"
           "  --max-queue N                 waiting jobs before new ones get 429 (default 1024)\n"
           "  --step-stats FILE             write the coordinator's own time per step at exit (ns, items)\n"
           "  --restart-backoff-max MS      longest wait before restarting a worker that keeps dying (default 30000)\n"
@@ -98,7 +101,7 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -179,6 +182,13 @@ static int serve_opt(serve_opts_t *o, int c) {
     }
     o->tool_parser = optarg;
     return 0;
+  case O_REASONING:
+    if (strcmp(optarg, "qwen3") && strcmp(optarg, "deepseek_r1")) {
+      fprintf(stderr, "ferrumctl serve: --reasoning-parser is qwen3 or deepseek_r1, got '%s'\n", optarg);
+      return 2;
+    }
+    o->reasoning = optarg;
+    return 0;
   case 'h': serve_usage(stdout); return 1;
   default: serve_usage(stderr); return 2;
   }
@@ -223,6 +233,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"speculative-config", required_argument, 0, O_SPEC},
       {"enable-auto-tool-choice", no_argument, 0, O_AUTOTOOLS},
       {"tool-call-parser", required_argument, 0, O_TOOLPARSER},
+      {"reasoning-parser", required_argument, 0, O_REASONING},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
   memset(o, 0, sizeof *o);
@@ -271,7 +282,8 @@ static int serve_http_start(coord_t *c, const serve_opts_t *o, coord_metrics_t *
                             .metrics = m,
                             .tokenizer = coord_tokenizer(c),
                             .tool_call_parser = o->tool_parser,
-                            .enable_auto_tool_choice = o->auto_tools};
+                            .enable_auto_tool_choice = o->auto_tools,
+                            .reasoning_parser = o->reasoning};
   int rc = coord_http_start(out, &hc);
   if (rc) return rc;
   coord_set_hooks(c, serve_hook_ready, serve_hook_drain, *out);

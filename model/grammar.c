@@ -647,10 +647,20 @@ bool model_gstate_must_end(const model_grammar_t *g, const model_gstate_t *s) {
 
 /* Tokens in byte order with the prefix each shares with the one before,
  * so a walk reuses the state of the shared prefix (a trie walk without
- * the trie) and skips every token under a prefix that died. */
+ * the trie) and skips every token under a prefix that died. The records
+ * and the bytes are laid out in that order, so a walk reads them
+ * front to back. */
 typedef struct {
-  int32_t *ids;  /* (n) */
-  uint16_t *lcp; /* (n) bytes shared with the previous one */
+  int32_t id;
+  uint32_t off;      /* its bytes: bytes[off .. + len] */
+  uint16_t len, lcp; /* lcp: bytes shared with the previous one */
+  uint32_t up;       /* the first k' > k with lcp < this one's (n: none): every token in between shares lcp
+                      * bytes with this one, so a walk that skips a dead prefix jumps over them */
+} gtok_t;
+
+typedef struct {
+  gtok_t *tok; /* (n) */
+  char *bytes;
   uint32_t n;
 } gorder_t;
 
@@ -660,12 +670,24 @@ struct model_gvocab {
   char *bytes;
   uint8_t *eog;        /* (n_vocab) end-of-generation tokens */
   uint32_t *plain;     /* (words) tokens that are plain string content: no '"', '\\' or control byte, whole UTF-8 */
+  size_t n_plain;
   gorder_t all, other; /* every token; those not plain */
+  /* Inside a free string a token that is plain up to a '"' or '\\' (at a
+   * character boundary) is allowed when what follows from there is: the
+   * plain part leaves the state as it was (but for the character count).
+   * Those ends, each once, sorted; and the tokens of each. The other
+   * tokens that are not plain (a control byte, broken UTF-8) never are. */
+  gorder_t tails;      /* tok[k].id: the tail's index */
+  uint32_t *tail_first, *tail_ids; /* tokens of tail i: tail_ids[tail_first[i] .. tail_first[i + 1]) */
+  uint32_t n_tails;
+  int32_t *eog_ids;    /* (n_eog) */
+  uint32_t n_eog;
   uint32_t max_len;
 };
 
 struct model_gscratch {
-  model_gstate_t *st; /* (max_len + 1): the state after each prefix length of the token walked */
+  model_gstate_t *st;  /* (max_len + 1): the state after each prefix length of the token walked */
+  uint32_t *tail_mask; /* (n_tails + 31) / 32 words: the tails allowed */
 };
 
 /* A token's bytes, for sorting (qsort takes no context). */
@@ -681,13 +703,15 @@ static int g_key_cmp(const void *a, const void *b) {
   return c ? c : (x->len > y->len) - (x->len < y->len);
 }
 
-/* Plain string content: printable, no quote or backslash, whole UTF-8. */
+/* Plain string content: printable, no quote or backslash, UTF-8 from a
+ * character boundary (the last character may be cut: the string takes
+ * its first bytes and waits for the rest, as g_string does). */
 static bool g_plain(const unsigned char *b, uint32_t n) {
   for (uint32_t i = 0; i < n;) {
     unsigned c = b[i];
     if (c < 0x20 || c == '"' || c == '\\' || (c >= 0x80 && c < 0xC2) || c > 0xF4) return false;
     uint32_t k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
-    if (i + k >= n) return false; /* a sequence cut at the end */
+    if (i + k >= n) k = n - 1 - i; /* a sequence cut at the end */
     for (uint32_t j = 1; j <= k; j++)
       if (b[i + j] < 0x80 || b[i + j] >= 0xC0) return false;
     i += k + 1;
@@ -695,28 +719,48 @@ static bool g_plain(const unsigned char *b, uint32_t n) {
   return true;
 }
 
+/* The up links by a stack of the records still waiting for a smaller lcp. */
+static int g_order_up(gorder_t *o) {
+  uint32_t *stack = malloc(((size_t)o->n + 1) * sizeof *stack), top = 0;
+  if (!stack) return -ENOMEM;
+  for (uint32_t k = 0; k < o->n; k++) {
+    while (top && o->tok[stack[top - 1]].lcp > o->tok[k].lcp) o->tok[stack[--top]].up = k;
+    stack[top++] = k;
+  }
+  while (top) o->tok[stack[--top]].up = o->n;
+  free(stack);
+  return 0;
+}
+
+/* The records of the sorted keys, their bytes copied in that order. */
+static int g_order_fill(gorder_t *o, const gkey_t *keys, size_t total) {
+  if (!(o->tok = malloc(((size_t)o->n + 1) * sizeof *o->tok)) || !(o->bytes = malloc(total + 1))) return -ENOMEM;
+  size_t at = 0;
+  for (uint32_t k = 0; k < o->n; k++) {
+    const gkey_t *x = &keys[k];
+    uint32_t l = 0;
+    while (k && l < x->len && l < keys[k - 1].len && x->b[l] == keys[k - 1].b[l]) l++;
+    o->tok[k] = (gtok_t){.id = x->id, .off = (uint32_t)at, .len = (uint16_t)x->len, .lcp = (uint16_t)l};
+    memcpy(o->bytes + at, x->b, x->len);
+    at += x->len;
+  }
+  return g_order_up(o);
+}
+
 static int g_order(model_gvocab_t *v, gorder_t *o, bool other) {
-  o->ids = malloc((size_t)v->n_vocab * sizeof *o->ids);
-  o->lcp = malloc((size_t)v->n_vocab * sizeof *o->lcp);
-  if (!o->ids || !o->lcp) return -ENOMEM;
   gkey_t *keys = malloc((size_t)v->n_vocab * sizeof *keys);
   if (!keys) return -ENOMEM;
+  size_t total = 0;
   o->n = 0;
   for (int t = 0; t < v->n_vocab; t++)
-    if (v->len[t] && (!other || !(v->plain[t / 32] >> (t % 32) & 1)))
+    if (v->len[t] && (!other || !(v->plain[t / 32] >> (t % 32) & 1))) {
       keys[o->n++] = (gkey_t){.b = v->bytes + v->off[t], .len = v->len[t], .id = t};
-  qsort(keys, o->n, sizeof *keys, g_key_cmp);
-  for (uint32_t k = 0; k < o->n; k++) o->ids[k] = keys[k].id;
-  free(keys);
-  for (uint32_t k = 0; k < o->n; k++) {
-    uint32_t l = 0;
-    if (k) {
-      int32_t x = o->ids[k - 1], y = o->ids[k];
-      while (l < v->len[x] && l < v->len[y] && v->bytes[v->off[x] + l] == v->bytes[v->off[y] + l]) l++;
+      total += v->len[t];
     }
-    o->lcp[k] = (uint16_t)(l > UINT16_MAX ? UINT16_MAX : l);
-  }
-  return 0;
+  qsort(keys, o->n, sizeof *keys, g_key_cmp);
+  int rc = g_order_fill(o, keys, total);
+  free(keys);
+  return rc;
 }
 
 static int g_vocab_tokens(model_gvocab_t *v, const model_tokenizer_t *tok) {
@@ -742,6 +786,74 @@ static int g_vocab_tokens(model_gvocab_t *v, const model_tokenizer_t *tok) {
   return 0;
 }
 
+/* Where a token stops being plain string content: the offset of its
+ * first '"' or '\\' at a character boundary, or -1 when it has a byte a
+ * string never takes there first (a control byte, broken UTF-8). */
+static long g_plain_end(const unsigned char *b, uint32_t n) {
+  for (uint32_t i = 0; i < n;) {
+    unsigned c = b[i];
+    if (c == '"' || c == '\\') return (long)i;
+    if (c < 0x20 || (c >= 0x80 && c < 0xC2) || c > 0xF4) return -1;
+    uint32_t k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+    if (i + k >= n) k = n - 1 - i;
+    for (uint32_t j = 1; j <= k; j++)
+      if (b[i + j] < 0x80 || b[i + j] >= 0xC0) return -1;
+    i += k + 1;
+  }
+  return (long)n;
+}
+
+/* Distinct tails in order, each with its tokens (keys sorted). */
+static int g_tails_index(model_gvocab_t *v, gkey_t *keys, uint32_t n) {
+  uint32_t u = 0;
+  v->tail_first = malloc(((size_t)n + 1) * sizeof *v->tail_first);
+  v->tail_ids = malloc(((size_t)n + 1) * sizeof *v->tail_ids);
+  gkey_t *uniq = malloc(((size_t)n + 1) * sizeof *uniq);
+  if (!v->tail_first || !v->tail_ids || !uniq) {
+    free(uniq);
+    return -ENOMEM;
+  }
+  size_t total = 0;
+  for (uint32_t k = 0; k < n; k++) {
+    if (!k || g_key_cmp(&keys[k - 1], &keys[k])) {
+      v->tail_first[u] = k;
+      uniq[u] = (gkey_t){.b = keys[k].b, .len = keys[k].len, .id = (int32_t)u};
+      total += keys[k].len, u++;
+    }
+    v->tail_ids[k] = (uint32_t)keys[k].id;
+  }
+  v->tail_first[u] = n;
+  v->n_tails = v->tails.n = u;
+  int rc = g_order_fill(&v->tails, uniq, total);
+  free(uniq);
+  return rc;
+}
+
+static int g_tails(model_gvocab_t *v) {
+  gkey_t *keys = malloc(((size_t)v->other.n + 1) * sizeof *keys);
+  if (!keys) return -ENOMEM;
+  uint32_t n = 0;
+  for (uint32_t k = 0; k < v->other.n; k++) {
+    const gtok_t *t = &v->other.tok[k];
+    const char *b = v->other.bytes + t->off;
+    long at = g_plain_end((const unsigned char *)b, t->len);
+    if (at >= 0 && at < t->len) keys[n++] = (gkey_t){.b = b + at, .len = t->len - (uint32_t)at, .id = t->id};
+  }
+  qsort(keys, n, sizeof *keys, g_key_cmp);
+  int rc = g_tails_index(v, keys, n);
+  free(keys);
+  return rc;
+}
+
+/* The end-of-generation ids and the count of plain tokens. */
+static int g_vocab_counts(model_gvocab_t *v) {
+  if (!(v->eog_ids = malloc(((size_t)v->n_vocab + 1) * sizeof *v->eog_ids))) return -ENOMEM;
+  for (int t = 0; t < v->n_vocab; t++)
+    if (v->eog[t]) v->eog_ids[v->n_eog++] = t;
+  for (uint32_t w = 0; w < model_gvocab_words(v); w++) v->n_plain += (size_t)__builtin_popcount(v->plain[w]);
+  return 0;
+}
+
 int model_gvocab_create(model_gvocab_t **out, const model_tokenizer_t *tok, int n_vocab) {
   model_gvocab_t *v = calloc(1, sizeof *v);
   if (!v) return -ENOMEM;
@@ -751,7 +863,7 @@ int model_gvocab_create(model_gvocab_t **out, const model_tokenizer_t *tok, int 
   v->eog = calloc((size_t)n_vocab, 1);
   v->plain = calloc(model_gvocab_words(v), sizeof *v->plain);
   if (!v->off || !v->len || !v->eog || !v->plain || g_vocab_tokens(v, tok) || g_order(v, &v->all, false) ||
-      g_order(v, &v->other, true)) {
+      g_order(v, &v->other, true) || g_tails(v) || g_vocab_counts(v)) {
     model_gvocab_destroy(v);
     return -ENOMEM;
   }
@@ -762,7 +874,8 @@ int model_gvocab_create(model_gvocab_t **out, const model_tokenizer_t *tok, int 
 void model_gvocab_destroy(model_gvocab_t *v) {
   if (!v) return;
   free(v->off), free(v->len), free(v->bytes), free(v->eog), free(v->plain);
-  free(v->all.ids), free(v->all.lcp), free(v->other.ids), free(v->other.lcp);
+  free(v->all.tok), free(v->all.bytes), free(v->other.tok), free(v->other.bytes);
+  free(v->tails.tok), free(v->tails.bytes), free(v->tail_first), free(v->tail_ids), free(v->eog_ids);
   free(v);
 }
 
@@ -770,8 +883,9 @@ uint32_t model_gvocab_words(const model_gvocab_t *v) { return (uint32_t)((v->n_v
 
 int model_gscratch_create(model_gscratch_t **out, const model_gvocab_t *v) {
   model_gscratch_t *s = calloc(1, sizeof *s);
-  if (!s || !(s->st = malloc((v->max_len + 1) * sizeof *s->st))) {
-    free(s);
+  if (!s || !(s->st = malloc((v->max_len + 1) * sizeof *s->st)) ||
+      !(s->tail_mask = malloc(((v->n_tails + 31) / 32 + 1) * sizeof *s->tail_mask))) {
+    model_gscratch_destroy(s);
     return -ENOMEM;
   }
   *out = s;
@@ -781,38 +895,70 @@ int model_gscratch_create(model_gscratch_t **out, const model_gvocab_t *v) {
 void model_gscratch_destroy(model_gscratch_t *s) {
   if (!s) return;
   free(s->st);
+  free(s->tail_mask);
   free(s);
 }
 
 /* Inside a string whose length is not bounded, at a character boundary:
- * every plain token keeps the output valid whatever the stack holds. */
-static bool g_in_free_string(const model_grammar_t *g, const model_gstate_t *s) {
+ * every plain token keeps the output valid whatever the stack holds; when
+ * its minimum length is reached too (*min_met), a token's plain part
+ * changes nothing that matters. */
+static bool g_in_free_string(const model_grammar_t *g, const model_gstate_t *s, bool *min_met) {
   if (g->kind != MODEL_GRAMMAR_JSON || s->n != 1 || s->s[0].depth == 0) return false;
   const model_gframe_t *f = &s->s[0].f[s->s[0].depth - 1];
+  *min_met = f->node < 0 || f->a >= g->nodes[f->node].min;
   return f->kind == F_STR && f->st == S_N && f->b == 0 && (f->node < 0 || g->nodes[f->node].max == UINT32_MAX);
 }
 
-/* Walks the tokens of o from state s; sets the bits of those it may take. */
-static size_t g_walk(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, const gorder_t *o,
-                     uint32_t *mask, model_gstate_t *st) {
+
+/* The first token after k that does not begin with token k's first d
+ * bytes: the tokens that do follow k in order, so jumping up the lcp
+ * chain passes over each level of them at once. */
+static uint32_t g_skip(const gorder_t *o, uint32_t k, uint32_t d) {
+  uint32_t j = k + 1;
+  while (j < o->n && o->tok[j].lcp >= d) j = o->tok[j].up;
+  return j;
+}
+
+/* Walks the tokens of o from state s; sets the bits of those it may take.
+ * A prefix that dies skips every token under it. */
+static size_t g_walk(const model_grammar_t *g, const model_gstate_t *s, const gorder_t *o, uint32_t *mask,
+                     model_gstate_t *st) {
   size_t n = 0;
-  uint32_t have = 0, dead = UINT32_MAX; /* st[0..have] hold the walked prefix; a prefix of length dead died */
+  uint32_t have = 0; /* st[0..have] hold the walked prefix */
   g_copy(g, &st[0], s);
-  for (uint32_t k = 0; k < o->n; k++) {
-    int32_t t = o->ids[k];
-    uint32_t l = o->lcp[k];
-    if (dead != UINT32_MAX && l >= dead) continue; /* shares the prefix that died */
-    dead = UINT32_MAX;
-    if (l < have) have = l;
-    const char *b = v->bytes + v->off[t];
-    for (; have < v->len[t]; have++) {
+  for (uint32_t k = 0; k < o->n;) {
+    const gtok_t *t = &o->tok[k];
+    if (t->lcp < have) have = t->lcp;
+    const char *b = o->bytes + t->off;
+    bool alive = true;
+    for (; have < t->len; have++) {
       g_copy(g, &st[have + 1], &st[have]);
       if (!g_feed_byte(g, &st[have + 1], (unsigned char)b[have])) {
-        dead = have + 1;
+        alive = false;
         break;
       }
     }
-    if (dead == UINT32_MAX) mask[t / 32] |= 1u << (t % 32), n++;
+    if (alive) {
+      mask[t->id / 32] |= 1u << (t->id % 32), n++;
+      k++;
+    } else
+      k = g_skip(o, k, have + 1); /* every token that shares the prefix that died */
+  }
+  return n;
+}
+
+/* In a free string whose minimum is met: the tokens whose tail (from
+ * their first '"' or '\\') is allowed from s. */
+static size_t g_walk_tails(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, uint32_t *mask,
+                           model_gscratch_t *scratch) {
+  memset(scratch->tail_mask, 0, (v->n_tails + 31) / 32 * sizeof *scratch->tail_mask);
+  g_walk(g, s, &v->tails, scratch->tail_mask, scratch->st);
+  size_t n = 0;
+  for (uint32_t i = 0; i < v->n_tails; i++) {
+    if (!(scratch->tail_mask[i / 32] >> (i % 32) & 1)) continue;
+    for (uint32_t k = v->tail_first[i]; k < v->tail_first[i + 1]; k++, n++)
+      mask[v->tail_ids[k] / 32] |= 1u << (v->tail_ids[k] % 32);
   }
   return n;
 }
@@ -822,15 +968,15 @@ size_t model_grammar_mask(const model_grammar_t *g, const model_gstate_t *s, con
   uint32_t words = model_gvocab_words(v);
   memset(mask, 0, words * sizeof *mask);
   size_t n = 0;
+  bool min_met = false;
   if (s->n > 0 && !model_gstate_must_end(g, s)) {
-    if (g_in_free_string(g, s)) {
-      for (uint32_t w = 0; w < words; w++) mask[w] = v->plain[w], n += (size_t)__builtin_popcount(v->plain[w]);
-      n += g_walk(g, s, v, &v->other, mask, scratch->st);
+    if (g_in_free_string(g, s, &min_met)) {
+      memcpy(mask, v->plain, words * sizeof *mask);
+      n = v->n_plain + (min_met ? g_walk_tails(g, s, v, mask, scratch) : g_walk(g, s, &v->other, mask, scratch->st));
     } else
-      n = g_walk(g, s, v, &v->all, mask, scratch->st);
+      n = g_walk(g, s, &v->all, mask, scratch->st);
   }
   if (n == 0 || model_gstate_can_end(g, s))
-    for (int tok = 0; tok < v->n_vocab; tok++)
-      if (v->eog[tok]) mask[tok / 32] |= 1u << (tok % 32), n++;
+    for (uint32_t i = 0; i < v->n_eog; i++) mask[v->eog_ids[i] / 32] |= 1u << (v->eog_ids[i] % 32), n++;
   return n;
 }

@@ -25,9 +25,10 @@
  * most MODEL_GRAMMAR_MAX_FORKS deterministic stacks.
  *
  * The mask: model_gvocab_t holds every token's bytes once per tokenizer
- * (sorted, with shared prefix lengths, and which tokens are plain string
- * content); model_grammar_mask walks them from the state and allows the
- * end-of-generation tokens only where the output may end.
+ * (sorted, with shared prefix lengths and a link past each subtree, which
+ * tokens are plain string content, and the distinct tails of those that
+ * leave a string); model_grammar_mask walks them from the state and
+ * allows the end-of-generation tokens only where the output may end.
  *
  * Threads: grammars and vocabularies are immutable once built (share
  * them); a state belongs to one job.
@@ -107,13 +108,15 @@ int model_gscratch_create(model_gscratch_t **out, const model_gvocab_t *v);
 void model_gscratch_destroy(model_gscratch_t *s);
 
 /* Sets bit t of mask (model_gvocab_words words) for each token t allowed
- * in state s. Never allows nothing: a dead state (or one no token can
- * continue) allows the end-of-generation tokens. Tokens are walked in
- * byte order, each from the state of the prefix it shares with the one
- * before (a prefix that dies skips every token under it); inside a JSON
- * string with no length bound, the tokens that are plain string content
- * are allowed at once and only the others walked. Returns how many are
- * allowed. */
+ * in state s: exactly the tokens whose bytes model_gstate_feed takes.
+ * Never allows nothing: a dead state (or one no token can continue)
+ * allows the end-of-generation tokens. Tokens are walked in byte order,
+ * each from the state of the prefix it shares with the one before (a
+ * prefix that dies jumps past every token under it); inside a JSON string
+ * with no length bound, the tokens that are plain string content are
+ * allowed at once, and once the string's minimum length is met the others
+ * are decided by their tail from the first '"' or '\\' (each distinct
+ * tail walked once). Returns how many are allowed. */
 size_t model_grammar_mask(const model_grammar_t *g, const model_gstate_t *s, const model_gvocab_t *v, uint32_t *mask,
                           model_gscratch_t *scratch);
 

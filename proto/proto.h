@@ -39,9 +39,10 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 4     /* newest: submit's fork, truncation and guide (event's stop reason, readable by
-                             * older peers), speculative tokens (ns) and allowed-token masks (am) in step items,
-                             * several tokens per result item (xt) */
+#define PROTO_VERSION 5     /* newest: a guide that starts after a text (submit's gd.a); 4: submit's fork,
+                             * truncation and guide (event's stop reason, readable by older peers), speculative
+                             * tokens (ns) and allowed-token masks (am) in step items, several tokens per
+                             * result item (xt) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -391,6 +392,10 @@ typedef struct {
   proto_guide_kind_t kind; /* "k" required */
   char *spec;              /* "s" <= PROTO_MAX_TEXT */
   uint32_t spec_len;
+  char *after;             /* "a" (v5) <= PROTO_MAX_STR; NULL = none: the grammar holds from the first byte of
+                            * the output after this text (a reasoning model's "</think>"); until then the
+                            * output is free */
+  uint32_t after_len;
 } proto_guide_t;
 
 /* A job. Exactly one of prompt, tokens, messages is given. */

@@ -381,6 +381,7 @@ static const char *const guide_names[] = {NULL, "json", "regex"};
 static const proto_field_t f_guide[] = {
     FLD("k", PF_ENUM, PF_REQ, proto_guide_t, kind, 0, PROTO_GUIDE_COUNT, NULL, guide_names),
     FARR("s", PF_TEXT, 0, proto_guide_t, spec, spec_len, PROTO_MAX_TEXT),
+    FARR("a", PF_TEXT, 0, proto_guide_t, after, after_len, PROTO_MAX_STR),
 };
 SCHEMA(s_guide, "guide", proto_guide_t, f_guide, def_guide, NULL);
 
@@ -504,7 +505,7 @@ static const struct {
     [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
     [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},
     [PROTO_T_KV_READY] = {"kv_ready", &s_kv_ready, 2},
-    [PROTO_T_SUBMIT] = {"submit", &s_submit, 4},
+    [PROTO_T_SUBMIT] = {"submit", &s_submit, 5},
     [PROTO_T_EVENT] = {"event", &s_event, 1},
     [PROTO_T_CANCEL] = {"cancel", &s_cancel, 1},
     [PROTO_T_STATUS] = {"status", &s_status, 1},

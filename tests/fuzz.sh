@@ -69,6 +69,10 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
       printf '\3Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2.5e1]}}\n</tool_call>\n<tool_call>\n{"name": "f", "arguments": "{\\"x\\": 1}"}\n</tool_call>' >"$dst/hermes"
       printf '\1<|python_tag|>{"name": "a", "parameters": {"x": 1}}; {"name": "b", "arguments": {"y": [null, true]}}' >"$dst/llama3"
       printf '\5Sure.[TOOL_CALLS] [{"name": "get_current_weather", "arguments": {"location": "Paris, France"}}][TOOL_CALLS]get_time[ARGS]{"tz": "CET"}' >"$dst/mistral" ;;
+    fuzz_http_reason) # the first byte picks the piece size; then a thinking model's output
+      printf '\2<think>\nThe user asks 2 + 2.\n</think>\n\nIt is 4.' >"$dst/qwen3"
+      printf '\6Okay, so 2 + 2 is 4 </thinking> </think> The answer: 4. </think>' >"$dst/r1"
+      printf '\0<thi' >"$dst/cut" ;;
     fuzz_grammar) # the first byte: even a JSON schema, odd a regex; then the schema, a NUL, an output
       printf '\0{"type": "object", "properties": {"name": {"type": "string", "maxLength": 5}, "tags": {"type": "array", "items": {"enum": ["a", 3, null]}, "maxItems": 2}, "pet": {"anyOf": [{"type": "null"}, {"$ref": "#/$defs/P"}]}}, "required": ["name"], "$defs": {"P": {"type": "object", "properties": {"kind": {"const": "cat"}}}}}\0{"name": "Bo\\u00e9", "tags": [3, "a"], "pet": {"kind": "cat"}}' >"$dst/schema"
       printf '\0\0{"a": [1, -2.5e3, "x", true, false, null, {"b": {}}]}' >"$dst/object"

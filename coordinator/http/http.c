@@ -308,8 +308,12 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
     int32_t id = model_token_lookup(cfg->tokenizer, "[TOOL_CALLS]", 12);
     if (id >= 0 && model_token_is_control(cfg->tokenizer, id)) tools.marker = id;
   }
+  coord_reason_parser_t reasoning = COORD_REASON_PARSER_NONE;
+  if (cfg->reasoning_parser && coord_reason_parser_from_name(cfg->reasoning_parser, &reasoning))
+    return fr_errorf(-EINVAL, "HTTP: unknown reasoning parser '%s' (qwen3, deepseek_r1)", cfg->reasoning_parser);
   coord_http_t *h = fr_calloc(1, sizeof *h);
   h->tools = tools;
+  h->reasoning = reasoning;
   h->wake_fd = -1;
   h->zmq_ctx = cfg->zmq_ctx;
   h->rpc_endpoint = fr_strdup(cfg->rpc_endpoint);

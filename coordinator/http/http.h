@@ -79,6 +79,9 @@ typedef struct {
   bool enable_auto_tool_choice; /* vLLM's --enable-auto-tool-choice: tool_choice "auto" (the default
                                    with tools) parses the output for calls; without it such a request
                                    is a 400 naming the flag, as in vLLM */
+  const char *reasoning_parser; /* vLLM's --reasoning-parser: qwen3, deepseek_r1; NULL = none (chat
+                                   answers split the think block into reasoning_content; -EINVAL for
+                                   another name) */
 } coord_http_config_t;
 
 /* Starts listening, and raises the process's RLIMIT_NOFILE soft limit to

@@ -16,6 +16,7 @@
 #include <jansson.h>
 #include <pthread.h>
 
+#include "coordinator/http/http_reason.h"
 #include "coordinator/http/http_tools.h"
 #include "proto/proto.h"
 
@@ -85,6 +86,8 @@ typedef struct {
   const char *tool_name;           /* COORD_TOOL_CHOICE_NAMED: the function (in root) */
   char *guide_spec;                /* owned: the text behind sub.guide */
   const char *guide_param;         /* the field the guide came from (static) */
+  bool thinking_off;               /* chat_template_kwargs.enable_thinking is false: no reasoning to parse */
+  bool hide_reasoning;             /* include_reasoning false (vLLM's): the think block is parsed, not sent */
 } coord_http_req_t;
 
 /* Parses and validates a request body for api against the OpenAI / vLLM
@@ -160,6 +163,8 @@ typedef struct {
   coord_tool_choice_t tool_choice;   /* REQUIRED / NAMED: the (constrained) output is the calls */
   const char *tool_name;             /* NAMED: the function */
   uint64_t tool_seed;                /* call ids */
+  coord_reason_parser_t reasoning;   /* chat: the think block is split off as reasoning_content (else NONE) */
+  bool hide_reasoning;               /* ... and dropped (include_reasoning false) */
 } coord_http_meta_t;
 
 void coord_http_acc_init(coord_http_acc_t *a);
@@ -173,10 +178,21 @@ int coord_http_acc_text(coord_http_acc_t *a, const char *s, size_t n);
  * choices accs[0..n) with indexes 0..n-1, and usage u. */
 char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *const *accs, size_t n,
                             const proto_usage_t *u);
+/* The part of one event that is reasoning (m->reasoning): r_len bytes
+ * at r, sent as the delta's reasoning_content. */
+typedef struct {
+  const char *r;
+  size_t r_len;
+} coord_http_think_t;
+
 /* One SSE chunk for an event of choice index ("data: {...}\n\n"), as a
  * malloc'd string. first: this is the choice's first event (a chat chunk
- * then carries the role). */
-char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index);
+ * then carries the role). think: the event's reasoning (NULL: none); with
+ * m->reasoning the event's text is the content only, and an event with
+ * neither (a tag held back) that is not the first or last makes no chunk
+ * (an empty string). */
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index,
+                           const coord_http_think_t *think);
 /* The last chunk of a stream with include_usage: no choices, usage u. */
 char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u);
 /* The SSE chunks of one event of choice index of a stream whose output is
@@ -187,7 +203,8 @@ char *coord_http_usage_sse(const coord_http_meta_t *m, const proto_usage_t *u);
  * arguments, and the finish (tool_calls when any call was made, called:
  * before this event) on the last. */
 char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t *ev, bool first,
-                                 const coord_tool_out_t *out, uint32_t call0, bool called, uint32_t index);
+                                 const coord_tool_out_t *out, uint32_t call0, bool called, uint32_t index,
+                                 const coord_http_think_t *think);
 /* data: {"error": ...}\n\n for a stream that fails after it started. */
 char *coord_http_error_sse(const coord_http_err_t *e);
 /* /v1/embeddings' answer: {"object": "list", "data": [{"object":
@@ -243,6 +260,7 @@ struct coord_http {
   coord_metrics_t *metrics;
   const struct model_tokenizer *tok;
   coord_tool_cfg_t tools;      /* --tool-call-parser, --enable-auto-tool-choice */
+  coord_reason_parser_t reasoning; /* --reasoning-parser */
   int port;
   unsigned timeout_s;          /* MHD's idle timeout (not counted while a request waits: suspended) */
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */

@@ -47,6 +47,8 @@ struct coord_http_choice {
   uint32_t n_calls;            /* tool calls streamed so far */
   float *embd;                 /* (n_embd) an embeddings request: the vector its job returned (owned) */
   uint32_t n_embd;
+  coord_reason_stream_t reason; /* a stream's think block split off (meta.reasoning) */
+  coord_reason_out_t reason_out; /* what its last feed decided */
   bool finished, in_table;
 };
 
@@ -179,6 +181,8 @@ void coord_http__job_free(coord_http_job_t *j) {
     coord_tool_stream_free(&j->choices[i].tools);
     coord_tool_out_free(&j->choices[i].tool_out);
     free(j->choices[i].embd);
+    coord_reason_stream_free(&j->choices[i].reason);
+    coord_reason_out_free(&j->choices[i].reason_out);
   }
   for (uint32_t i = 0; j->echo && i < j->req.n_prompts; i++) free(j->echo[i]);
   free(j->echo);
@@ -294,20 +298,18 @@ static bool job_tools_on(const coord_http_meta_t *m) {
 }
 
 /* The chunks of choice ch's event of a stream whose output becomes tool
- * calls: a parsed one feeds the parser; a forced one (required, named)
- * gathers the text and turns it into the calls at the end. */
+ * calls (the event's text: with the parser's marker put back, and the
+ * content only when there is a think block): a parsed one feeds the
+ * parser; a forced one (required, named) gathers the text and turns it
+ * into the calls at the end. */
 static char *job_tool_chunks(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev, bool first,
-                             uint32_t index) {
+                             uint32_t index, const coord_http_think_t *think) {
   const coord_http_meta_t *m = &j->meta;
   size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0;
   bool last = ev->finish != PROTO_FINISH_NONE;
   int rc;
   if (m->tool_parser != COORD_TOOL_PARSER_NONE) {
-    size_t mn = 0;
-    char *marked = job_tool_marked(j, ev, n, &mn);
-    rc = coord_tool_stream_feed(&ch->tools, marked ? marked : ev->text ? ev->text : "", marked ? mn : n, last,
-                                &ch->tool_out);
-    free(marked);
+    rc = coord_tool_stream_feed(&ch->tools, ev->text ? ev->text : "", n, last, &ch->tool_out);
   } else {
     rc = coord_http_acc_text(&ch->acc, ev->text ? ev->text : "", n);
     coord_tool_out_free(&ch->tool_out);
@@ -316,7 +318,7 @@ static char *job_tool_chunks(coord_http_job_t *j, coord_http_choice_t *ch, const
                                    m->tool_seed ^ ch->id, &ch->tool_out);
   }
   if (rc) return NULL;
-  char *s = coord_http_chunk_sse_tools(m, ev, first, &ch->tool_out, ch->n_calls, ch->n_calls > 0, index);
+  char *s = coord_http_chunk_sse_tools(m, ev, first, &ch->tool_out, ch->n_calls, ch->n_calls > 0, index, think);
   ch->n_calls += (uint32_t)ch->tool_out.n_calls;
   return s;
 }
@@ -325,22 +327,45 @@ static char *job_tool_chunks(coord_http_job_t *j, coord_http_choice_t *ch, const
  * best_of == n). */
 static uint32_t choice_index(const coord_http_choice_t *ch) { return ch->prompt * ch->job->req.n + ch->seq; }
 
+/* The event's text split by the reasoning parser: e's text becomes the
+ * content, *think the reasoning (both borrowed from ch until its next
+ * feed; none when hidden). Returns 0 or -ENOMEM. */
+static int job_think(coord_http_choice_t *ch, proto_event_t *e, coord_http_think_t *think, bool hide) {
+  size_t n = e->text ? (e->text_len ? e->text_len : strlen(e->text)) : 0;
+  coord_reason_out_t *o = &ch->reason_out;
+  if (coord_reason_stream_feed(&ch->reason, e->text ? e->text : "", n, e->finish != PROTO_FINISH_NONE, o))
+    return fr_errorf(-ENOMEM, "out of memory");
+  e->text = o->content ? o->content : "", e->text_len = (uint32_t)o->content_len;
+  think->r = o->reasoning, think->r_len = hide ? 0 : o->reasoning_len;
+  return 0;
+}
+
 /* Appends the SSE chunk of choice ch's event ev (echo: the prompt's text in
- * front of its first). */
+ * front of its first; the tool parser's marker put back; the think block
+ * split off). */
 static int job_chunk_event(coord_http_job_t *j, coord_http_choice_t *ch, const proto_event_t *ev) {
   bool first = ch->n_events++ == 0;
   proto_event_t e = *ev;
-  char *joined = NULL;
+  char *joined = NULL, *marked = NULL;
+  size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0, mn = 0;
   if (first && j->echo) {
-    size_t n = ev->text ? (ev->text_len ? ev->text_len : strlen(ev->text)) : 0, el = j->echo_len[ch->prompt];
+    size_t el = j->echo_len[ch->prompt];
     joined = fr_malloc(el + n + 1);
     memcpy(joined, j->echo[ch->prompt], el);
     if (n) memcpy(joined + el, ev->text, n);
     e.text = joined, e.text_len = (uint32_t)(el + n);
   }
-  int rc = job_pend_take(j, job_tools_on(&j->meta) ? job_tool_chunks(j, ch, &e, first, choice_index(ch))
-                                                   : coord_http_chunk_sse(&j->meta, &e, first, choice_index(ch)));
+  if (j->meta.tool_parser != COORD_TOOL_PARSER_NONE &&
+      (marked = job_tool_marked(j, &e, e.text ? (e.text_len ? e.text_len : strlen(e.text)) : 0, &mn)))
+    e.text = marked, e.text_len = (uint32_t)mn;
+  coord_http_think_t think = {0}, *tp = NULL;
+  int rc = 0;
+  if (j->meta.reasoning != COORD_REASON_PARSER_NONE) rc = job_think(ch, &e, &think, j->meta.hide_reasoning), tp = &think;
+  if (!rc)
+    rc = job_pend_take(j, job_tools_on(&j->meta) ? job_tool_chunks(j, ch, &e, first, choice_index(ch), tp)
+                                                 : coord_http_chunk_sse(&j->meta, &e, first, choice_index(ch), tp));
   free(joined);
+  free(marked);
   return rc;
 }
 
@@ -656,6 +681,24 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   m->tool_seed = j->req.sub.id ^ fr_now_ns() ^ ((uint64_t)(uintptr_t)j << 17);
   for (uint32_t i = 0; m->tool_parser != COORD_TOOL_PARSER_NONE && i < j->n_choices; i++)
     coord_tool_stream_init(&j->choices[i].tools, m->tool_parser, m->tool_seed ^ j->choices[i].id);
+  m->reasoning = api == COORD_HTTP_API_CHAT && !j->req.thinking_off ? j->h->reasoning : COORD_REASON_PARSER_NONE;
+  m->hide_reasoning = j->req.hide_reasoning;
+  for (uint32_t i = 0; m->reasoning != COORD_REASON_PARSER_NONE && i < j->n_choices; i++)
+    coord_reason_stream_init(&j->choices[i].reason, m->reasoning);
+}
+
+/* With a reasoning parser the output's constraint (response_format,
+ * guided_*, a forced tool choice) holds for the answer after the think
+ * block, as vLLM starts the grammar when the reasoning ends: the guide
+ * starts after "</think>" (not when enable_thinking is false, whose
+ * prompt closed the think block). */
+static void job_guide_after_think(const struct coord_http *h, coord_http_req_t *r) {
+  static char close_tag[] = "</think>";
+  if (r->api != COORD_HTTP_API_CHAT || h->reasoning == COORD_REASON_PARSER_NONE || r->thinking_off ||
+      r->sub.guide.kind == PROTO_GUIDE_NONE)
+    return;
+  r->sub.guide.after = close_tag;
+  r->sub.guide.after_len = sizeof close_tag - 1;
 }
 
 /* Why no job is taken now (503), or NULL. */
@@ -764,6 +807,7 @@ int coord_http__job(struct coord_http *h, struct MHD_Connection *c, coord_http_a
     rc = coord_http__send_error(h, c, &e);
     goto out;
   }
+  job_guide_after_think(h, &j->req);
   if ((no = job_refusal(h))) {
     coord_http_err(&e, 503, NULL, "%s", no);
     rc = coord_http__send_error(h, c, &e);

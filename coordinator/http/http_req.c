@@ -354,6 +354,17 @@ static int req_msg_json(coord_http_req_t *r, json_t *m, json_t *orig, size_t i, 
   return 0;
 }
 
+/* A reasoning model's switches: chat_template_kwargs.enable_thinking false
+ * (Qwen3's: no think block to parse) and vLLM's include_reasoning. */
+static int req_reasoning(coord_http_req_t *r, coord_http_err_t *e) {
+  json_t *kw = req_get(r->root, "chat_template_kwargs");
+  r->thinking_off = json_is_object(kw) && json_is_false(json_object_get(kw, "enable_thinking"));
+  bool include = true;
+  if (req_bool(r->root, "include_reasoning", &include, e)) return -1;
+  r->hide_reasoning = !include;
+  return 0;
+}
+
 /* tools (a list) and chat_template_kwargs (an object) for the chat template. */
 static int req_template_vars(coord_http_req_t *r, coord_http_err_t *e) {
   json_t *tools = req_get(r->root, "tools"), *kw = req_get(r->root, "chat_template_kwargs");
@@ -399,7 +410,7 @@ static int req_messages(coord_http_req_t *r, coord_http_err_t *e) {
   r->sub.messages = r->messages;
   r->sub.n_messages = (uint32_t)n;
   if (coord_tool_req_parse(r->root, &r->tool_choice, &r->tool_name, e)) return -1;
-  return req_template_vars(r, e);
+  return req_template_vars(r, e) || req_reasoning(r, e) ? -1 : 0;
 }
 
 static int req_model(coord_http_req_t *r, const char *served, coord_http_err_t *e) {

@@ -273,15 +273,16 @@ static json_t *resp_tool_calls(const coord_tool_out_t *o) {
   return arr;
 }
 
-/* The output of a chat whose tool calls are parsed (or forced) split into
- * content and calls; 0 or -ENOMEM. */
-static int resp_tools_split(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, coord_tool_out_t *o) {
+/* The output (or its content after the think block) of a chat whose tool
+ * calls are parsed (or forced) split into content and calls; 0 or -ENOMEM. */
+static int resp_tools_split(const coord_http_meta_t *m, const char *text, size_t len, uint32_t index,
+                            coord_tool_out_t *o) {
   uint64_t seed = m->tool_seed ^ ((uint64_t)index * 0x9e3779b97f4a7c15ull); /* each choice's call ids */
   if (m->tool_choice == COORD_TOOL_CHOICE_REQUIRED || m->tool_choice == COORD_TOOL_CHOICE_NAMED)
-    return coord_tool_forced_calls(m->tool_choice, m->tool_name, a->text ? a->text : "", a->text_len, seed, o);
+    return coord_tool_forced_calls(m->tool_choice, m->tool_name, text, len, seed, o);
   coord_tool_stream_t st;
   coord_tool_stream_init(&st, m->tool_parser, seed);
-  int rc = coord_tool_stream_feed(&st, a->text ? a->text : "", a->text_len, true, o);
+  int rc = coord_tool_stream_feed(&st, text, len, true, o);
   coord_tool_stream_free(&st);
   return rc;
 }
@@ -300,20 +301,45 @@ static json_t *resp_tools_finish(const coord_http_meta_t *m, proto_finish_t f, b
   return resp_finish(f);
 }
 
-/* A chat answer's message: its text, or content and tool_calls (*called: some). */
-static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, bool *called) {
+/* A chat answer's message from its content text: the text, or content and
+ * tool_calls (*called: some); thought: a think block came before it (an
+ * empty content is then null, as vLLM answers). */
+static json_t *resp_chat_content(const coord_http_meta_t *m, const char *text, size_t len, bool thought,
+                                 uint32_t index, bool *called) {
   *called = false;
-  if (!resp_tools_on(m)) return json_pack("{s:s,s:o}", "role", "assistant", "content", resp_text(a->text, a->text_len));
+  if (!resp_tools_on(m))
+    return json_pack("{s:s,s:o}", "role", "assistant", "content",
+                     thought && !len ? json_null() : resp_text(text, len));
   coord_tool_out_t o;
   coord_tool_out_init(&o);
   json_t *msg = NULL;
-  if (!resp_tools_split(m, a, index, &o)) {
+  if (!resp_tools_split(m, text, len, index, &o)) {
     *called = o.n_calls > 0;
-    bool empty = o.content_len == 0 && (*called || m->tool_choice == COORD_TOOL_CHOICE_NAMED);
+    bool empty = o.content_len == 0 && (*called || thought || m->tool_choice == COORD_TOOL_CHOICE_NAMED);
     msg = json_pack("{s:s,s:o,s:o}", "role", "assistant", "content",
                     empty ? json_null() : resp_text(o.content, o.content_len), "tool_calls", resp_tool_calls(&o));
   }
   coord_tool_out_free(&o);
+  return msg;
+}
+
+/* A chat answer's message; with a reasoning parser its think block is
+ * reasoning_content (null when there is none) and the rest is read as
+ * the content. */
+static json_t *resp_chat_message(const coord_http_meta_t *m, const coord_http_acc_t *a, uint32_t index, bool *called) {
+  if (m->reasoning == COORD_REASON_PARSER_NONE)
+    return resp_chat_content(m, a->text ? a->text : "", a->text_len, false, index, called);
+  coord_reason_stream_t st;
+  coord_reason_out_t o;
+  coord_reason_stream_init(&st, m->reasoning);
+  coord_reason_out_init(&o);
+  json_t *msg = NULL;
+  if (!coord_reason_stream_feed(&st, a->text ? a->text : "", a->text_len, true, &o) &&
+      (msg = resp_chat_content(m, o.content ? o.content : "", o.content_len, o.thought, index, called)))
+    json_object_set_new(msg, "reasoning_content",
+                        o.thought && !m->hide_reasoning ? resp_text(o.reasoning, o.reasoning_len) : json_null());
+  coord_reason_out_free(&o);
+  coord_reason_stream_free(&st);
   return msg;
 }
 
@@ -344,10 +370,30 @@ char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *
   return resp_dump(j);
 }
 
+/* A chat chunk's delta: the content, and the reasoning when there is
+ * some (then the content only when there is some too, as vLLM's deltas
+ * carry only the fields they set). Takes text. */
+static json_t *resp_delta(json_t *text, bool role, const coord_http_think_t *think) {
+  json_t *delta = json_object();
+  if (!delta || !text) {
+    json_decref(text), json_decref(delta);
+    return NULL;
+  }
+  if (think && think->r_len) {
+    json_object_set_new(delta, "reasoning_content", resp_text(think->r, think->r_len));
+    if (json_string_length(text)) json_object_set(delta, "content", text);
+    json_decref(text);
+  } else
+    json_object_set_new(delta, "content", text);
+  if (role) json_object_set_new(delta, "role", json_string("assistant"));
+  return delta;
+}
+
 /* The choice of one streamed chunk: text (n bytes) as its content or
- * text, the event's logprobs, finish (consumed; NULL: the event's). */
+ * text, think's reasoning, the event's logprobs, finish (consumed; NULL:
+ * the event's). */
 static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t *ev, bool role, uint32_t index,
-                                 const char *t, size_t n, json_t *finish) {
+                                 const char *t, size_t n, json_t *finish, const coord_http_think_t *think) {
   json_t *lp = json_null();
   size_t off = 0;
   if (!finish) finish = resp_finish(ev->finish);
@@ -359,8 +405,7 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
   json_t *text = resp_text(t, n);
   json_t *why = resp_stop_reason(ev->stop_str, ev->finish == PROTO_FINISH_NONE ? -1 : ev->stop_id);
   if (m->api == COORD_HTTP_API_CHAT) {
-    json_t *delta = json_pack("{s:o}", "content", text);
-    if (role && delta) json_object_set_new(delta, "role", json_string("assistant"));
+    json_t *delta = resp_delta(text, role, think);
     return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "delta", delta, "logprobs", lp,
                      "finish_reason", finish, "stop_reason", why);
   }
@@ -392,11 +437,15 @@ static int resp_chunk_add(const coord_http_meta_t *m, char **out, size_t *len, j
   return resp_sse_add(out, len, j);
 }
 
-char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index) {
+char *coord_http_chunk_sse(const coord_http_meta_t *m, const proto_event_t *ev, bool first, uint32_t index,
+                           const coord_http_think_t *think) {
   char *out = NULL;
   size_t len = 0;
+  bool held = resp_ev_text_len(ev) == 0 && !(think && think->r_len) && !(m->logprobs >= 0 && ev->n_tokens);
+  if (m->reasoning != COORD_REASON_PARSER_NONE && held && !first && ev->finish == PROTO_FINISH_NONE)
+    return calloc(1, 1); /* a tag held back: nothing to send yet */
   json_t *choice = resp_chunk_choice(m, ev, first && m->api == COORD_HTTP_API_CHAT, index, ev->text,
-                                     resp_ev_text_len(ev), NULL);
+                                     resp_ev_text_len(ev), NULL, think);
   if (resp_chunk_add(m, &out, &len, choice)) {
     free(out);
     return NULL;
@@ -416,15 +465,16 @@ static json_t *resp_call_delta(const coord_tool_call_t *c, uint32_t call, bool h
 }
 
 char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t *ev, bool first,
-                                 const coord_tool_out_t *o, uint32_t call0, bool called, uint32_t index) {
+                                 const coord_tool_out_t *o, uint32_t call0, bool called, uint32_t index,
+                                 const coord_http_think_t *think) {
   char *out = NULL;
   size_t len = 0;
   bool last = ev->finish != PROTO_FINISH_NONE, any = called || o->n_calls;
   int rc = 0;
-  if (o->content_len || first || (last && !o->n_calls) || (m->logprobs >= 0 && ev->n_tokens))
+  if (o->content_len || first || (last && !o->n_calls) || (m->logprobs >= 0 && ev->n_tokens) || (think && think->r_len))
     rc = resp_chunk_add(m, &out, &len,
                         resp_chunk_choice(m, ev, first, index, o->content ? o->content : "", o->content_len,
-                                          o->n_calls ? json_null() : resp_tools_finish(m, ev->finish, any)));
+                                          o->n_calls ? json_null() : resp_tools_finish(m, ev->finish, any), think));
   for (size_t i = 0; !rc && i < o->n_calls; i++) {
     rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], call0 + (uint32_t)i, true, index));
     if (!rc) rc = resp_chunk_add(m, &out, &len, resp_call_delta(&o->calls[i], call0 + (uint32_t)i, false, index));

@@ -268,7 +268,7 @@ START_TEST(test_stream_deltas) {
   const char *t = "Hi <tool_call>{\"name\": \"f\", \"arguments\": {\"a\": 1}}</tool_call>";
   proto_event_t ev = {.text = (char *)t, .finish = PROTO_FINISH_STOP};
   ck_assert_int_eq(coord_tool_stream_feed(&st, t, strlen(t), true, &o), 0);
-  char *s = coord_http_chunk_sse_tools(&m, &ev, true, &o, 0, false, 0);
+  char *s = coord_http_chunk_sse_tools(&m, &ev, true, &o, 0, false, 0, NULL);
   ck_assert_ptr_nonnull(s);
   /* content first (with the role), then the head of the call, its arguments, the finish */
   const char *c = strstr(s, "\"content\":\"Hi\""), *h = strstr(s, "\"name\":\"f\""), *a = strstr(s, "\"arguments\":\"{\\\"a\\\": 1}\"");

@@ -447,6 +447,22 @@ START_TEST(ref_submit) {
   ck_assert_int_eq(msg.u.submit.tokens[1], 6);
   ck_assert(!msg.u.submit.stream);
   ck_assert_uint_eq(msg.u.submit.max_tokens, 0);
+  ck_assert_ptr_null(msg.u.submit.guide.after);
+
+  mp_init(&m); /* v5: a guide that starts after a text */
+  mp_msg(&m, "submit", 3);
+  mp_uint(&m, "id", 2);
+  mp_str(&m, "p", "x");
+  mp_key(&m, "gd");
+  msgpack_pack_map(&m.pk, 3);
+  mp_str(&m, "k", "regex");
+  mp_str(&m, "s", "[a-z]+");
+  mp_str(&m, "a", "</think>");
+  decode_ok(&m, PROTO_T_SUBMIT);
+  ck_assert_int_eq(msg.u.submit.guide.kind, PROTO_GUIDE_REGEX);
+  ck_assert_uint_eq(msg.u.submit.guide.spec_len, 6);
+  ck_assert_uint_eq(msg.u.submit.guide.after_len, 8);
+  ck_assert(!memcmp(msg.u.submit.guide.after, "</think>", 8));
 }
 END_TEST
 

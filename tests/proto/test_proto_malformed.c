@@ -528,7 +528,7 @@ START_TEST(type_versions) {
    * submit its fork and truncation, which an older coordinator must not skip, and steps and results the
    * proposed tokens of speculative decoding (ns), the allowed-token masks of constrained decoding (am) and the
    * several tokens per result item (xt); submit got its guide (an older coordinator would answer unconstrained) */
-  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 5); /* v5: the guide's start (gd.a) */
   ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* v4's stop reason is skipped by older clients */

@@ -200,7 +200,12 @@ START_TEST(masks_on_the_model_vocabulary) {
   model_grammar_t *any = json_g(NULL);
   check_mask_exact(any, "{\"k\": [1, {\"x\": \"y", tok, n_vocab);
   check_mask_exact(any, "{\"k\": -1", tok, n_vocab);
+  check_mask_exact(any, "{\"k\": \"ab", tok, n_vocab); /* a free string: plain tokens and tails */
   model_grammar_destroy(any);
+  model_grammar_t *min3 = json_g("{\"type\": \"array\", \"items\": {\"type\": \"string\", \"minLength\": 3}}");
+  check_mask_exact(min3, "[\"a", tok, n_vocab);    /* below the minimum: a closing quote depends on the count */
+  check_mask_exact(min3, "[\"abcd", tok, n_vocab); /* the minimum met */
+  model_grammar_destroy(min3);
   for (unsigned seed = 0; seed < 4; seed++) {
     bool ended;
     char *text = walk(g, tok, n_vocab, seed * 7919u, &ended);
@@ -226,6 +231,83 @@ START_TEST(masks_on_the_model_vocabulary) {
 }
 END_TEST
 
+/* The straightforward mask of state s: each token's bytes fed to a copy
+ * of it; the end-of-generation tokens where the output may end or
+ * nothing else may follow. Returns how many are allowed. */
+static size_t reference_mask(const model_grammar_t *g, const model_gstate_t *s, const model_tokenizer_t *tok,
+                             int n_vocab, uint32_t *mask) {
+  size_t n = 0;
+  memset(mask, 0, ((size_t)n_vocab + 31) / 32 * sizeof *mask);
+  bool open = s->n > 0 && !model_gstate_must_end(g, s);
+  for (int32_t t = 0; t < n_vocab && open; t++) {
+    size_t bl;
+    const char *b = model_token_bytes(tok, t, &bl);
+    if (model_token_is_eog(tok, t) || model_token_is_control(tok, t) || !b || !bl || bl > 1024) continue;
+    tmp = *s;
+    if (model_gstate_feed(g, &tmp, b, bl)) mask[t / 32] |= 1u << (t % 32), n++;
+  }
+  bool eos = n == 0 || model_gstate_can_end(g, s);
+  for (int32_t t = 0; t < n_vocab && eos; t++)
+    if (model_token_is_eog(tok, t)) mask[t / 32] |= 1u << (t % 32), n++;
+  return n;
+}
+
+/* Random walks through each grammar (a pseudo-random allowed token each
+ * step): in every state passed the fast mask (the sorted walk with its
+ * skips, the plain-string shortcut and the tails of the tokens that leave
+ * a string, strings below their minimum length) is the reference mask,
+ * bit for bit. */
+static void check_random_states(const model_grammar_t *g, const model_tokenizer_t *tok, int n_vocab, unsigned seed,
+                                 int steps) {
+  model_gvocab_t *v = NULL;
+  model_gscratch_t *scratch = NULL;
+  ck_assert_int_eq(model_gvocab_create(&v, tok, n_vocab), 0);
+  ck_assert_int_eq(model_gscratch_create(&scratch, v), 0);
+  uint32_t words = model_gvocab_words(v), *fast = calloc(words, 4), *ref = calloc(words, 4);
+  model_gstate_init(g, &st);
+  for (int step = 0; step < steps; step++) {
+    size_t nf = model_grammar_mask(g, &st, v, fast, scratch), nr = reference_mask(g, &st, tok, n_vocab, ref);
+    ck_assert_uint_eq(nf, nr);
+    for (uint32_t w = 0; w < words; w++)
+      ck_assert_msg(fast[w] == ref[w], "seed %u step %d: word %u: fast %08x reference %08x", seed, step, w, fast[w],
+                    ref[w]);
+    int32_t pick = -1;
+    size_t k = (seed = seed * 1103515245u + 12345u) % nr, seen = 0;
+    for (int32_t t = 0; t < n_vocab && pick < 0; t++)
+      if ((ref[t / 32] >> (t % 32) & 1) && seen++ == k) pick = t;
+    if (model_token_is_eog(tok, pick)) break;
+    size_t bl;
+    const char *b = model_token_bytes(tok, pick, &bl);
+    ck_assert(model_gstate_feed(g, &st, b, bl));
+  }
+  free(fast), free(ref);
+  model_gscratch_destroy(scratch);
+  model_gvocab_destroy(v);
+}
+
+START_TEST(fast_mask_is_the_reference_mask) {
+  const char *path = getenv("FERRUM_MODEL");
+  model_gguf_t *gg = NULL;
+  model_tokenizer_t *tok = path && access(path, R_OK) == 0 ? tt_open_gguf(path, &gg) : NULL;
+  if (!tok) return;
+  int n_vocab = model_vocab_size(tok);
+  const char *schema = "{\"type\": \"object\", \"properties\": {\"name\": {\"type\": \"string\"}, \"n\": "
+                       "{\"type\": \"number\"}, \"tags\": {\"type\": \"array\", \"items\": {\"type\": \"string\", "
+                       "\"maxLength\": 5}}, \"ok\": {\"anyOf\": [{\"type\": \"boolean\"}, {\"type\": \"null\"}]}}, "
+                       "\"required\": [\"name\", \"n\"]}";
+  const char *strings = "{\"type\": \"array\", \"items\": {\"type\": \"string\", \"minLength\": 3}}";
+  model_grammar_t *gs[4] = {json_g(schema), json_g(NULL), json_g(strings), NULL};
+  const char *re = "<think>[a-z ]{3,40}</think>[A-Za-z ,.]{3,60}";
+  ck_assert_int_eq(model_grammar_regex(&gs[3], re, strlen(re), NULL, 0), 0);
+  for (int i = 0; i < 4; i++) {
+    for (unsigned seed = 1; seed <= 2; seed++) check_random_states(gs[i], tok, n_vocab, seed * 2654435761u + i, 12);
+    model_grammar_destroy(gs[i]);
+  }
+  model_tokenizer_destroy(tok);
+  model_gguf_close(gg);
+}
+END_TEST
+
 #include "tests/common/test_main.h"
 
 static Suite *grammar_suite(void) {
@@ -237,6 +319,7 @@ static Suite *grammar_suite(void) {
   tcase_add_test(tc, json_schema_refused);
   tcase_add_test(tc, regex);
   tcase_add_test(tc, masks_on_the_model_vocabulary);
+  tcase_add_test(tc, fast_mask_is_the_reference_mask);
   suite_add_tcase(s, tc);
   return s;
 }

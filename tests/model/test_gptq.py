@@ -16,11 +16,15 @@ with groups 128 and 32) and their dequantized F32 twins. Then:
    rounding, about 1e-4; a wrong zero or scale moves them by 1e-1);
 3. broken files (a g_idx past the groups, misshaped qzeros or scales,
    bits 8, group size 16, F32 qweight, no quantization config) are refused
-   with a message naming the problem, never a crash.
+   with a message naming the problem, never a crash;
+4. tensor parallelism on the CPU (`ferrumctl serve --tensor-parallel-size
+   2`): a GPTQ model without act-order and an AWQ one generate what they
+   generate at size 1; an act-order model is refused by name.
 
-usage: test_gptq.py DUMP_WEIGHT RUN_MODEL SMOLLM2_GGUF WORK_DIR
+usage: test_gptq.py DUMP_WEIGHT RUN_MODEL FERRUMCTL SMOLLM2_GGUF WORK_DIR
 """
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -31,6 +35,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "golden"))
 import make_gptq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from local_serve import LocalServer  # noqa: E402
 
 PROMPTS = [[1, 50, 600, 7000, 123], [9, 8, 7], [31337, 2, 444, 12, 48000, 5, 77, 1000], [4242]]
 N_GREEDY = 32
@@ -154,8 +161,37 @@ def check_broken(run, good, tmp):
     return len(cases)
 
 
+# ---- tensor parallelism -----------------------------------------------------------
+
+def served_text(ferrumctl, model, tp):
+    s = LocalServer(ferrumctl, ["--model", str(model), "--tensor-parallel-size", str(tp), "--threads", "1",
+                                "--max-num-seqs", "4"], prefix="ferrum-gptq-")
+    try:
+        out = []
+        for prompt in ("Hello world, this is", "The quick brown fox"):
+            st, data = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0,
+                                                             "ignore_eos": True})
+            assert st == 200, (st, data)
+            out.append(json.loads(data)["choices"][0]["text"])
+        return out
+    finally:
+        s.stop()
+
+
+def check_tp(ferrumctl, work):
+    for name in ("gptq-g128-sym", "awq-g32"):
+        one, two = served_text(ferrumctl, work / name, 1), served_text(ferrumctl, work / name, 2)
+        assert one == two, f"{name}: tensor parallel 2 generated {two}, size 1 {one}"
+    d = tempfile.mkdtemp(prefix="ferrum-gptq-")
+    r = subprocess.run([ferrumctl, "serve", "--model", str(work / "gptq-g32-asym-act"), "--threads", "1", "--port", "0",
+                        "--tensor-parallel-size", "2"], env=dict(os.environ, XDG_RUNTIME_DIR=d), capture_output=True,
+                       text=True, timeout=120)
+    shutil.rmtree(d, ignore_errors=True)
+    assert r.returncode != 0 and "act-order (g_idx) weight cannot be split" in r.stderr, r.stderr[-2000:]
+
+
 def main():
-    dump, run, gguf, work = sys.argv[1], sys.argv[2], sys.argv[3], Path(sys.argv[4])
+    dump, run, ferrumctl, gguf, work = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], Path(sys.argv[5])
     subprocess.run([sys.executable, str(Path(make_gptq.__file__)), gguf, str(work)], check=True, timeout=600)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -166,6 +202,8 @@ def main():
                   f"twin's; logits within {err:.2g} (relative)")
         n = check_broken(run, work / "gptq-g32-asym-act", tmp)
         print(f"{n} broken files refused with clear errors")
+    check_tp(ferrumctl, work)
+    print("tensor parallel 2 = 1 for GPTQ and AWQ without act-order; act-order refused")
     print("PASS")
 
 

@@ -30,6 +30,11 @@ static void fill(uint8_t *p, size_t n, kern_type_t t) {
     }
     return;
   }
+  if (t == KERN_I4G) { /* f32 d and m */
+    const float d = 0.01f, m = -0.08f;
+    for (size_t b = 0; b + 24 <= n; b += 24) memcpy(p + b, &d, 4), memcpy(p + b + 4, &m, 4);
+    return;
+  }
   uint16_t h = fr_fp32_to_fp16(0.01f);
   int off = t == KERN_Q6_K ? 208 : 0;
   for (size_t b = 0; b + (size_t)tr->size <= n; b += (size_t)tr->size) {

@@ -62,6 +62,10 @@ static void inspect_config(const model_source_t *src) {
   static const char *scal[] = {"none", "linear", "llama3"};
   printf("model:        %s\n", src->path);
   printf("format:       %s\n", src->gguf ? "gguf" : "safetensors");
+  if (src->quant.method != MODEL_QUANT_NONE) /* docs/QUANTIZED.md */
+    printf("quantization: %s, %d bits, group size %d%s (I4G on the CPU)\n", model_quant_name(src->quant.method),
+           src->quant.bits, src->quant.group_size,
+           src->quant.method == MODEL_QUANT_GPTQ ? (src->quant.zeros_minus_1 ? ", v1 zeros" : ", v2 zeros") : "");
   if (c->name[0]) printf("name:         %s\n", c->name);
   printf("architecture: %s\n", c->arch_name);
   printf("layers:       %d\n", c->n_layers);

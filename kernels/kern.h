@@ -41,6 +41,11 @@ typedef struct kern_weight {
   size_t row_bytes; /* kern_row_bytes(type, cols) */
   void *data;       /* backend memory (CPU: may point into a mmap'd file) */
   void *priv;       /* backend-private (repacked copy, device handle), or NULL */
+  /* Host memory, or NULL (identity): the weight's columns are a permutation
+   * of the input's, column k multiplying x[perm[k]] (GPTQ act-order weights,
+   * stored with their groups contiguous). Only the CPU backend takes it:
+   * others refuse such weights (supports_type of KERN_I4G, model_load). */
+  const int32_t *perm;
 } kern_weight_t;
 
 /* Bytes [off, off + len) of an open file (weight_load_file). */

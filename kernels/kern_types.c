@@ -15,7 +15,7 @@ static const kern_type_traits_t kern__traits[KERN_TYPE_MAX] = {
     [KERN_Q8_0] = {"Q8_0", 32, 34, true},    [KERN_Q8_1] = {"Q8_1", 32, 36, true},
     [KERN_Q4_K] = {"Q4_K", 256, 144, true},  [KERN_Q5_K] = {"Q5_K", 256, 176, true},
     [KERN_Q6_K] = {"Q6_K", 256, 210, true},  [KERN_Q8_K] = {"Q8_K", 256, 292, true},
-    [KERN_BF16] = {"BF16", 1, 2, false},
+    [KERN_BF16] = {"BF16", 1, 2, false},     [KERN_I4G] = {"I4G", 32, 24, true},
 };
 
 const kern_type_traits_t *kern_type_traits(int type) {
@@ -150,6 +150,18 @@ static void kern__deq_q8_k(const uint8_t *b, float *y) {
   for (int j = 0; j < 256; j++) y[j] = d * (float)(int8_t)b[4 + j];
 }
 
+/* I4G {f32 d; f32 m; qs[16]}, nibbles as Q4_1. With m = -d * zero (GPTQ,
+ * AWQ) both products are exact in f32, so x = d * (q - zero) exactly. */
+static void kern__deq_i4g(const uint8_t *b, float *y) {
+  float d, m;
+  memcpy(&d, b, 4);
+  memcpy(&m, b + 4, 4);
+  for (int j = 0; j < 16; j++) {
+    y[j] = d * (float)(b[8 + j] & 15) + m;
+    y[j + 16] = d * (float)(b[8 + j] >> 4) + m;
+  }
+}
+
 static void kern__deq_block(int type, const uint8_t *b, float *y) {
   switch (type) {
   case KERN_Q4_0: kern__deq_q4(b, y, false); break;
@@ -162,6 +174,7 @@ static void kern__deq_block(int type, const uint8_t *b, float *y) {
   case KERN_Q5_K: kern__deq_qk(b, y, true); break;
   case KERN_Q6_K: kern__deq_q6_k(b, y); break;
   case KERN_Q8_K: kern__deq_q8_k(b, y); break;
+  case KERN_I4G: kern__deq_i4g(b, y); break;
   default: FR_ASSERT(!"unknown quantized type");
   }
 }

@@ -33,7 +33,12 @@ typedef enum {
   KERN_Q6_K = 14,
   KERN_Q8_K = 15, /* activation-side only */
   KERN_BF16 = 30,
-  KERN_TYPE_MAX = 31
+  /* Not a ggml type (GGUF files never carry it): the form GPTQ and AWQ
+   * int4 weights take in memory (model/quant.c, docs/QUANTIZED.md). 32
+   * elements: f32 d, f32 m, then 16 bytes of nibbles as Q4_1 (low nibble
+   * element j, high nibble element j + 16); x = d * q + m, m = -d * zero. */
+  KERN_I4G = 40,
+  KERN_TYPE_MAX = 41
 } kern_type_t;
 
 typedef struct {

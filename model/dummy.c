@@ -92,7 +92,7 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   /* per type: d from the spread of the quantized integers */
   float d = 0, dmin = 0;
   switch (t) {
-  case KERN_Q4_0: case KERN_Q4_1: d = target / 4.6f, dmin = -8 * d; break;
+  case KERN_Q4_0: case KERN_Q4_1: case KERN_I4G: d = target / 4.6f, dmin = -8 * d; break;
   case KERN_Q5_0: case KERN_Q5_1: d = target / 9.2f, dmin = -16 * d; break;
   case KERN_Q8_0: d = target / 73.9f; break;
   case KERN_Q4_K: d = target / (32 * 4.6f), dmin = 7.5f * d; break;
@@ -110,6 +110,7 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
     case KERN_F16: h = fr_fp32_to_fp16(v), memcpy(blk, &h, 2); break;
     case KERN_BF16: h = fr_fp32_to_bf16(v), memcpy(blk, &h, 2); break;
     case KERN_Q4_1: case KERN_Q5_1: memcpy(blk, &hd, 2), memcpy(blk + 2, &hm, 2); break;
+    case KERN_I4G: memcpy(blk, &d, 4), memcpy(blk + 4, &dmin, 4); break;
     case KERN_Q4_K: case KERN_Q5_K: memcpy(blk, &hd, 2), memcpy(blk + 2, &hm, 2); break;
     case KERN_Q6_K:
       memcpy(blk + 208, &hd, 2);

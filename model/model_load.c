@@ -129,8 +129,12 @@ static int model__part_tensor(model_t *m, const char *name, bool required, const
     return fr_errorf(FR_EFORMAT, "tensor %s has shape (%lld, %lld), expected (%lld, %lld)", name,
                      (long long)t->rows, (long long)t->cols, (long long)p->rows, (long long)p->cols);
   if (!m->be->ops->supports_type(m->be->ctx, t->type))
-    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: type %s is not supported by the %s backend", name,
-                     kern_type_traits(t->type) ? kern_type_traits(t->type)->name : "?", m->be->ops->name);
+    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: type %s is not supported by the %s backend%s", name,
+                     kern_type_traits(t->type) ? kern_type_traits(t->type)->name : "?", m->be->ops->name,
+                     t->type == KERN_I4G ? " (GPTQ/AWQ int4 weights run on the CPU backend only)" : "");
+  if (t->perm && p->nc != p->cols)
+    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: a GPTQ act-order (g_idx) weight cannot be split by input "
+                     "columns for tensor parallelism; run it with tensor parallel size 1", name);
   int blck = kern_type_traits(t->type)->blck;
   if (p->c0 % blck || p->nc % blck)
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: tensor parallelism would cut its %s blocks of %d at column %lld",
@@ -181,7 +185,8 @@ static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool
   const model_tensor_t *t;
   int rc = model__part_tensor(m, name, required, &p, &t);
   if (rc || !t) return rc;
-  *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc)};
+  *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc),
+                       .perm = t->perm};
   if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);
   if (p.nc == p.cols)
     return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
@@ -240,6 +245,12 @@ static void model__release_experts(model_t *m, model_layer_t *L) {
   L->exp_gate = L->exp_up = L->exp_down = NULL;
 }
 
+/* Whether two tensors take their inputs in the same order (GPTQ act-order). */
+static bool model__same_perm(const model_tensor_t *a, const model_tensor_t *b) {
+  if (!a->perm || !b->perm) return a->perm == b->perm;
+  return a->cols == b->cols && !memcmp(a->perm, b->perm, (size_t)a->cols * sizeof *a->perm);
+}
+
 /* Loads row ranges of tensors names[0..n) (same type and columns) as one
  * weight whose rows are theirs in order. Returns 1 when it fused, 0 when
  * the tensors do not allow it (the caller loads them one by one), or an
@@ -249,7 +260,9 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   int64_t total = 0;
   for (int i = 0; i < n; i++) {
     t[i] = model_source_tensor(m->src, names[i]);
-    if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != parts[i].rows || t[i]->cols != parts[i].cols) return 0;
+    if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != parts[i].rows || t[i]->cols != parts[i].cols ||
+        !model__same_perm(t[i], t[0]))
+      return 0;
     total += parts[i].nr;
   }
   if (!m->be->ops->supports_type(m->be->ctx, t[0]->type)) return 0;
@@ -257,7 +270,7 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   char label[256] = "";
   for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
     snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
-  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb};
+  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb, .perm = t[0]->perm};
   bool files = true;
   for (int i = 0; i < n; i++) files = files && model__file_reads(m, t[i]);
   if (files) {

@@ -96,6 +96,8 @@ static char *map_hf_name(const char *hf) {
 
 /* ---- tensor tables ---------------------------------------------------- */
 
+static bool has_suffix(const char *s, const char *suf);
+
 static int cmp_tensor(const void *a, const void *b) {
   return strcmp(((const model_tensor_t *)a)->name, ((const model_tensor_t *)b)->name);
 }
@@ -149,10 +151,41 @@ static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_na
   return hf_rows_cols(t, &m->rows, &m->cols);
 }
 
+/* A GPTQ/AWQ layer, hf the name of its qweight: one KERN_I4G tensor under
+ * the GGUF name of its ".weight", made in memory (quant.h). *used is false
+ * when the layer is not one the model runs. */
+static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *hf, bool *used) {
+  size_t n = strlen(hf) - strlen(".qweight");
+  char base[512], wname[520];
+  *used = false;
+  if (n >= sizeof base) return 0;
+  snprintf(base, sizeof base, "%.*s", (int)n, hf);
+  snprintf(wname, sizeof wname, "%s.weight", base);
+  char *name = map_hf_name(wname);
+  if (!name) return 0;
+  model_quant_weight_t q;
+  int rc = model_quant_repack(&s->quant, s->st, base, &q);
+  if (rc) {
+    free(name);
+    return rc;
+  }
+  *used = true;
+  *m = (model_tensor_t){.name = name, .type = KERN_I4G, .rows = q.rows, .cols = q.cols, .n_mats = 1,
+                        .data = q.data, .fd = -1, .perm = q.perm, .owned = q.data};
+  return 0;
+}
+
 static int tensors_from_st(model_source_t *s) {
   const model_st_t *st = s->st;
   s->tensors = fr_calloc(FR_MAX(st->n_tensors, 1), sizeof *s->tensors);
   for (size_t i = 0; i < st->n_tensors; i++) {
+    if (has_suffix(st->tensors[i].name, ".qweight")) {
+      bool used;
+      int rc = tensor_from_quant(s, &s->tensors[s->n_tensors], st->tensors[i].name, &used);
+      if (rc) return rc;
+      s->n_tensors += used;
+      continue;
+    }
     char *name = map_hf_name(st->tensors[i].name);
     if (!name) {
       FR_LOGD("model: skipping tensor %s (not used)", st->tensors[i].name);
@@ -389,6 +422,7 @@ static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
   int rc = path_exists(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
                                  : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
   free(cfg_path);
+  if (!rc && st_path) rc = model_quant_read(&s->quant, dir);
   if (!rc && st_path) rc = model_st_open(&s->st, st_path);
   if (!rc) rc = optional_file(dir, "tokenizer.json", &s->tokenizer_json);
   if (!rc) rc = optional_file(dir, "tokenizer_config.json", &s->tokenizer_config_json);
@@ -453,7 +487,11 @@ int model_source_open_config(model_source_t **out, const char *dir) {
 
 void model_source_close(model_source_t *s) {
   if (!s) return;
-  for (size_t i = 0; i < s->n_tensors; i++) free((char *)s->tensors[i].name);
+  for (size_t i = 0; i < s->n_tensors; i++) {
+    free((char *)s->tensors[i].name);
+    fr_free_aligned(s->tensors[i].owned);
+    free((void *)s->tensors[i].perm);
+  }
   free(s->tensors);
   model_gguf_close(s->gguf);
   model_st_close(s->st);

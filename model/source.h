@@ -14,6 +14,10 @@
  * (NORM) rope; HF weights and GGUF qwen2/qwen3 use rotate-half (NEOX).
  * source->rope_mode says which one the weights need, so no weights are
  * permuted at load.
+ *
+ * GPTQ/AWQ folders: each quantized layer X (X.qweight, X.qzeros, X.scales,
+ * X.g_idx) is one KERN_I4G tensor under X.weight's GGUF name, repacked in
+ * memory at open (quant.h); perm carries GPTQ act-order.
  */
 #pragma once
 
@@ -24,6 +28,7 @@
 #include "kernels/kern_types.h"
 #include "model/config.h"
 #include "model/gguf.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
 #ifdef __cplusplus
@@ -39,6 +44,8 @@ typedef struct {
   const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols) */
   int fd;            /* the same bytes at file_off of this open file (the source's); -1: none */
   uint64_t file_off;
+  const int32_t *perm; /* KERN_I4G from GPTQ act-order: input column of each column (kern_weight_t.perm), or NULL */
+  void *owned;         /* data when the source made it (GPTQ/AWQ repacked), freed on close; else NULL */
 } model_tensor_t;
 
 typedef struct model_source {
@@ -47,6 +54,7 @@ typedef struct model_source {
   kern_rope_mode_t rope_mode;
   model_gguf_t *gguf;       /* set for GGUF files */
   model_st_t *st;           /* set for HF folders */
+  model_quant_t quant;      /* HF: GPTQ/AWQ config (quant.h); method NONE for plain weights */
   char *tokenizer_json;     /* HF: path of tokenizer.json (owned), NULL if none */
   char *tokenizer_config_json; /* HF: path of tokenizer_config.json, NULL if none */
   size_t n_tensors;

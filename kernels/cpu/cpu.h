@@ -34,6 +34,11 @@ typedef struct { uint16_t d; int8_t qs[32]; } cpu_block_q8_0;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qs[128]; } cpu_block_q4_K;
 typedef struct { uint16_t d, dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } cpu_block_q5_K;
 typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; uint16_t d; } cpu_block_q6_K;
+/* I4G (GPTQ/AWQ int4 in memory, kern_types.h): f32 d and m, Q4_1's nibbles.
+ * Its vec_dot type is f32: activations are not rounded, so a model of I4G
+ * weights computes what its dequantized f32 twin computes, up to the order
+ * of float sums. */
+typedef struct { float d, m; uint8_t qs[16]; } cpu_block_i4g;
 /* Activation blocks. Q8_1: s = d * sum(qs). Q8_K: bsums = sums of 16 qs. */
 typedef struct { uint16_t d, s; int8_t qs[32]; } cpu_block_q8_1;
 typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } cpu_block_q8_K;
@@ -42,6 +47,7 @@ _Static_assert(sizeof(cpu_block_q4_0) == 18, "q4_0");
 _Static_assert(sizeof(cpu_block_q4_1) == 20, "q4_1");
 _Static_assert(sizeof(cpu_block_q5_0) == 22, "q5_0");
 _Static_assert(sizeof(cpu_block_q5_1) == 24, "q5_1");
+_Static_assert(sizeof(cpu_block_i4g) == 24, "i4g");
 _Static_assert(sizeof(cpu_block_q8_0) == 34, "q8_0");
 _Static_assert(sizeof(cpu_block_q8_1) == 36, "q8_1");
 _Static_assert(sizeof(cpu_block_q4_K) == 144, "q4_K");
@@ -129,6 +135,8 @@ typedef struct {
 
   void *qbuf; /* quantized activations for matmul */
   size_t qbuf_cap;
+  void *pbuf; /* matmul's activations in a weight's column order (kern_weight_t.perm) */
+  size_t pbuf_cap;
   uint64_t step_id; /* bumped by step_begin */
   float *rope_cs;   /* (n_tokens, n_rot) cos/sin table of rope */
   size_t rope_cap;

@@ -12,6 +12,7 @@ const cpu_isa_t cpu_isa_avx2 = {
             [KERN_BF16] = x86__vec_dot_bf16,
             [KERN_Q4_0] = x86__vec_dot_q4_0,
             [KERN_Q4_1] = x86__vec_dot_q4_1,
+            [KERN_I4G] = x86__vec_dot_i4g,
             [KERN_Q5_0] = x86__vec_dot_q5_0,
             [KERN_Q5_1] = x86__vec_dot_q5_1,
             [KERN_Q8_0] = x86__vec_dot_q8_0,
@@ -19,7 +20,8 @@ const cpu_isa_t cpu_isa_avx2 = {
             [KERN_Q5_K] = x86__vec_dot_q5_K,
             [KERN_Q6_K] = x86__vec_dot_q6_K,
         },
-    .vec_dot_x4 = {[KERN_Q4_1] = x86__vec_dot_x4_q4_1, [KERN_Q8_0] = x86__vec_dot_x4_q8_0},
+    .vec_dot_x4 = {[KERN_Q4_1] = x86__vec_dot_x4_q4_1, [KERN_Q8_0] = x86__vec_dot_x4_q8_0,
+                   [KERN_I4G] = x86__vec_dot_x4_i4g},
     .quantize =
         {
             [KERN_Q8_0] = x86__quantize_q8_0,

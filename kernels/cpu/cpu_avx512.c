@@ -129,6 +129,7 @@ const cpu_isa_t cpu_isa_avx512 = {
             [KERN_BF16] = x86__vec_dot_bf16,
             [KERN_Q4_0] = x512__vec_dot_q4_0,
             [KERN_Q4_1] = x512__vec_dot_q4_1,
+            [KERN_I4G] = x86__vec_dot_i4g,
             [KERN_Q5_0] = x86__vec_dot_q5_0,
             [KERN_Q5_1] = x86__vec_dot_q5_1,
             [KERN_Q8_0] = x512__vec_dot_q8_0,
@@ -136,10 +137,11 @@ const cpu_isa_t cpu_isa_avx512 = {
             [KERN_Q5_K] = x86__vec_dot_q5_K,
             [KERN_Q6_K] = x86__vec_dot_q6_K,
         },
-    /* No 4-row forms: the AVX2 ones sum in another order than the 2-block
-     * AVX-512 dots above, and a row must give the same result alone or in
-     * a batch (the engine relies on it; test_matmul_batch_invariant). */
-    .vec_dot_x4 = {0},
+    /* No 4-row forms but I4G's: the AVX2 ones sum in another order than the
+     * 2-block AVX-512 dots above, and a row must give the same result alone
+     * or in a batch (the engine relies on it; test_matmul_batch_invariant).
+     * I4G's single-row dot here is the AVX2 one, which its 4-row form matches. */
+    .vec_dot_x4 = {[KERN_I4G] = x86__vec_dot_x4_i4g},
     .quantize =
         {
             [KERN_Q8_0] = x86__quantize_q8_0,

@@ -87,10 +87,24 @@ static int cpu__mm_check(const cpu_ctx_t *ctx, const kern_weight_t *w, const ker
   return 0;
 }
 
+/* x (n, cols) gathered into the weight's column order: pbuf[j][k] = x[j][perm[k]]. */
+static const float *cpu__mm_permute(cpu_ctx_t *ctx, const kern_weight_t *w, const float *x, int n) {
+  const size_t cols = (size_t)w->cols;
+  cpu__scratch_reserve(&ctx->pbuf, &ctx->pbuf_cap, cols * (size_t)n * sizeof(float));
+  float *p = ctx->pbuf;
+  for (int j = 0; j < n; j++) {
+    const float *xr = x + (size_t)j * cols;
+    float *o = p + (size_t)j * cols;
+    for (size_t k = 0; k < cols; k++) o[k] = xr[w->perm[k]];
+  }
+  return p;
+}
+
 int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n) {
   cpu_ctx_t *ctx = vctx;
   int rc = cpu__mm_check(ctx, w, bias, n);
   if (rc || n == 0) return rc;
+  if (w->perm) x = cpu__mm_permute(ctx, w, x, n);
   cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n};
   job.dot = ctx->isa->vec_dot[w->type];
   job.dot_x4 = ctx->isa->vec_dot_x4[w->type];

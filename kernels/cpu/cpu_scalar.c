@@ -109,6 +109,22 @@ static void cpu__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
   *s = sum + summs;
 }
 
+/* I4G against f32 activations: per block d * sum(q x) + m * sum(x). */
+static void cpu__vec_dot_i4g(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_i4g *x = vw;
+  const float *y = va;
+  float sum = 0.0f;
+  for (int i = 0; i < n / CPU_QK; i++, y += CPU_QK) {
+    float sq = 0.0f, sx = 0.0f;
+    for (int j = 0; j < 16; j++) {
+      sq += (float)(x[i].qs[j] & 15) * y[j] + (float)(x[i].qs[j] >> 4) * y[j + 16];
+      sx += y[j] + y[j + 16];
+    }
+    sum += x[i].d * sq + x[i].m * sx;
+  }
+  *s = sum;
+}
+
 static uint32_t cpu__qh(const uint8_t *qh) {
   uint32_t v;
   memcpy(&v, qh, 4);
@@ -310,6 +326,7 @@ const cpu_isa_t cpu_isa_scalar = {
             [KERN_BF16] = cpu__vec_dot_bf16,
             [KERN_Q4_0] = cpu__vec_dot_q4_0,
             [KERN_Q4_1] = cpu__vec_dot_q4_1,
+            [KERN_I4G] = cpu__vec_dot_i4g,
             [KERN_Q5_0] = cpu__vec_dot_q5_0,
             [KERN_Q5_1] = cpu__vec_dot_q5_1,
             [KERN_Q8_0] = cpu__vec_dot_q8_0,

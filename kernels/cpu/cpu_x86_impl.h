@@ -143,6 +143,65 @@ static inline void x86__vec_dot_q4_1(int n, float *s, const void *vw, const void
   *s = x86__hsum_f32_8(acc) + _mm_cvtss_f32(summs);
 }
 
+/* I4G (f32 activations): the block's 32 nibbles as 4 vectors of 8 floats
+ * (elements 0-7, 8-15, 16-23, 24-31). */
+static inline void x86__i4g_unpack(const uint8_t *qs, __m256 q[4]) {
+  const __m128i b = _mm_loadu_si128((const __m128i *)qs), m = _mm_set1_epi8(15);
+  const __m128i lo = _mm_and_si128(b, m), hi = _mm_and_si128(_mm_srli_epi16(b, 4), m);
+  q[0] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
+  q[1] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
+  q[2] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
+  q[3] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
+}
+
+/* acc += d * sum(q y), accm += m * sum(y) over one block of y. */
+#define X86__I4G_ROW(y, acc, accm)                                                                  \
+  do {                                                                                              \
+    const __m256 v0 = _mm256_loadu_ps(y), v1 = _mm256_loadu_ps(y + 8), v2 = _mm256_loadu_ps(y + 16), \
+                 v3 = _mm256_loadu_ps(y + 24);                                                      \
+    __m256 sq = _mm256_mul_ps(q[0], v0);                                                            \
+    sq = _mm256_fmadd_ps(q[1], v1, sq);                                                             \
+    sq = _mm256_fmadd_ps(q[2], v2, sq);                                                             \
+    sq = _mm256_fmadd_ps(q[3], v3, sq);                                                             \
+    const __m256 sx = _mm256_add_ps(_mm256_add_ps(v0, v1), _mm256_add_ps(v2, v3));                  \
+    acc = _mm256_fmadd_ps(d, sq, acc);                                                              \
+    accm = _mm256_fmadd_ps(m, sx, accm);                                                            \
+  } while (0)
+
+static inline void x86__vec_dot_i4g(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_i4g *x = vw;
+  const float *y = va;
+  __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps(), q[4];
+  for (int i = 0; i < n / CPU_QK; i++, y += CPU_QK) {
+    const __m256 d = _mm256_set1_ps(x[i].d), m = _mm256_set1_ps(x[i].m);
+    x86__i4g_unpack(x[i].qs, q);
+    X86__I4G_ROW(y, acc, accm);
+  }
+  *s = x86__hsum_f32_8(_mm256_add_ps(acc, accm));
+}
+
+/* Prefill form: the block is unpacked once for 4 activation rows. */
+static inline void x86__vec_dot_x4_i4g(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_i4g *x = vw;
+  const float *p0 = va, *p1 = (const float *)((const uint8_t *)va + a_stride),
+              *p2 = (const float *)((const uint8_t *)va + 2 * a_stride),
+              *p3 = (const float *)((const uint8_t *)va + 3 * a_stride);
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, m0 = a0, m1 = a0, m2 = a0, m3 = a0, q[4];
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const __m256 d = _mm256_set1_ps(x[i].d), m = _mm256_set1_ps(x[i].m);
+    const int o = i * CPU_QK;
+    x86__i4g_unpack(x[i].qs, q);
+    X86__I4G_ROW(p0 + o, a0, m0);
+    X86__I4G_ROW(p1 + o, a1, m1);
+    X86__I4G_ROW(p2 + o, a2, m2);
+    X86__I4G_ROW(p3 + o, a3, m3);
+  }
+  s[0] = x86__hsum_f32_8(_mm256_add_ps(a0, m0));
+  s[1] = x86__hsum_f32_8(_mm256_add_ps(a1, m1));
+  s[2] = x86__hsum_f32_8(_mm256_add_ps(a2, m2));
+  s[3] = x86__hsum_f32_8(_mm256_add_ps(a3, m3));
+}
+
 /* Prefill forms: one weight row against 4 activation rows (a, a + a_stride,
  * ...). The weight block is unpacked once; each row's sums and float
  * operations are those of the single-row kernel, so results are identical. */

@@ -1,13 +1,39 @@
 /* fuzz_safetensors.c - libFuzzer target: model_st_open_memory on arbitrary
- * bytes, then every tensor's first and last byte is read. */
+ * bytes, then every tensor's first and last byte is read, and every
+ * "X.qweight" is repacked as a GPTQ (v1 and v2) and an AWQ layer of group
+ * size 32 (model/quant.h), whose output is read whole. */
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
 
+#include "common/fr_util.h"
+#include "kernels/kern_types.h"
+#include "model/quant.h"
 #include "model/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static volatile uint64_t sink;
+
+static void repack(const model_st_t *st, const char *qweight) {
+  static const model_quant_t cfgs[] = {{MODEL_QUANT_GPTQ, 4, 32, true}, {MODEL_QUANT_GPTQ, 4, -1, false},
+                                       {MODEL_QUANT_AWQ, 4, 32, false}};
+  char base[256];
+  size_t n = strlen(qweight) - strlen(".qweight");
+  if (n >= sizeof base) return;
+  memcpy(base, qweight, n);
+  base[n] = 0;
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    model_quant_weight_t w;
+    if (model_quant_repack(&cfgs[c], st, base, &w) != 0) continue;
+    const size_t bytes = kern_row_bytes(KERN_I4G, w.cols) * (size_t)w.rows;
+    for (size_t i = 0; i < bytes; i++) sink += w.data[i];
+    for (int64_t k = 0; w.perm && k < w.cols; k++) sink += (uint64_t)w.perm[k];
+    fr_free_aligned(w.data);
+    free(w.perm);
+  }
+}
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   model_st_t *st;
@@ -17,6 +43,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     const uint8_t *p = t->data;
     if (t->bytes) sink += p[0] + p[t->bytes - 1];
     sink += (uint64_t)t->n_dims + (model_st_tensor(st, t->name) == t);
+    size_t len = strlen(t->name);
+    if (len > 8 && !strcmp(t->name + len - 8, ".qweight")) repack(st, t->name);
   }
   model_st_close(st);
   return 0;

@@ -292,6 +292,31 @@ def write_st_all(out):
             f.write(data[m["name"]])
 
 
+def write_st_gptq(out):
+    """A seed for fuzz_safetensors' GPTQ/AWQ repacking: one GPTQ layer (64
+    inputs, 16 outputs, 2 groups of 32, act-order g_idx) and one AWQ layer
+    of the same sizes, with valid values."""
+    g_idx = np.repeat(np.arange(2, dtype=np.int32), 32)
+    RNG.shuffle(g_idx)
+    arrays = {"gptq.qweight": ("I32", RNG.integers(-2**31, 2**31, (8, 16)).astype(np.int32)),
+              "gptq.qzeros": ("I32", RNG.integers(-2**31, 2**31, (2, 2)).astype(np.int32)),
+              "gptq.scales": ("F16", (0.01 + RNG.random((2, 16))).astype(np.float16)),
+              "gptq.g_idx": ("I32", g_idx),
+              "awq.qweight": ("I32", RNG.integers(-2**31, 2**31, (64, 2)).astype(np.int32)),
+              "awq.qzeros": ("I32", RNG.integers(-2**31, 2**31, (2, 2)).astype(np.int32)),
+              "awq.scales": ("F16", (0.01 + RNG.random((2, 16))).astype(np.float16))}
+    header, blobs, at = {}, [], 0
+    for name, (dtype, a) in arrays.items():
+        b = a.tobytes()
+        header[name] = {"dtype": dtype, "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        at += len(b)
+        blobs.append(b)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * ((8 - len(h) % 8) % 8)
+    with open(os.path.join(out, "st_gptq.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+
+
 def hf_tensors(c, dtype, tied, bias, qk_norm, hd, moe=None):
     """moe: a TINY_MOE-like dict plus "dense", the layers that keep a dense MLP."""
     d, q, kv, f, v = c["dim"], c["heads"] * hd, c["kv"] * hd, c["ffn"], c["vocab"]
@@ -371,6 +396,7 @@ def main():
     write_gguf_model(out, "qwen3moe", tied=True, qk_norm=True, head_dim=32, moe=TINY_MOE,
                      bad_up_experts=3, fname="tiny_qwen3moe_bad_experts.gguf")
     write_st_all(out)
+    write_st_gptq(out)
     write_hf_folder(out, "hf_llama", "LlamaForCausalLM", tied=False,
                     extra={"rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                                             "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}})

@@ -328,6 +328,18 @@ START_TEST(test_file_too_short) {
 }
 END_TEST
 
+/* GPTQ/AWQ int4 rows (KERN_I4G) are CPU-only: the CUDA backend says so and
+ * refuses them (model_load then fails naming the tensor, docs/QUANTIZED.md). */
+START_TEST(test_i4g_refused) {
+  ck_assert(!gpu->ops->supports_type(gpu->ctx, KERN_I4G));
+  uint8_t *host = calloc(64, 24);
+  kern_weight_t w = {.type = KERN_I4G, .rows = 64, .cols = 32, .row_bytes = kern_row_bytes(KERN_I4G, 32)};
+  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, host), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(w.data);
+  free(host);
+}
+END_TEST
+
 static Suite *weights_suite(void) {
   Suite *s = suite_create("cuda_weights");
   TCase *tc = tcase_create("weights");
@@ -340,6 +352,7 @@ static Suite *weights_suite(void) {
   tcase_add_loop_test(tc, test_files_shapes, 0, (int)FR_ARRAY_SIZE(k_shapes));
   tcase_add_test(tc, test_files_many);
   tcase_add_test(tc, test_file_too_short);
+  tcase_add_test(tc, test_i4g_refused);
   suite_add_tcase(s, tc);
   return s;
 }

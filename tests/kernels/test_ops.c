@@ -87,6 +87,7 @@ static uint8_t *random_weight(kern_type_t t, int rows, int cols) {
     float d = (float)(0.02 + 0.1 * rnd_unit()), m = (float)(0.05 * rnd_f());
     switch (t) {
     case KERN_Q4_1: case KERN_Q5_1: set_f16(blk, d); set_f16(blk + 2, m); break;
+    case KERN_I4G: memcpy(blk, &d, 4); memcpy(blk + 4, &m, 4); break;
     case KERN_Q4_K: case KERN_Q5_K: set_f16(blk, d * 0.05f); set_f16(blk + 2, m * 0.05f); break;
     case KERN_Q6_K: set_f16(blk + 208, d * 0.05f); break;
     default: set_f16(blk, rnd_unit() < 0.5 ? d : -d); break; /* Q4_0 Q5_0 Q8_0 */
@@ -122,7 +123,7 @@ static const struct {
   double max_err; /* normalized error bound */
 } kMm[] = {{KERN_F32, 1e-6},  {KERN_F16, 1e-6},  {KERN_BF16, 1e-6}, {KERN_Q4_0, 0.02}, {KERN_Q4_1, 0.02},
            {KERN_Q5_0, 0.02}, {KERN_Q5_1, 0.02}, {KERN_Q8_0, 0.02}, {KERN_Q4_K, 0.02}, {KERN_Q5_K, 0.02},
-           {KERN_Q6_K, 0.02}};
+           {KERN_Q6_K, 0.02}, {KERN_I4G, 1e-5}}; /* I4G dots f32 activations: no rounding of x */
 
 static void check_matmul(kern_backend_t *b, kern_type_t t, double max_err, int rows, int cols, int n, bool bias) {
   uint8_t *wd = random_weight(t, rows, cols);
@@ -212,6 +213,42 @@ START_TEST(test_matmul_batch_invariant) {
     }
     free(wd), free(x);
   }
+  kern_backend_destroy(b);
+}
+END_TEST
+
+/* A weight with an input permutation (GPTQ act-order): column k multiplies
+ * x[perm[k]], as the reference computes it, on every path. */
+START_TEST(test_matmul_perm) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  const int rows = 40, cols = 256, n = 6;
+  int32_t perm[256];
+  for (int k = 0; k < cols; k++) perm[k] = k;
+  for (int k = cols - 1; k > 0; k--) { /* Fisher-Yates */
+    int j = (int)(rnd_u64() % (uint64_t)(k + 1)), t = perm[k];
+    perm[k] = perm[j], perm[j] = t;
+  }
+  uint8_t *wd = random_weight(KERN_I4G, rows, cols);
+  float *x = rnd_vec((size_t)n * cols), out[40 * 6], wf[256];
+  kern_weight_t w;
+  load_weight(b, &w, KERN_I4G, rows, cols, wd);
+  w.perm = perm;
+  double ref[40 * 6];
+  for (int r = 0; r < rows; r++) {
+    kern_dequantize_row(KERN_I4G, wd + (size_t)r * w.row_bytes, wf, cols);
+    for (int j = 0; j < n; j++) {
+      double s = 0;
+      for (int k = 0; k < cols; k++) s += (double)wf[k] * x[(size_t)j * cols + (size_t)perm[k]];
+      ref[j * rows + r] = s;
+    }
+  }
+  ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, NULL, x, n), 0);
+  double e = nerr(out, ref, (size_t)rows * n);
+  ck_assert_msg(e < 1e-5, "permuted I4G matmul: normalized error %g", e);
+  w.perm = NULL;
+  b->ops->weight_release(b->ctx, &w);
+  free(wd), free(x);
   kern_backend_destroy(b);
 }
 END_TEST
@@ -792,6 +829,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_matmul, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_paths_agree, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_batch_invariant, 0, N_CFG);
+  tcase_add_loop_test(tc, test_matmul_perm, 0, N_CFG);
   tcase_add_test(tc, test_matmul_errors);
   tcase_add_loop_test(tc, test_norms, 0, N_CFG);
   tcase_add_loop_test(tc, test_elementwise, 0, N_CFG);

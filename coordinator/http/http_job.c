@@ -401,6 +401,10 @@ static int job_acc_add(coord_http_job_t *j, coord_http_choice_t *ch, const proto
   char *marked = j->meta.tool_parser != COORD_TOOL_PARSER_NONE ? job_tool_marked(j, ev, n, &mn) : NULL;
   proto_event_t e = *ev;
   if (marked) e.text = marked, e.text_len = (uint32_t)mn;
+  if (j->meta.no_output) { /* max_tokens 0: the one token generated is not part of the answer */
+    e.text = NULL, e.text_len = 0, e.n_tokens = e.n_logprobs = e.n_top = 0;
+    e.usage.completion_tokens = 0;
+  }
   int rc = coord_http_acc_add(&ch->acc, &j->meta, &e);
   free(marked);
   return rc;
@@ -613,6 +617,9 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   m->created = (long long)time(NULL);
   m->model = j->h->model;
   m->logprobs = j->req.logprobs;
+  m->prompt_logprobs = j->req.prompt_logprobs;
+  m->echo = j->req.echo;
+  m->no_output = j->req.no_output;
   m->include_usage = j->req.include_usage;
   m->tok = j->h->tok;
   m->tool_choice = j->req.tool_choice;

@@ -62,7 +62,7 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
   int rows = j->plp_want && !j->plp_sent && s->n_spec == 0 ? FR_MIN(s->n, j->n_prompt - 1 - s->pos) : 0;
   it->n_plp = (uint32_t)FR_MAX(rows, 0);
   it->plp_top = it->n_plp ? j->plp_k : 0;
-  it->next = rows == s->n ? j->tok[s->pos + s->n] : -1;
+  it->next = rows == s->n ? j->tok[s->pos + s->n] : 0;
 }
 
 /* A result item's prompt logprob rows into the job, by target position. */

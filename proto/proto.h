@@ -252,9 +252,9 @@ typedef struct {
   uint32_t *mask;      /* (n_mask) */
   /* prompt logprobs (v5): row i < n_plp gives the log-softmax of the token after tokens[i] (tokens[i + 1],
    * or next for the last one) and its rank, plus the top plp_top alternatives */
-  uint32_t n_plp;      /* "pp" default 0, <= n_tokens (== n_tokens only with next >= 0) */
+  uint32_t n_plp;      /* "pp" default 0, <= n_tokens */
   int32_t plp_top;     /* "pk" default 0, <= PROTO_MAX_TOPN */
-  int32_t next;        /* "nx" default -1: the prompt token after this chunk (non-final items) */
+  int32_t next;        /* "nx" default 0: with n_plp == n_tokens, the prompt token after this chunk (>= 0) */
 } proto_step_item_t;
 
 typedef struct {

@@ -84,12 +84,12 @@ static int check_step_item(const void *body) {
   if (it->n_spec > PROTO_MAX_SPEC || it->n_spec >= it->n_tokens || (it->n_spec && !it->final))
     return fr_errorf(FR_EPROTO, "%u proposed tokens in a %s item of %u tokens (at most %u, fewer than the item's)",
                      it->n_spec, it->final ? "final" : "non-final", it->n_tokens, PROTO_MAX_SPEC);
-  if (it->n_plp > it->n_tokens || (it->n_plp == it->n_tokens && it->next < 0) || it->next < -1)
+  if (it->n_plp > it->n_tokens || (it->n_plp == it->n_tokens && it->next < 0))
     return fr_errorf(FR_EPROTO, "%u prompt logprob rows in an item of %u tokens (next token %d)", it->n_plp,
                      it->n_tokens, it->next);
   if (it->plp_top < 0 || it->plp_top > (int32_t)PROTO_MAX_TOPN || (it->plp_top && !it->n_plp))
     return fr_errorf(FR_EPROTO, "prompt top logprobs %d not in [0, %u] or without rows", it->plp_top, PROTO_MAX_TOPN);
-  if ((it->n_plp || it->next >= 0) && it->n_spec)
+  if (it->n_plp && it->n_spec)
     return fr_errorf(FR_EPROTO, "prompt logprobs in an item with proposed tokens");
   return 0;
 }
@@ -159,7 +159,7 @@ static const proto_load_t def_load = {.tp_size = 1, .kv_min_blocks = 1};
 static const proto_loaded_t def_loaded;
 static const proto_kv_init_t def_kv_init;
 static const proto_kv_ready_t def_kv_ready;
-static const proto_step_item_t def_step_item = {.final = true, .sp = SAMPLING_DEFAULTS, .next = -1};
+static const proto_step_item_t def_step_item = {.final = true, .sp = SAMPLING_DEFAULTS};
 static const proto_copy_t def_copy;
 static const proto_table_t def_table;
 static const proto_step_t def_step;

@@ -211,7 +211,7 @@ END_TEST
 
 /* Optional nil means absent: the default. */
 START_TEST(nil_is_absent) {
-  static const uint8_t step[] = {0x84, 0xa1, 'v', 0x04, 0xa1, 't', 0xa4, 's', 't', 'e', 'p', 0xa2, 'i', 'd', 0x05,
+  static const uint8_t step[] = {0x84, 0xa1, 'v', 0x05, 0xa1, 't', 0xa4, 's', 't', 'e', 'p', 0xa2, 'i', 'd', 0x05,
                                  0xa2, 'e', 'p', 0xc0}; /* "ep": nil is required -> error */
   ck_assert_int_eq(proto_msg_decode(&msg, step, sizeof step, PROTO_ACCEPT_ANY), FR_EPROTO);
   static const uint8_t hb[] = {0x84, 0xa1, 'v', 0x01, 0xa1, 't', 0xa2, 'h', 'b', 0xa1, 'r', 0xc0, 0xa3, 's', 'e', 'q', 0x07};

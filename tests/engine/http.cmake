@@ -16,7 +16,9 @@
 # formats, whole and in pieces), test_http_tool_calls.py (tool calls with
 # the real model and the openai client: parsed, streamed, forced),
 # test_http_structured.py (structured output with the real model:
-# json_schema answers validated by jsonschema).
+# json_schema answers validated by jsonschema), test_http_prompt_logprobs.py
+# (prompt logprobs and echo with logprobs against llama.cpp's on the same
+# GGUF, chunked prefill, the prefix cache, skip_special_tokens false).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -45,3 +47,4 @@ ferrum_http_py(test_http_choices 600)
 ferrum_http_py(test_http_spec 600)
 ferrum_http_py(test_http_tool_calls 300)
 ferrum_http_py(test_http_structured 600)
+ferrum_http_py(test_http_prompt_logprobs 300)

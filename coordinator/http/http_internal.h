@@ -278,6 +278,8 @@ int coord_http__send_json(struct coord_http *h, struct MHD_Connection *c, int st
 /* http_tokenize.c: POST /tokenize and /detokenize (vLLM's). */
 int coord_http__tokenize(struct coord_http *h, struct MHD_Connection *c, const char *body, size_t len);
 int coord_http__detokenize(struct coord_http *h, struct MHD_Connection *c, const char *body, size_t len);
+/* GET /tokenizer_info: the special tokens, the chat template, the context. */
+int coord_http__tokenizer_info(struct coord_http *h, struct MHD_Connection *c);
 
 /* Runs the loop thread: zmq_poll over the RPC DEALER, MHD's epoll
  * descriptor and the wake eventfd; MHD_run; every tick (100 ms) the jobs'

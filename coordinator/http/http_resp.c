@@ -427,7 +427,9 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
   json_t *lp = json_null();
   size_t off = 0;
   if (!finish) finish = resp_finish(ev->finish);
-  if (m->logprobs >= 0 && ev->n_tokens && (lp = resp_lp_new(m->api)) && resp_lp_add(lp, m, ev, &off)) {
+  bool echo_lp = ev->has_plp && m->echo && m->api != COORD_HTTP_API_CHAT; /* the prompt's tokens first */
+  if (m->logprobs >= 0 && (ev->n_tokens || echo_lp) && (lp = resp_lp_new(m->api)) &&
+      ((echo_lp && resp_plp_echo(lp, m, &ev->plp, &off)) || resp_lp_add(lp, m, ev, &off))) {
     json_decref(lp);
     json_decref(finish);
     return NULL;
@@ -440,8 +442,11 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
     return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "delta", delta, "logprobs", lp,
                      "finish_reason", finish, "stop_reason", why);
   }
-  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
-                   finish, "stop_reason", why);
+  json_t *c = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp,
+                        "finish_reason", finish, "stop_reason", why);
+  if (c && ev->has_plp && m->prompt_logprobs >= 0) /* vLLM: in the choice's first chunk */
+    json_object_set_new(c, "prompt_logprobs", resp_plp_vllm(m, &ev->plp));
+  return c;
 }
 
 /* Appends "data: <json>\n\n" of j (consumed) to *out. */

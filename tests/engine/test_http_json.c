@@ -198,7 +198,6 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[\"a\",[1,\"x\"]]}", 400, "prompt"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"truncate_prompt_tokens\":0}", 400, "truncate_prompt_tokens"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[1,2,3],\"truncate_prompt_tokens\":\"2\"}", 400, "truncate_prompt_tokens"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":0,\"stream\":true}", 400, "echo"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens"}, /* 0 only with echo */
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0,\"echo\":true,\"stream\":true}", 400,
        "max_tokens"},
@@ -256,7 +255,8 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":21}", 400, "prompt_logprobs"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":-1}", 400, "prompt_logprobs"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":1,\"stream\":true}", 400, "prompt_logprobs"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt_logprobs\":1,\"stream\":true}", 400,
+       "prompt_logprobs"}, /* not streamed for chat yet */
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\",\"minProperties\":1}}", 400,
        "guided_json"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":0}", 400, "skip_special_tokens"},

@@ -7,6 +7,7 @@ model through the official openai client:
   on the same GGUF (llama-cpp-python, logits_all: the log-softmax of row
   i - 1 at token i) within LP_TOL nats per token and LP_MEAN_TOL on
   average;
+- a completions stream carries them in each choice's first chunk;
 - completions echo with logprobs (OpenAI's legacy form, what
   lm-evaluation-harness sends for log-likelihoods): the prompt's tokens
   first in tokens / token_logprobs (first null) / top_logprobs /
@@ -199,16 +200,38 @@ class PromptLogprobs(unittest.TestCase):
 
     def test_bad_values(self):
         cases = [({"prompt_logprobs": 21}, "prompt_logprobs"), ({"prompt_logprobs": -1}, "prompt_logprobs"),
-                 ({"prompt_logprobs": "x"}, "prompt_logprobs"), ({"prompt_logprobs": 1, "stream": True}, "prompt_logprobs"),
+                 ({"prompt_logprobs": "x"}, "prompt_logprobs"),
                  ({"max_tokens": 0}, "max_tokens"), ({"max_tokens": 0, "echo": True, "stream": True}, "max_tokens"),
                  ({"skip_special_tokens": "no"}, "skip_special_tokens")]
         for extra, field in cases:
             st, r = srv.json("POST", "/v1/completions", dict({"model": NAME, "prompt": "Hi"}, **extra))
             self.assertEqual(st, 400, (extra, r))
             self.assertEqual(r["error"]["param"], field, (extra, r))
-        st, r = srv.json("POST", "/v1/chat/completions", {"model": NAME, "max_tokens": 0,
-                                                           "messages": [{"role": "user", "content": "Hi"}]})
+        chat = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}]}
+        st, r = srv.json("POST", "/v1/chat/completions", dict(chat, max_tokens=0))
         self.assertEqual((st, r["error"]["param"]), (400, "max_tokens"), r)
+        st, r = srv.json("POST", "/v1/chat/completions", dict(chat, prompt_logprobs=1, stream=True))
+        self.assertEqual((st, r["error"]["param"]), (400, "prompt_logprobs"), r)  # not streamed for chat yet
+
+    def test_stream(self):
+        """A completions stream: prompt_logprobs and the echoed prompt's logprobs in each choice's first chunk."""
+        c = srv.openai()
+        p = PROMPTS[1]
+        ids = tokenize(p)
+        plp = complete_plp(srv, p, k=1)["choices"][0]["prompt_logprobs"]
+        chunks = list(c.completions.create(model=NAME, prompt=p, max_tokens=3, temperature=0, echo=True, logprobs=1,
+                                           stream=True, extra_body={"prompt_logprobs": 1}))
+        first = chunks[0].choices[0]
+        self.assertEqual(first.model_extra["prompt_logprobs"], plp)
+        self.assertTrue(first.text.startswith(p))
+        self.assertEqual(first.logprobs.token_logprobs[1:len(ids)], plp_values(plp, ids))
+        self.assertIsNone(first.logprobs.token_logprobs[0])
+        self.assertTrue(all("prompt_logprobs" not in (ch.choices[0].model_extra or {}) for ch in chunks[1:] if ch.choices))
+        text = "".join(ch.choices[0].text for ch in chunks if ch.choices)
+        n_lp = sum(len(ch.choices[0].logprobs.tokens) for ch in chunks if ch.choices and ch.choices[0].logprobs)
+        self.assertEqual(n_lp, len(ids) + 3)
+        once = c.completions.create(model=NAME, prompt=p, max_tokens=3, temperature=0, echo=True)
+        self.assertEqual(text, once.choices[0].text)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 /* http_unsupported.c - the OpenAI request fields ferrum does not act on
  * yet. A client that sends one with a value that would change the answer
- * (legacy functions, guided_grammar, ...) gets a 400
- * naming it rather than a 200 whose output ignored it; the value that
- * means "off" (null, an empty list or object, "none", {"type": "text"})
- * passes. Fields that change nothing
- * about the output (user, safety_identifier, metadata, store, service_tier,
+ * (legacy functions, guided_grammar, ...) gets a 400 naming it rather
+ * than a 200 whose output ignored it; the value that means "off" (null, an
+ * empty list or object, "none", {"type": "text"}) passes. Fields that
+ * change nothing about the output (user, safety_identifier, metadata, store, service_tier,
  * parallel_tool_calls, prompt_cache_key and the other prompt cache hints)
  * are accepted, as vLLM accepts them. tests/engine/test_http_choices.py
  * checks every field of the openai client's request types against this.

@@ -13,6 +13,8 @@ model through the official openai client:
   first in tokens / token_logprobs (first null) / top_logprobs /
   text_offset, then the generated ones; max_tokens 0 with echo gives the
   prompt alone;
+- tensor parallelism (TP = 2, the vocabulary split over the ranks) gives
+  TP = 1's values within TP_TOL;
 - chunked prefill (--max-num-batched-tokens 16: the prompt spans many
   steps) and a prompt of more rows than one logits pass holds
   (--max-num-seqs 8) give the same values as one chunk; a prompt already
@@ -42,6 +44,10 @@ LP_MEAN_TOL = 0.1
 # the same engine, chunked or not: only the summation order of attention
 # over chunks differs
 CHUNK_TOL = 0.02
+# tensor parallelism sums partial products in another order, and with
+# quantized weights a rounding of the int8 activations can move: test_tp.py's
+# tolerance for SmolLM2 (measured here: 0.25 nats at most)
+TP_TOL = 0.5
 PROMPTS = [
     "The capital of France is Paris, and the capital of Germany is Berlin.",
     "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
@@ -184,6 +190,20 @@ class PromptLogprobs(unittest.TestCase):
         worst = max(abs(a - b) for a, b in zip(got, one))
         print("chunked (16 tokens a step, 8 rows a pass) vs one chunk: %d tokens, max |diff| %.5f" % (len(ids), worst))
         self.assertLessEqual(worst, CHUNK_TOL)
+
+    def test_tensor_parallel(self):
+        """TP = 2 (the vocabulary split over the ranks, gathered on rank 0), chunked: TP = 1's values."""
+        p = PROMPTS[2]
+        ids = tokenize(p)
+        one = plp_values(complete_plp(srv, p)["choices"][0]["prompt_logprobs"], ids)
+        tp = LocalServer(FERRUMCTL, SERVE + ["--tensor-parallel-size", "2", "--max-num-batched-tokens", "16"])
+        try:
+            got = plp_values(complete_plp(tp, p)["choices"][0]["prompt_logprobs"], ids)
+        finally:
+            tp.stop()
+        worst = max(abs(a - b) for a, b in zip(got, one))
+        print("TP=2 vs TP=1: %d tokens, max |diff| %.4f nats" % (len(ids), worst))
+        self.assertLessEqual(worst, TP_TOL)
 
     def test_keep_special_tokens(self):
         """skip_special_tokens false: a special token generated stays in the text."""

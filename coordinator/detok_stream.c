@@ -113,13 +113,20 @@ static void coord__event_fill(coord_t *c, coord_job_t *j, proto_event_t *e, size
       e->top = j->top + (size_t)from * (size_t)j->top_n;
     }
   }
+  if (j->plp && !j->plp_sent) { /* the job's first event: its prompt's logprobs (tokens 1.. have them) */
+    uint32_t np = (uint32_t)j->n_prompt, n_lp = np ? np - 1 : 0;
+    e->has_plp = true;
+    e->plp = (proto_prompt_lp_t){.n_tokens = np, .tokens = j->tok, .n_lp = n_lp, .lp = j->plp + 1, .n_rank = n_lp,
+                                 .rank = j->plp_rank + 1, .top_n = (uint32_t)j->plp_k,
+                                 .n_top = n_lp * (uint32_t)j->plp_k, .top = j->plp_top + j->plp_k};
+  }
   if (j->return_logits && j->logits) {
     e->n_logits = (uint32_t)((size_t)n * (size_t)c->vocab);
     e->logits = j->logits; /* rows from out_sent on */
   }
-  if (j->embd) {
-    e->n_embd = j->n_embd;
-    e->embd = j->embd;
+  if (j->embd) { /* an embed job: its vector rides in the logits field */
+    e->n_logits = j->n_embd;
+    e->logits = j->embd;
   }
   if (j->finish != PROTO_FINISH_NONE) {
     e->finish = j->finish;
@@ -164,6 +171,7 @@ void coord__stream_job(coord_t *c, coord_job_t *j) {
     return;
   }
   if (rc) FR_LOGE("job %llu: event: %s", (unsigned long long)j->id, fr_last_error());
+  if (e.has_plp) j->plp_sent = true;
   j->out_sent = j->n_tok - j->n_prompt;
   if (j->text) {
     memmove(j->text, j->text + ready, j->text_len - ready);

@@ -69,6 +69,7 @@ static void coord__job_destroy(coord_job_t *j) {
   free(j->logits);
   free(j->embd);
   free(j->text);
+  free(j->plp), free(j->plp_rank), free(j->plp_top);
   free(j);
 }
 
@@ -297,6 +298,8 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->slot = -1;
   j->stop_id = -1;
   j->truncate = s->ph.truncate;
+  j->plp_want = s->ph.logprobs;
+  j->plp_k = (int32_t)s->ph.logprobs_top;
   j->sp = s->sp;
   if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
   j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
@@ -320,7 +323,7 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   if (s->sp.n_bias) memcpy(j->bias, s->sp.bias, s->sp.n_bias * sizeof(proto_bias_t));
   j->sp.bias = j->bias;
   if (j->sp.min_tokens > 0) coord__job_ban(c, j);
-  model_detok_init(&j->detok, c->tok, true);
+  model_detok_init(&j->detok, c->tok, !s->stop.keep_special);
   j->t_arrival_ns = fr_now_ns();
   return j;
 }
@@ -347,6 +350,8 @@ static coord_reject_t coord__job_set_prompt(coord_t *c, coord_job_t *j, int32_t 
     n = j->truncate;
   }
   coord_reject_t rj = coord__lencheck(c, j, n, &max_tokens);
+  if (!rj.code && j->plp_want && (uint64_t)n * (uint64_t)j->plp_k > PROTO_MAX_PROMPT_TOP)
+    rj = (coord_reject_t){PROTO_ERR_BAD_REQUEST, "prompt logprobs: prompt tokens x alternatives exceed 524288"};
   if (rj.code) {
     free(ids);
     return rj;
@@ -359,6 +364,11 @@ static coord_reject_t coord__job_set_prompt(coord_t *c, coord_job_t *j, int32_t 
     j->lp = fr_malloc((size_t)max_tokens * sizeof(float));
     j->top_n = j->sp.logprobs;
     if (j->top_n > 0) j->top = fr_malloc((size_t)max_tokens * (size_t)j->top_n * sizeof(proto_toplp_t));
+  }
+  if (j->plp_want) {
+    j->plp = fr_calloc(n, sizeof(float));
+    j->plp_rank = fr_calloc(n, sizeof(uint32_t));
+    j->plp_top = fr_calloc(n * (size_t)FR_MAX(j->plp_k, 1), sizeof(proto_toplp_t));
   }
   return rj;
 }

@@ -225,9 +225,11 @@ static void coord__sched_running(coord_sched_t *s, int *budget, bool *preempted)
   }
 }
 
-/* Jobs with a repetition penalty do not attach cached prefixes. */
+/* Jobs with a repetition penalty do not attach cached prefixes, nor jobs
+ * asking prompt logprobs (every prompt position must be computed; vLLM
+ * does the same). */
 static bool coord__sched_uses_cache(const coord_sched_t *s, const coord_job_t *j) {
-  return s->prefix_cache && j->sp.repetition_penalty == 1.0f;
+  return s->prefix_cache && j->sp.repetition_penalty == 1.0f && !j->plp_want;
 }
 
 /* Blocks a waiting job needs to start with a chunk of n tokens after its
@@ -244,7 +246,7 @@ static int coord__sched_admit_blocks(const coord_sched_t *s, const kv_admit_t *p
  * with cached prefixes. */
 static int coord__sched_fork_ready(const coord_job_t *j) {
   const coord_job_t *p = j->fork;
-  if (!p || p->state == COORD_JOB_DONE || j->sp.repetition_penalty != 1.0f) return -1;
+  if (!p || p->state == COORD_JOB_DONE || j->sp.repetition_penalty != 1.0f || j->plp_want) return -1;
   if (p->state == COORD_JOB_NEW) return 0;
   if (j->admitted_once || p->n_prompt != j->n_prompt || j->n_tok != j->n_prompt ||
       memcmp(p->tok, j->tok, (size_t)j->n_prompt * sizeof *j->tok))

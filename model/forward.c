@@ -273,6 +273,21 @@ int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, con
 
 int model_out_width(const model_t *m) { return m->pooling ? m->cfg.dim : m->cfg.vocab_size; }
 
+int model_logits_tokens(model_t *m, int first, int n, const void **logits) {
+  if (first < 0 || n < 1 || n > m->max_seqs || first + n > m->max_tokens)
+    return fr_errorf(-EINVAL, "logits of tokens %d..%d: more than %d rows or past the step's %d tokens", first,
+                     first + n, m->max_seqs, m->max_tokens);
+  const kern_ops_t *op = m->be->ops;
+  void *cx = m->be->ctx;
+  *logits = m->logits;
+  if (m->shard.rank != 0 && !m->shard.split_vocab) return 0;
+  const size_t rb = (size_t)m->cfg.dim * m->be->act_size;
+  CALL(op->copy(cx, m->last, (const uint8_t *)m->xn + (size_t)first * rb, (size_t)n * rb));
+  if (!m->shard.split_vocab) return op->matmul(cx, m->logits, &m->output, NULL, m->last, n);
+  CALL(op->matmul(cx, m->logits_part, &m->output, NULL, m->last, n));
+  return op->gather_cols(cx, m->logits, m->logits_part, n, m->shard.n_vocab);
+}
+
 int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out) {
   return m->be->ops->to_f32_host(m->be->ctx, out, logits, (size_t)n_seqs * (size_t)model_out_width(m));
 }

@@ -137,6 +137,13 @@ int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, con
 int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const int32_t *rows,
                        const void **logits);
 
+/* After a forward pass (and before the next): the logits of the step's
+ * tokens first..first + n (1 <= n <= max_seqs), any position, from the
+ * final hidden states the pass left, into *logits as model_forward does
+ * (overwriting its rows). Every tensor-parallel rank calls it (ranks with a
+ * vocabulary slice gather on rank 0). Prompt logprobs use it. */
+int model_logits_tokens(model_t *m, int first, int n, const void **logits);
+
 /* Copies (n_seqs, model_out_width) logits (or pooled states) to host f32. */
 int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out);
 

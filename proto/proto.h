@@ -39,10 +39,12 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 5     /* newest: a guide that starts after a text (submit's gd.a); 4: submit's fork,
-                             * truncation and guide (event's stop reason, readable by older peers), speculative
-                             * tokens (ns) and allowed-token masks (am) in step items, several tokens per
-                             * result item (xt) */
+#define PROTO_VERSION 5 /* newest: prompt logprobs (submit's ph.lp / lk, step items' pp / pk / nx, result items'
+                         * pl / pr / ptp, the event's pl, which older clients skip), special tokens kept in the
+                         * text (submit's stop.ks), a guide that starts after a text (submit's gd.a), embeddings
+                         * (submit's ph.em, result items' em, loaded's ne); v4: submit's fork, truncation and
+                         * guide, speculative tokens (ns), allowed-token masks (am), several tokens per result
+                         * item (xt) */
 #define PROTO_VERSION_MIN 1
 
 /* Limits the decoder enforces (and the encoder, so that nothing is sent
@@ -68,6 +70,7 @@ extern "C" {
 #define PROTO_MAX_MODELS 256u           /* models in a list reply */
 #define PROTO_MAX_LOGITS (1u << 20)     /* logits floats in an event */
 #define PROTO_MAX_EMBD 65536u           /* floats in one embedding */
+#define PROTO_MAX_PROMPT_TOP (PROTO_MAX_TOKENS * 4u) /* prompt top logprobs in a result item or an event */
 
 /* Message types; the wire carries the name ("step", ...). */
 typedef enum {
@@ -251,6 +254,11 @@ typedef struct {
   uint32_t n_mask;     /* "am" (v4) constrained decoding: bit t of word t / 32 set = token t may be
                         * sampled (every step, final items only); 0 words = no mask */
   uint32_t *mask;      /* (n_mask) */
+  /* prompt logprobs (v5): row i < n_plp gives the log-softmax of the token after tokens[i] (tokens[i + 1],
+   * or next for the last one) and its rank, plus the top plp_top alternatives */
+  uint32_t n_plp;      /* "pp" default 0, <= n_tokens */
+  int32_t plp_top;     /* "pk" default 0, <= PROTO_MAX_TOPN */
+  int32_t next;        /* "nx" default 0: with n_plp == n_tokens, the prompt token after this chunk (>= 0) */
 } proto_step_item_t;
 
 typedef struct {
@@ -315,6 +323,14 @@ typedef struct {
   uint32_t n_embd;              /* "em"  a worker loaded for embeddings (pooling): the sequence's pooled
                                  * final hidden state (token -1), <= PROTO_MAX_EMBD */
   float *embd;                  /* (n_embd) */
+  /* prompt logprobs (v5), one per row the step item asked (n_plp), in order; a non-final item with
+   * prompt logprobs has a result item too (token -1) */
+  uint32_t n_plp;               /* "pl"  <= PROTO_MAX_TOKENS */
+  float *plp;                   /* (n_plp) log-softmax of each row's target token */
+  uint32_t n_plp_rank;          /* "pr"  0 or n_plp */
+  uint32_t *plp_rank;           /* (n_plp_rank) 1 + tokens with a larger logit */
+  uint32_t n_plp_top;           /* "ptp" n_plp * the item's plp_top, <= PROTO_MAX_PROMPT_TOP */
+  proto_toplp_t *plp_top;       /* (n_plp, plp_top) by descending logprob */
 } proto_result_item_t;
 
 typedef struct {
@@ -369,6 +385,7 @@ typedef struct {
   int32_t *ids;      /* (n_ids) stop token ids */
   bool ignore_eos;   /* "ie"  EOS does not stop the job */
   bool include;      /* "inc" the matched stop string stays in the text */
+  bool keep_special; /* "ks"  v5: special (control) tokens stay in the text (skip_special_tokens false) */
 } proto_stop_t;
 
 /* What is done with a job's prompt ("ph", a nested map since version 4). */
@@ -378,6 +395,9 @@ typedef struct {
                        * shares that job's prompt KV blocks once its prefill is done (n > 1) */
   bool embed;         /* "em" the prompt's embedding instead of generated tokens (a server started with
                        * --task embed); the job's one event carries it */
+  bool logprobs;      /* "lp" v5: prompt logprobs (each prompt token's given the ones before); the job then
+                       * takes nothing from the prefix cache */
+  uint32_t logprobs_top; /* "lk" v5: with them, this many top alternatives, <= PROTO_MAX_TOPN */
 } proto_prompt_opts_t;
 
 /* Constrained decoding ("gd", v4): the output must be a sentence of this. */
@@ -397,6 +417,21 @@ typedef struct {
                             * output is free */
   uint32_t after_len;
 } proto_guide_t;
+
+/* A job's prompt logprobs ("pl" of its first event, v5): the prompt's
+ * tokens, and for tokens[1..] (the first has none) its logprob, rank and
+ * top alternatives. */
+typedef struct {
+  uint32_t n_tokens;  /* "tk"  <= PROTO_MAX_TOKENS */
+  int32_t *tokens;    /* (n_tokens) */
+  uint32_t n_lp;      /* "lp"  n_tokens - 1 (or 0 with no tokens) */
+  float *lp;          /* (n_lp) */
+  uint32_t n_rank;    /* "rk"  n_lp */
+  uint32_t *rank;     /* (n_rank) */
+  uint32_t top_n;     /* "k"   alternatives per token, <= PROTO_MAX_TOPN */
+  uint32_t n_top;     /* "top" n_lp * top_n, <= PROTO_MAX_PROMPT_TOP */
+  proto_toplp_t *top; /* (n_lp, top_n) */
+} proto_prompt_lp_t;
 
 /* A job. Exactly one of prompt, tokens, messages is given. */
 typedef struct {
@@ -448,13 +483,14 @@ typedef struct {
   bool has_usage;        /* "u"   present (on the last event) */
   proto_usage_t usage;
   uint32_t n_logits;     /* "lg"  bin of little-endian f32, <= PROTO_MAX_LOGITS */
-  float *logits;         /* (n_tokens, vocab) when the job asked for logits */
+  float *logits;         /* (n_tokens, vocab) when the job asked for logits; an embed job's last event:
+                          * its embedding (pooled, not normalized: the model's dim floats) */
   proto_error_t error;   /* "err" with finish == ERROR */
   char *stop_str;        /* "ss"  v4, with finish == STOP: the stop string that matched, or NULL */
   int32_t stop_id;       /* "si"  v4, default -1; with finish == STOP: the stop token id that ended the job
                           * (not EOS) */
-  uint32_t n_embd;       /* "em"  an embed job's embedding (pooled, not normalized), on its last event */
-  float *embd;           /* (n_embd) */
+  bool has_plp;          /* "pl"  v5 (older clients skip it): on the first event of a job that asked */
+  proto_prompt_lp_t plp;
 } proto_event_t;
 
 typedef struct {

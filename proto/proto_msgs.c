@@ -84,6 +84,32 @@ static int check_step_item(const void *body) {
   if (it->n_spec > PROTO_MAX_SPEC || it->n_spec >= it->n_tokens || (it->n_spec && !it->final))
     return fr_errorf(FR_EPROTO, "%u proposed tokens in a %s item of %u tokens (at most %u, fewer than the item's)",
                      it->n_spec, it->final ? "final" : "non-final", it->n_tokens, PROTO_MAX_SPEC);
+  if (it->n_plp > it->n_tokens || (it->n_plp == it->n_tokens && it->next < 0))
+    return fr_errorf(FR_EPROTO, "%u prompt logprob rows in an item of %u tokens (next token %d)", it->n_plp,
+                     it->n_tokens, it->next);
+  if (it->plp_top < 0 || it->plp_top > (int32_t)PROTO_MAX_TOPN || (it->plp_top && !it->n_plp))
+    return fr_errorf(FR_EPROTO, "prompt top logprobs %d not in [0, %u] or without rows", it->plp_top, PROTO_MAX_TOPN);
+  if (it->n_plp && it->n_spec)
+    return fr_errorf(FR_EPROTO, "prompt logprobs in an item with proposed tokens");
+  return 0;
+}
+
+static int check_prompt_opts(const void *body) {
+  const proto_prompt_opts_t *p = body;
+  if (p->logprobs_top > PROTO_MAX_TOPN || (p->logprobs_top && !p->logprobs))
+    return fr_errorf(FR_EPROTO, "prompt top logprobs %u: more than %u or without prompt logprobs", p->logprobs_top,
+                     PROTO_MAX_TOPN);
+  return 0;
+}
+
+static int check_prompt_lp(const void *body) {
+  const proto_prompt_lp_t *p = body;
+  uint32_t n = p->n_tokens ? p->n_tokens - 1 : 0;
+  if (p->n_lp != n || p->n_rank != n)
+    return fr_errorf(FR_EPROTO, "prompt logprobs: %u logprobs and %u ranks for %u tokens", p->n_lp, p->n_rank,
+                     p->n_tokens);
+  if (p->top_n > PROTO_MAX_TOPN || (uint64_t)p->n_top != (uint64_t)n * p->top_n)
+    return fr_errorf(FR_EPROTO, "prompt logprobs: %u top entries for %u tokens of %u", p->n_top, n, p->top_n);
   return 0;
 }
 
@@ -124,6 +150,7 @@ static const proto_sampling_t def_sampling = SAMPLING_DEFAULTS;
 static const proto_bias_t def_bias;
 static const proto_stop_t def_stop;
 static const proto_prompt_opts_t def_prompt_opts;
+static const proto_prompt_lp_t def_prompt_lp;
 static const proto_guide_t def_guide;
 static const proto_error_t def_error;
 static const proto_hello_t def_hello;
@@ -252,6 +279,9 @@ static const proto_field_t f_step_item[] = {
     FARR("ban", PF_I32S, 0, proto_step_item_t, ban, n_ban, PROTO_MAX_BAN),
     FS("ns", PF_U32, 0, proto_step_item_t, n_spec),
     FARR("am", PF_U32S, 0, proto_step_item_t, mask, n_mask, PROTO_MAX_MASK_WORDS),
+    FS("pp", PF_U32, 0, proto_step_item_t, n_plp),
+    FS("pk", PF_I32, 0, proto_step_item_t, plp_top),
+    FS("nx", PF_I32, 0, proto_step_item_t, next),
 };
 SCHEMA(s_step_item, "step item", proto_step_item_t, f_step_item, def_step_item, check_step_item);
 
@@ -310,6 +340,9 @@ static const proto_field_t f_result_item[] = {
     FARR("xl", PF_F32S, 0, proto_result_item_t, extra_lp, n_extra_lp, PROTO_MAX_SPEC),
     FOBJS("xtp", 0, proto_result_item_t, extra_top, n_extra_top, PROTO_MAX_SPEC * PROTO_MAX_TOPN, s_toplp),
     FARR("em", PF_F32S, 0, proto_result_item_t, embd, n_embd, PROTO_MAX_EMBD),
+    FARR("pl", PF_F32S, 0, proto_result_item_t, plp, n_plp, PROTO_MAX_TOKENS),
+    FARR("pr", PF_U32S, 0, proto_result_item_t, plp_rank, n_plp_rank, PROTO_MAX_TOKENS),
+    FOBJS("ptp", 0, proto_result_item_t, plp_top, n_plp_top, PROTO_MAX_PROMPT_TOP, s_toplp),
 };
 
 static int check_result_item(const void *body) {
@@ -319,6 +352,10 @@ static int check_result_item(const void *body) {
   if (it->n_extra_top != 0 && it->n_extra_top != it->n_extra * it->n_top)
     return fr_errorf(FR_EPROTO, "%u extra top logprobs for %u extra tokens of %u each", it->n_extra_top, it->n_extra,
                      it->n_top);
+  if (it->n_plp_rank != 0 && it->n_plp_rank != it->n_plp)
+    return fr_errorf(FR_EPROTO, "%u prompt logprob ranks for %u prompt logprobs", it->n_plp_rank, it->n_plp);
+  if (it->n_plp_top && (!it->n_plp || it->n_plp_top % it->n_plp || it->n_plp_top / it->n_plp > PROTO_MAX_TOPN))
+    return fr_errorf(FR_EPROTO, "%u prompt top logprobs for %u prompt logprobs", it->n_plp_top, it->n_plp);
   return 0;
 }
 SCHEMA(s_result_item, "result item", proto_result_item_t, f_result_item, def_result_item, check_result_item);
@@ -367,6 +404,7 @@ static const proto_field_t f_stop[] = {
     FARR("i", PF_I32S, 0, proto_stop_t, ids, n_ids, PROTO_MAX_STOP_IDS),
     FS("ie", PF_BOOL, 0, proto_stop_t, ignore_eos),
     FS("inc", PF_BOOL, 0, proto_stop_t, include),
+    FS("ks", PF_BOOL, 0, proto_stop_t, keep_special),
 };
 SCHEMA(s_stop, "stop", proto_stop_t, f_stop, def_stop, NULL);
 
@@ -374,8 +412,10 @@ static const proto_field_t f_prompt_opts[] = {
     FS("tr", PF_U32, 0, proto_prompt_opts_t, truncate),
     FS("fk", PF_U64, 0, proto_prompt_opts_t, fork_of),
     FS("em", PF_BOOL, 0, proto_prompt_opts_t, embed),
+    FS("lp", PF_BOOL, 0, proto_prompt_opts_t, logprobs),
+    FS("lk", PF_U32, 0, proto_prompt_opts_t, logprobs_top),
 };
-SCHEMA(s_prompt_opts, "prompt handling", proto_prompt_opts_t, f_prompt_opts, def_prompt_opts, NULL);
+SCHEMA(s_prompt_opts, "prompt handling", proto_prompt_opts_t, f_prompt_opts, def_prompt_opts, check_prompt_opts);
 static const char *const guide_names[] = {NULL, "json", "regex"};
 
 static const proto_field_t f_guide[] = {
@@ -411,6 +451,15 @@ static const proto_field_t f_usage[] = {
 };
 SCHEMA(s_usage, "usage", proto_usage_t, f_usage, def_usage, NULL);
 
+static const proto_field_t f_prompt_lp[] = {
+    FARR("tk", PF_I32S, 0, proto_prompt_lp_t, tokens, n_tokens, PROTO_MAX_TOKENS),
+    FARR("lp", PF_F32S, 0, proto_prompt_lp_t, lp, n_lp, PROTO_MAX_TOKENS),
+    FARR("rk", PF_U32S, 0, proto_prompt_lp_t, rank, n_rank, PROTO_MAX_TOKENS),
+    FS("k", PF_U32, 0, proto_prompt_lp_t, top_n),
+    FOBJS("top", 0, proto_prompt_lp_t, top, n_top, PROTO_MAX_PROMPT_TOP, s_toplp),
+};
+SCHEMA(s_prompt_lp, "prompt logprobs", proto_prompt_lp_t, f_prompt_lp, def_prompt_lp, check_prompt_lp);
+
 static const proto_field_t f_event[] = {
     FS("id", PF_U64, PF_REQ, proto_event_t, id),
     FARR("tx", PF_TEXT, 0, proto_event_t, text, text_len, PROTO_MAX_TEXT),
@@ -424,7 +473,7 @@ static const proto_field_t f_event[] = {
     FOBJ("err", 0, proto_event_t, error, s_error),
     FSTR("ss", 0, proto_event_t, stop_str, PROTO_MAX_STR),
     FS("si", PF_I32, 0, proto_event_t, stop_id),
-    FARR("em", PF_F32S, 0, proto_event_t, embd, n_embd, PROTO_MAX_EMBD),
+    FOBJH("pl", proto_event_t, plp, has_plp, s_prompt_lp),
 };
 SCHEMA(s_event, "event", proto_event_t, f_event, def_event, check_event);
 
@@ -499,8 +548,8 @@ static const struct {
     [PROTO_T_HELLO] = {"hello", &s_hello, 1},
     [PROTO_T_LOAD] = {"load", &s_load, 2},
     [PROTO_T_LOADED] = {"loaded", &s_loaded, 2},
-    [PROTO_T_STEP] = {"step", &s_step, 4},
-    [PROTO_T_RESULT] = {"result", &s_result, 4},
+    [PROTO_T_STEP] = {"step", &s_step, 5},
+    [PROTO_T_RESULT] = {"result", &s_result, 5},
     [PROTO_T_HEARTBEAT] = {"hb", &s_heartbeat, 1},
     [PROTO_T_SHUTDOWN] = {"shutdown", &s_shutdown, 1},
     [PROTO_T_KV_INIT] = {"kv_init", &s_kv_init, 2},

@@ -163,6 +163,9 @@ static void worker__scratch(worker_t *w) {
     w->rlen = fr_calloc((size_t)w->info.max_seqs, sizeof(int32_t));
   }
   w->top_lp = fr_malloc(S * PROTO_MAX_TOPN * sizeof(float));
+  w->plp = fr_malloc(T * sizeof(float));
+  w->plp_rank = fr_malloc(T * sizeof(uint32_t));
+  w->plp_top = fr_calloc(T * PROTO_MAX_TOPN, sizeof(proto_toplp_t));
   w->hist = fr_calloc((size_t)w->info.max_seqs, sizeof(worker_hist_t));
   model_sampler_init(&w->smp, w->vocab);
 }
@@ -437,7 +440,9 @@ void worker_unload(worker_t *w) {
   free(w->tables), free(w->copy_pairs), free(w->logits), free(w->raw), free(w->ritems), free(w->ok_items);
   free(w->tops), free(w->top_ids), free(w->top_lp), free(w->hist), free(w->rtab), free(w->rlen);
   free(w->rows), free(w->xtok), free(w->xlp), free(w->xtop);
+  free(w->plp), free(w->plp_rank), free(w->plp_top);
   w->rows = w->xtok = NULL, w->xlp = NULL, w->xtop = NULL;
+  w->plp = NULL, w->plp_rank = NULL, w->plp_top = NULL;
   w->rtab = w->rlen = NULL;
   w->tokens = w->pos = w->slots = w->q_start = w->ctx_len = w->tables = w->copy_pairs = w->top_ids = NULL;
   w->logits = w->raw = w->top_lp = NULL;

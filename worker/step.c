@@ -370,6 +370,7 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
       else if (it->n_spec) worker__spec_verify(w, it, lg, (int)n_res++, &x_used);
       else worker__sample_item(w, it, lg, (int)n_res++);
     }
+  if ((rc = worker__prompt_lp(w, st, &n_res))) return rc;
   res->n_items = n_res;
   res->timings.forward_us = (t1 - t0) / 1000;
   res->timings.sample_us = (fr_now_ns() - t1) / 1000;

@@ -98,6 +98,10 @@ typedef struct {
   float *xlp;                      /* (max_seqs) */
   proto_toplp_t *xtop;             /* (max_seqs, PROTO_MAX_TOPN) */
   bool spec;                       /* the step being run has proposals */
+  /* prompt logprobs (plp.c): the rows the step's items asked, item after item */
+  float *plp;                      /* (max_tokens) */
+  uint32_t *plp_rank;              /* (max_tokens) */
+  proto_toplp_t *plp_top;          /* (max_tokens, PROTO_MAX_TOPN) */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
   /* a load that sizes the KV pool: loaded, no pool yet (see worker_kv_init) */
@@ -146,6 +150,13 @@ bool worker__spec_rows(worker_t *w, const proto_step_t *st);
  * the accepted tokens and the one after them; *x_used counts the extra
  * token entries of w->xtok / xlp / xtop used by the step so far. */
 void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, int r, int *x_used);
+
+/* Prompt logprobs (plp.c), after the step's sampling: for each item that
+ * asks rows (n_plp), the log-softmax of each row's target token, its rank
+ * and top alternatives, into its result item (a final item's, or a new one
+ * with token -1 counted in *n_res). Every rank calls it (a vocabulary split
+ * across ranks gathers the logits); only rank 0 fills results. */
+int worker__prompt_lp(worker_t *w, const proto_step_t *st, uint32_t *n_res);
 
 /* Releases everything worker_load() set up (segments are not unlinked:
  * the coordinator owns their names). */

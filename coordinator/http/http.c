@@ -107,14 +107,15 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   bool cmpl = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
   bool models = !strcmp(url, "/v1/models");
   bool tokenize = !strcmp(url, "/tokenize"), detokenize = !strcmp(url, "/detokenize");
-  bool embed = !strcmp(url, "/v1/embeddings");
-  if (!cmpl && !chat && !models && !tokenize && !detokenize && !embed) {
+  bool embed = !strcmp(url, "/v1/embeddings"), tok_info = !strcmp(url, "/tokenizer_info");
+  if (!cmpl && !chat && !models && !tokenize && !detokenize && !embed && !tok_info) {
     coord_http_err_t e;
     coord_http_err(&e, 404, NULL, "Invalid URL (%s %.200s)", method, url);
     return coord_http__send_error(h, c, &e);
   }
   if (!http_authorized(h, c)) return http_error(h, c, 401, NULL, "Incorrect API key provided.");
   if (models) return get ? http_models(h, c) : http_error(h, c, 405, NULL, "use GET");
+  if (tok_info) return get ? coord_http__tokenizer_info(h, c) : http_error(h, c, 405, NULL, "use GET");
   if (!post) return http_error(h, c, 405, NULL, "use POST");
   if (up->too_big) return http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
   if (tokenize || detokenize)

@@ -70,6 +70,8 @@ typedef struct {
   bool echo;            /* completions: prompt text in front of the answer */
   bool base64;          /* embeddings: encoding_format "base64" */
   uint32_t dimensions;  /* embeddings: asked length (0: the model's); only the model's is served */
+  int prompt_logprobs;  /* vLLM's prompt_logprobs: -1 none; else alternatives per prompt token */
+  bool no_output;       /* completions max_tokens 0 with echo: one token is generated and dropped */
   uint32_t n;           /* choices per prompt */
   uint32_t best_of;     /* sequences per prompt (>= n): the n with the highest cumulative logprob are returned */
   uint32_t n_prompts;   /* >= 1 */
@@ -140,6 +142,7 @@ typedef struct {
   char *text;
   size_t text_len, text_cap;
   json_t *logprobs;      /* API-shaped logprobs object being built, or NULL */
+  json_t *prompt_lp;     /* vLLM prompt_logprobs array ([null, {id: {logprob, rank, decoded_token}}, ...]), or NULL */
   size_t text_offset;    /* completions logprobs text_offset of the next token */
   proto_finish_t finish;
   bool has_usage;
@@ -157,6 +160,9 @@ typedef struct {
   long long created;    /* unix seconds */
   const char *model;
   int logprobs;         /* -1 none */
+  int prompt_logprobs;  /* -1 none: vLLM's prompt_logprobs with this many alternatives */
+  bool echo;            /* completions echo: with logprobs, the prompt's tokens come first in them */
+  bool no_output;       /* max_tokens 0 with echo: the generated token is dropped */
   bool include_usage;
   const struct model_tokenizer *tok; /* optional, for token strings */
   coord_tool_parser_t tool_parser;   /* chat with tool_choice auto: the output is parsed for calls (else NONE) */
@@ -298,6 +304,8 @@ int coord_http__send_json(struct coord_http *h, struct MHD_Connection *c, int st
 /* http_tokenize.c: POST /tokenize and /detokenize (vLLM's). */
 int coord_http__tokenize(struct coord_http *h, struct MHD_Connection *c, const char *body, size_t len);
 int coord_http__detokenize(struct coord_http *h, struct MHD_Connection *c, const char *body, size_t len);
+/* GET /tokenizer_info: the special tokens, the chat template, the context. */
+int coord_http__tokenizer_info(struct coord_http *h, struct MHD_Connection *c);
 
 /* Runs the loop thread: zmq_poll over the RPC DEALER, MHD's epoll
  * descriptor and the wake eventfd; MHD_run; every tick (100 ms) the jobs'

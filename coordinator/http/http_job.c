@@ -429,6 +429,10 @@ static int job_acc_add(coord_http_job_t *j, coord_http_choice_t *ch, const proto
   char *marked = j->meta.tool_parser != COORD_TOOL_PARSER_NONE ? job_tool_marked(j, ev, n, &mn) : NULL;
   proto_event_t e = *ev;
   if (marked) e.text = marked, e.text_len = (uint32_t)mn;
+  if (j->meta.no_output) { /* max_tokens 0: the one token generated is not part of the answer */
+    e.text = NULL, e.text_len = 0, e.n_tokens = e.n_logprobs = e.n_top = 0;
+    e.usage.completion_tokens = 0;
+  }
   int rc = coord_http_acc_add(&ch->acc, &j->meta, &e);
   free(marked);
   return rc;
@@ -441,10 +445,10 @@ static void job_on_json_msg(coord_http_job_t *j, coord_http_choice_t *ch, const 
     return;
   }
   const proto_event_t *ev = &m->u.event;
-  if (ev->n_embd && !ch->embd) { /* an embeddings request: its vector */
-    ch->embd = fr_malloc((size_t)ev->n_embd * sizeof(float));
-    memcpy(ch->embd, ev->embd, (size_t)ev->n_embd * sizeof(float));
-    ch->n_embd = ev->n_embd;
+  if (j->meta.api == COORD_HTTP_API_EMBEDDINGS && ev->n_logits && !ch->embd) { /* its vector, in the logits field */
+    ch->embd = fr_malloc((size_t)ev->n_logits * sizeof(float));
+    memcpy(ch->embd, ev->logits, (size_t)ev->n_logits * sizeof(float));
+    ch->n_embd = ev->n_logits;
   }
   if (job_acc_add(j, ch, ev)) {
     coord_http_err(&e, 500, NULL, "out of memory");
@@ -673,6 +677,9 @@ static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   m->created = (long long)time(NULL);
   m->model = j->h->model;
   m->logprobs = j->req.logprobs;
+  m->prompt_logprobs = j->req.prompt_logprobs;
+  m->echo = j->req.echo;
+  m->no_output = j->req.no_output;
   m->include_usage = j->req.include_usage;
   m->tok = j->h->tok;
   m->tool_choice = j->req.tool_choice;

@@ -108,7 +108,8 @@ static int req_sampling(coord_http_req_t *r, coord_http_err_t *e) {
 
 static int req_max_tokens(coord_http_req_t *r, coord_http_err_t *e) {
   long long mt = -1, mct = -1;
-  if (req_int(r->root, "max_tokens", 1, UINT32_MAX, &mt, e)) return -1;
+  if (req_int(r->root, "max_tokens", 0, UINT32_MAX, &mt, e)) return -1;
+  if (mt == 0) r->no_output = true, mt = 1; /* echo only (checked with echo): one token, dropped */
   if (r->api == COORD_HTTP_API_CHAT && req_int(r->root, "max_completion_tokens", 1, UINT32_MAX, &mct, e)) return -1;
   if (mct > 0) mt = mct;
   /* OpenAI's defaults: 16 for completions, until the context ends for chat. */
@@ -212,6 +213,9 @@ static int req_options(coord_http_req_t *r, coord_http_err_t *e) {
   if (req_bool(r->root, "stream", &r->stream, e) || req_bool(r->root, "ignore_eos", &r->sub.stop.ignore_eos, e) ||
       req_bool(r->root, "echo", &r->echo, e))
     return -1;
+  bool skip_special = true;
+  if (req_bool(r->root, "skip_special_tokens", &skip_special, e)) return -1;
+  r->sub.stop.keep_special = !skip_special;
   if (r->echo && r->api == COORD_HTTP_API_CHAT)
     return coord_http_err(e, 400, "echo", "'echo' is only supported for /v1/completions");
   json_t *so = req_get(r->root, "stream_options");
@@ -237,6 +241,26 @@ static int req_logprobs(coord_http_req_t *r, coord_http_err_t *e) {
     if (on) r->logprobs = (int)top;
   }
   r->sub.sp.logprobs = r->logprobs;
+  long long plp = -1;
+  if (req_int(r->root, "prompt_logprobs", 0, PROTO_MAX_TOPN, &plp, e)) return -1;
+  r->prompt_logprobs = (int)plp;
+  return 0;
+}
+
+/* What the prompt logprobs asked (prompt_logprobs, echo with logprobs)
+ * need: the most alternatives of the two (streamed for completions, not
+ * for chat yet). max_tokens 0 only with echo. */
+static int req_prompt_lp(coord_http_req_t *r, coord_http_err_t *e) {
+  if (r->no_output && !r->echo)
+    return coord_http_err(e, 400, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')");
+  if (r->no_output && r->stream)
+    return coord_http_err(e, 400, "max_tokens", "'max_tokens' 0 (echo only) is not supported with 'stream'");
+  int k = r->echo && r->logprobs >= 0 ? r->logprobs : -1;
+  k = k > r->prompt_logprobs ? k : r->prompt_logprobs;
+  if (k >= 0 && r->stream && r->api == COORD_HTTP_API_CHAT)
+    return coord_http_err(e, 400, "prompt_logprobs", "'prompt_logprobs' is not supported with a chat 'stream' yet");
+  r->sub.ph.logprobs = k >= 0;
+  r->sub.ph.logprobs_top = k >= 0 ? (uint32_t)k : 0;
   return 0;
 }
 
@@ -467,9 +491,7 @@ static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_mode
   if (req_sampling(r, e) || req_max_tokens(r, e) || req_stop(r, e) || req_logit_bias(r, e) ||
       req_options(r, e) || req_logprobs(r, e) || req_choices(r, e) || coord_http_req_guide(r, e))
     return -1;
-  if (r->echo && r->logprobs >= 0)
-    return coord_http_err(e, 400, "echo", "'echo' with 'logprobs' needs prompt logprobs, which this server does not "
-                                          "return yet");
+  if (req_prompt_lp(r, e)) return -1;
   if (r->sub.max_tokens && r->sub.sp.min_tokens > r->sub.max_tokens)
     return coord_http_err(e, 400, "min_tokens", "'min_tokens' (%u) must not exceed 'max_tokens' (%u)",
                           r->sub.sp.min_tokens, r->sub.max_tokens);
@@ -490,6 +512,7 @@ int coord_http_req_parse(coord_http_req_t *r, coord_http_api_t api, const char *
   memset(r, 0, sizeof *r);
   r->api = api;
   r->logprobs = -1;
+  r->prompt_logprobs = -1;
   r->sub.sp = proto_sampling_default();
   json_error_t je;
   r->root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);

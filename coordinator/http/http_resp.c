@@ -168,6 +168,75 @@ static int resp_lp_add(json_t *lp, const coord_http_meta_t *m, const proto_event
   return 0;
 }
 
+/* ---- prompt logprobs ---- */
+
+/* One vLLM prompt logprobs entry: {"<id>": {"logprob", "rank", "decoded_token"}} for the prompt token and
+ * its alternatives (the token once when it is one of them). */
+static json_t *resp_plp_entry(const coord_http_meta_t *m, const proto_prompt_lp_t *p, uint32_t i) {
+  json_t *o = json_object();
+  int32_t id = p->tokens[i + 1];
+  char key[16];
+  for (int32_t k = -1; o && k < (int32_t)p->top_n; k++) {
+    const proto_toplp_t *t = k >= 0 ? &p->top[(size_t)i * p->top_n + (size_t)k] : NULL;
+    int32_t tid = t ? t->token : id;
+    if (t && tid == id) continue;
+    json_t *s = resp_token_str(m, tid, NULL);
+    snprintf(key, sizeof key, "%d", tid);
+    json_t *v = json_pack("{s:f,s:I,s:o}", "logprob", (double)(t ? t->logprob : p->lp[i]), "rank",
+                          (json_int_t)(t ? k + 1 : (int32_t)p->rank[i]), "decoded_token", s ? s : json_string("?"));
+    if (!v || json_object_set_new(o, key, v)) json_decref(o), o = NULL;
+  }
+  return o;
+}
+
+/* vLLM's prompt_logprobs: null for the first token, then one entry each. */
+static json_t *resp_plp_vllm(const coord_http_meta_t *m, const proto_prompt_lp_t *p) {
+  json_t *a = json_array();
+  if (a && p->n_tokens && json_array_append_new(a, json_null())) goto fail;
+  for (uint32_t i = 0; a && i < p->n_lp; i++)
+    if (json_array_append_new(a, resp_plp_entry(m, p, i))) goto fail;
+  return a;
+fail:
+  json_decref(a);
+  return NULL;
+}
+
+/* echo with logprobs (completions): the prompt's tokens first, the first with null logprobs; top_logprobs
+ * hold m->logprobs alternatives and the token itself. */
+static int resp_plp_echo(json_t *lp, const coord_http_meta_t *m, const proto_prompt_lp_t *p, size_t *offset) {
+  for (uint32_t i = 0; i < p->n_tokens; i++) {
+    json_t *tok = resp_token_str(m, p->tokens[i], NULL), *top = i ? json_object() : json_null();
+    for (uint32_t k = 0; i && top && k < (uint32_t)m->logprobs && k < p->top_n; k++) {
+      const proto_toplp_t *t = &p->top[(size_t)(i - 1) * p->top_n + k];
+      json_t *ts = resp_token_str(m, t->token, NULL);
+      if (ts) json_object_set_new(top, json_string_value(ts), json_real(t->logprob));
+      json_decref(ts);
+    }
+    if (i && top && tok) json_object_set_new(top, json_string_value(tok), json_real(p->lp[i - 1]));
+    if (!tok || !top) {
+      json_decref(tok);
+      json_decref(top);
+      return -ENOMEM;
+    }
+    size_t tl = json_string_length(tok);
+    json_array_append_new(json_object_get(lp, "text_offset"), json_integer((json_int_t)*offset));
+    json_array_append_new(json_object_get(lp, "token_logprobs"), i ? json_real(p->lp[i - 1]) : json_null());
+    json_array_append_new(json_object_get(lp, "tokens"), tok);
+    json_array_append_new(json_object_get(lp, "top_logprobs"), top);
+    *offset += tl;
+  }
+  return 0;
+}
+
+/* The prompt logprobs of a job's first event into a. */
+static int resp_plp_add(coord_http_acc_t *a, const coord_http_meta_t *m, const proto_event_t *ev) {
+  if (!ev->has_plp) return 0;
+  if (m->prompt_logprobs >= 0 && !a->prompt_lp && !(a->prompt_lp = resp_plp_vllm(m, &ev->plp))) return -ENOMEM;
+  if (!m->echo || m->logprobs < 0 || m->api == COORD_HTTP_API_CHAT) return 0;
+  if (!a->logprobs && !(a->logprobs = resp_lp_new(m->api))) return -ENOMEM;
+  return resp_plp_echo(a->logprobs, m, &ev->plp, &a->text_offset);
+}
+
 /* ---- accumulation ---- */
 
 void coord_http_acc_init(coord_http_acc_t *a) {
@@ -179,6 +248,7 @@ void coord_http_acc_free(coord_http_acc_t *a) {
   free(a->text);
   free(a->stop_str);
   json_decref(a->logprobs);
+  json_decref(a->prompt_lp);
   memset(a, 0, sizeof *a);
 }
 
@@ -204,6 +274,7 @@ static size_t resp_ev_text_len(const proto_event_t *ev) {
 int coord_http_acc_add(coord_http_acc_t *a, const coord_http_meta_t *m, const proto_event_t *ev) {
   if (resp_text_add(a, ev->text ? ev->text : "", resp_ev_text_len(ev))) return -ENOMEM;
   a->n_tokens += ev->n_tokens;
+  if (resp_plp_add(a, m, ev)) return -ENOMEM;
   if (m->logprobs >= 0 && ev->n_tokens) {
     if (!a->logprobs && !(a->logprobs = resp_lp_new(m->api))) return -ENOMEM;
     if (resp_lp_add(a->logprobs, m, ev, &a->text_offset)) return -ENOMEM;
@@ -352,8 +423,11 @@ static json_t *resp_choice(const coord_http_meta_t *m, const coord_http_acc_t *a
     return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "message", msg, "logprobs", lp,
                      "finish_reason", resp_tools_finish(m, a->finish, called), "stop_reason", why);
   }
-  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", resp_text(a->text, a->text_len),
-                   "logprobs", lp, "finish_reason", resp_finish(a->finish), "stop_reason", why);
+  json_t *c = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", resp_text(a->text, a->text_len),
+                        "logprobs", lp, "finish_reason", resp_finish(a->finish), "stop_reason", why);
+  if (c && m->prompt_logprobs >= 0)
+    json_object_set_new(c, "prompt_logprobs", a->prompt_lp ? json_incref(a->prompt_lp) : json_null());
+  return c;
 }
 
 char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *const *accs, size_t n,
@@ -367,6 +441,8 @@ char *coord_http_final_json(const coord_http_meta_t *m, const coord_http_acc_t *
   if (!choices) return NULL;
   json_t *j = resp_envelope(m, m->api == COORD_HTTP_API_CHAT ? "chat.completion" : "text_completion", choices);
   if (j) json_object_set_new(j, "usage", resp_usage(u));
+  if (j && m->api == COORD_HTTP_API_CHAT && m->prompt_logprobs >= 0) /* vLLM: the response's, not a choice's */
+    json_object_set_new(j, "prompt_logprobs", n && accs[0]->prompt_lp ? json_incref(accs[0]->prompt_lp) : json_null());
   return resp_dump(j);
 }
 
@@ -397,7 +473,9 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
   json_t *lp = json_null();
   size_t off = 0;
   if (!finish) finish = resp_finish(ev->finish);
-  if (m->logprobs >= 0 && ev->n_tokens && (lp = resp_lp_new(m->api)) && resp_lp_add(lp, m, ev, &off)) {
+  bool echo_lp = ev->has_plp && m->echo && m->api != COORD_HTTP_API_CHAT; /* the prompt's tokens first */
+  if (m->logprobs >= 0 && (ev->n_tokens || echo_lp) && (lp = resp_lp_new(m->api)) &&
+      ((echo_lp && resp_plp_echo(lp, m, &ev->plp, &off)) || resp_lp_add(lp, m, ev, &off))) {
     json_decref(lp);
     json_decref(finish);
     return NULL;
@@ -409,8 +487,11 @@ static json_t *resp_chunk_choice(const coord_http_meta_t *m, const proto_event_t
     return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "delta", delta, "logprobs", lp,
                      "finish_reason", finish, "stop_reason", why);
   }
-  return json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp, "finish_reason",
-                   finish, "stop_reason", why);
+  json_t *c = json_pack("{s:i,s:o,s:o,s:o,s:o}", "index", (json_int_t)index, "text", text, "logprobs", lp,
+                        "finish_reason", finish, "stop_reason", why);
+  if (c && ev->has_plp && m->prompt_logprobs >= 0) /* vLLM: in the choice's first chunk */
+    json_object_set_new(c, "prompt_logprobs", resp_plp_vllm(m, &ev->plp));
+  return c;
 }
 
 /* Appends "data: <json>\n\n" of j (consumed) to *out. */

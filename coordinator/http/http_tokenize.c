@@ -7,6 +7,10 @@
  *                    -> {"count", "max_model_len", "tokens", "token_strs"}
  *   POST /detokenize {"tokens": [ids]} -> {"prompt": "text"} (special
  *                    tokens written out, as Hugging Face's decode does)
+ *   GET /tokenizer_info -> {"eos_token", "bos_token", "pad_token",
+ *                    "add_bos_token", "chat_template", "model_max_length"}
+ *                    (vLLM's; lm-evaluation-harness's remote tokenizer
+ *                    reads it before it uses /tokenize and /detokenize)
  */
 #include <stdlib.h>
 #include <string.h>
@@ -102,6 +106,25 @@ int coord_http__tokenize(struct coord_http *h, struct MHD_Connection *c, const c
                           "tokens", tokens, "token_strs", json_is_true(strs) ? tok_strs(h, ids, n) : json_null());
   free(ids);
   json_decref(root);
+  return tok_send(h, c, out);
+}
+
+/* A special token's text, or null. */
+static json_t *tok_special(const struct coord_http *h, int32_t id) {
+  size_t n = 0;
+  const char *b = id >= 0 ? model_token_bytes(h->tok, id, &n) : NULL;
+  json_t *s = b ? json_stringn(b, n) : NULL;
+  return s ? s : json_null();
+}
+
+int coord_http__tokenizer_info(struct coord_http *h, struct MHD_Connection *c) {
+  coord_http_err_t e;
+  if (!h->tok) return coord_http_err(&e, 501, NULL, "this server has no tokenizer to offer"), coord_http__send_error(h, c, &e);
+  const char *tmpl = model_tokenizer_chat_template(h->tok);
+  json_t *out = json_pack("{s:o, s:o, s:n, s:b, s:o, s:I}", "eos_token", tok_special(h, model_token_eos(h->tok)),
+                          "bos_token", tok_special(h, model_token_bos(h->tok)), "pad_token",
+                          "add_bos_token", model_tokenizer_adds_bos(h->tok), "chat_template",
+                          tmpl ? json_string(tmpl) : json_null(), "model_max_length", (json_int_t)h->max_model_len);
   return tok_send(h, c, out);
 }
 

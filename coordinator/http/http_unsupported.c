@@ -1,11 +1,9 @@
 /* http_unsupported.c - the OpenAI request fields ferrum does not act on
  * yet. A client that sends one with a value that would change the answer
- * (legacy functions, guided_grammar, ...) gets a 400
- * naming it rather than a 200 whose output ignored it; the value that
- * means "off" (null, an empty list or object, "none", {"type": "text"})
- * passes. The same for vLLM's output options when set away from what
- * ferrum does (skip_special_tokens false). Fields that change nothing
- * about the output (user, safety_identifier, metadata, store, service_tier,
+ * (legacy functions, guided_grammar, ...) gets a 400 naming it rather
+ * than a 200 whose output ignored it; the value that means "off" (null, an
+ * empty list or object, "none", {"type": "text"}) passes. Fields that
+ * change nothing about the output (user, safety_identifier, metadata, store, service_tier,
  * parallel_tool_calls, prompt_cache_key and the other prompt cache hints)
  * are accepted, as vLLM accepts them. tests/engine/test_http_choices.py
  * checks every field of the openai client's request types against this.
@@ -35,7 +33,6 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
     bool chat_only, completions_only, null_only; /* null_only: 0 or [] is a request too */
   } plain[] = {
       {"functions", "function calling", true, false, false},
-      {"prompt_logprobs", "prompt logprobs", false, false, true},
       {"suffix", "suffixes (insertion)", false, true, false},
       {"audio", "audio output", true, false, false},
       {"prediction", "predicted outputs", true, false, false},
@@ -61,9 +58,5 @@ int coord_http_req_unsupported(const json_t *root, coord_http_api_t api, coord_h
     if (!unsupported_off(mod) && !(json_is_array(mod) && json_array_size(mod) == 1 && unsupported_is_str(json_array_get(mod, 0), "text")))
       return coord_http_err(e, 400, "modalities", "'modalities' other than [\"text\"] are not supported");
   }
-  /* vLLM's output options, where they would change what is sent back */
-  const json_t *sst = json_object_get(root, "skip_special_tokens");
-  if (sst && !json_is_null(sst) && !json_is_true(sst))
-    return coord_http_err(e, 400, "skip_special_tokens", "only skip_special_tokens = true is supported");
   return 0;
 }

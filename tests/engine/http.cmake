@@ -16,7 +16,12 @@
 # formats, whole and in pieces), test_http_tool_calls.py (tool calls with
 # the real model and the openai client: parsed, streamed, forced),
 # test_http_structured.py (structured output with the real model:
-# json_schema answers validated by jsonschema).
+# json_schema answers validated by jsonschema), test_http_prompt_logprobs.py
+# (prompt logprobs and echo with logprobs against llama.cpp's on the same
+# GGUF, chunked prefill, the prefix cache, skip_special_tokens false),
+# test_lm_eval.py (lm-evaluation-harness's local-completions against the
+# server on two small local tasks, scores compared with llama.cpp's; label
+# lm_eval, not engine: the sanitizer runs leave it out).
 set(_t ${CMAKE_CURRENT_LIST_DIR})
 ferrum_add_check(test_http SOURCES ${_t}/test_http.c ${_t}/http_fake.c
                  LIBS ferrum_http ferrum_ctl Threads::Threads LABELS engine TIMEOUT 120)
@@ -49,3 +54,6 @@ ferrum_http_py(test_http_tool_calls 300)
 ferrum_http_py(test_http_structured 600)
 ferrum_http_py(test_http_embeddings 300)
 ferrum_http_py(test_http_reasoning 300)
+ferrum_http_py(test_http_prompt_logprobs 300)
+ferrum_http_py(test_lm_eval 600)
+set_tests_properties(test_lm_eval PROPERTIES LABELS lm_eval)

@@ -78,6 +78,34 @@ START_TEST(test_parse_chat) {
 }
 END_TEST
 
+/* prompt_logprobs, echo with logprobs (the most alternatives of the two), max_tokens 0 with echo,
+ * skip_special_tokens false */
+START_TEST(test_parse_prompt_logprobs) {
+  coord_http_req_t r;
+  coord_http_err_t e;
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":3}", &r, &e), 0);
+  ck_assert(r.sub.ph.logprobs);
+  ck_assert_uint_eq(r.sub.ph.logprobs_top, 3);
+  ck_assert_int_eq(r.prompt_logprobs, 3);
+  ck_assert(!r.sub.stop.keep_special);
+  coord_http_req_free(&r);
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS,
+                         "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":5,\"prompt_logprobs\":2,\"max_tokens\":0,"
+                         "\"skip_special_tokens\":false}",
+                         &r, &e),
+                   0);
+  ck_assert(r.sub.ph.logprobs);
+  ck_assert_uint_eq(r.sub.ph.logprobs_top, 5);
+  ck_assert(r.no_output);
+  ck_assert_uint_eq(r.sub.max_tokens, 1); /* one token generated, then dropped */
+  ck_assert(r.sub.stop.keep_special);
+  coord_http_req_free(&r);
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true}", &r, &e), 0);
+  ck_assert(!r.sub.ph.logprobs); /* echo alone needs no prompt logprobs */
+  coord_http_req_free(&r);
+}
+END_TEST
+
 /* logit_bias (sorted by token for the wire), min_tokens, include_stop_str_in_output */
 START_TEST(test_parse_sampling_fields) {
   coord_http_req_t r;
@@ -170,7 +198,9 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[\"a\",[1,\"x\"]]}", 400, "prompt"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"truncate_prompt_tokens\":0}", 400, "truncate_prompt_tokens"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":[1,2,3],\"truncate_prompt_tokens\":\"2\"}", 400, "truncate_prompt_tokens"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"echo\":true,\"logprobs\":0}", 400, "echo"}, /* prompt logprobs */
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0}", 400, "max_tokens"}, /* 0 only with echo */
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"max_tokens\":0,\"echo\":true,\"stream\":true}", 400,
+       "max_tokens"},
       {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"echo\":true}", 400, "echo"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"seed\":1e400}", 400, NULL},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"stream\":1}", 400, "stream"},
@@ -223,10 +253,13 @@ START_TEST(test_parse_errors) {
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"include_stop_str_in_output\":1}", 400,
        "include_stop_str_in_output"},
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"suffix\":\"b\"}", 400, "suffix"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":0}", 400, "prompt_logprobs"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":21}", 400, "prompt_logprobs"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"prompt_logprobs\":-1}", 400, "prompt_logprobs"},
+      {COORD_HTTP_API_CHAT, "{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"prompt_logprobs\":1,\"stream\":true}", 400,
+       "prompt_logprobs"}, /* not streamed for chat yet */
       {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"guided_json\":{\"type\":\"object\",\"minProperties\":1}}", 400,
        "guided_json"},
-      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":false}", 400, "skip_special_tokens"},
+      {COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"skip_special_tokens\":0}", 400, "skip_special_tokens"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     coord_http_req_t r;
@@ -371,6 +404,7 @@ static Suite *json_suite(void) {
   tcase_add_test(tc, test_parse_completion);
   tcase_add_test(tc, test_parse_chat);
   tcase_add_test(tc, test_parse_sampling_fields);
+  tcase_add_test(tc, test_parse_prompt_logprobs);
   tcase_add_test(tc, test_parse_prompts_and_choices);
   tcase_add_test(tc, test_parse_errors);
   tcase_add_test(tc, test_error_json);

@@ -193,9 +193,11 @@ class Echo(unittest.TestCase):
         ids = request("/tokenize", {"prompt": PROMPT})[1]["tokens"]
         r = c.completions.create(model=NAME, prompt=ids, max_tokens=4, temperature=0, echo=True)
         self.assertEqual(r.choices[0].text, PROMPT + base)  # a token prompt, detokenized
-        # echo with logprobs would need prompt logprobs: a 400 naming echo
+        # echo with logprobs: the prompt's tokens come first (test_http_prompt_logprobs.py checks the values)
         st, r = request("/v1/completions", {"prompt": PROMPT, "max_tokens": 2, "echo": True, "logprobs": 1})
-        self.assertEqual((st, r["error"]["param"]), (400, "echo"), r)
+        self.assertEqual(st, 200, r)
+        self.assertEqual(len(r["choices"][0]["logprobs"]["tokens"]), len(ids) + 2)
+        self.assertIsNone(r["choices"][0]["logprobs"]["token_logprobs"][0])
 
 
 if __name__ == "__main__":

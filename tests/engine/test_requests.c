@@ -198,19 +198,20 @@ START_TEST(test_bad_rpc_input) {
   ck_assert_int_eq(raw_call(sock, b.data, b.len, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_NOT_FOUND);
   /* bad sampling params: a hand-made submit with temperature -1 */
-  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x04, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+  static const uint8_t bad_sp[] = {0x85, 0xa1, 'v', 0x05, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
                                    0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
                                    0xa2, 's', 'p', 0x81, 0xa1, 't', 0xff};
   uint8_t msg[64];
   memcpy(msg, bad_sp, sizeof bad_sp);
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_BAD_REQUEST);
-  msg[3] = 0x03; /* an older client's submit (no fork, truncation or guide): refused by version, not misread */
+  msg[3] = 0x04; /* an older client's submit (no prompt logprobs, no kept special tokens): refused by version,
+                  * not misread */
   ck_assert_int_eq(raw_call(sock, msg, sizeof bad_sp, false, &m), PROTO_T_ERROR);
   ck_assert_int_eq(m.u.error.code, PROTO_ERR_VERSION);
   ck_assert_ptr_nonnull(strstr(m.u.error.message, "version"));
   /* logit bias: a value out of range (the decoder), a token past the vocabulary (the coordinator) */
-  static const uint8_t bad_lb[] = {0x85, 0xa1, 'v', 0x04, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
+  static const uint8_t bad_lb[] = {0x85, 0xa1, 'v', 0x05, 0xa1, 't', 0xa6, 's', 'u', 'b', 'm', 'i', 't',
                                    0xa2, 'i', 'd', 0x05, 0xa1, 'p', 0xa2, 'h', 'i',
                                    0xa2, 's', 'p', 0x81, 0xa2, 'l', 'b', 0x91, 0x82, 0xa1, 't', 0x05, 0xa1, 'b', 0xcc, 200};
   memcpy(msg, bad_lb, sizeof bad_lb);

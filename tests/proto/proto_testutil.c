@@ -211,12 +211,32 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
       it->tokens[0] = 42;
     }
     it->n_spec = it->final ? tu_below(FR_MIN(it->n_tokens, PROTO_MAX_SPEC + 1)) : 0; /* < n_tokens, final only */
+    it->n_plp = it->n_spec ? 0 : tu_below(it->n_tokens + 1); /* prompt logprob rows: not with proposals */
+    it->plp_top = it->n_plp ? (int32_t)tu_below(PROTO_MAX_TOPN + 1) : 0;
+    it->next = it->n_plp == it->n_tokens ? (int32_t)tu_below(50000) : (int32_t)tu_below(2) - 1;
   } else if (!strcmp(s->name, "result item")) {
     proto_result_item_t *r = (proto_result_item_t *)out;
     if (r->n_extra_lp != r->n_extra) r->n_extra_lp = 0;
     r->n_extra_top = r->n_extra * r->n_top;
     r->extra_top = r->n_extra_top ? tu_alloc(r->n_extra_top * sizeof *r->extra_top) : NULL;
     for (uint32_t i = 0; i < r->n_extra_top; i++) r->extra_top[i] = (proto_toplp_t){rand_i32(), rand_f32()};
+    if (r->n_plp_rank != r->n_plp) r->n_plp_rank = 0;
+    r->n_plp_top = r->n_plp * tu_below(3);
+    r->plp_top = r->n_plp_top ? tu_alloc(r->n_plp_top * sizeof *r->plp_top) : NULL;
+    for (uint32_t i = 0; i < r->n_plp_top; i++) r->plp_top[i] = (proto_toplp_t){rand_i32(), rand_f32()};
+  } else if (!strcmp(s->name, "prompt handling")) {
+    proto_prompt_opts_t *p = (proto_prompt_opts_t *)out;
+    p->logprobs_top = p->logprobs ? tu_below(PROTO_MAX_TOPN + 1) : 0;
+  } else if (!strcmp(s->name, "prompt logprobs")) {
+    proto_prompt_lp_t *p = (proto_prompt_lp_t *)out;
+    uint32_t n = p->n_tokens ? p->n_tokens - 1 : 0;
+    p->lp = tu_alloc((n + 1) * sizeof *p->lp), p->rank = tu_alloc((n + 1) * sizeof *p->rank);
+    p->n_lp = p->n_rank = n;
+    for (uint32_t i = 0; i < n; i++) p->lp[i] = rand_f32(), p->rank[i] = (uint32_t)rand_i32();
+    p->top_n = n ? tu_below(3) : 0;
+    p->n_top = n * p->top_n;
+    p->top = p->n_top ? tu_alloc(p->n_top * sizeof *p->top) : NULL;
+    for (uint32_t i = 0; i < p->n_top; i++) p->top[i] = (proto_toplp_t){rand_i32(), rand_f32()};
   } else if (!strcmp(s->name, "submit")) {
     proto_submit_t *r = (proto_submit_t *)out;
     r->id = r->id ? r->id : 1;

@@ -39,7 +39,8 @@ extern "C" {
  * did not change since version 1 stay readable by version-1 peers. Decoders
  * take versions PROTO_VERSION_MIN..PROTO_VERSION and refuse a message
  * written with a version older than its type's (FR_EVERSION). */
-#define PROTO_VERSION 4     /* newest: submit's fork, truncation and guide (event's stop reason, readable by
+#define PROTO_VERSION 5     /* newest: step items whose proposals the worker's draft model makes (dm); v4:
+                             * submit's fork, truncation and guide (event's stop reason, readable by
                              * older peers), speculative tokens (ns) and allowed-token masks (am) in step items,
                              * several tokens per result item (xt) */
 #define PROTO_VERSION_MIN 1
@@ -245,6 +246,9 @@ typedef struct {
   uint32_t n_spec;     /* "ns" default 0 (v4): the last n_spec of tokens are proposed (speculative
                         * decoding): the worker verifies them and returns 1..n_spec + 1 tokens;
                         * < n_tokens, <= PROTO_MAX_SPEC, only on a final item */
+  bool draft;          /* "dm" default false (v5): the worker's draft model makes the n_spec proposals
+                        * (the last n_spec of tokens are placeholders, valid ids, that it overwrites);
+                        * only with n_spec > 0 */
   uint32_t n_mask;     /* "am" (v4) constrained decoding: bit t of word t / 32 set = token t may be
                         * sampled (every step, final items only); 0 words = no mask */
   uint32_t *mask;      /* (n_mask) */

@@ -211,6 +211,7 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
       it->tokens[0] = 42;
     }
     it->n_spec = it->final ? tu_below(FR_MIN(it->n_tokens, PROTO_MAX_SPEC + 1)) : 0; /* < n_tokens, final only */
+    if (!it->n_spec) it->draft = false; /* draft proposals need room */
   } else if (!strcmp(s->name, "result item")) {
     proto_result_item_t *r = (proto_result_item_t *)out;
     if (r->n_extra_lp != r->n_extra) r->n_extra_lp = 0;

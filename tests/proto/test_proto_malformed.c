@@ -211,7 +211,7 @@ END_TEST
 
 /* Optional nil means absent: the default. */
 START_TEST(nil_is_absent) {
-  static const uint8_t step[] = {0x84, 0xa1, 'v', 0x04, 0xa1, 't', 0xa4, 's', 't', 'e', 'p', 0xa2, 'i', 'd', 0x05,
+  static const uint8_t step[] = {0x84, 0xa1, 'v', 0x05, 0xa1, 't', 0xa4, 's', 't', 'e', 'p', 0xa2, 'i', 'd', 0x05,
                                  0xa2, 'e', 'p', 0xc0}; /* "ep": nil is required -> error */
   ck_assert_int_eq(proto_msg_decode(&msg, step, sizeof step, PROTO_ACCEPT_ANY), FR_EPROTO);
   static const uint8_t hb[] = {0x84, 0xa1, 'v', 0x01, 0xa1, 't', 0xa2, 'h', 'b', 0xa1, 'r', 0xc0, 0xa3, 's', 'e', 'q', 0x07};
@@ -374,10 +374,12 @@ START_TEST(versions_and_types) {
   unpack(&up);
   msgpack_object *root = &up.data, *v = find_key(root, "v"), *t = find_key(root, "t");
   msgpack_object sv = *v, st = *t;
-  ck_assert_uint_eq(sv.via.u64, 4); /* a step is written as version 4: its items may carry proposals */
+  ck_assert_uint_eq(sv.via.u64, 5); /* a step is written as version 5: its items may ask for draft proposals */
   v->via.u64 = 2; /* an older coordinator's step (no logit bias, no min_tokens) is refused */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = 3; /* ... and a version-3 one (its worker would take proposals for plain tokens) */
+  ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
+  v->via.u64 = 4; /* ... and a version-4 one (its worker would verify a draft's placeholders) */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = PROTO_VERSION; /* a newer peer's step is read */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), 0);
@@ -527,9 +529,11 @@ START_TEST(type_versions) {
    * refused instead; steps carry the logit bias and min_tokens an older worker would skip; version 4 gave
    * submit its fork and truncation, which an older coordinator must not skip, and steps and results the
    * proposed tokens of speculative decoding (ns), the allowed-token masks of constrained decoding (am) and the
-   * several tokens per result item (xt); submit got its guide (an older coordinator would answer unconstrained) */
+   * several tokens per result item (xt); submit got its guide (an older coordinator would answer unconstrained);
+   * version 5 gave step items the draft model's proposals (dm), which an older worker would skip and verify
+   * the placeholders */
   ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 4);
-  ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 4);
+  ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 5);
   ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 4);
   ck_assert_uint_eq(proto_type_version(PROTO_T_EVENT), 1); /* v4's stop reason is skipped by older clients */
   ck_assert_uint_eq(proto_type_version(PROTO_T_COUNT), 0);

@@ -101,7 +101,10 @@ static int worker__copies(worker_t *w, const proto_step_t *st) {
     w->copy_pairs[2 * i + 1] = (int32_t)st->copies[i].dst;
   }
   if (!w->be->ops->kv_copy_blocks) return fr_errorf(FR_EUNSUPPORTED, "backend cannot copy KV blocks");
-  return w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
+  int rc = w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
+  if (!rc && w->dm) /* the draft's pool has the same blocks */
+    rc = w->be->ops->kv_copy_blocks(w->be->ctx, &w->dpool, w->copy_pairs, (int)st->n_copies);
+  return rc;
 }
 
 model_sampling_t worker__sampling(const worker_hist_t *h) {

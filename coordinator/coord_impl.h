@@ -104,6 +104,7 @@ struct coord {
   model_source_t *src;
   model_tokenizer_t *tok;
   int vocab, max_model_len, n_layers;
+  int n_embd;                     /* --task embed: the embeddings' length (the model's dim); else 0 */
   struct model_gvocab *gvocab;    /* every token's bytes, for constrained decoding's masks (made at first use) */
   struct model_gscratch *gscratch; /* the masks' work memory */
   /* sockets */
@@ -251,6 +252,8 @@ void coord__jobs_cancel_fd(coord_t *c, int fd);
 /* Appends a sampled token to a running job and applies the token-level
  * stop rules (EOS, stop ids, max_tokens, context end). */
 void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row);
+/* An embed job's result item: keeps its embedding and ends the job. */
+void coord__job_embedding(coord_t *c, coord_job_t *j, const proto_result_item_t *ri);
 
 /* ---- guide.c: constrained decoding ---- */
 /* Compiles the submit's guide (a JSON schema or a regex) for j. Returns

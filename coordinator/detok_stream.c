@@ -117,6 +117,10 @@ static void coord__event_fill(coord_t *c, coord_job_t *j, proto_event_t *e, size
     e->n_logits = (uint32_t)((size_t)n * (size_t)c->vocab);
     e->logits = j->logits; /* rows from out_sent on */
   }
+  if (j->embd) {
+    e->n_embd = j->n_embd;
+    e->embd = j->embd;
+  }
   if (j->finish != PROTO_FINISH_NONE) {
     e->finish = j->finish;
     e->has_usage = true;

@@ -67,6 +67,7 @@ static void coord__job_destroy(coord_job_t *j) {
   free(j->lp);
   free(j->top);
   free(j->logits);
+  free(j->embd);
   free(j->text);
   free(j);
 }
@@ -179,6 +180,23 @@ void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri
   else if (k + 1 >= j->max_tokens || j->n_tok >= c->max_model_len) coord__job_finish(c, j, PROTO_FINISH_LENGTH);
 }
 
+/* An embedding job's answer: the pooled state of its prompt's last token
+ * (from the step that fed it); the job ends with it. */
+void coord__job_embedding(coord_t *c, coord_job_t *j, const proto_result_item_t *ri) {
+  if ((int)ri->n_embd != c->n_embd || j->embd) {
+    FR_LOGE("job %llu: an embedding of %u floats from the worker, expected %d", (unsigned long long)j->id,
+            ri->n_embd, c->n_embd);
+    coord__job_fail(c, j, PROTO_ERR_INTERNAL, "the worker returned no embedding");
+    return;
+  }
+  j->embd = fr_malloc((size_t)ri->n_embd * sizeof(float));
+  memcpy(j->embd, ri->embd, (size_t)ri->n_embd * sizeof(float));
+  j->n_embd = ri->n_embd;
+  j->t_first_ns = j->t_last_ns = fr_now_ns();
+  if (c->metrics) coord_metrics_ttft(c->metrics, (j->t_first_ns - j->t_arrival_ns) / 1e9);
+  coord__job_finish(c, j, PROTO_FINISH_STOP);
+}
+
 /* ---- intake -------------------------------------------------------------------- */
 
 typedef struct {
@@ -227,6 +245,12 @@ static coord_reject_t coord__precheck(coord_t *c, const coord_peer_t *p, const p
   if (c->sched.n_waiting + c->n_tokenizing >= c->cfg.max_waiting)
     return (coord_reject_t){PROTO_ERR_BUSY, "the queue is full"};
   if (coord__job_find(c, p, s->id)) return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "a job with this id is running"};
+  if (s->ph.embed && !c->cfg.embed)
+    return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "this server generates text: embeddings need a server started "
+                                                   "with --task embed"};
+  if (!s->ph.embed && c->cfg.embed)
+    return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "this server was started with --task embed: it serves embeddings "
+                                                   "only"};
   return (coord_reject_t){0, NULL};
 }
 
@@ -276,6 +300,8 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->sp = s->sp;
   if (!s->sp.has_seed) j->sp.seed = fr_now_ns() ^ (j->serial * 0x9e3779b97f4a7c15ull), j->sp.has_seed = true;
   j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
+  j->embed = s->ph.embed;
+  if (j->embed) j->max_tokens = 1; /* no output: room for the step that pools the prompt */
   j->ignore_eos = s->stop.ignore_eos;
   j->include_stop = s->stop.include;
   j->stream = s->stream;

@@ -80,6 +80,7 @@ static int coord__tokenizer(coord_t *c) {
   if (rc) return rc;
   if (c->cfg.chat_template && (rc = coord__chat_template(c))) return rc;
   c->vocab = c->src->config.vocab_size;
+  c->n_embd = c->cfg.embed ? c->src->config.dim : 0;
   c->n_layers = c->src->config.n_layers;
   return 0;
 }

@@ -88,6 +88,9 @@ struct coord_job {
   int32_t *stop_ids;         /* (n_stop_ids) owned */
   uint32_t n_stop_ids;
   bool ignore_eos, stream, return_logits;
+  bool embed;                /* an embedding job: its final prefill result is the answer (embd) */
+  float *embd;               /* (n_embd) owned, once the embedding came back */
+  uint32_t n_embd;
   bool include_stop;         /* a matched stop string stays in the text */
   uint32_t truncate;         /* keep only the last this many prompt tokens (0: all) */
   int32_t stop_id;           /* the stop token id that ended it, or -1 */

@@ -198,7 +198,8 @@ static void coord__apply(coord_t *c, const proto_result_t *r) {
       const float *row = NULL;
       if (!it) FR_LOGE("step %llu: no result for slot %d", (unsigned long long)r->step_id, s->slot);
       if (it && it->has_logits && lbase && it->logits.row < lrows) row = lbase + (size_t)it->logits.row * (size_t)c->vocab;
-      if (it) coord__spec_append(c, j, it, row);
+      if (it && j->embed) coord__job_embedding(c, j, it);
+      else if (it) coord__spec_append(c, j, it, row);
       else coord__job_finish(c, j, PROTO_FINISH_ERROR);
       c->touched[c->n_touched++] = j;
     }

@@ -49,11 +49,26 @@ int cli_model_path_abs(const char *path, char *out, size_t cap);
  * (config.json) or .gguf file (the one there, or the one whose name
  * contains PATTERN) that such a name loads from the cache, or an error that
  * says what is missing (nothing is downloaded). cli_model_resolve: a path
- * that exists as cli_model_path_abs makes it, else a Hub name resolved. */
+ * that exists as cli_model_path_abs makes it, else a Hub name resolved,
+ * pulled first when the cache lacks it (unless HF_HUB_OFFLINE is set). */
 int cli_hf_cache_dir(char *out, size_t cap);
 bool cli_hf_is_name(const char *s);
 int cli_hf_resolve(const char *name, char *out, size_t cap);
+/* cli_hf_resolve, pulling the model first when the cache lacks it (an
+ * error instead when HF_HUB_OFFLINE is set). */
+int cli_hf_find(const char *name, char *out, size_t cap);
 int cli_model_resolve(const char *arg, char *out, size_t cap);
+
+/* Downloads the files that name ("org/name" or "org/name:PATTERN") loads
+ * from the Hub's revision (NULL: main) into the Hugging Face cache
+ * (hf_pull.c): resumable, each file checked against the Hub's sha256 (or
+ * git sha1), laid out as huggingface_hub lays it out. Returns 0, or an error
+ * (fr_last_error) that says what failed; a partial download stays as
+ * blobs/ETAG.incomplete for the next pull to resume. */
+int cli_hf_pull(const char *name, const char *revision);
+
+/* Whether HF_HUB_OFFLINE is set (1, true, yes, on): nothing is downloaded. */
+bool cli_hf_offline(void);
 
 /* Parses an int / float option value; prints a usage error and returns -1
  * when it is not a number in [lo, hi]. */

@@ -119,7 +119,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
   }
   if (!o->model) o->model = cli_default_model();
   if (cli_hf_is_name(o->model) && access(o->model, F_OK) != 0) {
-    if (cli_hf_resolve(o->model, o->model_buf, sizeof o->model_buf)) {
+    if (cli_hf_find(o->model, o->model_buf, sizeof o->model_buf)) {
       fprintf(stderr, "ferrumctl run: --model %s\n", fr_last_error());
       return 2;
     }

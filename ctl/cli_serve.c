@@ -53,6 +53,8 @@ static void serve_usage(FILE *f) {
           "  --kv-cache-memory-bytes N     KV cache bytes per worker, on any device: bytes, or K/M/G/T (powers\n"
           "                                of 1024) or k/m/g/t (of 1000), e.g. 4G; overrides --gpu-memory-utilization\n"
           "  --num-kv-blocks N             exactly N KV blocks (overrides both)\n"
+          "  --task generate|embed         embed: serve /v1/embeddings (the last token's final hidden state,\n"
+          "                                L2-normalized) instead of text generation\n"
           "  --kv-cache-dtype T            auto (default: f16 on the CPU, the activation type on a GPU), int8\n"
           "                                or fp8 (E4M3): one byte per element and an f16 scale per token and KV\n"
           "                                head, so the same bytes hold about twice the tokens\n"
@@ -98,7 +100,7 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -137,6 +139,13 @@ static int serve_opt(serve_opts_t *o, int c) {
       return 2;
     }
     k->kv_cache_dtype = optarg;
+    return 0;
+  case O_TASK:
+    if (strcmp(optarg, "generate") && strcmp(optarg, "embed")) {
+      fprintf(stderr, "ferrumctl serve: --task is generate or embed, got '%s'\n", optarg);
+      return 2;
+    }
+    k->embed = !strcmp(optarg, "embed");
     return 0;
   case O_KVBYTES: if (cli_parse_size("--kv-cache-memory-bytes", optarg, &k->kv_cache_memory_bytes)) return 2; return 0;
   case O_PC: k->no_prefix_caching = false; return 0;
@@ -196,6 +205,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"gpu-memory-utilization", required_argument, 0, O_GMU},
       {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
       {"kv-cache-dtype", required_argument, 0, O_KVDTYPE},
+      {"task", required_argument, 0, O_TASK},
       {"enable-prefix-caching", no_argument, 0, O_PC},
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},

@@ -4,9 +4,8 @@
  * list` / `ferrumctl rm` over that cache. The layout is huggingface_hub's
  * (HF_HUB_CACHE, else HF_HOME/hub, else XDG_CACHE_HOME/huggingface/hub,
  * else ~/.cache/huggingface/hub; models--ORG--NAME/{blobs,refs,snapshots}),
- * so models that other tools downloaded load without a copy. Downloading
- * by name is not built: a name missing from the cache is an error that
- * says so. */
+ * so models that other tools downloaded load without a copy. A name
+ * missing from the cache is pulled (hf_pull.c) unless HF_HUB_OFFLINE is set. */
 #include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
@@ -125,10 +124,7 @@ int cli_hf_resolve(const char *name, char *out, size_t cap) {
   if (rc) return rc;
   struct stat st;
   if (stat(repo, &st) != 0)
-    return fr_errorf(FR_ENOTFOUND,
-                     "%s is neither a path nor a model in the Hugging Face cache (%s); downloading by name is not "
-                     "built yet: download it with huggingface_hub (huggingface-cli download) or give a path",
-                     name, cache);
+    return fr_errorf(FR_ENOTFOUND, "%s is neither a path nor a model in the Hugging Face cache (%s)", name, cache);
   if ((rc = hf_snapshot(repo, name, snap, sizeof snap))) return rc;
   bool folder = !pattern && hf_fmt(path, "%s/config.json", snap) && access(path, R_OK) == 0;
   if (folder) return snprintf(out, cap, "%s", snap) < (int)cap ? 0 : fr_errorf(FR_ETOOBIG, "%s: path too long", name);
@@ -149,11 +145,22 @@ int cli_hf_resolve(const char *name, char *out, size_t cap) {
   return rc;
 }
 
+int cli_hf_find(const char *name, char *out, size_t cap) {
+  int rc = cli_hf_resolve(name, out, cap);
+  if (rc == FR_ENOTFOUND && cli_hf_offline())
+    return fr_errorf(rc, "%s (HF_HUB_OFFLINE is set: nothing is downloaded)", fr_last_error());
+  if (rc == FR_ENOTFOUND) {
+    rc = cli_hf_pull(name, NULL);
+    if (!rc) rc = cli_hf_resolve(name, out, cap);
+  }
+  return rc;
+}
+
 int cli_model_resolve(const char *arg, char *out, size_t cap) {
   struct stat st;
   if (stat(arg, &st) != 0 && cli_hf_is_name(arg)) {
     char snap[HF_PATH];
-    int rc = cli_hf_resolve(arg, snap, sizeof snap);
+    int rc = cli_hf_find(arg, snap, sizeof snap);
     return rc ? rc : cli_model_path_abs(snap, out, cap);
   }
   return cli_model_path_abs(arg, out, cap);

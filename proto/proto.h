@@ -67,6 +67,7 @@ extern "C" {
 #define PROTO_MAX_RANKS 16u             /* tensor-parallel ranks a status lists */
 #define PROTO_MAX_MODELS 256u           /* models in a list reply */
 #define PROTO_MAX_LOGITS (1u << 20)     /* logits floats in an event */
+#define PROTO_MAX_EMBD 65536u           /* floats in one embedding */
 
 /* Message types; the wire carries the name ("step", ...). */
 typedef enum {
@@ -213,6 +214,7 @@ typedef struct {
   uint32_t max_ctx;    /* "ctx" */
   proto_error_t error; /* "err" code != 0: the load failed */
   uint64_t block_bytes;/* "bpb" bytes of one KV block on this worker (0 = not said) */
+  uint32_t n_embd;     /* "ne"  loaded for embeddings (the load option pooling): their length; 0 = generation */
 } proto_loaded_t;
 
 /* The KV pool's final size, after every worker reported (sizing loads):
@@ -313,6 +315,9 @@ typedef struct {
   float *extra_lp;              /* (n_extra_lp) */
   uint32_t n_extra_top;         /* "xtp" n_extra * n_top entries (or 0) */
   proto_toplp_t *extra_top;     /* (n_extra_top) */
+  uint32_t n_embd;              /* "em"  a worker loaded for embeddings (pooling): the sequence's pooled
+                                 * final hidden state (token -1), <= PROTO_MAX_EMBD */
+  float *embd;                  /* (n_embd) */
 } proto_result_item_t;
 
 typedef struct {
@@ -374,6 +379,8 @@ typedef struct {
   uint32_t truncate;  /* "tr" 0 = none: keep only the last this many prompt tokens (after tokenizing) */
   uint64_t fork_of;   /* "fk" 0 = none: the id of an earlier job of this client with the same prompt; this job
                        * shares that job's prompt KV blocks once its prefill is done (n > 1) */
+  bool embed;         /* "em" the prompt's embedding instead of generated tokens (a server started with
+                       * --task embed); the job's one event carries it */
 } proto_prompt_opts_t;
 
 /* Constrained decoding ("gd", v4): the output must be a sentence of this. */
@@ -445,6 +452,8 @@ typedef struct {
   char *stop_str;        /* "ss"  v4, with finish == STOP: the stop string that matched, or NULL */
   int32_t stop_id;       /* "si"  v4, default -1; with finish == STOP: the stop token id that ended the job
                           * (not EOS) */
+  uint32_t n_embd;       /* "em"  an embed job's embedding (pooled, not normalized), on its last event */
+  float *embd;           /* (n_embd) */
 } proto_event_t;
 
 typedef struct {

@@ -224,6 +224,7 @@ static const proto_field_t f_loaded[] = {
     FS("r", PF_I32, PF_REQ, proto_loaded_t, rank),
     FS("kvb", PF_U32, 0, proto_loaded_t, kv_blocks),
     FS("nv", PF_U32, 0, proto_loaded_t, n_vocab),
+    FS("ne", PF_U32, 0, proto_loaded_t, n_embd),
     FS("ctx", PF_U32, 0, proto_loaded_t, max_ctx),
     FOBJ("err", 0, proto_loaded_t, error, s_error),
     FS("bpb", PF_U64, 0, proto_loaded_t, block_bytes),
@@ -310,6 +311,7 @@ static const proto_field_t f_result_item[] = {
     FARR("xt", PF_I32S, 0, proto_result_item_t, extra, n_extra, PROTO_MAX_SPEC),
     FARR("xl", PF_F32S, 0, proto_result_item_t, extra_lp, n_extra_lp, PROTO_MAX_SPEC),
     FOBJS("xtp", 0, proto_result_item_t, extra_top, n_extra_top, PROTO_MAX_SPEC * PROTO_MAX_TOPN, s_toplp),
+    FARR("em", PF_F32S, 0, proto_result_item_t, embd, n_embd, PROTO_MAX_EMBD),
 };
 
 static int check_result_item(const void *body) {
@@ -373,6 +375,7 @@ SCHEMA(s_stop, "stop", proto_stop_t, f_stop, def_stop, NULL);
 static const proto_field_t f_prompt_opts[] = {
     FS("tr", PF_U32, 0, proto_prompt_opts_t, truncate),
     FS("fk", PF_U64, 0, proto_prompt_opts_t, fork_of),
+    FS("em", PF_BOOL, 0, proto_prompt_opts_t, embed),
 };
 SCHEMA(s_prompt_opts, "prompt handling", proto_prompt_opts_t, f_prompt_opts, def_prompt_opts, NULL);
 static const char *const guide_names[] = {NULL, "json", "regex"};
@@ -422,6 +425,7 @@ static const proto_field_t f_event[] = {
     FOBJ("err", 0, proto_event_t, error, s_error),
     FSTR("ss", 0, proto_event_t, stop_str, PROTO_MAX_STR),
     FS("si", PF_I32, 0, proto_event_t, stop_id),
+    FARR("em", PF_F32S, 0, proto_event_t, embd, n_embd, PROTO_MAX_EMBD),
 };
 SCHEMA(s_event, "event", proto_event_t, f_event, def_event, check_event);
 

@@ -33,6 +33,7 @@ int worker__draft_load(worker_t *w, const char *path, int max_tokens, int max_se
   if (w->args.world_size > 1)
     return fr_errorf(FR_EUNSUPPORTED, "a draft model with tensor parallelism (%d ranks) is not built",
                      w->args.world_size);
+  if (w->m->pooling) return fr_errorf(FR_EUNSUPPORTED, "a draft model speeds up generation, not embeddings");
   model_load_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .tp_rank = 0, .tp_size = 1};
   int rc = model_load(&w->dm, path, w->be, &mo);
   if (rc) return fr_errorf(rc, "draft model %s: %s", path, fr_last_error());

@@ -21,6 +21,7 @@ typedef struct {
   bool multi_host; /* the group has ranks on other hosts */
   int kv_dtype;    /* kern_kv_dtype_t */
   const char *draft; /* speculative decoding's draft model (a GGUF file or HF folder), or NULL */
+  model_pooling_t pooling; /* "pooling" = "last": an embedding model (--task embed) */
 } worker_load_opts_t;
 
 static int worker__opt_long(const char *key, const char *v, long lo, long hi, long *out) {
@@ -49,7 +50,10 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "multi_host")) o->multi_host = !strcmp(v, "1");
     else if (!strcmp(k, "block_size")) rc = worker__opt_long(k, v, 1, 4096, &o->block_size);
     else if (!strcmp(k, "max_blocks")) rc = worker__opt_long(k, v, 1, PROTO_MAX_TABLE, &o->max_blocks);
-    else if (!strcmp(k, "kv_cache_dtype") && (o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
+    else if (!strcmp(k, "pooling")) {
+      if (strcmp(v, "last")) rc = fr_errorf(FR_EPROTO, "load option pooling=%s: only last is supported", v);
+      o->pooling = MODEL_POOL_LAST;
+    } else if (!strcmp(k, "kv_cache_dtype") && (o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
       rc = fr_errorf(FR_EPROTO, "load option kv_cache_dtype=%s: not auto, int8 or fp8", v);
     else FR_LOGW("unknown load option %s ignored", k);
     if (rc) return rc;
@@ -153,7 +157,8 @@ static int worker__logits_seg(worker_t *w) {
 }
 
 static void worker__scratch(worker_t *w) {
-  size_t T = (size_t)w->max_tokens, S = (size_t)w->max_seqs, V = (size_t)w->vocab;
+  size_t T = (size_t)w->max_tokens, S = (size_t)w->max_seqs;
+  size_t V = (size_t)FR_MAX(w->vocab, model_out_width(w->m)); /* pooled rows are dim wide */
   w->tokens = fr_malloc(T * sizeof(int32_t));
   w->pos = fr_malloc(T * sizeof(int32_t));
   w->slots = fr_malloc(T * sizeof(int32_t));
@@ -334,7 +339,7 @@ static int worker__attach_control(worker_t *w, uint32_t kv_blocks) {
 static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_opts_t *o) {
   model_load_opts_t mo = {.max_tokens = (int)o->max_tokens, .max_seqs = (int)o->max_seqs,
                          .progress = w->args.rank == 0, /* one rank logs the weights' progress */
-                         .tp_rank = w->args.rank, .tp_size = w->args.world_size};
+                         .tp_rank = w->args.rank, .tp_size = w->args.world_size, .pooling = o->pooling};
   int rc;
   if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
     model_config_t cfg;

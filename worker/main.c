@@ -126,6 +126,7 @@ static int worker__on_load(worker_t *w, const proto_load_t *l) {
     r.block_bytes = w->kv_block_bytes;
     r.n_vocab = (uint32_t)w->vocab;
     r.max_ctx = (uint32_t)w->m->cfg.max_ctx;
+    r.n_embd = w->m->pooling ? (uint32_t)w->m->cfg.dim : 0;
     FR_LOGI("loaded %s in %.2f s: room for %u KV blocks of %d tokens (%.1f MiB), %d tokens / %d seqs per step",
             l->path, (fr_now_ns() - t0) / 1e9, w->kv_capacity, w->kv_block_size,
             (double)w->kv_capacity * w->kv_block_bytes / 1048576.0, w->max_tokens, w->max_seqs);
@@ -133,6 +134,7 @@ static int worker__on_load(worker_t *w, const proto_load_t *l) {
     r.kv_blocks = (uint32_t)w->info.n_blocks;
     r.n_vocab = (uint32_t)w->vocab;
     r.max_ctx = (uint32_t)w->m->cfg.max_ctx;
+    r.n_embd = w->m->pooling ? (uint32_t)w->m->cfg.dim : 0;
     FR_LOGI("loaded %s in %.2f s: %d KV blocks of %d tokens, %d tokens / %d seqs per step", l->path,
             (fr_now_ns() - t0) / 1e9, w->info.n_blocks, w->info.block_size, w->max_tokens, w->max_seqs);
   }

@@ -205,6 +205,23 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
   if (!isfinite(ri->logprob)) worker__item_nonfinite(ri); /* a NaN or +Inf logit makes the log-softmax NaN */
 }
 
+/* An embedding model's result: the pooled row itself (borrowed from
+ * w->logits until the reply is encoded), no token. */
+static void worker__embd_item(worker_t *w, const proto_step_item_t *it, float *row, int r) {
+  proto_result_item_t *ri = &w->ritems[r];
+  memset(ri, 0, sizeof *ri);
+  ri->slot = it->slot;
+  ri->token = -1;
+  ri->n_embd = (uint32_t)w->m->cfg.dim;
+  ri->embd = row;
+  for (int i = 0; i < w->m->cfg.dim; i++)
+    if (!isfinite(row[i])) {
+      worker__item_nonfinite(ri);
+      ri->n_embd = 0;
+      return;
+    }
+}
+
 /* --fake-workers (benchmarks of the coordinator): no logits, a token that
  * depends only on the position, so the worker's share stays tiny. */
 static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s, int r) {
@@ -220,6 +237,7 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
  * (constrained decoding: the host sampler applies them). */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256 || w->spec) return false; /* proposals: verified on the host */
+  if (w->m && w->m->pooling) return false; /* embeddings: nothing to sample */
   for (uint32_t i = 0; i < st->n_items; i++) /* logits rows and constrained decoding's masks: the host */
     if (st->items[i].final && (w->hist[st->items[i].slot].sp.want_logits || st->items[i].n_mask)) return false;
   return true;
@@ -352,9 +370,10 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   if (w->args.rank == 0 && !on_device)
     for (uint32_t i = 0, row = 0; i < st->n_items; row += w->spec ? (uint32_t)w->rows[i] : 1, i++) {
       const proto_step_item_t *it = &st->items[i];
-      float *lg = w->logits + (size_t)row * (size_t)w->vocab;
+      float *lg = w->logits + (size_t)row * (size_t)(w->m ? model_out_width(w->m) : w->vocab);
       if (!it->final) continue;
       if (w->fake_forward) worker__fake_sample(w, it, (int)i, (int)n_res++);
+      else if (w->m->pooling) worker__embd_item(w, it, lg, (int)n_res++);
       else if (it->n_spec && it->draft && w->dm)
         worker__spec_verify(w, it, lg, w->dq + (size_t)w->drow[i] * (size_t)w->vocab, worker__draft_made(w, (int)i),
                             (int)n_res++, &x_used);

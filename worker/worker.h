@@ -83,7 +83,7 @@ typedef struct {
   int32_t *ctx_len;                /* (max_seqs) */
   int32_t *tables;                 /* (max_seqs, max_blocks_per_seq) */
   int32_t *copy_pairs;             /* (2 * PROTO_MAX_COPIES) */
-  float *logits;                   /* (max_seqs, vocab) host */
+  float *logits;                   /* (max_seqs, vocab) host; (max_seqs, dim) rows with pooling */
   float *raw;                      /* (vocab) one row before sampling */
   proto_result_item_t *ritems;     /* (max_seqs) */
   proto_step_item_t *ok_items;     /* (max_seqs) the step's items this worker accepted */

@@ -107,7 +107,8 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   bool cmpl = !strcmp(url, "/v1/completions"), chat = !strcmp(url, "/v1/chat/completions");
   bool models = !strcmp(url, "/v1/models");
   bool tokenize = !strcmp(url, "/tokenize"), detokenize = !strcmp(url, "/detokenize");
-  if (!cmpl && !chat && !models && !tokenize && !detokenize) {
+  bool embed = !strcmp(url, "/v1/embeddings");
+  if (!cmpl && !chat && !models && !tokenize && !detokenize && !embed) {
     coord_http_err_t e;
     coord_http_err(&e, 404, NULL, "Invalid URL (%s %.200s)", method, url);
     return coord_http__send_error(h, c, &e);
@@ -118,7 +119,8 @@ static int http_route(struct coord_http *h, struct MHD_Connection *c, const char
   if (up->too_big) return http_error(h, c, 413, NULL, "the request body is larger than 4 MiB");
   if (tokenize || detokenize)
     return (tokenize ? coord_http__tokenize : coord_http__detokenize)(h, c, up->body ? up->body : "", up->len);
-  return coord_http__job(h, c, chat ? COORD_HTTP_API_CHAT : COORD_HTTP_API_COMPLETIONS, up->body ? up->body : "",
+  coord_http_api_t api = chat ? COORD_HTTP_API_CHAT : embed ? COORD_HTTP_API_EMBEDDINGS : COORD_HTTP_API_COMPLETIONS;
+  return coord_http__job(h, c, api, up->body ? up->body : "",
                          up->len, up->http11, &up->job);
 }
 

@@ -29,7 +29,7 @@ struct pollfd;
 #define COORD_HTTP_MAX_BODY (4u << 20) /* request bodies larger get 413 */
 #define COORD_HTTP_MAX_CONN 4096u      /* connections by default (within RLIMIT_NOFILE) */
 
-typedef enum { COORD_HTTP_API_COMPLETIONS = 0, COORD_HTTP_API_CHAT } coord_http_api_t;
+typedef enum { COORD_HTTP_API_COMPLETIONS = 0, COORD_HTTP_API_CHAT, COORD_HTTP_API_EMBEDDINGS } coord_http_api_t;
 
 /* An error answer: HTTP status and OpenAI's {"error": {...}} fields. */
 typedef struct {
@@ -67,6 +67,8 @@ typedef struct {
   bool include_usage;   /* stream_options.include_usage */
   int logprobs;         /* -1 none; else alternatives per token (0..PROTO_MAX_TOPN) */
   bool echo;            /* completions: prompt text in front of the answer */
+  bool base64;          /* embeddings: encoding_format "base64" */
+  uint32_t dimensions;  /* embeddings: asked length (0: the model's); only the model's is served */
   uint32_t n;           /* choices per prompt */
   uint32_t best_of;     /* sequences per prompt (>= n): the n with the highest cumulative logprob are returned */
   uint32_t n_prompts;   /* >= 1 */
@@ -188,6 +190,12 @@ char *coord_http_chunk_sse_tools(const coord_http_meta_t *m, const proto_event_t
                                  const coord_tool_out_t *out, uint32_t call0, bool called, uint32_t index);
 /* data: {"error": ...}\n\n for a stream that fails after it started. */
 char *coord_http_error_sse(const coord_http_err_t *e);
+/* /v1/embeddings' answer: {"object": "list", "data": [{"object":
+ * "embedding", "index", "embedding"}], "model", "usage"}; each vector L2
+ * normalized (as vLLM and OpenAI return them), as floats or, base64, as the
+ * bytes of little-endian float32s. vecs[i] has n[i] floats. */
+char *coord_http_embed_json(const char *model, float *const *vecs, const uint32_t *n, size_t count, bool base64,
+                            uint32_t prompt_tokens);
 /* {"object": "list", "data": [{"id", "object": "model", ...}]} */
 char *coord_http_models_json(const char *name, uint32_t max_model_len, long long created);
 

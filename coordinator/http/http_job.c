@@ -45,6 +45,8 @@ struct coord_http_choice {
   coord_tool_stream_t tools;   /* a stream parsed for tool calls (meta.tool_parser) */
   coord_tool_out_t tool_out;   /* what its last feed decided */
   uint32_t n_calls;            /* tool calls streamed so far */
+  float *embd;                 /* (n_embd) an embeddings request: the vector its job returned (owned) */
+  uint32_t n_embd;
   bool finished, in_table;
 };
 
@@ -176,6 +178,7 @@ void coord_http__job_free(coord_http_job_t *j) {
     coord_http_acc_free(&j->choices[i].acc);
     coord_tool_stream_free(&j->choices[i].tools);
     coord_tool_out_free(&j->choices[i].tool_out);
+    free(j->choices[i].embd);
   }
   for (uint32_t i = 0; j->echo && i < j->req.n_prompts; i++) free(j->echo[i]);
   free(j->echo);
@@ -412,7 +415,13 @@ static void job_on_json_msg(coord_http_job_t *j, coord_http_choice_t *ch, const 
     job_fail(j, &e);
     return;
   }
-  if (job_acc_add(j, ch, &m->u.event)) {
+  const proto_event_t *ev = &m->u.event;
+  if (ev->n_embd && !ch->embd) { /* an embeddings request: its vector */
+    ch->embd = fr_malloc((size_t)ev->n_embd * sizeof(float));
+    memcpy(ch->embd, ev->embd, (size_t)ev->n_embd * sizeof(float));
+    ch->n_embd = ev->n_embd;
+  }
+  if (job_acc_add(j, ch, ev)) {
     coord_http_err(&e, 500, NULL, "out of memory");
     job_fail(j, &e);
     return;
@@ -579,8 +588,33 @@ static char *job_final_json(coord_http_job_t *j) {
   return body;
 }
 
+/* An embeddings request's body: every input's vector, or e's error. */
+static char *job_embed_json(coord_http_job_t *j, coord_http_err_t *e) {
+  float **vecs = fr_malloc(j->n_choices * sizeof *vecs);
+  uint32_t *n = fr_malloc(j->n_choices * sizeof *n), tokens = 0;
+  char *body = NULL;
+  for (uint32_t i = 0; i < j->n_choices; i++) {
+    vecs[i] = j->choices[i].embd, n[i] = j->choices[i].n_embd;
+    tokens += j->choices[i].acc.usage.prompt_tokens;
+    if (!vecs[i]) coord_http_err(e, 500, NULL, "input %u: the engine returned no embedding", i);
+    else if (j->req.dimensions && j->req.dimensions != n[i])
+      coord_http_err(e, 400, "dimensions", "this model's embeddings have %u dimensions and cannot be shortened "
+                                           "(it is not a Matryoshka model); 'dimensions' must be %u or absent", n[i], n[i]);
+    else continue;
+    goto out;
+  }
+  body = coord_http_embed_json(j->meta.model, vecs, n, j->n_choices, j->req.base64, tokens);
+  if (!body) coord_http_err(e, 500, NULL, "out of memory");
+out:
+  free(vecs);
+  free(n);
+  return body;
+}
+
 static int job_answer_json(struct coord_http *h, struct MHD_Connection *c, coord_http_job_t *j) {
-  char *body = job_final_json(j);
+  coord_http_err_t e;
+  char *body = j->meta.api == COORD_HTTP_API_EMBEDDINGS ? job_embed_json(j, &e) : job_final_json(j);
+  if (!body && j->meta.api == COORD_HTTP_API_EMBEDDINGS) return coord_http__send_error(h, c, &e);
   struct MHD_Response *r = body ? MHD_create_response_from_buffer(strlen(body), body, MHD_RESPMEM_MUST_FREE) : NULL;
   if (!r) {
     free(body);
@@ -608,7 +642,8 @@ int coord_http__job_answer(struct coord_http *h, struct MHD_Connection *c, coord
 static void job_meta_init(coord_http_job_t *j, coord_http_api_t api) {
   coord_http_meta_t *m = &j->meta;
   m->api = api;
-  snprintf(m->id, sizeof m->id, "%s-%016llx%08x", api == COORD_HTTP_API_CHAT ? "chatcmpl" : "cmpl",
+  snprintf(m->id, sizeof m->id, "%s-%016llx%08x",
+           api == COORD_HTTP_API_CHAT ? "chatcmpl" : api == COORD_HTTP_API_EMBEDDINGS ? "embd" : "cmpl",
            (unsigned long long)j->req.sub.id, (unsigned)(fr_now_ns() & 0xffffffffu));
   m->created = (long long)time(NULL);
   m->model = j->h->model;

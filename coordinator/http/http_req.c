@@ -249,21 +249,22 @@ static uint32_t req_prompt_tokens(const coord_http_req_t *r, uint32_t n) {
 
 /* One prompt: a non-empty string or a non-empty list of token ids. */
 static int req_prompt_one(coord_http_req_t *r, json_t *p, size_t i, uint32_t max_model_len, coord_http_err_t *e) {
+  const char *key = r->api == COORD_HTTP_API_EMBEDDINGS ? "input" : "prompt";
   coord_http_prompt_t *out = &r->prompts[i];
   if (json_is_string(p)) {
     if (json_string_length(p) > PROTO_MAX_TEXT)
-      return coord_http_err(e, 400, "prompt", "'prompt' is longer than %u bytes", PROTO_MAX_TEXT);
+      return coord_http_err(e, 400, key, "'%s' is longer than %u bytes", key, PROTO_MAX_TEXT);
     out->text = json_string_value(p);
     out->text_len = (uint32_t)json_string_length(p);
-    if (out->text_len == 0) return coord_http_err(e, 400, "prompt", "'prompt' must not be empty");
+    if (out->text_len == 0) return coord_http_err(e, 400, key, "'%s' must not be empty", key);
     return 0;
   }
   if (!json_is_array(p) || json_array_size(p) == 0)
-    return coord_http_err(e, 400, "prompt", "'prompt' must be a string, a list of token ids, or a list of those");
-  if (req_ids(p, "prompt", PROTO_MAX_TOKENS, &out->ids, &out->n_ids, e)) return -1;
+    return coord_http_err(e, 400, key, "'%s' must be a string, a list of token ids, or a list of those", key);
+  if (req_ids(p, key, PROTO_MAX_TOKENS, &out->ids, &out->n_ids, e)) return -1;
   uint32_t n = req_prompt_tokens(r, out->n_ids);
   if (max_model_len && n >= max_model_len)
-    return coord_http_err(e, 400, "prompt",
+    return coord_http_err(e, 400, key,
                           "This model's maximum context length is %u tokens. However, you requested %u tokens in the "
                           "prompt. Please reduce the length of the prompt.",
                           max_model_len, n);
@@ -273,12 +274,13 @@ static int req_prompt_one(coord_http_req_t *r, json_t *p, size_t i, uint32_t max
 /* prompt: a string, a list of token ids, or a list of either (several
  * prompts, OpenAI's batch). */
 static int req_prompt(coord_http_req_t *r, uint32_t max_model_len, coord_http_err_t *e) {
-  json_t *p = req_get(r->root, "prompt");
-  if (!p) return coord_http_err(e, 400, "prompt", "'prompt' is required");
+  const char *key = r->api == COORD_HTTP_API_EMBEDDINGS ? "input" : "prompt";
+  json_t *p = req_get(r->root, key);
+  if (!p) return coord_http_err(e, 400, key, "'%s' is required", key);
   bool batch = json_is_array(p) && json_array_size(p) > 0 && !json_is_integer(json_array_get(p, 0));
   size_t n = batch ? json_array_size(p) : 1;
   if (n > COORD_HTTP_MAX_SEQS)
-    return coord_http_err(e, 400, "prompt", "'prompt' has %zu prompts, at most %u allowed", n, COORD_HTTP_MAX_SEQS);
+    return coord_http_err(e, 400, key, "'%s' has %zu prompts, at most %u allowed", key, n, COORD_HTTP_MAX_SEQS);
   r->prompts = calloc(n, sizeof *r->prompts);
   if (!r->prompts) return coord_http_err(e, 500, NULL, "out of memory");
   r->n_prompts = (uint32_t)n;
@@ -425,7 +427,27 @@ static int req_truncate(coord_http_req_t *r, uint32_t max_model_len, coord_http_
   return 0;
 }
 
+/* /v1/embeddings: input (as completions' prompt), encoding_format,
+ * dimensions (only the model's own length: no Matryoshka truncation),
+ * user, truncate_prompt_tokens (vLLM's); one sequence per input. */
+static int req_embed_fields(coord_http_req_t *r, const char *served, uint32_t max_model_len, coord_http_err_t *e) {
+  if (req_model(r, served, e) || req_truncate(r, max_model_len, e) || req_prompt(r, max_model_len, e)) return -1;
+  json_t *fmt = req_get(r->root, "encoding_format");
+  if (fmt && !(json_is_string(fmt) && (!strcmp(json_string_value(fmt), "float") ||
+                                      (r->base64 = !strcmp(json_string_value(fmt), "base64")))))
+    return coord_http_err(e, 400, "encoding_format", "'encoding_format' must be \"float\" or \"base64\"");
+  json_t *user = req_get(r->root, "user");
+  if (user && !json_is_string(user)) return coord_http_err(e, 400, "user", "'user' must be a string");
+  long long dims = 0;
+  if (req_int(r->root, "dimensions", 1, PROTO_MAX_EMBD, &dims, e)) return -1;
+  r->dimensions = (uint32_t)dims;
+  r->n = r->best_of = 1;
+  r->sub.ph.embed = true;
+  return 0;
+}
+
 static int req_fields(coord_http_req_t *r, const char *served, uint32_t max_model_len, coord_http_err_t *e) {
+  if (r->api == COORD_HTTP_API_EMBEDDINGS) return req_embed_fields(r, served, max_model_len, e);
   if (req_model(r, served, e) || coord_http_req_unsupported(r->root, r->api, e) || req_truncate(r, max_model_len, e))
     return -1;
   if (r->api == COORD_HTTP_API_CHAT ? req_messages(r, e) : req_prompt(r, max_model_len, e)) return -1;

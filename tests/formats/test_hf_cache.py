@@ -76,7 +76,8 @@ class HfCache(unittest.TestCase):
         tiny = os.path.join(GOLDEN, "tiny-mistral-window-hf")
         add_repo(cls.cache, TINY_REPO, {f: os.path.join(tiny, f) for f in os.listdir(tiny)}, "b" * 40)
         add_repo(cls.cache, TWO_REPO, {"m-Q4_1.gguf": MODEL, "m-Q4_1-copy.gguf": MODEL}, "c" * 40)
-        cls.env = dict(os.environ, HF_HUB_CACHE=cls.cache)
+        # Offline: a name missing from this cache must not be pulled (test_hf_pull does that, on loopback).
+        cls.env = dict(os.environ, HF_HUB_CACHE=cls.cache, HF_HUB_OFFLINE="1")
         cls.env.pop("HF_HOME", None)
 
     @classmethod
@@ -124,13 +125,14 @@ class HfCache(unittest.TestCase):
         rc, _, err = run_text("TestOrg/absent", self.env)
         self.assertEqual(rc, 2)
         self.assertIn("neither a path nor a model in the Hugging Face cache", err)
+        self.assertIn("HF_HUB_OFFLINE is set", err)
 
     def test_4_serve_by_name(self):
-        os.environ["HF_HUB_CACHE"] = self.cache  # the server's environment is the test's
+        os.environ.update(HF_HUB_CACHE=self.cache, HF_HUB_OFFLINE="1")  # the server's environment is the test's
         try:
             srv = LocalServer(FERRUMCTL, ["--model", GGUF_REPO + ":Q4_1", "--host", "127.0.0.1", "--threads", "2"])
         finally:
-            del os.environ["HF_HUB_CACHE"]
+            del os.environ["HF_HUB_CACHE"], os.environ["HF_HUB_OFFLINE"]
         try:
             st, body = srv.json("GET", "/v1/models")
             self.assertEqual(st, 200)
@@ -159,6 +161,7 @@ class HfCache(unittest.TestCase):
         rc, _, err = run_text(TWO_REPO + ":copy", self.env)
         self.assertEqual(rc, 2)
         self.assertIn("neither a path nor a model in the Hugging Face cache", err)
+        self.assertIn("HF_HUB_OFFLINE is set", err)
         p = ferrumctl("rm", TWO_REPO, env=self.env)
         self.assertEqual(p.returncode, 1)
         self.assertEqual(ferrumctl("rm", "not-a-name", env=self.env).returncode, 2)

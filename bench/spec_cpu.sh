@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# spec_cpu.sh - speculative decoding (n-gram) on the CPU at batch 1: one
-# `ferrumctl serve` per --speculative-config (none first), then for each
+# spec_cpu.sh - speculative decoding on the CPU at batch 1: one
+# `ferrumctl serve` per --speculative-config (none first; n-gram k = 4 and
+# 8, or the JSON lines of SPEC_CONFIGS, e.g. draft models), then for each
 # prompt (prompts that repeat their input) `ferrumctl run` against each
 # server in turn, REPEAT (3) rounds, greedy; prints each run's speed (run's
 # own stats line: generated tokens over the time after the first) and the
 # proposals accepted (the server's /metrics), and the best speed of each
 # config (the machine may be shared). docs/bench/speculative.md.
-# usage: [REPEAT=3] bench/spec_cpu.sh [MODEL] [MAX_TOKENS]
+# usage: [REPEAT=3] [SPEC_CONFIGS=$'json\njson'] bench/spec_cpu.sh [MODEL] [MAX_TOKENS]
 set -euo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 ctl=${FERRUMCTL:-$root/build/bin/ferrumctl}
@@ -37,6 +38,10 @@ $code")
 configs=(""
   '{"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}'
   '{"method": "ngram", "num_speculative_tokens": 8, "prompt_lookup_max": 4, "prompt_lookup_min": 1}')
+if [ -n "${SPEC_CONFIGS:-}" ]; then
+  configs=("")
+  while IFS= read -r line; do [ -n "$line" ] && configs+=("$line"); done <<<"$SPEC_CONFIGS"
+fi
 metric() { curl -s "localhost:${ports[$1]}/metrics" | awk -v k="ferrum:$2{" 'index($0, k) == 1 {print $2}'; }
 # one server per config, each with its own runtime folder (run finds it there)
 ports=() dirs=() pids=()

@@ -23,27 +23,44 @@ static int coord__spec_int(json_t *o, const char *key, int lo, int hi, int *v, b
 /* Every key must be one we read. */
 static int coord__spec_keys(json_t *o) {
   static const char *known[] = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                                "disable_by_batch_size", "min_acceptance_rate"};
+                                "disable_by_batch_size", "min_acceptance_rate", "model"};
   const char *key;
   json_t *v;
   json_object_foreach(o, key, v) {
     bool ok = false;
     for (size_t i = 0; i < FR_ARRAY_SIZE(known) && !ok; i++) ok = !strcmp(key, known[i]);
-    if (!strcmp(key, "model"))
-      return fr_errorf(-EINVAL, "--speculative-config: a draft model (\"model\") is not supported yet; use "
-                                "\"method\": \"ngram\"");
     if (!ok) return fr_errorf(-EINVAL, "--speculative-config: unknown field \"%s\"", key);
   }
+  return 0;
+}
+
+/* "method" and "model": the n-gram proposer, or a draft model's path. */
+static int coord__spec_method(json_t *o, coord_spec_config_t *c) {
+  json_t *m = json_object_get(o, "method"), *d = json_object_get(o, "model");
+  if (m && !json_is_string(m))
+    return fr_errorf(-EINVAL, "--speculative-config: method must be \"ngram\" or \"draft_model\"");
+  const char *method = m ? json_string_value(m) : d ? "draft_model" : NULL;
+  if (!method)
+    return fr_errorf(-EINVAL, "--speculative-config: \"method\" (\"ngram\") or \"model\" (a draft model) is required");
+  if (!strcmp(method, "ngram")) {
+    if (d) return fr_errorf(-EINVAL, "--speculative-config: method \"ngram\" takes no \"model\"");
+    return 0;
+  }
+  if (strcmp(method, "draft_model"))
+    return fr_errorf(-EINVAL, "--speculative-config: method must be \"ngram\" or \"draft_model\" (the ones built)");
+  if (!d) return fr_errorf(-EINVAL, "--speculative-config: method \"draft_model\" needs \"model\" (its path)");
+  if (!json_is_string(d) || json_string_length(d) == 0 || json_string_length(d) >= COORD_SPEC_PATH_MAX ||
+      strlen(json_string_value(d)) != json_string_length(d))
+    return fr_errorf(-EINVAL, "--speculative-config: model must be a path (a string of 1 to %d bytes)",
+                     COORD_SPEC_PATH_MAX - 1);
+  memcpy(c->draft_model, json_string_value(d), json_string_length(d) + 1);
   return 0;
 }
 
 static int coord__spec_fields(json_t *o, coord_spec_config_t *c) {
   int rc = coord__spec_keys(o);
   if (rc) return rc;
-  json_t *m = json_object_get(o, "method");
-  if (!m) return fr_errorf(-EINVAL, "--speculative-config: \"method\" is required (\"ngram\")");
-  if (!json_is_string(m) || strcmp(json_string_value(m), "ngram"))
-    return fr_errorf(-EINVAL, "--speculative-config: method must be \"ngram\" (the one built)");
+  if ((rc = coord__spec_method(o, c))) return rc;
   bool given, g_max, g_min;
   if ((rc = coord__spec_int(o, "num_speculative_tokens", 1, COORD_SPEC_MAX_TOKENS, &c->num_speculative_tokens,
                             &given)))
@@ -51,6 +68,9 @@ static int coord__spec_fields(json_t *o, coord_spec_config_t *c) {
   if (!given) return fr_errorf(-EINVAL, "--speculative-config: \"num_speculative_tokens\" is required");
   if ((rc = coord__spec_int(o, "prompt_lookup_max", 1, 1024, &c->prompt_lookup_max, &g_max))) return rc;
   if ((rc = coord__spec_int(o, "prompt_lookup_min", 1, 1024, &c->prompt_lookup_min, &g_min))) return rc;
+  if (c->draft_model[0] && (g_max || g_min))
+    return fr_errorf(-EINVAL, "--speculative-config: prompt_lookup_%s is for the n-gram method, not a draft model",
+                     g_max ? "max" : "min");
   if ((rc = coord__spec_int(o, "disable_by_batch_size", 1, 1 << 20, &c->disable_by_batch_size, &given))) return rc;
   json_t *r = json_object_get(o, "min_acceptance_rate");
   if (r && (!json_is_number(r) || json_number_value(r) < 0 || json_number_value(r) > 1))

@@ -17,6 +17,8 @@ extern "C" {
 
 /* Proposed tokens per step at most (the wire's PROTO_MAX_SPEC). */
 #define COORD_SPEC_MAX_TOKENS 32
+/* Longest draft model path (the wire's load option values, PROTO_MAX_STR). */
+#define COORD_SPEC_PATH_MAX 4096
 /* Defaults by device (docs/bench/speculative.md): disable_by_batch_size,
  * speculation off for a step while more jobs than this run or wait; and
  * min_acceptance_rate, a job stops proposing while the share of its recent
@@ -35,17 +37,22 @@ typedef struct {
   int disable_by_batch_size;  /* off while more jobs than this run or wait (>= 1; 0 = the device's default) */
   float min_acceptance_rate;  /* a job proposes while its recent acceptance is at least this, in [0, 1]
                                * (ferrum's own field; < 0 = the device's default) */
+  char draft_model[COORD_SPEC_PATH_MAX]; /* "model": the draft model's path (the workers load it; proposals
+                                          * are made there, worker/draft.c); "" = the n-gram proposer */
 } coord_spec_config_t;
 
 /* Parses a --speculative-config JSON object as vLLM spells it:
  * {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
- * "prompt_lookup_min": 1, "disable_by_batch_size": 4}, and ferrum's own
+ * "prompt_lookup_min": 1, "disable_by_batch_size": 4}, or a draft model,
+ * {"model": PATH, "num_speculative_tokens": 4} ("method": "draft_model"
+ * may be given, and needs "model"), and ferrum's own
  * "min_acceptance_rate" (0..1; 0 keeps proposing whatever the acceptance).
- * The two left out take the device's defaults (0 and -1 here). method is required
- * ("ngram"; a "model" key, vLLM's draft model, is refused: not built);
- * num_speculative_tokens is required; as in vLLM, prompt_lookup_max and
- * prompt_lookup_min default to 5 and one given alone sets both. Unknown keys, wrong types and out-of-range values are
- * errors. Returns 0 and *out, or -EINVAL with a message naming the field. */
+ * The two left out take the device's defaults (0 and -1 here). method is
+ * required without a model; num_speculative_tokens is required; as in
+ * vLLM, prompt_lookup_max and prompt_lookup_min default to 5 and one given
+ * alone sets both (n-gram only). Unknown keys, wrong types and
+ * out-of-range values are errors. Returns 0 and *out, or -EINVAL with a
+ * message naming the field. */
 int coord_spec_parse(const char *json, coord_spec_config_t *out);
 
 /* The n-gram proposer: for n from cfg->prompt_lookup_max down to

@@ -1,7 +1,10 @@
 /* spec_step.c - speculative decoding in the coordinator's step cycle:
  * before each plan the n-gram proposer (spec.c) guesses the next tokens of
  * the running decodes, written after each job's last token (job->tok[n_tok
- * ..]); the scheduler sends them with the decode when there is room; when
+ * ..]), or, with a draft model, the job gets room for that many proposals
+ * (placeholders there: copies of its last token) that the worker's draft
+ * model fills in (worker/draft.c, the step item's dm); the scheduler sends
+ * them with the decode when there is room; when
  * the result comes, the accepted count goes to the scheduler's commit
  * (which keeps their KV and truncates the slot past them) and the tokens
  * are appended one by one through the ordinary stop rules, so tokens after
@@ -34,6 +37,13 @@ static int coord__spec_worth(const coord_t *c, coord_job_t *j, int room) {
   return FR_MIN(room, 1);
 }
 
+/* A draft model's room: n placeholder tokens (the last token again, a
+ * valid id) that the worker overwrites with its proposals. */
+static int coord__spec_placeholders(coord_job_t *j, int n) {
+  for (int i = 0; i < n; i++) j->tok[j->n_tok + i] = j->tok[j->n_tok - 1];
+  return n;
+}
+
 void coord__spec_propose(coord_t *c) {
   coord_sched_t *s = &c->sched;
   const coord_spec_config_t *k = &c->cfg.spec;
@@ -50,16 +60,20 @@ void coord__spec_propose(coord_t *c) {
     if (!on || j->in_step || j->n_tok - j->n_computed != 1 || j->return_logits || j->guide) continue;
     int room = coord__spec_room(c, j, rows_left);
     if (room <= 0 || (room = coord__spec_worth(c, j, room)) <= 0) continue;
-    j->n_spec = coord_spec_propose(k, j->tok, j->n_tok, room, j->tok + j->n_tok);
+    j->n_spec = k->draft_model[0] ? coord__spec_placeholders(j, room)
+                                  : coord_spec_propose(k, j->tok, j->n_tok, room, j->tok + j->n_tok);
     rows_left -= j->n_spec;
   }
 }
 
 /* Proposals of item s that the result accepted: the leading tokens it
  * returned that are the proposals (the last token returned is the model's
- * own). */
-static int coord__spec_count(const coord_job_t *j, const coord_sitem_t *s, const proto_result_item_t *it) {
+ * own); a draft model's proposals are the worker's, all of its tokens but
+ * the last. */
+static int coord__spec_count(const coord_t *c, const coord_job_t *j, const coord_sitem_t *s,
+                             const proto_result_item_t *it) {
   if (!it || it->error) return 0;
+  if (c->cfg.spec.draft_model[0]) return FR_MIN((int)it->n_extra, s->n_spec);
   const int32_t *prop = j->tok + s->pos + s->n - s->n_spec;
   int a = 0, n = FR_MIN((int)it->n_extra, s->n_spec);
   while (a < n && (a == 0 ? it->token : it->extra[a - 1]) == prop[a]) a++;
@@ -71,7 +85,7 @@ void coord__spec_accepted(coord_t *c) {
   for (int i = 0; i < b->n_items; i++) {
     const coord_sitem_t *s = &b->items[i];
     if (!s->n_spec) continue;
-    int a = s->job->state == COORD_JOB_DONE ? 0 : coord__spec_count(s->job, s, c->res_by_slot[s->slot]);
+    int a = s->job->state == COORD_JOB_DONE ? 0 : coord__spec_count(c, s->job, s, c->res_by_slot[s->slot]);
     coord_sched_set_accepted(&c->sched, i, a);
     s->job->spec_miss = 0.7f * s->job->spec_miss + 0.3f * (float)(s->n_spec - a) / (float)s->n_spec;
     if (c->metrics) coord_metrics_spec(c->metrics, s->n_spec, a);

@@ -44,7 +44,7 @@ static void coord__stats_add(coord_t *c, uint64_t ns, uint64_t cpu_ns, uint64_t 
 
 /* The wire form of a planned item; the sampling params travel once per
  * slot assignment (workers keep them). */
-static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
+static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s, bool draft) {
   coord_job_t *j = s->job;
   it->slot = (uint32_t)s->slot;
   it->pos = (uint32_t)s->pos;
@@ -52,6 +52,7 @@ static void coord__step_item(proto_step_item_t *it, const coord_sitem_t *s) {
   it->tokens = j->tok + s->pos;
   it->final = s->final;
   it->n_spec = (uint32_t)s->n_spec;
+  it->draft = s->n_spec > 0 && draft; /* the worker's draft model fills the placeholders in */
   it->has_sp = !j->sp_sent;
   if (it->has_sp) it->sp = j->sp;
   j->sp_sent = true;
@@ -84,7 +85,7 @@ static void coord__plp_store(coord_job_t *j, const coord_sitem_t *s, const proto
 static int coord__step_send(coord_t *c, const coord_sched_batch_t *b, int *bad) {
   *bad = -1;
   for (int i = 0; i < b->n_items; i++) {
-    coord__step_item(&c->pitems[i], &b->items[i]);
+    coord__step_item(&c->pitems[i], &b->items[i], c->cfg.spec.draft_model[0] != 0);
     coord__guide_item(c, b->items[i].job, &c->pitems[i]); /* constrained decoding's mask, or none */
   }
   if (b->n_copies > c->copies_cap) {

@@ -94,7 +94,9 @@ static void serve_usage(FILE *f) {
           "                                (n-gram prompt lookup; \"disable_by_batch_size\": N turns it off while more\n"
           "                                than N requests run or wait, default 4 on the CPU, 8 on a GPU;\n"
           "                                \"min_acceptance_rate\": R, a request whose proposals are accepted less\n"
-          "                                often stops proposing, default 0.75 on the CPU, 0.1 on a GPU)\n",
+          "                                often stops proposing, default 0.75 on the CPU, 0.1 on a GPU);\n"
+          "                                a draft model: '{\"model\": PATH, \"num_speculative_tokens\": 4}', a smaller\n"
+          "                                model with this model's tokenizer, run by the same workers\n",
           cli_default_model());
 }
 

@@ -272,43 +272,79 @@ int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logit
 /* Salt of the acceptance draws, apart from the sampling draws. */
 #define MODEL__SPEC_SALT 0x9e3779b97f4a7c15ull
 
+/* The draft's draw stream (model_sample_draft), apart from the others. */
+#define MODEL__DRAFT_SALT 0x5851f42d4c957f2dull
+
+int32_t model_sample_draft(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                           size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *q) {
+  float raw_lse = 0;
+  model__prepare(s, p, logits, prompt, n_prompt, output, n_output, false, &raw_lse);
+  if (p->temperature <= 0.0f) return model__argmax(logits, s->vocab);
+  double mass;
+  int n = model__dist(s, p, logits, &mass);
+  memset(q, 0, (size_t)s->vocab * sizeof(float));
+  for (int i = 0; i < n; i++) q[s->idx[i]] = (float)(s->probs[s->idx[i]] / mass);
+  return model__pick(s, n, model__uniform(p->seed ^ MODEL__DRAFT_SALT, draw) * mass, -1);
+}
+
+/* The residual max(0, p - q) over the candidates s->idx[0..n) into
+ * s->probs (p = probs / mass); returns its total. */
+static double model__residual(model_sampler_t *s, int n, double mass, const float *q) {
+  double total = 0;
+  for (int i = 0; i < n; i++) {
+    int32_t t = s->idx[i];
+    double r = s->probs[t] - mass * (double)q[t];
+    s->probs[t] = r > 0 ? (float)r : 0.0f;
+    total += s->probs[t];
+  }
+  return total;
+}
+
+/* Rejection sampling of a proposal x drawn from q (NULL: one-hot at x):
+ * accept with probability min(1, p(x) / q(x)); else a sample from the
+ * residual max(0, p - q) renormalised (broken, tests only: from p). */
+static int32_t model__reject(model_sampler_t *s, const model_sampling_t *p, const float *logits, uint64_t draw,
+                             int32_t proposal, const float *q, bool broken) {
+  double mass;
+  int n = model__dist(s, p, logits, &mass);
+  double px = 0; /* the proposal's probability after the filters (0 if they drop it), times mass */
+  for (int i = 0; i < n && proposal >= 0 && proposal < s->vocab; i++)
+    if (s->idx[i] == proposal) px = s->probs[proposal];
+  double qx = q && proposal >= 0 && proposal < s->vocab ? (double)q[proposal] : 1.0;
+  if (model__uniform(p->seed ^ MODEL__SPEC_SALT, draw) * mass * qx < px) return proposal;
+  if (broken) return model__pick(s, n, model__uniform(p->seed, draw) * mass, -1);
+  if (!q) /* q one-hot: the residual is p without the proposal */
+    return model__pick(s, n, model__uniform(p->seed, draw) * (mass - px), proposal);
+  double r = model__residual(s, n, mass, q);
+  if (r <= 0) { /* p <= q everywhere: a rejection has probability 0; rounding got here */
+    model__dist(s, p, logits, &mass);
+    r = mass;
+  }
+  return model__pick(s, n, model__uniform(p->seed, draw) * r, -1);
+}
+
 /* model_sample_verify; broken: the residual is p itself (tests only). */
 static int32_t model__verify(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
                              size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw,
-                             int32_t proposal, float *logprob, bool broken) {
+                             int32_t proposal, const float *q, float *logprob, bool broken) {
   float raw_lse = 0;
   bool penalized = model__prepare(s, p, logits, prompt, n_prompt, output, n_output, logprob != NULL, &raw_lse);
-  int32_t chosen;
-  if (p->temperature <= 0.0f) {
-    chosen = model__argmax(logits, s->vocab); /* accepted iff it is the proposal */
-  } else {
-    double mass;
-    int n = model__dist(s, p, logits, &mass);
-    double px = 0; /* the proposal's probability after the filters (0 if they drop it) */
-    for (int i = 0; i < n && proposal >= 0 && proposal < s->vocab; i++)
-      if (s->idx[i] == proposal) px = s->probs[proposal];
-    if (model__uniform(p->seed ^ MODEL__SPEC_SALT, draw) * mass < px) {
-      chosen = proposal; /* accepted with probability p(x) / q(x), q(x) = 1 */
-    } else if (broken) {
-      chosen = model__pick(s, n, model__uniform(p->seed, draw) * mass, -1);
-    } else { /* the residual max(0, p - q), renormalised: p without the proposal */
-      chosen = model__pick(s, n, model__uniform(p->seed, draw) * (mass - px), proposal);
-    }
-  }
+  int32_t chosen = p->temperature <= 0.0f ? model__argmax(logits, s->vocab) /* accepted iff it is the proposal */
+                                          : model__reject(s, p, logits, draw, proposal, q, broken);
   if (logprob) *logprob = model__lp(s, penalized, logits, raw_lse, chosen);
   return chosen;
 }
 
 int32_t model_sample_verify(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
                             size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, int32_t proposal,
-                            float *logprob) {
-  return model__verify(s, p, logits, prompt, n_prompt, output, n_output, draw, proposal, logprob, false);
+                            const float *q, float *logprob) {
+  return model__verify(s, p, logits, prompt, n_prompt, output, n_output, draw, proposal, q, logprob, false);
 }
 
 int32_t model__sample_verify_broken(model_sampler_t *s, const model_sampling_t *p, float *logits,
                                     const int32_t *prompt, size_t n_prompt, const int32_t *output, size_t n_output,
-                                    uint64_t draw, int32_t proposal) {
-  return model__verify(s, p, logits, prompt, n_prompt, output, n_output, draw, proposal, NULL, true);
+                                    uint64_t draw, int32_t proposal, const float *q) {
+  return model__verify(s, p, logits, prompt, n_prompt, output, n_output, draw, proposal, q, NULL, true);
 }
 
 void model_logprobs(const float *logits, int vocab, int top_n, int32_t *top_ids, float *top_lp, float *lse_out) {

@@ -62,25 +62,35 @@ void model_sampler_deinit(model_sampler_t *s);
 int32_t model_sample(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
                      size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *logprob);
 
-/* Speculative decoding: verifies one proposed token (from a deterministic
- * proposer, so q is one-hot) at a position whose logits are given, with
- * the same bias, bans, penalties and filters as model_sample. Greedy: the
+/* Speculative decoding: verifies one proposed token at a position whose
+ * logits are given, with the same bias, bans, penalties and filters as
+ * model_sample. q: the distribution the proposal was drawn from (vocab
+ * floats, a draft model's, see model_sample_draft), or NULL for a
+ * deterministic proposer (q one-hot at the proposal: n-gram). Greedy: the
  * argmax, which accepts the proposal iff it is the proposal. Temperature
- * > 0: rejection sampling (accept with probability min(1, p(x) / q(x)) =
- * p(x); on rejection, a sample from the residual max(0, p - q)
- * renormalised, i.e. p without the proposal), which keeps the output
- * distribution p. Returns the token to emit: the proposal when accepted.
- * draw as model_sample (the acceptance draw uses its own stream). */
+ * > 0: rejection sampling (accept with probability min(1, p(x) / q(x));
+ * on rejection, a sample from the residual max(0, p - q) renormalised),
+ * which keeps the output distribution p. Returns the token to emit: the
+ * proposal when accepted. draw as model_sample (the acceptance draw uses
+ * its own stream). */
 int32_t model_sample_verify(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
                             size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, int32_t proposal,
-                            float *logprob);
+                            const float *q, float *logprob);
+
+/* A draft model's proposal from its logits (modified), with the same
+ * bias, bans, penalties, temperature and filters as model_sample but its
+ * own draw stream: greedy, the argmax (q untouched); temperature > 0, a
+ * sample whose distribution goes to q (vocab floats, summing to 1) for
+ * model_sample_verify. */
+int32_t model_sample_draft(model_sampler_t *s, const model_sampling_t *p, float *logits, const int32_t *prompt,
+                           size_t n_prompt, const int32_t *output, size_t n_output, uint64_t draw, float *q);
 
 /* Tests only: model_sample_verify with a wrong residual (p itself, so a
  * rejected proposal can come back), to show that a statistical test of
  * model_sample_verify can fail. */
 int32_t model__sample_verify_broken(model_sampler_t *s, const model_sampling_t *p, float *logits,
                                     const int32_t *prompt, size_t n_prompt, const int32_t *output, size_t n_output,
-                                    uint64_t draw, int32_t proposal);
+                                    uint64_t draw, int32_t proposal, const float *q);
 
 /* The top_n alternatives of logits (ids and log-softmax values, by
  * descending logit) and the log-sum-exp (NULL to skip). */

@@ -42,7 +42,8 @@ extern "C" {
 #define PROTO_VERSION 5 /* newest: prompt logprobs (submit's ph.lp / lk, step items' pp / pk / nx, result items'
                          * pl / pr / ptp, the event's pl, which older clients skip), special tokens kept in the
                          * text (submit's stop.ks), a guide that starts after a text (submit's gd.a), embeddings
-                         * (submit's ph.em, result items' em, loaded's ne); v4: submit's fork, truncation and
+                         * (submit's ph.em, result items' em, loaded's ne), step items whose proposals
+                         * the worker's draft model makes (dm); v4: submit's fork, truncation and
                          * guide, speculative tokens (ns), allowed-token masks (am), several tokens per result
                          * item (xt) */
 #define PROTO_VERSION_MIN 1
@@ -251,6 +252,9 @@ typedef struct {
   uint32_t n_spec;     /* "ns" default 0 (v4): the last n_spec of tokens are proposed (speculative
                         * decoding): the worker verifies them and returns 1..n_spec + 1 tokens;
                         * < n_tokens, <= PROTO_MAX_SPEC, only on a final item */
+  bool draft;          /* "dm" default false (v5): the worker's draft model makes the n_spec proposals
+                        * (the last n_spec of tokens are placeholders, valid ids, that it overwrites);
+                        * only with n_spec > 0 */
   uint32_t n_mask;     /* "am" (v4) constrained decoding: bit t of word t / 32 set = token t may be
                         * sampled (every step, final items only); 0 words = no mask */
   uint32_t *mask;      /* (n_mask) */

@@ -84,6 +84,7 @@ static int check_step_item(const void *body) {
   if (it->n_spec > PROTO_MAX_SPEC || it->n_spec >= it->n_tokens || (it->n_spec && !it->final))
     return fr_errorf(FR_EPROTO, "%u proposed tokens in a %s item of %u tokens (at most %u, fewer than the item's)",
                      it->n_spec, it->final ? "final" : "non-final", it->n_tokens, PROTO_MAX_SPEC);
+  if (it->draft && !it->n_spec) return fr_errorf(FR_EPROTO, "a step item asks for draft proposals but has no room (ns 0)");
   if (it->n_plp > it->n_tokens || (it->n_plp == it->n_tokens && it->next < 0))
     return fr_errorf(FR_EPROTO, "%u prompt logprob rows in an item of %u tokens (next token %d)", it->n_plp,
                      it->n_tokens, it->next);
@@ -278,6 +279,7 @@ static const proto_field_t f_step_item[] = {
     FS("pl", PF_U32, 0, proto_step_item_t, prompt_len),
     FARR("ban", PF_I32S, 0, proto_step_item_t, ban, n_ban, PROTO_MAX_BAN),
     FS("ns", PF_U32, 0, proto_step_item_t, n_spec),
+    FS("dm", PF_BOOL, 0, proto_step_item_t, draft),
     FARR("am", PF_U32S, 0, proto_step_item_t, mask, n_mask, PROTO_MAX_MASK_WORDS),
     FS("pp", PF_U32, 0, proto_step_item_t, n_plp),
     FS("pk", PF_I32, 0, proto_step_item_t, plp_top),

@@ -20,6 +20,7 @@ typedef struct {
   bool fake_forward, remote;
   bool multi_host; /* the group has ranks on other hosts */
   int kv_dtype;    /* kern_kv_dtype_t */
+  const char *draft; /* speculative decoding's draft model (a GGUF file or HF folder), or NULL */
   model_pooling_t pooling; /* "pooling" = "last": an embedding model (--task embed) */
 } worker_load_opts_t;
 
@@ -44,6 +45,7 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "max_seqs")) rc = worker__opt_long(k, v, 1, PROTO_MAX_ITEMS, &o->max_seqs);
     else if (!strcmp(k, "fake_forward")) o->fake_forward = !strcmp(v, "1");
     else if (!strcmp(k, "comm")) o->comm = v;
+    else if (!strcmp(k, "draft")) o->draft = v;
     else if (!strcmp(k, "remote")) o->remote = !strcmp(v, "1");
     else if (!strcmp(k, "multi_host")) o->multi_host = !strcmp(v, "1");
     else if (!strcmp(k, "block_size")) rc = worker__opt_long(k, v, 1, 4096, &o->block_size);
@@ -85,16 +87,30 @@ static int worker__device_pool(worker_t *w) {
   int rc = w->be->ops->kv_pool_init(w->be->ctx, &w->pool, &kc, NULL);
   if (rc) return fr_errorf(rc, "KV pool of %d blocks (%zu MiB): %s", w->info.n_blocks, kern_kv_pool_bytes(&kc) >> 20,
                            fr_last_error());
+  if (!w->dm) return 0;
+  kern_kv_config_t dkc = worker__draft_kv_config(w, w->info.block_size, w->info.n_blocks);
+  rc = w->be->ops->kv_pool_init(w->be->ctx, &w->dpool, &dkc, NULL);
+  if (rc) return fr_errorf(rc, "the draft model's KV pool of %d blocks (%zu MiB): %s", w->info.n_blocks,
+                           kern_kv_pool_bytes(&dkc) >> 20, fr_last_error());
   return 0;
 }
+
+/* Bytes of the target's pool in the segment, rounded up so that the
+ * draft's pool after it is aligned. */
+static size_t worker__pool_head(size_t bytes) { return (bytes + 4095) & ~(size_t)4095; }
 
 /* A backend whose memory is host memory keeps its pool in a shared memory
  * segment: maps (or creates) it and adopts it without zeroing, so
  * prefix-cached blocks written before a restart stay valid. */
 static int worker__pool(worker_t *w) {
   if (!w->be->host_memory || w->remote) return worker__device_pool(w); /* remote: in this process */
-  kern_kv_config_t kc = worker__kv_config(w, w->info.block_size, w->info.n_blocks);
-  size_t bytes = kern_kv_pool_bytes(&kc);
+  kern_kv_config_t kc = worker__kv_config(w, w->info.block_size, w->info.n_blocks), dkc = {0};
+  size_t bytes = kern_kv_pool_bytes(&kc), head = worker__pool_head(bytes);
+  if (w->dm) { /* the draft's pool follows the target's in the same segment (kept over a restart alike) */
+    dkc = worker__draft_kv_config(w, w->info.block_size, w->info.n_blocks);
+    size_t dbytes = kern_kv_pool_bytes(&dkc);
+    bytes = bytes && dbytes ? head + dbytes : 0;
+  }
   if (!bytes) return fr_errorf(FR_ETOOBIG, "KV pool of %d blocks is too big", w->info.n_blocks);
   char what[KV_WHAT_MAX];
   snprintf(what, sizeof what, "%s%d", WORKER_POOL_WHAT, w->args.rank);
@@ -117,6 +133,8 @@ static int worker__pool(worker_t *w) {
   }
   /* the CPU backend's kv_pool_init would zero it: set the pool up as it does, without that */
   kern_kv_pool_layout(&w->pool, &kc, kv_segment_data(&w->pool_seg), true);
+  if (w->dm)
+    kern_kv_pool_layout(&w->dpool, &dkc, (char *)kv_segment_data(&w->pool_seg) + head, true);
   return 0;
 }
 
@@ -174,9 +192,8 @@ static void worker__scratch(worker_t *w) {
 
 static size_t worker__weight_bytes_one(const kern_weight_t *w) { return w->data ? (size_t)w->rows * w->row_bytes : 0; }
 
-/* Bytes of the model's weights as the backend stores them (a tied output
- * counted once). */
-static size_t worker__weight_bytes(const model_t *m) {
+/* See worker.h. */
+size_t worker__weight_bytes(const model_t *m) {
   size_t n = worker__weight_bytes_one(&m->tok_embd) + worker__weight_bytes_one(&m->output_norm) +
              worker__weight_bytes_one(&m->inv_freq);
   if (m->output.data != m->tok_embd.data) n += worker__weight_bytes_one(&m->output);
@@ -272,6 +289,7 @@ static int worker__kv_size(worker_t *w, const proto_load_t *l, size_t used_load,
   w->kv_block_size = (int)FR_MIN(l->block_size, (uint32_t)INT32_MAX);
   kern_kv_config_t kc = worker__kv_config(w, w->kv_block_size, 1);
   w->kv_block_bytes = kern_kv_block_bytes(&kc);
+  if (w->kv_block_bytes) w->kv_block_bytes += worker__draft_block_bytes(w, w->kv_block_size); /* a block of each */
   if (!w->kv_block_bytes) return fr_errorf(FR_ETOOBIG, "a KV block of %u tokens: size overflows", l->block_size);
   size_t budget = l->kv_bytes > SIZE_MAX ? SIZE_MAX : (size_t)l->kv_bytes;
   char why[256] = "";
@@ -376,9 +394,11 @@ static int worker__finish(worker_t *w) {
   if (!rc) rc = worker__logits_seg(w);
   if (rc) return rc;
   worker__scratch(w);
+  worker__draft_scratch(w);
   w->loaded = true;
   kern_kv_config_t kc = worker__kv_config(w, w->info.block_size, 1);
-  worker__log_memory(w, w->info.n_blocks, w->info.block_size, kern_kv_block_bytes(&kc));
+  worker__log_memory(w, w->info.n_blocks, w->info.block_size,
+                     kern_kv_block_bytes(&kc) + worker__draft_block_bytes(w, w->info.block_size));
   return 0;
 }
 
@@ -398,6 +418,7 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if ((rc = worker__kv_dtype(w, o.kv_dtype))) goto fail;
   size_t used_load, total;
   if ((rc = worker__model(w, l, &o))) goto fail;
+  if (o.draft && (rc = worker__draft_load(w, o.draft, w->max_tokens, w->max_seqs))) goto fail;
   if ((rc = worker__comm(w, &o))) goto fail;
   if ((rc = worker__mem_used(w, &used_load, &total))) goto fail;
   if (sizing) rc = worker__kv_size(w, l, used_load, &w->act_bytes);
@@ -451,6 +472,7 @@ void worker_unload(worker_t *w) {
   w->tops = NULL;
   w->hist = NULL;
   if (w->be && w->pool.base && !w->pool.external) w->be->ops->kv_pool_deinit(w->be->ctx, &w->pool);
+  worker__draft_free(w);
   model_destroy(w->m);
   w->m = NULL;
   kern_backend_destroy(w->be);

@@ -1,8 +1,10 @@
 /* spec.c - speculative decoding on the worker: an item may end with
- * n_spec proposed tokens (the coordinator's proposer guessed them); the
- * forward pass gives logits for its last 1 + n_spec positions and rank 0
+ * n_spec proposed tokens (the coordinator's n-gram proposer guessed them,
+ * or the worker's draft model (draft.c) made them); the forward pass gives
+ * logits for its last 1 + n_spec positions and rank 0
  * verifies the proposals in order (model_sample_verify: greedy = the
- * argmax, temperature > 0 = rejection sampling), emitting the accepted
+ * argmax, temperature > 0 = rejection sampling against the draft's q, or
+ * a one-hot q for the n-gram's), emitting the accepted
  * ones and then the model's own token: 1..n_spec + 1 tokens per item.
  * Position j sees the bias, bans and penalties with the proposals before
  * it counted as output, exactly as without speculation once they are
@@ -44,7 +46,8 @@ static void worker__spec_emit(worker_t *w, proto_result_item_t *ri, int e, int32
   ri->n_extra_top = ri->n_top * (uint32_t)e;
 }
 
-void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, int r, int *x_used) {
+void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, const float *q, int n_q, int r,
+                         int *x_used) {
   proto_result_item_t *ri = &w->ritems[r];
   worker_hist_t *h = &w->hist[it->slot];
   memset(ri, 0, sizeof *ri);
@@ -65,7 +68,7 @@ void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, 
     uint64_t draw = (uint64_t)(ctx - pl);
     const int32_t *out = h->tok + pl;
     int32_t tok = j < k ? model_sample_verify(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw,
-                                              it->tokens[base + j], &lp)
+                                              it->tokens[base + j], j < n_q ? q + (size_t)j * (size_t)V : NULL, &lp)
                         : model_sample(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw, &lp);
     if (!isfinite(lp)) {
       worker__item_nonfinite(ri);

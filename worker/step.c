@@ -11,8 +11,8 @@
 #include "common/fr_util.h"
 #include "worker/worker.h"
 
-/* Records tokens fed to a slot at pos.. in its history (for penalties). */
-static void worker__hist_feed(worker_hist_t *h, int pos, const int32_t *tok, int n) {
+/* See worker.h. */
+void worker__hist_feed(worker_hist_t *h, int pos, const int32_t *tok, int n) {
   size_t need = (size_t)pos + (size_t)n;
   if (need > (size_t)h->cap) {
     size_t cap = FR_MAX(need, (size_t)h->cap * 2);
@@ -64,6 +64,8 @@ static int worker__read_table(worker_t *w, uint32_t slot, int32_t *row, uint64_t
 static int worker__add_item(worker_t *w, const proto_step_item_t *it, int s, int *n_tok) {
   const int bs = w->info.block_size, mb = w->info.max_blocks_per_seq;
   if (it->slot >= (uint32_t)w->info.max_seqs) return fr_errorf(FR_EPROTO, "item %d: slot %u out of range", s, it->slot);
+  if (it->draft && !w->dm && !w->fake_forward)
+    return fr_errorf(FR_EPROTO, "item %d: draft proposals asked, but no draft model is loaded", s);
   if ((size_t)*n_tok + it->n_tokens > (size_t)w->max_tokens)
     return fr_errorf(FR_ETOOBIG, "step has more than %d tokens", w->max_tokens);
   int32_t *row = w->tables + (size_t)s * (size_t)mb;
@@ -99,7 +101,10 @@ static int worker__copies(worker_t *w, const proto_step_t *st) {
     w->copy_pairs[2 * i + 1] = (int32_t)st->copies[i].dst;
   }
   if (!w->be->ops->kv_copy_blocks) return fr_errorf(FR_EUNSUPPORTED, "backend cannot copy KV blocks");
-  return w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
+  int rc = w->be->ops->kv_copy_blocks(w->be->ctx, &w->pool, w->copy_pairs, (int)st->n_copies);
+  if (!rc && w->dm) /* the draft's pool has the same blocks */
+    rc = w->be->ops->kv_copy_blocks(w->be->ctx, &w->dpool, w->copy_pairs, (int)st->n_copies);
+  return rc;
 }
 
 model_sampling_t worker__sampling(const worker_hist_t *h) {
@@ -328,6 +333,7 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   for (uint32_t i = 0; i < st_in->n_freed; i++)
     if (st_in->freed[i] < (uint32_t)w->info.max_seqs) {
       w->hist[st_in->freed[i]].len = 0, w->hist[st_in->freed[i]].has_sp = false;
+      if (w->dlen) w->dlen[st_in->freed[i]] = 0;
       if (w->remote) w->rlen[st_in->freed[i]] = 0;
     }
   int rc = w->remote ? worker__tables(w, st_in) : 0;
@@ -344,6 +350,7 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
   w->spec = worker__spec_rows(w, st);
   if (st->n_items == 0) return 0;
   uint64_t t0 = fr_now_ns(), comm0 = w->m ? w->m->comm_ns : 0;
+  if (!w->fake_forward && (rc = worker__draft_run(w, st, n_tok))) return rc;
   const void *logits;
   if ((rc = worker__forward(w, st, n_tok, &logits))) return rc;
   if (w->be->host_memory && w->m) res->timings.comm_us = (w->m->comm_ns - comm0) / 1000;
@@ -367,7 +374,10 @@ static int worker__run(worker_t *w, const proto_step_t *st_in, proto_result_t *r
       if (!it->final) continue;
       if (w->fake_forward) worker__fake_sample(w, it, (int)i, (int)n_res++);
       else if (w->m->pooling) worker__embd_item(w, it, lg, (int)n_res++);
-      else if (it->n_spec) worker__spec_verify(w, it, lg, (int)n_res++, &x_used);
+      else if (it->n_spec && it->draft && w->dm)
+        worker__spec_verify(w, it, lg, w->dq + (size_t)w->drow[i] * (size_t)w->vocab, worker__draft_made(w, (int)i),
+                            (int)n_res++, &x_used);
+      else if (it->n_spec) worker__spec_verify(w, it, lg, NULL, 0, (int)n_res++, &x_used);
       else worker__sample_item(w, it, lg, (int)n_res++);
     }
   if ((rc = worker__prompt_lp(w, st, &n_res))) return rc;

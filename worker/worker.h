@@ -102,6 +102,18 @@ typedef struct {
   float *plp;                      /* (max_tokens) */
   uint32_t *plp_rank;              /* (max_tokens) */
   proto_toplp_t *plp_top;          /* (max_tokens, PROTO_MAX_TOPN) */
+  /* the draft model (draft.c; load option draft): it shares the target's
+   * block ids, its pool beside the target's (the same segment on the CPU) */
+  model_t *dm;
+  kern_kv_pool_t dpool;
+  int32_t *dlen;                   /* (info.max_seqs) the draft's K/V holds each slot's tokens below this */
+  int32_t *dtokens, *dpos, *dslots; /* (max_tokens) a draft pass's batch */
+  int32_t *dq_start, *dctx, *dtables; /* (max_seqs + 1), (max_seqs), (max_seqs, max_blocks_per_seq) */
+  int32_t *ditem;                  /* (max_seqs) the step item of each sequence of a draft pass */
+  int32_t *dtok;                   /* (max_tokens) the items' tokens with the draft's proposals */
+  int32_t *drow;                   /* (max_seqs) each item's first logits row (its q rows follow) */
+  int32_t *dk;                     /* (max_seqs) proposals made for each item (-1: none asked; see draft.c) */
+  float *dq;                       /* (max_seqs, vocab) q of each proposal (temperature > 0) */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
   /* a load that sizes the KV pool: loaded, no pool yet (see worker_kv_init) */
@@ -146,10 +158,42 @@ void worker__item_nonfinite(proto_result_item_t *ri);
  * its proposed tokens. Returns true when some item has proposals. */
 bool worker__spec_rows(worker_t *w, const proto_step_t *st);
 /* Verifies an item's proposed tokens against its 1 + n_spec logits rows
- * (host f32, (1 + n_spec, vocab), modified) and fills result item r with
+ * (host f32, (1 + n_spec, vocab), modified); the first n_q proposals were
+ * drawn from the distributions q (n_q rows of vocab floats: a draft
+ * model's), the others are deterministic. Fills result item r with
  * the accepted tokens and the one after them; *x_used counts the extra
  * token entries of w->xtok / xlp / xtop used by the step so far. */
-void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, int r, int *x_used);
+void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, const float *q, int n_q, int r,
+                         int *x_used);
+/* Records tokens fed to a slot at pos.. in its history (for penalties). */
+void worker__hist_feed(worker_hist_t *h, int pos, const int32_t *tok, int n);
+
+/* Bytes of a model's weights as the backend stores them (a tied output
+ * counted once). */
+size_t worker__weight_bytes(const model_t *m);
+
+/* ---- draft.c: the draft model ---- */
+/* Loads the draft model at path (the load option draft) beside the target:
+ * same backend and step shape; a vocabulary other than the target's, or
+ * tensor parallelism, is an error. */
+int worker__draft_load(worker_t *w, const char *path, int max_tokens, int max_seqs);
+/* Bytes of one draft KV block of block_size tokens (0 without a draft). */
+size_t worker__draft_block_bytes(const worker_t *w, int block_size);
+/* The draft's KV config for n_blocks blocks. */
+kern_kv_config_t worker__draft_kv_config(const worker_t *w, int block_size, int n_blocks);
+/* Allocates the draft's scratch (after the pool). */
+void worker__draft_scratch(worker_t *w);
+void worker__draft_free(worker_t *w);
+/* Before the target's forward pass over the accepted items of st (batch
+ * already built in w->tokens etc., n_tok tokens): runs the draft over the
+ * prompt chunks (it keeps their K/V), catches each item that asks for
+ * draft proposals up on the tokens it has not seen and proposes its n_spec
+ * tokens (k passes), written into the items' tokens (w->dtok) and the
+ * target's batch; q rows into w->dq at w->drow. */
+int worker__draft_run(worker_t *w, proto_step_t *st, int n_tok);
+/* Proposals the draft made for item i of the last worker__draft_run (their
+ * q rows are at w->dq + w->drow[i] * vocab). */
+int worker__draft_made(const worker_t *w, int i);
 
 /* Prompt logprobs (plp.c), after the step's sampling: for each item that
  * asks rows (n_plp), the log-softmax of each row's target token, its rank

@@ -11,7 +11,9 @@
 # OpenAI's request fields, with the real model), test_http_load.py (1000
 # clients at once; a full queue answers 429), test_http_spec.py (speculative
 # decoding: greedy outputs identical with and without, through preemption,
-# chunked prefill, the prefix cache and a worker restart), test_http_tools and
+# chunked prefill, the prefix cache and a worker restart),
+# test_http_spec_draft.py (the same with a draft model, and its temperature-1
+# distribution against plain sampling), test_http_tools and
 # fuzz_http_tools (the tool call parsers on each family's documented
 # formats, whole and in pieces), test_http_tool_calls.py (tool calls with
 # the real model and the openai client: parsed, streamed, forced),
@@ -50,6 +52,7 @@ ferrum_http_py(test_http_chat_template 300)
 ferrum_http_py(test_http_sampling 300)
 ferrum_http_py(test_http_choices 600)
 ferrum_http_py(test_http_spec 600)
+ferrum_http_py(test_http_spec_draft 900)
 ferrum_http_py(test_http_tool_calls 300)
 ferrum_http_py(test_http_structured 600)
 ferrum_http_py(test_http_embeddings 300)

@@ -76,6 +76,21 @@ START_TEST(test_parse_vllm_spelling) {
   ck_assert_int_eq(coord_spec_parse("{\"method\": \"ngram\", \"num_speculative_tokens\": 1}", &c), 0);
   ck_assert_int_eq(c.prompt_lookup_max, 5);
   ck_assert_int_eq(c.prompt_lookup_min, 5);
+  ck_assert_str_eq(c.draft_model, ""); /* the n-gram proposer */
+}
+END_TEST
+
+/* A draft model as vLLM spells it: "model" alone, or with "method": "draft_model". */
+START_TEST(test_parse_draft_model) {
+  coord_spec_config_t c;
+  ck_assert_int_eq(coord_spec_parse("{\"model\": \"/m/draft.gguf\", \"num_speculative_tokens\": 4}", &c), 0);
+  ck_assert_str_eq(c.draft_model, "/m/draft.gguf");
+  ck_assert_int_eq(c.num_speculative_tokens, 4);
+  ck_assert_int_eq(coord_spec_parse("{\"method\": \"draft_model\", \"model\": \"d\", \"num_speculative_tokens\": 2,"
+                                    " \"disable_by_batch_size\": 8, \"min_acceptance_rate\": 0.5}", &c), 0);
+  ck_assert_str_eq(c.draft_model, "d");
+  ck_assert_int_eq(c.disable_by_batch_size, 8);
+  ck_assert(c.min_acceptance_rate == 0.5f);
 }
 END_TEST
 
@@ -98,7 +113,12 @@ START_TEST(test_parse_errors_name_the_field) {
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"foo\": 1}", "foo"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"min_acceptance_rate\": 1.5}", "min_acceptance_rate"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"min_acceptance_rate\": \"x\"}", "min_acceptance_rate"},
-      {"{\"model\": \"/m/draft.gguf\", \"num_speculative_tokens\": 4}", "draft model"},
+      {"{\"method\": \"draft_model\", \"num_speculative_tokens\": 4}", "model"},
+      {"{\"method\": \"ngram\", \"model\": \"/m/d.gguf\", \"num_speculative_tokens\": 4}", "model"},
+      {"{\"model\": 3, \"num_speculative_tokens\": 4}", "model"},
+      {"{\"model\": \"\", \"num_speculative_tokens\": 4}", "model"},
+      {"{\"model\": \"/m/d.gguf\"}", "num_speculative_tokens"},
+      {"{\"model\": \"/m/d.gguf\", \"num_speculative_tokens\": 4, \"prompt_lookup_min\": 1}", "prompt_lookup_min"},
       {"{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"num_speculative_tokens\": 2}", "not JSON"},
   };
   coord_spec_config_t c = cfg(7, 7, 7);
@@ -117,6 +137,7 @@ static Suite *spec_suite(void) {
   tcase_add_test(tc, test_propose_no_match);
   tcase_add_test(tc, test_parse_vllm_spelling);
   tcase_add_test(tc, test_parse_errors_name_the_field);
+  tcase_add_test(tc, test_parse_draft_model);
   suite_add_tcase(s, tc);
   return s;
 }

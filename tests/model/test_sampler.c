@@ -238,12 +238,12 @@ START_TEST(verify_greedy_accepts_only_the_argmax) {
   int32_t best = argmax_ref();
   float l[V], lp, lp_ref;
   fill(l);
-  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, NULL, 0, 0, best, &lp), best);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, NULL, 0, 0, best, NULL, &lp), best);
   fill(l);
   ck_assert_int_eq(model_sample(&s, &p, l, NULL, 0, NULL, 0, 0, &lp_ref), best);
   ck_assert_float_eq(lp, lp_ref);
   fill(l);
-  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, NULL, 0, 0, (best + 1) % V, NULL), best);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, NULL, 0, 0, (best + 1) % V, NULL, NULL), best);
   /* a presence penalty on the argmax (it is in the output) moves the choice, as in model_sample */
   p.presence_penalty = 2.0f;
   int32_t out[1] = {best};
@@ -251,9 +251,9 @@ START_TEST(verify_greedy_accepts_only_the_argmax) {
   int32_t pen = model_sample(&s, &p, l, NULL, 0, out, 1, 1, NULL);
   ck_assert_int_ne(pen, best);
   fill(l);
-  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, out, 1, 1, best, NULL), pen);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, out, 1, 1, best, NULL, NULL), pen);
   fill(l);
-  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, out, 1, 1, pen, NULL), pen);
+  ck_assert_int_eq(model_sample_verify(&s, &p, l, NULL, 0, out, 1, 1, pen, NULL, NULL), pen);
   model_sampler_deinit(&s);
 }
 END_TEST
@@ -293,8 +293,8 @@ static int toy_spec_pair(model_sampler_t *s, const model_sampling_t *p, const in
   for (int j = 0; j < 2; j++) {
     int32_t prev = j == 0 ? 0 : out[0];
     toy_logits(prev, l);
-    out[j] = broken ? model__sample_verify_broken(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d[j])
-                    : model_sample_verify(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d[j], NULL);
+    out[j] = broken ? model__sample_verify_broken(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d[j], NULL)
+                    : model_sample_verify(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d[j], NULL, NULL);
   }
   return out[0] * SV + out[1];
 }
@@ -368,6 +368,72 @@ START_TEST(verify_rejection_sampling_keeps_the_distribution) {
 }
 END_TEST
 
+/* A toy draft model: other logits over the same SV tokens. */
+static void toy_draft_logits(int32_t prev, float *l) {
+  for (int t = 0; t < SV; t++) l[t] = 1.5f * cosf((float)(prev * 3 + t) * 0.9f);
+}
+
+/* Two tokens after token 0 as a draft model makes them: the draft samples
+ * two proposals (recording q), the target verifies them in order; a
+ * rejection ends the step, and the second token comes from a fresh draft
+ * proposal verified in a second step. mode 0: verified against q; 1:
+ * as if the draft were deterministic (q one-hot: exact too, but accepts
+ * less); 2: against q with the wrong residual (p itself). Returns t1 * SV
+ * + t2; *acc counts accepted proposals. */
+static int toy_draft_pair(model_sampler_t *s, const model_sampling_t *p, int mode, int *acc) {
+  int32_t out[2];
+  float l[SV], q[SV];
+  for (int j = 0; j < 2; j++) {
+    int32_t prev = j == 0 ? 0 : out[0];
+    toy_draft_logits(prev, l);
+    int32_t d = model_sample_draft(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, q);
+    toy_logits(prev, l);
+    out[j] = mode == 2 ? model__sample_verify_broken(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d, q)
+                       : model_sample_verify(s, p, l, NULL, 0, out, (size_t)j, (uint64_t)j, d, mode ? NULL : q, NULL);
+    *acc += out[j] == d;
+  }
+  return out[0] * SV + out[1];
+}
+
+/* A draft model's proposals (drawn from its own q) keep the target's
+ * distribution: 20000 seeded pairs against the exact law (35 degrees of
+ * freedom, chi-square > 80 has probability < 1e-5); a wrong residual is
+ * caught; verifying against q accepts more than taking the proposals for
+ * deterministic ones (min(p, q) summed against p q). The greedy draft
+ * proposes its argmax. */
+START_TEST(draft_proposals_keep_the_distribution) {
+  model_sampler_t s;
+  model_sampler_init(&s, SV);
+  model_sampling_t p = model_sampling_default();
+  p.temperature = 0.9f, p.presence_penalty = 0.4f;
+  enum { N = 20000 };
+  static int c_ok[SV * SV], c_hot[SV * SV], c_bad[SV * SV];
+  memset(c_ok, 0, sizeof c_ok), memset(c_hot, 0, sizeof c_hot), memset(c_bad, 0, sizeof c_bad);
+  int acc = 0, acc_hot = 0, acc_bad = 0;
+  for (int i = 0; i < N; i++) {
+    p.seed = 1000003ull * (uint64_t)i + 29;
+    c_ok[toy_draft_pair(&s, &p, 0, &acc)]++;
+    c_hot[toy_draft_pair(&s, &p, 1, &acc_hot)]++;
+    c_bad[toy_draft_pair(&s, &p, 2, &acc_bad)]++;
+  }
+  double chi_ok = toy_chi2(c_ok, N, p.temperature, p.presence_penalty);
+  double chi_hot = toy_chi2(c_hot, N, p.temperature, p.presence_penalty);
+  double chi_bad = toy_chi2(c_bad, N, p.temperature, p.presence_penalty);
+  ck_assert_msg(chi_ok < 80, "draft chi2 %.1f", chi_ok);
+  ck_assert_msg(chi_hot < 80, "one-hot chi2 %.1f", chi_hot);
+  ck_assert_msg(chi_bad > 1000, "broken residual: chi2 %.1f, the check cannot see it", chi_bad);
+  ck_assert_msg(acc > N / 4 && acc < 2 * N - N / 4, "accepted %d of %d proposals", acc, 2 * N); /* a real mix */
+  ck_assert_msg(acc > acc_hot + N / 20, "accepted %d against q, %d one-hot", acc, acc_hot);
+  float l[SV], q[SV];
+  toy_draft_logits(0, l);
+  int32_t best = 0;
+  for (int t = 1; t < SV; t++) best = l[t] > l[best] ? t : best;
+  p = model_sampling_default();
+  ck_assert_int_eq(model_sample_draft(&s, &p, l, NULL, 0, NULL, 0, 0, q), best);
+  model_sampler_deinit(&s);
+}
+END_TEST
+
 /* The shared main (tests/common/test_main.c) runs this program's suites. */
 #include "tests/common/test_main.h"
 
@@ -385,6 +451,7 @@ static Suite *sampler_suite(void) {
   tcase_add_test(tc, min_tokens_bans_until_reached);
   tcase_add_test(tc, verify_greedy_accepts_only_the_argmax);
   tcase_add_test(tc, verify_rejection_sampling_keeps_the_distribution);
+  tcase_add_test(tc, draft_proposals_keep_the_distribution);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -211,6 +211,7 @@ static void fixup(const proto_schema_t *s, uint8_t *out) {
       it->tokens[0] = 42;
     }
     it->n_spec = it->final ? tu_below(FR_MIN(it->n_tokens, PROTO_MAX_SPEC + 1)) : 0; /* < n_tokens, final only */
+    if (!it->n_spec) it->draft = false; /* draft proposals need room */
     it->n_plp = it->n_spec ? 0 : tu_below(it->n_tokens + 1); /* prompt logprob rows: not with proposals */
     it->plp_top = it->n_plp ? (int32_t)tu_below(PROTO_MAX_TOPN + 1) : 0;
     it->next = it->n_plp == it->n_tokens ? (int32_t)tu_below(50000) : (int32_t)tu_below(2) - 1;

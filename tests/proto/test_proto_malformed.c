@@ -374,12 +374,14 @@ START_TEST(versions_and_types) {
   unpack(&up);
   msgpack_object *root = &up.data, *v = find_key(root, "v"), *t = find_key(root, "t");
   msgpack_object sv = *v, st = *t;
-  ck_assert_uint_eq(sv.via.u64, 5); /* a step is written as version 5: its items may ask prompt logprobs */
+  ck_assert_uint_eq(sv.via.u64, 5); /* a step is written as version 5: its items may ask prompt logprobs or draft
+                                     * proposals */
   v->via.u64 = 2; /* an older coordinator's step (no logit bias, no min_tokens) is refused */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = 3; /* ... and a version-3 one (its worker would take proposals for plain tokens) */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
-  v->via.u64 = 4; /* ... and a version-4 one (its worker would skip the prompt logprobs asked) */
+  v->via.u64 = 4; /* ... and a version-4 one (its worker would skip the prompt logprobs asked, or verify a
+                   * draft's placeholders) */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), FR_EVERSION);
   v->via.u64 = PROTO_VERSION; /* a newer peer's step is read */
   ck_assert_int_eq(repack_decode(root, PROTO_ACCEPT_ANY), 0);
@@ -531,7 +533,7 @@ START_TEST(type_versions) {
    * proposed tokens of speculative decoding (ns), the allowed-token masks of constrained decoding (am) and the
    * several tokens per result item (xt); submit got its guide (an older coordinator would answer unconstrained);
    * version 5 gave submit its prompt logprobs and kept special tokens, steps and results the prompt logprob
-   * rows (an older worker would skip them) */
+   * rows (an older worker would skip them), step items the draft model's proposals (dm) */
   ck_assert_uint_eq(proto_type_version(PROTO_T_SUBMIT), 5);
   ck_assert_uint_eq(proto_type_version(PROTO_T_STEP), 5);
   ck_assert_uint_eq(proto_type_version(PROTO_T_RESULT), 5);

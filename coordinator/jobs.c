@@ -249,6 +249,8 @@ static coord_reject_t coord__precheck(coord_t *c, const coord_peer_t *p, const p
   if (s->ph.embed && !c->cfg.embed)
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "this server generates text: embeddings need a server started "
                                                    "with --task embed"};
+  if (s->ph.embed && (s->ph.logprobs || s->return_logits || s->guide.kind != PROTO_GUIDE_NONE))
+    return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "an embedding job takes no logprobs, logits or guide"};
   if (!s->ph.embed && c->cfg.embed)
     return (coord_reject_t){PROTO_ERR_BAD_REQUEST, "this server was started with --task embed: it serves embeddings "
                                                    "only"};

@@ -197,7 +197,8 @@ class BadInput(unittest.TestCase):
         self.assertEqual(self.check(C, {"prompt": "hi", "model": "gpt-4"}, 404)["code"], "model_not_found")
         self.check(C, {"prompt": "hi"}, 401, key=None)
         self.check(C, {"prompt": "hi"}, 401, key="wrong")
-        self.check("/v1/embeddings", {"input": "hi"}, 404)
+        self.assertIn("--task embed", self.check("/v1/embeddings", {"input": "hi"}, 400)["message"])
+        self.check("/v1/audio/speech", {"input": "hi"}, 404)
         self.check(C, None, 405, method="GET")
         # longer than the context (512): tokens and text
         self.check(C, {"prompt": [1] * 600, "max_tokens": 1}, 400)

@@ -47,6 +47,16 @@ static void x512__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) 
   *s = _mm512_reduce_add_ps(acc) + tail;
 }
 
+/* A block pair's min terms, one expression for the 1- and 4-row forms so
+ * that both round alike. */
+static inline float x512__q4_1_mins(const cpu_block_q4_1 *x, const cpu_block_q8_1 *y, int i) {
+  return X86_F16(x[i].m) * X86_F16(y[i].s) + X86_F16(x[i + 1].m) * X86_F16(y[i + 1].s);
+}
+
+static inline __m512 x512__q4_1_scales(const cpu_block_q4_1 *x, const cpu_block_q8_1 *y, int i) {
+  return x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+}
+
 static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q4_1 *x = vw;
   const cpu_block_q8_1 *y = va;
@@ -55,15 +65,44 @@ static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) 
   float summs = 0.0f;
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
-    summs += X86_F16(x[i].m) * X86_F16(y[i].s) + X86_F16(x[i + 1].m) * X86_F16(y[i + 1].s);
-    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+    summs += x512__q4_1_mins(x, y, i);
     const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
     const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-    acc = _mm512_fmadd_ps(d, x512__mul_sum_us8_pairs_float(qx, qy), acc);
+    acc = _mm512_fmadd_ps(x512__q4_1_scales(x, y, i), x512__mul_sum_us8_pairs_float(qx, qy), acc);
   }
   float tail = 0.0f;
   if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[i]);
   *s = _mm512_reduce_add_ps(acc) + summs + tail;
+}
+
+/* Prefill form: one weight row against 4 activation rows; the weight pair
+ * is unpacked once, and each row's arithmetic is the 1-row form's, in its
+ * order, so a row's result does not depend on the batch it is in. */
+static void x512__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y[4];
+  for (int r = 0; r < 4; r++) y[r] = (const cpu_block_q8_1 *)((const uint8_t *)va + (size_t)r * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    for (int r = 0; r < 4; r++) {
+      summs[r] += x512__q4_1_mins(x, y[r], i);
+      const __m512i qy = x512__load_q8_2(y[r][i].qs, y[r][i + 1].qs);
+      acc[r] = _mm512_fmadd_ps(x512__q4_1_scales(x, y[r], i), x512__mul_sum_us8_pairs_float(qx, qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[r][i]);
+    s[r] = _mm512_reduce_add_ps(acc[r]) + summs[r] + tail;
+  }
+}
+
+static inline __m512 x512__q8_0_scales(const cpu_block_q8_0 *x, const cpu_block_q8_0 *y, int i) {
+  return x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
 }
 
 static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
@@ -73,14 +112,39 @@ static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) 
   __m512 acc = _mm512_setzero_ps();
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
     const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
     const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-    acc = _mm512_fmadd_ps(d, x512__mul_sum_i8_pairs_float(qx, qy), acc);
+    acc = _mm512_fmadd_ps(x512__q8_0_scales(x, y, i), x512__mul_sum_i8_pairs_float(qx, qy), acc);
   }
   float tail = 0.0f;
   if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[i]);
   *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+/* Prefill form of the above, as x512__vec_dot_x4_q4_1 is of its 1-row form:
+ * the weight's |x| and sign mask once per pair for 4 rows. */
+static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y[4];
+  for (int r = 0; r < 4; r++) y[r] = (const cpu_block_q8_0 *)((const uint8_t *)va + (size_t)r * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __mmask64 neg = _mm512_movepi8_mask(qx);
+    const __m512i ax = _mm512_abs_epi8(qx);
+    for (int r = 0; r < 4; r++) {
+      const __m512i qy = x512__load_q8_2(y[r][i].qs, y[r][i + 1].qs);
+      const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+      acc[r] = _mm512_fmadd_ps(x512__q8_0_scales(x, y[r], i), x512__mul_sum_us8_pairs_float(ax, sy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[r][i]);
+    s[r] = _mm512_reduce_add_ps(acc[r]) + tail;
+  }
 }
 
 static float x512__dot_f32(int n, const float *a, const float *b) {
@@ -137,11 +201,12 @@ const cpu_isa_t cpu_isa_avx512 = {
             [KERN_Q5_K] = x86__vec_dot_q5_K,
             [KERN_Q6_K] = x86__vec_dot_q6_K,
         },
-    /* No 4-row forms but I4G's: the AVX2 ones sum in another order than the
-     * 2-block AVX-512 dots above, and a row must give the same result alone
-     * or in a batch (the engine relies on it; test_matmul_batch_invariant).
-     * I4G's single-row dot here is the AVX2 one, which its 4-row form matches. */
-    .vec_dot_x4 = {[KERN_I4G] = x86__vec_dot_x4_i4g},
+    /* 4-row forms whose rows sum as the 1-row forms above do: a row must
+     * give the same result alone or in a batch (the engine relies on it;
+     * test_matmul_batch_invariant). I4G's 1-row dot here is the AVX2 one,
+     * which its AVX2 4-row form matches. */
+    .vec_dot_x4 = {[KERN_Q4_1] = x512__vec_dot_x4_q4_1, [KERN_Q8_0] = x512__vec_dot_x4_q8_0,
+                   [KERN_I4G] = x86__vec_dot_x4_i4g},
     .quantize =
         {
             [KERN_Q8_0] = x86__quantize_q8_0,

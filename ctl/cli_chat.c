@@ -65,7 +65,7 @@ static int chat_opt(chat_opts_t *o, const char *k, const char *v) {
 
 static int chat_parse(chat_opts_t *o, int argc, char **argv) {
   *o = (chat_opts_t){.temperature = -1};
-  for (int i = 1; i < argc; i++) {
+  for (int i = 1; i < argc; i += 2) { /* OPTION VALUE pairs */
     if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
       chat_usage(stdout);
       return 1;
@@ -75,7 +75,6 @@ static int chat_parse(chat_opts_t *o, int argc, char **argv) {
       return -1;
     }
     if (chat_opt(o, argv[i], argv[i + 1])) return -1;
-    i++;
   }
   return cli_http_target("chat", o->rpc, &o->host, &o->port);
 }

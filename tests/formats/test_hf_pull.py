@@ -35,13 +35,14 @@ import tempfile
 import threading
 import unittest
 
+from test_hf_cache import ferrumctl, run_text  # this folder: the same runs of ferrumctl
+
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 GOLDEN = os.environ.get("GOLDEN", "")
 GGUF_REPO, TINY_REPO, GATED_REPO, BAD_REPO = ("TestOrg/SmolLM2-GGUF", "TestOrg/tiny-mistral", "TestOrg/gated",
                                               "TestOrg/corrupt")
 TOKEN = "hf_test_token_0123"
-PROMPT = "The capital of France is"
 LFS_SUFFIXES = (".gguf", ".safetensors")
 
 
@@ -193,16 +194,6 @@ class FakeHub:
                     return
                 h.wfile.write(chunk)
                 sent += len(chunk)
-
-
-def ferrumctl(*args, env=None):
-    return subprocess.run([FERRUMCTL, *args], capture_output=True, text=True, timeout=300, env=env)
-
-
-def run_text(model, env):
-    p = ferrumctl("run", "--in-process", "--model", model, "--prompt", PROMPT, "--raw", "--temperature", "0",
-                  "--max-tokens", "12", env=env)
-    return p.returncode, p.stdout, p.stderr
 
 
 class HfPull(unittest.TestCase):

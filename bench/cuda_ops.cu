@@ -1,6 +1,6 @@
 /* cuda_ops.cu - op benchmark of the CUDA backend (not a test).
  *
- *   cuda_ops_bench [gemv|gemv1|attn|all]
+ *   cuda_ops_bench [gemv|gemv1|attn|all] [ROWSxCOLS,...]
  *
  * Prints, on the current device:
  *  - the device-to-device copy bandwidth (bytes read + written), the ceiling;
@@ -12,6 +12,7 @@
  * Ops are captured in a CUDA graph (through the backend's graph slots) and
  * timed with events on the backend's stream; the median of 7 runs. */
 #include <algorithm>
+#include <array>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -115,15 +116,23 @@ static void *rand_weight_bytes(kern_type_t t, int64_t rows, int64_t cols, size_t
   return h;
 }
 
-/* Batch-1 bf16 GEMV over Llama-3-8B's fused shapes, with 1, 2 and 4 warps
- * per row (how kcu_gemv_dense_launch picks) and cuBLAS beside it. */
-static void bench_gemv1(double ceil_gbs) {
-  const int64_t shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {1024, 4096}, {128256, 4096}};
+/* Batch-1 bf16 GEMV over Llama-3-8B's fused shapes (or the n_user shapes
+ * given), with 1, 2 and 4 warps per row (how kcu_gemv_dense_launch picks)
+ * and cuBLAS beside it. */
+static void bench_gemv1(double ceil_gbs, const int64_t (*user)[2], int n_user) {
+  static const int64_t l8b[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {1024, 4096}, {128256, 4096}};
+  std::vector<std::array<int64_t, 2>> shapes;
+  if (n_user)
+    for (int i = 0; i < n_user; i++) shapes.push_back({user[i][0], user[i][1]});
+  else
+    for (auto &sh : l8b) shapes.push_back({sh[0], sh[1]});
+  int64_t max_cols = 0, max_rows = 0;
+  for (auto &sh : shapes) max_rows = std::max(max_rows, sh[0]), max_cols = std::max(max_cols, sh[1]);
   printf("\nbf16 GEMV, n = 1: us (%%copy) by warps per row; cuBLAS\n");
   void *x, *o;
-  CK(B->ops->alloc(B->ctx, (size_t)14336 * 2, &x));
-  CK(B->ops->alloc(B->ctx, (size_t)128256 * 2, &o));
-  std::vector<uint16_t> xh((size_t)14336);
+  CK(B->ops->alloc(B->ctx, (size_t)max_cols * 2, &x));
+  CK(B->ops->alloc(B->ctx, (size_t)max_rows * 2, &o));
+  std::vector<uint16_t> xh((size_t)max_cols);
   for (auto &v : xh) v = (uint16_t)((rnd() & 0x807f) | 0x3c00);
   CK(B->ops->upload(B->ctx, x, xh.data(), xh.size() * 2));
   uint64_t key = 50000;
@@ -333,7 +342,19 @@ int main(int argc, char **argv) {
   printf("device: %s, %d SMs, L2 %d MB; device-to-device copy %.0f GB/s (copy kernel, read + write; the ceiling), "
          "cudaMemcpyAsync %.0f GB/s\n", p.name, p.multiProcessorCount, p.l2CacheSize >> 20, ceil_gbs, mc_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "gemv")) bench_gemv(ceil_gbs);
-  if (!strcmp(what, "all") || !strcmp(what, "gemv1")) bench_gemv1(ceil_gbs);
+  int64_t user[32][2];
+  int n_user = 0;
+  for (const char *sh = argc > 2 ? argv[2] : ""; *sh && n_user < 32; n_user++) {
+    long long r, c;
+    int used;
+    if (sscanf(sh, "%lldx%lld%n", &r, &c, &used) != 2 || r <= 0 || c <= 0 || c % 8) {
+      fprintf(stderr, "cuda_ops_bench: shapes are ROWSxCOLS,... with COLS a multiple of 8\n");
+      return 2;
+    }
+    user[n_user][0] = r, user[n_user][1] = c;
+    sh += used + (sh[used] == ',');
+  }
+  if (!strcmp(what, "all") || !strcmp(what, "gemv1")) bench_gemv1(ceil_gbs, user, n_user);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_attn(ceil_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_prefill();
   kern_backend_destroy(B);

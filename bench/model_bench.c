@@ -6,11 +6,14 @@
  *            backend can, else on the host);
  *   mixed:   with --mixed P, the same decode steps again, each with one more
  *            sequence prefilling a chunk of P tokens beside the B decodes
- *            (a serving step under chunked prefill).
+ *            (a serving step under chunked prefill);
+ *   verify:  with --verify K, the same steps with K + 1 tokens a sequence
+ *            and logits for all of them, copied to the host as the worker
+ *            does to verify K speculative proposals.
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
  *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|...] [--threads N] [--prefill N]
  *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
- *          [--kv-cache-dtype auto|int8|fp8]
+ *          [--verify K] [--kv-cache-dtype auto|int8|fp8]
  * The KV pool holds what the run needs (the prefill's sequence, or the
  * largest batch's sequences of --prompt + --gen tokens); its size is printed.
  */
@@ -33,7 +36,7 @@
 
 typedef struct {
   const char *model, *dummy, *device, *type;
-  int threads, prefill, prompt, gen, repeat, mixed;
+  int threads, prefill, prompt, gen, repeat, mixed, verify;
   int kv_dtype; /* kern_kv_dtype_t */
   int batches[BENCH_MAX_BATCHES], n_batches;
 } bench_opts_t;
@@ -75,6 +78,7 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o) {
     else if (!strcmp(a, "--repeat")) rc = bench_int(v, 0, 1000, &o->repeat);
     else if (!strcmp(a, "--batch")) rc = bench_parse_batches(v, o);
     else if (!strcmp(a, "--mixed")) rc = bench_int(v, 2, 1 << 20, &o->mixed);
+    else if (!strcmp(a, "--verify")) rc = bench_int(v, 1, 16, &o->verify);
     else if (!strcmp(a, "--kv-cache-dtype")) rc = (o->kv_dtype = kern_kv_dtype_parse(v)) < 0 ? -1 : 0;
     else return -1;
     if (rc) {
@@ -94,7 +98,26 @@ typedef struct {
   float *logits_host;
 } bench_t;
 
-static int bench_step(bench_t *b, int n_seqs, const int *seq, const int *start, const int *len, int32_t *out_tok) {
+/* One step: sequence seq[s] runs len[s] tokens from position start[s]. With
+ * out_tok, the last token's logits of each sequence are sampled into it;
+ * with rows (a verify step), the last rows[s] tokens' logits are copied to
+ * the host and their argmax taken, as the worker verifies proposals. */
+/* The argmax of each of n_rows logits rows, on the host (into out_tok if
+ * not NULL). */
+static int bench_host_argmax(bench_t *b, const void *logits, int n_rows, int32_t *out_tok) {
+  int V = b->m->cfg.vocab_size, rc = model_logits_to_host(b->m, logits, n_rows, b->logits_host);
+  for (int s = 0; s < n_rows && !rc; s++) {
+    const float *l = b->logits_host + (size_t)s * V;
+    int best = 0;
+    for (int i = 1; i < V; i++)
+      if (l[i] > l[best]) best = i;
+    if (out_tok) out_tok[s] = best;
+  }
+  return rc;
+}
+
+static int bench_step(bench_t *b, int n_seqs, const int *seq, const int *start, const int *len, const int32_t *rows_of,
+                      int32_t *out_tok) {
   int n = 0;
   b->q_start[0] = 0;
   for (int s = 0; s < n_seqs; s++) {
@@ -121,25 +144,22 @@ static int bench_step(bench_t *b, int n_seqs, const int *seq, const int *start, 
                     .q_start = b->q_start, .ctx_len = b->ctx_len, .block_tables = rows,
                     .max_blocks = b->blocks_per_seq};
   const void *logits;
-  int rc = model_forward(b->m, &b->pool, &st, &logits);
+  int rc = model_forward_rows(b->m, &b->pool, &st, rows_of, &logits);
   if (rc) return rc;
   const kern_ops_t *op = b->m->be->ops;
+  int n_rows = n_seqs;
+  if (rows_of) {
+    n_rows = 0;
+    for (int s = 0; s < n_seqs; s++) n_rows += rows_of[s];
+    return bench_host_argmax(b, logits, n_rows, NULL);
+  }
   if (!out_tok) return op->sync(b->m->be->ctx);
   if (op->sample) {
     kern_sample_params_t sp[BENCH_MAX_BATCH + 1] = {{0}}; /* + the mixed steps' prefill */
     float lp[BENCH_MAX_BATCH + 1];
     return op->sample(b->m->be->ctx, logits, n_seqs, b->m->cfg.vocab_size, sp, out_tok, lp);
   }
-  int V = b->m->cfg.vocab_size;
-  if ((rc = model_logits_to_host(b->m, logits, n_seqs, b->logits_host))) return rc;
-  for (int s = 0; s < n_seqs; s++) {
-    const float *l = b->logits_host + (size_t)s * V;
-    int best = 0;
-    for (int i = 1; i < V; i++)
-      if (l[i] > l[best]) best = i;
-    out_tok[s] = best;
-  }
-  return 0;
+  return bench_host_argmax(b, logits, n_rows, out_tok);
 }
 
 static int bench_prefill(bench_t *b, int n_tok, int repeat) {
@@ -147,7 +167,7 @@ static int bench_prefill(bench_t *b, int n_tok, int repeat) {
   for (int r = 0; r < repeat + 1; r++) {
     int seq = 0, start = 0, len = n_tok;
     uint64_t t0 = fr_now_ns();
-    int rc = bench_step(b, 1, &seq, &start, &len, NULL);
+    int rc = bench_step(b, 1, &seq, &start, &len, NULL, NULL);
     if (rc) return rc;
     double dt = (fr_now_ns() - t0) / 1e9;
     if (r > 0 || repeat == 0) best = dt < best ? dt : best; /* first run warms up */
@@ -167,7 +187,7 @@ static int bench_decode(bench_t *b, int B, int prompt, int gen) {
   for (int s0 = 0; s0 < B && !rc; s0 += per) {
     int k = FR_MIN(per, B - s0);
     for (int s = 0; s < k; s++) seq[s] = s0 + s, start[s] = 0, len[s] = prompt;
-    rc = bench_step(b, k, seq, start, len, tok);
+    rc = bench_step(b, k, seq, start, len, NULL, tok);
     for (int s = 0; s < k; s++) b->next[s0 + s] = tok[s];
   }
   for (int s = 0; s < B; s++) seq[s] = s, len[s] = 1;
@@ -175,7 +195,7 @@ static int bench_decode(bench_t *b, int B, int prompt, int gen) {
   for (int g = 0; g < gen && !rc; g++) {
     if (g == 1) t0 = fr_now_ns(); /* step 0 warms up (and captures graphs) */
     for (int s = 0; s < B; s++) start[s] = prompt + g;
-    rc = bench_step(b, B, seq, start, len, tok);
+    rc = bench_step(b, B, seq, start, len, NULL, tok);
     for (int s = 0; s < B; s++) b->next[s] = tok[s];
   }
   if (!rc && gen > 1) {
@@ -199,7 +219,7 @@ static int bench_mixed(bench_t *b, int B, int prompt, int gen, int P) {
   for (int g = 0; g < gen && !rc; g++) {
     if (g == 1) t0 = fr_now_ns();
     for (int s = 0; s < n; s++) start[s] = s < B ? prompt + g : 0;
-    rc = bench_step(b, n, seq, start, len, tok);
+    rc = bench_step(b, n, seq, start, len, NULL, tok);
     for (int s = 0; s < B; s++) b->next[s] = tok[s];
   }
   if (!rc && gen > 1) {
@@ -211,6 +231,29 @@ static int bench_mixed(bench_t *b, int B, int prompt, int gen, int P) {
   return rc;
 }
 
+/* Verify steps of B sequences (from --prompt on, as bench_decode's): K + 1
+ * tokens each, logits for all of them on the host. */
+static int bench_verify(bench_t *b, int B, int prompt, int gen, int K) {
+  int *seq = fr_malloc((size_t)B * sizeof(int)), *start = fr_malloc((size_t)B * sizeof(int));
+  int *len = fr_malloc((size_t)B * sizeof(int));
+  int32_t *rows = fr_malloc((size_t)B * sizeof(int32_t));
+  int rc = 0;
+  for (int s = 0; s < B; s++) seq[s] = s, len[s] = K + 1, rows[s] = K + 1;
+  uint64_t t0 = 0;
+  for (int g = 0; g < gen && !rc; g++) {
+    if (g == 1) t0 = fr_now_ns();
+    for (int s = 0; s < B; s++) start[s] = prompt + g;
+    rc = bench_step(b, B, seq, start, len, rows, NULL);
+  }
+  if (!rc && gen > 1) {
+    double dt = (fr_now_ns() - t0) / 1e9;
+    printf("verify   batch %3d, k %d, %d steps: %8.3f ms/step  (%d logits rows a step to the host)\n", B, K, gen - 1,
+           dt * 1e3 / (gen - 1), B * (K + 1));
+  }
+  free(seq), free(start), free(len), free(rows);
+  return rc;
+}
+
 static int bench_blocks(int tokens) { return (tokens + BENCH_BLOCK - 1) / BENCH_BLOCK; }
 
 /* The KV pool for what the run does, no more: the prefill's one sequence
@@ -219,7 +262,7 @@ static int bench_blocks(int tokens) { return (tokens + BENCH_BLOCK - 1) / BENCH_
  * --mixed tokens. Sequence s's blocks are s * (its share) onwards; the
  * prefill's (sequence 0) run on from block 0. */
 static int bench_pool_init(bench_t *b, const bench_opts_t *o, int maxB) {
-  int per_seq = bench_blocks(o->prompt + o->gen), pre = bench_blocks(o->prefill), mix = bench_blocks(o->mixed);
+  int per_seq = bench_blocks(o->prompt + o->gen + o->verify), pre = bench_blocks(o->prefill), mix = bench_blocks(o->mixed);
   int64_t n_blocks = FR_MAX((int64_t)per_seq * maxB + mix, (int64_t)pre);
   if (n_blocks > INT32_MAX) return fr_errorf(FR_ETOOBIG, "%lld KV blocks", (long long)n_blocks);
   b->blocks_per_seq = FR_MAX(FR_MAX(per_seq, pre), mix);
@@ -247,7 +290,7 @@ int main(int argc, char **argv) {
   if (bench_parse(argc, argv, &o)) {
     fprintf(stderr, "usage: model_bench [--model PATH | --dummy NAME] [--device cpu|cuda] [--type T] "
                     "[--threads N] [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P] "
-                    "[--kv-cache-dtype auto|int8|fp8]\n");
+                    "[--verify K] [--kv-cache-dtype auto|int8|fp8]\n");
     return 2;
   }
   int maxB = 1;
@@ -255,8 +298,9 @@ int main(int argc, char **argv) {
   kern_backend_t *be = NULL;
   model_t *m = NULL;
   int rc = kern_backend_create(&be, o.device, o.threads);
-  model_load_opts_t lo = {.max_tokens = FR_MAX(FR_MAX(o.prefill, o.mixed + maxB), FR_MAX(o.prompt, 256)),
-                          .max_seqs = maxB + 1,
+  int vrows = maxB * (o.verify + 1); /* a verify step's tokens and logits rows */
+  model_load_opts_t lo = {.max_tokens = FR_MAX(FR_MAX(FR_MAX(o.prefill, o.mixed + maxB), FR_MAX(o.prompt, 256)), vrows),
+                          .max_seqs = FR_MAX(maxB + 1, vrows),
                           .progress = true, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(o.type), 0), .seed = 1};
   if (!rc && o.dummy) {
     model_config_t cfg;
@@ -276,11 +320,12 @@ int main(int argc, char **argv) {
     size_t T = (size_t)m->max_tokens;
     b.tokens = fr_malloc(T * 4), b.pos = fr_malloc(T * 4), b.slots = fr_malloc(T * 4);
     b.q_start = fr_malloc((T + 1) * 4), b.ctx_len = fr_malloc(T * 4), b.next = fr_calloc((size_t)maxB, 4);
-    b.logits_host = fr_malloc((size_t)(maxB + 1) * m->cfg.vocab_size * sizeof(float));
+    b.logits_host = fr_malloc((size_t)FR_MAX(maxB + 1, vrows) * m->cfg.vocab_size * sizeof(float));
     if (o.prefill > 0) rc = bench_prefill(&b, o.prefill, o.repeat);
     for (int i = 0; i < o.n_batches && !rc; i++) {
       rc = bench_decode(&b, o.batches[i], o.prompt, o.gen);
       if (!rc && o.mixed) rc = bench_mixed(&b, o.batches[i], o.prompt, o.gen, o.mixed);
+      if (!rc && o.verify) rc = bench_verify(&b, o.batches[i], o.prompt, o.gen, o.verify);
     }
   }
   if (rc) fprintf(stderr, "model_bench: %s\n", fr_last_error());

@@ -27,15 +27,18 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
+#include "model/dummy.h"
 #include "worker/worker.h"
 
-int worker__draft_load(worker_t *w, const char *path, int max_tokens, int max_seqs) {
+int worker__draft_load(worker_t *w, const char *path, bool dummy, int max_tokens, int max_seqs) {
   if (w->args.world_size > 1)
     return fr_errorf(FR_EUNSUPPORTED, "a draft model with tensor parallelism (%d ranks) is not built",
                      w->args.world_size);
   if (w->m->pooling) return fr_errorf(FR_EUNSUPPORTED, "a draft model speeds up generation, not embeddings");
-  model_load_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .tp_rank = 0, .tp_size = 1};
-  int rc = model_load(&w->dm, path, w->be, &mo);
+  model_load_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .tp_rank = 0, .tp_size = 1, .seed = 2};
+  model_config_t cfg;
+  int rc = dummy ? model_dummy_config(path, &cfg) : 0; /* --load-format dummy holds for the draft too, as in vLLM */
+  if (!rc) rc = dummy ? model_load_dummy(&w->dm, &cfg, w->be, &mo) : model_load(&w->dm, path, w->be, &mo);
   if (rc) return fr_errorf(rc, "draft model %s: %s", path, fr_last_error());
   const model_config_t *t = &w->m->cfg, *d = &w->dm->cfg;
   if (d->vocab_size != t->vocab_size)

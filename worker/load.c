@@ -339,6 +339,21 @@ static int worker__attach_control(worker_t *w, uint32_t kv_blocks) {
   return 0;
 }
 
+/* FERRUM_SPEC_FORCE_ACCEPT, a probability in [0, 1] (random weights accept
+ * nothing, so speculation's benchmarks force it); -1 when unset or not one. */
+static float worker__force_accept(void) {
+  const char *v = getenv("FERRUM_SPEC_FORCE_ACCEPT");
+  char *end;
+  float p = v && *v ? strtof(v, &end) : -1.0f;
+  if (!v || !*v) return -1.0f;
+  if (*end || !(p >= 0.0f && p <= 1.0f)) {
+    FR_LOGW("FERRUM_SPEC_FORCE_ACCEPT=%s is not a probability in [0, 1]: ignored", v);
+    return -1.0f;
+  }
+  FR_LOGW("FERRUM_SPEC_FORCE_ACCEPT=%g: proposals are accepted at random, outputs are not the model's", p);
+  return p;
+}
+
 static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_opts_t *o) {
   model_load_opts_t mo = {.max_tokens = (int)o->max_tokens, .max_seqs = (int)o->max_seqs,
                          .progress = w->args.rank == 0, /* one rank logs the weights' progress */
@@ -354,6 +369,7 @@ static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_o
   }
   if (rc) return rc;
   w->fake_forward = o->fake_forward;
+  w->force_accept = worker__force_accept();
   w->max_tokens = w->m->max_tokens;
   w->max_seqs = w->m->max_seqs;
   w->vocab = w->m->cfg.vocab_size;
@@ -418,7 +434,7 @@ int worker_load(worker_t *w, const proto_load_t *l) {
   if ((rc = worker__kv_dtype(w, o.kv_dtype))) goto fail;
   size_t used_load, total;
   if ((rc = worker__model(w, l, &o))) goto fail;
-  if (o.draft && (rc = worker__draft_load(w, o.draft, w->max_tokens, w->max_seqs))) goto fail;
+  if (o.draft && (rc = worker__draft_load(w, o.draft, !strcmp(l->format, "dummy"), w->max_tokens, w->max_seqs))) goto fail;
   if ((rc = worker__comm(w, &o))) goto fail;
   if ((rc = worker__mem_used(w, &used_load, &total))) goto fail;
   if (sizing) rc = worker__kv_size(w, l, used_load, &w->act_bytes);

@@ -13,6 +13,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/fr_hash.h"
 #include "common/fr_util.h"
 #include "worker/worker.h"
 
@@ -46,6 +47,14 @@ static void worker__spec_emit(worker_t *w, proto_result_item_t *ri, int e, int32
   ri->n_extra_top = ri->n_top * (uint32_t)e;
 }
 
+/* FERRUM_SPEC_FORCE_ACCEPT: whether the proposal at context ctx of a slot
+ * is taken regardless of the logits (a reproducible draw per position). */
+static bool worker__spec_forced(const worker_t *w, uint32_t slot, int ctx) {
+  if (w->force_accept < 0) return false;
+  uint64_t h = fr_mix64(((uint64_t)slot << 32) ^ (uint64_t)(uint32_t)ctx ^ 0x5eedULL);
+  return (double)(h >> 11) * 0x1.0p-53 < (double)w->force_accept;
+}
+
 void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, const float *q, int n_q, int r,
                          int *x_used) {
   proto_result_item_t *ri = &w->ritems[r];
@@ -67,9 +76,14 @@ void worker__spec_verify(worker_t *w, const proto_step_item_t *it, float *rows, 
     if (n_top) worker__spec_top(w, row, n_top, top);
     uint64_t draw = (uint64_t)(ctx - pl);
     const int32_t *out = h->tok + pl;
-    int32_t tok = j < k ? model_sample_verify(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw,
-                                              it->tokens[base + j], j < n_q ? q + (size_t)j * (size_t)V : NULL, &lp)
-                        : model_sample(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw, &lp);
+    int32_t tok;
+    if (j < k && worker__spec_forced(w, it->slot, ctx))
+      tok = it->tokens[base + j], lp = 0.0f;
+    else if (j < k)
+      tok = model_sample_verify(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw,
+                                it->tokens[base + j], j < n_q ? q + (size_t)j * (size_t)V : NULL, &lp);
+    else
+      tok = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, out, (size_t)(ctx - pl), draw, &lp);
     if (!isfinite(lp)) {
       worker__item_nonfinite(ri);
       ri->n_extra = ri->n_extra_lp = ri->n_extra_top = 0;

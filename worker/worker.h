@@ -116,6 +116,8 @@ typedef struct {
   float *dq;                       /* (max_seqs, vocab) q of each proposal (temperature > 0) */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
+  float force_accept;              /* benchmarks (FERRUM_SPEC_FORCE_ACCEPT): each proposal is accepted with
+                                    * this probability whatever the logits say; < 0: off */
   /* a load that sizes the KV pool: loaded, no pool yet (see worker_kv_init) */
   bool kv_pending;
   uint32_t kv_capacity;            /* blocks this worker can hold (reported in loaded) */
@@ -175,8 +177,9 @@ size_t worker__weight_bytes(const model_t *m);
 /* ---- draft.c: the draft model ---- */
 /* Loads the draft model at path (the load option draft) beside the target:
  * same backend and step shape; a vocabulary other than the target's, or
- * tensor parallelism, is an error. */
-int worker__draft_load(worker_t *w, const char *path, int max_tokens, int max_seqs);
+ * tensor parallelism, is an error. dummy: random weights of path's config
+ * (the target's --load-format dummy). */
+int worker__draft_load(worker_t *w, const char *path, bool dummy, int max_tokens, int max_seqs);
 /* Bytes of one draft KV block of block_size tokens (0 without a draft). */
 size_t worker__draft_block_bytes(const worker_t *w, int block_size);
 /* The draft's KV config for n_blocks blocks. */

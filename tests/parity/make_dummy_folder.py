@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """A model folder for `--load-format dummy` runs on the GPU machine: the
-Llama-3-8B (or, with a third argument `llama-3-70b`, Llama-3-70B)
-config.json with SmolLM2's tokenizer (tokenizer.json built from
+Llama-3-8B (or, with a third argument `llama-3-70b`, Llama-3-70B, or
+`smollm2-135m`, SmolLM2-135M's own shapes) config.json with SmolLM2's tokenizer (tokenizer.json built from
 the GGUF's vocabulary and merges with HF `tokenizers`, as the tokenizer
 golden test does; tokenizer_config.json with the GGUF's chat template).
 Prompts are token ids below SmolLM2's 49152, so the tokenizer only needs to
-round-trip text. usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b]"""
+round-trip text. usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b|smollm2-135m]"""
 import json
 import os
 import sys
@@ -24,7 +24,10 @@ LLAMA3_8B = {
 }
 LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                   num_attention_heads=64)
-SHAPES = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B}
+SMOLLM2_135M = dict({k: v for k, v in LLAMA3_8B.items() if k != "rope_scaling"}, hidden_size=576,
+                    intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    head_dim=64, rope_theta=100000.0, vocab_size=49152, tie_word_embeddings=True)
+SHAPES = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B, "smollm2-135m": SMOLLM2_135M}
 
 
 def main():

@@ -172,6 +172,12 @@ typedef struct {
   int n_bias;
   const int32_t *ban;                        /* host (n_ban): -inf while n_output < min_tokens */
   int n_ban, min_tokens;
+  const uint32_t *allow; /* host (n_allow words), read during the call, or NULL: constrained decoding's mask,
+                          * model_sampling_t's format (bit t % 32 of word t / 32 set: token t may be drawn; ids
+                          * past the words may not); the others get -inf before bias, penalties, filters and the
+                          * draw, not in the logprobs (raw, as the host's); bans that would leave no allowed
+                          * token are skipped, as the host does */
+  int n_allow;
 } kern_sample_params_t;
 #define KERN_SAMPLE_MAX_TOP 20
 

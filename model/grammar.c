@@ -477,6 +477,17 @@ static g_res_t g_arr(const model_grammar_t *g, model_gstack_t *s, unsigned c) {
 
 static bool g_hex(unsigned c) { return g_digit(c) || ((c | 32) >= 'a' && (c | 32) <= 'f'); }
 
+/* The second byte of a UTF-8 sequence after its lead: a continuation
+ * byte, narrower after E0 (no overlong forms), ED (no surrogates), F0 (no
+ * overlong forms) and F4 (nothing past U+10FFFF), as RFC 3629 has it. */
+static bool g_utf8_second(unsigned lead, unsigned c) {
+  unsigned lo = lead == 0xE0 ? 0xA0 : lead == 0xF0 ? 0x90 : 0x80, hi = lead == 0xED ? 0x9F : lead == 0xF4 ? 0x8F : 0xBF;
+  return c >= lo && c <= hi;
+}
+
+/* Continuation bytes a UTF-8 lead byte c wants (0 for ASCII). */
+static uint32_t g_utf8_more(unsigned c) { return c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0; }
+
 static g_res_t g_string(const model_grammar_t *g, model_gstack_t *s, unsigned c) {
   model_gframe_t *f = g_top(s);
   uint32_t mn = f->node >= 0 ? g->nodes[f->node].min : 0, mx = f->node >= 0 ? g->nodes[f->node].max : UINT32_MAX;
@@ -489,13 +500,17 @@ static g_res_t g_string(const model_grammar_t *g, model_gstack_t *s, unsigned c)
     f->st = f->st == S_U1 + 3 ? S_N : f->st + 1;
     return G_OK;
   }
-  if (f->b > 0) /* inside a UTF-8 sequence: continuation bytes only */
-    return c >= 0x80 && c < 0xC0 ? (f->b--, G_OK) : G_DEAD;
+  if (f->b > 0) { /* inside a UTF-8 sequence (b: the lead byte << 8 until the second byte, | bytes still due) */
+    const unsigned lead = f->b >> 8;
+    if (lead ? !g_utf8_second(lead, c) : c < 0x80 || c >= 0xC0) return G_DEAD;
+    f->b = (f->b & 0xFF) - 1;
+    return G_OK;
+  }
   if (c == '"') return f->a >= mn ? (g_done(s), G_OK) : G_DEAD;
   if (c < 0x20 || (c >= 0x80 && c < 0xC2) || c > 0xF4) return G_DEAD; /* control, stray continuation, invalid lead */
   if (f->a >= mx) return G_DEAD;
   f->a++;
-  f->b = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+  f->b = g_utf8_more(c) ? c << 8 | g_utf8_more(c) : 0;
   if (c == '\\') f->st = S_E;
   return G_OK;
 }
@@ -710,10 +725,10 @@ static bool g_plain(const unsigned char *b, uint32_t n) {
   for (uint32_t i = 0; i < n;) {
     unsigned c = b[i];
     if (c < 0x20 || c == '"' || c == '\\' || (c >= 0x80 && c < 0xC2) || c > 0xF4) return false;
-    uint32_t k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+    uint32_t k = g_utf8_more(c);
     if (i + k >= n) k = n - 1 - i; /* a sequence cut at the end */
     for (uint32_t j = 1; j <= k; j++)
-      if (b[i + j] < 0x80 || b[i + j] >= 0xC0) return false;
+      if (j == 1 ? !g_utf8_second(c, b[i + j]) : b[i + j] < 0x80 || b[i + j] >= 0xC0) return false;
     i += k + 1;
   }
   return true;
@@ -794,10 +809,10 @@ static long g_plain_end(const unsigned char *b, uint32_t n) {
     unsigned c = b[i];
     if (c == '"' || c == '\\') return (long)i;
     if (c < 0x20 || (c >= 0x80 && c < 0xC2) || c > 0xF4) return -1;
-    uint32_t k = c >= 0xF0 ? 3 : c >= 0xE0 ? 2 : c >= 0xC0 ? 1 : 0;
+    uint32_t k = g_utf8_more(c);
     if (i + k >= n) k = n - 1 - i;
     for (uint32_t j = 1; j <= k; j++)
-      if (b[i + j] < 0x80 || b[i + j] >= 0xC0) return -1;
+      if (j == 1 ? !g_utf8_second(c, b[i + j]) : b[i + j] < 0x80 || b[i + j] >= 0xC0) return -1;
     i += k + 1;
   }
   return (long)n;

@@ -175,6 +175,28 @@ static void worker__item_refused(worker_t *w, const proto_step_item_t *it, int r
   ri->error = PROTO_ERR_BAD_REQUEST;
 }
 
+/* True when an item carries a mask that allows no token of the
+ * vocabulary (a broken guide): the item fails instead of drawing a token
+ * the mask does not allow. Stops at the first allowed token. */
+static bool worker__mask_none(const proto_step_item_t *it, int vocab) {
+  if (!it->n_mask || !it->mask) return false;
+  const uint32_t words = FR_MIN(it->n_mask, ((uint32_t)vocab + 31) / 32);
+  for (uint32_t i = 0; i < words; i++) {
+    uint32_t m = it->mask[i];
+    if (32 * i + 32 > (uint32_t)vocab) m &= (1u << ((uint32_t)vocab - 32 * i)) - 1u; /* ids past the vocabulary */
+    if (m) return false;
+  }
+  return true;
+}
+
+/* The result of an item whose mask allows nothing: failed, no token. */
+static void worker__item_mask_none(proto_result_item_t *ri) {
+  FR_LOGE("slot %u: its allowed-token mask allows no token", ri->slot);
+  ri->token = -1;
+  ri->error = PROTO_ERR_BAD_REQUEST;
+  ri->n_top = 0;
+}
+
 /* Samples the item's next token from its logits row; fills the result
  * item (top logprobs, logits handle). */
 static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float *row, int r) {
@@ -203,6 +225,7 @@ static void worker__sample_item(worker_t *w, const proto_step_item_t *it, float 
   ri->token = model_sample(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(h->len - pl), draw,
                            &ri->logprob);
   if (!isfinite(ri->logprob)) worker__item_nonfinite(ri); /* a NaN or +Inf logit makes the log-softmax NaN */
+  else if (worker__mask_none(it, w->vocab)) worker__item_mask_none(ri);
 }
 
 /* An embedding model's result: the pooled row itself (borrowed from
@@ -233,13 +256,13 @@ static void worker__fake_sample(worker_t *w, const proto_step_item_t *it, int s,
 }
 
 /* True when every final item can be sampled on the device: no logits rows
- * (those go to the host's logits segment) and no allowed-token masks
- * (constrained decoding: the host sampler applies them). */
+ * (those go to the host's logits segment). Constrained decoding's masks
+ * go to the device sampler with the rest of the row's params. */
 static bool worker__device_sampling(const worker_t *w, const proto_step_t *st) {
   if (!w->be->ops->sample || st->n_items > 256 || w->spec) return false; /* proposals: verified on the host */
   if (w->m && w->m->pooling) return false; /* embeddings: nothing to sample */
-  for (uint32_t i = 0; i < st->n_items; i++) /* logits rows and constrained decoding's masks: the host */
-    if (st->items[i].final && (w->hist[st->items[i].slot].sp.want_logits || st->items[i].n_mask)) return false;
+  for (uint32_t i = 0; i < st->n_items; i++) /* logits rows: the host */
+    if (st->items[i].final && w->hist[st->items[i].slot].sp.want_logits) return false;
   return true;
 }
 
@@ -269,7 +292,10 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
                                    .top_lp = w->top_lp + (size_t)i * PROTO_MAX_TOPN,
                                    .bias = (const kern_bias_t *)h->bias, .n_bias = it->final ? (int)h->n_bias : 0,
                                    .ban = h->ban, .n_ban = it->final ? (int)h->n_ban : 0,
-                                   .min_tokens = (int)FR_MIN(p->min_tokens, (uint32_t)INT32_MAX)};
+                                   .min_tokens = (int)FR_MIN(p->min_tokens, (uint32_t)INT32_MAX),
+                                   /* the message's, valid for this step; final items only carry one */
+                                   .allow = it->final && it->n_mask ? it->mask : NULL,
+                                   .n_allow = it->final ? (int)it->n_mask : 0};
   }
   int rc = w->be->ops->sample(w->be->ctx, logits, (int)st->n_items, w->vocab, sp, tok, lp);
   if (rc) return rc;
@@ -282,6 +308,10 @@ static int worker__sample_device(worker_t *w, const proto_step_t *st, const void
     ri->logprob = lp[i];
     if (!isfinite(lp[i])) { /* NaN or infinite logits give a NaN log-softmax */
       worker__item_nonfinite(ri);
+      continue;
+    }
+    if (worker__mask_none(&st->items[i], w->vocab)) {
+      worker__item_mask_none(ri);
       continue;
     }
     if (sp[i].top_n > 0) {

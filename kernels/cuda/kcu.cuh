@@ -139,6 +139,8 @@ typedef struct {
   size_t pen_cap;
   int32_t *pen_sort;         /* host scratch for building them */
   size_t pen_sort_cap;
+  uint32_t *mask_dev, *mask_pin; /* the step's allowed-token masks, packed row after row (kcu_sample) */
+  size_t mask_cap;               /* words */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */

@@ -451,6 +451,8 @@ static void kcu_destroy(void *ctx) {
   kcu__free(c->pen_dev);
   cudaFreeHost(c->pen_pin);
   free(c->pen_sort);
+  kcu__free(c->mask_dev);
+  cudaFreeHost(c->mask_pin);
   kcu__free(c->f32_tmp);
   kcu__free(c->pairs_dev);
   kcu__free(c->cublas_ws);

@@ -2,7 +2,9 @@
  *
  * Penalties first (repetition over the prompt and output tokens, presence
  * and frequency over the output tokens; the host lists each row's tokens
- * with their output counts), rewriting those logits in place. Then greedy
+ * with their output counts), rewriting those logits in place, and
+ * constrained decoding's allowed-token mask (a bitmask per row, -inf for
+ * the tokens it does not allow). Then greedy
  * (temperature 0) or: z = logits / T; min-p keeps z >= z_max +
  * log(min_p); top-k keeps the k largest (ties at the k-th value kept);
  * top-p keeps the smallest top set whose probability (renormalized over what
@@ -15,8 +17,9 @@
  * log-softmax of the raw logits at temperature 1 (what vLLM returns).
  *
  * The sample op (kcu__sample, at the end) is the host side: it lists each
- * row's penalized tokens, uploads them with the parameters, launches the
- * kernel and waits for the tokens.
+ * row's penalized tokens, uploads them with the parameters and the masks,
+ * launches the kernel (one for the whole batch, guided rows or not) and
+ * waits for the tokens.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -40,8 +43,9 @@ typedef struct {
   uint64_t seed, counter;
   float rep, pres, freq;
   int32_t pen_off, n_pen;
-  int32_t top_n; /* top logprobs wanted (<= KERN_SAMPLE_MAX_TOP) */
-  int32_t pad[2];
+  int32_t top_n;   /* top logprobs wanted (<= KERN_SAMPLE_MAX_TOP) */
+  int32_t mask_off; /* the row's allowed-token mask: words [mask_off, mask_off + n_mask) of the step's masks; */
+  int32_t n_mask;   /* n_mask 0: no mask */
 } kcu_sparams_t;
 
 __device__ __forceinline__ uint32_t kcu_fkey(float f) {
@@ -199,9 +203,19 @@ template <typename T> __device__ void kcu_apply_penalties(T *x, const kcu_sparam
   __syncthreads();
 }
 
+/* Constrained decoding: -inf for every token the row's mask (n words)
+ * does not allow, ids past the words included, in place. A warp's 32
+ * threads read one word. Ends with a barrier. */
+template <typename T> __device__ void kcu_apply_mask(T *x, int vocab, const uint32_t *mask, int n) {
+  for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+    if (i / 32 >= n || !(__ldg(&mask[i / 32]) >> (i % 32) & 1u)) x[i] = kcu_t<T>(-INFINITY);
+  __syncthreads();
+}
+
 template <typename T>
 __global__ void __launch_bounds__(KCU_SAMP_NT)
-    kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, int32_t *res) {
+    kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, const uint32_t *masks,
+                 int32_t *res) {
   kcu_pdl_enter();
   __shared__ unsigned long long hist[KCU_RADIX];
   __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];
@@ -243,8 +257,10 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
   const float lse = xmax + __logf(kcu_bsum(m == -INFINITY ? 0.f : se * __expf(m - xmax), red));
   if (p.top_n > 0) kcu_top_logprobs(x, vocab, min(p.top_n, KERN_SAMPLE_MAX_TOP), xmax, lse,
                                     res + 2 * gridDim.x + (size_t)row * 2 * KERN_SAMPLE_MAX_TOP, hist, bc);
-  if (p.n_pen > 0) { /* the logprob stays that of the raw logits (as vLLM); the rest sees the penalized ones */
-    kcu_apply_penalties(x, p, pen + p.pen_off);
+  if (p.n_pen > 0 || p.n_mask > 0) { /* the logprob stays that of the raw logits (as vLLM); the rest sees the
+                                        penalized and masked ones */
+    if (p.n_pen > 0) kcu_apply_penalties(x, p, pen + p.pen_off); /* first: it keeps the raw logits */
+    if (p.n_mask > 0) kcu_apply_mask(x, vocab, masks + p.mask_off, p.n_mask);
     best = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       uint64_t a = kcu_pack_arg(kcu_f(x[i]), i);
@@ -298,10 +314,11 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
 /* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
  * logprob) per row for the rows that want top logprobs. */
 static int kcu_sample_launch(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev,
-                             void *pen_dev, void *result_dev) {
-  /* the logits are the step's scratch: rows with penalties are rewritten */
+                             void *pen_dev, const uint32_t *mask_dev, void *result_dev) {
+  /* the logits are the step's scratch: rows with penalties or masks are rewritten */
   KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, (T *)logits, vocab,
-                                 (const kcu_sparams_t *)params_dev, (kcu_pen_t *)pen_dev, (int32_t *)result_dev));
+                                 (const kcu_sparams_t *)params_dev, (kcu_pen_t *)pen_dev, mask_dev,
+                                 (int32_t *)result_dev));
   return 0;
 }
 
@@ -357,11 +374,33 @@ static int kcu_cmp_pen(const void *a, const void *b) {
   return (x->token > y->token) - (x->token < y->token);
 }
 
+/* Whether a row's bans leave a token its mask allows (true without a
+ * mask): a grammar that must end now allows only EOS, and the mask wins
+ * over min_tokens, as on the host (model/sampler.c). */
+static bool kcu_bans_leave_some(const kern_sample_params_t *h, int vocab) {
+  if (!h->allow || h->n_allow <= 0) return true;
+  const int words = FR_MIN(h->n_allow, (vocab + 31) / 32);
+  long allowed = 0, banned = 0;
+  for (int w = 0; w < words; w++) {
+    uint32_t m = h->allow[w];
+    if (32 * w + 32 > vocab) m &= (1u << (vocab - 32 * w)) - 1u; /* the last word's ids past the vocabulary */
+    allowed += __builtin_popcount(m);
+  }
+  for (int i = 0; h->ban && i < h->n_ban; i++) { /* distinct allowed ids among the bans */
+    const int32_t t = h->ban[i];
+    if (t < 0 || t >= vocab || t / 32 >= words || !(h->allow[t / 32] >> (t % 32) & 1u)) continue;
+    bool dup = false;
+    for (int j = 0; j < i && !dup; j++) dup = h->ban[j] == t;
+    banned += !dup;
+  }
+  return allowed > banned;
+}
+
 /* Adds a row's logit biases and min_tokens bans to its k listed tokens at
  * e, then sorts the list by token and merges a token's entries into one
  * (the kernel writes each token from one thread). Returns the new count. */
 static size_t kcu_pen_bias(const kern_sample_params_t *h, int vocab, kcu_pen_t *e, size_t k) {
-  const int n_bias = h->bias ? h->n_bias : 0, n_ban = kcu_pen_bans(h);
+  const int n_bias = h->bias ? h->n_bias : 0, n_ban = kcu_bans_leave_some(h, vocab) ? kcu_pen_bans(h) : 0;
   if (n_bias <= 0 && n_ban <= 0) return k;
   for (int i = 0; i < n_bias; i++)
     if (h->bias[i].token >= 0 && h->bias[i].token < vocab)
@@ -414,6 +453,42 @@ static void kcu_pen_row(kcu_ctx_t *c, const kern_sample_params_t *h, int vocab, 
   *n_pen += kcu_pen_bias(h, vocab, e, k);
 }
 
+/* A row's mask words the kernel reads (those past the vocabulary are not). */
+static int kcu_mask_words(const kern_sample_params_t *h, int vocab) {
+  return h->allow && h->n_allow > 0 ? FR_MIN(h->n_allow, (vocab + 31) / 32) : 0;
+}
+
+/* Packs the rows' masks into c->mask_pin, row after row, and uploads them
+ * to c->mask_dev (both grown to fit; the sampler is not graph-captured,
+ * so their address may change between calls); sp[i].mask_off/n_mask say
+ * where a row's are. */
+static int kcu_mask_upload(kcu_ctx_t *c, const kern_sample_params_t *params_host, int n_rows, int vocab,
+                           kcu_sparams_t *sp) {
+  size_t n = 0;
+  for (int i = 0; i < n_rows; i++) n += (size_t)kcu_mask_words(&params_host[i], vocab);
+  if (n > INT32_MAX) return fr_errorf(FR_ETOOBIG, "cuda: sample: %zu mask words", n);
+  if (n > c->mask_cap) {
+    size_t cap = FR_MAX(n, 2 * c->mask_cap);
+    kcu__free(c->mask_dev);
+    cudaFreeHost(c->mask_pin);
+    c->mask_dev = c->mask_pin = NULL;
+    c->mask_cap = 0;
+    int rc = kcu__alloc(c, cap * sizeof(uint32_t), (void **)&c->mask_dev, "sampling masks");
+    if (rc) return rc;
+    KCU_CHECK(cudaMallocHost((void **)&c->mask_pin, cap * sizeof(uint32_t)));
+    c->mask_cap = cap;
+  }
+  size_t at = 0;
+  for (int i = 0; i < n_rows; i++) {
+    const int w = kcu_mask_words(&params_host[i], vocab);
+    sp[i].mask_off = (int32_t)at, sp[i].n_mask = w;
+    if (w) memcpy(c->mask_pin + at, params_host[i].allow, (size_t)w * sizeof(uint32_t));
+    at += (size_t)w;
+  }
+  if (n) KCU_CHECK(cudaMemcpyAsync(c->mask_dev, c->mask_pin, n * sizeof(uint32_t), cudaMemcpyHostToDevice, c->stream));
+  return 0;
+}
+
 int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const kern_sample_params_t *params_host,
                 int32_t *tokens_host, float *logprobs_host) {
   int rc = kcu__not_capturing(c, "sample");
@@ -452,12 +527,13 @@ int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const k
                             .top_n = h->top_ids && h->top_lp ? FR_MAX(FR_MIN(h->top_n, KERN_SAMPLE_MAX_TOP), 0) : 0};
     any_top |= sp[i].top_n > 0;
   }
+  if ((rc = kcu_mask_upload(c, params_host, n_rows, vocab, sp))) return rc;
   size_t pb = sizeof(kcu_sparams_t) * n_rows;
   char *res_dev = (char *)c->samp_dev + pb, *res_pin = (char *)c->samp_pin + pb;
   KCU_CHECK(cudaMemcpyAsync(c->samp_dev, c->samp_pin, pb, cudaMemcpyHostToDevice, c->stream));
   if (n_pen)
     KCU_CHECK(cudaMemcpyAsync(c->pen_dev, c->pen_pin, n_pen * sizeof(kcu_pen_t), cudaMemcpyHostToDevice, c->stream));
-  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, c->samp_dev, c->pen_dev, res_dev))) return rc;
+  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, c->samp_dev, c->pen_dev, c->mask_dev, res_dev))) return rc;
   KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * (8 + (any_top ? top_b : 0)), cudaMemcpyDeviceToHost,
                             c->stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));

@@ -330,6 +330,46 @@ START_TEST(test_worker_bad_item_fails_alone) {
 }
 END_TEST
 
+/* Allowed-token masks (constrained decoding) in one step with an
+ * unmasked item: a mask allowing one token gets that token, a mask
+ * allowing none fails its item alone (no token drawn outside it), and the
+ * unmasked item gets the reference token. */
+START_TEST(test_worker_masks) {
+  if (access(efx_model(), R_OK)) return;
+  int32_t ref_b[1];
+  reference(prompt_b, 7, 1, ref_b);
+  wfx_t f;
+  wfx_start(&f, 30000);
+  int sa, sb, sc;
+  kv_copy_t cp;
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sa), 0);
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sb), 0);
+  ck_assert_int_eq(kv_seq_alloc_slot(f.kv, 0, &sc), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sa, 5, &cp), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sb, 7, &cp), 0);
+  ck_assert_int_eq(kv_seq_append(f.kv, sc, 5, &cp), 0);
+  enum { WORDS = 49152 / 32, ONE = 12345 };
+  static uint32_t none[WORDS], one[WORDS];
+  memset(none, 0, sizeof none), memset(one, 0, sizeof one);
+  one[ONE / 32] = 1u << (ONE % 32);
+  proto_step_item_t its[3] = {item(sa, 0, prompt_a, 5), item(sb, 0, prompt_b, 7), item(sc, 0, prompt_a, 5)};
+  its[0].mask = none, its[0].n_mask = WORDS;
+  its[2].mask = one, its[2].n_mask = WORDS;
+  proto_step_t st = {.n_items = 3, .items = its};
+  const proto_result_t *r = wfx_step(&f, &st);
+  ck_assert_int_eq(r->error.code, 0);
+  ck_assert_uint_eq(r->n_items, 3);
+  for (uint32_t k = 0; k < 3; k++) {
+    const proto_result_item_t *ri = &r->items[k];
+    ck_assert_int_eq(ri->error, ri->slot == (uint32_t)sa ? PROTO_ERR_BAD_REQUEST : 0);
+    if (ri->slot == (uint32_t)sa) ck_assert_int_eq(ri->token, -1);
+    if (ri->slot == (uint32_t)sb) ck_assert_int_eq(ri->token, ref_b[0]);
+    if (ri->slot == (uint32_t)sc) ck_assert_int_eq(ri->token, ONE);
+  }
+  wfx_stop(&f);
+}
+END_TEST
+
 START_TEST(test_worker_exits_when_coordinator_silent) {
   if (access(efx_model(), R_OK)) return;
   wfx_t f;
@@ -365,6 +405,7 @@ static Suite *worker_suite(void) {
   tcase_add_test(t, test_worker_rejects_bad_steps);
   tcase_add_test(t, test_worker_verifies_proposals);
   tcase_add_test(t, test_worker_bad_item_fails_alone);
+  tcase_add_test(t, test_worker_masks);
   tcase_add_test(t, test_worker_exits_when_coordinator_silent);
   suite_add_tcase(s, t);
   return s;

@@ -1333,6 +1333,225 @@ START_TEST(test_forward_rows) {
 }
 END_TEST
 
+/* ---- constrained decoding: allowed-token masks --------------------------------------------------- */
+
+/* A random mask of (vocab + 31) / 32 words allowing about 1 in `one_in`
+ * tokens of the vocabulary (none past it). */
+static void rand_mask(uint32_t *m, int vocab, int one_in) {
+  memset(m, 0, (size_t)(vocab + 31) / 32 * sizeof *m);
+  for (int t = 0; t < vocab; t++)
+    if (rndi(one_in) == 0) m[t / 32] |= 1u << (t % 32);
+}
+
+static void mask_set(uint32_t *m, int t) { m[t / 32] |= 1u << (t % 32); }
+
+static bool mask_has(const uint32_t *m, int n_words, int t) { return t / 32 < n_words && (m[t / 32] >> (t % 32) & 1); }
+
+/* Masked rows among unmasked ones, one launch, against the host sampler
+ * (model_sample with the same bitmask): greedy rows with random masks,
+ * with penalties, with a mask shorter than the vocabulary, with one
+ * allowed token (greedy and with filters), with min_tokens bans that the
+ * mask must override (only banned tokens allowed) or not (another allowed
+ * one left): the host's token and (raw) logprob, top logprobs of the raw
+ * logits. Loop: a vocabulary not a multiple of 32, then Qwen's. */
+START_TEST(test_sample_mask) {
+  enum { ROWS = 36, KINDS = 9 };
+  const int vocab = _i ? 151936 : 50003, words = (vocab + 31) / 32;
+  const int A = 17, B = vocab - 2, C = vocab / 3; /* A, B: "EOS" tokens, banned below min_tokens */
+  const int P = 160, Q = 170; /* planted: P (7.875, in the output) wins unless penalized, then Q (6.5) does */
+  float *l = fr_malloc((size_t)ROWS * vocab * sizeof(float));
+  for (size_t i = 0; i < (size_t)ROWS * vocab; i++) l[i] = round_act((rndu() - 0.5f) * 8.f);
+  for (int r = 0; r < ROWS; r++) l[(size_t)r * vocab + P] = 7.875f, l[(size_t)r * vocab + Q] = 6.5f;
+  uint32_t *masks = fr_calloc((size_t)ROWS * words, sizeof(uint32_t));
+  int32_t hist[30], one_tok[ROWS];
+  for (int i = 0; i < 30; i++) hist[i] = 100 + rndi(50);
+  hist[25] = P;
+  const int32_t ban[] = {A, B, B};
+  kern_sample_params_t p[ROWS];
+  int32_t ids[ROWS][KERN_SAMPLE_MAX_TOP];
+  float lps[ROWS][KERN_SAMPLE_MAX_TOP];
+  for (int r = 0; r < ROWS; r++) {
+    const int kind = r % KINDS;
+    uint32_t *m = masks + (size_t)r * words;
+    one_tok[r] = rndi(vocab);
+    p[r] = (kern_sample_params_t){.temperature = 0.f, .top_p = 1.f, .seed = 5, .counter = (uint64_t)r,
+                                  .repetition_penalty = 1.f, .prompt = hist, .output = hist + 20, .n_prompt = 20,
+                                  .n_output = 10, .allow = m, .n_allow = words};
+    switch (kind) {
+    case 0: p[r].allow = NULL, p[r].n_allow = 0; break; /* unguided */
+    case 1: rand_mask(m, vocab, 10), p[r].top_n = 5, p[r].top_ids = ids[r], p[r].top_lp = lps[r]; break;
+    case 2: /* penalties: P falls below Q */
+      rand_mask(m, vocab, 3), mask_set(m, P), mask_set(m, Q);
+      p[r].repetition_penalty = 1.3f, p[r].presence_penalty = 0.4f;
+      break;
+    case 3: rand_mask(m, vocab, 2), p[r].n_allow = words / 2; break; /* ids past the words: not allowed */
+    case 4: mask_set(m, one_tok[r]); break;                         /* one token, greedy */
+    case 5: /* one token, sampled through every filter */
+      mask_set(m, one_tok[r]);
+      p[r].temperature = 0.9f, p[r].top_k = 40, p[r].top_p = 0.8f, p[r].min_p = 0.1f;
+      break;
+    case 6: mask_set(m, A), mask_set(m, B); /* only bans allowed: the mask wins over min_tokens */
+      p[r].ban = ban, p[r].n_ban = 3, p[r].min_tokens = 20;
+      break;
+    case 7: mask_set(m, A), mask_set(m, B), mask_set(m, C); /* C is left: the bans hold */
+      p[r].ban = ban, p[r].n_ban = 3, p[r].min_tokens = 20;
+      break;
+    default: rand_mask(m, vocab, 50), p[r].n_allow = 0; break; /* words given but 0 of them: no mask */
+    }
+  }
+  void *d = upload_logits(l, ROWS, vocab);
+  int32_t tok[ROWS];
+  float lp[ROWS];
+  int rc = gpu->ops->sample(gpu->ctx, d, ROWS, vocab, p, tok, lp);
+  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+  model_sampler_t smp;
+  model_sampler_init(&smp, vocab);
+  float *row = fr_malloc((size_t)vocab * sizeof(float));
+  int32_t hid[KERN_SAMPLE_MAX_TOP];
+  float hlp[KERN_SAMPLE_MAX_TOP];
+  for (int r = 0; r < ROWS; r++) {
+    const int kind = r % KINDS;
+    const float *x = l + (size_t)r * vocab;
+    if (p[r].n_allow)
+      ck_assert_msg(mask_has(p[r].allow, p[r].n_allow, tok[r]), "row %d (kind %d): token %d not allowed", r, kind,
+                    tok[r]);
+    if (kind == 4 || kind == 5) ck_assert_int_eq(tok[r], one_tok[r]);
+    if (kind == 7) ck_assert_int_eq(tok[r], C);
+    if (kind == 2) ck_assert_int_eq(tok[r], Q);
+    memcpy(row, x, (size_t)vocab * sizeof(float));
+    model_sampling_t hp = model_sampling_default();
+    hp.temperature = p[r].temperature, hp.top_k = p[r].top_k, hp.top_p = p[r].top_p, hp.min_p = p[r].min_p;
+    hp.repetition_penalty = p[r].repetition_penalty, hp.presence_penalty = p[r].presence_penalty;
+    hp.ban = p[r].ban, hp.n_ban = p[r].n_ban, hp.min_tokens = p[r].min_tokens;
+    hp.allow = p[r].n_allow ? p[r].allow : NULL, hp.n_allow = p[r].n_allow;
+    hp.seed = 5;
+    float host_lp = 0;
+    int32_t host = model_sample(&smp, &hp, row, hist, 20, hist + 20, 10, (uint64_t)r, &host_lp);
+    fprintf(stderr, "  mask row %2d kind %d: device %6d host %6d, logprob %.4f vs %.4f\n", r, kind, tok[r], host, lp[r],
+            host_lp);
+    ck_assert_int_eq(tok[r], host); /* greedy, or one allowed token */
+    ck_assert_msg(fabsf(lp[r] - host_lp) < 2e-3f, "row %d: logprob %f vs %f", r, lp[r], host_lp);
+    if (!p[r].top_n) continue;
+    model_logprobs(x, vocab, p[r].top_n, hid, hlp, NULL); /* raw logits: the mask is not in the logprobs */
+    for (int j = 0; j < p[r].top_n; j++) {
+      ck_assert_msg(x[ids[r][j]] == x[hid[j]], "row %d top %d: id %d vs host %d", r, j, ids[r][j], hid[j]);
+      ck_assert_msg(fabsf(lps[r][j] - hlp[j]) < 2e-3f, "row %d top %d: logprob %f vs %f", r, j, lps[r][j], hlp[j]);
+    }
+  }
+  model_sampler_deinit(&smp);
+  free(row);
+  free(masks);
+  gpu->ops->free(gpu->ctx, d);
+  free(l);
+}
+END_TEST
+
+/* Seeded sampling under a mask: even rows draw from the raw logits with a
+ * mask, odd rows (same seed and counter) from logits with -inf where the
+ * mask says no, unmasked: the same token each pair, always allowed; the
+ * draws follow the host's distribution (softmax at T over the allowed
+ * tokens, then top-p), within a total variation distance of 0.1. The
+ * argmax of the raw logits is not allowed. */
+START_TEST(test_sample_mask_seeded) {
+  enum { VOCAB = 2000, PAIRS = 10000 };
+  const int words = (VOCAB + 31) / 32, rows = 2 * PAIRS;
+  float *one = rand_vec(VOCAB, 2.f);
+  uint32_t *m = fr_malloc((size_t)words * sizeof *m);
+  rand_mask(m, VOCAB, 12);
+  int amax = 0;
+  for (int i = 0; i < VOCAB; i++) amax = one[i] > one[amax] ? i : amax;
+  m[amax / 32] &= ~(1u << (amax % 32));
+  float *l = fr_malloc((size_t)rows * VOCAB * 4);
+  for (int r = 0; r < rows; r++)
+    for (int i = 0; i < VOCAB; i++) l[(size_t)r * VOCAB + i] = r % 2 && !mask_has(m, words, i) ? -INFINITY : one[i];
+  void *d = upload_logits(l, rows, VOCAB);
+  const struct { float t, top_p; int top_k; } cases[] = {{1.f, 1.f, 0}, {0.8f, 0.7f, 0}, {1.2f, 1.f, 30}};
+  kern_sample_params_t *p = fr_calloc(rows, sizeof(*p));
+  int32_t *tok = fr_malloc(rows * 4);
+  float *lp = fr_malloc(rows * 4);
+  double *prob = fr_malloc(VOCAB * sizeof(double));
+  float *sorted = fr_malloc(VOCAB * 4);
+  int *hits = fr_malloc(VOCAB * sizeof(int));
+  for (size_t c = 0; c < FR_ARRAY_SIZE(cases); c++) {
+    /* the logits are the sampler's scratch: a masked row is rewritten, so upload again */
+    gpu->ops->free(gpu->ctx, d);
+    d = upload_logits(l, rows, VOCAB);
+    for (int r = 0; r < rows; r++)
+      p[r] = (kern_sample_params_t){.temperature = cases[c].t, .top_p = cases[c].top_p, .top_k = cases[c].top_k,
+                                    .seed = 99, .counter = (uint64_t)(r / 2), .allow = r % 2 ? NULL : m,
+                                    .n_allow = r % 2 ? 0 : words};
+    int rc = gpu->ops->sample(gpu->ctx, d, rows, VOCAB, p, tok, lp);
+    ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+    /* host reference: softmax at T over the allowed tokens, top-k, then top-p over what is left */
+    int n = 0;
+    double zmax = -INFINITY, thr = -INFINITY;
+    for (int i = 0; i < VOCAB; i++)
+      if (mask_has(m, words, i)) sorted[n++] = one[i] / cases[c].t, zmax = fmax(zmax, one[i] / cases[c].t);
+    qsort(sorted, n, 4, cmp_desc);
+    if (cases[c].top_k > 0 && cases[c].top_k < n) thr = sorted[cases[c].top_k - 1];
+    if (cases[c].top_p < 1) {
+      double tot = 0, cum = 0;
+      for (int i = 0; i < n && sorted[i] >= thr; i++) tot += exp(sorted[i] - zmax);
+      for (int i = 0; i < n && sorted[i] >= thr; i++)
+        if ((cum += exp(sorted[i] - zmax)) >= cases[c].top_p * tot) {
+          thr = sorted[i];
+          break;
+        }
+    }
+    double tot = 0;
+    for (int i = 0; i < VOCAB; i++) {
+      double z = one[i] / cases[c].t;
+      prob[i] = mask_has(m, words, i) && z >= thr - 1e-6 ? exp(z - zmax) : 0;
+      tot += prob[i];
+      hits[i] = 0;
+    }
+    for (int r = 0; r < rows; r += 2) {
+      ck_assert(tok[r] >= 0 && tok[r] < VOCAB);
+      ck_assert_msg(prob[tok[r]] > 0, "case %zu: token %d outside the allowed set", c, tok[r]);
+      ck_assert_msg(tok[r] == tok[r + 1], "case %zu pair %d: masked %d, -inf logits %d", c, r / 2, tok[r], tok[r + 1]);
+      hits[tok[r]]++;
+    }
+    double tv = 0;
+    for (int i = 0; i < VOCAB; i++) tv += fabs(hits[i] / (double)PAIRS - prob[i] / tot);
+    tv /= 2;
+    fprintf(stderr, "  masked sample T=%.1f top_p=%.1f top_k=%d: TV distance %.3f\n", cases[c].t, cases[c].top_p,
+            cases[c].top_k, tv);
+    ck_assert_double_lt(tv, 0.1);
+  }
+  free(prob), free(sorted), free(hits), free(p), free(tok), free(lp), free(m), free(one), free(l);
+  gpu->ops->free(gpu->ctx, d);
+}
+END_TEST
+
+/* A mask that allows no token (all words 0) fails nothing: the call
+ * succeeds, the row gets a token id in the vocabulary (the worker reports
+ * the item failed: worker/step.c), and the other rows of the batch are
+ * sampled as without it. */
+START_TEST(test_sample_mask_none) {
+  enum { ROWS = 3, VOCAB = 3000 };
+  float *l = rand_vec((size_t)ROWS * VOCAB, 3.f);
+  void *d = upload_logits(l, ROWS, VOCAB);
+  uint32_t none[(VOCAB + 31) / 32] = {0};
+  kern_sample_params_t p[ROWS];
+  for (int r = 0; r < ROWS; r++) /* row 0 greedy, row 1 sampled through top-k and top-p, row 2 unmasked */
+    p[r] = (kern_sample_params_t){.temperature = r == 1 ? 0.8f : 0.f, .top_p = r == 1 ? 0.9f : 1.f,
+                                  .top_k = r == 1 ? 10 : 0, .seed = 1, .allow = r < 2 ? none : NULL,
+                                  .n_allow = r < 2 ? (int)FR_ARRAY_SIZE(none) : 0};
+  int32_t tok[ROWS];
+  float lp[ROWS];
+  int rc = gpu->ops->sample(gpu->ctx, d, ROWS, VOCAB, p, tok, lp);
+  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+  for (int r = 0; r < 2; r++) ck_assert_msg(tok[r] >= 0 && tok[r] < VOCAB, "row %d: token %d", r, tok[r]);
+  const float *x = l + 2 * VOCAB;
+  int best = 0;
+  for (int i = 0; i < VOCAB; i++) best = x[i] > x[best] ? i : best;
+  ck_assert_int_eq(tok[2], best);
+  fprintf(stderr, "  mask allowing none: tokens %d %d, unmasked row %d\n", tok[0], tok[1], tok[2]);
+  gpu->ops->free(gpu->ctx, d);
+  free(l);
+}
+END_TEST
+
 static Suite *cuda_suite(void) {
   Suite *s = suite_create("cuda_ops");
   TCase *tc = tcase_create("ops");
@@ -1358,6 +1577,9 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_sample_penalties);
   tcase_add_test(tc, test_sample_bias);
   tcase_add_test(tc, test_sample_top_logprobs);
+  tcase_add_loop_test(tc, test_sample_mask, 0, 2);
+  tcase_add_test(tc, test_sample_mask_seeded);
+  tcase_add_test(tc, test_sample_mask_none);
   tcase_add_test(tc, test_oom_is_an_error);
   tcase_add_test(tc, test_f16_mode);
   tcase_add_test(tc, test_forward_rows);

@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """A model folder for `--load-format dummy` runs on the GPU machine: the
-Llama-3-8B (or, with a third argument `llama-3-70b` or `llama-3.2-1b`,
-Llama-3-70B or Llama-3.2-1B, the speculative benchmarks' draft) config.json with SmolLM2's tokenizer (tokenizer.json built from
-the GGUF's vocabulary and merges with HF `tokenizers`, as the tokenizer
-golden test does; tokenizer_config.json with the GGUF's chat template).
-Prompts are token ids below SmolLM2's 49152, so the tokenizer only needs to
-round-trip text. usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b|llama-3.2-1b]"""
+Llama-3-8B (or, with a third argument, `llama-3-70b`: Llama-3-70B,
+`llama-3.2-1b`: Llama-3.2-1B, the speculative benchmarks' draft, or
+`smollm2-135m`: SmolLM2-135M's own shapes) config.json with SmolLM2's
+tokenizer (tokenizer.json built from the GGUF's vocabulary and merges with
+HF `tokenizers`, as the tokenizer golden test does; tokenizer_config.json
+with the GGUF's chat template). Prompts are token ids below SmolLM2's
+49152, so the tokenizer only needs to round-trip text.
+usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b|llama-3.2-1b|smollm2-135m]"""
 import json
 import os
 import sys
@@ -27,7 +29,11 @@ LLAMA3_70B = dict(LLAMA3_8B, hidden_size=8192, intermediate_size=28672, num_hidd
 LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
                   num_attention_heads=32, head_dim=64, tie_word_embeddings=True,
                   rope_scaling=dict(LLAMA3_8B["rope_scaling"], factor=32.0))
-SHAPES = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B, "llama-3.2-1b": LLAMA32_1B}
+SMOLLM2_135M = dict({k: v for k, v in LLAMA3_8B.items() if k != "rope_scaling"}, hidden_size=576,
+                    intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
+                    head_dim=64, rope_theta=100000.0, vocab_size=49152, tie_word_embeddings=True)
+SHAPES = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B, "llama-3.2-1b": LLAMA32_1B,
+          "smollm2-135m": SMOLLM2_135M}
 
 
 def main():

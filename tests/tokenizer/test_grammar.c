@@ -32,9 +32,12 @@ static model_grammar_t *json_g(const char *schema) {
 START_TEST(json_object_any) {
   model_grammar_t *g = json_g(NULL);
   const char *good[] = {"{}", "{\"a\": [1, -2.5e3, \"x\\n\\u00e9\", true, false, null, {\"b\": {}}]}", " {\"k\":0}",
-                        "{\"a\":\"h\xc3\xa9\"}"};
+                        "{\"a\":\"h\xc3\xa9\"}", "{\"a\":\"\xf0\x9f\x98\x80\xf4\x8f\xbf\xbf\xe0\xa0\x80\xed\x9f\xbf\"}"};
   const char *bad[] = {"[1]", "{\"a\" 1}", "{\"a\": 01}", "{\"a\": 1,}", "{} x", "{\"a\": tru}", "\"s\"",
-                       "{\"a\":\"\x01\"}", "{\"a\": 1.}", "{         \"a\": 1}"};
+                       "{\"a\":\"\x01\"}", "{\"a\": 1.}", "{         \"a\": 1}",
+                       /* UTF-8 that is not (RFC 3629): past U+10FFFF (a random model's), overlong, a surrogate */
+                       "{\"a\":\"\xf4\xad\xa1\x8c\"}", "{\"a\":\"\xf4\x90\x80\x80\"}", "{\"a\":\"\xe0\x80\xaf\"}",
+                       "{\"a\":\"\xf0\x80\x80\x80\"}", "{\"a\":\"\xed\xa0\x80\"}"};
   for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) ck_assert_msg(accepts(g, good[i]), "%s", good[i]);
   for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) ck_assert_msg(!accepts(g, bad[i]), "%s", bad[i]);
   model_gstate_init(g, &st);

@@ -29,6 +29,13 @@ extern "C" {
 #define COORD_SPEC_BATCH_GPU 8
 #define COORD_SPEC_RATE_CPU 0.75f
 #define COORD_SPEC_RATE_GPU 0.1f
+/* A draft model on a GPU: each proposal costs one of its decode passes
+ * (a 1B draft's is a fifth to a third of an 8B target's step), so it pays
+ * only at small batches and high acceptance (H100, Llama-3-8B shapes with
+ * a 1B-shaped draft, 4 proposals: 1.46x at batch 1 and 1.10x at batch 4
+ * with 80% accepted, 0.83x and 0.58x with 50%; docs/bench/speculative.md). */
+#define COORD_SPEC_BATCH_GPU_DRAFT 4
+#define COORD_SPEC_RATE_GPU_DRAFT 0.6f
 
 typedef struct {
   int num_speculative_tokens; /* proposals per decode, 1..COORD_SPEC_MAX_TOKENS; 0 = off */

@@ -30,7 +30,8 @@ static int coord__spec_room(const coord_t *c, const coord_job_t *j, int rows_lef
  * when its output starts repeating. */
 static int coord__spec_worth(const coord_t *c, coord_job_t *j, int room) {
   float rate = c->cfg.spec.min_acceptance_rate;
-  if (rate < 0) rate = c->spec_gpu ? COORD_SPEC_RATE_GPU : COORD_SPEC_RATE_CPU;
+  if (rate < 0) rate = !c->spec_gpu ? COORD_SPEC_RATE_CPU : c->cfg.spec.draft_model[0] ? COORD_SPEC_RATE_GPU_DRAFT
+                                                                                      : COORD_SPEC_RATE_GPU;
   if (1.0f - j->spec_miss >= rate) return room;
   if (++j->spec_idle < 8) return 0;
   j->spec_idle = 0;
@@ -51,7 +52,9 @@ void coord__spec_propose(coord_t *c) {
   c->spec_gpu = strncmp(c->device, "cpu", 3) != 0;
   int active = s->n_running + s->n_waiting;
   int limit = k->disable_by_batch_size > 0 ? k->disable_by_batch_size
-                                           : c->spec_gpu ? COORD_SPEC_BATCH_GPU : COORD_SPEC_BATCH_CPU;
+              : !c->spec_gpu                ? COORD_SPEC_BATCH_CPU
+              : k->draft_model[0]           ? COORD_SPEC_BATCH_GPU_DRAFT
+                                            : COORD_SPEC_BATCH_GPU;
   bool on = active <= limit;
   int rows_left = c->cfg.max_num_seqs - FR_MIN(active, c->cfg.max_num_seqs); /* a row for every job first */
   for (coord_job_t *j = s->running_head; j; j = j->next) {

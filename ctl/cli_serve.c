@@ -92,9 +92,10 @@ static void serve_usage(FILE *f) {
           "  --speculative-config JSON     speculative decoding, as vLLM spells it: '{\"method\": \"ngram\",\n"
           "                                \"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4, \"prompt_lookup_min\": 1}'\n"
           "                                (n-gram prompt lookup; \"disable_by_batch_size\": N turns it off while more\n"
-          "                                than N requests run or wait, default 4 on the CPU, 8 on a GPU;\n"
-          "                                \"min_acceptance_rate\": R, a request whose proposals are accepted less\n"
-          "                                often stops proposing, default 0.75 on the CPU, 0.1 on a GPU);\n"
+          "                                than N requests run or wait, default 4 on the CPU, 8 on a GPU, 4 on a GPU\n"
+          "                                with a draft model; \"min_acceptance_rate\": R, a request whose proposals\n"
+          "                                are accepted less often stops proposing, default 0.75 on the CPU, 0.1 on\n"
+          "                                a GPU, 0.6 on a GPU with a draft model);\n"
           "                                a draft model: '{\"model\": PATH, \"num_speculative_tokens\": 4}', a smaller\n"
           "                                model with this model's tokenizer, run by the same workers\n",
           cli_default_model());

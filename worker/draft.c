@@ -35,9 +35,11 @@ int worker__draft_load(worker_t *w, const char *path, bool dummy, int max_tokens
     return fr_errorf(FR_EUNSUPPORTED, "a draft model with tensor parallelism (%d ranks) is not built",
                      w->args.world_size);
   if (w->m->pooling) return fr_errorf(FR_EUNSUPPORTED, "a draft model speeds up generation, not embeddings");
-  model_load_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .tp_rank = 0, .tp_size = 1, .seed = 2};
+  /* --load-format dummy holds for the draft too, as in vLLM, with the
+   * target's seed: a draft of the target's own config is the target */
+  model_load_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .tp_rank = 0, .tp_size = 1, .seed = 1};
   model_config_t cfg;
-  int rc = dummy ? model_dummy_config(path, &cfg) : 0; /* --load-format dummy holds for the draft too, as in vLLM */
+  int rc = dummy ? model_dummy_config(path, &cfg) : 0;
   if (!rc) rc = dummy ? model_load_dummy(&w->dm, &cfg, w->be, &mo) : model_load(&w->dm, path, w->be, &mo);
   if (rc) return fr_errorf(rc, "draft model %s: %s", path, fr_last_error());
   const model_config_t *t = &w->m->cfg, *d = &w->dm->cfg;
@@ -82,15 +84,16 @@ void worker__draft_scratch(worker_t *w) {
   w->dk = fr_malloc(S * sizeof(int32_t));
   w->dtables = fr_malloc(S * (size_t)w->info.max_blocks_per_seq * sizeof(int32_t));
   w->dq = fr_malloc(S * (size_t)w->vocab * sizeof(float));
+  w->dsamp = fr_malloc(S * sizeof(int32_t));
 }
 
 void worker__draft_free(worker_t *w) {
   if (w->be && w->dpool.base && !w->dpool.external) w->be->ops->kv_pool_deinit(w->be->ctx, &w->dpool);
   memset(&w->dpool, 0, sizeof w->dpool);
   free(w->dlen), free(w->dtokens), free(w->dpos), free(w->dslots), free(w->dtok), free(w->dq_start);
-  free(w->dctx), free(w->ditem), free(w->drow), free(w->dk), free(w->dtables), free(w->dq);
+  free(w->dctx), free(w->ditem), free(w->drow), free(w->dk), free(w->dtables), free(w->dq), free(w->dsamp);
   w->dlen = w->dtokens = w->dpos = w->dslots = w->dtok = w->dq_start = NULL;
-  w->dctx = w->ditem = w->drow = w->dk = w->dtables = NULL;
+  w->dctx = w->ditem = w->drow = w->dk = w->dtables = w->dsamp = NULL;
   w->dq = NULL;
   model_destroy(w->dm);
   w->dm = NULL;
@@ -161,23 +164,75 @@ static void worker__dseq_draft(worker_t *w, worker_dbatch_t *b, const proto_step
   worker__dseq_close(w, b, pos + base);
 }
 
-/* Runs one draft pass over the batch; its logits (a row per sequence) on
- * the host in w->logits. */
-static int worker__dpass(worker_t *w, worker_dbatch_t *b) {
+/* Whether the pass's proposals can be the device sampler's: every
+ * sequence's request is greedy (its proposal is the argmax after bias,
+ * bans and penalties, which the device sampler applies as the host's does),
+ * so no q and no logits row on the host is needed. */
+static bool worker__dgreedy(const worker_t *w, const proto_step_t *st, const worker_dbatch_t *b) {
+  if (!w->be->ops->sample || b->n_seqs > WORKER_DRAFT_DEVICE_ROWS) return false;
+  for (int s = 0; s < b->n_seqs; s++)
+    if (w->hist[st->items[w->ditem[s]].slot].sp.temperature > 0) return false;
+  return true;
+}
+
+/* The device sampler's params for sequence s of a greedy pass: proposal j
+ * of its item (the slot's history fed up to it), or a plain argmax for a
+ * sequence that makes no proposal (a prompt chunk). */
+static kern_sample_params_t worker__dparams(worker_t *w, proto_step_item_t *it, int i, int j) {
+  if (w->dk[i] != j || j >= (int)it->n_spec || !it->draft) return (kern_sample_params_t){0};
+  worker_hist_t *h = &w->hist[it->slot];
+  const int base = (int)(it->n_tokens - it->n_spec);
+  worker__hist_feed(h, (int)it->pos, it->tokens, base + j);
+  const proto_sampling_t *p = &h->sp;
+  const int pl = FR_MIN(h->prompt_len, h->len), ctx = (int)it->pos + base + j;
+  return (kern_sample_params_t){.repetition_penalty = p->repetition_penalty,
+                                .presence_penalty = p->presence_penalty,
+                                .frequency_penalty = p->frequency_penalty,
+                                .prompt = h->tok, .output = h->tok + pl, .n_prompt = pl, .n_output = ctx - pl,
+                                .bias = (const kern_bias_t *)h->bias, .n_bias = (int)h->n_bias,
+                                .ban = h->ban, .n_ban = (int)h->n_ban,
+                                .min_tokens = (int)FR_MIN(p->min_tokens, (uint32_t)INT32_MAX)};
+}
+
+/* Runs one draft pass over the batch for proposal j. Greedy passes leave
+ * each sequence's proposal in w->dsamp (sampled on the device); others
+ * leave the logits (a row per sequence) on the host in w->logits. */
+static int worker__dpass(worker_t *w, proto_step_t *st, worker_dbatch_t *b, int j, bool *greedy) {
   w->dq_start[b->n_seqs] = b->n_tokens;
   kern_step_t ks = {.n_tokens = b->n_tokens, .tokens = w->dtokens, .n_seqs = b->n_seqs, .positions = w->dpos,
                     .slots = w->dslots, .q_start = w->dq_start, .ctx_len = w->dctx, .block_tables = w->dtables,
                     .max_blocks = w->info.max_blocks_per_seq};
   const void *logits;
   int rc = model_forward(w->dm, &w->dpool, &ks, &logits);
-  if (!rc) rc = model_logits_to_host(w->dm, logits, b->n_seqs, w->logits);
+  *greedy = !rc && worker__dgreedy(w, st, b);
+  if (*greedy) {
+    kern_sample_params_t sp[WORKER_DRAFT_DEVICE_ROWS];
+    float lp[WORKER_DRAFT_DEVICE_ROWS];
+    for (int s = 0; s < b->n_seqs; s++) sp[s] = worker__dparams(w, &st->items[w->ditem[s]], w->ditem[s], j);
+    rc = w->be->ops->sample(w->be->ctx, logits, b->n_seqs, w->vocab, sp, w->dsamp, lp);
+  } else if (!rc) {
+    rc = model_logits_to_host(w->dm, logits, b->n_seqs, w->logits);
+  }
   return rc ? fr_errorf(rc, "draft model: %s", fr_last_error()) : 0;
 }
 
-/* Proposal j of item i from its draft logits row; the slot's history
- * gets the item's tokens before it (penalties, as the target's
- * verification sees them). A row that is not finite ends the item's
- * proposals (the rest stay placeholders). */
+/* Takes d as proposal j of item i (ok false: its draft row was not finite,
+ * which ends the item's proposals; the rest stay placeholders). */
+static void worker__dtake(worker_t *w, proto_step_item_t *it, int i, int j, int32_t d, bool ok) {
+  const int base = (int)(it->n_tokens - it->n_spec), ctx = (int)it->pos + base + j;
+  if (!ok || d < 0 || d >= w->vocab) {
+    w->dk[i] = -w->dk[i] - 2; /* stopped: -(made + 2) */
+    return;
+  }
+  it->tokens[base + j] = d;
+  w->tokens[w->q_start[i] + base + j] = d;
+  w->dk[i] = j + 1;
+  w->dlen[it->slot] = ctx;
+}
+
+/* Proposal j of item i from its draft logits row on the host; the slot's
+ * history gets the item's tokens before it (penalties, as the target's
+ * verification sees them). */
 static void worker__dpropose(worker_t *w, proto_step_item_t *it, int i, int j, float *row) {
   worker_hist_t *h = &w->hist[it->slot];
   const int base = (int)(it->n_tokens - it->n_spec), ctx = (int)it->pos + base + j, V = w->vocab;
@@ -187,14 +242,18 @@ static void worker__dpropose(worker_t *w, proto_step_item_t *it, int i, int j, f
   float *q = w->dq + (size_t)(w->drow[i] + j) * (size_t)V;
   int32_t d = model_sample_draft(&w->smp, &p, row, h->tok, (size_t)pl, h->tok + pl, (size_t)(ctx - pl),
                                  (uint64_t)(ctx - pl), q);
-  if (d < 0 || d >= V || (p.temperature > 0 && !(q[d] > 0))) { /* NaN logits */
-    w->dk[i] = -w->dk[i] - 2; /* stopped: -(made + 2) */
-    return;
+  worker__dtake(w, it, i, j, d, d >= 0 && d < V && (p.temperature <= 0 || q[d] > 0)); /* else NaN logits */
+}
+
+/* Proposal j of each sequence of pass b that makes one. */
+static void worker__dproposals(worker_t *w, proto_step_t *st, const worker_dbatch_t *b, int j, bool greedy) {
+  for (int s = 0; s < b->n_seqs; s++) {
+    int i = w->ditem[s];
+    proto_step_item_t *it = &st->items[i];
+    if (w->dk[i] != j || j >= (int)it->n_spec || !it->draft) continue;
+    if (greedy) worker__dtake(w, it, i, j, w->dsamp[s], true);
+    else worker__dpropose(w, it, i, j, w->logits + (size_t)s * (size_t)w->vocab);
   }
-  it->tokens[base + j] = d;
-  w->tokens[w->q_start[i] + base + j] = d;
-  w->dk[i] = j + 1;
-  w->dlen[it->slot] = ctx;
 }
 
 /* Pass 1: prompt chunks and catch-ups; proposal 0. */
@@ -217,11 +276,9 @@ static int worker__dpass_first(worker_t *w, proto_step_t *st, int n_tok) {
     }
   }
   if (b.n_seqs == 0) return 0;
-  int rc = worker__dpass(w, &b);
-  for (int s = 0; !rc && s < b.n_seqs; s++) {
-    int i = w->ditem[s];
-    if (w->dk[i] == 0) worker__dpropose(w, &st->items[i], i, 0, w->logits + (size_t)s * (size_t)w->vocab);
-  }
+  bool greedy;
+  int rc = worker__dpass(w, st, &b, 0, &greedy);
+  if (!rc) worker__dproposals(w, st, &b, 0, greedy);
   return rc;
 }
 
@@ -246,9 +303,9 @@ int worker__draft_run(worker_t *w, proto_step_t *st, int n_tok) {
       worker__dseq_close(w, &b, p + 1);
     }
     if (b.n_seqs == 0) break;
-    rc = worker__dpass(w, &b);
-    for (int s = 0; !rc && s < b.n_seqs; s++)
-      worker__dpropose(w, &st->items[w->ditem[s]], w->ditem[s], j, w->logits + (size_t)s * (size_t)w->vocab);
+    bool greedy;
+    rc = worker__dpass(w, st, &b, j, &greedy);
+    if (!rc) worker__dproposals(w, st, &b, j, greedy);
   }
   return rc;
 }

@@ -114,6 +114,7 @@ typedef struct {
   int32_t *drow;                   /* (max_seqs) each item's first logits row (its q rows follow) */
   int32_t *dk;                     /* (max_seqs) proposals made for each item (-1: none asked; see draft.c) */
   float *dq;                       /* (max_seqs, vocab) q of each proposal (temperature > 0) */
+  int32_t *dsamp;                  /* (max_seqs) a greedy draft pass's proposals, sampled on the device */
   bool loaded;
   bool fake_forward;               /* benchmarks: no forward pass, fixed logits */
   float force_accept;              /* benchmarks (FERRUM_SPEC_FORCE_ACCEPT): each proposal is accepted with
@@ -175,6 +176,9 @@ void worker__hist_feed(worker_hist_t *h, int pos, const int32_t *tok, int n);
 size_t worker__weight_bytes(const model_t *m);
 
 /* ---- draft.c: the draft model ---- */
+/* Most sequences of a draft pass whose proposals the device samples (the
+ * backend sampler's per-call params live on the stack). */
+#define WORKER_DRAFT_DEVICE_ROWS 256
 /* Loads the draft model at path (the load option draft) beside the target:
  * same backend and step shape; a vocabulary other than the target's, or
  * tensor parallelism, is an error. dummy: random weights of path's config

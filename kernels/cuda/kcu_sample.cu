@@ -291,10 +291,13 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
     uint64_t pick = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
       float z = kcu_f(x[i]) * inv_t;
-      if (kcu_fkey(z) < lo) continue;
+      if (kcu_fkey(z) < lo || z == -INFINITY) continue; /* masked or banned: never drawn */
       uint64_t h = kcu_splitmix(p.seed ^ kcu_splitmix(p.counter ^ kcu_splitmix((uint64_t)i)));
-      float u = ((float)(h >> 40) + 0.5f) * (1.f / 16777216.f);
-      uint64_t a = kcu_pack_arg(z - __logf(-__logf(u)), i);
+      /* u in (0, 1) exactly: 23 bits, so u < 1 in float; the inner log is
+       * the accurate one, since the fast __logf of u near 1 can be 0, whose
+       * Gumbel noise (+inf) would make any token, even a -inf one, win */
+      float u = ((float)(h >> 41) + 0.5f) * (1.f / 8388608.f);
+      uint64_t a = kcu_pack_arg(z - __logf(-logf(u)), i);
       pick = a > pick ? a : pick;
     }
     pick = kcu_bmax64(pick, red64);

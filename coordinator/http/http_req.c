@@ -248,8 +248,9 @@ static int req_logprobs(coord_http_req_t *r, coord_http_err_t *e) {
 }
 
 /* What the prompt logprobs asked (prompt_logprobs, echo with logprobs)
- * need: the most alternatives of the two (streamed for completions, not
- * for chat yet). max_tokens 0 only with echo. */
+ * need: the most alternatives of the two (streamed for completions, beyond
+ * vLLM; a chat stream refuses them with vLLM's words, since its chunks
+ * have no place for them). max_tokens 0 only with echo. */
 static int req_prompt_lp(coord_http_req_t *r, coord_http_err_t *e) {
   if (r->no_output && !r->echo)
     return coord_http_err(e, 400, "max_tokens", "'max_tokens' must be at least 1 (0 only with 'echo')");
@@ -258,7 +259,7 @@ static int req_prompt_lp(coord_http_req_t *r, coord_http_err_t *e) {
   int k = r->echo && r->logprobs >= 0 ? r->logprobs : -1;
   k = k > r->prompt_logprobs ? k : r->prompt_logprobs;
   if (k >= 0 && r->stream && r->api == COORD_HTTP_API_CHAT)
-    return coord_http_err(e, 400, "prompt_logprobs", "'prompt_logprobs' is not supported with a chat 'stream' yet");
+    return coord_http_err(e, 400, "prompt_logprobs", "`prompt_logprobs` are not available when `stream=True`.");
   r->sub.ph.logprobs = k >= 0;
   r->sub.ph.logprobs_top = k >= 0 ? (uint32_t)k : 0;
   return 0;

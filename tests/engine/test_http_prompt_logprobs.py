@@ -231,7 +231,7 @@ class PromptLogprobs(unittest.TestCase):
         st, r = srv.json("POST", "/v1/chat/completions", dict(chat, max_tokens=0))
         self.assertEqual((st, r["error"]["param"]), (400, "max_tokens"), r)
         st, r = srv.json("POST", "/v1/chat/completions", dict(chat, prompt_logprobs=1, stream=True))
-        self.assertEqual((st, r["error"]["param"]), (400, "prompt_logprobs"), r)  # not streamed for chat yet
+        self.assertEqual((st, r["error"]["param"]), (400, "prompt_logprobs"), r)  # as vLLM: not in a chat stream
 
     def test_stream(self):
         """A completions stream: prompt_logprobs and the echoed prompt's logprobs in each choice's first chunk."""

@@ -18,6 +18,7 @@
 #include "coordinator/http/http.h"
 #include "coordinator/metrics.h"
 #include "kernels/kern_types.h"
+#include "model/config.h"
 
 typedef struct {
   coord_config_t k;
@@ -54,8 +55,11 @@ static void serve_usage(FILE *f) {
           "  --kv-cache-memory-bytes N     KV cache bytes per worker, on any device: bytes, or K/M/G/T (powers\n"
           "                                of 1024) or k/m/g/t (of 1000), e.g. 4G; overrides --gpu-memory-utilization\n"
           "  --num-kv-blocks N             exactly N KV blocks (overrides both)\n"
-          "  --task generate|embed         embed: serve /v1/embeddings (the last token's final hidden state,\n"
-          "                                L2-normalized) instead of text generation\n"
+          "  --task generate|embed         embed: serve /v1/embeddings (final hidden states pooled as the model\n"
+          "                                says, L2-normalized) instead of text generation\n"
+          "  --pooling last|mean|cls       embed: how to pool (default: the GGUF's pooling_type or the\n"
+          "                                sentence-transformers Pooling config, else last); mean and cls embed\n"
+          "                                a prompt in one step (at most --max-num-batched-tokens tokens)\n"
           "  --kv-cache-dtype T            auto (default: f16 on the CPU, the activation type on a GPU), int8\n"
           "                                or fp8 (E4M3): one byte per element and an f16 scale per token and KV\n"
           "                                head, so the same bytes hold about twice the tokens\n"
@@ -103,7 +107,7 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING, O_POOLING
 };
 
 static int serve_opt(serve_opts_t *o, int c) {
@@ -149,6 +153,13 @@ static int serve_opt(serve_opts_t *o, int c) {
       return 2;
     }
     k->embed = !strcmp(optarg, "embed");
+    return 0;
+  case O_POOLING:
+    if (model_pooling_parse(optarg) <= MODEL_POOL_NONE) {
+      fprintf(stderr, "ferrumctl serve: --pooling is last, mean or cls, got '%s'\n", optarg);
+      return 2;
+    }
+    k->pooling = optarg;
     return 0;
   case O_KVBYTES: if (cli_parse_size("--kv-cache-memory-bytes", optarg, &k->kv_cache_memory_bytes)) return 2; return 0;
   case O_PC: k->no_prefix_caching = false; return 0;
@@ -216,6 +227,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
       {"kv-cache-dtype", required_argument, 0, O_KVDTYPE},
       {"task", required_argument, 0, O_TASK},
+      {"pooling", required_argument, 0, O_POOLING},
       {"enable-prefix-caching", no_argument, 0, O_PC},
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},

@@ -114,6 +114,12 @@ static inline uint16_t *kern_kv_pool_scales(const kern_kv_pool_t *pool, int laye
 
 typedef struct kern_backend kern_backend_t;
 
+/* How pool_rows reduces a sequence's rows to one. */
+typedef enum {
+  KERN_POOL_MEAN = 0,  /* the mean of its rows (sentence-transformers' mean pooling) */
+  KERN_POOL_FIRST = 1, /* its first row (CLS pooling) */
+} kern_pool_t;
+
 /* A mixture-of-experts FFN layer (Qwen3-MoE) for the moe_ffn op. Weights
  * are borrowed for the call. Experts may be any matmul type, each its own. */
 typedef struct {
@@ -290,6 +296,12 @@ typedef struct {
   /* out(n_seqs, dim) = the row of each sequence's last token in x
    * (n_tokens, dim), per the step's q_start. */
   int (*last_rows)(void *ctx, void *out, const void *x, int dim);
+
+  /* Optional: out(n_seqs, dim) = each sequence's rows of x (n_tokens, dim),
+   * per the step's q_start, reduced to one by mode (sums in f32; a sequence
+   * with no tokens this step gets zeros). NULL: the backend cannot pool
+   * (model_load refuses mean and CLS pooling). */
+  int (*pool_rows)(void *ctx, void *out, const void *x, int dim, kern_pool_t mode);
 
   /* Converts n activations to f32 host memory. */
   int (*to_f32_host)(void *ctx, float *dst_host, const void *src, size_t n);

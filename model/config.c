@@ -32,6 +32,22 @@ const char *model_arch_name(model_arch_t arch) {
   return "unknown";
 }
 
+const char *model_pooling_name(model_pooling_t p) {
+  switch (p) {
+  case MODEL_POOL_NONE: return "none";
+  case MODEL_POOL_LAST: return "last";
+  case MODEL_POOL_MEAN: return "mean";
+  case MODEL_POOL_CLS: return "cls";
+  }
+  return "unknown";
+}
+
+int model_pooling_parse(const char *name) {
+  for (int p = MODEL_POOL_NONE; p <= MODEL_POOL_CLS; p++)
+    if (!strcmp(name, model_pooling_name((model_pooling_t)p))) return p;
+  return -1;
+}
+
 static void config_defaults(model_config_t *cfg) {
   memset(cfg, 0, sizeof *cfg);
   cfg->norm_eps = 1e-5f;
@@ -230,6 +246,16 @@ static int gg_vocab(model_config_t *c, const model_gguf_t *g) {
   return 0;
 }
 
+/* <arch>.pooling_type in llama.cpp's numbering (0 none, 1 mean, 2 cls,
+ * 3 last); absent or another kind (rank): none. */
+static void gg_pooling(model_config_t *c, const model_gguf_t *g) {
+  static const model_pooling_t kinds[] = {MODEL_POOL_NONE, MODEL_POOL_MEAN, MODEL_POOL_CLS, MODEL_POOL_LAST};
+  char key[160];
+  int64_t v;
+  snprintf(key, sizeof key, "%s.pooling_type", c->arch_name);
+  if (model_gguf_get_i64(g, key, &v) == 0 && v >= 0 && v < (int64_t)FR_ARRAY_SIZE(kinds)) c->pooling = kinds[v];
+}
+
 int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g) {
   model_config_t c;
   gguf_str_t name;
@@ -246,6 +272,7 @@ int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g) {
   c.attn_bias = model_gguf_tensor(g, "blk.0.attn_q.bias") != NULL;
   c.qk_norm = model_gguf_tensor(g, "blk.0.attn_q_norm.weight") != NULL;
   gg_special_ids(&c, g);
+  gg_pooling(&c, g);
   if ((rc = config_check(&c, "gguf"))) return rc;
   *cfg = c;
   return 0;

@@ -165,6 +165,8 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
   if (m->shard.rank != 0 && !m->shard.split_vocab) return 0; /* rank 0 samples: only it needs logits */
   /* xn holds norm(x) for every token; logits only for each sequence's last
    * (or, verifying proposals, its last rows[s]). */
+  if (m->pooling == MODEL_POOL_MEAN || m->pooling == MODEL_POOL_CLS) /* embeddings: no LM head */
+    return op->pool_rows(cx, m->last, m->xn, c->dim, m->pooling == MODEL_POOL_MEAN ? KERN_POOL_MEAN : KERN_POOL_FIRST);
   if (rows) CALL(model__gather_rows(m, st, rows, &n_seqs));
   else CALL(op->last_rows(cx, m->last, m->xn, c->dim));
   if (m->pooling == MODEL_POOL_LAST) return 0; /* embeddings: the last token's norm(x), no LM head */

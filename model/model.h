@@ -49,11 +49,6 @@ typedef struct {
 
 typedef enum { MODEL_LOAD_AUTO = 0, MODEL_LOAD_DUMMY = 1 } model_load_format_t;
 
-/* Embedding models (--task embed): what a step returns per sequence
- * instead of logits. LAST: the final norm's output at its last token (the
- * pooling of decoder embedding models such as Qwen3-Embedding). */
-typedef enum { MODEL_POOL_NONE = 0, MODEL_POOL_LAST = 1 } model_pooling_t;
-
 typedef struct {
   int max_tokens;             /* tokens per step the scratch holds (default 512) */
   int max_seqs;               /* sequences per step (default 64) */

@@ -422,6 +422,7 @@ static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
   int rc = path_exists(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
                                  : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
   free(cfg_path);
+  if (!rc) rc = model_st_pooling(dir, &s->config.pooling);
   if (!rc && st_path) rc = model_quant_read(&s->quant, dir);
   if (!rc && st_path) rc = model_st_open(&s->st, st_path);
   if (!rc) rc = optional_file(dir, "tokenizer.json", &s->tokenizer_json);

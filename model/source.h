@@ -71,6 +71,11 @@ void model_source_close(model_source_t *s);
 /* Tensor by GGUF name, NULL when absent. */
 const model_tensor_t *model_source_tensor(const model_source_t *s, const char *name);
 
+/* The pooling a sentence-transformers folder names (modules.json and its
+ * Pooling module's config.json) into *out; no modules.json: *out is left
+ * as it was. FR_EUNSUPPORTED for a mode ferrum does not run. */
+int model_st_pooling(const char *dir, model_pooling_t *out);
+
 /* Reads model_config_t from GGUF metadata / a config.json file. */
 int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g);
 int model_config_from_hf_json(model_config_t *cfg, const char *config_json_path);

@@ -171,6 +171,7 @@ int cpu__silu_mul(void *vctx, void *out, const void *gate, const void *up, int n
 int cpu__moe_ffn(void *vctx, void *out, const void *x, int n, const kern_moe_t *moe);
 int cpu__add(void *vctx, void *out, const void *a, const void *b, size_t n);
 int cpu__last_rows(void *vctx, void *out, const void *x, int dim);
+int cpu__pool_rows(void *vctx, void *out, const void *x, int dim, kern_pool_t mode);
 
 #ifdef __cplusplus
 }

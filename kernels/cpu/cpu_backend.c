@@ -282,6 +282,7 @@ static const kern_ops_t cpu__ops = {
     .moe_ffn = cpu__moe_ffn,
     .add = cpu__add,
     .last_rows = cpu__last_rows,
+    .pool_rows = cpu__pool_rows,
     .to_f32_host = cpu__to_f32_host,
     .sample = NULL,
     .graph_begin = NULL,

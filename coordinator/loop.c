@@ -68,12 +68,15 @@ static int coord__chat_template(coord_t *c) {
 }
 
 /* --task embed: --pooling, else the pooling the model's files name, else
- * the last token's (decoder embedding models). */
+ * the last token's (decoder embedding models) or CLS (BERT encoders, as
+ * vLLM pools them). Encoders and mean / CLS pooling embed whole prompts. */
 static int coord__pooling(coord_t *c) {
+  const bool encoder = c->src->config.arch == MODEL_ARCH_BERT;
   int p = c->cfg.pooling ? model_pooling_parse(c->cfg.pooling) : (int)c->src->config.pooling;
   if (p < 0 || (c->cfg.pooling && p == MODEL_POOL_NONE))
     return fr_errorf(-EINVAL, "--pooling %s: not last, mean or cls", c->cfg.pooling);
-  c->pooling = p == MODEL_POOL_NONE ? MODEL_POOL_LAST : (model_pooling_t)p;
+  c->pooling = p != MODEL_POOL_NONE ? (model_pooling_t)p : encoder ? MODEL_POOL_CLS : MODEL_POOL_LAST;
+  c->whole_prompts = encoder || c->pooling == MODEL_POOL_MEAN || c->pooling == MODEL_POOL_CLS;
   FR_LOGI("embeddings: %s pooling%s", model_pooling_name(c->pooling), c->cfg.pooling ? " (--pooling)" : "");
   return 0;
 }

@@ -303,6 +303,20 @@ typedef struct {
    * (model_load refuses mean and CLS pooling). */
   int (*pool_rows)(void *ctx, void *out, const void *x, int dim, kern_pool_t mode);
 
+  /* Optional, for encoder models (BERT; NULL: model_load refuses them):
+   * layer_norm: out(n, dim) = (x - mean) / sqrt(var + eps) * w + b per row
+   * (w, b F32 (1, dim)); out may equal x. */
+  int (*layer_norm)(void *ctx, void *out, const void *x, const kern_weight_t *w, const kern_weight_t *b, int n,
+                    int dim, float eps);
+  /* gelu: x(n) = gelu(x) in place; erf_form: 0.5 x (1 + erf(x / sqrt 2))
+   * (transformers' "gelu"), else the tanh approximation (llama.cpp's). */
+  int (*gelu)(void *ctx, void *x, size_t n, bool erf_form);
+  /* attention_full: bidirectional attention of each token over every
+   * token of its sequence in this step (per q_start; no KV cache): q, k, v
+   * and out (n_tokens, n_heads * head_dim), head h of each at h * head_dim. */
+  int (*attention_full)(void *ctx, void *out, const void *q, const void *k, const void *v, int n_heads, int head_dim,
+                        float scale);
+
   /* Converts n activations to f32 host memory. */
   int (*to_f32_host)(void *ctx, float *dst_host, const void *src, size_t n);
 

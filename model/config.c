@@ -28,6 +28,7 @@ const char *model_arch_name(model_arch_t arch) {
   case MODEL_ARCH_QWEN2: return "qwen2";
   case MODEL_ARCH_QWEN3: return "qwen3";
   case MODEL_ARCH_QWEN3MOE: return "qwen3moe";
+  case MODEL_ARCH_BERT: return "bert";
   }
   return "unknown";
 }
@@ -142,7 +143,7 @@ static int gg_arch(model_config_t *c, const model_gguf_t *g) {
   if (rc) return rc;
   static const struct { const char *name; model_arch_t arch; } known[] = {
       {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
-      {"qwen3moe", MODEL_ARCH_QWEN3MOE}};
+      {"qwen3moe", MODEL_ARCH_QWEN3MOE}, {"bert", MODEL_ARCH_BERT}};
   for (size_t i = 0; i < FR_ARRAY_SIZE(known); i++) {
     if (s.len == strlen(known[i].name) && memcmp(s.ptr, known[i].name, s.len) == 0) {
       c->arch = known[i].arch;
@@ -150,7 +151,7 @@ static int gg_arch(model_config_t *c, const model_gguf_t *g) {
       return 0;
     }
   }
-  return fr_errorf(FR_EUNSUPPORTED, "gguf: architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe)",
+  return fr_errorf(FR_EUNSUPPORTED, "gguf: architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, bert)",
                    (int)FR_MIN(s.len, 64), s.ptr);
 }
 
@@ -176,6 +177,7 @@ static int gg_shape(model_config_t *c, const model_gguf_t *g) {
     return fr_errorf(FR_EFORMAT, "gguf: llama rope.dimension_count %d != head_dim %d", c->rope_dim, c->head_dim);
   if ((rc = gg_int(g, a, "context_length", 2048, CFG_MAX_CTX, &c->max_ctx))) return rc;
   if ((rc = gg_float(g, a, "attention.layer_norm_rms_epsilon", &c->norm_eps))) return rc;
+  if (c->arch == MODEL_ARCH_BERT && (rc = gg_float(g, a, "attention.layer_norm_epsilon", &c->norm_eps))) return rc;
   return gg_float(g, a, "rope.freq_base", &c->rope_theta);
 }
 
@@ -335,6 +337,7 @@ static const hf_arch_t hf_archs[] = {
     {"Qwen2ForCausalLM", "qwen2", MODEL_ARCH_QWEN2, false},
     {"Qwen3ForCausalLM", "qwen3", MODEL_ARCH_QWEN3, false},
     {"Qwen3MoeForCausalLM", "qwen3_moe", MODEL_ARCH_QWEN3MOE, false},
+    {"BertModel", "bert", MODEL_ARCH_BERT, false},
 };
 
 static int hf_arch(json_t *root, const hf_arch_t **out) {
@@ -352,7 +355,7 @@ static int hf_arch(json_t *root, const hf_arch_t **out) {
   }
   return fr_errorf(FR_EUNSUPPORTED,
                    "config.json: architecture '%.64s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
+                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, BertModel)",
                    name ? name : json_is_string(mt) ? json_string_value(mt) : "(none)");
 }
 
@@ -419,8 +422,26 @@ static int hf_special_ids(model_config_t *c, json_t *root) {
   return 0;
 }
 
+/* BERT: layer_norm_eps, hidden_act gelu (erf) or gelu_new / gelu_pytorch_tanh
+ * (tanh), absolute positions; the other features do not apply. */
+static int hf_bert(model_config_t *c, json_t *root) {
+  json_t *act = hf_get(root, "hidden_act"), *pet = hf_get(root, "position_embedding_type");
+  const char *a = json_is_string(act) ? json_string_value(act) : act ? "?" : "gelu";
+  c->norm_eps = 1e-12f; /* BertConfig's default */
+  int rc = hf_float(root, "layer_norm_eps", &c->norm_eps);
+  if (rc) return rc;
+  if (pet && (!json_is_string(pet) || strcmp(json_string_value(pet), "absolute")))
+    return fr_errorf(FR_EUNSUPPORTED, "config.json: BERT position_embedding_type must be absolute");
+  c->gelu_erf = !strcmp(a, "gelu");
+  if (!c->gelu_erf && strcmp(a, "gelu_new") && strcmp(a, "gelu_pytorch_tanh"))
+    return fr_errorf(FR_EUNSUPPORTED, "config.json: BERT hidden_act %.32s (gelu, gelu_new)", a);
+  c->tied_embeddings = true; /* no LM head */
+  return 0;
+}
+
 /* Bias, norms, activation, tied embeddings and sliding window. */
 static int hf_features(model_config_t *c, json_t *root, const hf_arch_t *a) {
+  if (c->arch == MODEL_ARCH_BERT) return hf_bert(c, root);
   json_t *act = hf_get(root, "hidden_act");
   bool mlp_bias = false, use_sw = false;
   if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))

@@ -14,6 +14,7 @@ typedef enum {
   MODEL_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
   MODEL_ARCH_QWEN3,     /* Qwen3ForCausalLM: per-head q/k RMSNorm */
   MODEL_ARCH_QWEN3MOE,  /* Qwen3MoeForCausalLM: qwen3 attention, mixture-of-experts FFN */
+  MODEL_ARCH_BERT,      /* BertModel, GGUF bert: an encoder (model/bert.c), embeddings only */
 } model_arch_t;
 
 #define MODEL_MAX_EXPERTS 1024       /* experts per layer a config may name */
@@ -34,7 +35,7 @@ typedef enum {
 
 typedef struct {
   model_arch_t arch;
-  char arch_name[32];  /* "llama", "qwen2", "qwen3", "qwen3moe" */
+  char arch_name[32];  /* "llama", "qwen2", "qwen3", "qwen3moe", "bert" */
   char name[128];      /* general.name or the folder name, may be empty */
   int n_layers;        /* block_count / num_hidden_layers */
   int dim;             /* embedding_length / hidden_size */
@@ -72,6 +73,9 @@ typedef struct {
    * sentence-transformers Pooling module beside config.json; NONE when
    * they name none. */
   model_pooling_t pooling;
+  /* BERT encoders: GELU's exact erf form (transformers' hidden_act "gelu")
+   * or the tanh approximation (gelu_new, and llama.cpp's for GGUF). */
+  bool gelu_erf;
 } model_config_t;
 
 /* The name of a pooling ("none", "last", "mean", "cls"), and the pooling

@@ -18,6 +18,7 @@
 #include "common/fr_err.h"
 #include "common/fr_hash.h"
 #include "common/fr_util.h"
+#include "model/bert.h"
 #include "model/model.h"
 
 #define CALL(expr)              \
@@ -259,6 +260,12 @@ int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step
   }
   if (total > m->max_seqs) return fr_errorf(FR_ETOOBIG, "%d logits rows, more than %d", total, m->max_seqs);
   const kern_ops_t *op = m->be->ops;
+  if (m->bert) {
+    if (rows) return fr_errorf(FR_EUNSUPPORTED, "a BERT encoder returns one pooled row per sequence");
+    CALL(model__bert_forward(m, step));
+    *logits = m->last;
+    return 0;
+  }
   if (!rows && model__use_graph(m, step)) {
     CALL(model__forward_graph(m, pool, step));
   } else {

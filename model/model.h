@@ -99,6 +99,7 @@ typedef struct model {
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
   model_pooling_t pooling; /* NONE: steps return logits; else pooled hidden states (cfg.dim wide) */
+  struct model_bert *bert; /* a BERT encoder's weights (model/bert.h), else NULL */
   bool file_reads;  /* the backend reads weights from the files itself (weight_load_file; FERRUM_LOAD_MMAP=1: no) */
   uint64_t comm_ns; /* tensor parallel: time in all_reduce calls so far, as the host saw it (the
                      * whole call on a host-memory backend; only the launch on a device) */

@@ -186,7 +186,8 @@ static int tensors_from_st(model_source_t *s) {
       s->n_tensors += used;
       continue;
     }
-    char *name = map_hf_name(st->tensors[i].name);
+    char *name = s->config.arch == MODEL_ARCH_BERT ? model__bert_hf_name(st->tensors[i].name)
+                                                   : map_hf_name(st->tensors[i].name);
     if (!name) {
       FR_LOGD("model: skipping tensor %s (not used)", st->tensors[i].name);
       continue;
@@ -280,6 +281,7 @@ static int check_layer(const model_source_t *s, int l) {
  * misshaped one is reported by name. */
 static int check_tensors(const model_source_t *s) {
   const model_config_t *c = &s->config;
+  if (c->arch == MODEL_ARCH_BERT) return model__bert_check_tensors(s);
   int rc = expect(s, "token_embd.weight", c->vocab_size, c->dim);
   if (!rc) rc = expect(s, "output_norm.weight", 1, c->dim);
   if (!rc && !c->tied_embeddings) rc = expect(s, "output.weight", c->vocab_size, c->dim);

@@ -133,13 +133,17 @@ int model_tokenizer_from_gguf(model_tokenizer_t **out, const model_gguf_t *g) {
   get_id(g, "tokenizer.ggml.eom_token_id", &t->eom);
   get_id(g, "tokenizer.ggml.unknown_token_id", &t->unk);
   get_id(g, "tokenizer.ggml.padding_token_id", &t->pad);
-  if (t->kind == MODEL_TOK_WPM) { /* [CLS] is the BOS (or cls) id, [SEP] the separator */
+  if (t->kind == MODEL_TOK_WPM) { /* as llama.cpp: [CLS] is the BOS (or cls) id, [SEP] the separator (102) */
     get_id(g, "tokenizer.ggml.cls_token_id", &t->bos);
+    t->eos = 102;
     get_id(g, "tokenizer.ggml.seperator_token_id", &t->eos);
   }
   get_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
   get_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
-  if (t->kind == MODEL_TOK_WPM) get_flag(g, "tokenizer.ggml.add_sep_token", &t->add_eos);
+  if (t->kind == MODEL_TOK_WPM) { /* [SEP] follows add_sep_token (default on), not add_eos_token */
+    t->add_eos = true;
+    get_flag(g, "tokenizer.ggml.add_sep_token", &t->add_eos);
+  }
   get_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
   gguf_str_t tmpl;
   if (model_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 && tmpl.len < (1u << 24))

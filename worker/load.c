@@ -198,7 +198,7 @@ size_t worker__weight_bytes(const model_t *m) {
   size_t n = worker__weight_bytes_one(&m->tok_embd) + worker__weight_bytes_one(&m->output_norm) +
              worker__weight_bytes_one(&m->inv_freq);
   if (m->output.data != m->tok_embd.data) n += worker__weight_bytes_one(&m->output);
-  for (int i = 0; i < m->cfg.n_layers; i++) {
+  for (int i = 0; m->layers && i < m->cfg.n_layers; i++) { /* a BERT encoder has none (CPU only: not sized) */
     const model_layer_t *L = &m->layers[i];
     const kern_weight_t *ws[] = {&L->attn_norm, &L->wqkv, &L->bqkv, &L->wq,     &L->wk,        &L->wv,
                                  &L->bq,        &L->bk,   &L->bv,   &L->q_norm, &L->k_norm,    &L->wo,

@@ -83,12 +83,12 @@ static uint32_t wpm_lower1(uint32_t cp) {
 
 /* Appends cp lowercased when asked (U+0130 lowercases to two). */
 static void wpm_put_lower(const model_tokenizer_t *t, wpm_cps_t *o, uint32_t cp) {
-  if (!t->wpm_lower) return wpm_push(o, cp);
-  if (cp == 0x130) {
+  if (t->wpm_lower && cp == 0x130) {
     wpm_push(o, 'i');
-    return wpm_push(o, 0x307);
+    wpm_push(o, 0x307);
+  } else {
+    wpm_push(o, t->wpm_lower ? wpm_lower1(cp) : cp);
   }
-  wpm_push(o, wpm_lower1(cp));
 }
 
 /* strip_accents: cp's canonical decomposition without its nonspacing

@@ -10,8 +10,8 @@
                        llama.cpp computes it), model.safetensors,
                        tokenizer.json (BertNormalizer, BertPreTokenizer,
                        WordPiece, [CLS] $A [SEP]), and sentence-transformers'
-                       modules.json + 1_Pooling/config.json (cls pooling, so
-                       that the folder's pooling differs from the GGUF's)
+                       modules.json + 1_Pooling/config.json (mean pooling:
+                       without it ferrum pools a BERT by CLS)
 
 usage: make_tiny_bert.py OUT_DIR [SEED]
 Needs numpy, gguf and tokenizers (no torch).
@@ -146,8 +146,8 @@ def write_hf(folder, w, tk):
                    {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}],
                   f, indent=1)
     with open(os.path.join(folder, "1_Pooling", "config.json"), "w") as f:
-        json.dump({"word_embedding_dimension": DIM, "pooling_mode_cls_token": True,
-                   "pooling_mode_mean_tokens": False, "pooling_mode_max_tokens": False,
+        json.dump({"word_embedding_dimension": DIM, "pooling_mode_cls_token": False,
+                   "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
                    "pooling_mode_mean_sqrt_len_tokens": False, "pooling_mode_weightedmean_tokens": False,
                    "pooling_mode_lasttoken": False, "include_prompt": True}, f, indent=1)
 

@@ -10,9 +10,10 @@ WordPiece vocabulary trained on a few sentences), against llama.cpp
   [CLS] and [SEP] included; token-id inputs equal their text; batches equal
   single requests;
 - the same weights as a transformers folder (safetensors, tokenizer.json,
-  sentence-transformers' Pooling config naming cls): the vectors equal
-  llama.cpp's CLS-pooled ones within cosine 0.9999, and /tokenize gives HF
-  tokenizers' ids;
+  sentence-transformers' Pooling config naming mean, where a BERT's
+  default is CLS): the vectors equal llama.cpp's mean-pooled ones within
+  cosine 0.9999, and /tokenize gives HF tokenizers' ids;
+- --pooling cls on the GGUF gives llama.cpp's CLS-pooled vectors;
 - a prompt longer than the step budget or the position table is a 400 that
   says why, and text generation on the encoder is a 400; a generation
   server refuses to start on an encoder, naming --task embed.
@@ -115,28 +116,31 @@ class Bert(unittest.TestCase):
         st, _ = srv.json("GET", "/health")
         self.assertEqual(st, 200)
 
-    def test_4_position_table_bounds_the_context(self):
-        wide = LocalServer(FERRUMCTL, ["--model", gguf_path(), "--task", "embed", "--host", "127.0.0.1",
+    def test_4_position_table_bounds_the_context_and_cls(self):
+        wide = LocalServer(FERRUMCTL, ["--model", gguf_path(), "--task", "embed", "--pooling", "cls",
+                                       "--host", "127.0.0.1",
                                        "--served-model-name", NAME, "--max-num-batched-tokens", "512", "--threads", "1"])
         try:
             st, out = wide.json("POST", "/v1/embeddings", {"input": " ".join(["paris"] * 200)})
             self.assertEqual(st, 400, out)
             self.assertIn("context", out["error"]["message"])
-            (v,), _ = embed(wide, " ".join(["paris"] * 100))
-            self.assertGreater(cosine(v, self.mean.embed(" ".join(["paris"] * 100), normalize=True)), 0.9999)
+            long_text = " ".join(["paris"] * 100)
+            got, _ = embed(wide, [long_text] + TEXTS)
+            cls = llama("cls")
+            for text, v in zip([long_text] + TEXTS, got):
+                self.assertGreater(cosine(v, cls.embed(text, normalize=True)), 0.9999, text)
         finally:
             wide.stop()
 
-    def test_5_hf_folder_cls_pooling_and_tokenizer(self):
+    def test_5_hf_folder_st_pooling_and_tokenizer(self):
         from tokenizers import Tokenizer
         folder = os.path.join(tmp.name, "tiny-bert-hf")
         hf = LocalServer(FERRUMCTL, ["--model", folder, "--task", "embed", "--host", "127.0.0.1",
                                      "--served-model-name", NAME, "--threads", "1"])
         try:
             got, _ = embed(hf, TEXTS)
-            cls = llama("cls")
             for text, v in zip(TEXTS, got):
-                self.assertGreater(cosine(v, cls.embed(text, normalize=True)), 0.9999, text)
+                self.assertGreater(cosine(v, self.mean.embed(text, normalize=True)), 0.9999, text)
             tk = Tokenizer.from_file(os.path.join(folder, "tokenizer.json"))
             for text in TEXTS:
                 st, out = hf.json("POST", "/tokenize", {"model": NAME, "prompt": text})

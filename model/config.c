@@ -436,6 +436,7 @@ static int hf_bert(model_config_t *c, json_t *root) {
   if (!c->gelu_erf && strcmp(a, "gelu_new") && strcmp(a, "gelu_pytorch_tanh"))
     return fr_errorf(FR_EUNSUPPORTED, "config.json: BERT hidden_act %.32s (gelu, gelu_new)", a);
   c->tied_embeddings = true; /* no LM head */
+  c->attn_bias = true;
   return 0;
 }
 

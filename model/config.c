@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
@@ -45,7 +46,7 @@ const char *model_pooling_name(model_pooling_t p) {
 
 int model_pooling_parse(const char *name) {
   for (int p = MODEL_POOL_NONE; p <= MODEL_POOL_CLS; p++)
-    if (!strcmp(name, model_pooling_name((model_pooling_t)p))) return p;
+    if (!strcasecmp(name, model_pooling_name((model_pooling_t)p))) return p;
   return -1;
 }
 

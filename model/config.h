@@ -79,7 +79,7 @@ typedef struct {
 } model_config_t;
 
 /* The name of a pooling ("none", "last", "mean", "cls"), and the pooling
- * of a name (-1 when unknown). */
+ * of a name in any case (vLLM's MEAN too; -1 when unknown). */
 const char *model_pooling_name(model_pooling_t p);
 int model_pooling_parse(const char *name);
 

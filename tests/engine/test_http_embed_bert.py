@@ -13,7 +13,8 @@ WordPiece vocabulary trained on a few sentences), against llama.cpp
   sentence-transformers' Pooling config naming mean, where a BERT's
   default is CLS): the vectors equal llama.cpp's mean-pooled ones within
   cosine 0.9999, and /tokenize gives HF tokenizers' ids;
-- --pooling cls on the GGUF gives llama.cpp's CLS-pooled vectors;
+- vLLM's --override-pooler-config '{"pooling_type": "CLS"}' on the GGUF
+  gives llama.cpp's CLS-pooled vectors;
 - a prompt longer than the step budget or the position table is a 400 that
   says why, and text generation on the encoder is a 400; a generation
   server refuses to start on an encoder, naming --task embed.
@@ -117,7 +118,8 @@ class Bert(unittest.TestCase):
         self.assertEqual(st, 200)
 
     def test_4_position_table_bounds_the_context_and_cls(self):
-        wide = LocalServer(FERRUMCTL, ["--model", gguf_path(), "--task", "embed", "--pooling", "cls",
+        wide = LocalServer(FERRUMCTL, ["--model", gguf_path(), "--task", "embed",
+                                       "--override-pooler-config", '{"pooling_type": "CLS"}',
                                        "--host", "127.0.0.1",
                                        "--served-model-name", NAME, "--max-num-batched-tokens", "512", "--threads", "1"])
         try:

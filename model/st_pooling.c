@@ -1,7 +1,8 @@
 /* st_pooling.c - the pooling a sentence-transformers model names: its
  * modules.json lists a sentence_transformers.models.Pooling module whose
  * folder (1_Pooling) holds a config.json with pooling_mode_* flags (or,
- * in newer releases, a pooling_mode string). */
+ * in newer releases, a pooling_mode string). A module ferrum does not
+ * run (Dense, ...) is refused. */
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -27,6 +28,25 @@ static json_t *st_load(const char *dir, const char *name) {
   json_t *root = json_loadb(text, len, 0, NULL);
   free(text);
   return root;
+}
+
+/* A module that changes the vectors after pooling (Dense, LayerNorm, ...)
+ * would make ferrum's embeddings differ from sentence-transformers':
+ * refused. Transformer, Pooling and Normalize are what ferrum runs. */
+static int st_check_modules(json_t *modules) {
+  static const char *const ok[] = {".Transformer", ".Pooling", ".Normalize"};
+  size_t i;
+  json_t *m;
+  json_array_foreach(modules, i, m) {
+    const char *type = json_string_value(json_object_get(m, "type"));
+    const char *dot = type ? strrchr(type, '.') : NULL;
+    bool known = false;
+    for (size_t k = 0; dot && k < FR_ARRAY_SIZE(ok); k++) known |= !strcmp(dot, ok[k]);
+    if (!known)
+      return fr_errorf(FR_EUNSUPPORTED, "sentence-transformers module %.64s is not supported (Transformer, Pooling, "
+                       "Normalize)", type ? type : "(no type)");
+  }
+  return 0;
 }
 
 /* The Pooling module's folder in modules.json (borrowed from root), or NULL. */
@@ -70,8 +90,8 @@ static int st_mode(json_t *cfg, model_pooling_t *out) {
 int model_st_pooling(const char *dir, model_pooling_t *out) {
   json_t *modules = st_load(dir, "modules.json");
   if (!modules) return 0; /* not a sentence-transformers model: the pooling stays as it was */
-  int rc = 0;
-  const char *sub = json_is_array(modules) ? st_pooling_dir(modules) : NULL;
+  int rc = json_is_array(modules) ? st_check_modules(modules) : 0;
+  const char *sub = json_is_array(modules) && !rc ? st_pooling_dir(modules) : NULL;
   if (sub) {
     char name[1024];
     snprintf(name, sizeof name, "%s/config.json", sub);

@@ -17,12 +17,16 @@ WordPiece vocabulary trained on a few sentences), against llama.cpp
   gives llama.cpp's CLS-pooled vectors;
 - a prompt longer than the step budget or the position table is a 400 that
   says why, and text generation on the encoder is a 400; a generation
-  server refuses to start on an encoder, naming --task embed.
+  server refuses to start on an encoder, naming --task embed, and a
+  sentence-transformers folder with a Dense module (which ferrum does not
+  run) is refused at start, naming it.
 
 Run: FERRUMCTL=build/bin/ferrumctl python test_http_embed_bert.py
 Exit 77 (skip) when llama-cpp-python, gguf, tokenizers or numpy is missing.
 """
+import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -156,6 +160,20 @@ class Bert(unittest.TestCase):
                             "--threads", "1"], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("--task embed", p.stderr)
+
+
+    def test_7_sentence_transformers_dense_module_is_refused(self):
+        folder = os.path.join(tmp.name, "tiny-bert-dense")
+        shutil.copytree(os.path.join(tmp.name, "tiny-bert-hf"), folder)
+        with open(os.path.join(folder, "modules.json")) as f:
+            mods = json.load(f)
+        mods.insert(2, {"idx": 2, "name": "2", "path": "2_Dense", "type": "sentence_transformers.models.Dense"})
+        with open(os.path.join(folder, "modules.json"), "w") as f:
+            json.dump(mods, f)
+        p = subprocess.run([FERRUMCTL, "serve", "--model", folder, "--task", "embed", "--host", "127.0.0.1",
+                            "--port", "0", "--threads", "1"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("Dense", p.stderr)
 
 
 if __name__ == "__main__":

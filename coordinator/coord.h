@@ -54,8 +54,10 @@ typedef struct {
                                    * KV cache (kern_kv_dtype_t), sent to the workers as load option
                                    * kv_cache_dtype */
   bool no_prefix_caching;         /* prefix caching is on unless this is set */
-  bool embed;                     /* --task embed: the model returns embeddings (last-token pooling, the
-                                   * load option pooling=last); jobs must be embed jobs */
+  bool embed;                     /* --task embed: the model returns embeddings (pooled as the load option
+                                   * pooling says); jobs must be embed jobs */
+  const char *pooling;            /* --pooling last|mean|cls: overrides the model's pooling (GGUF
+                                   * pooling_type, sentence-transformers' Pooling); NULL: the model's, else last */
   int max_waiting;                /* queued jobs before 429; 0 = 1024 */
   const char *worker_exe;         /* NULL = ferrum-worker next to /proc/self/exe */
   bool fake_workers;              /* workers skip the forward pass (benchmarks) */

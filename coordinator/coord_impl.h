@@ -105,6 +105,8 @@ struct coord {
   model_tokenizer_t *tok;
   int vocab, max_model_len, n_layers;
   int n_embd;                     /* --task embed: the embeddings' length (the model's dim); else 0 */
+  model_pooling_t pooling;        /* --task embed: how the workers pool (coord__pooling); else NONE */
+  bool whole_prompts;             /* embed jobs run their prompt in one step (coord_job_t.whole) */
   struct model_gvocab *gvocab;    /* every token's bytes, for constrained decoding's masks (made at first use) */
   struct model_gscratch *gscratch; /* the masks' work memory */
   /* sockets */

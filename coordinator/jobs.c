@@ -267,6 +267,14 @@ static coord_reject_t coord__lencheck(coord_t *c, const coord_job_t *j, size_t n
              c->max_model_len);
     return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
   }
+  if (j->whole && n_prompt > (size_t)c->cfg.max_num_batched_tokens) {
+    snprintf(msg, sizeof msg, "the prompt has %zu tokens; %s embeds a prompt in one step of at most %d "
+             "tokens (--max-num-batched-tokens)", n_prompt,
+             c->src->config.arch == MODEL_ARCH_BERT ? "this encoder"
+             : c->pooling == MODEL_POOL_MEAN       ? "mean pooling" : "cls pooling",
+             c->cfg.max_num_batched_tokens);
+    return (coord_reject_t){PROTO_ERR_TOO_BIG, msg};
+  }
   int room = c->max_model_len - (int)n_prompt;
   if (j->max_tokens > room) {
     snprintf(msg, sizeof msg, "prompt (%zu tokens) + max_tokens (%d) exceed the context of %d tokens", n_prompt,
@@ -307,6 +315,7 @@ static coord_job_t *coord__job_new(coord_t *c, const coord_peer_t *p, const prot
   j->max_tokens = (int)FR_MIN(s->max_tokens, (uint32_t)INT32_MAX);
   j->embed = s->ph.embed;
   if (j->embed) j->max_tokens = 1; /* no output: room for the step that pools the prompt */
+  j->whole = j->embed && c->whole_prompts;
   j->ignore_eos = s->stop.ignore_eos;
   j->include_stop = s->stop.include;
   j->stream = s->stream;

@@ -67,6 +67,20 @@ static int coord__chat_template(coord_t *c) {
   return 0;
 }
 
+/* --task embed: --pooling, else the pooling the model's files name, else
+ * the last token's (decoder embedding models) or CLS (BERT encoders, as
+ * vLLM pools them). Encoders and mean / CLS pooling embed whole prompts. */
+static int coord__pooling(coord_t *c) {
+  const bool encoder = c->src->config.arch == MODEL_ARCH_BERT;
+  int p = c->cfg.pooling ? model_pooling_parse(c->cfg.pooling) : (int)c->src->config.pooling;
+  if (p < 0 || (c->cfg.pooling && p == MODEL_POOL_NONE))
+    return fr_errorf(-EINVAL, "--pooling %s: not last, mean or cls", c->cfg.pooling);
+  c->pooling = p != MODEL_POOL_NONE ? (model_pooling_t)p : encoder ? MODEL_POOL_CLS : MODEL_POOL_LAST;
+  c->whole_prompts = encoder || c->pooling == MODEL_POOL_MEAN || c->pooling == MODEL_POOL_CLS;
+  FR_LOGI("embeddings: %s pooling%s", model_pooling_name(c->pooling), c->cfg.pooling ? " (--pooling)" : "");
+  return 0;
+}
+
 /* Opens the model's tokenizer (not its weights) and works out the context. */
 static int coord__tokenizer(coord_t *c) {
   int rc = c->cfg.load_format && !strcmp(c->cfg.load_format, "dummy")
@@ -81,6 +95,7 @@ static int coord__tokenizer(coord_t *c) {
   if (c->cfg.chat_template && (rc = coord__chat_template(c))) return rc;
   c->vocab = c->src->config.vocab_size;
   c->n_embd = c->cfg.embed ? c->src->config.dim : 0;
+  if (c->cfg.embed && (rc = coord__pooling(c))) return rc;
   c->n_layers = c->src->config.n_layers;
   return 0;
 }

@@ -227,9 +227,10 @@ static void coord__sched_running(coord_sched_t *s, int *budget, bool *preempted)
 
 /* Jobs with a repetition penalty do not attach cached prefixes, nor jobs
  * asking prompt logprobs (every prompt position must be computed; vLLM
- * does the same). */
+ * does the same), nor whole-prompt jobs (mean and CLS pooling read every
+ * token's hidden state). */
 static bool coord__sched_uses_cache(const coord_sched_t *s, const coord_job_t *j) {
-  return s->prefix_cache && j->sp.repetition_penalty == 1.0f && !j->plp_want;
+  return s->prefix_cache && j->sp.repetition_penalty == 1.0f && !j->plp_want && !j->whole;
 }
 
 /* Blocks a waiting job needs to start with a chunk of n tokens after its
@@ -246,7 +247,7 @@ static int coord__sched_admit_blocks(const coord_sched_t *s, const kv_admit_t *p
  * with cached prefixes. */
 static int coord__sched_fork_ready(const coord_job_t *j) {
   const coord_job_t *p = j->fork;
-  if (!p || p->state == COORD_JOB_DONE || j->sp.repetition_penalty != 1.0f || j->plp_want) return -1;
+  if (!p || p->state == COORD_JOB_DONE || j->sp.repetition_penalty != 1.0f || j->plp_want || j->whole) return -1;
   if (p->state == COORD_JOB_NEW) return 0;
   if (j->admitted_once || p->n_prompt != j->n_prompt || j->n_tok != j->n_prompt ||
       memcmp(p->tok, j->tok, (size_t)j->n_prompt * sizeof *j->tok))
@@ -287,6 +288,7 @@ static bool coord__sched_admit_one(coord_sched_t *s, coord_job_t *j, int *budget
   int fork = coord__sched_fork_ready(j);
   if (fork >= 0) return fork && coord__sched_admit_fork(s, j, budget);
   coord_sched_unfork(j);
+  if (j->whole && j->n_tok > *budget) return false; /* waits for a step with room for all of it */
   bool cache = coord__sched_uses_cache(s, j);
   kv_admit_t plan = {0};
   if (cache) kv_admit_plan(s->kv, j->tok, j->n_tok, 0, 0, &plan);

@@ -89,6 +89,8 @@ struct coord_job {
   uint32_t n_stop_ids;
   bool ignore_eos, stream, return_logits;
   bool embed;                /* an embedding job: its final prefill result is the answer (embd) */
+  bool whole;                /* its prompt runs in one step, all of it computed: no chunks, no cached
+                              * prefix, no fork (mean and CLS pooling; the scheduler reads it) */
   float *embd;               /* (n_embd) owned, once the embedding came back */
   uint32_t n_embd;
   bool include_stop;         /* a matched stop string stays in the text */

@@ -132,7 +132,7 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
     opts[n_opts++] = (proto_option_t){"kv_cache_dtype", (char *)c->cfg.kv_cache_dtype};
   if (c->cfg.spec.num_speculative_tokens > 0 && c->cfg.spec.draft_model[0]) /* speculative decoding's draft */
     opts[n_opts++] = (proto_option_t){"draft", c->cfg.spec.draft_model};
-  if (c->cfg.embed) opts[n_opts++] = (proto_option_t){"pooling", "last"};
+  if (c->cfg.embed) opts[n_opts++] = (proto_option_t){"pooling", (char *)model_pooling_name(c->pooling)};
   if (c->n_workers > 1) opts[n_opts++] = (proto_option_t){"comm", c->comm_id};
   if (c->n_workers > 1 && c->n_remote) opts[n_opts++] = (proto_option_t){"multi_host", "1"};
   if (w->remote) { /* the control segment's geometry, which it cannot map */

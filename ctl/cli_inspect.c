@@ -87,7 +87,8 @@ static void inspect_config(const model_source_t *src) {
 }
 
 static void inspect_tokenizer(const model_tokenizer_t *tok) {
-  printf("tokenizer:    %s (pre %s), %d tokens\n", model_tokenizer_kind(tok) == MODEL_TOK_BPE ? "bpe" : "spm",
+  printf("tokenizer:    %s (pre %s), %d tokens\n", model_tokenizer_kind(tok) == MODEL_TOK_BPE ? "bpe"
+         : model_tokenizer_kind(tok) == MODEL_TOK_WPM ? "wordpiece" : "spm",
          model_tokenizer_pre(tok), model_vocab_size(tok));
   int32_t ids[2] = {model_token_bos(tok), model_token_eos(tok)};
   const char *names[2] = {"bos", "eos"};

@@ -4,6 +4,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 #include "coordinator/http/http.h"
 #include "coordinator/metrics.h"
 #include "kernels/kern_types.h"
+#include "model/config.h"
 
 typedef struct {
   coord_config_t k;
@@ -54,8 +56,13 @@ static void serve_usage(FILE *f) {
           "  --kv-cache-memory-bytes N     KV cache bytes per worker, on any device: bytes, or K/M/G/T (powers\n"
           "                                of 1024) or k/m/g/t (of 1000), e.g. 4G; overrides --gpu-memory-utilization\n"
           "  --num-kv-blocks N             exactly N KV blocks (overrides both)\n"
-          "  --task generate|embed         embed: serve /v1/embeddings (the last token's final hidden state,\n"
-          "                                L2-normalized) instead of text generation\n"
+          "  --task generate|embed         embed: serve /v1/embeddings (final hidden states pooled as the model\n"
+          "                                says, L2-normalized) instead of text generation\n"
+          "  --pooling last|mean|cls       embed: how to pool (default: the GGUF's pooling_type or the\n"
+          "                                sentence-transformers Pooling config, else last); mean and cls embed\n"
+          "                                a prompt in one step (at most --max-num-batched-tokens tokens)\n"
+          "  --override-pooler-config JSON vLLM's spelling of --pooling: '{\"pooling_type\": \"MEAN\"}' (MEAN,\n"
+          "                                CLS or LAST; \"normalize\" may only be true); --pooler-config too\n"
           "  --kv-cache-dtype T            auto (default: f16 on the CPU, the activation type on a GPU), int8\n"
           "                                or fp8 (E4M3): one byte per element and an f16 scale per token and KV\n"
           "                                head, so the same bytes hold about twice the tokens\n"
@@ -104,8 +111,32 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING, O_POOLING, O_POOLERCFG
 };
+
+/* vLLM's --override-pooler-config: {"pooling_type": MEAN|CLS|LAST,
+ * "normalize": true}; anything else is refused by name. */
+static int serve_pooler_config(const char *arg, coord_config_t *k) {
+  json_error_t err;
+  json_t *root = json_loads(arg, 0, &err), *v;
+  const char *key, *why = NULL;
+  if (!json_is_object(root)) why = "not a JSON object";
+  json_object_foreach(json_is_object(root) ? root : NULL, key, v) {
+    if (!strcmp(key, "normalize") && json_is_true(v)) continue;
+    int p = !strcmp(key, "pooling_type") && json_is_string(v) ? model_pooling_parse(json_string_value(v)) : -1;
+    if (p > MODEL_POOL_NONE) { /* the names are lowercase: MEAN arrives as mean below */
+      k->pooling = model_pooling_name((model_pooling_t)p);
+      continue;
+    }
+    why = !strcmp(key, "normalize") ? "normalize: embeddings are always L2-normalized"
+          : !strcmp(key, "pooling_type") ? "pooling_type: MEAN, CLS or LAST" : key;
+    break;
+  }
+  if (why) fprintf(stderr, "ferrumctl serve: --override-pooler-config: %s%s\n", why,
+                   why == key ? " is not supported" : "");
+  json_decref(root);
+  return why ? 2 : 0;
+}
 
 static int serve_opt(serve_opts_t *o, int c) {
   long v;
@@ -151,6 +182,14 @@ static int serve_opt(serve_opts_t *o, int c) {
     }
     k->embed = !strcmp(optarg, "embed");
     return 0;
+  case O_POOLING:
+    if (model_pooling_parse(optarg) <= MODEL_POOL_NONE) {
+      fprintf(stderr, "ferrumctl serve: --pooling is last, mean or cls, got '%s'\n", optarg);
+      return 2;
+    }
+    k->pooling = optarg;
+    return 0;
+  case O_POOLERCFG: return serve_pooler_config(optarg, k);
   case O_KVBYTES: if (cli_parse_size("--kv-cache-memory-bytes", optarg, &k->kv_cache_memory_bytes)) return 2; return 0;
   case O_PC: k->no_prefix_caching = false; return 0;
   case O_NOPC: k->no_prefix_caching = true; return 0;
@@ -217,6 +256,9 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
       {"kv-cache-dtype", required_argument, 0, O_KVDTYPE},
       {"task", required_argument, 0, O_TASK},
+      {"pooling", required_argument, 0, O_POOLING},
+      {"override-pooler-config", required_argument, 0, O_POOLERCFG},
+      {"pooler-config", required_argument, 0, O_POOLERCFG},
       {"enable-prefix-caching", no_argument, 0, O_PC},
       {"no-enable-prefix-caching", no_argument, 0, O_NOPC},
       {"api-key", required_argument, 0, O_KEY},

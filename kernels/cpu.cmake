@@ -9,6 +9,7 @@ set(_cpu_sources
   cpu/cpu_moe.c
   cpu/cpu_ops.c
   cpu/cpu_attn.c
+  cpu/cpu_encoder.c
   cpu/cpu_comm.c
   cpu/cpu_scalar.c)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")

@@ -114,6 +114,12 @@ static inline uint16_t *kern_kv_pool_scales(const kern_kv_pool_t *pool, int laye
 
 typedef struct kern_backend kern_backend_t;
 
+/* How pool_rows reduces a sequence's rows to one. */
+typedef enum {
+  KERN_POOL_MEAN = 0,  /* the mean of its rows (sentence-transformers' mean pooling) */
+  KERN_POOL_FIRST = 1, /* its first row (CLS pooling) */
+} kern_pool_t;
+
 /* A mixture-of-experts FFN layer (Qwen3-MoE) for the moe_ffn op. Weights
  * are borrowed for the call. Experts may be any matmul type, each its own. */
 typedef struct {
@@ -296,6 +302,26 @@ typedef struct {
   /* out(n_seqs, dim) = the row of each sequence's last token in x
    * (n_tokens, dim), per the step's q_start. */
   int (*last_rows)(void *ctx, void *out, const void *x, int dim);
+
+  /* Optional: out(n_seqs, dim) = each sequence's rows of x (n_tokens, dim),
+   * per the step's q_start, reduced to one by mode (sums in f32; a sequence
+   * with no tokens this step gets zeros). NULL: the backend cannot pool
+   * (model_load refuses mean and CLS pooling). */
+  int (*pool_rows)(void *ctx, void *out, const void *x, int dim, kern_pool_t mode);
+
+  /* Optional, for encoder models (BERT; NULL: model_load refuses them):
+   * layer_norm: out(n, dim) = (x - mean) / sqrt(var + eps) * w + b per row
+   * (w, b F32 (1, dim)); out may equal x. */
+  int (*layer_norm)(void *ctx, void *out, const void *x, const kern_weight_t *w, const kern_weight_t *b, int n,
+                    int dim, float eps);
+  /* gelu: x(n) = gelu(x) in place; erf_form: 0.5 x (1 + erf(x / sqrt 2))
+   * (transformers' "gelu"), else the tanh approximation (llama.cpp's). */
+  int (*gelu)(void *ctx, void *x, size_t n, bool erf_form);
+  /* attention_full: bidirectional attention of each token over every
+   * token of its sequence in this step (per q_start; no KV cache): q, k, v
+   * and out (n_tokens, n_heads * head_dim), head h of each at h * head_dim. */
+  int (*attention_full)(void *ctx, void *out, const void *q, const void *k, const void *v, int n_heads, int head_dim,
+                        float scale);
 
   /* Converts n activations to f32 host memory. */
   int (*to_f32_host)(void *ctx, float *dst_host, const void *src, size_t n);

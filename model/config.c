@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
@@ -28,8 +29,25 @@ const char *model_arch_name(model_arch_t arch) {
   case MODEL_ARCH_QWEN2: return "qwen2";
   case MODEL_ARCH_QWEN3: return "qwen3";
   case MODEL_ARCH_QWEN3MOE: return "qwen3moe";
+  case MODEL_ARCH_BERT: return "bert";
   }
   return "unknown";
+}
+
+const char *model_pooling_name(model_pooling_t p) {
+  switch (p) {
+  case MODEL_POOL_NONE: return "none";
+  case MODEL_POOL_LAST: return "last";
+  case MODEL_POOL_MEAN: return "mean";
+  case MODEL_POOL_CLS: return "cls";
+  }
+  return "unknown";
+}
+
+int model_pooling_parse(const char *name) {
+  for (int p = MODEL_POOL_NONE; p <= MODEL_POOL_CLS; p++)
+    if (!strcasecmp(name, model_pooling_name((model_pooling_t)p))) return p;
+  return -1;
 }
 
 static void config_defaults(model_config_t *cfg) {
@@ -126,7 +144,7 @@ static int gg_arch(model_config_t *c, const model_gguf_t *g) {
   if (rc) return rc;
   static const struct { const char *name; model_arch_t arch; } known[] = {
       {"llama", MODEL_ARCH_LLAMA}, {"qwen2", MODEL_ARCH_QWEN2}, {"qwen3", MODEL_ARCH_QWEN3},
-      {"qwen3moe", MODEL_ARCH_QWEN3MOE}};
+      {"qwen3moe", MODEL_ARCH_QWEN3MOE}, {"bert", MODEL_ARCH_BERT}};
   for (size_t i = 0; i < FR_ARRAY_SIZE(known); i++) {
     if (s.len == strlen(known[i].name) && memcmp(s.ptr, known[i].name, s.len) == 0) {
       c->arch = known[i].arch;
@@ -134,7 +152,7 @@ static int gg_arch(model_config_t *c, const model_gguf_t *g) {
       return 0;
     }
   }
-  return fr_errorf(FR_EUNSUPPORTED, "gguf: architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe)",
+  return fr_errorf(FR_EUNSUPPORTED, "gguf: architecture '%.*s' is not supported (llama, qwen2, qwen3, qwen3moe, bert)",
                    (int)FR_MIN(s.len, 64), s.ptr);
 }
 
@@ -160,6 +178,7 @@ static int gg_shape(model_config_t *c, const model_gguf_t *g) {
     return fr_errorf(FR_EFORMAT, "gguf: llama rope.dimension_count %d != head_dim %d", c->rope_dim, c->head_dim);
   if ((rc = gg_int(g, a, "context_length", 2048, CFG_MAX_CTX, &c->max_ctx))) return rc;
   if ((rc = gg_float(g, a, "attention.layer_norm_rms_epsilon", &c->norm_eps))) return rc;
+  if (c->arch == MODEL_ARCH_BERT && (rc = gg_float(g, a, "attention.layer_norm_epsilon", &c->norm_eps))) return rc;
   return gg_float(g, a, "rope.freq_base", &c->rope_theta);
 }
 
@@ -230,6 +249,16 @@ static int gg_vocab(model_config_t *c, const model_gguf_t *g) {
   return 0;
 }
 
+/* <arch>.pooling_type in llama.cpp's numbering (0 none, 1 mean, 2 cls,
+ * 3 last); absent or another kind (rank): none. */
+static void gg_pooling(model_config_t *c, const model_gguf_t *g) {
+  static const model_pooling_t kinds[] = {MODEL_POOL_NONE, MODEL_POOL_MEAN, MODEL_POOL_CLS, MODEL_POOL_LAST};
+  char key[160];
+  int64_t v;
+  snprintf(key, sizeof key, "%s.pooling_type", c->arch_name);
+  if (model_gguf_get_i64(g, key, &v) == 0 && v >= 0 && v < (int64_t)FR_ARRAY_SIZE(kinds)) c->pooling = kinds[v];
+}
+
 int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g) {
   model_config_t c;
   gguf_str_t name;
@@ -246,6 +275,7 @@ int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g) {
   c.attn_bias = model_gguf_tensor(g, "blk.0.attn_q.bias") != NULL;
   c.qk_norm = model_gguf_tensor(g, "blk.0.attn_q_norm.weight") != NULL;
   gg_special_ids(&c, g);
+  gg_pooling(&c, g);
   if ((rc = config_check(&c, "gguf"))) return rc;
   *cfg = c;
   return 0;
@@ -308,6 +338,7 @@ static const hf_arch_t hf_archs[] = {
     {"Qwen2ForCausalLM", "qwen2", MODEL_ARCH_QWEN2, false},
     {"Qwen3ForCausalLM", "qwen3", MODEL_ARCH_QWEN3, false},
     {"Qwen3MoeForCausalLM", "qwen3_moe", MODEL_ARCH_QWEN3MOE, false},
+    {"BertModel", "bert", MODEL_ARCH_BERT, false},
 };
 
 static int hf_arch(json_t *root, const hf_arch_t **out) {
@@ -325,7 +356,7 @@ static int hf_arch(json_t *root, const hf_arch_t **out) {
   }
   return fr_errorf(FR_EUNSUPPORTED,
                    "config.json: architecture '%.64s' is not supported (LlamaForCausalLM, MistralForCausalLM, "
-                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM)",
+                   "Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM, BertModel)",
                    name ? name : json_is_string(mt) ? json_string_value(mt) : "(none)");
 }
 
@@ -392,8 +423,27 @@ static int hf_special_ids(model_config_t *c, json_t *root) {
   return 0;
 }
 
+/* BERT: layer_norm_eps, hidden_act gelu (erf) or gelu_new / gelu_pytorch_tanh
+ * (tanh), absolute positions; the other features do not apply. */
+static int hf_bert(model_config_t *c, json_t *root) {
+  json_t *act = hf_get(root, "hidden_act"), *pet = hf_get(root, "position_embedding_type");
+  const char *a = json_is_string(act) ? json_string_value(act) : act ? "?" : "gelu";
+  c->norm_eps = 1e-12f; /* BertConfig's default */
+  int rc = hf_float(root, "layer_norm_eps", &c->norm_eps);
+  if (rc) return rc;
+  if (pet && (!json_is_string(pet) || strcmp(json_string_value(pet), "absolute")))
+    return fr_errorf(FR_EUNSUPPORTED, "config.json: BERT position_embedding_type must be absolute");
+  c->gelu_erf = !strcmp(a, "gelu");
+  if (!c->gelu_erf && strcmp(a, "gelu_new") && strcmp(a, "gelu_pytorch_tanh"))
+    return fr_errorf(FR_EUNSUPPORTED, "config.json: BERT hidden_act %.32s (gelu, gelu_new)", a);
+  c->tied_embeddings = true; /* no LM head */
+  c->attn_bias = true;
+  return 0;
+}
+
 /* Bias, norms, activation, tied embeddings and sliding window. */
 static int hf_features(model_config_t *c, json_t *root, const hf_arch_t *a) {
+  if (c->arch == MODEL_ARCH_BERT) return hf_bert(c, root);
   json_t *act = hf_get(root, "hidden_act");
   bool mlp_bias = false, use_sw = false;
   if (act && (!json_is_string(act) || strcmp(json_string_value(act), "silu") != 0))

@@ -14,10 +14,18 @@ typedef enum {
   MODEL_ARCH_QWEN2,     /* Qwen2ForCausalLM: q/k/v bias */
   MODEL_ARCH_QWEN3,     /* Qwen3ForCausalLM: per-head q/k RMSNorm */
   MODEL_ARCH_QWEN3MOE,  /* Qwen3MoeForCausalLM: qwen3 attention, mixture-of-experts FFN */
+  MODEL_ARCH_BERT,      /* BertModel, GGUF bert: an encoder (model/bert.c), embeddings only */
 } model_arch_t;
 
 #define MODEL_MAX_EXPERTS 1024       /* experts per layer a config may name */
 #define MODEL_MAX_MLP_ONLY 64        /* HF mlp_only_layers entries kept */
+
+/* Embedding models (--task embed): what a step returns per sequence
+ * instead of logits, from the final norm's output: LAST its last token's
+ * row (decoder embedding models such as Qwen3-Embedding), MEAN the mean of
+ * its rows, CLS its first row. MEAN and CLS need the whole prompt in one
+ * step. */
+typedef enum { MODEL_POOL_NONE = 0, MODEL_POOL_LAST = 1, MODEL_POOL_MEAN = 2, MODEL_POOL_CLS = 3 } model_pooling_t;
 
 typedef enum {
   MODEL_ROPE_SCALING_NONE = 0,
@@ -27,7 +35,7 @@ typedef enum {
 
 typedef struct {
   model_arch_t arch;
-  char arch_name[32];  /* "llama", "qwen2", "qwen3", "qwen3moe" */
+  char arch_name[32];  /* "llama", "qwen2", "qwen3", "qwen3moe", "bert" */
   char name[128];      /* general.name or the folder name, may be empty */
   int n_layers;        /* block_count / num_hidden_layers */
   int dim;             /* embedding_length / hidden_size */
@@ -61,7 +69,19 @@ typedef struct {
   int moe_step;                    /* decoder_sparse_step: layer il is sparse when (il+1) % step == 0 */
   int n_mlp_only;                  /* HF mlp_only_layers: layers kept dense */
   int16_t mlp_only[MODEL_MAX_MLP_ONLY];
+  /* The pooling the model's files name: GGUF <arch>.pooling_type, or a
+   * sentence-transformers Pooling module beside config.json; NONE when
+   * they name none. */
+  model_pooling_t pooling;
+  /* BERT encoders: GELU's exact erf form (transformers' hidden_act "gelu")
+   * or the tanh approximation (gelu_new, and llama.cpp's for GGUF). */
+  bool gelu_erf;
 } model_config_t;
+
+/* The name of a pooling ("none", "last", "mean", "cls"), and the pooling
+ * of a name in any case (vLLM's MEAN too; -1 when unknown). */
+const char *model_pooling_name(model_pooling_t p);
+int model_pooling_parse(const char *name);
 
 /* Human-readable name of an architecture. */
 const char *model_arch_name(model_arch_t arch);

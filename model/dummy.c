@@ -230,6 +230,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   m->rope.mode = KERN_ROPE_NEOX;
   kern_type_t t = opts && opts->dummy_type ? opts->dummy_type : be->act_type;
   int rc = model__check_config(&m->cfg);
+  if (!rc && m->cfg.arch == MODEL_ARCH_BERT)
+    rc = fr_errorf(FR_EUNSUPPORTED, "--load-format dummy makes decoder models; a BERT encoder needs its weights");
   if (!rc) rc = model__check_backend(m);
   if (!rc) rc = model__plan_shard(m, opts, kern_type_traits(t) ? kern_type_traits(t)->blck : 1);
   if (rc) goto fail;

@@ -18,6 +18,7 @@
 #include "common/fr_err.h"
 #include "common/fr_hash.h"
 #include "common/fr_util.h"
+#include "model/bert.h"
 #include "model/model.h"
 
 #define CALL(expr)              \
@@ -165,6 +166,8 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
   if (m->shard.rank != 0 && !m->shard.split_vocab) return 0; /* rank 0 samples: only it needs logits */
   /* xn holds norm(x) for every token; logits only for each sequence's last
    * (or, verifying proposals, its last rows[s]). */
+  if (m->pooling == MODEL_POOL_MEAN || m->pooling == MODEL_POOL_CLS) /* embeddings: no LM head */
+    return op->pool_rows(cx, m->last, m->xn, c->dim, m->pooling == MODEL_POOL_MEAN ? KERN_POOL_MEAN : KERN_POOL_FIRST);
   if (rows) CALL(model__gather_rows(m, st, rows, &n_seqs));
   else CALL(op->last_rows(cx, m->last, m->xn, c->dim));
   if (m->pooling == MODEL_POOL_LAST) return 0; /* embeddings: the last token's norm(x), no LM head */
@@ -257,6 +260,12 @@ int model_forward_rows(model_t *m, kern_kv_pool_t *pool, const kern_step_t *step
   }
   if (total > m->max_seqs) return fr_errorf(FR_ETOOBIG, "%d logits rows, more than %d", total, m->max_seqs);
   const kern_ops_t *op = m->be->ops;
+  if (m->bert) {
+    if (rows) return fr_errorf(FR_EUNSUPPORTED, "a BERT encoder returns one pooled row per sequence");
+    CALL(model__bert_forward(m, step));
+    *logits = m->last;
+    return 0;
+  }
   if (!rows && model__use_graph(m, step)) {
     CALL(model__forward_graph(m, pool, step));
   } else {

@@ -49,11 +49,6 @@ typedef struct {
 
 typedef enum { MODEL_LOAD_AUTO = 0, MODEL_LOAD_DUMMY = 1 } model_load_format_t;
 
-/* Embedding models (--task embed): what a step returns per sequence
- * instead of logits. LAST: the final norm's output at its last token (the
- * pooling of decoder embedding models such as Qwen3-Embedding). */
-typedef enum { MODEL_POOL_NONE = 0, MODEL_POOL_LAST = 1 } model_pooling_t;
-
 typedef struct {
   int max_tokens;             /* tokens per step the scratch holds (default 512) */
   int max_seqs;               /* sequences per step (default 64) */
@@ -104,6 +99,7 @@ typedef struct model {
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
   model_pooling_t pooling; /* NONE: steps return logits; else pooled hidden states (cfg.dim wide) */
+  struct model_bert *bert; /* a BERT encoder's weights (model/bert.h), else NULL */
   bool file_reads;  /* the backend reads weights from the files itself (weight_load_file; FERRUM_LOAD_MMAP=1: no) */
   uint64_t comm_ns; /* tensor parallel: time in all_reduce calls so far, as the host saw it (the
                      * whole call on a host-memory backend; only the launch on a device) */

@@ -9,6 +9,7 @@
 #include "common/fr_err.h"
 #include "common/fr_log.h"
 #include "common/fr_util.h"
+#include "model/bert.h"
 #include "model/model.h"
 #include "model/model_impl.h"
 #include "model/rope.h"
@@ -198,8 +199,7 @@ static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool
   return rc;
 }
 
-static int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows,
-                              int64_t cols) {
+int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows, int64_t cols) {
   return model__load_part(m, w, name, required, model__whole(rows, cols));
 }
 
@@ -225,11 +225,11 @@ static int model__load_f32_part(model_t *m, kern_weight_t *w, const char *name, 
   return model__weight_load(m, w, tmp, name);
 }
 
-static int model__load_f32_vector(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t n) {
+int model__load_f32_vector(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t n) {
   return model__load_f32_part(m, w, name, required, n, 0, n);
 }
 
-static void model__release_weight(model_t *m, kern_weight_t *w) {
+void model__release_weight(model_t *m, kern_weight_t *w) {
   if (w->data || w->priv) m->be->ops->weight_release(m->be->ctx, w);
   memset(w, 0, sizeof *w);
 }
@@ -560,6 +560,9 @@ int model__check_backend(const model_t *m) {
   if (m->cfg.n_experts && !m->be->ops->moe_ffn)
     return fr_errorf(FR_EUNSUPPORTED, "%s: Qwen3-MoE needs the CPU backend for now (the %s backend has no "
                      "mixture-of-experts op)", m->cfg.arch_name, m->be->ops->name);
+  if ((m->pooling == MODEL_POOL_MEAN || m->pooling == MODEL_POOL_CLS) && !m->be->ops->pool_rows)
+    return fr_errorf(FR_EUNSUPPORTED, "%s pooling needs the backend's pool_rows op, which the %s backend lacks",
+                     model_pooling_name(m->pooling), m->be->ops->name);
   return 0;
 }
 
@@ -590,6 +593,11 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   if ((rc = model__load_tokenizer(m))) goto fail;
   model_progress_t prog;
   model__load_begin(m, &prog, model__load_bytes(m), opts && opts->progress);
+  if (m->cfg.arch == MODEL_ARCH_BERT) {
+    if ((rc = model__bert_load(m)) || (rc = model__load_end(m)) || (rc = model__alloc_scratch(m))) goto fail;
+    *out = m;
+    return 0;
+  }
   if ((rc = model__load_globals(m))) goto fail;
   m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
   for (int il = 0; il < m->cfg.n_layers; il++)
@@ -628,6 +636,7 @@ void model_destroy(model_t *m) {
   model__release_weight(m, &m->tok_embd);
   model__release_weight(m, &m->output_norm);
   model__release_weight(m, &m->inv_freq);
+  model__bert_release(m);
   void *bufs[] = {m->x, m->xn, m->qkv, m->att, m->gate, m->up, m->last, m->logits, m->logits_part};
   for (size_t i = 0; i < FR_ARRAY_SIZE(bufs); i++)
     if (bufs[i]) m->be->ops->free(m->be->ctx, bufs[i]);

@@ -186,7 +186,8 @@ static int tensors_from_st(model_source_t *s) {
       s->n_tensors += used;
       continue;
     }
-    char *name = map_hf_name(st->tensors[i].name);
+    char *name = s->config.arch == MODEL_ARCH_BERT ? model__bert_hf_name(st->tensors[i].name)
+                                                   : map_hf_name(st->tensors[i].name);
     if (!name) {
       FR_LOGD("model: skipping tensor %s (not used)", st->tensors[i].name);
       continue;
@@ -280,6 +281,7 @@ static int check_layer(const model_source_t *s, int l) {
  * misshaped one is reported by name. */
 static int check_tensors(const model_source_t *s) {
   const model_config_t *c = &s->config;
+  if (c->arch == MODEL_ARCH_BERT) return model__bert_check_tensors(s);
   int rc = expect(s, "token_embd.weight", c->vocab_size, c->dim);
   if (!rc) rc = expect(s, "output_norm.weight", 1, c->dim);
   if (!rc && !c->tied_embeddings) rc = expect(s, "output.weight", c->vocab_size, c->dim);
@@ -422,6 +424,7 @@ static int open_hf(model_source_t *s, const char *dir, const char *st_path) {
   int rc = path_exists(cfg_path) ? model_config_from_hf_json(&s->config, cfg_path)
                                  : fr_errorf(FR_ENOTFOUND, "model: %s not found", cfg_path);
   free(cfg_path);
+  if (!rc) rc = model_st_pooling(dir, &s->config.pooling);
   if (!rc && st_path) rc = model_quant_read(&s->quant, dir);
   if (!rc && st_path) rc = model_st_open(&s->st, st_path);
   if (!rc) rc = optional_file(dir, "tokenizer.json", &s->tokenizer_json);

@@ -71,6 +71,18 @@ void model_source_close(model_source_t *s);
 /* Tensor by GGUF name, NULL when absent. */
 const model_tensor_t *model_source_tensor(const model_source_t *s, const char *name);
 
+/* The pooling a sentence-transformers folder names (modules.json and its
+ * Pooling module's config.json) into *out; no modules.json: *out is left
+ * as it was. FR_EUNSUPPORTED for a mode ferrum does not run. */
+int model_st_pooling(const char *dir, model_pooling_t *out);
+
+/* BERT (bert_names.c): the GGUF name of a transformers BertModel tensor
+ * (fr_malloc'd; an optional "bert." prefix is dropped), or NULL for one the
+ * encoder does not use (the pooler); and the check that every tensor the
+ * encoder needs exists with its shape. */
+char *model__bert_hf_name(const char *hf);
+int model__bert_check_tensors(const model_source_t *s);
+
 /* Reads model_config_t from GGUF metadata / a config.json file. */
 int model_config_from_gguf(model_config_t *cfg, const model_gguf_t *g);
 int model_config_from_hf_json(model_config_t *cfg, const char *config_json_path);

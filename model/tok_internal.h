@@ -84,7 +84,14 @@ struct model_tokenizer {
   bool add_bos, add_eos, add_space_prefix;
   int prepend_scheme;    /* SPM: 0 every fragment, 1 first fragment only, 2 never */
   int32_t byte_tok[256]; /* byte-level: id of the mapped char; SPM: <0xXX> */
-  int32_t bos, eos, eot, eom, unk, pad;
+  int32_t bos, eos, eot, eom, unk, pad; /* WordPiece: bos is [CLS], eos [SEP] */
+  /* WordPiece (kind MODEL_TOK_WPM): BertNormalizer's options, the
+   * continuing-subword prefix ("##"; empty for GGUF vocabularies, whose
+   * word-initial pieces start with U+2581 instead, as llama.cpp stores
+   * them: wpm_phantom) and the longest word it splits (longer: [UNK]). */
+  bool wpm_clean, wpm_chinese, wpm_strip_accents, wpm_lower, wpm_phantom;
+  char wpm_prefix[16];
+  int wpm_max_chars;
   uint8_t *eog;          /* (n_vocab) */
   char *chat_template;
 };
@@ -138,6 +145,12 @@ void tok__ids_push(tok_ids_t *ids, int32_t id);
  * whether it starts the text or follows a special token (SPM space prefix). */
 int tok__bpe_fragment(const model_tokenizer_t *t, const char *s, size_t n, bool first, bool at_start, tok_ids_t *out);
 int tok__spm_fragment(const model_tokenizer_t *t, const char *s, size_t n, bool first, bool at_start, tok_ids_t *out);
+/* WordPiece (tok_wpm.c): BertNormalizer, BertPreTokenizer and WordPiece
+ * over one fragment. */
+int tok__wpm_fragment(const model_tokenizer_t *t, const char *s, size_t n, tok_ids_t *out);
+/* Sets BERT's defaults (lowercase, strip accents, Chinese characters and
+ * clean text on; "##"; 100 characters a word). */
+void tok__wpm_defaults(model_tokenizer_t *t);
 /* Compiles the regexes of t->pre into t->re. */
 int tok__compile_pre(model_tokenizer_t *t);
 int tok__compile_one(model_tokenizer_t *t, const char *pattern);

@@ -193,6 +193,13 @@ static void decode_entry(model_tokenizer_t *t, int32_t id, char *buf) {
       else for (int k = 0; k < l; k++) buf[n++] = (char)s[i + k];
       i += (size_t)l;
     }
+  } else if (plain && t->kind == MODEL_TOK_WPM) { /* words joined by spaces, continuations glued */
+    size_t pl = strlen(t->wpm_prefix);
+    if (t->wpm_phantom && len >= 3 && !memcmp(s, "\xE2\x96\x81", 3)) buf[n++] = ' ', s += 3, len -= 3;
+    else if (!t->wpm_phantom && !(pl && len >= pl && !memcmp(s, t->wpm_prefix, pl))) buf[n++] = ' ';
+    else if (!t->wpm_phantom) s += pl, len -= pl;
+    memcpy(buf + n, s, len);
+    n += len;
   } else if (plain && spm) {
     for (size_t i = 0; i < len;) {
       if (i + 3 <= len && s[i] == 0xE2 && s[i + 1] == 0x96 && s[i + 2] == 0x81) {
@@ -378,7 +385,9 @@ int model_tokenize(const model_tokenizer_t *t, const char *text, size_t len, boo
       prev_special = true;
       continue;
     }
-    if (t->kind == MODEL_TOK_SPM && !t->spm_merges)
+    if (t->kind == MODEL_TOK_WPM)
+      rc = tok__wpm_fragment(t, text + f->off, f->len, &ids);
+    else if (t->kind == MODEL_TOK_SPM && !t->spm_merges)
       rc = tok__spm_fragment(t, text + f->off, f->len, prev_special, f->off == 0, &ids);
     else
       rc = tok__bpe_fragment(t, text + f->off, f->len, prev_special, f->off == 0, &ids);
@@ -411,7 +420,7 @@ static bool skip_token(const model_tokenizer_t *t, int32_t id) {
 }
 
 static bool strips_space(const model_tokenizer_t *t) {
-  return (t->kind == MODEL_TOK_SPM || t->spm_merges) && t->add_space_prefix;
+  return ((t->kind == MODEL_TOK_SPM || t->spm_merges) && t->add_space_prefix) || t->kind == MODEL_TOK_WPM;
 }
 
 char *model_detokenize(const model_tokenizer_t *t, const int32_t *ids, size_t n, bool skip_special) {

@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-typedef enum { MODEL_TOK_BPE = 0, MODEL_TOK_SPM = 1 } model_tok_kind_t;
+typedef enum { MODEL_TOK_BPE = 0, MODEL_TOK_SPM = 1, MODEL_TOK_WPM = 2 /* WordPiece (BERT) */ } model_tok_kind_t;
 
 typedef struct model_tokenizer model_tokenizer_t;
 

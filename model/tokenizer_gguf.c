@@ -103,7 +103,14 @@ static int load_kind(model_tokenizer_t *t, const model_gguf_t *g) {
     t->add_bos = t->pre == TOK_PRE_LLAMA3;
     return 0;
   }
-  return fr_errorf(FR_EUNSUPPORTED, "gguf tokenizer: tokenizer model '%.*s' is not supported (llama, gpt2)",
+  if (str_is(model, "bert")) { /* WordPiece, llama.cpp's spelling (tok_wpm.c); [CLS] 101, [SEP] 102 by default */
+    tok__wpm_defaults(t);
+    t->wpm_phantom = true;
+    t->wpm_prefix[0] = 0;
+    t->bos = 101, t->eos = 102, t->unk = 100, t->pad = 0;
+    return 0;
+  }
+  return fr_errorf(FR_EUNSUPPORTED, "gguf tokenizer: tokenizer model '%.*s' is not supported (llama, gpt2, bert)",
                    (int)FR_MIN(model.len, 64), model.ptr);
 }
 
@@ -126,8 +133,17 @@ int model_tokenizer_from_gguf(model_tokenizer_t **out, const model_gguf_t *g) {
   get_id(g, "tokenizer.ggml.eom_token_id", &t->eom);
   get_id(g, "tokenizer.ggml.unknown_token_id", &t->unk);
   get_id(g, "tokenizer.ggml.padding_token_id", &t->pad);
+  if (t->kind == MODEL_TOK_WPM) { /* as llama.cpp: [CLS] is the BOS (or cls) id, [SEP] the separator (102) */
+    get_id(g, "tokenizer.ggml.cls_token_id", &t->bos);
+    t->eos = 102;
+    get_id(g, "tokenizer.ggml.seperator_token_id", &t->eos);
+  }
   get_flag(g, "tokenizer.ggml.add_bos_token", &t->add_bos);
   get_flag(g, "tokenizer.ggml.add_eos_token", &t->add_eos);
+  if (t->kind == MODEL_TOK_WPM) { /* [SEP] follows add_sep_token (default on), not add_eos_token */
+    t->add_eos = true;
+    get_flag(g, "tokenizer.ggml.add_sep_token", &t->add_eos);
+  }
   get_flag(g, "tokenizer.ggml.add_space_prefix", &t->add_space_prefix);
   gguf_str_t tmpl;
   if (model_gguf_get_str(g, "tokenizer.chat_template", &tmpl) == 0 && tmpl.len < (1u << 24))

@@ -333,8 +333,10 @@ int tok__parse_template_json(model_tokenizer_t *t, const char *text) {
 
 static int check_model(json_t *model) {
   const char *type = jstr(model, "type");
-  if (type && strcmp(type, "BPE"))
-    return fr_errorf(FR_EUNSUPPORTED, "tokenizer.json: model type %s is not supported (BPE only)", type);
+  if (type && strcmp(type, "BPE") && strcmp(type, "WordPiece"))
+    return fr_errorf(FR_EUNSUPPORTED, "tokenizer.json: model type %s is not supported (BPE, WordPiece)", type);
+  if (type && !strcmp(type, "WordPiece")) return json_is_object(json_object_get(model, "vocab")) ? 0
+      : fr_errorf(FR_EFORMAT, "tokenizer.json: model.vocab missing or not an object");
   if (!json_is_object(json_object_get(model, "vocab")))
     return fr_errorf(FR_EFORMAT, "tokenizer.json: model.vocab missing or not an object");
   const char *pfx = jstr(model, "continuing_subword_prefix"), *sfx = jstr(model, "end_of_word_suffix");
@@ -343,6 +345,49 @@ static int check_model(json_t *model) {
   json_t *drop = json_object_get(model, "dropout");
   if (json_is_number(drop) && json_number_value(drop) > 0.0)
     return fr_errorf(FR_EUNSUPPORTED, "tokenizer.json: BPE dropout is not supported");
+  return 0;
+}
+
+/* WordPiece (BERT): the model's prefix and word limit, a BertNormalizer
+ * (or none) and a BertPreTokenizer; [CLS] / [SEP] from the post-processor. */
+static int wordpiece(model_tokenizer_t *t, json_t *root, json_t *model) {
+  json_t *norm = json_object_get(root, "normalizer"), *pre = json_object_get(root, "pre_tokenizer");
+  tok__wpm_defaults(t);
+  t->add_bos = t->add_eos = false; /* the post-processor says */
+  const char *pfx = jstr(model, "continuing_subword_prefix");
+  if (pfx && strlen(pfx) >= sizeof t->wpm_prefix)
+    return fr_errorf(FR_EUNSUPPORTED, "tokenizer.json: continuing_subword_prefix is too long");
+  if (pfx) snprintf(t->wpm_prefix, sizeof t->wpm_prefix, "%s", pfx);
+  json_t *mc = json_object_get(model, "max_input_chars_per_word");
+  if (json_is_integer(mc)) t->wpm_max_chars = (int)FR_MAX(0, FR_MIN(json_integer_value(mc), 1 << 20));
+  const char *nt = json_is_object(norm) ? jstr(norm, "type") : NULL;
+  if (nt && strcmp(nt, "BertNormalizer"))
+    return fr_errorf(FR_EUNSUPPORTED, "tokenizer.json: WordPiece with normalizer %s (BertNormalizer only)", nt);
+  if (!nt) t->wpm_clean = t->wpm_chinese = t->wpm_strip_accents = t->wpm_lower = false;
+  else {
+    t->wpm_clean = jbool(norm, "clean_text", true);
+    t->wpm_chinese = jbool(norm, "handle_chinese_chars", true);
+    t->wpm_lower = jbool(norm, "lowercase", true);
+    json_t *sa = json_object_get(norm, "strip_accents"); /* null: as lowercase */
+    t->wpm_strip_accents = json_is_boolean(sa) ? json_is_true(sa) : t->wpm_lower;
+  }
+  const char *pt = json_is_object(pre) ? jstr(pre, "type") : NULL;
+  if (!pt || strcmp(pt, "BertPreTokenizer"))
+    return fr_errorf(FR_EUNSUPPORTED, "tokenizer.json: WordPiece with pre_tokenizer %s (BertPreTokenizer only)",
+                     pt ? pt : "none");
+  json_t *pp = json_object_get(root, "post_processor");
+  const char *ppt = json_is_object(pp) ? jstr(pp, "type") : NULL;
+  if (ppt && !strcmp(ppt, "BertProcessing")) { /* "cls": ["[CLS]", 101], "sep": ["[SEP]", 102] */
+    json_t *cls = json_object_get(pp, "cls"), *sep = json_object_get(pp, "sep");
+    if (json_is_integer(json_array_get(cls, 1))) t->bos = (int32_t)json_integer_value(json_array_get(cls, 1));
+    if (json_is_integer(json_array_get(sep, 1))) t->eos = (int32_t)json_integer_value(json_array_get(sep, 1));
+    t->add_bos = t->bos >= 0 && t->bos < t->n_vocab;
+    t->add_eos = t->eos >= 0 && t->eos < t->n_vocab;
+  } else {
+    post_processor(t, pp);
+  }
+  const char *unk = jstr(model, "unk_token");
+  if (unk) t->unk = tok__lookup(t, unk, strlen(unk));
   return 0;
 }
 
@@ -361,6 +406,12 @@ static int build(model_tokenizer_t **out, json_t *root) {
   if (!rc) rc = tok__create(&t, n);
   if (rc) goto done;
   t->kind = MODEL_TOK_BPE;
+  const char *type = jstr(model, "type");
+  if (type && !strcmp(type, "WordPiece")) {
+    rc = load_vocab(t, json_object_get(model, "vocab"), added ? added : empty);
+    if (!rc) rc = wordpiece(t, root, model);
+    goto done;
+  }
   t->byte_fallback = jbool(model, "byte_fallback", false);
   t->ignore_merges = jbool(model, "ignore_merges", false);
   rc = load_vocab(t, json_object_get(model, "vocab"), added ? added : empty);

@@ -21,7 +21,7 @@ typedef struct {
   bool multi_host; /* the group has ranks on other hosts */
   int kv_dtype;    /* kern_kv_dtype_t */
   const char *draft; /* speculative decoding's draft model (a GGUF file or HF folder), or NULL */
-  model_pooling_t pooling; /* "pooling" = "last": an embedding model (--task embed) */
+  model_pooling_t pooling; /* "pooling" = last|mean|cls: an embedding model (--task embed) */
 } worker_load_opts_t;
 
 static int worker__opt_long(const char *key, const char *v, long lo, long hi, long *out) {
@@ -51,8 +51,9 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     else if (!strcmp(k, "block_size")) rc = worker__opt_long(k, v, 1, 4096, &o->block_size);
     else if (!strcmp(k, "max_blocks")) rc = worker__opt_long(k, v, 1, PROTO_MAX_TABLE, &o->max_blocks);
     else if (!strcmp(k, "pooling")) {
-      if (strcmp(v, "last")) rc = fr_errorf(FR_EPROTO, "load option pooling=%s: only last is supported", v);
-      o->pooling = MODEL_POOL_LAST;
+      int p = model_pooling_parse(v);
+      if (p <= MODEL_POOL_NONE) rc = fr_errorf(FR_EPROTO, "load option pooling=%s: not last, mean or cls", v);
+      o->pooling = (model_pooling_t)p;
     } else if (!strcmp(k, "kv_cache_dtype") && (o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
       rc = fr_errorf(FR_EPROTO, "load option kv_cache_dtype=%s: not auto, int8 or fp8", v);
     else FR_LOGW("unknown load option %s ignored", k);
@@ -197,7 +198,7 @@ size_t worker__weight_bytes(const model_t *m) {
   size_t n = worker__weight_bytes_one(&m->tok_embd) + worker__weight_bytes_one(&m->output_norm) +
              worker__weight_bytes_one(&m->inv_freq);
   if (m->output.data != m->tok_embd.data) n += worker__weight_bytes_one(&m->output);
-  for (int i = 0; i < m->cfg.n_layers; i++) {
+  for (int i = 0; m->layers && i < m->cfg.n_layers; i++) { /* a BERT encoder has none (CPU only: not sized) */
     const model_layer_t *L = &m->layers[i];
     const kern_weight_t *ws[] = {&L->attn_norm, &L->wqkv, &L->bqkv, &L->wq,     &L->wk,        &L->wv,
                                  &L->bq,        &L->bk,   &L->bv,   &L->q_norm, &L->k_norm,    &L->wo,

@@ -171,6 +171,12 @@ int cpu__silu_mul(void *vctx, void *out, const void *gate, const void *up, int n
 int cpu__moe_ffn(void *vctx, void *out, const void *x, int n, const kern_moe_t *moe);
 int cpu__add(void *vctx, void *out, const void *a, const void *b, size_t n);
 int cpu__last_rows(void *vctx, void *out, const void *x, int dim);
+int cpu__pool_rows(void *vctx, void *out, const void *x, int dim, kern_pool_t mode);
+int cpu__layer_norm(void *vctx, void *out, const void *x, const kern_weight_t *w, const kern_weight_t *b, int n,
+                    int dim, float eps);
+int cpu__gelu(void *vctx, void *x, size_t n, bool erf_form);
+int cpu__attention_full(void *vctx, void *out, const void *q, const void *k, const void *v, int n_heads, int head_dim,
+                        float scale);
 
 #ifdef __cplusplus
 }

@@ -1,5 +1,5 @@
 /* cpu_ops.c - elementwise and per-row ops of the CPU backend: rms_norm,
- * add_rms_norm, rope, kv_append, silu_mul, add, last_rows. Small ops run on
+ * add_rms_norm, rope, kv_append, silu_mul, add, last_rows, pool_rows. Small ops run on
  * the calling thread; large ones split their rows over the pool. */
 #include <errno.h>
 #include <math.h>
@@ -251,6 +251,27 @@ int cpu__last_rows(void *vctx, void *out, const void *x, int dim) {
     int last = ctx->q_start[s + 1] - 1;
     if (last < ctx->q_start[s]) memset(o, 0, (size_t)dim * sizeof(float)); /* no tokens this step */
     else memcpy(o, (const float *)x + (size_t)last * (size_t)dim, (size_t)dim * sizeof(float));
+  }
+  return 0;
+}
+
+int cpu__pool_rows(void *vctx, void *out, const void *x, int dim, kern_pool_t mode) {
+  cpu_ctx_t *ctx = vctx;
+  if (dim <= 0 || (mode != KERN_POOL_MEAN && mode != KERN_POOL_FIRST))
+    return fr_errorf(-EINVAL, "pool_rows: dim %d, mode %d", dim, (int)mode);
+  for (int s = 0; s < ctx->n_seqs; s++) {
+    float *o = (float *)out + (size_t)s * (size_t)dim;
+    const int first = ctx->q_start[s], n = ctx->q_start[s + 1] - first;
+    const float *r = (const float *)x + (size_t)first * (size_t)dim;
+    memset(o, 0, (size_t)dim * sizeof(float));
+    if (n <= 0) continue;
+    if (mode == KERN_POOL_FIRST) {
+      memcpy(o, r, (size_t)dim * sizeof(float));
+      continue;
+    }
+    for (int t = 0; t < n; t++, r += dim)
+      for (int k = 0; k < dim; k++) o[k] += r[k];
+    for (int k = 0; k < dim; k++) o[k] /= (float)n;
   }
   return 0;
 }

@@ -370,6 +370,7 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride);
 int kcu__add(kcu_ctx_t *c, void *out, const void *a, const void *b, size_t n);
 int kcu__last_rows(kcu_ctx_t *c, void *out, const void *x, int dim);
+int kcu__pool_rows(kcu_ctx_t *c, void *out, const void *x, int dim, kern_pool_t mode);
 int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows);
 int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);

@@ -356,6 +356,10 @@ static int kcu_last_rows(void *ctx, void *out, const void *x, int dim) {
   return kcu__last_rows((kcu_ctx_t *)ctx, out, x, dim);
 }
 
+static int kcu_pool_rows(void *ctx, void *out, const void *x, int dim, kern_pool_t mode) {
+  return kcu__pool_rows((kcu_ctx_t *)ctx, out, x, dim, mode);
+}
+
 static int kcu_to_f32_host(void *ctx, float *dst_host, const void *src, size_t n) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   int rc = kcu__not_capturing(c, "to_f32_host");
@@ -493,6 +497,7 @@ static const kern_ops_t kcu_ops = {
     .silu_mul = kcu_silu_mul,
     .add = kcu_add,
     .last_rows = kcu_last_rows,
+    .pool_rows = kcu_pool_rows,
     .to_f32_host = kcu_to_f32_host,
     .sample = kcu_sample,
     .graph_begin = kcu_graph_begin,

@@ -1,6 +1,6 @@
 /* kcu_ops.cu - elementwise and row ops of the CUDA backend: type
  * conversion, embed, rms_norm (+ fused residual add), rope, KV append (also
- * fused with rope) and block copy, silu_mul, add, last_rows, bias. All math in f32. */
+ * fused with rope) and block copy, silu_mul, add, last_rows, pool_rows, bias. All math in f32. */
 #include "kernels/cuda/kcu_quant.cuh"
 
 #define KCU_GRID_PER_SM 32   /* most CTAs per SM of the grid-stride kernels (convert, add): fills every SM
@@ -468,6 +468,28 @@ int kcu__last_rows(kcu_ctx_t *c, void *out, const void *x, int dim) {
   dim3 grid(kcu_div_up(dim, KCU_ELEM_NT), c->n_seqs);
   KCU_ACT_DISPATCH(c,
                    KCU_LAUNCH(c, kcu_last_rows_k<T>, grid, KCU_ELEM_NT, 0, (T *)out, (const T *)x, c->dm.q_start, dim));
+  return 0;
+}
+
+/* One thread per (sequence, column): its rows' mean (summed in f32) or first row; zeros without rows. */
+template <typename T> __global__ void kcu_pool_rows_k(T *out, const T *x, const int32_t *q_start, int dim, int mean) {
+  kcu_pdl_enter();
+  int s = blockIdx.y, a = q_start[s], n = q_start[s + 1] - a;
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < dim; i += gridDim.x * blockDim.x) {
+    float v = 0.0f;
+    if (n > 0 && !mean) v = kcu_f(x[(size_t)a * dim + i]);
+    for (int r = 0; mean && r < n; r++) v += kcu_f(x[(size_t)(a + r) * dim + i]);
+    out[(size_t)s * dim + i] = kcu_t<T>(mean && n > 0 ? v / (float)n : v);
+  }
+}
+
+int kcu__pool_rows(kcu_ctx_t *c, void *out, const void *x, int dim, kern_pool_t mode) {
+  if (c->n_seqs == 0 || dim <= 0) return 0;
+  if (c->n_seqs > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: pool_rows of %d sequences", c->n_seqs);
+  if (mode != KERN_POOL_MEAN && mode != KERN_POOL_FIRST) return fr_errorf(FR_EUNSUPPORTED, "cuda: pool_rows mode %d", (int)mode);
+  dim3 grid(kcu_div_up(dim, KCU_ELEM_NT), c->n_seqs);
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_pool_rows_k<T>, grid, KCU_ELEM_NT, 0, (T *)out, (const T *)x, c->dm.q_start,
+                                 dim, mode == KERN_POOL_MEAN ? 1 : 0));
   return 0;
 }
 

@@ -21,6 +21,8 @@
 # json_schema answers validated by jsonschema), test_http_prompt_logprobs.py
 # (prompt logprobs and echo with logprobs against llama.cpp's on the same
 # GGUF, chunked prefill, the prefix cache, skip_special_tokens false),
+# test_http_embed_pooling.py (--task embed --pooling mean and cls on the real
+# SmolLM2 against llama.cpp's pooled embeddings of the same GGUF),
 # test_lm_eval.py (lm-evaluation-harness's local-completions against the
 # server on two small local tasks, scores compared with llama.cpp's; label
 # lm_eval, not engine: the sanitizer runs leave it out).
@@ -56,6 +58,8 @@ ferrum_http_py(test_http_spec_draft 900)
 ferrum_http_py(test_http_tool_calls 300)
 ferrum_http_py(test_http_structured 600)
 ferrum_http_py(test_http_embeddings 300)
+ferrum_http_py(test_http_embed_pooling 300)
+ferrum_http_py(test_http_embed_bert 300)
 ferrum_http_py(test_http_reasoning 300)
 ferrum_http_py(test_http_prompt_logprobs 300)
 ferrum_http_py(test_lm_eval 600)

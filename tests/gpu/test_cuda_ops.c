@@ -447,6 +447,15 @@ START_TEST(test_elementwise) {
   ck_assert_int_eq(cpu->ops->last_rows(cpu->ctx, o.c, a.c, d), 0);
   ck_assert_int_eq(gpu->ops->last_rows(gpu->ctx, o.g, a.g, d), 0);
   ck_assert_double_lt(cmp_pair(&o, (size_t)3 * d, "last_rows"), 1e-6);
+  /* pool_rows (mean and first row) over the same sequences */
+  poison(o.g, (size_t)3 * d);
+  ck_assert_int_eq(cpu->ops->pool_rows(cpu->ctx, o.c, a.c, d, KERN_POOL_MEAN), 0);
+  ck_assert_int_eq(gpu->ops->pool_rows(gpu->ctx, o.g, a.g, d, KERN_POOL_MEAN), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)3 * d, "pool_rows mean"), TOL_ACT);
+  poison(o.g, (size_t)3 * d);
+  ck_assert_int_eq(cpu->ops->pool_rows(cpu->ctx, o.c, a.c, d, KERN_POOL_FIRST), 0);
+  ck_assert_int_eq(gpu->ops->pool_rows(gpu->ctx, o.g, a.g, d, KERN_POOL_FIRST), 0);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)3 * d, "pool_rows first"), 1e-6);
   pair_free(&gu);
   pair_free(&o);
   pair_free(&a);

@@ -2,7 +2,8 @@
 # Everything the GPU machine checks in one call (see docs/bench/gpu.md):
 #   1. CUDA ops vs the CPU backend, weight upload (tests/gpu)
 #   2. CPU kernel tests on the AVX-512 path, when the host has it
-#   3. whole-model parity with transformers (tests/parity/hf_parity.py)
+#   3. whole-model parity with transformers (tests/parity/hf_parity.py), and
+#      /v1/embeddings with sentence-transformers / transformers (embed_parity.py)
 #   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights)
 #   5. Llama-3-8B-shaped decode / prefill throughput (bench/model_bench, bf16 dummy)
 # usage (device machine, repo root): source .device/env.sh && tests/parity/device_check.sh BUILD_DIR OUT_DIR
@@ -35,6 +36,8 @@ fi
 if want parity; then
 step "transformers parity"
 python3 tests/parity/hf_parity.py "$build/bin/run_model" "$out/parity" --devices cuda,cpu || status=1
+step "embeddings parity (BERT via sentence-transformers, Qwen3 mean / last via transformers)"
+python3 tests/parity/embed_parity.py "$build/bin/ferrumctl" "$out/embed-parity" --devices cpu,cuda || status=1
 fi
 
 if want cross; then

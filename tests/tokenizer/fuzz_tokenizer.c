@@ -4,8 +4,9 @@
  * detokenizer gives the same text as the batch one.
  *
  * Tokenizers: FERRUM_FUZZ_TOKENIZER (a .gguf or tokenizer.json path, e.g. the
- * SmolLM2 GGUF) when set, plus two small built-in vocabularies (byte-level
- * BPE with specials, SentencePiece-style BPE with byte fallback). The first
+ * SmolLM2 GGUF) when set, plus three small built-in vocabularies (byte-level
+ * BPE with specials, SentencePiece-style BPE with byte fallback, BERT's
+ * WordPiece with BertNormalizer and [CLS] / [SEP]). The first
  * input byte picks the tokenizer and the parse_special flag. */
 #include <stdint.h>
 #include <stdio.h>
@@ -20,8 +21,8 @@
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerInitialize(int *argc, char ***argv);
 
-static model_tokenizer_t *g_tok[3];
-static bool g_roundtrip[3];
+static model_tokenizer_t *g_tok[4];
+static bool g_roundtrip[4];
 static int g_n;
 static model_gguf_t *g_gguf;
 
@@ -80,6 +81,18 @@ static char *builtin_spm(void) {
   return s;
 }
 
+/* WordPiece (BERT): lowercased, accents stripped, CJK split, "##" pieces. */
+static const char *builtin_wordpiece(void) {
+  return "{\"model\": {\"type\": \"WordPiece\", \"unk_token\": \"[UNK]\", \"continuing_subword_prefix\": \"##\", "
+         "\"max_input_chars_per_word\": 12, \"vocab\": {\"[PAD]\": 0, \"[UNK]\": 1, \"[CLS]\": 2, \"[SEP]\": 3, "
+         "\"a\": 4, \"##b\": 5, \"ab\": 6, \"e\": 7, \"##a\": 8, \"!\": 9, \"\xE4\xB8\xAD\": 10, \"##\xE1\x84\x80\": 11}}, "
+         "\"added_tokens\": [{\"id\": 2, \"content\": \"[CLS]\", \"special\": true}, "
+         "{\"id\": 3, \"content\": \"[SEP]\", \"special\": true}], "
+         "\"normalizer\": {\"type\": \"BertNormalizer\", \"clean_text\": true, \"handle_chinese_chars\": true, "
+         "\"strip_accents\": null, \"lowercase\": true}, \"pre_tokenizer\": {\"type\": \"BertPreTokenizer\"}, "
+         "\"post_processor\": {\"type\": \"BertProcessing\", \"sep\": [\"[SEP]\", 3], \"cls\": [\"[CLS]\", 2]}}";
+}
+
 static model_tokenizer_t *from_path(const char *path) {
   model_tokenizer_t *t = NULL;
   size_t n = strlen(path);
@@ -110,6 +123,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
   CHECK(model_tokenizer_from_json(&g_tok[g_n], js, NULL) == 0);
   g_roundtrip[g_n++] = true;
   free(js);
+  CHECK(model_tokenizer_from_json(&g_tok[g_n], builtin_wordpiece(), NULL) == 0);
+  g_roundtrip[g_n++] = false; /* lowercased, accents stripped */
   const char *p = getenv("FERRUM_FUZZ_TOKENIZER");
   if (p && (g_tok[g_n] = from_path(p))) g_roundtrip[g_n++] = false;
   return 0;

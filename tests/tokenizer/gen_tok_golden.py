@@ -12,6 +12,12 @@ From the real SmolLM2 GGUF it writes into OUT_DIR:
     `tokenizers` API from the GGUF vocab and merges with the pre-tokenizers
     the real models ship (SmolLM2: Digits(individual) + ByteLevel; GPT-2:
     ByteLevel; Llama 3 / Qwen2: Split(regex) + ByteLevel(use_regex=False));
+  - WordPiece (BERT) tokenizers trained with the HF `tokenizers` API on
+    every other corpus string (so the rest has unknown words): uncased
+    (BertNormalizer's defaults: lowercase, accents stripped) and cased, as
+    tokenizer.json, and the uncased one as a "bert" GGUF spelled as
+    llama.cpp's converter spells it (U+2581 before word-initial pieces,
+    continuations without "##"); both compared with HF's ids;
   - golden.json: for every corpus string and variant, the ids from
     llama.cpp (Llama(vocab_only=True).tokenize(add_bos=False, special=...))
     and from HF (encode(add_special_tokens=False), encode_special_tokens
@@ -24,7 +30,8 @@ import sys
 import gguf
 from gguf import GGUFReader, GGUFValueType, GGUFWriter
 import llama_cpp
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+from tokenizers import (AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors,
+                        trainers)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from byte_level import unicode_to_bytes  # noqa: E402
@@ -164,7 +171,7 @@ def broken_ggufs(kv, out):
         "scores-short": ({"tokenizer.ggml.scores": ([A, GGUFValueType.FLOAT32], [0.0] * 3)}, "FR_EFORMAT"),
         "merges-int": ({"tokenizer.ggml.merges": ([A, GGUFValueType.INT32], [1, 2])}, "FR_EFORMAT"),
         "merges-nospace": ({"tokenizer.ggml.merges": ([A, S], ["ab"])}, "FR_EFORMAT"),
-        "model-bert": ({"tokenizer.ggml.model": ([S], "bert")}, "FR_EUNSUPPORTED"),
+        "model-t5": ({"tokenizer.ggml.model": ([S], "t5")}, "FR_EUNSUPPORTED"),
         "model-int": ({"tokenizer.ggml.model": ([GGUFValueType.UINT32], 7)}, "FR_EFORMAT"),
         "tokens-scalar": ({"tokenizer.ggml.tokens": ([S], "a")}, "FR_EFORMAT"),
     }
@@ -179,6 +186,46 @@ def broken_ggufs(kv, out):
     write_gguf(path, drop, {})
     res[path] = "FR_EFORMAT"
     return res
+
+
+BERT_SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+BERT_EXTRA = ["The quick brown fox jumps over the lazy dog.", "Embeddings of sentences, pooled by their mean.",
+              "Caf\u00e9 na\u00efve r\u00e9sum\u00e9 \u00c5ngstr\u00f6m", "\u4f60\u597d\u4e16\u754c", "unaffable"]
+
+
+def bert_tokenizer(corpus, cased, max_chars=100):
+    """A WordPiece tokenizer as BERT's, trained on every other corpus string."""
+    tk = Tokenizer(models.WordPiece(unk_token="[UNK]", max_input_chars_per_word=max_chars))
+    tk.normalizer = normalizers.BertNormalizer(lowercase=not cased)
+    tk.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=3000, special_tokens=BERT_SPECIALS, show_progress=False)
+    tk.train_from_iterator(corpus[::2] + BERT_EXTRA, trainer)
+    tk.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+                                                      special_tokens=[("[CLS]", 2), ("[SEP]", 3)])
+    tk.decoder = decoders.WordPiece()
+    return tk
+
+
+def bert_gguf(tk, path):
+    """The tokenizer of tk as llama.cpp's converter writes a BERT vocabulary."""
+    vocab = sorted(tk.get_vocab().items(), key=lambda kv: kv[1])
+    tokens, types = [], []
+    for t, _ in vocab:
+        special = t in BERT_SPECIALS
+        tokens.append(t if special else t[2:] if t.startswith("##") else "\u2581" + t)
+        types.append(3 if special else 1)
+    w = GGUFWriter(path, "bert")
+    w.add_tokenizer_model("bert")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_uint32("tokenizer.ggml.cls_token_id", 2)
+    w.add_sep_token_id(3)
+    w.add_unk_token_id(1)
+    w.add_pad_token_id(0)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def llama_ids(path, corpus):
@@ -244,6 +291,16 @@ def main():
     spm_json(spath, sjson)
     golden["variants"]["spm-json"] = {"gguf": None, "json": sjson, "llama": None,
                                       "hf": hf_ids(Tokenizer.from_file(sjson), corpus)}
+    for name, cased in (("bert", False), ("bert-cased", True)):
+        tk = bert_tokenizer(corpus, cased)
+        jpath = os.path.join(out, f"tok-{name}.tokenizer.json")
+        tk.save(jpath)
+        gpath = None
+        if not cased:
+            gpath = os.path.join(out, f"tok-{name}.gguf")
+            bert_gguf(tk, gpath)
+        golden["variants"][name] = {"gguf": gpath, "json": jpath, "llama": None, "roundtrip": False,
+                                    "hf": hf_ids(Tokenizer.from_file(jpath), corpus)}
     golden["broken"] = broken_ggufs(kv, out)
     with open(os.path.join(out, "golden.json"), "w", encoding="utf-8") as f:
         json.dump(golden, f, ensure_ascii=False)

@@ -302,7 +302,9 @@ static int32_t token_field(model_tokenizer_t *t, json_t *cfg, const char *key) {
 
 int tok__parse_template_json(model_tokenizer_t *t, const char *text) {
   json_error_t err;
-  json_t *cfg = json_loads(text, 0, &err);
+  /* numbers as reals: only strings and booleans are read, and transformers
+   * writes model_max_length 1e30 as an integer past int64 */
+  json_t *cfg = json_loads(text, JSON_DECODE_INT_AS_REAL, &err);
   if (!json_is_object(cfg)) {
     json_decref(cfg);
     return fr_errorf(FR_EFORMAT, "tokenizer_config.json: %s (line %d)", err.text, err.line);

@@ -433,7 +433,10 @@ START_TEST(json_minimal) {
   ck_assert_int_eq(ids[1], 6);
   free(ids);
   model_tokenizer_destroy(t);
-  const char *cfg = "{\"add_bos_token\": false, \"eos_token\": {\"content\": \"<u>\"}, \"chat_template\": \"{{x}}\"}";
+  /* model_max_length 1e30 as an integer: what transformers writes when a
+   * model sets none (past int64, which the JSON parser refuses as such) */
+  const char *cfg = "{\"add_bos_token\": false, \"eos_token\": {\"content\": \"<u>\"}, \"chat_template\": \"{{x}}\","
+                    " \"model_max_length\": 1000000000000000019884624838656}";
   ck_assert_int_eq(model_tokenizer_from_json(&t, js, cfg), 0);
   ck_assert(!model_tokenizer_adds_bos(t));
   ck_assert_int_eq(model_token_eos(t), 6);

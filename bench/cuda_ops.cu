@@ -105,6 +105,9 @@ static void *rand_weight_bytes(kern_type_t t, int64_t rows, int64_t cols, size_t
   if (t == KERN_BF16) {
     uint16_t *u = (uint16_t *)h;
     for (size_t i = 0; i < *bytes / 2; i++) u[i] = (u[i] & 0x807f) | 0x3c00;
+  } else if (t == KERN_I4G) { /* f32 d and m */
+    const float dm[2] = {0.01f, -0.08f};
+    for (size_t b = 0; b < *bytes / tr->size; b++) memcpy(h + b * tr->size, dm, sizeof dm);
   } else if (tr->quantized) {
     int off = t == KERN_Q6_K ? 208 : 0;
     for (size_t b = 0; b < *bytes / tr->size; b++) {
@@ -171,7 +174,7 @@ static void bench_gemv1(double ceil_gbs, const int64_t (*user)[2], int n_user) {
 
 static void bench_gemv(double ceil_gbs) {
   const int64_t shapes[][2] = {{4096, 4096}, {1024, 4096}, {14336, 4096}, {4096, 14336}, {128256, 4096}};
-  const kern_type_t types[] = {KERN_BF16, KERN_Q8_0, KERN_Q4_K};
+  const kern_type_t types[] = {KERN_BF16, KERN_Q8_0, KERN_Q4_K, KERN_I4G};
   const int ns[] = {1, 2, 4, 8, 16, 64};
   printf("\nmatmul: us with the GEMV kernel / with the cuBLAS path (quant: dequant + cuBLAS); GB/s and %%copy of\n"
          "the faster; cuBLAS alone at n=1 for bf16\n");

@@ -43,8 +43,9 @@ typedef struct kern_weight {
   void *priv;       /* backend-private (repacked copy, device handle), or NULL */
   /* Host memory, or NULL (identity): the weight's columns are a permutation
    * of the input's, column k multiplying x[perm[k]] (GPTQ act-order weights,
-   * stored with their groups contiguous). Only the CPU backend takes it:
-   * others refuse such weights (supports_type of KERN_I4G, model_load). */
+   * stored with their groups contiguous). The CPU backend gathers x per
+   * call; CUDA copies it to the device at weight_load (quantized weights
+   * only). It must stay valid while the weight is loaded. */
   const int32_t *perm;
 } kern_weight_t;
 

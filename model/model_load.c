@@ -130,9 +130,8 @@ static int model__part_tensor(model_t *m, const char *name, bool required, const
     return fr_errorf(FR_EFORMAT, "tensor %s has shape (%lld, %lld), expected (%lld, %lld)", name,
                      (long long)t->rows, (long long)t->cols, (long long)p->rows, (long long)p->cols);
   if (!m->be->ops->supports_type(m->be->ctx, t->type))
-    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: type %s is not supported by the %s backend%s", name,
-                     kern_type_traits(t->type) ? kern_type_traits(t->type)->name : "?", m->be->ops->name,
-                     t->type == KERN_I4G ? " (GPTQ/AWQ int4 weights run on the CPU backend only)" : "");
+    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: type %s is not supported by the %s backend", name,
+                     kern_type_traits(t->type) ? kern_type_traits(t->type)->name : "?", m->be->ops->name);
   if (t->perm && p->nc != p->cols)
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: a GPTQ act-order (g_idx) weight cannot be split by input "
                      "columns for tensor parallelism; run it with tensor parallel size 1", name);

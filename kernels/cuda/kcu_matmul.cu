@@ -109,15 +109,23 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T 
 }
 
 /* Activations to int8 per KCU_QSUB elements: one warp per sub-block.
- * xq (n, cols) int8; xd (n, cols / KCU_QSUB) (scale, scale * sum of q). */
+ * xq (n, cols) int8; xd (n, cols / KCU_QSUB) (scale, scale * sum of q).
+ * With perm (a permuted weight, device memory), element k of a row of xq
+ * is x[perm[k]] of that row: the gather costs nothing beyond the read. */
 static_assert(KCU_QSUB == KCU_WARP, "the activation quantizer gives each lane one element of a sub-block");
 template <typename T>
-__global__ void kcu_quant_q8_1_k(const T *x, int8_t *xq, float2 *xd, long long n_blocks) {
+__global__ void kcu_quant_q8_1_k(const T *x, int8_t *xq, float2 *xd, long long n_blocks, const int32_t *perm,
+                                 int nsub) {
   kcu_pdl_enter();
   long long blk = blockIdx.x * (long long)KCU_QX_WARPS + threadIdx.x / KCU_WARP;
   if (blk >= n_blocks) return;
   int lane = threadIdx.x % KCU_WARP;
-  float v = kcu_f(x[blk * KCU_QSUB + lane]);
+  long long src = blk * KCU_QSUB + lane;
+  if (perm) {
+    long long row = blk / nsub;
+    src = row * nsub * KCU_QSUB + __ldg(perm + (blk - row * nsub) * KCU_QSUB + lane);
+  }
+  float v = kcu_f(x[src]);
   float amax = kcu_warp_max(fabsf(v)), d = amax / 127.f;
   int q = amax > 0.f ? __float2int_rn(v / d) : 0;
   xq[blk * KCU_QSUB + lane] = (int8_t)q;
@@ -177,9 +185,13 @@ __global__ void __launch_bounds__(KCU_GEMV_NT)
   }
 }
 
-/* Dequantizes rows [row0, row0 + nrows) of w into dst (nrows, cols) of T. */
+/* Dequantizes rows [row0, row0 + nrows) of w into dst (nrows, cols) of T.
+ * With perm (a permuted weight, device memory), column k goes to column
+ * perm[k]: dst is the weight in the input's order, so the GEMM reads x as
+ * it is. */
 template <typename T, int QT>
-__global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_t row0, long long n_units, int cols) {
+__global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_t row0, long long n_units, int cols,
+                              const int32_t *perm) {
   kcu_pdl_enter();
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= n_units) return;
@@ -188,10 +200,27 @@ __global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_
   int u = (int)(i % per), sub;
   float w[KCU_QSUB];
   kcu_deq32<QT>(kcu_sub_block<QT>(W + (size_t)(row0 + r) * row_bytes, u, &sub), sub, w);
-  uint4 *o = reinterpret_cast<uint4 *>(dst + (size_t)r * cols + KCU_QSUB * u);
+  T *row = dst + (size_t)r * cols;
+  if (perm) {
+    const int4 *p4 = reinterpret_cast<const int4 *>(perm + KCU_QSUB * u);
+#pragma unroll
+    for (int k = 0; k < KCU_QSUB / 4; k++) {
+      int4 p = __ldg(p4 + k);
+      row[p.x] = kcu_t<T>(w[4 * k]);
+      row[p.y] = kcu_t<T>(w[4 * k + 1]);
+      row[p.z] = kcu_t<T>(w[4 * k + 2]);
+      row[p.w] = kcu_t<T>(w[4 * k + 3]);
+    }
+    return;
+  }
+  uint4 *o = reinterpret_cast<uint4 *>(row + KCU_QSUB * u);
 #pragma unroll
   for (int k = 0; k < KCU_QSUB / 8; k++) o[k] = kcu_pack8<T>(w + 8 * k);
 }
+
+/* The device copy of a weight's column permutation (kcu_perm_upload), or
+ * NULL. */
+static const int32_t *kcu_perm(const kern_weight_t *w) { return w->perm ? (const int32_t *)w->priv : NULL; }
 
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
   long long units = nrows * (w->cols / KCU_QSUB);
@@ -199,7 +228,8 @@ int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t r
   KCU_ACT_DISPATCH(
       c, KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: dequant of type %d", (int)w->type),
                             KCU_LAUNCH(c, kcu_dequant_k<T, QT>, kcu_div_up(units, KCU_DEQ_NT), KCU_DEQ_NT, 0, (T *)dst,
-                                       (const uint8_t *)w->data, w->row_bytes, row0, units, (int)w->cols)));
+                                       (const uint8_t *)w->data, w->row_bytes, row0, units, (int)w->cols,
+                                       kcu_perm(w))));
   return 0;
 }
 
@@ -253,7 +283,7 @@ static int kcu_gemv_quant(kcu_ctx_t *c, void *out, const kern_weight_t *w, const
   long long nblk = (long long)n * (w->cols / KCU_QSUB);
   if ((size_t)nblk * KCU_QSUB > c->xq_cap) return fr_errorf(FR_ESTATE, "cuda: matmul: activation scratch too small");
   KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_quant_q8_1_k<T>, kcu_div_up(nblk, KCU_QX_WARPS), KCU_QX_WARPS * KCU_WARP, 0,
-                                 (const T *)x, c->xq, (float2 *)c->xqd, nblk));
+                                 (const T *)x, c->xq, (float2 *)c->xqd, nblk, kcu_perm(w), (int)(w->cols / KCU_QSUB)));
   KCU_QUANT_DISPATCH(w->type, return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul type %d", (int)w->type),
                      return kcu_gemv_q_launch<QT>(c, out, w, bias, n));
   return 0;
@@ -286,6 +316,8 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
   if (w->rows > INT32_MAX || w->cols > INT32_MAX) return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul: weight too large");
   if (bias && (bias->type != KERN_F32 || bias->cols != w->rows))
     return fr_errorf(FR_EFORMAT, "cuda: matmul: bias must be F32 (1, %lld)", (long long)w->rows);
+  if (w->perm && !w->priv)
+    return fr_errorf(FR_ESTATE, "cuda: matmul: a permuted weight without its device permutation (not loaded here?)");
   const float *bp = bias ? (const float *)bias->data : NULL;
   bool aligned = ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0;
   int rc = 0;

@@ -5,7 +5,10 @@
  * 256-element super-block. kcu_deq32<TYPE>(block, sub, w) writes the 32
  * values of sub-block `sub` to w. Layouts: shared/reference/FORMATS.md §3.
  * Blocks are only 2-byte aligned in general (18, 22, 34, 210 bytes), so
- * loads are 16-bit unless the layout guarantees more.
+ * loads are 16-bit unless the layout guarantees more. KERN_I4G (GPTQ/AWQ
+ * int4, docs/QUANTIZED.md: f32 d, f32 m, 16 bytes of nibbles in Q4_1's
+ * order) has 24-byte blocks, so on a cudaMalloc'd weight each block is
+ * 8-byte aligned.
  */
 #pragma once
 
@@ -20,6 +23,7 @@ template <> struct kcu_qt<KERN_Q8_0> { enum { QK = 32, BYTES = 34 }; };
 template <> struct kcu_qt<KERN_Q4_K> { enum { QK = 256, BYTES = 144 }; };
 template <> struct kcu_qt<KERN_Q5_K> { enum { QK = 256, BYTES = 176 }; };
 template <> struct kcu_qt<KERN_Q6_K> { enum { QK = 256, BYTES = 210 }; };
+template <> struct kcu_qt<KERN_I4G> { enum { QK = 32, BYTES = 24 }; };
 
 __device__ __forceinline__ float kcu_h2f(const uint8_t *p) {
   return __half2float(__ushort_as_half(*reinterpret_cast<const uint16_t *>(p)));
@@ -40,6 +44,13 @@ __device__ __forceinline__ void kcu_ld_a16(const uint8_t *p, uint32_t *w, int n3
     w[4 * i + 2] = t.z;
     w[4 * i + 3] = t.w;
   }
+}
+/* An I4G block's (d, m) and its 16 bytes of nibbles: 8-byte aligned loads. */
+__device__ __forceinline__ float2 kcu_ld_i4g(const uint8_t *p, uint32_t *q) {
+  const uint2 *v = reinterpret_cast<const uint2 *>(p);
+  uint2 dm = v[0], a = v[1], b = v[2];
+  q[0] = a.x, q[1] = a.y, q[2] = b.x, q[3] = b.y;
+  return make_float2(__uint_as_float(dm.x), __uint_as_float(dm.y));
 }
 __device__ __forceinline__ int kcu_byte(const uint32_t *w, int i) { return (w[i >> 2] >> (8 * (i & 3))) & 0xff; }
 
@@ -65,6 +76,11 @@ template <> __device__ __forceinline__ void kcu_deq32<KERN_Q4_1>(const uint8_t *
   uint32_t q[4];
   kcu_ld_a2(b + 4, q, 4);
   kcu_nib(q, kcu_h2f(b), kcu_h2f(b + 2), w);
+}
+template <> __device__ __forceinline__ void kcu_deq32<KERN_I4G>(const uint8_t *b, int, float *w) {
+  uint32_t q[4];
+  float2 dm = kcu_ld_i4g(b, q);
+  kcu_nib(q, dm.x, dm.y, w);
 }
 __device__ __forceinline__ void kcu_q5(const uint32_t *q, uint32_t qh, float d, float m, float *w) {
 #pragma unroll
@@ -157,6 +173,7 @@ template <> __device__ __forceinline__ void kcu_deq32<KERN_Q6_K>(const uint8_t *
   case KERN_Q4_K: { constexpr int QT = KERN_Q4_K; __VA_ARGS__; } break;  \
   case KERN_Q5_K: { constexpr int QT = KERN_Q5_K; __VA_ARGS__; } break;  \
   case KERN_Q6_K: { constexpr int QT = KERN_Q6_K; __VA_ARGS__; } break;  \
+  case KERN_I4G: { constexpr int QT = KERN_I4G; __VA_ARGS__; } break;    \
   default: otherwise; break;                                             \
   }
 
@@ -209,6 +226,13 @@ template <> __device__ __forceinline__ void kcu_qv<KERN_Q4_1>(const uint8_t *b, 
   kcu_qv_nib(q, o);
   o->d0 = o->d1 = kcu_h2f(b);
   o->mc = kcu_h2f(b + 2);
+}
+template <> __device__ __forceinline__ void kcu_qv<KERN_I4G>(const uint8_t *b, int, kcu_qv_t *o) {
+  uint32_t q[4];
+  float2 dm = kcu_ld_i4g(b, q);
+  kcu_qv_nib(q, o);
+  o->d0 = o->d1 = dm.x;
+  o->mc = dm.y;
 }
 __device__ __forceinline__ void kcu_qv_q5(const uint32_t *q, uint32_t qh, kcu_qv_t *o) {
   kcu_qv_nib(q, o);

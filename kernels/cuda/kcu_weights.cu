@@ -18,7 +18,7 @@ static bool kcu_is_dense(kern_type_t t) { return t == KERN_F32 || t == KERN_F16 
 bool kcu__supports_type(kern_type_t t) {
   switch (t) {
   case KERN_F32: case KERN_F16: case KERN_BF16: case KERN_Q4_0: case KERN_Q4_1: case KERN_Q5_0:
-  case KERN_Q5_1: case KERN_Q8_0: case KERN_Q4_K: case KERN_Q5_K: case KERN_Q6_K:
+  case KERN_Q5_1: case KERN_Q8_0: case KERN_Q4_K: case KERN_Q5_K: case KERN_Q6_K: case KERN_I4G:
     return true;
   default:
     return false;
@@ -49,6 +49,18 @@ static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
   int rc = kcu__alloc(c, (size_t)want * c->act_size, &c->deq, "dequant scratch");
   if (rc) return rc;
   c->deq_elems = (size_t)want;
+  return 0;
+}
+
+/* A permuted weight's column order (kern_weight_t.perm, host) copied to
+ * the device into w->priv, where the quantized matmuls read it (a fixed
+ * address, so captured graphs replay it). */
+static int kcu_perm_upload(kcu_ctx_t *c, kern_weight_t *w) {
+  if (!w->perm) return 0;
+  int rc = kcu__alloc(c, (size_t)w->cols * sizeof(int32_t), &w->priv, "a weight's column permutation");
+  if (rc) return rc;
+  KCU_CHECK(cudaMemcpyAsync(w->priv, w->perm, (size_t)w->cols * sizeof(int32_t), cudaMemcpyHostToDevice,
+                            c->stream));
   return 0;
 }
 
@@ -246,9 +258,10 @@ static int kcu_stage_fence(kcu_ctx_t *c) {
 }
 
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
- * inv_freq); quantized weights are copied as they are. w->type and
- * w->row_bytes describe what is stored on the device afterwards. On failure
- * nothing is allocated and w->data is NULL. */
+ * inv_freq); quantized weights are copied as they are, with their
+ * permutation if any (w->priv). w->type and w->row_bytes describe what is
+ * stored on the device afterwards. On failure nothing is allocated and
+ * w->data is NULL. */
 static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {
   int rc = kcu__not_capturing(c, "weight_load");
   if (rc) return rc;
@@ -256,6 +269,9 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
     return fr_errorf(FR_EUNSUPPORTED, "cuda: weight of type %d (%lld x %lld) not supported", (int)w->type,
                      (long long)w->rows, (long long)w->cols);
   const bool dense = kcu_is_dense(w->type);
+  if (dense && w->perm) /* the dense GEMV and cuBLAS read x in order */
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: a %s weight with a column permutation (act-order) is not supported",
+                     kern_type_traits(w->type)->name);
   const kern_type_t dst_t = !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
   size_t row_bytes = kern_row_bytes(w->type, w->cols), dst_rb = kern_row_bytes(dst_t, w->cols), bytes, dst_bytes;
   if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes) ||
@@ -277,6 +293,7 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
   if (rc) return rc;
   if ((rc = kcu_stage_upload(c, w->data, dst_t, src, w->type, bytes)) || (rc = kcu_stage_fence(c))) goto fail;
   if (!dense && (rc = kcu_grow_deq(c, w))) goto fail;
+  if ((rc = kcu_perm_upload(c, w))) goto fail;
   w->type = dst_t;
   w->row_bytes = dst_rb;
   return 0;
@@ -287,7 +304,9 @@ fail:
   if (c->load_stream) cudaStreamSynchronize(c->load_stream);
   cudaStreamSynchronize(c->stream);
   kcu__free(w->data);
+  kcu__free(w->priv);
   w->data = NULL;
+  w->priv = NULL;
   return rc;
 }
 
@@ -318,9 +337,10 @@ int kcu__load_end(kcu_ctx_t *c) {
   return 0;
 }
 
-/* Frees a weight's device copy. */
+/* Frees a weight's device copy (and its device permutation). */
 void kcu__weight_release(kern_weight_t *w) {
   kcu__free(w->data);
+  kcu__free(w->priv);
   w->data = NULL;
   w->priv = NULL;
 }

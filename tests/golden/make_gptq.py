@@ -19,7 +19,8 @@ decoding are written from the formats as docs/QUANTIZED.md states them;
 dequantize() is the reference the test holds ferrum's decoded weights to,
 bit for bit.
 
-usage: make_gptq.py SMOLLM2_GGUF OUT_DIR
+usage: make_gptq.py SMOLLM2_GGUF OUT_DIR   (SMOLLM2_GGUF "-": no tokenizer.json,
+for runs that feed token ids, as tests/parity/gpu_gptq.py does)
 """
 import json
 import struct
@@ -241,7 +242,8 @@ def make_variant(out, name, spec, tokenizer_json, seed):
         folder.mkdir(parents=True, exist_ok=True)
         write_safetensors(folder / "model.safetensors", tensors)
         (folder / "config.json").write_text(json.dumps(base_config(extra), indent=1))
-        (folder / "tokenizer.json").write_text(tokenizer_json)
+        if tokenizer_json is not None:
+            (folder / "tokenizer.json").write_text(tokenizer_json)
     if sidecar:
         (out / name / "quantize_config.json").write_text(json.dumps(qc, indent=1))
 
@@ -258,7 +260,7 @@ def smollm_tokenizer_json(gguf_path, tmp):
 def main():
     gguf_path, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
-    tok = smollm_tokenizer_json(gguf_path, out / "gptq-tokenizer.json")
+    tok = None if gguf_path == "-" else smollm_tokenizer_json(gguf_path, out / "gptq-tokenizer.json")
     for i, (name, spec) in enumerate(VARIANTS.items()):
         make_variant(out, name, spec, tok, 100 + i)
         print(f"wrote {out / name} and its twin")

@@ -158,15 +158,21 @@ typedef struct {
   void *host;
 } wpair_t;
 
-static void wpair_load(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host) {
+static void wpair_load_perm(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host,
+                            const int32_t *perm) {
   memset(w, 0, sizeof(*w));
   w->host = host;
-  kern_weight_t base = {.type = type, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(type, cols)};
+  kern_weight_t base = {.type = type, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(type, cols),
+                        .perm = perm};
   w->c = w->g = base;
   int rc = cpu->ops->weight_load(cpu->ctx, &w->c, host);
   ck_assert_msg(rc == 0, "cpu weight_load: %s", fr_last_error());
   rc = gpu->ops->weight_load(gpu->ctx, &w->g, host);
   ck_assert_msg(rc == 0, "cuda weight_load: %s", fr_last_error());
+}
+
+static void wpair_load(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host) {
+  wpair_load_perm(w, type, rows, cols, host, NULL);
 }
 
 static void wpair_free(wpair_t *w) {
@@ -197,6 +203,13 @@ static void *rand_weight(kern_type_t type, int64_t rows, int64_t cols) {
   case KERN_Q4_0: case KERN_Q5_0: case KERN_Q8_0: offs[0] = 0; break;
   case KERN_Q4_1: case KERN_Q5_1: case KERN_Q4_K: case KERN_Q5_K: offs[0] = 0; offs[1] = 2; break;
   case KERN_Q6_K: offs[0] = 208; break;
+  case KERN_I4G: /* f32 d and m = -d * zero, as GPTQ's repacking makes them */
+    for (size_t b = 0; b < nb / (size_t)tr->size; b++) {
+      float dm[2] = {(0.5f + rndu()) * 0.02f, 0.f};
+      dm[1] = -dm[0] * (float)rndi(16);
+      memcpy(h + b * tr->size, dm, sizeof dm);
+    }
+    break;
   default: break;
   }
   for (size_t b = 0; b < nb / (size_t)tr->size; b++) {
@@ -236,9 +249,10 @@ static void simple_step(int n, const int32_t *tokens) {
 
 static const int k_ns[] = {1, 2, 4, 7, 16, 64, 300};
 
-/* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][k] (+ bias) in f64. */
+/* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][perm[k]] (+ bias)
+ * in f64 (perm NULL: the identity). */
 static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int64_t cols, const float *x, int n,
-                          const float *bias) {
+                          const float *bias, const int32_t *perm) {
   double *ref = fr_malloc(sizeof(double) * (size_t)n * rows);
   float *wr = fr_malloc(sizeof(float) * cols);
   size_t rb = kern_row_bytes(type, cols);
@@ -254,7 +268,7 @@ static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int6
     else kern_dequantize_row(type, src, wr, cols);
     for (int b = 0; b < n; b++) {
       double acc = bias ? bias[r] : 0;
-      for (int64_t k = 0; k < cols; k++) acc += (double)wr[k] * x[(size_t)b * cols + k];
+      for (int64_t k = 0; k < cols; k++) acc += (double)wr[k] * x[(size_t)b * cols + (perm ? perm[k] : k)];
       ref[(size_t)b * rows + r] = acc;
     }
   }
@@ -262,9 +276,12 @@ static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int6
   return ref;
 }
 
-static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n) {
+/* matmul of a random (rows, cols) weight of type, its columns permuted by
+ * perm (or NULL), on both backends for every n of k_ns up to max_n. */
+static void check_matmul_perm(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n,
+                              const int32_t *perm) {
   wpair_t w;
-  wpair_load(&w, type, rows, cols, rand_weight(type, rows, cols));
+  wpair_load_perm(&w, type, rows, cols, rand_weight(type, rows, cols), perm);
   float *bias_h = NULL;
   wpair_t bw;
   if (with_bias) {
@@ -286,11 +303,11 @@ static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool wi
     ck_assert_msg(rc == 0, "cuda matmul: %s", fr_last_error());
     rc = cpu->ops->matmul(cpu->ctx, po.c, &w.c, with_bias ? &bw.c : NULL, px.c, n);
     ck_assert_msg(rc == 0, "cpu matmul: %s", fr_last_error());
-    double *ref = matmul_ref(type, w.host, rows, cols, x, n, bias_h);
+    double *ref = matmul_ref(type, w.host, rows, cols, x, n, bias_h, perm);
     float *g = gpu_get(po.g, (size_t)n * rows), *c = cpu_get(po.c, (size_t)n * rows);
     double eg = nerr_d(g, ref, (size_t)n * rows), ec = nerr(g, c, (size_t)n * rows);
-    fprintf(stderr, "  matmul %-5s %4lldx%-5lld n=%-3d bias=%d  err(exact) %.2e  err(cpu) %.2e\n",
-            kern_type_traits(type)->name, (long long)rows, (long long)cols, n, with_bias, eg, ec);
+    fprintf(stderr, "  matmul %-5s %4lldx%-5lld n=%-3d bias=%d perm=%d  err(exact) %.2e  err(cpu) %.2e\n",
+            kern_type_traits(type)->name, (long long)rows, (long long)cols, n, with_bias, perm != NULL, eg, ec);
     double tol = kern_type_traits(type)->quantized ? TOL_QMM : TOL_ACT;
     ck_assert_msg(eg < tol, "matmul %s n=%d: error %.3e vs exact", kern_type_traits(type)->name, n, eg);
     ck_assert_msg(ec < 2 * tol, "matmul %s n=%d: error %.3e vs cpu", kern_type_traits(type)->name, n, ec);
@@ -306,6 +323,10 @@ static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool wi
     free(bias_h);
   }
   wpair_free(&w);
+}
+
+static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n) {
+  check_matmul_perm(type, rows, cols, with_bias, max_n, NULL);
 }
 
 /* Recreates the CUDA backend with GEMV kernels for every n <= 8 (by
@@ -331,8 +352,8 @@ START_TEST(test_matmul_dense) {
 }
 END_TEST
 
-static const kern_type_t k_quant[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1,
-                                      KERN_Q8_0, KERN_Q4_K, KERN_Q5_K, KERN_Q6_K};
+static const kern_type_t k_quant[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1, KERN_Q8_0,
+                                      KERN_Q4_K, KERN_Q5_K, KERN_Q6_K, KERN_I4G};
 
 START_TEST(test_matmul_quant) {
   kern_type_t t = k_quant[_i];
@@ -342,10 +363,40 @@ START_TEST(test_matmul_quant) {
 }
 END_TEST
 
+/* A random permutation of [0, n): a GPTQ act-order weight's column order
+ * (kern_weight_t.perm). */
+static int32_t *rand_perm(int n) {
+  int32_t *p = fr_malloc((size_t)n * sizeof *p);
+  for (int i = 0; i < n; i++) p[i] = i;
+  for (int i = n - 1; i > 0; i--) {
+    int j = rndi(i + 1), t = p[i];
+    p[i] = p[j], p[j] = t;
+  }
+  return p;
+}
+
+/* GPTQ act-order (KERN_I4G with a column permutation): the decode GEMV
+ * (activations gathered as they are quantized) and the prefill dequant +
+ * cuBLAS path (the dequantized rows un-permuted) against the exact
+ * reference and the CPU backend. By default n = 1..7 take the GEMV and 16
+ * and up the GEMM; then with the GEMV for n <= 8. */
+START_TEST(test_matmul_i4g_perm) {
+  int32_t *p512 = rand_perm(512), *p1024 = rand_perm(1024);
+  check_matmul_perm(KERN_I4G, 200, 512, false, 1 << 30, p512);
+  check_matmul_perm(KERN_I4G, 96, 1024, true, 1 << 30, p1024);
+  gpu_all_gemv();
+  check_matmul_perm(KERN_I4G, 200, 512, true, 8, p512);
+  check_matmul_perm(KERN_I4G, 96, 1024, false, 8, p1024);
+  free(p512);
+  free(p1024);
+}
+END_TEST
+
 /* ---- embed ---------------------------------------------------------------------------- */
 
 START_TEST(test_embed) {
-  const kern_type_t types[] = {KERN_BF16, KERN_F16, KERN_Q4_0, KERN_Q8_0, KERN_Q4_K, KERN_Q5_K, KERN_Q6_K, KERN_Q5_1};
+  const kern_type_t types[] = {KERN_BF16, KERN_F16, KERN_Q4_0, KERN_Q8_0, KERN_Q4_K,
+                               KERN_Q5_K, KERN_Q6_K, KERN_Q5_1, KERN_I4G};
   int vocab = 1000, dim = 512, n = 37;
   int32_t tok[37];
   for (int i = 0; i < n; i++) tok[i] = rndi(vocab);
@@ -1568,6 +1619,7 @@ static Suite *cuda_suite(void) {
   tcase_set_timeout(tc, 120);
   tcase_add_test(tc, test_matmul_dense);
   tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
+  tcase_add_test(tc, test_matmul_i4g_perm);
   tcase_add_test(tc, test_embed);
   tcase_add_test(tc, test_rms_norm);
   tcase_add_test(tc, test_rope);

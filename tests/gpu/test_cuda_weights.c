@@ -218,6 +218,7 @@ static const struct {
     {KERN_Q8_0, 20011, 4096}, /* 87 MB: 6 chunks */
     {KERN_Q6_K, 3, 256},      /* one small copy */
     {KERN_Q4_1, 49152, 576},  /* SmolLM2's embedding table */
+    {KERN_I4G, 14336, 4096},  /* 44 MB of GPTQ int4 (Llama-3-8B's down_proj transposed): 3 chunks */
 };
 
 START_TEST(test_shapes) {
@@ -328,15 +329,45 @@ START_TEST(test_file_too_short) {
 }
 END_TEST
 
-/* GPTQ/AWQ int4 rows (KERN_I4G) are CPU-only: the CUDA backend says so and
- * refuses them (model_load then fails naming the tensor, docs/QUANTIZED.md). */
-START_TEST(test_i4g_refused) {
-  ck_assert(!gpu->ops->supports_type(gpu->ctx, KERN_I4G));
-  uint8_t *host = calloc(64, 24);
-  kern_weight_t w = {.type = KERN_I4G, .rows = 64, .cols = 32, .row_bytes = kern_row_bytes(KERN_I4G, 32)};
-  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, host), FR_EUNSUPPORTED);
+/* GPTQ/AWQ int4 rows (KERN_I4G) load as they are (24-byte blocks; the
+ * shapes above check the bytes); an act-order weight's permutation goes to
+ * the device beside it (w->priv, freed by weight_release), checked here
+ * value for value; a dense weight with a permutation is refused. */
+START_TEST(test_i4g_perm) {
+  ck_assert(gpu->ops->supports_type(gpu->ctx, KERN_I4G));
+  enum { ROWS = 64, COLS = 4096 };
+  int32_t *perm = fr_malloc(COLS * sizeof *perm);
+  for (int i = 0; i < COLS; i++) perm[i] = i;
+  for (int i = COLS - 1; i > 0; i--) {
+    int j = (int)(rnd64() % (uint64_t)(i + 1)), t = perm[i];
+    perm[i] = perm[j], perm[j] = t;
+  }
+  size_t rb = kern_row_bytes(KERN_I4G, COLS);
+  uint8_t *host = rand_bytes(KERN_I4G, rb * ROWS);
+  kern_weight_t w = {.type = KERN_I4G, .rows = ROWS, .cols = COLS, .row_bytes = rb, .perm = perm};
+  ck_assert_msg(gpu->ops->weight_load(gpu->ctx, &w, host) == 0, "weight_load: %s", fr_last_error());
+  ck_assert_ptr_nonnull(w.priv);
+  int32_t *got = fr_malloc(COLS * sizeof *got);
+  uint8_t *bytes = fr_malloc(rb * ROWS);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.priv, COLS * sizeof *got), 0);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, bytes, w.data, rb * ROWS), 0);
+  ck_assert(memcmp(got, perm, COLS * sizeof *got) == 0);
+  ck_assert(memcmp(bytes, host, rb * ROWS) == 0);
+  gpu->ops->weight_release(gpu->ctx, &w);
   ck_assert_ptr_null(w.data);
+  ck_assert_ptr_null(w.priv);
+  float *dense = calloc((size_t)ROWS * COLS, sizeof(float));
+  w = (kern_weight_t){.type = KERN_F32, .rows = ROWS, .cols = COLS, .row_bytes = kern_row_bytes(KERN_F32, COLS),
+                      .perm = perm};
+  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, dense), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(w.data);
+  ck_assert_ptr_null(w.priv);
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  free(dense);
+  free(got);
+  free(bytes);
   free(host);
+  free(perm);
 }
 END_TEST
 
@@ -352,7 +383,7 @@ static Suite *weights_suite(void) {
   tcase_add_loop_test(tc, test_files_shapes, 0, (int)FR_ARRAY_SIZE(k_shapes));
   tcase_add_test(tc, test_files_many);
   tcase_add_test(tc, test_file_too_short);
-  tcase_add_test(tc, test_i4g_refused);
+  tcase_add_test(tc, test_i4g_perm);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -4,7 +4,8 @@
 #   2. CPU kernel tests on the AVX-512 path, when the host has it
 #   3. whole-model parity with transformers (tests/parity/hf_parity.py), and
 #      /v1/embeddings with sentence-transformers / transformers (embed_parity.py)
-#   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights)
+#   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights) and on
+#      GPTQ / AWQ int4 checkpoints (tests/parity/gpu_gptq.py)
 #   5. Llama-3-8B-shaped decode / prefill throughput (bench/model_bench, bf16 dummy)
 # usage (device machine, repo root): source .device/env.sh && tests/parity/device_check.sh BUILD_DIR OUT_DIR
 set -uo pipefail
@@ -43,12 +44,14 @@ fi
 if want cross; then
 step "cpu vs cuda, quantized dummy weights of SmolLM2-135M and Qwen3-0.6B shapes"
 ids=$(python3 -c "import random; random.seed(3); print(','.join(str(random.randrange(100, 40000)) for _ in range(40)))")
-for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q5_1 smollm2-135m:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:q5_k qwen3-0.6b:q6_k; do
+for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q5_1 smollm2-135m:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:q5_k qwen3-0.6b:q6_k smollm2-135m:i4g; do
   name=${spec%%:*} type=${spec##*:}
   a=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cpu --ids "$ids" --greedy 24)
   b=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cuda --ids "$ids" --greedy 24)
   python3 tests/parity/compare_greedy.py "$spec" "$a" "$b" || status=1
 done
+step "cpu vs cuda, GPTQ / AWQ int4 checkpoints (tests/golden/make_gptq.py)"
+python3 tests/parity/gpu_gptq.py "$build/bin/run_model" "$out/gptq" || status=1
 fi
 
 if want bench; then

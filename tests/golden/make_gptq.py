@@ -29,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-CFG = dict(dim=128, ffn=256, heads=4, kv_heads=2, head_dim=32, layers=2, vocab=49152)
+# head_dim 64: the smallest the CUDA attention kernels take (tests/parity/gpu_gptq.py)
+CFG = dict(dim=128, ffn=256, heads=2, kv_heads=1, head_dim=64, layers=2, vocab=49152)
 LINEAR = ["self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"]
 # name: (method, group_size, sym, act_order, checkpoint_format, config in quantize_config.json, lm_head quantized)

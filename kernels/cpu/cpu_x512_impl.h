@@ -1,0 +1,237 @@
+/* cpu_x512_impl.h - AVX-512 (F, BW, VL, DQ) kernels: the AVX2 kernels
+ * recompiled with EVEX, plus 512-bit versions of the hot 32-element types
+ * that take two blocks per iteration. Included by cpu_avx512.c and
+ * cpu_avx512_vnni.c (also -mavx512vnni), whose tables X512_ISA_TABLE fills.
+ * With VNNI the u8 x s8 dots are vpdpbusd instead of maddubs + madd: the
+ * same int32 sums (maddubs cannot saturate on these value ranges: |w| <= 128
+ * and |a| <= 127 keep a pair within int16), so both tables give the same
+ * bits. Everything is static: each translation unit gets its own copy. */
+#pragma once
+
+#include "kernels/cpu/cpu_x86_impl.h"
+
+/* Two blocks' 32 bytes side by side. */
+static inline __m512i x512__join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512 x512__scales(float d0, float d1) {
+  return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+}
+
+/* Sum of unsigned(ax) * signed(sy) in fours -> 16 floats. */
+static inline __m512 x512__mul_sum_us8_pairs_float(__m512i ax, __m512i sy) {
+#if defined(__AVX512VNNI__)
+  return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy));
+#else
+  const __m512i dot = _mm512_maddubs_epi16(ax, sy);
+  return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_set1_epi16(1), dot));
+#endif
+}
+
+/* signed x signed: |x| * (y with x's sign), as _mm256_sign_epi8 does. */
+static inline __m512 x512__mul_sum_i8_pairs_float(__m512i x, __m512i y) {
+  const __mmask64 neg = _mm512_movepi8_mask(x);
+  const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+  return x512__mul_sum_us8_pairs_float(_mm512_abs_epi8(x), sy);
+}
+
+static inline __m512i x512__load_q8_2(const int8_t *a, const int8_t *b) {
+  return x512__join(_mm256_loadu_si256((const __m256i *)a), _mm256_loadu_si256((const __m256i *)b));
+}
+
+static void x512__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+    __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    qx = _mm512_sub_epi8(qx, _mm512_set1_epi8(8));
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(d, x512__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q4_0(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+/* A block pair's min terms, one expression for the 1- and 4-row forms so
+ * that both round alike. */
+static inline float x512__q4_1_mins(const cpu_block_q4_1 *x, const cpu_block_q8_1 *y, int i) {
+  return X86_F16(x[i].m) * X86_F16(y[i].s) + X86_F16(x[i + 1].m) * X86_F16(y[i + 1].s);
+}
+
+static inline __m512 x512__q4_1_scales(const cpu_block_q4_1 *x, const cpu_block_q8_1 *y, int i) {
+  return x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+}
+
+static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  float summs = 0.0f;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    summs += x512__q4_1_mins(x, y, i);
+    const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(x512__q4_1_scales(x, y, i), x512__mul_sum_us8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + summs + tail;
+}
+
+/* Prefill form: one weight row against 4 activation rows; the weight pair
+ * is unpacked once, and each row's arithmetic is the 1-row form's, in its
+ * order, so a row's result does not depend on the batch it is in. */
+static void x512__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y[4];
+  for (int r = 0; r < 4; r++) y[r] = (const cpu_block_q8_1 *)((const uint8_t *)va + (size_t)r * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    for (int r = 0; r < 4; r++) {
+      summs[r] += x512__q4_1_mins(x, y[r], i);
+      const __m512i qy = x512__load_q8_2(y[r][i].qs, y[r][i + 1].qs);
+      acc[r] = _mm512_fmadd_ps(x512__q4_1_scales(x, y[r], i), x512__mul_sum_us8_pairs_float(qx, qy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[r][i]);
+    s[r] = _mm512_reduce_add_ps(acc[r]) + summs[r] + tail;
+  }
+}
+
+static inline __m512 x512__q8_0_scales(const cpu_block_q8_0 *x, const cpu_block_q8_0 *y, int i) {
+  return x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+}
+
+static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(x512__q8_0_scales(x, y, i), x512__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+/* Prefill form of the above, as x512__vec_dot_x4_q4_1 is of its 1-row form:
+ * the weight's |x| and sign mask once per pair for 4 rows. */
+static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y[4];
+  for (int r = 0; r < 4; r++) y[r] = (const cpu_block_q8_0 *)((const uint8_t *)va + (size_t)r * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __mmask64 neg = _mm512_movepi8_mask(qx);
+    const __m512i ax = _mm512_abs_epi8(qx);
+    for (int r = 0; r < 4; r++) {
+      const __m512i qy = x512__load_q8_2(y[r][i].qs, y[r][i + 1].qs);
+      const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+      acc[r] = _mm512_fmadd_ps(x512__q8_0_scales(x, y[r], i), x512__mul_sum_us8_pairs_float(ax, sy), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[r][i]);
+    s[r] = _mm512_reduce_add_ps(acc[r]) + tail;
+  }
+}
+
+static float x512__dot_f32(int n, const float *a, const float *b) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return s + x86__dot_f32(n - i, a + i, b + i);
+}
+
+static void x512__vec_dot_f32(int n, float *s, const void *w, const void *a) { *s = x512__dot_f32(n, w, a); }
+
+/* 16 int8 per load: the score dot of an int8 KV cache. */
+static float x512__dot_i8(int n, const int8_t *a, const float *b) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + i))));
+    const __m512 a1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + i + 16))));
+    s0 = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b + i + 16), s1);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return s + x86__dot_i8(n - i, a + i, b + i);
+}
+
+static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
+  const __m512 va = _mm512_set1_ps(a);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 xv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + i))));
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, xv, _mm512_loadu_ps(y + i)));
+  }
+  x86__axpy_i8(n - i, a, x + i, y + i);
+}
+
+/* The kernel table of the including file, named isa_name. */
+#define X512_ISA_TABLE(isa_name) \
+  { \
+    .name = isa_name, \
+    .vec_dot = \
+        { \
+            [KERN_F32] = x512__vec_dot_f32, \
+            [KERN_F16] = x86__vec_dot_f16, \
+            [KERN_BF16] = x86__vec_dot_bf16, \
+            [KERN_Q4_0] = x512__vec_dot_q4_0, \
+            [KERN_Q4_1] = x512__vec_dot_q4_1, \
+            [KERN_I4G] = x86__vec_dot_i4g, \
+            [KERN_Q5_0] = x86__vec_dot_q5_0, \
+            [KERN_Q5_1] = x86__vec_dot_q5_1, \
+            [KERN_Q8_0] = x512__vec_dot_q8_0, \
+            [KERN_Q4_K] = x86__vec_dot_q4_K, \
+            [KERN_Q5_K] = x86__vec_dot_q5_K, \
+            [KERN_Q6_K] = x86__vec_dot_q6_K, \
+        }, \
+    /* 4-row forms whose rows sum as the 1-row forms above do: a row must \
+     * give the same result alone or in a batch (the engine relies on it; \
+     * test_matmul_batch_invariant). I4G's 1-row dot here is the AVX2 one, \
+     * which its AVX2 4-row form matches. */ \
+    .vec_dot_x4 = {[KERN_Q4_1] = x512__vec_dot_x4_q4_1, [KERN_Q8_0] = x512__vec_dot_x4_q8_0, \
+                   [KERN_I4G] = x86__vec_dot_x4_i4g}, \
+    .quantize = \
+        { \
+            [KERN_Q8_0] = x86__quantize_q8_0, \
+            [KERN_Q8_1] = x86__quantize_q8_1, \
+            [KERN_Q8_K] = cpu__quantize_q8_K, \
+        }, \
+    .dot_f32 = x512__dot_f32, \
+    .dot_f16 = x86__dot_f16, \
+    .axpy_f32 = x86__axpy_f32, \
+    .axpy_f16 = x86__axpy_f16, \
+    .dot_i8 = x512__dot_i8, \
+    .axpy_i8 = x512__axpy_i8, \
+    .dot_e4m3 = x86__dot_e4m3, \
+    .axpy_e4m3 = x86__axpy_e4m3, \
+  }

@@ -58,14 +58,45 @@ static void x512__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) 
   *s = _mm512_reduce_add_ps(acc) + tail;
 }
 
-/* A block pair's min terms, one expression for the 1- and 4-row forms so
- * that both round alike. */
-static inline float x512__q4_1_mins(const cpu_block_q4_1 *x, const cpu_block_q8_1 *y, int i) {
-  return X86_F16(x[i].m) * X86_F16(y[i].s) + X86_F16(x[i + 1].m) * X86_F16(y[i + 1].s);
+/* Two blocks' f16 (d, m) or (d, s) fields, at a and b -> [d_a, m_a, d_b, m_b]. */
+static inline __m128 x512__f16x2x2(const void *a, const void *b) {
+  uint32_t u, v;
+  memcpy(&u, a, 4);
+  memcpy(&v, b, 4);
+  return _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)u), _mm_cvtsi32_si128((int)v)));
 }
 
-static inline __m512 x512__q4_1_scales(const cpu_block_q4_1 *x, const cpu_block_q8_1 *y, int i) {
-  return x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+/* Two blocks' f16 scales d at a and b -> [d_a, d_b, 0, 0]. */
+static inline __m128 x512__f16x1x2(const uint16_t *a, const uint16_t *b) {
+  return _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(*a), *b, 1));
+}
+
+/* Lanes k0 and k1 of p, each spread over 8 lanes: one block pair's scales. */
+static inline __m512 x512__spread2(__m128 p, int k0, int k1) {
+  const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(k0), _mm256_set1_epi32(k1), 1);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p));
+}
+
+/* The Q4_1 x Q8_1 products of a block pair: [x.d y.d, x.m y.s] per block,
+ * xdm being the weight's [d0, m0, d1, m1]. The 1- and 4-row forms below both
+ * go through here and x512__q4_1_row, so a row rounds alike in both. */
+static inline __m128 x512__q4_1_prod(__m128 xdm, const cpu_block_q8_1 *y, int i) {
+  return _mm_mul_ps(xdm, x512__f16x2x2(&y[i].d, &y[i + 1].d));
+}
+
+/* acc += scales * dot(qx, y's pair), summs += the pair's min terms (lanes 1, 3). */
+static inline void x512__q4_1_row(__m512i qx, __m128 xdm, const cpu_block_q8_1 *y, int i, __m512 *acc,
+                                  __m128 *summs) {
+  const __m128 p = x512__q4_1_prod(xdm, y, i);
+  *summs = _mm_add_ps(*summs, p);
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  *acc = _mm512_fmadd_ps(x512__spread2(p, 0, 2), x512__mul_sum_us8_pairs_float(qx, qy), *acc);
+}
+
+static inline float x512__q4_1_total(__m512 acc, __m128 summs) {
+  float m[4];
+  _mm_storeu_ps(m, summs);
+  return _mm512_reduce_add_ps(acc) + (m[1] + m[3]);
 }
 
 static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
@@ -73,17 +104,15 @@ static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) 
   const cpu_block_q8_1 *y = va;
   const int nb = n / CPU_QK;
   __m512 acc = _mm512_setzero_ps();
-  float summs = 0.0f;
+  __m128 summs = _mm_setzero_ps();
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
-    summs += x512__q4_1_mins(x, y, i);
     const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
-    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-    acc = _mm512_fmadd_ps(x512__q4_1_scales(x, y, i), x512__mul_sum_us8_pairs_float(qx, qy), acc);
+    x512__q4_1_row(qx, x512__f16x2x2(&x[i].d, &x[i + 1].d), y, i, &acc, &summs);
   }
   float tail = 0.0f;
   if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[i]);
-  *s = _mm512_reduce_add_ps(acc) + summs + tail;
+  *s = x512__q4_1_total(acc, summs) + tail;
 }
 
 /* Prefill form: one weight row against 4 activation rows; the weight pair
@@ -91,29 +120,39 @@ static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) 
  * order, so a row's result does not depend on the batch it is in. */
 static void x512__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *va, size_t a_stride) {
   const cpu_block_q4_1 *x = vw;
-  const cpu_block_q8_1 *y[4];
-  for (int r = 0; r < 4; r++) y[r] = (const cpu_block_q8_1 *)((const uint8_t *)va + (size_t)r * a_stride);
+  const cpu_block_q8_1 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
   const int nb = n / CPU_QK;
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  float summs[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  /* Four named accumulators, not an array: they stay in registers. */
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m128 m0 = _mm_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
     const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
-    for (int r = 0; r < 4; r++) {
-      summs[r] += x512__q4_1_mins(x, y[r], i);
-      const __m512i qy = x512__load_q8_2(y[r][i].qs, y[r][i + 1].qs);
-      acc[r] = _mm512_fmadd_ps(x512__q4_1_scales(x, y[r], i), x512__mul_sum_us8_pairs_float(qx, qy), acc[r]);
-    }
+    const __m128 xdm = x512__f16x2x2(&x[i].d, &x[i + 1].d);
+    x512__q4_1_row(qx, xdm, y0, i, &a0, &m0);
+    x512__q4_1_row(qx, xdm, y1, i, &a1, &m1);
+    x512__q4_1_row(qx, xdm, y2, i, &a2, &m2);
+    x512__q4_1_row(qx, xdm, y3, i, &a3, &m3);
   }
-  for (int r = 0; r < 4; r++) {
-    float tail = 0.0f;
-    if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[r][i]);
-    s[r] = _mm512_reduce_add_ps(acc[r]) + summs[r] + tail;
+  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (i < nb) {
+    x86__vec_dot_q4_1(CPU_QK, &t[0], &x[i], &y0[i]);
+    x86__vec_dot_q4_1(CPU_QK, &t[1], &x[i], &y1[i]);
+    x86__vec_dot_q4_1(CPU_QK, &t[2], &x[i], &y2[i]);
+    x86__vec_dot_q4_1(CPU_QK, &t[3], &x[i], &y3[i]);
   }
+  s[0] = x512__q4_1_total(a0, m0) + t[0];
+  s[1] = x512__q4_1_total(a1, m1) + t[1];
+  s[2] = x512__q4_1_total(a2, m2) + t[2];
+  s[3] = x512__q4_1_total(a3, m3) + t[3];
 }
 
-static inline __m512 x512__q8_0_scales(const cpu_block_q8_0 *x, const cpu_block_q8_0 *y, int i) {
-  return x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+/* A Q8_0 block pair's scales x.d y.d, spread over the pair's 16 lanes (the
+ * products ggml's scalar order gives). */
+static inline __m512 x512__q8_0_scales(__m128 xd, const cpu_block_q8_0 *y, int i) {
+  return x512__spread2(_mm_mul_ps(xd, x512__f16x1x2(&y[i].d, &y[i + 1].d)), 0, 1);
 }
 
 static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
@@ -125,7 +164,8 @@ static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) 
   for (; i + 2 <= nb; i += 2) {
     const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
     const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-    acc = _mm512_fmadd_ps(x512__q8_0_scales(x, y, i), x512__mul_sum_i8_pairs_float(qx, qy), acc);
+    const __m128 xd = x512__f16x1x2(&x[i].d, &x[i + 1].d);
+    acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_i8_pairs_float(qx, qy), acc);
   }
   float tail = 0.0f;
   if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[i]);
@@ -133,29 +173,45 @@ static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) 
 }
 
 /* Prefill form of the above, as x512__vec_dot_x4_q4_1 is of its 1-row form:
- * the weight's |x| and sign mask once per pair for 4 rows. */
+ * the weight's |x|, sign mask and scales once per pair for 4 rows. */
+/* acc += scales * dot(the weight pair, y's pair), the weight pair given as
+ * |x| and x's sign mask. */
+static inline void x512__q8_0_row(__m512i ax, __mmask64 neg, __m128 xd, const cpu_block_q8_0 *y, int i,
+                                  __m512 *acc) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+  *acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_us8_pairs_float(ax, sy), *acc);
+}
+
 static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
   const cpu_block_q8_0 *x = vw;
-  const cpu_block_q8_0 *y[4];
-  for (int r = 0; r < 4; r++) y[r] = (const cpu_block_q8_0 *)((const uint8_t *)va + (size_t)r * a_stride);
+  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
   const int nb = n / CPU_QK;
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
     const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
     const __mmask64 neg = _mm512_movepi8_mask(qx);
     const __m512i ax = _mm512_abs_epi8(qx);
-    for (int r = 0; r < 4; r++) {
-      const __m512i qy = x512__load_q8_2(y[r][i].qs, y[r][i + 1].qs);
-      const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
-      acc[r] = _mm512_fmadd_ps(x512__q8_0_scales(x, y[r], i), x512__mul_sum_us8_pairs_float(ax, sy), acc[r]);
-    }
+    const __m128 xd = x512__f16x1x2(&x[i].d, &x[i + 1].d);
+    x512__q8_0_row(ax, neg, xd, y0, i, &a0);
+    x512__q8_0_row(ax, neg, xd, y1, i, &a1);
+    x512__q8_0_row(ax, neg, xd, y2, i, &a2);
+    x512__q8_0_row(ax, neg, xd, y3, i, &a3);
   }
-  for (int r = 0; r < 4; r++) {
-    float tail = 0.0f;
-    if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[r][i]);
-    s[r] = _mm512_reduce_add_ps(acc[r]) + tail;
+  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (i < nb) {
+    x86__vec_dot_q8_0(CPU_QK, &t[0], &x[i], &y0[i]);
+    x86__vec_dot_q8_0(CPU_QK, &t[1], &x[i], &y1[i]);
+    x86__vec_dot_q8_0(CPU_QK, &t[2], &x[i], &y2[i]);
+    x86__vec_dot_q8_0(CPU_QK, &t[3], &x[i], &y3[i]);
   }
+  s[0] = _mm512_reduce_add_ps(a0) + t[0];
+  s[1] = _mm512_reduce_add_ps(a1) + t[1];
+  s[2] = _mm512_reduce_add_ps(a2) + t[2];
+  s[3] = _mm512_reduce_add_ps(a3) + t[3];
 }
 
 static float x512__dot_f32(int n, const float *a, const float *b) {

@@ -61,6 +61,9 @@ typedef void (*cpu_vec_dot_fn)(int n, float *s, const void *w, const void *a);
 /* Prefill form: s[k] = dot(w, a + k * a_stride) for k < 4, each exactly as
  * the single-row vec_dot computes it. */
 typedef void (*cpu_vec_dot_x4_fn)(int n, float *s, const void *w, const void *a, size_t a_stride);
+/* Batched form: s[k * 4 + j] = dot(w + k * w_stride, a + j * a_stride) for
+ * k < 2, j < 4, each exactly as the single-row vec_dot computes it. */
+typedef void (*cpu_vec_dot_2x4_fn)(int n, float *s, const void *w, size_t w_stride, const void *a, size_t a_stride);
 /* Quantizes n floats (a multiple of the block size) into activation blocks. */
 typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
 
@@ -68,6 +71,7 @@ typedef struct {
   const char *name;                          /* "scalar", "avx2", "avx512", "avx512vnni" */
   cpu_vec_dot_fn vec_dot[KERN_TYPE_MAX];     /* by weight type; NULL = unsupported */
   cpu_vec_dot_x4_fn vec_dot_x4[KERN_TYPE_MAX]; /* optional 4-activation-row form (prefill) */
+  cpu_vec_dot_2x4_fn vec_dot_2x4[KERN_TYPE_MAX]; /* optional 2-weight-row x 4-activation-row form */
   cpu_quantize_fn quantize[KERN_TYPE_MAX];   /* by vec_dot type (Q8_0, Q8_1, Q8_K) */
   float (*dot_f32)(int n, const float *a, const float *b);
   float (*dot_f16)(int n, const uint16_t *a, const float *b);

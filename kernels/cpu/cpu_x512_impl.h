@@ -77,20 +77,21 @@ static inline __m512 x512__spread2(__m128 p, int k0, int k1) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p));
 }
 
-/* The Q4_1 x Q8_1 products of a block pair: [x.d y.d, x.m y.s] per block,
- * xdm being the weight's [d0, m0, d1, m1]. The 1- and 4-row forms below both
- * go through here and x512__q4_1_row, so a row rounds alike in both. */
-static inline __m128 x512__q4_1_prod(__m128 xdm, const cpu_block_q8_1 *y, int i) {
-  return _mm_mul_ps(xdm, x512__f16x2x2(&y[i].d, &y[i + 1].d));
+/* One (weight row, activation row) block pair of a Q4_1 x Q8_1 dot: the
+ * products p = [x.d y.d, x.m y.s] per block (xdm and yds hold the two
+ * blocks' [d, m] and [d, s]), summs += p (the min terms: lanes 1 and 3),
+ * acc += p's scales * dot(qx, qy). Every Q4_1 form below goes through here,
+ * so a row's result is the same whichever form computes it. */
+static inline void x512__q4_1_step(__m512i qx, __m128 xdm, __m512i qy, __m128 yds, __m512 *acc, __m128 *summs) {
+  const __m128 p = _mm_mul_ps(xdm, yds);
+  *summs = _mm_add_ps(*summs, p);
+  *acc = _mm512_fmadd_ps(x512__spread2(p, 0, 2), x512__mul_sum_us8_pairs_float(qx, qy), *acc);
 }
 
-/* acc += scales * dot(qx, y's pair), summs += the pair's min terms (lanes 1, 3). */
 static inline void x512__q4_1_row(__m512i qx, __m128 xdm, const cpu_block_q8_1 *y, int i, __m512 *acc,
                                   __m128 *summs) {
-  const __m128 p = x512__q4_1_prod(xdm, y, i);
-  *summs = _mm_add_ps(*summs, p);
   const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-  *acc = _mm512_fmadd_ps(x512__spread2(p, 0, 2), x512__mul_sum_us8_pairs_float(qx, qy), *acc);
+  x512__q4_1_step(qx, xdm, qy, x512__f16x2x2(&y[i].d, &y[i + 1].d), acc, summs);
 }
 
 static inline float x512__q4_1_total(__m512 acc, __m128 summs) {
@@ -149,6 +150,59 @@ static void x512__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *v
   s[3] = x512__q4_1_total(a3, m3) + t[3];
 }
 
+/* Two weight rows' steps against one activation row's block pair, both
+ * rows' products in one 256-bit multiply: xdm2 = [xdm of row 0, of row 1],
+ * summs2 the two rows' min-term sums side by side (lanes 1, 3 and 5, 7).
+ * Lane by lane it is x512__q4_1_step's arithmetic. */
+static inline void x512__q4_1_col2(const __m512i qx[2], __m256 xdm2, const cpu_block_q8_1 *y, int i, __m512 *acc0,
+                                   __m512 *acc1, __m256 *summs2) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m128 yds = x512__f16x2x2(&y[i].d, &y[i + 1].d);
+  const __m256 p = _mm256_mul_ps(xdm2, _mm256_insertf128_ps(_mm256_castps128_ps256(yds), yds, 1));
+  *summs2 = _mm256_add_ps(*summs2, p);
+  const __m512 p512 = _mm512_castps256_ps512(p);
+  const __m512i idx0 = _mm512_inserti64x4(_mm512_set1_epi32(0), _mm256_set1_epi32(2), 1);
+  const __m512i idx1 = _mm512_inserti64x4(_mm512_set1_epi32(4), _mm256_set1_epi32(6), 1);
+  *acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx0, p512), x512__mul_sum_us8_pairs_float(qx[0], qy), *acc0);
+  *acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx1, p512), x512__mul_sum_us8_pairs_float(qx[1], qy), *acc1);
+}
+
+/* Batched-decode form: 2 weight rows (w, w + w_stride) against 4
+ * activation rows, s[k * 4 + j] for weight row k and activation row j: each
+ * activation pair is loaded and converted once for both weight rows, each
+ * weight pair unpacked once for all 4 activation rows; every (k, j) sums as
+ * the 1-row form does. */
+static void x512__vec_dot_2x4_q4_1(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
+  const cpu_block_q4_1 *x[2] = {vw, (const void *)((const uint8_t *)vw + w_stride)};
+  const cpu_block_q8_1 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    __m512i qx[2];
+    for (int k = 0; k < 2; k++)
+      qx[k] = x512__join(x86__bytes_from_nibbles_32(x[k][i].qs), x86__bytes_from_nibbles_32(x[k][i + 1].qs));
+    const __m256 xdm2 = _mm256_insertf128_ps(_mm256_castps128_ps256(x512__f16x2x2(&x[0][i].d, &x[0][i + 1].d)),
+                                             x512__f16x2x2(&x[1][i].d, &x[1][i + 1].d), 1);
+    x512__q4_1_col2(qx, xdm2, y0, i, &a00, &a10, &m0);
+    x512__q4_1_col2(qx, xdm2, y1, i, &a01, &a11, &m1);
+    x512__q4_1_col2(qx, xdm2, y2, i, &a02, &a12, &m2);
+    x512__q4_1_col2(qx, xdm2, y3, i, &a03, &a13, &m3);
+  }
+  const __m512 acc[8] = {a00, a01, a02, a03, a10, a11, a12, a13};
+  const __m256 sm[4] = {m0, m1, m2, m3};
+  const cpu_block_q8_1 *y[4] = {y0, y1, y2, y3};
+  for (int k = 0; k < 8; k++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[k / 4][i], &y[k % 4][i]);
+    const __m128 summs = k < 4 ? _mm256_castps256_ps128(sm[k % 4]) : _mm256_extractf128_ps(sm[k % 4], 1);
+    s[k] = x512__q4_1_total(acc[k], summs) + tail;
+  }
+}
+
 /* A Q8_0 block pair's scales x.d y.d, spread over the pair's 16 lanes (the
  * products ggml's scalar order gives). */
 static inline __m512 x512__q8_0_scales(__m128 xd, const cpu_block_q8_0 *y, int i) {
@@ -181,6 +235,54 @@ static inline void x512__q8_0_row(__m512i ax, __mmask64 neg, __m128 xd, const cp
   const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
   const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
   *acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_us8_pairs_float(ax, sy), *acc);
+}
+
+/* A weight pair as the 4-row and 2x4 forms use it. */
+typedef struct {
+  __m512i ax;   /* |x| */
+  __mmask64 neg; /* x's sign */
+  __m128 xd;    /* [d0, d1, 0, 0] */
+} x512__q8_0_pair_t;
+
+static inline x512__q8_0_pair_t x512__q8_0_pair(const cpu_block_q8_0 *x, int i) {
+  const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+  return (x512__q8_0_pair_t){_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx), x512__f16x1x2(&x[i].d, &x[i + 1].d)};
+}
+
+/* Two weight rows' steps against one activation row's block pair. */
+static inline void x512__q8_0_col2(const x512__q8_0_pair_t *p0, const x512__q8_0_pair_t *p1, const cpu_block_q8_0 *y,
+                                   int i, __m512 *acc0, __m512 *acc1) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m128 yd = x512__f16x1x2(&y[i].d, &y[i + 1].d);
+  const __m512i sy0 = _mm512_mask_sub_epi8(qy, p0->neg, _mm512_setzero_si512(), qy);
+  const __m512i sy1 = _mm512_mask_sub_epi8(qy, p1->neg, _mm512_setzero_si512(), qy);
+  *acc0 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p0->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p0->ax, sy0), *acc0);
+  *acc1 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p1->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p1->ax, sy1), *acc1);
+}
+
+/* Batched-decode form of the Q8_0 dot, as x512__vec_dot_2x4_q4_1. */
+static void x512__vec_dot_2x4_q8_0(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
+  const cpu_block_q8_0 *x0 = vw, *x1 = (const void *)((const uint8_t *)vw + w_stride);
+  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const x512__q8_0_pair_t p0 = x512__q8_0_pair(x0, i), p1 = x512__q8_0_pair(x1, i);
+    x512__q8_0_col2(&p0, &p1, y0, i, &a00, &a10);
+    x512__q8_0_col2(&p0, &p1, y1, i, &a01, &a11);
+    x512__q8_0_col2(&p0, &p1, y2, i, &a02, &a12);
+    x512__q8_0_col2(&p0, &p1, y3, i, &a03, &a13);
+  }
+  const __m512 acc[8] = {a00, a01, a02, a03, a10, a11, a12, a13};
+  const cpu_block_q8_0 *x[2] = {x0, x1}, *y[4] = {y0, y1, y2, y3};
+  for (int k = 0; k < 8; k++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[k / 4][i], &y[k % 4][i]);
+    s[k] = _mm512_reduce_add_ps(acc[k]) + tail;
+  }
 }
 
 static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
@@ -276,6 +378,7 @@ static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
      * which its AVX2 4-row form matches. */ \
     .vec_dot_x4 = {[KERN_Q4_1] = x512__vec_dot_x4_q4_1, [KERN_Q8_0] = x512__vec_dot_x4_q8_0, \
                    [KERN_I4G] = x86__vec_dot_x4_i4g}, \
+    .vec_dot_2x4 = {[KERN_Q4_1] = x512__vec_dot_2x4_q4_1, [KERN_Q8_0] = x512__vec_dot_2x4_q8_0}, \
     .quantize = \
         { \
             [KERN_Q8_0] = x86__quantize_q8_0, \

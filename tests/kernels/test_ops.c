@@ -212,6 +212,16 @@ START_TEST(test_matmul_batch_invariant) {
       ck_assert_int_eq(b->ops->matmul(b->ctx, single, &w, NULL, x + (size_t)j * cols, 1), 0);
       ck_assert_msg(!memcmp(single, batched + (size_t)j * rows, sizeof single), "%s row %d: batched != single",
                     kern_type_traits(t)->name, j);
+      /* one weight row alone: the plain 1-row dot, whatever multi-row forms the path has */
+      for (int r = 0; r < rows; r += 9) {
+        kern_weight_t w1;
+        float one;
+        load_weight(b, &w1, t, 1, cols, wd + (size_t)r * w.row_bytes);
+        ck_assert_int_eq(b->ops->matmul(b->ctx, &one, &w1, NULL, x + (size_t)j * cols, 1), 0);
+        ck_assert_msg(!memcmp(&one, &single[r], sizeof one), "%s weight row %d, activation row %d: 1-row dot != batched",
+                      kern_type_traits(t)->name, r, j);
+        b->ops->weight_release(b->ctx, &w1);
+      }
     }
     free(wd), free(x);
   }

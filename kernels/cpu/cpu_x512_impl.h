@@ -79,12 +79,14 @@ static inline __m512 x512__spread2(__m128 p, int k0, int k1) {
 
 /* One (weight row, activation row) block pair of a Q4_1 x Q8_1 dot: the
  * products p = [x.d y.d, x.m y.s] per block (xdm and yds hold the two
- * blocks' [d, m] and [d, s]), summs += p (the min terms: lanes 1 and 3),
- * acc += p's scales * dot(qx, qy). Every Q4_1 form below goes through here,
- * so a row's result is the same whichever form computes it. */
+ * blocks' [d, m] and [d, s]); acc += p's scales * dot(qx, qy); lane 1 of
+ * summs += x0.m y0.s + x1.m y1.s as one FMA over the rounded second product
+ * (the bits gcc's contraction of the scalar form gave before, which
+ * tensor-parallel runs are compared against). Every Q4_1 form below goes
+ * through here, so a row's result is the same whichever form computes it. */
 static inline void x512__q4_1_step(__m512i qx, __m128 xdm, __m512i qy, __m128 yds, __m512 *acc, __m128 *summs) {
   const __m128 p = _mm_mul_ps(xdm, yds);
-  *summs = _mm_add_ps(*summs, p);
+  *summs = _mm_add_ps(*summs, _mm_fmadd_ps(xdm, yds, _mm_movehl_ps(p, p)));
   *acc = _mm512_fmadd_ps(x512__spread2(p, 0, 2), x512__mul_sum_us8_pairs_float(qx, qy), *acc);
 }
 
@@ -95,9 +97,7 @@ static inline void x512__q4_1_row(__m512i qx, __m128 xdm, const cpu_block_q8_1 *
 }
 
 static inline float x512__q4_1_total(__m512 acc, __m128 summs) {
-  float m[4];
-  _mm_storeu_ps(m, summs);
-  return _mm512_reduce_add_ps(acc) + (m[1] + m[3]);
+  return _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
 }
 
 static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
@@ -152,14 +152,15 @@ static void x512__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *v
 
 /* Two weight rows' steps against one activation row's block pair, both
  * rows' products in one 256-bit multiply: xdm2 = [xdm of row 0, of row 1],
- * summs2 the two rows' min-term sums side by side (lanes 1, 3 and 5, 7).
- * Lane by lane it is x512__q4_1_step's arithmetic. */
+ * summs2 the two rows' min-term sums side by side (lanes 1 and 5). Lane by
+ * lane it is x512__q4_1_step's arithmetic. */
 static inline void x512__q4_1_col2(const __m512i qx[2], __m256 xdm2, const cpu_block_q8_1 *y, int i, __m512 *acc0,
                                    __m512 *acc1, __m256 *summs2) {
   const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
   const __m128 yds = x512__f16x2x2(&y[i].d, &y[i + 1].d);
-  const __m256 p = _mm256_mul_ps(xdm2, _mm256_insertf128_ps(_mm256_castps128_ps256(yds), yds, 1));
-  *summs2 = _mm256_add_ps(*summs2, p);
+  const __m256 yy = _mm256_insertf128_ps(_mm256_castps128_ps256(yds), yds, 1);
+  const __m256 p = _mm256_mul_ps(xdm2, yy);
+  *summs2 = _mm256_add_ps(*summs2, _mm256_fmadd_ps(xdm2, yy, _mm256_shuffle_ps(p, p, _MM_SHUFFLE(3, 2, 3, 2))));
   const __m512 p512 = _mm512_castps256_ps512(p);
   const __m512i idx0 = _mm512_inserti64x4(_mm512_set1_epi32(0), _mm256_set1_epi32(2), 1);
   const __m512i idx1 = _mm512_inserti64x4(_mm512_set1_epi32(4), _mm256_set1_epi32(6), 1);

@@ -1,7 +1,7 @@
 # ferrum_kernels: kern.c (backend creation from a device name) plus the CPU
 # backend, kernels/cpu/.
 # SIMD kernel tables are separate translation units with their own flags,
-# chosen at run time (FERRUM_CPU_ISA=scalar|avx2|avx512 forces one).
+# chosen at run time (FERRUM_CPU_ISA=scalar|avx2|avx512|avx512vnni forces one).
 set(_cpu_sources
   kern.c
   cpu/cpu_backend.c
@@ -13,10 +13,12 @@ set(_cpu_sources
   cpu/cpu_comm.c
   cpu/cpu_scalar.c)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
-  list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c)
+  list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c cpu/cpu_avx512_vnni.c)
   set_source_files_properties(cpu/cpu_avx2.c PROPERTIES COMPILE_OPTIONS "-mavx2;-mfma;-mf16c")
   set_source_files_properties(cpu/cpu_avx512.c PROPERTIES COMPILE_OPTIONS
     "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq")
+  set_source_files_properties(cpu/cpu_avx512_vnni.c PROPERTIES COMPILE_OPTIONS
+    "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni")
 endif()
 add_library(ferrum_kernels STATIC ${_cpu_sources})
 ferrum_headers(ferrum_kernels FOLDER kernels PUBLIC kern.h kern_types.h)

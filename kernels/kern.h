@@ -393,7 +393,7 @@ void kern_backend_destroy(kern_backend_t *b);
  * including the kern_backend_t it handed out (the CPU backend embeds it in
  * its context); kern_backend_destroy() only calls it. */
 
-/* Name of the kernel path a CPU backend runs ("scalar", "avx2", "avx512"),
+/* Name of the kernel path a CPU backend runs ("scalar", "avx2", "avx512", "avx512vnni"),
  * or NULL when b is not the CPU backend. FERRUM_CPU_ISA=<name> forces a path
  * at kern_cpu_create (FR_EUNSUPPORTED when this CPU cannot run it). */
 const char *kern_cpu_isa(const kern_backend_t *b);

@@ -4,7 +4,7 @@
  * Matmul follows ggml: activations are quantized once per matmul into the
  * weight type's "vec_dot type" (Q8_0, Q8_1 or Q8_K; f32 for float weights),
  * then each output element is one vec_dot of a weight row with an
- * activation row. Every ISA table (scalar, avx2, avx512) fills the same
+ * activation row. Every ISA table (scalar, avx2, avx512, avx512vnni) fills the same
  * slots; the integer arithmetic is identical across them, only the order of
  * float accumulation differs.
  *
@@ -61,13 +61,17 @@ typedef void (*cpu_vec_dot_fn)(int n, float *s, const void *w, const void *a);
 /* Prefill form: s[k] = dot(w, a + k * a_stride) for k < 4, each exactly as
  * the single-row vec_dot computes it. */
 typedef void (*cpu_vec_dot_x4_fn)(int n, float *s, const void *w, const void *a, size_t a_stride);
+/* Batched form: s[k * 4 + j] = dot(w + k * w_stride, a + j * a_stride) for
+ * k < 2, j < 4, each exactly as the single-row vec_dot computes it. */
+typedef void (*cpu_vec_dot_2x4_fn)(int n, float *s, const void *w, size_t w_stride, const void *a, size_t a_stride);
 /* Quantizes n floats (a multiple of the block size) into activation blocks. */
 typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
 
 typedef struct {
-  const char *name;                          /* "scalar", "avx2", "avx512" */
+  const char *name;                          /* "scalar", "avx2", "avx512", "avx512vnni" */
   cpu_vec_dot_fn vec_dot[KERN_TYPE_MAX];     /* by weight type; NULL = unsupported */
   cpu_vec_dot_x4_fn vec_dot_x4[KERN_TYPE_MAX]; /* optional 4-activation-row form (prefill) */
+  cpu_vec_dot_2x4_fn vec_dot_2x4[KERN_TYPE_MAX]; /* optional 2-weight-row x 4-activation-row form */
   cpu_quantize_fn quantize[KERN_TYPE_MAX];   /* by vec_dot type (Q8_0, Q8_1, Q8_K) */
   float (*dot_f32)(int n, const float *a, const float *b);
   float (*dot_f16)(int n, const uint16_t *a, const float *b);
@@ -84,6 +88,7 @@ extern const cpu_isa_t cpu_isa_scalar;
 #if defined(__x86_64__)
 extern const cpu_isa_t cpu_isa_avx2;
 extern const cpu_isa_t cpu_isa_avx512;
+extern const cpu_isa_t cpu_isa_avx512vnni;
 #endif
 
 /* The activation type a weight type dots with (KERN_F32 for float weights). */

@@ -38,9 +38,10 @@ static bool cpu__isa_ok(const char *name) {
   __builtin_cpu_init();
   bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu__has_f16c();
   if (!strcmp(name, "avx2")) return avx2;
-  if (!strcmp(name, "avx512"))
-    return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  if (!strcmp(name, "avx512")) return avx512;
+  if (!strcmp(name, "avx512vnni")) return avx512 && __builtin_cpu_supports("avx512vnni");
 #endif
   return false;
 }
@@ -50,6 +51,7 @@ static const cpu_isa_t *cpu__isa_by_name(const char *name) {
 #if defined(__x86_64__)
   if (!strcmp(name, "avx2")) return &cpu_isa_avx2;
   if (!strcmp(name, "avx512")) return &cpu_isa_avx512;
+  if (!strcmp(name, "avx512vnni")) return &cpu_isa_avx512vnni;
 #endif
   return NULL;
 }
@@ -61,12 +63,12 @@ static int cpu__choose_isa(const cpu_isa_t **out) {
   const char *env = getenv("FERRUM_CPU_ISA");
   if (env && *env && strcmp(env, "auto") != 0) {
     if (!cpu__isa_by_name(env))
-      return fr_errorf(FR_EUNSUPPORTED, "FERRUM_CPU_ISA=%s: unknown path (scalar, avx2, avx512)", env);
+      return fr_errorf(FR_EUNSUPPORTED, "FERRUM_CPU_ISA=%s: unknown path (scalar, avx2, avx512, avx512vnni)", env);
     if (!cpu__isa_ok(env)) return fr_errorf(FR_EUNSUPPORTED, "FERRUM_CPU_ISA=%s: this CPU does not support it", env);
     *out = cpu__isa_by_name(env);
     return 0;
   }
-  static const char *const order[] = {"avx512", "avx2", "scalar"};
+  static const char *const order[] = {"avx512vnni", "avx512", "avx2", "scalar"};
   for (size_t i = 0; i < FR_ARRAY_SIZE(order); i++)
     if (kern_cpu_isa_supported(order[i])) {
       *out = cpu__isa_by_name(order[i]);

@@ -22,6 +22,7 @@ typedef struct {
   cpu_quantize_fn quant;  /* NULL for float weights */
   cpu_vec_dot_fn dot;
   cpu_vec_dot_x4_fn dot_x4; /* NULL when the path has no 4-row form */
+  cpu_vec_dot_2x4_fn dot_2x4; /* NULL when the path has no 2x4 form */
   float *out;             /* (n, rows) */
   int n;
   long chunk_rows, n_chunks;
@@ -36,31 +37,59 @@ static void cpu__mm_quantize_part(void *arg, int ith, int nth) {
     job->quant(job->x + j * job->w->cols, job->act + j * job->act_row_bytes, (int)job->w->cols);
 }
 
+/* Output row r for activation rows [j0, j1): 4 at a time where the path has
+ * a 4-row form, then one by one. */
+static void cpu__mm_row(const cpu_mm_job_t *job, long r, int j0, int j1) {
+  const kern_weight_t *w = job->w;
+  const void *wrow = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+  const int cols = (int)w->cols;
+  const size_t ld = (size_t)w->rows;
+  const float b = job->bias ? job->bias[r] : 0.0f;
+  int j = j0;
+  if (job->dot_x4)
+    for (; j + 4 <= j1; j += 4) {
+      float v[4];
+      job->dot_x4(cols, v, wrow, job->act + (size_t)j * job->act_row_bytes, job->act_row_bytes);
+      for (int k = 0; k < 4; k++) job->out[(size_t)(j + k) * ld + (size_t)r] = v[k] + b;
+    }
+  for (; j < j1; j++) {
+    float v;
+    job->dot(cols, &v, wrow, job->act + (size_t)j * job->act_row_bytes);
+    job->out[(size_t)j * ld + (size_t)r] = v + b;
+  }
+}
+
+/* Output rows r and r + 1 for activation rows [j0, j1) through the path's
+ * 2x4 form, the leftover activation rows as cpu__mm_row does them. */
+static void cpu__mm_row_pair(const cpu_mm_job_t *job, long r, int j0, int j1) {
+  const kern_weight_t *w = job->w;
+  const void *wrow = (const uint8_t *)w->data + (size_t)r * w->row_bytes;
+  const size_t ld = (size_t)w->rows;
+  const float b0 = job->bias ? job->bias[r] : 0.0f, b1 = job->bias ? job->bias[r + 1] : 0.0f;
+  int j = j0;
+  for (; j + 4 <= j1; j += 4) {
+    float v[8];
+    job->dot_2x4((int)w->cols, v, wrow, w->row_bytes, job->act + (size_t)j * job->act_row_bytes, job->act_row_bytes);
+    for (int k = 0; k < 4; k++) {
+      job->out[(size_t)(j + k) * ld + (size_t)r] = v[k] + b0;
+      job->out[(size_t)(j + k) * ld + (size_t)r + 1] = v[4 + k] + b1;
+    }
+  }
+  if (j < j1) {
+    cpu__mm_row(job, r, j, j1);
+    cpu__mm_row(job, r + 1, j, j1);
+  }
+}
+
 /* Output rows [r0, r1) for all n activation rows, CPU_MM_TILE_N at a time so
  * each weight row is reused from cache across the tile. */
 static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
-  const kern_weight_t *w = job->w;
-  const uint8_t *wd = w->data;
-  const int cols = (int)w->cols;
-  const size_t ld = (size_t)w->rows;
   for (int j0 = 0; j0 < job->n; j0 += CPU_MM_TILE_N) {
     int j1 = FR_MIN(job->n, j0 + CPU_MM_TILE_N);
-    for (long r = r0; r < r1; r++) {
-      const void *wrow = wd + (size_t)r * w->row_bytes;
-      float b = job->bias ? job->bias[r] : 0.0f;
-      int j = j0;
-      if (job->dot_x4)
-        for (; j + 4 <= j1; j += 4) {
-          float v[4];
-          job->dot_x4(cols, v, wrow, job->act + (size_t)j * job->act_row_bytes, job->act_row_bytes);
-          for (int k = 0; k < 4; k++) job->out[(size_t)(j + k) * ld + (size_t)r] = v[k] + b;
-        }
-      for (; j < j1; j++) {
-        float v;
-        job->dot(cols, &v, wrow, job->act + (size_t)j * job->act_row_bytes);
-        job->out[(size_t)j * ld + (size_t)r] = v + b;
-      }
-    }
+    long r = r0;
+    if (job->dot_2x4 && j1 - j0 >= 4)
+      for (; r + 2 <= r1; r += 2) cpu__mm_row_pair(job, r, j0, j1);
+    for (; r < r1; r++) cpu__mm_row(job, r, j0, j1);
   }
 }
 
@@ -108,6 +137,7 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
   cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n};
   job.dot = ctx->isa->vec_dot[w->type];
   job.dot_x4 = ctx->isa->vec_dot_x4[w->type];
+  job.dot_2x4 = ctx->isa->vec_dot_2x4[w->type];
   kern_type_t vdt = cpu_vec_dot_type(w->type);
   if (vdt == KERN_F32) {
     job.act = (uint8_t *)x;

@@ -1,6 +1,6 @@
 /* cpu_x86_impl.h - AVX2 kernels (ggml's vec_dot structure: maddubs/madd
  * integer dots per block, one f32 FMA per block). Included by cpu_avx2.c
- * (-mavx2 -mfma -mf16c) and cpu_avx512.c (which overrides some slots);
+ * (-mavx2 -mfma -mf16c) and cpu_x512_impl.h (which overrides some slots);
  * everything here is static, so each translation unit gets its own copy
  * compiled for its flags. */
 #pragma once
@@ -47,8 +47,12 @@ static inline __m256i x86__bytes_from_bits_32(const uint8_t *p) {
 
 /* Sum of unsigned(ax) * signed(sy) in pairs -> 8 floats. */
 static inline __m256 x86__mul_sum_us8_pairs_float(__m256i ax, __m256i sy) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy)); /* same sums: see cpu_x512_impl.h */
+#else
   const __m256i dot = _mm256_maddubs_epi16(ax, sy);
   return _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_set1_epi16(1), dot));
+#endif
 }
 
 static inline __m256 x86__mul_sum_i8_pairs_float(__m256i x, __m256i y) {

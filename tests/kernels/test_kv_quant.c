@@ -19,7 +19,8 @@
 static const struct {
   const char *isa;
   int threads;
-} kCfg[] = {{"scalar", 1}, {"scalar", 2}, {"avx2", 1}, {"avx2", 2}, {"avx512", 1}, {"avx512", 2}};
+} kCfg[] = {{"scalar", 1}, {"scalar", 2}, {"avx2", 1}, {"avx2", 2}, {"avx512", 1}, {"avx512", 2},
+             {"avx512vnni", 1}, {"avx512vnni", 2}};
 #define N_CFG ((int)(sizeof kCfg / sizeof kCfg[0]))
 
 static kern_backend_t *backend_for(int i) {

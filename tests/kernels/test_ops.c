@@ -1,6 +1,6 @@
 /* test_ops.c - every CPU backend op against a straightforward reference in
  * double precision written here, on every kernel path this CPU runs
- * (FERRUM_CPU_ISA=scalar|avx2|avx512) with 1 and 2 threads. Outputs are
+ * (FERRUM_CPU_ISA=scalar|avx2|avx512|avx512vnni) with 1 and 2 threads. Outputs are
  * poisoned with NaN before each op to catch unwritten elements.
  *
  * Matmul references use the weights as kern_dequantize_row gives them
@@ -23,7 +23,8 @@
 static const struct {
   const char *isa;
   int threads;
-} kCfg[] = {{"scalar", 1}, {"scalar", 2}, {"avx2", 1}, {"avx2", 2}, {"avx512", 1}, {"avx512", 2}};
+} kCfg[] = {{"scalar", 1}, {"scalar", 2}, {"avx2", 1}, {"avx2", 2}, {"avx512", 1}, {"avx512", 2},
+             {"avx512vnni", 1}, {"avx512vnni", 2}};
 #define N_CFG ((int)(sizeof kCfg / sizeof kCfg[0]))
 
 /* The backend for configuration i, or NULL when this CPU cannot run it. */
@@ -198,9 +199,10 @@ END_TEST
 START_TEST(test_matmul_batch_invariant) {
   kern_backend_t *b = backend_for(_i);
   if (!b) return;
-  const int rows = 37, cols = 512, n = 11;
+  const int rows = 37, n = 11;
   for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++) {
     kern_type_t t = kMm[k].type;
+    const int cols = kern_type_traits(t)->blck == 256 ? 512 : 544; /* 17 blocks of 32: an odd tail */
     uint8_t *wd = random_weight(t, rows, cols);
     float *x = rnd_vec((size_t)n * cols), batched[37 * 11], single[37];
     kern_weight_t w;
@@ -210,10 +212,72 @@ START_TEST(test_matmul_batch_invariant) {
       ck_assert_int_eq(b->ops->matmul(b->ctx, single, &w, NULL, x + (size_t)j * cols, 1), 0);
       ck_assert_msg(!memcmp(single, batched + (size_t)j * rows, sizeof single), "%s row %d: batched != single",
                     kern_type_traits(t)->name, j);
+      /* one weight row alone: the plain 1-row dot, whatever multi-row forms the path has */
+      for (int r = 0; r < rows; r += 9) {
+        kern_weight_t w1;
+        float one;
+        load_weight(b, &w1, t, 1, cols, wd + (size_t)r * w.row_bytes);
+        ck_assert_int_eq(b->ops->matmul(b->ctx, &one, &w1, NULL, x + (size_t)j * cols, 1), 0);
+        ck_assert_msg(!memcmp(&one, &single[r], sizeof one), "%s weight row %d, activation row %d: 1-row dot != batched",
+                      kern_type_traits(t)->name, r, j);
+        b->ops->weight_release(b->ctx, &w1);
+      }
     }
     free(wd), free(x);
   }
   kern_backend_destroy(b);
+}
+END_TEST
+
+/* Worst case for the integer dots: every weight byte 0x80 (Q8_0's -128,
+ * Q4's nibble pattern 8/0) or 0xFF (15/15, Q8_0's -1), every activation at
+ * +-127 after quantization. */
+static void extreme_inputs(uint8_t *wd, size_t wbytes, float *x, size_t nx, kern_type_t t, int rows, int cols) {
+  const size_t bs = kern_type_traits(t)->size, rb = kern_row_bytes(t, cols);
+  uint8_t *fresh = random_weight(t, rows, cols); /* keeps the scales sane */
+  memcpy(wd, fresh, wbytes);
+  free(fresh);
+  for (size_t r = 0; r < (size_t)rows; r++)
+    for (size_t b = 0; b < rb / bs; b++) {
+      uint8_t *blk = wd + r * rb + b * bs;
+      size_t head = t == KERN_Q4_1 ? 4 : 2; /* Q8_0 and Q4_0: one f16 scale */
+      memset(blk + head, r % 2 ? 0xFF : 0x80, bs - head);
+    }
+  for (size_t i = 0; i < nx; i++) x[i] = (i / 3) % 2 ? 1.0f : -1.0f;
+}
+
+/* The VNNI table must give the plain AVX-512 table's bits: its dots are
+ * vpdpbusd instead of maddubs + madd, the same integer sums. Random and
+ * extreme inputs, 1 row (decode dots) and 11 (4-row prefill dots). */
+START_TEST(test_matmul_vnni_exact) {
+  if (!kern_cpu_isa_supported("avx512vnni")) {
+    fprintf(stderr, "skip: avx512vnni not supported here\n");
+    return;
+  }
+  kern_backend_t *p = backend_for(4), *v = backend_for(6);
+  const int rows = 37, cols = 1024, n = 11;
+  for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++)
+    for (int extreme = 0; extreme < 2; extreme++) {
+      kern_type_t t = kMm[k].type;
+      if (extreme && t != KERN_Q4_0 && t != KERN_Q4_1 && t != KERN_Q8_0) continue;
+      uint8_t *wd = random_weight(t, rows, cols);
+      float *x = rnd_vec((size_t)n * cols), o1[37 * 11], o2[37 * 11];
+      if (extreme) extreme_inputs(wd, kern_row_bytes(t, cols) * rows, x, (size_t)n * cols, t, rows, cols);
+      kern_weight_t w1, w2;
+      load_weight(p, &w1, t, rows, cols, wd);
+      load_weight(v, &w2, t, rows, cols, wd);
+      for (int m = 1; m <= n; m += n - 1) {
+        ck_assert_int_eq(p->ops->matmul(p->ctx, o1, &w1, NULL, x, m), 0);
+        ck_assert_int_eq(v->ops->matmul(v->ctx, o2, &w2, NULL, x, m), 0);
+        ck_assert_msg(!memcmp(o1, o2, sizeof(float) * (size_t)(rows * m)), "%s%s n=%d: avx512vnni != avx512",
+                      kern_type_traits(t)->name, extreme ? " (extreme)" : "", m);
+      }
+      p->ops->weight_release(p->ctx, &w1);
+      v->ops->weight_release(v->ctx, &w2);
+      free(wd), free(x);
+    }
+  kern_backend_destroy(p);
+  kern_backend_destroy(v);
 }
 END_TEST
 
@@ -829,6 +893,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_matmul, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_paths_agree, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_batch_invariant, 0, N_CFG);
+  tcase_add_test(tc, test_matmul_vnni_exact);
   tcase_add_loop_test(tc, test_matmul_perm, 0, N_CFG);
   tcase_add_test(tc, test_matmul_errors);
   tcase_add_loop_test(tc, test_norms, 0, N_CFG);

@@ -79,7 +79,7 @@ static uint8_t *random_weight(kern_type_t t, int rows, int cols) {
 
 static const kern_type_t kTypes[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1, KERN_Q8_0,
                                      KERN_Q4_K, KERN_Q5_K, KERN_Q6_K};
-static const char *const kIsa[] = {"scalar", "avx2", "avx512"};
+static const char *const kIsa[] = {"scalar", "avx2", "avx512", "avx512vnni"};
 
 START_TEST(test_matvec_vs_ggml) {
   const char *isa = kIsa[_i];
@@ -136,7 +136,7 @@ static int ggml_setup(int argc, char **argv) {
 static Suite *ggml_suite(void) {
   Suite *s = suite_create("kernels_vs_ggml");
   TCase *tc = tcase_create("ggml");
-  tcase_add_loop_test(tc, test_matvec_vs_ggml, 0, 3);
+  tcase_add_loop_test(tc, test_matvec_vs_ggml, 0, (int)(sizeof kIsa / sizeof kIsa[0]));
   suite_add_tcase(s, tc);
   return s;
 }

@@ -1,0 +1,397 @@
+/* cpu_x512_impl.h - AVX-512 (F, BW, VL, DQ) kernels: the AVX2 kernels
+ * recompiled with EVEX, plus 512-bit versions of the hot 32-element types
+ * that take two blocks per iteration. Included by cpu_avx512.c and
+ * cpu_avx512_vnni.c (also -mavx512vnni), whose tables X512_ISA_TABLE fills.
+ * With VNNI the u8 x s8 dots are vpdpbusd instead of maddubs + madd: the
+ * same int32 sums (maddubs cannot saturate on these value ranges: |w| <= 128
+ * and |a| <= 127 keep a pair within int16), so both tables give the same
+ * bits. Everything is static: each translation unit gets its own copy. */
+#pragma once
+
+#include "kernels/cpu/cpu_x86_impl.h"
+
+/* Two blocks' 32 bytes side by side. */
+static inline __m512i x512__join(__m256i lo, __m256i hi) {
+  return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
+static inline __m512 x512__scales(float d0, float d1) {
+  return _mm512_insertf32x8(_mm512_set1_ps(d0), _mm256_set1_ps(d1), 1);
+}
+
+/* Sum of unsigned(ax) * signed(sy) in fours -> 16 floats. */
+static inline __m512 x512__mul_sum_us8_pairs_float(__m512i ax, __m512i sy) {
+#if defined(__AVX512VNNI__)
+  return _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), ax, sy));
+#else
+  const __m512i dot = _mm512_maddubs_epi16(ax, sy);
+  return _mm512_cvtepi32_ps(_mm512_madd_epi16(_mm512_set1_epi16(1), dot));
+#endif
+}
+
+/* signed x signed: |x| * (y with x's sign), as _mm256_sign_epi8 does. */
+static inline __m512 x512__mul_sum_i8_pairs_float(__m512i x, __m512i y) {
+  const __mmask64 neg = _mm512_movepi8_mask(x);
+  const __m512i sy = _mm512_mask_sub_epi8(y, neg, _mm512_setzero_si512(), y);
+  return x512__mul_sum_us8_pairs_float(_mm512_abs_epi8(x), sy);
+}
+
+static inline __m512i x512__load_q8_2(const int8_t *a, const int8_t *b) {
+  return x512__join(_mm256_loadu_si256((const __m256i *)a), _mm256_loadu_si256((const __m256i *)b));
+}
+
+static void x512__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512 d = x512__scales(X86_F16(x[i].d) * X86_F16(y[i].d), X86_F16(x[i + 1].d) * X86_F16(y[i + 1].d));
+    __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    qx = _mm512_sub_epi8(qx, _mm512_set1_epi8(8));
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    acc = _mm512_fmadd_ps(d, x512__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q4_0(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+/* Two blocks' f16 (d, m) or (d, s) fields, at a and b -> [d_a, m_a, d_b, m_b]. */
+static inline __m128 x512__f16x2x2(const void *a, const void *b) {
+  uint32_t u, v;
+  memcpy(&u, a, 4);
+  memcpy(&v, b, 4);
+  return _mm_cvtph_ps(_mm_unpacklo_epi32(_mm_cvtsi32_si128((int)u), _mm_cvtsi32_si128((int)v)));
+}
+
+/* Two blocks' f16 scales d at a and b -> [d_a, d_b, 0, 0]. */
+static inline __m128 x512__f16x1x2(const uint16_t *a, const uint16_t *b) {
+  return _mm_cvtph_ps(_mm_insert_epi16(_mm_cvtsi32_si128(*a), *b, 1));
+}
+
+/* Lanes k0 and k1 of p, each spread over 8 lanes: one block pair's scales. */
+static inline __m512 x512__spread2(__m128 p, int k0, int k1) {
+  const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi32(k0), _mm256_set1_epi32(k1), 1);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(p));
+}
+
+/* One (weight row, activation row) block pair of a Q4_1 x Q8_1 dot: the
+ * products p = [x.d y.d, x.m y.s] per block (xdm and yds hold the two
+ * blocks' [d, m] and [d, s]); acc += p's scales * dot(qx, qy); lane 1 of
+ * summs += x0.m y0.s + x1.m y1.s as one FMA over the rounded second product
+ * (the bits gcc's contraction of the scalar form gave before, which
+ * tensor-parallel runs are compared against). Every Q4_1 form below goes
+ * through here, so a row's result is the same whichever form computes it. */
+static inline void x512__q4_1_step(__m512i qx, __m128 xdm, __m512i qy, __m128 yds, __m512 *acc, __m128 *summs) {
+  const __m128 p = _mm_mul_ps(xdm, yds);
+  *summs = _mm_add_ps(*summs, _mm_fmadd_ps(xdm, yds, _mm_movehl_ps(p, p)));
+  *acc = _mm512_fmadd_ps(x512__spread2(p, 0, 2), x512__mul_sum_us8_pairs_float(qx, qy), *acc);
+}
+
+static inline void x512__q4_1_row(__m512i qx, __m128 xdm, const cpu_block_q8_1 *y, int i, __m512 *acc,
+                                  __m128 *summs) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  x512__q4_1_step(qx, xdm, qy, x512__f16x2x2(&y[i].d, &y[i + 1].d), acc, summs);
+}
+
+static inline float x512__q4_1_total(__m512 acc, __m128 summs) {
+  return _mm512_reduce_add_ps(acc) + _mm_cvtss_f32(_mm_movehdup_ps(summs));
+}
+
+static void x512__vec_dot_q4_1(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  __m128 summs = _mm_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    x512__q4_1_row(qx, x512__f16x2x2(&x[i].d, &x[i + 1].d), y, i, &acc, &summs);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[i], &y[i]);
+  *s = x512__q4_1_total(acc, summs) + tail;
+}
+
+/* Prefill form: one weight row against 4 activation rows; the weight pair
+ * is unpacked once, and each row's arithmetic is the 1-row form's, in its
+ * order, so a row's result does not depend on the batch it is in. */
+static void x512__vec_dot_x4_q4_1(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q4_1 *x = vw;
+  const cpu_block_q8_1 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  const int nb = n / CPU_QK;
+  /* Four named accumulators, not an array: they stay in registers. */
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  __m128 m0 = _mm_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__join(x86__bytes_from_nibbles_32(x[i].qs), x86__bytes_from_nibbles_32(x[i + 1].qs));
+    const __m128 xdm = x512__f16x2x2(&x[i].d, &x[i + 1].d);
+    x512__q4_1_row(qx, xdm, y0, i, &a0, &m0);
+    x512__q4_1_row(qx, xdm, y1, i, &a1, &m1);
+    x512__q4_1_row(qx, xdm, y2, i, &a2, &m2);
+    x512__q4_1_row(qx, xdm, y3, i, &a3, &m3);
+  }
+  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (i < nb) {
+    x86__vec_dot_q4_1(CPU_QK, &t[0], &x[i], &y0[i]);
+    x86__vec_dot_q4_1(CPU_QK, &t[1], &x[i], &y1[i]);
+    x86__vec_dot_q4_1(CPU_QK, &t[2], &x[i], &y2[i]);
+    x86__vec_dot_q4_1(CPU_QK, &t[3], &x[i], &y3[i]);
+  }
+  s[0] = x512__q4_1_total(a0, m0) + t[0];
+  s[1] = x512__q4_1_total(a1, m1) + t[1];
+  s[2] = x512__q4_1_total(a2, m2) + t[2];
+  s[3] = x512__q4_1_total(a3, m3) + t[3];
+}
+
+/* Two weight rows' steps against one activation row's block pair, both
+ * rows' products in one 256-bit multiply: xdm2 = [xdm of row 0, of row 1],
+ * summs2 the two rows' min-term sums side by side (lanes 1 and 5). Lane by
+ * lane it is x512__q4_1_step's arithmetic. */
+static inline void x512__q4_1_col2(const __m512i qx[2], __m256 xdm2, const cpu_block_q8_1 *y, int i, __m512 *acc0,
+                                   __m512 *acc1, __m256 *summs2) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m128 yds = x512__f16x2x2(&y[i].d, &y[i + 1].d);
+  const __m256 yy = _mm256_insertf128_ps(_mm256_castps128_ps256(yds), yds, 1);
+  const __m256 p = _mm256_mul_ps(xdm2, yy);
+  *summs2 = _mm256_add_ps(*summs2, _mm256_fmadd_ps(xdm2, yy, _mm256_shuffle_ps(p, p, _MM_SHUFFLE(3, 2, 3, 2))));
+  const __m512 p512 = _mm512_castps256_ps512(p);
+  const __m512i idx0 = _mm512_inserti64x4(_mm512_set1_epi32(0), _mm256_set1_epi32(2), 1);
+  const __m512i idx1 = _mm512_inserti64x4(_mm512_set1_epi32(4), _mm256_set1_epi32(6), 1);
+  *acc0 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx0, p512), x512__mul_sum_us8_pairs_float(qx[0], qy), *acc0);
+  *acc1 = _mm512_fmadd_ps(_mm512_permutexvar_ps(idx1, p512), x512__mul_sum_us8_pairs_float(qx[1], qy), *acc1);
+}
+
+/* Batched-decode form: 2 weight rows (w, w + w_stride) against 4
+ * activation rows, s[k * 4 + j] for weight row k and activation row j: each
+ * activation pair is loaded and converted once for both weight rows, each
+ * weight pair unpacked once for all 4 activation rows; every (k, j) sums as
+ * the 1-row form does. */
+static void x512__vec_dot_2x4_q4_1(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
+  const cpu_block_q4_1 *x[2] = {vw, (const void *)((const uint8_t *)vw + w_stride)};
+  const cpu_block_q8_1 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  __m256 m0 = _mm256_setzero_ps(), m1 = m0, m2 = m0, m3 = m0;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    __m512i qx[2];
+    for (int k = 0; k < 2; k++)
+      qx[k] = x512__join(x86__bytes_from_nibbles_32(x[k][i].qs), x86__bytes_from_nibbles_32(x[k][i + 1].qs));
+    const __m256 xdm2 = _mm256_insertf128_ps(_mm256_castps128_ps256(x512__f16x2x2(&x[0][i].d, &x[0][i + 1].d)),
+                                             x512__f16x2x2(&x[1][i].d, &x[1][i + 1].d), 1);
+    x512__q4_1_col2(qx, xdm2, y0, i, &a00, &a10, &m0);
+    x512__q4_1_col2(qx, xdm2, y1, i, &a01, &a11, &m1);
+    x512__q4_1_col2(qx, xdm2, y2, i, &a02, &a12, &m2);
+    x512__q4_1_col2(qx, xdm2, y3, i, &a03, &a13, &m3);
+  }
+  const __m512 acc[8] = {a00, a01, a02, a03, a10, a11, a12, a13};
+  const __m256 sm[4] = {m0, m1, m2, m3};
+  const cpu_block_q8_1 *y[4] = {y0, y1, y2, y3};
+  for (int k = 0; k < 8; k++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q4_1(CPU_QK, &tail, &x[k / 4][i], &y[k % 4][i]);
+    const __m128 summs = k < 4 ? _mm256_castps256_ps128(sm[k % 4]) : _mm256_extractf128_ps(sm[k % 4], 1);
+    s[k] = x512__q4_1_total(acc[k], summs) + tail;
+  }
+}
+
+/* A Q8_0 block pair's scales x.d y.d, spread over the pair's 16 lanes (the
+ * products ggml's scalar order gives). */
+static inline __m512 x512__q8_0_scales(__m128 xd, const cpu_block_q8_0 *y, int i) {
+  return x512__spread2(_mm_mul_ps(xd, x512__f16x1x2(&y[i].d, &y[i + 1].d)), 0, 1);
+}
+
+static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y = va;
+  const int nb = n / CPU_QK;
+  __m512 acc = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+    const __m128 xd = x512__f16x1x2(&x[i].d, &x[i + 1].d);
+    acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_i8_pairs_float(qx, qy), acc);
+  }
+  float tail = 0.0f;
+  if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[i]);
+  *s = _mm512_reduce_add_ps(acc) + tail;
+}
+
+/* Prefill form of the above, as x512__vec_dot_x4_q4_1 is of its 1-row form:
+ * the weight's |x|, sign mask and scales once per pair for 4 rows. */
+/* acc += scales * dot(the weight pair, y's pair), the weight pair given as
+ * |x| and x's sign mask. */
+static inline void x512__q8_0_row(__m512i ax, __mmask64 neg, __m128 xd, const cpu_block_q8_0 *y, int i,
+                                  __m512 *acc) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
+  *acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_us8_pairs_float(ax, sy), *acc);
+}
+
+/* A weight pair as the 4-row and 2x4 forms use it. */
+typedef struct {
+  __m512i ax;   /* |x| */
+  __mmask64 neg; /* x's sign */
+  __m128 xd;    /* [d0, d1, 0, 0] */
+} x512__q8_0_pair_t;
+
+static inline x512__q8_0_pair_t x512__q8_0_pair(const cpu_block_q8_0 *x, int i) {
+  const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+  return (x512__q8_0_pair_t){_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx), x512__f16x1x2(&x[i].d, &x[i + 1].d)};
+}
+
+/* Two weight rows' steps against one activation row's block pair. */
+static inline void x512__q8_0_col2(const x512__q8_0_pair_t *p0, const x512__q8_0_pair_t *p1, const cpu_block_q8_0 *y,
+                                   int i, __m512 *acc0, __m512 *acc1) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m128 yd = x512__f16x1x2(&y[i].d, &y[i + 1].d);
+  const __m512i sy0 = _mm512_mask_sub_epi8(qy, p0->neg, _mm512_setzero_si512(), qy);
+  const __m512i sy1 = _mm512_mask_sub_epi8(qy, p1->neg, _mm512_setzero_si512(), qy);
+  *acc0 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p0->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p0->ax, sy0), *acc0);
+  *acc1 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p1->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p1->ax, sy1), *acc1);
+}
+
+/* Batched-decode form of the Q8_0 dot, as x512__vec_dot_2x4_q4_1. */
+static void x512__vec_dot_2x4_q8_0(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
+  const cpu_block_q8_0 *x0 = vw, *x1 = (const void *)((const uint8_t *)vw + w_stride);
+  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const x512__q8_0_pair_t p0 = x512__q8_0_pair(x0, i), p1 = x512__q8_0_pair(x1, i);
+    x512__q8_0_col2(&p0, &p1, y0, i, &a00, &a10);
+    x512__q8_0_col2(&p0, &p1, y1, i, &a01, &a11);
+    x512__q8_0_col2(&p0, &p1, y2, i, &a02, &a12);
+    x512__q8_0_col2(&p0, &p1, y3, i, &a03, &a13);
+  }
+  const __m512 acc[8] = {a00, a01, a02, a03, a10, a11, a12, a13};
+  const cpu_block_q8_0 *x[2] = {x0, x1}, *y[4] = {y0, y1, y2, y3};
+  for (int k = 0; k < 8; k++) {
+    float tail = 0.0f;
+    if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[k / 4][i], &y[k % 4][i]);
+    s[k] = _mm512_reduce_add_ps(acc[k]) + tail;
+  }
+}
+
+static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q8_0 *x = vw;
+  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  const int nb = n / CPU_QK;
+  __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int i = 0;
+  for (; i + 2 <= nb; i += 2) {
+    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __mmask64 neg = _mm512_movepi8_mask(qx);
+    const __m512i ax = _mm512_abs_epi8(qx);
+    const __m128 xd = x512__f16x1x2(&x[i].d, &x[i + 1].d);
+    x512__q8_0_row(ax, neg, xd, y0, i, &a0);
+    x512__q8_0_row(ax, neg, xd, y1, i, &a1);
+    x512__q8_0_row(ax, neg, xd, y2, i, &a2);
+    x512__q8_0_row(ax, neg, xd, y3, i, &a3);
+  }
+  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  if (i < nb) {
+    x86__vec_dot_q8_0(CPU_QK, &t[0], &x[i], &y0[i]);
+    x86__vec_dot_q8_0(CPU_QK, &t[1], &x[i], &y1[i]);
+    x86__vec_dot_q8_0(CPU_QK, &t[2], &x[i], &y2[i]);
+    x86__vec_dot_q8_0(CPU_QK, &t[3], &x[i], &y3[i]);
+  }
+  s[0] = _mm512_reduce_add_ps(a0) + t[0];
+  s[1] = _mm512_reduce_add_ps(a1) + t[1];
+  s[2] = _mm512_reduce_add_ps(a2) + t[2];
+  s[3] = _mm512_reduce_add_ps(a3) + t[3];
+}
+
+static float x512__dot_f32(int n, const float *a, const float *b) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    s0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return s + x86__dot_f32(n - i, a + i, b + i);
+}
+
+static void x512__vec_dot_f32(int n, float *s, const void *w, const void *a) { *s = x512__dot_f32(n, w, a); }
+
+/* 16 int8 per load: the score dot of an int8 KV cache. */
+static float x512__dot_i8(int n, const int8_t *a, const float *b) {
+  __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
+  int i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512 a0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + i))));
+    const __m512 a1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(a + i + 16))));
+    s0 = _mm512_fmadd_ps(a0, _mm512_loadu_ps(b + i), s0);
+    s1 = _mm512_fmadd_ps(a1, _mm512_loadu_ps(b + i + 16), s1);
+  }
+  float s = _mm512_reduce_add_ps(_mm512_add_ps(s0, s1));
+  return s + x86__dot_i8(n - i, a + i, b + i);
+}
+
+static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
+  const __m512 va = _mm512_set1_ps(a);
+  int i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 xv = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(x + i))));
+    _mm512_storeu_ps(y + i, _mm512_fmadd_ps(va, xv, _mm512_loadu_ps(y + i)));
+  }
+  x86__axpy_i8(n - i, a, x + i, y + i);
+}
+
+/* The kernel table of the including file, named isa_name. */
+#define X512_ISA_TABLE(isa_name) \
+  { \
+    .name = isa_name, \
+    .vec_dot = \
+        { \
+            [KERN_F32] = x512__vec_dot_f32, \
+            [KERN_F16] = x86__vec_dot_f16, \
+            [KERN_BF16] = x86__vec_dot_bf16, \
+            [KERN_Q4_0] = x512__vec_dot_q4_0, \
+            [KERN_Q4_1] = x512__vec_dot_q4_1, \
+            [KERN_I4G] = x86__vec_dot_i4g, \
+            [KERN_Q5_0] = x86__vec_dot_q5_0, \
+            [KERN_Q5_1] = x86__vec_dot_q5_1, \
+            [KERN_Q8_0] = x512__vec_dot_q8_0, \
+            [KERN_Q4_K] = x86__vec_dot_q4_K, \
+            [KERN_Q5_K] = x86__vec_dot_q5_K, \
+            [KERN_Q6_K] = x86__vec_dot_q6_K, \
+        }, \
+    /* 4-row forms whose rows sum as the 1-row forms above do: a row must \
+     * give the same result alone or in a batch (the engine relies on it; \
+     * test_matmul_batch_invariant). I4G's 1-row dot here is the AVX2 one, \
+     * which its AVX2 4-row form matches. */ \
+    .vec_dot_x4 = {[KERN_Q4_1] = x512__vec_dot_x4_q4_1, [KERN_Q8_0] = x512__vec_dot_x4_q8_0, \
+                   [KERN_I4G] = x86__vec_dot_x4_i4g}, \
+    .vec_dot_2x4 = {[KERN_Q4_1] = x512__vec_dot_2x4_q4_1, [KERN_Q8_0] = x512__vec_dot_2x4_q8_0}, \
+    .quantize = \
+        { \
+            [KERN_Q8_0] = x86__quantize_q8_0, \
+            [KERN_Q8_1] = x86__quantize_q8_1, \
+            [KERN_Q8_K] = cpu__quantize_q8_K, \
+        }, \
+    .dot_f32 = x512__dot_f32, \
+    .dot_f16 = x86__dot_f16, \
+    .axpy_f32 = x86__axpy_f32, \
+    .axpy_f16 = x86__axpy_f16, \
+    .dot_i8 = x512__dot_i8, \
+    .axpy_i8 = x512__axpy_i8, \
+    .dot_e4m3 = x86__dot_e4m3, \
+    .axpy_e4m3 = x86__axpy_e4m3, \
+  }

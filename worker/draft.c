@@ -21,6 +21,7 @@
  * stale (a rejected proposal's, a block whose tokens it never saw) only
  * lowers the acceptance: the target's verification decides every token. */
 #include <errno.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -195,7 +196,8 @@ static kern_sample_params_t worker__dparams(worker_t *w, proto_step_item_t *it, 
 }
 
 /* Runs one draft pass over the batch for proposal j. Greedy passes leave
- * each sequence's proposal in w->dsamp (sampled on the device); others
+ * each sequence's proposal in w->dsamp (sampled on the device; -1 for a
+ * row that is not finite); others
  * leave the logits (a row per sequence) on the host in w->logits. */
 static int worker__dpass(worker_t *w, proto_step_t *st, worker_dbatch_t *b, int j, bool *greedy) {
   w->dq_start[b->n_seqs] = b->n_tokens;
@@ -210,6 +212,8 @@ static int worker__dpass(worker_t *w, proto_step_t *st, worker_dbatch_t *b, int 
     float lp[WORKER_DRAFT_DEVICE_ROWS];
     for (int s = 0; s < b->n_seqs; s++) sp[s] = worker__dparams(w, &st->items[w->ditem[s]], w->ditem[s], j);
     rc = w->be->ops->sample(w->be->ctx, logits, b->n_seqs, w->vocab, sp, w->dsamp, lp);
+    for (int s = 0; !rc && s < b->n_seqs; s++)
+      if (!isfinite(lp[s])) w->dsamp[s] = -1; /* NaN logits: the item's proposals stop (worker__dtake) */
   } else if (!rc) {
     rc = model_logits_to_host(w->dm, logits, b->n_seqs, w->logits);
   }

@@ -35,6 +35,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
 from local_serve import LocalServer  # noqa: E402
+from skip import main_or_skip  # noqa: E402
 
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 NAME = "tiny-bert"
@@ -177,15 +178,4 @@ class Bert(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if not FERRUMCTL:
-        print("SKIP: FERRUMCTL missing")
-        sys.exit(77)
-    try:
-        import gguf  # noqa: F401
-        import llama_cpp  # noqa: F401
-        import numpy  # noqa: F401
-        import tokenizers  # noqa: F401
-    except ImportError as e:
-        print("SKIP: %s" % e)
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    main_or_skip(programs=[FERRUMCTL], modules=["gguf", "llama_cpp", "numpy", "tokenizers"])

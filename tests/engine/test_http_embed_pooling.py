@@ -24,6 +24,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_serve import LocalServer  # noqa: E402
+from skip import main_or_skip  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -117,13 +118,4 @@ class MeanPooling(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if not (MODEL and os.path.exists(MODEL) and FERRUMCTL):
-        print("SKIP: FERRUM_MODEL or FERRUMCTL missing")
-        sys.exit(77)
-    try:
-        import llama_cpp  # noqa: F401
-        import openai  # noqa: F401
-    except ImportError as e:
-        print("SKIP: %s" % e)
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    main_or_skip(files=[MODEL], programs=[FERRUMCTL], modules=["llama_cpp", "openai"])

@@ -344,9 +344,9 @@ static int worker__attach_control(worker_t *w, uint32_t kv_blocks) {
  * nothing, so speculation's benchmarks force it); -1 when unset or not one. */
 static float worker__force_accept(void) {
   const char *v = getenv("FERRUM_SPEC_FORCE_ACCEPT");
-  char *end;
-  float p = v && *v ? strtof(v, &end) : -1.0f;
   if (!v || !*v) return -1.0f;
+  char *end;
+  float p = strtof(v, &end);
   if (*end || !(p >= 0.0f && p <= 1.0f)) {
     FR_LOGW("FERRUM_SPEC_FORCE_ACCEPT=%s is not a probability in [0, 1]: ignored", v);
     return -1.0f;

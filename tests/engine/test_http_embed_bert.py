@@ -35,6 +35,7 @@ import unittest
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "common"))
 from local_serve import LocalServer  # noqa: E402
+from embed_util import cosine, embeddings, llama_embedder  # noqa: E402
 from skip import main_or_skip  # noqa: E402
 
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -68,20 +69,11 @@ def gguf_path():
 
 
 def llama(pooling):
-    import llama_cpp
-    pt = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS}[pooling]
-    return llama_cpp.Llama(gguf_path(), embedding=True, pooling_type=pt, n_ctx=128, n_threads=2, verbose=False)
-
-
-def cosine(a, b):
-    dot = sum(x * y for x, y in zip(a, b))
-    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
+    return llama_embedder(gguf_path(), pooling, 128)
 
 
 def embed(s, inputs):
-    st, body = s.json("POST", "/v1/embeddings", {"model": NAME, "input": inputs})
-    assert st == 200, body
-    return [d["embedding"] for d in sorted(body["data"], key=lambda d: d["index"])], body
+    return embeddings(s, NAME, inputs)
 
 
 class Bert(unittest.TestCase):

@@ -24,6 +24,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_serve import LocalServer  # noqa: E402
+from embed_util import cosine, embeddings, llama_embedder  # noqa: E402
 from skip import main_or_skip  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
@@ -39,12 +40,8 @@ refs = {}  # pooling type -> llama.cpp
 
 
 def ref(kind):
-    import llama_cpp
     if kind not in refs:
-        pt = {"mean": llama_cpp.LLAMA_POOLING_TYPE_MEAN, "cls": llama_cpp.LLAMA_POOLING_TYPE_CLS,
-              "last": llama_cpp.LLAMA_POOLING_TYPE_LAST}[kind]
-        refs[kind] = llama_cpp.Llama(MODEL, embedding=True, pooling_type=pt, n_ctx=MAX_LEN, n_threads=2,
-                                     verbose=False)
+        refs[kind] = llama_embedder(MODEL, kind, MAX_LEN)
     return refs[kind]
 
 
@@ -64,15 +61,8 @@ def tearDownModule():
         srv.stop()
 
 
-def cosine(a, b):
-    dot = sum(x * y for x, y in zip(a, b))
-    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
-
-
 def embed(s, inputs):
-    st, body = s.json("POST", "/v1/embeddings", {"model": NAME, "input": inputs})
-    assert st == 200, body
-    return [d["embedding"] for d in sorted(body["data"], key=lambda d: d["index"])]
+    return embeddings(s, NAME, inputs)[0]
 
 
 class MeanPooling(unittest.TestCase):

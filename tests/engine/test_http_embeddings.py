@@ -27,6 +27,7 @@ import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_serve import LocalServer  # noqa: E402
+from embed_util import cosine, embeddings, llama_embedder  # noqa: E402
 from skip import main_or_skip  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
@@ -45,9 +46,7 @@ ref = None  # llama.cpp
 
 def setUpModule():
     global srv, ref
-    import llama_cpp
-    ref = llama_cpp.Llama(MODEL, embedding=True, pooling_type=llama_cpp.LLAMA_POOLING_TYPE_LAST, n_ctx=MAX_LEN,
-                          n_threads=2, verbose=False)
+    ref = llama_embedder(MODEL, "last", MAX_LEN)
     srv = LocalServer(FERRUMCTL, ["--model", MODEL, "--task", "embed", "--host", "127.0.0.1", "--served-model-name",
                                   NAME, "--max-model-len", str(MAX_LEN), "--max-num-batched-tokens", str(BUDGET),
                                   "--threads", "2"])
@@ -58,15 +57,8 @@ def tearDownModule():
         srv.stop()
 
 
-def cosine(a, b):
-    dot = sum(x * y for x, y in zip(a, b))
-    return dot / (sum(x * x for x in a) ** 0.5 * sum(y * y for y in b) ** 0.5)
-
-
 def embed(inputs, **extra):
-    st, body = srv.json("POST", "/v1/embeddings", dict({"model": NAME, "input": inputs}, **extra))
-    assert st == 200, body
-    return [d["embedding"] for d in sorted(body["data"], key=lambda d: d["index"])], body
+    return embeddings(srv, NAME, inputs, **extra)
 
 
 class Embeddings(unittest.TestCase):

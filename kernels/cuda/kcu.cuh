@@ -134,7 +134,7 @@ typedef struct {
   float *f32_tmp;          /* to_f32_host staging */
   size_t f32_tmp_n;
   void *samp_dev, *samp_pin; /* sample params in, (token, logprob) out */
-  int samp_cap;
+  size_t samp_cap; /* rows */
   kcu_pen_t *pen_dev, *pen_pin; /* the step's penalized tokens (kcu_sample) */
   size_t pen_cap;
   int32_t *pen_sort;         /* host scratch for building them */

@@ -341,19 +341,27 @@ static size_t kcu_pen_sorted(kcu_ctx_t *c, size_t at, const int32_t *tok, int n,
   return m;
 }
 
+/* Grows a device buffer and its pinned host twin (*cap elements of elem
+ * bytes) to hold n elements, at least twofold; their contents are lost.
+ * The sampler is never captured in a graph, so the addresses may change. */
+static int kcu_samp_grow(kcu_ctx_t *c, size_t n, size_t elem, void **dev, void **pin, size_t *cap, const char *what) {
+  if (n <= *cap) return 0;
+  size_t want = FR_MAX(n, 2 * *cap);
+  kcu__free(*dev);
+  cudaFreeHost(*pin);
+  *dev = *pin = NULL;
+  *cap = 0;
+  int rc = kcu__alloc(c, want * elem, dev, what);
+  if (rc) return rc;
+  KCU_CHECK(cudaMallocHost(pin, want * elem));
+  *cap = want;
+  return 0;
+}
+
 /* Grows the host and device penalty lists to hold n entries. */
 static int kcu_pen_reserve(kcu_ctx_t *c, size_t n) {
-  if (n <= c->pen_cap) return 0;
-  size_t cap = FR_MAX(n, 2 * c->pen_cap);
-  kcu__free(c->pen_dev);
-  cudaFreeHost(c->pen_pin);
-  c->pen_dev = c->pen_pin = NULL;
-  c->pen_cap = 0;
-  int rc = kcu__alloc(c, cap * sizeof(kcu_pen_t), (void **)&c->pen_dev, "sampling penalty lists");
-  if (rc) return rc;
-  KCU_CHECK(cudaMallocHost((void **)&c->pen_pin, cap * sizeof(kcu_pen_t)));
-  c->pen_cap = cap;
-  return 0;
+  return kcu_samp_grow(c, n, sizeof(kcu_pen_t), (void **)&c->pen_dev, (void **)&c->pen_pin, &c->pen_cap,
+                       "sampling penalty lists");
 }
 
 /* The min_tokens bans a row applies now (0 once it has enough output). */
@@ -462,25 +470,16 @@ static int kcu_mask_words(const kern_sample_params_t *h, int vocab) {
 }
 
 /* Packs the rows' masks into c->mask_pin, row after row, and uploads them
- * to c->mask_dev (both grown to fit; the sampler is not graph-captured,
- * so their address may change between calls); sp[i].mask_off/n_mask say
- * where a row's are. */
+ * to c->mask_dev (both grown to fit); sp[i].mask_off/n_mask say where a
+ * row's are. */
 static int kcu_mask_upload(kcu_ctx_t *c, const kern_sample_params_t *params_host, int n_rows, int vocab,
                            kcu_sparams_t *sp) {
   size_t n = 0;
   for (int i = 0; i < n_rows; i++) n += (size_t)kcu_mask_words(&params_host[i], vocab);
   if (n > INT32_MAX) return fr_errorf(FR_ETOOBIG, "cuda: sample: %zu mask words", n);
-  if (n > c->mask_cap) {
-    size_t cap = FR_MAX(n, 2 * c->mask_cap);
-    kcu__free(c->mask_dev);
-    cudaFreeHost(c->mask_pin);
-    c->mask_dev = c->mask_pin = NULL;
-    c->mask_cap = 0;
-    int rc = kcu__alloc(c, cap * sizeof(uint32_t), (void **)&c->mask_dev, "sampling masks");
-    if (rc) return rc;
-    KCU_CHECK(cudaMallocHost((void **)&c->mask_pin, cap * sizeof(uint32_t)));
-    c->mask_cap = cap;
-  }
+  int rc = kcu_samp_grow(c, n, sizeof(uint32_t), (void **)&c->mask_dev, (void **)&c->mask_pin, &c->mask_cap,
+                         "sampling masks");
+  if (rc) return rc;
   size_t at = 0;
   for (int i = 0; i < n_rows; i++) {
     const int w = kcu_mask_words(&params_host[i], vocab);
@@ -499,15 +498,8 @@ int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const k
   if (vocab <= 0) return fr_errorf(FR_EFORMAT, "cuda: sample: vocab %d", vocab);
   /* params in; (token, logprob) out, then the top (id, logprob) pairs */
   const size_t top_b = 8 * KERN_SAMPLE_MAX_TOP, row_b = sizeof(kcu_sparams_t) + 8 + top_b;
-  if (n_rows > c->samp_cap) {
-    kcu__free(c->samp_dev);
-    cudaFreeHost(c->samp_pin);
-    c->samp_dev = c->samp_pin = NULL;
-    c->samp_cap = 0;
-    if ((rc = kcu__alloc(c, row_b * n_rows, &c->samp_dev, "sample buffers"))) return rc;
-    KCU_CHECK(cudaMallocHost(&c->samp_pin, row_b * n_rows));
-    c->samp_cap = n_rows;
-  }
+  if ((rc = kcu_samp_grow(c, (size_t)n_rows, row_b, &c->samp_dev, &c->samp_pin, &c->samp_cap, "sample buffers")))
+    return rc;
   /* the previous sample's uploads have finished: it synchronized */
   size_t bound = 0; /* penalty list entries at most */
   for (int i = 0; i < n_rows; i++) {

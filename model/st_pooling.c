@@ -17,17 +17,23 @@
 
 #define ST_MAX_JSON (1u << 20) /* these files are a few hundred bytes */
 
-static json_t *st_load(const char *dir, const char *name) {
+/* dir/name parsed into *root, or *root NULL when there is no such file;
+ * a file that cannot be read or is not JSON is an error naming it. */
+static int st_load(const char *dir, const char *name, json_t **root) {
   char path[4096];
   char *text = NULL;
   size_t len = 0;
   struct stat sb;
+  json_error_t je;
+  *root = NULL;
   snprintf(path, sizeof path, "%s/%s", dir, name);
-  if (stat(path, &sb) != 0) return NULL;
-  if (model__file_read("sentence-transformers", path, ST_MAX_JSON, &text, &len)) return NULL;
-  json_t *root = json_loadb(text, len, 0, NULL);
+  if (stat(path, &sb) != 0) return 0;
+  int rc = model__file_read("sentence-transformers", path, ST_MAX_JSON, &text, &len);
+  if (rc) return rc;
+  /* numbers as reals: only strings and booleans are read */
+  *root = json_loadb(text, len, JSON_DECODE_INT_AS_REAL, &je);
   free(text);
-  return root;
+  return *root ? 0 : fr_errorf(FR_EFORMAT, "sentence-transformers: %s: %s (line %d)", path, je.text, je.line);
 }
 
 /* A module that changes the vectors after pooling (Dense, LayerNorm, ...)
@@ -88,16 +94,21 @@ static int st_mode(json_t *cfg, model_pooling_t *out) {
 }
 
 int model_st_pooling(const char *dir, model_pooling_t *out) {
-  json_t *modules = st_load(dir, "modules.json");
-  if (!modules) return 0; /* not a sentence-transformers model: the pooling stays as it was */
-  int rc = json_is_array(modules) ? st_check_modules(modules) : 0;
-  const char *sub = json_is_array(modules) && !rc ? st_pooling_dir(modules) : NULL;
+  json_t *modules;
+  int rc = st_load(dir, "modules.json", &modules);
+  if (rc || !modules) return rc; /* none: not a sentence-transformers model, the pooling stays as it was */
+  rc = json_is_array(modules) ? st_check_modules(modules)
+                              : fr_errorf(FR_EFORMAT, "sentence-transformers: %s/modules.json is not a list", dir);
+  const char *sub = !rc ? st_pooling_dir(modules) : NULL;
   if (sub) {
     char name[1024];
     snprintf(name, sizeof name, "%s/config.json", sub);
-    json_t *cfg = st_load(dir, name);
-    rc = json_is_object(cfg) ? st_mode(cfg, out)
-                             : fr_errorf(FR_EFORMAT, "sentence-transformers: %s/%s is missing or not JSON", dir, name);
+    json_t *cfg;
+    rc = st_load(dir, name, &cfg);
+    if (!rc)
+      rc = json_is_object(cfg) ? st_mode(cfg, out)
+                               : fr_errorf(FR_EFORMAT, "sentence-transformers: %s/%s is missing or not an object",
+                                           dir, name);
     json_decref(cfg);
   }
   json_decref(modules);

@@ -167,6 +167,12 @@ class Bert(unittest.TestCase):
                             "--port", "0", "--threads", "1"], capture_output=True, text=True, timeout=60)
         self.assertNotEqual(p.returncode, 0)
         self.assertIn("Dense", p.stderr)
+        with open(os.path.join(folder, "modules.json"), "w") as f:
+            f.write("[{\"type\": ")  # cut short: an error naming the file, not the default pooling
+        p = subprocess.run([FERRUMCTL, "serve", "--model", folder, "--task", "embed", "--host", "127.0.0.1",
+                            "--port", "0", "--threads", "1"], capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertIn("modules.json", p.stderr)
 
 
 if __name__ == "__main__":

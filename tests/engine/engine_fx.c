@@ -96,10 +96,62 @@ int efx_start(efx_server_t *s, const char *const *extra) {
   return efx_start_opts(s, &o, extra);
 }
 
-/* Says on stderr why a call failed (fr_last_error) and prints the end of
- * the server's log, so a failure in CI explains itself. */
+/* The first line of a /proc file into buf ("" when unreadable). */
+static void efx__proc_line(const char *path, char *buf, size_t cap) {
+  buf[0] = 0;
+  FILE *f = fopen(path, "r");
+  if (!f) return;
+  if (!fgets(buf, (int)cap, f)) buf[0] = 0;
+  fclose(f);
+  buf[strcspn(buf, "\n")] = 0;
+}
+
+/* One line per thread of pid: its state and the kernel function it waits
+ * in (where a hung process sits). */
+static void efx__dump_threads(pid_t pid, const char *who) {
+  char dir[64];
+  snprintf(dir, sizeof dir, "/proc/%d/task", (int)pid);
+  DIR *d = opendir(dir);
+  if (!d) return;
+  struct dirent *e;
+  while ((e = readdir(d))) {
+    if (e->d_name[0] == '.') continue;
+    char path[384], stat[512], wchan[128], comm[64];
+    snprintf(path, sizeof path, "%s/%s/stat", dir, e->d_name);
+    efx__proc_line(path, stat, sizeof stat);
+    snprintf(path, sizeof path, "%s/%s/wchan", dir, e->d_name);
+    efx__proc_line(path, wchan, sizeof wchan);
+    snprintf(path, sizeof path, "%s/%s/comm", dir, e->d_name);
+    efx__proc_line(path, comm, sizeof comm);
+    const char *st = strrchr(stat, ')');
+    fprintf(stderr, "  %s pid %d tid %s (%s): state %c, wchan %s\n", who, (int)pid, e->d_name, comm,
+            st && st[1] ? st[2] : '?', wchan[0] ? wchan : "-");
+  }
+  closedir(d);
+}
+
+/* What the server's processes are doing and what its scheduler holds. */
+static void efx__dump_server(const efx_server_t *s) {
+  if (s->pid <= 0) return;
+  efx__dump_threads(s->pid, "server");
+  pid_t w[8];
+  int n = efx_worker_pids(s, w, 8);
+  for (int i = 0; i < n; i++) efx__dump_threads(w[i], "worker");
+  proto_status_reply_t st;
+  if (efx_status(s, &st) == 0)
+    fprintf(stderr, "  status: %u queued, %u running, %u workers ready, %u restarts, KV %u/%u blocks\n", st.queued,
+            st.running, st.n_workers, st.worker_restarts, st.kv_used_blocks, st.kv_total_blocks);
+  else
+    fprintf(stderr, "  status: no answer (%s)\n", fr_last_error());
+}
+
+/* Says on stderr why a call failed (fr_last_error), what the server's
+ * processes are doing and the end of its log, so a failure in CI explains
+ * itself. */
 static void efx__report(const efx_server_t *s, const char *what) {
-  fprintf(stderr, "efx: %s failed: %s\n--- end of %s\n", what, fr_last_error(), s->err_path);
+  fprintf(stderr, "efx: %s failed: %s\n", what, fr_last_error());
+  efx__dump_server(s);
+  fprintf(stderr, "--- end of %s\n", s->err_path);
   FILE *f = fopen(s->err_path, "r");
   if (!f) return;
   char line[512], tail[40][512];

@@ -82,6 +82,14 @@ typedef struct {
   void (*axpy_i8)(int n, float a, const int8_t *x, float *y);    /* y += a * x */
   float (*dot_e4m3)(int n, const uint8_t *a, const float *b);
   void (*axpy_e4m3)(int n, float a, const uint8_t *x, float *y); /* y += a * x */
+  /* Attention over n consecutive rows of an f16 KV cache (row o at k + o *
+   * stride elements), optional (NULL: a dot_f16 / axpy_f16 call per row).
+   * scores_f16: s[o] = scale * dot_f16(hd, k + o * stride, q), each as
+   * dot_f16 computes it. pv_f16: acc += f16(w[o] * inv) * (v + o * stride)
+   * for o = 0..n-1 in order, the weight rounded to f16 first: as n
+   * axpy_f16 calls. */
+  void (*scores_f16)(int hd, const uint16_t *k, size_t stride, int n, const float *q, float scale, float *s);
+  void (*pv_f16)(int hd, const float *w, float inv, const uint16_t *v, size_t stride, int n, float *acc);
 } cpu_isa_t;
 
 extern const cpu_isa_t cpu_isa_scalar;

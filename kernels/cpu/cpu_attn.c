@@ -49,6 +49,10 @@ static void cpu__attn_scores(const cpu_attn_job_t *j, const uint8_t *kh, const f
                              float *s) {
   const cpu_isa_t *isa = j->ctx->isa;
   const size_t kvd = (size_t)j->n_kv_heads * (size_t)j->head_dim;
+  if (j->f16 && isa->scores_f16) {
+    isa->scores_f16(j->head_dim, (const uint16_t *)kh + row0 * kvd, kvd, n, qv, j->scale, s);
+    return;
+  }
   for (int o = 0; o < n; o++) {
     size_t e = (row0 + (size_t)o) * kvd;
     s[o] = j->scale * (j->f16 ? isa->dot_f16(j->head_dim, (const uint16_t *)kh + e, qv)
@@ -86,6 +90,23 @@ static inline void cpu__attn_pv(const cpu_attn_job_t *j, float p, size_t e, size
 /* Rounds x to the nearest f16 value (what ggml's f16 vec_dot sees). */
 static inline float cpu__round_f16(float x) { return fr_fp16_to_fp32(fr_fp32_to_fp16(x)); }
 
+/* acc += p(i) * V row i for the keys i0..i0+n-1 of one block (slots row0
+ * onwards), p(i) = e[i] * inv (rounded to f16 over an f16 cache). */
+static void cpu__attn_pv_block(const cpu_attn_job_t *j, const float *e, float inv, size_t row0, int n, size_t kvh,
+                               float *acc) {
+  const size_t kvd = (size_t)j->n_kv_heads * (size_t)j->head_dim;
+  const cpu_isa_t *isa = j->ctx->isa;
+  if (j->f16 && isa->pv_f16) {
+    isa->pv_f16(j->head_dim, e, inv, (const uint16_t *)j->vb + row0 * kvd + kvh * (size_t)j->head_dim, kvd, n, acc);
+    return;
+  }
+  for (int o = 0; o < n; o++) {
+    const float p = j->f16 ? cpu__round_f16(e[o] * inv) : e[o] * inv;
+    const size_t slot = row0 + (size_t)o;
+    cpu__attn_pv(j, p, slot * kvd + kvh * (size_t)j->head_dim, slot * (size_t)j->n_kv_heads + kvh, acc);
+  }
+}
+
 static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   const cpu_ctx_t *ctx = j->ctx;
   const int t = (int)(item / j->n_heads), h = (int)(item % j->n_heads), hd = j->head_dim;
@@ -98,7 +119,7 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   const int n_q = ctx->q_start[s + 1] - ctx->q_start[s];
   const int pos = ctx->ctx_len[s] - n_q + (t - ctx->q_start[s]);
   const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
-  const size_t kvh = (size_t)(h / j->group), kvd = (size_t)j->n_kv_heads * (size_t)hd;
+  const size_t kvh = (size_t)(h / j->group);
   const uint8_t *kh = j->kb + kvh * (size_t)hd * j->es;
   float *qv = scratch, *acc = scratch + hd, *sc = scratch + 2 * (size_t)hd; /* sc: (pos + 1) scores */
   const float *q = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
@@ -119,10 +140,11 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   }
   const float inv = (float)(1.0 / sum);
   memset(acc, 0, (size_t)hd * sizeof(float));
-  for (int i = lo; i <= pos; i++) {
-    const float p = j->f16 ? cpu__round_f16(sc[i] * inv) : sc[i] * inv;
-    const size_t slot = (size_t)bt[i / j->block_size] * (size_t)j->block_size + (size_t)(i % j->block_size);
-    cpu__attn_pv(j, p, slot * kvd + kvh * (size_t)hd, slot * (size_t)j->n_kv_heads + kvh, acc);
+  for (int i = lo; i <= pos;) { /* block by block, from lo (which may sit inside a block) */
+    const int b = i / j->block_size, off = i % j->block_size;
+    const int n = FR_MIN(j->block_size - off, pos + 1 - i);
+    cpu__attn_pv_block(j, sc + i, inv, (size_t)bt[b] * (size_t)j->block_size + (size_t)off, n, kvh, acc);
+    i += n;
   }
   memcpy(o, acc, (size_t)hd * sizeof(float));
 }

@@ -36,5 +36,7 @@ const cpu_isa_t cpu_isa_avx2 = {
     .axpy_i8 = x86__axpy_i8,
     .dot_e4m3 = x86__dot_e4m3,
     .axpy_e4m3 = x86__axpy_e4m3,
+    .scores_f16 = x86__scores_f16,
+    .pv_f16 = x86__pv_f16,
 };
 #endif

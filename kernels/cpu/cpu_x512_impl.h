@@ -354,6 +354,57 @@ static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
   x86__axpy_i8(n - i, a, x + i, y + i);
 }
 
+/* Attention scores with the query in registers: one 512-bit FMA per 16
+ * elements, whose low and high halves are dot_f16's two 8-lane sums over
+ * the same elements in the same order, then added and reduced as dot_f16
+ * does: the same bits (hd % 16 == 0, hd <= 128 here). */
+static void x512__scores_f16(int hd, const uint16_t *k, size_t stride, int n, const float *q, float scale, float *s) {
+  if (hd % 16 || hd > 128) {
+    x86__scores_f16(hd, k, stride, n, q, scale, s);
+    return;
+  }
+  const int nc = hd / 16;
+  __m512 qv[8];
+  for (int c = 0; c < nc; c++) qv[c] = _mm512_loadu_ps(q + 16 * c);
+  for (int o = 0; o < n; o++) {
+    const uint16_t *kr = k + (size_t)o * stride;
+    __m512 acc = _mm512_setzero_ps();
+    for (int c = 0; c < nc; c++)
+      acc = _mm512_fmadd_ps(_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(kr + 16 * c))), qv[c], acc);
+    const __m256 sum = _mm256_add_ps(_mm512_castps512_ps256(acc), _mm512_extractf32x8_ps(acc, 1));
+    s[o] = scale * x86__hsum_f32_8(sum);
+  }
+}
+
+/* pv_f16 with 16-wide registers: elementwise FMAs, so the width does not
+ * change any element's sum. */
+static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, size_t stride, int n, float *acc) {
+  int d = 0;
+  for (; d + 128 <= hd; d += 128) {
+    __m512 a[8];
+    for (int c = 0; c < 8; c++) a[c] = _mm512_loadu_ps(acc + d + 16 * c);
+    for (int o = 0; o < n; o++) {
+      const __m512 p = _mm512_set1_ps(x86__round_f16(w[o] * inv));
+      const uint16_t *vr = v + (size_t)o * stride + d;
+      for (int c = 0; c < 8; c++)
+        a[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c))), a[c]);
+    }
+    for (int c = 0; c < 8; c++) _mm512_storeu_ps(acc + d + 16 * c, a[c]);
+  }
+  for (; d + 64 <= hd; d += 64) {
+    __m512 a[4];
+    for (int c = 0; c < 4; c++) a[c] = _mm512_loadu_ps(acc + d + 16 * c);
+    for (int o = 0; o < n; o++) {
+      const __m512 p = _mm512_set1_ps(x86__round_f16(w[o] * inv));
+      const uint16_t *vr = v + (size_t)o * stride + d;
+      for (int c = 0; c < 4; c++)
+        a[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c))), a[c]);
+    }
+    for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + d + 16 * c, a[c]);
+  }
+  if (d < hd) x86__pv_f16(hd - d, w, inv, v + d, stride, n, acc + d);
+}
+
 /* The kernel table of the including file, named isa_name. */
 #define X512_ISA_TABLE(isa_name) \
   { \
@@ -394,4 +445,6 @@ static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
     .axpy_i8 = x512__axpy_i8, \
     .dot_e4m3 = x86__dot_e4m3, \
     .axpy_e4m3 = x86__axpy_e4m3, \
+    .scores_f16 = x512__scores_f16, \
+    .pv_f16 = x512__pv_f16, \
   }

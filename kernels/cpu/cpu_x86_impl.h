@@ -533,3 +533,32 @@ static inline void x86__axpy_f16(int n, float a, const uint16_t *x, float *y) {
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(va, x86__load_f16(x + i), _mm256_loadu_ps(y + i)));
   for (; i < n; i++) y[i] += a * X86_F16(x[i]);
 }
+
+/* Attention block kernels (cpu_isa_t's scores_f16, pv_f16). */
+static inline void x86__scores_f16(int hd, const uint16_t *k, size_t stride, int n, const float *q, float scale,
+                                   float *s) {
+  for (int o = 0; o < n; o++) s[o] = scale * x86__dot_f16(hd, k + (size_t)o * stride, q);
+}
+
+/* x rounded to f16 and back, as the software conversion in fr_util.h rounds
+ * (to nearest even). */
+static inline float x86__round_f16(float x) { return _cvtsh_ss(_cvtss_sh(x, _MM_FROUND_TO_NEAREST_INT)); }
+
+/* acc[0..63] stays in eight registers across the rows (hd % 64 == 0 here;
+ * each element's sum is the same chain of FMAs as axpy_f16's). */
+static inline void x86__pv_f16(int hd, const float *w, float inv, const uint16_t *v, size_t stride, int n,
+                               float *acc) {
+  int d = 0;
+  for (; d + 64 <= hd; d += 64) {
+    __m256 a[8];
+    for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(acc + d + 8 * c);
+    for (int o = 0; o < n; o++) {
+      const __m256 p = _mm256_set1_ps(x86__round_f16(w[o] * inv));
+      const uint16_t *vr = v + (size_t)o * stride + d;
+      for (int c = 0; c < 8; c++) a[c] = _mm256_fmadd_ps(p, x86__load_f16(vr + 8 * c), a[c]);
+    }
+    for (int c = 0; c < 8; c++) _mm256_storeu_ps(acc + d + 8 * c, a[c]);
+  }
+  if (d < hd)
+    for (int o = 0; o < n; o++) x86__axpy_f16(hd - d, x86__round_f16(w[o] * inv), v + (size_t)o * stride + d, acc + d);
+}

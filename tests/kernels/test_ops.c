@@ -16,6 +16,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
+#include "kernels/cpu/cpu.h"
 #include "kernels/kern.h"
 
 /* ---- configurations: (kernel path, threads) ---- */
@@ -280,6 +281,46 @@ START_TEST(test_matmul_vnni_exact) {
   kern_backend_destroy(v);
 }
 END_TEST
+
+#if defined(__x86_64__)
+/* The attention block kernels (scores_f16, pv_f16) of every x86 table this
+ * CPU runs give the bits of the per-row dot_f16 / axpy_f16 calls they
+ * replace: head sizes on and off their fast paths, 1 to 16 rows. */
+START_TEST(test_attention_block_kernels_exact) {
+  static const struct {
+    const char *name;
+    const cpu_isa_t *isa;
+  } tables[] = {{"avx2", &cpu_isa_avx2}, {"avx512", &cpu_isa_avx512}, {"avx512vnni", &cpu_isa_avx512vnni}};
+  static const int hds[] = {64, 128, 80, 96, 256, 40};
+  enum { MAX_HD = 256, KV_HEADS = 3, ROWS = 16 };
+  uint16_t *kv = malloc(sizeof(uint16_t) * ROWS * KV_HEADS * MAX_HD);
+  float q[MAX_HD], w[ROWS], s1[ROWS], s2[ROWS], a1[MAX_HD], a2[MAX_HD];
+  int tested = 0;
+  for (size_t t = 0; t < FR_ARRAY_SIZE(tables); t++) {
+    const cpu_isa_t *isa = tables[t].isa;
+    if (!kern_cpu_isa_supported(tables[t].name) || !isa->scores_f16 || !isa->pv_f16) continue;
+    for (size_t h = 0; h < FR_ARRAY_SIZE(hds); h++)
+      for (int n = 1; n <= ROWS; n += 5) {
+        const int hd = hds[h];
+        const size_t stride = (size_t)KV_HEADS * (size_t)hd;
+        for (size_t i = 0; i < (size_t)ROWS * stride; i++) kv[i] = fr_fp32_to_fp16(rnd_f());
+        for (int d = 0; d < hd; d++) q[d] = rnd_f(), a1[d] = a2[d] = rnd_f();
+        for (int o = 0; o < n; o++) w[o] = rnd_f();
+        isa->scores_f16(hd, kv + hd, stride, n, q, 0.125f, s1);
+        for (int o = 0; o < n; o++) s2[o] = 0.125f * isa->dot_f16(hd, kv + hd + (size_t)o * stride, q);
+        ck_assert_msg(!memcmp(s1, s2, sizeof(float) * (size_t)n), "%s scores_f16 hd %d n %d", tables[t].name, hd, n);
+        isa->pv_f16(hd, w, 0.37f, kv + hd, stride, n, a1);
+        for (int o = 0; o < n; o++)
+          isa->axpy_f16(hd, fr_fp16_to_fp32(fr_fp32_to_fp16(w[o] * 0.37f)), kv + hd + (size_t)o * stride, a2);
+        ck_assert_msg(!memcmp(a1, a2, sizeof(float) * (size_t)hd), "%s pv_f16 hd %d n %d", tables[t].name, hd, n);
+        tested++;
+      }
+  }
+  free(kv);
+  if (!tested) fprintf(stderr, "skip: no x86 table with attention block kernels runs here\n");
+}
+END_TEST
+#endif
 
 /* A weight with an input permutation (GPTQ act-order): column k multiplies
  * x[perm[k]], as the reference computes it, on every path. */
@@ -902,6 +943,9 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_rope, 0, N_CFG);
   tcase_add_loop_test(tc, test_kv_append_copy, 0, N_CFG);
   tcase_add_loop_test(tc, test_attention, 0, N_CFG);
+#if defined(__x86_64__)
+  tcase_add_test(tc, test_attention_block_kernels_exact);
+#endif
   tcase_add_loop_test(tc, test_moe_ffn, 0, N_CFG);
   tcase_add_test(tc, test_step_errors);
   suite_add_tcase(s, tc);

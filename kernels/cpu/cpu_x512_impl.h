@@ -210,22 +210,50 @@ static inline __m512 x512__q8_0_scales(__m128 xd, const cpu_block_q8_0 *y, int i
   return x512__spread2(_mm_mul_ps(xd, x512__f16x1x2(&y[i].d, &y[i + 1].d)), 0, 1);
 }
 
-static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) {
-  const cpu_block_q8_0 *x = vw;
+/* The Q8_0 forms below also serve Q5_0 (q5: its 5-bit values, q5 - 16, as
+ * signed bytes): the same arithmetic on the unpacked bytes. */
+
+/* Blocks i and i + 1 of a Q8_0 or Q5_0 row as 64 signed bytes. */
+static inline __m512i x512__w8_pair(const void *vx, int i, bool q5) {
+  if (!q5) {
+    const cpu_block_q8_0 *x = vx;
+    return x512__load_q8_2(x[i].qs, x[i + 1].qs);
+  }
+  const cpu_block_q5_0 *x = vx;
+  return x512__join(x86__q5_0_bytes(&x[i]), x86__q5_0_bytes(&x[i + 1]));
+}
+
+/* [d of block i, d of block i + 1, 0, 0] */
+static inline __m128 x512__w8_d(const void *vx, int i, bool q5) {
+  if (!q5) return x512__f16x1x2(&((const cpu_block_q8_0 *)vx)[i].d, &((const cpu_block_q8_0 *)vx)[i + 1].d);
+  return x512__f16x1x2(&((const cpu_block_q5_0 *)vx)[i].d, &((const cpu_block_q5_0 *)vx)[i + 1].d);
+}
+
+/* The odd last block, by the AVX2 1-row dot. */
+static inline float x512__w8_tail(const void *vx, int i, const cpu_block_q8_0 *y, bool q5) {
+  float t = 0.0f;
+  if (q5) x86__vec_dot_q5_0(CPU_QK, &t, &((const cpu_block_q5_0 *)vx)[i], &y[i]);
+  else x86__vec_dot_q8_0(CPU_QK, &t, &((const cpu_block_q8_0 *)vx)[i], &y[i]);
+  return t;
+}
+
+static inline void x512__dot_w8(int n, float *s, const void *vw, const void *va, bool q5) {
   const cpu_block_q8_0 *y = va;
   const int nb = n / CPU_QK;
   __m512 acc = _mm512_setzero_ps();
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
+    const __m512i qx = x512__w8_pair(vw, i, q5);
     const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-    const __m128 xd = x512__f16x1x2(&x[i].d, &x[i + 1].d);
+    const __m128 xd = x512__w8_d(vw, i, q5);
     acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_i8_pairs_float(qx, qy), acc);
   }
-  float tail = 0.0f;
-  if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[i], &y[i]);
+  const float tail = i < nb ? x512__w8_tail(vw, i, y, q5) : 0.0f;
   *s = _mm512_reduce_add_ps(acc) + tail;
 }
+
+static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) { x512__dot_w8(n, s, vw, va, false); }
+static void x512__vec_dot_q5_0(int n, float *s, const void *vw, const void *va) { x512__dot_w8(n, s, vw, va, true); }
 
 /* Prefill form of the above, as x512__vec_dot_x4_q4_1 is of its 1-row form:
  * the weight's |x|, sign mask and scales once per pair for 4 rows. */
@@ -245,9 +273,9 @@ typedef struct {
   __m128 xd;    /* [d0, d1, 0, 0] */
 } x512__q8_0_pair_t;
 
-static inline x512__q8_0_pair_t x512__q8_0_pair(const cpu_block_q8_0 *x, int i) {
-  const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
-  return (x512__q8_0_pair_t){_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx), x512__f16x1x2(&x[i].d, &x[i + 1].d)};
+static inline x512__q8_0_pair_t x512__q8_0_pair(const void *x, int i, bool q5) {
+  const __m512i qx = x512__w8_pair(x, i, q5);
+  return (x512__q8_0_pair_t){_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx), x512__w8_d(x, i, q5)};
 }
 
 /* Two weight rows' steps against one activation row's block pair. */
@@ -261,9 +289,10 @@ static inline void x512__q8_0_col2(const x512__q8_0_pair_t *p0, const x512__q8_0
   *acc1 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p1->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p1->ax, sy1), *acc1);
 }
 
-/* Batched-decode form of the Q8_0 dot, as x512__vec_dot_2x4_q4_1. */
-static void x512__vec_dot_2x4_q8_0(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
-  const cpu_block_q8_0 *x0 = vw, *x1 = (const void *)((const uint8_t *)vw + w_stride);
+/* Batched-decode form of the Q8_0 (Q5_0) dot, as x512__vec_dot_2x4_q4_1. */
+static inline void x512__dot_2x4_w8(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride,
+                                    bool q5) {
+  const void *x0 = vw, *x1 = (const uint8_t *)vw + w_stride;
   const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
                        *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
                        *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
@@ -271,50 +300,53 @@ static void x512__vec_dot_2x4_q8_0(int n, float *s, const void *vw, size_t w_str
   __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const x512__q8_0_pair_t p0 = x512__q8_0_pair(x0, i), p1 = x512__q8_0_pair(x1, i);
+    const x512__q8_0_pair_t p0 = x512__q8_0_pair(x0, i, q5), p1 = x512__q8_0_pair(x1, i, q5);
     x512__q8_0_col2(&p0, &p1, y0, i, &a00, &a10);
     x512__q8_0_col2(&p0, &p1, y1, i, &a01, &a11);
     x512__q8_0_col2(&p0, &p1, y2, i, &a02, &a12);
     x512__q8_0_col2(&p0, &p1, y3, i, &a03, &a13);
   }
   const __m512 acc[8] = {a00, a01, a02, a03, a10, a11, a12, a13};
-  const cpu_block_q8_0 *x[2] = {x0, x1}, *y[4] = {y0, y1, y2, y3};
+  const void *x[2] = {x0, x1};
+  const cpu_block_q8_0 *y[4] = {y0, y1, y2, y3};
   for (int k = 0; k < 8; k++) {
-    float tail = 0.0f;
-    if (i < nb) x86__vec_dot_q8_0(CPU_QK, &tail, &x[k / 4][i], &y[k % 4][i]);
+    const float tail = i < nb ? x512__w8_tail(x[k / 4], i, y[k % 4], q5) : 0.0f;
     s[k] = _mm512_reduce_add_ps(acc[k]) + tail;
   }
 }
 
-static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  const cpu_block_q8_0 *x = vw;
-  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
-                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
-                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+static void x512__vec_dot_2x4_q8_0(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
+  x512__dot_2x4_w8(n, s, vw, w_stride, va, a_stride, false);
+}
+
+static void x512__vec_dot_2x4_q5_0(int n, float *s, const void *vw, size_t w_stride, const void *va, size_t a_stride) {
+  x512__dot_2x4_w8(n, s, vw, w_stride, va, a_stride, true);
+}
+
+static inline void x512__dot_x4_w8(int n, float *s, const void *vw, const void *va, size_t a_stride, bool q5) {
+  const cpu_block_q8_0 *y[4] = {va, (const void *)((const uint8_t *)va + a_stride),
+                                (const void *)((const uint8_t *)va + 2 * a_stride),
+                                (const void *)((const uint8_t *)va + 3 * a_stride)};
   const int nb = n / CPU_QK;
   __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
-    const __m512i qx = x512__load_q8_2(x[i].qs, x[i + 1].qs);
-    const __mmask64 neg = _mm512_movepi8_mask(qx);
-    const __m512i ax = _mm512_abs_epi8(qx);
-    const __m128 xd = x512__f16x1x2(&x[i].d, &x[i + 1].d);
-    x512__q8_0_row(ax, neg, xd, y0, i, &a0);
-    x512__q8_0_row(ax, neg, xd, y1, i, &a1);
-    x512__q8_0_row(ax, neg, xd, y2, i, &a2);
-    x512__q8_0_row(ax, neg, xd, y3, i, &a3);
+    const x512__q8_0_pair_t p = x512__q8_0_pair(vw, i, q5);
+    x512__q8_0_row(p.ax, p.neg, p.xd, y[0], i, &a0);
+    x512__q8_0_row(p.ax, p.neg, p.xd, y[1], i, &a1);
+    x512__q8_0_row(p.ax, p.neg, p.xd, y[2], i, &a2);
+    x512__q8_0_row(p.ax, p.neg, p.xd, y[3], i, &a3);
   }
-  float t[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-  if (i < nb) {
-    x86__vec_dot_q8_0(CPU_QK, &t[0], &x[i], &y0[i]);
-    x86__vec_dot_q8_0(CPU_QK, &t[1], &x[i], &y1[i]);
-    x86__vec_dot_q8_0(CPU_QK, &t[2], &x[i], &y2[i]);
-    x86__vec_dot_q8_0(CPU_QK, &t[3], &x[i], &y3[i]);
-  }
-  s[0] = _mm512_reduce_add_ps(a0) + t[0];
-  s[1] = _mm512_reduce_add_ps(a1) + t[1];
-  s[2] = _mm512_reduce_add_ps(a2) + t[2];
-  s[3] = _mm512_reduce_add_ps(a3) + t[3];
+  const __m512 acc[4] = {a0, a1, a2, a3};
+  for (int k = 0; k < 4; k++) s[k] = _mm512_reduce_add_ps(acc[k]) + (i < nb ? x512__w8_tail(vw, i, y[k], q5) : 0.0f);
+}
+
+static void x512__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  x512__dot_x4_w8(n, s, vw, va, a_stride, false);
+}
+
+static void x512__vec_dot_x4_q5_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  x512__dot_x4_w8(n, s, vw, va, a_stride, true);
 }
 
 static float x512__dot_f32(int n, const float *a, const float *b) {
@@ -417,7 +449,7 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
             [KERN_Q4_0] = x512__vec_dot_q4_0, \
             [KERN_Q4_1] = x512__vec_dot_q4_1, \
             [KERN_I4G] = x86__vec_dot_i4g, \
-            [KERN_Q5_0] = x86__vec_dot_q5_0, \
+            [KERN_Q5_0] = x512__vec_dot_q5_0, \
             [KERN_Q5_1] = x86__vec_dot_q5_1, \
             [KERN_Q8_0] = x512__vec_dot_q8_0, \
             [KERN_Q4_K] = x86__vec_dot_q4_K, \
@@ -429,8 +461,11 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
      * test_matmul_batch_invariant). I4G's 1-row dot here is the AVX2 one, \
      * which its AVX2 4-row form matches. */ \
     .vec_dot_x4 = {[KERN_Q4_1] = x512__vec_dot_x4_q4_1, [KERN_Q8_0] = x512__vec_dot_x4_q8_0, \
-                   [KERN_I4G] = x86__vec_dot_x4_i4g}, \
-    .vec_dot_2x4 = {[KERN_Q4_1] = x512__vec_dot_2x4_q4_1, [KERN_Q8_0] = x512__vec_dot_2x4_q8_0}, \
+                   [KERN_I4G] = x86__vec_dot_x4_i4g, [KERN_Q5_0] = x512__vec_dot_x4_q5_0, \
+                   [KERN_Q4_K] = x86__vec_dot_x4_q4_K, [KERN_Q5_K] = x86__vec_dot_x4_q5_K, \
+                   [KERN_Q6_K] = x86__vec_dot_x4_q6_K}, \
+    .vec_dot_2x4 = {[KERN_Q4_1] = x512__vec_dot_2x4_q4_1, [KERN_Q8_0] = x512__vec_dot_2x4_q8_0, \
+                    [KERN_Q5_0] = x512__vec_dot_2x4_q5_0}, \
     .quantize = \
         { \
             [KERN_Q8_0] = x86__quantize_q8_0, \

@@ -267,19 +267,47 @@ static inline void x86__vec_dot_x4_q8_0(int n, float *s, const void *vw, const v
   s[3] = x86__hsum_f32_8(acc3);
 }
 
+/* A Q5_0 block's values, q5 - 16, as 32 signed bytes. */
+static inline __m256i x86__q5_0_bytes(const cpu_block_q5_0 *b) {
+  const __m256i hi = _mm256_andnot_si256(x86__bytes_from_bits_32(b->qh), _mm256_set1_epi8((char)0xF0));
+  return _mm256_or_si256(x86__bytes_from_nibbles_32(b->qs), hi);
+}
+
 static inline void x86__vec_dot_q5_0(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q5_0 *x = vw;
   const cpu_block_q8_0 *y = va;
   __m256 acc = _mm256_setzero_ps();
   for (int i = 0; i < n / CPU_QK; i++) {
     const __m256 d = _mm256_set1_ps(X86_F16(x[i].d) * X86_F16(y[i].d));
-    __m256i qx = x86__bytes_from_nibbles_32(x[i].qs);
-    __m256i hi = _mm256_andnot_si256(x86__bytes_from_bits_32(x[i].qh), _mm256_set1_epi8((char)0xF0));
-    qx = _mm256_or_si256(qx, hi); /* q5 - 16 as a signed byte */
+    __m256i qx = x86__q5_0_bytes(&x[i]);
     __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
     acc = _mm256_fmadd_ps(d, x86__mul_sum_i8_pairs_float(qx, qy), acc);
   }
   *s = x86__hsum_f32_8(acc);
+}
+
+/* Prefill form of the Q5_0 dot: the weight block unpacked once for 4
+ * activation rows, each row's arithmetic the 1-row form's (its sign trick
+ * spelled out as X86__Q8_0_X4_ROW does). */
+static inline void x86__vec_dot_x4_q5_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q5_0 *x = vw;
+  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
+         acc3 = _mm256_setzero_ps();
+  for (int i = 0; i < n / CPU_QK; i++) {
+    const float xd = X86_F16(x[i].d);
+    const __m256i qx = x86__q5_0_bytes(&x[i]), ax = _mm256_sign_epi8(qx, qx);
+    X86__Q8_0_X4_ROW(0);
+    X86__Q8_0_X4_ROW(1);
+    X86__Q8_0_X4_ROW(2);
+    X86__Q8_0_X4_ROW(3);
+  }
+  s[0] = x86__hsum_f32_8(acc0);
+  s[1] = x86__hsum_f32_8(acc1);
+  s[2] = x86__hsum_f32_8(acc2);
+  s[3] = x86__hsum_f32_8(acc3);
 }
 
 static inline void x86__vec_dot_q5_1(int n, float *s, const void *vw, const void *va) {
@@ -330,32 +358,77 @@ static inline int x86__mins_dot(const uint8_t m[8], const int16_t *bsums) {
   return summ;
 }
 
+/* A Q4_K/Q5_K super-block's 4-bit (5-bit) values, 64 per chunk c: lo[c]
+ * the first 32, hi[c] the next 32. */
+static inline void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
+  const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
+  for (int c = 0; c < 4; c++) {
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
+    lo[c] = _mm256_and_si256(bits, m4);
+    hi[c] = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+    if (qh) {
+      __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c)), one);
+      __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c + 1)), one);
+      lo[c] = _mm256_or_si256(lo[c], _mm256_slli_epi16(b0, 4));
+      hi[c] = _mm256_or_si256(hi[c], _mm256_slli_epi16(b1, 4));
+    }
+  }
+}
+
+/* One super-block against one activation block, from the unpacked values:
+ * the integer sums are exact, the float expression is the one every form
+ * (1-row, 4-row) evaluates, so a row's bits do not depend on its batch. */
+static inline float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], const uint8_t sc[8],
+                                      const uint8_t mn[8], uint16_t d16, uint16_t dmin16, const cpu_block_q8_K *y) {
+  __m256i sumi = _mm256_setzero_si256();
+  for (int c = 0; c < 4; c++) {
+    const __m256i q8l = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
+    const __m256i q8h = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
+    __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo[c], q8l));
+    __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi[c], q8h));
+    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
+  }
+  const int summ = x86__mins_dot(mn, y->bsums);
+  return y->d * X86_F16(d16) * (float)x86__hsum_i32_8(sumi) - y->d * X86_F16(dmin16) * (float)summ;
+}
+
 /* Q4_K (qh == NULL) and Q5_K. */
 static inline float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
                                       const uint8_t *qs, const cpu_block_q8_K *y) {
   uint8_t sc[8], mn[8];
   x86__scales_mins_k4(scales, sc, mn);
-  const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
-  const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-  __m256i sumi = _mm256_setzero_si256();
-  for (int c = 0; c < 4; c++) {
-    const __m256i bits = _mm256_loadu_si256((const __m256i *)(qs + 32 * c));
-    __m256i ql = _mm256_and_si256(bits, m4);
-    __m256i qhh = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-    if (qh) {
-      __m256i b0 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c)), one);
-      __m256i b1 = _mm256_and_si256(_mm256_srl_epi16(hbits, _mm_cvtsi32_si128(2 * c + 1)), one);
-      ql = _mm256_or_si256(ql, _mm256_slli_epi16(b0, 4));
-      qhh = _mm256_or_si256(qhh, _mm256_slli_epi16(b1, 4));
+  __m256i lo[4], hi[4];
+  x86__unpack_qk(qh, qs, lo, hi);
+  return x86__qk_block_dot(lo, hi, sc, mn, d16, dmin16, y);
+}
+
+/* 4-row form of the Q4_K/Q5_K dots: each super-block unpacked once. */
+static inline void x86__dot_x4_qk(int n, float *s, size_t x_bytes, const uint8_t *x, const void *va,
+                                  size_t a_stride, bool q5) {
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < n / CPU_QK_K; i++, x += x_bytes) {
+    const cpu_block_q4_K *b4 = (const void *)x;
+    const cpu_block_q5_K *b5 = (const void *)x;
+    uint8_t sc[8], mn[8];
+    x86__scales_mins_k4(q5 ? b5->scales : b4->scales, sc, mn);
+    __m256i lo[4], hi[4];
+    x86__unpack_qk(q5 ? b5->qh : NULL, q5 ? b5->qs : b4->qs, lo, hi);
+    const uint16_t d16 = q5 ? b5->d : b4->d, dmin16 = q5 ? b5->dmin : b4->dmin;
+    for (int r = 0; r < 4; r++) {
+      const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
+      sum[r] += x86__qk_block_dot(lo, hi, sc, mn, d16, dmin16, y);
     }
-    const __m256i q8l = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
-    const __m256i q8h = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
-    __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(ql, q8l));
-    __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(qhh, q8h));
-    sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
   }
-  const int summ = x86__mins_dot(mn, y->bsums);
-  return y->d * X86_F16(d16) * (float)x86__hsum_i32_8(sumi) - y->d * X86_F16(dmin16) * (float)summ;
+  for (int r = 0; r < 4; r++) s[r] = sum[r];
+}
+
+static inline void x86__vec_dot_x4_q4_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  x86__dot_x4_qk(n, s, sizeof(cpu_block_q4_K), vw, va, a_stride, false);
+}
+
+static inline void x86__vec_dot_x4_q5_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  x86__dot_x4_qk(n, s, sizeof(cpu_block_q5_K), vw, va, a_stride, true);
 }
 
 static inline void x86__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {
@@ -375,38 +448,72 @@ static inline void x86__vec_dot_q5_K(int n, float *s, const void *vw, const void
   *s = sum;
 }
 
+/* A Q6_K super-block half h's 128 values (q6, unsigned), 32 per q[p]. */
+static inline void x86__unpack_q6_K(const cpu_block_q6_K *x, int h, __m256i q[4]) {
+  const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3);
+  const uint8_t *ql = x->ql + 64 * h;
+  const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+  const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+  const __m256i hb = _mm256_loadu_si256((const __m256i *)(x->qh + 32 * h));
+  q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+  q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4), _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+  q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+  q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
+                         _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+}
+
+/* sumi += half h of (q6 - 32) . q8 with its int16 scales:
+ * maddubs(q6, q8) - maddubs(32, q8), per 16. */
+static inline __m256i x86__q6_K_half(const __m256i q[4], const int8_t *sc, const int8_t *q8, __m256i sumi) {
+  const __m256i m32 = _mm256_set1_epi8(32);
+  for (int p = 0; p < 4; p++) {
+    const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 32 * p));
+    __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[p], y8), _mm256_maddubs_epi16(m32, y8));
+    const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[2 * p + 1]), _mm_set1_epi16(sc[2 * p]));
+    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scl, p16));
+  }
+  return sumi;
+}
+
 /* Q6_K: (q6 - 32) . q8 = maddubs(q6, q8) - maddubs(32, q8), per 16 with int16 scales. */
 static inline void x86__vec_dot_q6_K(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q6_K *x = vw;
   const cpu_block_q8_K *y = va;
-  const __m256i m4 = _mm256_set1_epi8(0xF), m3 = _mm256_set1_epi8(3), m32 = _mm256_set1_epi8(32);
   __m256 acc = _mm256_setzero_ps();
   for (int i = 0; i < n / CPU_QK_K; i++) {
     __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
-      const uint8_t *ql = x[i].ql + 64 * h;
-      const int8_t *sc = x[i].scales + 8 * h, *q8 = y[i].qs + 128 * h;
-      const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-      const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-      const __m256i hb = _mm256_loadu_si256((const __m256i *)(x[i].qh + 32 * h));
       __m256i q[4];
-      q[0] = _mm256_or_si256(_mm256_and_si256(l0, m4), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-      q[1] = _mm256_or_si256(_mm256_and_si256(l1, m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-      q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-      q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m4),
-                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
-      for (int p = 0; p < 4; p++) {
-        const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 32 * p));
-        __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[p], y8), _mm256_maddubs_epi16(m32, y8));
-        const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[2 * p + 1]), _mm_set1_epi16(sc[2 * p]));
-        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scl, p16));
-      }
+      x86__unpack_q6_K(&x[i], h, q);
+      sumi = x86__q6_K_half(q, x[i].scales + 8 * h, y[i].qs + 128 * h, sumi);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(X86_F16(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
   }
   *s = x86__hsum_f32_8(acc);
+}
+
+/* 4-row form: each half unpacked once for the 4 activation rows, each
+ * row's arithmetic the 1-row form's. */
+static inline void x86__vec_dot_x4_q6_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q6_K *x = vw;
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+  for (int i = 0; i < n / CPU_QK_K; i++) {
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    for (int h = 0; h < 2; h++) {
+      __m256i q[4];
+      x86__unpack_q6_K(&x[i], h, q);
+      for (int r = 0; r < 4; r++) {
+        const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
+        sumi[r] = x86__q6_K_half(q, x[i].scales + 8 * h, y->qs + 128 * h, sumi[r]);
+      }
+    }
+    for (int r = 0; r < 4; r++) {
+      const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
+      acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(X86_F16(x[i].d) * y->d), _mm256_cvtepi32_ps(sumi[r]), acc[r]);
+    }
+  }
+  for (int r = 0; r < 4; r++) s[r] = x86__hsum_f32_8(acc[r]);
 }
 
 /* ---- float types ---- */

@@ -386,6 +386,67 @@ static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
   x86__axpy_i8(n - i, a, x + i, y + i);
 }
 
+/* Q4_K with 512-bit registers: 64 values (two sub-blocks) per step. The
+ * integer parts are the AVX2 form's exact sums, the float expression is
+ * x86__qk_total: the same bits as every other Q4_K form. */
+typedef struct {
+  __m512i q[4];   /* chunk c: sub-block 2c's 32 values, then 2c + 1's (unsigned 4-bit) */
+  __m512i scl[4]; /* chunk c: sub-block 2c's scale in 16 int16 lanes, then 2c + 1's */
+  __m256i mn2;    /* the 8 mins, each twice (int16), against the 16 bsums */
+  uint16_t d, dmin;
+} x512__q4_K_t;
+
+static inline void x512__q4_K_unpack(const cpu_block_q4_K *x, x512__q4_K_t *u) {
+  uint8_t sc[8], mn[8];
+  x86__scales_mins_k4(x->scales, sc, mn);
+  const __m512i m4 = _mm512_set1_epi8(0xF);
+  const __m512i sc16 = _mm512_broadcast_i32x4(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+  for (int c = 0; c < 4; c++) {
+    const __m256i bits = _mm256_loadu_si256((const __m256i *)(x->qs + 32 * c));
+    u->q[c] = _mm512_and_si512(x512__join(bits, _mm256_srli_epi16(bits, 4)), m4);
+    const __m512i idx = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * c)), _mm256_set1_epi16((short)(2 * c + 1)), 1);
+    u->scl[c] = _mm512_permutexvar_epi16(idx, sc16);
+  }
+  const __m256i mn16 = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)));
+  u->mn2 = _mm256_permutexvar_epi16(_mm256_setr_epi16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), mn16);
+  u->d = x->d, u->dmin = x->dmin;
+}
+
+static inline float x512__q4_K_block(const x512__q4_K_t *u, const cpu_block_q8_K *y) {
+  __m512i acc = _mm512_setzero_si512();
+  for (int c = 0; c < 4; c++) {
+    const __m512i y8 = _mm512_loadu_si512((const void *)(y->qs + 64 * c));
+    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(u->scl[c], _mm512_maddubs_epi16(u->q[c], y8)));
+  }
+  const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+  const int summ = x86__hsum_i32_8(_mm256_madd_epi16(u->mn2, bs));
+  return x86__qk_total(y->d, u->d, u->dmin, _mm512_reduce_add_epi32(acc), summ);
+}
+
+static void x512__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {
+  const cpu_block_q4_K *x = vw;
+  const cpu_block_q8_K *y = va;
+  float sum = 0.0f;
+  for (int i = 0; i < n / CPU_QK_K; i++) {
+    x512__q4_K_t u;
+    x512__q4_K_unpack(&x[i], &u);
+    sum += x512__q4_K_block(&u, &y[i]);
+  }
+  *s = sum;
+}
+
+static void x512__vec_dot_x4_q4_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  const cpu_block_q4_K *x = vw;
+  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  for (int i = 0; i < n / CPU_QK_K; i++) {
+    x512__q4_K_t u;
+    x512__q4_K_unpack(&x[i], &u);
+    for (int r = 0; r < 4; r++)
+      sum[r] += x512__q4_K_block(&u, (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i);
+  }
+  for (int r = 0; r < 4; r++) s[r] = sum[r];
+}
+
 /* Attention scores with the query in registers: one 512-bit FMA per 16
  * elements, whose low and high halves are dot_f16's two 8-lane sums over
  * the same elements in the same order, then added and reduced as dot_f16
@@ -452,7 +513,7 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
             [KERN_Q5_0] = x512__vec_dot_q5_0, \
             [KERN_Q5_1] = x86__vec_dot_q5_1, \
             [KERN_Q8_0] = x512__vec_dot_q8_0, \
-            [KERN_Q4_K] = x86__vec_dot_q4_K, \
+            [KERN_Q4_K] = x512__vec_dot_q4_K, \
             [KERN_Q5_K] = x86__vec_dot_q5_K, \
             [KERN_Q6_K] = x86__vec_dot_q6_K, \
         }, \
@@ -462,7 +523,7 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
      * which its AVX2 4-row form matches. */ \
     .vec_dot_x4 = {[KERN_Q4_1] = x512__vec_dot_x4_q4_1, [KERN_Q8_0] = x512__vec_dot_x4_q8_0, \
                    [KERN_I4G] = x86__vec_dot_x4_i4g, [KERN_Q5_0] = x512__vec_dot_x4_q5_0, \
-                   [KERN_Q4_K] = x86__vec_dot_x4_q4_K, [KERN_Q5_K] = x86__vec_dot_x4_q5_K, \
+                   [KERN_Q4_K] = x512__vec_dot_x4_q4_K, [KERN_Q5_K] = x86__vec_dot_x4_q5_K, \
                    [KERN_Q6_K] = x86__vec_dot_x4_q6_K}, \
     .vec_dot_2x4 = {[KERN_Q4_1] = x512__vec_dot_2x4_q4_1, [KERN_Q8_0] = x512__vec_dot_2x4_q8_0, \
                     [KERN_Q5_0] = x512__vec_dot_2x4_q5_0}, \

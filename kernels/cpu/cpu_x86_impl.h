@@ -376,6 +376,13 @@ static inline void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i 
   }
 }
 
+/* A Q4_K/Q5_K super-block's dot from its exact integer parts: the one
+ * float expression every form and table evaluates (yd: the activation
+ * block's scale; isum: sum of scale * q * q8; summ: sum of min * bsum). */
+static inline float x86__qk_total(float yd, uint16_t d16, uint16_t dmin16, int isum, int summ) {
+  return yd * X86_F16(d16) * (float)isum - yd * X86_F16(dmin16) * (float)summ;
+}
+
 /* One super-block against one activation block, from the unpacked values:
  * the integer sums are exact, the float expression is the one every form
  * (1-row, 4-row) evaluates, so a row's bits do not depend on its batch. */
@@ -389,8 +396,7 @@ static inline float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], 
     __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi[c], q8h));
     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
   }
-  const int summ = x86__mins_dot(mn, y->bsums);
-  return y->d * X86_F16(d16) * (float)x86__hsum_i32_8(sumi) - y->d * X86_F16(dmin16) * (float)summ;
+  return x86__qk_total(y->d, d16, dmin16, x86__hsum_i32_8(sumi), x86__mins_dot(mn, y->bsums));
 }
 
 /* Q4_K (qh == NULL) and Q5_K. */

@@ -322,6 +322,37 @@ START_TEST(test_attention_block_kernels_exact) {
 END_TEST
 #endif
 
+/* The AVX-512 K-quant dots compute the AVX2 ones' exact integer sums and the
+ * same float expression per super-block: the same bits, 1 and 11 rows. */
+START_TEST(test_matmul_kquant_avx512_exact) {
+  if (!kern_cpu_isa_supported("avx512")) {
+    fprintf(stderr, "skip: avx512 not supported here\n");
+    return;
+  }
+  kern_backend_t *a = backend_for(2), *v = backend_for(4);
+  static const kern_type_t types[] = {KERN_Q4_K, KERN_Q5_K, KERN_Q6_K};
+  const int rows = 21, cols = 1024, n = 11;
+  for (size_t k = 0; k < FR_ARRAY_SIZE(types); k++) {
+    uint8_t *wd = random_weight(types[k], rows, cols);
+    float *x = rnd_vec((size_t)n * cols), o1[21 * 11], o2[21 * 11];
+    kern_weight_t w1, w2;
+    load_weight(a, &w1, types[k], rows, cols, wd);
+    load_weight(v, &w2, types[k], rows, cols, wd);
+    for (int m = 1; m <= n; m += n - 1) {
+      ck_assert_int_eq(a->ops->matmul(a->ctx, o1, &w1, NULL, x, m), 0);
+      ck_assert_int_eq(v->ops->matmul(v->ctx, o2, &w2, NULL, x, m), 0);
+      ck_assert_msg(!memcmp(o1, o2, sizeof(float) * (size_t)(rows * m)), "%s n=%d: avx512 != avx2",
+                    kern_type_traits(types[k])->name, m);
+    }
+    a->ops->weight_release(a->ctx, &w1);
+    v->ops->weight_release(v->ctx, &w2);
+    free(wd), free(x);
+  }
+  kern_backend_destroy(a);
+  kern_backend_destroy(v);
+}
+END_TEST
+
 /* A weight with an input permutation (GPTQ act-order): column k multiplies
  * x[perm[k]], as the reference computes it, on every path. */
 START_TEST(test_matmul_perm) {
@@ -935,6 +966,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_matmul_paths_agree, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_batch_invariant, 0, N_CFG);
   tcase_add_test(tc, test_matmul_vnni_exact);
+  tcase_add_test(tc, test_matmul_kquant_avx512_exact);
   tcase_add_loop_test(tc, test_matmul_perm, 0, N_CFG);
   tcase_add_test(tc, test_matmul_errors);
   tcase_add_loop_test(tc, test_norms, 0, N_CFG);

@@ -111,7 +111,9 @@ struct coord {
   struct model_gscratch *gscratch; /* the masks' work memory */
   /* sockets */
   void *zctx, *wsock, *rsock, *isock; /* worker ROUTER, RPC ROUTER, inproc ROUTER */
-  void *msock;                        /* PAIR: the RPC ROUTER's disconnect events */
+  void *msock;                        /* PAIR: the RPC ROUTER's accept and disconnect events */
+  uint32_t *fd_conn;                  /* (fd_conn_cap) connections accepted so far on each fd */
+  int fd_conn_cap;
   void *zap;                          /* REP: ZAP requests of CURVE sockets (auth.c), NULL without CURVE */
   int n_remote;                       /* remote ranks: the last n_remote of n_workers */
   coord_rtables_t rt;
@@ -207,7 +209,10 @@ void coord__auth_on_request(coord_t *c);
 void coord__auth_deinit(coord_t *c);
 void coord__rpc_on_readable(coord_t *c, void *sock, bool inproc);
 /* Handles the RPC ROUTER's monitor events: a client connection that closed
- * cancels the jobs it submitted (streaming or not). */
+ * cancels the jobs it submitted (streaming or not). Connections are told
+ * apart by fd and by how many were accepted on that fd before (fds are
+ * reused), so a closed connection's event, which may be read after the
+ * next connection on its fd has sent a job, never cancels that job. */
 void coord__rpc_on_monitor(coord_t *c);
 /* Sends a message to a client; returns 0, or FR_EDEAD when the client is
  * gone (or too slow to take it). */
@@ -249,8 +254,9 @@ void coord__job_finish(coord_t *c, coord_job_t *j, proto_finish_t why);
 /* Frees what a finished job holds when it is safe; returns true if freed. */
 bool coord__job_reap(coord_t *c, coord_job_t *j);
 void coord__jobs_destroy(coord_t *c);
-/* Cancels the unfinished jobs of the RPC connection on fd (it closed). */
-void coord__jobs_cancel_fd(coord_t *c, int fd);
+/* Cancels the unfinished jobs of RPC connection number conn on fd (it
+ * closed). */
+void coord__jobs_cancel_fd(coord_t *c, int fd, uint32_t conn);
 /* Appends a sampled token to a running job and applies the token-level
  * stop rules (EOS, stop ids, max_tokens, context end). */
 void coord__job_append(coord_t *c, coord_job_t *j, const proto_result_item_t *ri, const float *logits_row);

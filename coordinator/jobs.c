@@ -114,12 +114,12 @@ void coord__job_fail(coord_t *c, coord_job_t *j, int32_t code, const char *msg) 
   coord__job_finish(c, j, PROTO_FINISH_ERROR);
 }
 
-void coord__jobs_cancel_fd(coord_t *c, int fd) {
+void coord__jobs_cancel_fd(coord_t *c, int fd, uint32_t conn) {
   if (fd < 0) return;
   for (size_t h = 0; h < c->hash_cap; h++)
     for (coord_job_t *j = c->hash[h], *next; j; j = next) {
       next = j->hnext;
-      if (j->peer.inproc || j->peer.fd != fd || j->finish != PROTO_FINISH_NONE) continue;
+      if (j->peer.inproc || j->peer.fd != fd || j->peer.conn != conn || j->finish != PROTO_FINISH_NONE) continue;
       FR_LOGI("job %llu: client disconnected, canceling", (unsigned long long)j->id);
       coord__job_finish(c, j, PROTO_FINISH_CANCEL);
       j->finish_sent = true; /* nobody to tell */

@@ -468,6 +468,7 @@ void coord_destroy(coord_t *c) {
   if (c->rsock) zmq_close(c->rsock);
   if (c->isock) zmq_close(c->isock);
   if (c->msock) zmq_close(c->msock);
+  free(c->fd_conn);
   coord__auth_deinit(c);
   coord__remote_free(c);
   if (c->zctx) zmq_ctx_term(c->zctx);

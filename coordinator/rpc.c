@@ -49,7 +49,7 @@ int coord__rpc_bind(coord_t *c) {
   int ivl = 1000, tmo = 5000; /* notice peers that vanish without closing */
   zmq_setsockopt(c->rsock, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl);
   zmq_setsockopt(c->rsock, ZMQ_HEARTBEAT_TIMEOUT, &tmo, sizeof tmo);
-  if (zmq_socket_monitor(c->rsock, "inproc://ferrum-rpc-monitor", ZMQ_EVENT_DISCONNECTED) != 0 ||
+  if (zmq_socket_monitor(c->rsock, "inproc://ferrum-rpc-monitor", ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED) != 0 ||
       !(c->msock = zmq_socket(c->zctx, ZMQ_PAIR)))
     return fr_errorf(FR_EZMQ, "RPC socket monitor: %s", zmq_strerror(errno));
   int zero = 0;
@@ -147,6 +147,27 @@ static void coord__rpc_dispatch(coord_t *c, const coord_peer_t *p, const void *d
   }
 }
 
+/* The connection count of fd (0 before its first accept). */
+static uint32_t *coord__fd_conn(coord_t *c, int fd) {
+  if (fd >= c->fd_conn_cap) {
+    int cap = FR_MAX(fd + 1, 2 * c->fd_conn_cap);
+    c->fd_conn = fr_realloc(c->fd_conn, (size_t)cap * sizeof *c->fd_conn);
+    memset(c->fd_conn + c->fd_conn_cap, 0, (size_t)(cap - c->fd_conn_cap) * sizeof *c->fd_conn);
+    c->fd_conn_cap = cap;
+  }
+  return &c->fd_conn[fd];
+}
+
+/* Stamps p with its connection: fd and which connection on it. The events
+ * queued so far are read first: the accept of the connection a message came
+ * on (and the close of the fd's previous connection) precede the message. */
+static void coord__rpc_peer_conn(coord_t *c, coord_peer_t *p, int fd) {
+  p->fd = fd;
+  if (fd < 0) return;
+  coord__rpc_on_monitor(c);
+  p->conn = *coord__fd_conn(c, fd);
+}
+
 /* Reads one multipart message: [id][""]?[payload]; more frames are an
  * error. Returns 1 when a message was handled, 0 when none was waiting. */
 static int coord__rpc_recv_one(coord_t *c, void *sock, bool inproc, zmq_msg_t *f) {
@@ -166,7 +187,7 @@ static int coord__rpc_recv_one(coord_t *c, void *sock, bool inproc, zmq_msg_t *f
       continue;
     }
     if (zmq_msg_more(f)) bad = true;
-    if (!inproc) p.fd = zmq_msg_get(f, ZMQ_SRCFD); /* of a frame from the wire, not the routing id */
+    if (!inproc) coord__rpc_peer_conn(c, &p, zmq_msg_get(f, ZMQ_SRCFD)); /* a wire frame's, not the routing id's */
     if (!bad) {
       c->t_rx_ns = fr_now_ns();
       coord__rpc_dispatch(c, &p, zmq_msg_data(f), zmq_msg_size(f));
@@ -197,7 +218,9 @@ void coord__rpc_on_monitor(coord_t *c) {
     memcpy(&event, zmq_msg_data(&ev), 2);
     memcpy(&fd, (const uint8_t *)zmq_msg_data(&ev) + 2, 4);
     FR_LOGD("RPC monitor event %u fd %d", event, fd);
-    if (event == ZMQ_EVENT_DISCONNECTED) coord__jobs_cancel_fd(c, fd);
+    if (fd < 0) continue;
+    if (event == ZMQ_EVENT_ACCEPTED) ++*coord__fd_conn(c, fd);
+    if (event == ZMQ_EVENT_DISCONNECTED) coord__jobs_cancel_fd(c, fd, *coord__fd_conn(c, fd));
   }
   zmq_msg_close(&ev), zmq_msg_close(&addr);
 }

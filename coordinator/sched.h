@@ -47,6 +47,7 @@ typedef struct {
   bool delim;
   bool inproc; /* arrived on the inproc socket (HTTP frontend) */
   int fd;      /* the connection's file descriptor (ZMQ_SRCFD), -1 unknown */
+  uint32_t conn; /* which connection on fd: coord_t's fd_conn[fd] when it arrived */
 } coord_peer_t;
 
 /* One job (request), shared by the coordinator's files. The scheduler reads

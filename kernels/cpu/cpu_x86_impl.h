@@ -399,8 +399,8 @@ static inline float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8
 }
 
 /* 4-row form of the Q4_K/Q5_K dots: each super-block unpacked once. */
-static inline void x86__dot_x4_qk(int n, float *s, size_t x_bytes, const uint8_t *x, const void *va,
-                                  size_t a_stride, bool q5) {
+static inline void x86__dot_x4_qk(int n, float *s, const uint8_t *x, const void *va, size_t a_stride, bool q5) {
+  const size_t x_bytes = q5 ? sizeof(cpu_block_q5_K) : sizeof(cpu_block_q4_K);
   float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   for (int i = 0; i < n / CPU_QK_K; i++, x += x_bytes) {
     const cpu_block_q4_K *b4 = (const void *)x;
@@ -419,11 +419,11 @@ static inline void x86__dot_x4_qk(int n, float *s, size_t x_bytes, const uint8_t
 }
 
 static inline void x86__vec_dot_x4_q4_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  x86__dot_x4_qk(n, s, sizeof(cpu_block_q4_K), vw, va, a_stride, false);
+  x86__dot_x4_qk(n, s, vw, va, a_stride, false);
 }
 
 static inline void x86__vec_dot_x4_q5_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  x86__dot_x4_qk(n, s, sizeof(cpu_block_q5_K), vw, va, a_stride, true);
+  x86__dot_x4_qk(n, s, vw, va, a_stride, true);
 }
 
 static inline void x86__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {

@@ -482,12 +482,15 @@ static int hf_mlp_only(model_config_t *c, json_t *root) {
   return 0;
 }
 
-/* Qwen3MoeForCausalLM: num_experts, num_experts_per_tok, moe_intermediate_size
+/* Qwen3MoeForCausalLM: num_experts (which transformers 5 writes as
+ * num_local_experts), num_experts_per_tok, moe_intermediate_size
  * (required), norm_topk_prob (transformers' default false),
  * decoder_sparse_step (default 1) and mlp_only_layers. */
 static int hf_moe(model_config_t *c, json_t *root) {
   if (c->arch != MODEL_ARCH_QWEN3MOE) return 0;
-  int rc = hf_int(root, "num_experts", -1, MODEL_MAX_EXPERTS, &c->n_experts);
+  const char *experts = hf_get(root, "num_experts") || !hf_get(root, "num_local_experts") ? "num_experts"
+                                                                                          : "num_local_experts";
+  int rc = hf_int(root, experts, -1, MODEL_MAX_EXPERTS, &c->n_experts);
   if (!rc) rc = hf_int(root, "num_experts_per_tok", -1, MODEL_MAX_EXPERTS, &c->n_experts_used);
   if (!rc) rc = hf_int(root, "moe_intermediate_size", -1, CFG_MAX_DIM * 4LL, &c->expert_ffn_dim);
   if (!rc) rc = hf_int(root, "decoder_sparse_step", 1, CFG_MAX_LAYERS, &c->moe_step);

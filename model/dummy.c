@@ -41,6 +41,11 @@ static const struct {
      {.arch = MODEL_ARCH_QWEN3, .arch_name = "qwen3", .name = "qwen3-0.6b", .n_layers = 28, .dim = 1024,
       .ffn_dim = 3072, .n_heads = 16, .n_kv_heads = 8, .head_dim = 128, .vocab_size = 151936, .max_ctx = 40960,
       .norm_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_dim = 128, .qk_norm = true, .tied_embeddings = true}},
+    {"qwen3-30b-a3b",
+     {.arch = MODEL_ARCH_QWEN3MOE, .arch_name = "qwen3moe", .name = "qwen3-30b-a3b", .n_layers = 48, .dim = 2048,
+      .ffn_dim = 6144, .n_heads = 32, .n_kv_heads = 4, .head_dim = 128, .vocab_size = 151936, .max_ctx = 40960,
+      .norm_eps = 1e-6f, .rope_theta = 1000000.0f, .rope_dim = 128, .qk_norm = true, .n_experts = 128,
+      .n_experts_used = 8, .expert_ffn_dim = 768, .norm_topk = true, .moe_step = 1}},
     {"smollm2-135m",
      {.arch = MODEL_ARCH_LLAMA, .arch_name = "llama", .name = "smollm2-135m", .n_layers = 30, .dim = 576,
       .ffn_dim = 1536, .n_heads = 9, .n_kv_heads = 3, .head_dim = 64, .vocab_size = 49152, .max_ctx = 8192,
@@ -62,8 +67,10 @@ int model_dummy_config(const char *name_or_path, model_config_t *cfg) {
     }
     return model_config_from_hf_json(cfg, p);
   }
-  return fr_errorf(FR_ENOTFOUND, "no built-in config '%s' (llama-3-8b, llama-3-70b, qwen2.5-7b, qwen3-8b, qwen3-0.6b, smollm2-135m) "
-                                 "and not a config.json path", name_or_path);
+  return fr_errorf(FR_ENOTFOUND,
+                   "no built-in config '%s' (llama-3-8b, llama-3-70b, qwen2.5-7b, qwen3-8b, qwen3-0.6b, "
+                   "qwen3-30b-a3b, smollm2-135m) and not a config.json path",
+                   name_or_path);
 }
 
 /* One random buffer all weights of a type borrow from (distinct offsets):

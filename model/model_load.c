@@ -557,8 +557,8 @@ static int model__ffn_unit(const model_t *m) {
 
 int model__check_backend(const model_t *m) {
   if (m->cfg.n_experts && !m->be->ops->moe_ffn)
-    return fr_errorf(FR_EUNSUPPORTED, "%s: Qwen3-MoE needs the CPU backend for now (the %s backend has no "
-                     "mixture-of-experts op)", m->cfg.arch_name, m->be->ops->name);
+    return fr_errorf(FR_EUNSUPPORTED, "%s: the %s backend has no mixture-of-experts op (moe_ffn)", m->cfg.arch_name,
+                     m->be->ops->name);
   if ((m->pooling == MODEL_POOL_MEAN || m->pooling == MODEL_POOL_CLS) && !m->be->ops->pool_rows)
     return fr_errorf(FR_EUNSUPPORTED, "%s pooling needs the backend's pool_rows op, which the %s backend lacks",
                      model_pooling_name(m->pooling), m->be->ops->name);

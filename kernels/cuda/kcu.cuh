@@ -38,6 +38,8 @@
 
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
+#define KCU_MOE_GEMV_PAIRS 64   /* default of moe_gemv_pairs: 8 tokens of top-8 (kcu_moe.cu) */
+#define KCU_MOE_SMALL_PAIRS 512 /* default of moe_small_pairs: 4 pairs per expert of 128 */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
@@ -108,6 +110,8 @@ typedef struct {
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
+  int moe_gemv_pairs;  /* most (token, expert) pairs a moe_ffn call runs as GEMVs (FERRUM_CUDA_MOE_GEMV) */
+  int moe_small_pairs; /* most pairs it runs on small tiles (FERRUM_CUDA_MOE_SMALL); more: large tiles */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -141,6 +145,8 @@ typedef struct {
   size_t pen_sort_cap;
   uint32_t *mask_dev, *mask_pin; /* the step's allowed-token masks, packed row after row (kcu_sample) */
   size_t mask_cap;               /* words */
+  void *moe_buf;           /* moe_ffn scratch (kcu_moe.cu) */
+  size_t moe_bytes;
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
@@ -382,6 +388,11 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
+
+/* kcu_moe.cu: the moe_ffn op (kern.h), and the kernels' shared-memory
+ * limits (at create). */
+int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m);
+int kcu__moe_init(kcu_ctx_t *c);
 
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);

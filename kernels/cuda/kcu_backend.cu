@@ -459,6 +459,7 @@ static void kcu_destroy(void *ctx) {
   cudaFreeHost(c->mask_pin);
   kcu__free(c->f32_tmp);
   kcu__free(c->pairs_dev);
+  kcu__free(c->moe_buf);
   kcu__free(c->cublas_ws);
   if (c->meta_done) cudaEventDestroy(c->meta_done);
   if (c->cublas) cublasDestroy(c->cublas);
@@ -495,6 +496,7 @@ static const kern_ops_t kcu_ops = {
     .rope_kv_append = kcu_rope_kv_append,
     .attention = kcu_attention,
     .silu_mul = kcu_silu_mul,
+    .moe_ffn = kcu__moe_ffn,
     .add = kcu_add,
     .last_rows = kcu_last_rows,
     .pool_rows = kcu_pool_rows,
@@ -539,13 +541,15 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->gemv_wpr = kcu_env_int("FERRUM_CUDA_GEMV_WPR", 0, 0, 4);
   if (c->gemv_wpr == 3) c->gemv_wpr = 2;
   c->pdl = prop.major >= 9 && kcu_env_int("FERRUM_PDL", 1, 0, 1);
+  c->moe_gemv_pairs = kcu_env_int("FERRUM_CUDA_MOE_GEMV", KCU_MOE_GEMV_PAIRS, 0, 1 << 20);
+  c->moe_small_pairs = kcu_env_int("FERRUM_CUDA_MOE_SMALL", KCU_MOE_SMALL_PAIRS, 0, 1 << 20);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
   KCU_CUBLAS(cublasCreate(&c->cublas));
   KCU_CUBLAS(cublasSetStream(c->cublas, c->stream));
   int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");
-  if (rc || (rc = kcu__attn_init(c))) return rc;
+  if (rc || (rc = kcu__attn_init(c)) || (rc = kcu__moe_init(c))) return rc;
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
   FR_LOGD("cuda: device %d %s, %d SMs, act %s, PDL %s", device, prop.name, c->n_sm,
           c->act == KERN_BF16 ? "bf16" : "f16", c->pdl ? "on" : "off");

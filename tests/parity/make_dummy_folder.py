@@ -2,12 +2,13 @@
 """A model folder for `--load-format dummy` runs on the GPU machine: the
 Llama-3-8B (or, with a third argument, `llama-3-70b`: Llama-3-70B,
 `llama-3.2-1b`: Llama-3.2-1B, the speculative benchmarks' draft, or
-`smollm2-135m`: SmolLM2-135M's own shapes) config.json with SmolLM2's
+`smollm2-135m`: SmolLM2-135M's own shapes, `qwen3-30b-a3b`: Qwen3-30B-A3B,
+128 experts, top 8) config.json with SmolLM2's
 tokenizer (tokenizer.json built from the GGUF's vocabulary and merges with
 HF `tokenizers`, as the tokenizer golden test does; tokenizer_config.json
 with the GGUF's chat template). Prompts are token ids below SmolLM2's
 49152, so the tokenizer only needs to round-trip text.
-usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b|llama-3.2-1b|smollm2-135m]"""
+usage: make_dummy_folder.py SMOLLM2_GGUF OUT_DIR [llama-3-8b|llama-3-70b|llama-3.2-1b|smollm2-135m|qwen3-30b-a3b]"""
 import json
 import os
 import sys
@@ -32,8 +33,16 @@ LLAMA32_1B = dict(LLAMA3_8B, hidden_size=2048, intermediate_size=8192, num_hidde
 SMOLLM2_135M = dict({k: v for k, v in LLAMA3_8B.items() if k != "rope_scaling"}, hidden_size=576,
                     intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9, num_key_value_heads=3,
                     head_dim=64, rope_theta=100000.0, vocab_size=49152, tie_word_embeddings=True)
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048,
+    "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6,
+    "rope_theta": 1000000.0, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "vocab_size": 151936, "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16", "bos_token_id": 1, "eos_token_id": 2,
+}
 SHAPES = {"llama-3-8b": LLAMA3_8B, "llama-3-70b": LLAMA3_70B, "llama-3.2-1b": LLAMA32_1B,
-          "smollm2-135m": SMOLLM2_135M}
+          "smollm2-135m": SMOLLM2_135M, "qwen3-30b-a3b": QWEN3_30B_A3B}
 
 
 def main():

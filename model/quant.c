@@ -355,8 +355,10 @@ static void quant_pad_block(int32_t *src, int32_t *perm, int64_t *n) {
 }
 
 /* Where each column of the part comes from: src[j], a column of w, and
- * perm[j], the part's input it multiplies (both -1 for padding). Returns
- * the part's column count, at most nc + w->cols. */
+ * perm[j], the part's input it multiplies (both -1 for padding). The
+ * columns of a block in progress all come from w blocks of block k/32 - 1's
+ * (d, m), so only a block in progress is checked at w's block boundaries.
+ * Returns the part's column count, at most nc + w->cols. */
 static int64_t quant_cols_plan(const model_quant_weight_t *w, int64_t c0, int64_t nc, int32_t *src, int32_t *perm) {
   const size_t row_bytes = kern_row_bytes(KERN_I4G, w->cols);
   int64_t n = 0;

@@ -45,9 +45,18 @@ typedef struct kern_weight {
    * of the input's, column k multiplying x[perm[k]] (GPTQ act-order weights,
    * stored with their groups contiguous). The CPU backend gathers x per
    * call; CUDA copies it to the device at weight_load (quantized weights
-   * only). It must stay valid while the weight is loaded. */
+   * only). It must stay valid while the weight is loaded.
+   * With x_cols set, perm[k] may also be -1: column k is padding and
+   * multiplies 0, whatever its weights (a rank's part of an act-order
+   * weight, model_quant_cols, where each group's run of columns is padded
+   * to whole blocks); only backends with kern_backend_t.padded_perm take
+   * such weights. */
   const int32_t *perm;
+  int64_t x_cols; /* with perm: the input's width (x is (n, x_cols)), at most cols; 0: cols */
 } kern_weight_t;
+
+/* The width of the input a weight multiplies: x_cols, else cols. */
+static inline int64_t kern_weight_x_cols(const kern_weight_t *w) { return w->x_cols ? w->x_cols : w->cols; }
 
 /* Bytes [off, off + len) of an open file (weight_load_file). */
 typedef struct {
@@ -247,7 +256,9 @@ typedef struct {
    * type) for the step's tokens. */
   int (*embed)(void *ctx, void *out, const kern_weight_t *table);
 
-  /* out(n, w->rows) = x(n, w->cols) @ w^T (+ bias, (1, w->rows) F32, optional). */
+  /* out(n, w->rows) = x(n, w->cols) @ w^T (+ bias, (1, w->rows) F32, optional);
+   * with w->perm, column k of w multiplies x[perm[k]], and x is (n, w->x_cols)
+   * when x_cols is set. */
   int (*matmul)(void *ctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
 
   /* out(n, dim) = x / rms(x) * w for each of n rows (w F32 (1, dim)). out may equal x. */
@@ -370,6 +381,8 @@ struct kern_backend {
   uint32_t kv_dtypes;   /* bit (1 << kern_kv_dtype_t) for each KV cache dtype it can keep */
   bool host_memory;     /* its memory is host memory: a KV pool may be adopted from
                          * shared memory (kv_pool_init's external) and outlive the process */
+  bool padded_perm;     /* its matmul takes weights with x_cols and -1 (padding) in perm
+                         * (kern_weight_t.perm); model_load refuses them elsewhere */
 };
 
 /* Creates the backend for a device name (kern_device_parse: "cpu", "cuda",

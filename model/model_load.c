@@ -132,9 +132,6 @@ static int model__part_tensor(model_t *m, const char *name, bool required, const
   if (!m->be->ops->supports_type(m->be->ctx, t->type))
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: type %s is not supported by the %s backend", name,
                      kern_type_traits(t->type) ? kern_type_traits(t->type)->name : "?", m->be->ops->name);
-  if (t->perm && p->nc != p->cols)
-    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: a GPTQ act-order (g_idx) weight cannot be split by input "
-                     "columns for tensor parallelism; run it with tensor parallel size 1", name);
   int blck = kern_type_traits(t->type)->blck;
   if (p->c0 % blck || p->nc % blck)
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: tensor parallelism would cut its %s blocks of %d at column %lld",
@@ -178,6 +175,32 @@ static void model__part_copy(const model_tensor_t *t, const model_part_t *p, uin
   for (int64_t r = 0; r < p->nr; r++) memcpy(dst + (size_t)r * rb, src + (size_t)r * full, rb);
 }
 
+/* A column range of a GPTQ act-order weight (a rank's part of o_proj or
+ * down_proj): its own I4G tensor with its own permutation and padding
+ * (model_quant_cols), kept, with the permutation, while the model lives. */
+static int model__load_quant_cols(model_t *m, kern_weight_t *w, const model_tensor_t *t, const model_part_t *p,
+                                  const char *name) {
+  const size_t rb = kern_row_bytes(t->type, t->cols);
+  const model_quant_weight_t whole = {.rows = p->nr, .cols = t->cols, .x_cols = t->cols,
+                                      .data = (uint8_t *)t->data + (size_t)p->r0 * rb, .perm = (int32_t *)t->perm};
+  model_quant_weight_t q;
+  int rc = model_quant_cols(&whole, p->c0, p->nc, &q);
+  if (rc) return rc;
+  if (q.cols != q.x_cols && !m->be->padded_perm) {
+    free(q.data), free(q.perm);
+    return fr_errorf(FR_EUNSUPPORTED, "tensor %s: the %s backend cannot split a GPTQ act-order (g_idx) weight by "
+                     "input columns for tensor parallelism (its parts need padding columns); run it with tensor "
+                     "parallel size 1", name, m->be->ops->name);
+  }
+  *w = (kern_weight_t){.type = KERN_I4G, .rows = q.rows, .cols = q.cols, .row_bytes = kern_row_bytes(KERN_I4G, q.cols),
+                       .perm = q.perm, .x_cols = q.perm ? q.x_cols : 0};
+  if (q.perm) model__keep(m, q.perm);
+  rc = model__weight_load(m, w, q.data, name);
+  if (rc == 0 && w->data == q.data) model__keep(m, q.data); /* borrowed (CPU) */
+  else free(q.data);
+  return rc;
+}
+
 /* Loads part p of tensor name. Whole rows are handed over from the file's
  * mapping; a column range is copied first (kept while the backend borrows it). */
 static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool required, model_part_t p) {
@@ -185,6 +208,7 @@ static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool
   const model_tensor_t *t;
   int rc = model__part_tensor(m, name, required, &p, &t);
   if (rc || !t) return rc;
+  if (t->perm && p.nc != p.cols) return model__load_quant_cols(m, w, t, &p, name);
   *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc),
                        .perm = t->perm};
   if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);

@@ -2,6 +2,7 @@
  * into KERN_I4G rows (quant.h; layouts in docs/QUANTIZED.md). */
 #include "model/quant.h"
 
+#include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -330,6 +331,89 @@ int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char 
       quant_pack_row(q, &L, perm, n, v + (n - n0) * L.in, data + (size_t)n * row_bytes);
   }
   free(v);
-  *out = (model_quant_weight_t){.rows = L.out, .cols = L.in, .data = data, .perm = perm};
+  *out = (model_quant_weight_t){.rows = L.out, .cols = L.in, .x_cols = L.in, .data = data, .perm = perm};
+  return 0;
+}
+
+/* ---- a range of inputs (tensor parallelism) ------------------------------ */
+
+#define QUANT_BLOCK_BYTES 24 /* an I4G block: f32 d, f32 m, 16 bytes of nibbles */
+
+/* Whether block b of every row of w has block b - 1's (d, m): the columns
+ * of both may then share a block exactly. The blocks of one group do. */
+static bool quant_same_dm(const model_quant_weight_t *w, size_t row_bytes, int64_t b) {
+  for (int64_t r = 0; r < w->rows; r++) {
+    const uint8_t *blk = w->data + (size_t)r * row_bytes + (size_t)b * QUANT_BLOCK_BYTES;
+    if (memcmp(blk - QUANT_BLOCK_BYTES, blk, 8)) return false;
+  }
+  return true;
+}
+
+/* Ends the part's block in progress with padding columns. */
+static void quant_pad_block(int32_t *src, int32_t *perm, int64_t *n) {
+  for (; *n % 32; (*n)++) src[*n] = perm[*n] = -1;
+}
+
+/* Where each column of the part comes from: src[j], a column of w, and
+ * perm[j], the part's input it multiplies (both -1 for padding). The
+ * columns of a block in progress all come from w blocks of block k/32 - 1's
+ * (d, m), so only a block in progress is checked at w's block boundaries.
+ * Returns the part's column count, at most nc + w->cols. */
+static int64_t quant_cols_plan(const model_quant_weight_t *w, int64_t c0, int64_t nc, int32_t *src, int32_t *perm) {
+  const size_t row_bytes = kern_row_bytes(KERN_I4G, w->cols);
+  int64_t n = 0;
+  for (int64_t k = 0; k < w->cols; k++) {
+    if (k % 32 == 0 && k > 0 && n % 32 && !quant_same_dm(w, row_bytes, k / 32)) quant_pad_block(src, perm, &n);
+    const int64_t i = (w->perm ? w->perm[k] : k) - c0;
+    if (i < 0 || i >= nc) continue;
+    src[n] = (int32_t)k;
+    perm[n++] = (int32_t)i;
+  }
+  quant_pad_block(src, perm, &n);
+  return n;
+}
+
+/* Nibble k of an I4G row (Q4_1's order: byte j holds columns j and j + 16). */
+static uint8_t quant_nibble(const uint8_t *row, int32_t k) {
+  if (k < 0) return 0;
+  const uint8_t byte = row[(size_t)(k / 32) * QUANT_BLOCK_BYTES + 8 + (size_t)(k % 16)];
+  return k % 32 < 16 ? byte & 15 : byte >> 4;
+}
+
+/* A row of the part from w's row: each block's (d, m) from the w block of
+ * its first column (never padding: padding only ends a block), nibbles from
+ * src's columns. */
+static void quant_cols_row(const uint8_t *wrow, const int32_t *src, int64_t cols, uint8_t *out) {
+  for (int64_t b = 0; b < cols / 32; b++) {
+    const int32_t *s = src + b * 32;
+    uint8_t *blk = out + (size_t)b * QUANT_BLOCK_BYTES;
+    FR_ASSERT(s[0] >= 0);
+    memcpy(blk, wrow + (size_t)(s[0] / 32) * QUANT_BLOCK_BYTES, 8);
+    for (int j = 0; j < 16; j++) blk[8 + j] = (uint8_t)(quant_nibble(wrow, s[j]) | quant_nibble(wrow, s[j + 16]) << 4);
+  }
+}
+
+/* Frees perm when it is 0, 1, ..., n - 1 (no padding, no permutation). */
+static int32_t *quant_drop_identity(int32_t *perm, int64_t n) {
+  for (int64_t j = 0; j < n; j++)
+    if (perm[j] != j) return perm;
+  free(perm);
+  return NULL;
+}
+
+int model_quant_cols(const model_quant_weight_t *w, int64_t c0, int64_t nc, model_quant_weight_t *out) {
+  memset(out, 0, sizeof *out);
+  if (c0 < 0 || nc <= 0 || c0 + nc > w->x_cols || w->cols % 32)
+    return fr_errorf(-EINVAL, "model: inputs [%lld, %lld) of a layer of %lld", (long long)c0, (long long)(c0 + nc),
+                     (long long)w->x_cols);
+  const size_t most = (size_t)(nc + w->cols); /* columns, padding included */
+  int32_t *src = fr_malloc(most * sizeof *src), *perm = fr_malloc(most * sizeof *perm);
+  const int64_t cols = quant_cols_plan(w, c0, nc, src, perm);
+  const size_t rb = kern_row_bytes(KERN_I4G, w->cols), part_rb = kern_row_bytes(KERN_I4G, cols);
+  uint8_t *data = fr_malloc((size_t)w->rows * part_rb);
+  for (int64_t r = 0; r < w->rows; r++) quant_cols_row(w->data + (size_t)r * rb, src, cols, data + (size_t)r * part_rb);
+  free(src);
+  *out = (model_quant_weight_t){.rows = w->rows, .cols = cols, .x_cols = nc, .data = data,
+                                .perm = quant_drop_identity(perm, cols)};
   return 0;
 }

@@ -43,19 +43,33 @@ int model_quant_read(model_quant_t *q, const char *dir);
  * quantization_config, or a quantize_config.json. */
 int model_quant_parse(model_quant_t *q, const void *json, size_t len);
 
-/* A GPTQ/AWQ layer as KERN_I4G rows: out rows (output features) of in
- * columns. data (out * in / 32 blocks of 24 bytes) and perm are malloc'd
- * and owned by the caller. perm is NULL, or (in) input columns: column k of
- * data multiplies x[perm[k]] (GPTQ act-order: the columns sorted by group,
- * so that every 32-column block has one scale and zero). */
+/* A GPTQ/AWQ layer as KERN_I4G rows: `rows` rows (output features) of
+ * `cols` columns. data (rows * cols / 32 blocks of 24 bytes) and perm are
+ * malloc'd and owned by the caller. perm is NULL, or (cols) input columns:
+ * column k of data multiplies x[perm[k]] (GPTQ act-order: the columns sorted
+ * by group, so that every 32-column block has one scale and zero), or 0 where
+ * perm[k] is -1 (padding, model_quant_cols). x_cols is the number of inputs:
+ * cols, or fewer where there is padding. */
 typedef struct {
-  int64_t rows, cols;
+  int64_t rows, cols, x_cols;
   uint8_t *data;
   int32_t *perm;
 } model_quant_weight_t;
 
 /* Repacks layer `base` (the name before ".qweight") of st. */
 int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_weight_t *out);
+
+/* The part of layer w (as model_quant_repack makes it, perm or not) that
+ * takes inputs [c0, c0 + nc): a rank's share of a row-parallel layer (o_proj,
+ * down_proj) under tensor parallelism. Its x_cols is nc, and its perm (NULL
+ * when the identity) is in the part's own input indices. Columns keep w's
+ * order, and a new block starts wherever w's next block has another scale or
+ * min (d, m) in some row, so each block still has one (d, m) per row and
+ * decodes exactly as w does; a block a run leaves short is filled with
+ * padding columns (perm -1, nibbles 0). Without a permutation, and with c0
+ * and nc on block boundaries, that is the plain column slice. On failure
+ * (a range outside w) *out is zeroed. */
+int model_quant_cols(const model_quant_weight_t *w, int64_t c0, int64_t nc, model_quant_weight_t *out);
 
 /* "gptq", "awq" or "none". */
 const char *model_quant_name(model_quant_method_t m);

@@ -317,6 +317,7 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   ctx->be.kv_type = KERN_F16;
   ctx->be.kv_dtypes = 1u << KERN_KV_AUTO | 1u << KERN_KV_INT8 | 1u << KERN_KV_FP8;
   ctx->be.host_memory = true;
+  ctx->be.padded_perm = true;
   FR_LOGD("cpu backend: %d threads, %s kernels", ctx->n_threads, isa->name);
   *out = &ctx->be;
   return 0;

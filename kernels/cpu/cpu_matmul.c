@@ -111,20 +111,25 @@ static int cpu__mm_check(const cpu_ctx_t *ctx, const kern_weight_t *w, const ker
     return fr_errorf(-EINVAL, "matmul: bad weight shape (%lld x %lld)", (long long)w->rows, (long long)w->cols);
   if (cpu_vec_dot_type(w->type) == KERN_Q8_K && w->cols % CPU_QK_K)
     return fr_errorf(-EINVAL, "matmul: K-quant row of %lld", (long long)w->cols);
+  if (w->x_cols && (!w->perm || w->x_cols < 0 || w->x_cols > w->cols))
+    return fr_errorf(-EINVAL, "matmul: x_cols %lld without a permutation, or past cols %lld", (long long)w->x_cols,
+                     (long long)w->cols);
   if (bias && (bias->type != KERN_F32 || bias->rows * bias->cols != w->rows || !bias->data))
     return fr_errorf(-EINVAL, "matmul: bias must be F32 with %lld elements", (long long)w->rows);
   return 0;
 }
 
-/* x (n, cols) gathered into the weight's column order: pbuf[j][k] = x[j][perm[k]]. */
+/* x (n, x_cols) gathered into the weight's column order: pbuf[j][k] =
+ * x[j][perm[k]], and 0 for a padding column (perm[k] = -1): 0 adds exactly
+ * nothing to a block's sum(q x) and sum(x), whatever the column's weights. */
 static const float *cpu__mm_permute(cpu_ctx_t *ctx, const kern_weight_t *w, const float *x, int n) {
-  const size_t cols = (size_t)w->cols;
+  const size_t cols = (size_t)w->cols, xc = (size_t)kern_weight_x_cols(w);
   cpu__scratch_reserve(&ctx->pbuf, &ctx->pbuf_cap, cols * (size_t)n * sizeof(float));
   float *p = ctx->pbuf;
   for (int j = 0; j < n; j++) {
-    const float *xr = x + (size_t)j * cols;
+    const float *xr = x + (size_t)j * xc;
     float *o = p + (size_t)j * cols;
-    for (size_t k = 0; k < cols; k++) o[k] = xr[w->perm[k]];
+    for (size_t k = 0; k < cols; k++) o[k] = w->perm[k] < 0 ? 0.0f : xr[w->perm[k]];
   }
   return p;
 }

@@ -52,7 +52,7 @@ static int cpu__moe_check(const kern_moe_t *m, int n) {
   const int64_t dim = m->router->cols, ffn = m->gate[0].rows;
   for (int e = 0; e < m->n_experts; e++)
     if (m->gate[e].rows != ffn || m->gate[e].cols != dim || m->up[e].rows != ffn || m->up[e].cols != dim ||
-        m->down[e].rows != dim || m->down[e].cols != ffn)
+        m->down[e].rows != dim || kern_weight_x_cols(&m->down[e]) != ffn)
       return fr_errorf(-EINVAL, "moe_ffn: expert %d is not (%lld, %lld) / (%lld, %lld)", e, (long long)ffn,
                        (long long)dim, (long long)dim, (long long)ffn);
   return 0;

@@ -1,7 +1,8 @@
 /* fuzz_safetensors.c - libFuzzer target: model_st_open_memory on arbitrary
  * bytes, then every tensor's first and last byte is read, and every
  * "X.qweight" is repacked as a GPTQ (v1 and v2) and an AWQ layer of group
- * size 32 (model/quant.h), whose output is read whole. */
+ * size 32 (model/quant.h), whose output is read whole, as is its part for
+ * the upper half of its inputs (model_quant_cols, a TP=2 rank's). */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -16,6 +17,21 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 
 static volatile uint64_t sink;
 
+static void read_whole(const model_quant_weight_t *w) {
+  const size_t bytes = kern_row_bytes(KERN_I4G, w->cols) * (size_t)w->rows;
+  for (size_t i = 0; i < bytes; i++) sink += w->data[i];
+  for (int64_t k = 0; w->perm && k < w->cols; k++) sink += (uint64_t)w->perm[k];
+}
+
+static void cut_upper_half(const model_quant_weight_t *w) {
+  const int64_t c0 = w->x_cols / 64 * 32;
+  model_quant_weight_t part;
+  if (model_quant_cols(w, c0, w->x_cols - c0, &part) != 0) return;
+  read_whole(&part);
+  free(part.data);
+  free(part.perm);
+}
+
 static void repack(const model_st_t *st, const char *qweight) {
   static const model_quant_t cfgs[] = {{MODEL_QUANT_GPTQ, 4, 32, true}, {MODEL_QUANT_GPTQ, 4, -1, false},
                                        {MODEL_QUANT_AWQ, 4, 32, false}};
@@ -27,9 +43,8 @@ static void repack(const model_st_t *st, const char *qweight) {
   for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
     model_quant_weight_t w;
     if (model_quant_repack(&cfgs[c], st, base, &w) != 0) continue;
-    const size_t bytes = kern_row_bytes(KERN_I4G, w.cols) * (size_t)w.rows;
-    for (size_t i = 0; i < bytes; i++) sink += w.data[i];
-    for (int64_t k = 0; w.perm && k < w.cols; k++) sink += (uint64_t)w.perm[k];
+    read_whole(&w);
+    cut_upper_half(&w);
     fr_free_aligned(w.data);
     free(w.perm);
   }

@@ -389,6 +389,50 @@ START_TEST(test_matmul_perm) {
 }
 END_TEST
 
+/* A rank's part of an act-order weight (model_quant_cols): 256 columns
+ * take 200 inputs in a random order, and the 56 padding columns (perm -1,
+ * random nonzero weights here) must add nothing; x is (n, 200). */
+START_TEST(test_matmul_perm_padded) {
+  kern_backend_t *b = backend_for(_i);
+  if (!b) return;
+  ck_assert(b->padded_perm);
+  enum { rows = 40, cols = 256, x_cols = 200, n = 6 };
+  int32_t perm[cols];
+  for (int k = 0; k < cols; k++) perm[k] = k < x_cols ? k : -1;
+  for (int k = cols - 1; k > 0; k--) { /* Fisher-Yates: inputs and padding at random places */
+    int j = (int)(rnd_u64() % (uint64_t)(k + 1)), t = perm[k];
+    perm[k] = perm[j], perm[j] = t;
+  }
+  uint8_t *wd = random_weight(KERN_I4G, rows, cols);
+  float *x = rnd_vec((size_t)n * x_cols), out[rows * n], wf[cols];
+  kern_weight_t w;
+  load_weight(b, &w, KERN_I4G, rows, cols, wd);
+  w.perm = perm;
+  w.x_cols = x_cols;
+  double ref[rows * n];
+  for (int r = 0; r < rows; r++) {
+    kern_dequantize_row(KERN_I4G, wd + (size_t)r * w.row_bytes, wf, cols);
+    for (int j = 0; j < n; j++) {
+      double sum = 0;
+      for (int k = 0; k < cols; k++)
+        if (perm[k] >= 0) sum += (double)wf[k] * x[(size_t)j * x_cols + (size_t)perm[k]];
+      ref[j * rows + r] = sum;
+    }
+  }
+  ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, NULL, x, n), 0);
+  double e = nerr(out, ref, (size_t)rows * n);
+  ck_assert_msg(e < 1e-5, "padded permuted I4G matmul: normalized error %g", e);
+  w.x_cols = cols + 1; /* wider than the weight */
+  ck_assert_int_lt(b->ops->matmul(b->ctx, out, &w, NULL, x, n), 0);
+  w.x_cols = x_cols;
+  w.perm = NULL; /* x_cols without a permutation */
+  ck_assert_int_lt(b->ops->matmul(b->ctx, out, &w, NULL, x, n), 0);
+  b->ops->weight_release(b->ctx, &w);
+  free(wd), free(x);
+  kern_backend_destroy(b);
+}
+END_TEST
+
 START_TEST(test_matmul_errors) {
   kern_backend_t *b = backend_for(0);
   float x[64] = {0}, out[64];
@@ -968,6 +1012,7 @@ static Suite *ops_suite(void) {
   tcase_add_test(tc, test_matmul_vnni_exact);
   tcase_add_test(tc, test_matmul_kquant_avx512_exact);
   tcase_add_loop_test(tc, test_matmul_perm, 0, N_CFG);
+  tcase_add_loop_test(tc, test_matmul_perm_padded, 0, N_CFG);
   tcase_add_test(tc, test_matmul_errors);
   tcase_add_loop_test(tc, test_norms, 0, N_CFG);
   tcase_add_loop_test(tc, test_elementwise, 0, N_CFG);

@@ -2,14 +2,23 @@
  * it: rows x cols f32 (little-endian, row-major), in the file's column
  * order (a GPTQ act-order permutation undone). test_gptq.py compares it
  * with the reference decoder of tests/golden/make_gptq.py, bit for bit.
- * usage: dump_weight MODEL GGUF_TENSOR_NAME OUT_FILE [NAME OUT_FILE ...]
+ *
+ * With --cols C0 NC, it writes instead the part of a KERN_I4G weight that
+ * takes inputs [C0, C0 + NC), as tensor parallelism loads it for a rank
+ * (model_quant_cols): OUT is rows x (the part's cols) f32 in the part's own
+ * column order, padding included, and OUT.perm the part's perm as int32
+ * (-1: padding; 0, 1, ... when it has none).
+ *
+ * usage: dump_weight [--cols C0 NC] MODEL GGUF_TENSOR_NAME OUT_FILE [NAME OUT_FILE ...]
  */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
 #include "kernels/kern_types.h"
+#include "model/quant.h"
 #include "model/source.h"
 
 static int dump(const model_tensor_t *t, FILE *f) {
@@ -26,20 +35,62 @@ static int dump(const model_tensor_t *t, FILE *f) {
   return rc;
 }
 
-/* Writes tensor name of s to path; prints its type and shape. */
-static int dump_one(const model_source_t *s, const char *name, const char *path) {
+/* The part's rows, decoded in its own column order, then its perm to path.perm. */
+static int dump_part(const model_quant_weight_t *q, FILE *f, const char *path) {
+  const size_t rb = kern_row_bytes(KERN_I4G, q->cols), cols = (size_t)q->cols;
+  float *row = fr_malloc(cols * sizeof *row);
+  int rc = 0;
+  for (int64_t r = 0; r < q->rows && !rc; r++) {
+    kern_dequantize_row(KERN_I4G, q->data + (size_t)r * rb, row, q->cols);
+    if (fwrite(row, sizeof *row, cols, f) != cols) rc = -1;
+  }
+  free(row);
+  char pp[4096];
+  snprintf(pp, sizeof pp, "%s.perm", path);
+  FILE *pf = rc ? NULL : fopen(pp, "wb");
+  for (size_t k = 0; pf && k < cols && !rc; k++) {
+    int32_t v = q->perm ? q->perm[k] : (int32_t)k;
+    if (fwrite(&v, sizeof v, 1, pf) != 1) rc = -1;
+  }
+  if (!pf || fclose(pf)) rc = -1;
+  return rc;
+}
+
+/* Tensor t's part for inputs [c0, c0 + nc) to path. */
+static int dump_cols(const model_tensor_t *t, int64_t c0, int64_t nc, FILE *f, const char *path) {
+  if (t->type != KERN_I4G) return fr_errorf(FR_EUNSUPPORTED, "--cols needs an I4G tensor");
+  const model_quant_weight_t whole = {.rows = t->rows, .cols = t->cols, .x_cols = t->cols,
+                                      .data = (uint8_t *)t->data, .perm = (int32_t *)t->perm};
+  model_quant_weight_t q;
+  int rc = model_quant_cols(&whole, c0, nc, &q);
+  if (rc) return rc;
+  rc = dump_part(&q, f, path);
+  printf("%s I4G %lld %lld %lld\n", t->name, (long long)q.rows, (long long)q.cols, (long long)q.x_cols);
+  free(q.data);
+  free(q.perm);
+  return rc;
+}
+
+/* Writes tensor name of s to path (nc > 0: its part for inputs [c0, c0 + nc)); prints its type and shape. */
+static int dump_one(const model_source_t *s, const char *name, const char *path, int64_t c0, int64_t nc) {
   const model_tensor_t *t = model_source_tensor(s, name);
   FILE *f = t ? fopen(path, "wb") : NULL;
-  int rc = t && f ? dump(t, f) : -1;
+  int rc = t && f ? (nc > 0 ? dump_cols(t, c0, nc, f, path) : dump(t, f)) : -1;
   if (f && fclose(f)) rc = -1;
-  if (rc) fprintf(stderr, "dump_weight: %s: no such tensor, or cannot write %s\n", name, path);
-  else printf("%s %s %lld %lld\n", name, kern_type_traits(t->type)->name, (long long)t->rows, (long long)t->cols);
+  if (rc) fprintf(stderr, "dump_weight: %s: no such tensor, or cannot write %s: %s\n", name, path, fr_last_error());
+  else if (nc <= 0) printf("%s %s %lld %lld\n", name, kern_type_traits(t->type)->name, (long long)t->rows,
+                           (long long)t->cols);
   return rc;
 }
 
 int main(int argc, char **argv) {
-  if (argc < 4 || argc % 2) {
-    fprintf(stderr, "usage: dump_weight MODEL GGUF_TENSOR_NAME OUT_FILE [NAME OUT_FILE ...]\n");
+  int64_t c0 = 0, nc = 0;
+  if (argc > 3 && !strcmp(argv[1], "--cols")) {
+    c0 = strtoll(argv[2], NULL, 10), nc = strtoll(argv[3], NULL, 10);
+    argc -= 3, argv += 3;
+  }
+  if (argc < 4 || argc % 2 || nc < 0) {
+    fprintf(stderr, "usage: dump_weight [--cols C0 NC] MODEL GGUF_TENSOR_NAME OUT_FILE [NAME OUT_FILE ...]\n");
     return 2;
   }
   model_source_t *s;
@@ -48,7 +99,7 @@ int main(int argc, char **argv) {
     return 1;
   }
   int rc = 0;
-  for (int i = 2; i + 1 < argc && !rc; i += 2) rc = dump_one(s, argv[i], argv[i + 1]);
+  for (int i = 2; i + 1 < argc && !rc; i += 2) rc = dump_one(s, argv[i], argv[i + 1], c0, nc);
   model_source_close(s);
   return rc ? 1 : 0;
 }

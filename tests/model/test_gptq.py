@@ -17,14 +17,20 @@ with groups 128 and 32) and their dequantized F32 twins. Then:
 3. broken files (a g_idx past the groups, misshaped qzeros or scales,
    bits 8, group size 16, F32 qweight, no quantization config) are refused
    with a message naming the problem, never a crash;
-4. tensor parallelism on the CPU (`ferrumctl serve --tensor-parallel-size
+4. a rank's part of an act-order row-parallel layer (o_proj, down_proj
+   split by inputs; dump_weight --cols, model_quant_cols) holds exactly
+   the reference's columns of that range, bit for bit, each once, its
+   padding marked -1 in its permutation, and no more padding than whole
+   blocks per group need;
+5. tensor parallelism on the CPU (`ferrumctl serve --tensor-parallel-size
    2`): a GPTQ model without act-order and an AWQ one generate what they
-   generate at size 1; an act-order model is refused by name.
+   generate at size 1; the act-order models generate size 1's tokens with
+   logprobs within TP_LOGPROB_TOL (activations are f32 on this path: only
+   the all-reduce's order of additions differs).
 
 usage: test_gptq.py DUMP_WEIGHT RUN_MODEL FERRUMCTL SMOLLM2_GGUF WORK_DIR
 """
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -41,6 +47,8 @@ from local_serve import LocalServer  # noqa: E402
 
 PROMPTS = [[1, 50, 600, 7000, 123], [9, 8, 7], [31337, 2, 444, 12, 48000, 5, 77, 1000], [4242]]
 N_GREEDY = 32
+ACT_ORDER = ("gptq-g32-asym-act", "gptq-g64-sym-act-v2")
+TP_LOGPROB_TOL = 1e-3
 GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
               "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
               "mlp.down_proj": "ffn_down"}
@@ -163,16 +171,63 @@ def check_broken(run, good, tmp):
 
 # ---- tensor parallelism -----------------------------------------------------------
 
-def served_text(ferrumctl, model, tp):
+def padded_width(groups):
+    """Columns of a part whose inputs have these groups: each group's run padded to whole blocks of 32."""
+    return sum(-(-n // 32) * 32 for n in np.unique(groups, return_counts=True)[1])
+
+
+def check_part(dump, folder, st, base, gguf, c0, nc, tmp):
+    """The part of act-order layer base for inputs [c0, c0 + nc) as a TP rank loads it, against the reference
+    decoder; returns its padding columns."""
+    ref = make_gptq.dequantize_layer(folder, st, base)
+    out = tmp / "part.f32"
+    r = subprocess.run([dump, "--cols", str(c0), str(nc), str(folder), gguf, str(out)], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, f"{folder.name} {gguf}: dump_weight --cols failed: {r.stderr}"
+    perm = np.fromfile(str(out) + ".perm", dtype=np.int32)
+    got = np.fromfile(out, dtype=np.float32).reshape(ref.shape[0], -1)
+    where = f"{folder.name} {gguf} inputs [{c0}, {c0 + nc})"
+    assert got.shape[1] == len(perm) and len(perm) % 32 == 0, f"{where}: {got.shape[1]} columns, {len(perm)} perm"
+    real = perm >= 0
+    assert np.all(perm[~real] == -1), f"{where}: perm entries below -1"
+    assert np.array_equal(np.sort(perm[real]), np.arange(nc)), f"{where}: the part does not take each input once"
+    want = np.ascontiguousarray(ref[:, c0:c0 + nc][:, perm[real]])
+    bad = np.count_nonzero(np.ascontiguousarray(got[:, real]).view(np.uint32) != want.view(np.uint32))
+    assert bad == 0, f"{where}: {bad} of {want.size} values differ from the reference decoder"
+    expect = padded_width(st[base + ".g_idx"][c0:c0 + nc])
+    assert len(perm) == expect, f"{where}: {len(perm)} columns, whole blocks per group need {expect}"
+    return len(perm) - nc
+
+
+def check_tp_parts(dump, folder):
+    """check_part for both halves of every o_proj and down_proj (TP=2's cut: heads and the FFN in two)."""
+    st = make_gptq.read_safetensors(folder / "model.safetensors")
+    cfg = make_gptq.CFG
+    padding = parts = 0
+    with tempfile.TemporaryDirectory() as t:
+        for il in range(cfg["layers"]):
+            for base, gguf, width in ((f"model.layers.{il}.self_attn.o_proj", f"blk.{il}.attn_output.weight",
+                                       cfg["heads"] * cfg["head_dim"]),
+                                      (f"model.layers.{il}.mlp.down_proj", f"blk.{il}.ffn_down.weight", cfg["ffn"])):
+                for rank in range(2):
+                    padding += check_part(dump, folder, st, base, gguf, rank * width // 2, width // 2, Path(t))
+                    parts += 1
+    assert padding > 0, f"{folder.name}: no part needed padding, so none was tested"
+    return parts, padding
+
+
+def served(ferrumctl, model, tp):
+    """Greedy completions of two prompts: (text, tokens, token logprobs) each."""
     s = LocalServer(ferrumctl, ["--model", str(model), "--tensor-parallel-size", str(tp), "--threads", "1",
                                 "--max-num-seqs", "4"], prefix="ferrum-gptq-")
     try:
         out = []
         for prompt in ("Hello world, this is", "The quick brown fox"):
             st, data = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0,
-                                                             "ignore_eos": True})
+                                                             "ignore_eos": True, "logprobs": 1})
             assert st == 200, (st, data)
-            out.append(json.loads(data)["choices"][0]["text"])
+            c = json.loads(data)["choices"][0]
+            out.append((c["text"], c["logprobs"]["tokens"], c["logprobs"]["token_logprobs"]))
         return out
     finally:
         s.stop()
@@ -180,14 +235,17 @@ def served_text(ferrumctl, model, tp):
 
 def check_tp(ferrumctl, work):
     for name in ("gptq-g128-sym", "awq-g32"):
-        one, two = served_text(ferrumctl, work / name, 1), served_text(ferrumctl, work / name, 2)
-        assert one == two, f"{name}: tensor parallel 2 generated {two}, size 1 {one}"
-    d = tempfile.mkdtemp(prefix="ferrum-gptq-")
-    r = subprocess.run([ferrumctl, "serve", "--model", str(work / "gptq-g32-asym-act"), "--threads", "1", "--port", "0",
-                        "--tensor-parallel-size", "2"], env=dict(os.environ, XDG_RUNTIME_DIR=d), capture_output=True,
-                       text=True, timeout=120)
-    shutil.rmtree(d, ignore_errors=True)
-    assert r.returncode != 0 and "act-order (g_idx) weight cannot be split" in r.stderr, r.stderr[-2000:]
+        one, two = served(ferrumctl, work / name, 1), served(ferrumctl, work / name, 2)
+        assert [o[0] for o in one] == [t[0] for t in two], f"{name}: tensor parallel 2 generated {two}, size 1 {one}"
+    worst = 0.0
+    for name in ACT_ORDER:
+        one, two = served(ferrumctl, work / name, 1), served(ferrumctl, work / name, 2)
+        for (text1, tok1, lp1), (text2, tok2, lp2) in zip(one, two):
+            assert tok1 == tok2 and len(tok1) == 16, f"{name}: tensor parallel 2 generated {text2!r}, size 1 {text1!r}"
+            err = max(abs(a - b) for a, b in zip(lp1, lp2))
+            assert err <= TP_LOGPROB_TOL, f"{name}: tensor parallel 2's logprobs differ from size 1's by {err:.3g}"
+            worst = max(worst, err)
+    return worst
 
 
 def main():
@@ -202,8 +260,11 @@ def main():
                   f"twin's; logits within {err:.2g} (relative)")
         n = check_broken(run, work / "gptq-g32-asym-act", tmp)
         print(f"{n} broken files refused with clear errors")
-    check_tp(ferrumctl, work)
-    print("tensor parallel 2 = 1 for GPTQ and AWQ without act-order; act-order refused")
+    for name in ACT_ORDER:
+        parts, padding = check_tp_parts(dump, work / name)
+        print(f"{name}: {parts} TP=2 parts of o_proj/down_proj decoded bit-exact, {padding} padding columns")
+    worst = check_tp(ferrumctl, work)
+    print(f"tensor parallel 2 = 1 for GPTQ and AWQ; act-order: the same tokens, logprobs within {worst:.2g}")
     print("PASS")
 
 

@@ -2,9 +2,14 @@
 """Accuracy against exact math: a float64 forward pass of a llama-architecture
 GGUF (numpy, written from the format: weights dequantized with the gguf
 package, GGUF's interleaved rope on its permuted q/k), and the distance of
-ferrum's and llama.cpp's first-token log-probs from it on a few prompts:
-for each prompt, the mean |logprob - exact| over the exact top-5 tokens;
-the median over the prompts is the engine's score (nats).
+ferrum's and llama.cpp's first-token log-probs from it on 24 prompts: for
+each prompt, the mean |logprob - exact| over the exact top-5 tokens; the
+median over the prompts is the engine's score (nats). SmolLM2 Q4_1 is
+chaotic at the rounding level (int8 activations), so a prompt's distance
+swings with any change of summation order: with the first 7 prompts alone
+the median of the same build was 0.089 on one AVX2 host and 0.155 on
+another kind, against llama.cpp's 0.087; over 24 it is 0.074 against
+0.083 (docs/bench/cpu-model.md).
 
 usage: f64_reference.py RUN_MODEL GGUF [--check]
   RUN_MODEL: ferrum's tests/parity run_model (CPU); --check exits 1 when
@@ -27,6 +32,23 @@ PROMPTS = [
     "1, 2, 3, 4, 5, 6,",
     "Question: What is the largest planet in our solar system?\nAnswer:",
     "In machine learning, overfitting happens when",
+    "The quick brown fox jumps over the",
+    "Water boils at a temperature of",
+    "import numpy as np\nx = np.",
+    "The first president of the United States was",
+    "Translate to French: Good morning ->",
+    "The sum of 17 and 25 is",
+    "Shakespeare wrote the play",
+    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
+    "Photosynthesis converts sunlight into",
+    "for (int i = 0; i <",
+    "The mitochondria is the powerhouse of the",
+    "Monday, Tuesday, Wednesday,",
+    "The speed of light is approximately",
+    "My favourite colour is",
+    "SELECT * FROM users WHERE",
+    "The Great Wall of China is located in",
+    "A haiku about autumn:\n",
 ]
 
 

@@ -28,6 +28,7 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_matmul.cu
   cuda/kcu_attn.cu
   cuda/kcu_moe.cu
+  cuda/kcu_ggemm.cu
   cuda/kcu_sample.cu
   cuda/kcu_comm.cu
   cuda/kcu_car.cu)

@@ -389,10 +389,35 @@ int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long c
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
 
-/* kcu_moe.cu: the moe_ffn op (kern.h), and the kernels' shared-memory
- * limits (at create). */
+/* kcu_moe.cu: the moe_ffn op (kern.h). */
 int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m);
-int kcu__moe_init(kcu_ctx_t *c);
+
+/* kcu_ggemm.cu: the grouped GEMM on the tensor cores. Rows come in tiles of
+ * KCU_GG_ROWS_SMALL or _LARGE, each tile of one weight of a table of
+ * device addresses (at most KCU_GG_MAX_W, all of one type and row size). As
+ * the matmul of one dense quantized weight (prefill, batches above 8 rows)
+ * it ran 2-4.5x slower than dequantizing into bf16 for cuBLAS (H200,
+ * Llama-3-8B Q4_K/Q8_0 shapes, docs/bench/gpu.md): its B tiles dequantize
+ * synchronously, with nothing overlapping the loads. */
+#define KCU_GG_MAX_W 256
+#define KCU_GG_ROWS_SMALL 16
+#define KCU_GG_ROWS_LARGE 64
+typedef struct {
+  const uint8_t *p[KCU_GG_MAX_W];
+} kcu_gg_ptrs_t;
+typedef struct {
+  const int32_t *sorted;  /* (tiles * rows) the source of each row, -1 padding */
+  int gather_k;           /* a row reads a's row sorted / gather_k (0: its own row) */
+  const int32_t *tile_w;  /* (tiles) each tile's weight */
+  const int32_t *n_tiles; /* device count of the tiles in use (the rest exit at once) */
+  int tiles;              /* tiles launched */
+  bool small;             /* KCU_GG_ROWS_SMALL rows a tile, else _LARGE */
+} kcu_gg_rows_t;
+enum { KCU_GG_F32 = 0, KCU_GG_GATED = 1 }; /* out = A w^T in f32; silu(A w0^T) * (A w1^T) in the act type */
+int kcu__gg(kcu_ctx_t *c, int mode, void *out, const void *a, const kcu_gg_rows_t *rows, const kcu_gg_ptrs_t *w0,
+            const kcu_gg_ptrs_t *w1, kern_type_t t, size_t row_bytes, int N, int K);
+/* Raises the GEMM kernels' shared-memory limits (at create). */
+int kcu__gg_init(kcu_ctx_t *c);
 
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);

@@ -549,7 +549,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   KCU_CUBLAS(cublasCreate(&c->cublas));
   KCU_CUBLAS(cublasSetStream(c->cublas, c->stream));
   int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");
-  if (rc || (rc = kcu__attn_init(c)) || (rc = kcu__moe_init(c))) return rc;
+  if (rc || (rc = kcu__attn_init(c)) || (rc = kcu__gg_init(c))) return rc;
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
   FR_LOGD("cuda: device %d %s, %d SMs, act %s, PDL %s", device, prop.name, c->n_sm,
           c->act == KERN_BF16 ? "bf16" : "f16", c->pdl ? "on" : "off");

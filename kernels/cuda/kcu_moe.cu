@@ -9,7 +9,7 @@
  * GEMVs that stream whole weight rows:
  *   gate_up: h[pair] = silu(gate_e x_t) * up_e x_t, a warp per row
  *   down:    out[t] = sum over j, in top-k order, of w[t,j] * down_e h[pair]
- * and for more pairs, grouped GEMMs on the tensor cores:
+ * and for more pairs, grouped GEMMs on the tensor cores (kcu_ggemm.cu):
  *   align:   the pairs grouped by expert (one CTA): each expert's rows
  *            padded to whole tiles of BM rows, a tile's expert, and each
  *            pair's row (vLLM's moe_align_block_size)
@@ -28,23 +28,15 @@
  * (KCU_MOE_MAX_E of them), which a graph records. */
 #include <math.h>
 
-#include "kernels/cuda/kcu_mma.cuh"
 #include "kernels/cuda/kcu_quant.cuh"
 
-#define KCU_MOE_MAX_E 256 /* experts per layer the kernels take (their addresses are kernel parameters) */
-#define KCU_MOE_WARPS 4
-#define KCU_MOE_NT (KCU_MOE_WARPS * KCU_WARP)
-#define KCU_MOE_BK 64     /* K per pipeline stage: one 128-byte row of 8 swizzled 16-byte chunks */
-#define KCU_MOE_BM_SMALL 16 /* rows per tile while the pairs per expert are few (decode) */
-#define KCU_MOE_BM_LARGE 64 /* rows per tile otherwise (prefill) */
+#define KCU_MOE_MAX_E KCU_GG_MAX_W /* experts per layer (their addresses are kernel parameters) */
 #define KCU_MOE_ALIGN_NT 1024
 #define KCU_MOE_GEMV_U 4     /* 16-byte weight loads each lane of the decode GEMVs keeps in flight */
 #define KCU_MOE_MIN_TOKENS 256 /* tokens the scratch holds at the least, so small steps never grow it */
 #define KCU_MOE_ROUTE_MAX (KCU_MOE_MAX_E / KCU_WARP) /* router logits per lane */
 
-typedef struct {
-  const uint8_t *p[KCU_MOE_MAX_E];
-} kcu_moe_ptrs_t;
+typedef kcu_gg_ptrs_t kcu_moe_ptrs_t;
 
 /* Rows of the sorted order a call can need: every pair, plus each used
  * expert's last tile padded. */
@@ -153,197 +145,6 @@ __global__ void __launch_bounds__(KCU_MOE_ALIGN_NT)
     sorted[r] = i;
     slot[i] = r;
   }
-}
-
-/* ---- grouped GEMM -------------------------------------------------------------------- */
-
-/* Byte offset of 16-byte chunk ch of row r in a swizzled (rows, BK) tile. */
-__device__ __forceinline__ uint32_t kcu_moe_off(int r, int ch) {
-  return (uint32_t)(r * (KCU_MOE_BK * 2) + ((ch ^ (r & 7)) << 4));
-}
-
-/* The A tile (bm rows of BK): row r of the tile is x row sorted[m0 + r] / k
- * (gather) or row m0 + r of a (the down GEMM's input, already in row
- * order); padding rows and columns past K read as zeros. */
-template <typename T, int BM>
-__device__ __forceinline__ void kcu_moe_load_a(uint32_t sa, const T *a, const int32_t *rows, int gather_k, int K,
-                                               int k0) {
-  constexpr int CH = KCU_MOE_BK / 8;
-  for (int i = threadIdx.x; i < BM * CH; i += KCU_MOE_NT) {
-    const int r = i / CH, ch = i % CH, col = k0 + ch * 8, src_row = rows[r];
-    const bool ok = src_row >= 0 && col < K;
-    const T *src = ok ? a + (size_t)(gather_k ? src_row / gather_k : src_row) * K + col : a;
-    kcu_cp_async16(sa + kcu_moe_off(r, ch), src, ok);
-  }
-}
-
-/* A tile's shape by its height BM: BN columns, the pipeline's depth, and
- * how the 4 warps share the tile (WARPS_M x WARPS_N, each warp WM x WN: MF
- * m16 by NF n8 fragments). Measured on an H200 (Qwen3-30B-A3B shapes,
- * decode at batch 1 to 64): narrower small tiles (32 columns, 6 stages,
- * the warps splitting K) were 3-17% slower than these. */
-template <int BM> struct kcu_moe_cfg;
-template <> struct kcu_moe_cfg<KCU_MOE_BM_LARGE> {
-  enum { BN = 64, STAGES = 3, WARPS_M = 2, WARPS_N = 2 };
-};
-template <> struct kcu_moe_cfg<KCU_MOE_BM_SMALL> {
-  enum { BN = 64, STAGES = 3, WARPS_M = 1, WARPS_N = 4 };
-};
-template <int BM> struct kcu_moe_tile : kcu_moe_cfg<BM> {
-  typedef kcu_moe_cfg<BM> C;
-  static_assert(C::WARPS_M * C::WARPS_N == KCU_MOE_WARPS, "4 warps");
-  enum { WM = BM / C::WARPS_M, WN = C::BN / C::WARPS_N, MF = WM / 16, NF = WN / 8 };
-  static_assert(NF % 2 == 0, "B fragments are loaded two n8 at a time");
-};
-
-/* Shared bytes of one stage (the A tile and NB B tiles) and of the pipeline. */
-template <int BM, int NB> struct kcu_moe_smem {
-  enum {
-    A = BM * KCU_MOE_BK * 2,
-    B = kcu_moe_cfg<BM>::BN * KCU_MOE_BK * 2,
-    STAGE = A + NB * B,
-    BYTES = kcu_moe_cfg<BM>::STAGES * STAGE
-  };
-};
-
-/* A B tile (BN weight rows n0.., BK columns from k0) of one expert: dense
- * rows by cp.async, quantized ones dequantized (a 32-element sub-block per
- * thread) and stored. Rows past N and columns past K are zeros. */
-template <typename T, int QT, int BN>
-__device__ __forceinline__ void kcu_moe_load_b(uint32_t sb, const uint8_t *w, size_t row_bytes, int N, int K, int n0,
-                                               int k0) {
-  if constexpr (QT == 0) {
-    constexpr int CH = KCU_MOE_BK / 8;
-    for (int i = threadIdx.x; i < BN * CH; i += KCU_MOE_NT) {
-      const int r = i / CH, ch = i % CH, n = n0 + r, col = k0 + ch * 8;
-      const bool ok = n < N && col < K;
-      const uint8_t *src = ok ? w + (size_t)n * row_bytes + (size_t)col * sizeof(T) : w;
-      kcu_cp_async16(sb + kcu_moe_off(r, ch), src, ok);
-    }
-  } else {
-    constexpr int SUBS = KCU_MOE_BK / KCU_QSUB;
-    for (int i = threadIdx.x; i < BN * SUBS; i += KCU_MOE_NT) {
-      const int r = i / SUBS, s = i % SUBS, n = n0 + r, col = k0 + s * KCU_QSUB;
-      float v[KCU_QSUB];
-      if (n < N && col < K) {
-        int sub;
-        kcu_deq32<QT>(kcu_sub_block<QT>(w + (size_t)n * row_bytes, col / KCU_QSUB, &sub), sub, v);
-      } else {
-#pragma unroll
-        for (int j = 0; j < KCU_QSUB; j++) v[j] = 0.f;
-      }
-#pragma unroll
-      for (int c = 0; c < KCU_QSUB / 8; c++)
-        kcu_st_shared16(sb + kcu_moe_off(r, s * (KCU_QSUB / 8) + c), kcu_pack8<T>(v + 8 * c));
-    }
-  }
-}
-
-/* acc[b] += A B[b]^T over one stage, for the warp's fragments. */
-template <typename T, int BM, int NB>
-__device__ __forceinline__ void kcu_moe_mma_stage(float (*acc)[kcu_moe_tile<BM>::MF][kcu_moe_tile<BM>::NF][4],
-                                                  uint32_t sa, uint32_t sb, int wm, int wn, int lane) {
-  typedef kcu_moe_tile<BM> S;
-#pragma unroll
-  for (int kk = 0; kk < KCU_MOE_BK / 16; kk++) {
-    uint32_t af[S::MF][4];
-#pragma unroll
-    for (int mf = 0; mf < S::MF; mf++)
-      kcu_ldsm4(af[mf], sa + kcu_moe_off(wm * S::WM + mf * 16 + (lane & 15), 2 * kk + (lane >> 4)));
-#pragma unroll
-    for (int b = 0; b < NB; b++) {
-#pragma unroll
-      for (int np = 0; np < S::NF / 2; np++) {
-        uint32_t bf[4];
-        const int n = wn * S::WN + np * 16 + (lane & 7) + ((lane >> 4) << 3);
-        kcu_ldsm4(bf, sb + b * kcu_moe_smem<BM, NB>::B + kcu_moe_off(n, 2 * kk + ((lane >> 3) & 1)));
-#pragma unroll
-        for (int mf = 0; mf < S::MF; mf++) {
-          kcu_mma16816<T>(acc[b][mf][2 * np], af[mf], bf);
-          kcu_mma16816<T>(acc[b][mf][2 * np + 1], af[mf], bf + 2);
-        }
-      }
-    }
-  }
-}
-
-/* out rows of tile blockIdx.x, columns blockIdx.y * BN..: GATED (NB = 2, B
- * = gate and up of the tile's expert): out (T) = silu(A gate^T) * (A up^T),
- * A gathered from x by sorted / gather_k; else (NB = 1, B = down): out (f32)
- * = A down^T with A = a's rows in order. */
-template <typename T, int QT, int BM, int GATED>
-__global__ void __launch_bounds__(KCU_MOE_NT)
-    kcu_moe_gemm_k(void *out, const T *a, int gather_k, const int32_t *sorted, const int32_t *tile_exp,
-                   const int32_t *n_tiles, const __grid_constant__ kcu_moe_ptrs_t w0,
-                   const __grid_constant__ kcu_moe_ptrs_t w1, size_t row_bytes, int N, int K) {
-  constexpr int NB = GATED ? 2 : 1;
-  typedef kcu_moe_tile<BM> S;
-  typedef kcu_moe_smem<BM, NB> SM;
-  extern __shared__ __align__(128) uint8_t kcu_moe_sh[];
-  __shared__ int32_t rows[BM];
-  kcu_pdl_enter();
-  const int tile = blockIdx.x;
-  if (tile >= *n_tiles) return;
-  const int e = tile_exp[tile], m0 = tile * BM, n0 = blockIdx.y * S::BN;
-  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  const int wm = warp / S::WARPS_N, wn = warp % S::WARPS_N;
-  for (int r = threadIdx.x; r < BM; r += KCU_MOE_NT)
-    rows[r] = gather_k ? sorted[m0 + r] : (sorted[m0 + r] >= 0 ? m0 + r : -1);
-  __syncthreads();
-  const uint8_t *wb[2] = {w0.p[e], GATED ? w1.p[e] : w0.p[e]};
-  const uint32_t base = (uint32_t)__cvta_generic_to_shared(kcu_moe_sh);
-  float acc[NB][S::MF][S::NF][4];
-#pragma unroll
-  for (int b = 0; b < NB; b++)
-#pragma unroll
-    for (int mf = 0; mf < S::MF; mf++)
-#pragma unroll
-      for (int nf = 0; nf < S::NF; nf++)
-        acc[b][mf][nf][0] = acc[b][mf][nf][1] = acc[b][mf][nf][2] = acc[b][mf][nf][3] = 0.f;
-  const int nk = (K + KCU_MOE_BK - 1) / KCU_MOE_BK;
-  auto load = [&](int kt) {
-    const uint32_t st = base + (kt % S::STAGES) * SM::STAGE;
-    kcu_moe_load_a<T, BM>(st, a, rows, gather_k, K, kt * KCU_MOE_BK);
-#pragma unroll
-    for (int b = 0; b < NB; b++)
-      kcu_moe_load_b<T, QT, S::BN>(st + SM::A + b * SM::B, wb[b], row_bytes, N, K, n0, kt * KCU_MOE_BK);
-  };
-#pragma unroll
-  for (int s = 0; s < S::STAGES - 1; s++) {
-    if (s < nk) load(s);
-    kcu_cp_commit();
-  }
-  for (int kt = 0; kt < nk; kt++) {
-    kcu_cp_wait<S::STAGES - 2>();
-    __syncthreads(); /* stage kt is in; every warp is done with stage kt - 1, which the next load overwrites */
-    if (kt + S::STAGES - 1 < nk) load(kt + S::STAGES - 1);
-    kcu_cp_commit();
-    const uint32_t st = base + (kt % S::STAGES) * SM::STAGE;
-    kcu_moe_mma_stage<T, BM, NB>(acc, st, st + SM::A, wm, wn, lane);
-  }
-  /* fragment element i: row g (+8 for i >= 2), columns 2q, 2q + 1 */
-  const int g = lane >> 2, q = lane & 3;
-#pragma unroll
-  for (int mf = 0; mf < S::MF; mf++)
-#pragma unroll
-    for (int h = 0; h < 2; h++) {
-      const int r = wm * S::WM + mf * 16 + g + 8 * h;
-      if (rows[r] < 0) continue;
-      const size_t orow = (size_t)(m0 + r) * N;
-#pragma unroll
-      for (int nf = 0; nf < S::NF; nf++) {
-        const int n = n0 + wn * S::WN + nf * 8 + 2 * q;
-        if (n >= N) continue;
-        const float v0 = acc[0][mf][nf][2 * h], v1 = acc[0][mf][nf][2 * h + 1];
-        if constexpr (GATED) {
-          const float u0 = acc[NB - 1][mf][nf][2 * h], u1 = acc[NB - 1][mf][nf][2 * h + 1];
-          *reinterpret_cast<uint32_t *>((T *)out + orow + n) =
-              kcu_pack2<T>(v0 / (1.f + expf(-v0)) * u0, v1 / (1.f + expf(-v1)) * u1);
-        } else {
-          *reinterpret_cast<float2 *>((float *)out + orow + n) = make_float2(v0, v1);
-        }
-      }
-    }
 }
 
 /* ---- combine ------------------------------------------------------------------------- */
@@ -481,8 +282,8 @@ static size_t kcu_moe_align_up(size_t b) { return (b + 255) & ~(size_t)255; }
 /* Bytes of the scratch for n tokens (and the views when base is set). */
 static size_t kcu_moe_carve(uint8_t *base, kcu_moe_buf_t *b, long long n, int k, int n_exp, int dim, int ffn,
                             size_t act) {
-  const long long P = n * k, rows = kcu_moe_rows_cap(P, n_exp, KCU_MOE_BM_LARGE);
-  const int tiles = FR_MAX(kcu_moe_tiles_cap(P, n_exp, KCU_MOE_BM_LARGE), kcu_moe_tiles_cap(P, n_exp, KCU_MOE_BM_SMALL));
+  const long long P = n * k, rows = kcu_moe_rows_cap(P, n_exp, KCU_GG_ROWS_LARGE);
+  const int tiles = FR_MAX(kcu_moe_tiles_cap(P, n_exp, KCU_GG_ROWS_LARGE), kcu_moe_tiles_cap(P, n_exp, KCU_GG_ROWS_SMALL));
   const size_t sz[9] = {(size_t)(n * n_exp) * 4, (size_t)P * 4, (size_t)P * 4, (size_t)P * 4, (size_t)rows * 4,
                         (size_t)tiles * 4, 4, (size_t)rows * ffn * act, (size_t)rows * dim * 4};
   size_t off = 0;
@@ -562,21 +363,21 @@ static void kcu_moe_ptrs(kcu_moe_ptrs_t *p, const kern_weight_t *w, int n_exp) {
   for (int e = 0; e < n_exp; e++) p->p[e] = (const uint8_t *)w[e].data;
 }
 
-/* Both grouped GEMMs of one tile height. */
-template <typename T, int QT, int BM>
-static int kcu_moe_gemms(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_buf_t *b, const T *x, int tiles) {
+/* The tensor-core path: gate/up over the tiles of x's gathered rows, then
+ * down over the hidden rows in the same tiles (kcu_ggemm.cu). */
+static int kcu_moe_gemms(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_buf_t *b, const void *x, int tiles,
+                         bool small) {
   const int dim = (int)m->router->cols, ffn = (int)m->gate[0].rows;
   kcu_moe_ptrs_t g, u, d;
   kcu_moe_ptrs(&g, m->gate, m->n_experts);
   kcu_moe_ptrs(&u, m->up, m->n_experts);
   kcu_moe_ptrs(&d, m->down, m->n_experts);
-  const size_t s2 = kcu_moe_smem<BM, 2>::BYTES, s1 = kcu_moe_smem<BM, 1>::BYTES;
-  constexpr int BN = kcu_moe_cfg<BM>::BN;
-  KCU_LAUNCH(c, kcu_moe_gemm_k<T, QT, BM, 1>, dim3(tiles, kcu_div_up(ffn, BN)), KCU_MOE_NT, s2, b->h, x,
-             m->n_used, b->sorted, b->tile_exp, b->n_tiles, g, u, m->gate[0].row_bytes, ffn, dim);
-  KCU_LAUNCH(c, kcu_moe_gemm_k<T, QT, BM, 0>, dim3(tiles, kcu_div_up(dim, BN)), KCU_MOE_NT, s1, b->y,
-             (const T *)b->h, 0, b->sorted, b->tile_exp, b->n_tiles, d, d, m->down[0].row_bytes, dim, ffn);
-  return 0;
+  const kcu_gg_rows_t gu_rows = {.sorted = b->sorted, .gather_k = m->n_used, .tile_w = b->tile_exp,
+                                 .n_tiles = b->n_tiles, .tiles = tiles, .small = small};
+  kcu_gg_rows_t d_rows = gu_rows;
+  d_rows.gather_k = 0;
+  int rc = kcu__gg(c, KCU_GG_GATED, b->h, x, &gu_rows, &g, &u, m->gate[0].type, m->gate[0].row_bytes, ffn, dim);
+  return rc ? rc : kcu__gg(c, KCU_GG_F32, b->y, b->h, &d_rows, &d, &d, m->down[0].type, m->down[0].row_bytes, dim, ffn);
 }
 
 /* The decode path: both GEMVs, the down one with the combine. */
@@ -603,40 +404,6 @@ static int kcu_moe_gemvs_typed(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_
   return 0;
 }
 
-template <typename T, int BM>
-static int kcu_moe_gemms_typed(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_buf_t *b, const T *x, int tiles) {
-  const kern_type_t t = m->gate[0].type;
-  if (t == c->act) return kcu_moe_gemms<T, 0, BM>(c, m, b, x, tiles);
-  KCU_QUANT_DISPATCH(t, return fr_errorf(FR_EUNSUPPORTED, "cuda: moe_ffn: experts of type %d", (int)t),
-                     return kcu_moe_gemms<T, QT, BM>(c, m, b, x, tiles));
-  return 0;
-}
-
-/* Raises the shared-memory limit of every grouped GEMM of the activation
- * type (at create: a kernel's first launch may be inside a capture). */
-template <typename T, int QT> static int kcu_moe_attr_one(void) {
-  const int l2 = kcu_moe_smem<KCU_MOE_BM_LARGE, 2>::BYTES, l1 = kcu_moe_smem<KCU_MOE_BM_LARGE, 1>::BYTES;
-  const int s2 = kcu_moe_smem<KCU_MOE_BM_SMALL, 2>::BYTES, s1 = kcu_moe_smem<KCU_MOE_BM_SMALL, 1>::BYTES;
-  const cudaFuncAttribute a = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  KCU_CHECK(cudaFuncSetAttribute(kcu_moe_gemm_k<T, QT, KCU_MOE_BM_LARGE, 1>, a, l2));
-  KCU_CHECK(cudaFuncSetAttribute(kcu_moe_gemm_k<T, QT, KCU_MOE_BM_LARGE, 0>, a, l1));
-  KCU_CHECK(cudaFuncSetAttribute(kcu_moe_gemm_k<T, QT, KCU_MOE_BM_SMALL, 1>, a, s2));
-  KCU_CHECK(cudaFuncSetAttribute(kcu_moe_gemm_k<T, QT, KCU_MOE_BM_SMALL, 0>, a, s1));
-  return 0;
-}
-
-int kcu__moe_init(kcu_ctx_t *c) {
-  static const kern_type_t quant[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1, KERN_Q8_0,
-                                      KERN_Q4_K, KERN_Q5_K, KERN_Q6_K, KERN_I4G};
-  int rc = 0;
-  KCU_ACT_DISPATCH(c, {
-    rc = kcu_moe_attr_one<T, 0>();
-    for (size_t i = 0; i < FR_ARRAY_SIZE(quant) && !rc; i++)
-      KCU_QUANT_DISPATCH(quant[i], , rc = kcu_moe_attr_one<T, QT>());
-  });
-  return rc;
-}
-
 int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   int rc = kcu_moe_check(c, m, n);
@@ -645,7 +412,7 @@ int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m
   if ((rc = kcu_moe_reserve(c, m, n, &b))) return rc;
   const int k = m->n_used, E = m->n_experts, dim = (int)m->router->cols;
   const long long P = (long long)n * k;
-  const int bm = P <= c->moe_small_pairs ? KCU_MOE_BM_SMALL : KCU_MOE_BM_LARGE;
+  const int bm = P <= c->moe_small_pairs ? KCU_GG_ROWS_SMALL : KCU_GG_ROWS_LARGE;
   const int rows = (int)kcu_moe_rows_cap(P, E, bm), tiles = kcu_moe_tiles_cap(P, E, bm);
   if ((rc = kcu_moe_router(c, &b, m->router, x, n))) return rc;
   const int route_warps = KCU_ELEM_NT / KCU_WARP;
@@ -658,10 +425,8 @@ int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m
   KCU_LAUNCH(c, kcu_moe_align_k, 1, KCU_MOE_ALIGN_NT, 0, (const int32_t *)b.sel, (int)P, E, bm, rows, b.sorted,
              b.tile_exp, b.n_tiles, b.slot);
   const dim3 cgrid(n, kcu_div_up(dim, KCU_ELEM_NT * 4));
+  if ((rc = kcu_moe_gemms(c, m, &b, x, tiles, bm == KCU_GG_ROWS_SMALL))) return rc;
   KCU_ACT_DISPATCH(c, {
-    rc = bm == KCU_MOE_BM_SMALL ? kcu_moe_gemms_typed<T, KCU_MOE_BM_SMALL>(c, m, &b, (const T *)x, tiles)
-                                : kcu_moe_gemms_typed<T, KCU_MOE_BM_LARGE>(c, m, &b, (const T *)x, tiles);
-    if (rc) return rc;
     KCU_LAUNCH(c, kcu_moe_combine_k<T>, cgrid, KCU_ELEM_NT, 0, (T *)out, (const float *)b.y, (const float *)b.wt,
                (const int32_t *)b.slot, k, dim);
   });

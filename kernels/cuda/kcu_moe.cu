@@ -88,6 +88,7 @@ __global__ void kcu_moe_route_k(const float *logits, int n, int n_exp, int k, in
       const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
       if (ob > best || (ob == best && oi < bi)) best = ob, bi = oi;
     }
+    if (bi >= n_exp) bi = j, best = NAN; /* NaN logits pick nothing: any valid expert, a NaN weight */
     if (bi % KCU_WARP == lane) {
 #pragma unroll
       for (int i = 0; i < KCU_MOE_ROUTE_MAX; i++)

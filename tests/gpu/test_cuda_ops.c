@@ -545,6 +545,33 @@ START_TEST(test_moe_dense) {
 }
 END_TEST
 
+/* A token whose row is NaN (the router's logits NaN: no expert wins) gets a
+ * NaN row, not an expert index out of range; its neighbours are unharmed. */
+START_TEST(test_moe_nan_token) {
+  moe_env_t m;
+  moe_setup(&m, gpu->act_type, 128, 8, true, 256, 64);
+  const int n = 3;
+  const size_t N = (size_t)n * m.dim;
+  float *x = rand_vec(N, 1.f);
+  for (int d = 0; d < m.dim; d++) x[m.dim + d] = NAN;
+  void *xg = gpu_put(x, N), *og = NULL;
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, N * 2, &og), 0);
+  const kern_moe_t mg = moe_op(&m, true);
+  ck_assert_int_eq(gpu->ops->moe_ffn(gpu->ctx, og, xg, n, &mg), 0);
+  float *o = gpu_get(og, N);
+  double *ref = fr_malloc((size_t)m.dim * sizeof(double));
+  for (int t = 0; t < n; t += 2) {
+    moe_ref_token(&m, x + (size_t)t * m.dim, ref);
+    ck_assert_double_lt(nerr_d(o + (size_t)t * m.dim, ref, (size_t)m.dim), TOL_ACT);
+  }
+  for (int d = 0; d < m.dim; d++) ck_assert_msg(isnan(o[m.dim + d]), "element %d of the NaN token: %g", d, o[m.dim + d]);
+  free(ref), free(o), free(x);
+  gpu->ops->free(gpu->ctx, xg);
+  gpu->ops->free(gpu->ctx, og);
+  moe_free(&m);
+}
+END_TEST
+
 /* Quantized experts: every type the backend reads, 256-wide rows (a
  * K-quant super-block), on the three paths. */
 START_TEST(test_moe_quant) {
@@ -1787,6 +1814,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_matmul_i4g_perm);
   tcase_add_loop_test(tc, test_moe_dense, 0, (int)FR_ARRAY_SIZE(k_moe_shapes));
   tcase_add_loop_test(tc, test_moe_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
+  tcase_add_test(tc, test_moe_nan_token);
   tcase_add_test(tc, test_embed);
   tcase_add_test(tc, test_rms_norm);
   tcase_add_test(tc, test_rope);

@@ -131,7 +131,7 @@ class DraftModel(unittest.TestCase):
         spec.Speculative.check_same(self, got)
 
     def test_same_model_draft_identical_through_preemption_and_restart(self):
-        srv, port = start(["--speculative-config", draft_spec(MODEL), "--num-kv-blocks", "24"])
+        srv, port = start(["--speculative-config", draft_spec(MODEL), "--num-kv-blocks", "16"])
         try:
             self.check_same(ask_all(port))
             self.check_same(ask_all(port))  # again: the prefix cache serves the prompts (draft K/V included)

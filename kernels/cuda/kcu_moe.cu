@@ -36,7 +36,10 @@
 #define KCU_MOE_MIN_TOKENS 256 /* tokens the scratch holds at the least, so small steps never grow it */
 #define KCU_MOE_ROUTE_MAX (KCU_MOE_MAX_E / KCU_WARP) /* router logits per lane */
 
-typedef kcu_gg_ptrs_t kcu_moe_ptrs_t;
+/* A layer's expert addresses, one table per matrix. */
+typedef struct {
+  kcu_gg_ptrs_t gate, up, down;
+} kcu_moe_w_t;
 
 /* Rows of the sorted order a call can need: every pair, plus each used
  * expert's last tile padded. */
@@ -232,8 +235,8 @@ __device__ __forceinline__ float kcu_moe_row_dot(const uint8_t *w, const T *x, i
  * t = p / k, expert e = sel[p]): a warp per row r, grid (rows / warps, P). */
 template <typename T, int QT>
 __global__ void __launch_bounds__(KCU_ELEM_NT)
-    kcu_moe_gemv_gu_k(T *h, const T *x, const int32_t *sel, int k, const __grid_constant__ kcu_moe_ptrs_t g,
-                      const __grid_constant__ kcu_moe_ptrs_t u, size_t row_bytes, int ffn, int dim) {
+    kcu_moe_gemv_gu_k(T *h, const T *x, const int32_t *sel, int k, const __grid_constant__ kcu_gg_ptrs_t g,
+                      const __grid_constant__ kcu_gg_ptrs_t u, size_t row_bytes, int ffn, int dim) {
   kcu_pdl_enter();
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int r = blockIdx.x * (KCU_ELEM_NT / KCU_WARP) + warp, p = blockIdx.y;
@@ -251,7 +254,7 @@ __global__ void __launch_bounds__(KCU_ELEM_NT)
 template <typename T, int QT>
 __global__ void __launch_bounds__(KCU_ELEM_NT)
     kcu_moe_gemv_down_k(T *out, const T *h, const int32_t *sel, const float *wt, int k,
-                        const __grid_constant__ kcu_moe_ptrs_t dn, size_t row_bytes, int dim, int ffn) {
+                        const __grid_constant__ kcu_gg_ptrs_t dn, size_t row_bytes, int dim, int ffn) {
   kcu_pdl_enter();
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int d = blockIdx.x * (KCU_ELEM_NT / KCU_WARP) + warp, t = blockIdx.y;
@@ -360,48 +363,49 @@ static int kcu_moe_router(kcu_ctx_t *c, const kcu_moe_buf_t *b, const kern_weigh
   return 0;
 }
 
-static void kcu_moe_ptrs(kcu_moe_ptrs_t *p, const kern_weight_t *w, int n_exp) {
-  for (int e = 0; e < n_exp; e++) p->p[e] = (const uint8_t *)w[e].data;
+static void kcu_moe_addresses(kcu_moe_w_t *w, const kern_moe_t *m) {
+  for (int e = 0; e < m->n_experts; e++) {
+    w->gate.p[e] = (const uint8_t *)m->gate[e].data;
+    w->up.p[e] = (const uint8_t *)m->up[e].data;
+    w->down.p[e] = (const uint8_t *)m->down[e].data;
+  }
 }
 
 /* The tensor-core path: gate/up over the tiles of x's gathered rows, then
  * down over the hidden rows in the same tiles (kcu_ggemm.cu). */
-static int kcu_moe_gemms(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_buf_t *b, const void *x, int tiles,
-                         bool small) {
+static int kcu_moe_gemms(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_w_t *w, const kcu_moe_buf_t *b,
+                         const void *x, int tiles, bool small) {
   const int dim = (int)m->router->cols, ffn = (int)m->gate[0].rows;
-  kcu_moe_ptrs_t g, u, d;
-  kcu_moe_ptrs(&g, m->gate, m->n_experts);
-  kcu_moe_ptrs(&u, m->up, m->n_experts);
-  kcu_moe_ptrs(&d, m->down, m->n_experts);
   const kcu_gg_rows_t gu_rows = {.sorted = b->sorted, .gather_k = m->n_used, .tile_w = b->tile_exp,
                                  .n_tiles = b->n_tiles, .tiles = tiles, .small = small};
   kcu_gg_rows_t d_rows = gu_rows;
   d_rows.gather_k = 0;
-  int rc = kcu__gg(c, KCU_GG_GATED, b->h, x, &gu_rows, &g, &u, m->gate[0].type, m->gate[0].row_bytes, ffn, dim);
-  return rc ? rc : kcu__gg(c, KCU_GG_F32, b->y, b->h, &d_rows, &d, &d, m->down[0].type, m->down[0].row_bytes, dim, ffn);
+  int rc = kcu__gg(c, KCU_GG_GATED, b->h, x, &gu_rows, &w->gate, &w->up, m->gate[0].type, m->gate[0].row_bytes, ffn,
+                   dim);
+  return rc ? rc
+            : kcu__gg(c, KCU_GG_F32, b->y, b->h, &d_rows, &w->down, &w->down, m->down[0].type, m->down[0].row_bytes,
+                      dim, ffn);
 }
 
 /* The decode path: both GEMVs, the down one with the combine. */
 template <typename T, int QT>
-static int kcu_moe_gemvs(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_buf_t *b, T *out, const T *x, int n) {
+static int kcu_moe_gemvs(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_w_t *w, const kcu_moe_buf_t *b, T *out,
+                         const T *x, int n) {
   const int dim = (int)m->router->cols, ffn = (int)m->gate[0].rows, k = m->n_used, wpc = KCU_ELEM_NT / KCU_WARP;
-  kcu_moe_ptrs_t g, u, d;
-  kcu_moe_ptrs(&g, m->gate, m->n_experts);
-  kcu_moe_ptrs(&u, m->up, m->n_experts);
-  kcu_moe_ptrs(&d, m->down, m->n_experts);
   KCU_LAUNCH(c, kcu_moe_gemv_gu_k<T, QT>, dim3(kcu_div_up(ffn, wpc), n * k), KCU_ELEM_NT, 0, (T *)b->h, x,
-             (const int32_t *)b->sel, k, g, u, m->gate[0].row_bytes, ffn, dim);
+             (const int32_t *)b->sel, k, w->gate, w->up, m->gate[0].row_bytes, ffn, dim);
   KCU_LAUNCH(c, kcu_moe_gemv_down_k<T, QT>, dim3(kcu_div_up(dim, wpc), n), KCU_ELEM_NT, 0, out, (const T *)b->h,
-             (const int32_t *)b->sel, (const float *)b->wt, k, d, m->down[0].row_bytes, dim, ffn);
+             (const int32_t *)b->sel, (const float *)b->wt, k, w->down, m->down[0].row_bytes, dim, ffn);
   return 0;
 }
 
 template <typename T>
-static int kcu_moe_gemvs_typed(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_buf_t *b, T *out, const T *x, int n) {
+static int kcu_moe_gemvs_typed(kcu_ctx_t *c, const kern_moe_t *m, const kcu_moe_w_t *w, const kcu_moe_buf_t *b,
+                               T *out, const T *x, int n) {
   const kern_type_t t = m->gate[0].type;
-  if (t == c->act) return kcu_moe_gemvs<T, 0>(c, m, b, out, x, n);
+  if (t == c->act) return kcu_moe_gemvs<T, 0>(c, m, w, b, out, x, n);
   KCU_QUANT_DISPATCH(t, return fr_errorf(FR_EUNSUPPORTED, "cuda: moe_ffn: experts of type %d", (int)t),
-                     return kcu_moe_gemvs<T, QT>(c, m, b, out, x, n));
+                     return kcu_moe_gemvs<T, QT>(c, m, w, b, out, x, n));
   return 0;
 }
 
@@ -409,24 +413,26 @@ int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   int rc = kcu_moe_check(c, m, n);
   if (rc || n == 0) return rc;
-  kcu_moe_buf_t b;
+  kcu_moe_buf_t b = {};
   if ((rc = kcu_moe_reserve(c, m, n, &b))) return rc;
   const int k = m->n_used, E = m->n_experts, dim = (int)m->router->cols;
   const long long P = (long long)n * k;
   const int bm = P <= c->moe_small_pairs ? KCU_GG_ROWS_SMALL : KCU_GG_ROWS_LARGE;
   const int rows = (int)kcu_moe_rows_cap(P, E, bm), tiles = kcu_moe_tiles_cap(P, E, bm);
   if ((rc = kcu_moe_router(c, &b, m->router, x, n))) return rc;
+  kcu_moe_w_t w;
+  kcu_moe_addresses(&w, m);
   const int route_warps = KCU_ELEM_NT / KCU_WARP;
   KCU_LAUNCH(c, kcu_moe_route_k, kcu_div_up(n, route_warps), KCU_ELEM_NT, 0, (const float *)b.logits, n, E, k,
              (int)m->norm_topk, b.sel, b.wt);
   if (P <= c->moe_gemv_pairs) {
-    KCU_ACT_DISPATCH(c, rc = kcu_moe_gemvs_typed<T>(c, m, &b, (T *)out, (const T *)x, n));
+    KCU_ACT_DISPATCH(c, rc = kcu_moe_gemvs_typed<T>(c, m, &w, &b, (T *)out, (const T *)x, n));
     return rc;
   }
   KCU_LAUNCH(c, kcu_moe_align_k, 1, KCU_MOE_ALIGN_NT, 0, (const int32_t *)b.sel, (int)P, E, bm, rows, b.sorted,
              b.tile_exp, b.n_tiles, b.slot);
   const dim3 cgrid(n, kcu_div_up(dim, KCU_ELEM_NT * 4));
-  if ((rc = kcu_moe_gemms(c, m, &b, x, tiles, bm == KCU_GG_ROWS_SMALL))) return rc;
+  if ((rc = kcu_moe_gemms(c, m, &w, &b, x, tiles, bm == KCU_GG_ROWS_SMALL))) return rc;
   KCU_ACT_DISPATCH(c, {
     KCU_LAUNCH(c, kcu_moe_combine_k<T>, cgrid, KCU_ELEM_NT, 0, (T *)out, (const float *)b.y, (const float *)b.wt,
                (const int32_t *)b.slot, k, dim);

@@ -53,6 +53,12 @@ typedef struct kern_weight {
    * such weights. */
   const int32_t *perm;
   int64_t x_cols; /* with perm: the input's width (x is (n, x_cols)), at most cols; 0: cols */
+  /* Set by the model: something other than matmul reads the weight's rows
+   * or blocks (an embedding table, a MoE router or expert), so the backend
+   * keeps the type's own layout. When false the weight is only ever the W
+   * of matmul, and a backend may store it in a layout of its own
+   * (w->type then says which: CUDA's KERN_Q4F). */
+  bool keep_layout;
 } kern_weight_t;
 
 /* The width of the input a weight multiplies: x_cols, else cols. */

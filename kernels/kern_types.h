@@ -38,7 +38,12 @@ typedef enum {
    * elements: f32 d, f32 m, then 16 bytes of nibbles as Q4_1 (low nibble
    * element j, high nibble element j + 16); x = d * q + m, m = -d * zero. */
   KERN_I4G = 40,
-  KERN_TYPE_MAX = 41
+  /* Not a ggml type, and never in host memory: the CUDA backend's layout of
+   * a 4-bit weight (Q4_0, Q4_1, Q4_K, I4G) repacked at load for its tensor
+   * cores (kernels/cuda/kcu_q4f.cu). Its size traits say 5 bits a
+   * weight; its rows are tiled, so a row is not contiguous. */
+  KERN_Q4F = 41,
+  KERN_TYPE_MAX = 42
 } kern_type_t;
 
 typedef struct {

@@ -135,13 +135,14 @@ static void model__pool_make(model__pool_t *p, size_t size, kern_type_t t, float
   model__sanitize(p->bytes, size, t, target);
 }
 
-static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weight_t *w, kern_type_t t, int64_t rows,
-                               int64_t cols, size_t *off) {
+static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weight_t *w, bool keep_layout,
+                               kern_type_t t, int64_t rows, int64_t cols, size_t *off) {
   memset(w, 0, sizeof *w);
   w->type = t;
   w->rows = rows;
   w->cols = cols;
   w->row_bytes = kern_row_bytes(t, cols);
+  w->keep_layout = keep_layout;
   if (!w->row_bytes) return fr_errorf(-EINVAL, "dummy weight: %lld columns do not fit type %s", (long long)cols,
                                       kern_type_traits(t)->name);
   size_t bytes = w->row_bytes * (size_t)rows;
@@ -170,14 +171,14 @@ static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t
   const model_config_t *c = &m->cfg;
   model_layer_t *L = &m->layers[il];
   const int64_t f = c->expert_ffn_dim;
-  int rc = model__dummy_weight(m, pool, &L->router, t, c->n_experts, c->dim, off);
+  int rc = model__dummy_weight(m, pool, &L->router, true, t, c->n_experts, c->dim, off);
   L->exp_gate = fr_calloc((size_t)c->n_experts, sizeof *L->exp_gate);
   L->exp_up = fr_calloc((size_t)c->n_experts, sizeof *L->exp_up);
   L->exp_down = fr_calloc((size_t)c->n_experts, sizeof *L->exp_down);
   for (int e = 0; e < c->n_experts && !rc; e++) {
-    rc = model__dummy_weight(m, pool, &L->exp_gate[e], t, f, c->dim, off);
-    if (!rc) rc = model__dummy_weight(m, pool, &L->exp_up[e], t, f, c->dim, off);
-    if (!rc) rc = model__dummy_weight(m, pool, &L->exp_down[e], t, c->dim, f, off);
+    rc = model__dummy_weight(m, pool, &L->exp_gate[e], true, t, f, c->dim, off);
+    if (!rc) rc = model__dummy_weight(m, pool, &L->exp_up[e], true, t, f, c->dim, off);
+    if (!rc) rc = model__dummy_weight(m, pool, &L->exp_down[e], true, t, c->dim, f, off);
   }
   return rc;
 }
@@ -189,9 +190,9 @@ static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t
   int rc = 0;
   if ((rc = model__dummy_vector(m, &L->attn_norm, c->dim, 1.0f))) return rc;
   if (c->qk_norm) { /* per-head norms need q and k apart (model.h) */
-    if ((rc = model__dummy_weight(m, pool, &L->wq, t, qd, c->dim, off))) return rc;
-    if ((rc = model__dummy_weight(m, pool, &L->wk, t, kvd, c->dim, off))) return rc;
-    if ((rc = model__dummy_weight(m, pool, &L->wv, t, kvd, c->dim, off))) return rc;
+    if ((rc = model__dummy_weight(m, pool, &L->wq, false, t, qd, c->dim, off))) return rc;
+    if ((rc = model__dummy_weight(m, pool, &L->wk, false, t, kvd, c->dim, off))) return rc;
+    if ((rc = model__dummy_weight(m, pool, &L->wv, false, t, kvd, c->dim, off))) return rc;
     if ((rc = model__dummy_vector(m, &L->q_norm, c->head_dim, 1.0f))) return rc;
     if ((rc = model__dummy_vector(m, &L->k_norm, c->head_dim, 1.0f))) return rc;
     if (c->attn_bias) {
@@ -200,14 +201,14 @@ static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t
       if ((rc = model__dummy_vector(m, &L->bv, kvd, 0.0f))) return rc;
     }
   } else {
-    if ((rc = model__dummy_weight(m, pool, &L->wqkv, t, qd + 2 * kvd, c->dim, off))) return rc;
+    if ((rc = model__dummy_weight(m, pool, &L->wqkv, false, t, qd + 2 * kvd, c->dim, off))) return rc;
     if (c->attn_bias && (rc = model__dummy_vector(m, &L->bqkv, qd + 2 * kvd, 0.0f))) return rc;
   }
-  if ((rc = model__dummy_weight(m, pool, &L->wo, t, c->dim, qd, off))) return rc;
+  if ((rc = model__dummy_weight(m, pool, &L->wo, false, t, c->dim, qd, off))) return rc;
   if ((rc = model__dummy_vector(m, &L->ffn_norm, c->dim, 1.0f))) return rc;
   if (model_config_layer_moe(c, il)) return model__dummy_moe(m, pool, t, il, off);
-  if ((rc = model__dummy_weight(m, pool, &L->w_gate_up, t, 2 * (int64_t)c->ffn_dim, c->dim, off))) return rc;
-  return model__dummy_weight(m, pool, &L->w_down, t, c->dim, c->ffn_dim, off);
+  if ((rc = model__dummy_weight(m, pool, &L->w_gate_up, false, t, 2 * (int64_t)c->ffn_dim, c->dim, off))) return rc;
+  return model__dummy_weight(m, pool, &L->w_down, false, t, c->dim, c->ffn_dim, off);
 }
 
 /* Bytes model_load_dummy hands to the backend (the shapes of
@@ -261,10 +262,10 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   size_t off = 0, eoff = 0;
   model_progress_t prog;
   model__load_begin(m, &prog, model__dummy_bytes(&m->cfg, t), opts && opts->progress);
-  rc = model__dummy_weight(m, &emb, &m->tok_embd, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
+  rc = model__dummy_weight(m, &emb, &m->tok_embd, true, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
   if (!rc && m->cfg.tied_embeddings && !m->shard.split_vocab) m->output = m->tok_embd;
-  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, t, m->shard.n_vocab, m->cfg.dim, &eoff);
+  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, false, t, m->shard.n_vocab, m->cfg.dim, &eoff);
   if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
   for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pool, t, il, &off);
   if (!rc) rc = model__init_rope(m);

@@ -8,8 +8,9 @@ int model__check_config(const model_config_t *c);
 /* FR_EUNSUPPORTED with a message when the backend lacks an op the config
  * needs (moe_ffn for mixture-of-experts models). */
 int model__check_backend(const model_t *m);
-/* Loads the whole tensor name (rows, cols) as w; absent: an error when
- * required, else w stays empty. */
+/* Loads the whole tensor name (rows, cols) as w, in its own layout
+ * (kern_weight_t.keep_layout: embedding tables, routers); absent: an error
+ * when required, else w stays empty. */
 int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows, int64_t cols);
 /* Loads the vector name of n elements as F32 (converted from F16/BF16). */
 int model__load_f32_vector(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t n);

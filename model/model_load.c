@@ -201,16 +201,18 @@ static int model__load_quant_cols(model_t *m, kern_weight_t *w, const model_tens
   return rc;
 }
 
-/* Loads part p of tensor name. Whole rows are handed over from the file's
- * mapping; a column range is copied first (kept while the backend borrows it). */
-static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool required, model_part_t p) {
+/* Loads part p of tensor name (keep_layout: kern_weight_t's). Whole rows
+ * are handed over from the file's mapping; a column range is copied first
+ * (kept while the backend borrows it). */
+static int model__load_part_as(model_t *m, kern_weight_t *w, const char *name, bool required, model_part_t p,
+                               bool keep_layout) {
   memset(w, 0, sizeof *w);
   const model_tensor_t *t;
   int rc = model__part_tensor(m, name, required, &p, &t);
   if (rc || !t) return rc;
   if (t->perm && p.nc != p.cols) return model__load_quant_cols(m, w, t, &p, name);
   *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc),
-                       .perm = t->perm};
+                       .perm = t->perm, .keep_layout = keep_layout};
   if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);
   if (p.nc == p.cols)
     return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
@@ -222,8 +224,13 @@ static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool
   return rc;
 }
 
+/* A matmul's weight (or part of one): the backend may repack it. */
+static int model__load_part(model_t *m, kern_weight_t *w, const char *name, bool required, model_part_t p) {
+  return model__load_part_as(m, w, name, required, p, false);
+}
+
 int model__load_weight(model_t *m, kern_weight_t *w, const char *name, bool required, int64_t rows, int64_t cols) {
-  return model__load_part(m, w, name, required, model__whole(rows, cols));
+  return model__load_part_as(m, w, name, required, model__whole(rows, cols), true);
 }
 
 /* Norm weights and biases are used in f32 by every backend: convert
@@ -381,7 +388,7 @@ static int model__load_expert(model_t *m, kern_weight_t *w, int il, const char *
   } else {
     snprintf(name, sizeof name, "blk.%d.%s.%d.weight", il, what, e);
   }
-  return model__load_part(m, w, name, true, p);
+  return model__load_part_as(m, w, name, true, p, true);
 }
 
 /* A MoE layer's router (whole on every rank) and its experts' shards. */

@@ -38,6 +38,7 @@
 
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
+#define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
 #define KCU_MOE_GEMV_PAIRS 64   /* default of moe_gemv_pairs: 8 tokens of top-8 (kcu_moe.cu) */
 #define KCU_MOE_SMALL_PAIRS 512 /* default of moe_small_pairs: 4 pairs per expert of 128 */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
@@ -112,6 +113,9 @@ typedef struct {
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
   int moe_gemv_pairs;  /* most (token, expert) pairs a moe_ffn call runs as GEMVs (FERRUM_CUDA_MOE_GEMV) */
   int moe_small_pairs; /* most pairs it runs on small tiles (FERRUM_CUDA_MOE_SMALL); more: large tiles */
+  int q4f;             /* repack 4-bit matmul weights as KERN_Q4F (FERRUM_CUDA_Q4F=0: keep the file's blocks) */
+  int q4f_max_n;       /* most rows a Q4F matmul reads the 4-bit weights for; more: dequantize + cuBLAS */
+  int q4f_warps;       /* warps per tile of the Q4F matmul (FERRUM_CUDA_Q4F_WARPS 4 or 8); 0: by batch */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -380,6 +384,14 @@ int kcu__pool_rows(kcu_ctx_t *c, void *out, const void *x, int dim, kern_pool_t 
 int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows);
 int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
+/* KERN_Q4F (kcu_q4f.cu): whether w (before upload) becomes one, its device
+ * bytes, the repacking of its file blocks (src, device) into dst, its
+ * matmul on the tensor cores, and its rows dequantized to the act type. */
+bool kcu__q4f_takes(const kern_weight_t *w);
+size_t kcu__q4f_bytes(int64_t rows, int64_t cols);
+int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src);
+int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
+int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
 int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                    int n_heads, int head_dim, float scale, int window);
 /* Raises the shared-memory limit of the tensor-core prefill kernels (at create). */

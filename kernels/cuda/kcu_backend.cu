@@ -543,6 +543,10 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->pdl = prop.major >= 9 && kcu_env_int("FERRUM_PDL", 1, 0, 1);
   c->moe_gemv_pairs = kcu_env_int("FERRUM_CUDA_MOE_GEMV", KCU_MOE_GEMV_PAIRS, 0, 1 << 20);
   c->moe_small_pairs = kcu_env_int("FERRUM_CUDA_MOE_SMALL", KCU_MOE_SMALL_PAIRS, 0, 1 << 20);
+  c->q4f = kcu_env_int("FERRUM_CUDA_Q4F", 1, 0, 1);
+  c->q4f_max_n = kcu_env_int("FERRUM_CUDA_Q4F_MAX_N", KCU_Q4F_MAX_N, 0, 4096);
+  c->q4f_warps = kcu_env_int("FERRUM_CUDA_Q4F_WARPS", 0, 0, 8);
+  if (c->q4f_warps) c->q4f_warps = c->q4f_warps <= 4 ? 4 : 8;
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
@@ -571,6 +575,7 @@ extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
   c->be.kv_type = c->act;
   c->be.kv_dtypes = 1u << KERN_KV_AUTO | 1u << KERN_KV_INT8 | 1u << KERN_KV_FP8;
   c->be.host_memory = false;
+  c->be.padded_perm = c->q4f; /* the Q4F matmul and dequant skip padding columns */
   *out = &c->be;
   return 0;
 }

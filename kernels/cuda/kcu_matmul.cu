@@ -223,6 +223,7 @@ __global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_
 static const int32_t *kcu_perm(const kern_weight_t *w) { return w->perm ? (const int32_t *)w->priv : NULL; }
 
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
+  if (w->type == KERN_Q4F) return kcu__q4f_dequant_rows(c, dst, w, row0, nrows);
   long long units = nrows * (w->cols / KCU_QSUB);
   if (units == 0) return 0;
   KCU_ACT_DISPATCH(
@@ -298,6 +299,9 @@ static int kcu_gemm(kcu_ctx_t *c, void *out, int ldo, const void *W, const void 
   return 0;
 }
 
+/* Dequantizes w into the act type, a chunk of rows at a time, each chunk
+ * then a cuBLAS GEMM over x (n, x_cols): the rows come out in the input's
+ * order. */
 static int kcu_matmul_quant_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n) {
   int64_t chunk = (int64_t)(c->deq_elems / (size_t)w->cols);
   if (chunk <= 0) return fr_errorf(FR_ESTATE, "cuda: matmul: dequant scratch missing (weight not loaded here?)");
@@ -305,7 +309,8 @@ static int kcu_matmul_quant_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w
     int64_t nr = FR_MIN(chunk, w->rows - r0);
     int rc = kcu__dequant_rows(c, c->deq, w, r0, nr);
     if (rc) return rc;
-    rc = kcu_gemm(c, (char *)out + (size_t)r0 * c->act_size, (int)w->rows, c->deq, x, (int)nr, n, (int)w->cols);
+    rc = kcu_gemm(c, (char *)out + (size_t)r0 * c->act_size, (int)w->rows, c->deq, x, (int)nr, n,
+                  (int)kern_weight_x_cols(w));
     if (rc) return rc;
   }
   return 0;
@@ -329,6 +334,9 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
       return rc;
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
+  } else if (w->type == KERN_Q4F) {
+    if (n <= c->q4f_max_n && aligned) return kcu__q4f_matmul(c, out, w, bp, x, n);
+    rc = kcu_matmul_quant_gemm(c, out, w, x, n);
   } else if (kern_type_traits(w->type) && kern_type_traits(w->type)->quantized) {
     if (n <= c->qgemv_max_n && aligned) return kcu_gemv_quant(c, out, w, bp, x, n);
     rc = kcu_matmul_quant_gemm(c, out, w, x, n);

@@ -30,6 +30,7 @@ bool kcu__supports_type(kern_type_t t) {
 static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
   long long want = w->rows * w->cols;
   if (want > KCU_DEQ_MAX_ELEMS) want = FR_MAX(KCU_DEQ_MAX_ELEMS / w->cols, 1) * w->cols;
+  if (w->perm) want = FR_MAX(want, (long long)c->q4f_max_n * w->cols); /* a Q4F matmul's gathered input */
   size_t xq_need = (size_t)KCU_QGEMV_MAX_N * (size_t)w->cols;
   if (xq_need > c->xq_cap) {
     kcu__free(c->xq);
@@ -257,11 +258,22 @@ static int kcu_stage_fence(kcu_ctx_t *c) {
   return 0;
 }
 
+/* A 4-bit weight's file blocks, uploaded into raw, become w->data's
+ * KERN_Q4F (kcu_q4f.cu): once every read and copy of them is done, and
+ * the repacking has run, raw may be freed. */
+static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw) {
+  int rc = kcu_stage_flush(c);
+  if (!rc) rc = kcu_stage_fence(c);
+  if (!rc) rc = kcu__q4f_repack(c, w->data, w, raw);
+  if (!rc) KCU_CHECK(cudaStreamSynchronize(c->stream));
+  return rc;
+}
+
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
- * inv_freq); quantized weights are copied as they are, with their
- * permutation if any (w->priv). w->type and w->row_bytes describe what is
- * stored on the device afterwards. On failure nothing is allocated and
- * w->data is NULL. */
+ * inv_freq); 4-bit ones that only matmul reads become KERN_Q4F; other
+ * quantized weights are copied as they are. A permutation, if any, goes
+ * to w->priv. w->type and w->row_bytes describe what is stored on the
+ * device afterwards. On failure nothing is allocated and w->data is NULL. */
 static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {
   int rc = kcu__not_capturing(c, "weight_load");
   if (rc) return rc;
@@ -272,11 +284,16 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
   if (dense && w->perm) /* the dense GEMV and cuBLAS read x in order */
     return fr_errorf(FR_EUNSUPPORTED, "cuda: a %s weight with a column permutation (act-order) is not supported",
                      kern_type_traits(w->type)->name);
-  const kern_type_t dst_t = !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
+  const bool q4f = c->q4f && kcu__q4f_takes(w);
+  if (kern_weight_x_cols(w) != w->cols && !q4f) /* padding columns: only the Q4F matmul and dequant skip them */
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: a GPTQ act-order part with padding columns needs the 4-bit tensor-core "
+                     "layout (FERRUM_CUDA_Q4F is off, or %lld columns are not a multiple of 32)", (long long)w->cols);
+  const kern_type_t dst_t = q4f ? KERN_Q4F : !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
   size_t row_bytes = kern_row_bytes(w->type, w->cols), dst_rb = kern_row_bytes(dst_t, w->cols), bytes, dst_bytes;
   if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes) ||
       fr_mul_size(dst_rb, (size_t)w->rows, &dst_bytes))
     return fr_errorf(FR_EFORMAT, "cuda: weight size overflows or cols %lld not a block multiple", (long long)w->cols);
+  if (q4f) dst_bytes = kcu__q4f_bytes(w->rows, w->cols);
   size_t span_bytes = 0;
   for (int s = 0; !src->host && s < src->n_spans; s++) span_bytes += src->spans[s].len;
   if (!src->host && span_bytes != bytes)
@@ -286,12 +303,17 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
            kern_type_traits(w->type)->name);
   w->data = NULL;
   w->priv = NULL;
+  void *raw = NULL; /* q4f: the file's blocks, before repacking */
   if ((rc = kcu_stage_make(c))) return rc;
   uint64_t t0 = fr_now_ns();
   rc = kcu__alloc(c, dst_bytes, &w->data, what);
+  if (!rc && q4f) rc = kcu__alloc(c, bytes, &raw, "a weight's blocks before repacking");
   c->load_ns[2] += fr_now_ns() - t0;
-  if (rc) return rc;
-  if ((rc = kcu_stage_upload(c, w->data, dst_t, src, w->type, bytes)) || (rc = kcu_stage_fence(c))) goto fail;
+  if (rc) goto fail;
+  if ((rc = kcu_stage_upload(c, q4f ? raw : w->data, q4f ? w->type : dst_t, src, w->type, bytes))) goto fail;
+  if ((rc = q4f ? kcu_q4f_finish(c, w, raw) : kcu_stage_fence(c))) goto fail;
+  kcu__free(raw);
+  raw = NULL;
   if (!dense && (rc = kcu_grow_deq(c, w))) goto fail;
   if ((rc = kcu_perm_upload(c, w))) goto fail;
   w->type = dst_t;
@@ -303,6 +325,7 @@ fail:
   if (c->reader && kcu_stage_flush(c)) kcu_stage_abandon(c);
   if (c->load_stream) cudaStreamSynchronize(c->load_stream);
   cudaStreamSynchronize(c->stream);
+  kcu__free(raw);
   kcu__free(w->data);
   kcu__free(w->priv);
   w->data = NULL;

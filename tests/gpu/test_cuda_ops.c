@@ -158,12 +158,15 @@ typedef struct {
   void *host;
 } wpair_t;
 
-static void wpair_load_perm(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host,
-                            const int32_t *perm) {
+/* keep_layout: kern_weight_t's (true for embedding tables and experts,
+ * which ops other than matmul read); perm and x_cols: a permuted weight's
+ * (NULL and 0: none). */
+static void wpair_load_as(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host, bool keep_layout,
+                          const int32_t *perm, int64_t x_cols) {
   memset(w, 0, sizeof(*w));
   w->host = host;
   kern_weight_t base = {.type = type, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(type, cols),
-                        .perm = perm};
+                        .perm = perm, .x_cols = x_cols, .keep_layout = keep_layout};
   w->c = w->g = base;
   int rc = cpu->ops->weight_load(cpu->ctx, &w->c, host);
   ck_assert_msg(rc == 0, "cpu weight_load: %s", fr_last_error());
@@ -171,8 +174,14 @@ static void wpair_load_perm(wpair_t *w, kern_type_t type, int64_t rows, int64_t 
   ck_assert_msg(rc == 0, "cuda weight_load: %s", fr_last_error());
 }
 
+/* A matmul's weight (the backend may repack it). */
 static void wpair_load(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host) {
-  wpair_load_perm(w, type, rows, cols, host, NULL);
+  wpair_load_as(w, type, rows, cols, host, false, NULL, 0);
+}
+
+/* A weight read by rows or blocks: an embedding table, an expert. */
+static void wpair_load_kept(wpair_t *w, kern_type_t type, int64_t rows, int64_t cols, void *host) {
+  wpair_load_as(w, type, rows, cols, host, true, NULL, 0);
 }
 
 static void wpair_free(wpair_t *w) {
@@ -250,9 +259,11 @@ static void simple_step(int n, const int32_t *tokens) {
 static const int k_ns[] = {1, 2, 4, 7, 16, 64, 300};
 
 /* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][perm[k]] (+ bias)
- * in f64 (perm NULL: the identity). */
-static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int64_t cols, const float *x, int n,
-                          const float *bias, const int32_t *perm) {
+ * in f64 (perm NULL: the identity; perm[k] -1: column k is padding), x
+ * (n, x_cols) (x_cols 0: cols). */
+static double *matmul_ref_x(kern_type_t type, const void *host, int64_t rows, int64_t cols, const float *x, int n,
+                            const float *bias, const int32_t *perm, int64_t x_cols) {
+  const int64_t xc = x_cols ? x_cols : cols;
   double *ref = fr_malloc(sizeof(double) * (size_t)n * rows);
   float *wr = fr_malloc(sizeof(float) * cols);
   size_t rb = kern_row_bytes(type, cols);
@@ -268,7 +279,8 @@ static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int6
     else kern_dequantize_row(type, src, wr, cols);
     for (int b = 0; b < n; b++) {
       double acc = bias ? bias[r] : 0;
-      for (int64_t k = 0; k < cols; k++) acc += (double)wr[k] * x[(size_t)b * cols + (perm ? perm[k] : k)];
+      for (int64_t k = 0; k < cols; k++)
+        if (!perm || perm[k] >= 0) acc += (double)wr[k] * x[(size_t)b * xc + (perm ? perm[k] : k)];
       ref[(size_t)b * rows + r] = acc;
     }
   }
@@ -276,12 +288,19 @@ static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int6
   return ref;
 }
 
+static double *matmul_ref(kern_type_t type, const void *host, int64_t rows, int64_t cols, const float *x, int n,
+                          const float *bias, const int32_t *perm) {
+  return matmul_ref_x(type, host, rows, cols, x, n, bias, perm, 0);
+}
+
 /* matmul of a random (rows, cols) weight of type, its columns permuted by
- * perm (or NULL), on both backends for every n of k_ns up to max_n. */
-static void check_matmul_perm(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n,
-                              const int32_t *perm) {
+ * perm (or NULL) over inputs of x_cols (0: cols), on both backends for
+ * every n of k_ns up to max_n. */
+static void check_matmul_px(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n,
+                            const int32_t *perm, int64_t x_cols) {
+  const int64_t xc = x_cols ? x_cols : cols;
   wpair_t w;
-  wpair_load_perm(&w, type, rows, cols, rand_weight(type, rows, cols), perm);
+  wpair_load_as(&w, type, rows, cols, rand_weight(type, rows, cols), false, perm, x_cols);
   float *bias_h = NULL;
   wpair_t bw;
   if (with_bias) {
@@ -293,8 +312,8 @@ static void check_matmul_perm(kern_type_t type, int64_t rows, int64_t cols, bool
   for (size_t i = 0; i < FR_ARRAY_SIZE(k_ns); i++) {
     int n = k_ns[i];
     if (n > max_n) continue;
-    float *x = rand_vec((size_t)n * cols, 1.f);
-    pair_t px = pair_put(x, (size_t)n * cols);
+    float *x = rand_vec((size_t)n * xc, 1.f);
+    pair_t px = pair_put(x, (size_t)n * xc);
     pair_t po = {NULL, NULL, 0};
     ck_assert_int_eq(cpu->ops->alloc(cpu->ctx, (size_t)n * rows * 4, &po.c), 0);
     ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &po.g), 0);
@@ -303,7 +322,7 @@ static void check_matmul_perm(kern_type_t type, int64_t rows, int64_t cols, bool
     ck_assert_msg(rc == 0, "cuda matmul: %s", fr_last_error());
     rc = cpu->ops->matmul(cpu->ctx, po.c, &w.c, with_bias ? &bw.c : NULL, px.c, n);
     ck_assert_msg(rc == 0, "cpu matmul: %s", fr_last_error());
-    double *ref = matmul_ref(type, w.host, rows, cols, x, n, bias_h, perm);
+    double *ref = matmul_ref_x(type, w.host, rows, cols, x, n, bias_h, perm, x_cols);
     float *g = gpu_get(po.g, (size_t)n * rows), *c = cpu_get(po.c, (size_t)n * rows);
     double eg = nerr_d(g, ref, (size_t)n * rows), ec = nerr(g, c, (size_t)n * rows);
     fprintf(stderr, "  matmul %-5s %4lldx%-5lld n=%-3d bias=%d perm=%d  err(exact) %.2e  err(cpu) %.2e\n",
@@ -323,6 +342,11 @@ static void check_matmul_perm(kern_type_t type, int64_t rows, int64_t cols, bool
     free(bias_h);
   }
   wpair_free(&w);
+}
+
+static void check_matmul_perm(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n,
+                              const int32_t *perm) {
+  check_matmul_px(type, rows, cols, with_bias, max_n, perm, 0);
 }
 
 static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool with_bias, int max_n) {
@@ -392,6 +416,55 @@ START_TEST(test_matmul_i4g_perm) {
 }
 END_TEST
 
+/* The 4-bit types that CUDA repacks for its tensor cores (KERN_Q4F,
+ * kcu_q4f.cu): rows not a multiple of the 16-row tiles, a last unit of 32
+ * columns (not for Q4_K, whose blocks are 256 wide), a large weight, both
+ * CTA sizes on a weight whose last row tile is partial, and then the
+ * file's blocks kept (FERRUM_CUDA_Q4F=0: the integer GEMV and dequantize +
+ * cuBLAS) on the same weights. */
+static const kern_type_t k_q4[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_I4G};
+
+START_TEST(test_matmul_q4f) {
+  kern_type_t t = k_q4[_i];
+  check_matmul(t, 200, t == KERN_Q4_K ? 768 : 288, true);
+  check_matmul_n(t, 16 * 532 - 11, 256, false, 64);
+  for (int warps = 4; warps <= 8; warps += 4) { /* both CTA sizes at every n (FERRUM_CUDA_Q4F_WARPS) */
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_Q4F_WARPS", warps == 4 ? "4" : "8", 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, warps == 8, 64);
+  }
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_Q4F", "0", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  check_matmul(t, 200, 512, false);
+}
+END_TEST
+
+/* A rank's part of a GPTQ act-order weight (model_quant_cols): 448 inputs
+ * in 512 columns, every other group's run padded to whole blocks with -1
+ * columns. Only the Q4F layout takes it; with FERRUM_CUDA_Q4F=0 the load
+ * is refused with an error. */
+START_TEST(test_matmul_i4g_perm_padded) {
+  int32_t *order = rand_perm(448), *p = fr_malloc(512 * sizeof *p);
+  for (int b = 0, k = 0, j = 0; b < 16; b++)
+    for (int i = 0; i < 32; i++) p[k++] = i < (b % 2 ? 32 : 24) ? order[j++] : -1;
+  check_matmul_px(KERN_I4G, 200, 512, true, 1 << 30, p, 448);
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_Q4F", "0", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  ck_assert(!gpu->padded_perm);
+  void *host = rand_weight(KERN_I4G, 200, 512);
+  kern_weight_t w = {.type = KERN_I4G, .rows = 200, .cols = 512, .row_bytes = kern_row_bytes(KERN_I4G, 512),
+                     .perm = p, .x_cols = 448};
+  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, host), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(w.data);
+  free(host);
+  free(order);
+  free(p);
+}
+END_TEST
+
 /* ---- mixture of experts ------------------------------------------------------------ */
 
 /* A MoE layer on both backends: a router of the activation type and E
@@ -413,9 +486,9 @@ static void moe_setup(moe_env_t *m, kern_type_t type, int E, int k, bool norm, i
   kern_weight_t **arr[6] = {&m->cg, &m->cu, &m->cd, &m->gg, &m->gu, &m->gd};
   for (int i = 0; i < 6; i++) *arr[i] = fr_calloc((size_t)E, sizeof(kern_weight_t));
   for (int e = 0; e < E; e++) {
-    wpair_load(&m->gate[e], type, ffn, dim, rand_weight(type, ffn, dim));
-    wpair_load(&m->up[e], type, ffn, dim, rand_weight(type, ffn, dim));
-    wpair_load(&m->down[e], type, dim, ffn, rand_weight(type, dim, ffn));
+    wpair_load_kept(&m->gate[e], type, ffn, dim, rand_weight(type, ffn, dim));
+    wpair_load_kept(&m->up[e], type, ffn, dim, rand_weight(type, ffn, dim));
+    wpair_load_kept(&m->down[e], type, dim, ffn, rand_weight(type, dim, ffn));
     m->cg[e] = m->gate[e].c, m->cu[e] = m->up[e].c, m->cd[e] = m->down[e].c;
     m->gg[e] = m->gate[e].g, m->gu[e] = m->up[e].g, m->gd[e] = m->down[e].g;
   }
@@ -595,7 +668,7 @@ START_TEST(test_embed) {
   simple_step(n, tok);
   for (size_t k = 0; k < FR_ARRAY_SIZE(types); k++) {
     wpair_t w;
-    wpair_load(&w, types[k], vocab, dim, rand_weight(types[k], vocab, dim));
+    wpair_load_kept(&w, types[k], vocab, dim, rand_weight(types[k], vocab, dim));
     pair_t o = {NULL, NULL, 0};
     ck_assert_int_eq(cpu->ops->alloc(cpu->ctx, (size_t)n * dim * 4, &o.c), 0);
     ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * dim * 2, &o.g), 0);
@@ -1113,7 +1186,7 @@ static void mini_forward(mini_t *m, kvenv_t *e, int n) {
 static void mini_setup(mini_t *m, int vocab, int n) {
   *m = (mini_t){.dim = 256, .n_heads = 8, .n_kv = 2, .hd = 64};
   int qkv_rows = (m->n_heads + 2 * m->n_kv) * m->hd;
-  wpair_load(&m->emb, KERN_Q8_0, vocab, m->dim, rand_weight(KERN_Q8_0, vocab, m->dim));
+  wpair_load_kept(&m->emb, KERN_Q8_0, vocab, m->dim, rand_weight(KERN_Q8_0, vocab, m->dim));
   wpair_load(&m->norm, KERN_F32, 1, m->dim, rand_weight(KERN_F32, 1, m->dim));
   wpair_load(&m->wqkv, KERN_BF16, qkv_rows, m->dim, rand_weight(KERN_BF16, qkv_rows, m->dim));
   wpair_load(&m->wo, KERN_Q4_K, m->dim, m->n_heads * m->hd, rand_weight(KERN_Q4_K, m->dim, m->n_heads * m->hd));
@@ -1812,6 +1885,8 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_matmul_dense);
   tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_matmul_i4g_perm);
+  tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
+  tcase_add_test(tc, test_matmul_i4g_perm_padded);
   tcase_add_loop_test(tc, test_moe_dense, 0, (int)FR_ARRAY_SIZE(k_moe_shapes));
   tcase_add_loop_test(tc, test_moe_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_moe_nan_token);

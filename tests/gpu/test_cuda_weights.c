@@ -1,8 +1,11 @@
 /* test_cuda_weights.c - weight_load and weight_load_file of the CUDA
  * backend (pinned staging ring, io_uring reads, copy stream, chunked
- * conversion), checked bit-exactly: each weight
- * is downloaded and compared with its host bytes (copied types) or with the
- * host conversion (f32/f16 -> the activation type, f16 -> f32 vectors).
+ * conversion, 4-bit repacking), checked bit-exactly: each weight
+ * is downloaded and compared with its host bytes (copied types), with the
+ * host conversion (f32/f16 -> the activation type, f16 -> f32 vectors) or
+ * with a host repacking into KERN_Q4F written from its layout
+ * (kernels/cuda/kcu_q4f.cu). The staging tests load with keep_layout, so
+ * quantized bytes are copied as they are.
  * Sizes cross the staging chunk (KCU_STAGE_BYTES, 16 MiB) and are not
  * multiples of it; enough weights go through to wrap the ring many times.
  *
@@ -97,7 +100,8 @@ typedef struct {
  * overwritten right after weight_load returns (the backend must be done
  * reading it). */
 static loaded_t load_one(kern_type_t t, int64_t rows, int64_t cols) {
-  loaded_t l = {.w = {.type = t, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(t, cols)}};
+  loaded_t l = {.w = {.type = t, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(t, cols),
+                      .keep_layout = true}};
   ck_assert_uint_gt(l.w.row_bytes, 0);
   size_t bytes = l.w.row_bytes * (size_t)rows, n = (size_t)rows * (size_t)cols;
   bool dense = t == KERN_F32 || t == KERN_F16 || t == KERN_BF16;
@@ -158,7 +162,8 @@ typedef enum {
 /* Loads a random weight of type t (rows, cols) with weight_load_file from
  * fd, laid out as kind says; the bytes are on disk only (the page cache). */
 static loaded_t load_one_file(int fd, kern_type_t t, int64_t rows, int64_t cols, spans_kind_t kind) {
-  loaded_t l = {.w = {.type = t, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(t, cols)}};
+  loaded_t l = {.w = {.type = t, .rows = rows, .cols = cols, .row_bytes = kern_row_bytes(t, cols),
+                      .keep_layout = true}};
   size_t rb = l.w.row_bytes, bytes = rb * (size_t)rows, n = (size_t)rows * (size_t)cols;
   bool dense = t == KERN_F32 || t == KERN_F16 || t == KERN_BF16;
   kern_type_t dst_t = !dense ? t : rows == 1 ? KERN_F32 : gpu->act_type;
@@ -329,8 +334,139 @@ START_TEST(test_file_too_short) {
 }
 END_TEST
 
-/* GPTQ/AWQ int4 rows (KERN_I4G) load as they are (24-byte blocks; the
- * shapes above check the bytes); an act-order weight's permutation goes to
+/* ---- KERN_Q4F -------------------------------------------------------------------- */
+
+/* The 4-bit value of (row, col) and the (d, m) of its 32-column block in a
+ * Q4_0 or I4G weight (the nibbles of both: byte j holds element j low,
+ * j + 16 high, after 2 bytes of f16 d or 8 bytes of f32 d, m). */
+static int q4_at(kern_type_t t, const uint8_t *w, size_t rb, int64_t row, int64_t col) {
+  const int bytes = t == KERN_Q4_0 ? 18 : 24, off = t == KERN_Q4_0 ? 2 : 8;
+  int b = w[(size_t)row * rb + (size_t)(col / 32) * bytes + off + col % 16];
+  return col % 32 < 16 ? b & 15 : b >> 4;
+}
+
+static void q4_dm(kern_type_t t, const uint8_t *w, size_t rb, int64_t row, int64_t blk, float *d, float *m) {
+  const uint8_t *p = w + (size_t)row * rb + (size_t)blk * (t == KERN_Q4_0 ? 18 : 24);
+  if (t == KERN_Q4_0) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+    *d = fr_fp16_to_fp32(h), *m = -8.f * *d;
+  } else {
+    memcpy(d, p, 4), memcpy(m, p + 4, 4);
+  }
+}
+
+/* KERN_Q4F of w as its layout says: per (16-row tile, 64-column unit),
+ * 512 bytes of nibbles (lane L = 4 g + t: 4 words, word 2 b + s with slot
+ * p the weight at row g + 8 (p & 1), column 32 b + 8 t + 4 s + 2 (p >> 1)
+ * and slot p + 4 the next column), all nibbles first, then per (tile,
+ * unit) 128 bytes of act-type (d, m): 16 per g, rows g and g + 8 of block
+ * 0, then of block 1. Rows and columns past the weight are zero. */
+static uint8_t *q4f_ref(kern_type_t t, const uint8_t *w, int64_t rows, int64_t cols, size_t *bytes) {
+  const size_t rb = kern_row_bytes(t, cols);
+  const int64_t tiles = (rows + 15) / 16, units = (cols + 63) / 64;
+  *bytes = (size_t)(tiles * units) * 640;
+  uint8_t *out = calloc(1, *bytes);
+  uint32_t *nib = (uint32_t *)out;
+  uint16_t *dm = (uint16_t *)(out + (size_t)(tiles * units) * 512);
+  for (int64_t tile = 0; tile < tiles; tile++)
+    for (int64_t u = 0; u < units; u++)
+      for (int lane = 0; lane < 32; lane++) {
+        const int g = lane / 4, tt = lane % 4;
+        uint32_t *wd = nib + ((size_t)(tile * units + u) * 32 + lane) * 4;
+        for (int b = 0; b < 2; b++)
+          for (int sk = 0; sk < 2; sk++)
+            for (int p = 0; p < 4; p++) {
+              int64_t row = tile * 16 + g + 8 * (p & 1), col = u * 64 + 32 * b + 8 * tt + 4 * sk + 2 * (p >> 1);
+              if (row >= rows || col >= cols) continue;
+              wd[2 * b + sk] |= (uint32_t)q4_at(t, w, rb, row, col) << (4 * p);
+              wd[2 * b + sk] |= (uint32_t)q4_at(t, w, rb, row, col + 1) << (16 + 4 * p);
+            }
+        if (tt) continue;
+        uint16_t *o = dm + ((size_t)(tile * units + u) * 8 + g) * 8;
+        for (int j = 0; j < 4; j++) {
+          int64_t row = tile * 16 + g + 8 * (j & 1), blk = 2 * u + (j >> 1);
+          float d = 0, m = 0;
+          if (row < rows && 32 * blk < cols) q4_dm(t, w, rb, row, blk, &d, &m);
+          o[2 * j] = fr_fp32_to_bf16(d), o[2 * j + 1] = fr_fp32_to_bf16(m);
+        }
+      }
+  return out;
+}
+
+/* Random Q4_0 / I4G bytes with finite scales. */
+static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols) {
+  const size_t rb = kern_row_bytes(t, cols);
+  uint8_t *h = rand_bytes(t, rb * (size_t)rows);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t b = 0; b < cols / 32; b++) {
+      uint8_t *p = h + (size_t)r * rb + (size_t)b * (t == KERN_Q4_0 ? 18 : 24);
+      float d = (float)(rnd64() % 1000 + 1) * 1e-5f, m = -d * (float)(rnd64() % 16);
+      if (t == KERN_Q4_0) {
+        uint16_t f = fr_fp32_to_fp16(d);
+        memcpy(p, &f, 2);
+      } else {
+        memcpy(p, &d, 4), memcpy(p + 4, &m, 4);
+      }
+    }
+  return h;
+}
+
+/* A matmul-only 4-bit weight (keep_layout false) becomes KERN_Q4F, from
+ * host memory and from a file cut into spans (the repacking waits for the
+ * reads still in flight): rows not a multiple of 16, a last unit of 32
+ * columns, weights past one staging chunk. Downloaded and compared with
+ * q4f_ref bit for bit (bf16 activations: the default). */
+START_TEST(test_q4f_repack) {
+  ck_assert_int_eq(gpu->act_type, KERN_BF16);
+  static const struct {
+    kern_type_t t;
+    int64_t rows, cols;
+  } shapes[] = {{KERN_Q4_0, 1000, 4128}, {KERN_I4G, 5003, 4096}, {KERN_I4G, 37, 96}};
+  int fd = temp_file();
+  for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
+    for (int from_file = 0; from_file < 2; from_file++) {
+      const kern_type_t t = shapes[i].t;
+      const int64_t rows = shapes[i].rows, cols = shapes[i].cols;
+      const size_t rb = kern_row_bytes(t, cols);
+      uint8_t *host = rand_q4(t, rows, cols);
+      size_t want_bytes;
+      uint8_t *want = q4f_ref(t, host, rows, cols, &want_bytes);
+      kern_weight_t w = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb};
+      int rc;
+      if (from_file) {
+        ck_assert_int_eq(ftruncate(fd, 0), 0);
+        write_at(fd, host, rb * (size_t)rows / 2, 100);
+        write_at(fd, host + rb * (size_t)rows / 2, rb * (size_t)rows - rb * (size_t)rows / 2, 1u << 26);
+        kern_file_span_t sp[2] = {{.fd = fd, .off = 100, .len = rb * (size_t)rows / 2},
+                                  {.fd = fd, .off = 1u << 26, .len = rb * (size_t)rows - rb * (size_t)rows / 2}};
+        rc = gpu->ops->weight_load_file(gpu->ctx, &w, sp, 2);
+      } else {
+        rc = gpu->ops->weight_load(gpu->ctx, &w, host);
+      }
+      ck_assert_msg(rc == 0, "weight_load: %s", fr_last_error());
+      ck_assert_int_eq(w.type, KERN_Q4F);
+      uint8_t *got = fr_malloc(want_bytes);
+      ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, want_bytes), 0);
+      size_t bad = 0, first = 0;
+      for (size_t k = 0; k < want_bytes; k++)
+        if (got[k] != want[k] && !bad++) first = k;
+      ck_assert_msg(bad == 0, "Q4F of %s (%lld x %lld, %s): %zu of %zu bytes differ, first at %zu",
+                    kern_type_traits(t)->name, (long long)rows, (long long)cols, from_file ? "file" : "host", bad,
+                    want_bytes, first);
+      gpu->ops->weight_release(gpu->ctx, &w);
+      free(got);
+      free(want);
+      free(host);
+    }
+  }
+  ck_assert_int_eq(gpu->ops->load_end(gpu->ctx), 0);
+  close(fd);
+}
+END_TEST
+
+/* GPTQ/AWQ int4 rows (KERN_I4G) kept in their layout load as they are
+ * (24-byte blocks; the shapes above check the bytes); an act-order weight's permutation goes to
  * the device beside it (w->priv, freed by weight_release), checked here
  * value for value; a dense weight with a permutation is refused. */
 START_TEST(test_i4g_perm) {
@@ -344,7 +480,8 @@ START_TEST(test_i4g_perm) {
   }
   size_t rb = kern_row_bytes(KERN_I4G, COLS);
   uint8_t *host = rand_bytes(KERN_I4G, rb * ROWS);
-  kern_weight_t w = {.type = KERN_I4G, .rows = ROWS, .cols = COLS, .row_bytes = rb, .perm = perm};
+  kern_weight_t w = {.type = KERN_I4G, .rows = ROWS, .cols = COLS, .row_bytes = rb, .perm = perm,
+                     .keep_layout = true};
   ck_assert_msg(gpu->ops->weight_load(gpu->ctx, &w, host) == 0, "weight_load: %s", fr_last_error());
   ck_assert_ptr_nonnull(w.priv);
   int32_t *got = fr_malloc(COLS * sizeof *got);
@@ -384,6 +521,7 @@ static Suite *weights_suite(void) {
   tcase_add_test(tc, test_files_many);
   tcase_add_test(tc, test_file_too_short);
   tcase_add_test(tc, test_i4g_perm);
+  tcase_add_test(tc, test_q4f_repack);
   suite_add_tcase(s, tc);
   return s;
 }

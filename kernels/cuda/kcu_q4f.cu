@@ -1,0 +1,454 @@
+/* kcu_q4f.cu - 4-bit weights repacked for the tensor cores (KERN_Q4F):
+ * the layout, the repacking at load, the matmul that reads it on mma.sync,
+ * and its dequantization for the large-batch cuBLAS path.
+ *
+ * Which weights: Q4_0, Q4_1, Q4_K and I4G (GPTQ/AWQ) are all 4-bit
+ * integers q with a (d, m) per 32 columns, w = d * q + m (Q4_0: m = -8 d;
+ * Q4_K: d = super d * 6-bit scale, m = -dmin * 6-bit min). A matmul-only
+ * weight (kern_weight_t.keep_layout false) of one of these types is
+ * stored on the device as KERN_Q4F:
+ *
+ *   rows in tiles of 16 (the last one padded with zeros), columns in units
+ *   of 64 (a last unit of 32 columns padded with zeros too). Per (tile,
+ *   unit) 512 bytes of nibbles, lane L of a warp owning the tile reading
+ *   bytes [16 L, 16 L + 16): the 16 x 64 weights as this lane's A
+ *   fragments of four m16n8k16 MMAs. Then, after all nibbles, per (tile,
+ *   unit) 128 bytes of (d, m) pairs in the activation type, 16 bytes per
+ *   g = L / 4: rows g and g + 8 of the unit's two 32-column blocks.
+ *
+ * 640 bytes per 1024 weights: 5 bits a weight (I4G is 6, Q4_K 4.5).
+ *
+ * The fragment order. With g = L / 4, t = L % 4, word 2 b + s of the lane
+ * (block b of the unit, k-step s) holds 8 nibbles: slot p (0..3) the
+ * weight at row g + 8 (p & 1), column 32 b + 8 t + 4 s + 2 (p >> 1), and
+ * slot p + 4 the one at the next column. Slots p and p + 4 are bits 4p and
+ * 16 + 4p, so one mask turns them into the pair of register a[p]. The MMA
+ * sums over k in any order as long as A and B agree: here the lane's four
+ * k of a step are its columns 8 t + 4 s .. + 3, so its B fragments of a
+ * whole block are 8 consecutive activations, one 16-byte load.
+ *
+ * Dequantizing in registers: (mask | 0x4300) is bf16 128 + q (f16: 0x6400,
+ * 1024 + q), exact; subtracting 128 leaves q exactly, and one fma2 with
+ * (d, d), (m, m) gives the pair. d and m are rounded to the activation
+ * type at repacking (bf16: 8 bits of mantissa, the precision of a bf16
+ * weight).
+ *
+ * Threads: the backend's stream. */
+#include "kernels/cuda/kcu.cuh"
+#include "kernels/cuda/kcu_mma.cuh"
+#include "kernels/cuda/kcu_quant.cuh"
+
+#define KCU_Q4F_ROWS 16
+#define KCU_Q4F_COLS 64
+#define KCU_Q4F_NIB 512 /* nibble bytes per (tile, unit) */
+#define KCU_Q4F_DM 128  /* (d, m) bytes per (tile, unit) */
+#define KCU_Q4F_TOK 64  /* tokens per CTA: 8 MMA columns of 8 */
+
+/* Row tiles and column units of a (rows, cols) weight. */
+__host__ __device__ __forceinline__ int kcu_q4f_tiles(long long rows) {
+  return (int)((rows + KCU_Q4F_ROWS - 1) / KCU_Q4F_ROWS);
+}
+__host__ __device__ __forceinline__ int kcu_q4f_units(long long cols) {
+  return (int)((cols + KCU_Q4F_COLS - 1) / KCU_Q4F_COLS);
+}
+
+bool kcu__q4f_takes(const kern_weight_t *w) {
+  switch (w->type) {
+  case KERN_Q4_0: case KERN_Q4_1: case KERN_Q4_K: case KERN_I4G:
+    return !w->keep_layout && w->rows > 1 && w->cols % 32 == 0;
+  default:
+    return false;
+  }
+}
+
+size_t kcu__q4f_bytes(int64_t rows, int64_t cols) {
+  return (size_t)kcu_q4f_tiles(rows) * (size_t)kcu_q4f_units(cols) * (KCU_Q4F_NIB + KCU_Q4F_DM);
+}
+
+/* ---- repacking ------------------------------------------------------------------------ */
+
+/* The 4-bit value of weight (row, col) and the (d, m) of its 32-column
+ * block, from the file's block layout. */
+template <int QT> struct kcu_q4src;
+template <> struct kcu_q4src<KERN_Q4_0> {
+  static __device__ int q(const uint8_t *r, int c) {
+    int b = r[18 * (c / 32) + 2 + c % 16];
+    return c % 32 < 16 ? b & 15 : b >> 4;
+  }
+  static __device__ float2 dm(const uint8_t *r, int blk) {
+    float d = kcu_h2f(r + 18 * blk);
+    return make_float2(d, -8.f * d);
+  }
+};
+template <> struct kcu_q4src<KERN_Q4_1> {
+  static __device__ int q(const uint8_t *r, int c) {
+    int b = r[20 * (c / 32) + 4 + c % 16];
+    return c % 32 < 16 ? b & 15 : b >> 4;
+  }
+  static __device__ float2 dm(const uint8_t *r, int blk) {
+    return make_float2(kcu_h2f(r + 20 * blk), kcu_h2f(r + 20 * blk + 2));
+  }
+};
+template <> struct kcu_q4src<KERN_I4G> {
+  static __device__ int q(const uint8_t *r, int c) {
+    int b = r[24 * (c / 32) + 8 + c % 16];
+    return c % 32 < 16 ? b & 15 : b >> 4;
+  }
+  static __device__ float2 dm(const uint8_t *r, int blk) {
+    const float *f = reinterpret_cast<const float *>(r + 24 * blk);
+    return make_float2(f[0], f[1]);
+  }
+};
+template <> struct kcu_q4src<KERN_Q4_K> {
+  /* super-block c / 256: d, dmin, 12 bytes of scales, 128 bytes of
+   * nibbles; sub-block j's element l is byte 32 (j / 2) + l, the high
+   * nibble for odd j */
+  static __device__ int q(const uint8_t *r, int c) {
+    const uint8_t *sb = r + 144 * (c / 256);
+    int j = c % 256 / 32, b = sb[16 + 32 * (j / 2) + c % 32];
+    return j % 2 ? b >> 4 : b & 15;
+  }
+  static __device__ float2 dm(const uint8_t *r, int blk) {
+    const uint8_t *sb = r + 144 * (blk / 8);
+    int sc, mn;
+    kcu_scale_min_k4(blk % 8, sb + 4, &sc, &mn);
+    return make_float2(kcu_h2f(sb) * (float)sc, -kcu_h2f(sb + 2) * (float)mn);
+  }
+};
+
+template <typename T> __device__ __forceinline__ uint32_t kcu_bits(T v) {
+  return (uint32_t)*reinterpret_cast<const uint16_t *>(&v);
+}
+
+/* One thread per (tile, unit, lane): its 16 bytes of nibbles and, for
+ * t = 0, its row pair's 16 bytes of (d, m). Padding rows, and the second
+ * block of a last unit past cols, are zero. */
+template <typename T, int QT>
+__global__ void kcu_q4f_repack_k(uint4 *nib, uint4 *dmv, const uint8_t *W, size_t row_bytes, int rows, int cols,
+                                 int units, long long n_threads) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= n_threads) return;
+  const int lane = (int)(i % KCU_WARP), g = lane / 4, t = lane % 4;
+  const long long tu = i / KCU_WARP;
+  const int u = (int)(tu % units), tile = (int)(tu / units);
+  uint32_t word[4];
+#pragma unroll
+  for (int b = 0; b < 2; b++) {
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      uint32_t v = 0;
+#pragma unroll
+      for (int p = 0; p < 4; p++) {
+        int row = tile * KCU_Q4F_ROWS + g + 8 * (p & 1);
+        int col = u * KCU_Q4F_COLS + 32 * b + 8 * t + 4 * s + 2 * (p >> 1);
+        if (row >= rows || col >= cols) continue;
+        const uint8_t *r = W + (size_t)row * row_bytes;
+        v |= (uint32_t)kcu_q4src<QT>::q(r, col) << (4 * p);
+        v |= (uint32_t)kcu_q4src<QT>::q(r, col + 1) << (16 + 4 * p);
+      }
+      word[2 * b + s] = v;
+    }
+  }
+  nib[i] = make_uint4(word[0], word[1], word[2], word[3]);
+  if (t) return;
+  uint32_t dm[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) { /* (row g, blk 0), (row g + 8, blk 0), (row g, blk 1), (row g + 8, blk 1) */
+    int row = tile * KCU_Q4F_ROWS + g + 8 * (j & 1), blk = 2 * u + (j >> 1);
+    float2 f = row < rows && 32 * blk < cols ? kcu_q4src<QT>::dm(W + (size_t)row * row_bytes, blk)
+                                             : make_float2(0.f, 0.f);
+    dm[j] = kcu_bits(kcu_t<T>(f.x)) | kcu_bits(kcu_t<T>(f.y)) << 16;
+  }
+  dmv[tu * 8 + g] = make_uint4(dm[0], dm[1], dm[2], dm[3]);
+}
+
+int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src) {
+  const int units = kcu_q4f_units(w->cols), tiles = kcu_q4f_tiles(w->rows);
+  const long long n = (long long)tiles * units * KCU_WARP;
+  uint4 *nib = (uint4 *)dst, *dm = (uint4 *)((char *)dst + (size_t)tiles * units * KCU_Q4F_NIB);
+  const uint8_t *W = (const uint8_t *)src;
+#define KCU_Q4F_REPACK(QT)                                                                                        \
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_repack_k<T, QT>, kcu_div_up(n, 256), 256, 0, nib, dm, W, w->row_bytes, \
+                                 (int)w->rows, (int)w->cols, units, n))
+  switch (w->type) {
+  case KERN_Q4_0: KCU_Q4F_REPACK(KERN_Q4_0); break;
+  case KERN_Q4_1: KCU_Q4F_REPACK(KERN_Q4_1); break;
+  case KERN_Q4_K: KCU_Q4F_REPACK(KERN_Q4_K); break;
+  case KERN_I4G: KCU_Q4F_REPACK(KERN_I4G); break;
+  default: return fr_errorf(FR_EUNSUPPORTED, "cuda: no 4-bit repacking of type %d", (int)w->type);
+  }
+#undef KCU_Q4F_REPACK
+  return 0;
+}
+
+/* ---- in registers: nibbles to A fragments ------------------------------------------- */
+
+template <typename T> struct kcu_q4v;
+template <> struct kcu_q4v<__nv_bfloat16> {
+  typedef __nv_bfloat162 T2;
+  static constexpr uint32_t MAGIC = 0x43004300u; /* 128, 128 */
+};
+template <> struct kcu_q4v<__half> {
+  typedef __half2 T2;
+  static constexpr uint32_t MAGIC = 0x64006400u; /* 1024, 1024 */
+};
+
+template <typename T2> __device__ __forceinline__ T2 kcu_as2(uint32_t v) { return *reinterpret_cast<T2 *>(&v); }
+template <typename T2> __device__ __forceinline__ uint32_t kcu_from2(T2 v) { return *reinterpret_cast<uint32_t *>(&v); }
+
+/* The four A registers of one k-step from its nibble word; dm_g, dm_g8:
+ * the (d, m) of rows g and g + 8 for this block. */
+template <typename T>
+__device__ __forceinline__ void kcu_q4f_frag(uint32_t word, uint32_t dm_g, uint32_t dm_g8, uint32_t *a) {
+  typedef typename kcu_q4v<T>::T2 T2;
+  const T2 base = kcu_as2<T2>(kcu_q4v<T>::MAGIC);
+  /* (d, d) and (m, m): one byte permute each */
+  const T2 dg = kcu_as2<T2>(__byte_perm(dm_g, 0, 0x1010)), mg = kcu_as2<T2>(__byte_perm(dm_g, 0, 0x3232));
+  const T2 dg8 = kcu_as2<T2>(__byte_perm(dm_g8, 0, 0x1010)), mg8 = kcu_as2<T2>(__byte_perm(dm_g8, 0, 0x3232));
+#pragma unroll
+  for (int p = 0; p < 4; p++) {
+    uint32_t v = ((word >> (4 * p)) & 0x000f000fu) | kcu_q4v<T>::MAGIC;
+    T2 q = __hsub2(kcu_as2<T2>(v), base);
+    a[p] = kcu_from2<T2>(p & 1 ? __hfma2(q, dg8, mg8) : __hfma2(q, dg, mg));
+  }
+}
+
+/* ---- the matmul ------------------------------------------------------------------- */
+
+/* What a warp reads for U units: per unit its nibbles, its (d, m) and,
+ * per 32-column block and MMA column tile, the lane's 8 activations. */
+template <int NT, int U> struct kcu_q4f_stage {
+  uint4 q[U], d[U], x[U][2][NT];
+};
+
+/* Units u0, u0 + WK, ... (np, dp: the warp's tile at this lane; xr: the
+ * lane's activation rows, NULL past n). */
+template <typename T, int NT, int U, int WK>
+__device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U> &st, const uint4 *np, const uint4 *dp,
+                                             const T *const *xr, int u0, int units, int cols) {
+#pragma unroll
+  for (int h = 0; h < U; h++) {
+    const int u = u0 + h * WK;
+    if (u >= units) break;
+    st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
+    st.d[h] = __ldg(dp + (size_t)u * 8);
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+      const int c = u * KCU_Q4F_COLS + 32 * b;
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+        st.x[h][b][j] = xr[j] && c < cols ? __ldg(reinterpret_cast<const uint4 *>(xr[j] + c)) : make_uint4(0, 0, 0, 0);
+    }
+  }
+}
+
+/* out (n, rows) = x (n, cols) @ W^T (cols a multiple of 32: a last unit
+ * may have one block). A CTA is WK warps on one row tile of 16, each warp
+ * a WK-th of its units (summed through shared memory at the end), for up
+ * to 8 NT tokens from blockIdx.y * 64.
+ * Each warp streams its weights and activations into registers, U units a
+ * batch, the next batch loaded before the current one is used where
+ * registers allow (DB): at small batches the loads, not the MMAs, are the
+ * time, and nothing may wait on a load just issued. */
+template <typename T, int NT, int WK>
+__global__ void __launch_bounds__(WK *KCU_WARP)
+    kcu_q4f_mma_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
+                  int n) {
+  constexpr int U = NT <= 2 ? 2 : 1, DB = NT <= 4;
+  __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * NT * 4 : 1];
+  const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.x, tok0 = blockIdx.y * KCU_Q4F_TOK;
+  const int tiles = kcu_q4f_tiles(rows), units = kcu_q4f_units(cols);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  kcu_pdl_enter();
+  const T *xr[NT]; /* this lane's token row of each MMA column tile, or NULL */
+#pragma unroll
+  for (int j = 0; j < NT; j++) {
+    int tok = tok0 + 8 * j + g;
+    xr[j] = tok < n ? x + (size_t)tok * cols + 8 * t : NULL;
+  }
+  if (tile < tiles) {
+    const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane, *dp = dmv + (size_t)tile * units * 8 + g;
+    kcu_q4f_stage<NT, U> cur;
+    kcu_q4f_load<T, NT, U, WK>(cur, np, dp, xr, wk, units, cols);
+    for (int u0 = wk; u0 < units; u0 += U * WK) {
+      kcu_q4f_stage<NT, U> nxt;
+      if (DB) kcu_q4f_load<T, NT, U, WK>(nxt, np, dp, xr, u0 + U * WK, units, cols);
+#pragma unroll
+      for (int h = 0; h < U; h++) {
+        if (u0 + h * WK >= units) break;
+        const uint32_t qw[4] = {cur.q[h].x, cur.q[h].y, cur.q[h].z, cur.q[h].w};
+#pragma unroll
+        for (int b = 0; b < 2; b++) { /* a missing last block has zero weights and activations */
+          const uint32_t dg = b ? cur.d[h].z : cur.d[h].x, dg8 = b ? cur.d[h].w : cur.d[h].y;
+#pragma unroll
+          for (int s = 0; s < 2; s++) {
+            uint32_t a[4];
+            kcu_q4f_frag<T>(qw[2 * b + s], dg, dg8, a);
+#pragma unroll
+            for (int j = 0; j < NT; j++) {
+              const uint4 xv = cur.x[h][b][j];
+              const uint32_t bf[2] = {s ? xv.z : xv.x, s ? xv.w : xv.y};
+              kcu_mma16816<T>(acc[j], a, bf);
+            }
+          }
+        }
+      }
+      if (DB) cur = nxt;
+      else if (u0 + U * WK < units) kcu_q4f_load<T, NT, U, WK>(cur, np, dp, xr, u0 + U * WK, units, cols);
+    }
+  }
+  if (WK > 1) {
+    if (wk > 0) {
+      float *r = red + ((size_t)(wk - 1) * KCU_WARP + lane) * NT * 4;
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) r[j * 4 + e] = acc[j][e];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+    for (int o = 0; o < WK - 1; o++) {
+      const float *r = red + ((size_t)o * KCU_WARP + lane) * NT * 4;
+#pragma unroll
+      for (int j = 0; j < NT; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] += r[j * 4 + e];
+    }
+  }
+  if (tile >= tiles) return;
+  /* acc[j]: (row g, tokens 2t, 2t + 1), (row g + 8, the same) of column tile j */
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
+    if (row >= rows) continue;
+    const float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
+      if (tok < n) out[(size_t)tok * rows + row] = kcu_t<T>(acc[j][e] + bv);
+    }
+  }
+}
+
+/* x with its columns permuted for an act-order weight: xp[b][k] =
+ * x[b][perm[k]], 0 where perm[k] is -1 (padding). */
+template <typename T>
+__global__ void kcu_q4f_gather_k(T *xp, const T *x, const int32_t *perm, int cols, int x_cols, long long total) {
+  kcu_pdl_enter();
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  long long b = i / cols;
+  int p = __ldg(perm + i % cols);
+  xp[i] = p >= 0 ? x[b * x_cols + p] : kcu_t<T>(0.f);
+}
+
+template <typename T, int NT, int WK>
+static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  const int units = kcu_q4f_units(w->cols), tiles = kcu_q4f_tiles(w->rows);
+  const uint4 *nib = (const uint4 *)w->data;
+  const uint4 *dm = (const uint4 *)((const char *)w->data + (size_t)tiles * units * KCU_Q4F_NIB);
+  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(tiles, kcu_div_up(n, KCU_Q4F_TOK)), WK * KCU_WARP, 0, out, nib, dm,
+             x, bias, (int)w->rows, (int)w->cols, n);
+  return 0;
+}
+
+/* Warps per tile: c->q4f_warps, else measured on H200 (Llama-3-8B shapes,
+ * I4G; docs/bench/gpu.md): 4 at n = 1 and n > 16, 8 at 9..16. */
+template <typename T, int NT>
+static int kcu_q4f_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  if ((c->q4f_warps ? c->q4f_warps : NT == 2 ? 8 : 4) == 8) return kcu_q4f_launch_wk<T, NT, 8>(c, out, w, bias, x, n);
+  return kcu_q4f_launch_wk<T, NT, 4>(c, out, w, bias, x, n);
+}
+
+template <typename T>
+static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  const int32_t *perm = (const int32_t *)w->priv;
+  if (w->perm) {
+    long long total = (long long)n * w->cols;
+    if ((size_t)total > c->deq_elems) return fr_errorf(FR_ESTATE, "cuda: matmul: permuted-input scratch too small");
+    KCU_LAUNCH(c, kcu_q4f_gather_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)c->deq, x, perm,
+               (int)w->cols, (int)kern_weight_x_cols(w), total);
+    x = (const T *)c->deq;
+  }
+  const int nt = n >= KCU_Q4F_TOK ? 8 : kcu_div_up(n, 8);
+  switch (nt) {
+  case 1: return kcu_q4f_launch<T, 1>(c, out, w, bias, x, n);
+  case 2: return kcu_q4f_launch<T, 2>(c, out, w, bias, x, n);
+  case 3: case 4: return kcu_q4f_launch<T, 4>(c, out, w, bias, x, n);
+  default: return kcu_q4f_launch<T, 8>(c, out, w, bias, x, n);
+  }
+}
+
+int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
+  int rc = 0;
+  KCU_ACT_DISPATCH(c, rc = kcu_q4f_matmul_t<T>(c, (T *)out, w, bias, (const T *)x, n));
+  return rc;
+}
+
+/* ---- dequantization (the cuBLAS path for large batches) ----------------------------- */
+
+/* One thread per (tile, unit, lane) of the tiles that rows [row0, row1)
+ * touch: the lane's rows g and g + 8, 8 columns of each block, of those
+ * rows into dst ((row1 - row0), x_cols), in the input's order where the
+ * weight is permuted (padding columns dropped; every input column is some
+ * column's perm, model_quant_cols). */
+template <typename T>
+__global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint4 *dmv, int cols, int row0, int row1,
+                                  long long total, const int32_t *perm, int x_cols) {
+  kcu_pdl_enter();
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  typedef typename kcu_q4v<T>::T2 T2;
+  const int units = kcu_q4f_units(cols), lane = (int)(i % KCU_WARP), g = lane / 4, t = lane % 4;
+  const long long tu = i / KCU_WARP;
+  const int u = (int)(tu % units), tile = row0 / KCU_Q4F_ROWS + (int)(tu / units);
+  const size_t at = (size_t)tile * units + u;
+  const uint4 q = __ldg(nib + at * KCU_WARP + lane), d = __ldg(dmv + at * 8 + g);
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w}, dm[2] = {d.x, d.z}, dm8[2] = {d.y, d.w};
+#pragma unroll
+  for (int b = 0; b < 2; b++) {
+    const int c0 = u * KCU_Q4F_COLS + 32 * b + 8 * t;
+    if (c0 >= cols) break;
+    T2 v[2][4]; /* rows g, g + 8: 8 columns as 4 pairs */
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      uint32_t a[4];
+      kcu_q4f_frag<T>(qw[2 * b + s], dm[b], dm8[b], a);
+      /* a[0], a[2]: row g, columns 4 s + (0, 1), (2, 3); a[1], a[3]: row g + 8 */
+      v[0][2 * s] = kcu_as2<T2>(a[0]), v[0][2 * s + 1] = kcu_as2<T2>(a[2]);
+      v[1][2 * s] = kcu_as2<T2>(a[1]), v[1][2 * s + 1] = kcu_as2<T2>(a[3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+      const int row = tile * KCU_Q4F_ROWS + g + 8 * h;
+      if (row < row0 || row >= row1) continue;
+      T *o = dst + (size_t)(row - row0) * x_cols;
+      if (perm) {
+        const T *e = reinterpret_cast<const T *>(v[h]);
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+          int p = __ldg(perm + c0 + k);
+          if (p >= 0) o[p] = e[k];
+        }
+      } else {
+        *reinterpret_cast<uint4 *>(o + c0) = *reinterpret_cast<const uint4 *>(v[h]);
+      }
+    }
+  }
+}
+
+int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
+  if (nrows <= 0) return 0;
+  const int units = kcu_q4f_units(w->cols), tiles = kcu_q4f_tiles(w->rows);
+  const int t0 = (int)(row0 / KCU_Q4F_ROWS), t1 = kcu_q4f_tiles(row0 + nrows);
+  const long long total = (long long)(t1 - t0) * units * KCU_WARP;
+  const uint4 *nib = (const uint4 *)w->data;
+  const uint4 *dm = (const uint4 *)((const char *)w->data + (size_t)tiles * units * KCU_Q4F_NIB);
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_dequant_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)dst, nib,
+                                 dm, (int)w->cols, (int)row0, (int)(row0 + nrows), total, (const int32_t *)w->priv,
+                                 (int)kern_weight_x_cols(w)));
+  return 0;
+}

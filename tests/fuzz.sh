@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer targets with clang in build-fuzz/ (FERRUM_FUZZ: ASan +
-# UBSan) and runs each for SECONDS, one after the other, seeded from what the
+# UBSan) and runs each for SECONDS, nproc at a time, seeded from what the
 # tree generates: proto_corpus, the formats fixtures (written into
 # build/tests/formats-fixtures by deploy/test.sh's formats_fixtures, or
 # $FERRUM_FIXTURES), the tokenizer corpus, small tokenizer.json files
@@ -38,8 +38,7 @@ fuzz_seeds() { # TARGET DST: the tree's seeds for TARGET, if any
   local dst=$2
   case $1 in
     fuzz_proto_*)
-      [ -d "$out/proto-seeds" ] || build-fuzz/bin/proto_corpus "$out/proto-seeds" >/dev/null
-      seed "$dst" "$out/proto-seeds/${1#fuzz_proto_}"/* ;;
+      seed "$dst" "$out/proto-seeds/${1#fuzz_proto_}"/* ;; # written once before the targets run
     fuzz_curve_keys) # a key pair file and a list, as ferrumctl keygen writes them
       printf '\0# ferrum CURVE key pair\npublic-key = "Yne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID"\nsecret-key = "D:)Q[IlAW!ahhC2ac:9*A}h:p?([4%%wOTJ%%JR%%cs"\n' >"$dst/pair"
       printf '\1# clients\nYne@$w-vo<fVvi]a<NY6T1ed:M$fCG*[IaLV{hID\n\npublic-key = "rq:rM>}U?@Lns47E1%%kR.o@n%%FcmmsL/@{H8]yf7"\n' >"$dst/list" ;;
@@ -140,6 +139,17 @@ fi
 [ -d "$fx" ] || note "no $fx (deploy/test.sh writes it): formats targets start without seeds"
 : "${FERRUM_FUZZ_TOKENIZER:=$root/models/SmolLM2-135M-Instruct.Q4_1.gguf}"
 if [ -e "$FERRUM_FUZZ_TOKENIZER" ]; then export FERRUM_FUZZ_TOKENIZER; else unset FERRUM_FUZZ_TOKENIZER; fi
+# The targets run nproc at a time (each fuzzer is one process on one
+# core); their lines print in the targets' order once all are done.
+[ -d "$out/proto-seeds" ] || build-fuzz/bin/proto_corpus "$out/proto-seeds" >/dev/null
+for t in "${targets[@]}"; do
+  while [ "$(jobs -rp | wc -l)" -ge "$(nproc)" ]; do wait -n; done
+  fuzz_one "$t" >"$out/$t.line" &
+done
+wait
 rc=0
-for t in "${targets[@]}"; do fuzz_one "$t" || rc=1; done
+for t in "${targets[@]}"; do
+  cat "$out/$t.line"
+  grep -q ': ok (' "$out/$t.line" || rc=1
+done
 exit $rc

@@ -65,6 +65,21 @@ size_t kcu__q4f_bytes(int64_t rows, int64_t cols) {
   return (size_t)kcu_q4f_tiles(rows) * (size_t)kcu_q4f_units(cols) * (KCU_Q4F_NIB + KCU_Q4F_DM);
 }
 
+/* A KERN_Q4F weight's two arrays in its device memory `data`: all the
+ * nibbles, then all the (d, m) pairs. */
+typedef struct {
+  uint4 *nib, *dm;
+  int tiles, units;
+} kcu_q4f_view_t;
+
+static kcu_q4f_view_t kcu_q4f_view(const kern_weight_t *w, void *data) {
+  kcu_q4f_view_t v;
+  v.tiles = kcu_q4f_tiles(w->rows), v.units = kcu_q4f_units(w->cols);
+  v.nib = (uint4 *)data;
+  v.dm = (uint4 *)((char *)data + (size_t)v.tiles * v.units * KCU_Q4F_NIB);
+  return v;
+}
+
 /* ---- repacking ------------------------------------------------------------------------ */
 
 /* The 4-bit value of weight (row, col) and the (d, m) of its 32-column
@@ -163,13 +178,12 @@ __global__ void kcu_q4f_repack_k(uint4 *nib, uint4 *dmv, const uint8_t *W, size_
 }
 
 int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src) {
-  const int units = kcu_q4f_units(w->cols), tiles = kcu_q4f_tiles(w->rows);
-  const long long n = (long long)tiles * units * KCU_WARP;
-  uint4 *nib = (uint4 *)dst, *dm = (uint4 *)((char *)dst + (size_t)tiles * units * KCU_Q4F_NIB);
+  const kcu_q4f_view_t v = kcu_q4f_view(w, dst);
+  const long long n = (long long)v.tiles * v.units * KCU_WARP;
   const uint8_t *W = (const uint8_t *)src;
-#define KCU_Q4F_REPACK(QT)                                                                                        \
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_repack_k<T, QT>, kcu_div_up(n, 256), 256, 0, nib, dm, W, w->row_bytes, \
-                                 (int)w->rows, (int)w->cols, units, n))
+#define KCU_Q4F_REPACK(QT)                                                                                          \
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_repack_k<T, QT>, kcu_div_up(n, 256), 256, 0, v.nib, v.dm, W, w->row_bytes, \
+                                 (int)w->rows, (int)w->cols, v.units, n))
   switch (w->type) {
   case KERN_Q4_0: KCU_Q4F_REPACK(KERN_Q4_0); break;
   case KERN_Q4_1: KCU_Q4F_REPACK(KERN_Q4_1); break;
@@ -347,11 +361,9 @@ __global__ void kcu_q4f_gather_k(T *xp, const T *x, const int32_t *perm, int col
 
 template <typename T, int NT, int WK>
 static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  const int units = kcu_q4f_units(w->cols), tiles = kcu_q4f_tiles(w->rows);
-  const uint4 *nib = (const uint4 *)w->data;
-  const uint4 *dm = (const uint4 *)((const char *)w->data + (size_t)tiles * units * KCU_Q4F_NIB);
-  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(tiles, kcu_div_up(n, KCU_Q4F_TOK)), WK * KCU_WARP, 0, out, nib, dm,
-             x, bias, (int)w->rows, (int)w->cols, n);
+  const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
+  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(v.tiles, kcu_div_up(n, KCU_Q4F_TOK)), WK * KCU_WARP, 0, out,
+             (const uint4 *)v.nib, (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
   return 0;
 }
 
@@ -442,13 +454,11 @@ __global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint4 *dmv, in
 
 int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
   if (nrows <= 0) return 0;
-  const int units = kcu_q4f_units(w->cols), tiles = kcu_q4f_tiles(w->rows);
+  const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
   const int t0 = (int)(row0 / KCU_Q4F_ROWS), t1 = kcu_q4f_tiles(row0 + nrows);
-  const long long total = (long long)(t1 - t0) * units * KCU_WARP;
-  const uint4 *nib = (const uint4 *)w->data;
-  const uint4 *dm = (const uint4 *)((const char *)w->data + (size_t)tiles * units * KCU_Q4F_NIB);
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_dequant_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)dst, nib,
-                                 dm, (int)w->cols, (int)row0, (int)(row0 + nrows), total, (const int32_t *)w->priv,
-                                 (int)kern_weight_x_cols(w)));
+  const long long total = (long long)(t1 - t0) * v.units * KCU_WARP;
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_dequant_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)dst,
+                                 (const uint4 *)v.nib, (const uint4 *)v.dm, (int)w->cols, (int)row0,
+                                 (int)(row0 + nrows), total, (const int32_t *)w->priv, (int)kern_weight_x_cols(w)));
   return 0;
 }

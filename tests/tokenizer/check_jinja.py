@@ -176,11 +176,23 @@ def hf_env():
     return env
 
 
-def render_jinja2(env, src, variables):
-    try:
-        return {"out": env.from_string(src).render(**variables)}
-    except Exception as e:  # noqa: BLE001 - any template failure is an expected error
+def render_jinja2(env, src, cases):
+    """src rendered with each case's variables, compiled once (transformers
+    caches the compiled template too): a list of {"out": text} or {"error": why}."""
+    def err(e):
         return {"error": f"{type(e).__name__}: {e}"}
+
+    try:
+        template = env.from_string(src)
+    except Exception as e:  # noqa: BLE001 - any template failure is an expected error
+        return [err(e)] * len(cases)
+    res = []
+    for c in cases:
+        try:
+            res.append({"out": template.render(**c)})
+        except Exception as e:  # noqa: BLE001
+            res.append(err(e))
+    return res
 
 
 def check_snippets(exe, env):
@@ -194,7 +206,7 @@ def check_snippets(exe, env):
             open(tp, "w", encoding="utf-8").write(src)
             subprocess.run([exe, tp, cp, op], check=True)
             (g,) = json.load(open(op, encoding="utf-8"))
-            w = render_jinja2(env, src, SNIPPET_VARS)
+            (w,) = render_jinja2(env, src, [SNIPPET_VARS])
             if not (("out" in w and g.get("out") == w["out"]) or ("error" in w and "error" in g)):
                 bad += 1
                 print(f"FAIL snippet {i}: {src!r}\n    jinja2: {w}\n    ferrum: {g}")
@@ -219,7 +231,7 @@ def main():
         src = open(path, encoding="utf-8").read()
         # as transformers passes them: tools and documents are None when not given
         cs = [dict({"tools": None, "documents": None}, **c, bos_token=bos, eos_token=eos) for c in cases()]
-        want = [render_jinja2(env, src, c) for c in cs]
+        want = render_jinja2(env, src, cs)
         with tempfile.TemporaryDirectory() as tmp:
             cp, op = os.path.join(tmp, "cases.json"), os.path.join(tmp, "out.json")
             json.dump(cs, open(cp, "w"), ensure_ascii=False)

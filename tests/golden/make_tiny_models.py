@@ -22,6 +22,9 @@ tests, with the SmolLM2 tokenizer copied from the real GGUF:
                          Q8_0 / Q4_0 attention, F16 embedding
 
 usage: make_tiny_models.py SMOLLM2_GGUF OUT_DIR
+
+Outputs whose inputs have not changed since they were written are kept
+(tests/golden/stamp.py).
 """
 import json
 import shutil
@@ -33,6 +36,8 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 from gguf.quants import quantize
+
+from stamp import cached
 
 RNG = np.random.default_rng(1234)
 
@@ -366,7 +371,10 @@ def tiny_mistral_window(out, src):
 
 def main():
     src, out = sys.argv[1], Path(sys.argv[2])
-    out.mkdir(parents=True, exist_ok=True)
+    cached(out, "tiny-models", [src], [], lambda: make_all(src, out))
+
+
+def make_all(src, out):
     tok = tokenizer_fields(src)
     tiny_llama(out, tok)
     tiny_qwen2(out, tok)

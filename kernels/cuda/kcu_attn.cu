@@ -175,8 +175,154 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
   if (threadIdx.x == 0) *cnt = 0;
 }
 
-/* PIPE: prefetch the next step's K/V while computing (more registers, so
- * fewer CTAs per SM: worth it only when the grid does not fill the GPU). */
+/* One cache row's K and V (8 elements each, as kcu_kv_fetch loads them)
+ * into the running softmax of the GM query heads whose 8 dimensions this
+ * lane holds; the L lanes of the row sum the scores by shuffles (all of
+ * the warp's lanes take part, valid or not). */
+template <typename T, int GM, int L, int Q>
+__device__ __forceinline__ void kcu_dec_token(uint4 kr, uint4 vr, bool valid, int G, const float (&qr)[GM][8],
+                                              float (&acc)[GM][8], float (&m)[GM], float (&l)[GM]) {
+  float kf[8], vf[8];
+  kcu_kv_unpack<T, Q>(kr, kf);
+  kcu_kv_unpack<T, Q>(vr, vf);
+#pragma unroll
+  for (int g = 0; g < GM; g++) {
+    float sc = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) sc = fmaf(qr[g][i], kf[i], sc);
+#pragma unroll
+    for (int o = L / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
+    if (valid && g < G) {
+      if (sc > m[g]) {
+        float corr = __expf(m[g] - sc);
+        l[g] *= corr;
+#pragma unroll
+        for (int i = 0; i < 8; i++) acc[g][i] *= corr;
+        m[g] = sc;
+      }
+      float p = __expf(sc - m[g]);
+      l[g] += p;
+#pragma unroll
+      for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
+    }
+  }
+}
+
+/* The decode kernels' shared parts. A CTA of KCU_DEC_WARPS warps serves the
+ * GM (>= G) query heads of KV head kvh of sequence s over one split of its
+ * context; lane `sub` of each L-lane row group holds 8 dimensions of the
+ * head, and the warp's TPW row groups (`slot`) take different tokens. */
+template <typename T, int HD, int GM> struct kcu_dec_state {
+  float qr[GM][8], acc[GM][8], m[GM], l[GM];
+};
+
+/* The split's context range [start, stop) and how many splits have any
+ * (n_used): the query sits at cache index ctx_len - 1 and sees the whole
+ * context, or its last `window` tokens; at least min_chunk tokens a split,
+ * so short contexts use few of the splits and the merge reads only those. */
+struct kcu_dec_range {
+  int start, stop, n_used;
+};
+__device__ __forceinline__ kcu_dec_range kcu_dec_split(int ctx_len, int cap, int window, int split, int n_splits,
+                                                       int min_chunk) {
+  const int end = max(min(ctx_len, cap), 0), lo = window > 0 ? max(end - window, 0) : 0;
+  int chunk = max((end - lo + n_splits - 1) / n_splits, min_chunk);
+  chunk = (chunk + 15) & ~15;
+  const int start = lo + split * chunk;
+  return {start, min(end, start + chunk), (end - lo + chunk - 1) / chunk};
+}
+
+/* The G query heads' 8 dimensions at `sub`, scaled; an empty softmax. */
+template <typename T, int HD, int GM>
+__device__ __forceinline__ void kcu_dec_begin(kcu_dec_state<T, HD, GM> &st, const T *qrow, int G, float scale,
+                                              int sub) {
+#pragma unroll
+  for (int g = 0; g < GM; g++) {
+    st.m[g] = -INFINITY;
+    st.l[g] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) st.acc[g][i] = 0.f;
+    if (g < G) {
+      kcu_unpack8(*reinterpret_cast<const uint4 *>(qrow + (size_t)g * HD + sub * 8), st.qr[g], (const T *)0);
+#pragma unroll
+      for (int i = 0; i < 8; i++) st.qr[g][i] *= scale;
+    } else {
+#pragma unroll
+      for (int i = 0; i < 8; i++) st.qr[g][i] = 0.f;
+    }
+  }
+}
+
+/* Merges the warp's token slots, then the CTA's warps through shared
+ * memory, and writes the split's result: the output rows when there is one
+ * split, else its partials for kcu_attn_merge_last. Every thread calls it. */
+template <typename T, int HD, int GM>
+__device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, int32_t *cnt, int t, int s, int kvh,
+                            int n_kv, int G, int split, int n_splits, int n_used) {
+  constexpr int L = HD / 8, NW = KCU_DEC_WARPS;
+  __shared__ float sm_a[GM][HD];
+  __shared__ float sm_m[GM], sm_l[GM];
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, sub = lane % L, slot = lane / L;
+#pragma unroll
+  for (int o = L; o < KCU_WARP; o <<= 1) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      float m2 = __shfl_xor_sync(0xffffffffu, st.m[g], o), l2 = __shfl_xor_sync(0xffffffffu, st.l[g], o), a2[8];
+#pragma unroll
+      for (int i = 0; i < 8; i++) a2[i] = __shfl_xor_sync(0xffffffffu, st.acc[g][i], o);
+      kcu_merge<8>(st.m[g], st.l[g], st.acc[g], m2, l2, a2);
+    }
+  }
+  /* the warps one after the other */
+  for (int w = 0; w < NW; w++) {
+    if (warp == w && slot == 0) {
+#pragma unroll
+      for (int g = 0; g < GM; g++) {
+        if (w > 0) {
+          float m2 = sm_m[g], l2 = sm_l[g], a2[8];
+#pragma unroll
+          for (int i = 0; i < 8; i++) a2[i] = sm_a[g][sub * 8 + i];
+          kcu_merge<8>(st.m[g], st.l[g], st.acc[g], m2, l2, a2);
+        }
+        __syncwarp(L == KCU_WARP ? 0xffffffffu : ((1u << (L % KCU_WARP)) - 1u));
+#pragma unroll
+        for (int i = 0; i < 8; i++) sm_a[g][sub * 8 + i] = st.acc[g][i];
+        if (sub == 0) {
+          sm_m[g] = st.m[g];
+          sm_l[g] = st.l[g];
+        }
+      }
+    }
+    __syncthreads();
+  }
+  const int n_heads = n_kv * G;
+  if (warp == NW - 1 && slot == 0 && (n_splits == 1 || split < n_used)) {
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      if (g >= G) break;
+      int h = kvh * G + g;
+      float inv = st.l[g] > 0.f ? 1.f / st.l[g] : 0.f;
+      if (n_splits == 1) {
+        float o[8];
+#pragma unroll
+        for (int i = 0; i < 8; i++) o[i] = st.acc[g][i] * inv;
+        *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + sub * 8) = kcu_pack8<T>(o);
+      } else {
+        float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
+#pragma unroll
+        for (int i = 0; i < 8; i++) p[sub * 8 + i] = st.acc[g][i] * inv;
+        if (sub == 0) p[HD] = st.l[g] > 0.f ? st.m[g] + __logf(st.l[g]) : -INFINITY;
+      }
+    }
+  }
+  if (n_splits > 1)
+    kcu_attn_merge_last<T, HD, GM>(out, part, cnt + (size_t)s * n_kv + kvh, t, s, kvh, G, n_heads, n_splits, n_used);
+}
+
+/* Each lane loads its rows' K/V into registers, KCU_DEC_UNROLL rows at a
+ * time. PIPE: prefetch the next rows while computing (more registers, so
+ * fewer CTAs per SM: worth it only when the grid does not fill the GPU).
+ * Any cache dtype. */
 template <typename T, int HD, int GM, bool PIPE, int Q>
 __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC_CTAS)
     kcu_attn_decode_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ksc,
@@ -185,45 +331,18 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
                       int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt) {
   kcu_pdl_enter();
   constexpr int L = HD / 8, TPW = KCU_WARP / L, NW = KCU_DEC_WARPS;
-  __shared__ float sm_a[GM][HD];
-  __shared__ float sm_m[GM], sm_l[GM];
   const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_splits = gridDim.x;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, sub = lane % L, slot = lane / L;
   const int max_blocks = hdr[2];
   const int t = q_start[s];
   if (q_start[s + 1] - t != 1) return;
-  /* the query sits at cache index ctx_len - 1 and sees the whole context,
-   * or its last `window` tokens */
-  const int end = max(min(ctx_len[s], max_blocks * bs), 0), lo = window > 0 ? max(end - window, 0) : 0;
-  /* at least min_chunk tokens a split: short contexts use few of the
-   * splits, and the merge reads only those */
-  int chunk = max((end - lo + n_splits - 1) / n_splits, min_chunk);
-  chunk = (chunk + 15) & ~15;
-  const int n_used = (end - lo + chunk - 1) / chunk;
-  const int start = lo + split * chunk, stop = min(end, start + chunk);
+  const kcu_dec_range r = kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk);
+  const int start = r.start, stop = r.stop;
   const int row_elems = n_kv * HD, head_off = kvh * HD + sub * 8;
   const int32_t *bt = bts + (size_t)s * max_blocks;
-
-  float qr[GM][8], acc[GM][8], m[GM], l[GM];
-#pragma unroll
-  for (int g = 0; g < GM; g++) {
-    m[g] = -INFINITY;
-    l[g] = 0.f;
-#pragma unroll
-    for (int i = 0; i < 8; i++) acc[g][i] = 0.f;
-    if (g < G) {
-      kcu_unpack8(*reinterpret_cast<const uint4 *>(q + (size_t)t * q_stride + (size_t)(kvh * G + g) * HD + sub * 8),
-                  qr[g], (const T *)0);
-#pragma unroll
-      for (int i = 0; i < 8; i++) qr[g][i] *= scale;
-    } else {
-#pragma unroll
-      for (int i = 0; i < 8; i++) qr[g][i] = 0.f;
-    }
-  }
+  kcu_dec_state<T, HD, GM> st;
+  kcu_dec_begin(st, q + (size_t)t * q_stride + (size_t)kvh * G * HD, G, scale, sub);
   constexpr int U = KCU_DEC_UNROLL, STEP = NW * TPW * U;
-  /* software pipeline: the next step's K/V loads are in flight while this
-   * step computes */
   uint4 kr[U], vr[U];
   auto load = [&](int jj, uint4 *kd, uint4 *vd) {
 #pragma unroll
@@ -242,33 +361,8 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
     if (PIPE) load(jj + STEP, kn, vn);
     else load(jj, kr, vr);
 #pragma unroll
-    for (int u = 0; u < U; u++) {
-    const bool valid = jj + u * NW * TPW + slot < stop;
-    float kf[8], vf[8];
-    kcu_kv_unpack<T, Q>(kr[u], kf);
-    kcu_kv_unpack<T, Q>(vr[u], vf);
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-      float sc = 0.f;
-#pragma unroll
-      for (int i = 0; i < 8; i++) sc = fmaf(qr[g][i], kf[i], sc);
-#pragma unroll
-      for (int o = L / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-      if (valid && g < G) {
-        if (sc > m[g]) {
-          float corr = __expf(m[g] - sc);
-          l[g] *= corr;
-#pragma unroll
-          for (int i = 0; i < 8; i++) acc[g][i] *= corr;
-          m[g] = sc;
-        }
-        float p = __expf(sc - m[g]);
-        l[g] += p;
-#pragma unroll
-        for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
-      }
-    }
-    }
+    for (int u = 0; u < U; u++)
+      kcu_dec_token<T, GM, L, Q>(kr[u], vr[u], jj + u * NW * TPW + slot < stop, G, st.qr, st.acc, st.m, st.l);
     if (PIPE) {
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -277,61 +371,7 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
       }
     }
   }
-  /* merge the token slots of the warp */
-#pragma unroll
-  for (int o = L; o < KCU_WARP; o <<= 1) {
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-      float m2 = __shfl_xor_sync(0xffffffffu, m[g], o), l2 = __shfl_xor_sync(0xffffffffu, l[g], o), a2[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) a2[i] = __shfl_xor_sync(0xffffffffu, acc[g][i], o);
-      kcu_merge<8>(m[g], l[g], acc[g], m2, l2, a2);
-    }
-  }
-  /* merge the warps, one after the other, through shared memory */
-  for (int w = 0; w < NW; w++) {
-    if (warp == w && slot == 0) {
-#pragma unroll
-      for (int g = 0; g < GM; g++) {
-        if (w > 0) {
-          float m2 = sm_m[g], l2 = sm_l[g], a2[8];
-#pragma unroll
-          for (int i = 0; i < 8; i++) a2[i] = sm_a[g][sub * 8 + i];
-          kcu_merge<8>(m[g], l[g], acc[g], m2, l2, a2);
-        }
-        __syncwarp(L == KCU_WARP ? 0xffffffffu : ((1u << (L % KCU_WARP)) - 1u));
-#pragma unroll
-        for (int i = 0; i < 8; i++) sm_a[g][sub * 8 + i] = acc[g][i];
-        if (sub == 0) {
-          sm_m[g] = m[g];
-          sm_l[g] = l[g];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  const int n_heads = n_kv * G;
-  if (warp == NW - 1 && slot == 0 && (n_splits == 1 || split < n_used)) {
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-      if (g >= G) break;
-      int h = kvh * G + g;
-      float inv = l[g] > 0.f ? 1.f / l[g] : 0.f;
-      if (n_splits == 1) {
-        float o[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) o[i] = acc[g][i] * inv;
-        *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + sub * 8) = kcu_pack8<T>(o);
-      } else {
-        float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
-#pragma unroll
-        for (int i = 0; i < 8; i++) p[sub * 8 + i] = acc[g][i] * inv;
-        if (sub == 0) p[HD] = l[g] > 0.f ? m[g] + __logf(l[g]) : -INFINITY;
-      }
-    }
-  }
-  if (n_splits > 1)
-    kcu_attn_merge_last<T, HD, GM>(out, part, cnt + (size_t)s * n_kv + kvh, t, s, kvh, G, n_heads, n_splits, n_used);
+  kcu_dec_end(st, out, part, cnt, t, s, kvh, n_kv, G, split, n_splits, r.n_used);
 }
 
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {

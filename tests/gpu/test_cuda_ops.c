@@ -987,6 +987,40 @@ static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
 START_TEST(test_attention_decode) { attn_decode_case(k_attn_shapes[_i], KERN_KV_AUTO); }
 END_TEST
 
+/* Decode batches wide enough that the grid passes one wave of CTAs, where
+ * the decode kernel runs without its register prefetch (PIPE false; the
+ * shapes above fit one wave): over 520 (sequence, KV head) pairs, contexts
+ * of 1 to 300 tokens, the last sequence a padding row; whole and windowed. */
+static const int k_wide_shapes[][3] = {{8, 4, 128}, {8, 1, 64}, {8, 8, 128}, {4, 2, 256}};
+START_TEST(test_attention_decode_wide) {
+  const int *sh = k_wide_shapes[_i];
+  const int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2], n = (520 + n_kv - 1) / n_kv + 1;
+  kvenv_t e;
+  kv_setup_dt(&e, 1, n_kv, hd, 16, n, 302, KERN_KV_AUTO);
+  int *z = fr_calloc(n, sizeof(int)), *lens = fr_malloc(n * sizeof(int)), *one = fr_malloc(n * sizeof(int));
+  for (int i = 0; i < n; i++) lens[i] = i == n - 1 ? 0 : 1 + rndi(300), one[i] = 1;
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, z, lens, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  free_step(bufs);
+  nt = build_step(&e, lens, one, &s, bufs);
+  bufs[3][n - 1] = 0; /* ctx_len 0: padding */
+  bufs[1][n - 1] = -1;
+  step_both(&s);
+  append_random(&e, nt, 0);
+  char what[96];
+  snprintf(what, sizeof what, "decode %d seqs kv=%d g=%d hd=%d", n, n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 0, what), TOL_ACT);
+  snprintf(what, sizeof what, "decode %d seqs, window 100 kv=%d g=%d hd=%d", n, n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 100, what), TOL_ACT);
+  free_step(bufs);
+  kv_teardown(&e);
+  free(z), free(lens), free(one);
+}
+END_TEST
+
 /* _i = (dtype, shape): int8 then fp8. */
 START_TEST(test_attention_decode_kvq) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
@@ -1896,6 +1930,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_elementwise);
   tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_decode_wide, 0, (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);

@@ -331,25 +331,33 @@ static inline void x86__vec_dot_q8_0(int n, float *s, const void *vw, const void
 
 /* ---- K-quants ---- */
 
-/* Unpacks the 8 six-bit scales and mins of a Q4_K/Q5_K super-block. */
+/* Unpacks the 8 six-bit scales and mins of a Q4_K/Q5_K super-block (12
+ * bytes), four at a time in 32-bit words (little-endian, as ggml does). */
 static inline void x86__scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t m[8]) {
-  for (int j = 0; j < 4; j++) {
-    sc[j] = q[j] & 63;
-    m[j] = q[j + 4] & 63;
-    sc[j + 4] = (uint8_t)((q[j + 8] & 0xF) | ((q[j] >> 6) << 4));
-    m[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-  }
+  uint32_t u[3], s[2], mn[2];
+  memcpy(u, q, 12);
+  s[0] = u[0] & 0x3f3f3f3fu;
+  s[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);
+  mn[0] = u[1] & 0x3f3f3f3fu;
+  mn[1] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4);
+  memcpy(sc, s, 8);
+  memcpy(m, mn, 8);
 }
 
-static inline int x86__mins_dot(const uint8_t m[8], const int16_t *bsums) {
-  int summ = 0;
-  for (int j = 0; j < 8; j++) summ += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-  return summ;
+/* The same as the dots use them: *sc16 the 8 scales as int16 in both
+ * 128-bit halves, *mn2 the 8 mins each twice (int16) against a Q8_K
+ * block's 16 bsums. */
+static inline __attribute__((always_inline)) void x86__qk_scales(const uint8_t *q, __m256i *sc16, __m256i *mn2) {
+  uint8_t sc[8], mn[8];
+  x86__scales_mins_k4(q, sc, mn);
+  *sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+  const __m128i m8 = _mm_loadl_epi64((const __m128i *)mn);
+  *mn2 = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m8, m8));
 }
 
 /* A Q4_K/Q5_K super-block's 4-bit (5-bit) values, 64 per chunk c: lo[c]
  * the first 32, hi[c] the next 32. */
-static inline void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
+static inline __attribute__((always_inline)) void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
   const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
   const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
   for (int c = 0; c < 4; c++) {
@@ -374,28 +382,31 @@ static inline float x86__qk_total(float yd, uint16_t d16, uint16_t dmin16, int i
 
 /* One super-block against one activation block, from the unpacked values:
  * the integer sums are exact, the float expression is the one every form
- * (1-row, 4-row) evaluates, so a row's bits do not depend on its batch. */
-static inline float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], const uint8_t sc[8],
-                                      const uint8_t mn[8], uint16_t d16, uint16_t dmin16, const cpu_block_q8_K *y) {
+ * (1-row, 4-row) evaluates, so a row's bits do not depend on its batch.
+ * Sub-block k's scale is int16 lane k of sc16, picked by a byte shuffle. */
+static inline __attribute__((always_inline)) float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], __m256i sc16, __m256i mn2,
+                                      uint16_t d16, uint16_t dmin16, const cpu_block_q8_K *y) {
   __m256i sumi = _mm256_setzero_si256();
   for (int c = 0; c < 4; c++) {
+    const __m256i sl = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
+    const __m256i sh = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
     const __m256i q8l = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c));
     const __m256i q8h = _mm256_loadu_si256((const __m256i *)(y->qs + 64 * c + 32));
-    __m256i pl = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c]), _mm256_maddubs_epi16(lo[c], q8l));
-    __m256i ph = _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * c + 1]), _mm256_maddubs_epi16(hi[c], q8h));
+    __m256i pl = _mm256_madd_epi16(sl, _mm256_maddubs_epi16(lo[c], q8l));
+    __m256i ph = _mm256_madd_epi16(sh, _mm256_maddubs_epi16(hi[c], q8h));
     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
   }
-  return x86__qk_total(y->d, d16, dmin16, x86__hsum_i32_8(sumi), x86__mins_dot(mn, y->bsums));
+  const int summ = x86__hsum_i32_8(_mm256_madd_epi16(mn2, _mm256_loadu_si256((const __m256i *)y->bsums)));
+  return x86__qk_total(y->d, d16, dmin16, x86__hsum_i32_8(sumi), summ);
 }
 
 /* Q4_K (qh == NULL) and Q5_K. */
-static inline float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
+static inline __attribute__((always_inline)) float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
                                       const uint8_t *qs, const cpu_block_q8_K *y) {
-  uint8_t sc[8], mn[8];
-  x86__scales_mins_k4(scales, sc, mn);
-  __m256i lo[4], hi[4];
+  __m256i sc16, mn2, lo[4], hi[4];
+  x86__qk_scales(scales, &sc16, &mn2);
   x86__unpack_qk(qh, qs, lo, hi);
-  return x86__qk_block_dot(lo, hi, sc, mn, d16, dmin16, y);
+  return x86__qk_block_dot(lo, hi, sc16, mn2, d16, dmin16, y);
 }
 
 /* 4-row form of the Q4_K/Q5_K dots: each super-block unpacked once. */
@@ -405,14 +416,13 @@ static inline void x86__dot_x4_qk(int n, float *s, const uint8_t *x, const void 
   for (int i = 0; i < n / CPU_QK_K; i++, x += x_bytes) {
     const cpu_block_q4_K *b4 = (const void *)x;
     const cpu_block_q5_K *b5 = (const void *)x;
-    uint8_t sc[8], mn[8];
-    x86__scales_mins_k4(q5 ? b5->scales : b4->scales, sc, mn);
-    __m256i lo[4], hi[4];
+    __m256i sc16, mn2, lo[4], hi[4];
+    x86__qk_scales(q5 ? b5->scales : b4->scales, &sc16, &mn2);
     x86__unpack_qk(q5 ? b5->qh : NULL, q5 ? b5->qs : b4->qs, lo, hi);
     const uint16_t d16 = q5 ? b5->d : b4->d, dmin16 = q5 ? b5->dmin : b4->dmin;
     for (int r = 0; r < 4; r++) {
       const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
-      sum[r] += x86__qk_block_dot(lo, hi, sc, mn, d16, dmin16, y);
+      sum[r] += x86__qk_block_dot(lo, hi, sc16, mn2, d16, dmin16, y);
     }
   }
   for (int r = 0; r < 4; r++) s[r] = sum[r];
@@ -458,30 +468,45 @@ static inline void x86__unpack_q6_K(const cpu_block_q6_K *x, int h, __m256i q[4]
                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
 }
 
-/* sumi += half h of (q6 - 32) . q8 with its int16 scales:
- * maddubs(q6, q8) - maddubs(32, q8), per 16. */
-static inline __m256i x86__q6_K_half(const __m256i q[4], const int8_t *sc, const int8_t *q8, __m256i sumi) {
-  const __m256i m32 = _mm256_set1_epi8(32);
+/* sumi += half h of q6 . q8 with its int16 scales (the -32 offset is
+ * x86__q6_K_offset's, once a block): sub-block 2p's scale in the low
+ * 128-bit lane, 2p + 1's in the high one, picked from scl8 (the half's 8
+ * scales as int16 in both lanes) by a byte shuffle. */
+static inline __attribute__((always_inline)) __m256i x86__q6_K_half(const __m256i q[4], __m256i scl8, const int8_t *q8,
+                                                                    __m256i sumi) {
   for (int p = 0; p < 4; p++) {
     const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 32 * p));
-    __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[p], y8), _mm256_maddubs_epi16(m32, y8));
-    const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[2 * p + 1]), _mm_set1_epi16(sc[2 * p]));
-    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scl, p16));
+    const __m256i pick = _mm256_setr_m128i(_mm_set1_epi16((short)((4 * p + 1) << 8 | 4 * p)),
+                                           _mm_set1_epi16((short)((4 * p + 3) << 8 | (4 * p + 2))));
+    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(scl8, pick), _mm256_maddubs_epi16(q[p], y8)));
   }
   return sumi;
 }
 
-/* Q6_K: (q6 - 32) . q8 = maddubs(q6, q8) - maddubs(32, q8), per 16 with int16 scales. */
+/* Half h's 8 scales as int16, in both 128-bit lanes. */
+static inline __m256i x86__q6_K_scales(const cpu_block_q6_K *x, int h) {
+  return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x->scales + 8 * h))));
+}
+
+/* sumi -= 32 * sum over the 16 sub-blocks of scale * (sum of their q8),
+ * from the Q8_K block's bsums: the -32 of every q6, exact in int32. */
+static inline __m256i x86__q6_K_offset(const cpu_block_q6_K *x, const cpu_block_q8_K *y, __m256i sumi) {
+  const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+  const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
+  return _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sc, bs), 5));
+}
+
+/* Q6_K: (q6 - 32) . q8 = q6 . q8 - 32 * bsums . scales, per 16 with int16 scales. */
 static inline void x86__vec_dot_q6_K(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q6_K *x = vw;
   const cpu_block_q8_K *y = va;
   __m256 acc = _mm256_setzero_ps();
   for (int i = 0; i < n / CPU_QK_K; i++) {
-    __m256i sumi = _mm256_setzero_si256();
+    __m256i sumi = x86__q6_K_offset(&x[i], &y[i], _mm256_setzero_si256());
     for (int h = 0; h < 2; h++) {
       __m256i q[4];
       x86__unpack_q6_K(&x[i], h, q);
-      sumi = x86__q6_K_half(q, x[i].scales + 8 * h, y[i].qs + 128 * h, sumi);
+      sumi = x86__q6_K_half(q, x86__q6_K_scales(&x[i], h), y[i].qs + 128 * h, sumi);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(X86_F16(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -494,13 +519,18 @@ static inline void x86__vec_dot_x4_q6_K(int n, float *s, const void *vw, const v
   const cpu_block_q6_K *x = vw;
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int i = 0; i < n / CPU_QK_K; i++) {
-    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i sumi[4];
+    for (int r = 0; r < 4; r++) {
+      const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
+      sumi[r] = x86__q6_K_offset(&x[i], y, _mm256_setzero_si256());
+    }
     for (int h = 0; h < 2; h++) {
       __m256i q[4];
       x86__unpack_q6_K(&x[i], h, q);
+      const __m256i scl8 = x86__q6_K_scales(&x[i], h);
       for (int r = 0; r < 4; r++) {
         const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
-        sumi[r] = x86__q6_K_half(q, x[i].scales + 8 * h, y->qs + 128 * h, sumi[r]);
+        sumi[r] = x86__q6_K_half(q, scl8, y->qs + 128 * h, sumi[r]);
       }
     }
     for (int r = 0; r < 4; r++) {

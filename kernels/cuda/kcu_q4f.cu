@@ -268,7 +268,7 @@ template <typename T, int NT, int WK>
 __global__ void __launch_bounds__(WK *KCU_WARP)
     kcu_q4f_mma_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
                   int n) {
-  constexpr int U = NT <= 2 ? 2 : 1, DB = NT <= 4;
+  constexpr int U = NT == 1 ? 4 : NT <= 2 ? 2 : 1, DB = NT <= 4;
   __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * NT * 4 : 1];
   const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
   const int tile = blockIdx.x, tok0 = blockIdx.y * KCU_Q4F_TOK;

@@ -8,7 +8,10 @@
  * The split count depends only on the step's shape (n_seqs, KV heads, block
  * table capacity), never on ctx_len, so a captured graph replays correctly
  * for any context length: each CTA finds its range from ctx_len on the
- * device.
+ * device. Grids past one wave (no split) of an unquantized cache with
+ * head_dim <= 128 and groups <= 8 run on the tensor cores instead
+ * (kcu_attn_decode_mma_k: the group's query heads are the rows of an MMA
+ * tile, K/V staged like the prefill kernel's).
  *
  * Prefill (the sequences of a step with more than one query token):
  * FlashAttention-2 style on the tensor cores (mma.sync) for head_dim up to
@@ -420,37 +423,6 @@ typedef struct {
   const uint16_t *ks, *vs;
 } kcu_kv_layer_t;
 
-template <typename T, int HD, int GM, int Q>
-static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
-                             const kern_kv_config_t *cf, int G, float scale, int window) {
-  int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
-  int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
-  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads, n_heads, HD, sp);
-  if (rc) return rc;
-  dim3 grid(sp, cf->n_kv_heads, n_seqs);
-  /* prefetch while the grid fits one wave (KCU_DEC_PIPE_CTAS) */
-  if ((long long)sp * cf->n_kv_heads * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm)
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
-               kv.vs, c->dm.hdr,
-               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
-               window, c->dec_chunk, c->attn_part, c->attn_cnt);
-  else
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
-               kv.vs, c->dm.hdr,
-               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
-               window, c->dec_chunk, c->attn_part, c->attn_cnt);
-  return 0;
-}
-
-template <typename T, int HD, int Q>
-static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
-                        const kern_kv_config_t *cf, int G, float scale, int window) {
-  if (G <= 1) return kcu_decode_launch<T, HD, 1, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-  if (G <= 2) return kcu_decode_launch<T, HD, 2, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-  if (G <= 4) return kcu_decode_launch<T, HD, 4, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-  return kcu_decode_launch<T, HD, 8, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-}
-
 /* ---- prefill -------------------------------------------------------------------------------- */
 
 /* KCU_PF_BM queries x KCU_PF_TPQ threads; thread `part` owns 8-element
@@ -609,14 +581,15 @@ __device__ __forceinline__ void kcu_fa_load_kv(uint32_t sk, uint32_t sv, const v
   }
 }
 
-/* S (16 x BN, 8 n-tiles of 4) = Q K^T for the warp's rows. */
-template <typename T, int HD>
-__device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4], uint32_t sk, int lane) {
+/* S (16 x BN, BN / 8 n-tiles of 4) = Q K^T for the warp's rows, keys k0..
+ * k0 + BN of the tile. */
+template <typename T, int HD, int BN>
+__device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4], uint32_t sk, int k0, int lane) {
 #pragma unroll
-  for (int n = 0; n < KCU_FA_BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+  for (int n = 0; n < BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
 #pragma unroll
-  for (int np = 0; np < KCU_FA_BN / 16; np++) {
-    const int key = np * 16 + (lane & 7) + ((lane >> 4) << 3);
+  for (int np = 0; np < BN / 16; np++) {
+    const int key = k0 + np * 16 + (lane & 7) + ((lane >> 4) << 3);
 #pragma unroll
     for (int k = 0; k < HD / 16; k++) {
       uint32_t b[4];
@@ -627,14 +600,15 @@ __device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4
   }
 }
 
-/* O (16 x HD, HD/8 n-tiles of 4) += P V, P from the score registers. */
-template <typename T, int HD>
-__device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], uint32_t sv, int lane) {
+/* O (16 x HD, HD/8 n-tiles of 4) += P V, P from the score registers (keys
+ * k0..k0 + BN of the tile). */
+template <typename T, int HD, int BN>
+__device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], uint32_t sv, int k0, int lane) {
 #pragma unroll
-  for (int kk = 0; kk < KCU_FA_BN / 16; kk++) {
+  for (int kk = 0; kk < BN / 16; kk++) {
     uint32_t a[4] = {kcu_pack2<T>(p[2 * kk][0], p[2 * kk][1]), kcu_pack2<T>(p[2 * kk][2], p[2 * kk][3]),
                      kcu_pack2<T>(p[2 * kk + 1][0], p[2 * kk + 1][1]), kcu_pack2<T>(p[2 * kk + 1][2], p[2 * kk + 1][3])};
-    const int key = kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
+    const int key = k0 + kk * 16 + (lane & 7) + (((lane >> 3) & 1) << 3);
 #pragma unroll
     for (int dp = 0; dp < HD / 16; dp++) {
       uint32_t b[4];
@@ -645,17 +619,17 @@ __device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], ui
   }
 }
 
-/* The causal mask and the online softmax of one tile: rows g and g + 8 of
+/* The causal mask and the online softmax of BN keys: rows g and g + 8 of
  * the warp see keys qlo[r]..qpos[r] (their window; qpos: their cache
  * indices), keys kb + column. Rescales o and l by the change of the running
  * max; leaves P (unnormalized) in sc. */
-template <int HD>
+template <int HD, int BN>
 __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], float *m, float *l, int kb, int kv_end,
                                                const int *qpos, const int *qlo, float scale_log2, bool mask,
                                                int lane) {
   float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-  for (int n = 0; n < KCU_FA_BN / 8; n++)
+  for (int n = 0; n < BN / 8; n++)
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int r = e >> 1, j = kb + n * 8 + 2 * (lane & 3) + (e & 1);
@@ -676,7 +650,7 @@ __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], fl
 #pragma unroll
     for (int d = 0; d < HD / 8; d++) o[d][2 * r] *= corr, o[d][2 * r + 1] *= corr;
 #pragma unroll
-    for (int n = 0; n < KCU_FA_BN / 8; n++) {
+    for (int n = 0; n < BN / 8; n++) {
       sc[n][2 * r] = exp2f(sc[n][2 * r] - base);
       sc[n][2 * r + 1] = exp2f(sc[n][2 * r + 1] - base);
       l[r] += sc[n][2 * r] + sc[n][2 * r + 1];
@@ -742,10 +716,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       for (int k = 0; k < HD / 16; k++)
         kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(row0 + (lane & 15), 2 * k + (lane >> 4)));
     float sc[KCU_FA_BN / 8][4];
-    kcu_fa_qk<T, HD>(sc, qf, skv + 2 * b * TILE, lane);
+    kcu_fa_qk<T, HD, KCU_FA_BN>(sc, qf, skv + 2 * b * TILE, 0, lane);
     const bool mask = window > 0 || kb + KCU_FA_BN > qpos_min + 1 || kb + KCU_FA_BN > kv_end;
-    kcu_fa_softmax<HD>(sc, o, m, l, kb, kv_end, qpos, qlo, scale_log2, mask, lane);
-    kcu_fa_pv<T, HD>(o, sc, skv + (2 * b + 1) * TILE, lane);
+    kcu_fa_softmax<HD, KCU_FA_BN>(sc, o, m, l, kb, kv_end, qpos, qlo, scale_log2, mask, lane);
+    kcu_fa_pv<T, HD, KCU_FA_BN>(o, sc, skv + (2 * b + 1) * TILE, 0, lane);
     __syncthreads(); /* the buffer is loaded again two tiles on */
   }
   const int n_heads = n_kv * G;
@@ -761,6 +735,151 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     for (int d = 0; d < HD / 8; d++)
       *reinterpret_cast<uint32_t *>(dst + d * 8) = kcu_pack2<T>(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
   }
+}
+
+/* ---- decode on the tensor cores ------------------------------------------------------ */
+
+/* An unquantized cache, head_dim up to 128, groups of up to 8 query heads,
+ * and a grid past one wave (no split): one CTA per (KV head, sequence)
+ * puts the group's query heads in the 16 rows of an m16n8k16 tile (zeros
+ * below G), stages the context through the prefill kernel's double-buffered
+ * 64-token K/V tiles, and gives each warp 16 tokens of every tile: S = QK^T,
+ * the online softmax and PV stay in its registers (kcu_fa_qk, _softmax,
+ * _pv). The four warps' states merge through shared memory at the end. The
+ * SIMT kernel spends a shuffle reduction and a softmax update per row and
+ * head, and waits on its loads; this one does the scores of 16 tokens in
+ * a few MMAs while the next tile is in flight. */
+template <int HD> struct kcu_dm_smem {
+  enum { Q = 16 * HD * 2, TILE = KCU_FA_BN * HD * 2, BYTES = Q + 2 * 2 * TILE }; /* Q, then K and V twice */
+};
+
+/* The four warps' (m, l, O) of rows g and g + 8 (m in log2 units, l the
+ * lane's part of the row's sum), merged through shared memory (sm: 4 x
+ * (16 x HD + 32) floats, free once the K/V loop is done) into the G rows
+ * of dst, (G, HD). */
+template <typename T, int HD>
+__device__ void kcu_dm_end(T *dst, float *sm, const float (*o)[4], const float *m, float *l, int G, int warp,
+                           int lane) {
+  constexpr int W = 16 * HD + 32; /* a warp's floats: O rows, then m, then l */
+  float *w = sm + warp * W;
+  const int g = lane >> 2, c = 2 * (lane & 3);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    const int row = g + 8 * r;
+    if (row >= G) continue;
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++) w[row * HD + d * 8 + c] = o[d][2 * r], w[row * HD + d * 8 + c + 1] = o[d][2 * r + 1];
+    if (c == 0) w[16 * HD + row] = m[r], w[16 * HD + 16 + row] = l[r];
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * HD; e += KCU_FA_NT) {
+    const int row = e / HD, d = e % HD;
+    float M = -INFINITY, num = 0.f, den = 0.f;
+    for (int k = 0; k < KCU_FA_WARPS; k++) M = fmaxf(M, sm[k * W + 16 * HD + row]);
+    if (M != -INFINITY)
+      for (int k = 0; k < KCU_FA_WARPS; k++) {
+        const float f = exp2f(sm[k * W + 16 * HD + row] - M);
+        num += f * sm[k * W + row * HD + d];
+        den += f * sm[k * W + 16 * HD + 16 + row];
+      }
+    dst[(size_t)row * HD + d] = kcu_t<T>(den > 0.f ? num / den : 0.f);
+  }
+}
+
+template <typename T, int HD>
+__global__ void __launch_bounds__(KCU_FA_NT)
+    kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const int32_t *hdr,
+                          const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
+                          int n_kv, int G, float scale, int window) {
+  kcu_pdl_enter();
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr uint32_t TILE = kcu_dm_smem<HD>::TILE;
+  const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem), skv = sq + kcu_dm_smem<HD>::Q;
+  const int kvh = blockIdx.y, s = blockIdx.z, warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  const int t = q_start[s];
+  if (q_start[s + 1] - t != 1) return;
+  const int max_blocks = hdr[2];
+  const kcu_dec_range r = kcu_dec_split(ctx_len[s], max_blocks * bs, window, 0, 1, 16);
+  const int32_t *bt = bts + (size_t)s * max_blocks;
+  for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
+    const int row = i / (HD / 8), ch = i % (HD / 8);
+    const T *src = q + (size_t)t * q_stride + (size_t)(kvh * G + (row < G ? row : 0)) * HD + ch * 8;
+    kcu_cp_async16(sq + kcu_fa_off<HD>(row, ch), src, row < G);
+  }
+  if (r.start < r.stop)
+    kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(skv, skv + TILE, kc, vc, NULL, NULL, bt, r.start, r.stop, bs, n_blocks,
+                                         n_kv, kvh);
+  kcu_cp_commit();
+  /* every row is the one query at cache index stop - 1: mask only past stop */
+  const int qpos[2] = {r.stop - 1, r.stop - 1}, qlo[2] = {r.start, r.start}, k0 = warp * 16;
+  const float scale_log2 = scale * 1.4426950408889634f;
+  float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+#pragma unroll
+  for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  uint32_t qf[HD / 16][4];
+  for (int kb = r.start, b = 0; kb < r.stop; kb += KCU_FA_BN, b ^= 1) {
+    if (kb + KCU_FA_BN < r.stop)
+      kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(skv + 2 * (b ^ 1) * TILE, skv + (2 * (b ^ 1) + 1) * TILE, kc, vc, NULL,
+                                           NULL, bt, kb + KCU_FA_BN, r.stop, bs, n_blocks, n_kv, kvh);
+    kcu_cp_commit();
+    kcu_cp_wait<1>();
+    __syncthreads();
+    if (kb == r.start)
+#pragma unroll
+      for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
+    float sc[2][4];
+    kcu_fa_qk<T, HD, 16>(sc, qf, skv + 2 * b * TILE, k0, lane);
+    kcu_fa_softmax<HD, 16>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2, kb + k0 + 16 > r.stop, lane);
+    kcu_fa_pv<T, HD, 16>(o, sc, skv + (2 * b + 1) * TILE, k0, lane);
+    __syncthreads(); /* the buffer is loaded again two tiles on */
+  }
+  kcu_cp_wait<0>(); /* the Q load when the range was empty */
+  __syncthreads();
+  kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, reinterpret_cast<float *>(smem + kcu_dm_smem<HD>::Q),
+                    o, m, l, G, warp, lane);
+}
+
+template <typename T, int HD, int GM, int Q>
+static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
+                             const kern_kv_config_t *cf, int G, float scale, int window) {
+  int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
+  int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
+  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads, n_heads, HD, sp);
+  if (rc) return rc;
+  dim3 grid(sp, cf->n_kv_heads, n_seqs);
+  /* prefetch while the grid fits one wave (KCU_DEC_PIPE_CTAS); past it,
+   * the tensor cores where they apply */
+  const bool one_wave = (long long)sp * cf->n_kv_heads * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
+  if constexpr (Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD) {
+    if (!one_wave && sp == 1 && G <= 8 && !c->simt_prefill) {
+      KCU_LAUNCH(c, kcu_attn_decode_mma_k<T, HD>, grid, KCU_FA_NT, kcu_dm_smem<HD>::BYTES, out, q, q_stride, kv.kc,
+                 kv.vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
+                 cf->n_kv_heads, G, scale, window);
+      return 0;
+    }
+  }
+  if (one_wave)
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+               kv.vs, c->dm.hdr,
+               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
+               window, c->dec_chunk, c->attn_part, c->attn_cnt);
+  else
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+               kv.vs, c->dm.hdr,
+               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
+               window, c->dec_chunk, c->attn_part, c->attn_cnt);
+  return 0;
+}
+
+template <typename T, int HD, int Q>
+static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
+                        const kern_kv_config_t *cf, int G, float scale, int window) {
+  if (G <= 1) return kcu_decode_launch<T, HD, 1, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  if (G <= 2) return kcu_decode_launch<T, HD, 2, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  if (G <= 4) return kcu_decode_launch<T, HD, 4, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  return kcu_decode_launch<T, HD, 8, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
 }
 
 /* Prefill over n sequences: those of seq_map (device), or all of the step
@@ -819,6 +938,8 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
 }
 
 template <typename T, int HD> static int kcu_fa_attr(void) {
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_dm_smem<HD>::BYTES));
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kcu_fa_smem<HD>::BYTES));
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_INT8>,

@@ -954,70 +954,62 @@ START_TEST(test_attention_prefill_kvq) {
 }
 END_TEST
 
-/* Decode steps of shape sh over a long context on pools of dtype dt. */
-static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
+/* A decode step of shape sh on pools of dtype dt: n sequences with lens[s]
+ * cached tokens get one new token each, the last sequence as padding
+ * (ctx_len 0); attention compared over the whole context and over its
+ * last `window` tokens. */
+static void attn_decode_run(const int *sh, kern_kv_dtype_t dt, int n, const int *lens, int max_ctx, int window,
+                            const char *label) {
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
   const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
   kvenv_t e;
-  int lens[4] = {4500, 37, 1, 0};
-  kv_setup_dt(&e, 1, n_kv, hd, 16, 4, 4600, dt);
-  int z[4] = {0, 0, 0, 0};
+  kv_setup_dt(&e, 1, n_kv, hd, 16, n, max_ctx, dt);
+  int *z = fr_calloc(n, sizeof(int)), *one = fr_malloc(n * sizeof(int));
+  for (int i = 0; i < n; i++) one[i] = 1;
   kern_step_t s;
   int32_t *bufs[4];
   int nt = build_step(&e, z, lens, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 0);
   free_step(bufs);
-  /* one new token per sequence; the last sequence is padding (ctx_len 0) */
-  int one[4] = {1, 1, 1, 1};
   nt = build_step(&e, lens, one, &s, bufs);
-  bufs[3][3] = 0;
-  bufs[1][3] = -1;
+  bufs[3][n - 1] = 0;
+  bufs[1][n - 1] = -1;
   step_both(&s);
   append_random(&e, nt, 0);
   char what[96];
-  snprintf(what, sizeof what, "decode 4.5k%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "decode %s%s kv=%d g=%d hd=%d", label, dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 0, what), TOL_ACT);
-  snprintf(what, sizeof what, "decode 4.5k, window 1000%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 1000, what), TOL_ACT);
+  snprintf(what, sizeof what, "decode %s, window %d%s kv=%d g=%d hd=%d", label, window, dn, n_kv, sh[1], hd);
+  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, window, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
+  free(z), free(one);
+}
+
+/* Decode steps of shape sh over a long context on pools of dtype dt. */
+static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
+  const int lens[4] = {4500, 37, 1, 0};
+  attn_decode_run(sh, dt, 4, lens, 4600, 1000, "4.5k");
 }
 
 START_TEST(test_attention_decode) { attn_decode_case(k_attn_shapes[_i], KERN_KV_AUTO); }
 END_TEST
 
-/* Decode batches wide enough that the grid passes one wave of CTAs, where
- * the decode kernel runs without its register prefetch (PIPE false; the
- * shapes above fit one wave): over 520 (sequence, KV head) pairs, contexts
- * of 1 to 300 tokens, the last sequence a padding row; whole and windowed. */
+/* Decode batches wide enough that the grid passes one wave of CTAs (the
+ * shapes above fit one): the tensor-core decode kernel (head_dim <= 128,
+ * groups <= 8) or the SIMT one without its register prefetch (head_dim
+ * 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens. */
 static const int k_wide_shapes[][3] = {{8, 4, 128}, {8, 1, 64}, {8, 8, 128}, {4, 2, 256}};
 START_TEST(test_attention_decode_wide) {
   const int *sh = k_wide_shapes[_i];
-  const int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2], n = (520 + n_kv - 1) / n_kv + 1;
-  kvenv_t e;
-  kv_setup_dt(&e, 1, n_kv, hd, 16, n, 302, KERN_KV_AUTO);
-  int *z = fr_calloc(n, sizeof(int)), *lens = fr_malloc(n * sizeof(int)), *one = fr_malloc(n * sizeof(int));
-  for (int i = 0; i < n; i++) lens[i] = i == n - 1 ? 0 : 1 + rndi(300), one[i] = 1;
-  kern_step_t s;
-  int32_t *bufs[4];
-  int nt = build_step(&e, z, lens, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
-  free_step(bufs);
-  nt = build_step(&e, lens, one, &s, bufs);
-  bufs[3][n - 1] = 0; /* ctx_len 0: padding */
-  bufs[1][n - 1] = -1;
-  step_both(&s);
-  append_random(&e, nt, 0);
-  char what[96];
-  snprintf(what, sizeof what, "decode %d seqs kv=%d g=%d hd=%d", n, n_kv, sh[1], hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 0, what), TOL_ACT);
-  snprintf(what, sizeof what, "decode %d seqs, window 100 kv=%d g=%d hd=%d", n, n_kv, sh[1], hd);
-  ck_assert_double_lt(attn_compare(&e, nt, 0, n_heads, 100, what), TOL_ACT);
-  free_step(bufs);
-  kv_teardown(&e);
-  free(z), free(lens), free(one);
+  const int n = (520 + sh[0] - 1) / sh[0] + 1;
+  int *lens = fr_malloc(n * sizeof(int));
+  for (int i = 0; i < n; i++) lens[i] = i == n - 1 ? 0 : 1 + rndi(300);
+  char label[32];
+  snprintf(label, sizeof label, "%d seqs", n);
+  attn_decode_run(sh, KERN_KV_AUTO, n, lens, 302, 100, label);
+  free(lens);
 }
 END_TEST
 

@@ -64,3 +64,6 @@ ferrum_http_py(test_http_reasoning 300)
 ferrum_http_py(test_http_prompt_logprobs 300)
 ferrum_http_py(test_lm_eval 600)
 set_tests_properties(test_lm_eval PROPERTIES LABELS lm_eval)
+# The longest suites of CI's ThreadSanitizer runner (184 and 131 s of its 240
+# on two cores): a high COST starts them first, beside the short ones.
+set_tests_properties(test_http_openai test_worker PROPERTIES COST 1000)

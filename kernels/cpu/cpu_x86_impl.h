@@ -468,45 +468,30 @@ static inline void x86__unpack_q6_K(const cpu_block_q6_K *x, int h, __m256i q[4]
                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
 }
 
-/* sumi += half h of q6 . q8 with its int16 scales (the -32 offset is
- * x86__q6_K_offset's, once a block): sub-block 2p's scale in the low
- * 128-bit lane, 2p + 1's in the high one, picked from scl8 (the half's 8
- * scales as int16 in both lanes) by a byte shuffle. */
-static inline __attribute__((always_inline)) __m256i x86__q6_K_half(const __m256i q[4], __m256i scl8, const int8_t *q8,
-                                                                    __m256i sumi) {
+/* sumi += half h of (q6 - 32) . q8 with its int16 scales:
+ * maddubs(q6, q8) - maddubs(32, q8), per 16. */
+static inline __m256i x86__q6_K_half(const __m256i q[4], const int8_t *sc, const int8_t *q8, __m256i sumi) {
+  const __m256i m32 = _mm256_set1_epi8(32);
   for (int p = 0; p < 4; p++) {
     const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 32 * p));
-    const __m256i pick = _mm256_setr_m128i(_mm_set1_epi16((short)((4 * p + 1) << 8 | 4 * p)),
-                                           _mm_set1_epi16((short)((4 * p + 3) << 8 | (4 * p + 2))));
-    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(scl8, pick), _mm256_maddubs_epi16(q[p], y8)));
+    __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[p], y8), _mm256_maddubs_epi16(m32, y8));
+    const __m256i scl = _mm256_set_m128i(_mm_set1_epi16(sc[2 * p + 1]), _mm_set1_epi16(sc[2 * p]));
+    sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(scl, p16));
   }
   return sumi;
 }
 
-/* Half h's 8 scales as int16, in both 128-bit lanes. */
-static inline __m256i x86__q6_K_scales(const cpu_block_q6_K *x, int h) {
-  return _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(x->scales + 8 * h))));
-}
-
-/* sumi -= 32 * sum over the 16 sub-blocks of scale * (sum of their q8),
- * from the Q8_K block's bsums: the -32 of every q6, exact in int32. */
-static inline __m256i x86__q6_K_offset(const cpu_block_q6_K *x, const cpu_block_q8_K *y, __m256i sumi) {
-  const __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
-  const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
-  return _mm256_sub_epi32(sumi, _mm256_slli_epi32(_mm256_madd_epi16(sc, bs), 5));
-}
-
-/* Q6_K: (q6 - 32) . q8 = q6 . q8 - 32 * bsums . scales, per 16 with int16 scales. */
+/* Q6_K: (q6 - 32) . q8 = maddubs(q6, q8) - maddubs(32, q8), per 16 with int16 scales. */
 static inline void x86__vec_dot_q6_K(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q6_K *x = vw;
   const cpu_block_q8_K *y = va;
   __m256 acc = _mm256_setzero_ps();
   for (int i = 0; i < n / CPU_QK_K; i++) {
-    __m256i sumi = x86__q6_K_offset(&x[i], &y[i], _mm256_setzero_si256());
+    __m256i sumi = _mm256_setzero_si256();
     for (int h = 0; h < 2; h++) {
       __m256i q[4];
       x86__unpack_q6_K(&x[i], h, q);
-      sumi = x86__q6_K_half(q, x86__q6_K_scales(&x[i], h), y[i].qs + 128 * h, sumi);
+      sumi = x86__q6_K_half(q, x[i].scales + 8 * h, y[i].qs + 128 * h, sumi);
     }
     acc = _mm256_fmadd_ps(_mm256_set1_ps(X86_F16(x[i].d) * y[i].d), _mm256_cvtepi32_ps(sumi), acc);
   }
@@ -519,18 +504,13 @@ static inline void x86__vec_dot_x4_q6_K(int n, float *s, const void *vw, const v
   const cpu_block_q6_K *x = vw;
   __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int i = 0; i < n / CPU_QK_K; i++) {
-    __m256i sumi[4];
-    for (int r = 0; r < 4; r++) {
-      const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
-      sumi[r] = x86__q6_K_offset(&x[i], y, _mm256_setzero_si256());
-    }
+    __m256i sumi[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     for (int h = 0; h < 2; h++) {
       __m256i q[4];
       x86__unpack_q6_K(&x[i], h, q);
-      const __m256i scl8 = x86__q6_K_scales(&x[i], h);
       for (int r = 0; r < 4; r++) {
         const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
-        sumi[r] = x86__q6_K_half(q, scl8, y->qs + 128 * h, sumi[r]);
+        sumi[r] = x86__q6_K_half(q, x[i].scales + 8 * h, y->qs + 128 * h, sumi[r]);
       }
     }
     for (int r = 0; r < 4; r++) {

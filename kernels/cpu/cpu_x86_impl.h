@@ -13,6 +13,9 @@
 #include "kernels/cpu/cpu.h"
 
 #define X86_F16(x) _cvtsh_ss(x) /* F16C */
+/* The K-quant block dots: inlined into every loop that calls them, so the
+ * unpacked values stay in registers (gcc kept them out of line and spilled). */
+#define X86_INLINE static inline __attribute__((always_inline))
 
 static inline float x86__hsum_f32_8(__m256 x) {
   __m128 r = _mm_add_ps(_mm256_extractf128_ps(x, 1), _mm256_castps256_ps128(x));
@@ -347,7 +350,7 @@ static inline void x86__scales_mins_k4(const uint8_t *q, uint8_t sc[8], uint8_t 
 /* The same as the dots use them: *sc16 the 8 scales as int16 in both
  * 128-bit halves, *mn2 the 8 mins each twice (int16) against a Q8_K
  * block's 16 bsums. */
-static inline __attribute__((always_inline)) void x86__qk_scales(const uint8_t *q, __m256i *sc16, __m256i *mn2) {
+X86_INLINE void x86__qk_scales(const uint8_t *q, __m256i *sc16, __m256i *mn2) {
   uint8_t sc[8], mn[8];
   x86__scales_mins_k4(q, sc, mn);
   *sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
@@ -357,7 +360,7 @@ static inline __attribute__((always_inline)) void x86__qk_scales(const uint8_t *
 
 /* A Q4_K/Q5_K super-block's 4-bit (5-bit) values, 64 per chunk c: lo[c]
  * the first 32, hi[c] the next 32. */
-static inline __attribute__((always_inline)) void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
+X86_INLINE void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i lo[4], __m256i hi[4]) {
   const __m256i m4 = _mm256_set1_epi8(0xF), one = _mm256_set1_epi8(1);
   const __m256i hbits = qh ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
   for (int c = 0; c < 4; c++) {
@@ -384,8 +387,8 @@ static inline float x86__qk_total(float yd, uint16_t d16, uint16_t dmin16, int i
  * the integer sums are exact, the float expression is the one every form
  * (1-row, 4-row) evaluates, so a row's bits do not depend on its batch.
  * Sub-block k's scale is int16 lane k of sc16, picked by a byte shuffle. */
-static inline __attribute__((always_inline)) float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], __m256i sc16, __m256i mn2,
-                                      uint16_t d16, uint16_t dmin16, const cpu_block_q8_K *y) {
+X86_INLINE float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], __m256i sc16, __m256i mn2,
+                                   uint16_t d16, uint16_t dmin16, const cpu_block_q8_K *y) {
   __m256i sumi = _mm256_setzero_si256();
   for (int c = 0; c < 4; c++) {
     const __m256i sl = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
@@ -401,8 +404,8 @@ static inline __attribute__((always_inline)) float x86__qk_block_dot(const __m25
 }
 
 /* Q4_K (qh == NULL) and Q5_K. */
-static inline __attribute__((always_inline)) float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
-                                      const uint8_t *qs, const cpu_block_q8_K *y) {
+X86_INLINE float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
+                                   const uint8_t *qs, const cpu_block_q8_K *y) {
   __m256i sc16, mn2, lo[4], hi[4];
   x86__qk_scales(scales, &sc16, &mn2);
   x86__unpack_qk(qh, qs, lo, hi);

@@ -210,6 +210,16 @@ template <> struct kcu_q4v<__half> {
 template <typename T2> __device__ __forceinline__ T2 kcu_as2(uint32_t v) { return *reinterpret_cast<T2 *>(&v); }
 template <typename T2> __device__ __forceinline__ uint32_t kcu_from2(T2 v) { return *reinterpret_cast<uint32_t *>(&v); }
 
+/* (a & b) | c in one LOP3: with two of the operands constants, the
+ * compiler otherwise emits an AND and an OR (a LOP3 takes one immediate
+ * operand). 16 of a unit's ~128 instructions at one MMA column; measured
+ * in docs/bench/gpu.md (session 14). */
+__device__ __forceinline__ uint32_t kcu_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
 /* The four A registers of one k-step from its nibble word; dm_g, dm_g8:
  * the (d, m) of rows g and g + 8 for this block. */
 template <typename T>
@@ -221,7 +231,7 @@ __device__ __forceinline__ void kcu_q4f_frag(uint32_t word, uint32_t dm_g, uint3
   const T2 dg8 = kcu_as2<T2>(__byte_perm(dm_g8, 0, 0x1010)), mg8 = kcu_as2<T2>(__byte_perm(dm_g8, 0, 0x3232));
 #pragma unroll
   for (int p = 0; p < 4; p++) {
-    uint32_t v = ((word >> (4 * p)) & 0x000f000fu) | kcu_q4v<T>::MAGIC;
+    const uint32_t v = kcu_and_or(word >> (4 * p), 0x000f000fu, kcu_q4v<T>::MAGIC);
     T2 q = __hsub2(kcu_as2<T2>(v), base);
     a[p] = kcu_from2<T2>(p & 1 ? __hfma2(q, dg8, mg8) : __hfma2(q, dg, mg));
   }

@@ -570,13 +570,25 @@ __device__ __forceinline__ void kcu_fa_load_kv(uint32_t sk, uint32_t sv, const v
       kcu_st_shared16(sv + kcu_fa_off<HD>(r, ch), vz);
     }
   } else {
-    for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
-      const int r = i / CH, ch = i % CH, j = kb + r;
+    /* A thread keeps its chunk column and takes every RS-th row: one
+     * division for the tile, then the block and the row in it advance by
+     * adding, and K and V share each row's offset (a division and a table
+     * read per chunk and plane were most of the decode kernel's
+     * instructions). Rows past kv_end copy nothing, from pool block 0. */
+    static_assert(KCU_FA_NT % CH == 0, "a thread's chunk column is fixed");
+    constexpr int RS = KCU_FA_NT / CH;
+    const int ch = threadIdx.x % CH, r0 = threadIdx.x / CH;
+    const __nv_bfloat16 *kp = (const __nv_bfloat16 *)kc, *vp = (const __nv_bfloat16 *)vc; /* 2-byte elements */
+    int j = kb + r0, bi = j / bs, off = j - bi * bs;
+#pragma unroll
+    for (int r = r0; r < KCU_FA_BN; r += RS, j += RS) {
       const bool ok = j < kv_end;
-      const uint4 *k = kcu_kv_row(kc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
-      const uint4 *v = kcu_kv_row(vc, bt, ok ? j : 0, bs, n_blocks, row_elems, head_off) + ch;
-      kcu_cp_async16(sk + kcu_fa_off<HD>(r, ch), k, ok);
-      kcu_cp_async16(sv + kcu_fa_off<HD>(r, ch), v, ok);
+      int blk = ok ? bt[bi] : 0;
+      if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
+      const size_t e = ((size_t)blk * bs + off) * row_elems + head_off + ch * 8;
+      kcu_cp_async16(sk + kcu_fa_off<HD>(r, ch), kp + e, ok);
+      kcu_cp_async16(sv + kcu_fa_off<HD>(r, ch), vp + e, ok);
+      for (off += RS; off >= bs; off -= bs) bi++;
     }
   }
 }

@@ -634,8 +634,10 @@ __device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], ui
 /* The causal mask and the online softmax of BN keys: rows g and g + 8 of
  * the warp see keys qlo[r]..qpos[r] (their window; qpos: their cache
  * indices), keys kb + column. Rescales o and l by the change of the running
- * max; leaves P (unnormalized) in sc. */
-template <int HD, int BN>
+ * max; leaves P (unnormalized) in sc. R = 1: only row g is real (the
+ * decode kernel's query heads fill at most 8 rows), so row g + 8 gets
+ * P = 0 and no softmax or rescaling. */
+template <int HD, int BN, int R = 2>
 __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], float *m, float *l, int kb, int kv_end,
                                                const int *qpos, const int *qlo, float scale_log2, bool mask,
                                                int lane) {
@@ -645,13 +647,17 @@ __device__ __forceinline__ void kcu_fa_softmax(float (*sc)[4], float (*o)[4], fl
 #pragma unroll
     for (int e = 0; e < 4; e++) {
       const int r = e >> 1, j = kb + n * 8 + 2 * (lane & 3) + (e & 1);
+      if (r >= R) {
+        sc[n][e] = 0.f;
+        continue;
+      }
       float v = sc[n][e] * scale_log2;
       if (mask && (j > qpos[r] || j < qlo[r] || j >= kv_end)) v = -INFINITY;
       sc[n][e] = v;
       mx[r] = fmaxf(mx[r], v);
     }
 #pragma unroll
-  for (int r = 0; r < 2; r++) {
+  for (int r = 0; r < R; r++) {
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 1));
     mx[r] = fmaxf(mx[r], __shfl_xor_sync(0xffffffffu, mx[r], 2));
     const float mn = fmaxf(m[r], mx[r]);
@@ -843,7 +849,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
     float sc[2][4];
     kcu_fa_qk<T, HD, 16>(sc, qf, skv + 2 * b * TILE, k0, lane);
-    kcu_fa_softmax<HD, 16>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2, kb + k0 + 16 > r.stop, lane);
+    kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2, kb + k0 + 16 > r.stop, lane);
     kcu_fa_pv<T, HD, 16>(o, sc, skv + (2 * b + 1) * TILE, k0, lane);
     __syncthreads(); /* the buffer is loaded again two tiles on */
   }

@@ -58,28 +58,36 @@ __device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *
 
 /* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per CTA.
  * cols % 8 == 0, W and x 16-byte aligned. Each lane keeps U 16-byte weight
- * loads in flight. (Issuing the first loads before the PDL wait measured no
- * faster on H100.) */
+ * loads in flight; the first U are issued before the PDL wait (no kernel
+ * writes weights), so they stream while the kernel before drains. */
 template <typename T, int NBM, int WPR>
 __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
                                                                  int rows, int cols, int nb) {
-  kcu_pdl_enter();
   __shared__ float red[KCU_GEMV_WARPS][NBM];
   constexpr int RPC = KCU_GEMV_WARPS / WPR, STEP = KCU_WARP * WPR, U = KCU_GEMV_U;
   int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   int row = blockIdx.x * RPC + warp / WPR;
+  const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)row * cols);
+  const int n8 = cols / 8;
+  int i = (warp % WPR) * KCU_WARP + lane;
+  uint4 wv[U];
+  bool loaded = row < rows && i + (U - 1) * STEP < n8;
+  kcu_pdl_launch_next();
+  if (loaded)
+#pragma unroll
+    for (int u = 0; u < U; u++) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+  kcu_pdl_wait();
   float acc[NBM];
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = 0.f;
   if (row < rows) {
-    const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)row * cols);
     const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
-    int n8 = cols / 8, xs = cols / 8;
-    int i = (warp % WPR) * KCU_WARP + lane;
+    const int xs = cols / 8;
     for (; i + (U - 1) * STEP < n8; i += U * STEP) {
-      uint4 wv[U];
+      if (!loaded)
 #pragma unroll
-      for (int u = 0; u < U; u++) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+        for (int u = 0; u < U; u++) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+      loaded = false;
 #pragma unroll
       for (int u = 0; u < U; u++) {
         float wf[8], xf[8];

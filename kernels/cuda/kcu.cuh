@@ -304,7 +304,7 @@ static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1
  * Measured on H100 (Llama-3-8B shapes, batch 1): 1% faster decode; letting
  * the next kernel launch early (kcu_pdl_launch_next at entry) or only at
  * exit made no difference. Both together, with the first weights read
- * between them (the dense GEMV, the KERN_Q4F matmul up to 16 rows), made
+ * between them (the GEMVs, the KERN_Q4F matmul up to 16 rows), made
  * batch-1 decode 5-6% faster on H200 (docs/bench/gpu.md, session 15): the
  * weight stream starts while the kernel before drains. */
 __device__ __forceinline__ void kcu_pdl_wait() {

@@ -141,27 +141,38 @@ __global__ void kcu_quant_q8_1_k(const T *x, int8_t *xq, float2 *xd, long long n
   if (lane == 0) xd[blk] = make_float2(d, d * sum);
 }
 
+/* Sub-blocks u0, u0 + 32, ... of a row's weights, KCU_QGEMV_U of them. */
+template <int QT>
+__device__ __forceinline__ void kcu_gemv_q_load(kcu_qv_t *w, const uint8_t *wr, int u0, int nsub) {
+  int sub;
+#pragma unroll
+  for (int h = 0; h < KCU_QGEMV_U; h++)
+    if (u0 + KCU_WARP * h < nsub) kcu_qv<QT>(kcu_sub_block<QT>(wr, u0 + KCU_WARP * h, &sub), sub, &w[h]);
+}
+
 /* Quantized GEMV (int8 dot products): one warp per row, one sub-block per
- * lane and step, KCU_QGEMV_U sub-blocks in flight. */
+ * lane and step, KCU_QGEMV_U sub-blocks in flight, the first ones read
+ * before the PDL wait (no kernel writes weights). */
 template <int QT, int NBM>
 __global__ void __launch_bounds__(KCU_GEMV_NT)
     kcu_gemv_q_k(void *out_v, int out_bf16, const uint8_t *W, size_t row_bytes, const int8_t *xq, const float2 *xd,
                  const float *bias, int rows, int cols, int nb) {
-  kcu_pdl_enter();
   int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   int row = blockIdx.x * KCU_GEMV_WARPS + warp;
+  const uint8_t *wr = W + (size_t)row * row_bytes;
+  const int nsub = cols / KCU_QSUB;
+  kcu_qv_t w[KCU_QGEMV_U];
+  bool loaded = row < rows;
+  kcu_pdl_launch_next();
+  if (loaded) kcu_gemv_q_load<QT>(w, wr, lane, nsub);
+  kcu_pdl_wait();
   float acc[NBM];
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = 0.f;
   if (row < rows) {
-    const uint8_t *wr = W + (size_t)row * row_bytes;
-    const int nsub = cols / KCU_QSUB;
     for (int u0 = lane; u0 < nsub; u0 += KCU_QGEMV_U * KCU_WARP) {
-      kcu_qv_t w[KCU_QGEMV_U];
-      int sub;
-#pragma unroll
-      for (int h = 0; h < KCU_QGEMV_U; h++)
-        if (u0 + KCU_WARP * h < nsub) kcu_qv<QT>(kcu_sub_block<QT>(wr, u0 + KCU_WARP * h, &sub), sub, &w[h]);
+      if (!loaded) kcu_gemv_q_load<QT>(w, wr, u0, nsub);
+      loaded = false;
 #pragma unroll
       for (int h = 0; h < KCU_QGEMV_U; h++) {
         const int u = u0 + KCU_WARP * h;

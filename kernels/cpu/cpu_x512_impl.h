@@ -386,9 +386,17 @@ static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
   x86__axpy_i8(n - i, a, x + i, y + i);
 }
 
+/* A Q4_K super-block's dot from its exact integer parts (yd: the
+ * activation block's scale; isum: sum of scale * q * q8; summ: sum of min *
+ * bsum): the float expression both forms of this table evaluate. */
+static inline float x512__qk_total(float yd, uint16_t d16, uint16_t dmin16, int isum, int summ) {
+  return yd * X86_F16(d16) * (float)isum - yd * X86_F16(dmin16) * (float)summ;
+}
+
 /* Q4_K with 512-bit registers: 64 values (two sub-blocks) per step. The
  * integer parts are the AVX2 form's exact sums, the float expression is
- * x86__qk_total: the same bits as every other Q4_K form. */
+ * x512__qk_total, per super-block (the AVX2 table sums in 8 float lanes
+ * and so rounds differently). */
 typedef struct {
   __m512i q[4];   /* chunk c: sub-block 2c's 32 values, then 2c + 1's (unsigned 4-bit) */
   __m512i scl[4]; /* chunk c: sub-block 2c's scale in 16 int16 lanes, then 2c + 1's */
@@ -420,7 +428,7 @@ static inline float x512__q4_K_block(const x512__q4_K_t *u, const cpu_block_q8_K
   }
   const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
   const int summ = x86__hsum_i32_8(_mm256_madd_epi16(u->mn2, bs));
-  return x86__qk_total(y->d, u->d, u->dmin, _mm512_reduce_add_epi32(acc), summ);
+  return x512__qk_total(y->d, u->d, u->dmin, _mm512_reduce_add_epi32(acc), summ);
 }
 
 static void x512__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {

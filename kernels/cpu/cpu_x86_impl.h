@@ -376,20 +376,17 @@ X86_INLINE void x86__unpack_qk(const uint8_t *qh, const uint8_t *qs, __m256i lo[
   }
 }
 
-/* A Q4_K/Q5_K super-block's dot from its exact integer parts: the one
- * float expression every form and table evaluates (yd: the activation
- * block's scale; isum: sum of scale * q * q8; summ: sum of min * bsum). */
-static inline float x86__qk_total(float yd, uint16_t d16, uint16_t dmin16, int isum, int summ) {
-  return yd * X86_F16(d16) * (float)isum - yd * X86_F16(dmin16) * (float)summ;
-}
-
-/* One super-block against one activation block, from the unpacked values:
- * the integer sums are exact, the float expression is the one every form
- * (1-row, 4-row) evaluates, so a row's bits do not depend on its batch.
- * Sub-block k's scale is int16 lane k of sc16, picked by a byte shuffle. */
-X86_INLINE float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], __m256i sc16, __m256i mn2,
-                                   uint16_t d16, uint16_t dmin16, const cpu_block_q8_K *y) {
+/* acc += one super-block against one activation block, from the unpacked
+ * values, in 8 float lanes: yd d sum(scale q q8) - yd dmin sum(min bsum),
+ * each lane from its exact int32 sums (under 2^24, so converted exactly),
+ * as ggml's AVX2 dot sums; one horizontal sum a row at the end. The 1-row
+ * and 4-row forms evaluate it alike, so a row's bits do not depend on its
+ * batch. Sub-block k's scale is int16 lane k of sc16, picked by a byte
+ * shuffle. d, dmin: the super-block's, as floats. */
+X86_INLINE __m256 x86__qk_block_acc(const __m256i lo[4], const __m256i hi[4], __m256i sc16, __m256i mn2, float d,
+                                    float dmin, const cpu_block_q8_K *y, __m256 acc) {
   __m256i sumi = _mm256_setzero_si256();
+#pragma GCC unroll 4 /* -O2 keeps the loop, and with it the shuffle indices and acc, in memory */
   for (int c = 0; c < 4; c++) {
     const __m256i sl = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 1) << 8 | 4 * c)));
     const __m256i sh = _mm256_shuffle_epi8(sc16, _mm256_set1_epi16((short)((4 * c + 3) << 8 | (4 * c + 2))));
@@ -399,61 +396,46 @@ X86_INLINE float x86__qk_block_dot(const __m256i lo[4], const __m256i hi[4], __m
     __m256i ph = _mm256_madd_epi16(sh, _mm256_maddubs_epi16(hi[c], q8h));
     sumi = _mm256_add_epi32(sumi, _mm256_add_epi32(pl, ph));
   }
-  const int summ = x86__hsum_i32_8(_mm256_madd_epi16(mn2, _mm256_loadu_si256((const __m256i *)y->bsums)));
-  return x86__qk_total(y->d, d16, dmin16, x86__hsum_i32_8(sumi), summ);
+  const __m256i summ = _mm256_madd_epi16(mn2, _mm256_loadu_si256((const __m256i *)y->bsums));
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(y->d * d), _mm256_cvtepi32_ps(sumi), acc);
+  return _mm256_fnmadd_ps(_mm256_set1_ps(y->d * dmin), _mm256_cvtepi32_ps(summ), acc);
 }
 
-/* Q4_K (qh == NULL) and Q5_K. */
-X86_INLINE float x86__dot_qk_block(uint16_t d16, uint16_t dmin16, const uint8_t *scales, const uint8_t *qh,
-                                   const uint8_t *qs, const cpu_block_q8_K *y) {
-  __m256i sc16, mn2, lo[4], hi[4];
-  x86__qk_scales(scales, &sc16, &mn2);
-  x86__unpack_qk(qh, qs, lo, hi);
-  return x86__qk_block_dot(lo, hi, sc16, mn2, d16, dmin16, y);
-}
-
-/* 4-row form of the Q4_K/Q5_K dots: each super-block unpacked once. */
-static inline void x86__dot_x4_qk(int n, float *s, const uint8_t *x, const void *va, size_t a_stride, bool q5) {
+/* Q4_K (q5 false) and Q5_K dots of one weight row against R activation
+ * rows (a_stride bytes apart): each super-block unpacked once. */
+X86_INLINE void x86__dot_qk(int n, float *s, const uint8_t *x, const void *va, size_t a_stride, bool q5, int R) {
   const size_t x_bytes = q5 ? sizeof(cpu_block_q5_K) : sizeof(cpu_block_q4_K);
-  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int i = 0; i < n / CPU_QK_K; i++, x += x_bytes) {
     const cpu_block_q4_K *b4 = (const void *)x;
     const cpu_block_q5_K *b5 = (const void *)x;
     __m256i sc16, mn2, lo[4], hi[4];
     x86__qk_scales(q5 ? b5->scales : b4->scales, &sc16, &mn2);
     x86__unpack_qk(q5 ? b5->qh : NULL, q5 ? b5->qs : b4->qs, lo, hi);
-    const uint16_t d16 = q5 ? b5->d : b4->d, dmin16 = q5 ? b5->dmin : b4->dmin;
-    for (int r = 0; r < 4; r++) {
+    const float d = X86_F16(q5 ? b5->d : b4->d), dmin = X86_F16(q5 ? b5->dmin : b4->dmin);
+#pragma GCC unroll 4
+    for (int r = 0; r < R; r++) {
       const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
-      sum[r] += x86__qk_block_dot(lo, hi, sc16, mn2, d16, dmin16, y);
+      acc[r] = x86__qk_block_acc(lo, hi, sc16, mn2, d, dmin, y, acc[r]);
     }
   }
-  for (int r = 0; r < 4; r++) s[r] = sum[r];
+  for (int r = 0; r < R; r++) s[r] = x86__hsum_f32_8(acc[r]);
 }
 
 static inline void x86__vec_dot_x4_q4_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  x86__dot_x4_qk(n, s, vw, va, a_stride, false);
+  x86__dot_qk(n, s, vw, va, a_stride, false, 4);
 }
 
 static inline void x86__vec_dot_x4_q5_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
-  x86__dot_x4_qk(n, s, vw, va, a_stride, true);
+  x86__dot_qk(n, s, vw, va, a_stride, true, 4);
 }
 
 static inline void x86__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {
-  const cpu_block_q4_K *x = vw;
-  const cpu_block_q8_K *y = va;
-  float sum = 0.0f;
-  for (int i = 0; i < n / CPU_QK_K; i++) sum += x86__dot_qk_block(x[i].d, x[i].dmin, x[i].scales, NULL, x[i].qs, &y[i]);
-  *s = sum;
+  x86__dot_qk(n, s, vw, va, 0, false, 1);
 }
 
 static inline void x86__vec_dot_q5_K(int n, float *s, const void *vw, const void *va) {
-  const cpu_block_q5_K *x = vw;
-  const cpu_block_q8_K *y = va;
-  float sum = 0.0f;
-  for (int i = 0; i < n / CPU_QK_K; i++)
-    sum += x86__dot_qk_block(x[i].d, x[i].dmin, x[i].scales, x[i].qh, x[i].qs, &y[i]);
-  *s = sum;
+  x86__dot_qk(n, s, vw, va, 0, true, 1);
 }
 
 /* A Q6_K super-block half h's 128 values (q6, unsigned), 32 per q[p]. */
@@ -475,6 +457,7 @@ static inline void x86__unpack_q6_K(const cpu_block_q6_K *x, int h, __m256i q[4]
  * maddubs(q6, q8) - maddubs(32, q8), per 16. */
 static inline __m256i x86__q6_K_half(const __m256i q[4], const int8_t *sc, const int8_t *q8, __m256i sumi) {
   const __m256i m32 = _mm256_set1_epi8(32);
+#pragma GCC unroll 4
   for (int p = 0; p < 4; p++) {
     const __m256i y8 = _mm256_loadu_si256((const __m256i *)(q8 + 32 * p));
     __m256i p16 = _mm256_sub_epi16(_mm256_maddubs_epi16(q[p], y8), _mm256_maddubs_epi16(m32, y8));
@@ -511,6 +494,7 @@ static inline void x86__vec_dot_x4_q6_K(int n, float *s, const void *vw, const v
     for (int h = 0; h < 2; h++) {
       __m256i q[4];
       x86__unpack_q6_K(&x[i], h, q);
+#pragma GCC unroll 4
       for (int r = 0; r < 4; r++) {
         const cpu_block_q8_K *y = (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i;
         sumi[r] = x86__q6_K_half(q, x[i].scales + 8 * h, y->qs + 128 * h, sumi[r]);

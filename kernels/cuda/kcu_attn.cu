@@ -56,10 +56,15 @@
                          read 64 contiguous bytes */
 #define KCU_PF_NT (KCU_PF_BM * KCU_PF_TPQ)
 
+/* A block-table entry as a pool block: a bad entry reads block 0, so a
+ * load stays inside the pool. */
+__device__ __forceinline__ int kcu_kv_block(int blk, int n_blocks) {
+  return (unsigned)blk < (unsigned)n_blocks ? blk : 0;
+}
+
 __device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int32_t *bt, int j, int bs, int n_blocks,
                                                    int row_elems, int head_off) {
-  int blk = bt[j / bs];
-  if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
+  const int blk = kcu_kv_block(bt[j / bs], n_blocks);
   const __nv_bfloat16 *p = (const __nv_bfloat16 *)plane; /* 2-byte elements; type only for the arithmetic */
   return reinterpret_cast<const uint4 *>(p + ((size_t)blk * bs + j % bs) * row_elems + head_off);
 }
@@ -70,9 +75,7 @@ __device__ __forceinline__ const uint4 *kcu_kv_row(const void *plane, const int3
  * kcu_kv_unpack turns into 8 floats. */
 __device__ __forceinline__ uint4 kcu_kvq_row8(const void *plane, const uint16_t *sc, const int32_t *bt, int j, int bs,
                                               int n_blocks, int row_elems, int head_off, int n_kv, int kvh) {
-  int blk = bt[j / bs];
-  if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
-  const size_t slot = (size_t)blk * bs + j % bs;
+  const size_t slot = (size_t)kcu_kv_block(bt[j / bs], n_blocks) * bs + j % bs;
   const uint2 b = *reinterpret_cast<const uint2 *>((const uint8_t *)plane + slot * row_elems + head_off);
   const float s = __half2float(__ushort_as_half(sc[slot * n_kv + kvh]));
   return make_uint4(b.x, b.y, __float_as_uint(s), 0u);
@@ -583,8 +586,7 @@ __device__ __forceinline__ void kcu_fa_load_kv(uint32_t sk, uint32_t sv, const v
 #pragma unroll
     for (int r = r0; r < KCU_FA_BN; r += RS, j += RS) {
       const bool ok = j < kv_end;
-      int blk = ok ? bt[bi] : 0;
-      if ((unsigned)blk >= (unsigned)n_blocks) blk = 0; /* bad table entry: stay inside the pool */
+      const int blk = kcu_kv_block(ok ? bt[bi] : 0, n_blocks);
       const size_t e = ((size_t)blk * bs + off) * row_elems + head_off + ch * 8;
       kcu_cp_async16(sk + kcu_fa_off<HD>(r, ch), kp + e, ok);
       kcu_cp_async16(sv + kcu_fa_off<HD>(r, ch), vp + e, ok);

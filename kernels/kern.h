@@ -368,6 +368,11 @@ typedef struct {
    * same values. */
   int (*comm_init)(void *ctx, const kern_comm_t *comm);
   int (*all_reduce)(void *ctx, void *buf, size_t n);
+  /* Optional: all_reduce of part (n rows of dim) followed by add_rms_norm
+   * (residual += part, out = its norm), with the bits of those two calls;
+   * a backend offers it where one kernel does both. part may alias out. */
+  int (*all_reduce_add_rms_norm)(void *ctx, void *out, void *residual, void *part, const kern_weight_t *w, int n,
+                                 int dim, float eps);
   /* Optional: every rank holds part (n, cols) (row stride cols), its slice
    * of a row-wise concatenation; on rank 0, out (n, cols * size) gets rank
    * r's part as its columns [r * cols, (r + 1) * cols) (the LM head split

@@ -8,8 +8,9 @@
  *              [MoE layers: x += moe_ffn(xn), the top-k experts' FFNs weighted]
  *   logits = norm(x at each sequence's last token) Wout
  * Residual adds are fused into the next norm (add_rms_norm). Under tensor
- * parallelism (model/shard.h) the outputs of Wo and Wd are all-reduced and
- * the logits of each rank's vocabulary slice are gathered on rank 0.
+ * parallelism (model/shard.h) the outputs of Wo and Wd are all-reduced
+ * before that norm (one op with it where the backend has one) and the
+ * logits of each rank's vocabulary slice are gathered on rank 0.
  */
 #include <errno.h>
 #include <math.h>
@@ -42,14 +43,21 @@ static int model__qkv(model_t *m, const model_layer_t *L, int n, void *q, void *
   return 0;
 }
 
-/* Tensor parallel: m->xn holds this rank's partial sum of a row-split
- * projection (attn_output, ffn_down); the all-reduce makes it the whole. */
-static int model__reduce(model_t *m, int n) {
-  if (m->shard.size <= 1) return 0;
+/* x += xn, then xn = norm(x) * w. Under tensor parallelism xn holds this
+ * rank's partial sum of a row-split projection (attn_output, ffn_down, the
+ * experts' down): it is all-reduced first, in one op with the norm where
+ * the backend has one. */
+static int model__add_norm(model_t *m, const kern_weight_t *w, int n) {
+  const kern_ops_t *op = m->be->ops;
+  void *cx = m->be->ctx;
+  const model_config_t *c = &m->cfg;
+  if (m->shard.size <= 1) return op->add_rms_norm(cx, m->xn, m->x, m->xn, w, n, c->dim, c->norm_eps);
   uint64_t t0 = fr_now_ns();
-  int rc = m->be->ops->all_reduce(m->be->ctx, m->xn, (size_t)n * (size_t)m->cfg.dim);
+  int rc = op->all_reduce_add_rms_norm ? op->all_reduce_add_rms_norm(cx, m->xn, m->x, m->xn, w, n, c->dim, c->norm_eps)
+                                       : op->all_reduce(cx, m->xn, (size_t)n * (size_t)c->dim);
   m->comm_ns += fr_now_ns() - t0;
-  return rc;
+  if (rc || op->all_reduce_add_rms_norm) return rc;
+  return op->add_rms_norm(cx, m->xn, m->x, m->xn, w, n, c->dim, c->norm_eps);
 }
 
 /* Keys a query of layer il sees (itself included); 0: all before it. */
@@ -86,9 +94,8 @@ static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int 
   }
   CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
                      model__window(c, il)));
-  /* xn = att Wo: the residual add happens in the next add_rms_norm. */
-  CALL(op->matmul(cx, m->xn, &L->wo, NULL, m->att, n));
-  return model__reduce(m, n);
+  /* xn = att Wo: the residual add happens in the next norm (model__add_norm). */
+  return op->matmul(cx, m->xn, &L->wo, NULL, m->att, n);
 }
 
 /* xn = the mixture-of-experts FFN of xn (the op reads all of xn first). */
@@ -96,8 +103,7 @@ static int model__moe_block(model_t *m, const model_layer_t *L, int n) {
   const model_config_t *c = &m->cfg;
   const kern_moe_t moe = {.router = &L->router, .gate = L->exp_gate, .up = L->exp_up, .down = L->exp_down,
                           .n_experts = c->n_experts, .n_used = c->n_experts_used, .norm_topk = c->norm_topk};
-  CALL(m->be->ops->moe_ffn(m->be->ctx, m->xn, m->xn, n, &moe));
-  return model__reduce(m, n);
+  return m->be->ops->moe_ffn(m->be->ctx, m->xn, m->xn, n, &moe);
 }
 
 static int model__ffn_block(model_t *m, int il, int n) {
@@ -116,8 +122,7 @@ static int model__ffn_block(model_t *m, int il, int n) {
     CALL(op->matmul(cx, up, &L->w_up, NULL, m->xn, n));
     CALL(op->silu_mul(cx, m->up, m->gate, up, n, f, f));
   }
-  CALL(op->matmul(cx, m->xn, &L->w_down, NULL, m->up, n));
-  return model__reduce(m, n);
+  return op->matmul(cx, m->xn, &L->w_down, NULL, m->up, n);
 }
 
 /* Several logits rows per sequence (speculative decoding): the last
@@ -158,10 +163,9 @@ static int model__run_layers(model_t *m, kern_kv_pool_t *pool, int n, int n_seqs
   CALL(op->rms_norm(cx, m->xn, m->x, &m->layers[0].attn_norm, n, c->dim, c->norm_eps));
   for (int il = 0; il < c->n_layers; il++) {
     CALL(model__attention_block(m, pool, il, n));
-    CALL(op->add_rms_norm(cx, m->xn, m->x, m->xn, &m->layers[il].ffn_norm, n, c->dim, c->norm_eps));
+    CALL(model__add_norm(m, &m->layers[il].ffn_norm, n));
     CALL(model__ffn_block(m, il, n));
-    const kern_weight_t *next = il + 1 < c->n_layers ? &m->layers[il + 1].attn_norm : &m->output_norm;
-    CALL(op->add_rms_norm(cx, m->xn, m->x, m->xn, next, n, c->dim, c->norm_eps));
+    CALL(model__add_norm(m, il + 1 < c->n_layers ? &m->layers[il + 1].attn_norm : &m->output_norm, n));
   }
   if (m->shard.rank != 0 && !m->shard.split_vocab) return 0; /* rank 0 samples: only it needs logits */
   /* xn holds norm(x) for every token; logits only for each sequence's last

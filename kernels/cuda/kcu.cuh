@@ -187,10 +187,10 @@ typedef struct {
 #define KCU_CAR_MAX_RANKS 8
 #define KCU_CAR_MAX_BYTES (512u << 10) /* largest call it takes; NCCL's ring does better above */
 typedef struct kcu_car {
-  void *buf;                      /* this rank's IPC buffer: two slots, then the flags */
-  void *peer[KCU_CAR_MAX_RANKS];  /* every rank's buffer mapped here (this rank's is buf) */
-  uint32_t *counts;               /* (KCU_CAR_BLOCKS) calls made by each block */
-  size_t max_bytes;               /* calls up to this many bytes go here (FERRUM_CUSTOM_AR_MAX) */
+  void *buf;                     /* this rank's IPC buffer: two slots of a region per rank */
+  void *peer[KCU_CAR_MAX_RANKS]; /* every rank's buffer mapped here (this rank's is buf) */
+  uint32_t *count;               /* calls made, and the CTAs of the current call that finished */
+  size_t max_bytes;              /* calls up to this many bytes go here (FERRUM_CUSTOM_AR_MAX) */
 } kcu_car_t;
 
 /* Element helpers: T is __nv_bfloat16 or __half. */
@@ -277,6 +277,54 @@ __device__ __forceinline__ float kcu_warp_max(float v) {
 #pragma unroll
   for (int o = KCU_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
+}
+
+/* A CTA's sum of v (every thread gets it); red: KCU_MAX_WARPS floats of shared memory. */
+template <int NT> __device__ float kcu_block_sum(float v, float *red) {
+  v = kcu_warp_sum(v);
+  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < NT / KCU_WARP ? red[lane] : 0.f;
+  v = kcu_warp_sum(v);
+  __syncthreads();
+  return v;
+}
+
+/* RMS norm of a row held in registers, a CTA per row (kcu_rms_norm_vec_k,
+ * and the all-reduce fused with it in kcu_car.cu: one sequence of
+ * operations, so both give the same bits). */
+#define KCU_NORM_V 4         /* 16-byte chunks of the row a thread keeps in registers */
+#define KCU_NORM_NT_SMALL 32 /* one warp for rows of at most 8 * 32 * KCU_NORM_V = 1024 elements: a short
+                                row (the per-head q/k norms) would leave most of a larger CTA idle */
+#define KCU_NORM_NT 256      /* and 256 threads for longer rows (8 warps, as the elementwise kernels) */
+
+/* v[c] holds the row's elements at 16-byte index threadIdx.x + c * NT (of
+ * n8), ss this thread's sum of their squares: o8 = v * rsqrt(mean + eps) * w.
+ * The weights load before the CTA's reduction. */
+template <typename T, int NT, int V>
+__device__ __forceinline__ void kcu_norm_row_out(const float (&v)[V][8], float ss, const float *w, uint4 *o8, int n8,
+                                                 int dim, float eps, float *red) {
+  float4 wv[V][2];
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    wv[c][0] = reinterpret_cast<const float4 *>(w)[2 * j];
+    wv[c][1] = reinterpret_cast<const float4 *>(w)[2 * j + 1];
+  }
+  ss = kcu_block_sum<NT>(ss, red);
+  const float inv = rsqrtf(ss / (float)dim + eps);
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    const float *wf = reinterpret_cast<const float *>(wv[c]);
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = v[c][e] * inv * wf[e];
+    o8[j] = kcu_pack8<T>(o);
+  }
 }
 
 /* Runs `body` with T bound to the activation type of ctx. */
@@ -437,12 +485,20 @@ int kcu__gg_init(kcu_ctx_t *c);
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);
 int kcu__all_reduce(void *ctx, void *buf, size_t n);
+int kcu__all_reduce_add_rms_norm(void *ctx, void *out, void *residual, void *part, const kern_weight_t *w, int n,
+                                 int dim, float eps);
 int kcu__gather_cols(void *ctx, void *out, const void *part, int n, int cols);
 void kcu__comm_destroy(kcu_ctx_t *c);
 /* kcu_car.cu: sets c->car up after NCCL joined (collective; leaves it NULL
  * when FERRUM_CUSTOM_AR=0 or the GPUs lack peer access); whether a call of
- * n elements goes to it; the call; teardown. */
+ * n elements goes to it; the call; the call fused with add_rms_norm (n
+ * rows of dim: residual += the sum, out = its norm), when it fits the
+ * buffer and the row kernel; teardown. */
 int kcu__car_init(kcu_ctx_t *c);
 bool kcu__car_fits(const kcu_ctx_t *c, size_t n);
 int kcu__car_all_reduce(kcu_ctx_t *c, void *buf, size_t n);
+bool kcu__car_norm_fits(const kcu_ctx_t *c, const void *out, const void *residual, const void *x, const float *w, int n,
+                        int dim);
+int kcu__car_add_rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim,
+                          float eps);
 void kcu__car_destroy(kcu_ctx_t *c, kcu_car_t *car);

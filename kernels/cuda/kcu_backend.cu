@@ -506,6 +506,7 @@ static const kern_ops_t kcu_ops = {
     .graph_end = kcu_graph_end,
     .comm_init = kcu__comm_init,
     .all_reduce = kcu__all_reduce,
+    .all_reduce_add_rms_norm = kcu__all_reduce_add_rms_norm,
     .gather_cols = kcu__gather_cols,
 };
 

@@ -1,27 +1,35 @@
 /* kcu_car.cu - the one-shot all-reduce over CUDA IPC peer memory, for the
- * small all-reduces of decode (vLLM's custom all-reduce does the same).
+ * small all-reduces of decode, alone or fused with the residual add and
+ * RMS norm that follow it (TensorRT-LLM's "Lamport" all-reduce and its
+ * fusion with the norm work the same way).
  *
- * Each rank owns one IPC buffer: two slots of KCU_CAR_MAX_BYTES (calls
- * alternate between them) and a flag word per (block, rank). The ranks
- * exchange the buffers' IPC handles once, through an NCCL all-gather, and
- * map each other's. One kernel does a call: block b copies its chunk of
- * the input into this rank's slot, tells every peer it is there (a release
- * store of its per-block call count into the peer's flag (b, rank)), waits
- * until every peer said the same for this call, then sums the chunk over
- * all ranks' slots in rank order (f32), writing the result in place; every
- * rank adds the same values in the same order, so all get the same bits.
+ * Each rank owns one IPC buffer: two slots, each with a region per source
+ * rank. A call pushes: every rank writes its input straight into its
+ * region of each peer's buffer (remote stores over NVLink), then waits on
+ * its own buffer until every peer's values are there. There are no flags:
+ * the buffer holds negative zero (0x8000 in bf16 and f16 alike) wherever no
+ * value has arrived, a rank sends its values with negative zeros made
+ * positive (a sum does not change), so an element has arrived once it is
+ * not 0x8000; the receiver writes the sentinel back as it reads. One
+ * one-way trip over the link, where a flag would need a second. Every rank
+ * adds the ranks' values in rank order (f32), so all get the same bits.
  *
- * Why one barrier is enough: a rank writes slot s again two calls later,
- * and to get there its block b must pass the next call's barrier, which
- * needs every peer's block b in that next call, which starts only after
- * the peer's kernel of this call (reading slot s) finished.
+ * Why two slots suffice: a peer writes slot s again two calls later. To
+ * start that call it must have finished the next one, which needs this
+ * rank's values of the next call, sent only after this rank's kernel of
+ * this call (which read and cleared slot s) finished: every kernel waits
+ * for the one before it (kcu_pdl_wait), so the order is transitive.
  *
- * Graph-safe: the per-block call counts live in device memory, so a
- * captured call replays with new flag values. The blocks of one call wait
- * only for the same block index on the other GPUs, all launched by then;
- * grids are small (<= KCU_CAR_BLOCKS) and resident.
+ * Calls alternate slots by a call count in device memory, so a captured
+ * call replays with new values; the last CTA of a call to finish advances
+ * it. A CTA waits only for the same elements from the other GPUs, whose
+ * CTAs send before they wait; grids are small and resident.
+ *
+ * Fused with the norm: a CTA per row; after the sum (rounded to T, as an
+ * all-reduce stores it), residual += sum and out = rms_norm(residual) * w,
+ * the operations of kcu_rms_norm_vec_k in its order, so the bits are those
+ * of the all-reduce followed by add_rms_norm.
  */
-#include <cuda/atomic>
 #include <stdlib.h>
 #include <string.h>
 
@@ -30,54 +38,114 @@
 #include "common/fr_log.h"
 #include "kernels/cuda/kcu.cuh"
 
-#define KCU_CAR_BLOCKS 32  /* most CTAs of one call */
-#define KCU_CAR_NT 512     /* threads per CTA */
-#define KCU_CAR_VEC 8      /* elements per 16-byte vector */
+#define KCU_CAR_NT 512        /* threads per CTA of the plain all-reduce (a 16-byte vector each) */
+#define KCU_CAR_MAX_ROWS 1024 /* most rows (CTAs) of the fused call */
+#define KCU_CAR_SENT 0x80008000u /* two negative zeros: nothing has arrived */
 
 typedef struct {
-  uint8_t *slots[KCU_CAR_MAX_RANKS];  /* each rank's two slots */
-  uint32_t *flags[KCU_CAR_MAX_RANKS]; /* each rank's (KCU_CAR_BLOCKS, KCU_CAR_MAX_RANKS) flags */
+  uint4 *buf[KCU_CAR_MAX_RANKS]; /* each rank's buffer, mapped here */
 } kcu_car_peers_t;
 
-static size_t kcu_car_flags_off(void) { return 2 * (size_t)KCU_CAR_MAX_BYTES; }
-static size_t kcu_car_bytes(void) {
-  return kcu_car_flags_off() + (size_t)KCU_CAR_BLOCKS * KCU_CAR_MAX_RANKS * sizeof(uint32_t);
+static size_t kcu_car_region(void) { return KCU_CAR_MAX_BYTES; }
+static size_t kcu_car_bytes(int ranks) { return 2 * (size_t)ranks * kcu_car_region(); }
+
+__device__ __forceinline__ uint4 kcu_car_ld(const uint4 *p) {
+  uint4 v;
+  asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p)
+               : "memory");
+  return v;
+}
+__device__ __forceinline__ void kcu_car_st(uint4 *p, uint4 v) {
+  asm volatile("st.volatile.global.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+/* Two elements with negative zeros made positive: never the sentinel. */
+__device__ __forceinline__ uint32_t kcu_car_pos0(uint32_t w) {
+  if ((w & 0xffffu) == 0x8000u) w &= 0xffff0000u;
+  if ((w >> 16) == 0x8000u) w &= 0x0000ffffu;
+  return w;
+}
+__device__ __forceinline__ bool kcu_car_here(uint32_t w) { return (w & 0xffffu) != 0x8000u && (w >> 16) != 0x8000u; }
+__device__ __forceinline__ bool kcu_car_here4(uint4 v) {
+  return kcu_car_here(v.x) && kcu_car_here(v.y) && kcu_car_here(v.z) && kcu_car_here(v.w);
 }
 
-template <typename T>
-__global__ void kcu_car_k(T *buf, size_t n_vec, kcu_car_peers_t p, int rank, int n_ranks, uint32_t *counts) {
+/* Rank r's vector j of this call: its values as they arrive in this
+ * rank's buffer (then cleared), or this rank's own. */
+__device__ __forceinline__ uint4 kcu_car_take(const kcu_car_peers_t &p, size_t slot, int r, int rank,
+                                              size_t region_vec, size_t j, uint4 mine) {
+  if (r == rank) return mine;
+  uint4 *src = p.buf[rank] + (slot + (size_t)r) * region_vec + j;
+  uint4 y = kcu_car_ld(src);
+  while (!kcu_car_here4(y)) y = kcu_car_ld(src);
+  kcu_car_st(src, make_uint4(KCU_CAR_SENT, KCU_CAR_SENT, KCU_CAR_SENT, KCU_CAR_SENT));
+  return y;
+}
+
+/* One call: CTA b takes vectors [b * row_vec, (b + 1) * row_vec) of x's
+ * n_vec; out gets the sum (NORM: residual += the sum and out its norm, one
+ * row a CTA). out may alias x. */
+template <typename T, int NT, int V, bool NORM>
+__global__ void __launch_bounds__(NT) kcu_car_k(T *out, T *res, const T *x, const float *w, size_t n_vec, int row_vec,
+                                                float eps, kcu_car_peers_t p, int rank, int n_ranks,
+                                                size_t region_vec, uint32_t *count) {
+  __shared__ float red[KCU_MAX_WARPS];
   __shared__ uint32_t call;
   kcu_pdl_enter();
-  const int b = blockIdx.x;
-  if (threadIdx.x == 0) call = ++counts[b];
+  if (threadIdx.x == 0) call = count[0];
   __syncthreads();
-  const uint32_t e = call;
-  const size_t slot = (size_t)(e & 1u) * KCU_CAR_MAX_BYTES;
-  const size_t per = (n_vec + gridDim.x - 1) / gridDim.x, v0 = (size_t)b * per;
-  const size_t v1 = v0 + per < n_vec ? v0 + per : n_vec;
-  uint4 *x = reinterpret_cast<uint4 *>(buf);
-  uint4 *mine = reinterpret_cast<uint4 *>(p.slots[rank] + slot);
-  for (size_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) mine[v] = x[v];
-  __syncthreads();
-  if (threadIdx.x < n_ranks) {
-    const int r = threadIdx.x;
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_system> out(p.flags[r][b * KCU_CAR_MAX_RANKS + rank]);
-    out.store(e, cuda::memory_order_release); /* my chunk b is in my slot */
-    cuda::atomic_ref<uint32_t, cuda::thread_scope_system> in(p.flags[rank][b * KCU_CAR_MAX_RANKS + r]);
-    while ((int32_t)(in.load(cuda::memory_order_acquire) - e) < 0) {
-    }
-  }
-  __syncthreads();
-  for (size_t v = v0 + threadIdx.x; v < v1; v += blockDim.x) {
-    float acc[KCU_CAR_VEC] = {0}, f[KCU_CAR_VEC];
-    for (int r = 0; r < n_ranks; r++) {
-      uint4 y = __ldcg(reinterpret_cast<const uint4 *>(p.slots[r] + slot) + v);
-      kcu_unpack8(y, f, (const T *)nullptr);
+  const size_t v0 = (size_t)blockIdx.x * row_vec;
+  const int len = (int)min((size_t)row_vec, n_vec - v0);
+  const size_t slot = (size_t)(call & 1u) * (size_t)n_ranks;
+  const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + v0;
+  uint4 mine[V];
 #pragma unroll
-      for (int i = 0; i < KCU_CAR_VEC; i++) acc[i] += f[i];
-    }
-    x[v] = kcu_pack8<T>(acc);
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= len) break;
+    uint4 m = x8[j];
+    mine[c] = make_uint4(kcu_car_pos0(m.x), kcu_car_pos0(m.y), kcu_car_pos0(m.z), kcu_car_pos0(m.w));
+    for (int r = 0; r < n_ranks; r++)
+      if (r != rank) kcu_car_st(p.buf[r] + (slot + (size_t)rank) * region_vec + v0 + j, mine[c]);
   }
+  float v[V][8], ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= len) break;
+    float acc[8] = {0}, f[8];
+    for (int r = 0; r < n_ranks; r++) {
+      kcu_unpack8(kcu_car_take(p, slot, r, rank, region_vec, v0 + j, mine[c]), f, (const T *)nullptr);
+#pragma unroll
+      for (int e = 0; e < 8; e++) acc[e] += f[e];
+    }
+    uint4 *o8 = reinterpret_cast<uint4 *>(out) + v0;
+    if (!NORM) {
+      o8[j] = kcu_pack8<T>(acc);
+      continue;
+    }
+    uint4 *r8 = reinterpret_cast<uint4 *>(res) + v0;
+    float r[8];
+    kcu_unpack8(r8[j], r, (const T *)nullptr);
+#pragma unroll
+    for (int e = 0; e < 8; e++) v[c][e] = kcu_f(kcu_t<T>(r[e] + kcu_f(kcu_t<T>(acc[e]))));
+    r8[j] = kcu_pack8<T>(v[c]);
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
+  }
+  if (NORM) kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + v0, len, len * 8, eps, red);
+  __syncthreads(); /* every read of the slot is done: the call may advance */
+  if (threadIdx.x == 0 && atomicAdd(&count[1], 1u) == gridDim.x - 1) {
+    count[1] = 0;
+    count[0] = call + 1;
+  }
+}
+
+__global__ void kcu_car_fill_k(uint32_t *p, size_t n) {
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+    p[i] = KCU_CAR_SENT;
 }
 
 /* The buffers' handles, gathered over NCCL: handles[r] is rank r's. */
@@ -124,8 +192,11 @@ int kcu__car_init(kcu_ctx_t *c) {
   bool p2p = kcu_car_p2p(c, devices);
   /* the decision must be the same on every rank: a rank without P2P says so through its buffer handle below */
   void *buf = NULL;
-  if ((rc = kcu__alloc(c, kcu_car_bytes(), &buf, "custom all-reduce buffer"))) return rc;
-  KCU_CHECK(cudaMemset(buf, 0, kcu_car_bytes()));
+  const size_t bytes = kcu_car_bytes(c->comm_size);
+  if ((rc = kcu__alloc(c, bytes, &buf, "custom all-reduce buffer"))) return rc;
+  kcu_car_fill_k<<<64, 256, 0, c->stream>>>((uint32_t *)buf, bytes / sizeof(uint32_t)); /* nothing has arrived */
+  KCU_CHECK(cudaGetLastError());
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
   cudaIpcMemHandle_t mine = {};
   if (p2p) KCU_CHECK(cudaIpcGetMemHandle(&mine, buf));
   if ((rc = kcu_car_exchange(c, &mine, all))) {
@@ -154,8 +225,8 @@ int kcu__car_init(kcu_ctx_t *c) {
       return fr_errorf(FR_ECUDA, "custom all-reduce: opening rank %d's buffer: %s", r, cudaGetErrorString(e));
     }
   }
-  if ((rc = kcu__alloc(c, KCU_CAR_BLOCKS * sizeof(uint32_t), (void **)&car->counts, "custom all-reduce counts")) ||
-      cudaMemset(car->counts, 0, KCU_CAR_BLOCKS * sizeof(uint32_t)) != cudaSuccess) {
+  if ((rc = kcu__alloc(c, 2 * sizeof(uint32_t), (void **)&car->count, "custom all-reduce count")) ||
+      cudaMemset(car->count, 0, 2 * sizeof(uint32_t)) != cudaSuccess) {
     kcu__car_destroy(c, car);
     return rc ? rc : fr_errorf(FR_ECUDA, "custom all-reduce: memset");
   }
@@ -168,22 +239,46 @@ int kcu__car_init(kcu_ctx_t *c) {
   return 0;
 }
 
-bool kcu__car_fits(const kcu_ctx_t *c, size_t n) {
-  return c->car && n % KCU_CAR_VEC == 0 && n * c->act_size <= c->car->max_bytes;
+static kcu_car_peers_t kcu_car_peers(const kcu_ctx_t *c) {
+  kcu_car_peers_t p = {};
+  for (int r = 0; r < c->comm_size; r++) p.buf[r] = (uint4 *)c->car->peer[r];
+  return p;
 }
 
+bool kcu__car_fits(const kcu_ctx_t *c, size_t n) { return c->car && n % 8 == 0 && n * c->act_size <= c->car->max_bytes; }
+
 int kcu__car_all_reduce(kcu_ctx_t *c, void *buf, size_t n) {
-  const kcu_car_t *car = c->car;
-  kcu_car_peers_t p = {};
-  for (int r = 0; r < c->comm_size; r++) {
-    p.slots[r] = (uint8_t *)car->peer[r];
-    p.flags[r] = (uint32_t *)((uint8_t *)car->peer[r] + kcu_car_flags_off());
+  const size_t n_vec = n / 8, region_vec = kcu_car_region() / 16;
+  const int blocks = kcu_div_up((long long)n_vec, KCU_CAR_NT);
+  if (blocks < 1) return 0;
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_car_k<T, KCU_CAR_NT, 1, false>, blocks, KCU_CAR_NT, 0, (T *)buf, (T *)nullptr,
+                                 (const T *)buf, (const float *)nullptr, n_vec, KCU_CAR_NT, 0.f, kcu_car_peers(c),
+                                 c->comm_rank, c->comm_size, region_vec, c->car->count));
+  return 0;
+}
+
+static bool kcu_car_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
+bool kcu__car_norm_fits(const kcu_ctx_t *c, const void *out, const void *residual, const void *x, const float *w, int n,
+                        int dim) {
+  return n >= 1 && n <= KCU_CAR_MAX_ROWS && dim % 8 == 0 && dim <= 8 * KCU_NORM_NT * KCU_NORM_V &&
+         kcu__car_fits(c, (size_t)n * (size_t)dim) && kcu_car_al16(out) && kcu_car_al16(residual) &&
+         kcu_car_al16(x) && kcu_car_al16(w);
+}
+
+int kcu__car_add_rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim,
+                          float eps) {
+  const size_t n_vec = (size_t)n * (size_t)(dim / 8), region_vec = kcu_car_region() / 16;
+  const kcu_car_peers_t p = kcu_car_peers(c);
+  if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V) { /* the row kernel's sizes (kcu__rms_norm) */
+    KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_car_k<T, KCU_NORM_NT_SMALL, KCU_NORM_V, true>, n, KCU_NORM_NT_SMALL, 0,
+                                   (T *)out, (T *)residual, (const T *)x, w, n_vec, dim / 8, eps, p, c->comm_rank,
+                                   c->comm_size, region_vec, c->car->count));
+    return 0;
   }
-  const size_t n_vec = n / KCU_CAR_VEC;
-  int blocks = (int)((n_vec + KCU_CAR_NT - 1) / KCU_CAR_NT);
-  blocks = blocks < 1 ? 1 : blocks > KCU_CAR_BLOCKS ? KCU_CAR_BLOCKS : blocks;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_car_k<T>, blocks, KCU_CAR_NT, 0, (T *)buf, n_vec, p, c->comm_rank,
-                                 c->comm_size, car->counts));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_car_k<T, KCU_NORM_NT, KCU_NORM_V, true>, n, KCU_NORM_NT, 0, (T *)out,
+                                 (T *)residual, (const T *)x, w, n_vec, dim / 8, eps, p, c->comm_rank, c->comm_size,
+                                 region_vec, c->car->count));
   return 0;
 }
 
@@ -192,7 +287,7 @@ void kcu__car_destroy(kcu_ctx_t *c, kcu_car_t *car) {
   for (int r = 0; r < KCU_CAR_MAX_RANKS; r++)
     if (car->peer[r] && car->peer[r] != car->buf) cudaIpcCloseMemHandle(car->peer[r]);
   kcu__free(car->buf);
-  kcu__free(car->counts);
+  kcu__free(car->count);
   free(car);
   if (c->car == car) c->car = NULL;
 }

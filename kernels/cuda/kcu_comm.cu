@@ -7,7 +7,8 @@
  * on the backend's stream, so it orders after the matmul that produced the
  * partial sums and is captured into decode graphs like any other op.
  * Calls up to KCU_CAR_MAX_BYTES (decode's) go to the one-shot all-reduce
- * over peer memory instead (kcu_car.cu), when the GPUs reach each other.
+ * over peer memory instead (kcu_car.cu), when the GPUs reach each other;
+ * there the all-reduce before an add_rms_norm is one kernel with it.
  * NVLink SHARP (NVLS) stays off unless the environment sets it: the lent
  * machines' fabric does not offer it (see docs/ARCHITECTURE.md).
  */
@@ -92,6 +93,19 @@ int kcu__all_reduce(void *ctx, void *buf, size_t n) {
   ncclDataType_t t = c->act == KERN_BF16 ? ncclBfloat16 : ncclFloat16;
   KCU_NCCL(ncclAllReduce(buf, buf, n, t, ncclSum, (ncclComm_t)c->nccl, c->stream));
   return 0;
+}
+
+/* The all-reduce and the add_rms_norm after it: one kernel where the call
+ * fits the one-shot buffer, the two ops otherwise (same bits either way). */
+int kcu__all_reduce_add_rms_norm(void *ctx, void *out, void *residual, void *part, const kern_weight_t *w, int n,
+                                 int dim, float eps) {
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  if (!c->nccl) return fr_errorf(FR_ESTATE, "all_reduce: the backend is in no tensor-parallel group");
+  const float *wf = (const float *)w->data;
+  if (c->comm_size > 1 && kcu__car_norm_fits(c, out, residual, part, wf, n, dim))
+    return kcu__car_add_rms_norm(c, out, residual, part, wf, n, dim, eps);
+  int rc = kcu__all_reduce(ctx, part, (size_t)n * (size_t)dim);
+  return rc ? rc : kcu__rms_norm(c, out, residual, part, wf, n, dim, eps);
 }
 
 /* Rank 0 receives every other rank's part (NCCL send/recv, grouped), then

@@ -7,11 +7,6 @@
                                 several times over; the loop covers the rest */
 #define KCU_EMBED_Q_NT 64    /* threads (a sub-block each) per CTA of the quantized embedding: a row has
                                 only cols / KCU_QSUB sub-blocks (128 at dim 4096), spread over a few CTAs */
-#define KCU_NORM_V 4         /* 16-byte chunks of the row a thread keeps in registers (kcu_rms_norm_vec_k) */
-#define KCU_NORM_NT_SMALL 32 /* rms_norm (a CTA a row) takes one warp for rows of at most 8 * 32 * KCU_NORM_V
-                                = 1024 elements: a short row (the per-head q/k norms) would leave most of a
-                                larger CTA idle */
-#define KCU_NORM_NT 256      /* and 256 threads for longer rows (8 warps, as the elementwise kernels) */
 
 /* ---- conversion ---------------------------------------------------------------- */
 
@@ -97,17 +92,6 @@ int kcu__embed(kcu_ctx_t *c, void *out, const kern_weight_t *tb) {
 
 /* ---- rms_norm ----------------------------------------------------------------------- */
 
-template <int NT> __device__ float kcu_block_sum(float v, float *red) {
-  v = kcu_warp_sum(v);
-  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < NT / KCU_WARP ? red[lane] : 0.f;
-  v = kcu_warp_sum(v);
-  __syncthreads();
-  return v;
-}
-
 /* One CTA per row. With `res`: res += x (stored in T), then norm of res. */
 template <typename T, int NT>
 __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int dim, float eps) {
@@ -158,27 +142,7 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
 #pragma unroll
     for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
   }
-  float4 wv[V][2];
-#pragma unroll
-  for (int c = 0; c < V; c++) {
-    const int j = threadIdx.x + c * NT;
-    if (j >= n8) break;
-    wv[c][0] = reinterpret_cast<const float4 *>(w)[2 * j];
-    wv[c][1] = reinterpret_cast<const float4 *>(w)[2 * j + 1];
-  }
-  ss = kcu_block_sum<NT>(ss, red);
-  const float inv = rsqrtf(ss / (float)dim + eps);
-  uint4 *o8 = reinterpret_cast<uint4 *>(out) + row;
-#pragma unroll
-  for (int c = 0; c < V; c++) {
-    const int j = threadIdx.x + c * NT;
-    if (j >= n8) break;
-    const float *wf = reinterpret_cast<const float *>(wv[c]);
-    float o[8];
-#pragma unroll
-    for (int e = 0; e < 8; e++) o[e] = v[c][e] * inv * wf[e];
-    o8[j] = kcu_pack8<T>(o);
-  }
+  kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
 }
 
 static bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }

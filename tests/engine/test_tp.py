@@ -140,6 +140,16 @@ class TensorParallelCPU(unittest.TestCase):
     def test_tiny_qwen3moe_safetensors(self):
         self.check_model(os.path.join(GOLDEN, "tiny-qwen3moe-hf"), 1e-2, 1e-2, 0.8, (2, 4))
 
+    def test_all_reduce_against_the_sum(self):
+        # the shared-memory all-reduce of 2 and 3 ranks, eager, over calls of mixed sizes
+        # (bench/allreduce_bench --check: each result against the sum in rank order)
+        bench = os.path.join(os.path.dirname(FERRUMCTL), "allreduce_bench")
+        for ranks in (2, 3):
+            r = subprocess.run([bench, "--device", "cpu", "--ranks", str(ranks), "--check", "1"],
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr[-2000:])
+            self.assertEqual(r.stdout.count(": 0 mismatches"), 6, r.stdout)
+
     def serve_fails(self, *args):
         """Runs `ferrumctl serve ARGS`, which must exit non-zero; returns its output."""
         d = tempfile.mkdtemp(prefix="ferrum-tp-")

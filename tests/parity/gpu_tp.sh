@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Tensor parallelism on a multi-GPU machine (device machine, repo root, after
 # `source .device/env.sh`); results in docs/bench/tensor-parallel.md:
-#   1. the all-reduce per message size (bench/allreduce_bench) at every
-#      size of FERRUM_TP_SIZES above 1, NCCL alone and with the one-shot
-#      all-reduce for small sizes, eager and inside a CUDA graph;
+#   1. the all-reduce (bench/allreduce_bench) at every size of
+#      FERRUM_TP_SIZES above 1: its results checked (--check), then timed
+#      per message size, NCCL alone and with the one-shot all-reduce for
+#      small sizes, eager and inside a CUDA graph;
 #   2. greedy tokens against transformers at each size (gpu_tp.py);
 #   3. Llama-3-8B shapes (dummy bf16; FERRUM_TP_MODEL names another folder,
 #      such as llama3-70b-dummy): `ferrumctl bench` at each size, concurrency
@@ -27,6 +28,8 @@ nvidia-smi topo -m | head -4
 if want allreduce; then
   for n in $sizes; do
     [ "$n" -gt 1 ] || continue
+    echo "=== all-reduce, $n ranks: results against the sum in rank order, fused with add_rms_norm against the two ops"
+    "$bin/allreduce_bench" --device cuda --ranks "$n" --check 1 || status=1
     echo "=== all-reduce, $n ranks: NCCL alone"
     FERRUM_CUSTOM_AR=0 "$bin/allreduce_bench" --device cuda --ranks "$n" --iters 400 | tee "$out/allreduce$n-nccl.md" || status=1
     echo "=== all-reduce, $n ranks: one-shot over peer memory up to 512 KiB, NCCL above (the default)"

@@ -57,8 +57,10 @@ __device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *
 }
 
 /* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per CTA.
- * cols % 8 == 0, W and x 16-byte aligned. Each lane keeps U 16-byte weight
- * loads in flight; the first U are issued before the PDL wait (no kernel
+ * cols % 8 == 0, W and x 16-byte aligned. Each lane takes every STEP-th
+ * 16-byte chunk of its row, U at a time with their loads in flight together
+ * (the last group predicated, so a short row or a row's tail still issues
+ * its loads at once); the first U are issued before the PDL wait (no kernel
  * writes weights), so they stream while the kernel before drains. */
 template <typename T, int NBM, int WPR>
 __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
@@ -68,46 +70,33 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T 
   int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   int row = blockIdx.x * RPC + warp / WPR;
   const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)row * cols);
-  const int n8 = cols / 8;
+  const int n8 = row < rows ? cols / 8 : 0;
   int i = (warp % WPR) * KCU_WARP + lane;
   uint4 wv[U];
-  bool loaded = row < rows && i + (U - 1) * STEP < n8;
   kcu_pdl_launch_next();
-  if (loaded)
 #pragma unroll
-    for (int u = 0; u < U; u++) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+  for (int u = 0; u < U; u++)
+    if (i + u * STEP < n8) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
   kcu_pdl_wait();
   float acc[NBM];
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = 0.f;
-  if (row < rows) {
-    const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
-    const int xs = cols / 8;
-    for (; i + (U - 1) * STEP < n8; i += U * STEP) {
-      if (!loaded)
+  const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+  const int xs = cols / 8;
+  for (bool first = true; i < n8; i += U * STEP, first = false) {
+    if (!first)
 #pragma unroll
-        for (int u = 0; u < U; u++) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
-      loaded = false;
+      for (int u = 0; u < U; u++)
+        if (i + u * STEP < n8) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
 #pragma unroll
-      for (int u = 0; u < U; u++) {
-        float wf[8], xf[8];
-        kcu_unpack8(wv[u], wf, (const T *)0);
-#pragma unroll
-        for (int b = 0; b < NBM; b++) {
-          if (b < nb) {
-            kcu_unpack8(__ldg(x4 + (size_t)b * xs + i + u * STEP), xf, (const T *)0);
-            acc[b] += kcu_dot8(wf, xf);
-          }
-        }
-      }
-    }
-    for (; i < n8; i += STEP) {
+    for (int u = 0; u < U; u++) {
+      if (i + u * STEP >= n8) break;
       float wf[8], xf[8];
-      kcu_unpack8(kcu_ld_stream(w4 + i), wf, (const T *)0);
+      kcu_unpack8(wv[u], wf, (const T *)0);
 #pragma unroll
       for (int b = 0; b < NBM; b++) {
         if (b < nb) {
-          kcu_unpack8(__ldg(x4 + (size_t)b * xs + i), xf, (const T *)0);
+          kcu_unpack8(__ldg(x4 + (size_t)b * xs + i + u * STEP), xf, (const T *)0);
           acc[b] += kcu_dot8(wf, xf);
         }
       }

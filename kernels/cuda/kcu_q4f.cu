@@ -383,6 +383,129 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   }
 }
 
+/* Past 64 rows: a CTA of KCU_Q4F_GT row tiles shares each unit's 64
+ * tokens of activations through shared memory (cp.async, KCU_Q4F_GS
+ * stages), where kcu_q4f_mma_k has every tile read them from L2 (for a
+ * 28672-row weight, 0.9 GB per 64 tokens against 73 MB of weights).
+ * Measured on H200 (Llama-3-8B shapes, I4G, docs/bench/gpu.md): 16% faster
+ * at 128 rows, 23% slower at 48-64, where its lockstep over units (two
+ * units of weights in registers, three of activations staged) leaves
+ * fewer loads in flight than kcu_q4f_mma_k's many small CTAs. Warp
+ * (tr, wk) takes tile tr's units wk, wk + WK, ...; WK > 1 splits the
+ * columns when the tiles alone make too few CTAs, and the slices' sums
+ * meet in shared memory. Each warp's weights run two units ahead in
+ * registers, the first two loaded before the PDL wait. A staged row is 128
+ * bytes whose halves odd rows swap, so the fragment reads (rows g and
+ * g + 1 of a phase, the same 64 bytes of each) hit all 32 banks. */
+#define KCU_Q4F_GT 4 /* row tiles per CTA of kcu_q4f_gemm_k */
+#define KCU_Q4F_GS 3 /* activation stages in flight */
+
+__device__ __forceinline__ int kcu_q4f_xoff(int r, int c) { return r * 8 + (c ^ ((r & 1) << 2)); }
+
+template <typename T, int WK>
+__global__ void __launch_bounds__(KCU_Q4F_GT *WK *KCU_WARP)
+    kcu_q4f_gemm_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
+                   int n) {
+  constexpr int TR = KCU_Q4F_GT, S = KCU_Q4F_GS, NTH = TR * WK * KCU_WARP, ROW8 = KCU_Q4F_TOK * 8;
+  __shared__ uint4 xs[S][WK][ROW8];
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+  const int tr = warp % TR, wk = warp / TR, tile = blockIdx.x * TR + tr, tok0 = blockIdx.y * KCU_Q4F_TOK;
+  const int tiles = kcu_q4f_tiles(rows), units = kcu_q4f_units(cols), steps = (units + WK - 1) / WK;
+  const bool live = tile < tiles;
+  const uint4 *np = nib + (size_t)(live ? tile : 0) * units * KCU_WARP + lane;
+  const uint4 *dp = dmv + (size_t)(live ? tile : 0) * units * 8 + g;
+  float acc[8][4];
+#pragma unroll
+  for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
+  uint4 qa = {}, da = {}, qb = {}, db = {}, qc = {}, dc = {};
+  auto load_w = [&](int k, uint4 &q, uint4 &d) {
+    const int u = k * WK + wk;
+    if (live && u < units) q = __ldg(np + (size_t)u * KCU_WARP), d = __ldg(dp + (size_t)u * 8);
+  };
+  auto load_x = [&](int k) { /* step k's WK units into stage k % S */
+    const int st = k % S;
+    for (int i = threadIdx.x; i < WK * ROW8; i += NTH) {
+      const int w = i / ROW8, r = (i / 8) % KCU_Q4F_TOK, c = i % 8;
+      const int u = k * WK + w, tok = tok0 + r, col = u * KCU_Q4F_COLS + 8 * c;
+      const bool ok = u < units && tok < n && col < cols;
+      kcu_cp_async16((uint32_t)__cvta_generic_to_shared(&xs[st][w][kcu_q4f_xoff(r, c)]),
+                     ok ? x + (size_t)tok * cols + col : x, ok);
+    }
+  };
+  kcu_pdl_launch_next();
+  load_w(0, qa, da);
+  load_w(1, qb, db);
+  kcu_pdl_wait();
+  for (int k = 0; k < S - 1; k++) {
+    if (k < steps) load_x(k);
+    kcu_cp_commit();
+  }
+  for (int k = 0; k < steps; k++) {
+    if (k + S - 1 < steps) load_x(k + S - 1);
+    kcu_cp_commit();
+    load_w(k + 2, qc, dc);
+    kcu_cp_wait<S - 1>();
+    __syncthreads();
+    if (live && k * WK + wk < units) {
+      const uint4 *xb = xs[k % S][wk];
+      const uint32_t qw[4] = {qa.x, qa.y, qa.z, qa.w};
+#pragma unroll
+      for (int b = 0; b < 2; b++) { /* a missing last block has zero weights and activations */
+        const uint32_t dg = b ? da.z : da.x, dg8 = b ? da.w : da.y;
+        uint4 xv[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) xv[j] = xb[kcu_q4f_xoff(8 * j + g, 4 * b + t)];
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+          uint32_t a[4];
+          kcu_q4f_frag<T>(qw[2 * b + s], dg, dg8, a);
+#pragma unroll
+          for (int j = 0; j < 8; j++) {
+            const uint32_t bf[2] = {s ? xv[j].z : xv[j].x, s ? xv[j].w : xv[j].y};
+            kcu_mma16816<T>(acc[j], a, bf);
+          }
+        }
+      }
+    }
+    __syncthreads(); /* stage k % S is loaded again in step k + 1 */
+    qa = qb, da = db, qb = qc, db = dc;
+  }
+  if (WK > 1) { /* the column slices' sums, through the (now idle) stages */
+    kcu_cp_wait<0>();
+    float *red = reinterpret_cast<float *>(&xs[0][0][0]);
+    static_assert(sizeof xs >= (WK - 1) * TR * KCU_WARP * 32 * sizeof(float), "the slices' sums fit the stages");
+    if (wk > 0) {
+      float *r = red + ((size_t)((wk - 1) * TR + tr) * KCU_WARP + lane) * 32;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) r[j * 4 + e] = acc[j][e];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+    for (int o = 1; o < WK; o++) {
+      const float *r = red + ((size_t)((o - 1) * TR + tr) * KCU_WARP + lane) * 32;
+#pragma unroll
+      for (int j = 0; j < 8; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[j][e] += r[j * 4 + e];
+    }
+  }
+  if (!live) return;
+  /* acc[j]: (row g, tokens 2t, 2t + 1), (row g + 8, the same) of column tile j */
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
+    if (row >= rows) continue;
+    const float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
+      if (tok < n) out[(size_t)tok * rows + row] = kcu_t<T>(acc[j][e] + bv);
+    }
+  }
+}
+
 /* x with its columns permuted for an act-order weight: xp[b][k] =
  * x[b][perm[k]], 0 where perm[k] is -1 (padding). */
 template <typename T>
@@ -411,6 +534,21 @@ static int kcu_q4f_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
   return kcu_q4f_launch_wk<T, NT, 4>(c, out, w, bias, x, n);
 }
 
+/* More than 64 rows: kcu_q4f_gemm_k, its columns split in two where the
+ * tiles alone would not give every SM a CTA. */
+template <typename T>
+static int kcu_q4f_gemm(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
+  const dim3 grid(kcu_div_up(v.tiles, KCU_Q4F_GT), kcu_div_up(n, KCU_Q4F_TOK));
+  if ((long long)grid.x * grid.y >= c->n_sm)
+    KCU_LAUNCH(c, (kcu_q4f_gemm_k<T, 1>), grid, KCU_Q4F_GT * KCU_WARP, 0, out, (const uint4 *)v.nib,
+               (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
+  else
+    KCU_LAUNCH(c, (kcu_q4f_gemm_k<T, 2>), grid, 2 * KCU_Q4F_GT * KCU_WARP, 0, out, (const uint4 *)v.nib,
+               (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
+  return 0;
+}
+
 template <typename T>
 static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const int32_t *perm = (const int32_t *)w->priv;
@@ -422,6 +560,7 @@ static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const 
     x = (const T *)c->deq;
   }
   const int nt = n >= KCU_Q4F_TOK ? 8 : kcu_div_up(n, 8);
+  if (n > KCU_Q4F_TOK && c->q4f_gemm) return kcu_q4f_gemm(c, out, w, bias, x, n);
   switch (nt) {
   case 1: return kcu_q4f_launch<T, 1>(c, out, w, bias, x, n);
   case 2: return kcu_q4f_launch<T, 2>(c, out, w, bias, x, n);

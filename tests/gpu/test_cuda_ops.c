@@ -256,7 +256,7 @@ static void simple_step(int n, const int32_t *tokens) {
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
-static const int k_ns[] = {1, 2, 4, 7, 16, 64, 300};
+static const int k_ns[] = {1, 2, 4, 7, 16, 64, 100, 300};
 
 /* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][perm[k]] (+ bias)
  * in f64 (perm NULL: the identity; perm[k] -1: column k is padding), x
@@ -419,7 +419,8 @@ END_TEST
 /* The 4-bit types that CUDA repacks for its tensor cores (KERN_Q4F,
  * kcu_q4f.cu): rows not a multiple of the 16-row tiles, a last unit of 32
  * columns (not for Q4_K, whose blocks are 256 wide), a large weight, both
- * CTA sizes on a weight whose last row tile is partial, and then the
+ * CTA sizes on a weight whose last row tile is partial (past 64 rows: the
+ * GEMM form with its columns split, and the per-tile kernel), and then the
  * file's blocks kept (FERRUM_CUDA_Q4F=0: the integer GEMV and dequantize +
  * cuBLAS) on the same weights. */
 static const kern_type_t k_q4[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_I4G};
@@ -427,10 +428,11 @@ static const kern_type_t k_q4[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_I4G};
 START_TEST(test_matmul_q4f) {
   kern_type_t t = k_q4[_i];
   check_matmul(t, 200, t == KERN_Q4_K ? 768 : 288, true);
-  check_matmul_n(t, 16 * 532 - 11, 256, false, 64);
-  for (int warps = 4; warps <= 8; warps += 4) { /* both CTA sizes at every n (FERRUM_CUDA_Q4F_WARPS) */
-    kern_backend_destroy(gpu);
+  check_matmul_n(t, 16 * 532 - 11, 256, false, 128);
+  for (int warps = 4; warps <= 8; warps += 4) { /* both CTA sizes at every n (FERRUM_CUDA_Q4F_WARPS), and */
+    kern_backend_destroy(gpu);                   /* from 33 rows the GEMM form (its columns split) or not */
     setenv("FERRUM_CUDA_Q4F_WARPS", warps == 4 ? "4" : "8", 1);
+    setenv("FERRUM_CUDA_Q4F_GEMM", warps == 4 ? "0" : "1", 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
     check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, warps == 8, 64);
   }

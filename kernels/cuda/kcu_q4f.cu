@@ -284,6 +284,25 @@ __device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U> &st, const uin
   kcu_q4f_load_x<T, NT, U, WK>(st, xr, u0, units, cols);
 }
 
+/* A warp's results for its row tile: acc[j] holds (row g, tokens 2t,
+ * 2t + 1), (row g + 8, the same) of MMA column tile j, tokens from tok0. */
+template <typename T, int NT>
+__device__ __forceinline__ void kcu_q4f_store(const float (&acc)[NT][4], T *out, const float *bias, int tile, int tok0,
+                                              int rows, int n) {
+  const int lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
+    if (row >= rows) continue;
+    const float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
+      if (tok < n) out[(size_t)tok * rows + row] = kcu_t<T>(acc[j][e] + bv);
+    }
+  }
+}
+
 /* out (n, rows) = x (n, cols) @ W^T (cols a multiple of 32: a last unit
  * may have one block). A CTA is WK warps on one row tile of 16, each warp
  * a WK-th of its units (summed through shared memory at the end), for up
@@ -368,19 +387,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
         for (int e = 0; e < 4; e++) acc[j][e] += r[j * 4 + e];
     }
   }
-  if (tile >= tiles) return;
-  /* acc[j]: (row g, tokens 2t, 2t + 1), (row g + 8, the same) of column tile j */
-#pragma unroll
-  for (int e = 0; e < 4; e++) {
-    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
-    if (row >= rows) continue;
-    const float bv = bias ? bias[row] : 0.f;
-#pragma unroll
-    for (int j = 0; j < NT; j++) {
-      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
-      if (tok < n) out[(size_t)tok * rows + row] = kcu_t<T>(acc[j][e] + bv);
-    }
-  }
+  if (tile < tiles) kcu_q4f_store<T, NT>(acc, out, bias, tile, tok0, rows, n);
 }
 
 /* Past 64 rows: a CTA of KCU_Q4F_GT row tiles shares each unit's 64
@@ -491,19 +498,7 @@ __global__ void __launch_bounds__(KCU_Q4F_GT *WK *KCU_WARP)
         for (int e = 0; e < 4; e++) acc[j][e] += r[j * 4 + e];
     }
   }
-  if (!live) return;
-  /* acc[j]: (row g, tokens 2t, 2t + 1), (row g + 8, the same) of column tile j */
-#pragma unroll
-  for (int e = 0; e < 4; e++) {
-    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
-    if (row >= rows) continue;
-    const float bv = bias ? bias[row] : 0.f;
-#pragma unroll
-    for (int j = 0; j < 8; j++) {
-      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
-      if (tok < n) out[(size_t)tok * rows + row] = kcu_t<T>(acc[j][e] + bv);
-    }
-  }
+  if (live) kcu_q4f_store<T, 8>(acc, out, bias, tile, tok0, rows, n);
 }
 
 /* x with its columns permuted for an act-order weight: xp[b][k] =

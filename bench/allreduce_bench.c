@@ -152,21 +152,31 @@ static long check_compare(kern_backend_t *be, check_case_t *cs, int ranks, int k
   return bad;
 }
 
+/* The device buffers of the cases and the norm weight. */
+static void check_free(kern_backend_t *be, check_case_t *cs, kern_weight_t *w) {
+  for (int c = 0; c < CHECK_CASES; c++) {
+    void *bufs[4] = {cs[c].part, cs[c].res, cs[c].ref_part, cs[c].ref_res};
+    for (int k = 0; k < 4; k++)
+      if (bufs[k]) be->ops->free(be->ctx, bufs[k]);
+  }
+  if (w->data) be->ops->free(be->ctx, w->data);
+}
+
 static int check_rank(kern_backend_t *be, int rank, int ranks) {
   const kern_ops_t *op = be->ops;
-  check_case_t cs[CHECK_CASES];
+  check_case_t cs[CHECK_CASES] = {0};
   size_t max_n = 0;
-  int rc = 0;
-  for (int c = 0; c < CHECK_CASES; c++) {
+  int rc = 0, max_dim = 0;
+  for (int c = 0; c < CHECK_CASES && !rc; c++) {
     cs[c] = (check_case_t){.rows = check_shapes[c][0], .dim = check_shapes[c][1], .fused = check_shapes[c][2]};
     size_t bytes = check_n(&cs[c]) * be->act_size;
     max_n = FR_MAX(max_n, check_n(&cs[c]));
+    max_dim = cs[c].fused ? FR_MAX(max_dim, cs[c].dim) : max_dim;
     if ((rc = op->alloc(be->ctx, bytes, &cs[c].part)) || (rc = op->alloc(be->ctx, bytes, &cs[c].res)) ||
-        (rc = op->alloc(be->ctx, bytes, &cs[c].ref_part)) || (rc = op->alloc(be->ctx, bytes, &cs[c].ref_res)))
-      return rc;
+        (rc = op->alloc(be->ctx, bytes, &cs[c].ref_part)))
+      break;
+    rc = op->alloc(be->ctx, bytes, &cs[c].ref_res);
   }
-  int max_dim = 0;
-  for (int c = 0; c < CHECK_CASES; c++) max_dim = cs[c].fused ? FR_MAX(max_dim, cs[c].dim) : max_dim;
   float *wh = fr_malloc((size_t)max_dim * sizeof(float));
   for (int i = 0; i < max_dim; i++) wh[i] = 0.5f + (float)(i % 13) / 8.0f;
   kern_weight_t w = {.type = KERN_F32, .rows = 1, .cols = max_dim, .row_bytes = (size_t)max_dim * sizeof(float)};
@@ -190,6 +200,7 @@ static int check_rank(kern_backend_t *be, int rank, int ranks) {
   }
   free(a);
   free(b);
+  check_free(be, cs, &w);
   if (rc) return rc;
   if (total) return fr_errorf(-EIO, "%ld mismatches", total);
   return 0;

@@ -140,6 +140,15 @@ class TensorParallelCPU(unittest.TestCase):
     def test_tiny_qwen3moe_safetensors(self):
         self.check_model(os.path.join(GOLDEN, "tiny-qwen3moe-hf"), 1e-2, 1e-2, 0.8, (2, 4))
 
+    def test_busy_polling_serves_the_same(self):
+        # GPU servers poll without sleeping around a step (coordinator and workers); forced on here on
+        # CPU workers, TP=2 still agrees with TP=1 token for token
+        os.environ["FERRUM_BUSY_POLL"] = "1"
+        try:
+            self.check_model(os.path.join(GOLDEN, "tiny-llama.gguf"), 1e-3, 1e-3, 0.9)
+        finally:
+            del os.environ["FERRUM_BUSY_POLL"]
+
     def test_all_reduce_against_the_sum(self):
         # the shared-memory all-reduce of 2 and 3 ranks, eager, over calls of mixed sizes
         # (bench/allreduce_bench --check: each result against the sum in rank order)

@@ -2,7 +2,9 @@
 """test_tp.py - tensor parallelism on CPU workers, end to end: for each
 model, `ferrumctl serve --tensor-parallel-size 2` (and 4 and 8 where the
 heads allow) against the same server with one worker, greedy, 32 tokens for 8 prompts, with the top-5 logprobs
-of every token; then a rank killed under load.
+of every token; then a rank killed under load, busy polling (the GPU
+servers' default) forced on, and the shared-memory all-reduce against the
+sum in rank order (bench/allreduce_bench --check).
 
 The rule (the one the GPU parity script uses): the tokens agree up to the
 first divergence, if any; before it the sampled tokens' logprobs agree

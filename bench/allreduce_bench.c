@@ -91,10 +91,8 @@ static int check_upload(kern_backend_t *be, check_case_t *cs, int rank, int k, u
     for (size_t i = 0; i < n; i++) check_put(be, h, i, check_value(rank, k, c, i));
     int rc = be->ops->upload(be->ctx, cs[c].part, h, bytes);
     if (!rc) rc = be->ops->upload(be->ctx, cs[c].ref_part, h, bytes);
-    if (!cs[c].fused || rc) {
-      if (rc) return rc;
-      continue;
-    }
+    if (rc) return rc;
+    if (!cs[c].fused) continue;
     for (size_t i = 0; i < n; i++) check_put(be, h, i, check_value(1000, k, c, i)); /* the residual: shared */
     if ((rc = be->ops->upload(be->ctx, cs[c].res, h, bytes)) || (rc = be->ops->upload(be->ctx, cs[c].ref_res, h, bytes)))
       return rc;
@@ -172,10 +170,8 @@ static int check_rank(kern_backend_t *be, int rank, int ranks) {
     size_t bytes = check_n(&cs[c]) * be->act_size;
     max_n = FR_MAX(max_n, check_n(&cs[c]));
     max_dim = cs[c].fused ? FR_MAX(max_dim, cs[c].dim) : max_dim;
-    if ((rc = op->alloc(be->ctx, bytes, &cs[c].part)) || (rc = op->alloc(be->ctx, bytes, &cs[c].res)) ||
-        (rc = op->alloc(be->ctx, bytes, &cs[c].ref_part)))
-      break;
-    rc = op->alloc(be->ctx, bytes, &cs[c].ref_res);
+    void **bufs[4] = {&cs[c].part, &cs[c].res, &cs[c].ref_part, &cs[c].ref_res};
+    for (int b = 0; b < 4 && !rc; b++) rc = op->alloc(be->ctx, bytes, bufs[b]);
   }
   float *wh = fr_malloc((size_t)max_dim * sizeof(float));
   for (int i = 0; i < max_dim; i++) wh[i] = 0.5f + (float)(i % 13) / 8.0f;

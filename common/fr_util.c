@@ -55,3 +55,12 @@ uint64_t fr_now_ns(void) {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
+
+bool fr_busy_poll(bool gpu) {
+  static int forced = -2; /* -1: not set; 0 off, 1 on (read once) */
+  if (forced == -2) {
+    const char *env = getenv("FERRUM_BUSY_POLL");
+    forced = env && *env ? strcmp(env, "0") != 0 : -1;
+  }
+  return forced >= 0 ? forced == 1 : gpu;
+}

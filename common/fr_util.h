@@ -2,6 +2,7 @@
  * fp16/bf16 conversion, allocation that aborts on host OOM (zmalloc's rule). */
 #pragma once
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <string.h>
@@ -33,6 +34,13 @@ void fr_free_aligned(void *p);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t fr_now_ns(void);
+
+/* Whether a loop that waits on a step polls without sleeping (the
+ * coordinator while a step is out, a worker after each message): a thread's
+ * wake-up costs tens of microseconds on a virtual machine, against a
+ * batch-1 GPU step of 3-5 ms, for one core kept busy. FERRUM_BUSY_POLL=0
+ * off, another value on; unset: `gpu` (CPU workers need every core). */
+bool fr_busy_poll(bool gpu);
 
 /* a*b and a+b with overflow detection: return 0 and store, or -1. */
 static inline int fr_mul_size(size_t a, size_t b, size_t *out) {

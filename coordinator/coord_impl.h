@@ -154,7 +154,7 @@ struct coord {
   uint64_t serial;           /* arrival order */
   /* step in flight */
   bool step_busy;
-  bool busy_poll;            /* GPU workers: the loop polls without sleeping while a step is out (coord__busy_poll) */
+  bool busy_poll;            /* GPU workers: the loop polls without sleeping while a step is out (fr_busy_poll) */
   uint64_t step_id, step_sent_ns;
   uint32_t step_results;     /* ranks that answered */
   int step_tokens;           /* tokens in the step in flight */

@@ -230,18 +230,6 @@ static int coord__check_running(coord_t *c) {
   return 0;
 }
 
-/* Busy polling while a step is out, on GPU workers: a step's result then
- * needs no wake-up of this thread (each one costs tens of microseconds on a
- * virtual machine, against a batch-1 decode step of 3-5 ms), for one core
- * kept busy. CPU workers need every core for their threads, so there it
- * stays off. FERRUM_BUSY_POLL=0 turns it off, 1 on (the workers' side:
- * worker/main.c). */
-static bool coord__busy_poll(const char *device) {
-  const char *env = getenv("FERRUM_BUSY_POLL");
-  if (env && *env) return strcmp(env, "0") != 0;
-  return strncmp(device, "cuda", 4) == 0;
-}
-
 static void coord__copy_cfg(coord_t *c, const coord_config_t *cfg) {
   c->cfg = *cfg;
   coord__defaults(&c->cfg);
@@ -258,7 +246,7 @@ static void coord__copy_cfg(coord_t *c, const coord_config_t *cfg) {
   c->cfg.model_path = c->model_path;
   c->cfg.device = c->device;
   c->cfg.served_model_name = c->served_name;
-  c->busy_poll = coord__busy_poll(c->device);
+  c->busy_poll = fr_busy_poll(strncmp(c->device, "cuda", 4) == 0); /* GPU workers */
 }
 
 static void coord__alloc_scratch(coord_t *c) {

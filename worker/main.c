@@ -181,21 +181,13 @@ static bool worker__orphaned(const worker_t *w) {
   return w->args.hb_timeout_ms > 0 && (fr_now_ns() - w->last_rx_ns) / 1000000 > (uint64_t)w->args.hb_timeout_ms;
 }
 
-/* How long after a message a worker on a GPU polls without sleeping: the
- * next step of a decode follows its result within a few hundred
- * microseconds, and a wake-up costs tens of them on a virtual machine
- * (coordinator/loop.c, coord__busy_poll). CPU workers leave the core to
- * their threads. FERRUM_BUSY_POLL=0 turns it off, 1 on. */
+/* How long after a message a worker on a GPU polls without sleeping
+ * (fr_busy_poll): the next step of a decode follows its result within a
+ * few hundred microseconds. */
 #define WORKER_BUSY_POLL_NS 2000000ull
 
 static uint64_t worker__busy_poll_ns(const worker_t *w) {
-  static int forced = -2; /* -1: not set; 0 off, 1 on */
-  if (forced == -2) {
-    const char *env = getenv("FERRUM_BUSY_POLL");
-    forced = env && *env ? strcmp(env, "0") != 0 : -1;
-  }
-  bool on = forced >= 0 ? forced == 1 : w->be && !w->be->host_memory;
-  return on ? WORKER_BUSY_POLL_NS : 0;
+  return fr_busy_poll(w->be && !w->be->host_memory) ? WORKER_BUSY_POLL_NS : 0;
 }
 
 static int worker__loop(worker_t *w) {

@@ -194,7 +194,8 @@ int kcu__car_init(kcu_ctx_t *c) {
   void *buf = NULL;
   const size_t bytes = kcu_car_bytes(c->comm_size);
   if ((rc = kcu__alloc(c, bytes, &buf, "custom all-reduce buffer"))) return rc;
-  kcu_car_fill_k<<<64, 256, 0, c->stream>>>((uint32_t *)buf, bytes / sizeof(uint32_t)); /* nothing has arrived */
+  /* nothing has arrived; a plain launch (no PDL, so no kcu_pdl_wait in the kernel): once, at the group's start */
+  kcu_car_fill_k<<<64, 256, 0, c->stream>>>((uint32_t *)buf, bytes / sizeof(uint32_t));
   KCU_CHECK(cudaGetLastError());
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   cudaIpcMemHandle_t mine = {};

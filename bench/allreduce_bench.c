@@ -116,6 +116,11 @@ static int check_ops(kern_backend_t *be, check_case_t *cs, const kern_weight_t *
   return 0;
 }
 
+/* The activation type's unit roundoff. */
+static float check_unit(const kern_backend_t *be) {
+  return be->act_type == KERN_F32 ? 0x1p-24f : be->act_type == KERN_BF16 ? 0x1p-8f : 0x1p-11f;
+}
+
 /* Mismatches of the round's results: plain cases against the sum in rank
  * order, fused ones (output and residual) against the two ops. */
 static long check_compare(kern_backend_t *be, check_case_t *cs, int ranks, int k, uint8_t *a, uint8_t *b) {
@@ -128,17 +133,22 @@ static long check_compare(kern_backend_t *be, check_case_t *cs, int ranks, int k
       if (be->ops->download(be->ctx, a, pass ? x->res : x->part, bytes)) return -1;
       if (x->fused && be->ops->download(be->ctx, b, pass ? x->ref_res : x->ref_part, bytes)) return -1;
       for (size_t i = 0; i < n; i++) {
-        float want;
+        float want, mag = 0.0f;
         if (x->fused) {
           want = check_get(be, b, i);
         } else {
           float acc = 0.0f;
-          for (int r = 0; r < ranks; r++) acc += check_round(be, check_value(r, k, c, i));
+          for (int r = 0; r < ranks; r++) {
+            acc += check_round(be, check_value(r, k, c, i));
+            mag += fabsf(check_round(be, check_value(r, k, c, i)));
+          }
           want = check_round(be, acc);
         }
         float got = check_get(be, a, i);
-        /* beyond two ranks NCCL's ring adds in an order of its own: one unit in the last place */
-        float tol = ranks > 2 && !x->fused ? fabsf(want) / 64.0f + 1e-6f : 0.0f;
+        /* beyond two ranks NCCL's ring adds in an order of its own, rounding
+         * each partial sum to the activation type: at most a unit roundoff
+         * of the terms' magnitude per addition, and one for want's own */
+        float tol = ranks > 2 && !x->fused ? (float)ranks * mag * check_unit(be) + 1e-6f : 0.0f;
         if (!(fabsf(got - want) <= tol)) {
           if (bad < 5) fprintf(stderr, "check: round %d case %d (%d x %d%s) %s[%zu] = %g, want %g\n", k, c, x->rows,
                                x->dim, x->fused ? ", fused" : "", pass ? "residual" : "out", i, got, want);

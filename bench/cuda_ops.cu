@@ -1,6 +1,6 @@
 /* cuda_ops.cu - op benchmark of the CUDA backend (not a test).
  *
- *   cuda_ops_bench [gemv|gemv1|attn|all] [ROWSxCOLS,...]
+ *   cuda_ops_bench [gemv|gemv1|attn|attn1|all] [ROWSxCOLS,...]
  *
  * Prints, on the current device:
  *  - the device-to-device copy bandwidth (bytes read + written), the ceiling;
@@ -8,7 +8,8 @@
  *    batch 1, 8 and 64 for bf16, Q8_0 and Q4_K weights (and cuBLAS at batch
  *    1 for comparison), rotating over enough weight copies to defeat L2;
  *  - decode attention time (32 heads, 8 KV heads, head_dim 128) at several
- *    batch and context sizes, with its KV-read bandwidth.
+ *    batch and context sizes, with its KV-read bandwidth; attn1: batch 1 at
+ *    short contexts for the whole model's heads and TP shards'.
  * Ops are captured in a CUDA graph (through the backend's graph slots) and
  * timed with events on the backend's stream; the median of 7 runs. */
 #include <algorithm>
@@ -231,56 +232,71 @@ static void bench_gemv(double ceil_gbs) {
   B->ops->free(B->ctx, o);
 }
 
-static void bench_attn(double ceil_gbs) {
-  const int n_heads = 32, n_kv = 8, hd = 128, bs = 16;
-  const int batches[] = {1, 8, 32, 64}, ctxs[] = {1024, 4096, 16384, 32768};
-  printf("\n%-6s %-7s %10s %10s %8s %6s\n", "batch", "ctx", "us", "GB/s", "%copy", "splits");
-  uint64_t key = 10000;
-  for (int nb : batches) {
-    for (int ctx : ctxs) {
-      if ((long long)nb * ctx > 512 * 1024) continue;
-      int mb = ctx / bs;
-      kern_kv_config_t cfg = {1, n_kv, hd, bs, nb * mb, C->act};
-      kern_kv_pool_t pool;
-      CK(B->ops->kv_pool_init(B->ctx, &pool, &cfg, NULL));
-      /* random KV (only its bytes matter for time; avoid zeros) */
-      {
-        std::vector<uint16_t> h((size_t)1 << 24);
-        for (auto &v : h) v = (uint16_t)((rnd() & 0x807f) | 0x3c00);
-        for (size_t off = 0; off < 2 * pool.layer_bytes; off += h.size() * 2)
-          CK(B->ops->upload(B->ctx, (char *)pool.base + off, h.data(),
-                            std::min(h.size() * 2, 2 * pool.layer_bytes - off)));
-      }
-      std::vector<int32_t> bt((size_t)nb * mb), pos(nb), slots(nb), qs(nb + 1), cl(nb), tok(nb, 1);
-      for (size_t i = 0; i < bt.size(); i++) bt[i] = (int32_t)i;
-      for (int s = 0; s < nb; s++) {
-        pos[s] = ctx - 1;
-        slots[s] = -1;
-        qs[s] = s;
-        cl[s] = ctx;
-      }
-      qs[nb] = nb;
-      kern_step_t st = {nb, tok.data(), nb, pos.data(), slots.data(), qs.data(), cl.data(), bt.data(), mb};
-      CK(B->ops->step_begin(B->ctx, &st));
-      void *q, *o;
-      CK(B->ops->alloc(B->ctx, (size_t)nb * n_heads * hd * 2, &q));
-      CK(B->ops->alloc(B->ctx, (size_t)nb * n_heads * hd * 2, &o));
-      CK(B->ops->upload(B->ctx, q, bt.data(), std::min(bt.size() * 4, (size_t)nb * n_heads * hd * 2)));
-      int reps = 10;
-      double ms = time_graph(key++, reps, [&] {
-        for (int r = 0; r < reps; r++)
-          CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f, 0));
-      });
-      double bytes = 2.0 * nb * ctx * n_kv * hd * 2;
-      double gbs = bytes / (ms * 1e-3) / 1e9;
-      printf("%-6d %-7d %10.1f %10.0f %7.1f%% %6d\n", nb, ctx, ms * 1e3, gbs, 100.0 * gbs / ceil_gbs,
-             kcu__attn_splits(C, nb, n_kv, (long long)mb * bs));
-      fflush(stdout);
-      B->ops->free(B->ctx, q);
-      B->ops->free(B->ctx, o);
-      B->ops->kv_pool_deinit(B->ctx, &pool);
-    }
+/* Decode attention over nb sequences of ctx tokens each, in a block table
+ * of cap tokens a sequence (cap > ctx: the width a captured decode graph
+ * pads to); prints one row. */
+static void attn_case(double ceil_gbs, int n_heads, int n_kv, int nb, int ctx, int cap, uint64_t key) {
+  const int hd = 128, bs = 16, mb = cap / bs;
+  kern_kv_config_t cfg = {1, n_kv, hd, bs, nb * mb, C->act};
+  kern_kv_pool_t pool;
+  CK(B->ops->kv_pool_init(B->ctx, &pool, &cfg, NULL));
+  /* random KV (only its bytes matter for time; avoid zeros) */
+  {
+    std::vector<uint16_t> h((size_t)1 << 24);
+    for (auto &v : h) v = (uint16_t)((rnd() & 0x807f) | 0x3c00);
+    for (size_t off = 0; off < 2 * pool.layer_bytes; off += h.size() * 2)
+      CK(B->ops->upload(B->ctx, (char *)pool.base + off, h.data(), std::min(h.size() * 2, 2 * pool.layer_bytes - off)));
   }
+  std::vector<int32_t> bt((size_t)nb * mb), pos(nb), slots(nb), qs(nb + 1), cl(nb), tok(nb, 1);
+  for (size_t i = 0; i < bt.size(); i++) bt[i] = (int32_t)i;
+  for (int s = 0; s < nb; s++) {
+    pos[s] = ctx - 1;
+    slots[s] = -1;
+    qs[s] = s;
+    cl[s] = ctx;
+  }
+  qs[nb] = nb;
+  kern_step_t st = {nb, tok.data(), nb, pos.data(), slots.data(), qs.data(), cl.data(), bt.data(), mb};
+  CK(B->ops->step_begin(B->ctx, &st));
+  void *q, *o;
+  CK(B->ops->alloc(B->ctx, (size_t)nb * n_heads * hd * 2, &q));
+  CK(B->ops->alloc(B->ctx, (size_t)nb * n_heads * hd * 2, &o));
+  CK(B->ops->upload(B->ctx, q, bt.data(), std::min(bt.size() * 4, (size_t)nb * n_heads * hd * 2)));
+  int reps = 10;
+  double ms = time_graph(key, reps, [&] {
+    for (int r = 0; r < reps; r++) CK(B->ops->attention(B->ctx, o, q, n_heads * hd, &pool, 0, n_heads, hd, 0.088f, 0));
+  });
+  double bytes = 2.0 * nb * ctx * n_kv * hd * 2;
+  double gbs = bytes / (ms * 1e-3) / 1e9;
+  printf("%-6d %-6d %-7d %-7d %10.2f %10.0f %7.1f%% %6d\n", n_heads, n_kv, nb, ctx, ms * 1e3, gbs,
+         100.0 * gbs / ceil_gbs, kcu__attn_splits(C, nb, n_kv, (long long)cap));
+  fflush(stdout);
+  B->ops->free(B->ctx, q);
+  B->ops->free(B->ctx, o);
+  B->ops->kv_pool_deinit(B->ctx, &pool);
+}
+
+static const char *attn_head = "\n%-6s %-6s %-7s %-7s %10s %10s %8s %6s\n";
+
+/* Llama-3-8B's heads (32, 8 KV) from 1 to 64 sequences at long contexts. */
+static void bench_attn(double ceil_gbs) {
+  const int batches[] = {1, 8, 32, 64}, ctxs[] = {1024, 4096, 16384, 32768};
+  printf(attn_head, "heads", "kv", "batch", "ctx", "us", "GB/s", "%copy", "splits");
+  uint64_t key = 10000;
+  for (int nb : batches)
+    for (int ctx : ctxs)
+      if ((long long)nb * ctx <= 512 * 1024) attn_case(ceil_gbs, 32, 8, nb, ctx, ctx, key++);
+}
+
+/* Batch-1 decode at short contexts, in a 1024-token block table (a decode
+ * graph's width): Llama-3-8B's heads, one TP=2 shard's, one TP=4 shard's
+ * of Llama-3-70B. */
+static void bench_attn1(double ceil_gbs) {
+  const int heads[][2] = {{32, 8}, {16, 4}, {16, 2}}, ctxs[] = {64, 200, 500, 1000};
+  printf(attn_head, "heads", "kv", "batch", "ctx", "us", "GB/s", "%copy", "splits");
+  uint64_t key = 11000;
+  for (auto &h : heads)
+    for (int ctx : ctxs) attn_case(ceil_gbs, h[0], h[1], 1, ctx, 1024, key++);
 }
 
 /* Prefill attention: n_seqs sequences of len tokens each, all new (causal). */
@@ -359,6 +375,7 @@ int main(int argc, char **argv) {
   }
   if (!strcmp(what, "all") || !strcmp(what, "gemv1")) bench_gemv1(ceil_gbs, user, n_user);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_attn(ceil_gbs);
+  if (!strcmp(what, "all") || !strcmp(what, "attn1")) bench_attn1(ceil_gbs);
   if (!strcmp(what, "all") || !strcmp(what, "attn")) bench_prefill();
   kern_backend_destroy(B);
   return 0;

@@ -44,6 +44,7 @@
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
+#define KCU_DEC_GROUP 4     /* query heads per CTA of the decode kernel: a KV head with more has several CTAs */
 #define KCU_STAGE_N 16               /* pinned chunks in the weight-loading ring */
 #define KCU_STAGE_AHEAD (KCU_STAGE_N - 2) /* of them being read (weight_load_file); the others' DMA runs */
 #define KCU_STAGE_BYTES (16u << 20)  /* bytes per chunk */
@@ -348,8 +349,14 @@ static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1
  * that keeps this correct: each kernel calls kcu_pdl_wait() before it reads
  * or writes any memory that another kernel writes (or reads), in every CTA,
  * also one that has nothing to do. Only reads of data no kernel writes
- * (weights) could come before it. The wait returns once the previous kernel
- * has finished and its writes are visible, so the order is transitive.
+ * (weights, the step's metadata, which step_begin copies in before the
+ * step's first kernel) may come before it. The wait returns once the
+ * previous kernel has finished and its writes are visible, so the order is
+ * transitive; and a kernel that lets the next launch only after its own
+ * wait (kcu_pdl_enter) has every kernel before it finished by then, so the
+ * next may also read early whatever only those wrote: the decode attention
+ * reads the K/V of earlier steps before its wait, as only rope + KV append
+ * (kcu_pdl_enter) writes the cache after them.
  * Measured on H100 (Llama-3-8B shapes, batch 1): 1% faster decode; letting
  * the next kernel launch early (kcu_pdl_launch_next at entry) or only at
  * exit made no difference. Both together, with the first weights read
@@ -451,7 +458,7 @@ int kcu__attn_init(kcu_ctx_t *c);
 /* Decode split count for a step shape; the partials buffer is sized from it. */
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
-int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits);
+int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_groups, int n_heads, int head_dim, int splits);
 
 /* kcu_moe.cu: the moe_ffn op (kern.h). */
 int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m);

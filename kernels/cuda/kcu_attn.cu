@@ -1,10 +1,13 @@
 /* kcu_attn.cu - causal attention over the paged KV pool.
  *
  * Decode (every sequence has one query token): one CTA per (split, KV head,
- * sequence) serves all the query heads that share the KV head (GQA); the
- * context is split along the sequence (flash-decoding) so that long contexts
- * fill the GPU; the last CTA of each (sequence, KV head) to finish merges
- * the splits by their log-sum-exp.
+ * sequence) serves the query heads that share the KV head (GQA), up to
+ * KCU_DEC_GROUP of them (more: a CTA per KCU_DEC_GROUP); the context is
+ * split along the sequence (flash-decoding) so that long contexts fill the
+ * GPU; the last CTA of each (sequence, head group) to finish merges the
+ * splits by their log-sum-exp. At batch 1 and a short context the kernel is
+ * latency-bound, so its K/V loads start before the PDL wait and its merges
+ * cost one barrier and one round of loads each.
  * The split count depends only on the step's shape (n_seqs, KV heads, block
  * table capacity), never on ctx_len, so a captured graph replays correctly
  * for any context length: each CTA finds its range from ctx_len on the
@@ -128,27 +131,18 @@ __device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const voi
   }
 }
 
-/* Merges (m2, l2, a2) into (m1, l1, a1). */
-template <int N>
-__device__ __forceinline__ void kcu_merge(float &m1, float &l1, float *a1, float m2, float l2, const float *a2) {
-  float M = fmaxf(m1, m2);
-  float f1 = M == -INFINITY ? 0.f : __expf(m1 - M), f2 = M == -INFINITY ? 0.f : __expf(m2 - M);
-  l1 = l1 * f1 + l2 * f2;
-#pragma unroll
-  for (int i = 0; i < N; i++) a1[i] = a1[i] * f1 + a2[i] * f2;
-  m1 = M;
-}
-
 /* ---- decode ---------------------------------------------------------------------------- */
 
-/* Split-K merge without a second kernel: every CTA of (sequence, KV head)
- * publishes its partials, then counts itself done; the last one to finish
- * merges the G heads by their log-sum-exp and resets the counter for the
- * next step (graphs replay the same counters). The split weights go through
- * shared memory first, so the loads of the merge are independent. */
+/* Split-K merge without a second kernel: every CTA of (sequence, head
+ * group) publishes its partials, then counts itself done; the last one to
+ * finish merges its G heads (from h0) by their log-sum-exp and resets the
+ * counter for the next step (graphs replay the same counters). The split weights go through
+ * shared memory; the first C splits' partials load beside them, so a short
+ * context's merge waits for one round of loads. */
 template <typename T, int HD, int GM>
-__device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int t, int s, int kvh, int G, int n_heads,
+__device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int t, int s, int h0, int G, int n_heads,
                                     int n_splits, int n_used) {
+  constexpr int NT = KCU_DEC_NT, E = (GM * HD + NT - 1) / NT, C = E >= 16 ? 1 : 16 / E;
   __shared__ int last;
   __shared__ float wt[GM][KCU_MAX_SPLITS];
   __threadfence();
@@ -157,8 +151,16 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float *base = part + ((size_t)s * n_heads + (size_t)kvh * G) * n_splits * (HD + 2);
-  for (int e = threadIdx.x; e < G * n_used; e += blockDim.x)
+  const float *base = part + ((size_t)s * n_heads + (size_t)h0) * n_splits * (HD + 2);
+  float pre[E][C];
+#pragma unroll
+  for (int k = 0; k < E; k++) {
+    const int e = threadIdx.x + k * NT;
+    const float *p = base + (size_t)(e / HD) * n_splits * (HD + 2) + e % HD;
+#pragma unroll
+    for (int i = 0; i < C; i++) pre[k][i] = e < G * HD && i < n_used ? __ldcg(p + (size_t)i * (HD + 2)) : 0.f;
+  }
+  for (int e = threadIdx.x; e < G * n_used; e += NT)
     wt[e / n_used][e % n_used] = __ldcg(base + (size_t)(e / n_used * n_splits + e % n_used) * (HD + 2) + HD);
   __syncthreads();
   if (threadIdx.x < G) { /* lse -> normalized weight, per head */
@@ -171,42 +173,70 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
     for (int i = 0; i < n_used; i++) w[i] = den > 0.f ? w[i] / den : 0.f;
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < G * HD; e += blockDim.x) {
-    const int g = e / HD, d = e % HD;
+#pragma unroll
+  for (int k = 0; k < E; k++) {
+    const int e = threadIdx.x + k * NT, g = e / HD, d = e % HD;
+    if (e >= G * HD) break;
     const float *p = base + (size_t)g * n_splits * (HD + 2) + d;
     float num = 0.f;
-    for (int i = 0; i < n_used; i++) num += wt[g][i] * __ldcg(p + (size_t)i * (HD + 2));
-    out[(size_t)t * n_heads * HD + (size_t)(kvh * G + g) * HD + d] = kcu_t<T>(num);
+#pragma unroll
+    for (int i = 0; i < C; i++)
+      if (i < n_used) num += wt[g][i] * pre[k][i];
+    for (int i = C; i < n_used; i++) num += wt[g][i] * __ldcg(p + (size_t)i * (HD + 2));
+    out[(size_t)t * n_heads * HD + (size_t)(h0 + g) * HD + d] = kcu_t<T>(num);
   }
   if (threadIdx.x == 0) *cnt = 0;
 }
 
-/* One cache row's K and V (8 elements each, as kcu_kv_fetch loads them)
- * into the running softmax of the GM query heads whose 8 dimensions this
- * lane holds; the L lanes of the row sum the scores by shuffles (all of
- * the warp's lanes take part, valid or not). */
-template <typename T, int GM, int L, int Q>
-__device__ __forceinline__ void kcu_dec_token(uint4 kr, uint4 vr, bool valid, int G, const float (&qr)[GM][8],
-                                              float (&acc)[GM][8], float (&m)[GM], float (&l)[GM]) {
-  float kf[8], vf[8];
-  kcu_kv_unpack<T, Q>(kr, kf);
-  kcu_kv_unpack<T, Q>(vr, vf);
+/* U cache rows' K and V (8 elements each, as kcu_kv_fetch loads them) into
+ * the running softmax of the GM query heads whose 8 dimensions this lane
+ * holds. The L lanes of a row sum its scores by shuffles (all of the warp's
+ * lanes take part, valid or not); the U rows then rescale the state once,
+ * so the dependent chain per head is one exp and one rescale a group. */
+template <typename T, int GM, int L, int Q, int U>
+__device__ __forceinline__ void kcu_dec_rows(const uint4 (&kr)[U], const uint4 (&vr)[U], const bool (&valid)[U], int G,
+                                             const float (&qr)[GM][8], float (&acc)[GM][8], float (&m)[GM],
+                                             float (&l)[GM]) {
+  float sc[U][GM];
 #pragma unroll
-  for (int g = 0; g < GM; g++) {
-    float sc = 0.f;
+  for (int u = 0; u < U; u++) {
+    float kf[8];
+    kcu_kv_unpack<T, Q>(kr[u], kf);
 #pragma unroll
-    for (int i = 0; i < 8; i++) sc = fmaf(qr[g][i], kf[i], sc);
+    for (int g = 0; g < GM; g++) {
+      float d = 0.f;
 #pragma unroll
-    for (int o = L / 2; o > 0; o >>= 1) sc += __shfl_xor_sync(0xffffffffu, sc, o);
-    if (valid && g < G) {
-      if (sc > m[g]) {
-        float corr = __expf(m[g] - sc);
-        l[g] *= corr;
+      for (int i = 0; i < 8; i++) d = fmaf(qr[g][i], kf[i], d);
+      sc[u][g] = d;
+    }
+  }
 #pragma unroll
-        for (int i = 0; i < 8; i++) acc[g][i] *= corr;
-        m[g] = sc;
-      }
-      float p = __expf(sc - m[g]);
+  for (int o = L / 2; o > 0; o >>= 1)
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+      for (int g = 0; g < GM; g++) sc[u][g] += __shfl_xor_sync(0xffffffffu, sc[u][g], o);
+#pragma unroll
+  for (int g = 0; g < GM; g++) { /* the new maximum; the state rescaled to it */
+    if (g >= G) break;
+    float mx = m[g];
+#pragma unroll
+    for (int u = 0; u < U; u++)
+      if (valid[u]) mx = fmaxf(mx, sc[u][g]);
+    const float corr = mx == -INFINITY ? 1.f : __expf(m[g] - mx);
+    l[g] *= corr;
+#pragma unroll
+    for (int i = 0; i < 8; i++) acc[g][i] *= corr;
+    m[g] = mx;
+  }
+#pragma unroll
+  for (int u = 0; u < U; u++) {
+    float vf[8];
+    kcu_kv_unpack<T, Q>(vr[u], vf);
+#pragma unroll
+    for (int g = 0; g < GM; g++) {
+      if (g >= G) break;
+      const float p = valid[u] ? __expf(sc[u][g] - m[g]) : 0.f;
       l[g] += p;
 #pragma unroll
       for (int i = 0; i < 8; i++) acc[g][i] = fmaf(p, vf[i], acc[g][i]);
@@ -214,10 +244,13 @@ __device__ __forceinline__ void kcu_dec_token(uint4 kr, uint4 vr, bool valid, in
   }
 }
 
-/* The decode kernels' shared parts. A CTA of KCU_DEC_WARPS warps serves the
- * GM (>= G) query heads of KV head kvh of sequence s over one split of its
- * context; lane `sub` of each L-lane row group holds 8 dimensions of the
- * head, and the warp's TPW row groups (`slot`) take different tokens. */
+/* The decode kernels' shared parts. A CTA of KCU_DEC_WARPS warps serves G
+ * (<= GM) query heads from h0, all of KV head kvh, of sequence s over one
+ * split of its context; lane `sub` of each L-lane row group holds 8
+ * dimensions of the head, and the warp's TPW row groups (`slot`) take
+ * different tokens. A KV head with more query heads than KCU_DEC_GROUP has
+ * a CTA per KCU_DEC_GROUP of them (their state would not fit in
+ * registers). */
 template <typename T, int HD, int GM> struct kcu_dec_state {
   float qr[GM][8], acc[GM][8], m[GM], l[GM];
 };
@@ -259,116 +292,120 @@ __device__ __forceinline__ void kcu_dec_begin(kcu_dec_state<T, HD, GM> &st, cons
   }
 }
 
-/* Merges the warp's token slots, then the CTA's warps through shared
- * memory, and writes the split's result: the output rows when there is one
- * split, else its partials for kcu_attn_merge_last. Every thread calls it. */
+/* Merges the CTA's row groups (NW warps x TPW slots) through shared memory
+ * behind one barrier, each thread on its own output dimensions, and writes
+ * the split's result: the output rows when there is one split, else its
+ * partials for kcu_attn_merge_last. Every thread calls it. */
 template <typename T, int HD, int GM>
-__device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, int32_t *cnt, int t, int s, int kvh,
-                            int n_kv, int G, int split, int n_splits, int n_used) {
-  constexpr int L = HD / 8, NW = KCU_DEC_WARPS;
-  __shared__ float sm_a[GM][HD];
-  __shared__ float sm_m[GM], sm_l[GM];
-  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, sub = lane % L, slot = lane / L;
+__device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, int32_t *cnt, int t, int s, int h0,
+                            int n_heads, int G, int split, int n_splits, int n_used) {
+  constexpr int L = HD / 8, TPW = KCU_WARP / L, NS = KCU_DEC_WARPS * TPW, NT = KCU_DEC_NT;
+  __shared__ __align__(16) float sm_a[NS][GM][HD];
+  __shared__ float sm_m[NS][GM], sm_l[NS][GM];
+  const int lane = threadIdx.x % KCU_WARP, sub = lane % L, row = threadIdx.x / KCU_WARP * TPW + lane / L;
 #pragma unroll
-  for (int o = L; o < KCU_WARP; o <<= 1) {
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-      float m2 = __shfl_xor_sync(0xffffffffu, st.m[g], o), l2 = __shfl_xor_sync(0xffffffffu, st.l[g], o), a2[8];
-#pragma unroll
-      for (int i = 0; i < 8; i++) a2[i] = __shfl_xor_sync(0xffffffffu, st.acc[g][i], o);
-      kcu_merge<8>(st.m[g], st.l[g], st.acc[g], m2, l2, a2);
+  for (int g = 0; g < GM; g++) {
+    if (g >= G) break;
+    float4 *a4 = reinterpret_cast<float4 *>(&sm_a[row][g][sub * 8]);
+    a4[0] = make_float4(st.acc[g][0], st.acc[g][1], st.acc[g][2], st.acc[g][3]);
+    a4[1] = make_float4(st.acc[g][4], st.acc[g][5], st.acc[g][6], st.acc[g][7]);
+    if (sub == 0) {
+      sm_m[row][g] = st.m[g];
+      sm_l[row][g] = st.l[g];
     }
   }
-  /* the warps one after the other */
-  for (int w = 0; w < NW; w++) {
-    if (warp == w && slot == 0) {
+  __syncthreads();
+  if (n_splits == 1 || split < n_used) {
+    for (int e = threadIdx.x; e < G * HD; e += NT) {
+      const int g = e / HD, d = e % HD;
+      float mx = -INFINITY, den = 0.f, num = 0.f;
 #pragma unroll
-      for (int g = 0; g < GM; g++) {
-        if (w > 0) {
-          float m2 = sm_m[g], l2 = sm_l[g], a2[8];
+      for (int i = 0; i < NS; i++) mx = fmaxf(mx, sm_m[i][g]);
+      if (mx != -INFINITY) {
 #pragma unroll
-          for (int i = 0; i < 8; i++) a2[i] = sm_a[g][sub * 8 + i];
-          kcu_merge<8>(st.m[g], st.l[g], st.acc[g], m2, l2, a2);
-        }
-        __syncwarp(L == KCU_WARP ? 0xffffffffu : ((1u << (L % KCU_WARP)) - 1u));
-#pragma unroll
-        for (int i = 0; i < 8; i++) sm_a[g][sub * 8 + i] = st.acc[g][i];
-        if (sub == 0) {
-          sm_m[g] = st.m[g];
-          sm_l[g] = st.l[g];
+        for (int i = 0; i < NS; i++) {
+          const float w = __expf(sm_m[i][g] - mx);
+          den = fmaf(w, sm_l[i][g], den);
+          num = fmaf(w, sm_a[i][g][d], num);
         }
       }
-    }
-    __syncthreads();
-  }
-  const int n_heads = n_kv * G;
-  if (warp == NW - 1 && slot == 0 && (n_splits == 1 || split < n_used)) {
-#pragma unroll
-    for (int g = 0; g < GM; g++) {
-      if (g >= G) break;
-      int h = kvh * G + g;
-      float inv = st.l[g] > 0.f ? 1.f / st.l[g] : 0.f;
+      const float o = den > 0.f ? num / den : 0.f;
+      const int h = h0 + g;
       if (n_splits == 1) {
-        float o[8];
-#pragma unroll
-        for (int i = 0; i < 8; i++) o[i] = st.acc[g][i] * inv;
-        *reinterpret_cast<uint4 *>(out + (size_t)t * n_heads * HD + (size_t)h * HD + sub * 8) = kcu_pack8<T>(o);
+        out[(size_t)t * n_heads * HD + (size_t)h * HD + d] = kcu_t<T>(o);
       } else {
         float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
-#pragma unroll
-        for (int i = 0; i < 8; i++) p[sub * 8 + i] = st.acc[g][i] * inv;
-        if (sub == 0) p[HD] = st.l[g] > 0.f ? st.m[g] + __logf(st.l[g]) : -INFINITY;
+        p[d] = o;
+        if (d == 0) p[HD] = den > 0.f ? mx + __logf(den) : -INFINITY;
       }
     }
   }
   if (n_splits > 1)
-    kcu_attn_merge_last<T, HD, GM>(out, part, cnt + (size_t)s * n_kv + kvh, t, s, kvh, G, n_heads, n_splits, n_used);
+    kcu_attn_merge_last<T, HD, GM>(out, part, cnt, t, s, h0, G, n_heads, n_splits, n_used);
 }
 
 /* Each lane loads its rows' K/V into registers, KCU_DEC_UNROLL rows at a
  * time. PIPE: prefetch the next rows while computing (more registers, so
  * fewer CTAs per SM: worth it only when the grid does not fill the GPU).
- * Any cache dtype. */
+ * Any cache dtype.
+ * Before the PDL wait a CTA reads the step's metadata (uploaded before the
+ * step's first kernel) and its first rows of K/V except row ctx_len - 1:
+ * the kernel before (rope + KV append) writes q and that row and nothing
+ * else a one-token sequence reads, and every earlier row was written by an
+ * earlier step. So at short contexts a split's whole K/V streams in while
+ * that kernel drains. */
 template <typename T, int HD, int GM, bool PIPE, int Q>
 __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC_CTAS)
     kcu_attn_decode_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ksc,
                       const uint16_t *vsc, const int32_t *hdr,
                       const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                       int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt) {
-  kcu_pdl_enter();
   constexpr int L = HD / 8, TPW = KCU_WARP / L, NW = KCU_DEC_WARPS;
-  const int split = blockIdx.x, kvh = blockIdx.y, s = blockIdx.z, n_splits = gridDim.x;
+  const int split = blockIdx.x, s = blockIdx.z, n_splits = gridDim.x;
+  const int n_groups = gridDim.y / n_kv, kvh = blockIdx.y / n_groups, g0 = blockIdx.y % n_groups * GM;
+  const int h0 = kvh * G + g0, n_heads = n_kv * G;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, sub = lane % L, slot = lane / L;
   const int max_blocks = hdr[2];
   const int t = q_start[s];
-  if (q_start[s + 1] - t != 1) return;
-  const kcu_dec_range r = kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk);
-  const int start = r.start, stop = r.stop;
+  const bool decode = q_start[s + 1] - t == 1;
+  const int fresh = ctx_len[s] - 1; /* the row the kernel before appends */
+  const kcu_dec_range r = kcu_dec_split(fresh + 1, max_blocks * bs, window, split, n_splits, min_chunk);
+  const int start = r.start, stop = decode ? r.stop : start;
   const int row_elems = n_kv * HD, head_off = kvh * HD + sub * 8;
   const int32_t *bt = bts + (size_t)s * max_blocks;
-  kcu_dec_state<T, HD, GM> st;
-  kcu_dec_begin(st, q + (size_t)t * q_stride + (size_t)kvh * G * HD, G, scale, sub);
   constexpr int U = KCU_DEC_UNROLL, STEP = NW * TPW * U;
-  uint4 kr[U], vr[U];
-  auto load = [&](int jj, uint4 *kd, uint4 *vd) {
+  auto fetch = [&](int j, uint4 &kd, uint4 &vd) {
+    kd = kcu_kv_fetch<Q>(kc, ksc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
+    vd = kcu_kv_fetch<Q>(vc, vsc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
+  };
+  /* rows jj + u * NW * TPW + slot below `below` */
+  auto load = [&](int jj, uint4 *kd, uint4 *vd, int below) {
 #pragma unroll
     for (int u = 0; u < U; u++) {
       int j = jj + u * NW * TPW + slot;
       kd[u] = vd[u] = make_uint4(0, 0, 0, 0);
-      if (j < stop) {
-        kd[u] = kcu_kv_fetch<Q>(kc, ksc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
-        vd[u] = kcu_kv_fetch<Q>(vc, vsc, bt, j, bs, n_blocks, row_elems, head_off, n_kv, kvh);
-      }
+      if (j < below) fetch(j, kd[u], vd[u]);
     }
   };
-  if (PIPE) load(start + warp * TPW, kr, vr);
-  for (int jj = start + warp * TPW; jj < stop; jj += STEP) {
-    uint4 kn[U], vn[U];
-    if (PIPE) load(jj + STEP, kn, vn);
-    else load(jj, kr, vr);
+  const int first = start + warp * TPW;
+  uint4 kr[U], vr[U];
+  load(first, kr, vr, min(stop, fresh));
+  kcu_pdl_enter();
+  if (!decode) return;
 #pragma unroll
-    for (int u = 0; u < U; u++)
-      kcu_dec_token<T, GM, L, Q>(kr[u], vr[u], jj + u * NW * TPW + slot < stop, G, st.qr, st.acc, st.m, st.l);
+  for (int u = 0; u < U; u++)
+    if (first + u * NW * TPW + slot == fresh && fresh < stop) fetch(fresh, kr[u], vr[u]);
+  kcu_dec_state<T, HD, GM> st;
+  const int gn = min(G - g0, GM); /* this CTA's heads */
+  kcu_dec_begin(st, q + (size_t)t * q_stride + (size_t)h0 * HD, gn, scale, sub);
+  for (int jj = first; jj < stop; jj += STEP) {
+    uint4 kn[U], vn[U];
+    if (PIPE) load(jj + STEP, kn, vn, stop);
+    else if (jj != first) load(jj, kr, vr, stop);
+    bool valid[U];
+#pragma unroll
+    for (int u = 0; u < U; u++) valid[u] = jj + u * NW * TPW + slot < stop;
+    kcu_dec_rows<T, GM, L, Q, U>(kr, vr, valid, gn, st.qr, st.acc, st.m, st.l);
     if (PIPE) {
 #pragma unroll
       for (int u = 0; u < U; u++) {
@@ -377,7 +414,8 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
       }
     }
   }
-  kcu_dec_end(st, out, part, cnt, t, s, kvh, n_kv, G, split, n_splits, r.n_used);
+  kcu_dec_end(st, out, part, cnt + (size_t)s * gridDim.y + blockIdx.y, t, s, h0, n_heads, gn, split, n_splits,
+              r.n_used);
 }
 
 int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
@@ -389,11 +427,13 @@ int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long c
   return (int)FR_MAX(sp, 1ll);
 }
 
-/* Captured graphs hold the buffers' addresses: growing them drops the
- * graphs (they are captured again), and they grow at least twofold. */
-int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_kv_heads, int n_heads, int head_dim, int splits) {
+/* Room for the decode partials of n_heads heads in `splits` splits and a
+ * merge counter per (sequence, head group) of the decode grid, n_groups a
+ * sequence. Captured graphs hold the buffers' addresses: growing them drops
+ * the graphs (they are captured again), and they grow at least twofold. */
+int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_groups, int n_heads, int head_dim, int splits) {
   if (splits <= 1) return 0;
-  size_t floats = (size_t)n_seqs * n_heads * splits * (head_dim + 2), counters = (size_t)n_seqs * n_kv_heads;
+  size_t floats = (size_t)n_seqs * n_heads * splits * (head_dim + 2), counters = (size_t)n_seqs * n_groups;
   if (floats <= c->attn_part_floats && counters <= c->attn_cnt_n) return 0;
   int rc = kcu__not_capturing(c, "growing the attention partials");
   if (rc) return rc;
@@ -864,14 +904,14 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 template <typename T, int HD, int GM, int Q>
 static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                              const kern_kv_config_t *cf, int G, float scale, int window) {
-  int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G;
+  int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G, n_groups = (G + GM - 1) / GM;
   int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
-  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads, n_heads, HD, sp);
+  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads * n_groups, n_heads, HD, sp);
   if (rc) return rc;
-  dim3 grid(sp, cf->n_kv_heads, n_seqs);
+  dim3 grid(sp, cf->n_kv_heads, n_seqs), dgrid(sp, cf->n_kv_heads * n_groups, n_seqs);
   /* prefetch while the grid fits one wave (KCU_DEC_PIPE_CTAS); past it,
    * the tensor cores where they apply */
-  const bool one_wave = (long long)sp * cf->n_kv_heads * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
+  const bool one_wave = (long long)sp * dgrid.y * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
   if constexpr (Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD) {
     if (!one_wave && sp == 1 && G <= 8 && !c->simt_prefill) {
       KCU_LAUNCH(c, kcu_attn_decode_mma_k<T, HD>, grid, KCU_FA_NT, kcu_dm_smem<HD>::BYTES, out, q, q_stride, kv.kc,
@@ -881,12 +921,12 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
     }
   }
   if (one_wave)
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, true, Q>, dgrid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
                kv.vs, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
                window, c->dec_chunk, c->attn_part, c->attn_cnt);
   else
-    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false, Q>, grid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
+    KCU_LAUNCH(c, kcu_attn_decode_k<T, HD, GM, false, Q>, dgrid, KCU_DEC_NT, 0, out, q, q_stride, kv.kc, kv.vc, kv.ks,
                kv.vs, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G, scale,
                window, c->dec_chunk, c->attn_part, c->attn_cnt);
@@ -898,8 +938,7 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kc
                         const kern_kv_config_t *cf, int G, float scale, int window) {
   if (G <= 1) return kcu_decode_launch<T, HD, 1, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
   if (G <= 2) return kcu_decode_launch<T, HD, 2, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-  if (G <= 4) return kcu_decode_launch<T, HD, 4, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-  return kcu_decode_launch<T, HD, 8, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  return kcu_decode_launch<T, HD, KCU_DEC_GROUP, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
 }
 
 /* Prefill over n sequences: those of seq_map (device), or all of the step

@@ -171,17 +171,20 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
 template <typename T>
 __global__ void kcu_rope_k(T *x, const int32_t *positions, const float *inv_freq, int n_tokens, int n_heads,
                            int head_dim, int row_stride, int n_rot, int neox, float attn_factor) {
-  kcu_pdl_enter();
   int half = n_rot / 2;
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i >= (long long)n_tokens * n_heads * half) return;
+  const bool live = i < (long long)n_tokens * n_heads * half;
   int p = (int)(i % half), h = (int)((i / half) % n_heads), t = (int)(i / ((long long)half * n_heads));
+  float s = 0.f, co = 0.f;
+  if (live) { /* the angle before the PDL wait: positions and inv_freq are written by no kernel */
+    sincosf((float)positions[t] * inv_freq[p], &s, &co);
+    s *= attn_factor;
+    co *= attn_factor;
+  }
+  kcu_pdl_enter();
+  if (!live) return;
   T *xh = x + (size_t)t * row_stride + (size_t)h * head_dim;
   int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-  float s, co;
-  sincosf((float)positions[t] * inv_freq[p], &s, &co);
-  s *= attn_factor;
-  co *= attn_factor;
   float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
   xh[a] = kcu_t<T>(x0 * co - x1 * s);
   xh[b] = kcu_t<T>(x0 * s + x1 * co);
@@ -281,31 +284,36 @@ int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k,
 
 /* One thread per work item of a token, all independent: a q pair to rotate
  * in place; a k pair to rotate, written both in place and to the cache; a
- * k element past n_rot or a v element to copy. Rotation as kcu_rope_k. */
+ * k element past n_rot or a v element to copy. Rotation as kcu_rope_k; the
+ * angle comes from the step's positions and inv_freq, which no kernel
+ * writes, so it is computed before the PDL wait. */
 template <typename T>
 __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stride, T *kc, T *vc,
                                      const int32_t *positions, const int32_t *slots, const float *inv_freq,
                                      int n_tokens, int n_heads, int n_kv, int head_dim, int n_rot, int neox,
                                      float attn_factor, long long n_slots) {
-  kcu_pdl_enter();
   const int half = n_rot / 2, q_items = n_heads * half, k_items = n_kv * half;
   const int tail = head_dim - n_rot, row = n_kv * head_dim;
   const int per = q_items + k_items + n_kv * tail + row;
   const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i >= (long long)n_tokens * per) return;
-  const int t = (int)(i / per);
+  const bool live = i < (long long)n_tokens * per;
+  const int t = live ? (int)(i / per) : 0;
   int w = (int)(i % per);
-  const int32_t slot = slots[t];
-  const bool cache = slot >= 0 && slot < n_slots;
-  if (w < q_items + k_items) {
-    const bool is_q = w < q_items;
-    if (!is_q) w -= q_items;
-    const int h = w / half, p = w % half, a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-    T *xh = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim : k + (size_t)t * kv_stride + (size_t)h * head_dim;
-    float s, co;
+  const int32_t slot = live ? slots[t] : -1;
+  const bool cache = slot >= 0 && slot < n_slots, rot = live && w < q_items + k_items, is_q = w < q_items;
+  if (rot && !is_q) w -= q_items;
+  const int p = w % half;
+  float s = 0.f, co = 0.f;
+  if (rot) {
     sincosf((float)positions[t] * inv_freq[p], &s, &co);
     s *= attn_factor;
     co *= attn_factor;
+  }
+  kcu_pdl_enter();
+  if (!live) return;
+  if (rot) {
+    const int h = w / half, a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+    T *xh = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim : k + (size_t)t * kv_stride + (size_t)h * head_dim;
     const float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
     const T ya = kcu_t<T>(x0 * co - x1 * s), yb = kcu_t<T>(x0 * s + x1 * co);
     xh[a] = ya;

@@ -136,9 +136,9 @@ __device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const voi
 /* Split-K merge without a second kernel: every CTA of (sequence, head
  * group) publishes its partials, then counts itself done; the last one to
  * finish merges its G heads (from h0) by their log-sum-exp and resets the
- * counter for the next step (graphs replay the same counters). The split weights go through
- * shared memory; the first C splits' partials load beside them, so a short
- * context's merge waits for one round of loads. */
+ * counter for the next step (graphs replay the same counters). The split
+ * weights go through shared memory; the first C splits' partials load
+ * beside them, so a short context's merge waits for one round of loads. */
 template <typename T, int HD, int GM>
 __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int t, int s, int h0, int G, int n_heads,
                                     int n_splits, int n_used) {

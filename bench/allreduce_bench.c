@@ -139,8 +139,9 @@ static long check_compare(kern_backend_t *be, check_case_t *cs, int ranks, int k
         } else {
           float acc = 0.0f;
           for (int r = 0; r < ranks; r++) {
-            acc += check_round(be, check_value(r, k, c, i));
-            mag += fabsf(check_round(be, check_value(r, k, c, i)));
+            const float v = check_round(be, check_value(r, k, c, i));
+            acc += v;
+            mag += fabsf(v);
           }
           want = check_round(be, acc);
         }

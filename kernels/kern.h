@@ -292,6 +292,16 @@ typedef struct {
   int (*rope_kv_append)(void *ctx, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
                         int kv_stride, int n_heads, const kern_rope_t *rope);
 
+  /* Optional: matmul then rope_kv_append in one op, for a fused q/k/v
+   * weight: qkv(n, w->rows) = x(n, w->cols) @ w^T (+ bias), the n_heads q
+   * heads then the pool's n_kv_heads k and v heads of each token side by
+   * side (w->rows = (n_heads + 2 n_kv_heads) * head_dim), then q and k
+   * rotated in place and k, v written at the step's slots. n is the step's
+   * token count. The same bits as the two ops, which a backend may run
+   * where it has no fused form for the shapes. NULL: the model calls the two. */
+  int (*matmul_rope_kv_append)(void *ctx, void *qkv, const kern_weight_t *w, const kern_weight_t *bias, const void *x,
+                               int n, kern_kv_pool_t *pool, int layer, int n_heads, const kern_rope_t *rope);
+
   /* Causal attention of q (n_tokens, q_stride elements per token, n_heads of
    * head_dim) over each sequence's paged K/V (ctx_len tokens, the query
    * token at position p sees positions <= p, and with window > 0 only the
@@ -304,6 +314,12 @@ typedef struct {
   /* out(n, d) = silu(gate) * up, where gate and up are (n, d) with row
    * stride `stride` elements (e.g. halves of one fused projection). */
   int (*silu_mul)(void *ctx, void *out, const void *gate, const void *up, int n, int d, int stride);
+
+  /* Optional: matmul then silu_mul in one op, for a fused gate/up weight
+   * (2d rows, the gate's first): out(n, d) = silu(x Wg^T) * (x Wu^T), the
+   * same bits as the two ops. scratch holds (n, 2d) act-type values for
+   * when the backend runs the two. NULL: the model calls the two. */
+  int (*matmul_silu_mul)(void *ctx, void *out, const kern_weight_t *w, const void *x, int n, void *scratch);
 
   /* Optional: out(n, dim) = the mixture-of-experts FFN of x(n, dim):
    * per token, p = softmax(router x) over all experts, the n_used experts

@@ -65,6 +65,28 @@ static int model__window(const model_config_t *c, int il) {
   return c->sliding_window > 0 && il >= c->swa_first_layer ? c->sliding_window : 0;
 }
 
+/* q, k, v of layer il's step tokens into m->qkv (see model__attention_block
+ * for the layout), rotated, and k, v appended to the pool. */
+static int model__qkv_rope_append(model_t *m, kern_kv_pool_t *pool, int il, int n, void *q, void *k, void *v, int qs,
+                                  int ks) {
+  const kern_ops_t *op = m->be->ops;
+  void *cx = m->be->ctx;
+  const model_config_t *c = &m->cfg;
+  const model_layer_t *L = &m->layers[il];
+  if (L->wqkv.data && !c->qk_norm && op->matmul_rope_kv_append)
+    return op->matmul_rope_kv_append(cx, m->qkv, &L->wqkv, model__opt(&L->bqkv), m->xn, n, pool, il, c->n_heads,
+                                     &m->rope);
+  CALL(model__qkv(m, L, n, q, k, v));
+  if (c->qk_norm) { /* never fused: rows of head_dim must be contiguous */
+    CALL(op->rms_norm(cx, q, q, &L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps));
+    CALL(op->rms_norm(cx, k, k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps));
+  }
+  if (op->rope_kv_append) return op->rope_kv_append(cx, pool, il, q, qs, k, v, ks, c->n_heads, &m->rope);
+  CALL(op->rope(cx, q, c->n_heads, c->head_dim, qs, &m->rope));
+  CALL(op->rope(cx, k, c->n_kv_heads, c->head_dim, ks, &m->rope));
+  return op->kv_append(cx, pool, il, k, ks, v, ks);
+}
+
 static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int n) {
   const kern_ops_t *op = m->be->ops;
   void *cx = m->be->ctx;
@@ -80,18 +102,7 @@ static int model__attention_block(model_t *m, kern_kv_pool_t *pool, int il, int 
   void *q = base, *k = base + (fused ? (size_t)qd : (size_t)n * qd) * es;
   void *v = fused ? base + (size_t)(qd + kvd) * es : (uint8_t *)k + (size_t)n * kvd * es;
 
-  CALL(model__qkv(m, L, n, q, k, v));
-  if (c->qk_norm) { /* never fused: rows of head_dim must be contiguous */
-    CALL(op->rms_norm(cx, q, q, &L->q_norm, n * c->n_heads, c->head_dim, c->norm_eps));
-    CALL(op->rms_norm(cx, k, k, &L->k_norm, n * c->n_kv_heads, c->head_dim, c->norm_eps));
-  }
-  if (op->rope_kv_append) {
-    CALL(op->rope_kv_append(cx, pool, il, q, qs, k, v, ks, c->n_heads, &m->rope));
-  } else {
-    CALL(op->rope(cx, q, c->n_heads, c->head_dim, qs, &m->rope));
-    CALL(op->rope(cx, k, c->n_kv_heads, c->head_dim, ks, &m->rope));
-    CALL(op->kv_append(cx, pool, il, k, ks, v, ks));
-  }
+  CALL(model__qkv_rope_append(m, pool, il, n, q, k, v, qs, ks));
   CALL(op->attention(cx, m->att, q, qs, pool, il, c->n_heads, c->head_dim, 1.0f / sqrtf((float)c->head_dim),
                      model__window(c, il)));
   /* xn = att Wo: the residual add happens in the next norm (model__add_norm). */
@@ -113,7 +124,9 @@ static int model__ffn_block(model_t *m, int il, int n) {
   const model_layer_t *L = &m->layers[il];
   const int f = c->ffn_dim;
   if (L->exp_gate) return model__moe_block(m, L, n); /* model_load checked the op is there */
-  if (L->w_gate_up.data) { /* gate, up side by side per token */
+  if (L->w_gate_up.data && op->matmul_silu_mul) {
+    CALL(op->matmul_silu_mul(cx, m->up, &L->w_gate_up, m->xn, n, m->gate));
+  } else if (L->w_gate_up.data) { /* gate, up side by side per token */
     CALL(op->matmul(cx, m->gate, &L->w_gate_up, NULL, m->xn, n));
     CALL(op->silu_mul(cx, m->up, m->gate, (uint8_t *)m->gate + (size_t)f * m->be->act_size, n, f, 2 * f));
   } else { /* gate block then up block */

@@ -111,6 +111,8 @@ typedef struct {
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
+  int fuse_gemv;    /* matmul_silu_mul and matmul_rope_kv_append as one GEMV kernel where it runs
+                       (FERRUM_CUDA_FUSE_GEMV=0: always the two ops, for comparisons) */
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
   int moe_gemv_pairs;  /* most (token, expert) pairs a moe_ffn call runs as GEMVs (FERRUM_CUDA_MOE_GEMV) */
   int moe_small_pairs; /* most pairs it runs on small tiles (FERRUM_CUDA_MOE_SMALL); more: large tiles */
@@ -355,8 +357,11 @@ static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1
  * transitive; and a kernel that lets the next launch only after its own
  * wait (kcu_pdl_enter) has every kernel before it finished by then, so the
  * next may also read early whatever only those wrote: the decode attention
- * reads the K/V of earlier steps before its wait, as only rope + KV append
- * (kcu_pdl_enter) writes the cache after them.
+ * reads the K/V of earlier steps before its wait. In a layer only the K/V
+ * append writes the cache (rope + KV append, or the q/k/v GEMV with them in
+ * its epilogue), and only the step's new rows, which attention reads after
+ * its wait; the kernel before the append is a norm (kcu_pdl_enter), so any
+ * earlier writer of the cache (a block copy) has finished by then.
  * Measured on H100 (Llama-3-8B shapes, batch 1): 1% faster decode; letting
  * the next kernel launch early (kcu_pdl_launch_next at entry) or only at
  * exit made no difference. Both together, with the first weights read
@@ -443,6 +448,11 @@ int kcu__pool_rows(kcu_ctx_t *c, void *out, const void *x, int dim, kern_pool_t 
 int kcu__add_bias(kcu_ctx_t *c, void *out, const float *bias, int n, int rows);
 int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
+/* The fused ops over the dense GEMV (kcu_matmul.cu), see kern_ops_t. */
+int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n, void *scratch);
+int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
+                               const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
+                               const kern_rope_t *rope);
 /* KERN_Q4F (kcu_q4f.cu): whether w (before upload) becomes one, its device
  * bytes, the repacking of its file blocks (src, device) into dst, its
  * matmul on the tensor cores, and its rows dequantized to the act type. */

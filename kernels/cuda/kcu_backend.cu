@@ -339,6 +339,18 @@ static int kcu_rope_kv_append(void *ctx, kern_kv_pool_t *pool, int layer, void *
   return kcu__rope_kv_append((kcu_ctx_t *)ctx, pool, layer, q, q_stride, k, v, kv_stride, n_heads, rope);
 }
 
+static int kcu_matmul_rope_kv_append(void *ctx, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
+                                     const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
+                                     const kern_rope_t *rope) {
+  if (layer < 0 || layer >= pool->cfg.n_layers)
+    return fr_errorf(FR_EFORMAT, "cuda: matmul_rope_kv_append: bad layer %d", layer);
+  return kcu__matmul_rope_kv_append((kcu_ctx_t *)ctx, qkv, w, bias, x, n, pool, layer, n_heads, rope);
+}
+
+static int kcu_matmul_silu_mul(void *ctx, void *out, const kern_weight_t *w, const void *x, int n, void *scratch) {
+  return kcu__matmul_silu_mul((kcu_ctx_t *)ctx, out, w, x, n, scratch);
+}
+
 static int kcu_attention(void *ctx, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                          int n_heads, int head_dim, float scale, int window) {
   if (layer < 0 || layer >= pool->cfg.n_layers) return fr_errorf(FR_EFORMAT, "cuda: attention: bad layer %d", layer);
@@ -495,8 +507,10 @@ static const kern_ops_t kcu_ops = {
     .rope = kcu_rope,
     .kv_append = kcu_kv_append,
     .rope_kv_append = kcu_rope_kv_append,
+    .matmul_rope_kv_append = kcu_matmul_rope_kv_append,
     .attention = kcu_attention,
     .silu_mul = kcu_silu_mul,
+    .matmul_silu_mul = kcu_matmul_silu_mul,
     .moe_ffn = kcu__moe_ffn,
     .add = kcu_add,
     .last_rows = kcu_last_rows,
@@ -541,6 +555,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
   c->dec_chunk = kcu_env_int("FERRUM_CUDA_DEC_CHUNK", KCU_DEC_MIN_CHUNK, 16, 4096);
   c->gemv_wpr = kcu_env_int("FERRUM_CUDA_GEMV_WPR", 0, 0, 4);
+  c->fuse_gemv = kcu_env_int("FERRUM_CUDA_FUSE_GEMV", 1, 0, 1);
   if (c->gemv_wpr == 3) c->gemv_wpr = 2;
   c->pdl = prop.major >= 9 && kcu_env_int("FERRUM_PDL", 1, 0, 1);
   c->moe_gemv_pairs = kcu_env_int("FERRUM_CUDA_MOE_GEMV", KCU_MOE_GEMV_PAIRS, 0, 1 << 20);

@@ -30,47 +30,19 @@ __device__ __forceinline__ float kcu_dot8(const float *a, const float *b) {
   return s;
 }
 
-/* Reduces acc over the WPR warps of a row and writes the row's outputs. */
+/* The dot products of weight row `row` (cols elements; none when row < 0)
+ * with nb activation rows: acc[b] is this lane's share. Lets the next
+ * kernel launch and issues the row's first U loads before the PDL wait (no
+ * kernel writes weights). WPR warps per row: each lane takes every STEP-th
+ * 16-byte chunk, U at a time with their loads in flight together (the last
+ * group predicated, so a short row or a row's tail still issues its loads
+ * at once). cols % 8 == 0, W and x 16-byte aligned. */
 template <typename T, int NBM, int WPR>
-__device__ __forceinline__ void kcu_gemv_store(float *acc, T *out, const float *bias, int row, int rows, int nb,
-                                               float (*red)[NBM]) {
-  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, part = warp % WPR;
-#pragma unroll
-  for (int b = 0; b < NBM; b++) acc[b] = kcu_warp_sum(acc[b]);
-  if (WPR > 1) {
-    if (lane == 0)
-#pragma unroll
-      for (int b = 0; b < NBM; b++) red[warp][b] = acc[b];
-    __syncthreads();
-    if (part == 0 && lane == 0)
-#pragma unroll
-      for (int b = 0; b < NBM; b++)
-#pragma unroll
-        for (int p = 1; p < WPR; p++) acc[b] += red[warp + p][b];
-  }
-  if (part == 0 && lane == 0 && row < rows) {
-    float bv = bias ? bias[row] : 0.f;
-#pragma unroll
-    for (int b = 0; b < NBM; b++)
-      if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(acc[b] + bv);
-  }
-}
-
-/* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per CTA.
- * cols % 8 == 0, W and x 16-byte aligned. Each lane takes every STEP-th
- * 16-byte chunk of its row, U at a time with their loads in flight together
- * (the last group predicated, so a short row or a row's tail still issues
- * its loads at once); the first U are issued before the PDL wait (no kernel
- * writes weights), so they stream while the kernel before drains. */
-template <typename T, int NBM, int WPR>
-__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
-                                                                 int rows, int cols, int nb) {
-  __shared__ float red[KCU_GEMV_WARPS][NBM];
-  constexpr int RPC = KCU_GEMV_WARPS / WPR, STEP = KCU_WARP * WPR, U = KCU_GEMV_U;
-  int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  int row = blockIdx.x * RPC + warp / WPR;
-  const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)row * cols);
-  const int n8 = row < rows ? cols / 8 : 0;
+__device__ __forceinline__ void kcu_gemv_dots(float *acc, const T *W, int row, int cols, const T *x, int nb) {
+  constexpr int STEP = KCU_WARP * WPR, U = KCU_GEMV_U;
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)(row < 0 ? 0 : row) * cols);
+  const int n8 = row >= 0 ? cols / 8 : 0;
   int i = (warp % WPR) * KCU_WARP + lane;
   uint4 wv[U];
   kcu_pdl_launch_next();
@@ -78,7 +50,6 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T 
   for (int u = 0; u < U; u++)
     if (i + u * STEP < n8) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
   kcu_pdl_wait();
-  float acc[NBM];
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = 0.f;
   const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
@@ -102,8 +73,143 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T 
       }
     }
   }
-  kcu_gemv_store<T, NBM, WPR>(acc, out, bias, row, rows, nb, red);
 }
+
+/* Sums acc over the lanes and the WPR warps of a row: the row's totals end
+ * in lane 0 of its first warp (warp % WPR == 0). Every thread calls it. */
+template <int NBM, int WPR>
+__device__ __forceinline__ void kcu_gemv_reduce(float *acc, float (*red)[NBM]) {
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+#pragma unroll
+  for (int b = 0; b < NBM; b++) acc[b] = kcu_warp_sum(acc[b]);
+  if (WPR == 1) return;
+  if (lane == 0)
+#pragma unroll
+    for (int b = 0; b < NBM; b++) red[warp][b] = acc[b];
+  __syncthreads();
+  if (warp % WPR == 0 && lane == 0)
+#pragma unroll
+    for (int b = 0; b < NBM; b++)
+#pragma unroll
+      for (int p = 1; p < WPR; p++) acc[b] += red[warp + p][b];
+}
+
+/* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per CTA. */
+template <typename T, int NBM, int WPR>
+__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
+                                                                 int rows, int cols, int nb) {
+  __shared__ float red[KCU_GEMV_WARPS][NBM];
+  constexpr int RPC = KCU_GEMV_WARPS / WPR;
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  const int row = blockIdx.x * RPC + warp / WPR;
+  float acc[NBM];
+  kcu_gemv_dots<T, NBM, WPR>(acc, W, row < rows ? row : -1, cols, x, nb);
+  kcu_gemv_reduce<NBM, WPR>(acc, red);
+  if (warp % WPR == 0 && lane == 0 && row < rows) {
+    float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int b = 0; b < NBM; b++)
+      if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(acc[b] + bv);
+  }
+}
+
+/* The dense GEMV over pairs of weight rows whose outputs one epilogue
+ * combines: each CTA computes KCU_GEMV_WARPS / WPR / 2 pairs, rows
+ * E::row(pair, 0) and E::row(pair, 1) (-1: no such pair), and hands each
+ * pair's two sums (bias added) to E::store. */
+template <typename T, int NBM, int WPR, typename E>
+__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const T *W, const T *x, const float *bias,
+                                                                int cols, int nb) {
+  constexpr int PPC = KCU_GEMV_WARPS / WPR / 2;
+  static_assert(PPC >= 1, "a CTA holds whole pairs");
+  __shared__ float red[KCU_GEMV_WARPS][NBM];
+  __shared__ float second[PPC][NBM];
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, slot = warp / WPR;
+  const int pair = blockIdx.x * PPC + slot / 2, side = slot % 2;
+  const int row = epi.row(pair, side);
+  float acc[NBM];
+  kcu_gemv_dots<T, NBM, WPR>(acc, W, row, cols, x, nb);
+  kcu_gemv_reduce<NBM, WPR>(acc, red);
+  const bool lead = warp % WPR == 0 && lane == 0 && row >= 0;
+  const float bv = lead && bias ? bias[row] : 0.f;
+#pragma unroll
+  for (int b = 0; b < NBM; b++) acc[b] += bv;
+  if (lead && side == 1)
+#pragma unroll
+    for (int b = 0; b < NBM; b++) second[slot / 2][b] = acc[b];
+  __syncthreads();
+  if (lead && side == 0) epi.template store<NBM>(pair, acc, second[slot / 2], nb);
+}
+
+/* Pair epilogue: out(n, d) = silu(gate) * up, W = [gate; up] (2d rows):
+ * pair j is rows j and d + j. Each sum is rounded to T first, as the
+ * matmul's output would be before silu_mul reads it. */
+template <typename T> struct kcu_epi_silu {
+  T *out;
+  int d;
+  __device__ int row(int pair, int side) const { return pair < d ? pair + side * d : -1; }
+  template <int NBM> __device__ void store(int j, const float *g, const float *u, int nb) const {
+#pragma unroll
+    for (int b = 0; b < NBM; b++) {
+      if (b >= nb) break;
+      const float gv = kcu_f(kcu_t<T>(g[b])), uv = kcu_f(kcu_t<T>(u[b]));
+      out[(size_t)b * d + j] = kcu_t<T>(gv / (1.f + __expf(-gv)) * uv);
+    }
+  }
+};
+
+/* Pair epilogue: q, k, v of each token side by side (n_heads, n_kv, n_kv
+ * heads of hd, all dims rotated) as the qkv matmul writes them, then rope
+ * and the K/V append as kcu_rope_kv_append_k does them. A pair is the two
+ * rows one rotation mixes (q and k heads), or two neighbouring v rows. */
+template <typename T> struct kcu_epi_rope_kv {
+  T *qkv, *kc, *vc;
+  const int32_t *positions, *slots;
+  const float *inv_freq;
+  int n_heads, n_kv, hd, neox;
+  float attn_factor;
+  long long n_slots;
+  __device__ int rot_pairs() const { return (n_heads + n_kv) * (hd / 2); }
+  /* a rotated pair's two dims within its head */
+  __device__ int dim(int p, int side) const { return neox ? p + side * (hd / 2) : 2 * p + side; }
+  __device__ int row(int pair, int side) const {
+    const int half = hd / 2;
+    if (pair < rot_pairs()) return (pair / half) * hd + dim(pair % half, side);
+    return pair < rot_pairs() + n_kv * half ? (n_heads + n_kv) * hd + 2 * (pair - rot_pairs()) + side : -1;
+  }
+  template <int NBM> __device__ void store(int pair, const float *a, const float *b, int nb) const {
+    const int half = hd / 2, rows = (n_heads + 2 * n_kv) * hd, kvrow = n_kv * hd;
+    const bool rot = pair < rot_pairs();
+    const int h = pair / half, p = pair % half, ra = row(pair, 0), rb = row(pair, 1);
+#pragma unroll
+    for (int t = 0; t < NBM; t++) {
+      if (t >= nb) break;
+      T ya = kcu_t<T>(a[t]), yb = kcu_t<T>(b[t]);
+      if (rot) {
+        float s, co;
+        sincosf((float)positions[t] * inv_freq[p], &s, &co);
+        s *= attn_factor;
+        co *= attn_factor;
+        const float x0 = kcu_f(ya), x1 = kcu_f(yb);
+        ya = kcu_t<T>(x0 * co - x1 * s);
+        yb = kcu_t<T>(x0 * s + x1 * co);
+      }
+      qkv[(size_t)t * rows + ra] = ya;
+      qkv[(size_t)t * rows + rb] = yb;
+      const int32_t slot = slots[t];
+      if (slot < 0 || slot >= n_slots || (rot && h < n_heads)) continue;
+      if (rot) {
+        T *k = kc + (size_t)slot * kvrow + (size_t)(h - n_heads) * hd;
+        k[dim(p, 0)] = ya;
+        k[dim(p, 1)] = yb;
+      } else {
+        T *v = vc + (size_t)slot * kvrow + (ra - (n_heads + n_kv) * hd);
+        v[0] = ya;
+        v[1] = yb;
+      }
+    }
+  }
+};
 
 /* Activations to int8 per KCU_QSUB elements: one warp per sub-block.
  * xq (n, cols) int8; xd (n, cols / KCU_QSUB) (scale, scale * sum of q).
@@ -273,6 +379,27 @@ static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
   return kcu_gemv_dense_launch<T, 8>(c, out, W, x, bias, rows, cols, n);
 }
 
+/* Pairs at the default 4 warps a row, one pair a CTA (the other widths are
+ * tuning knobs of the plain GEMV: kcu_takes_pair_gemv leaves them to it). */
+template <typename T, int NBM, typename E>
+static int kcu_gemv_pair_launch(kcu_ctx_t *c, const E &epi, int n_pairs, const T *W, const T *x, const float *bias,
+                                int cols, int nb) {
+  KCU_LAUNCH(c, kcu_gemv_pair_k<T, NBM, KCU_GEMV_WPR, E>, kcu_div_up(n_pairs, KCU_GEMV_WARPS / KCU_GEMV_WPR / 2),
+             KCU_GEMV_NT, 0, epi, W, x, bias, cols, nb);
+  return 0;
+}
+
+template <typename T, typename E>
+static int kcu_gemv_pairs(kcu_ctx_t *c, const E &epi, int n_pairs, const kern_weight_t *w, const float *bias,
+                          const T *x, int n) {
+  const T *W = (const T *)w->data;
+  int cols = (int)w->cols;
+  if (n == 1) return kcu_gemv_pair_launch<T, 1>(c, epi, n_pairs, W, x, bias, cols, n);
+  if (n == 2) return kcu_gemv_pair_launch<T, 2>(c, epi, n_pairs, W, x, bias, cols, n);
+  if (n <= 4) return kcu_gemv_pair_launch<T, 4>(c, epi, n_pairs, W, x, bias, cols, n);
+  return kcu_gemv_pair_launch<T, 8>(c, epi, n_pairs, W, x, bias, cols, n);
+}
+
 template <int QT>
 static int kcu_gemv_q_launch(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, int n) {
   const uint8_t *W = (const uint8_t *)w->data;
@@ -324,6 +451,14 @@ static int kcu_matmul_quant_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w
   return 0;
 }
 
+/* Whether a matmul of w over n rows of x runs as the dense GEMV: measured
+ * on H200, it beats cuBLAS at n = 1, and up to n = 4 on small weights. */
+static bool kcu_takes_gemv(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
+  if (w->type != c->act || ((uintptr_t)x & 15) || w->cols % 8) return false;
+  int max_n = c->gemv_max_n >= 0 ? c->gemv_max_n : (w->rows * w->cols <= (8ll << 20) ? 4 : 1);
+  return n <= max_n;
+}
+
 int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n) {
   if (n <= 0) return 0;
   if (w->rows > INT32_MAX || w->cols > INT32_MAX) return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul: weight too large");
@@ -335,9 +470,7 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
   bool aligned = ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0;
   int rc = 0;
   if (w->type == c->act) {
-    /* measured on H200: the GEMV beats cuBLAS at n = 1, and up to n = 4 on small weights */
-    int max_n = c->gemv_max_n >= 0 ? c->gemv_max_n : (w->rows * w->cols <= (8ll << 20) ? 4 : 1);
-    if (n <= max_n && aligned) {
+    if (kcu_takes_gemv(c, w, x, n)) {
       KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out, w, bp, (const T *)x, n));
       return rc;
     }
@@ -352,5 +485,57 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
     return fr_errorf(FR_EUNSUPPORTED, "cuda: matmul with weight type %d (load it through weight_load)", (int)w->type);
   }
   if (rc == 0 && bp) rc = kcu__add_bias(c, out, bp, n, (int)w->rows);
+  return rc;
+}
+
+/* Whether a fused op over w runs as the pair GEMV. */
+static bool kcu_takes_pair_gemv(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
+  return c->fuse_gemv && (c->gemv_wpr == 0 || c->gemv_wpr == KCU_GEMV_WPR) && kcu_takes_gemv(c, w, x, n);
+}
+
+int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n, void *scratch) {
+  if (n <= 0) return 0;
+  if (w->rows % 2 || w->rows > INT32_MAX)
+    return fr_errorf(FR_EFORMAT, "cuda: matmul_silu_mul: %lld rows, not gate and up halves", (long long)w->rows);
+  const int d = (int)(w->rows / 2);
+  if (kcu_takes_pair_gemv(c, w, x, n)) {
+    int rc = 0;
+    KCU_ACT_DISPATCH(c, rc = kcu_gemv_pairs<T>(c, kcu_epi_silu<T>{(T *)out, d}, d, w, NULL, (const T *)x, n));
+    return rc;
+  }
+  int rc = kcu__matmul(c, scratch, w, NULL, x, n);
+  return rc ? rc : kcu__silu_mul(c, out, scratch, (char *)scratch + (size_t)d * c->act_size, n, d, 2 * d);
+}
+
+int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
+                               const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
+                               const kern_rope_t *r) {
+  const kern_kv_config_t *cf = &pool->cfg;
+  const int hd = cf->head_dim, n_kv = cf->n_kv_heads, rows = (n_heads + 2 * n_kv) * hd;
+  if (n <= 0) return 0;
+  if (w->rows != rows)
+    return fr_errorf(FR_EFORMAT, "cuda: matmul_rope_kv_append: %lld rows for %d + 2 x %d heads of %d",
+                     (long long)w->rows, n_heads, n_kv, hd);
+  /* fused where the GEMV runs and rope_kv_append would be its one kernel over all dims */
+  const bool fused = kcu_takes_pair_gemv(c, w, x, n) && n == c->n_tokens && cf->dtype == KERN_KV_AUTO && r->n_rot == hd &&
+                     hd % 2 == 0 && r->inv_freq && r->inv_freq->type == KERN_F32 && r->inv_freq->cols >= hd / 2 &&
+                     (!bias || (bias->type == KERN_F32 && bias->cols == rows));
+  if (!fused) {
+    const size_t es = c->act_size;
+    int rc = kcu__matmul(c, qkv, w, bias, x, n);
+    return rc ? rc
+              : kcu__rope_kv_append(c, pool, layer, qkv, rows, (char *)qkv + (size_t)n_heads * hd * es,
+                                    (char *)qkv + (size_t)(n_heads + n_kv) * hd * es, rows, n_heads, r);
+  }
+  char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
+  const float *bp = bias ? (const float *)bias->data : NULL;
+  const int n_pairs = rows / 2;
+  int rc = 0;
+  KCU_ACT_DISPATCH(c, {
+    kcu_epi_rope_kv<T> e = {(T *)qkv, (T *)kb, (T *)(kb + pool->layer_bytes), c->dm.positions, c->dm.slots,
+                            (const float *)r->inv_freq->data, n_heads, n_kv, hd, r->mode == KERN_ROPE_NEOX,
+                            r->attn_factor, (long long)cf->n_blocks * cf->block_size};
+    rc = kcu_gemv_pairs<T>(c, e, n_pairs, w, bp, (const T *)x, n);
+  });
   return rc;
 }

@@ -1183,6 +1183,118 @@ START_TEST(test_rope_kv_append) {
 }
 END_TEST
 
+/* ---- the fused matmul ops ---------------------------------------------------------------------- */
+
+/* n elements of two GPU act buffers, bit for bit. */
+static void expect_same_bits(const void *a, const void *b, size_t bytes, const char *what) {
+  uint8_t *ha = fr_malloc(bytes + 1), *hb = fr_malloc(bytes + 1);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, ha, a, bytes), 0);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, hb, b, bytes), 0);
+  size_t i = 0;
+  while (i < bytes && ha[i] == hb[i]) i++;
+  ck_assert_msg(i == bytes, "%s: byte %zu of %zu differs", what, i, bytes);
+  free(ha);
+  free(hb);
+}
+
+static void *pool_copy(const kern_kv_pool_t *p) {
+  size_t bytes = kern_kv_pool_bytes(&p->cfg);
+  void *d = NULL;
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, bytes, &d), 0);
+  ck_assert_int_eq(gpu->ops->copy(gpu->ctx, d, p->base, bytes), 0);
+  return d;
+}
+
+static void pool_zero(const kern_kv_pool_t *p) {
+  size_t bytes = kern_kv_pool_bytes(&p->cfg);
+  void *z = calloc(1, bytes);
+  ck_assert_int_eq(gpu->ops->upload(gpu->ctx, p->base, z, bytes), 0);
+  free(z);
+}
+
+/* matmul_rope_kv_append against matmul then rope_kv_append, and
+ * matmul_silu_mul against matmul then silu_mul: the same bits in the
+ * outputs and in the whole KV pool, for steps of 1 to 6 tokens (one of
+ * them padding, slot -1) under the backend's current GEMV settings. */
+static void check_fused_matmuls(void) {
+  const int dim = 256, nh = 6, n_kv = 2, hd = 64, rows = (nh + 2 * n_kv) * hd, ffn = 384;
+  const int news[][4] = {{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {1, 1, 1, 1}, {2, 1, 1, 1}, {3, 1, 1, 1}};
+  kvenv_t e;
+  kv_setup(&e, 2, n_kv, hd, 16, 4, 64);
+  wpair_t w, wb, gu, f;
+  wpair_load(&w, gpu->act_type, rows, dim, rand_weight(gpu->act_type, rows, dim));
+  wpair_load(&wb, KERN_F32, 1, rows, rand_weight(KERN_F32, 1, rows));
+  wpair_load(&gu, gpu->act_type, 2 * ffn, dim, rand_weight(gpu->act_type, 2 * ffn, dim));
+  float inv[32];
+  for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
+  float *inv_h = fr_malloc(sizeof inv);
+  memcpy(inv_h, inv, sizeof inv);
+  wpair_load(&f, KERN_F32, 1, hd / 2, inv_h);
+  void *a = NULL, *b = NULL;
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)6 * 2 * ffn * 2, &a), 0);
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)6 * 2 * ffn * 2, &b), 0);
+  for (size_t c = 0; c < FR_ARRAY_SIZE(news); c++) {
+    int cached[4] = {0, 5, 30, 17};
+    kern_step_t s;
+    int32_t *bufs[4];
+    int nt = build_step(&e, cached, news[c], &s, bufs);
+    bufs[1][nt - 1] = -1; /* padding: no K/V write */
+    step_both(&s);
+    pair_t x = pair_rand((size_t)nt * dim, 1.f);
+    for (int mode = 0; mode < 2; mode++) {
+      const kern_weight_t *bias = mode ? &wb.g : NULL;
+      kern_rope_t r = {.mode = (kern_rope_mode_t)mode, .n_rot = hd, .inv_freq = &f.g, .attn_factor = 0.9f};
+      char what[96];
+      pool_zero(&e.pg);
+      poison(a, (size_t)nt * rows);
+      ck_assert_int_eq(gpu->ops->matmul(gpu->ctx, a, &w.g, bias, x.g, nt), 0);
+      uint16_t *ag = a;
+      int rc = gpu->ops->rope_kv_append(gpu->ctx, &e.pg, 1, ag, rows, ag + nh * hd, ag + (nh + n_kv) * hd, rows, nh, &r);
+      ck_assert_msg(rc == 0, "rope_kv_append: %s", fr_last_error());
+      void *pool_a = pool_copy(&e.pg);
+      pool_zero(&e.pg);
+      poison(b, (size_t)nt * rows);
+      rc = gpu->ops->matmul_rope_kv_append(gpu->ctx, b, &w.g, bias, x.g, nt, &e.pg, 1, nh, &r);
+      ck_assert_msg(rc == 0, "matmul_rope_kv_append: %s", fr_last_error());
+      snprintf(what, sizeof what, "matmul_rope_kv_append n=%d mode %d: q, k, v", nt, mode);
+      expect_same_bits(a, b, (size_t)nt * rows * 2, what);
+      snprintf(what, sizeof what, "matmul_rope_kv_append n=%d mode %d: kv pool", nt, mode);
+      expect_same_bits(pool_a, e.pg.base, kern_kv_pool_bytes(&e.pg.cfg), what);
+      gpu->ops->free(gpu->ctx, pool_a);
+    }
+    /* gate/up: b is the two-op path's scratch, a its output; then the fused op's */
+    ck_assert_int_eq(gpu->ops->matmul(gpu->ctx, b, &gu.g, NULL, x.g, nt), 0);
+    poison(a, (size_t)nt * ffn);
+    ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, a, b, (uint16_t *)b + ffn, nt, ffn, 2 * ffn), 0);
+    void *out = NULL;
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)nt * ffn * 2, &out), 0);
+    poison(out, (size_t)nt * ffn);
+    int rc = gpu->ops->matmul_silu_mul(gpu->ctx, out, &gu.g, x.g, nt, b);
+    ck_assert_msg(rc == 0, "matmul_silu_mul: %s", fr_last_error());
+    char what[64];
+    snprintf(what, sizeof what, "matmul_silu_mul n=%d", nt);
+    expect_same_bits(a, out, (size_t)nt * ffn * 2, what);
+    gpu->ops->free(gpu->ctx, out);
+    pair_free(&x);
+    free_step(bufs);
+  }
+  fprintf(stderr, "  fused matmul ops, n = 1..6                same bits as the two ops\n");
+  gpu->ops->free(gpu->ctx, a);
+  gpu->ops->free(gpu->ctx, b);
+  wpair_free(&w);
+  wpair_free(&wb);
+  wpair_free(&gu);
+  wpair_free(&f);
+  kv_teardown(&e);
+}
+
+/* _i: 0 the default GEMV; 1 the GEMV for every n <= 8. */
+START_TEST(test_fused_matmuls) {
+  if (_i > 0) gpu_all_gemv();
+  check_fused_matmuls();
+}
+END_TEST
+
 /* ---- graph capture ---------------------------------------------------------------------------- */
 
 /* A small decode layer: embed, norm, qkv matmul, rope, kv_append, attention,
@@ -1930,6 +2042,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);
   tcase_add_test(tc, test_rope_kv_append);
+  tcase_add_loop_test(tc, test_fused_matmuls, 0, 2);
   tcase_add_test(tc, test_graph_replay);
   tcase_add_test(tc, test_graph_after_growth);
   tcase_add_test(tc, test_sample_greedy);

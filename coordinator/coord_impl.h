@@ -133,6 +133,8 @@ struct coord {
   uint32_t kv_min_blocks;    /* sizing: fewer is a start-up error */
   uint64_t epoch;
   kv_segment_t logits_seg;   /* rank 0's logits, read-only */
+  kv_segment_t mbox_seg;     /* the step mailboxes of the local workers (mbox.c); base NULL: none */
+  bool mbox_sleeping;        /* their `sleeping` flags are set: the loop is about to block */
   /* workers */
   coord_worker_t workers[COORD_MAX_WORKERS];
   int n_workers;
@@ -219,6 +221,19 @@ void coord__rpc_on_monitor(coord_t *c);
  * gone (or too slow to take it). */
 int coord__rpc_send(coord_t *c, const coord_peer_t *p, proto_type_t type, const void *body);
 int coord__rpc_error(coord_t *c, const coord_peer_t *p, int32_t code, uint64_t id, const char *msg);
+
+/* ---- mbox.c: steps to the workers on this host and their results through shared memory ---- */
+/* Makes the mailboxes (a failure is logged: then ZeroMQ carries everything). */
+void coord__mbox_init(coord_t *c);
+void coord__mbox_deinit(coord_t *c);
+/* Sends an encoded step to w: its mailbox when w is local and it is free,
+ * else ZeroMQ (coord__worker_send_buf). */
+int coord__mbox_send(coord_t *c, coord_worker_t *w, const proto_buf_t *b);
+/* Handles the results waiting in the mailboxes; with will_block, first
+ * marks them as watched by a sleeper. Returns how many it handled. */
+int coord__mbox_take(coord_t *c, bool will_block);
+/* After a blocking poll: the mailboxes need no doorbell again. */
+void coord__mbox_awake(coord_t *c);
 
 /* ---- runtime.c ---- */
 /* Removes what killed servers left in the runtime folder: worker sockets

@@ -303,6 +303,7 @@ int coord_create(coord_t **out, const coord_config_t *cfg) {
   if ((rc = coord__tokenizer(c))) goto fail;
   coord_sched_set_window(&c->sched, coord__kv_window(c));
   if ((rc = coord__kv(c))) goto fail;
+  coord__mbox_init(c);
   if ((rc = coord__signals(c))) goto fail;
   if ((rc = coord__prompts_init(c))) goto fail; /* after the signal mask, which its threads inherit */
   if ((rc = coord__sockets(c))) goto fail;
@@ -348,6 +349,7 @@ static void coord__on_workers(coord_t *c) {
     if (zmq_msg_recv(&id, c->wsock, ZMQ_DONTWAIT) < 0) break;
     if (!zmq_msg_more(&id) || zmq_msg_recv(&body, c->wsock, 0) < 0) continue;
     while (zmq_msg_more(&body)) zmq_msg_recv(&body, c->wsock, 0); /* extra frames: keep the last */
+    if (zmq_msg_size(&body) == 0) continue; /* a doorbell: the mailboxes are read every loop (mbox.c) */
     c->t_rx_ns = fr_now_ns();
     if (c->step_stats_path) c->t_rx_cpu_ns = coord__cpu_ns();
     if (proto_msg_decode(&c->in, zmq_msg_data(&body), zmq_msg_size(&body), PROTO_ACCEPT_FROM_WORKER) == 0)
@@ -374,6 +376,17 @@ static void coord__gauges(coord_t *c) {
   coord_metrics_set_workers(c->metrics, (uint32_t)c->n_workers, (uint32_t)coord__workers_ready_count(c));
 }
 
+/* While a step is out and the loop busy-polls: the mailboxes alone for up
+ * to COORD_MBOX_SPIN_NS (memory loads, no system call), then one pass over
+ * the sockets. */
+#define COORD_MBOX_SPIN_NS 50000ull
+
+static void coord__mbox_spin(coord_t *c) {
+  uint64_t t0 = fr_now_ns();
+  while (!coord__mbox_take(c, false) && c->step_busy && fr_now_ns() - t0 < COORD_MBOX_SPIN_NS) {
+  }
+}
+
 int coord__loop_once(coord_t *c, int timeout_ms) {
   zmq_pollitem_t pi[7] = {{.socket = c->wsock, .events = ZMQ_POLLIN},
                           {.socket = c->rsock, .events = ZMQ_POLLIN},
@@ -382,7 +395,11 @@ int coord__loop_once(coord_t *c, int timeout_ms) {
                           {.socket = c->msock, .events = ZMQ_POLLIN},
                           {.fd = c->prompts.efd, .events = ZMQ_POLLIN},
                           {.socket = c->zap, .events = ZMQ_POLLIN}};
-  int n = zmq_poll(pi, c->zap ? 7 : 6, c->busy_poll && c->step_busy ? 0 : FR_MIN(timeout_ms, 200));
+  int timeout = c->busy_poll && c->step_busy ? 0 : FR_MIN(timeout_ms, 200);
+  if (timeout == 0) coord__mbox_spin(c);
+  else if (coord__mbox_take(c, true)) timeout = 0;
+  int n = zmq_poll(pi, c->zap ? 7 : 6, timeout);
+  coord__mbox_awake(c);
   if (n < 0 && errno != EINTR) return fr_errorf(FR_EZMQ, "zmq_poll: %s", zmq_strerror(errno));
   if (n > 0) {
     if (pi[3].revents & ZMQ_POLLIN) coord__on_signals(c);
@@ -477,6 +494,7 @@ void coord_destroy(coord_t *c) {
   if (!strncmp(c->worker_addr, "ipc://", 6)) unlink(c->worker_addr + 6);
   if (c->pidfile[0]) unlink(c->pidfile);
   kv_segment_detach(&c->logits_seg);
+  coord__mbox_deinit(c);
   kv_control_destroy(c->kv);
   if (c->instance[0]) coord__unlink_segments(c);
   if (c->sigfd >= 0) close(c->sigfd);

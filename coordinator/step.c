@@ -108,7 +108,7 @@ static int coord__step_send(coord_t *c, const coord_sched_batch_t *b, int *bad) 
   int rc = proto_encode(&c->out, PROTO_T_STEP, &st);
   if (rc) return rc;
   for (int r = 0; r < c->n_workers; r++) {
-    if ((rc = coord__worker_send_buf(c, &c->workers[r], &c->out))) {
+    if ((rc = coord__mbox_send(c, &c->workers[r], &c->out))) {
       *bad = r;
       return rc;
     }

@@ -83,10 +83,15 @@ static int worker__curve(worker_t *w) {
   return rc;
 }
 
+/* Sends a message; a step's result goes back through the mailbox when the
+ * step came through it (and it is free: else over ZeroMQ), with a doorbell
+ * when the coordinator sleeps. */
 static int worker__send(worker_t *w, proto_type_t type, const void *body) {
   int rc = proto_encode(&w->out, type, body);
   if (rc) return rc;
-  if (zmq_send(w->sock, w->out.data, w->out.len, 0) < 0)
+  int r = w->via_mbox && type == PROTO_T_RESULT ? proto_mbox_post(w->up, w->out.data, w->out.len) : PROTO_MBOX_BUSY;
+  if (r == PROTO_MBOX_POSTED) return 0;
+  if (r == PROTO_MBOX_RING ? zmq_send(w->sock, NULL, 0, 0) < 0 : zmq_send(w->sock, w->out.data, w->out.len, 0) < 0)
     return fr_errorf(FR_EZMQ, "send %s: %s", proto_type_name(type), zmq_strerror(errno));
   return 0;
 }
@@ -182,12 +187,89 @@ static bool worker__orphaned(const worker_t *w) {
 }
 
 /* How long after a message a worker on a GPU polls without sleeping
- * (fr_busy_poll): the next step of a decode follows its result within a
- * few hundred microseconds. */
-#define WORKER_BUSY_POLL_NS 2000000ull
+ * (fr_busy_poll). Longer than a step: rank 0 gets the next step within
+ * microseconds of its result, but the other ranks of a group answer once
+ * their step is queued on the GPU and wait the whole step for the next
+ * one; with 2 ms a TP=2 rank 1 slept through every 3 ms step of
+ * Llama-3-8B and woke through ZeroMQ, late. Idle for this long, it sleeps. */
+#define WORKER_BUSY_POLL_NS 50000000ull
+/* Within that, the mailbox alone is polled this long between passes over
+ * the socket (which cost a system call each). */
+#define WORKER_MBOX_SPIN_NS 50000ull
 
 static uint64_t worker__busy_poll_ns(const worker_t *w) {
   return fr_busy_poll(w->be && !w->be->host_memory) ? WORKER_BUSY_POLL_NS : 0;
+}
+
+/* ---- the step mailboxes (proto/proto_mbox.h) ---- */
+
+/* Maps the coordinator's mailboxes when it made them for this rank (a
+ * local worker; a remote one has no --instance) and drops what is in
+ * this rank's: it was meant for a predecessor. */
+static void worker__mbox_attach(worker_t *w) {
+  if (!w->args.instance || kv_segment_attach(&w->mbox_seg, w->args.instance, "steps", KV_SEG_RDWR)) return;
+  /* the exact size: a coordinator built with other mailboxes lays them out otherwise */
+  if (w->args.rank < 0 || w->args.rank >= w->args.world_size ||
+      kv_segment_header(&w->mbox_seg)->data_bytes != proto_mbox_bytes(w->args.world_size)) {
+    kv_segment_detach(&w->mbox_seg);
+    return;
+  }
+  w->down = proto_mbox_at(kv_segment_data(&w->mbox_seg), w->args.rank, PROTO_MBOX_DOWN);
+  w->up = proto_mbox_at(kv_segment_data(&w->mbox_seg), w->args.rank, PROTO_MBOX_UP);
+  proto_mbox_skip(w->down);
+}
+
+/* Decodes the message waiting in the mailbox into w->in: 1, 0 when none,
+ * -1 when it does not decode (dropped). */
+static int worker__mbox_take(worker_t *w) {
+  size_t len = 0;
+  const void *data = w->down ? proto_mbox_peek(w->down, &len) : NULL;
+  if (!data) return 0;
+  int rc = proto_msg_decode(&w->in, data, len, PROTO_ACCEPT_WORKER);
+  proto_mbox_done(w->down);
+  if (!rc) return 1;
+  FR_LOGW("bad message in the mailbox: %s", fr_last_error());
+  return -1;
+}
+
+/* Polls the mailbox alone (memory loads) for up to ns: whether a message came. */
+static bool worker__mbox_spin(worker_t *w, uint64_t ns) {
+  size_t len;
+  uint64_t t0 = fr_now_ns();
+  do {
+    if (proto_mbox_peek(w->down, &len)) return true;
+  } while (fr_now_ns() - t0 < ns);
+  return false;
+}
+
+/* Waits for the next message, from the mailbox or over ZeroMQ, and decodes
+ * it into w->in: 1 with one (*via_mbox says which), 0 with none yet,
+ * 2 to exit, < 0 on a poll error. */
+static int worker__next(worker_t *w, zmq_msg_t *msg, bool *via_mbox) {
+  *via_mbox = false;
+  int t = worker__mbox_take(w);
+  if (t) return (*via_mbox = t > 0) ? 1 : 0;
+  zmq_pollitem_t pi = {.socket = w->sock, .events = ZMQ_POLLIN};
+  bool spin = fr_now_ns() - w->last_rx_ns < worker__busy_poll_ns(w);
+  if (w->down && spin && worker__mbox_spin(w, WORKER_MBOX_SPIN_NS)) return 0;
+  if (w->down && !spin) {
+    proto_mbox_sleeping(w->down, true);
+    size_t len;
+    if (proto_mbox_peek(w->down, &len)) {
+      proto_mbox_sleeping(w->down, false);
+      return 0;
+    }
+  }
+  int n = zmq_poll(&pi, 1, spin ? 0 : 500);
+  if (w->down && !spin) proto_mbox_sleeping(w->down, false);
+  if (n < 0 && errno != EINTR) return fr_errorf(FR_EZMQ, "poll: %s", zmq_strerror(errno));
+  if (n <= 0) return !spin && worker__orphaned(w) ? 2 : 0;
+  if (zmq_msg_recv(msg, w->sock, ZMQ_DONTWAIT) < 0) return 0;
+  w->last_rx_ns = fr_now_ns();
+  if (zmq_msg_size(msg) == 0) return 0; /* a doorbell: the mailbox has a message */
+  if (proto_msg_decode(&w->in, zmq_msg_data(msg), zmq_msg_size(msg), PROTO_ACCEPT_WORKER) == 0) return 1;
+  FR_LOGW("bad message from the coordinator: %s", fr_last_error());
+  return 0;
 }
 
 static int worker__loop(worker_t *w) {
@@ -195,22 +277,15 @@ static int worker__loop(worker_t *w) {
   zmq_msg_init(&msg);
   int rc = 0;
   while (!worker_stop) {
-    zmq_pollitem_t pi = {.socket = w->sock, .events = ZMQ_POLLIN};
-    bool spin = fr_now_ns() - w->last_rx_ns < worker__busy_poll_ns(w);
-    int n = zmq_poll(&pi, 1, spin ? 0 : 500);
-    if (n < 0 && errno != EINTR) { rc = fr_errorf(FR_EZMQ, "poll: %s", zmq_strerror(errno)); break; }
-    if (n == 0 && spin) continue;
-    if (n <= 0) {
-      if (worker__orphaned(w)) { FR_LOGW("coordinator gone: exiting"); break; }
-      continue;
-    }
-    if (zmq_msg_recv(&msg, w->sock, ZMQ_DONTWAIT) < 0) continue;
+    bool via_mbox;
+    int got = worker__next(w, &msg, &via_mbox);
+    if (got == 2) { FR_LOGW("coordinator gone: exiting"); break; }
+    if (got < 0) { rc = got; break; }
+    if (got == 0) continue;
     w->last_rx_ns = fr_now_ns();
-    if (proto_msg_decode(&w->in, zmq_msg_data(&msg), zmq_msg_size(&msg), PROTO_ACCEPT_WORKER)) {
-      FR_LOGW("bad message from the coordinator: %s", fr_last_error());
-      continue;
-    }
+    w->via_mbox = via_mbox;
     int d = worker__dispatch(w);
+    w->via_mbox = false;
     w->last_rx_ns = fr_now_ns(); /* a long load or step is not silence */
     if (d == 1) break;
     if (d < 0) FR_LOGE("%s", fr_last_error());
@@ -222,7 +297,7 @@ static int worker__loop(worker_t *w) {
 int main(int argc, char **argv) {
   worker_t w;
   memset(&w, 0, sizeof w);
-  w.pool_seg.fd = w.logits_seg.fd = -1;
+  w.pool_seg.fd = w.logits_seg.fd = w.mbox_seg.fd = -1;
   if (worker__parse(argc, argv, &w.args)) {
     fprintf(stderr, "usage: ferrum-worker --connect|--coordinator ENDPOINT [--instance ID] [--rank R] [--world-size N] "
                     "[--device DEV] [--coord-pid PID] [--hb-timeout-ms MS] [--curve-key FILE --server-key KEY]\n");
@@ -250,11 +325,13 @@ int main(int argc, char **argv) {
     fr_errorf(FR_EZMQ, "connect %s: %s", w.args.connect, zmq_strerror(errno));
     goto done;
   }
+  worker__mbox_attach(&w);
   if ((rc = worker__hello(&w))) goto done;
   rc = worker__loop(&w);
 done:
   if (rc) FR_LOGE("%s", fr_last_error());
   worker_unload(&w);
+  kv_segment_detach(&w.mbox_seg);
   if (w.sock) zmq_close(w.sock);
   if (w.zctx) zmq_ctx_term(w.zctx);
   proto_msg_free(&w.in);

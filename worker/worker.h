@@ -26,6 +26,7 @@
 #include "model/model.h"
 #include "model/sampler.h"
 #include "proto/proto.h"
+#include "proto/proto_mbox.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -74,6 +75,10 @@ typedef struct {
   kv_segment_t pool_seg;
   kern_kv_pool_t pool;
   kv_segment_t logits_seg;
+  /* the step mailboxes (proto/proto_mbox.h), when the coordinator runs on this host */
+  kv_segment_t mbox_seg;
+  proto_mbox_t *down, *up;
+  bool via_mbox;       /* the message being handled came through the mailbox: so does its answer */
   int logits_rows;     /* rows the logits segment holds */
   model_sampler_t smp;
   int max_tokens, max_seqs, vocab;

@@ -14,6 +14,7 @@
 #include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "coordinator/coord_impl.h"
+#include "coordinator/metrics.h"
 #include "proto/proto_mbox.h"
 
 void coord__mbox_init(coord_t *c) {
@@ -55,7 +56,10 @@ static int coord__mbox_take_one(coord_t *c, coord_worker_t *w) {
   int rc = proto_msg_decode(&c->in, data, len, PROTO_ACCEPT_FROM_WORKER);
   proto_mbox_done(m);
   if (rc) FR_LOGW("bad message from worker %d's mailbox: %s", w->rank, fr_last_error());
-  else if (w->ident_len) coord__workers_on_message(c, w->ident, w->ident_len, &c->in);
+  else if (w->ident_len) {
+    if (c->in.type == PROTO_T_RESULT) coord_metrics_rank_mailbox(c->metrics, w->rank);
+    coord__workers_on_message(c, w->ident, w->ident_len, &c->in);
+  }
   c->t_rx_ns = 0;
   return 1;
 }

@@ -41,7 +41,7 @@ struct coord_metrics {
   _Atomic uint32_t running, waiting, kv_used, kv_total, ranks, ready;
   _Atomic uint64_t rank_steps[COORD_METRICS_MAX_RANKS], rank_fw_us[COORD_METRICS_MAX_RANKS],
       rank_comm_us[COORD_METRICS_MAX_RANKS], rank_sample_us[COORD_METRICS_MAX_RANKS],
-      rank_total_us[COORD_METRICS_MAX_RANKS];
+      rank_total_us[COORD_METRICS_MAX_RANKS], rank_mbox[COORD_METRICS_MAX_RANKS];
   _Atomic uint64_t steps, step_rt_ns;
   _Atomic uint64_t http[6]; /* [0] other, [1..5] 1xx..5xx */
   _Atomic uint64_t spec_drafts, spec_draft_tokens, spec_accepted;
@@ -158,6 +158,10 @@ void coord_metrics_rank_step(coord_metrics_t *m, int rank, const coord_rank_time
   M_ADD(m->rank_comm_us[rank], t->comm_us);
   M_ADD(m->rank_sample_us[rank], t->sample_us);
   M_ADD(m->rank_total_us[rank], t->total_us);
+}
+
+void coord_metrics_rank_mailbox(coord_metrics_t *m, int rank) {
+  if (m && rank >= 0 && rank < COORD_METRICS_MAX_RANKS) M_ADD(m->rank_mbox[rank], 1);
 }
 
 void coord_metrics_step(coord_metrics_t *m, uint64_t round_trip_ns) {
@@ -284,6 +288,9 @@ static void m_render_ranks(m_out_t *o, const coord_metrics_t *m_) {
        offsetof(coord_metrics_t, rank_sample_us), true},
       {"worker_step_seconds_total", "Time each rank spent on steps, from the descriptor's decode to the result's send.",
        offsetof(coord_metrics_t, rank_total_us), true},
+      {"worker_mailbox_results_total",
+       "Step results each rank returned through the shared-memory mailbox (the rest came over ZeroMQ).",
+       offsetof(coord_metrics_t, rank_mbox), false},
   };
   for (size_t f = 0; f < sizeof fams / sizeof fams[0]; f++) {
     _Atomic uint64_t *v = (_Atomic uint64_t *)((uint8_t *)m + fams[f].off);

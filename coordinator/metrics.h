@@ -85,6 +85,9 @@ typedef struct {
   uint64_t forward_us, comm_us, sample_us, total_us;
 } coord_rank_times_t;
 void coord_metrics_rank_step(coord_metrics_t *m, int rank, const coord_rank_times_t *t);
+/* A rank's step result came through the shared-memory mailbox
+ * (ferrum:worker_mailbox_results_total). */
+void coord_metrics_rank_mailbox(coord_metrics_t *m, int rank);
 /* The coordinator's view of one step: from its send to the last rank's
  * result (ferrum:step_round_trip_seconds_total, ferrum:steps_total).
  * Round trip minus the ranks' step time is the transport's share; the wall

@@ -234,6 +234,11 @@ class TensorParallelCPU(unittest.TestCase):
                 step = [v for k, v in m.items() if k.startswith("ferrum:worker_step_seconds_total{")
                         and 'rank="%d"' % r in k]
                 self.assertTrue(step and fw[0] <= step[0], (r, fw, step))
+                # local ranks answer through the shared-memory mailbox, restarted ones too
+                mb = [v for k, v in m.items() if k.startswith("ferrum:worker_mailbox_results_total{")
+                      and 'rank="%d"' % r in k]
+                steps = [v for k, v in m.items() if k.startswith("ferrum:worker_steps_total{") and 'rank="%d"' % r in k]
+                self.assertTrue(mb and steps and mb[0] >= 0.9 * steps[0], (r, mb, steps))
             self.assertGreater(gauge("steps_total"), 0)
             self.assertGreater(gauge("step_round_trip_seconds_total"), 0)
             out = subprocess.run([FERRUMCTL, "status"], env=dict(os.environ, XDG_RUNTIME_DIR=srv.dir),

@@ -5,7 +5,10 @@
  * cache; dense (act type) weights and quantized weights (dequantized to f32
  * in registers, one 32-element sub-block per lane). Larger n: cuBLAS
  * (bf16/f16 in, f32 accumulate); quantized weights are first dequantized
- * into the act-type scratch, in row chunks that fit it. */
+ * into the act-type scratch, in row chunks that fit it. The dense GEMV's
+ * pair form (kcu_gemv_pair_k) hands two rows' sums to an epilogue: rope +
+ * KV append for a fused q/k/v weight, silu_mul for a fused gate/up one
+ * (kcu__matmul_rope_kv_append, kcu__matmul_silu_mul). */
 #include "kernels/cuda/kcu_quant.cuh"
 
 #define KCU_GEMV_WARPS 8 /* warps per CTA of the GEMV kernels: a row takes 1, 2 or 4 of them (dense) or one

@@ -25,7 +25,8 @@ int proto_mbox_post(proto_mbox_t *m, const void *data, size_t len) {
 const void *proto_mbox_peek(proto_mbox_t *m, size_t *len) {
   uint64_t seq = atomic_load(&m->seq); /* seq_cst: after a store of `sleeping` */
   if (seq == atomic_load_explicit(&m->taken, memory_order_relaxed)) return NULL;
-  *len = m->len;
+  const uint32_t n = m->len; /* another process wrote it: never past the mailbox (a decode then fails) */
+  *len = n <= PROTO_MBOX_CAP ? n : PROTO_MBOX_CAP;
   return m->data;
 }
 

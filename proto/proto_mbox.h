@@ -65,7 +65,8 @@ enum { PROTO_MBOX_BUSY = 0, PROTO_MBOX_POSTED = 1, PROTO_MBOX_RING = 2 };
  * posted, and the consumer sleeps: send it a doorbell. */
 int proto_mbox_post(proto_mbox_t *m, const void *data, size_t len);
 
-/* Consumer: the message waiting (its bytes and length) or NULL. */
+/* Consumer: the message waiting (its bytes and length, at most
+ * PROTO_MBOX_CAP whatever the other process wrote) or NULL. */
 const void *proto_mbox_peek(proto_mbox_t *m, size_t *len);
 /* Consumer: the message peeked is decoded; its bytes may be overwritten. */
 void proto_mbox_done(proto_mbox_t *m);

@@ -350,9 +350,9 @@ __device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, i
  * Any cache dtype.
  * Before the PDL wait a CTA reads the step's metadata (uploaded before the
  * step's first kernel) and its first rows of K/V except row ctx_len - 1:
- * the kernel before (rope + KV append) writes q and that row and nothing
- * else a one-token sequence reads, and every earlier row was written by an
- * earlier step. So at short contexts a split's whole K/V streams in while
+ * the kernel before (rope + KV append, or the q/k/v GEMV with them in its
+ * epilogue) writes q and that row and nothing else a one-token sequence
+ * reads, and every earlier row was written by an earlier step. So at short contexts a split's whole K/V streams in while
  * that kernel drains. */
 template <typename T, int HD, int GM, bool PIPE, int Q>
 __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC_CTAS)

@@ -1,8 +1,9 @@
 /* test_proto_mbox.c - the shared-memory step mailbox (proto/proto_mbox.h):
  * one message at a time, BUSY until the last one is decoded or when too
- * large, RING only while the consumer sleeps, a restarted consumer skips
- * what was there, and two processes ping-ponging 20,000 messages of random
- * sizes through a pair of mailboxes get every byte in order. */
+ * large, a corrupt length clamped to the mailbox, RING only while the
+ * consumer sleeps, a restarted consumer skips what was there, and two
+ * processes ping-ponging 20,000 messages of random sizes through a pair of
+ * mailboxes get every byte in order. */
 #include <check.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -60,6 +61,12 @@ START_TEST(test_too_large_and_empty) {
   ck_assert_int_eq(proto_mbox_post(m, big, 0), PROTO_MBOX_POSTED); /* an empty message is a message */
   ck_assert_ptr_nonnull(proto_mbox_peek(m, &len));
   ck_assert_uint_eq(len, 0);
+  proto_mbox_done(m);
+  /* a producer that writes a length past the mailbox: the consumer reads no further than it */
+  ck_assert_int_eq(proto_mbox_post(m, big, 8), PROTO_MBOX_POSTED);
+  m->len = 0xffffffffu;
+  ck_assert_ptr_nonnull(proto_mbox_peek(m, &len));
+  ck_assert_uint_eq(len, PROTO_MBOX_CAP);
   free(big);
 }
 END_TEST

@@ -4,7 +4,8 @@ serve` with the real model, driven by the real `openai` client.
 response_format json_object and json_schema (strict) on 25 schemas of the
 supported subset (objects, required and optional properties, strings with
 lengths, numbers, integers, booleans, null, enum, const, arrays with item
-bounds, nested objects, anyOf, $defs) at temperature 0 and 0.8: every
+bounds, nested objects, anyOf, $defs) at temperature 0 and 0.8, asked at
+once (one batch of sequences under different grammars): every
 answer parses with Python's json and validates against its schema with
 `jsonschema`, 0 failures; a stream gives the greedy answer's text; vLLM's
 guided_regex, guided_choice and structured_outputs on chat and
@@ -17,6 +18,7 @@ import json
 import os
 import sys
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_serve import LocalServer  # noqa: E402
@@ -92,6 +94,13 @@ def chat(prompt, **kw):
     return client().chat.completions.create(model=NAME, messages=[{"role": "user", "content": prompt}], **kw)
 
 
+def chat_all(calls):
+    """The answers to [(prompt, kw), ...], asked at once: the server batches
+    sequences with different grammars, as it does under load."""
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(lambda c: chat(c[0], **c[1]), calls))
+
+
 def json_schema(schema, name="answer"):
     return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
@@ -99,35 +108,41 @@ def json_schema(schema, name="answer"):
 class JsonSchemas(unittest.TestCase):
     def test_every_schema_validates(self):
         import jsonschema
+        cases = [(i, temp) for i in range(len(SCHEMAS)) for temp in (0.0, 0.8)]
+        answers = chat_all([(SCHEMAS[i][1] + " Answer in JSON.",
+                             dict(temperature=temp, seed=i, max_tokens=400, response_format=json_schema(SCHEMAS[i][0])))
+                            for i, temp in cases])
         failures = []
-        for i, (schema, prompt) in enumerate(SCHEMAS):
-            for temp in (0.0, 0.8):
-                r = chat(prompt + " Answer in JSON.", temperature=temp, seed=i, max_tokens=400,
-                         response_format=json_schema(schema))
-                text = r.choices[0].message.content
-                try:
-                    self.assertEqual(r.choices[0].finish_reason, "stop")
-                    jsonschema.validate(json.loads(text), schema)
-                except Exception as e:  # noqa: BLE001 - collected, reported together
-                    failures.append((i, temp, text, str(e)[:200]))
-        self.assertEqual(failures, [], "%d of %d answers failed" % (len(failures), 2 * len(SCHEMAS)))
+        for (i, temp), r in zip(cases, answers):
+            text = r.choices[0].message.content
+            try:
+                self.assertEqual(r.choices[0].finish_reason, "stop")
+                jsonschema.validate(json.loads(text), SCHEMAS[i][0])
+            except Exception as e:  # noqa: BLE001 - collected, reported together
+                failures.append((i, temp, text, str(e)[:200]))
+        self.assertEqual(failures, [], "%d of %d answers failed" % (len(failures), len(cases)))
 
     def test_json_object(self):
         # any object: nothing bounds its keys, so a sampled answer may run on (SmolLM2 repeats keys) until
         # max_tokens; every answer that ends is an object, and the greedy ones end
+        cases = [(prompt, temp, seed)
+                 for prompt in ("Give the name and age of a person as JSON.",
+                                "Return a JSON object with the capital of France.")
+                 for temp, seed in ((0.0, 0), (0.7, 1), (0.7, 2))]
+        answers = chat_all([(prompt, dict(temperature=temp, seed=seed, max_tokens=300,
+                                          response_format={"type": "json_object"}))
+                            for prompt, temp, seed in cases])
         ended = 0
-        for prompt in ("Give the name and age of a person as JSON.", "Return a JSON object with the capital of France."):
-            for temp, seed in ((0.0, 0), (0.7, 1), (0.7, 2)):
-                r = chat(prompt, temperature=temp, seed=seed, max_tokens=300, response_format={"type": "json_object"})
-                c = r.choices[0]
-                if temp == 0:
-                    self.assertEqual(c.finish_reason, "stop", c.message.content)
-                if c.finish_reason == "stop":
-                    self.assertIsInstance(json.loads(c.message.content), dict)
-                    ended += 1
-                else:
-                    self.assertEqual(c.finish_reason, "length")
-                    self.assertTrue(c.message.content.lstrip().startswith("{"))
+        for (prompt, temp, seed), r in zip(cases, answers):
+            c = r.choices[0]
+            if temp == 0:
+                self.assertEqual(c.finish_reason, "stop", c.message.content)
+            if c.finish_reason == "stop":
+                self.assertIsInstance(json.loads(c.message.content), dict)
+                ended += 1
+            else:
+                self.assertEqual(c.finish_reason, "length")
+                self.assertTrue(c.message.content.lstrip().startswith("{"))
         self.assertGreaterEqual(ended, 2)
 
     def test_stream_gives_the_same_text(self):

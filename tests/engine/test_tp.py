@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """test_tp.py - tensor parallelism on CPU workers, end to end: for each
 model, `ferrumctl serve --tensor-parallel-size 2` (and 4 and 8 where the
-heads allow) against the same server with one worker, greedy, 32 tokens for 8 prompts, with the top-5 logprobs
-of every token; then a rank killed under load, busy polling (the GPU
-servers' default) forced on, and the shared-memory all-reduce against the
-sum in rank order (bench/allreduce_bench --check).
+heads allow) against the same server with one worker, greedy, 32 tokens for
+8 prompts asked at once, with the top-5 logprobs of every token; then a
+rank killed under load, busy polling (the GPU servers' default) forced on,
+and the shared-memory all-reduce against the sum in rank order (bench/allreduce_bench --check).
 
 The rule (the one the GPU parity script uses): the tokens agree up to the
 first divergence, if any; before it the sampled tokens' logprobs agree
@@ -36,6 +36,7 @@ import tempfile
 import threading
 import time
 import unittest
+from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_serve import LocalServer  # noqa: E402
@@ -70,6 +71,11 @@ class Server(LocalServer):
         assert st == 200, (st, data)
         return json.loads(data)["choices"][0]
 
+    def complete_all(self, prompts):
+        """complete() of every prompt, asked at once (they share steps)."""
+        with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
+            return list(pool.map(self.complete, prompts))
+
 
 def compare(test, ref, got, lp_tol, gap_tol):
     """Asserts the divergence rule of the module docstring; returns the
@@ -99,7 +105,7 @@ class TensorParallelCPU(unittest.TestCase):
             self.skipTest("no " + model)
         one = Server(model, 1)
         try:
-            refs = [one.complete(p) for p in PROMPTS]
+            refs = one.complete_all(PROMPTS)
         finally:
             one.stop()
         for tp in sizes:
@@ -108,7 +114,8 @@ class TensorParallelCPU(unittest.TestCase):
                 log = srv.log_text()
                 for r in range(tp):
                     self.assertIn("tensor parallel rank %d of %d" % (r, tp), log)
-                agreed = sum(compare(self, ref, srv.complete(p), lp_tol, gap_tol) for p, ref in zip(PROMPTS, refs))
+                answers = srv.complete_all(PROMPTS)
+                agreed = sum(compare(self, ref, got, lp_tol, gap_tol) for ref, got in zip(refs, answers))
             finally:
                 srv.stop()
             # most tokens agree: a rule met only by diverging at once would mean a wrong shard

@@ -24,6 +24,7 @@ const cpu_isa_t cpu_isa_avx2 = {
                    [KERN_I4G] = x86__vec_dot_x4_i4g, [KERN_Q5_0] = x86__vec_dot_x4_q5_0,
                    [KERN_Q4_K] = x86__vec_dot_x4_q4_K, [KERN_Q5_K] = x86__vec_dot_x4_q5_K,
                    [KERN_Q6_K] = x86__vec_dot_x4_q6_K},
+    .vec_dot_2x4 = {[KERN_Q4_1] = x86__vec_dot_2x4_q4_1},
     .quantize =
         {
             [KERN_Q8_0] = x86__quantize_q8_0,

@@ -242,6 +242,55 @@ static inline void x86__vec_dot_x4_q4_1(int n, float *s, const void *vw, const v
   s[3] = x86__hsum_f32_8(acc3) + _mm_cvtss_f32(sm3);
 }
 
+/* Batched-decode form: 2 weight rows (w, w + w_stride) against 4 activation
+ * rows, s[k * 4 + j] for weight row k and activation row j. Per block, the
+ * 4 activation rows' (d, s) pairs are converted in one go and multiplied by
+ * each weight row's (d, m) in one 256-bit product: lanes 2j and 2j + 1 are
+ * the 1-row form's x.d * y.d and x.m * y.s for row j. The odd lanes of
+ * summs[k] add up row k's min terms, lane by lane in block order. So every
+ * (k, j) sums as x86__vec_dot_q4_1 does, bit for bit, and each activation
+ * block is loaded once for both weight rows. */
+#define X86__Q4_1_2X4_DOT(k, j)                                                                     \
+  acc##k##j = _mm256_fmadd_ps(_mm256_permutevar8x32_ps(p##k, _mm256_set1_epi32(2 * (j))),            \
+                              x86__mul_sum_us8_pairs_float(qx##k, qy##j), acc##k##j)
+
+static inline void x86__vec_dot_2x4_q4_1(int n, float *s, const void *vw, size_t w_stride, const void *va,
+                                         size_t a_stride) {
+  const cpu_block_q4_1 *x0 = vw, *x1 = (const void *)((const uint8_t *)vw + w_stride);
+  const cpu_block_q8_1 *y0 = va, *y1 = (const void *)((const uint8_t *)va + a_stride),
+                       *y2 = (const void *)((const uint8_t *)va + 2 * a_stride),
+                       *y3 = (const void *)((const uint8_t *)va + 3 * a_stride);
+  __m256 acc00 = _mm256_setzero_ps(), acc01 = acc00, acc02 = acc00, acc03 = acc00, acc10 = acc00, acc11 = acc00,
+         acc12 = acc00, acc13 = acc00, summs0 = acc00, summs1 = acc00;
+  for (int i = 0; i < n / CPU_QK; i++) {
+    uint32_t yds[4], xdm[2];
+    memcpy(&yds[0], &y0[i].d, 4), memcpy(&yds[1], &y1[i].d, 4);
+    memcpy(&yds[2], &y2[i].d, 4), memcpy(&yds[3], &y3[i].d, 4);
+    memcpy(&xdm[0], &x0[i].d, 4), memcpy(&xdm[1], &x1[i].d, 4);
+    const __m256 y = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)yds));
+    const __m256 p0 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi32((int)xdm[0])), y);
+    const __m256 p1 = _mm256_mul_ps(_mm256_cvtph_ps(_mm_set1_epi32((int)xdm[1])), y);
+    summs0 = _mm256_add_ps(summs0, p0);
+    summs1 = _mm256_add_ps(summs1, p1);
+    const __m256i qx0 = x86__bytes_from_nibbles_32(x0[i].qs), qx1 = x86__bytes_from_nibbles_32(x1[i].qs);
+    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs), qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs),
+                  qy2 = _mm256_loadu_si256((const __m256i *)y2[i].qs), qy3 = _mm256_loadu_si256((const __m256i *)y3[i].qs);
+    X86__Q4_1_2X4_DOT(0, 0);
+    X86__Q4_1_2X4_DOT(0, 1);
+    X86__Q4_1_2X4_DOT(0, 2);
+    X86__Q4_1_2X4_DOT(0, 3);
+    X86__Q4_1_2X4_DOT(1, 0);
+    X86__Q4_1_2X4_DOT(1, 1);
+    X86__Q4_1_2X4_DOT(1, 2);
+    X86__Q4_1_2X4_DOT(1, 3);
+  }
+  float m[16];
+  _mm256_storeu_ps(m, summs0);
+  _mm256_storeu_ps(m + 8, summs1);
+  const __m256 acc[8] = {acc00, acc01, acc02, acc03, acc10, acc11, acc12, acc13};
+  for (int k = 0; k < 8; k++) s[k] = x86__hsum_f32_8(acc[k]) + m[2 * k + 1];
+}
+
 #define X86__Q8_0_X4_ROW(k)                                                                            \
   do {                                                                                                 \
     const __m256 d = _mm256_set1_ps(xd * X86_F16(y##k[i].d));                                          \

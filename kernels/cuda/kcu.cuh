@@ -120,6 +120,7 @@ typedef struct {
   int q4f_max_n;       /* most rows a Q4F matmul reads the 4-bit weights for; more: dequantize + cuBLAS */
   int q4f_warps;       /* warps per tile of the Q4F matmul (FERRUM_CUDA_Q4F_WARPS 4 or 8); 0: by batch */
   int q4f_gemm;        /* past 64 rows the tiles share activations (kcu_q4f_gemm_k); FERRUM_CUDA_Q4F_GEMM=0: not */
+  int q4f_nt;          /* most MMA columns (8 tokens each) a CTA of the Q4F matmul takes (FERRUM_CUDA_Q4F_NT 1-8; 4) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;

@@ -564,6 +564,8 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->q4f_max_n = kcu_env_int("FERRUM_CUDA_Q4F_MAX_N", KCU_Q4F_MAX_N, 0, 4096);
   c->q4f_warps = kcu_env_int("FERRUM_CUDA_Q4F_WARPS", 0, 0, 8);
   c->q4f_gemm = kcu_env_int("FERRUM_CUDA_Q4F_GEMM", 1, 0, 1);
+  c->q4f_nt = kcu_env_int("FERRUM_CUDA_Q4F_NT", 4, 1, 8);
+  c->q4f_nt = c->q4f_nt <= 1 ? 1 : c->q4f_nt <= 2 ? 2 : c->q4f_nt <= 4 ? 4 : 8;
   if (c->q4f_warps) c->q4f_warps = c->q4f_warps <= 4 ? 4 : 8;
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));

@@ -256,7 +256,7 @@ static void simple_step(int n, const int32_t *tokens) {
 
 /* ---- matmul ------------------------------------------------------------------------- */
 
-static const int k_ns[] = {1, 2, 4, 7, 16, 64, 100, 300};
+static const int k_ns[] = {1, 2, 4, 7, 16, 40, 64, 100, 300};
 
 /* Exact reference: out[b][r] = sum_k deq(W)[r][k] * x[b][perm[k]] (+ bias)
  * in f64 (perm NULL: the identity; perm[k] -1: column k is padding), x
@@ -429,13 +429,18 @@ START_TEST(test_matmul_q4f) {
   kern_type_t t = k_q4[_i];
   check_matmul(t, 200, t == KERN_Q4_K ? 768 : 288, true);
   check_matmul_n(t, 16 * 532 - 11, 256, false, 128);
-  for (int warps = 4; warps <= 8; warps += 4) { /* both CTA sizes at every n (FERRUM_CUDA_Q4F_WARPS), and */
-    kern_backend_destroy(gpu);                   /* from 33 rows the GEMM form (its columns split) or not */
-    setenv("FERRUM_CUDA_Q4F_WARPS", warps == 4 ? "4" : "8", 1);
-    setenv("FERRUM_CUDA_Q4F_GEMM", warps == 4 ? "0" : "1", 1);
+  /* both CTA sizes at every n (FERRUM_CUDA_Q4F_WARPS), from 33 rows the GEMM
+   * form (its columns split) or not, and CTAs of 8 to 64 tokens (FERRUM_CUDA_Q4F_NT) */
+  static const char *cfg[][3] = {{"4", "0", "4"}, {"8", "1", "8"}, {"4", "0", "1"}, {"8", "0", "2"}};
+  for (int k = 0; k < 4; k++) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
+    setenv("FERRUM_CUDA_Q4F_GEMM", cfg[k][1], 1);
+    setenv("FERRUM_CUDA_Q4F_NT", cfg[k][2], 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
-    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, warps == 8, 64);
+    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k == 1, 64);
   }
+  unsetenv("FERRUM_CUDA_Q4F_NT");
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_Q4F", "0", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);

@@ -306,7 +306,8 @@ __device__ __forceinline__ void kcu_q4f_store(const float (&acc)[NT][4], T *out,
 /* out (n, rows) = x (n, cols) @ W^T (cols a multiple of 32: a last unit
  * may have one block). A CTA is WK warps on one row tile of 16, each warp
  * a WK-th of its units (summed through shared memory at the end), for up
- * to 8 NT tokens from blockIdx.y * 8 NT.
+ * to 8 NT tokens from blockIdx.x * 8 NT (blockIdx.y is the tile: a tile's
+ * CTAs start together and read its weights once from memory, then L2).
  * Each warp streams its weights and activations into registers, U units a
  * batch, the next batch loaded before the current one is used where
  * registers allow (DB): at small batches the loads, not the MMAs, are the
@@ -318,7 +319,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   constexpr int U = NT == 1 ? 4 : NT <= 2 ? 2 : 1, DB = NT <= 4, PF = NT <= 2;
   __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * NT * 4 : 1];
   const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
-  const int tile = blockIdx.x, tok0 = blockIdx.y * 8 * NT;
+  const int tile = blockIdx.y, tok0 = blockIdx.x * 8 * NT;
   const int tiles = kcu_q4f_tiles(rows), units = kcu_q4f_units(cols);
   float acc[NT][4];
 #pragma unroll
@@ -516,7 +517,7 @@ __global__ void kcu_q4f_gather_k(T *xp, const T *x, const int32_t *perm, int col
 template <typename T, int NT, int WK>
 static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
-  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(v.tiles, kcu_div_up(n, 8 * NT)), WK * KCU_WARP, 0, out,
+  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(kcu_div_up(n, 8 * NT), v.tiles), WK * KCU_WARP, 0, out,
              (const uint4 *)v.nib, (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
   return 0;
 }

@@ -517,6 +517,8 @@ __global__ void kcu_q4f_gather_k(T *xp, const T *x, const int32_t *perm, int col
 template <typename T, int NT, int WK>
 static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
+  if (v.tiles > 65535) /* the grid's y */
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows, past 1048560", (long long)w->rows);
   KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(kcu_div_up(n, 8 * NT), v.tiles), WK * KCU_WARP, 0, out,
              (const uint4 *)v.nib, (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
   return 0;

@@ -273,8 +273,10 @@ static inline void x86__vec_dot_2x4_q4_1(int n, float *s, const void *vw, size_t
     summs0 = _mm256_add_ps(summs0, p0);
     summs1 = _mm256_add_ps(summs1, p1);
     const __m256i qx0 = x86__bytes_from_nibbles_32(x0[i].qs), qx1 = x86__bytes_from_nibbles_32(x1[i].qs);
-    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs), qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs),
-                  qy2 = _mm256_loadu_si256((const __m256i *)y2[i].qs), qy3 = _mm256_loadu_si256((const __m256i *)y3[i].qs);
+    const __m256i qy0 = _mm256_loadu_si256((const __m256i *)y0[i].qs);
+    const __m256i qy1 = _mm256_loadu_si256((const __m256i *)y1[i].qs);
+    const __m256i qy2 = _mm256_loadu_si256((const __m256i *)y2[i].qs);
+    const __m256i qy3 = _mm256_loadu_si256((const __m256i *)y3[i].qs);
     X86__Q4_1_2X4_DOT(0, 0);
     X86__Q4_1_2X4_DOT(0, 1);
     X86__Q4_1_2X4_DOT(0, 2);

@@ -49,8 +49,10 @@ build_llama_server() {
     mkdir -p "$dir/src"
     "$python" -m pip download -q --no-deps --no-binary :all: "llama-cpp-python==$ver" -d "$dir/src"
     tar -xzf "$dir/src/llama_cpp_python-$ver.tar.gz" -C "$dir/src"
+    local flags
+    eval "flags=($("$root/deploy/llamacpp_flags.sh"))"
     cmake -S "$dir/src/llama_cpp_python-$ver/vendor/llama.cpp" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release \
-      -DGGML_NATIVE=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
+      -DGGML_NATIVE=ON ${flags[@]+"${flags[@]}"} -DLLAMA_CURL=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TESTS=OFF \
       -DLLAMA_BUILD_EXAMPLES=OFF >"$dir/cmake.log"
     cmake --build "$dir/build" -j"$(nproc)" --target llama-server >"$dir/build.log"
     mkdir -p "$dir/bin"

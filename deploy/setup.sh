@@ -58,7 +58,7 @@ if [ $test_tools = 1 ]; then
      ! .venv/bin/python -c 'import lm_eval, aiohttp, tenacity' 2>/dev/null ||
      [ ! -x .venv/bin/hadolint ]; then
     .venv/bin/pip install -q --upgrade pip
-    CMAKE_ARGS="-DGGML_NATIVE=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
+    CMAKE_ARGS="-DGGML_NATIVE=ON $(deploy/llamacpp_flags.sh) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
       .venv/bin/pip install -q -r deploy/requirements-test.txt
   fi
 fi

@@ -386,22 +386,16 @@ static void x512__axpy_i8(int n, float a, const int8_t *x, float *y) {
   x86__axpy_i8(n - i, a, x + i, y + i);
 }
 
-/* A Q4_K super-block's dot from its exact integer parts (yd: the
- * activation block's scale; isum: sum of scale * q * q8; summ: sum of min *
- * bsum): the float expression both forms of this table evaluate. */
-static inline float x512__qk_total(float yd, uint16_t d16, uint16_t dmin16, int isum, int summ) {
-  return yd * X86_F16(d16) * (float)isum - yd * X86_F16(dmin16) * (float)summ;
-}
-
-/* Q4_K with 512-bit registers: 64 values (two sub-blocks) per step. The
- * integer parts are the AVX2 form's exact sums, the float expression is
- * x512__qk_total, per super-block (the AVX2 table sums in 8 float lanes
- * and so rounds differently). */
+/* Q4_K with 512-bit registers: 64 values (two sub-blocks) per step. Lanes
+ * 0-7 of the int32 sums are the AVX2 form's pl, lanes 8-15 its ph, so
+ * their two halves added are its exact sumi; the float part is
+ * x86__qk_block_acc's, in the same 8 lanes, with one horizontal sum a row:
+ * the same bits as the AVX2 table (test_matmul_kquant_avx512_exact). */
 typedef struct {
   __m512i q[4];   /* chunk c: sub-block 2c's 32 values, then 2c + 1's (unsigned 4-bit) */
   __m512i scl[4]; /* chunk c: sub-block 2c's scale in 16 int16 lanes, then 2c + 1's */
   __m256i mn2;    /* the 8 mins, each twice (int16), against the 16 bsums */
-  uint16_t d, dmin;
+  float d, dmin;
 } x512__q4_K_t;
 
 static inline void x512__q4_K_unpack(const cpu_block_q4_K *x, x512__q4_K_t *u) {
@@ -417,42 +411,46 @@ static inline void x512__q4_K_unpack(const cpu_block_q4_K *x, x512__q4_K_t *u) {
   }
   const __m256i mn16 = _mm256_castsi128_si256(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn)));
   u->mn2 = _mm256_permutexvar_epi16(_mm256_setr_epi16(0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7), mn16);
-  u->d = x->d, u->dmin = x->dmin;
+  u->d = X86_F16(x->d), u->dmin = X86_F16(x->dmin);
 }
 
-static inline float x512__q4_K_block(const x512__q4_K_t *u, const cpu_block_q8_K *y) {
-  __m512i acc = _mm512_setzero_si512();
+/* acc += one super-block against one activation block (x86__qk_block_acc's
+ * expression). */
+static inline __m256 x512__q4_K_block(const x512__q4_K_t *u, const cpu_block_q8_K *y, __m256 acc) {
+  __m512i sum = _mm512_setzero_si512();
   for (int c = 0; c < 4; c++) {
     const __m512i y8 = _mm512_loadu_si512((const void *)(y->qs + 64 * c));
-    acc = _mm512_add_epi32(acc, _mm512_madd_epi16(u->scl[c], _mm512_maddubs_epi16(u->q[c], y8)));
+    sum = _mm512_add_epi32(sum, _mm512_madd_epi16(u->scl[c], _mm512_maddubs_epi16(u->q[c], y8)));
   }
-  const __m256i bs = _mm256_loadu_si256((const __m256i *)y->bsums);
-  const int summ = x86__hsum_i32_8(_mm256_madd_epi16(u->mn2, bs));
-  return x512__qk_total(y->d, u->d, u->dmin, _mm512_reduce_add_epi32(acc), summ);
+  const __m256i sumi = _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+  const __m256i summ = _mm256_madd_epi16(u->mn2, _mm256_loadu_si256((const __m256i *)y->bsums));
+  acc = _mm256_fmadd_ps(_mm256_set1_ps(y->d * u->d), _mm256_cvtepi32_ps(sumi), acc);
+  return _mm256_fnmadd_ps(_mm256_set1_ps(y->d * u->dmin), _mm256_cvtepi32_ps(summ), acc);
 }
 
 static void x512__vec_dot_q4_K(int n, float *s, const void *vw, const void *va) {
   const cpu_block_q4_K *x = vw;
   const cpu_block_q8_K *y = va;
-  float sum = 0.0f;
+  __m256 acc = _mm256_setzero_ps();
   for (int i = 0; i < n / CPU_QK_K; i++) {
     x512__q4_K_t u;
     x512__q4_K_unpack(&x[i], &u);
-    sum += x512__q4_K_block(&u, &y[i]);
+    acc = x512__q4_K_block(&u, &y[i], acc);
   }
-  *s = sum;
+  *s = x86__hsum_f32_8(acc);
 }
 
 static void x512__vec_dot_x4_q4_K(int n, float *s, const void *vw, const void *va, size_t a_stride) {
   const cpu_block_q4_K *x = vw;
-  float sum[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+  __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
   for (int i = 0; i < n / CPU_QK_K; i++) {
     x512__q4_K_t u;
     x512__q4_K_unpack(&x[i], &u);
+#pragma GCC unroll 4
     for (int r = 0; r < 4; r++)
-      sum[r] += x512__q4_K_block(&u, (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i);
+      acc[r] = x512__q4_K_block(&u, (const cpu_block_q8_K *)((const uint8_t *)va + (size_t)r * a_stride) + i, acc[r]);
   }
-  for (int r = 0; r < 4; r++) s[r] = sum[r];
+  for (int r = 0; r < 4; r++) s[r] = x86__hsum_f32_8(acc[r]);
 }
 
 /* Attention scores with the query in registers: one 512-bit FMA per 16

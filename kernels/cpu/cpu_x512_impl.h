@@ -255,38 +255,69 @@ static inline void x512__dot_w8(int n, float *s, const void *vw, const void *va,
 static void x512__vec_dot_q8_0(int n, float *s, const void *vw, const void *va) { x512__dot_w8(n, s, vw, va, false); }
 static void x512__vec_dot_q5_0(int n, float *s, const void *vw, const void *va) { x512__dot_w8(n, s, vw, va, true); }
 
-/* Prefill form of the above, as x512__vec_dot_x4_q4_1 is of its 1-row form:
- * the weight's |x|, sign mask and scales once per pair for 4 rows. */
-/* acc += scales * dot(the weight pair, y's pair), the weight pair given as
- * |x| and x's sign mask. */
-static inline void x512__q8_0_row(__m512i ax, __mmask64 neg, __m128 xd, const cpu_block_q8_0 *y, int i,
-                                  __m512 *acc) {
-  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-  const __m512i sy = _mm512_mask_sub_epi8(qy, neg, _mm512_setzero_si512(), qy);
-  *acc = _mm512_fmadd_ps(x512__q8_0_scales(xd, y, i), x512__mul_sum_us8_pairs_float(ax, sy), *acc);
-}
-
-/* A weight pair as the 4-row and 2x4 forms use it. */
+/* The 4-row and 2x4 forms below: a weight pair prepared once for all its
+ * activation rows, an activation pair once for all its weight rows.
+ * With VNNI the weight bytes stay signed and the activations become
+ * unsigned (y + 128, one xor a pair): vpdpbusd then accumulates onto each
+ * lane's -128 * sum(x), prepared with the weights, and ends at the lane's
+ * exact sum(x y) in one instruction. Without VNNI maddubs could saturate
+ * on (y + 128) x, so the weights are |x| and x's sign goes to y. The int32
+ * lanes are the 1-row dot's either way, and the scales the same products
+ * (x.d y.d per block, spread over its 8 lanes): the same bits. */
 typedef struct {
-  __m512i ax;   /* |x| */
+#if defined(__AVX512VNNI__)
+  __m512i x;    /* signed bytes */
+  __m512i corr; /* -128 * the sum of each lane's 4 bytes */
+#else
+  __m512i ax;    /* |x| */
   __mmask64 neg; /* x's sign */
-  __m128 xd;    /* [d0, d1, 0, 0] */
+#endif
+  __m512 xd; /* d0 in lanes 0-7, d1 in 8-15 */
 } x512__q8_0_pair_t;
+
+typedef struct {
+  __m512i y;  /* the activation bytes (plus 128 as unsigned bytes with VNNI) */
+  __m512 yd;  /* d0 in lanes 0-7, d1 in 8-15 */
+} x512__q8_0_act_t;
 
 static inline x512__q8_0_pair_t x512__q8_0_pair(const void *x, int i, bool q5) {
   const __m512i qx = x512__w8_pair(x, i, q5);
-  return (x512__q8_0_pair_t){_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx), x512__w8_d(x, i, q5)};
+  const __m512 xd = x512__spread2(x512__w8_d(x, i, q5), 0, 1);
+#if defined(__AVX512VNNI__)
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), _mm512_set1_epi8((char)0x80), qx);
+  return (x512__q8_0_pair_t){qx, _mm512_sub_epi32(_mm512_setzero_si512(), s), xd};
+#else
+  return (x512__q8_0_pair_t){_mm512_abs_epi8(qx), _mm512_movepi8_mask(qx), xd};
+#endif
+}
+
+static inline x512__q8_0_act_t x512__q8_0_act(const cpu_block_q8_0 *y, int i) {
+  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
+  const __m512 yd = x512__spread2(x512__f16x1x2(&y[i].d, &y[i + 1].d), 0, 1);
+#if defined(__AVX512VNNI__)
+  return (x512__q8_0_act_t){_mm512_xor_si512(qy, _mm512_set1_epi8((char)0x80)), yd};
+#else
+  return (x512__q8_0_act_t){qy, yd};
+#endif
+}
+
+/* acc += the block pair's scales * dot(weight pair, activation pair). */
+static inline __m512 x512__q8_0_step(const x512__q8_0_pair_t *p, const x512__q8_0_act_t *a, __m512 acc) {
+#if defined(__AVX512VNNI__)
+  const __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(p->corr, a->y, p->x));
+#else
+  const __m512i sy = _mm512_mask_sub_epi8(a->y, p->neg, _mm512_setzero_si512(), a->y);
+  const __m512 dot = x512__mul_sum_us8_pairs_float(p->ax, sy);
+#endif
+  return _mm512_fmadd_ps(_mm512_mul_ps(p->xd, a->yd), dot, acc);
 }
 
 /* Two weight rows' steps against one activation row's block pair. */
 static inline void x512__q8_0_col2(const x512__q8_0_pair_t *p0, const x512__q8_0_pair_t *p1, const cpu_block_q8_0 *y,
                                    int i, __m512 *acc0, __m512 *acc1) {
-  const __m512i qy = x512__load_q8_2(y[i].qs, y[i + 1].qs);
-  const __m128 yd = x512__f16x1x2(&y[i].d, &y[i + 1].d);
-  const __m512i sy0 = _mm512_mask_sub_epi8(qy, p0->neg, _mm512_setzero_si512(), qy);
-  const __m512i sy1 = _mm512_mask_sub_epi8(qy, p1->neg, _mm512_setzero_si512(), qy);
-  *acc0 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p0->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p0->ax, sy0), *acc0);
-  *acc1 = _mm512_fmadd_ps(x512__spread2(_mm_mul_ps(p1->xd, yd), 0, 1), x512__mul_sum_us8_pairs_float(p1->ax, sy1), *acc1);
+  const x512__q8_0_act_t a = x512__q8_0_act(y, i);
+  *acc0 = x512__q8_0_step(p0, &a, *acc0);
+  *acc1 = x512__q8_0_step(p1, &a, *acc1);
 }
 
 /* Batched-decode form of the Q8_0 (Q5_0) dot, as x512__vec_dot_2x4_q4_1. */
@@ -332,10 +363,12 @@ static inline void x512__dot_x4_w8(int n, float *s, const void *vw, const void *
   int i = 0;
   for (; i + 2 <= nb; i += 2) {
     const x512__q8_0_pair_t p = x512__q8_0_pair(vw, i, q5);
-    x512__q8_0_row(p.ax, p.neg, p.xd, y[0], i, &a0);
-    x512__q8_0_row(p.ax, p.neg, p.xd, y[1], i, &a1);
-    x512__q8_0_row(p.ax, p.neg, p.xd, y[2], i, &a2);
-    x512__q8_0_row(p.ax, p.neg, p.xd, y[3], i, &a3);
+    const x512__q8_0_act_t y0 = x512__q8_0_act(y[0], i), y1 = x512__q8_0_act(y[1], i),
+                           y2 = x512__q8_0_act(y[2], i), y3 = x512__q8_0_act(y[3], i);
+    a0 = x512__q8_0_step(&p, &y0, a0);
+    a1 = x512__q8_0_step(&p, &y1, a1);
+    a2 = x512__q8_0_step(&p, &y2, a2);
+    a3 = x512__q8_0_step(&p, &y3, a3);
   }
   const __m512 acc[4] = {a0, a1, a2, a3};
   for (int k = 0; k < 4; k++) s[k] = _mm512_reduce_add_ps(acc[k]) + (i < nb ? x512__w8_tail(vw, i, y[k], q5) : 0.0f);

@@ -53,13 +53,18 @@ if [ $test_tools = 1 ]; then
   if [ ! -x .venv/bin/python ]; then
     "$py" -m venv .venv
   fi
+  llama_cmake="-DGGML_NATIVE=ON $(deploy/llamacpp_flags.sh) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
   if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null ||
      ! .venv/bin/python -c 'import yamllint, kubernetes_validate, jsonschema, yaml' 2>/dev/null ||
      ! .venv/bin/python -c 'import lm_eval, aiohttp, tenacity' 2>/dev/null ||
      [ ! -x .venv/bin/hadolint ]; then
     .venv/bin/pip install -q --upgrade pip
-    CMAKE_ARGS="-DGGML_NATIVE=ON $(deploy/llamacpp_flags.sh) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF" \
-      .venv/bin/pip install -q -r deploy/requirements-test.txt
+    CMAKE_ARGS=$llama_cmake .venv/bin/pip install -q -r deploy/requirements-test.txt
+  fi
+  # a llama.cpp built before deploy/llamacpp_flags.sh, with AMX: built again
+  if .venv/bin/python -c 'import llama_cpp, sys; sys.exit("AMX_INT8 = 1" not in llama_cpp.llama_print_system_info().decode())' 2>/dev/null; then
+    llama_ver=$(.venv/bin/python -c 'import llama_cpp; print(llama_cpp.__version__)')
+    CMAKE_ARGS=$llama_cmake .venv/bin/pip install -q --force-reinstall --no-deps --no-cache-dir "llama-cpp-python==$llama_ver"
   fi
 fi
 

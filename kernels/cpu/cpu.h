@@ -24,9 +24,9 @@ extern "C" {
 
 #define CPU_QK 32   /* elements per block of the 32-element types */
 #define CPU_QK_K 256 /* elements per K-quant super-block */
-/* Default of cpu_ctx_t.mm_prefetch (FERRUM_CPU_PREFETCH): measured in
+/* Default of cpu_ctx_t.prefetch (FERRUM_CPU_PREFETCH): measured in
  * docs/bench/cpu-model.md (session 20), flat from 2 to 6 KiB. */
-#define CPU_MM_PREFETCH 4096
+#define CPU_PREFETCH 4096
 
 /* Weight blocks (ggml's layouts, ggml-common.h); f16 fields as raw uint16_t. */
 typedef struct { uint16_t d; uint8_t qs[16]; } cpu_block_q4_0;
@@ -139,7 +139,8 @@ typedef struct {
   fr_pool_t *pool;
   int n_threads;
   const cpu_isa_t *isa;
-  size_t mm_prefetch; /* bytes ahead of the weight row being dotted that matmul prefetches (0: none) */
+  size_t prefetch; /* bytes ahead of the weight row being dotted that matmul prefetches; attention then
+                      prefetches each next KV block too (0: neither) */
 
   /* Step metadata, copied by step_begin into buffers grown as needed. */
   int n_tokens, n_seqs, max_blocks;

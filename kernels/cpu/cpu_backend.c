@@ -311,7 +311,7 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   ctx->n_threads = fr_pool_size(ctx->pool);
   ctx->isa = isa;
   const char *pf = getenv("FERRUM_CPU_PREFETCH");
-  ctx->mm_prefetch = pf && *pf ? (size_t)strtoul(pf, NULL, 10) : CPU_MM_PREFETCH;
+  ctx->prefetch = pf && *pf ? (size_t)strtoul(pf, NULL, 10) : CPU_PREFETCH;
   ctx->be.ops = &cpu__ops;
   ctx->be.ctx = ctx;
   ctx->be.act_type = KERN_F32;

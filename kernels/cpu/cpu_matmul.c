@@ -25,7 +25,7 @@ typedef struct {
   cpu_vec_dot_2x4_fn dot_2x4; /* NULL when the path has no 2x4 form */
   float *out;             /* (n, rows) */
   int n;
-  size_t prefetch; /* cpu_ctx_t.mm_prefetch */
+  size_t prefetch; /* cpu_ctx_t.prefetch */
   long chunk_rows, n_chunks;
   atomic_long next_chunk;
 } cpu_mm_job_t;
@@ -91,7 +91,7 @@ static void cpu__mm_row_pair(const cpu_mm_job_t *job, long r, int j0, int j1) {
  * (docs/bench/cpu-model.md, session 20; on a Zen 3 EPYC no change).
  * Inlined always: as a function of its own GCC finds it free of side
  * effects (ipa-pure-const) and drops every call. */
-static inline __attribute__((always_inline)) void cpu__mm_prefetch(const cpu_mm_job_t *job, long r, long k) {
+static inline __attribute__((always_inline)) void cpu__prefetch(const cpu_mm_job_t *job, long r, long k) {
   if (!job->prefetch) return;
   const kern_weight_t *w = job->w;
   const char *p = (const char *)w->data + (size_t)r * w->row_bytes + job->prefetch;
@@ -105,11 +105,11 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
     long r = r0;
     if (job->dot_2x4 && j1 - j0 >= 4)
       for (; r + 2 <= r1; r += 2) {
-        cpu__mm_prefetch(job, r, 2);
+        cpu__prefetch(job, r, 2);
         cpu__mm_row_pair(job, r, j0, j1);
       }
     for (; r < r1; r++) {
-      cpu__mm_prefetch(job, r, 1);
+      cpu__prefetch(job, r, 1);
       cpu__mm_row(job, r, j0, j1);
     }
   }
@@ -161,7 +161,7 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
   int rc = cpu__mm_check(ctx, w, bias, n);
   if (rc || n == 0) return rc;
   if (w->perm) x = cpu__mm_permute(ctx, w, x, n);
-  cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n, .prefetch = ctx->mm_prefetch};
+  cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n, .prefetch = ctx->prefetch};
   job.dot = ctx->isa->vec_dot[w->type];
   job.dot_x4 = ctx->isa->vec_dot_x4[w->type];
   job.dot_2x4 = ctx->isa->vec_dot_2x4[w->type];

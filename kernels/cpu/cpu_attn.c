@@ -143,7 +143,8 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   for (int b = lo / j->block_size; b * j->block_size <= pos; b++) {
     const int n = FR_MIN(j->block_size, pos + 1 - b * j->block_size);
     const size_t row0 = (size_t)bt[b] * (size_t)j->block_size;
-    if (j->prefetch && (b + 1) * j->block_size <= pos) cpu__attn_prefetch(j, kh, (size_t)bt[b + 1] * (size_t)j->block_size);
+    if (j->prefetch && (b + 1) * j->block_size <= pos)
+      cpu__attn_prefetch(j, kh, (size_t)bt[b + 1] * (size_t)j->block_size);
     if (j->ks) cpu__attn_scores_q(j, kh, j->ks + kvh, qv, row0, n, sc + b * j->block_size);
     else cpu__attn_scores(j, kh, qv, row0, n, sc + b * j->block_size);
   }

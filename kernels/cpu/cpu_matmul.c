@@ -82,8 +82,6 @@ static void cpu__mm_row_pair(const cpu_mm_job_t *job, long r, int j0, int j1) {
   }
 }
 
-/* Output rows [r0, r1) for all n activation rows, CPU_MM_TILE_N at a time so
- * each weight row is reused from cache across the tile. */
 /* Asks for the cache lines of k weight rows' bytes job->prefetch past row
  * r's start (within the weight), before rows r.. are dotted. The weight
  * streams from memory once per decode step; on a Xeon with AVX-512 the
@@ -91,7 +89,7 @@ static void cpu__mm_row_pair(const cpu_mm_job_t *job, long r, int j0, int j1) {
  * (docs/bench/cpu-model.md, session 20; on a Zen 3 EPYC no change).
  * Inlined always: as a function of its own GCC finds it free of side
  * effects (ipa-pure-const) and drops every call. */
-static inline __attribute__((always_inline)) void cpu__prefetch(const cpu_mm_job_t *job, long r, long k) {
+static inline __attribute__((always_inline)) void cpu__mm_prefetch(const cpu_mm_job_t *job, long r, long k) {
   if (!job->prefetch) return;
   const kern_weight_t *w = job->w;
   const char *p = (const char *)w->data + (size_t)r * w->row_bytes + job->prefetch;
@@ -99,17 +97,19 @@ static inline __attribute__((always_inline)) void cpu__prefetch(const cpu_mm_job
   for (size_t o = 0; o < (size_t)k * w->row_bytes && p + o < end; o += 64) __builtin_prefetch(p + o);
 }
 
+/* Output rows [r0, r1) for all n activation rows, CPU_MM_TILE_N at a time so
+ * each weight row is reused from cache across the tile. */
 static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   for (int j0 = 0; j0 < job->n; j0 += CPU_MM_TILE_N) {
     int j1 = FR_MIN(job->n, j0 + CPU_MM_TILE_N);
     long r = r0;
     if (job->dot_2x4 && j1 - j0 >= 4)
       for (; r + 2 <= r1; r += 2) {
-        cpu__prefetch(job, r, 2);
+        cpu__mm_prefetch(job, r, 2);
         cpu__mm_row_pair(job, r, j0, j1);
       }
     for (; r < r1; r++) {
-      cpu__prefetch(job, r, 1);
+      cpu__mm_prefetch(job, r, 1);
       cpu__mm_row(job, r, j0, j1);
     }
   }

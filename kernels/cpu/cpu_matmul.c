@@ -86,7 +86,8 @@ static void cpu__mm_row_pair(const cpu_mm_job_t *job, long r, int j0, int j1) {
  * r's start (within the weight), before rows r.. are dotted. The weight
  * streams from memory once per decode step; on a Xeon with AVX-512 the
  * hardware prefetchers alone read it at about half the rate
- * (docs/bench/cpu-model.md, session 20; on a Zen 3 EPYC no change).
+ * (docs/bench/cpu-model.md, session 20; session 19 saw no change on a
+ * Zen 3 EPYC).
  * Inlined always: as a function of its own GCC finds it free of side
  * effects (ipa-pure-const) and drops every call. */
 static inline __attribute__((always_inline)) void cpu__mm_prefetch(const cpu_mm_job_t *job, long r, long k) {

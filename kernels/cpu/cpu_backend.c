@@ -310,8 +310,8 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   }
   ctx->n_threads = fr_pool_size(ctx->pool);
   ctx->isa = isa;
-  const char *pf = getenv("FERRUM_CPU_PREFETCH");
-  ctx->prefetch = pf && *pf ? (size_t)strtoul(pf, NULL, 10) : CPU_PREFETCH;
+  const char *pf = getenv("FERRUM_CPU_PREFETCH"); /* bytes, clamped to [0, 1 MiB] as the CUDA knobs are */
+  ctx->prefetch = pf && *pf ? (size_t)FR_MAX(FR_MIN(atol(pf), 1L << 20), 0L) : CPU_PREFETCH;
   ctx->be.ops = &cpu__ops;
   ctx->be.ctx = ctx;
   ctx->be.act_type = KERN_F32;

@@ -99,18 +99,19 @@ static inline __attribute__((always_inline)) void cpu__mm_prefetch(const cpu_mm_
 }
 
 /* Output rows [r0, r1) for all n activation rows, CPU_MM_TILE_N at a time so
- * each weight row is reused from cache across the tile. */
+ * each weight row is reused from cache across the tile (and prefetched
+ * only in the first pass, which brings the chunk into cache). */
 static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   for (int j0 = 0; j0 < job->n; j0 += CPU_MM_TILE_N) {
     int j1 = FR_MIN(job->n, j0 + CPU_MM_TILE_N);
     long r = r0;
     if (job->dot_2x4 && j1 - j0 >= 4)
       for (; r + 2 <= r1; r += 2) {
-        cpu__mm_prefetch(job, r, 2);
+        if (j0 == 0) cpu__mm_prefetch(job, r, 2);
         cpu__mm_row_pair(job, r, j0, j1);
       }
     for (; r < r1; r++) {
-      cpu__mm_prefetch(job, r, 1);
+      if (j0 == 0) cpu__mm_prefetch(job, r, 1);
       cpu__mm_row(job, r, j0, j1);
     }
   }

@@ -11,6 +11,7 @@ set(_cpu_sources
   cpu/cpu_attn.c
   cpu/cpu_encoder.c
   cpu/cpu_comm.c
+  cpu/cpu_panel.c
   cpu/cpu_scalar.c)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
   list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c cpu/cpu_avx512_vnni.c)

@@ -70,12 +70,50 @@ typedef void (*cpu_vec_dot_2x4_fn)(int n, float *s, const void *w, size_t w_stri
 /* Quantizes n floats (a multiple of the block size) into activation blocks. */
 typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
 
+/* Panels (cpu_panel.c): a weight of 32-element blocks (Q4_0, Q4_1, Q5_0,
+ * Q8_0) whose rows are a multiple of CPU_PANEL_ROWS may be stored
+ * interleaved at load, 16 rows at a time, so that one 512-bit vector holds
+ * 4 columns of all 16 rows as unsigned bytes: vpdpbusd against the
+ * activation's 4 bytes broadcast gives the 16 rows' integer sums in lanes,
+ * each block's exact sum lands in one lane and is scaled once, and no
+ * horizontal sum is left (the layout llama.cpp's repacked CPU GEMMs use).
+ * A panel block holds its 16 rows' blocks in the same bytes as the rows did:
+ * f16 d[16] (Q4_1: then f16 m[16]); Q5_0: then u64 hi[8], bit 4r + i of
+ * hi[g] the fifth bit of row r's element 4g + i; then the values:
+ *   Q8_0: u8 v[8][16][4], v[g][r][i] = row r's element 4g + i plus 128;
+ *   4-bit types: u8 v[4][16][4], low nibble element 8k + i, high nibble
+ *   element 8k + 4 + i (Q4_0, Q4_1, and Q5_0's low four bits).
+ * Each row's value is then d (u - off) (Q4_1: d u + m), off 128, 8, 16, 0.
+ * The numerics differ from the row dots': per block, the exact integer
+ * sum(u y) - off sum(y), converted to f32, times d_w d_y (an f32 product),
+ * fma'd into the row's f32 sum block after block (Q4_1: then fma(m, s_y)).
+ * Every path that reads panels computes that, so a row's result does not
+ * depend on the batch (test_matmul_panels_exact). */
+#define CPU_PANEL_ROWS 16
+
+/* An activation block for panels: the values and d of the weight type's
+ * vec_dot quantization (d f16-rounded, as the row dots use it); s: Q8_1's
+ * (f16) for Q4_1, else d * sum(qs); and the weight type's offset correction
+ * c = -off * sum(qs). */
+typedef struct {
+  float d, s;
+  int32_t c, pad;
+  int8_t qs[32];
+} cpu_block_q8_p;
+
+/* out[j * ld + r] = dot(panel row r, activation row j) + (bias ? bias[r] :
+ * 0), r < 16, j < na (1..4); a: na rows of nb blocks, a_stride blocks apart.
+ * pf: bytes ahead of each panel block to prefetch (0: none). */
+typedef void (*cpu_panel_gemm_fn)(int nb, const void *panel, const cpu_block_q8_p *a, size_t a_stride, int na,
+                                  float *out, size_t ld, const float *bias, size_t pf);
+
 typedef struct {
   const char *name;                          /* "scalar", "avx2", "avx512", "avx512vnni" */
   cpu_vec_dot_fn vec_dot[KERN_TYPE_MAX];     /* by weight type; NULL = unsupported */
   cpu_vec_dot_x4_fn vec_dot_x4[KERN_TYPE_MAX]; /* optional 4-activation-row form (prefill) */
   cpu_vec_dot_2x4_fn vec_dot_2x4[KERN_TYPE_MAX]; /* optional 2-weight-row x 4-activation-row form */
   cpu_quantize_fn quantize[KERN_TYPE_MAX];   /* by vec_dot type (Q8_0, Q8_1, Q8_K) */
+  cpu_panel_gemm_fn panel_gemm[KERN_TYPE_MAX]; /* by weight type; NULL: that type's weights stay in rows */
   float (*dot_f32)(int n, const float *a, const float *b);
   float (*dot_f16)(int n, const uint16_t *a, const float *b);
   void (*axpy_f32)(int n, float a, const float *x, float *y);    /* y += a * x */
@@ -130,6 +168,20 @@ static inline float cpu_e4m3_to_f32(uint8_t x) {
   return x & 0x80 ? -m : m;
 }
 
+/* Panels (cpu_panel.c). */
+bool cpu__panel_type(kern_type_t t);
+size_t cpu__panel_block_bytes(kern_type_t t); /* = CPU_PANEL_ROWS * the type's block bytes */
+/* Packs rows [16 p, 16 p + 16) of w (its row layout at src) into panel p at
+ * dst + p * (cols / 32) * cpu__panel_block_bytes(type). */
+void cpu__panel_pack(const kern_weight_t *w, const void *src, long p, void *dst);
+/* Quantizes n floats (a multiple of 32) into panel activation blocks for
+ * weights of type t, through quant (the table's quantizer of t's vec_dot
+ * type: Q8_0, or Q8_1 for Q4_1). */
+void cpu__panel_quantize(cpu_quantize_fn quant, kern_type_t t, const float *x, cpu_block_q8_p *y, int n);
+/* The panel numerics in plain C: the reference every table's kernel matches. */
+void cpu__panel_gemm_scalar(kern_type_t t, int nb, const void *panel, const cpu_block_q8_p *a, size_t a_stride,
+                            int na, float *out, size_t ld, const float *bias);
+
 /* Grows a 64-byte aligned scratch buffer to at least `bytes` (keeps it when
  * large enough: no allocation once warm). */
 void cpu__scratch_reserve(void **buf, size_t *cap, size_t bytes);
@@ -139,6 +191,7 @@ typedef struct {
   fr_pool_t *pool;
   int n_threads;
   const cpu_isa_t *isa;
+  bool panels;     /* quantized weights stored as panels where the table has a kernel (FERRUM_CPU_PANELS) */
   size_t prefetch; /* bytes ahead of the weight row being dotted that matmul prefetches; attention then
                       prefetches each next KV block too (0: neither) */
 

@@ -3,5 +3,5 @@
 #if defined(__x86_64__)
 #include "kernels/cpu/cpu_x512_impl.h"
 
-const cpu_isa_t cpu_isa_avx512 = X512_ISA_TABLE("avx512");
+const cpu_isa_t cpu_isa_avx512 = X512_ISA_TABLE("avx512", {0});
 #endif

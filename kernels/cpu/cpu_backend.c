@@ -105,6 +105,20 @@ static int cpu__sync(void *vctx) { return 0; }
 
 /* ---- weights ---- */
 
+/* A weight only matmul reads, of a type the table has a panel kernel for and
+ * whole panels of rows, is packed into panels (w->priv); w->data still
+ * points at its rows. */
+static int cpu__weight_pack(cpu_ctx_t *ctx, kern_weight_t *w) {
+  if (!ctx->panels || w->keep_layout || !ctx->isa->panel_gemm[w->type] || w->rows % CPU_PANEL_ROWS) return 0;
+  const long panels = (long)(w->rows / CPU_PANEL_ROWS);
+  void *p = fr_malloc_aligned((size_t)panels * (size_t)(w->cols / CPU_QK) * cpu__panel_block_bytes(w->type));
+  if (!p) return fr_errorf(-ENOMEM, "cpu backend: no memory for a %lld x %lld weight's panels", (long long)w->rows,
+                           (long long)w->cols);
+  for (long i = 0; i < panels; i++) cpu__panel_pack(w, w->data, i, p);
+  w->priv = p;
+  return 0;
+}
+
 static int cpu__weight_load(void *vctx, kern_weight_t *w, const void *host_data) {
   cpu_ctx_t *ctx = vctx;
   if (w->rows <= 0 || w->cols <= 0 || !kern_type_traits(w->type))
@@ -118,10 +132,11 @@ static int cpu__weight_load(void *vctx, kern_weight_t *w, const void *host_data)
     return fr_errorf(FR_EUNSUPPORTED, "cpu backend: weight type %s", kern_type_traits(w->type)->name);
   w->data = (void *)host_data; /* borrowed: the caller keeps it mapped */
   w->priv = NULL;
-  return 0;
+  return cpu__weight_pack(ctx, w);
 }
 
 static void cpu__weight_release(void *vctx, kern_weight_t *w) {
+  fr_free_aligned(w->priv);
   w->data = NULL;
   w->priv = NULL;
 }
@@ -312,6 +327,8 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   ctx->isa = isa;
   const char *pf = getenv("FERRUM_CPU_PREFETCH"); /* bytes, clamped to [0, 1 MiB] as the CUDA knobs are */
   ctx->prefetch = pf && *pf ? (size_t)FR_MAX(FR_MIN(atol(pf), 1L << 20), 0L) : CPU_PREFETCH;
+  const char *pn = getenv("FERRUM_CPU_PANELS"); /* 0: every weight stays in rows */
+  ctx->panels = !(pn && !strcmp(pn, "0"));
   ctx->be.ops = &cpu__ops;
   ctx->be.ctx = ctx;
   ctx->be.act_type = KERN_F32;

@@ -1,6 +1,8 @@
 /* cpu_matmul.c - matmul (ggml-style: activations quantized once into the
  * weight's vec_dot type, integer block dots, output rows split across threads
- * in chunks taken from an atomic counter) and embedding lookup. */
+ * in chunks taken from an atomic counter; or, for a weight packed into
+ * panels at load, the panel kernel over 16 rows and up to 4 activation rows
+ * at a time) and embedding lookup. */
 #include <errno.h>
 #include <limits.h>
 #include <stdatomic.h>
@@ -143,6 +145,74 @@ static int cpu__mm_check(const cpu_ctx_t *ctx, const kern_weight_t *w, const ker
   return 0;
 }
 
+/* ---- panels (cpu.h, CPU_PANEL_ROWS) ---- */
+
+typedef struct {
+  const kern_weight_t *w;
+  const float *bias; /* (rows) or NULL */
+  const float *x;    /* (n, cols) f32 */
+  cpu_block_q8_p *act; /* (n, nb) */
+  cpu_quantize_fn quant;
+  cpu_panel_gemm_fn gemm;
+  float *out; /* (n, rows) */
+  int n, nb;
+  size_t prefetch;
+  long chunk_panels, n_chunks;
+  atomic_long next_chunk;
+} cpu_panel_job_t;
+
+static void cpu__panel_quantize_part(void *arg, int ith, int nth) {
+  cpu_panel_job_t *job = arg;
+  long lo, hi;
+  fr_pool_split(job->n, ith, nth, &lo, &hi);
+  for (long j = lo; j < hi; j++)
+    cpu__panel_quantize(job->quant, job->w->type, job->x + j * job->w->cols, job->act + j * job->nb,
+                        (int)job->w->cols);
+}
+
+/* Panels [p0, p1) for all n activation rows, 4 at a time (the panels stay
+ * in cache across the activation tiles; the first pass prefetches ahead). */
+static void cpu__panel_chunk(const cpu_panel_job_t *job, long p0, long p1) {
+  const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu__panel_block_bytes(job->w->type);
+  for (int j0 = 0; j0 < job->n; j0 += 4) {
+    const int na = FR_MIN(4, job->n - j0);
+    for (long p = p0; p < p1; p++) {
+      const size_t r = (size_t)p * CPU_PANEL_ROWS;
+      job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)p * pbytes, job->act + (size_t)j0 * job->nb,
+                (size_t)job->nb, na, job->out + (size_t)j0 * ld + r, ld, job->bias ? job->bias + r : NULL,
+                j0 == 0 ? job->prefetch : 0);
+    }
+  }
+}
+
+static void cpu__panel_part(void *arg, int ith, int nth) {
+  cpu_panel_job_t *job = arg;
+  const long panels = (long)(job->w->rows / CPU_PANEL_ROWS);
+  for (long c = ith; c < job->n_chunks; c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed))
+    cpu__panel_chunk(job, c * job->chunk_panels, FR_MIN(panels, (c + 1) * job->chunk_panels));
+}
+
+static int cpu__mm_panels(cpu_ctx_t *ctx, float *out, const kern_weight_t *w, const float *bias, const float *x,
+                          int n) {
+  cpu_panel_job_t job = {.w = w, .bias = bias, .x = x, .out = out, .n = n, .nb = (int)(w->cols / CPU_QK),
+                         .quant = ctx->isa->quantize[cpu_vec_dot_type(w->type)], .gemm = ctx->isa->panel_gemm[w->type],
+                         .prefetch = ctx->prefetch};
+  cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, sizeof(cpu_block_q8_p) * (size_t)job.nb * (size_t)n);
+  job.act = ctx->qbuf;
+  if ((long)n * w->cols < CPU_MM_QUANT_SERIAL || ctx->n_threads == 1 || n == 1) cpu__panel_quantize_part(&job, 0, 1);
+  else fr_pool_run(ctx->pool, cpu__panel_quantize_part, &job);
+  /* ~8 chunks per thread for balance, at most 4 panels each. */
+  const long panels = (long)(w->rows / CPU_PANEL_ROWS);
+  job.chunk_panels = FR_MAX(1, FR_MIN(panels / ((long)ctx->n_threads * 8), 4));
+  job.n_chunks = (panels + job.chunk_panels - 1) / job.chunk_panels;
+  atomic_init(&job.next_chunk, ctx->n_threads);
+  if (ctx->n_threads == 1 || job.n_chunks == 1) cpu__panel_part(&job, 0, 1);
+  else fr_pool_run(ctx->pool, cpu__panel_part, &job);
+  return 0;
+}
+
+/* ---- rows ---- */
+
 /* x (n, x_cols) gathered into the weight's column order: pbuf[j][k] =
  * x[j][perm[k]], and 0 for a padding column (perm[k] = -1): 0 adds exactly
  * nothing to a block's sum(q x) and sum(x), whatever the column's weights. */
@@ -163,6 +233,7 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
   int rc = cpu__mm_check(ctx, w, bias, n);
   if (rc || n == 0) return rc;
   if (w->perm) x = cpu__mm_permute(ctx, w, x, n);
+  if (w->priv) return cpu__mm_panels(ctx, out, w, bias ? bias->data : NULL, x, n);
   cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n, .prefetch = ctx->prefetch};
   job.dot = ctx->isa->vec_dot[w->type];
   job.dot_x4 = ctx->isa->vec_dot_x4[w->type];

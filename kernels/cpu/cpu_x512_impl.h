@@ -531,8 +531,9 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
   if (d < hd) x86__pv_f16(hd - d, w, inv, v + d, stride, n, acc + d);
 }
 
-/* The kernel table of the including file, named isa_name. */
-#define X512_ISA_TABLE(isa_name) \
+/* The kernel table of the including file, named isa_name, with the panel
+ * kernels `panels` ({0}: none). */
+#define X512_ISA_TABLE(isa_name, panels) \
   { \
     .name = isa_name, \
     .vec_dot = \
@@ -566,6 +567,7 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
             [KERN_Q8_1] = x86__quantize_q8_1, \
             [KERN_Q8_K] = cpu__quantize_q8_K, \
         }, \
+    .panel_gemm = panels, \
     .dot_f32 = x512__dot_f32, \
     .dot_f16 = x86__dot_f16, \
     .axpy_f32 = x86__axpy_f32, \

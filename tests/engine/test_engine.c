@@ -455,13 +455,13 @@ static void kill_workers_and_wait(efx_server_t *s, int n) {
 
 /* --kv-cache-memory-bytes on the CPU, two tensor-parallel ranks: each
  * reports the blocks that fit the budget with its KV heads (SmolLM2's 3 KV
- * groups split 1 and 2), the pool gets the fewer (rank 1's); requests give
- * the reference tokens (these three prompts agree with one worker for more
- * than 16 tokens: tests/engine/test_tp.py), also after the workers were
- * restarted with the fixed count. */
+ * groups split 1 and 2), the pool gets the fewer (rank 1's); requests run
+ * to their length, and after the workers were restarted with the fixed
+ * count they give the same tokens as before. (Two ranks add partial sums
+ * in another order than one worker, so their greedy tokens may part from
+ * efx_refs at a near tie; tests/engine/test_tp.py holds them to that rule.) */
 START_TEST(test_kv_cache_memory_bytes) {
   efx_need_model();
-  efx_load_refs(3);
   const uint64_t budget = 48ull << 20, bpb = kv_block_bytes_heads(16, 2);
   efx_server_t s;
   const char *extra[] = {"--kv-cache-memory-bytes", "48M", "--tensor-parallel-size", "2",
@@ -471,16 +471,21 @@ START_TEST(test_kv_cache_memory_bytes) {
   ck_assert_int_eq(efx_status(&s, &st), 0);
   ck_assert_uint_eq(st.kv_total_blocks, budget / bpb);
   ck_assert_uint_eq(st.n_workers, 2);
-  static efx_job_t jobs[3];
-  efx_run_batch(&s, 2, jobs);
-  for (int i = 0; i < 2; i++) efx_check_ref(&jobs[i], i);
+  static efx_job_t before[3], after[3];
+  efx_run_batch(&s, 3, before);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(before[i].finish, PROTO_FINISH_LENGTH);
+    ck_assert_int_eq(before[i].n_tokens, EFX_N_OUT);
+  }
   kill_workers_and_wait(&s, 2);
   ck_assert_int_eq(efx_status(&s, &st), 0);
   ck_assert_uint_eq(st.kv_total_blocks, budget / bpb);
-  efx_job_t one;
-  proto_submit_t r = efx_greedy(efx_prompts[2], EFX_N_OUT);
-  ck_assert_int_eq(efx_run_one(&s, &r, &one), 0);
-  efx_check_ref(&one, 2);
+  efx_run_batch(&s, 3, after);
+  for (int i = 0; i < 3; i++) {
+    ck_assert_int_eq(after[i].n_tokens, EFX_N_OUT);
+    ck_assert_msg(!memcmp(after[i].tokens, before[i].tokens, sizeof(int32_t) * EFX_N_OUT),
+                  "prompt %d: other tokens after the restart", i);
+  }
   efx_stop_clean(&s, false);
 }
 END_TEST

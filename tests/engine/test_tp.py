@@ -98,9 +98,17 @@ def compare(test, ref, got, lp_tol, gap_tol):
     return d
 
 
+def agreed_logprobs(ref, got):
+    """The two runs' token logprobs before their first divergence."""
+    r, g = ref["logprobs"], got["logprobs"]
+    d = next((i for i in range(N_OUT) if r["tokens"][i] != g["tokens"][i]), N_OUT)
+    return r["token_logprobs"][:d], g["token_logprobs"][:d]
+
+
 class TensorParallelCPU(unittest.TestCase):
-    def check_model(self, model, lp_tol, gap_tol, min_agree, sizes=(2,)):
-        """Each tensor-parallel size in SIZES against one worker, by the rule above."""
+    def check_model(self, model, lp_tol, gap_tol, min_agree, sizes=(2,), max_median_lp=None):
+        """Each tensor-parallel size in SIZES against one worker, by the rule above; with
+        MAX_MEDIAN_LP, also the median logprob difference of the tokens before the divergences."""
         if not os.path.exists(model):
             self.skipTest("no " + model)
         one = Server(model, 1)
@@ -118,11 +126,18 @@ class TensorParallelCPU(unittest.TestCase):
                 agreed = sum(compare(self, ref, got, lp_tol, gap_tol) for ref, got in zip(refs, answers))
             finally:
                 srv.stop()
+            if max_median_lp is not None:
+                diffs = sorted(abs(a - b) for ref, got in zip(refs, answers)
+                               for a, b in zip(*agreed_logprobs(ref, got)))
+                self.assertLessEqual(diffs[len(diffs) // 2], max_median_lp, "TP=%d: median logprob difference" % tp)
             # most tokens agree: a rule met only by diverging at once would mean a wrong shard
             self.assertGreaterEqual(agreed, min_agree * len(PROMPTS) * N_OUT, "TP=%d: %d tokens agreed" % (tp, agreed))
 
     def test_smollm2_q4_1(self):
-        self.check_model(MODEL, 0.5, 0.5, 0.6)
+        # Near ties are common in this model: runs whose logprobs differ alike (median 0.018-0.020 nats
+        # before the divergence) agreed on 233 and on 132 of the 256 tokens (row and panel matmul,
+        # kernels/cpu/cpu.h), so the count is held loosely and the median tightly.
+        self.check_model(MODEL, 0.5, 0.5, 0.4, max_median_lp=0.05)
 
     def test_tiny_llama_f32(self):
         # 4 heads over 2 KV heads: at TP=4 each rank has one head and a copy of its KV head
@@ -198,7 +213,7 @@ class TensorParallelCPU(unittest.TestCase):
 
             def run(i):
                 try:
-                    results[i] = srv.complete(PROMPTS[i], n=48, logprobs=None)
+                    results[i] = srv.complete(PROMPTS[i], n=128, logprobs=None)
                 except Exception as e:  # noqa: BLE001 - reported below
                     errors.append(repr(e))
 
@@ -213,7 +228,12 @@ class TensorParallelCPU(unittest.TestCase):
             for r in results:
                 self.assertIsNotNone(r)
                 self.assertEqual(r["finish_reason"], "length")
+            # the streams may end before the restarted ranks are up: wait for both (bounded)
+            deadline = time.time() + 60
             after = srv.worker_pids()
+            while (sorted(after) != [0, 1] or after[1] == before[1]) and time.time() < deadline:
+                time.sleep(0.1)
+                after = srv.worker_pids()
             self.assertEqual(sorted(after), [0, 1])
             self.assertNotEqual(after[0], before[0], "rank 0 was not restarted with rank 1")
             self.assertNotEqual(after[1], before[1])

@@ -163,6 +163,7 @@ START_TEST(test_matmul) {
       check_matmul(b, t, kMm[k].max_err, 70, cols_list[c], 1, false);
       check_matmul(b, t, kMm[k].max_err, 70, cols_list[c], 5, true);
       check_matmul(b, t, kMm[k].max_err, 33, cols_list[c], 19, false);
+      check_matmul(b, t, kMm[k].max_err, 64, cols_list[c], 7, true); /* whole panels where the path has them */
     }
   }
   kern_backend_destroy(b);
@@ -200,32 +201,37 @@ END_TEST
 START_TEST(test_matmul_batch_invariant) {
   kern_backend_t *b = backend_for(_i);
   if (!b) return;
-  const int rows = 37, n = 11;
-  for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++) {
-    kern_type_t t = kMm[k].type;
-    const int cols = kern_type_traits(t)->blck == 256 ? 512 : 544; /* 17 blocks of 32: an odd tail */
-    uint8_t *wd = random_weight(t, rows, cols);
-    float *x = rnd_vec((size_t)n * cols), batched[37 * 11], single[37];
-    kern_weight_t w;
-    load_weight(b, &w, t, rows, cols, wd);
-    ck_assert_int_eq(b->ops->matmul(b->ctx, batched, &w, NULL, x, n), 0);
-    for (int j = 0; j < n; j++) {
-      ck_assert_int_eq(b->ops->matmul(b->ctx, single, &w, NULL, x + (size_t)j * cols, 1), 0);
-      ck_assert_msg(!memcmp(single, batched + (size_t)j * rows, sizeof single), "%s row %d: batched != single",
-                    kern_type_traits(t)->name, j);
-      /* one weight row alone: the plain 1-row dot, whatever multi-row forms the path has */
-      for (int r = 0; r < rows; r += 9) {
-        kern_weight_t w1;
-        float one;
-        load_weight(b, &w1, t, 1, cols, wd + (size_t)r * w.row_bytes);
-        ck_assert_int_eq(b->ops->matmul(b->ctx, &one, &w1, NULL, x + (size_t)j * cols, 1), 0);
-        ck_assert_msg(!memcmp(&one, &single[r], sizeof one), "%s weight row %d, activation row %d: 1-row dot != batched",
-                      kern_type_traits(t)->name, r, j);
-        b->ops->weight_release(b->ctx, &w1);
+  const int n = 11;
+  static const int rows_list[] = {37, 48}; /* rows in rows; then whole panels where the path has them */
+  for (size_t k = 0; k < sizeof kMm / sizeof kMm[0]; k++)
+    for (size_t ri = 0; ri < FR_ARRAY_SIZE(rows_list); ri++) {
+      kern_type_t t = kMm[k].type;
+      const int rows = rows_list[ri];
+      const int cols = kern_type_traits(t)->blck == 256 ? 512 : 544; /* 17 blocks of 32: an odd tail */
+      uint8_t *wd = random_weight(t, rows, cols);
+      float *x = rnd_vec((size_t)n * cols), batched[48 * 11], single[48];
+      kern_weight_t w;
+      load_weight(b, &w, t, rows, cols, wd);
+      ck_assert_int_eq(b->ops->matmul(b->ctx, batched, &w, NULL, x, n), 0);
+      for (int j = 0; j < n; j++) {
+        ck_assert_int_eq(b->ops->matmul(b->ctx, single, &w, NULL, x + (size_t)j * cols, 1), 0);
+        ck_assert_msg(!memcmp(single, batched + (size_t)j * rows, sizeof(float) * (size_t)rows),
+                      "%s %d rows, row %d: batched != single", kern_type_traits(t)->name, rows, j);
+        /* one weight row alone: the plain 1-row dot, whatever multi-row forms the path has (a panel's rows
+         * compute otherwise: cpu.h) */
+        for (int r = 0; w.priv == NULL && r < rows; r += 9) {
+          kern_weight_t w1;
+          float one;
+          load_weight(b, &w1, t, 1, cols, wd + (size_t)r * w.row_bytes);
+          ck_assert_int_eq(b->ops->matmul(b->ctx, &one, &w1, NULL, x + (size_t)j * cols, 1), 0);
+          ck_assert_msg(!memcmp(&one, &single[r], sizeof one),
+                        "%s weight row %d, activation row %d: 1-row dot != batched", kern_type_traits(t)->name, r, j);
+          b->ops->weight_release(b->ctx, &w1);
+        }
       }
+      b->ops->weight_release(b->ctx, &w);
+      free(wd), free(x);
     }
-    free(wd), free(x);
-  }
   kern_backend_destroy(b);
 }
 END_TEST
@@ -279,6 +285,54 @@ START_TEST(test_matmul_vnni_exact) {
     }
   kern_backend_destroy(p);
   kern_backend_destroy(v);
+}
+END_TEST
+
+/* Every table's panel kernel gives cpu__panel_gemm_scalar's bits on the
+ * same panels and activation blocks: random and extreme inputs, 1 to 11
+ * activation rows (every tile width and leftover), with and without bias,
+ * through matmul (which packs at load, quantizes and tiles). */
+START_TEST(test_matmul_panels_exact) {
+  static const kern_type_t types[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q8_0};
+  const int rows = 48, cols = 544, n = 11, nb = cols / 32;
+  int tested = 0;
+  for (int c = 0; c < N_CFG; c++) {
+    if (!kern_cpu_isa_supported(kCfg[c].isa)) continue;
+    kern_backend_t *b = backend_for(c);
+    const cpu_isa_t *isa = ((cpu_ctx_t *)b->ctx)->isa;
+    for (size_t k = 0; k < FR_ARRAY_SIZE(types); k++) {
+      const kern_type_t t = types[k];
+      if (!isa->panel_gemm[t]) continue;
+      for (int extreme = 0; extreme < 2; extreme++) {
+        uint8_t *wd = random_weight(t, rows, cols);
+        float *x = rnd_vec((size_t)n * cols), *bias = rnd_vec(rows), out[48 * 11], ref[48 * 11];
+        if (extreme) extreme_inputs(wd, kern_row_bytes(t, cols) * rows, x, (size_t)n * cols, t, rows, cols);
+        kern_weight_t w, wb;
+        load_weight(b, &w, t, rows, cols, wd);
+        load_weight(b, &wb, KERN_F32, 1, rows, bias);
+        ck_assert_ptr_nonnull(w.priv);
+        cpu_block_q8_p *a = malloc(sizeof(cpu_block_q8_p) * (size_t)(n * nb));
+        cpu__panel_quantize(isa->quantize[cpu_vec_dot_type(t)], t, x, a, n * cols);
+        for (int m = 1; m <= n; m++)
+          for (int with_bias = 0; with_bias < 2; with_bias++) {
+            poison(out, (size_t)rows * (size_t)m);
+            ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, with_bias ? &wb : NULL, x, m), 0);
+            for (int p = 0; p < rows / CPU_PANEL_ROWS; p++)
+              cpu__panel_gemm_scalar(t, nb, (const uint8_t *)w.priv + (size_t)p * nb * cpu__panel_block_bytes(t), a,
+                                     (size_t)nb, m, ref + p * CPU_PANEL_ROWS, rows,
+                                     with_bias ? bias + p * CPU_PANEL_ROWS : NULL);
+            ck_assert_msg(!memcmp(out, ref, sizeof(float) * (size_t)(rows * m)), "%s %s%s n=%d%s: panel kernel != scalar",
+                          kCfg[c].isa, kern_type_traits(t)->name, extreme ? " (extreme)" : "", m,
+                          with_bias ? " +bias" : "");
+          }
+        b->ops->weight_release(b->ctx, &w);
+        free(wd), free(x), free(bias), free(a);
+        tested++;
+      }
+    }
+    kern_backend_destroy(b);
+  }
+  if (!tested) fprintf(stderr, "skip: no table with panel kernels runs here\n");
 }
 END_TEST
 
@@ -1010,6 +1064,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_matmul_paths_agree, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_batch_invariant, 0, N_CFG);
   tcase_add_test(tc, test_matmul_vnni_exact);
+  tcase_add_test(tc, test_matmul_panels_exact);
   tcase_add_test(tc, test_matmul_kquant_avx512_exact);
   tcase_add_loop_test(tc, test_matmul_perm, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_perm_padded, 0, N_CFG);

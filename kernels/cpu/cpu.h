@@ -70,42 +70,62 @@ typedef void (*cpu_vec_dot_2x4_fn)(int n, float *s, const void *w, size_t w_stri
 /* Quantizes n floats (a multiple of the block size) into activation blocks. */
 typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
 
-/* Panels (cpu_panel.c): a weight of 32-element blocks (Q4_0, Q4_1, Q5_0,
- * Q8_0) whose rows are a multiple of CPU_PANEL_ROWS may be stored
+/* Panels (cpu_panel.c): a weight of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K
+ * blocks whose rows are a multiple of CPU_PANEL_ROWS may be stored
  * interleaved at load, 16 rows at a time, so that one 512-bit vector holds
  * 4 columns of all 16 rows as unsigned bytes: vpdpbusd against the
  * activation's 4 bytes broadcast gives the 16 rows' integer sums in lanes,
- * each block's exact sum lands in one lane and is scaled once, and no
- * horizontal sum is left (the layout llama.cpp's repacked CPU GEMMs use).
- * A panel block holds its 16 rows' blocks in the same bytes as the rows did:
- * f16 d[16] (Q4_1: then f16 m[16]); Q5_0: then u64 hi[8], bit 4r + i of
- * hi[g] the fifth bit of row r's element 4g + i; then the values:
- *   Q8_0: u8 v[8][16][4], v[g][r][i] = row r's element 4g + i plus 128;
- *   4-bit types: u8 v[4][16][4], low nibble element 8k + i, high nibble
- *   element 8k + 4 + i (Q4_0, Q4_1, and Q5_0's low four bits).
- * Each row's value is then d (u - off) (Q4_1: d u + m), off 128, 8, 16, 0.
- * The numerics differ from the row dots': per block, the exact integer
- * sum(u y) - off sum(y), converted to f32, times d_w d_y (an f32 product),
- * fma'd into the row's f32 sum block after block (Q4_1: then fma(m, s_y)).
+ * each (sub-)block's exact sum lands in one lane and is scaled there, and
+ * no horizontal sum is left (the layout llama.cpp's repacked CPU GEMMs use).
+ * A panel block holds its 16 rows' blocks:
+ *   32-element types, in the bytes the rows had: f16 d[16] (Q4_1: then f16
+ *     m[16]; Q5_0: then u64 hi[8], bit 4r + i of hi[g] the fifth bit of row
+ *     r's element 4g + i), then the values;
+ *   Q4_K: f16 d[16], f16 dmin[16], u8 sc[8][16], u8 m[8][16], values;
+ *   Q6_K: f16 d[16], i8 sc[16][16], u64 h4[64], u64 h5[64] (bits 4 and 5
+ *     of the elements, as Q5_0's hi), values.
+ * Values: Q8_0: u8 v[8][16][4], v[g][r][i] = row r's element 4g + i plus
+ * 128; the others: u8 v[blck / 8][16][4], low nibble element 8k + i, high
+ * nibble element 8k + 4 + i (the low four bits, for Q5_0 and Q6_K).
+ * Each row's value is then d (u - off), off 128 (Q8_0), 8 (Q4_0), 16
+ * (Q5_0), 32 (Q6_K, times its sub-block's scale); Q4_1: d u + m; Q4_K:
+ * d sc u - dmin m.
+ * The numerics differ from the row dots': per (sub-)block the exact integer
+ * sum(u y) - off sum(y); 32-element types: converted to f32, times d_w d_y
+ * (an f32 product), fma'd into the row's f32 sum block after block (Q4_1:
+ * then fma(m, s_y)); K-quants: converted, fma'd with the sub-block's scale
+ * into a super-block sum t (Q4_K: mins into mm alike), then acc = fma(t,
+ * d_w d_y, acc) (Q4_K: then acc -= mm dmin_w d_y, one rounding).
  * Every path that reads panels computes that, so a row's result does not
  * depend on the batch (test_matmul_panels_exact). */
 #define CPU_PANEL_ROWS 16
 
-/* An activation block for panels: the values and d of the weight type's
- * vec_dot quantization (d f16-rounded, as the row dots use it); s: Q8_1's
- * (f16) for Q4_1, else d * sum(qs); and the weight type's offset correction
- * c = -off * sum(qs). */
+/* An activation block for panels of 32-element types: the values and d of
+ * the weight type's vec_dot quantization (d f16-rounded, as the row dots
+ * use it); s: Q8_1's (f16) for Q4_1, else d * sum(qs); and the weight
+ * type's offset correction c = -off * sum(qs). */
 typedef struct {
   float d, s;
   int32_t c, pad;
   int8_t qs[32];
 } cpu_block_q8_p;
 
+/* An activation block for K-quant panels: Q8_K's d and values, c[i] = -32 *
+ * the sum of values 16i..16i+15 (Q6_K's offset), bs[i] = the sum of values
+ * 32i..32i+31 as f32 (Q4_K's mins). */
+typedef struct {
+  float d;
+  int32_t c[16];
+  float bs[8];
+  int8_t qs[256];
+} cpu_block_q8_kp;
+
 /* out[j * ld + r] = dot(panel row r, activation row j) + (bias ? bias[r] :
- * 0), r < 16, j < na (1..4); a: na rows of nb blocks, a_stride blocks apart.
- * pf: bytes ahead of each panel block to prefetch (0: none). */
-typedef void (*cpu_panel_gemm_fn)(int nb, const void *panel, const cpu_block_q8_p *a, size_t a_stride, int na,
-                                  float *out, size_t ld, const float *bias, size_t pf);
+ * 0), r < 16, j < na (1..4); nb blocks of the weight type; a: na rows of
+ * activation blocks (cpu_block_q8_p or cpu_block_q8_kp), a_stride bytes
+ * apart. pf: bytes ahead of each panel block to prefetch (0: none). */
+typedef void (*cpu_panel_gemm_fn)(int nb, const void *panel, const void *a, size_t a_stride, int na, float *out,
+                                  size_t ld, const float *bias, size_t pf);
 
 typedef struct {
   const char *name;                          /* "scalar", "avx2", "avx512", "avx512vnni" */
@@ -170,17 +190,18 @@ static inline float cpu_e4m3_to_f32(uint8_t x) {
 
 /* Panels (cpu_panel.c). */
 bool cpu__panel_type(kern_type_t t);
-size_t cpu__panel_block_bytes(kern_type_t t); /* = CPU_PANEL_ROWS * the type's block bytes */
+size_t cpu__panel_block_bytes(kern_type_t t); /* a panel block: 16 rows of one block */
+size_t cpu__panel_act_bytes(kern_type_t t);   /* an activation block: sizeof cpu_block_q8_p or _q8_kp */
 /* Packs rows [16 p, 16 p + 16) of w (its row layout at src) into panel p at
- * dst + p * (cols / 32) * cpu__panel_block_bytes(type). */
+ * dst + p * blocks per row * cpu__panel_block_bytes(type). */
 void cpu__panel_pack(const kern_weight_t *w, const void *src, long p, void *dst);
-/* Quantizes n floats (a multiple of 32) into panel activation blocks for
+/* Quantizes n floats (whole blocks of t) into panel activation blocks for
  * weights of type t, through quant (the table's quantizer of t's vec_dot
- * type: Q8_0, or Q8_1 for Q4_1). */
-void cpu__panel_quantize(cpu_quantize_fn quant, kern_type_t t, const float *x, cpu_block_q8_p *y, int n);
+ * type: Q8_0, Q8_1 for Q4_1, Q8_K for the K-quants). */
+void cpu__panel_quantize(cpu_quantize_fn quant, kern_type_t t, const float *x, void *y, int n);
 /* The panel numerics in plain C: the reference every table's kernel matches. */
-void cpu__panel_gemm_scalar(kern_type_t t, int nb, const void *panel, const cpu_block_q8_p *a, size_t a_stride,
-                            int na, float *out, size_t ld, const float *bias);
+void cpu__panel_gemm_scalar(kern_type_t t, int nb, const void *panel, const void *a, size_t a_stride, int na,
+                            float *out, size_t ld, const float *bias);
 
 /* Grows a 64-byte aligned scratch buffer to at least `bytes` (keeps it when
  * large enough: no allocation once warm). */

@@ -25,6 +25,11 @@
 #include "common/fr_util.h"
 #include "kernels/cpu/cpu.h"
 
+/* A sequence with more new queries than this in a step skips the KV
+ * prefetch (cpu__attn_prefetch): decode (1) and speculative verification
+ * (a few) read K/V from memory, a prefill chunk from cache. */
+#define CPU_ATTN_PREFETCH_MAX_Q 8
+
 typedef struct {
   const cpu_ctx_t *ctx;
   float *out;             /* (n_tokens, n_heads * head_dim) */
@@ -136,6 +141,9 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   const int32_t *bt = ctx->block_tables + (size_t)s * (size_t)ctx->max_blocks;
   const size_t kvh = (size_t)(h / j->group);
   const uint8_t *kh = j->kb + kvh * (size_t)hd * j->es;
+  /* Only a sequence's few new queries stream its K/V from memory: a
+   * prefill's many read rows they (or their neighbours) just wrote. */
+  const bool prefetch = j->prefetch && n_q <= CPU_ATTN_PREFETCH_MAX_Q;
   float *qv = scratch, *acc = scratch + hd, *sc = scratch + 2 * (size_t)hd; /* sc: (pos + 1) scores */
   const float *q = j->q + (size_t)t * (size_t)j->q_stride + (size_t)h * (size_t)hd;
   for (int d = 0; d < hd; d++) qv[d] = j->f16 ? cpu__round_f16(q[d]) : q[d];
@@ -143,13 +151,13 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   for (int b = lo / j->block_size; b * j->block_size <= pos; b++) {
     const int n = FR_MIN(j->block_size, pos + 1 - b * j->block_size);
     const size_t row0 = (size_t)bt[b] * (size_t)j->block_size;
-    if (j->prefetch && (b + 1) * j->block_size <= pos)
+    if (prefetch && (b + 1) * j->block_size <= pos)
       cpu__attn_prefetch(j, kh, (size_t)bt[b + 1] * (size_t)j->block_size);
     if (j->ks) cpu__attn_scores_q(j, kh, j->ks + kvh, qv, row0, n, sc + b * j->block_size);
     else cpu__attn_scores(j, kh, qv, row0, n, sc + b * j->block_size);
   }
   float m = -INFINITY;
-  for (int i = lo; i <= pos; i++) m = fmaxf(m, sc[i]);
+  for (int i = lo; i <= pos; i++) m = sc[i] > m ? sc[i] : m; /* fmaxf (a NaN score is skipped), inline */
   double sum = 0;
   for (int i = lo; i <= pos; i++) {
     sc[i] = expf(sc[i] - m);
@@ -160,7 +168,7 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   for (int i = lo; i <= pos;) { /* block by block, from lo (which may sit inside a block) */
     const int b = i / j->block_size, off = i % j->block_size;
     const int n = FR_MIN(j->block_size - off, pos + 1 - i);
-    if (j->prefetch && (b + 1) * j->block_size <= pos)
+    if (prefetch && (b + 1) * j->block_size <= pos)
       cpu__attn_prefetch(j, j->vb + kvh * (size_t)hd * j->es, (size_t)bt[b + 1] * (size_t)j->block_size);
     cpu__attn_pv_block(j, sc + i, inv, (size_t)bt[b] * (size_t)j->block_size + (size_t)off, n, kvh, acc);
     i += n;

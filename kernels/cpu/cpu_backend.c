@@ -111,7 +111,8 @@ static int cpu__sync(void *vctx) { return 0; }
 static int cpu__weight_pack(cpu_ctx_t *ctx, kern_weight_t *w) {
   if (!ctx->panels || w->keep_layout || !ctx->isa->panel_gemm[w->type] || w->rows % CPU_PANEL_ROWS) return 0;
   const long panels = (long)(w->rows / CPU_PANEL_ROWS);
-  void *p = fr_malloc_aligned((size_t)panels * (size_t)(w->cols / CPU_QK) * cpu__panel_block_bytes(w->type));
+  const size_t nb = (size_t)(w->cols / kern_type_traits(w->type)->blck);
+  void *p = fr_malloc_aligned((size_t)panels * nb * cpu__panel_block_bytes(w->type));
   if (!p) return fr_errorf(-ENOMEM, "cpu backend: no memory for a %lld x %lld weight's panels", (long long)w->rows,
                            (long long)w->cols);
   for (long i = 0; i < panels; i++) cpu__panel_pack(w, w->data, i, p);

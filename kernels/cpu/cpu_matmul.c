@@ -151,7 +151,8 @@ typedef struct {
   const kern_weight_t *w;
   const float *bias; /* (rows) or NULL */
   const float *x;    /* (n, cols) f32 */
-  cpu_block_q8_p *act; /* (n, nb) */
+  uint8_t *act;      /* (n, act_row_bytes): panel activation blocks */
+  size_t act_row_bytes;
   cpu_quantize_fn quant;
   cpu_panel_gemm_fn gemm;
   float *out; /* (n, rows) */
@@ -166,7 +167,7 @@ static void cpu__panel_quantize_part(void *arg, int ith, int nth) {
   long lo, hi;
   fr_pool_split(job->n, ith, nth, &lo, &hi);
   for (long j = lo; j < hi; j++)
-    cpu__panel_quantize(job->quant, job->w->type, job->x + j * job->w->cols, job->act + j * job->nb,
+    cpu__panel_quantize(job->quant, job->w->type, job->x + j * job->w->cols, job->act + j * job->act_row_bytes,
                         (int)job->w->cols);
 }
 
@@ -178,8 +179,8 @@ static void cpu__panel_chunk(const cpu_panel_job_t *job, long p0, long p1) {
     const int na = FR_MIN(4, job->n - j0);
     for (long p = p0; p < p1; p++) {
       const size_t r = (size_t)p * CPU_PANEL_ROWS;
-      job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)p * pbytes, job->act + (size_t)j0 * job->nb,
-                (size_t)job->nb, na, job->out + (size_t)j0 * ld + r, ld, job->bias ? job->bias + r : NULL,
+      job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)p * pbytes, job->act + (size_t)j0 * job->act_row_bytes,
+                job->act_row_bytes, na, job->out + (size_t)j0 * ld + r, ld, job->bias ? job->bias + r : NULL,
                 j0 == 0 ? job->prefetch : 0);
     }
   }
@@ -194,10 +195,12 @@ static void cpu__panel_part(void *arg, int ith, int nth) {
 
 static int cpu__mm_panels(cpu_ctx_t *ctx, float *out, const kern_weight_t *w, const float *bias, const float *x,
                           int n) {
-  cpu_panel_job_t job = {.w = w, .bias = bias, .x = x, .out = out, .n = n, .nb = (int)(w->cols / CPU_QK),
+  cpu_panel_job_t job = {.w = w, .bias = bias, .x = x, .out = out, .n = n,
+                         .nb = (int)(w->cols / kern_type_traits(w->type)->blck),
                          .quant = ctx->isa->quantize[cpu_vec_dot_type(w->type)], .gemm = ctx->isa->panel_gemm[w->type],
                          .prefetch = ctx->prefetch};
-  cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, sizeof(cpu_block_q8_p) * (size_t)job.nb * (size_t)n);
+  job.act_row_bytes = (size_t)job.nb * cpu__panel_act_bytes(w->type);
+  cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, job.act_row_bytes * (size_t)n);
   job.act = ctx->qbuf;
   if ((long)n * w->cols < CPU_MM_QUANT_SERIAL || ctx->n_threads == 1 || n == 1) cpu__panel_quantize_part(&job, 0, 1);
   else fr_pool_run(ctx->pool, cpu__panel_quantize_part, &job);

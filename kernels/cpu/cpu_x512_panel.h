@@ -1,12 +1,12 @@
 /* cpu_x512_panel.h - the panel kernels (cpu.h, CPU_PANEL_ROWS) with
  * AVX-512 VNNI: included by cpu_avx512_vnni.c only.
  *
- * Per panel block, the 8 vectors of 4 columns x 16 rows (unsigned bytes)
- * are made once, then each activation row adds its 8 vpdpbusd against its
- * 4-byte groups broadcast, starting from its offset correction c: every
- * lane ends at its row's exact block sum. One conversion, one multiply by
- * d_w d_y and one fma per 16 rows and block follow, in the order
- * cpu__panel_gemm_scalar computes them: the same bits. */
+ * Per panel (sub-)block, the vectors of 4 columns x 16 rows (unsigned
+ * bytes) are made once, then each activation row adds its vpdpbusd against
+ * its 4-byte groups broadcast, starting from its offset correction: every
+ * lane ends at its row's exact (sub-)block sum. The conversions, scalings
+ * and fmas that follow are cpu__panel_gemm_scalar's, in its order: the same
+ * bits. */
 #pragma once
 
 #if !defined(__AVX512VNNI__)
@@ -17,100 +17,185 @@
 
 #include "kernels/cpu/cpu.h"
 
+#define X512P_INLINE static inline __attribute__((always_inline))
+
 /* Bytes of a panel block (cpu__panel_block_bytes, as a constant). */
-static inline __attribute__((always_inline)) size_t x512p__pbb(kern_type_t t) {
-  return CPU_PANEL_ROWS * (t == KERN_Q8_0 ? sizeof(cpu_block_q8_0)
-                           : t == KERN_Q5_0 ? sizeof(cpu_block_q5_0)
-                           : t == KERN_Q4_1 ? sizeof(cpu_block_q4_1)
-                                            : sizeof(cpu_block_q4_0));
-}
-
-/* The 8 column groups of one panel block as unsigned bytes, and its 16 d
- * (and m) as f32. */
-typedef struct {
-  __m512i v[8];
-  __m512 d, m;
-} x512p__block_t;
-
-static inline __attribute__((always_inline)) void x512p__load(kern_type_t t, const uint8_t *pb, x512p__block_t *w) {
-  w->d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
-  const uint8_t *v = pb + 32;
-  if (t == KERN_Q4_1) {
-    w->m = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)v));
-    v += 32;
-  }
-  const uint8_t *hi = v;
-  if (t == KERN_Q5_0) v += 64;
-  if (t == KERN_Q8_0) {
-    for (int g = 0; g < 8; g++) w->v[g] = _mm512_loadu_si512(v + 64 * g);
-    return;
-  }
-  const __m512i lo4 = _mm512_set1_epi8(0x0F);
-  for (int k = 0; k < 4; k++) {
-    const __m512i b = _mm512_loadu_si512(v + 64 * k);
-    w->v[2 * k] = _mm512_and_si512(b, lo4);
-    w->v[2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(b, 4), lo4);
-  }
-  if (t == KERN_Q5_0) {
-    const __m512i sixteen = _mm512_set1_epi8(16);
-    for (int g = 0; g < 8; g++)
-      w->v[g] = _mm512_mask_add_epi8(w->v[g], _load_mask64((__mmask64 *)(hi + 8 * g)), w->v[g], sixteen);
+X512P_INLINE size_t x512p__pbb(kern_type_t t) {
+  switch (t) {
+  case KERN_Q8_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q8_0);
+  case KERN_Q5_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q5_0);
+  case KERN_Q4_1: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_1);
+  case KERN_Q4_K: return 2 * 32 + 2 * 128 + 2048;
+  case KERN_Q6_K: return 32 + 256 + 2 * 512 + 2048;
+  default: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_0);
   }
 }
 
-/* The exact block sums of one activation block against the panel block:
- * two chains of four vpdpbusd, added. */
-static inline __attribute__((always_inline)) __m512i x512p__isum(const x512p__block_t *w, const cpu_block_q8_p *y) {
-  const int32_t *q = (const int32_t *)y->qs;
-  __m512i s0 = _mm512_set1_epi32(y->c), s1 = _mm512_setzero_si512();
-  for (int g = 0; g < 8; g += 2) {
-    s0 = _mm512_dpbusd_epi32(s0, w->v[g], _mm512_set1_epi32(q[g]));
-    s1 = _mm512_dpbusd_epi32(s1, w->v[g + 1], _mm512_set1_epi32(q[g + 1]));
+X512P_INLINE void x512p__prefetch(const uint8_t *pb, size_t bytes, size_t pf) {
+  if (pf)
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(pb + pf + o);
+}
+
+/* Column groups 2k and 2k + 1 from the nibble vector k of v. */
+X512P_INLINE void x512p__nibbles(const uint8_t *v, int k, __m512i *lo, __m512i *hi) {
+  const __m512i m = _mm512_set1_epi8(0x0F), b = _mm512_loadu_si512(v + 64 * k);
+  *lo = _mm512_and_si512(b, m);
+  *hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), m);
+}
+
+/* Adds `add` to the bytes of w that the 64-bit mask at h sets. */
+X512P_INLINE __m512i x512p__hibit(__m512i w, const uint64_t *h, int add) {
+  return _mm512_mask_add_epi8(w, _load_mask64((__mmask64 *)h), w, _mm512_set1_epi8((char)add));
+}
+
+/* sum over n groups (even) of w[g] . y's 4 bytes at q[g], from c: two chains. */
+X512P_INLINE __m512i x512p__dot(const __m512i *w, const int32_t *q, int n, int32_t c) {
+  __m512i s0 = _mm512_set1_epi32(c), s1 = _mm512_setzero_si512();
+  for (int g = 0; g < n; g += 2) {
+    s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q[g]));
+    s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(q[g + 1]));
   }
   return _mm512_add_epi32(s0, s1);
 }
 
-static inline __attribute__((always_inline)) void x512p__gemm(kern_type_t t, int na, int nb, const void *panel,
-                                                              const cpu_block_q8_p *a, size_t a_stride, float *out,
-                                                              size_t ld, const float *bias, size_t pf) {
-  const size_t pbb = x512p__pbb(t);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
-  for (int b = 0; b < nb; b++) {
-    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb;
-    if (pf)
-      for (size_t o = 0; o < pbb; o += 64) __builtin_prefetch(pb + pf + o);
-    x512p__block_t w;
-    x512p__load(t, pb, &w);
-    for (int j = 0; j < na; j++) {
-      const cpu_block_q8_p *y = a + (size_t)j * a_stride + (size_t)b;
-      const __m512 f = _mm512_cvtepi32_ps(x512p__isum(&w, y));
-      acc[j] = _mm512_fmadd_ps(f, _mm512_mul_ps(w.d, _mm512_set1_ps(y->d)), acc[j]);
-      if (t == KERN_Q4_1) acc[j] = _mm512_fmadd_ps(w.m, _mm512_set1_ps(y->s), acc[j]);
-    }
-  }
+X512P_INLINE void x512p__store(int na, const __m512 *acc, float *out, size_t ld, const float *bias) {
   const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   for (int j = 0; j < na; j++) _mm512_storeu_ps(out + (size_t)j * ld, bias ? _mm512_add_ps(acc[j], bv) : acc[j]);
 }
 
-/* One function per type; na a constant in each branch. */
-#define X512P_GEMM(name, type) \
-  static void name(int nb, const void *panel, const cpu_block_q8_p *a, size_t a_stride, int na, float *out, \
-                   size_t ld, const float *bias, size_t pf) { \
+/* ---- 32-element types ---- */
+
+/* The 8 column groups of one panel block as unsigned bytes. */
+X512P_INLINE void x512p__load32(kern_type_t t, const uint8_t *v, const uint64_t *hi, __m512i *w) {
+  if (t == KERN_Q8_0) {
+    for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512(v + 64 * g);
+    return;
+  }
+  for (int k = 0; k < 4; k++) x512p__nibbles(v, k, &w[2 * k], &w[2 * k + 1]);
+  if (t == KERN_Q5_0)
+    for (int g = 0; g < 8; g++) w[g] = x512p__hibit(w[g], hi + g, 16);
+}
+
+X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel, const void *a, size_t a_stride,
+                                float *out, size_t ld, const float *bias, size_t pf) {
+  const size_t pbb = x512p__pbb(t);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb;
+    x512p__prefetch(pb, pbb, pf);
+    const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+    const __m512 wm = t == KERN_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + 32)))
+                                     : _mm512_setzero_ps();
+    const uint8_t *v = pb + 32 + (t == KERN_Q4_1 ? 32 : t == KERN_Q5_0 ? 64 : 0);
+    __m512i w[8];
+    x512p__load32(t, v, (const uint64_t *)(pb + 32), w);
+    for (int j = 0; j < na; j++) {
+      const cpu_block_q8_p *y = (const cpu_block_q8_p *)((const uint8_t *)a + (size_t)j * a_stride) + b;
+      const __m512 f = _mm512_cvtepi32_ps(x512p__dot(w, (const int32_t *)y->qs, 8, y->c));
+      acc[j] = _mm512_fmadd_ps(f, _mm512_mul_ps(wd, _mm512_set1_ps(y->d)), acc[j]);
+      if (t == KERN_Q4_1) acc[j] = _mm512_fmadd_ps(wm, _mm512_set1_ps(y->s), acc[j]);
+    }
+  }
+  x512p__store(na, acc, out, ld, bias);
+}
+
+/* ---- K-quants ---- */
+
+/* Q4_K: per sub-block s (32 elements, nibble vectors 4s..4s+3), t += isum *
+ * sc and mm += m * bs; then acc = fma(t, d dy, acc), acc -= mm dmin dy. */
+X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const void *a, size_t a_stride, float *out,
+                                     size_t ld, const float *bias, size_t pf) {
+  const size_t pbb = x512p__pbb(KERN_Q4_K);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + 64, *mk = pb + 192, *v = pb + 320;
+    x512p__prefetch(pb, pbb, pf);
+    const cpu_block_q8_kp *y[4];
+    __m512 t[4], mm[4];
+    for (int j = 0; j < na; j++) {
+      y[j] = (const cpu_block_q8_kp *)((const uint8_t *)a + (size_t)j * a_stride) + b;
+      t[j] = _mm512_setzero_ps(), mm[j] = _mm512_setzero_ps();
+    }
+    for (int s = 0; s < 8; s++) {
+      const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * s))));
+      const __m512 mf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mk + 16 * s))));
+      __m512i w[8];
+      for (int k = 0; k < 4; k++) x512p__nibbles(v, 4 * s + k, &w[2 * k], &w[2 * k + 1]);
+      for (int j = 0; j < na; j++) {
+        const __m512 f = _mm512_cvtepi32_ps(x512p__dot(w, (const int32_t *)(y[j]->qs + 32 * s), 8, 0));
+        t[j] = _mm512_fmadd_ps(f, scf, t[j]);
+        mm[j] = _mm512_fmadd_ps(mf, _mm512_set1_ps(y[j]->bs[s]), mm[j]);
+      }
+    }
+    const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+    const __m512 wdm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + 32)));
+    for (int j = 0; j < na; j++) {
+      acc[j] = _mm512_fmadd_ps(t[j], _mm512_mul_ps(wd, _mm512_set1_ps(y[j]->d)), acc[j]);
+      acc[j] = _mm512_fnmadd_ps(mm[j], _mm512_mul_ps(wdm, _mm512_set1_ps(y[j]->d)), acc[j]);
+    }
+  }
+  x512p__store(na, acc, out, ld, bias);
+}
+
+/* Q6_K: per sub-block s (16 elements, nibble vectors 2s, 2s + 1, bit
+ * groups 4s..4s+3), t += (isum - 32 bsum) * sc; then acc = fma(t, d dy, acc). */
+X512P_INLINE void x512p__gemm_q6_K_n(int na, int nb, const void *panel, const void *a, size_t a_stride, float *out,
+                                     size_t ld, const float *bias, size_t pf) {
+  const size_t pbb = x512p__pbb(KERN_Q6_K);
+  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  for (int b = 0; b < nb; b++) {
+    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + 32, *v = pb + 32 + 256 + 1024;
+    const uint64_t *h4 = (const uint64_t *)(pb + 288), *h5 = (const uint64_t *)(pb + 288 + 512);
+    x512p__prefetch(pb, pbb, pf);
+    const cpu_block_q8_kp *y[4];
+    __m512 t[4];
+    for (int j = 0; j < na; j++) {
+      y[j] = (const cpu_block_q8_kp *)((const uint8_t *)a + (size_t)j * a_stride) + b;
+      t[j] = _mm512_setzero_ps();
+    }
+    for (int s = 0; s < 16; s++) {
+      const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * s))));
+      __m512i w[4];
+      x512p__nibbles(v, 2 * s, &w[0], &w[1]);
+      x512p__nibbles(v, 2 * s + 1, &w[2], &w[3]);
+      for (int g = 0; g < 4; g++) w[g] = x512p__hibit(x512p__hibit(w[g], h4 + 4 * s + g, 16), h5 + 4 * s + g, 32);
+      for (int j = 0; j < na; j++) {
+        const __m512 f = _mm512_cvtepi32_ps(x512p__dot(w, (const int32_t *)(y[j]->qs + 16 * s), 4, y[j]->c[s]));
+        t[j] = _mm512_fmadd_ps(f, scf, t[j]);
+      }
+    }
+    const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+    for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(t[j], _mm512_mul_ps(wd, _mm512_set1_ps(y[j]->d)), acc[j]);
+  }
+  x512p__store(na, acc, out, ld, bias);
+}
+
+/* One function per type, na a constant in each branch. */
+#define X512P_GEMM(name, body) \
+  static void name(int nb, const void *panel, const void *a, size_t a_stride, int na, float *out, size_t ld, \
+                   const float *bias, size_t pf) { \
     switch (na) { \
-    case 1: x512p__gemm(type, 1, nb, panel, a, a_stride, out, ld, bias, pf); break; \
-    case 2: x512p__gemm(type, 2, nb, panel, a, a_stride, out, ld, bias, pf); break; \
-    case 3: x512p__gemm(type, 3, nb, panel, a, a_stride, out, ld, bias, pf); break; \
-    default: x512p__gemm(type, 4, nb, panel, a, a_stride, out, ld, bias, pf); break; \
+    case 1: body(1); break; \
+    case 2: body(2); break; \
+    case 3: body(3); break; \
+    default: body(4); break; \
     } \
   }
-
-X512P_GEMM(x512p__gemm_q4_0, KERN_Q4_0)
-X512P_GEMM(x512p__gemm_q4_1, KERN_Q4_1)
-X512P_GEMM(x512p__gemm_q5_0, KERN_Q5_0)
-X512P_GEMM(x512p__gemm_q8_0, KERN_Q8_0)
+#define X512P_Q4_0(n) x512p__gemm32(KERN_Q4_0, n, nb, panel, a, a_stride, out, ld, bias, pf)
+#define X512P_Q4_1(n) x512p__gemm32(KERN_Q4_1, n, nb, panel, a, a_stride, out, ld, bias, pf)
+#define X512P_Q5_0(n) x512p__gemm32(KERN_Q5_0, n, nb, panel, a, a_stride, out, ld, bias, pf)
+#define X512P_Q8_0(n) x512p__gemm32(KERN_Q8_0, n, nb, panel, a, a_stride, out, ld, bias, pf)
+#define X512P_Q4_K(n) x512p__gemm_q4_K_n(n, nb, panel, a, a_stride, out, ld, bias, pf)
+#define X512P_Q6_K(n) x512p__gemm_q6_K_n(n, nb, panel, a, a_stride, out, ld, bias, pf)
+X512P_GEMM(x512p__gemm_q4_0, X512P_Q4_0)
+X512P_GEMM(x512p__gemm_q4_1, X512P_Q4_1)
+X512P_GEMM(x512p__gemm_q5_0, X512P_Q5_0)
+X512P_GEMM(x512p__gemm_q8_0, X512P_Q8_0)
+X512P_GEMM(x512p__gemm_q4_K, X512P_Q4_K)
+X512P_GEMM(x512p__gemm_q6_K, X512P_Q6_K)
 
 #define X512P_PANEL_TABLE \
   { \
     [KERN_Q4_0] = x512p__gemm_q4_0, [KERN_Q4_1] = x512p__gemm_q4_1, [KERN_Q5_0] = x512p__gemm_q5_0, \
-    [KERN_Q8_0] = x512p__gemm_q8_0, \
+    [KERN_Q8_0] = x512p__gemm_q8_0, [KERN_Q4_K] = x512p__gemm_q4_K, [KERN_Q6_K] = x512p__gemm_q6_K, \
   }

@@ -4,8 +4,12 @@
  * when it fits); "cold" rotates over copies totalling >= 128 MB, as decode
  * streams each layer's weights from memory once per token.
  *
- * usage: bench_matmul [TYPE (default Q4_1)] [seconds per case (0.3)]
- * FERRUM_CPU_ISA selects the kernel path as usual. */
+ * With N > 1 activation rows (prefill), also GMAC/s. Shapes: SmolLM2-135M's
+ * and Qwen2.5-1.5B's (the K-quants take only the latter: 256-element rows).
+ *
+ * usage: bench_matmul [TYPE (default Q4_1)] [seconds per case (0.3)] [N (1)]
+ * FERRUM_CPU_ISA selects the kernel path as usual; FERRUM_CPU_PANELS=0 the
+ * row dots. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -58,25 +62,27 @@ static double cpu_seconds(void) {
 
 /* GB/s by wall time; *cpu_gbs by process CPU time (with 1 thread: immune to
  * being descheduled on a busy machine). */
-static double run_case(kern_backend_t *b, kern_weight_t *ws, int n_copies, const float *x, float *y, double secs,
-                       double *cpu_gbs) {
-  for (int i = 0; i < 3; i++) b->ops->matmul(b->ctx, y, &ws[i % n_copies], NULL, x, 1);
+static double run_case(kern_backend_t *b, kern_weight_t *ws, int n_copies, const float *x, float *y, int n,
+                       double secs, double *cpu_gbs, double *gmacs) {
+  for (int i = 0; i < 3; i++) b->ops->matmul(b->ctx, y, &ws[i % n_copies], NULL, x, n);
   uint64_t t0 = fr_now_ns(), t;
   double c0 = cpu_seconds();
   long iters = 0;
   do {
-    for (int i = 0; i < 8; i++, iters++) b->ops->matmul(b->ctx, y, &ws[iters % n_copies], NULL, x, 1);
+    for (int i = 0; i < 8; i++, iters++) b->ops->matmul(b->ctx, y, &ws[iters % n_copies], NULL, x, n);
     t = fr_now_ns();
   } while ((double)(t - t0) < secs * 1e9);
   double bytes = (double)ws[0].rows * (double)ws[0].row_bytes * (double)iters;
   *cpu_gbs = bytes / (cpu_seconds() - c0) / 1e9;
+  *gmacs = (double)ws[0].rows * (double)ws[0].cols * n * (double)iters / ((double)(t - t0) / 1e9) / 1e9;
   return bytes / ((double)(t - t0) / 1e9) / 1e9;
 }
 
 int main(int argc, char **argv) {
   kern_type_t type = argc > 1 ? parse_type(argv[1]) : KERN_Q4_1;
   double secs = argc > 2 ? atof(argv[2]) : 0.3;
-  const int shapes[3][2] = {{576, 1536}, {1536, 576}, {49152, 576}}; /* rows x cols */
+  const int n = argc > 3 ? atoi(argv[3]) : 1;
+  const int shapes[6][2] = {{576, 1536}, {1536, 576}, {49152, 576}, {1536, 1536}, {8960, 1536}, {1536, 8960}};
   printf("type %s\n", kern_type_traits(type)->name);
   for (int nt = 1; nt <= 2; nt++) {
     kern_backend_t *b = NULL;
@@ -84,7 +90,7 @@ int main(int argc, char **argv) {
       fprintf(stderr, "kern_cpu_create failed\n");
       return 1;
     }
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 6; s++) {
       int rows = shapes[s][0], cols = shapes[s][1];
       size_t rb = kern_row_bytes(type, cols), bytes = rb * (size_t)rows;
       if (!rb) continue;
@@ -96,14 +102,15 @@ int main(int argc, char **argv) {
         ws[c] = (kern_weight_t){.type = type, .rows = rows, .cols = cols, .row_bytes = rb};
         b->ops->weight_load(b->ctx, &ws[c], mem + (size_t)c * bytes);
       }
-      float *x = malloc(sizeof(float) * (size_t)cols), *y = malloc(sizeof(float) * (size_t)rows);
-      for (int i = 0; i < cols; i++) x[i] = (float)rnd32() / 4294967296.0f - 0.5f;
-      double hot_cpu, cold_cpu;
-      double hot = run_case(b, ws, 1, x, y, secs, &hot_cpu), cold = run_case(b, ws, copies, x, y, secs, &cold_cpu);
-      printf("%-6s threads %d  %5dx%-5d (%6.2f MB)  hot %6.2f GB/s (%7.1f us)  cold %6.2f GB/s (%7.1f us)"
-             "  per CPU-second: hot %6.2f cold %6.2f GB/s\n",
-             kern_cpu_isa(b), nt, rows, cols, (double)bytes / 1e6, hot, (double)bytes / hot / 1e3, cold,
-             (double)bytes / cold / 1e3, hot_cpu, cold_cpu);
+      float *x = malloc(sizeof(float) * (size_t)cols * (size_t)n), *y = malloc(sizeof(float) * (size_t)rows * n);
+      for (size_t i = 0; i < (size_t)cols * (size_t)n; i++) x[i] = (float)rnd32() / 4294967296.0f - 0.5f;
+      double hot_cpu, cold_cpu, hot_gmacs, cold_gmacs;
+      double hot = run_case(b, ws, 1, x, y, n, secs, &hot_cpu, &hot_gmacs),
+             cold = run_case(b, ws, copies, x, y, n, secs, &cold_cpu, &cold_gmacs);
+      printf("%-6s threads %d  %5dx%-5d (%6.2f MB) n %d  hot %6.2f GB/s (%7.1f us)  cold %6.2f GB/s (%7.1f us)"
+             "  per CPU-second: hot %6.2f cold %6.2f GB/s  GMAC/s hot %.1f cold %.1f\n",
+             kern_cpu_isa(b), nt, rows, cols, (double)bytes / 1e6, n, hot, (double)bytes / hot / 1e3, cold,
+             (double)bytes / cold / 1e3, hot_cpu, cold_cpu, hot_gmacs, cold_gmacs);
       free(x), free(y), free(ws);
       fr_free_aligned(mem);
     }

@@ -6,7 +6,8 @@
  * its 4-byte groups broadcast, starting from its offset correction: every
  * lane ends at its row's exact (sub-)block sum. The conversions, scalings
  * and fmas that follow are cpu__panel_gemm_scalar's, in its order: the same
- * bits. */
+ * bits. Loops over column groups, sub-blocks and activation rows are
+ * unrolled (GCC's -O2 keeps them rolled, with the accumulators in memory). */
 #pragma once
 
 #if !defined(__AVX512VNNI__)
@@ -51,6 +52,7 @@ X512P_INLINE __m512i x512p__hibit(__m512i w, const uint64_t *h, int add) {
 /* sum over n groups (even) of w[g] . y's 4 bytes at q[g], from c: two chains. */
 X512P_INLINE __m512i x512p__dot(const __m512i *w, const int32_t *q, int n, int32_t c) {
   __m512i s0 = _mm512_set1_epi32(c), s1 = _mm512_setzero_si512();
+  _Pragma("GCC unroll 16")
   for (int g = 0; g < n; g += 2) {
     s0 = _mm512_dpbusd_epi32(s0, w[g], _mm512_set1_epi32(q[g]));
     s1 = _mm512_dpbusd_epi32(s1, w[g + 1], _mm512_set1_epi32(q[g + 1]));
@@ -60,6 +62,7 @@ X512P_INLINE __m512i x512p__dot(const __m512i *w, const int32_t *q, int n, int32
 
 X512P_INLINE void x512p__store(int na, const __m512 *acc, float *out, size_t ld, const float *bias) {
   const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
+  _Pragma("GCC unroll 16")
   for (int j = 0; j < na; j++) _mm512_storeu_ps(out + (size_t)j * ld, bias ? _mm512_add_ps(acc[j], bv) : acc[j]);
 }
 
@@ -68,11 +71,14 @@ X512P_INLINE void x512p__store(int na, const __m512 *acc, float *out, size_t ld,
 /* The 8 column groups of one panel block as unsigned bytes. */
 X512P_INLINE void x512p__load32(kern_type_t t, const uint8_t *v, const uint64_t *hi, __m512i *w) {
   if (t == KERN_Q8_0) {
+    _Pragma("GCC unroll 16")
     for (int g = 0; g < 8; g++) w[g] = _mm512_loadu_si512(v + 64 * g);
     return;
   }
+  _Pragma("GCC unroll 16")
   for (int k = 0; k < 4; k++) x512p__nibbles(v, k, &w[2 * k], &w[2 * k + 1]);
   if (t == KERN_Q5_0)
+    _Pragma("GCC unroll 16")
     for (int g = 0; g < 8; g++) w[g] = x512p__hibit(w[g], hi + g, 16);
 }
 
@@ -89,6 +95,7 @@ X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel
     const uint8_t *v = pb + 32 + (t == KERN_Q4_1 ? 32 : t == KERN_Q5_0 ? 64 : 0);
     __m512i w[8];
     x512p__load32(t, v, (const uint64_t *)(pb + 32), w);
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       const cpu_block_q8_p *y = (const cpu_block_q8_p *)((const uint8_t *)a + (size_t)j * a_stride) + b;
       const __m512 f = _mm512_cvtepi32_ps(x512p__dot(w, (const int32_t *)y->qs, 8, y->c));
@@ -112,15 +119,19 @@ X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const vo
     x512p__prefetch(pb, pbb, pf);
     const cpu_block_q8_kp *y[4];
     __m512 t[4], mm[4];
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       y[j] = (const cpu_block_q8_kp *)((const uint8_t *)a + (size_t)j * a_stride) + b;
       t[j] = _mm512_setzero_ps(), mm[j] = _mm512_setzero_ps();
     }
+    _Pragma("GCC unroll 16")
     for (int s = 0; s < 8; s++) {
       const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * s))));
       const __m512 mf = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(mk + 16 * s))));
       __m512i w[8];
+      _Pragma("GCC unroll 16")
       for (int k = 0; k < 4; k++) x512p__nibbles(v, 4 * s + k, &w[2 * k], &w[2 * k + 1]);
+      _Pragma("GCC unroll 16")
       for (int j = 0; j < na; j++) {
         const __m512 f = _mm512_cvtepi32_ps(x512p__dot(w, (const int32_t *)(y[j]->qs + 32 * s), 8, 0));
         t[j] = _mm512_fmadd_ps(f, scf, t[j]);
@@ -129,6 +140,7 @@ X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const vo
     }
     const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
     const __m512 wdm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + 32)));
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       acc[j] = _mm512_fmadd_ps(t[j], _mm512_mul_ps(wd, _mm512_set1_ps(y[j]->d)), acc[j]);
       acc[j] = _mm512_fnmadd_ps(mm[j], _mm512_mul_ps(wdm, _mm512_set1_ps(y[j]->d)), acc[j]);
@@ -149,22 +161,27 @@ X512P_INLINE void x512p__gemm_q6_K_n(int na, int nb, const void *panel, const vo
     x512p__prefetch(pb, pbb, pf);
     const cpu_block_q8_kp *y[4];
     __m512 t[4];
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       y[j] = (const cpu_block_q8_kp *)((const uint8_t *)a + (size_t)j * a_stride) + b;
       t[j] = _mm512_setzero_ps();
     }
+    _Pragma("GCC unroll 16")
     for (int s = 0; s < 16; s++) {
       const __m512 scf = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(sc + 16 * s))));
       __m512i w[4];
       x512p__nibbles(v, 2 * s, &w[0], &w[1]);
       x512p__nibbles(v, 2 * s + 1, &w[2], &w[3]);
+      _Pragma("GCC unroll 16")
       for (int g = 0; g < 4; g++) w[g] = x512p__hibit(x512p__hibit(w[g], h4 + 4 * s + g, 16), h5 + 4 * s + g, 32);
+      _Pragma("GCC unroll 16")
       for (int j = 0; j < na; j++) {
         const __m512 f = _mm512_cvtepi32_ps(x512p__dot(w, (const int32_t *)(y[j]->qs + 16 * s), 4, y[j]->c[s]));
         t[j] = _mm512_fmadd_ps(f, scf, t[j]);
       }
     }
     const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
+    _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) acc[j] = _mm512_fmadd_ps(t[j], _mm512_mul_ps(wd, _mm512_set1_ps(y[j]->d)), acc[j]);
   }
   x512p__store(na, acc, out, ld, bias);

@@ -7,6 +7,10 @@
  * With N > 1 activation rows (prefill), also GMAC/s. Shapes: SmolLM2-135M's
  * and Qwen2.5-1.5B's (the K-quants take only the latter: 256-element rows).
  *
+ * BENCH_COLD_MB sets the cold set's size (128 by default; a host with a
+ * large L3, like the 480 MiB one in docs/bench/cpu-model.md, needs 1024 to
+ * measure memory rather than L3).
+ *
  * usage: bench_matmul [TYPE (default Q4_1)] [seconds per case (0.3)] [N (1)]
  * FERRUM_CPU_ISA selects the kernel path as usual; FERRUM_CPU_PANELS=0 the
  * row dots. */
@@ -94,7 +98,8 @@ int main(int argc, char **argv) {
       int rows = shapes[s][0], cols = shapes[s][1];
       size_t rb = kern_row_bytes(type, cols), bytes = rb * (size_t)rows;
       if (!rb) continue;
-      int copies = (int)((128u << 20) / bytes) + 1;
+      const char *cold_mb = getenv("BENCH_COLD_MB");
+      int copies = (int)(((size_t)(cold_mb ? atoi(cold_mb) : 128) << 20) / bytes) + 1;
       uint8_t *mem = fr_malloc_aligned(bytes * (size_t)copies);
       fill(mem, bytes * (size_t)copies, type);
       kern_weight_t *ws = calloc((size_t)copies, sizeof *ws);

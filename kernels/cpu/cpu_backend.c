@@ -105,18 +105,33 @@ static int cpu__sync(void *vctx) { return 0; }
 
 /* ---- weights ---- */
 
+typedef struct {
+  const kern_weight_t *w;
+  void *dst;
+  long panels;
+} cpu_pack_job_t;
+
+static void cpu__pack_part(void *arg, int ith, int nth) {
+  const cpu_pack_job_t *job = arg;
+  long lo, hi;
+  fr_pool_split(job->panels, ith, nth, &lo, &hi);
+  for (long i = lo; i < hi; i++) cpu__panel_pack(job->w, job->w->data, i, job->dst);
+}
+
 /* A weight only matmul reads, of a type the table has a panel kernel for and
- * whole panels of rows, is packed into panels (w->priv); w->data still
- * points at its rows. */
+ * whole panels of rows, is packed into panels (w->priv) by the pool's
+ * threads; w->data still points at its rows. */
 static int cpu__weight_pack(cpu_ctx_t *ctx, kern_weight_t *w) {
   if (!ctx->panels || w->keep_layout || !ctx->isa->panel_gemm[w->type] || w->rows % CPU_PANEL_ROWS) return 0;
-  const long panels = (long)(w->rows / CPU_PANEL_ROWS);
+  cpu_pack_job_t job = {.w = w, .panels = (long)(w->rows / CPU_PANEL_ROWS)};
   const size_t nb = (size_t)(w->cols / kern_type_traits(w->type)->blck);
-  void *p = fr_malloc_aligned((size_t)panels * nb * cpu__panel_block_bytes(w->type));
-  if (!p) return fr_errorf(-ENOMEM, "cpu backend: no memory for a %lld x %lld weight's panels", (long long)w->rows,
-                           (long long)w->cols);
-  for (long i = 0; i < panels; i++) cpu__panel_pack(w, w->data, i, p);
-  w->priv = p;
+  job.dst = fr_malloc_aligned((size_t)job.panels * nb * cpu__panel_block_bytes(w->type));
+  if (!job.dst)
+    return fr_errorf(-ENOMEM, "cpu backend: no memory for a %lld x %lld weight's panels", (long long)w->rows,
+                     (long long)w->cols);
+  if (ctx->n_threads == 1 || job.panels < 2) cpu__pack_part(&job, 0, 1);
+  else fr_pool_run(ctx->pool, cpu__pack_part, &job);
+  w->priv = job.dst;
   return 0;
 }
 

@@ -159,16 +159,22 @@ static void cpu__panel_put(kern_type_t t, int blck, const cpu_panel_row_t *u, in
   if (t == KERN_Q6_K)
     for (int j = 0; j < 16; j++) p->sc[16 * j + r] = (uint8_t)(int8_t)u->sc[j];
   if (t == KERN_Q8_0) {
-    for (int e = 0; e < blck; e++) p->v[(e / 4) * 64 + r * 4 + e % 4] = u->q[e];
+    for (int g = 0; g < blck / 4; g++) memcpy(p->v + g * 64 + r * 4, u->q + 4 * g, 4);
     return;
   }
-  for (int e = 0; e < blck; e++) {
-    const uint64_t bit = 1ull << (4 * r + e % 4);
-    if (p->h4 && (u->q[e] & 16)) p->h4[e / 4] |= bit;
-    if (p->h5 && (u->q[e] & 32)) p->h5[e / 4] |= bit;
-    /* element e = 8k + i (low nibble) or 8k + 4 + i (high), i < 4 */
-    const int k = e / 8, i = e % 4, hi = e % 8 >= 4;
-    p->v[k * 64 + r * 4 + i] |= (uint8_t)((u->q[e] & 15) << (hi ? 4 : 0));
+  /* byte i of row r in nibble vector k: elements 8k + i (low) and 8k + 4 + i (high) */
+  for (int k = 0; k < blck / 8; k++)
+    for (int i = 0; i < 4; i++)
+      p->v[k * 64 + r * 4 + i] = (uint8_t)((u->q[8 * k + i] & 15) | (u->q[8 * k + 4 + i] & 15) << 4);
+  /* bits 4 and 5 of group g's 4 elements, at bits 4r..4r+3 of h4[g] and h5[g] */
+  for (int g = 0; p->h4 && g < blck / 4; g++) {
+    uint64_t b4 = 0, b5 = 0;
+    for (int i = 0; i < 4; i++) {
+      b4 |= (uint64_t)(u->q[4 * g + i] >> 4 & 1) << i;
+      b5 |= (uint64_t)(u->q[4 * g + i] >> 5 & 1) << i;
+    }
+    p->h4[g] |= b4 << (4 * r);
+    if (p->h5) p->h5[g] |= b5 << (4 * r);
   }
 }
 

@@ -5,7 +5,9 @@
 # batching) take turns, round after round (the order flips each round), and
 # `ferrumctl bench` (random token-id prompts, ignore_eos, streamed) measures
 # each at every concurrency of the sweep. Prints the median and spread of
-# output tok/s and TTFT p50 per engine and concurrency, and their ratios.
+# output tok/s and TTFT p50 per engine and concurrency, and their ratios,
+# and draws both engines' latency against throughput into
+# OUT/latency-throughput.svg (bench/serve_plot.py).
 #
 # llama-server is built from the llama.cpp inside the llama-cpp-python source
 # release the test venv uses (the same llama.cpp the golden tests compare
@@ -138,3 +140,6 @@ for c in sorted({k[1] for k in res}):
         print("c=%d: ferrum/llama.cpp output tok/s %.2fx, TTFT p50 %.2fx (below 1: ferrum answers sooner)" %
               (c, med([x[0] for x in f]) / med([x[0] for x in l]), med([x[1] for x in f]) / med([x[1] for x in l])))
 EOF
+"$python" "$root/bench/serve_plot.py" "$out" "$out/latency-throughput.svg" \
+  --title "$(basename "$model"), $threads threads: ferrum vs llama-server -np $slots" &&
+  note "plot: $out/latency-throughput.svg"

@@ -25,10 +25,12 @@ typedef struct {
   cpu_vec_dot_fn dot;
   cpu_vec_dot_x4_fn dot_x4; /* NULL when the path has no 4-row form */
   cpu_vec_dot_2x4_fn dot_2x4; /* NULL when the path has no 2x4 form */
+  cpu_panel_gemm_fn gemm;   /* the table's panel kernel when w->priv holds panels, else NULL */
+  int nb;                   /* panels: blocks per row */
   float *out;             /* (n, rows) */
   int n;
   size_t prefetch; /* cpu_ctx_t.prefetch */
-  long chunk_rows, n_chunks;
+  long chunk_rows, n_chunks; /* panels: chunk_rows a multiple of CPU_PANEL_ROWS */
   atomic_long next_chunk;
 } cpu_mm_job_t;
 
@@ -36,8 +38,12 @@ static void cpu__mm_quantize_part(void *arg, int ith, int nth) {
   cpu_mm_job_t *job = arg;
   long lo, hi;
   fr_pool_split(job->n, ith, nth, &lo, &hi);
-  for (long j = lo; j < hi; j++)
-    job->quant(job->x + j * job->w->cols, job->act + j * job->act_row_bytes, (int)job->w->cols);
+  for (long j = lo; j < hi; j++) {
+    const float *x = job->x + j * job->w->cols;
+    uint8_t *a = job->act + j * job->act_row_bytes;
+    if (job->gemm) cpu__panel_quantize(job->quant, job->w->type, x, a, (int)job->w->cols);
+    else job->quant(x, a, (int)job->w->cols);
+  }
 }
 
 /* Output row r for activation rows [j0, j1): 4 at a time where the path has
@@ -119,12 +125,27 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   }
 }
 
+/* Output rows [r0, r1) (whole panels) for all n activation rows through the
+ * panel kernel, 4 activation rows at a time (the panels stay in cache
+ * across the activation tiles; the first pass prefetches ahead). */
+static void cpu__mm_panel_chunk(const cpu_mm_job_t *job, long r0, long r1) {
+  const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu__panel_block_bytes(job->w->type);
+  for (int j0 = 0; j0 < job->n; j0 += 4) {
+    const int na = FR_MIN(4, job->n - j0);
+    for (long r = r0; r < r1; r += CPU_PANEL_ROWS)
+      job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)(r / CPU_PANEL_ROWS) * pbytes,
+                job->act + (size_t)j0 * job->act_row_bytes, job->act_row_bytes, na, job->out + (size_t)j0 * ld + (size_t)r,
+                ld, job->bias ? job->bias + r : NULL, j0 == 0 ? job->prefetch : 0);
+  }
+}
+
 static void cpu__mm_part(void *arg, int ith, int nth) {
   cpu_mm_job_t *job = arg;
   long c = ith;
   while (c < job->n_chunks) {
     long r0 = c * job->chunk_rows, r1 = FR_MIN(job->w->rows, r0 + job->chunk_rows);
-    cpu__mm_chunk(job, r0, r1);
+    if (job->gemm) cpu__mm_panel_chunk(job, r0, r1);
+    else cpu__mm_chunk(job, r0, r1);
     c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed);
   }
 }
@@ -144,77 +165,6 @@ static int cpu__mm_check(const cpu_ctx_t *ctx, const kern_weight_t *w, const ker
     return fr_errorf(-EINVAL, "matmul: bias must be F32 with %lld elements", (long long)w->rows);
   return 0;
 }
-
-/* ---- panels (cpu.h, CPU_PANEL_ROWS) ---- */
-
-typedef struct {
-  const kern_weight_t *w;
-  const float *bias; /* (rows) or NULL */
-  const float *x;    /* (n, cols) f32 */
-  uint8_t *act;      /* (n, act_row_bytes): panel activation blocks */
-  size_t act_row_bytes;
-  cpu_quantize_fn quant;
-  cpu_panel_gemm_fn gemm;
-  float *out; /* (n, rows) */
-  int n, nb;
-  size_t prefetch;
-  long chunk_panels, n_chunks;
-  atomic_long next_chunk;
-} cpu_panel_job_t;
-
-static void cpu__panel_quantize_part(void *arg, int ith, int nth) {
-  cpu_panel_job_t *job = arg;
-  long lo, hi;
-  fr_pool_split(job->n, ith, nth, &lo, &hi);
-  for (long j = lo; j < hi; j++)
-    cpu__panel_quantize(job->quant, job->w->type, job->x + j * job->w->cols, job->act + j * job->act_row_bytes,
-                        (int)job->w->cols);
-}
-
-/* Panels [p0, p1) for all n activation rows, 4 at a time (the panels stay
- * in cache across the activation tiles; the first pass prefetches ahead). */
-static void cpu__panel_chunk(const cpu_panel_job_t *job, long p0, long p1) {
-  const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu__panel_block_bytes(job->w->type);
-  for (int j0 = 0; j0 < job->n; j0 += 4) {
-    const int na = FR_MIN(4, job->n - j0);
-    for (long p = p0; p < p1; p++) {
-      const size_t r = (size_t)p * CPU_PANEL_ROWS;
-      job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)p * pbytes, job->act + (size_t)j0 * job->act_row_bytes,
-                job->act_row_bytes, na, job->out + (size_t)j0 * ld + r, ld, job->bias ? job->bias + r : NULL,
-                j0 == 0 ? job->prefetch : 0);
-    }
-  }
-}
-
-static void cpu__panel_part(void *arg, int ith, int nth) {
-  cpu_panel_job_t *job = arg;
-  const long panels = (long)(job->w->rows / CPU_PANEL_ROWS);
-  for (long c = ith; c < job->n_chunks; c = atomic_fetch_add_explicit(&job->next_chunk, 1, memory_order_relaxed))
-    cpu__panel_chunk(job, c * job->chunk_panels, FR_MIN(panels, (c + 1) * job->chunk_panels));
-}
-
-static int cpu__mm_panels(cpu_ctx_t *ctx, float *out, const kern_weight_t *w, const float *bias, const float *x,
-                          int n) {
-  cpu_panel_job_t job = {.w = w, .bias = bias, .x = x, .out = out, .n = n,
-                         .nb = (int)(w->cols / kern_type_traits(w->type)->blck),
-                         .quant = ctx->isa->quantize[cpu_vec_dot_type(w->type)], .gemm = ctx->isa->panel_gemm[w->type],
-                         .prefetch = ctx->prefetch};
-  job.act_row_bytes = (size_t)job.nb * cpu__panel_act_bytes(w->type);
-  cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, job.act_row_bytes * (size_t)n);
-  job.act = ctx->qbuf;
-  if ((long)n * w->cols < CPU_MM_QUANT_SERIAL || ctx->n_threads == 1 || n == 1) cpu__panel_quantize_part(&job, 0, 1);
-  else fr_pool_run(ctx->pool, cpu__panel_quantize_part, &job);
-  /* ~8 chunks per thread for balance, at most 4 panels each. */
-  const long panels = (long)(w->rows / CPU_PANEL_ROWS);
-  job.chunk_panels = FR_MAX(1, FR_MIN(panels / ((long)ctx->n_threads * 8), 4));
-  job.n_chunks = (panels + job.chunk_panels - 1) / job.chunk_panels;
-  atomic_init(&job.next_chunk, ctx->n_threads);
-  if (ctx->n_threads == 1 || job.n_chunks == 1) cpu__panel_part(&job, 0, 1);
-  else fr_pool_run(ctx->pool, cpu__panel_part, &job);
-  return 0;
-}
-
-/* ---- rows ---- */
 
 /* x (n, x_cols) gathered into the weight's column order: pbuf[j][k] =
  * x[j][perm[k]], and 0 for a padding column (perm[k] = -1): 0 adds exactly
@@ -236,18 +186,21 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
   int rc = cpu__mm_check(ctx, w, bias, n);
   if (rc || n == 0) return rc;
   if (w->perm) x = cpu__mm_permute(ctx, w, x, n);
-  if (w->priv) return cpu__mm_panels(ctx, out, w, bias ? bias->data : NULL, x, n);
   cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n, .prefetch = ctx->prefetch};
   job.dot = ctx->isa->vec_dot[w->type];
   job.dot_x4 = ctx->isa->vec_dot_x4[w->type];
   job.dot_2x4 = ctx->isa->vec_dot_2x4[w->type];
+  if (w->priv) { /* panels (cpu__weight_pack) */
+    job.gemm = ctx->isa->panel_gemm[w->type];
+    job.nb = (int)(w->cols / kern_type_traits(w->type)->blck);
+  }
   kern_type_t vdt = cpu_vec_dot_type(w->type);
   if (vdt == KERN_F32) {
     job.act = (uint8_t *)x;
     job.act_row_bytes = (size_t)w->cols * sizeof(float);
   } else {
     job.quant = ctx->isa->quantize[vdt];
-    job.act_row_bytes = kern_row_bytes(vdt, w->cols);
+    job.act_row_bytes = job.gemm ? (size_t)job.nb * cpu__panel_act_bytes(w->type) : kern_row_bytes(vdt, w->cols);
     cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, job.act_row_bytes * (size_t)n);
     job.act = ctx->qbuf;
     if ((long)n * w->cols < CPU_MM_QUANT_SERIAL || ctx->n_threads == 1 || n == 1)
@@ -255,9 +208,9 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
     else
       fr_pool_run(ctx->pool, cpu__mm_quantize_part, &job);
   }
-  /* ~8 chunks per thread for balance, at least 4 rows each. */
+  /* ~8 chunks per thread for balance: 4 to 64 rows each, 1 to 4 panels. */
   long per = w->rows / ((long)ctx->n_threads * 8);
-  job.chunk_rows = FR_MAX(4, FR_MIN(per, 64));
+  job.chunk_rows = job.gemm ? CPU_PANEL_ROWS * FR_MAX(1, FR_MIN(per / CPU_PANEL_ROWS, 4)) : FR_MAX(4, FR_MIN(per, 64));
   job.n_chunks = (w->rows + job.chunk_rows - 1) / job.chunk_rows;
   atomic_init(&job.next_chunk, ctx->n_threads);
   if (ctx->n_threads == 1 || job.n_chunks == 1) cpu__mm_part(&job, 0, 1);

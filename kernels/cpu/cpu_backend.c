@@ -125,10 +125,11 @@ static int cpu__weight_pack(cpu_ctx_t *ctx, kern_weight_t *w) {
   if (!ctx->panels || w->keep_layout || !ctx->isa->panel_gemm[w->type] || w->rows % CPU_PANEL_ROWS) return 0;
   cpu_pack_job_t job = {.w = w, .panels = (long)(w->rows / CPU_PANEL_ROWS)};
   const size_t nb = (size_t)(w->cols / kern_type_traits(w->type)->blck);
-  job.dst = fr_malloc_aligned((size_t)job.panels * nb * cpu__panel_block_bytes(w->type));
-  if (!job.dst)
-    return fr_errorf(-ENOMEM, "cpu backend: no memory for a %lld x %lld weight's panels", (long long)w->rows,
-                     (long long)w->cols);
+  const size_t bytes = (size_t)job.panels * nb * cpu__panel_block_bytes(w->type);
+  if (posix_memalign(&job.dst, 64, bytes))
+    return fr_errorf(-ENOMEM, "cpu backend: no memory for the panels of a %lld x %lld weight (%zu bytes; "
+                     "FERRUM_CPU_PANELS=0 keeps weights in the file's rows)", (long long)w->rows, (long long)w->cols,
+                     bytes);
   if (ctx->n_threads == 1 || job.panels < 2) cpu__pack_part(&job, 0, 1);
   else fr_pool_run(ctx->pool, cpu__pack_part, &job);
   w->priv = job.dst;
@@ -152,7 +153,7 @@ static int cpu__weight_load(void *vctx, kern_weight_t *w, const void *host_data)
 }
 
 static void cpu__weight_release(void *vctx, kern_weight_t *w) {
-  fr_free_aligned(w->priv);
+  free(w->priv); /* panels (posix_memalign), or NULL */
   w->data = NULL;
   w->priv = NULL;
 }

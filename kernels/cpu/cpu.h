@@ -72,7 +72,8 @@ typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
 
 /* Panels (cpu_panel.c): a weight of Q4_0, Q4_1, Q5_0, Q8_0, Q4_K or Q6_K
  * blocks whose rows are a multiple of CPU_PANEL_ROWS may be stored
- * interleaved at load, 16 rows at a time, so that one 512-bit vector holds
+ * (where the table has a kernel for its type: cpu_x512_panel.h with VNNI,
+ * cpu_x86_panel.h without) interleaved at load, 16 rows at a time, so that one 512-bit vector holds
  * 4 columns of all 16 rows as unsigned bytes: vpdpbusd against the
  * activation's 4 bytes broadcast gives the 16 rows' integer sums in lanes,
  * each (sub-)block's exact sum lands in one lane and is scaled there, and

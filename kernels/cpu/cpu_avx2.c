@@ -1,7 +1,9 @@
 /* cpu_avx2.c - the AVX2 + FMA + F16C kernel table (compiled with those
- * flags; chosen at run time only where the CPU has them). */
+ * flags; chosen at run time only where the CPU has them), with the AVX2
+ * panel kernels (cpu_x86_panel.h). */
 #if defined(__x86_64__)
 #include "kernels/cpu/cpu_x86_impl.h"
+#include "kernels/cpu/cpu_x86_panel.h"
 
 const cpu_isa_t cpu_isa_avx2 = {
     .name = "avx2",
@@ -31,6 +33,7 @@ const cpu_isa_t cpu_isa_avx2 = {
             [KERN_Q8_1] = x86__quantize_q8_1,
             [KERN_Q8_K] = cpu__quantize_q8_K,
         },
+    .panel_gemm = X86P_PANEL_TABLE,
     .dot_f32 = x86__dot_f32,
     .dot_f16 = x86__dot_f16,
     .axpy_f32 = x86__axpy_f32,

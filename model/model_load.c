@@ -662,7 +662,11 @@ void model_destroy(model_t *m) {
     }
     free(m->layers);
   }
-  if (m->output.data && m->output.data != m->tok_embd.data) model__release_weight(m, &m->output);
+  /* output aliases tok_embd (tied, whole vocabulary) or is a weight of its own, which may start at
+   * tok_embd's bytes (a CPU rank's vocabulary part 0) and still own panels (w->priv) */
+  const bool alias = m->output.data == m->tok_embd.data && m->output.priv == m->tok_embd.priv &&
+                     m->output.rows == m->tok_embd.rows;
+  if (m->output.data && !alias) model__release_weight(m, &m->output);
   model__release_weight(m, &m->tok_embd);
   model__release_weight(m, &m->output_norm);
   model__release_weight(m, &m->inv_freq);

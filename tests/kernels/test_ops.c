@@ -109,13 +109,22 @@ static double nerr(const float *a, const double *b, size_t n) {
   return sqrt(num / (den > 0 ? den : 1));
 }
 
-static void load_weight(kern_backend_t *b, kern_weight_t *w, kern_type_t t, int rows, int cols, const void *data) {
+/* A matmul weight (the backend may repack it: CPU panels) or, with keep, a
+ * weight whose rows something else reads (an embedding table, MoE experts);
+ * b->ops->weight_release frees what the backend made of it. */
+static void load_weight_as(kern_backend_t *b, kern_weight_t *w, kern_type_t t, int rows, int cols, const void *data,
+                           bool keep) {
   memset(w, 0, sizeof *w);
   w->type = t;
   w->rows = rows;
   w->cols = cols;
   w->row_bytes = kern_row_bytes(t, cols);
+  w->keep_layout = keep;
   ck_assert_int_eq(b->ops->weight_load(b->ctx, w, data), 0);
+}
+
+static void load_weight(kern_backend_t *b, kern_weight_t *w, kern_type_t t, int rows, int cols, const void *data) {
+  load_weight_as(b, w, t, rows, cols, data, false);
 }
 
 /* ---- matmul ---- */
@@ -189,6 +198,8 @@ START_TEST(test_matmul_paths_agree) {
     for (int i = 0; i < rows * n; i++) ref[i] = o1[i];
     double e = nerr(o2, ref, (size_t)rows * n);
     ck_assert_msg(e < 1e-5, "%s: %s vs scalar differ by %g", kern_type_traits(t)->name, kCfg[_i].isa, e);
+    s->ops->weight_release(s->ctx, &w1);
+    b->ops->weight_release(b->ctx, &w2);
     free(wd), free(x);
   }
   kern_backend_destroy(s);
@@ -631,7 +642,7 @@ START_TEST(test_last_rows_embed) {
     int cols = types[k] == KERN_Q6_K ? 256 : dim;
     uint8_t *tab = random_weight(types[k], 64, cols);
     kern_weight_t w;
-    load_weight(b, &w, types[k], 64, cols, tab);
+    load_weight_as(b, &w, types[k], 64, cols, tab, true); /* an embedding table */
     float *e = malloc(sizeof(float) * 8 * cols), *row = malloc(sizeof(float) * cols);
     poison(e, (size_t)8 * cols);
     ck_assert_int_eq(b->ops->embed(b->ctx, e, &w), 0);
@@ -641,6 +652,7 @@ START_TEST(test_last_rows_embed) {
     }
     w.rows = 63; /* token 63 is now out of range */
     ck_assert_int_lt(b->ops->embed(b->ctx, e, &w), 0);
+    b->ops->weight_release(b->ctx, &w);
     free(tab), free(e), free(row);
   }
   free(x);
@@ -966,18 +978,24 @@ typedef struct {
 /* Router F32; experts Q8_0 gate, Q4_1 up, F16 down (any type per stack). */
 static void moe_fx_init(kern_backend_t *b, moe_fx_t *f) {
   f->bytes[0] = random_weight(KERN_F32, MOE_E, MOE_D);
-  load_weight(b, &f->router, KERN_F32, MOE_E, MOE_D, f->bytes[0]);
+  load_weight_as(b, &f->router, KERN_F32, MOE_E, MOE_D, f->bytes[0], true); /* kept, as the model loads them */
   for (int e = 0; e < MOE_E; e++) {
     f->bytes[1 + 3 * e] = random_weight(KERN_Q8_0, MOE_F, MOE_D);
     f->bytes[2 + 3 * e] = random_weight(KERN_Q4_1, MOE_F, MOE_D);
     f->bytes[3 + 3 * e] = random_weight(KERN_F16, MOE_D, MOE_F);
-    load_weight(b, &f->gate[e], KERN_Q8_0, MOE_F, MOE_D, f->bytes[1 + 3 * e]);
-    load_weight(b, &f->up[e], KERN_Q4_1, MOE_F, MOE_D, f->bytes[2 + 3 * e]);
-    load_weight(b, &f->down[e], KERN_F16, MOE_D, MOE_F, f->bytes[3 + 3 * e]);
+    load_weight_as(b, &f->gate[e], KERN_Q8_0, MOE_F, MOE_D, f->bytes[1 + 3 * e], true);
+    load_weight_as(b, &f->up[e], KERN_Q4_1, MOE_F, MOE_D, f->bytes[2 + 3 * e], true);
+    load_weight_as(b, &f->down[e], KERN_F16, MOE_D, MOE_F, f->bytes[3 + 3 * e], true);
   }
 }
 
-static void moe_fx_free(moe_fx_t *f) {
+static void moe_fx_free(kern_backend_t *b, moe_fx_t *f) {
+  b->ops->weight_release(b->ctx, &f->router);
+  for (int e = 0; e < MOE_E; e++) {
+    b->ops->weight_release(b->ctx, &f->gate[e]);
+    b->ops->weight_release(b->ctx, &f->up[e]);
+    b->ops->weight_release(b->ctx, &f->down[e]);
+  }
   for (size_t i = 0; i < sizeof f->bytes / sizeof f->bytes[0]; i++) free(f->bytes[i]);
 }
 
@@ -1055,7 +1073,7 @@ START_TEST(test_moe_ffn) {
   bad.n_used = 2, bad.gate = f.down; /* experts of the wrong shape */
   ck_assert_int_eq(b->ops->moe_ffn(b->ctx, out, x, n, &bad), -EINVAL);
   free(x), free(out), free(ref);
-  moe_fx_free(&f);
+  moe_fx_free(b, &f);
   kern_backend_destroy(b);
 }
 END_TEST

@@ -101,6 +101,38 @@ typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
  * depend on the batch (test_matmul_panels_exact). */
 #define CPU_PANEL_ROWS 16
 
+/* Byte offsets of a panel block's parts and, for the K-quants, its size
+ * (the layout above; 32-element types: cpu_panel_values32). */
+enum {
+  CPU_PANEL_HEAD = 32, /* after d[16]: Q4_1's m, Q4_K's dmin, Q5_0's hi, Q6_K's sc */
+  CPU_PANEL_Q4K_SC = 64,
+  CPU_PANEL_Q4K_M = 192,
+  CPU_PANEL_Q4K_V = 320,
+  CPU_PANEL_Q4K_BYTES = CPU_PANEL_Q4K_V + 2048,
+  CPU_PANEL_Q6K_H4 = 288,
+  CPU_PANEL_Q6K_H5 = CPU_PANEL_Q6K_H4 + 512,
+  CPU_PANEL_Q6K_V = CPU_PANEL_Q6K_H5 + 512,
+  CPU_PANEL_Q6K_BYTES = CPU_PANEL_Q6K_V + 2048,
+};
+
+/* Bytes of a panel block: 16 rows of one block (a constant where t is). */
+static inline size_t cpu_panel_block_bytes(kern_type_t t) {
+  switch (t) {
+  case KERN_Q4_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_0);
+  case KERN_Q4_1: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_1);
+  case KERN_Q5_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q5_0);
+  case KERN_Q8_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q8_0);
+  case KERN_Q4_K: return CPU_PANEL_Q4K_BYTES;
+  case KERN_Q6_K: return CPU_PANEL_Q6K_BYTES;
+  default: return 0;
+  }
+}
+
+/* Offset of a 32-element type's values in its panel block. */
+static inline size_t cpu_panel_values32(kern_type_t t) {
+  return CPU_PANEL_HEAD + (t == KERN_Q4_1 ? 32 : t == KERN_Q5_0 ? 64 : 0);
+}
+
 /* An activation block for panels of 32-element types: the values and d of
  * the weight type's vec_dot quantization (d f16-rounded, as the row dots
  * use it); s: Q8_1's (f16) for Q4_1, else d * sum(qs); and the weight
@@ -190,11 +222,9 @@ static inline float cpu_e4m3_to_f32(uint8_t x) {
 }
 
 /* Panels (cpu_panel.c). */
-bool cpu__panel_type(kern_type_t t);
-size_t cpu__panel_block_bytes(kern_type_t t); /* a panel block: 16 rows of one block */
 size_t cpu__panel_act_bytes(kern_type_t t);   /* an activation block: sizeof cpu_block_q8_p or _q8_kp */
 /* Packs rows [16 p, 16 p + 16) of w (its row layout at src) into panel p at
- * dst + p * blocks per row * cpu__panel_block_bytes(type). */
+ * dst + p * blocks per row * cpu_panel_block_bytes(type). */
 void cpu__panel_pack(const kern_weight_t *w, const void *src, long p, void *dst);
 /* Quantizes n floats (whole blocks of t) into panel activation blocks for
  * weights of type t, through quant (the table's quantizer of t's vec_dot

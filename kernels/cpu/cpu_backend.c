@@ -125,7 +125,7 @@ static int cpu__weight_pack(cpu_ctx_t *ctx, kern_weight_t *w) {
   if (!ctx->panels || w->keep_layout || !ctx->isa->panel_gemm[w->type] || w->rows % CPU_PANEL_ROWS) return 0;
   cpu_pack_job_t job = {.w = w, .panels = (long)(w->rows / CPU_PANEL_ROWS)};
   const size_t nb = (size_t)(w->cols / kern_type_traits(w->type)->blck);
-  const size_t bytes = (size_t)job.panels * nb * cpu__panel_block_bytes(w->type);
+  const size_t bytes = (size_t)job.panels * nb * cpu_panel_block_bytes(w->type);
   if (posix_memalign(&job.dst, 64, bytes))
     return fr_errorf(-ENOMEM, "cpu backend: no memory for the panels of a %lld x %lld weight (%zu bytes; "
                      "FERRUM_CPU_PANELS=0 keeps weights in the file's rows)", (long long)w->rows, (long long)w->cols,

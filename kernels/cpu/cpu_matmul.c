@@ -129,7 +129,7 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
  * panel kernel, 4 activation rows at a time (the panels stay in cache
  * across the activation tiles; the first pass prefetches ahead). */
 static void cpu__mm_panel_chunk(const cpu_mm_job_t *job, long r0, long r1) {
-  const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu__panel_block_bytes(job->w->type);
+  const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu_panel_block_bytes(job->w->type);
   for (int j0 = 0; j0 < job->n; j0 += 4) {
     const int na = FR_MIN(4, job->n - j0);
     for (long r = r0; r < r1; r += CPU_PANEL_ROWS)

@@ -8,18 +8,6 @@
 #include "common/fr_util.h"
 #include "kernels/cpu/cpu.h"
 
-bool cpu__panel_type(kern_type_t t) {
-  return t == KERN_Q4_0 || t == KERN_Q4_1 || t == KERN_Q5_0 || t == KERN_Q8_0 || t == KERN_Q4_K || t == KERN_Q6_K;
-}
-
-size_t cpu__panel_block_bytes(kern_type_t t) {
-  switch (t) {
-  case KERN_Q4_K: return 2 * 32 + 2 * 128 + 2048;
-  case KERN_Q6_K: return 32 + 256 + 2 * 512 + 2048;
-  default: return CPU_PANEL_ROWS * kern_type_traits(t)->size;
-  }
-}
-
 size_t cpu__panel_act_bytes(kern_type_t t) {
   return t == KERN_Q4_K || t == KERN_Q6_K ? sizeof(cpu_block_q8_kp) : sizeof(cpu_block_q8_p);
 }
@@ -43,25 +31,22 @@ typedef struct {
 } cpu_panel_parts_t;
 
 static cpu_panel_parts_t cpu__panel_parts(kern_type_t t, const void *block) {
-  uint8_t *next = (uint8_t *)block;
-  cpu_panel_parts_t p = {.d = (uint16_t *)next};
-  next += CPU_PANEL_ROWS * sizeof(uint16_t);
+  uint8_t *b = (uint8_t *)block;
+  cpu_panel_parts_t p = {.d = (uint16_t *)b};
   switch (t) {
-  case KERN_Q4_1: p.m = (uint16_t *)next, next += 32; break;
-  case KERN_Q5_0: p.h4 = (uint64_t *)next, next += 64; break;
+  case KERN_Q4_1: p.m = (uint16_t *)(b + CPU_PANEL_HEAD); break;
+  case KERN_Q5_0: p.h4 = (uint64_t *)(b + CPU_PANEL_HEAD); break;
   case KERN_Q4_K:
-    p.m = (uint16_t *)next, next += 32;
-    p.sc = next, next += 128;
-    p.mk = next, next += 128;
-    break;
+    p.m = (uint16_t *)(b + CPU_PANEL_HEAD);
+    p.sc = b + CPU_PANEL_Q4K_SC, p.mk = b + CPU_PANEL_Q4K_M, p.v = b + CPU_PANEL_Q4K_V;
+    return p;
   case KERN_Q6_K:
-    p.sc = next, next += 256;
-    p.h4 = (uint64_t *)next, next += 512;
-    p.h5 = (uint64_t *)next, next += 512;
-    break;
+    p.sc = b + CPU_PANEL_HEAD;
+    p.h4 = (uint64_t *)(b + CPU_PANEL_Q6K_H4), p.h5 = (uint64_t *)(b + CPU_PANEL_Q6K_H5), p.v = b + CPU_PANEL_Q6K_V;
+    return p;
   default: break;
   }
-  p.v = next;
+  p.v = b + cpu_panel_values32(t);
   return p;
 }
 
@@ -180,7 +165,7 @@ static void cpu__panel_put(kern_type_t t, int blck, const cpu_panel_row_t *u, in
 
 void cpu__panel_pack(const kern_weight_t *w, const void *src, long p, void *dst) {
   const int blck = kern_type_traits(w->type)->blck, nb = (int)(w->cols / blck);
-  const size_t bs = kern_type_traits(w->type)->size, pbb = cpu__panel_block_bytes(w->type);
+  const size_t bs = kern_type_traits(w->type)->size, pbb = cpu_panel_block_bytes(w->type);
   uint8_t *out = (uint8_t *)dst + (size_t)p * (size_t)nb * pbb;
   memset(out, 0, (size_t)nb * pbb);
   cpu_panel_row_t u = {0};
@@ -259,7 +244,7 @@ static int32_t cpu__panel_isum(kern_type_t t, const cpu_panel_parts_t *p, int r,
 
 /* Row r's dot with activation row a over nb blocks, as cpu.h says. */
 static float cpu__panel_dot(kern_type_t t, int nb, const void *panel, const void *a, int r) {
-  const size_t pbb = cpu__panel_block_bytes(t);
+  const size_t pbb = cpu_panel_block_bytes(t);
   float acc = 0.0f;
   for (int b = 0; b < nb; b++) {
     const cpu_panel_parts_t p = cpu__panel_parts(t, (const uint8_t *)panel + (size_t)b * pbb);

@@ -20,18 +20,6 @@
 
 #define X512P_INLINE static inline __attribute__((always_inline))
 
-/* Bytes of a panel block (cpu__panel_block_bytes, as a constant). */
-X512P_INLINE size_t x512p__pbb(kern_type_t t) {
-  switch (t) {
-  case KERN_Q8_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q8_0);
-  case KERN_Q5_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q5_0);
-  case KERN_Q4_1: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_1);
-  case KERN_Q4_K: return 2 * 32 + 2 * 128 + 2048;
-  case KERN_Q6_K: return 32 + 256 + 2 * 512 + 2048;
-  default: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_0);
-  }
-}
-
 X512P_INLINE void x512p__prefetch(const uint8_t *pb, size_t bytes, size_t pf) {
   if (pf)
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(pb + pf + o);
@@ -90,17 +78,17 @@ X512P_INLINE void x512p__load32(kern_type_t t, const uint8_t *v, const uint64_t 
 
 X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel, const void *a, size_t a_stride,
                                 float *out, size_t ld, const float *bias, size_t pf) {
-  const size_t pbb = x512p__pbb(t);
+  const size_t pbb = cpu_panel_block_bytes(t);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb;
     x512p__prefetch(pb, pbb, pf);
     const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
-    const __m512 wm = t == KERN_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + 32)))
+    const __m512 wm = t == KERN_Q4_1 ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + CPU_PANEL_HEAD)))
                                      : _mm512_setzero_ps();
-    const uint8_t *v = pb + 32 + (t == KERN_Q4_1 ? 32 : t == KERN_Q5_0 ? 64 : 0);
+    const uint8_t *v = pb + cpu_panel_values32(t);
     __m512i w[8];
-    x512p__load32(t, v, (const uint64_t *)(pb + 32), w);
+    x512p__load32(t, v, (const uint64_t *)(pb + CPU_PANEL_HEAD), w);
     _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       const cpu_block_q8_p *y = (const cpu_block_q8_p *)((const uint8_t *)a + (size_t)j * a_stride) + b;
@@ -118,10 +106,11 @@ X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel
  * sc and mm += m * bs; then acc = fma(t, d dy, acc), acc -= mm dmin dy. */
 X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const void *a, size_t a_stride, float *out,
                                      size_t ld, const float *bias, size_t pf) {
-  const size_t pbb = x512p__pbb(KERN_Q4_K);
+  const size_t pbb = cpu_panel_block_bytes(KERN_Q4_K);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int b = 0; b < nb; b++) {
-    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + 64, *mk = pb + 192, *v = pb + 320;
+    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_Q4K_SC, *mk = pb + CPU_PANEL_Q4K_M,
+                  *v = pb + CPU_PANEL_Q4K_V;
     x512p__prefetch(pb, pbb, pf);
     const cpu_block_q8_kp *y[4];
     __m512 t[4], mm[4];
@@ -145,7 +134,7 @@ X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const vo
       }
     }
     const __m512 wd = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)pb));
-    const __m512 wdm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + 32)));
+    const __m512 wdm = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(pb + CPU_PANEL_HEAD)));
     _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       acc[j] = _mm512_fmadd_ps(t[j], _mm512_mul_ps(wd, _mm512_set1_ps(y[j]->d)), acc[j]);
@@ -159,11 +148,11 @@ X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const vo
  * groups 4s..4s+3), t += (isum - 32 bsum) * sc; then acc = fma(t, d dy, acc). */
 X512P_INLINE void x512p__gemm_q6_K_n(int na, int nb, const void *panel, const void *a, size_t a_stride, float *out,
                                      size_t ld, const float *bias, size_t pf) {
-  const size_t pbb = x512p__pbb(KERN_Q6_K);
+  const size_t pbb = cpu_panel_block_bytes(KERN_Q6_K);
   __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
   for (int b = 0; b < nb; b++) {
-    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + 32, *v = pb + 32 + 256 + 1024;
-    const uint64_t *h4 = (const uint64_t *)(pb + 288), *h5 = (const uint64_t *)(pb + 288 + 512);
+    const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_HEAD, *v = pb + CPU_PANEL_Q6K_V;
+    const uint64_t *h4 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H4), *h5 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H5);
     x512p__prefetch(pb, pbb, pf);
     const cpu_block_q8_kp *y[4];
     __m512 t[4];

@@ -20,17 +20,6 @@
 
 #define X86P_INLINE static inline __attribute__((always_inline))
 
-/* Bytes of a panel block (cpu__panel_block_bytes, as a constant). */
-X86P_INLINE size_t x86p__pbb(kern_type_t t) {
-  switch (t) {
-  case KERN_Q5_0: return CPU_PANEL_ROWS * sizeof(cpu_block_q5_0);
-  case KERN_Q4_1: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_1);
-  case KERN_Q4_K: return 2 * 32 + 2 * 128 + 2048;
-  case KERN_Q6_K: return 32 + 256 + 2 * 512 + 2048;
-  default: return CPU_PANEL_ROWS * sizeof(cpu_block_q4_0);
-  }
-}
-
 /* Column groups that may be summed in 16 bits (see above). */
 X86P_INLINE int x86p__chunk(kern_type_t t) { return t == KERN_Q6_K ? 2 : t == KERN_Q5_0 ? 4 : 8; }
 
@@ -80,12 +69,12 @@ X86P_INLINE __m256 x86p__f16x8(const uint8_t *p) { return _mm256_cvtph_ps(_mm_lo
 /* Half h, activation rows [j0, j0 + na) (na <= 2): acc[j] over all blocks. */
 X86P_INLINE void x86p__gemm32(kern_type_t t, int na, int h, int nb, const uint8_t *panel, const uint8_t *a,
                               size_t a_stride, __m256 *acc, size_t pf) {
-  const size_t pbb = x86p__pbb(t);
+  const size_t pbb = cpu_panel_block_bytes(t);
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = panel + (size_t)b * pbb;
     x86p__prefetch(pb, pbb, pf);
-    const uint64_t *hi = (const uint64_t *)(pb + 32);
-    const uint8_t *v = pb + 32 + (t == KERN_Q4_1 ? 32 : t == KERN_Q5_0 ? 64 : 0);
+    const uint64_t *hi = (const uint64_t *)(pb + CPU_PANEL_HEAD);
+    const uint8_t *v = pb + cpu_panel_values32(t);
     __m256i w[8];
     _Pragma("GCC unroll 8")
     for (int k = 0; k < 4; k++) x86p__nibbles(v, k, h, &w[2 * k], &w[2 * k + 1]);
@@ -99,7 +88,7 @@ X86P_INLINE void x86p__gemm32(kern_type_t t, int na, int h, int nb, const uint8_
       const cpu_block_q8_p *y = (const cpu_block_q8_p *)(a + (size_t)j * a_stride) + b;
       const __m256 f = _mm256_cvtepi32_ps(x86p__dot(w, y->qs, 8, x86p__chunk(t), y->c));
       acc[j] = _mm256_fmadd_ps(f, _mm256_mul_ps(wd, _mm256_set1_ps(y->d)), acc[j]);
-      if (t == KERN_Q4_1) acc[j] = _mm256_fmadd_ps(x86p__f16x8(pb + 32 + 16 * h), _mm256_set1_ps(y->s), acc[j]);
+      if (t == KERN_Q4_1) acc[j] = _mm256_fmadd_ps(x86p__f16x8(pb + CPU_PANEL_HEAD + 16 * h), _mm256_set1_ps(y->s), acc[j]);
     }
   }
 }
@@ -108,9 +97,10 @@ X86P_INLINE void x86p__gemm32(kern_type_t t, int na, int h, int nb, const uint8_
 
 X86P_INLINE void x86p__gemm_q4_K_half(int na, int h, int nb, const uint8_t *panel, const uint8_t *a, size_t a_stride,
                                       __m256 *acc, size_t pf) {
-  const size_t pbb = x86p__pbb(KERN_Q4_K);
+  const size_t pbb = cpu_panel_block_bytes(KERN_Q4_K);
   for (int b = 0; b < nb; b++) {
-    const uint8_t *pb = panel + (size_t)b * pbb, *sc = pb + 64, *mk = pb + 192, *v = pb + 320;
+    const uint8_t *pb = panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_Q4K_SC, *mk = pb + CPU_PANEL_Q4K_M,
+                  *v = pb + CPU_PANEL_Q4K_V;
     x86p__prefetch(pb, pbb, pf);
     const cpu_block_q8_kp *y[2];
     __m256 t[2], mm[2];
@@ -132,7 +122,7 @@ X86P_INLINE void x86p__gemm_q4_K_half(int na, int h, int nb, const uint8_t *pane
         mm[j] = _mm256_fmadd_ps(mf, _mm256_set1_ps(y[j]->bs[s]), mm[j]);
       }
     }
-    const __m256 wd = x86p__f16x8(pb + 16 * h), wdm = x86p__f16x8(pb + 32 + 16 * h);
+    const __m256 wd = x86p__f16x8(pb + 16 * h), wdm = x86p__f16x8(pb + CPU_PANEL_HEAD + 16 * h);
     for (int j = 0; j < na; j++) {
       acc[j] = _mm256_fmadd_ps(t[j], _mm256_mul_ps(wd, _mm256_set1_ps(y[j]->d)), acc[j]);
       acc[j] = _mm256_fnmadd_ps(mm[j], _mm256_mul_ps(wdm, _mm256_set1_ps(y[j]->d)), acc[j]);
@@ -142,11 +132,11 @@ X86P_INLINE void x86p__gemm_q4_K_half(int na, int h, int nb, const uint8_t *pane
 
 X86P_INLINE void x86p__gemm_q6_K_half(int na, int h, int nb, const uint8_t *panel, const uint8_t *a, size_t a_stride,
                                       __m256 *acc, size_t pf) {
-  const size_t pbb = x86p__pbb(KERN_Q6_K);
+  const size_t pbb = cpu_panel_block_bytes(KERN_Q6_K);
   for (int b = 0; b < nb; b++) {
-    const uint8_t *pb = panel + (size_t)b * pbb, *sc = pb + 32, *v = pb + 32 + 256 + 1024;
+    const uint8_t *pb = panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_HEAD, *v = pb + CPU_PANEL_Q6K_V;
     x86p__prefetch(pb, pbb, pf);
-    const uint64_t *h4 = (const uint64_t *)(pb + 288), *h5 = (const uint64_t *)(pb + 288 + 512);
+    const uint64_t *h4 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H4), *h5 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H5);
     const cpu_block_q8_kp *y[2];
     __m256 t[2];
     for (int j = 0; j < na; j++) {

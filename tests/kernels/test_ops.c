@@ -333,7 +333,7 @@ START_TEST(test_matmul_panels_exact) {
             poison(out, (size_t)rows * (size_t)m);
             ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, with_bias ? &wb : NULL, x, m), 0);
             for (int p = 0; p < rows / CPU_PANEL_ROWS; p++)
-              cpu__panel_gemm_scalar(t, nb, (const uint8_t *)w.priv + (size_t)p * nb * cpu__panel_block_bytes(t), a,
+              cpu__panel_gemm_scalar(t, nb, (const uint8_t *)w.priv + (size_t)p * nb * cpu_panel_block_bytes(t), a,
                                      arow, m, ref + p * CPU_PANEL_ROWS, rows,
                                      with_bias ? bias + p * CPU_PANEL_ROWS : NULL);
             ck_assert_msg(!memcmp(out, ref, sizeof(float) * (size_t)(rows * m)), "%s %s%s n=%d%s: panel kernel != scalar",

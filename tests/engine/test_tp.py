@@ -77,13 +77,25 @@ class Server(LocalServer):
             return list(pool.map(self.complete, prompts))
 
 
+def divergence(ref, got):
+    """The index of the first token where the two runs differ (N_OUT if none)."""
+    r, g = ref["logprobs"]["tokens"], got["logprobs"]["tokens"]
+    return next((i for i in range(N_OUT) if r[i] != g[i]), N_OUT)
+
+
+def agreed_logprobs(ref, got):
+    """The two runs' token logprobs before their first divergence."""
+    d = divergence(ref, got)
+    return ref["logprobs"]["token_logprobs"][:d], got["logprobs"]["token_logprobs"][:d]
+
+
 def compare(test, ref, got, lp_tol, gap_tol):
     """Asserts the divergence rule of the module docstring; returns the
     tokens that agreed."""
     r, g = ref["logprobs"], got["logprobs"]
     test.assertEqual(len(r["tokens"]), N_OUT)
     test.assertEqual(len(g["tokens"]), N_OUT)
-    d = next((i for i in range(N_OUT) if r["tokens"][i] != g["tokens"][i]), N_OUT)
+    d = divergence(ref, got)
     for i in range(d):
         test.assertLessEqual(abs(r["token_logprobs"][i] - g["token_logprobs"][i]), lp_tol,
                              "token %d %r: logprob %.5f vs %.5f" % (i, r["tokens"][i], r["token_logprobs"][i],
@@ -96,13 +108,6 @@ def compare(test, ref, got, lp_tol, gap_tol):
                              "divergence at %d: %r (%.4f) vs TP=1's %r (%.4f) is no near tie" %
                              (d, tok, top[tok], r["tokens"][d], r["token_logprobs"][d]))
     return d
-
-
-def agreed_logprobs(ref, got):
-    """The two runs' token logprobs before their first divergence."""
-    r, g = ref["logprobs"], got["logprobs"]
-    d = next((i for i in range(N_OUT) if r["tokens"][i] != g["tokens"][i]), N_OUT)
-    return r["token_logprobs"][:d], g["token_logprobs"][:d]
 
 
 class TensorParallelCPU(unittest.TestCase):

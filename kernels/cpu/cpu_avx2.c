@@ -31,7 +31,7 @@ const cpu_isa_t cpu_isa_avx2 = {
         {
             [KERN_Q8_0] = x86__quantize_q8_0,
             [KERN_Q8_1] = x86__quantize_q8_1,
-            [KERN_Q8_K] = cpu__quantize_q8_K,
+            [KERN_Q8_K] = x86__quantize_q8_K,
         },
     .panel_gemm = X86P_PANEL_TABLE,
     .dot_f32 = x86__dot_f32,

@@ -64,8 +64,10 @@ void cpu__quantize_q8_K(const float *x, void *vy, int n) {
     }
     const float iscale = -127.f / max;
     for (int j = 0; j < CPU_QK_K; j++) {
-      int v = (int)nearbyintf(iscale * x[j]);
-      y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+      /* A NaN (0 * inf) becomes 0, values past the int8 range (a scale
+       * that overflowed: subnormal inputs) its ends; in range, the value. */
+      const float r = nearbyintf(iscale * x[j]);
+      y[i].qs[j] = (int8_t)(r != r ? 0 : r >= 127.f ? 127 : r <= -128.f ? -128 : (int)r);
     }
     for (int j = 0; j < CPU_QK_K / 16; j++) {
       int s = 0;

@@ -565,7 +565,7 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
         { \
             [KERN_Q8_0] = x86__quantize_q8_0, \
             [KERN_Q8_1] = x86__quantize_q8_1, \
-            [KERN_Q8_K] = cpu__quantize_q8_K, \
+            [KERN_Q8_K] = x86__quantize_q8_K, \
         }, \
     .panel_gemm = panels, \
     .dot_f32 = x512__dot_f32, \

@@ -110,6 +110,55 @@ static inline void x86__quantize_q8_1(const float *x, void *vy, int n) {
   }
 }
 
+/* cpu__quantize_q8_K's bits, 8 lanes at a time: the first element of the
+ * largest magnitude gives the scale (NaN ignored, as its ax > amax is);
+ * round half to even as nearbyintf; NaN products 0, the rest clamped to
+ * [-128, 127]. */
+static inline void x86__quantize_q8_K(const float *x, void *vy, int n) {
+  cpu_block_q8_K *y = vy;
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int i = 0; i < n / CPU_QK_K; i++, x += CPU_QK_K) {
+    __m256 m = _mm256_setzero_ps();
+    for (int j = 0; j < CPU_QK_K; j += 8) m = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), m);
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    if (amax == 0.0f) {
+      memset(&y[i], 0, sizeof y[i]);
+      continue;
+    }
+    int first = 0;
+    const __m256 am = _mm256_set1_ps(amax);
+    for (int j = 0; j < CPU_QK_K; j += 8) {
+      const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(x + j)), am, _CMP_EQ_OQ));
+      if (hit) {
+        first = j + __builtin_ctz((unsigned)hit);
+        break;
+      }
+    }
+    const float iscale = -127.f / x[first];
+    const __m256 mul = _mm256_set1_ps(iscale);
+    const __m256 lo = _mm256_set1_ps(-128.f), hi = _mm256_set1_ps(127.f);
+    for (int j = 0; j < CPU_QK_K; j += 32) {
+      __m256i q[4];
+      for (int k = 0; k < 4; k++) {
+        __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + j + 8 * k), mul),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q)); /* NaN -> 0 */
+        q[k] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(r, lo), hi));
+      }
+      /* bsums: the two 16-element halves of these 32 */
+      y[i].bsums[j / 16] = (int16_t)x86__hsum_i32_8(_mm256_add_epi32(q[0], q[1]));
+      y[i].bsums[j / 16 + 1] = (int16_t)x86__hsum_i32_8(_mm256_add_epi32(q[2], q[3]));
+      __m256i b = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+      b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256((__m256i *)(y[i].qs + j), b);
+    }
+    y[i].d = 1 / iscale;
+  }
+}
+
 /* ---- 32-element block types ---- */
 
 static inline void x86__vec_dot_q4_0(int n, float *s, const void *vw, const void *va) {

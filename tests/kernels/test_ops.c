@@ -422,6 +422,49 @@ START_TEST(test_matmul_kquant_avx512_exact) {
 }
 END_TEST
 
+#if defined(__x86_64__)
+/* Every x86 table's Q8_K activation quantizer gives cpu__quantize_q8_K's
+ * bytes: random blocks, the largest magnitude repeated with both signs
+ * (the first one sets the scale's sign), values on rounding ties, a block
+ * of zeros, NaNs (ignored for the scale) and subnormals. */
+START_TEST(test_quantize_q8_K_exact) {
+  static const struct {
+    const char *name;
+    const cpu_isa_t *isa;
+  } tables[] = {{"avx2", &cpu_isa_avx2}, {"avx512", &cpu_isa_avx512}, {"avx512vnni", &cpu_isa_avx512vnni}};
+  enum { NB = 8 };
+  float x[NB * CPU_QK_K];
+  cpu_block_q8_K ref[NB], got[NB];
+  int tested = 0;
+  for (size_t t = 0; t < FR_ARRAY_SIZE(tables); t++) {
+    if (!kern_cpu_isa_supported(tables[t].name)) continue;
+    for (int round = 0; round < 20; round++) {
+      for (int i = 0; i < NB * CPU_QK_K; i++) x[i] = 4.0f * rnd_f();
+      float *b = x + CPU_QK_K; /* block 1: the largest magnitude four times, first negative */
+      b[17] = -7.5f, b[40] = 7.5f, b[200] = -7.5f, b[255] = 7.5f;
+      b = x + 2 * CPU_QK_K; /* block 2: halves after scaling by -127 / -127 (ties) */
+      for (int i = 0; i < CPU_QK_K; i++) b[i] = (float)((i % 200) - 100) + (i % 2 ? 0.5f : -0.5f);
+      b[3] = -127.0f;
+      memset(x + 3 * CPU_QK_K, 0, sizeof(float) * CPU_QK_K); /* block 3: zeros */
+      b = x + 4 * CPU_QK_K; /* block 4: NaNs */
+      b[0] = NAN, b[9] = NAN, b[100] = -NAN;
+      b = x + 5 * CPU_QK_K; /* block 5: subnormals only */
+      for (int i = 0; i < CPU_QK_K; i++) b[i] = rnd_f() * 1e-39f;
+      x[6 * CPU_QK_K + round] = 9.0f; /* block 6: the maximum at a different place each round */
+      memset(ref, 0x55, sizeof ref), memset(got, 0xAA, sizeof got);
+      cpu__quantize_q8_K(x, ref, NB * CPU_QK_K);
+      tables[t].isa->quantize[KERN_Q8_K](x, got, NB * CPU_QK_K);
+      for (int i = 0; i < NB; i++)
+        ck_assert_msg(!memcmp(&ref[i], &got[i], sizeof ref[i]), "%s quantize_q8_K block %d round %d", tables[t].name,
+                      i, round);
+    }
+    tested++;
+  }
+  if (!tested) fprintf(stderr, "skip: no x86 table runs here\n");
+}
+END_TEST
+#endif
+
 /* A weight with an input permutation (GPTQ act-order): column k multiplies
  * x[perm[k]], as the reference computes it, on every path. */
 START_TEST(test_matmul_perm) {
@@ -1099,6 +1142,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_attention, 0, N_CFG);
 #if defined(__x86_64__)
   tcase_add_test(tc, test_attention_block_kernels_exact);
+  tcase_add_test(tc, test_quantize_q8_K_exact);
 #endif
   tcase_add_loop_test(tc, test_moe_ffn, 0, N_CFG);
   tcase_add_test(tc, test_step_errors);

@@ -100,6 +100,7 @@ typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
  * Every path that reads panels computes that, so a row's result does not
  * depend on the batch (test_matmul_panels_exact). */
 #define CPU_PANEL_ROWS 16
+#define CPU_PANEL_TILE 8 /* activation rows a panel kernel call takes at most */
 
 /* Byte offsets of a panel block's parts and, for the K-quants, its size
  * (the layout above; 32-element types: cpu_panel_values32). */
@@ -154,7 +155,7 @@ typedef struct {
 } cpu_block_q8_kp;
 
 /* out[j * ld + r] = dot(panel row r, activation row j) + (bias ? bias[r] :
- * 0), r < 16, j < na (1..4); nb blocks of the weight type; a: na rows of
+ * 0), r < 16, j < na (1..CPU_PANEL_TILE); nb blocks of the weight type; a: na rows of
  * activation blocks (cpu_block_q8_p or cpu_block_q8_kp), a_stride bytes
  * apart. pf: bytes ahead of each panel block to prefetch (0: none). */
 typedef void (*cpu_panel_gemm_fn)(int nb, const void *panel, const void *a, size_t a_stride, int na, float *out,

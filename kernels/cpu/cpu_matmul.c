@@ -1,7 +1,7 @@
 /* cpu_matmul.c - matmul (ggml-style: activations quantized once into the
  * weight's vec_dot type, integer block dots, output rows split across threads
  * in chunks taken from an atomic counter; or, for a weight packed into
- * panels at load, the panel kernel over 16 rows and up to 4 activation rows
+ * panels at load, the panel kernel over 16 rows and up to CPU_PANEL_TILE (8) activation rows
  * at a time) and embedding lookup. */
 #include <errno.h>
 #include <limits.h>
@@ -126,12 +126,12 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
 }
 
 /* Output rows [r0, r1) (whole panels) for all n activation rows through the
- * panel kernel, 4 activation rows at a time (the panels stay in cache
+ * panel kernel, CPU_PANEL_TILE activation rows at a time (the panels stay in cache
  * across the activation tiles; the first pass prefetches ahead). */
 static void cpu__mm_panel_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu_panel_block_bytes(job->w->type);
-  for (int j0 = 0; j0 < job->n; j0 += 4) {
-    const int na = FR_MIN(4, job->n - j0);
+  for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE) {
+    const int na = FR_MIN(CPU_PANEL_TILE, job->n - j0);
     for (long r = r0; r < r1; r += CPU_PANEL_ROWS)
       job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)(r / CPU_PANEL_ROWS) * pbytes,
                 job->act + (size_t)j0 * job->act_row_bytes, job->act_row_bytes, na, job->out + (size_t)j0 * ld + (size_t)r,

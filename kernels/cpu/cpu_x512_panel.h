@@ -79,7 +79,9 @@ X512P_INLINE void x512p__load32(kern_type_t t, const uint8_t *v, const uint64_t 
 X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel, const void *a, size_t a_stride,
                                 float *out, size_t ld, const float *bias, size_t pf) {
   const size_t pbb = cpu_panel_block_bytes(t);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 acc[CPU_PANEL_TILE];
+  _Pragma("GCC unroll 16")
+  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb;
     x512p__prefetch(pb, pbb, pf);
@@ -107,13 +109,15 @@ X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel
 X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const void *a, size_t a_stride, float *out,
                                      size_t ld, const float *bias, size_t pf) {
   const size_t pbb = cpu_panel_block_bytes(KERN_Q4_K);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 acc[CPU_PANEL_TILE];
+  _Pragma("GCC unroll 16")
+  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_Q4K_SC, *mk = pb + CPU_PANEL_Q4K_M,
                   *v = pb + CPU_PANEL_Q4K_V;
     x512p__prefetch(pb, pbb, pf);
-    const cpu_block_q8_kp *y[4];
-    __m512 t[4], mm[4];
+    const cpu_block_q8_kp *y[CPU_PANEL_TILE];
+    __m512 t[CPU_PANEL_TILE], mm[CPU_PANEL_TILE];
     _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       y[j] = (const cpu_block_q8_kp *)((const uint8_t *)a + (size_t)j * a_stride) + b;
@@ -149,13 +153,15 @@ X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const vo
 X512P_INLINE void x512p__gemm_q6_K_n(int na, int nb, const void *panel, const void *a, size_t a_stride, float *out,
                                      size_t ld, const float *bias, size_t pf) {
   const size_t pbb = cpu_panel_block_bytes(KERN_Q6_K);
-  __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+  __m512 acc[CPU_PANEL_TILE];
+  _Pragma("GCC unroll 16")
+  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_HEAD, *v = pb + CPU_PANEL_Q6K_V;
     const uint64_t *h4 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H4), *h5 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H5);
     x512p__prefetch(pb, pbb, pf);
-    const cpu_block_q8_kp *y[4];
-    __m512 t[4];
+    const cpu_block_q8_kp *y[CPU_PANEL_TILE];
+    __m512 t[CPU_PANEL_TILE];
     _Pragma("GCC unroll 16")
     for (int j = 0; j < na; j++) {
       y[j] = (const cpu_block_q8_kp *)((const uint8_t *)a + (size_t)j * a_stride) + b;
@@ -190,7 +196,11 @@ X512P_INLINE void x512p__gemm_q6_K_n(int na, int nb, const void *panel, const vo
     case 1: body(1); break; \
     case 2: body(2); break; \
     case 3: body(3); break; \
-    default: body(4); break; \
+    case 4: body(4); break; \
+    case 5: body(5); break; \
+    case 6: body(6); break; \
+    case 7: body(7); break; \
+    default: body(8); break; \
     } \
   }
 #define X512P_Q4_0(n) x512p__gemm32(KERN_Q4_0, n, nb, panel, a, a_stride, out, ld, bias, pf)

@@ -208,9 +208,14 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
     else
       fr_pool_run(ctx->pool, cpu__mm_quantize_part, &job);
   }
-  /* ~8 chunks per thread for balance: 4 to 64 rows each, 1 to 4 panels. */
-  long per = w->rows / ((long)ctx->n_threads * 8);
-  job.chunk_rows = job.gemm ? CPU_PANEL_ROWS * FR_MAX(1, FR_MIN(per / CPU_PANEL_ROWS, 4)) : FR_MAX(4, FR_MIN(per, 64));
+  /* ~8 chunks per thread for balance. Rows: 4 to 64 a chunk. Panels: a
+   * matmul that reads each panel once (n <= CPU_PANEL_TILE, decode) takes
+   * whole eighths, long runs that stream from memory better than short
+   * ones (docs/bench/cpu-model.md, session 22); one that rereads them for
+   * each activation tile, 1 to 4 panels, which stay in L2 meanwhile. */
+  const long per = w->rows / ((long)ctx->n_threads * 8), panels = FR_MAX(1, per / CPU_PANEL_ROWS);
+  if (job.gemm) job.chunk_rows = CPU_PANEL_ROWS * (n <= CPU_PANEL_TILE ? panels : FR_MIN(panels, 4));
+  else job.chunk_rows = FR_MAX(4, FR_MIN(per, 64));
   job.n_chunks = (w->rows + job.chunk_rows - 1) / job.chunk_rows;
   atomic_init(&job.next_chunk, ctx->n_threads);
   if (ctx->n_threads == 1 || job.n_chunks == 1) cpu__mm_part(&job, 0, 1);

@@ -352,22 +352,24 @@ START_TEST(test_matmul_panels_exact) {
 END_TEST
 
 #if defined(__x86_64__)
+/* The x86 kernel tables, by name. */
+static const struct {
+  const char *name;
+  const cpu_isa_t *isa;
+} kX86Tables[] = {{"avx2", &cpu_isa_avx2}, {"avx512", &cpu_isa_avx512}, {"avx512vnni", &cpu_isa_avx512vnni}};
+
 /* The attention block kernels (scores_f16, pv_f16) of every x86 table this
  * CPU runs give the bits of the per-row dot_f16 / axpy_f16 calls they
  * replace: head sizes on and off their fast paths, 1 to 16 rows. */
 START_TEST(test_attention_block_kernels_exact) {
-  static const struct {
-    const char *name;
-    const cpu_isa_t *isa;
-  } tables[] = {{"avx2", &cpu_isa_avx2}, {"avx512", &cpu_isa_avx512}, {"avx512vnni", &cpu_isa_avx512vnni}};
   static const int hds[] = {64, 128, 80, 96, 256, 40};
   enum { MAX_HD = 256, KV_HEADS = 3, ROWS = 16 };
   uint16_t *kv = malloc(sizeof(uint16_t) * ROWS * KV_HEADS * MAX_HD);
   float q[MAX_HD], w[ROWS], s1[ROWS], s2[ROWS], a1[MAX_HD], a2[MAX_HD];
   int tested = 0;
-  for (size_t t = 0; t < FR_ARRAY_SIZE(tables); t++) {
-    const cpu_isa_t *isa = tables[t].isa;
-    if (!kern_cpu_isa_supported(tables[t].name) || !isa->scores_f16 || !isa->pv_f16) continue;
+  for (size_t t = 0; t < FR_ARRAY_SIZE(kX86Tables); t++) {
+    const cpu_isa_t *isa = kX86Tables[t].isa;
+    if (!kern_cpu_isa_supported(kX86Tables[t].name) || !isa->scores_f16 || !isa->pv_f16) continue;
     for (size_t h = 0; h < FR_ARRAY_SIZE(hds); h++)
       for (int n = 1; n <= ROWS; n += 5) {
         const int hd = hds[h];
@@ -377,11 +379,13 @@ START_TEST(test_attention_block_kernels_exact) {
         for (int o = 0; o < n; o++) w[o] = rnd_f();
         isa->scores_f16(hd, kv + hd, stride, n, q, 0.125f, s1);
         for (int o = 0; o < n; o++) s2[o] = 0.125f * isa->dot_f16(hd, kv + hd + (size_t)o * stride, q);
-        ck_assert_msg(!memcmp(s1, s2, sizeof(float) * (size_t)n), "%s scores_f16 hd %d n %d", tables[t].name, hd, n);
+        ck_assert_msg(!memcmp(s1, s2, sizeof(float) * (size_t)n), "%s scores_f16 hd %d n %d", kX86Tables[t].name, hd,
+                      n);
         isa->pv_f16(hd, w, 0.37f, kv + hd, stride, n, a1);
         for (int o = 0; o < n; o++)
           isa->axpy_f16(hd, fr_fp16_to_fp32(fr_fp32_to_fp16(w[o] * 0.37f)), kv + hd + (size_t)o * stride, a2);
-        ck_assert_msg(!memcmp(a1, a2, sizeof(float) * (size_t)hd), "%s pv_f16 hd %d n %d", tables[t].name, hd, n);
+        ck_assert_msg(!memcmp(a1, a2, sizeof(float) * (size_t)hd), "%s pv_f16 hd %d n %d", kX86Tables[t].name, hd,
+                      n);
         tested++;
       }
   }
@@ -428,16 +432,12 @@ END_TEST
  * (the first one sets the scale's sign), values on rounding ties, a block
  * of zeros, NaNs (ignored for the scale) and subnormals. */
 START_TEST(test_quantize_q8_K_exact) {
-  static const struct {
-    const char *name;
-    const cpu_isa_t *isa;
-  } tables[] = {{"avx2", &cpu_isa_avx2}, {"avx512", &cpu_isa_avx512}, {"avx512vnni", &cpu_isa_avx512vnni}};
   enum { NB = 8 };
   float x[NB * CPU_QK_K];
   cpu_block_q8_K ref[NB], got[NB];
   int tested = 0;
-  for (size_t t = 0; t < FR_ARRAY_SIZE(tables); t++) {
-    if (!kern_cpu_isa_supported(tables[t].name)) continue;
+  for (size_t t = 0; t < FR_ARRAY_SIZE(kX86Tables); t++) {
+    if (!kern_cpu_isa_supported(kX86Tables[t].name)) continue;
     for (int round = 0; round < 20; round++) {
       for (int i = 0; i < NB * CPU_QK_K; i++) x[i] = 4.0f * rnd_f();
       float *b = x + CPU_QK_K; /* block 1: the largest magnitude four times, first negative */
@@ -453,10 +453,10 @@ START_TEST(test_quantize_q8_K_exact) {
       x[6 * CPU_QK_K + round] = 9.0f; /* block 6: the maximum at a different place each round */
       memset(ref, 0x55, sizeof ref), memset(got, 0xAA, sizeof got);
       cpu__quantize_q8_K(x, ref, NB * CPU_QK_K);
-      tables[t].isa->quantize[KERN_Q8_K](x, got, NB * CPU_QK_K);
+      kX86Tables[t].isa->quantize[KERN_Q8_K](x, got, NB * CPU_QK_K);
       for (int i = 0; i < NB; i++)
-        ck_assert_msg(!memcmp(&ref[i], &got[i], sizeof ref[i]), "%s quantize_q8_K block %d round %d", tables[t].name,
-                      i, round);
+        ck_assert_msg(!memcmp(&ref[i], &got[i], sizeof ref[i]), "%s quantize_q8_K block %d round %d",
+                      kX86Tables[t].name, i, round);
     }
     tested++;
   }

@@ -14,6 +14,7 @@
 
 #define CPU_MM_TILE_N 8         /* activation rows per weight-row pass (prefill) */
 #define CPU_MM_QUANT_SERIAL 8192 /* quantize in the caller below this many elements */
+#define CPU_MM_OUTER_ACT (256 << 10) /* panels: activation bytes up to which each panel takes all tiles at once */
 
 typedef struct {
   const kern_weight_t *w;
@@ -27,6 +28,7 @@ typedef struct {
   cpu_vec_dot_2x4_fn dot_2x4; /* NULL when the path has no 2x4 form */
   cpu_panel_gemm_fn gemm;   /* the table's panel kernel when w->priv holds panels, else NULL */
   int nb;                   /* panels: blocks per row */
+  bool panel_outer;         /* panels: all activation tiles of a panel before the next (CPU_MM_OUTER_ACT) */
   float *out;             /* (n, rows) */
   int n;
   size_t prefetch; /* cpu_ctx_t.prefetch */
@@ -126,10 +128,21 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
 }
 
 /* Output rows [r0, r1) (whole panels) for all n activation rows through the
- * panel kernel, CPU_PANEL_TILE activation rows at a time (the panels stay in cache
- * across the activation tiles; the first pass prefetches ahead). */
+ * panel kernel, CPU_PANEL_TILE activation rows at a time: panel by panel,
+ * each taking every tile (job->panel_outer), or tile by tile, each
+ * sweeping the chunk's panels, which stay in L2 across the tiles. The
+ * first tile prefetches ahead. */
 static void cpu__mm_panel_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu_panel_block_bytes(job->w->type);
+  if (job->panel_outer) {
+    for (long r = r0; r < r1; r += CPU_PANEL_ROWS)
+      for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE)
+        job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)(r / CPU_PANEL_ROWS) * pbytes,
+                  job->act + (size_t)j0 * job->act_row_bytes, job->act_row_bytes, FR_MIN(CPU_PANEL_TILE, job->n - j0),
+                  job->out + (size_t)j0 * ld + (size_t)r, ld, job->bias ? job->bias + r : NULL,
+                  j0 == 0 ? job->prefetch : 0);
+    return;
+  }
   for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE) {
     const int na = FR_MIN(CPU_PANEL_TILE, job->n - j0);
     for (long r = r0; r < r1; r += CPU_PANEL_ROWS)
@@ -208,13 +221,16 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
     else
       fr_pool_run(ctx->pool, cpu__mm_quantize_part, &job);
   }
-  /* ~8 chunks per thread for balance. Rows: 4 to 64 a chunk. Panels: a
-   * matmul that reads each panel once (n <= CPU_PANEL_TILE, decode) takes
-   * whole eighths, long runs that stream from memory better than short
-   * ones (docs/bench/cpu-model.md, session 22); one that rereads them for
-   * each activation tile, 1 to 4 panels, which stay in L2 meanwhile. */
+  /* ~8 chunks per thread for balance. Rows: 4 to 64 a chunk. Panels, when
+   * the quantized activations are small (decode): each panel is read once
+   * from memory for all activation tiles (cpu__mm_panel_chunk) and a chunk
+   * is a whole eighth of a thread's share, long runs that stream better
+   * than short ones (docs/bench/cpu-model.md, session 22); otherwise
+   * (prefill) each activation tile sweeps the chunk's 1 to 4 panels, which
+   * stay in L2 for the next tile. */
   const long per = w->rows / ((long)ctx->n_threads * 8), panels = FR_MAX(1, per / CPU_PANEL_ROWS);
-  if (job.gemm) job.chunk_rows = CPU_PANEL_ROWS * (n <= CPU_PANEL_TILE ? panels : FR_MIN(panels, 4));
+  job.panel_outer = (size_t)n * job.act_row_bytes <= CPU_MM_OUTER_ACT;
+  if (job.gemm) job.chunk_rows = CPU_PANEL_ROWS * (job.panel_outer ? panels : FR_MIN(panels, 4));
   else job.chunk_rows = FR_MAX(4, FR_MIN(per, 64));
   job.n_chunks = (w->rows + job.chunk_rows - 1) / job.chunk_rows;
   atomic_init(&job.next_chunk, ctx->n_threads);

@@ -127,29 +127,27 @@ static void cpu__mm_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   }
 }
 
-/* Output rows [r0, r1) (whole panels) for all n activation rows through the
- * panel kernel, CPU_PANEL_TILE activation rows at a time: panel by panel,
- * each taking every tile (job->panel_outer), or tile by tile, each
- * sweeping the chunk's panels, which stay in L2 across the tiles. The
- * first tile prefetches ahead. */
-static void cpu__mm_panel_chunk(const cpu_mm_job_t *job, long r0, long r1) {
+/* The panel kernel on output rows [r, r + 16) (one panel) and activation rows [j0,
+ * j0 + CPU_PANEL_TILE); the first tile prefetches ahead. */
+static void cpu__mm_panel_tile(const cpu_mm_job_t *job, long r, int j0) {
   const size_t ld = (size_t)job->w->rows, pbytes = (size_t)job->nb * cpu_panel_block_bytes(job->w->type);
+  job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)(r / CPU_PANEL_ROWS) * pbytes,
+            job->act + (size_t)j0 * job->act_row_bytes, job->act_row_bytes, FR_MIN(CPU_PANEL_TILE, job->n - j0),
+            job->out + (size_t)j0 * ld + (size_t)r, ld, job->bias ? job->bias + r : NULL, j0 == 0 ? job->prefetch : 0);
+}
+
+/* Output rows [r0, r1) (whole panels) for all n activation rows: panel by
+ * panel, each taking every activation tile (job->panel_outer), or tile by
+ * tile, each sweeping the chunk's panels, which stay in L2 across the
+ * tiles. */
+static void cpu__mm_panel_chunk(const cpu_mm_job_t *job, long r0, long r1) {
   if (job->panel_outer) {
     for (long r = r0; r < r1; r += CPU_PANEL_ROWS)
-      for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE)
-        job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)(r / CPU_PANEL_ROWS) * pbytes,
-                  job->act + (size_t)j0 * job->act_row_bytes, job->act_row_bytes, FR_MIN(CPU_PANEL_TILE, job->n - j0),
-                  job->out + (size_t)j0 * ld + (size_t)r, ld, job->bias ? job->bias + r : NULL,
-                  j0 == 0 ? job->prefetch : 0);
+      for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE) cpu__mm_panel_tile(job, r, j0);
     return;
   }
-  for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE) {
-    const int na = FR_MIN(CPU_PANEL_TILE, job->n - j0);
-    for (long r = r0; r < r1; r += CPU_PANEL_ROWS)
-      job->gemm(job->nb, (const uint8_t *)job->w->priv + (size_t)(r / CPU_PANEL_ROWS) * pbytes,
-                job->act + (size_t)j0 * job->act_row_bytes, job->act_row_bytes, na, job->out + (size_t)j0 * ld + (size_t)r,
-                ld, job->bias ? job->bias + r : NULL, j0 == 0 ? job->prefetch : 0);
-  }
+  for (int j0 = 0; j0 < job->n; j0 += CPU_PANEL_TILE)
+    for (long r = r0; r < r1; r += CPU_PANEL_ROWS) cpu__mm_panel_tile(job, r, j0);
 }
 
 static void cpu__mm_part(void *arg, int ith, int nth) {
@@ -229,7 +227,7 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
    * (prefill) each activation tile sweeps the chunk's 1 to 4 panels, which
    * stay in L2 for the next tile. */
   const long per = w->rows / ((long)ctx->n_threads * 8), panels = FR_MAX(1, per / CPU_PANEL_ROWS);
-  job.panel_outer = (size_t)n * job.act_row_bytes <= CPU_MM_OUTER_ACT;
+  job.panel_outer = job.gemm && (size_t)n * job.act_row_bytes <= CPU_MM_OUTER_ACT;
   if (job.gemm) job.chunk_rows = CPU_PANEL_ROWS * (job.panel_outer ? panels : FR_MIN(panels, 4));
   else job.chunk_rows = FR_MAX(4, FR_MIN(per, 64));
   job.n_chunks = (w->rows + job.chunk_rows - 1) / job.chunk_rows;

@@ -13,7 +13,6 @@
  */
 #pragma once
 
-#include <math.h>
 #include <stdint.h>
 
 #include "common/fr_pool.h"
@@ -186,8 +185,6 @@ typedef struct {
    * axpy_f16 calls. */
   void (*scores_f16)(int hd, const uint16_t *k, size_t stride, int n, const float *q, float scale, float *s);
   void (*pv_f16)(int hd, const float *w, float inv, const uint16_t *v, size_t stride, int n, float *acc);
-  /* o[k] = cpu_silu_mul1(g[k], u[k]) for k < d, those bits. */
-  void (*silu_mul)(int d, const float *g, const float *u, float *o);
 } cpu_isa_t;
 
 extern const cpu_isa_t cpu_isa_scalar;
@@ -224,43 +221,6 @@ static inline float cpu_e4m3_to_f32(uint8_t x) {
   const float m = v.f * 0x1p120f;
   return x & 0x80 ? -m : m;
 }
-
-/* e^x for silu: x clamped to [-87, 88] (NaN to -87; past the ends silu is
- * 0 or the identity to fp32's precision, within 1e-34), 2^n times a
- * degree-7 series of e^r in r = x - n ln 2, |r| <= ln 2 / 2 (Cephes' expf
- * coefficients, about 1 ulp from e^x). Every operation is an IEEE fma,
- * multiply, add or floor, so the vector forms (x86__silu_mul) give these
- * bits lane for lane; expf itself is a libm call per element. */
-#define CPU_EXP_LO (-87.0f)
-#define CPU_EXP_HI 88.0f
-#define CPU_EXP_LOG2E 1.44269504088896341f
-#define CPU_EXP_LN2_HI 0.693359375f    /* ln 2 = LN2_HI - LN2_LO, LN2_HI exact in 9 bits */
-#define CPU_EXP_LN2_LO 2.12194440e-4f
-#define CPU_EXP_P0 1.9875691500e-4f
-#define CPU_EXP_P1 1.3981999507e-3f
-#define CPU_EXP_P2 8.3334519073e-3f
-#define CPU_EXP_P3 4.1665795894e-2f
-#define CPU_EXP_P4 1.6666665459e-1f
-#define CPU_EXP_P5 5.0000001201e-1f
-static inline float cpu_exp_silu(float x) {
-  if (!(x >= CPU_EXP_LO)) x = CPU_EXP_LO;
-  if (x > CPU_EXP_HI) x = CPU_EXP_HI;
-  const float n = floorf(fmaf(x, CPU_EXP_LOG2E, 0.5f));
-  float r = fmaf(n, -CPU_EXP_LN2_HI, x);
-  r = fmaf(n, CPU_EXP_LN2_LO, r);
-  float p = CPU_EXP_P0;
-  p = fmaf(p, r, CPU_EXP_P1);
-  p = fmaf(p, r, CPU_EXP_P2);
-  p = fmaf(p, r, CPU_EXP_P3);
-  p = fmaf(p, r, CPU_EXP_P4);
-  p = fmaf(p, r, CPU_EXP_P5);
-  const float y = fmaf(p, r * r, r) + 1.0f;
-  union { uint32_t u; float f; } sc = {.u = (uint32_t)((int32_t)n + 127) << 23};
-  return y * sc.f;
-}
-/* silu(g) * u = g / (1 + e^-g) * u, in this order on every table. */
-static inline float cpu_silu_mul1(float g, float u) { return g / (1.0f + cpu_exp_silu(-g)) * u; }
-void cpu__silu_mul_scalar(int d, const float *g, const float *u, float *o);
 
 /* Panels (cpu_panel.c). */
 size_t cpu__panel_act_bytes(kern_type_t t);   /* an activation block: sizeof cpu_block_q8_p or _q8_kp */

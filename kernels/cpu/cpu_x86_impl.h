@@ -671,34 +671,6 @@ static inline void x86__axpy_f32(int n, float a, const float *x, float *y) {
   for (; i < n; i++) y[i] += a * x[i];
 }
 
-/* cpu_exp_silu on 8 lanes, the same operations in the same order. */
-static inline __m256 x86__exp_silu(__m256 x) {
-  x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(CPU_EXP_LO)), _mm256_set1_ps(CPU_EXP_HI)); /* max: NaN -> LO */
-  const __m256 n = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(CPU_EXP_LOG2E), _mm256_set1_ps(0.5f)));
-  __m256 r = _mm256_fmadd_ps(n, _mm256_set1_ps(-CPU_EXP_LN2_HI), x);
-  r = _mm256_fmadd_ps(n, _mm256_set1_ps(CPU_EXP_LN2_LO), r);
-  __m256 p = _mm256_set1_ps(CPU_EXP_P0);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P1));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P2));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P3));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P4));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(CPU_EXP_P5));
-  const __m256 y = _mm256_add_ps(_mm256_fmadd_ps(p, _mm256_mul_ps(r, r), r), _mm256_set1_ps(1.0f));
-  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
-}
-
-static inline void x86__silu_mul(int d, const float *g, const float *u, float *o) {
-  const __m256 one = _mm256_set1_ps(1.0f), neg = _mm256_set1_ps(-0.0f); /* -g by its sign bit, as the scalar form */
-  int k = 0;
-  for (; k + 8 <= d; k += 8) {
-    const __m256 gv = _mm256_loadu_ps(g + k);
-    const __m256 den = _mm256_add_ps(one, x86__exp_silu(_mm256_xor_ps(gv, neg)));
-    _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_div_ps(gv, den), _mm256_loadu_ps(u + k)));
-  }
-  for (; k < d; k++) o[k] = cpu_silu_mul1(g[k], u[k]);
-}
-
 /* 8 int8 -> 8 f32. */
 static inline __m256 x86__load_i8(const int8_t *p) {
   return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)p)));

@@ -54,6 +54,11 @@ X512P_INLINE __m512i x512p__dot(const __m512i *w, const int8_t *q, int n, int32_
   return _mm512_add_epi32(s0, s1);
 }
 
+X512P_INLINE void x512p__zero(int na, __m512 *acc) {
+  _Pragma("GCC unroll 16")
+  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
+}
+
 X512P_INLINE void x512p__store(int na, const __m512 *acc, float *out, size_t ld, const float *bias) {
   const __m512 bv = bias ? _mm512_loadu_ps(bias) : _mm512_setzero_ps();
   _Pragma("GCC unroll 16")
@@ -80,8 +85,7 @@ X512P_INLINE void x512p__gemm32(kern_type_t t, int na, int nb, const void *panel
                                 float *out, size_t ld, const float *bias, size_t pf) {
   const size_t pbb = cpu_panel_block_bytes(t);
   __m512 acc[CPU_PANEL_TILE];
-  _Pragma("GCC unroll 16")
-  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
+  x512p__zero(na, acc);
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb;
     x512p__prefetch(pb, pbb, pf);
@@ -110,8 +114,7 @@ X512P_INLINE void x512p__gemm_q4_K_n(int na, int nb, const void *panel, const vo
                                      size_t ld, const float *bias, size_t pf) {
   const size_t pbb = cpu_panel_block_bytes(KERN_Q4_K);
   __m512 acc[CPU_PANEL_TILE];
-  _Pragma("GCC unroll 16")
-  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
+  x512p__zero(na, acc);
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_Q4K_SC, *mk = pb + CPU_PANEL_Q4K_M,
                   *v = pb + CPU_PANEL_Q4K_V;
@@ -154,8 +157,7 @@ X512P_INLINE void x512p__gemm_q6_K_n(int na, int nb, const void *panel, const vo
                                      size_t ld, const float *bias, size_t pf) {
   const size_t pbb = cpu_panel_block_bytes(KERN_Q6_K);
   __m512 acc[CPU_PANEL_TILE];
-  _Pragma("GCC unroll 16")
-  for (int j = 0; j < na; j++) acc[j] = _mm512_setzero_ps();
+  x512p__zero(na, acc);
   for (int b = 0; b < nb; b++) {
     const uint8_t *pb = (const uint8_t *)panel + (size_t)b * pbb, *sc = pb + CPU_PANEL_HEAD, *v = pb + CPU_PANEL_Q6K_V;
     const uint64_t *h4 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H4), *h5 = (const uint64_t *)(pb + CPU_PANEL_Q6K_H5);

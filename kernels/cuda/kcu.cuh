@@ -119,8 +119,12 @@ typedef struct {
   int q4f;             /* repack 4-bit matmul weights as KERN_Q4F (FERRUM_CUDA_Q4F=0: keep the file's blocks) */
   int q4f_max_n;       /* most rows a Q4F matmul reads the 4-bit weights for; more: dequantize + cuBLAS */
   int q4f_warps;       /* warps per tile of the Q4F matmul (FERRUM_CUDA_Q4F_WARPS 4 or 8); 0: by batch */
-  int q4f_gemm;        /* past 64 rows the tiles share activations (kcu_q4f_gemm_k); FERRUM_CUDA_Q4F_GEMM=0: not */
+  int q4f_gemm;        /* past 64 rows without the wide kernel, tiles share activations (kcu_q4f_gemm_k);
+                          FERRUM_CUDA_Q4F_GEMM=0: not */
   int q4f_nt;          /* most MMA columns (8 tokens each) a CTA of the Q4F matmul takes (FERRUM_CUDA_Q4F_NT 1-8; 4) */
+  int q4f_wide;        /* fewest rows the 128-row CTAs of the Q4F matmul take (FERRUM_CUDA_Q4F_WIDE) */
+  int q4f_ks;          /* their column splits (FERRUM_CUDA_Q4F_KS; 0: by the SMs) */
+  int q4w_occ[2];      /* their CTAs a SM, of 32 and of 64 tokens */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -402,6 +406,25 @@ static inline cudaError_t kcu_launch(const kcu_ctx_t *c, void (*k)(KArgs...), di
   cfg.numAttrs = 1;
   return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
 }
+/* kcu_launch with the grid in clusters of cluster CTAs (dimension 1 each:
+ * a plain launch). */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kcu_launch_cluster(const kcu_ctx_t *c, void (*k)(KArgs...), dim3 grid, dim3 cluster,
+                                             dim3 block, size_t smem, Args &&...args) {
+  cudaLaunchAttribute at[2];
+  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  at[0].val.programmaticStreamSerializationAllowed = c->pdl;
+  at[1].id = cudaLaunchAttributeClusterDimension;
+  at[1].val.clusterDim.x = cluster.x, at[1].val.clusterDim.y = cluster.y, at[1].val.clusterDim.z = cluster.z;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = c->stream;
+  cfg.attrs = at;
+  cfg.numAttrs = 2;
+  return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
+}
 /* Launch and check: returns from the calling function on a launch error. */
 #define KCU_LAUNCH(...) KCU_CHECK(kcu_launch(__VA_ARGS__))
 
@@ -462,6 +485,8 @@ size_t kcu__q4f_bytes(int64_t rows, int64_t cols);
 int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src);
 int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
+/* The wide Q4F kernels' shared memory (at create). */
+int kcu__q4f_init(kcu_ctx_t *c);
 int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const kern_kv_pool_t *pool, int layer,
                    int n_heads, int head_dim, float scale, int window);
 /* Raises the shared-memory limit of the tensor-core prefill kernels (at create). */

@@ -567,13 +567,15 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->q4f_nt = kcu_env_int("FERRUM_CUDA_Q4F_NT", 4, 1, 8);
   c->q4f_nt = c->q4f_nt <= 1 ? 1 : c->q4f_nt <= 2 ? 2 : c->q4f_nt <= 4 ? 4 : 8;
   if (c->q4f_warps) c->q4f_warps = c->q4f_warps <= 4 ? 4 : 8;
+  c->q4f_wide = kcu_env_int("FERRUM_CUDA_Q4F_WIDE", 17, 1, 1 << 30);
+  c->q4f_ks = kcu_env_int("FERRUM_CUDA_Q4F_KS", 0, 0, 8);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
   KCU_CUBLAS(cublasCreate(&c->cublas));
   KCU_CUBLAS(cublasSetStream(c->cublas, c->stream));
   int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");
-  if (rc || (rc = kcu__attn_init(c)) || (rc = kcu__gg_init(c))) return rc;
+  if (rc || (rc = kcu__attn_init(c)) || (rc = kcu__gg_init(c)) || (rc = kcu__q4f_init(c))) return rc;
   KCU_CUBLAS(cublasSetWorkspace(c->cublas, c->cublas_ws, KCU_CUBLAS_WS_BYTES));
   FR_LOGD("cuda: device %d %s, %d SMs, act %s, PDL %s", device, prop.name, c->n_sm,
           c->act == KERN_BF16 ? "bf16" : "f16", c->pdl ? "on" : "off");

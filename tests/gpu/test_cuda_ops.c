@@ -429,18 +429,33 @@ START_TEST(test_matmul_q4f) {
   kern_type_t t = k_q4[_i];
   check_matmul(t, 200, t == KERN_Q4_K ? 768 : 288, true);
   check_matmul_n(t, 16 * 532 - 11, 256, false, 128);
-  /* both CTA sizes at every n (FERRUM_CUDA_Q4F_WARPS), from 33 rows the GEMM
-   * form (its columns split) or not, and CTAs of 8 to 64 tokens (FERRUM_CUDA_Q4F_NT) */
-  static const char *cfg[][3] = {{"4", "0", "4"}, {"8", "1", "8"}, {"4", "0", "1"}, {"8", "0", "2"}};
-  for (int k = 0; k < 4; k++) {
+  /* the per-tile kernels (the wide one off): both CTA sizes at every n
+   * (FERRUM_CUDA_Q4F_WARPS), past 64 rows the GEMM form or not, CTAs of 8
+   * to 64 tokens (FERRUM_CUDA_Q4F_NT); then the wide kernel at every n
+   * (FERRUM_CUDA_Q4F_WIDE), its units split over CTAs by the SMs or in 1
+   * to 3 or 8 (FERRUM_CUDA_Q4F_KS; for 5 units at 2 a stage: 4 and 1,
+   * or 2, 2 and 1; at 1 a stage 3 and 2, or 2, 2 and 1; 8: some empty),
+   * also on more columns than its stages hold */
+  static const char *cfg[][5] = {{"4", "0", "4", "100000", "0"}, {"8", "1", "8", "100000", "0"},
+                                 {"4", "0", "1", "100000", "0"}, {"8", "0", "2", "100000", "0"},
+                                 {"4", "1", "4", "1", "0"},      {"4", "1", "4", "1", "1"},
+                                 {"4", "1", "4", "1", "2"},      {"4", "1", "4", "1", "3"},
+                                 {"4", "1", "4", "1", "8"}};
+  for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
     kern_backend_destroy(gpu);
     setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
     setenv("FERRUM_CUDA_Q4F_GEMM", cfg[k][1], 1);
     setenv("FERRUM_CUDA_Q4F_NT", cfg[k][2], 1);
+    setenv("FERRUM_CUDA_Q4F_WIDE", cfg[k][3], 1);
+    setenv("FERRUM_CUDA_Q4F_KS", cfg[k][4], 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
-    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k == 1, 64);
+    const bool wide = k >= 4;
+    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k == 1 || k == 5, wide ? 128 : 64);
+    if (wide) check_matmul_n(t, 16 * 9 + 3, 1536, k == 4, 128);
   }
   unsetenv("FERRUM_CUDA_Q4F_NT");
+  unsetenv("FERRUM_CUDA_Q4F_WIDE");
+  unsetenv("FERRUM_CUDA_Q4F_KS");
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_Q4F", "0", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);

@@ -528,6 +528,7 @@ __global__ void __launch_bounds__(KCU_Q4F_GT *WK *KCU_WARP)
 #define KCU_Q4W_TILES (KCU_Q4W_WARPS * KCU_Q4W_TW)
 #define KCU_Q4W_MIN_UNITS 8 /* fewest units a split */
 #define KCU_Q4W_MAX_SPLITS 8 /* a cluster of them: the portable most */
+#define KCU_Q4W_FILL 2       /* CTAs a SM the splits aim at */
 #define KCU_Q4W_RS (KCU_Q4W_TILES * KCU_Q4F_ROWS + 4) /* floats a token row of the split sums (no bank conflicts) */
 
 /* A stage, in uint4: activations (SU units x 8 NT tokens x 8), then
@@ -722,22 +723,22 @@ static int kcu_q4f_gemm(kcu_ctx_t *c, T *out, const kern_weight_t *w, const floa
   return 0;
 }
 
-/* Splits of a kcu_q4f_wide_k call's units: c->q4f_ks, else enough CTAs to
- * fill the SMs once (ctas_sm resident on each), each split at least
- * KCU_Q4W_MIN_UNITS units. (Counting waves instead, with clusters of up
- * to 16 splits, measured slower: docs/bench/gpu.md, session 24.) */
-static int kcu_q4w_splits(const kcu_ctx_t *c, int tiles, int units, int n, int ctas_sm) {
+/* Splits of a kcu_q4f_wide_k call's units: c->q4f_ks, else enough CTAs for
+ * KCU_Q4W_FILL a SM, each split at least KCU_Q4W_MIN_UNITS units.
+ * (Measured on H200, docs/bench/gpu.md, session 24: aiming at 2 CTAs a SM
+ * beats 1 and the 3 the 64-token kernel holds, and counting whole waves
+ * with clusters of up to 16 splits was slower.) */
+static int kcu_q4w_splits(const kcu_ctx_t *c, int tiles, int units, int n) {
   if (c->q4f_ks) return FR_MIN(c->q4f_ks, KCU_Q4W_MAX_SPLITS);
   const long long ctas = (long long)kcu_div_up(tiles, KCU_Q4W_TILES) * kcu_div_up(n, n <= 32 ? 32 : 64);
-  const long long ks = kcu_div_up((long long)FR_MAX(ctas_sm, 1) * c->n_sm, ctas);
+  const long long ks = kcu_div_up((long long)KCU_Q4W_FILL * c->n_sm, ctas);
   return (int)FR_MAX(FR_MIN(ks, (long long)FR_MIN(units / KCU_Q4W_MIN_UNITS, KCU_Q4W_MAX_SPLITS)), 1ll);
 }
 
 template <typename T, int NT, int SU, int S>
-static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n,
-                          int ctas_sm) {
+static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
-  const int ks = kcu_q4w_splits(c, v.tiles, v.units, n, ctas_sm);
+  const int ks = kcu_q4w_splits(c, v.tiles, v.units, n);
   const dim3 grid(kcu_div_up(n, 8 * NT), kcu_div_up(v.tiles, KCU_Q4W_TILES), ks);
   if (grid.y > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows", (long long)w->rows);
   KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,
@@ -754,17 +755,15 @@ static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 
 template <typename T>
 static int kcu_q4w_matmul(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  return n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32>(c, out, w, bias, x, n, c->q4w_occ[0])
-                 : kcu_q4w_launch<T, KCU_Q4W_64>(c, out, w, bias, x, n, c->q4w_occ[1]);
+  return n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32>(c, out, w, bias, x, n)
+                 : kcu_q4w_launch<T, KCU_Q4W_64>(c, out, w, bias, x, n);
 }
 
-/* A wide kernel's shared memory past 48 KB, and how many of its CTAs a SM
- * holds (at create: a first launch may be inside a capture). */
-template <typename T, int NT, int SU, int S> static int kcu_q4w_attr(int *occ) {
-  void (*k)(T *, const uint4 *, const uint4 *, const T *, const float *, int, int, int) = kcu_q4f_wide_k<T, NT, SU, S>;
-  const int smem = (int)kcu_q4w_smem<NT, SU, S>::BYTES;
-  KCU_CHECK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  KCU_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(occ, k, KCU_Q4W_WARPS * KCU_WARP, smem));
+/* A wide kernel's shared memory past 48 KB (at create: a first launch may
+ * be inside a capture). */
+template <typename T, int NT, int SU, int S> static int kcu_q4w_attr(void) {
+  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_q4w_smem<NT, SU, S>::BYTES));
   return 0;
 }
 
@@ -777,8 +776,8 @@ int kcu__q4f_init(kcu_ctx_t *c) {
   }
   int rc = 0;
   KCU_ACT_DISPATCH(c, {
-    rc = kcu_q4w_attr<T, KCU_Q4W_32>(&c->q4w_occ[0]);
-    if (!rc) rc = kcu_q4w_attr<T, KCU_Q4W_64>(&c->q4w_occ[1]);
+    rc = kcu_q4w_attr<T, KCU_Q4W_32>();
+    if (!rc) rc = kcu_q4w_attr<T, KCU_Q4W_64>();
   });
   return rc;
 }

@@ -47,8 +47,8 @@ X512P_INLINE __m512i x512p__bcast4(const int8_t *q) { return _mm512_set1_epi32(*
  * chains, or one (one_chain) where the caller interleaves enough
  * activation rows to hide its latency, which saves the add that joins
  * two (integer sums: the same result either way). Measured (bench_matmul,
- * 16 rows): Q6_K's 4 groups 7-12% faster in one chain, Q4_K's 8 groups 6%
- * slower. */
+ * 16 rows, docs/bench/cpu-model.md): Q6_K's 4 groups up to 13% faster in
+ * one chain, Q4_K's 8 groups 4-7% slower. */
 X512P_INLINE __m512i x512p__dot(const __m512i *w, const int8_t *q, int n, int32_t c, bool one_chain) {
   if (one_chain) {
     __m512i s = _mm512_set1_epi32(c);

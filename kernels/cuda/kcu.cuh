@@ -389,24 +389,8 @@ __device__ __forceinline__ void kcu_pdl_enter() {
   kcu_pdl_launch_next();
 }
 
-/* Launches kernel k on c->stream (PDL when c->pdl); returns the launch error. */
-template <typename... KArgs, typename... Args>
-static inline cudaError_t kcu_launch(const kcu_ctx_t *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
-                                     Args &&...args) {
-  cudaLaunchAttribute at[1];
-  at[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  at[0].val.programmaticStreamSerializationAllowed = c->pdl;
-  cudaLaunchConfig_t cfg = {};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = c->stream;
-  cfg.attrs = at;
-  cfg.numAttrs = 1;
-  return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
-}
-/* kcu_launch with the grid in clusters of cluster CTAs (dimension 1 each:
- * a plain launch). */
+/* Launches kernel k on c->stream (PDL when c->pdl), its grid in clusters
+ * of `cluster` CTAs where that is more than one; returns the launch error. */
 template <typename... KArgs, typename... Args>
 static inline cudaError_t kcu_launch_cluster(const kcu_ctx_t *c, void (*k)(KArgs...), dim3 grid, dim3 cluster,
                                              dim3 block, size_t smem, Args &&...args) {
@@ -421,8 +405,14 @@ static inline cudaError_t kcu_launch_cluster(const kcu_ctx_t *c, void (*k)(KArgs
   cfg.dynamicSmemBytes = smem;
   cfg.stream = c->stream;
   cfg.attrs = at;
-  cfg.numAttrs = 2;
+  cfg.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
   return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
+}
+/* The same without clusters. */
+template <typename... KArgs, typename... Args>
+static inline cudaError_t kcu_launch(const kcu_ctx_t *c, void (*k)(KArgs...), dim3 grid, dim3 block, size_t smem,
+                                     Args &&...args) {
+  return kcu_launch_cluster(c, k, grid, dim3(1, 1, 1), block, smem, static_cast<Args &&>(args)...);
 }
 /* Launch and check: returns from the calling function on a launch error. */
 #define KCU_LAUNCH(...) KCU_CHECK(kcu_launch(__VA_ARGS__))

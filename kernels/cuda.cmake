@@ -27,6 +27,7 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_ops.cu
   cuda/kcu_matmul.cu
   cuda/kcu_q4f.cu
+  cuda/kcu_q4f_wide.cu
   cuda/kcu_attn.cu
   cuda/kcu_moe.cu
   cuda/kcu_ggemm.cu

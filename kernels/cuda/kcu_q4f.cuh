@@ -1,0 +1,139 @@
+/* kcu_q4f.cuh - the KERN_Q4F layout (4-bit weights repacked for the tensor
+ * cores) and what its matmul kernels share: kcu_q4f.cu (repacking, the
+ * per-tile matmul, dequantization) and kcu_q4f_wide.cu (17 rows and up).
+ *
+ * Which weights: Q4_0, Q4_1, Q4_K and I4G (GPTQ/AWQ) are all 4-bit
+ * integers q with a (d, m) per 32 columns, w = d * q + m (Q4_0: m = -8 d;
+ * Q4_K: d = super d * 6-bit scale, m = -dmin * 6-bit min). A matmul-only
+ * weight (kern_weight_t.keep_layout false) of one of these types is
+ * stored on the device as KERN_Q4F:
+ *
+ *   rows in tiles of 16 (the last one padded with zeros), columns in units
+ *   of 64 (a last unit of 32 columns padded with zeros too). Per (tile,
+ *   unit) 512 bytes of nibbles, lane L of a warp owning the tile reading
+ *   bytes [16 L, 16 L + 16): the 16 x 64 weights as this lane's A
+ *   fragments of four m16n8k16 MMAs. Then, after all nibbles, per (tile,
+ *   unit) 128 bytes of (d, m) pairs in the activation type, 16 bytes per
+ *   g = L / 4: rows g and g + 8 of the unit's two 32-column blocks.
+ *
+ * 640 bytes per 1024 weights: 5 bits a weight (I4G is 6, Q4_K 4.5).
+ *
+ * The matmul: up to 16 rows (and 17-128 before sm_90) kcu_q4f_mma_k, a
+ * CTA per 16-row tile (past 64 rows kcu_q4f_gemm_k); from 17 rows on
+ * sm_90 kcu_q4f_wide_k, a CTA per 128 rows with the activations staged in
+ * shared memory, its units split over a cluster's CTAs where the rows are
+ * few.
+ *
+ * The fragment order. With g = L / 4, t = L % 4, word 2 b + s of the lane
+ * (block b of the unit, k-step s) holds 8 nibbles: slot p (0..3) the
+ * weight at row g + 8 (p & 1), column 32 b + 8 t + 4 s + 2 (p >> 1), and
+ * slot p + 4 the one at the next column. Slots p and p + 4 are bits 4p and
+ * 16 + 4p, so one mask turns them into the pair of register a[p]. The MMA
+ * sums over k in any order as long as A and B agree: here the lane's four
+ * k of a step are its columns 8 t + 4 s .. + 3, so its B fragments of a
+ * whole block are 8 consecutive activations, one 16-byte load.
+ *
+ * Dequantizing in registers: (mask | 0x4300) is bf16 128 + q (f16: 0x6400,
+ * 1024 + q), exact; subtracting 128 leaves q exactly, and one fma2 with
+ * (d, d), (m, m) gives the pair. d and m are rounded to the activation
+ * type at repacking (bf16: 8 bits of mantissa, the precision of a bf16
+ * weight). */
+#pragma once
+
+#include "kernels/cuda/kcu.cuh"
+
+#define KCU_Q4F_ROWS 16
+#define KCU_Q4F_COLS 64
+#define KCU_Q4F_NIB 512 /* nibble bytes per (tile, unit) */
+#define KCU_Q4F_DM 128  /* (d, m) bytes per (tile, unit) */
+#define KCU_Q4F_TOK 64  /* tokens per CTA: 8 MMA columns of 8 */
+
+/* Row tiles and column units of a (rows, cols) weight. */
+__host__ __device__ __forceinline__ int kcu_q4f_tiles(long long rows) {
+  return (int)((rows + KCU_Q4F_ROWS - 1) / KCU_Q4F_ROWS);
+}
+__host__ __device__ __forceinline__ int kcu_q4f_units(long long cols) {
+  return (int)((cols + KCU_Q4F_COLS - 1) / KCU_Q4F_COLS);
+}
+
+/* A KERN_Q4F weight's two arrays in its device memory `data`: all the
+ * nibbles, then all the (d, m) pairs. */
+typedef struct {
+  uint4 *nib, *dm;
+  int tiles, units;
+} kcu_q4f_view_t;
+
+static inline kcu_q4f_view_t kcu_q4f_view(const kern_weight_t *w, void *data) {
+  kcu_q4f_view_t v;
+  v.tiles = kcu_q4f_tiles(w->rows), v.units = kcu_q4f_units(w->cols);
+  v.nib = (uint4 *)data;
+  v.dm = (uint4 *)((char *)data + (size_t)v.tiles * v.units * KCU_Q4F_NIB);
+  return v;
+}
+
+template <typename T> struct kcu_q4v;
+template <> struct kcu_q4v<__nv_bfloat16> {
+  typedef __nv_bfloat162 T2;
+  static constexpr uint32_t MAGIC = 0x43004300u; /* 128, 128 */
+};
+template <> struct kcu_q4v<__half> {
+  typedef __half2 T2;
+  static constexpr uint32_t MAGIC = 0x64006400u; /* 1024, 1024 */
+};
+
+template <typename T2> __device__ __forceinline__ T2 kcu_as2(uint32_t v) { return *reinterpret_cast<T2 *>(&v); }
+template <typename T2> __device__ __forceinline__ uint32_t kcu_from2(T2 v) { return *reinterpret_cast<uint32_t *>(&v); }
+
+/* (a & b) | c in one LOP3: with two of the operands constants, the
+ * compiler otherwise emits an AND and an OR (a LOP3 takes one immediate
+ * operand). 16 of a unit's ~128 instructions at one MMA column; measured
+ * in docs/bench/gpu.md (session 14). */
+__device__ __forceinline__ uint32_t kcu_and_or(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t r;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(r) : "r"(a), "r"(b), "r"(c));
+  return r;
+}
+
+/* The four A registers of one k-step from its nibble word; dm_g, dm_g8:
+ * the (d, m) of rows g and g + 8 for this block. */
+template <typename T>
+__device__ __forceinline__ void kcu_q4f_frag(uint32_t word, uint32_t dm_g, uint32_t dm_g8, uint32_t *a) {
+  typedef typename kcu_q4v<T>::T2 T2;
+  const T2 base = kcu_as2<T2>(kcu_q4v<T>::MAGIC);
+  /* (d, d) and (m, m): one byte permute each */
+  const T2 dg = kcu_as2<T2>(__byte_perm(dm_g, 0, 0x1010)), mg = kcu_as2<T2>(__byte_perm(dm_g, 0, 0x3232));
+  const T2 dg8 = kcu_as2<T2>(__byte_perm(dm_g8, 0, 0x1010)), mg8 = kcu_as2<T2>(__byte_perm(dm_g8, 0, 0x3232));
+#pragma unroll
+  for (int p = 0; p < 4; p++) {
+    const uint32_t v = kcu_and_or(word >> (4 * p), 0x000f000fu, kcu_q4v<T>::MAGIC);
+    T2 q = __hsub2(kcu_as2<T2>(v), base);
+    a[p] = kcu_from2<T2>(p & 1 ? __hfma2(q, dg8, mg8) : __hfma2(q, dg, mg));
+  }
+}
+
+/* A warp's results for its row tile: acc[j] holds (row g, tokens 2t,
+ * 2t + 1), (row g + 8, the same) of MMA column tile j, tokens from tok0. */
+template <typename T, int NT>
+__device__ __forceinline__ void kcu_q4f_store(const float (&acc)[NT][4], T *out, const float *bias, int tile, int tok0,
+                                              int rows, int n) {
+  const int lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
+    if (row >= rows) continue;
+    const float bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
+      if (tok < n) out[(size_t)tok * rows + row] = kcu_t<T>(acc[j][e] + bv);
+    }
+  }
+}
+
+/* A staged activation row of 64 columns (8 uint4, 128 bytes): odd rows
+ * swap its halves, so the fragment reads (rows g and g + 1 of a phase, the
+ * same 64 bytes of each) hit all 32 banks. */
+__device__ __forceinline__ int kcu_q4f_xoff(int r, int c) { return r * 8 + (c ^ ((r & 1) << 2)); }
+
+/* The wide kernel's matmul (kcu_q4f_wide.cu): n from c->q4f_wide up. */
+int kcu__q4w_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);

@@ -175,14 +175,15 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
   cl.sync(); /* no CTA leaves while another reads its sums */
 }
 
-/* Splits of a kcu_q4f_wide_k call's units: c->q4f_ks, else enough CTAs for
- * KCU_Q4W_FILL a SM, each split at least KCU_Q4W_MIN_UNITS units.
+/* Splits of the units of a kcu_q4f_wide_k call of grid (x, y): c->q4f_ks,
+ * else enough CTAs for KCU_Q4W_FILL a SM, each split at least
+ * KCU_Q4W_MIN_UNITS units.
  * (Measured on H200, docs/bench/gpu.md, session 24: aiming at 2 CTAs a SM
  * beats 1 and the 3 the 64-token kernel holds, and counting whole waves
  * with clusters of up to 16 splits was slower.) */
-static int kcu_q4w_splits(const kcu_ctx_t *c, int tiles, int units, int n) {
+static int kcu_q4w_splits(const kcu_ctx_t *c, dim3 grid, int units) {
   if (c->q4f_ks) return FR_MIN(c->q4f_ks, KCU_Q4W_MAX_SPLITS);
-  const long long ctas = (long long)kcu_div_up(tiles, KCU_Q4W_TILES) * kcu_div_up(n, n <= 32 ? 32 : 64);
+  const long long ctas = (long long)grid.x * grid.y;
   const long long ks = kcu_div_up((long long)KCU_Q4W_FILL * c->n_sm, ctas);
   return (int)FR_MAX(FR_MIN(ks, (long long)FR_MIN(units / KCU_Q4W_MIN_UNITS, KCU_Q4W_MAX_SPLITS)), 1ll);
 }
@@ -190,8 +191,9 @@ static int kcu_q4w_splits(const kcu_ctx_t *c, int tiles, int units, int n) {
 template <typename T, int NT, int SU, int S>
 static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
-  const int ks = kcu_q4w_splits(c, v.tiles, v.units, n);
-  const dim3 grid(kcu_div_up(n, 8 * NT), kcu_div_up(v.tiles, KCU_Q4W_TILES), ks);
+  dim3 grid(kcu_div_up(n, 8 * NT), kcu_div_up(v.tiles, KCU_Q4W_TILES), 1);
+  const int ks = kcu_q4w_splits(c, grid, v.units);
+  grid.z = ks;
   if (grid.y > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows", (long long)w->rows);
   KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,
                                kcu_q4w_smem<NT, SU, S>::BYTES, out, (const uint4 *)v.nib, (const uint4 *)v.dm, x,

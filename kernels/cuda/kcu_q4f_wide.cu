@@ -175,15 +175,20 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
   cl.sync(); /* no CTA leaves while another reads its sums */
 }
 
-/* Splits of the units of a kcu_q4f_wide_k call of grid (x, y): c->q4f_ks,
- * else enough CTAs for KCU_Q4W_FILL a SM, each split at least
- * KCU_Q4W_MIN_UNITS units.
- * (Measured on H200, docs/bench/gpu.md, session 24: aiming at 2 CTAs a SM
- * beats 1 and the 3 the 64-token kernel holds, and counting whole waves
- * with clusters of up to 16 splits was slower.) */
-static int kcu_q4w_splits(const kcu_ctx_t *c, dim3 grid, int units) {
+/* Splits of the units of a kcu_q4f_wide_k call of grid (x, y), tok
+ * tokens a CTA: c->q4f_ks; none for CTAs of 32 tokens where the grid has
+ * one for every SM already; else enough CTAs for KCU_Q4W_FILL a SM, each
+ * split at least KCU_Q4W_MIN_UNITS units.
+ * (Measured on H200, docs/bench/gpu.md, sessions 24 and 25: aiming at 2
+ * CTAs a SM beats 1 and the 3 the 64-token kernel holds, and counting
+ * whole waves with clusters of up to 16 splits was slower. Llama-3-8B's
+ * gate/up at 17-32 rows, a grid of 1.7 CTAs a SM, runs its decode steps
+ * 2-3% faster whole than split in two; at 33-64 rows, 64-token CTAs, 8%
+ * slower, though ncu times the kernel alone 12% faster whole.) */
+static int kcu_q4w_splits(const kcu_ctx_t *c, dim3 grid, int tok, int units) {
   if (c->q4f_ks) return FR_MIN(c->q4f_ks, KCU_Q4W_MAX_SPLITS);
   const long long ctas = (long long)grid.x * grid.y;
+  if (tok <= 32 && ctas >= c->n_sm) return 1;
   const long long ks = kcu_div_up((long long)KCU_Q4W_FILL * c->n_sm, ctas);
   return (int)FR_MAX(FR_MIN(ks, (long long)FR_MIN(units / KCU_Q4W_MIN_UNITS, KCU_Q4W_MAX_SPLITS)), 1ll);
 }
@@ -192,7 +197,7 @@ template <typename T, int NT, int SU, int S>
 static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
   dim3 grid(kcu_div_up(n, 8 * NT), kcu_div_up(v.tiles, KCU_Q4W_TILES), 1);
-  const int ks = kcu_q4w_splits(c, grid, v.units);
+  const int ks = kcu_q4w_splits(c, grid, 8 * NT, v.units);
   grid.z = ks;
   if (grid.y > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows", (long long)w->rows);
   KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,

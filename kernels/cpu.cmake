@@ -14,7 +14,7 @@ set(_cpu_sources
   cpu/cpu_panel.c
   cpu/cpu_scalar.c)
 if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
-  list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c cpu/cpu_avx512_vnni.c)
+  list(APPEND _cpu_sources cpu/cpu_avx2.c cpu/cpu_avx512.c cpu/cpu_avx512_vnni.c cpu/cpu_amx.c)
   # -O3 on the SIMD tables: GCC's -O2 keeps their small fixed loops rolled
   # (run-time shuffle indices, accumulators in memory); measured in
   # docs/bench/cpu-model.md (AVX2 on an EPYC; AVX-512 on a Xeon, session 21:
@@ -24,6 +24,8 @@ if(CMAKE_SYSTEM_PROCESSOR MATCHES "x86_64|AMD64|amd64")
     "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-O3")
   set_source_files_properties(cpu/cpu_avx512_vnni.c PROPERTIES COMPILE_OPTIONS
     "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512vnni;-O3")
+  set_source_files_properties(cpu/cpu_amx.c PROPERTIES COMPILE_OPTIONS
+    "-mavx2;-mfma;-mf16c;-mavx512f;-mavx512bw;-mavx512vl;-mavx512dq;-mavx512bf16;-mamx-tile;-mamx-bf16;-O3")
 endif()
 add_library(ferrum_kernels STATIC ${_cpu_sources})
 ferrum_headers(ferrum_kernels FOLDER kernels PUBLIC kern.h kern_types.h)

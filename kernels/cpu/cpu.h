@@ -235,16 +235,26 @@ void cpu__panel_quantize(cpu_quantize_fn quant, kern_type_t t, const float *x, v
 void cpu__panel_gemm_scalar(kern_type_t t, int nb, const void *panel, const void *a, size_t a_stride, int na,
                             float *out, size_t ld, const float *bias);
 
+/* AMX (cpu_amx.c): prefill matmuls of Q4_K / Q6_K panels on bf16 tiles,
+ * from CPU_AMX_ROWS activation rows (FERRUM_CPU_AMX_ROWS). */
+#define CPU_AMX_ROWS 64
+struct cpu_ctx;
+bool cpu__amx_usable(void);                 /* the CPU has the tiles and Linux granted them */
+bool cpu__amx_takes(kern_type_t t);         /* the weight types cpu__amx_matmul reads from panels */
+/* out (n, rows) = x (n, cols) @ w^T + bias, w in panels of a type it takes. */
+int cpu__amx_matmul(struct cpu_ctx *ctx, float *out, const kern_weight_t *w, const float *bias, const float *x, int n);
+
 /* Grows a 64-byte aligned scratch buffer to at least `bytes` (keeps it when
  * large enough: no allocation once warm). */
 void cpu__scratch_reserve(void **buf, size_t *cap, size_t bytes);
 
-typedef struct {
+typedef struct cpu_ctx {
   kern_backend_t be; /* first: the kern_backend_t handed out */
   fr_pool_t *pool;
   int n_threads;
   const cpu_isa_t *isa;
   bool panels;     /* quantized weights stored as panels where the table has a kernel (FERRUM_CPU_PANELS) */
+  int amx_rows;    /* fewest activation rows a K-quant panel matmul takes to the AMX tiles (cpu_amx.c); 0: never */
   size_t prefetch; /* bytes ahead of the weight row being dotted that matmul prefetches; attention then
                       prefetches each next KV block too (0: neither) */
 

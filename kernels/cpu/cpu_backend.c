@@ -329,6 +329,17 @@ static const kern_ops_t cpu__ops = {
     .gather_cols = cpu__gather_cols,
 };
 
+/* AMX rides on the best x86 path only, so that FERRUM_CPU_ISA picks what
+ * every matmul runs. */
+static bool cpu__amx_available(const cpu_isa_t *isa) {
+#if defined(__x86_64__)
+  return !strcmp(isa->name, "avx512vnni") && cpu__amx_usable();
+#else
+  (void)isa;
+  return false;
+#endif
+}
+
 int kern_cpu_create(kern_backend_t **out, int n_threads) {
   *out = NULL;
   const cpu_isa_t *isa = NULL;
@@ -346,6 +357,9 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   ctx->prefetch = pf && *pf ? (size_t)FR_MAX(FR_MIN(atol(pf), 1L << 20), 0L) : CPU_PREFETCH;
   const char *pn = getenv("FERRUM_CPU_PANELS"); /* 0: every weight stays in rows */
   ctx->panels = !(pn && !strcmp(pn, "0"));
+  const char *am = getenv("FERRUM_CPU_AMX_ROWS"); /* fewest activation rows a matmul takes AMX for; 0: never */
+  ctx->amx_rows = am && *am ? (int)FR_MAX(FR_MIN(atol(am), 1L << 20), 0L) : CPU_AMX_ROWS;
+  if (!cpu__amx_available(isa)) ctx->amx_rows = 0;
   ctx->be.ops = &cpu__ops;
   ctx->be.ctx = ctx;
   ctx->be.act_type = KERN_F32;
@@ -354,7 +368,8 @@ int kern_cpu_create(kern_backend_t **out, int n_threads) {
   ctx->be.kv_dtypes = 1u << KERN_KV_AUTO | 1u << KERN_KV_INT8 | 1u << KERN_KV_FP8;
   ctx->be.host_memory = true;
   ctx->be.padded_perm = true;
-  FR_LOGD("cpu backend: %d threads, %s kernels", ctx->n_threads, isa->name);
+  FR_LOGD("cpu backend: %d threads, %s kernels, AMX %s", ctx->n_threads, isa->name,
+          ctx->amx_rows ? "on" : "off");
   *out = &ctx->be;
   return 0;
 }

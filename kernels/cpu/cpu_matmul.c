@@ -197,6 +197,10 @@ int cpu__matmul(void *vctx, void *out, const kern_weight_t *w, const kern_weight
   int rc = cpu__mm_check(ctx, w, bias, n);
   if (rc || n == 0) return rc;
   if (w->perm) x = cpu__mm_permute(ctx, w, x, n);
+#if defined(__x86_64__)
+  if (ctx->amx_rows && n >= ctx->amx_rows && w->priv && cpu__amx_takes(w->type))
+    return cpu__amx_matmul(ctx, out, w, bias ? bias->data : NULL, x, n);
+#endif
   cpu_mm_job_t job = {.w = w, .bias = bias ? bias->data : NULL, .x = x, .out = out, .n = n, .prefetch = ctx->prefetch};
   job.dot = ctx->isa->vec_dot[w->type];
   job.dot_x4 = ctx->isa->vec_dot_x4[w->type];

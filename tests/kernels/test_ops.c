@@ -352,6 +352,80 @@ START_TEST(test_matmul_panels_exact) {
 END_TEST
 
 #if defined(__x86_64__)
+/* f to bf16 and back, round to nearest even (what the AMX path's
+ * conversions do). */
+static double bf16_round(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+/* K-quant prefill matmuls on AMX tiles (cpu_amx.c) against the f64 dot of
+ * the weights as the reference dequantizer gives them and the activations,
+ * both rounded to bf16: only the order of the f32 sums and the last bit of
+ * a dequantized weight (the reference multiplies, then subtracts; the
+ * tiles' unpacking fuses the two) may differ, so the bound is 2^-9 of the
+ * sum of |w x|, while a weight in a wrong place costs O(|w x|) each. Panels
+ * in pairs and one alone (48 rows), 32-row blocks, 16-row blocks and a
+ * partial last one (64, 80, 81 activation rows), with and without bias;
+ * and the same rows below the threshold take the panel kernels. */
+START_TEST(test_matmul_amx) {
+  if (!kern_cpu_isa_supported("avx512vnni") || !cpu__amx_usable()) {
+    fprintf(stderr, "skip: AMX-BF16 not usable here\n");
+    return;
+  }
+  static const kern_type_t types[] = {KERN_Q4_K, KERN_Q6_K};
+  static const int ns[] = {64, 80, 81};
+  const int rows = 48, cols = 768, nmax = 81;
+  setenv("FERRUM_CPU_AMX_ROWS", "64", 1);
+  kern_backend_t *b = backend_for(N_CFG - 1);
+  unsetenv("FERRUM_CPU_AMX_ROWS");
+  ck_assert_int_eq(((cpu_ctx_t *)b->ctx)->amx_rows, 64);
+  for (size_t k = 0; k < FR_ARRAY_SIZE(types); k++) {
+    const kern_type_t t = types[k];
+    uint8_t *wd = random_weight(t, rows, cols);
+    float *x = rnd_vec((size_t)nmax * cols), *bias = rnd_vec(rows), *wf = malloc(sizeof(float) * rows * cols);
+    float *out = malloc(sizeof(float) * rows * nmax), *low = malloc(sizeof(float) * rows * 63);
+    for (int r = 0; r < rows; r++)
+      kern_dequantize_row(t, wd + (size_t)r * kern_row_bytes(t, cols), wf + (size_t)r * cols, cols);
+    kern_weight_t w, wb;
+    load_weight(b, &w, t, rows, cols, wd);
+    load_weight(b, &wb, KERN_F32, 1, rows, bias);
+    ck_assert_ptr_nonnull(w.priv);
+    for (size_t ni = 0; ni < FR_ARRAY_SIZE(ns); ni++)
+      for (int with_bias = 0; with_bias < 2; with_bias++) {
+        const int n = ns[ni];
+        poison(out, (size_t)rows * n);
+        ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, with_bias ? &wb : NULL, x, n), 0);
+        for (int j = 0; j < n; j++)
+          for (int r = 0; r < rows; r++) {
+            double ref = with_bias ? bias[r] : 0.0, mag = 0.0;
+            for (int c = 0; c < cols; c++) {
+              const double p = bf16_round(wf[(size_t)r * cols + c]) * bf16_round(x[(size_t)j * cols + c]);
+              ref += p, mag += fabs(p);
+            }
+            const double got = out[(size_t)j * rows + r];
+            ck_assert_msg(fabs(got - ref) <= mag / 512.0 + 1e-6, "%s n=%d%s row %d col %d: %g against %g (sum |wx| %g)",
+                          kern_type_traits(t)->name, n, with_bias ? " +bias" : "", j, r, got, ref, mag);
+          }
+      }
+    /* 63 rows: the panel kernels, not the tiles (their bits: test_matmul_panels_exact) */
+    ck_assert_int_eq(b->ops->matmul(b->ctx, low, &w, NULL, x, 63), 0);
+    ck_assert_int_eq(b->ops->matmul(b->ctx, out, &w, NULL, x, 64), 0);
+    int differ = 0;
+    for (int i = 0; i < rows * 63; i++) differ += low[i] != out[i];
+    ck_assert_msg(differ > 0, "%s: 63 and 64 rows gave the same bits: the tiles did not run",
+                  kern_type_traits(t)->name);
+    b->ops->weight_release(b->ctx, &w);
+    b->ops->weight_release(b->ctx, &wb);
+    free(wd), free(x), free(bias), free(wf), free(out), free(low);
+  }
+  kern_backend_destroy(b);
+}
+END_TEST
+
 /* The x86 kernel tables, by name. */
 static const struct {
   const char *name;
@@ -1130,6 +1204,9 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_matmul_batch_invariant, 0, N_CFG);
   tcase_add_test(tc, test_matmul_vnni_exact);
   tcase_add_test(tc, test_matmul_panels_exact);
+#if defined(__x86_64__)
+  tcase_add_test(tc, test_matmul_amx);
+#endif
   tcase_add_test(tc, test_matmul_kquant_avx512_exact);
   tcase_add_loop_test(tc, test_matmul_perm, 0, N_CFG);
   tcase_add_loop_test(tc, test_matmul_perm_padded, 0, N_CFG);

@@ -271,6 +271,8 @@ typedef struct cpu_ctx {
   size_t qbuf_cap;
   void *pbuf; /* matmul's activations in a weight's column order (kern_weight_t.perm) */
   size_t pbuf_cap;
+  void *amx_buf; /* cpu_amx.c: activations in bf16, then each thread's unpacked panels */
+  size_t amx_cap;
   uint64_t step_id; /* bumped by step_begin */
   float *rope_cs;   /* (n_tokens, n_rot) cos/sin table of rope */
   size_t rope_cap;

@@ -255,9 +255,9 @@ int cpu__amx_matmul(cpu_ctx_t *ctx, float *out, const kern_weight_t *w, const fl
   job.wb_bytes = 2 * (size_t)w->cols / 2 * CPU_AMX_PAIR_BYTES;
   job.n_pairs = (w->rows / CPU_PANEL_ROWS + 1) / 2;
   const size_t xb_bytes = (size_t)job.n16 * (size_t)w->cols * sizeof(uint16_t);
-  cpu__scratch_reserve(&ctx->qbuf, &ctx->qbuf_cap, xb_bytes + 64 + (size_t)ctx->n_threads * job.wb_bytes);
-  job.xb = ctx->qbuf;
-  job.wb = (uint8_t *)ctx->qbuf + (xb_bytes + 63) / 64 * 64;
+  cpu__scratch_reserve(&ctx->amx_buf, &ctx->amx_cap, xb_bytes + 64 + (size_t)ctx->n_threads * job.wb_bytes);
+  job.xb = ctx->amx_buf;
+  job.wb = (uint8_t *)ctx->amx_buf + (xb_bytes + 63) / 64 * 64;
   if (ctx->n_threads == 1) cpu__amx_convert_part(&job, 0, 1);
   else fr_pool_run(ctx->pool, cpu__amx_convert_part, &job);
   atomic_init(&job.next, ctx->n_threads);

@@ -283,6 +283,7 @@ static void cpu__destroy(void *vctx) {
   free(ctx->block_tables);
   fr_free_aligned(ctx->qbuf);
   fr_free_aligned(ctx->pbuf);
+  fr_free_aligned(ctx->amx_buf);
   fr_free_aligned(ctx->rope_cs);
   fr_free_aligned(ctx->att_scratch);
   fr_free_aligned(ctx->moe_buf);

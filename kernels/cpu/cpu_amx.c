@@ -88,51 +88,63 @@ static inline __m512i cpu__amx_bits4(uint64_t h) {
   return _mm512_and_si512(_mm512_srlv_epi32(w, sh), _mm512_set1_epi32(0xF));
 }
 
+/* Q6_K: bits 4 and 5 of elements 4 g .. 4 g + 3 (bits 4 r .. 4 r + 3 of
+ * the panel's h4[g] and h5[g]) into bits 4 and 5 of lane r's bytes 0..3. */
+static inline __m512i cpu__amx_q6_high(__m512i u, uint64_t h4, uint64_t h5) {
+  const __m512i b4 = cpu__amx_bits4(h4), b5 = cpu__amx_bits4(h5);
+  for (int i = 0; i < 4; i++) { /* bit i to bit 8 i (of the byte), then up to 4 or 5 */
+    const __m512i bit = _mm512_set1_epi32(1 << (8 * i));
+    u = _mm512_or_si512(u, _mm512_slli_epi32(_mm512_and_si512(_mm512_slli_epi32(b4, 7 * i), bit), 4));
+    u = _mm512_or_si512(u, _mm512_slli_epi32(_mm512_and_si512(_mm512_slli_epi32(b5, 7 * i), bit), 5));
+  }
+  return u;
+}
+
+/* 16 bytes of a panel block (one per row) as 16 floats. */
+static inline __m512 cpu__amx_u8(const uint8_t *p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+static inline __m512 cpu__amx_i8(const uint8_t *p) {
+  return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+}
+
 /* One panel block (256 elements of 16 rows) of type t into tile rows: K
- * pair kp of the block at dst + kp * 64. Row r's element e is a_s u + b_s
- * with u its unsigned value and s its sub-block: Q4_K a = d sc, b = -dmin
- * m (32 elements a sub-block); Q6_K a = d sc, b = -32 a (16). */
+ * pair kp of the block at dst + kp * 64. Row r's element e is a u + b with
+ * u its unsigned value and (a, b) its sub-block's: Q4_K a = d sc, b = -dmin
+ * m (32 elements a sub-block); Q6_K a = d sc, b = -32 a (16). The values
+ * of 8 elements of 16 rows (elements 8 k + i in the low nibbles of the
+ * 64 bytes at v + 64 k, 8 k + 4 + i in the high ones, byte i of lane r)
+ * make 4 tile rows. */
 static void cpu__amx_unpack_block(kern_type_t t, const uint8_t *blk, uint8_t *dst) {
+  const bool q4 = t == KERN_Q4_K;
   const __m512 d = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)blk));
-  const uint8_t *v = blk + (t == KERN_Q4_K ? CPU_PANEL_Q4K_V : CPU_PANEL_Q6K_V);
+  const __m512 ndmin = q4 ? _mm512_sub_ps(_mm512_setzero_ps(), _mm512_cvtph_ps(_mm256_loadu_si256(
+                                                                   (const __m256i *)(blk + CPU_PANEL_HEAD))))
+                          : d;
+  const uint8_t *v = blk + (q4 ? CPU_PANEL_Q4K_V : CPU_PANEL_Q6K_V);
+  const uint64_t *h4 = (const uint64_t *)(blk + CPU_PANEL_Q6K_H4), *h5 = (const uint64_t *)(blk + CPU_PANEL_Q6K_H5);
   __m512 a = d, b = d;
-  for (int k = 0; k < 32; k++) { /* elements 8k .. 8k + 7 */
-    const int e = 8 * k;
-    if (t == KERN_Q4_K && e % 32 == 0) {
-      const int s = e / 32;
-      const __m512 dmin = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(blk + CPU_PANEL_HEAD)));
-      const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + CPU_PANEL_Q4K_SC + 16 * s))));
-      const __m512 mn = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + CPU_PANEL_Q4K_M + 16 * s))));
-      a = _mm512_mul_ps(d, sc);
-      b = _mm512_mul_ps(_mm512_sub_ps(_mm512_setzero_ps(), dmin), mn);
+  for (int k = 0; k < 32; k++) {
+    if (q4 && k % 4 == 0) {
+      a = _mm512_mul_ps(d, cpu__amx_u8(blk + CPU_PANEL_Q4K_SC + 16 * (k / 4)));
+      b = _mm512_mul_ps(ndmin, cpu__amx_u8(blk + CPU_PANEL_Q4K_M + 16 * (k / 4)));
+    } else if (!q4 && k % 2 == 0) {
+      a = _mm512_mul_ps(d, cpu__amx_i8(blk + CPU_PANEL_HEAD + 16 * (k / 2)));
+      b = _mm512_mul_ps(_mm512_set1_ps(-32.0f), a);
     }
-    const __m512i q = _mm512_loadu_si512((const void *)(v + 64 * k));
-    __m512i lo = _mm512_and_si512(q, _mm512_set1_epi8(0x0F)), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), _mm512_set1_epi8(0x0F));
-    __m512 a0 = a, b0 = b, a1 = a, b1 = b; /* elements 8k .. 8k + 3, 8k + 4 .. 8k + 7 */
-    if (t == KERN_Q6_K) {
-      const uint64_t *h4 = (const uint64_t *)(blk + CPU_PANEL_Q6K_H4), *h5 = (const uint64_t *)(blk + CPU_PANEL_Q6K_H5);
-      /* fifth and sixth bits of each byte's element: bit i of bits4(h[g]) is element 4 g + i's */
-      const __m512i l4 = cpu__amx_bits4(h4[2 * k]), l5 = cpu__amx_bits4(h5[2 * k]);
-      const __m512i u4 = cpu__amx_bits4(h4[2 * k + 1]), u5 = cpu__amx_bits4(h5[2 * k + 1]);
-      for (int i = 0; i < 4; i++) {
-        const __m512i bit = _mm512_set1_epi32(1 << (8 * i));
-        /* bit i of l4 to bit 8 i + 4 of lo, of l5 to bit 8 i + 5 */
-        lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_slli_epi32(l4, 7 * i), bit), 4));
-        lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_slli_epi32(l5, 7 * i), bit), 5));
-        hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_slli_epi32(u4, 7 * i), bit), 4));
-        hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_slli_epi32(u5, 7 * i), bit), 5));
-      }
-      const int s0 = e / 16; /* 8 elements, one sub-block of 16 */
-      const __m512 sc = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + CPU_PANEL_HEAD + 16 * s0))));
-      a0 = a1 = _mm512_mul_ps(d, sc);
-      b0 = b1 = _mm512_mul_ps(_mm512_set1_ps(-32.0f), a0);
+    const __m512i q = _mm512_loadu_si512((const void *)(v + 64 * k)), low = _mm512_set1_epi8(0x0F);
+    __m512i lo = _mm512_and_si512(q, low), hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), low);
+    if (!q4) {
+      lo = cpu__amx_q6_high(lo, h4[2 * k], h5[2 * k]);
+      hi = cpu__amx_q6_high(hi, h4[2 * k + 1], h5[2 * k + 1]);
     }
     __m512 w[8];
     for (int i = 0; i < 4; i++) {
-      w[i] = _mm512_fmadd_ps(a0, cpu__amx_byte(lo, i), b0);
-      w[4 + i] = _mm512_fmadd_ps(a1, cpu__amx_byte(hi, i), b1);
+      w[i] = _mm512_fmadd_ps(a, cpu__amx_byte(lo, i), b);
+      w[4 + i] = _mm512_fmadd_ps(a, cpu__amx_byte(hi, i), b);
     }
-    for (int p = 0; p < 4; p++) cpu__amx_put_pair(dst + (size_t)(4 * k + p) * CPU_AMX_PAIR_BYTES, w[2 * p], w[2 * p + 1]);
+    for (int p = 0; p < 4; p++)
+      cpu__amx_put_pair(dst + (size_t)(4 * k + p) * CPU_AMX_PAIR_BYTES, w[2 * p], w[2 * p + 1]);
   }
 }
 
@@ -140,7 +152,8 @@ static void cpu__amx_unpack_block(kern_type_t t, const uint8_t *blk, uint8_t *ds
 static void cpu__amx_unpack_panel(const kern_weight_t *w, long p, int nb, uint8_t *dst) {
   const size_t pbb = cpu_panel_block_bytes(w->type);
   const uint8_t *panel = (const uint8_t *)w->priv + (size_t)p * (size_t)nb * pbb;
-  for (int b = 0; b < nb; b++) cpu__amx_unpack_block(w->type, panel + (size_t)b * pbb, dst + (size_t)b * 128 * CPU_AMX_PAIR_BYTES);
+  for (int b = 0; b < nb; b++)
+    cpu__amx_unpack_block(w->type, panel + (size_t)b * pbb, dst + (size_t)b * 128 * CPU_AMX_PAIR_BYTES);
 }
 
 typedef struct {
@@ -235,7 +248,8 @@ static void cpu__amx_pair(const cpu_amx_job_t *job, long pair, uint8_t *wb) {
     }
     float tail[16 * 32];
     cpu__amx_block(job, wb, r0, np, j, 1, tail, 32);
-    for (int t = 0; t < job->n - j; t++) memcpy(job->out + (size_t)(j + t) * ld + r0, tail + 32 * t, (size_t)np * 16 * sizeof(float));
+    for (int t = 0; t < job->n - j; t++)
+      memcpy(job->out + (size_t)(j + t) * ld + r0, tail + 32 * t, (size_t)np * 16 * sizeof(float));
   }
 }
 

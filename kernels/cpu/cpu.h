@@ -97,8 +97,10 @@ typedef void (*cpu_quantize_fn)(const float *x, void *y, int n);
  * then fma(m, s_y)); K-quants: converted, fma'd with the sub-block's scale
  * into a super-block sum t (Q4_K: mins into mm alike), then acc = fma(t,
  * d_w d_y, acc) (Q4_K: then acc -= mm dmin_w d_y, one rounding).
- * Every path that reads panels computes that, so a row's result does not
- * depend on the batch (test_matmul_panels_exact). */
+ * Every panel kernel computes that, so a row's result does not depend on
+ * the batch (test_matmul_panels_exact); but a matmul of CPU_AMX_ROWS or
+ * more over Q4_K / Q6_K panels goes to the AMX tiles in bf16 where the CPU
+ * has them (cpu_amx.c), a prefill's rows computed otherwise. */
 #define CPU_PANEL_ROWS 16
 #define CPU_PANEL_TILE 8 /* activation rows a panel kernel call takes at most */
 

@@ -2,7 +2,8 @@
  * weight's vec_dot type, integer block dots, output rows split across threads
  * in chunks taken from an atomic counter; or, for a weight packed into
  * panels at load, the panel kernel over 16 rows and up to CPU_PANEL_TILE (8) activation rows
- * at a time) and embedding lookup. */
+ * at a time, or from CPU_AMX_ROWS rows of Q4_K / Q6_K the AMX tiles, cpu_amx.c) and embedding
+ * lookup. */
 #include <errno.h>
 #include <limits.h>
 #include <stdatomic.h>

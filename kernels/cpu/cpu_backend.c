@@ -334,7 +334,7 @@ static const kern_ops_t cpu__ops = {
  * every matmul runs. */
 static bool cpu__amx_available(const cpu_isa_t *isa) {
 #if defined(__x86_64__)
-  return !strcmp(isa->name, "avx512vnni") && cpu__amx_usable();
+  return isa == &cpu_isa_avx512vnni && cpu__amx_usable();
 #else
   (void)isa;
   return false;

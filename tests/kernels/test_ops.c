@@ -354,13 +354,7 @@ END_TEST
 #if defined(__x86_64__)
 /* f to bf16 and back, round to nearest even (what the AMX path's
  * conversions do). */
-static double bf16_round(float f) {
-  uint32_t u;
-  memcpy(&u, &f, sizeof u);
-  u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-  memcpy(&f, &u, sizeof f);
-  return f;
-}
+static double bf16_round(float f) { return fr_bf16_to_fp32(fr_fp32_to_bf16(f)); }
 
 /* K-quant prefill matmuls on AMX tiles (cpu_amx.c) against the f64 dot of
  * the weights as the reference dequantizer gives them and the activations,

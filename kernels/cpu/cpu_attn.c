@@ -158,11 +158,9 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   }
   float m = -INFINITY;
   for (int i = lo; i <= pos; i++) m = sc[i] > m ? sc[i] : m; /* fmaxf (a NaN score is skipped), inline */
+  ctx->isa->exp_shift(pos + 1 - lo, sc + lo, m);
   double sum = 0;
-  for (int i = lo; i <= pos; i++) {
-    sc[i] = expf(sc[i] - m);
-    sum += sc[i];
-  }
+  for (int i = lo; i <= pos; i++) sum += sc[i];
   const float inv = (float)(1.0 / sum);
   memset(acc, 0, (size_t)hd * sizeof(float));
   for (int i = lo; i <= pos;) { /* block by block, from lo (which may sit inside a block) */

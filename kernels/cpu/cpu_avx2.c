@@ -44,5 +44,7 @@ const cpu_isa_t cpu_isa_avx2 = {
     .axpy_e4m3 = x86__axpy_e4m3,
     .scores_f16 = x86__scores_f16,
     .pv_f16 = x86__pv_f16,
+    .silu_mul = x86__silu_mul,
+    .exp_shift = x86__exp_shift,
 };
 #endif

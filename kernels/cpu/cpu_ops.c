@@ -220,18 +220,19 @@ typedef struct {
   float *out;
   const float *gate, *up;
   int d, stride;
+  void (*row)(int d, const float *g, const float *u, float *o); /* cpu_isa_t.silu_mul */
 } cpu_silu_job_t;
 
 static void cpu__silu_mul_row(const void *vjob, int i) {
   const cpu_silu_job_t *j = vjob;
-  const float *g = j->gate + (size_t)i * (size_t)j->stride, *u = j->up + (size_t)i * (size_t)j->stride;
-  float *o = j->out + (size_t)i * (size_t)j->d;
-  for (int k = 0; k < j->d; k++) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+  j->row(j->d, j->gate + (size_t)i * (size_t)j->stride, j->up + (size_t)i * (size_t)j->stride,
+         j->out + (size_t)i * (size_t)j->d);
 }
 
 int cpu__silu_mul(void *vctx, void *out, const void *gate, const void *up, int n, int d, int stride) {
   if (n < 0 || d <= 0 || stride < d) return fr_errorf(-EINVAL, "silu_mul: bad shape (%d, %d, stride %d)", n, d, stride);
-  cpu_silu_job_t job = {out, gate, up, d, stride};
+  const cpu_ctx_t *ctx = vctx;
+  cpu_silu_job_t job = {out, gate, up, d, stride, ctx->isa->silu_mul};
   cpu__run_rows(vctx, cpu__silu_mul_row, &job, n, (size_t)n * (size_t)d * 8);
   return 0;
 }

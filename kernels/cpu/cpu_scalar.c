@@ -319,6 +319,14 @@ void cpu__axpy_e4m3_scalar(int n, float a, const uint8_t *x, float *y) {
   for (int i = 0; i < n; i++) y[i] += a * cpu_e4m3_to_f32(x[i]);
 }
 
+static void cpu__silu_mul_scalar(int d, const float *g, const float *u, float *o) {
+  for (int k = 0; k < d; k++) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
+}
+
+static void cpu__exp_shift_scalar(int n, float *x, float m) {
+  for (int i = 0; i < n; i++) x[i] = expf(x[i] - m);
+}
+
 const cpu_isa_t cpu_isa_scalar = {
     .name = "scalar",
     .vec_dot =
@@ -350,4 +358,6 @@ const cpu_isa_t cpu_isa_scalar = {
     .axpy_i8 = cpu__axpy_i8_scalar,
     .dot_e4m3 = cpu__dot_e4m3_scalar,
     .axpy_e4m3 = cpu__axpy_e4m3_scalar,
+    .silu_mul = cpu__silu_mul_scalar,
+    .exp_shift = cpu__exp_shift_scalar,
 };

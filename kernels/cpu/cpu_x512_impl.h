@@ -578,4 +578,6 @@ static void x512__pv_f16(int hd, const float *w, float inv, const uint16_t *v, s
     .axpy_e4m3 = x86__axpy_e4m3, \
     .scores_f16 = x512__scores_f16, \
     .pv_f16 = x512__pv_f16, \
+    .silu_mul = x512__silu_mul, \
+    .exp_shift = x512__exp_shift, \
   }

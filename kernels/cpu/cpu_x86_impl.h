@@ -11,6 +11,7 @@
 
 #include "common/fr_util.h"
 #include "kernels/cpu/cpu.h"
+#include "kernels/cpu/cpu_x86_exp.h"
 
 #define X86_F16(x) _cvtsh_ss(x) /* F16C */
 /* The K-quant block dots: inlined into every loop that calls them, so the

@@ -461,6 +461,81 @@ START_TEST(test_attention_block_kernels_exact) {
   if (!tested) fprintf(stderr, "skip: no x86 table with attention block kernels runs here\n");
 }
 END_TEST
+
+static uint32_t f32_bits(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+static float f32_of(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+
+/* The first i < n where got and want differ in bits, or -1. */
+static int first_bits_diff(const float *got, const float *want, int n) {
+  for (int i = 0; i < n; i++)
+    if (f32_bits(got[i]) != f32_bits(want[i])) return i;
+  return -1;
+}
+
+/* Checks one table's exp_shift (shift m) and silu_mul against libm's expf
+ * on the n floats in x, bit for bit; u: silu's up factors. (One assertion
+ * per call: Check reports every passing one to its parent.) */
+static void check_expf_bits(const char *name, const cpu_isa_t *isa, const float *x, int n, float m, const float *u,
+                            float *got, float *want) {
+  memcpy(got, x, sizeof(float) * (size_t)n);
+  isa->exp_shift(n, got, m);
+  for (int i = 0; i < n; i++) want[i] = expf(x[i] - m);
+  int i = first_bits_diff(got, want, n);
+  ck_assert_msg(i < 0, "%s exp_shift(%a - %a) = %a, expf %a", name, (double)x[i < 0 ? 0 : i], (double)m,
+                (double)got[i < 0 ? 0 : i], (double)want[i < 0 ? 0 : i]);
+  isa->silu_mul(n, x, u, got);
+  for (i = 0; i < n; i++) want[i] = x[i] / (1.0f + expf(-x[i])) * u[i];
+  i = first_bits_diff(got, want, n);
+  ck_assert_msg(i < 0, "%s silu_mul(%a, %a) = %a, want %a", name, (double)x[i < 0 ? 0 : i], (double)u[i < 0 ? 0 : i],
+                (double)got[i < 0 ? 0 : i], (double)want[i < 0 ? 0 : i]);
+}
+
+/* Every x86 table's exp_shift and silu_mul give libm's expf bits (the
+ * scalar table calls it): the float bit patterns i * 255 + 7 (2^24 of them,
+ * every exponent and sign, NaNs and infinities) and 2^13 consecutive floats
+ * around each bound of glibc's special cases and around 0; with shift 0 and
+ * a shift that makes x - m round. Odd lengths reach the vector tails.
+ * FERRUM_TEST_EXPF_ALL=1: all 2^32 floats. */
+START_TEST(test_expf_libm_bits) {
+  enum { CHUNK = 1 << 16, NEAR = 1 << 12 };
+  static const float bounds[] = {0.0f, 88.0f, 0x1.62e42ep6f, -0x1.9fe368p6f, -0x1.9d1d9ep6f, -88.0f, 0x1p-126f};
+  const bool all = getenv("FERRUM_TEST_EXPF_ALL") && !strcmp(getenv("FERRUM_TEST_EXPF_ALL"), "1");
+  const uint64_t step = all ? 1 : 255;
+  float *x = malloc(sizeof(float) * CHUNK * 4), *u = x + CHUNK, *got = u + CHUNK, *want = got + CHUNK;
+  for (int i = 0; i < CHUNK; i++) u[i] = rnd_f() * 4.0f;
+  int tested = 0;
+  for (size_t t = 0; t < FR_ARRAY_SIZE(kX86Tables); t++) {
+    const cpu_isa_t *isa = kX86Tables[t].isa;
+    if (!kern_cpu_isa_supported(kX86Tables[t].name)) continue;
+    for (uint64_t b = 7; b < (1ull << 32);) {
+      int n = 0;
+      for (; n < CHUNK - 3 && b < (1ull << 32); b += step) x[n++] = f32_of((uint32_t)b);
+      check_expf_bits(kX86Tables[t].name, isa, x, n, 0.0f, u, got, want);
+    }
+    for (size_t k = 0; k < FR_ARRAY_SIZE(bounds); k++) {
+      for (int s = 0; s < 2; s++) { /* each bound and its negative */
+        const uint32_t c = f32_bits(s ? -bounds[k] : bounds[k]);
+        for (int i = 0; i < 2 * NEAR + 1; i++) x[i] = f32_of(c - NEAR + (uint32_t)i);
+        check_expf_bits(kX86Tables[t].name, isa, x, 2 * NEAR + 1, 0.0f, u, got, want);
+      }
+    }
+    for (int i = 0; i < CHUNK - 5; i++) x[i] = rnd_f() * 40.0f;
+    check_expf_bits(kX86Tables[t].name, isa, x, CHUNK - 5, 7.3f, u, got, want);
+    tested++;
+  }
+  free(x);
+  if (!tested) fprintf(stderr, "skip: no x86 table runs here\n");
+}
+END_TEST
 #endif
 
 /* The AVX-512 K-quant dots compute the AVX2 ones' exact integer sums and the
@@ -1213,6 +1288,7 @@ static Suite *ops_suite(void) {
   tcase_add_loop_test(tc, test_attention, 0, N_CFG);
 #if defined(__x86_64__)
   tcase_add_test(tc, test_attention_block_kernels_exact);
+  tcase_add_test(tc, test_expf_libm_bits);
   tcase_add_test(tc, test_quantize_q8_K_exact);
 #endif
   tcase_add_loop_test(tc, test_moe_ffn, 0, N_CFG);

@@ -35,7 +35,7 @@ typedef struct {
   bool sharegpt;                        /* --dataset-name sharegpt */
   int port;
   long num_prompts, concurrency, in_len, out_len, seed, vocab_lo, vocab_hi, timeout_s;
-  double rate, range_ratio;
+  double rate, range_ratio, temperature;
   long sweep[BENCH_MAX_SWEEP];
   int n_sweep;
 } bench_opts_t;
@@ -88,6 +88,7 @@ static void bench_usage(FILE *f) {
           "  --random-output-len L   output tokens (128); --output-len is the same\n"
           "  --random-range-ratio F  lengths drawn in [L(1-F), L(1+F)] (0: fixed)\n"
           "  --seed S                prompts and arrivals (0)\n"
+          "  --temperature T         sampling temperature of every request (0: greedy)\n"
           "  --dataset-name NAME     random (default) or sharegpt\n"
           "  --dataset-path FILE     the ShareGPT JSON (vLLM's format); prompts are its first turns,\n"
           "                          output lengths its second turns' (vLLM's sampling and limits)\n"
@@ -152,6 +153,7 @@ static int bench_opt_num(bench_opts_t *o, const char *k, const char *v) {
   if (!strcmp(k, "--request-rate"))
     return !strcmp(v, "inf") ? (o->rate = INFINITY, 0) : cli_parse_float(k, v, 1e-6, 1e9, &o->rate);
   if (!strcmp(k, "--random-range-ratio")) return cli_parse_float(k, v, 0, 0.999, &o->range_ratio);
+  if (!strcmp(k, "--temperature")) return cli_parse_float(k, v, 0, 100, &o->temperature);
   return 1;
 }
 
@@ -281,8 +283,8 @@ static char *bench_body(const bench_opts_t *o, const bench_req_t *r) {
   json_t *ids = json_array();
   for (long k = 0; k < r->in_len; k++) json_array_append_new(ids, json_integer(r->ids[k]));
   json_t *j = json_pack("{s:s,s:o,s:I,s:b,s:f,s:b,s:{s:b}}", "model", o->model, "prompt", ids, "max_tokens",
-                        (json_int_t)r->out_len, "ignore_eos", 1, "temperature", 0.0, "stream", 1, "stream_options",
-                        "include_usage", 1);
+                        (json_int_t)r->out_len, "ignore_eos", 1, "temperature", o->temperature, "stream", 1,
+                        "stream_options", "include_usage", 1);
   char *s = j ? json_dumps(j, JSON_COMPACT) : NULL;
   json_decref(j);
   return s;

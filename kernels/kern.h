@@ -441,6 +441,10 @@ const char *kern_cpu_isa(const kern_backend_t *b);
 /* Whether this build and CPU can run the named path. */
 bool kern_cpu_isa_supported(const char *name);
 
+/* y[i] = expf((x[i] - m) / t) for i < n (y may be x), libm's bits, on the
+ * kernel path kern_cpu_create would pick (the sampler's softmax). */
+void kern_cpu_expf_shift(int n, const float *x, float m, float t, float *y);
+
 #ifdef __cplusplus
 }
 #endif

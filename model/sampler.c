@@ -8,6 +8,7 @@
 
 #include "common/fr_hash.h"
 #include "common/fr_util.h"
+#include "kernels/kern.h"
 
 model_sampling_t model_sampling_default(void) {
   model_sampling_t p = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f, .min_p = 0.0f,
@@ -34,21 +35,43 @@ void model_sampler_deinit(model_sampler_t *s) {
   memset(s, 0, sizeof *s);
 }
 
-static int32_t model__argmax(const float *x, int n) {
-  int32_t best = 0;
-  for (int i = 1; i < n; i++)
-    if (x[i] > x[best]) best = i;
-  return best;
+/* The largest of x[0..n) that is not NaN (-inf if none): what
+ * `m = x[i] > m ? x[i] : m` from -inf gives, but in 8 chains so that the
+ * loop is not one comparison's latency an element (a zero maximum may come
+ * back with either sign). */
+static float model__max(const float *x, int n) {
+  float m[8] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY, -INFINITY};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int k = 0; k < 8; k++) m[k] = x[i + k] > m[k] ? x[i + k] : m[k];
+  for (; i < n; i++) m[0] = x[i] > m[0] ? x[i] : m[0];
+  for (int k = 1; k < 8; k++) m[0] = m[k] > m[0] ? m[k] : m[0];
+  return m[0];
 }
 
-/* log(sum(exp(x))): the terms in float (expf, within an ulp; exp in
- * double cost half a millisecond per token over a 49k vocabulary), summed
- * in double. A NaN or +Inf anywhere makes it NaN. */
+/* The first index of the largest x (NaN never is, unless x[0] is NaN: 0). */
+static int32_t model__argmax(const float *x, int n) {
+  if (isnan(x[0])) return 0;
+  const float m = model__max(x, n);
+  for (int32_t i = 0; i < n; i++)
+    if (x[i] == m) return i;
+  return 0;
+}
+
+/* log(sum(exp(x))): the terms in float (libm's expf bits, computed by the
+ * CPU kernels' vector form: kern_cpu_expf_shift; exp in double cost half a
+ * millisecond per token over a 49k vocabulary), summed in double in
+ * order. A NaN or +Inf anywhere makes it NaN. */
 static float model__logsumexp(const float *x, int n) {
-  float mx = -INFINITY;
-  for (int i = 0; i < n; i++) mx = x[i] > mx ? x[i] : mx;
+  enum { CHUNK = 1024 };
+  float e[CHUNK];
+  const float mx = model__max(x, n);
   double sum = 0;
-  for (int i = 0; i < n; i++) sum += expf(x[i] - mx);
+  for (int i0 = 0; i0 < n; i0 += CHUNK) {
+    const int c = FR_MIN(CHUNK, n - i0);
+    kern_cpu_expf_shift(c, x + i0, mx, 1.0f, e);
+    for (int i = 0; i < c; i++) sum += e[i];
+  }
   return mx + (float)log(sum);
 }
 
@@ -193,7 +216,12 @@ static int model__filter(model_sampler_t *s, const model_sampling_t *p, int n) {
     sorted = true;
   }
   float pmax = 0, t = 0;
-  for (int i = 0; i < n; i++) pmax = pr[s->idx[i]] > pmax ? pr[s->idx[i]] : pmax;
+  if (sorted) /* top-k's candidates */
+    for (int i = 0; i < n; i++) pmax = pr[s->idx[i]] > pmax ? pr[s->idx[i]] : pmax;
+  else { /* idx is 0..n-1 */
+    const float m = model__max(pr, n);
+    pmax = m > 0 ? m : 0;
+  }
   if (p->top_p < 1.0f) t = model__top_p_threshold(pr, s->idx, n, sorted, p->top_p);
   if (p->min_p > 0 && p->min_p * pmax > t) t = p->min_p * pmax;
   int m = 0;
@@ -224,9 +252,9 @@ static bool model__prepare(model_sampler_t *s, const model_sampling_t *p, float 
 static int model__dist(model_sampler_t *s, const model_sampling_t *p, const float *logits, double *mass) {
   const int V = s->vocab;
   float mx = logits[model__argmax(logits, V)];
+  kern_cpu_expf_shift(V, logits, mx, p->temperature, s->probs); /* expf((logits[i] - mx) / temperature) */
   double sum = 0;
   for (int i = 0; i < V; i++) {
-    s->probs[i] = expf((logits[i] - mx) / p->temperature);
     sum += s->probs[i];
     s->idx[i] = i;
   }

@@ -189,9 +189,9 @@ typedef struct {
   void (*pv_f16)(int hd, const float *w, float inv, const uint16_t *v, size_t stride, int n, float *acc);
   /* libm's expf, elementwise, its bits on every table (cpu_x86_exp.h):
    * silu_mul: o[k] = g[k] / (1 + expf(-g[k])) * u[k], k < d;
-   * exp_shift: x[i] = expf(x[i] - m), i < n. */
+   * exp_shift: y[i] = expf((x[i] - m) / t), i < n (t = 1: no division; y may be x). */
   void (*silu_mul)(int d, const float *g, const float *u, float *o);
-  void (*exp_shift)(int n, float *x, float m);
+  void (*exp_shift)(int n, const float *x, float m, float t, float *y);
 } cpu_isa_t;
 
 extern const cpu_isa_t cpu_isa_scalar;

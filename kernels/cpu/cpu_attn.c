@@ -158,7 +158,7 @@ static void cpu__attn_item(const cpu_attn_job_t *j, long item, float *scratch) {
   }
   float m = -INFINITY;
   for (int i = lo; i <= pos; i++) m = sc[i] > m ? sc[i] : m; /* fmaxf (a NaN score is skipped), inline */
-  ctx->isa->exp_shift(pos + 1 - lo, sc + lo, m);
+  ctx->isa->exp_shift(pos + 1 - lo, sc + lo, m, 1.0f, sc + lo);
   double sum = 0;
   for (int i = lo; i <= pos; i++) sum += sc[i];
   const float inv = (float)(1.0 / sum);

@@ -2,6 +2,7 @@
  * the KV pool, step metadata and the ops table. Ops live in cpu_matmul.c,
  * cpu_ops.c, cpu_attn.c and cpu_moe.c. */
 #include <errno.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #if defined(__x86_64__)
@@ -75,6 +76,16 @@ static int cpu__choose_isa(const cpu_isa_t **out) {
       return 0;
     }
   return fr_errorf(FR_EUNSUPPORTED, "no CPU kernel path");
+}
+
+void kern_cpu_expf_shift(int n, const float *x, float m, float t, float *y) {
+  static _Atomic(const cpu_isa_t *) table; /* chosen once; a race picks the same table twice */
+  const cpu_isa_t *isa = atomic_load_explicit(&table, memory_order_acquire);
+  if (!isa) {
+    if (cpu__choose_isa(&isa)) isa = &cpu_isa_scalar; /* a bad FERRUM_CPU_ISA: kern_cpu_create reports it */
+    atomic_store_explicit(&table, isa, memory_order_release);
+  }
+  isa->exp_shift(n, x, m, t, y);
 }
 
 static const kern_ops_t cpu__ops; /* below: the vtable of the functions in between */

@@ -323,8 +323,11 @@ static void cpu__silu_mul_scalar(int d, const float *g, const float *u, float *o
   for (int k = 0; k < d; k++) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
 }
 
-static void cpu__exp_shift_scalar(int n, float *x, float m) {
-  for (int i = 0; i < n; i++) x[i] = expf(x[i] - m);
+static void cpu__exp_shift_scalar(int n, const float *x, float m, float t, float *y) {
+  if (t == 1.0f)
+    for (int i = 0; i < n; i++) y[i] = expf(x[i] - m);
+  else
+    for (int i = 0; i < n; i++) y[i] = expf((x[i] - m) / t);
 }
 
 const cpu_isa_t cpu_isa_scalar = {

@@ -1,6 +1,7 @@
 /* cpu_x86_exp.h - glibc's expf, 8 (AVX2) or 16 (AVX-512) lanes at a time,
  * with the same bits, and the two loops built on it: silu_mul (the FFN's
- * silu(gate) * up) and exp_shift (attention's softmax numerators). The
+ * silu(gate) * up) and exp_shift (softmax numerators: attention's, the
+ * sampler's through kern_cpu_expf_shift). The
  * scalar table calls libm's expf per element; these tables must give its
  * bits, or the kernel table would change which token a prompt picks.
  *
@@ -26,6 +27,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 #define X86_EXPF_INVLN2N 0x1.71547652b82fep+5 /* 32 / ln 2 */
@@ -94,12 +96,16 @@ static inline void x86__silu_mul(int d, const float *g, const float *u, float *o
   for (; k < d; k++) o[k] = g[k] / (1.0f + expf(-g[k])) * u[k];
 }
 
-/* x[i] = expf(x[i] - m), i < n. */
-static inline void x86__exp_shift(int n, float *x, float m) {
-  const __m256 mv = _mm256_set1_ps(m);
+/* y[i] = expf((x[i] - m) / t), i < n; t = 1 skips the division (x / 1 is x). */
+static inline void x86__exp_shift(int n, const float *x, float m, float t, float *y) {
+  const __m256 mv = _mm256_set1_ps(m), tv = _mm256_set1_ps(t);
+  const bool div = t != 1.0f;
   int i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, x86__expf8(_mm256_sub_ps(_mm256_loadu_ps(x + i), mv)));
-  for (; i < n; i++) x[i] = expf(x[i] - m);
+  for (; i + 8 <= n; i += 8) {
+    __m256 v = _mm256_sub_ps(_mm256_loadu_ps(x + i), mv);
+    _mm256_storeu_ps(y + i, x86__expf8(div ? _mm256_div_ps(v, tv) : v));
+  }
+  for (; i < n; i++) y[i] = expf(div ? (x[i] - m) / t : x[i] - m);
 }
 
 #if defined(__AVX512F__) && defined(__AVX512DQ__)
@@ -150,11 +156,13 @@ static void x512__silu_mul(int d, const float *g, const float *u, float *o) {
 }
 
 /* As x86__exp_shift; the last n % 16 lanes masked. */
-static void x512__exp_shift(int n, float *x, float m) {
-  const __m512 mv = _mm512_set1_ps(m);
+static void x512__exp_shift(int n, const float *x, float m, float t, float *y) {
+  const __m512 mv = _mm512_set1_ps(m), tv = _mm512_set1_ps(t);
+  const bool div = t != 1.0f;
   for (int i = 0; i < n; i += 16) {
     const __mmask16 k = n - i >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (n - i)) - 1);
-    _mm512_mask_storeu_ps(x + i, k, x512__expf16(_mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv)));
+    __m512 v = _mm512_sub_ps(_mm512_maskz_loadu_ps(k, x + i), mv);
+    _mm512_mask_storeu_ps(y + i, k, x512__expf16(div ? _mm512_div_ps(v, tv) : v));
   }
 }
 #endif

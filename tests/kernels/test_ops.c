@@ -481,17 +481,19 @@ static int first_bits_diff(const float *got, const float *want, int n) {
   return -1;
 }
 
-/* Checks one table's exp_shift (shift m) and silu_mul against libm's expf
- * on the n floats in x, bit for bit; u: silu's up factors. (One assertion
- * per call: Check reports every passing one to its parent.) */
-static void check_expf_bits(const char *name, const cpu_isa_t *isa, const float *x, int n, float m, const float *u,
-                            float *got, float *want) {
+/* Checks one table's exp_shift (shift m, divisor t; in place when t is 1)
+ * and silu_mul against libm's expf on the n floats in x, bit for bit; u:
+ * silu's up factors. (One assertion per call: Check reports every passing
+ * one to its parent.) */
+static void check_expf_bits(const char *name, const cpu_isa_t *isa, const float *x, int n, float m, float t,
+                            const float *u, float *got, float *want) {
   memcpy(got, x, sizeof(float) * (size_t)n);
-  isa->exp_shift(n, got, m);
-  for (int i = 0; i < n; i++) want[i] = expf(x[i] - m);
+  if (t == 1.0f) isa->exp_shift(n, got, m, t, got);
+  else isa->exp_shift(n, x, m, t, got);
+  for (int i = 0; i < n; i++) want[i] = t == 1.0f ? expf(x[i] - m) : expf((x[i] - m) / t);
   int i = first_bits_diff(got, want, n);
-  ck_assert_msg(i < 0, "%s exp_shift(%a - %a) = %a, expf %a", name, (double)x[i < 0 ? 0 : i], (double)m,
-                (double)got[i < 0 ? 0 : i], (double)want[i < 0 ? 0 : i]);
+  ck_assert_msg(i < 0, "%s exp_shift((%a - %a) / %a) = %a, expf %a", name, (double)x[i < 0 ? 0 : i], (double)m,
+                (double)t, (double)got[i < 0 ? 0 : i], (double)want[i < 0 ? 0 : i]);
   isa->silu_mul(n, x, u, got);
   for (i = 0; i < n; i++) want[i] = x[i] / (1.0f + expf(-x[i])) * u[i];
   i = first_bits_diff(got, want, n);
@@ -503,8 +505,9 @@ static void check_expf_bits(const char *name, const cpu_isa_t *isa, const float 
  * scalar table calls it): the float bit patterns i * 255 + 7 (2^24 of them,
  * every exponent and sign, NaNs and infinities) and 2^13 consecutive floats
  * around each bound of glibc's special cases and around 0; with shift 0 and
- * a shift that makes x - m round. Odd lengths reach the vector tails.
- * FERRUM_TEST_EXPF_ALL=1: all 2^32 floats. */
+ * a shift that makes x - m round, and divided by a temperature (the
+ * sampler's form, also through kern_cpu_expf_shift). Odd lengths reach
+ * the vector tails. FERRUM_TEST_EXPF_ALL=1: all 2^32 floats. */
 START_TEST(test_expf_libm_bits) {
   enum { CHUNK = 1 << 16, NEAR = 1 << 12 };
   static const float bounds[] = {0.0f, 88.0f, 0x1.62e42ep6f, -0x1.9fe368p6f, -0x1.9d1d9ep6f, -88.0f, 0x1p-126f};
@@ -519,19 +522,24 @@ START_TEST(test_expf_libm_bits) {
     for (uint64_t b = 7; b < (1ull << 32);) {
       int n = 0;
       for (; n < CHUNK - 3 && b < (1ull << 32); b += step) x[n++] = f32_of((uint32_t)b);
-      check_expf_bits(kX86Tables[t].name, isa, x, n, 0.0f, u, got, want);
+      check_expf_bits(kX86Tables[t].name, isa, x, n, 0.0f, 1.0f, u, got, want);
     }
     for (size_t k = 0; k < FR_ARRAY_SIZE(bounds); k++) {
       for (int s = 0; s < 2; s++) { /* each bound and its negative */
         const uint32_t c = f32_bits(s ? -bounds[k] : bounds[k]);
         for (int i = 0; i < 2 * NEAR + 1; i++) x[i] = f32_of(c - NEAR + (uint32_t)i);
-        check_expf_bits(kX86Tables[t].name, isa, x, 2 * NEAR + 1, 0.0f, u, got, want);
+        check_expf_bits(kX86Tables[t].name, isa, x, 2 * NEAR + 1, 0.0f, 1.0f, u, got, want);
       }
     }
     for (int i = 0; i < CHUNK - 5; i++) x[i] = rnd_f() * 40.0f;
-    check_expf_bits(kX86Tables[t].name, isa, x, CHUNK - 5, 7.3f, u, got, want);
+    check_expf_bits(kX86Tables[t].name, isa, x, CHUNK - 5, 7.3f, 1.0f, u, got, want);
+    check_expf_bits(kX86Tables[t].name, isa, x, CHUNK - 5, 7.3f, 0.7f, u, got, want);
+    check_expf_bits(kX86Tables[t].name, isa, x, CHUNK - 5, -2.0f, 1.6f, u, got, want);
     tested++;
   }
+  kern_cpu_expf_shift(CHUNK - 5, x, 7.3f, 0.7f, got);
+  for (int i = 0; i < CHUNK - 5; i++) want[i] = expf((x[i] - 7.3f) / 0.7f);
+  ck_assert_msg(first_bits_diff(got, want, CHUNK - 5) < 0, "kern_cpu_expf_shift != expf");
   free(x);
   if (!tested) fprintf(stderr, "skip: no x86 table runs here\n");
 }

@@ -46,6 +46,34 @@ START_TEST(greedy_and_degenerate_filters_pick_argmax) {
 }
 END_TEST
 
+/* Greedy is the first index of the largest logit, as a loop of `>` from
+ * index 0 finds it: ties, NaNs (skipped, unless the first logit is NaN),
+ * zeros of both signs, lengths around the sampler's 8-wide chains. */
+START_TEST(greedy_is_the_first_largest) {
+  enum { N = 1003 };
+  float l[N], ref[N];
+  srand(7);
+  for (int trial = 0; trial < 400; trial++) {
+    const int n = 1 + trial % 37 + (trial % 3 == 0 ? N - 40 : 0);
+    for (int i = 0; i < n; i++) l[i] = (float)(rand() % 9) - 4.0f; /* many ties */
+    if (trial % 5 == 1) l[rand() % n] = NAN;
+    if (trial % 7 == 2) l[0] = NAN;
+    if (trial % 11 == 3)
+      for (int i = 0; i < n; i++) l[i] = (rand() & 1) ? -0.0f : 0.0f;
+    int32_t want = 0;
+    for (int i = 1; i < n; i++)
+      if (l[i] > l[want]) want = i;
+    memcpy(ref, l, sizeof(float) * (size_t)n);
+    model_sampler_t s;
+    model_sampler_init(&s, n);
+    model_sampling_t p = model_sampling_default();
+    ck_assert_int_eq(model_sample(&s, &p, l, NULL, 0, NULL, 0, 0, NULL), want);
+    ck_assert(!memcmp(l, ref, sizeof(float) * (size_t)n));
+    model_sampler_deinit(&s);
+  }
+}
+END_TEST
+
 START_TEST(same_seed_same_tokens) {
   model_sampler_t s;
   model_sampler_init(&s, V);
@@ -441,6 +469,7 @@ static Suite *sampler_suite(void) {
   Suite *s = suite_create("sampler");
   TCase *tc = tcase_create("sampler");
   tcase_add_test(tc, greedy_and_degenerate_filters_pick_argmax);
+  tcase_add_test(tc, greedy_is_the_first_largest);
   tcase_add_test(tc, same_seed_same_tokens);
   tcase_add_test(tc, temperature_one_follows_softmax);
   tcase_add_test(tc, top_k_restricts_support);

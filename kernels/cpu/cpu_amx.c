@@ -36,7 +36,7 @@
  * (arch_prctl ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA): asked once, for
  * every thread. */
 bool cpu__amx_usable(void) {
-  static int usable = -1;
+  static _Atomic int usable = -1; /* a race asks Linux twice, harmlessly */
   if (usable < 0) {
     unsigned a, b, c, d, a1, b1, c1, d1;
     const bool cpu = __builtin_cpu_supports("avx512bw") && __get_cpuid_count(7, 0, &a, &b, &c, &d) &&

@@ -111,7 +111,8 @@ typedef struct {
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
-  int fuse_gemv;    /* matmul_silu_mul and matmul_rope_kv_append as one GEMV kernel where it runs
+  int fuse_gemv;    /* matmul_silu_mul and matmul_rope_kv_append as one GEMV kernel where it runs, and
+                       matmul_silu_mul as one wide Q4F kernel where that runs
                        (FERRUM_CUDA_FUSE_GEMV=0: always the two ops, for comparisons) */
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
   int moe_gemv_pairs;  /* most (token, expert) pairs a moe_ffn call runs as GEMVs (FERRUM_CUDA_MOE_GEMV) */
@@ -209,6 +210,12 @@ template <typename T> __device__ __forceinline__ T kcu_t(float x);
 template <> __device__ __forceinline__ __nv_bfloat16 kcu_t<__nv_bfloat16>(float x) { return __float2bfloat16(x); }
 template <> __device__ __forceinline__ __half kcu_t<__half>(float x) { return __float2half(x); }
 template <> __device__ __forceinline__ float kcu_t<float>(float x) { return x; }
+
+/* silu(g) * u in T: the silu_mul op and the fused GEMV and Q4F epilogues
+ * compute it this one way, so fused and unfused give the same bits. */
+template <typename T> __device__ __forceinline__ T kcu_silu_mul1(float g, float u) {
+  return kcu_t<T>(g / (1.f + __expf(-g)) * u);
+}
 
 /* 8 packed elements (one 16-byte load) to f32. */
 __device__ __forceinline__ void kcu_unpack8(uint4 v, float *f, const __nv_bfloat16 *) {
@@ -473,6 +480,11 @@ bool kcu__q4f_takes(const kern_weight_t *w);
 size_t kcu__q4f_bytes(int64_t rows, int64_t cols);
 int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src);
 int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
+/* out (n, d) = silu(x Wg) * (x Wu) for a KERN_Q4F [gate; up] weight of 2d
+ * rows in one wide kernel, where kcu__q4f_silu_fits says so (17-64 rows
+ * on sm_90): the bits of kcu__q4f_matmul then kcu__silu_mul. */
+bool kcu__q4f_silu_fits(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n);
+int kcu__q4f_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n);
 int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows);
 /* The wide Q4F kernels' shared memory (at create). */
 int kcu__q4f_init(kcu_ctx_t *c);

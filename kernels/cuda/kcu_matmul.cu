@@ -156,7 +156,7 @@ template <typename T> struct kcu_epi_silu {
     for (int b = 0; b < NBM; b++) {
       if (b >= nb) break;
       const float gv = kcu_f(kcu_t<T>(g[b])), uv = kcu_f(kcu_t<T>(u[b]));
-      out[(size_t)b * d + j] = kcu_t<T>(gv / (1.f + __expf(-gv)) * uv);
+      out[(size_t)b * d + j] = kcu_silu_mul1<T>(gv, uv);
     }
   }
 };
@@ -506,6 +506,7 @@ int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
     KCU_ACT_DISPATCH(c, rc = kcu_gemv_pairs<T>(c, kcu_epi_silu<T>{(T *)out, d}, d, w, NULL, (const T *)x, n));
     return rc;
   }
+  if (kcu__q4f_silu_fits(c, w, x, n)) return kcu__q4f_matmul_silu(c, out, w, x, n);
   int rc = kcu__matmul(c, scratch, w, NULL, x, n);
   return rc ? rc : kcu__silu_mul(c, out, scratch, (char *)scratch + (size_t)d * c->act_size, n, d, 2 * d);
 }

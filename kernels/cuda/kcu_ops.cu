@@ -402,7 +402,7 @@ __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d,
   if (i >= (long long)n * d) return;
   long long r = i / d, j = i % d;
   float g = kcu_f(gate[r * stride + j]), u = kcu_f(up[r * stride + j]);
-  out[i] = kcu_t<T>(g / (1.f + __expf(-g)) * u);
+  out[i] = kcu_silu_mul1<T>(g, u);
 }
 
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride) {

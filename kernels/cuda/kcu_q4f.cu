@@ -427,16 +427,23 @@ static int kcu_q4f_gemm(kcu_ctx_t *c, T *out, const kern_weight_t *w, const floa
   return 0;
 }
 
+/* The matmul's input: x, or for a permuted weight (GPTQ act-order) x's
+ * columns gathered into the weight's order in c->deq. */
+template <typename T> static int kcu_q4f_input(kcu_ctx_t *c, const kern_weight_t *w, const T **x, int n) {
+  if (!w->perm) return 0;
+  const int32_t *perm = (const int32_t *)w->priv;
+  long long total = (long long)n * w->cols;
+  if ((size_t)total > c->deq_elems) return fr_errorf(FR_ESTATE, "cuda: matmul: permuted-input scratch too small");
+  KCU_LAUNCH(c, kcu_q4f_gather_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)c->deq, *x, perm,
+             (int)w->cols, (int)kern_weight_x_cols(w), total);
+  *x = (const T *)c->deq;
+  return 0;
+}
+
 template <typename T>
 static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  const int32_t *perm = (const int32_t *)w->priv;
-  if (w->perm) {
-    long long total = (long long)n * w->cols;
-    if ((size_t)total > c->deq_elems) return fr_errorf(FR_ESTATE, "cuda: matmul: permuted-input scratch too small");
-    KCU_LAUNCH(c, kcu_q4f_gather_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)c->deq, x, perm,
-               (int)w->cols, (int)kern_weight_x_cols(w), total);
-    x = (const T *)c->deq;
-  }
+  int rc = kcu_q4f_input(c, w, &x, n);
+  if (rc) return rc;
   /* From c->q4f_wide rows (17; sm_90 only) the wide kernel; below, and
    * where it does not run, the per-tile kernel, past 64 rows the GEMM form */
   if (n >= c->q4f_wide) return kcu__q4w_matmul(c, out, w, bias, x, n);
@@ -457,6 +464,24 @@ static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const 
 int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
   int rc = 0;
   KCU_ACT_DISPATCH(c, rc = kcu_q4f_matmul_t<T>(c, (T *)out, w, bias, (const T *)x, n));
+  return rc;
+}
+
+/* Up to one CTA of tokens (64): measured on H200, Llama-3-8B shapes as
+ * I4G (docs/bench/gpu.md, session 27), the fused kernel's decode steps
+ * run 2-4% faster at 17-64 rows and 1-2% slower at 96. */
+bool kcu__q4f_silu_fits(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
+  return w->type == KERN_Q4F && (!w->perm || w->priv) && c->fuse_gemv && n >= c->q4f_wide && n <= KCU_Q4F_TOK &&
+         n <= c->q4f_max_n && ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0 && w->rows % (2 * KCU_Q4F_ROWS) == 0;
+}
+
+int kcu__q4f_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n) {
+  int rc = 0;
+  KCU_ACT_DISPATCH(c, {
+    const T *xt = (const T *)x;
+    rc = kcu_q4f_input(c, w, &xt, n);
+    if (!rc) rc = kcu__q4w_matmul_silu(c, out, w, xt, n);
+  });
   return rc;
 }
 

@@ -137,3 +137,4 @@ __device__ __forceinline__ int kcu_q4f_xoff(int r, int c) { return r * 8 + (c ^ 
 
 /* The wide kernel's matmul (kcu_q4f_wide.cu): n from c->q4f_wide up. */
 int kcu__q4w_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
+int kcu__q4w_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n);

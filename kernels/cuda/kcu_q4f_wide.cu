@@ -19,7 +19,14 @@ namespace cg = cooperative_groups;
  * barrier a stage. A weight of few rows has its units split over the
  * gridDim.z CTAs of one cluster (enough CTAs for the SMs): their sums
  * meet in distributed shared memory and are added in split order, so the
- * bits do not depend on which CTA finishes first. */
+ * bits do not depend on which CTA finishes first.
+ *
+ * PAIR: a gate/up weight [gate; up] (2d rows, d a multiple of 16) whose
+ * output is silu(gate) * up (matmul_silu_mul). A CTA takes 4 gate tiles
+ * and their 4 up tiles, each warp a gate tile and its up tile, so a
+ * lane's sums of the two rows of a pair sit side by side in its
+ * registers. Each sum is rounded to T first, as the matmul would store it
+ * before kcu_silu_mul_k reads it: the same bits as the two kernels. */
 #define KCU_Q4W_WARPS 4
 #define KCU_Q4W_TW 2
 #define KCU_Q4W_TILES (KCU_Q4W_WARPS * KCU_Q4W_TW)
@@ -36,16 +43,46 @@ template <int NT, int SU, int S> struct kcu_q4w_smem {
   static constexpr size_t BYTES = (size_t)S * STAGE * sizeof(uint4);
 };
 
-template <typename T, int NT, int SU, int S>
+/* silu(gate) * up of two sums, each rounded to T as a stored matmul output
+ * (+ 0.f: the matmul adds its zero bias) and read back. */
+template <typename T> __device__ __forceinline__ T kcu_q4w_silu(float gate, float up) {
+  const float gv = kcu_f(kcu_t<T>(gate + 0.f)), uv = kcu_f(kcu_t<T>(up + 0.f));
+  return kcu_silu_mul1<T>(gv, uv);
+}
+
+/* A warp's PAIR results: ga / ua the sums of gate tile `tile` and its up
+ * tile (kcu_q4f_store's register order); out is (n, d). */
+template <typename T, int NT>
+__device__ __forceinline__ void kcu_q4w_store_silu(const float (&ga)[NT][4], const float (&ua)[NT][4], T *out,
+                                                   int tile, int tok0, int d, int n) {
+  const int lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int e = 0; e < 4; e++) {
+    const int row = tile * KCU_Q4F_ROWS + g + 8 * (e >> 1);
+#pragma unroll
+    for (int j = 0; j < NT; j++) {
+      const int tok = tok0 + 8 * j + 2 * t + (e & 1);
+      if (tok < n) out[(size_t)tok * d + row] = kcu_q4w_silu<T>(ga[j][e], ua[j][e]);
+    }
+  }
+}
+
+template <typename T, int NT, int SU, int S, bool PAIR>
 __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
     kcu_q4f_wide_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
                    int n) {
   typedef kcu_q4w_smem<NT, SU, S> L;
   constexpr int TW = KCU_Q4W_TW, NTH = KCU_Q4W_WARPS * KCU_WARP, TOK = 8 * NT;
+  static_assert(!PAIR || TW == 2, "a warp's two tiles are a gate tile and its up tile");
   extern __shared__ uint4 kcu_q4w_sm[];
   const int wr = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
   const int tok0 = blockIdx.x * TOK, tile0 = blockIdx.y * KCU_Q4W_TILES, ks = gridDim.z;
   const int tiles = kcu_q4f_tiles(rows), units = kcu_q4f_units(cols);
+  /* The CTA's tile tl: tile0 + tl, or (PAIR) gate tile gate0 + tl / 2 and,
+   * odd tl, its up tile dt further; it exists while lead(tl) < lim. */
+  const int dt = tiles / 2, gate0 = blockIdx.y * (KCU_Q4W_TILES / 2), lim = PAIR ? dt : tiles;
+  auto lead = [&](int tl) { return PAIR ? gate0 + tl / 2 : tile0 + tl; };
+  auto tile_of = [&](int tl) { return PAIR ? lead(tl) + (tl & 1) * dt : tile0 + tl; };
   /* this CTA's units [u_lo, u_hi), whole stages but the last */
   const int per = ((units + ks - 1) / ks + SU - 1) / SU * SU;
   const int u_lo = FR_MIN(units, (int)blockIdx.z * per), u_hi = FR_MIN(units, u_lo + per);
@@ -65,21 +102,24 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
    * bytes tid % 8. Missing tiles, units and tokens are zeros. */
   constexpr int XT = NTH / 8, XR = TOK / XT, XI = SU * XR, WQ = NTH / KCU_WARP, QI = L::Q / NTH;
   static_assert(L::X == XI * NTH && L::Q == QI * NTH && L::D <= NTH && WQ % SU == 0, "whole rounds of copies");
+  /* copy it's tile is tl = it * WA + wr / SU: lead and tile advance by QA a round (WA even, so tl's parity is fixed) */
+  constexpr int WA = WQ / SU, QA = PAIR ? WA / 2 : WA;
+  static_assert(!PAIR || WA % 2 == 0, "a copy keeps its gate or up side");
   const int tid = threadIdx.x, xc = tid % 8, xr = tid / 8;
   const uint32_t sm0 = (uint32_t)__cvta_generic_to_shared(kcu_q4w_sm);
   const int x_off = (tok0 + xr) * cols + u_lo * KCU_Q4F_COLS + 8 * xc, x_row = XT * cols;
-  const int q_tile = tile0 + wr / SU, q_off = ((q_tile * units) + u_lo + wr % SU) * KCU_WARP + lane;
-  const int d_tile = tile0 + xr / SU, d_off = ((d_tile * units) + u_lo + xr % SU) * 8 + xc;
+  const int q_lead = lead(wr / SU), q_off = ((tile_of(wr / SU) * units) + u_lo + wr % SU) * KCU_WARP + lane;
+  const int d_lead = lead(xr / SU), d_off = ((tile_of(xr / SU) * units) + u_lo + xr % SU) * 8 + xc;
   auto load_w = [&](int k) {
     const uint32_t st = sm0 + (uint32_t)((k % S) * L::STAGE + L::X) * 16;
     const bool u_ok = u_lo + k * SU + wr % SU < u_hi;
 #pragma unroll
     for (int it = 0; it < QI; it++) {
-      const bool ok = u_ok && q_tile + it * (WQ / SU) < tiles;
-      const int off = q_off + (it * (WQ / SU) * units + k * SU) * KCU_WARP;
+      const bool ok = u_ok && q_lead + it * QA < lim;
+      const int off = q_off + (it * QA * units + k * SU) * KCU_WARP;
       kcu_cp_async16(st + (it * NTH + tid) * 16, nib + (ok ? off : 0), ok);
     }
-    const bool ok = d_tile < tiles && u_lo + k * SU + xr % SU < u_hi;
+    const bool ok = d_lead < lim && u_lo + k * SU + xr % SU < u_hi;
     if (L::D == NTH || tid < L::D) kcu_cp_async16(st + (L::Q + tid) * 16, dmv + (ok ? d_off + k * SU * 8 : 0), ok);
   };
   auto load_x = [&](int k) {
@@ -140,9 +180,14 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
   }
   kcu_cp_wait<0>();
   if (ks == 1) {
+    if constexpr (PAIR) {
+      if (lead(wr * TW) < lim)
+        kcu_q4w_store_silu<T, NT>(acc[0], acc[1], out, lead(wr * TW), tok0, dt * KCU_Q4F_ROWS, n);
+    } else {
 #pragma unroll
-    for (int e = 0; e < TW; e++)
-      if (tile0 + wr * TW + e < tiles) kcu_q4f_store<T, NT>(acc[e], out, bias, tile0 + wr * TW + e, tok0, rows, n);
+      for (int e = 0; e < TW; e++)
+        if (tile0 + wr * TW + e < tiles) kcu_q4f_store<T, NT>(acc[e], out, bias, tile0 + wr * TW + e, tok0, rows, n);
+    }
     return;
   }
   /* split: the cluster's ks CTAs (one a split) leave their sums in their
@@ -161,15 +206,37 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
         red[(8 * j + 2 * t + (f & 1)) * KCU_Q4W_RS + (wr * TW + e) * KCU_Q4F_ROWS + g + 8 * (f >> 1)] = acc[e][j][f];
   cg::cluster_group cl = cg::this_cluster();
   cl.sync();
-  const int row = tile0 * KCU_Q4F_ROWS + threadIdx.x, z = (int)cl.block_rank();
-  if (row < rows) {
-    const float bv = bias ? bias[row] : 0.f;
-    for (int r = z; r < TOK && tok0 + r < n; r += ks) {
-      float v = 0.f;
+  const int z = (int)cl.block_rank();
+  if constexpr (PAIR) {
+    /* the CTA's 64 gate rows, each with two threads taking every other of
+     * the token rows: gate row i's sums at local row 32 (i / 16) + i % 16
+     * (tile 2 p), its up row's 16 further (tile 2 p + 1) */
+    constexpr int GR = KCU_Q4W_TILES / 2 * KCU_Q4F_ROWS;
+    const int i = threadIdx.x % GR, half = threadIdx.x / GR, d = dt * KCU_Q4F_ROWS;
+    const int lr = 2 * KCU_Q4F_ROWS * (i / KCU_Q4F_ROWS) + i % KCU_Q4F_ROWS, row = gate0 * KCU_Q4F_ROWS + i;
+    if (gate0 + i / KCU_Q4F_ROWS < dt)
+      for (int r = z + half * ks; r < TOK && tok0 + r < n; r += 2 * ks) {
+        float gv = 0.f, uv = 0.f;
 #pragma unroll
-      for (int y = 0; y < KCU_Q4W_MAX_SPLITS; y++)
-        if (y < ks) v += cl.map_shared_rank(red, y)[r * KCU_Q4W_RS + threadIdx.x];
-      out[(size_t)(tok0 + r) * rows + row] = kcu_t<T>(v + bv);
+        for (int y = 0; y < KCU_Q4W_MAX_SPLITS; y++)
+          if (y < ks) {
+            const float *sums = cl.map_shared_rank(red, y) + r * KCU_Q4W_RS + lr;
+            gv += sums[0];
+            uv += sums[KCU_Q4F_ROWS];
+          }
+        out[(size_t)(tok0 + r) * d + row] = kcu_q4w_silu<T>(gv, uv);
+      }
+  } else {
+    const int row = tile0 * KCU_Q4F_ROWS + threadIdx.x;
+    if (row < rows) {
+      const float bv = bias ? bias[row] : 0.f;
+      for (int r = z; r < TOK && tok0 + r < n; r += ks) {
+        float v = 0.f;
+#pragma unroll
+        for (int y = 0; y < KCU_Q4W_MAX_SPLITS; y++)
+          if (y < ks) v += cl.map_shared_rank(red, y)[r * KCU_Q4W_RS + threadIdx.x];
+        out[(size_t)(tok0 + r) * rows + row] = kcu_t<T>(v + bv);
+      }
     }
   }
   cl.sync(); /* no CTA leaves while another reads its sums */
@@ -193,14 +260,15 @@ static int kcu_q4w_splits(const kcu_ctx_t *c, dim3 grid, int tok, int units) {
   return (int)FR_MAX(FR_MIN(ks, (long long)FR_MIN(units / KCU_Q4W_MIN_UNITS, KCU_Q4W_MAX_SPLITS)), 1ll);
 }
 
-template <typename T, int NT, int SU, int S>
+template <typename T, int NT, int SU, int S, bool PAIR>
 static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
-  dim3 grid(kcu_div_up(n, 8 * NT), kcu_div_up(v.tiles, KCU_Q4W_TILES), 1);
+  const int row_ctas = PAIR ? kcu_div_up(v.tiles / 2, KCU_Q4W_TILES / 2) : kcu_div_up(v.tiles, KCU_Q4W_TILES);
+  dim3 grid(kcu_div_up(n, 8 * NT), row_ctas, 1);
   const int ks = kcu_q4w_splits(c, grid, 8 * NT, v.units);
   grid.z = ks;
   if (grid.y > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows", (long long)w->rows);
-  KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,
+  KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S, PAIR>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,
                                kcu_q4w_smem<NT, SU, S>::BYTES, out, (const uint4 *)v.nib, (const uint4 *)v.dm, x,
                                bias, (int)w->rows, (int)w->cols, n));
   return 0;
@@ -214,15 +282,27 @@ static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 
 int kcu__q4w_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
   int rc = 0;
-  KCU_ACT_DISPATCH(c, rc = n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32>(c, (T *)out, w, bias, (const T *)x, n)
-                                   : kcu_q4w_launch<T, KCU_Q4W_64>(c, (T *)out, w, bias, (const T *)x, n));
+  KCU_ACT_DISPATCH(c, rc = n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32, false>(c, (T *)out, w, bias, (const T *)x, n)
+                                   : kcu_q4w_launch<T, KCU_Q4W_64, false>(c, (T *)out, w, bias, (const T *)x, n));
+  return rc;
+}
+
+int kcu__q4w_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n) {
+  if (w->rows % (2 * KCU_Q4F_ROWS))
+    return fr_errorf(FR_EFORMAT, "cuda: Q4F matmul_silu_mul: %lld rows, not two halves of whole tiles",
+                     (long long)w->rows);
+  int rc = 0;
+  KCU_ACT_DISPATCH(c, rc = n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32, true>(c, (T *)out, w, NULL, (const T *)x, n)
+                                   : kcu_q4w_launch<T, KCU_Q4W_64, true>(c, (T *)out, w, NULL, (const T *)x, n));
   return rc;
 }
 
 /* A wide kernel's shared memory past 48 KB (at create: a first launch may
  * be inside a capture). */
 template <typename T, int NT, int SU, int S> static int kcu_q4w_attr(void) {
-  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_q4w_smem<NT, SU, S>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)kcu_q4w_smem<NT, SU, S>::BYTES));
   return 0;
 }

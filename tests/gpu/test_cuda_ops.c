@@ -109,6 +109,18 @@ static void poison(void *g, size_t n) {
   free(h);
 }
 
+/* Two GPU buffers of `bytes` bytes, bit for bit. */
+static void expect_same_bits(const void *a, const void *b, size_t bytes, const char *what) {
+  uint8_t *ha = fr_malloc(bytes + 1), *hb = fr_malloc(bytes + 1);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, ha, a, bytes), 0);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, hb, b, bytes), 0);
+  size_t i = 0;
+  while (i < bytes && ha[i] == hb[i]) i++;
+  ck_assert_msg(i == bytes, "%s: byte %zu of %zu differs", what, i, bytes);
+  free(ha);
+  free(hb);
+}
+
 static float *gpu_get(const void *g, size_t n) {
   float *o = fr_malloc(n * 4 + 4);
   int rc = gpu->ops->to_f32_host(gpu->ctx, o, g, n);
@@ -461,6 +473,51 @@ START_TEST(test_matmul_q4f) {
   setenv("FERRUM_CUDA_Q4F", "0", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   check_matmul(t, 200, 512, false);
+}
+END_TEST
+
+/* matmul_silu_mul over a 4-bit [gate; up] weight where the wide Q4F kernel
+ * takes it (17 to 64 rows on sm_90): silu(gate) * up in the kernel, bit
+ * for bit against matmul then silu_mul. 13 gate tiles (the last CTA has
+ * one of 4), a last unit of 32 columns (not Q4_K), an act-order
+ * permutation (I4G), the units split by the SMs or in 1, 2, 3 and 8. */
+START_TEST(test_q4f_silu_mul) {
+  const kern_type_t t = k_q4[_i];
+  const int ffn = 16 * 13, cols = t == KERN_Q4_K ? 768 : 288;
+  static const int ns[] = {17, 24, 32, 33, 64, 100}; /* 100: the two kernels, as the fused op runs up to 64 */
+  static const char *ks[] = {"0", "1", "2", "3", "8"};
+  int32_t *perm = t == KERN_I4G ? rand_perm(cols) : NULL;
+  for (size_t k = 0; k < FR_ARRAY_SIZE(ks); k++) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_Q4F_KS", ks[k], 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+    wpair_t gu;
+    wpair_load_as(&gu, t, 2 * ffn, cols, rand_weight(t, 2 * ffn, cols), false, perm, 0);
+    for (size_t i = 0; i < FR_ARRAY_SIZE(ns); i++) {
+      const int n = ns[i];
+      pair_t x = pair_rand((size_t)n * cols, 1.f);
+      void *scratch = NULL, *a = NULL, *out = NULL;
+      ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * 2 * ffn * 2, &scratch), 0);
+      ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * ffn * 2, &a), 0);
+      ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * ffn * 2, &out), 0);
+      ck_assert_int_eq(gpu->ops->matmul(gpu->ctx, scratch, &gu.g, NULL, x.g, n), 0);
+      ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, a, scratch, (uint16_t *)scratch + ffn, n, ffn, 2 * ffn), 0);
+      poison(scratch, (size_t)n * 2 * ffn);
+      poison(out, (size_t)n * ffn);
+      int rc = gpu->ops->matmul_silu_mul(gpu->ctx, out, &gu.g, x.g, n, scratch);
+      ck_assert_msg(rc == 0, "matmul_silu_mul: %s", fr_last_error());
+      char what[96];
+      snprintf(what, sizeof what, "%s matmul_silu_mul n=%d splits %s", kern_type_traits(t)->name, n, ks[k]);
+      expect_same_bits(a, out, (size_t)n * ffn * 2, what);
+      gpu->ops->free(gpu->ctx, scratch);
+      gpu->ops->free(gpu->ctx, a);
+      gpu->ops->free(gpu->ctx, out);
+      pair_free(&x);
+    }
+    wpair_free(&gu);
+  }
+  unsetenv("FERRUM_CUDA_Q4F_KS");
+  free(perm);
 }
 END_TEST
 
@@ -1205,18 +1262,6 @@ START_TEST(test_rope_kv_append) {
 END_TEST
 
 /* ---- the fused matmul ops ---------------------------------------------------------------------- */
-
-/* n elements of two GPU act buffers, bit for bit. */
-static void expect_same_bits(const void *a, const void *b, size_t bytes, const char *what) {
-  uint8_t *ha = fr_malloc(bytes + 1), *hb = fr_malloc(bytes + 1);
-  ck_assert_int_eq(gpu->ops->download(gpu->ctx, ha, a, bytes), 0);
-  ck_assert_int_eq(gpu->ops->download(gpu->ctx, hb, b, bytes), 0);
-  size_t i = 0;
-  while (i < bytes && ha[i] == hb[i]) i++;
-  ck_assert_msg(i == bytes, "%s: byte %zu of %zu differs", what, i, bytes);
-  free(ha);
-  free(hb);
-}
 
 static void *pool_copy(const kern_kv_pool_t *p) {
   size_t bytes = kern_kv_pool_bytes(&p->cfg);
@@ -2047,6 +2092,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_matmul_i4g_perm);
   tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
+  tcase_add_loop_test(tc, test_q4f_silu_mul, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_test(tc, test_matmul_i4g_perm_padded);
   tcase_add_loop_test(tc, test_moe_dense, 0, (int)FR_ARRAY_SIZE(k_moe_shapes));
   tcase_add_loop_test(tc, test_moe_quant, 0, (int)FR_ARRAY_SIZE(k_quant));

@@ -202,6 +202,9 @@ typedef struct kcu_car {
   size_t max_bytes;              /* calls up to this many bytes go here (FERRUM_CUSTOM_AR_MAX) */
 } kcu_car_t;
 
+/* Whether p is 16-byte aligned (one uint4 access). */
+static inline bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 /* Element helpers: T is __nv_bfloat16 or __half. */
 __device__ __forceinline__ float kcu_f(__nv_bfloat16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ float kcu_f(__half x) { return __half2float(x); }

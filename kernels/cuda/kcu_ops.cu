@@ -145,7 +145,6 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
   kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
 }
 
-static bool kcu_al16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
   if (n <= 0) return 0;
@@ -284,9 +283,12 @@ int kcu__kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, const void *k,
 
 /* One thread per work item of a token, all independent: a q pair to rotate
  * in place; a k pair to rotate, written both in place and to the cache; a
- * k element past n_rot or a v element to copy. Rotation as kcu_rope_k; the
- * angle comes from the step's positions and inv_freq, which no kernel
- * writes, so it is computed before the PDL wait. */
+ * k element past n_rot or a v element to copy. The item is blockIdx.x's,
+ * the token blockIdx.y's (then every gridDim.y-th): no index division by
+ * the items a token, which (64 bits, per item) was most of the kernel's
+ * instructions. Rotation as kcu_rope_k; the angle comes from the step's
+ * positions and inv_freq, which no kernel writes, so the first token's is
+ * computed before the PDL wait. */
 template <typename T>
 __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stride, T *kc, T *vc,
                                      const int32_t *positions, const int32_t *slots, const float *inv_freq,
@@ -295,44 +297,44 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
   const int half = n_rot / 2, q_items = n_heads * half, k_items = n_kv * half;
   const int tail = head_dim - n_rot, row = n_kv * head_dim;
   const int per = q_items + k_items + n_kv * tail + row;
-  const long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  const bool live = i < (long long)n_tokens * per;
-  const int t = live ? (int)(i / per) : 0;
-  int w = (int)(i % per);
-  const int32_t slot = live ? slots[t] : -1;
-  const bool cache = slot >= 0 && slot < n_slots, rot = live && w < q_items + k_items, is_q = w < q_items;
-  if (rot && !is_q) w -= q_items;
-  const int p = w % half;
+  const int item = blockIdx.x * blockDim.x + threadIdx.x;
+  const bool rot = item < q_items + k_items, is_q = item < q_items;
+  const int w = rot && !is_q ? item - q_items : item, p = rot ? w % half : 0;
+  auto angle = [&](int t, float *s, float *co) {
+    sincosf((float)positions[t] * inv_freq[p], s, co);
+    *s *= attn_factor;
+    *co *= attn_factor;
+  };
   float s = 0.f, co = 0.f;
-  if (rot) {
-    sincosf((float)positions[t] * inv_freq[p], &s, &co);
-    s *= attn_factor;
-    co *= attn_factor;
-  }
+  if (rot && (int)blockIdx.y < n_tokens) angle(blockIdx.y, &s, &co);
   kcu_pdl_enter();
-  if (!live) return;
-  if (rot) {
-    const int h = w / half, a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-    T *xh = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim : k + (size_t)t * kv_stride + (size_t)h * head_dim;
-    const float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
-    const T ya = kcu_t<T>(x0 * co - x1 * s), yb = kcu_t<T>(x0 * s + x1 * co);
-    xh[a] = ya;
-    xh[b] = yb;
-    if (!is_q && cache) {
-      kc[(size_t)slot * row + (size_t)h * head_dim + a] = ya;
-      kc[(size_t)slot * row + (size_t)h * head_dim + b] = yb;
+  if (item >= per) return;
+  for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
+    if (t != (int)blockIdx.y && rot) angle(t, &s, &co);
+    const int32_t slot = slots[t];
+    const bool cache = slot >= 0 && slot < n_slots;
+    if (rot) {
+      const int h = w / half, a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
+      T *xh = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim : k + (size_t)t * kv_stride + (size_t)h * head_dim;
+      const float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
+      const T ya = kcu_t<T>(x0 * co - x1 * s), yb = kcu_t<T>(x0 * s + x1 * co);
+      xh[a] = ya;
+      xh[b] = yb;
+      if (!is_q && cache) {
+        kc[(size_t)slot * row + (size_t)h * head_dim + a] = ya;
+        kc[(size_t)slot * row + (size_t)h * head_dim + b] = yb;
+      }
+      continue;
     }
-    return;
+    if (!cache) continue;
+    const int e = item - q_items - k_items;
+    if (e < n_kv * tail) { /* k past the rotated dims */
+      const int ke = (e / tail) * head_dim + n_rot + e % tail;
+      kc[(size_t)slot * row + ke] = k[(size_t)t * kv_stride + ke];
+      continue;
+    }
+    vc[(size_t)slot * row + e - n_kv * tail] = v[(size_t)t * kv_stride + e - n_kv * tail];
   }
-  if (!cache) return;
-  w -= q_items + k_items;
-  if (w < n_kv * tail) { /* k past the rotated dims */
-    const int e = (w / tail) * head_dim + n_rot + w % tail;
-    kc[(size_t)slot * row + e] = k[(size_t)t * kv_stride + e];
-    return;
-  }
-  w -= n_kv * tail;
-  vc[(size_t)slot * row + w] = v[(size_t)t * kv_stride + w];
 }
 
 int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
@@ -352,9 +354,10 @@ int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, 
     return rc ? rc : kcu__kv_append(c, pool, layer, k, kv_stride, v, kv_stride);
   }
   char *kb = (char *)pool->base + 2 * (size_t)layer * pool->layer_bytes;
-  const long long total = (long long)c->n_tokens * (n_heads * (r->n_rot / 2) + cf->n_kv_heads * (r->n_rot / 2) +
-                                                   cf->n_kv_heads * (hd - r->n_rot) + cf->n_kv_heads * hd);
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)q,
+  const int per = n_heads * (r->n_rot / 2) + cf->n_kv_heads * (r->n_rot / 2) + cf->n_kv_heads * (hd - r->n_rot) +
+                  cf->n_kv_heads * hd;
+  const dim3 grid(kcu_div_up(per, KCU_ELEM_NT), FR_MIN(c->n_tokens, 65535));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rope_kv_append_k<T>, grid, KCU_ELEM_NT, 0, (T *)q,
                                  q_stride, (T *)k, (T *)v, kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes),
                                  c->dm.positions, c->dm.slots, (const float *)r->inv_freq->data, c->n_tokens, n_heads,
                                  cf->n_kv_heads, hd, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor,
@@ -395,22 +398,45 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
 
 /* ---- silu_mul, add, last_rows, bias ------------------------------------------------------------- */
 
-template <typename T>
+/* out (n, d) = silu(gate) * up, gate and up rows `stride` apart. A thread
+ * takes V elements of a row (V = 8: one 16-byte vector where rows and
+ * pointers allow), the row from blockIdx.y: no index division, which (64
+ * bits, per element) made the kernel bound by its instructions: 20 us a
+ * Llama-3-8B layer at 256 tokens (docs/bench/gpu.md, session 27). */
+template <typename T, int V>
 __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride) {
   kcu_pdl_enter();
-  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
-  if (i >= (long long)n * d) return;
-  long long r = i / d, j = i % d;
-  float g = kcu_f(gate[r * stride + j]), u = kcu_f(up[r * stride + j]);
-  out[i] = kcu_silu_mul1<T>(g, u);
+  const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+  if (j >= d) return;
+  for (int r = blockIdx.y; r < n; r += gridDim.y) {
+    const size_t in = (size_t)r * stride + j, o = (size_t)r * d + j;
+    if constexpr (V == 8) {
+      float g[8], u[8];
+      kcu_unpack8(*reinterpret_cast<const uint4 *>(gate + in), g, (const T *)nullptr);
+      kcu_unpack8(*reinterpret_cast<const uint4 *>(up + in), u, (const T *)nullptr);
+#pragma unroll
+      for (int e = 0; e < 8; e++) g[e] = kcu_f(kcu_silu_mul1<T>(g[e], u[e]));
+      *reinterpret_cast<uint4 *>(out + o) = kcu_pack8<T>(g);
+    } else {
+      out[o] = kcu_silu_mul1<T>(kcu_f(gate[in]), kcu_f(up[in]));
+    }
+  }
+}
+
+template <typename T, int V>
+static int kcu_silu_mul_launch(kcu_ctx_t *c, T *out, const T *gate, const T *up, int n, int d, int stride) {
+  const dim3 grid(kcu_div_up(d / V, KCU_ELEM_NT), FR_MIN(n, 65535));
+  KCU_LAUNCH(c, kcu_silu_mul_k<T, V>, grid, KCU_ELEM_NT, 0, out, gate, up, n, d, stride);
+  return 0;
 }
 
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride) {
-  long long total = (long long)n * d;
-  if (total <= 0) return 0;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_silu_mul_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)out,
-                                 (const T *)gate, (const T *)up, n, d, stride));
-  return 0;
+  if (n <= 0 || d <= 0) return 0;
+  const bool vec = d % 8 == 0 && stride % 8 == 0 && kcu_al16(out) && kcu_al16(gate) && kcu_al16(up);
+  int rc = 0;
+  KCU_ACT_DISPATCH(c, rc = vec ? kcu_silu_mul_launch<T, 8>(c, (T *)out, (const T *)gate, (const T *)up, n, d, stride)
+                               : kcu_silu_mul_launch<T, 1>(c, (T *)out, (const T *)gate, (const T *)up, n, d, stride));
+  return rc;
 }
 
 template <typename T> __global__ void kcu_add_k(T *out, const T *a, const T *b, size_t n) {

@@ -828,6 +828,15 @@ START_TEST(test_elementwise) {
   ck_assert_int_eq(cpu->ops->silu_mul(cpu->ctx, o.c, gu.c, (float *)gu.c + d, n, d, stride), 0);
   ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, o.g, gu.g, (uint16_t *)gu.g + d, n, d, stride), 0);
   ck_assert_double_lt(cmp_pair(&o, (size_t)n * d, "silu_mul"), TOL_ACT);
+  { /* rows not in whole 16-byte vectors: the element-wise form */
+    const int d1 = d - 3;
+    pair_t o1 = pair_rand((size_t)n * d1, 1.f);
+    poison(o1.g, (size_t)n * d1);
+    ck_assert_int_eq(cpu->ops->silu_mul(cpu->ctx, o1.c, gu.c, (float *)gu.c + d1, n, d1, stride - 1), 0);
+    ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, o1.g, gu.g, (uint16_t *)gu.g + d1, n, d1, stride - 1), 0);
+    ck_assert_double_lt(cmp_pair(&o1, (size_t)n * d1, "silu_mul, d % 8 = 5"), TOL_ACT);
+    pair_free(&o1);
+  }
   pair_t a = pair_rand((size_t)n * d, 1.f), b = pair_rand((size_t)n * d, 1.f);
   poison(o.g, (size_t)n * d);
   ck_assert_int_eq(cpu->ops->add(cpu->ctx, o.c, a.c, b.c, (size_t)n * d), 0);

@@ -261,8 +261,8 @@ int kcu__car_all_reduce(kcu_ctx_t *c, void *buf, size_t n) {
 bool kcu__car_norm_fits(const kcu_ctx_t *c, const void *out, const void *residual, const void *x, const float *w, int n,
                         int dim) {
   return n >= 1 && n <= KCU_CAR_MAX_ROWS && dim % 8 == 0 && dim <= 8 * KCU_NORM_NT * KCU_NORM_V &&
-         kcu__car_fits(c, (size_t)n * (size_t)dim) && kcu_al16(out) && kcu_al16(residual) &&
-         kcu_al16(x) && kcu_al16(w);
+         kcu__car_fits(c, (size_t)n * (size_t)dim) && kcu_al16(out) && kcu_al16(residual) && kcu_al16(x) &&
+         kcu_al16(w);
 }
 
 int kcu__car_add_rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim,

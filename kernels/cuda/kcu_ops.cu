@@ -145,7 +145,6 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
   kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
 }
 
-
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
   if (n <= 0) return 0;
   if (dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual))) {

@@ -472,7 +472,7 @@ int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float
  * run 2-4% faster at 17-64 rows and 1-2% slower at 96. */
 bool kcu__q4f_silu_fits(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
   return w->type == KERN_Q4F && (!w->perm || w->priv) && c->fuse_gemv && n >= c->q4f_wide && n <= KCU_Q4F_TOK &&
-         n <= c->q4f_max_n && ((uintptr_t)x & 15) == 0 && w->cols % 8 == 0 && w->rows % (2 * KCU_Q4F_ROWS) == 0;
+         n <= c->q4f_max_n && kcu_al16(x) && w->cols % 8 == 0 && w->rows % (2 * KCU_Q4F_ROWS) == 0;
 }
 
 int kcu__q4f_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n) {

@@ -1,0 +1,199 @@
+/* cublas_algos.cu - cuBLAS GEMM algorithms for the layer stack's shapes (not a test).
+ *
+ *   cublas_algos_bench [ROWSxCOLS,...] [N,...]
+ *
+ * For each weight shape (rows x cols, row-major, as kcu_gemm multiplies it)
+ * and each activation row count n, times C(rows, n) = W @ x^T in bf16 with
+ * f32 accumulation: cublasGemmEx with CUBLAS_GEMM_DEFAULT (what kcu_gemm
+ * calls), then every algorithm cublasLt's heuristic offers for the same
+ * operation (up to 32, 32 MiB of workspace, kcu's size). Weights rotate
+ * over enough copies to keep them out of L2. Prints ms and TFLOP/s a call,
+ * the median of 9 timings of 10 calls each, and the fastest candidate's
+ * tile. ALGOS_ALL=1 also lists every candidate's time, marking split-K ones
+ * ("sk") and those whose output differs from the default's bits ("DIFF").
+ * Defaults: Llama-3-8B's qkv, o, gate/up, down and LM head; n = 256, 512,
+ * 768, 1024, 2048. */
+#include <algorithm>
+#include <cublasLt.h>
+#include <cublas_v2.h>
+#include <cuda_bf16.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+
+#define CU(x)                                                                                                   \
+  do {                                                                                                          \
+    cudaError_t e_ = (x);                                                                                       \
+    if (e_ != cudaSuccess) {                                                                                    \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                      \
+      exit(1);                                                                                                  \
+    }                                                                                                           \
+  } while (0)
+#define CB(x)                                                                                                   \
+  do {                                                                                                          \
+    int s_ = (int)(x);                                                                                          \
+    if (s_) {                                                                                                   \
+      fprintf(stderr, "%s:%d: %s: status %d\n", __FILE__, __LINE__, #x, s_);                                    \
+      exit(1);                                                                                                  \
+    }                                                                                                           \
+  } while (0)
+
+enum { WS_BYTES = 32 << 20, MAX_ALGOS = 32, REPS = 10, ROUNDS = 9 };
+
+struct shape {
+  int rows, cols;
+};
+
+static cudaStream_t st;
+static cudaEvent_t ev0, ev1;
+
+/* Median ms a call of fn(i) over ROUNDS timings of REPS calls. */
+template <typename F> static double time_calls(F fn) {
+  for (int i = 0; i < 3; i++) fn(i);
+  std::vector<float> ms;
+  for (int r = 0; r < ROUNDS; r++) {
+    CU(cudaEventRecord(ev0, st));
+    for (int i = 0; i < REPS; i++) fn(r * REPS + i);
+    CU(cudaEventRecord(ev1, st));
+    CU(cudaEventSynchronize(ev1));
+    float t;
+    CU(cudaEventElapsedTime(&t, ev0, ev1));
+    ms.push_back(t / REPS);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ROUNDS / 2];
+}
+
+static void fill(__nv_bfloat16 *p, size_t n) {
+  std::vector<__nv_bfloat16> h(1 << 20);
+  for (size_t i = 0; i < h.size(); i++) h[i] = __float2bfloat16((float)((i * 2654435761u) % 2001) / 1000.f - 1.f);
+  for (size_t o = 0; o < n; o += h.size())
+    CU(cudaMemcpy(p + o, h.data(), std::min(h.size(), n - o) * sizeof *p, cudaMemcpyHostToDevice));
+}
+
+static std::vector<int> parse_ints(const char *s) {
+  std::vector<int> v;
+  for (const char *p = s; *p;) {
+    v.push_back(atoi(p));
+    p = strchr(p, ',');
+    if (!p) break;
+    p++;
+  }
+  return v;
+}
+
+int main(int argc, char **argv) {
+  std::vector<shape> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+  std::vector<int> ns = {256, 512, 768, 1024, 2048};
+  if (argc > 1) {
+    shapes.clear();
+    for (const char *p = argv[1]; p && *p;) {
+      shape s;
+      if (sscanf(p, "%dx%d", &s.rows, &s.cols) != 2) return fprintf(stderr, "bad shape list %s\n", argv[1]), 2;
+      shapes.push_back(s);
+      p = strchr(p, ',');
+      if (p) p++;
+    }
+  }
+  if (argc > 2) ns = parse_ints(argv[2]);
+
+  CU(cudaStreamCreate(&st));
+  CU(cudaEventCreate(&ev0));
+  CU(cudaEventCreate(&ev1));
+  cublasHandle_t h;
+  cublasLtHandle_t lt;
+  CB(cublasCreate(&h));
+  CB(cublasLtCreate(&lt));
+  CB(cublasSetStream(h, st));
+  void *ws;
+  CU(cudaMalloc(&ws, WS_BYTES));
+  CB(cublasSetWorkspace(h, ws, WS_BYTES));
+  int nmax = *std::max_element(ns.begin(), ns.end());
+
+  for (const shape &s : shapes) {
+    size_t welems = (size_t)s.rows * s.cols;
+    int copies = (int)std::max<size_t>(1, (512u << 20) / (welems * 2) + 1); /* > 512 MiB in all, past L2 */
+    copies = std::min(copies, 8);
+    __nv_bfloat16 *W, *X, *C;
+    CU(cudaMalloc(&W, welems * copies * 2));
+    CU(cudaMalloc(&X, (size_t)nmax * s.cols * 2));
+    CU(cudaMalloc(&C, (size_t)nmax * s.rows * 2));
+    fill(W, welems * copies);
+    fill(X, (size_t)nmax * s.cols);
+    for (int n : ns) {
+      const float alpha = 1.f, beta = 0.f;
+      double flop = 2.0 * s.rows * s.cols * n;
+      double t_def = time_calls([&](int i) {
+        CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, n, s.cols, &alpha, W + (size_t)(i % copies) * welems,
+                        CUDA_R_16BF, s.cols, X, CUDA_R_16BF, s.cols, &beta, C, CUDA_R_16BF, s.rows, CUBLAS_COMPUTE_32F,
+                        CUBLAS_GEMM_DEFAULT));
+      });
+
+      cublasLtMatmulDesc_t op;
+      cublasLtMatrixLayout_t la, lb, lc;
+      cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+      CB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+      CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+      CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+      CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.cols, s.rows, s.cols));
+      CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.cols, n, s.cols));
+      CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.rows, n, s.rows));
+      cublasLtMatmulPreference_t pref;
+      size_t wsb = WS_BYTES;
+      CB(cublasLtMatmulPreferenceCreate(&pref));
+      CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+      cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
+      int got = 0;
+      CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, MAX_ALGOS, res, &got));
+      double best = 1e30, first = 0;
+      int best_i = -1;
+      size_t cb = (size_t)n * s.rows * 2;
+      std::vector<char> ref(cb), out(cb);
+      CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, n, s.cols, &alpha, W, CUDA_R_16BF, s.cols, X, CUDA_R_16BF,
+                      s.cols, &beta, C, CUDA_R_16BF, s.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+      CU(cudaMemcpy(ref.data(), C, cb, cudaMemcpyDeviceToHost));
+      char line[2048];
+      int len = 0;
+      for (int a = 0; a < got; a++) {
+        if (res[a].state) continue;
+        double t = time_calls([&](int i) {
+          CB(cublasLtMatmul(lt, op, &alpha, W + (size_t)(i % copies) * welems, la, X, lb, &beta, C, lc, C, lc,
+                            &res[a].algo, ws, WS_BYTES, st));
+        });
+        CB(cublasLtMatmul(lt, op, &alpha, W, la, X, lb, &beta, C, lc, C, lc, &res[a].algo, ws, WS_BYTES, st));
+        CU(cudaMemcpy(out.data(), C, cb, cudaMemcpyDeviceToHost));
+        int sk = -1;
+        cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk, NULL);
+        len += snprintf(line + len, sizeof line - len, " [%d %.4f%s%s]", a, t, sk > 1 ? " sk" : "",
+                        memcmp(out.data(), ref.data(), cb) ? " DIFF" : "");
+        if (a == 0) first = t;
+        if (t < best) best = t, best_i = a;
+      }
+      if (getenv("ALGOS_ALL")) printf("   all:%s\n", line);
+      int tile = -1, stages = -1, splitk = -1, swz = -1, red = -1;
+      if (best_i >= 0) {
+        const cublasLtMatmulAlgo_t *al = &res[best_i].algo;
+        cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_TILE_ID, &tile, sizeof tile, NULL);
+        cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_STAGES_ID, &stages, sizeof stages, NULL);
+        cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof splitk, NULL);
+        cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_CTA_SWIZZLING, &swz, sizeof swz, NULL);
+        cublasLtMatmulAlgoConfigGetAttribute(al, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, &red, sizeof red, NULL);
+      }
+      printf("%6dx%-6d n=%5d  default %8.4f ms %6.1f TF | lt[0] %8.4f ms %6.1f TF | best lt[%2d/%2d] %8.4f ms "
+             "%6.1f TF (%.3fx; tile %d stages %d splitk %d swizzle %d red %d)\n",
+             s.rows, s.cols, n, t_def, flop / t_def / 1e9, first, flop / first / 1e9, best_i, got, best,
+             flop / best / 1e9, t_def / best, tile, stages, splitk, swz, red);
+      fflush(stdout);
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(la);
+      cublasLtMatrixLayoutDestroy(lb);
+      cublasLtMatrixLayoutDestroy(lc);
+      cublasLtMatmulDescDestroy(op);
+    }
+    CU(cudaFree(W));
+    CU(cudaFree(X));
+    CU(cudaFree(C));
+  }
+  return 0;
+}

@@ -11,7 +11,7 @@
  *            and logits for all of them, copied to the host as the worker
  *            does to verify K speculative proposals.
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
- *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|i4g|...] [--threads N] [--prefill N]
+ *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|q4_k_m|i4g|...] [--threads N] [--prefill N]
  *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
  *          [--verify K] [--kv-cache-dtype auto|int8|fp8]
  * The KV pool holds what the run needs (the prefill's sequence, or the
@@ -307,6 +307,7 @@ int main(int argc, char **argv) {
   model_load_opts_t lo = {.max_tokens = FR_MAX(FR_MAX(FR_MAX(o.prefill, o.mixed + maxB), FR_MAX(o.prompt, 256)), vrows),
                           .max_seqs = FR_MAX(maxB + 1, vrows),
                           .progress = true, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(o.type), 0), .seed = 1};
+  if (o.type && !strcasecmp(o.type, "q4_k_m")) lo.dummy_type = KERN_Q4_K, lo.dummy_q4_k_m = true; /* a mix, not a type */
   if (!rc && o.dummy) {
     model_config_t cfg;
     rc = model_dummy_config(o.dummy, &cfg);

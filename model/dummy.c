@@ -183,18 +183,32 @@ static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t
   return rc;
 }
 
-static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t t, int il, size_t *off) {
+/* llama.cpp's Q4_K_M (llama-quant.cpp, use_more_bits): attn_v and ffn_down
+ * of these layers, and the output, are Q6_K; the rest Q4_K. */
+static bool model__q4_k_m_layer(int il, int n) { return il < n / 8 || il >= 7 * n / 8 || (il - n / 8) % 3 == 2; }
+
+/* The pools of a dummy load: pool for type t; q6 (Q4_K_M only) for Q6_K. */
+typedef struct {
+  model__pool_t pool, q6;
+  size_t off, off6;
+} model__pools_t;
+
+static int model__dummy_layer(model_t *m, model__pools_t *p, kern_type_t t, int il) {
   const model_config_t *c = &m->cfg;
   model_layer_t *L = &m->layers[il];
   const int64_t qd = (int64_t)c->n_heads * c->head_dim, kvd = (int64_t)c->n_kv_heads * c->head_dim;
+  const bool six = p->q6.bytes && model__q4_k_m_layer(il, c->n_layers);
+  const model__pool_t *pool = &p->pool, *pool6 = six ? &p->q6 : &p->pool;
+  size_t *off = &p->off, *off6 = six ? &p->off6 : &p->off;
+  const kern_type_t t6 = six ? KERN_Q6_K : t;
   int rc = 0;
   if ((rc = model__dummy_vector(m, &L->attn_norm, c->dim, 1.0f))) return rc;
-  if (c->qk_norm) { /* per-head norms need q and k apart (model.h) */
+  if (c->qk_norm || t6 != t) { /* per-head norms need q and k apart (model.h); so do types that differ */
     if ((rc = model__dummy_weight(m, pool, &L->wq, false, t, qd, c->dim, off))) return rc;
     if ((rc = model__dummy_weight(m, pool, &L->wk, false, t, kvd, c->dim, off))) return rc;
-    if ((rc = model__dummy_weight(m, pool, &L->wv, false, t, kvd, c->dim, off))) return rc;
-    if ((rc = model__dummy_vector(m, &L->q_norm, c->head_dim, 1.0f))) return rc;
-    if ((rc = model__dummy_vector(m, &L->k_norm, c->head_dim, 1.0f))) return rc;
+    if ((rc = model__dummy_weight(m, pool6, &L->wv, false, t6, kvd, c->dim, off6))) return rc;
+    if (c->qk_norm && (rc = model__dummy_vector(m, &L->q_norm, c->head_dim, 1.0f))) return rc;
+    if (c->qk_norm && (rc = model__dummy_vector(m, &L->k_norm, c->head_dim, 1.0f))) return rc;
     if (c->attn_bias) {
       if ((rc = model__dummy_vector(m, &L->bq, qd, 0.0f))) return rc;
       if ((rc = model__dummy_vector(m, &L->bk, kvd, 0.0f))) return rc;
@@ -208,7 +222,7 @@ static int model__dummy_layer(model_t *m, const model__pool_t *pool, kern_type_t
   if ((rc = model__dummy_vector(m, &L->ffn_norm, c->dim, 1.0f))) return rc;
   if (model_config_layer_moe(c, il)) return model__dummy_moe(m, pool, t, il, off);
   if ((rc = model__dummy_weight(m, pool, &L->w_gate_up, false, t, 2 * (int64_t)c->ffn_dim, c->dim, off))) return rc;
-  return model__dummy_weight(m, pool, &L->w_down, false, t, c->dim, c->ffn_dim, off);
+  return model__dummy_weight(m, pool6, &L->w_down, false, t6, c->dim, c->ffn_dim, off6);
 }
 
 /* Bytes model_load_dummy hands to the backend (the shapes of
@@ -247,7 +261,9 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   /* Two pools: layer weights with spread 1/sqrt(dim), and the embedding /
    * output table with 4x that, so that logits have clear winners (greedy
    * comparisons between backends are then meaningful). */
-  model__pool_t pool = {0}, emb = {0};
+  model__pools_t pools = {0};
+  model__pool_t emb = {0}, emb6 = {0};
+  const bool q4km = opts && opts->dummy_q4_k_m && t == KERN_Q4_K && !m->cfg.n_experts;
   /* the largest layer weight: fused gate/up (2*ffn, dim), fused qkv, or down */
   const int64_t qkv_rows = FR_MAX((int64_t)(m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim,
                                   FR_MAX(m->cfg.n_experts, m->cfg.expert_ffn_dim)); /* and router / experts */
@@ -255,26 +271,37 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
                       kern_row_bytes(t, FR_MAX(m->cfg.ffn_dim, qkv_rows)) * (size_t)m->cfg.dim);
   size_t big = kern_row_bytes(t, m->cfg.dim) * (size_t)m->cfg.vocab_size;
   float target = 1.0f / sqrtf((float)m->cfg.dim);
-  model__pool_make(&pool, ffn + (1u << 20), t, target, opts ? opts->seed : 0);
-  model__pool_make(&emb, big + (1u << 20), t, 4 * target, (opts ? opts->seed : 0) + 1);
-  model__keep(m, pool.bytes); /* the CPU backend borrows host bytes */
+  const uint64_t seed = opts ? opts->seed : 0;
+  model__pool_make(&pools.pool, ffn + (1u << 20), t, target, seed);
+  model__pool_make(&emb, big + (1u << 20), t, 4 * target, seed + 1);
+  model__keep(m, pools.pool.bytes); /* the CPU backend borrows host bytes */
   model__keep(m, emb.bytes);
-  size_t off = 0, eoff = 0;
+  if (q4km) { /* Q6_K: v and down of some layers (at most down's size), the output */
+    model__pool_make(&pools.q6, kern_row_bytes(KERN_Q6_K, m->cfg.ffn_dim) * (size_t)m->cfg.dim + (1u << 20),
+                     KERN_Q6_K, target, seed + 2);
+    model__pool_make(&emb6, kern_row_bytes(KERN_Q6_K, m->cfg.dim) * (size_t)m->cfg.vocab_size + (1u << 20),
+                     KERN_Q6_K, 4 * target, seed + 3);
+    model__keep(m, pools.q6.bytes);
+    model__keep(m, emb6.bytes);
+  }
+  size_t eoff = 0, eoff6 = 0;
   model_progress_t prog;
   model__load_begin(m, &prog, model__dummy_bytes(&m->cfg, t), opts && opts->progress);
   rc = model__dummy_weight(m, &emb, &m->tok_embd, true, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
   if (!rc && m->cfg.tied_embeddings && !m->shard.split_vocab) m->output = m->tok_embd;
+  else if (!rc && q4km)
+    rc = model__dummy_weight(m, &emb6, &m->output, false, KERN_Q6_K, m->shard.n_vocab, m->cfg.dim, &eoff6);
   else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, false, t, m->shard.n_vocab, m->cfg.dim, &eoff);
   if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
-  for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pool, t, il, &off);
+  for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pools, t, il);
   if (!rc) rc = model__init_rope(m);
   if (!rc) rc = model__load_end(m);
   if (!rc) rc = model__alloc_scratch(m);
   if (rc) goto fail;
   if (opts && opts->progress)
     FR_LOGI("dummy %s: %d layers, dim %d, %s weights on %s", m->cfg.name, m->cfg.n_layers, m->cfg.dim,
-            kern_type_traits(t)->name, be->ops->name);
+            q4km ? "Q4_K_M (Q4_K and Q6_K)" : kern_type_traits(t)->name, be->ops->name);
   *out = m;
   return 0;
 fail: /* a backend's load staging is freed with the backend */

@@ -288,6 +288,47 @@ START_TEST(moe_dummy_runs) {
 }
 END_TEST
 
+/* The Q4_K_M dummy mix (model_bench --type q4_k_m): llama.cpp's
+ * use_more_bits layers keep attn_v and ffn_down in Q6_K (q, k and v then
+ * apart, as the GGUF loader keeps tensors of different types), the output
+ * is Q6_K, the rest Q4_K; and the model runs. */
+START_TEST(q4_k_m_dummy_mix) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config("llama-3-8b", &cfg), 0);
+  cfg.n_layers = 16, cfg.dim = 256, cfg.ffn_dim = 512, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 64;
+  cfg.rope_dim = 64, cfg.vocab_size = 1000;
+  model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q4_K, .dummy_q4_k_m = true};
+  model_t *m;
+  ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+  /* 16 layers: 0 and 1 (before n / 8), 14 and 15 (from 7 n / 8), and every
+   * third from 4 (il - n / 8 = 2 mod 3) */
+  const bool six[16] = {1, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 0, 0, 1, 1, 1};
+  for (int il = 0; il < 16; il++) {
+    const model_layer_t *L = &m->layers[il];
+    ck_assert_int_eq(L->w_down.type, six[il] ? KERN_Q6_K : KERN_Q4_K);
+    if (six[il]) {
+      ck_assert_ptr_null(L->wqkv.data);
+      ck_assert_int_eq(L->wq.type, KERN_Q4_K);
+      ck_assert_int_eq(L->wv.type, KERN_Q6_K);
+    } else {
+      ck_assert_int_eq(L->wqkv.type, KERN_Q4_K);
+    }
+  }
+  ck_assert_int_eq(m->output.type, KERN_Q6_K);
+  ck_assert_int_eq(m->tok_embd.type, KERN_Q4_K);
+  model_gen_t *gen;
+  ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
+  int32_t ids[5] = {1, 2, 3, 4, 5};
+  ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
+  for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
+  model_gen_destroy(gen);
+  model_destroy(m);
+  kern_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(chat_prompt_ids_match_llama_cpp) {
   golden_t g = {0};
   ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
@@ -328,6 +369,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, tiny_qwen3moe_quantized_matches_llama_cpp);
   tcase_add_test(tc, moe_needs_the_backend_op);
   tcase_add_test(tc, moe_dummy_runs);
+  tcase_add_test(tc, q4_k_m_dummy_mix);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -260,6 +260,16 @@ START_TEST(moe_needs_the_backend_op) {
 }
 END_TEST
 
+/* Feeds m five tokens: every logit finite. */
+static void expect_finite_logits(model_t *m) {
+  model_gen_t *gen;
+  ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
+  int32_t ids[5] = {1, 2, 3, 4, 5};
+  ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
+  for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
+  model_gen_destroy(gen);
+}
+
 /* --load-format dummy of a MoE config: random experts that run; with
  * decoder_sparse_step 2 (HF), layers 0 and 2 keep a dense FFN. */
 START_TEST(moe_dummy_runs) {
@@ -276,12 +286,7 @@ START_TEST(moe_dummy_runs) {
     ck_assert_int_eq(m->layers[1].exp_down[7].cols, 64);
     ck_assert(step == 1 ? m->layers[2].exp_gate != NULL : m->layers[2].exp_gate == NULL);
     ck_assert(step == 1 ? m->layers[2].w_gate_up.data == NULL : m->layers[2].w_gate_up.rows == 2 * cfg.ffn_dim);
-    model_gen_t *gen;
-    ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
-    int32_t ids[5] = {1, 2, 3, 4, 5};
-    ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
-    for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
-    model_gen_destroy(gen);
+    expect_finite_logits(m);
     model_destroy(m);
   }
   kern_backend_destroy(be);
@@ -318,12 +323,7 @@ START_TEST(q4_k_m_dummy_mix) {
   }
   ck_assert_int_eq(m->output.type, KERN_Q6_K);
   ck_assert_int_eq(m->tok_embd.type, KERN_Q4_K);
-  model_gen_t *gen;
-  ck_assert_int_eq(model_gen_create(&gen, m, 256), 0);
-  int32_t ids[5] = {1, 2, 3, 4, 5};
-  ck_assert_int_eq(model_gen_feed(gen, ids, 5), 0);
-  for (int i = 0; i < m->cfg.vocab_size; i++) ck_assert(isfinite(gen->logits[i]));
-  model_gen_destroy(gen);
+  expect_finite_logits(m);
   model_destroy(m);
   kern_backend_destroy(be);
 }

@@ -260,7 +260,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   model__use_shard(m); /* random weights of this rank's shapes */
   /* Two pools: layer weights with spread 1/sqrt(dim), and the embedding /
    * output table with 4x that, so that logits have clear winners (greedy
-   * comparisons between backends are then meaningful). */
+   * comparisons between backends are then meaningful); the Q4_K_M mix has
+   * a Q6_K pool of each kind too. */
   model__pools_t pools = {0};
   model__pool_t emb = {0}, emb6 = {0};
   const bool q4km = opts && opts->dummy_q4_k_m && t == KERN_Q4_K && !m->cfg.n_experts;

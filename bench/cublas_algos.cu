@@ -153,7 +153,7 @@ int main(int argc, char **argv) {
       CB(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, s.rows, n, s.cols, &alpha, W, CUDA_R_16BF, s.cols, X, CUDA_R_16BF,
                       s.cols, &beta, C, CUDA_R_16BF, s.rows, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       CU(cudaMemcpy(ref.data(), C, cb, cudaMemcpyDeviceToHost));
-      char line[2048];
+      char line[2048] = "";
       int len = 0;
       for (int a = 0; a < got; a++) {
         if (res[a].state) continue;
@@ -165,8 +165,9 @@ int main(int argc, char **argv) {
         CU(cudaMemcpy(out.data(), C, cb, cudaMemcpyDeviceToHost));
         int sk = -1;
         cublasLtMatmulAlgoConfigGetAttribute(&res[a].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &sk, sizeof sk, NULL);
-        len += snprintf(line + len, sizeof line - len, " [%d %.4f%s%s]", a, t, sk > 1 ? " sk" : "",
-                        memcmp(out.data(), ref.data(), cb) ? " DIFF" : "");
+        if (len < (int)sizeof line - 64)
+          len += snprintf(line + len, sizeof line - len, " [%d %.4f%s%s]", a, t, sk > 1 ? " sk" : "",
+                          memcmp(out.data(), ref.data(), cb) ? " DIFF" : "");
         if (a == 0) first = t;
         if (t < best) best = t, best_i = a;
       }

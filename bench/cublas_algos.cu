@@ -90,13 +90,16 @@ int main(int argc, char **argv) {
     shapes.clear();
     for (const char *p = argv[1]; p && *p;) {
       shape s;
-      if (sscanf(p, "%dx%d", &s.rows, &s.cols) != 2) return fprintf(stderr, "bad shape list %s\n", argv[1]), 2;
+      if (sscanf(p, "%dx%d", &s.rows, &s.cols) != 2 || s.rows <= 0 || s.cols <= 0)
+        return fprintf(stderr, "bad shape list %s (ROWSxCOLS,...)\n", argv[1]), 2;
       shapes.push_back(s);
       p = strchr(p, ',');
       if (p) p++;
     }
   }
   if (argc > 2) ns = parse_ints(argv[2]);
+  if (shapes.empty() || ns.empty() || *std::min_element(ns.begin(), ns.end()) <= 0)
+    return fprintf(stderr, "usage: cublas_algos_bench [ROWSxCOLS,...] [N,...] (positive sizes)\n"), 2;
 
   CU(cudaStreamCreate(&st));
   CU(cudaEventCreate(&ev0));

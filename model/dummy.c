@@ -254,6 +254,8 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   int rc = model__check_config(&m->cfg);
   if (!rc && m->cfg.arch == MODEL_ARCH_BERT)
     rc = fr_errorf(FR_EUNSUPPORTED, "--load-format dummy makes decoder models; a BERT encoder needs its weights");
+  if (!rc && opts && opts->dummy_q4_k_m && (t != KERN_Q4_K || m->cfg.n_experts))
+    rc = fr_errorf(FR_EUNSUPPORTED, "the Q4_K_M dummy mix takes Q4_K weights and a dense (not MoE) config");
   if (!rc) rc = model__check_backend(m);
   if (!rc) rc = model__plan_shard(m, opts, kern_type_traits(t) ? kern_type_traits(t)->blck : 1);
   if (rc) goto fail;
@@ -264,7 +266,7 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
    * a Q6_K pool of each kind too. */
   model__pools_t pools = {0};
   model__pool_t emb = {0}, emb6 = {0};
-  const bool q4km = opts && opts->dummy_q4_k_m && t == KERN_Q4_K && !m->cfg.n_experts;
+  const bool q4km = opts && opts->dummy_q4_k_m;
   /* the largest layer weight: fused gate/up (2*ffn, dim), fused qkv, or down */
   const int64_t qkv_rows = FR_MAX((int64_t)(m->cfg.n_heads + 2 * m->cfg.n_kv_heads) * m->cfg.head_dim,
                                   FR_MAX(m->cfg.n_experts, m->cfg.expert_ffn_dim)); /* and router / experts */

@@ -325,6 +325,9 @@ START_TEST(q4_k_m_dummy_mix) {
   ck_assert_int_eq(m->tok_embd.type, KERN_Q4_K);
   expect_finite_logits(m);
   model_destroy(m);
+  lo.dummy_type = KERN_Q8_0; /* the mix is of Q4_K weights: anything else is refused, not ignored */
+  ck_assert_int_eq(model_load_dummy(&m, &cfg, be, &lo), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
   kern_backend_destroy(be);
 }
 END_TEST

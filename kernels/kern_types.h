@@ -43,7 +43,9 @@ typedef enum {
    * cores (kernels/cuda/kcu_q4f.cu). Its size traits say 5 bits a
    * weight; its rows are tiled, so a row is not contiguous. */
   KERN_Q4F = 41,
-  KERN_TYPE_MAX = 42
+  /* The same for a Q6_K weight (kcu_q4f.cuh): 7 bits a weight. */
+  KERN_Q6F = 42,
+  KERN_TYPE_MAX = 43
 } kern_type_t;
 
 typedef struct {

@@ -39,6 +39,7 @@
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
+#define KCU_Q6F_MAX_N 16  /* most rows a KERN_Q6F matmul reads the 6-bit weights for (no wide kernel) */
 #define KCU_MOE_GEMV_PAIRS 64   /* default of moe_gemv_pairs: 8 tokens of top-8 (kcu_moe.cu) */
 #define KCU_MOE_SMALL_PAIRS 512 /* default of moe_small_pairs: 4 pairs per expert of 128 */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
@@ -125,6 +126,8 @@ typedef struct {
   int q4f_nt;          /* most MMA columns (8 tokens each) a CTA of the Q4F matmul takes (FERRUM_CUDA_Q4F_NT 1-8; 4) */
   int q4f_wide;        /* fewest rows the 128-row CTAs of the Q4F matmul take (FERRUM_CUDA_Q4F_WIDE) */
   int q4f_ks;          /* their column splits (FERRUM_CUDA_Q4F_KS; 0: by the SMs) */
+  int q4f_row;         /* one row through the one-row Q4F kernel (FERRUM_CUDA_Q4F_ROW=0: the per-tile one) */
+  int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -476,11 +479,13 @@ int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
 int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
                                const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
                                const kern_rope_t *rope);
-/* KERN_Q4F (kcu_q4f.cu): whether w (before upload) becomes one, its device
- * bytes, the repacking of its file blocks (src, device) into dst, its
- * matmul on the tensor cores, and its rows dequantized to the act type. */
-bool kcu__q4f_takes(const kern_weight_t *w);
-size_t kcu__q4f_bytes(int64_t rows, int64_t cols);
+/* KERN_Q4F and KERN_Q6F (kcu_q4f.cu): whether w (before upload) becomes
+ * one and which, its device bytes, the repacking of its file blocks (src,
+ * device) into dst, its matmul on the tensor cores, and its rows
+ * dequantized to the act type. */
+bool kcu__q4f_takes(const kcu_ctx_t *c, const kern_weight_t *w);
+kern_type_t kcu__q4f_type(const kern_weight_t *w);
+size_t kcu__q4f_bytes(const kern_weight_t *w);
 int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src);
 int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 /* out (n, d) = silu(x Wg) * (x Wu) for a KERN_Q4F [gate; up] weight of 2d

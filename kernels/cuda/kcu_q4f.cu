@@ -9,17 +9,23 @@
 #include "kernels/cuda/kcu_mma.cuh"
 #include "kernels/cuda/kcu_quant.cuh"
 
-bool kcu__q4f_takes(const kern_weight_t *w) {
+bool kcu__q4f_takes(const kcu_ctx_t *c, const kern_weight_t *w) {
+  if (!c->q4f || w->keep_layout || w->rows <= 1 || w->cols % 32) return false;
   switch (w->type) {
   case KERN_Q4_0: case KERN_Q4_1: case KERN_Q4_K: case KERN_I4G:
-    return !w->keep_layout && w->rows > 1 && w->cols % 32 == 0;
+    return true;
+  case KERN_Q6_K:
+    return c->q6f;
   default:
     return false;
   }
 }
 
-size_t kcu__q4f_bytes(int64_t rows, int64_t cols) {
-  return (size_t)kcu_q4f_tiles(rows) * (size_t)kcu_q4f_units(cols) * (KCU_Q4F_NIB + KCU_Q4F_DM);
+kern_type_t kcu__q4f_type(const kern_weight_t *w) { return w->type == KERN_Q6_K ? KERN_Q6F : KERN_Q4F; }
+
+size_t kcu__q4f_bytes(const kern_weight_t *w) {
+  const size_t unit = KCU_Q4F_NIB + KCU_Q4F_DM + (w->type == KERN_Q6_K ? KCU_Q6F_HI : 0);
+  return (size_t)kcu_q4f_tiles(w->rows) * (size_t)kcu_q4f_units(w->cols) * unit;
 }
 
 /* ---- repacking ------------------------------------------------------------------------ */
@@ -119,8 +125,71 @@ __global__ void kcu_q4f_repack_k(uint4 *nib, uint4 *dmv, const uint8_t *W, size_
   dmv[tu * 8 + g] = make_uint4(dm[0], dm[1], dm[2], dm[3]);
 }
 
+/* Q6_K's 6-bit q of (row r, col c) and the scale of its 16 columns:
+ * super-block c / 256 holds ql[128], qh[64], 16 int8 scales and d; within
+ * it sub-block j = c % 256 / 32, element l: ql byte 64 (j / 4) + 32 (j % 2)
+ * + l (the high nibble for j % 4 >= 2), qh byte 128 + 32 (j / 4) + l, bits
+ * 2 (j % 4) and up (kcu_deq32<KERN_Q6_K>). */
+__device__ __forceinline__ int kcu_q6k_q(const uint8_t *r, int c) {
+  const uint8_t *sb = r + 210 * (c / 256);
+  const int j = c % 256 / 32, l = c % 32, h = j / 4, qq = j % 4;
+  const int lo = (sb[64 * h + 32 * (qq & 1) + l] >> (4 * (qq >> 1))) & 15;
+  return lo | ((sb[128 + 32 * h + l] >> (2 * qq)) & 3) << 4;
+}
+__device__ __forceinline__ float kcu_q6k_scale(const uint8_t *r, int c) {
+  const uint8_t *sb = r + 210 * (c / 256);
+  return kcu_h2f(sb + 208) * (float)reinterpret_cast<const int8_t *>(sb + 192)[c % 256 / 16];
+}
+
+/* kcu_q4f_repack_k for Q6_K into KERN_Q6F: the nibbles, the lane's 8 bytes
+ * of high bits and, for t = 0, its row pair's scale pairs. Padding rows
+ * are zero. */
+template <typename T>
+__global__ void kcu_q6f_repack_k(uint4 *nib, uint2 *hiv, uint4 *dmv, const uint8_t *W, size_t row_bytes, int rows,
+                                 int units, long long n_threads) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= n_threads) return;
+  const int lane = (int)(i % KCU_WARP), g = lane / 4, t = lane % 4;
+  const long long tu = i / KCU_WARP;
+  const int u = (int)(tu % units), tile = (int)(tu / units);
+  uint32_t word[4], hw[2] = {0, 0};
+#pragma unroll
+  for (int b = 0; b < 2; b++) {
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      uint32_t v = 0;
+#pragma unroll
+      for (int p = 0; p < 4; p++) {
+        int row = tile * KCU_Q4F_ROWS + g + 8 * (p & 1);
+        int col = u * KCU_Q4F_COLS + 32 * b + 8 * t + 4 * s + 2 * (p >> 1);
+        if (row >= rows) continue;
+        const uint8_t *r = W + (size_t)row * row_bytes;
+        const uint32_t qa = (uint32_t)kcu_q6k_q(r, col), qb = (uint32_t)kcu_q6k_q(r, col + 1);
+        v |= (qa & 15) << (4 * p) | (qb & 15) << (16 + 4 * p);
+        hw[b] |= (qa >> 4) << (8 * s + 2 * p) | (qb >> 4) << (16 + 8 * s + 2 * p);
+      }
+      word[2 * b + s] = v;
+    }
+  }
+  nib[i] = make_uint4(word[0], word[1], word[2], word[3]);
+  hiv[i] = make_uint2(hw[0], hw[1]);
+  if (t) return;
+  uint32_t sc[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++) { /* (row g, blk 0), (row g + 8, blk 0), (row g, blk 1), (row g + 8, blk 1) */
+    int row = tile * KCU_Q4F_ROWS + g + 8 * (j & 1), c0 = u * KCU_Q4F_COLS + 32 * (j >> 1);
+    float2 f = make_float2(0.f, 0.f);
+    if (row < rows) {
+      const uint8_t *r = W + (size_t)row * row_bytes;
+      f = make_float2(kcu_q6k_scale(r, c0), kcu_q6k_scale(r, c0 + 16));
+    }
+    sc[j] = kcu_bits(kcu_t<T>(f.x)) | kcu_bits(kcu_t<T>(f.y)) << 16;
+  }
+  dmv[tu * 8 + g] = make_uint4(sc[0], sc[1], sc[2], sc[3]);
+}
+
 int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src) {
-  const kcu_q4f_view_t v = kcu_q4f_view(w, dst);
+  const kcu_q4f_view_t v = kcu_q4f_view_as(w, dst, w->type == KERN_Q6_K);
   const long long n = (long long)v.tiles * v.units * KCU_WARP;
   const uint8_t *W = (const uint8_t *)src;
 #define KCU_Q4F_REPACK(QT)                                                                                          \
@@ -131,6 +200,10 @@ int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void 
   case KERN_Q4_1: KCU_Q4F_REPACK(KERN_Q4_1); break;
   case KERN_Q4_K: KCU_Q4F_REPACK(KERN_Q4_K); break;
   case KERN_I4G: KCU_Q4F_REPACK(KERN_I4G); break;
+  case KERN_Q6_K:
+    KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q6f_repack_k<T>, kcu_div_up(n, 256), 256, 0, v.nib, v.hi, v.dm, W,
+                                   w->row_bytes, (int)w->rows, v.units, n));
+    break;
   default: return fr_errorf(FR_EUNSUPPORTED, "cuda: no 4-bit repacking of type %d", (int)w->type);
   }
 #undef KCU_Q4F_REPACK
@@ -139,29 +212,33 @@ int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void 
 
 /* ---- the matmul ------------------------------------------------------------------- */
 
-/* What a warp reads for U units: per unit its nibbles, its (d, m) and,
- * per 32-column block and MMA column tile, the lane's 8 activations. */
-template <int NT, int U> struct kcu_q4f_stage {
-  uint4 q[U], d[U], x[U][2][NT];
+/* What a warp reads for U units: per unit its nibbles, (KERN_Q6F, F 6)
+ * its high bits, its (d, m) and, per 32-column block and MMA column tile,
+ * the lane's 8 activations. */
+template <int NT, int U, int F> struct kcu_q4f_stage {
+  uint4 q[U], d[U];
+  uint2 h[F == 6 ? U : 1];
+  uint4 x[U][2][NT];
 };
 
-/* The weights of units u0, u0 + WK, ... (np, dp: the warp's tile at this
- * lane). */
-template <int NT, int U, int WK>
-__device__ __forceinline__ void kcu_q4f_load_w(kcu_q4f_stage<NT, U> &st, const uint4 *np, const uint4 *dp, int u0,
-                                               int units) {
+/* The weights of units u0, u0 + WK, ... (np, hp, dp: the warp's tile at
+ * this lane). */
+template <int NT, int U, int WK, int F>
+__device__ __forceinline__ void kcu_q4f_load_w(kcu_q4f_stage<NT, U, F> &st, const uint4 *np, const uint2 *hp,
+                                               const uint4 *dp, int u0, int units) {
 #pragma unroll
   for (int h = 0; h < U; h++) {
     const int u = u0 + h * WK;
     if (u >= units) break;
     st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
+    if (F == 6) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
     st.d[h] = __ldg(dp + (size_t)u * 8);
   }
 }
 
 /* Their activations (xr: the lane's activation rows, NULL past n). */
-template <typename T, int NT, int U, int WK>
-__device__ __forceinline__ void kcu_q4f_load_x(kcu_q4f_stage<NT, U> &st, const T *const *xr, int u0, int units,
+template <typename T, int NT, int U, int WK, int F>
+__device__ __forceinline__ void kcu_q4f_load_x(kcu_q4f_stage<NT, U, F> &st, const T *const *xr, int u0, int units,
                                                int cols) {
 #pragma unroll
   for (int h = 0; h < U; h++) {
@@ -177,11 +254,11 @@ __device__ __forceinline__ void kcu_q4f_load_x(kcu_q4f_stage<NT, U> &st, const T
   }
 }
 
-template <typename T, int NT, int U, int WK>
-__device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U> &st, const uint4 *np, const uint4 *dp,
-                                             const T *const *xr, int u0, int units, int cols) {
-  kcu_q4f_load_w<NT, U, WK>(st, np, dp, u0, units);
-  kcu_q4f_load_x<T, NT, U, WK>(st, xr, u0, units, cols);
+template <typename T, int NT, int U, int WK, int F>
+__device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U, F> &st, const uint4 *np, const uint2 *hp,
+                                             const uint4 *dp, const T *const *xr, int u0, int units, int cols) {
+  kcu_q4f_load_w<NT, U, WK, F>(st, np, hp, dp, u0, units);
+  kcu_q4f_load_x<T, NT, U, WK, F>(st, xr, u0, units, cols);
 }
 
 /* out (n, rows) = x (n, cols) @ W^T (cols a multiple of 32: a last unit
@@ -193,10 +270,10 @@ __device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U> &st, const uin
  * batch, the next batch loaded before the current one is used where
  * registers allow (DB): at small batches the loads, not the MMAs, are the
  * time, and nothing may wait on a load just issued. */
-template <typename T, int NT, int WK>
+template <typename T, int NT, int WK, int F>
 __global__ void __launch_bounds__(WK *KCU_WARP)
-    kcu_q4f_mma_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
-                  int n) {
+    kcu_q4f_mma_k(T *out, const uint4 *nib, const uint2 *hiv, const uint4 *dmv, const T *x, const float *bias,
+                  int rows, int cols, int n) {
   constexpr int U = NT == 1 ? 4 : NT <= 2 ? 2 : 1, DB = NT <= 4, PF = NT <= 2;
   __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * NT * 4 : 1];
   const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
@@ -215,18 +292,19 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   /* up to 16 rows, the first batch's weights before the PDL wait (no
    * kernel writes them); at 64 rows that measured 2% slower */
   const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane, *dp = dmv + (size_t)tile * units * 8 + g;
-  kcu_q4f_stage<NT, U> cur;
+  const uint2 *hp = F == 6 ? hiv + (size_t)tile * units * KCU_WARP + lane : nullptr;
+  kcu_q4f_stage<NT, U, F> cur;
   if (PF) {
     kcu_pdl_launch_next();
-    if (tile < tiles) kcu_q4f_load_w<NT, U, WK>(cur, np, dp, wk, units);
+    if (tile < tiles) kcu_q4f_load_w<NT, U, WK, F>(cur, np, hp, dp, wk, units);
     kcu_pdl_wait();
   }
   if (tile < tiles) {
-    if (PF) kcu_q4f_load_x<T, NT, U, WK>(cur, xr, wk, units, cols);
-    else kcu_q4f_load<T, NT, U, WK>(cur, np, dp, xr, wk, units, cols);
+    if (PF) kcu_q4f_load_x<T, NT, U, WK, F>(cur, xr, wk, units, cols);
+    else kcu_q4f_load<T, NT, U, WK, F>(cur, np, hp, dp, xr, wk, units, cols);
     for (int u0 = wk; u0 < units; u0 += U * WK) {
-      kcu_q4f_stage<NT, U> nxt;
-      if (DB) kcu_q4f_load<T, NT, U, WK>(nxt, np, dp, xr, u0 + U * WK, units, cols);
+      kcu_q4f_stage<NT, U, F> nxt;
+      if (DB) kcu_q4f_load<T, NT, U, WK, F>(nxt, np, hp, dp, xr, u0 + U * WK, units, cols);
 #pragma unroll
       for (int h = 0; h < U; h++) {
         if (u0 + h * WK >= units) break;
@@ -234,10 +312,11 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
 #pragma unroll
         for (int b = 0; b < 2; b++) { /* a missing last block has zero weights and activations */
           const uint32_t dg = b ? cur.d[h].z : cur.d[h].x, dg8 = b ? cur.d[h].w : cur.d[h].y;
+          const uint32_t hw = F == 6 ? (b ? cur.h[h].y : cur.h[h].x) : 0u;
 #pragma unroll
           for (int s = 0; s < 2; s++) {
             uint32_t a[4];
-            kcu_q4f_frag<T>(qw[2 * b + s], dg, dg8, a);
+            kcu_qf_frag<T, F>(qw[2 * b + s], hw, s, dg, dg8, t, a);
 #pragma unroll
             for (int j = 0; j < NT; j++) {
               const uint4 xv = cur.x[h][b][j];
@@ -248,7 +327,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
         }
       }
       if (DB) cur = nxt;
-      else if (u0 + U * WK < units) kcu_q4f_load<T, NT, U, WK>(cur, np, dp, xr, u0 + U * WK, units, cols);
+      else if (u0 + U * WK < units) kcu_q4f_load<T, NT, U, WK, F>(cur, np, hp, dp, xr, u0 + U * WK, units, cols);
     }
   }
   if (WK > 1) {
@@ -270,6 +349,105 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
     }
   }
   if (tile < tiles) kcu_q4f_store<T, NT>(acc, out, bias, tile, tok0, rows, n);
+}
+
+/* One row of x (batch-1 decode): the MMAs of kcu_q4f_mma_k at one column
+ * tile, with a unit's registers cut from 16 words a lane to 6 (8 for
+ * KERN_Q6F), so that more CTAs fit a SM. A lane holds its 16 bytes of
+ * nibbles (and 8 of high bits), word `lane` of the unit's 128 bytes of
+ * (d, m) and word `lane` of the unit's 64 activations; the fragments take
+ * the (d, m) of their rows and the activations of their k from the lanes
+ * holding them (shuffles). Lanes of MMA columns g > 0 get token 0's
+ * activations too: their sums are never stored. A CTA is WK warps on one
+ * row tile, warp wk on units wk, wk + WK, ..., U units a batch, the next
+ * batch loaded before the current one is used, the first one's weights
+ * before the PDL wait. Measured on H200 (docs/bench/gpu.md, session 29):
+ * U = 4 beats 8 (159 registers, 3 CTAs a SM); two register batches used
+ * in turn, or a ring of stages in shared memory fed by cp.async, with
+ * more bytes in flight, were 6-20% slower. */
+#define KCU_Q4F_ROW_U 4
+template <int U, int F> struct kcu_q4f_row_stage {
+  uint4 q[U];
+  uint2 h[F == 6 ? U : 1];
+  uint32_t d[U], x[U];
+};
+
+template <typename T, int U, int WK, int F>
+__global__ void __launch_bounds__(WK *KCU_WARP)
+    kcu_q4f_row_k(T *out, const uint4 *nib, const uint2 *hiv, const uint32_t *dmw, const T *x, const float *bias,
+                  int rows, int cols) {
+  __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * 4 : 1];
+  const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.x, units = kcu_q4f_units(cols);
+  const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane;
+  const uint2 *hp = F == 6 ? hiv + (size_t)tile * units * KCU_WARP + lane : nullptr;
+  const uint32_t *dp = dmw + (size_t)tile * units * KCU_WARP + lane;
+  const uint32_t *xw = reinterpret_cast<const uint32_t *>(x) + lane; /* 2 activations a word */
+  auto load_w = [&](kcu_q4f_row_stage<U, F> &st, int u0) {
+#pragma unroll
+    for (int h = 0; h < U; h++) {
+      const int u = u0 + h * WK;
+      if (u >= units) break;
+      st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
+      if (F == 6) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
+      st.d[h] = __ldg(dp + (size_t)u * KCU_WARP);
+    }
+  };
+  auto load_x = [&](kcu_q4f_row_stage<U, F> &st, int u0) { /* a last unit of one block: lanes 16.. read 0 */
+#pragma unroll
+    for (int h = 0; h < U; h++) {
+      const int u = u0 + h * WK;
+      if (u >= units) break;
+      st.x[h] = u * KCU_Q4F_COLS + 2 * lane < cols ? __ldg(xw + (size_t)u * (KCU_Q4F_COLS / 2)) : 0u;
+    }
+  };
+  float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  kcu_q4f_row_stage<U, F> cur;
+  kcu_pdl_launch_next();
+  load_w(cur, wk);
+  kcu_pdl_wait();
+  load_x(cur, wk);
+  for (int u0 = wk; u0 < units; u0 += U * WK) {
+    kcu_q4f_row_stage<U, F> nxt;
+    load_w(nxt, u0 + U * WK);
+    load_x(nxt, u0 + U * WK);
+#pragma unroll
+    for (int h = 0; h < U; h++) {
+      if (u0 + h * WK >= units) break;
+      const uint32_t qw[4] = {cur.q[h].x, cur.q[h].y, cur.q[h].z, cur.q[h].w};
+      uint32_t dm[4]; /* rows g, g + 8 of block 0, then of block 1 */
+#pragma unroll
+      for (int k = 0; k < 4; k++) dm[k] = __shfl_sync(0xffffffffu, cur.d[h], 4 * g + k);
+#pragma unroll
+      for (int b = 0; b < 2; b++) {
+        const uint32_t hw = F == 6 ? (b ? cur.h[h].y : cur.h[h].x) : 0u;
+#pragma unroll
+        for (int s = 0; s < 2; s++) {
+          uint32_t a[4], bf[2];
+          kcu_qf_frag<T, F>(qw[2 * b + s], hw, s, dm[2 * b], dm[2 * b + 1], t, a);
+          bf[0] = __shfl_sync(0xffffffffu, cur.x[h], 16 * b + 4 * t + 2 * s);
+          bf[1] = __shfl_sync(0xffffffffu, cur.x[h], 16 * b + 4 * t + 2 * s + 1);
+          kcu_mma16816<T>(acc[0], a, bf);
+        }
+      }
+    }
+    cur = nxt;
+  }
+  if (WK > 1) {
+    if (wk > 0) {
+      float *r = red + ((size_t)(wk - 1) * KCU_WARP + lane) * 4;
+#pragma unroll
+      for (int e = 0; e < 4; e++) r[e] = acc[0][e];
+    }
+    __syncthreads();
+    if (wk > 0) return;
+    for (int o = 0; o < WK - 1; o++) {
+      const float *r = red + ((size_t)o * KCU_WARP + lane) * 4;
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[0][e] += r[e];
+    }
+  }
+  kcu_q4f_store<T, 1>(acc, out, bias, tile, 0, rows, 1);
 }
 
 /* Past 64 rows where the wide kernel below does not run (before sm_90):
@@ -394,22 +572,32 @@ __global__ void kcu_q4f_gather_k(T *xp, const T *x, const int32_t *perm, int col
   xp[i] = p >= 0 ? x[b * x_cols + p] : kcu_t<T>(0.f);
 }
 
-template <typename T, int NT, int WK>
+template <typename T, int NT, int WK, int F>
 static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
   if (v.tiles > 65535) /* the grid's y */
-    return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows, past 1048560", (long long)w->rows);
-  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK>), dim3(kcu_div_up(n, 8 * NT), v.tiles), WK * KCU_WARP, 0, out,
-             (const uint4 *)v.nib, (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: %s matmul of %lld rows, past 1048560", kern_type_traits(w->type)->name,
+                     (long long)w->rows);
+  KCU_LAUNCH(c, (kcu_q4f_mma_k<T, NT, WK, F>), dim3(kcu_div_up(n, 8 * NT), v.tiles), WK * KCU_WARP, 0, out,
+             (const uint4 *)v.nib, (const uint2 *)v.hi, (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
+  return 0;
+}
+
+template <typename T, int F>
+static int kcu_q4f_row_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x) {
+  const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
+  KCU_LAUNCH(c, (kcu_q4f_row_k<T, KCU_Q4F_ROW_U, 4, F>), v.tiles, 4 * KCU_WARP, 0, out, (const uint4 *)v.nib,
+             (const uint2 *)v.hi, (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
   return 0;
 }
 
 /* Warps per tile: c->q4f_warps, else measured on H200 (Llama-3-8B shapes,
  * I4G; docs/bench/gpu.md): 4 at n = 1 and n > 16, 8 at 9..16. */
-template <typename T, int NT>
+template <typename T, int NT, int F = 4>
 static int kcu_q4f_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  if ((c->q4f_warps ? c->q4f_warps : NT == 2 ? 8 : 4) == 8) return kcu_q4f_launch_wk<T, NT, 8>(c, out, w, bias, x, n);
-  return kcu_q4f_launch_wk<T, NT, 4>(c, out, w, bias, x, n);
+  if ((c->q4f_warps ? c->q4f_warps : NT == 2 ? 8 : 4) == 8)
+    return kcu_q4f_launch_wk<T, NT, 8, F>(c, out, w, bias, x, n);
+  return kcu_q4f_launch_wk<T, NT, 4, F>(c, out, w, bias, x, n);
 }
 
 /* More than 64 rows: kcu_q4f_gemm_k, its columns split in two where the
@@ -444,6 +632,10 @@ template <typename T>
 static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   int rc = kcu_q4f_input(c, w, &x, n);
   if (rc) return rc;
+  if (n == 1 && c->q4f_row) return w->type == KERN_Q6F ? kcu_q4f_row_launch<T, 6>(c, out, w, bias, x)
+                                                       : kcu_q4f_row_launch<T, 4>(c, out, w, bias, x);
+  if (w->type == KERN_Q6F) /* up to KCU_Q6F_MAX_N rows: kcu__matmul dequantizes for more */
+    return n <= 8 ? kcu_q4f_launch<T, 1, 6>(c, out, w, bias, x, n) : kcu_q4f_launch<T, 2, 6>(c, out, w, bias, x, n);
   /* From c->q4f_wide rows (17; sm_90 only) the wide kernel; below, and
    * where it does not run, the per-tile kernel, past 64 rows the GEMM form */
   if (n >= c->q4f_wide) return kcu__q4w_matmul(c, out, w, bias, x, n);
@@ -492,9 +684,9 @@ int kcu__q4f_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
  * rows into dst ((row1 - row0), x_cols), in the input's order where the
  * weight is permuted (padding columns dropped; every input column is some
  * column's perm, model_quant_cols). */
-template <typename T>
-__global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint4 *dmv, int cols, int row0, int row1,
-                                  long long total, const int32_t *perm, int x_cols) {
+template <typename T, int F>
+__global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint2 *hiv, const uint4 *dmv, int cols, int row0,
+                                  int row1, long long total, const int32_t *perm, int x_cols) {
   kcu_pdl_enter();
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
   if (i >= total) return;
@@ -504,7 +696,8 @@ __global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint4 *dmv, in
   const int u = (int)(tu % units), tile = row0 / KCU_Q4F_ROWS + (int)(tu / units);
   const size_t at = (size_t)tile * units + u;
   const uint4 q = __ldg(nib + at * KCU_WARP + lane), d = __ldg(dmv + at * 8 + g);
-  const uint32_t qw[4] = {q.x, q.y, q.z, q.w}, dm[2] = {d.x, d.z}, dm8[2] = {d.y, d.w};
+  const uint2 hq = F == 6 ? __ldg(hiv + at * KCU_WARP + lane) : make_uint2(0, 0);
+  const uint32_t qw[4] = {q.x, q.y, q.z, q.w}, dm[2] = {d.x, d.z}, dm8[2] = {d.y, d.w}, hw[2] = {hq.x, hq.y};
 #pragma unroll
   for (int b = 0; b < 2; b++) {
     const int c0 = u * KCU_Q4F_COLS + 32 * b + 8 * t;
@@ -513,7 +706,7 @@ __global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint4 *dmv, in
 #pragma unroll
     for (int s = 0; s < 2; s++) {
       uint32_t a[4];
-      kcu_q4f_frag<T>(qw[2 * b + s], dm[b], dm8[b], a);
+      kcu_qf_frag<T, F>(qw[2 * b + s], hw[b], s, dm[b], dm8[b], t, a);
       /* a[0], a[2]: row g, columns 4 s + (0, 1), (2, 3); a[1], a[3]: row g + 8 */
       v[0][2 * s] = kcu_as2<T2>(a[0]), v[0][2 * s + 1] = kcu_as2<T2>(a[2]);
       v[1][2 * s] = kcu_as2<T2>(a[1]), v[1][2 * s + 1] = kcu_as2<T2>(a[3]);
@@ -542,8 +735,13 @@ int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
   const int t0 = (int)(row0 / KCU_Q4F_ROWS), t1 = kcu_q4f_tiles(row0 + nrows);
   const long long total = (long long)(t1 - t0) * v.units * KCU_WARP;
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_dequant_k<T>, kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0, (T *)dst,
-                                 (const uint4 *)v.nib, (const uint4 *)v.dm, (int)w->cols, (int)row0,
-                                 (int)(row0 + nrows), total, (const int32_t *)w->priv, (int)kern_weight_x_cols(w)));
+#define KCU_Q4F_DEQUANT(F)                                                                                    \
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, (kcu_q4f_dequant_k<T, F>), kcu_div_up(total, KCU_ELEM_NT), KCU_ELEM_NT, 0,     \
+                                 (T *)dst, (const uint4 *)v.nib, (const uint2 *)v.hi, (const uint4 *)v.dm,          \
+                                 (int)w->cols, (int)row0, (int)(row0 + nrows), total, (const int32_t *)w->priv,      \
+                                 (int)kern_weight_x_cols(w)))
+  if (w->type == KERN_Q6F) KCU_Q4F_DEQUANT(6);
+  else KCU_Q4F_DEQUANT(4);
+#undef KCU_Q4F_DEQUANT
   return 0;
 }

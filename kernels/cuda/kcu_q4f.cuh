@@ -18,6 +18,16 @@
  *
  * 640 bytes per 1024 weights: 5 bits a weight (I4G is 6, Q4_K 4.5).
  *
+ * KERN_Q6F, a Q6_K weight the same way (6-bit q, w = s * (q - 32) with a
+ * scale s per 16 columns): the nibbles above hold q's low 4 bits; after
+ * them, per (tile, unit) 256 bytes of high bits, lane L reading bytes
+ * [8 L, 8 L + 8): word b (block b) holds, for the lane's nibble word
+ * 2 b + s, slot p's two high bits at bit 8 s + 2 p and slot p + 4's at
+ * 16 + 8 s + 2 p; then the 128 bytes a (tile, unit) of the (d, m) places,
+ * each pair being the block's two scales instead (columns 0..15, 16..31;
+ * lanes t < 2 take the first). 896 bytes per 1024 weights: 7 bits (Q6_K
+ * is 6.56).
+ *
  * The matmul: up to 16 rows (and 17-128 before sm_90) kcu_q4f_mma_k, a
  * CTA per 16-row tile (past 64 rows kcu_q4f_gemm_k); from 17 rows on
  * sm_90 kcu_q4f_wide_k, a CTA per 128 rows with the activations staged in
@@ -46,6 +56,7 @@
 #define KCU_Q4F_COLS 64
 #define KCU_Q4F_NIB 512 /* nibble bytes per (tile, unit) */
 #define KCU_Q4F_DM 128  /* (d, m) bytes per (tile, unit) */
+#define KCU_Q6F_HI 256  /* KERN_Q6F's high-bit bytes per (tile, unit) */
 #define KCU_Q4F_TOK 64  /* tokens per CTA: 8 MMA columns of 8 */
 
 /* Row tiles and column units of a (rows, cols) weight. */
@@ -57,18 +68,25 @@ __host__ __device__ __forceinline__ int kcu_q4f_units(long long cols) {
 }
 
 /* A KERN_Q4F weight's two arrays in its device memory `data`: all the
- * nibbles, then all the (d, m) pairs. */
+ * nibbles, then all the (d, m) pairs; KERN_Q6F (six) has its high bits
+ * between them. */
 typedef struct {
   uint4 *nib, *dm;
+  uint2 *hi; /* KERN_Q6F's, else NULL */
   int tiles, units;
 } kcu_q4f_view_t;
 
-static inline kcu_q4f_view_t kcu_q4f_view(const kern_weight_t *w, void *data) {
+static inline kcu_q4f_view_t kcu_q4f_view_as(const kern_weight_t *w, void *data, bool six) {
   kcu_q4f_view_t v;
   v.tiles = kcu_q4f_tiles(w->rows), v.units = kcu_q4f_units(w->cols);
+  const size_t tu = (size_t)v.tiles * v.units;
   v.nib = (uint4 *)data;
-  v.dm = (uint4 *)((char *)data + (size_t)v.tiles * v.units * KCU_Q4F_NIB);
+  v.hi = six ? (uint2 *)((char *)data + tu * KCU_Q4F_NIB) : NULL;
+  v.dm = (uint4 *)((char *)data + tu * (KCU_Q4F_NIB + (six ? KCU_Q6F_HI : 0)));
   return v;
+}
+static inline kcu_q4f_view_t kcu_q4f_view(const kern_weight_t *w, void *data) {
+  return kcu_q4f_view_as(w, data, w->type == KERN_Q6F);
 }
 
 template <typename T> struct kcu_q4v;
@@ -109,6 +127,36 @@ __device__ __forceinline__ void kcu_q4f_frag(uint32_t word, uint32_t dm_g, uint3
     T2 q = __hsub2(kcu_as2<T2>(v), base);
     a[p] = kcu_from2<T2>(p & 1 ? __hfma2(q, dg8, mg8) : __hfma2(q, dg, mg));
   }
+}
+
+/* KERN_Q6F: the four A registers of k-step S (unrolled: a constant) of a
+ * block from its nibble
+ * word, the block's high-bit word hw and the scale pairs of rows g and
+ * g + 8 (this lane's half of the block: t / 2). (v | 0x4300) is 128 + q
+ * (q < 64) exactly, 160 less is q - 32. */
+template <typename T>
+__device__ __forceinline__ void kcu_q6f_frag(uint32_t word, uint32_t hw, int S, uint32_t sc_g, uint32_t sc_g8, int t,
+                                             uint32_t *a) {
+  typedef typename kcu_q4v<T>::T2 T2;
+  const T2 base = kcu_as2<T2>(kcu_q4v<T>::MAGIC + 0x00200020u);
+  const uint32_t sel = t < 2 ? 0x1010u : 0x3232u;
+  const T2 sg = kcu_as2<T2>(__byte_perm(sc_g, 0, sel)), sg8 = kcu_as2<T2>(__byte_perm(sc_g8, 0, sel));
+#pragma unroll
+  for (int p = 0; p < 4; p++) {
+    const int sh = 8 * S + 2 * p - 4; /* slot p's high bits to bit 4, slot p + 4's to bit 20 */
+    const uint32_t h = sh >= 0 ? hw >> sh : hw << -sh;
+    const uint32_t v = kcu_and_or(h, 0x00300030u, kcu_and_or(word >> (4 * p), 0x000f000fu, kcu_q4v<T>::MAGIC));
+    a[p] = kcu_from2<T2>(__hmul2(__hsub2(kcu_as2<T2>(v), base), p & 1 ? sg8 : sg));
+  }
+}
+
+/* Either layout's A registers of k-step S of block b (hw: KERN_Q6F's
+ * high-bit word of the block). */
+template <typename T, int F>
+__device__ __forceinline__ void kcu_qf_frag(uint32_t word, uint32_t hw, int S, uint32_t dm_g, uint32_t dm_g8, int t,
+                                            uint32_t *a) {
+  if (F == 6) kcu_q6f_frag<T>(word, hw, S, dm_g, dm_g8, t, a);
+  else kcu_q4f_frag<T>(word, dm_g, dm_g8, a);
 }
 
 /* A warp's results for its row tile: acc[j] holds (row g, tokens 2t,

@@ -258,8 +258,8 @@ static int kcu_stage_fence(kcu_ctx_t *c) {
   return 0;
 }
 
-/* A 4-bit weight's file blocks, uploaded into raw, become w->data's
- * KERN_Q4F (kcu_q4f.cu): once every read and copy of them is done, and
+/* A 4-bit (or Q6_K) weight's file blocks, uploaded into raw, become
+ * w->data's KERN_Q4F (KERN_Q6F; kcu_q4f.cu): once every read and copy of them is done, and
  * the repacking has run, raw may be freed. */
 static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw) {
   int rc = kcu_stage_flush(c);
@@ -270,7 +270,8 @@ static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw) {
 }
 
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
- * inv_freq); 4-bit ones that only matmul reads become KERN_Q4F; other
+ * inv_freq); 4-bit and Q6_K ones that only matmul reads become KERN_Q4F
+ * and KERN_Q6F; other
  * quantized weights are copied as they are. A permutation, if any, goes
  * to w->priv. w->type and w->row_bytes describe what is stored on the
  * device afterwards. On failure nothing is allocated and w->data is NULL. */
@@ -284,16 +285,16 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
   if (dense && w->perm) /* the dense GEMV and cuBLAS read x in order */
     return fr_errorf(FR_EUNSUPPORTED, "cuda: a %s weight with a column permutation (act-order) is not supported",
                      kern_type_traits(w->type)->name);
-  const bool q4f = c->q4f && kcu__q4f_takes(w);
+  const bool q4f = kcu__q4f_takes(c, w);
   if (kern_weight_x_cols(w) != w->cols && !q4f) /* padding columns: only the Q4F matmul and dequant skip them */
     return fr_errorf(FR_EUNSUPPORTED, "cuda: a GPTQ act-order part with padding columns needs the 4-bit tensor-core "
                      "layout (FERRUM_CUDA_Q4F is off, or %lld columns are not a multiple of 32)", (long long)w->cols);
-  const kern_type_t dst_t = q4f ? KERN_Q4F : !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
+  const kern_type_t dst_t = q4f ? kcu__q4f_type(w) : !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
   size_t row_bytes = kern_row_bytes(w->type, w->cols), dst_rb = kern_row_bytes(dst_t, w->cols), bytes, dst_bytes;
   if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes) ||
       fr_mul_size(dst_rb, (size_t)w->rows, &dst_bytes))
     return fr_errorf(FR_EFORMAT, "cuda: weight size overflows or cols %lld not a block multiple", (long long)w->cols);
-  if (q4f) dst_bytes = kcu__q4f_bytes(w->rows, w->cols);
+  if (q4f) dst_bytes = kcu__q4f_bytes(w);
   size_t span_bytes = 0;
   for (int s = 0; !src->host && s < src->n_spans; s++) span_bytes += src->spans[s].len;
   if (!src->host && span_bytes != bytes)

@@ -443,16 +443,17 @@ START_TEST(test_matmul_q4f) {
   check_matmul_n(t, 16 * 532 - 11, 256, false, 128);
   /* the per-tile kernels (the wide one off): both CTA sizes at every n
    * (FERRUM_CUDA_Q4F_WARPS), past 64 rows the GEMM form or not, CTAs of 8
-   * to 64 tokens (FERRUM_CUDA_Q4F_NT); then the wide kernel at every n
+   * to 64 tokens (FERRUM_CUDA_Q4F_NT), one row by the one-row kernel or
+   * by the per-tile one (FERRUM_CUDA_Q4F_ROW); then the wide kernel at every n
    * (FERRUM_CUDA_Q4F_WIDE), its units split over CTAs by the SMs or in 1
    * to 3 or 8 (FERRUM_CUDA_Q4F_KS; for 5 units at 2 a stage: 4 and 1,
    * or 2, 2 and 1; at 1 a stage 3 and 2, or 2, 2 and 1; 8: some empty),
    * also on more columns than its stages hold */
-  static const char *cfg[][5] = {{"4", "0", "4", "100000", "0"}, {"8", "1", "8", "100000", "0"},
-                                 {"4", "0", "1", "100000", "0"}, {"8", "0", "2", "100000", "0"},
-                                 {"4", "1", "4", "1", "0"},      {"4", "1", "4", "1", "1"},
-                                 {"4", "1", "4", "1", "2"},      {"4", "1", "4", "1", "3"},
-                                 {"4", "1", "4", "1", "8"}};
+  static const char *cfg[][6] = {{"4", "0", "4", "100000", "0", "1"}, {"8", "1", "8", "100000", "0", "1"},
+                                 {"4", "0", "1", "100000", "0", "0"}, {"8", "0", "2", "100000", "0", "0"},
+                                 {"4", "1", "4", "1", "0", "1"},      {"4", "1", "4", "1", "1", "1"},
+                                 {"4", "1", "4", "1", "2", "1"},      {"4", "1", "4", "1", "3", "1"},
+                                 {"4", "1", "4", "1", "8", "1"}};
   for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
     kern_backend_destroy(gpu);
     setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
@@ -460,6 +461,7 @@ START_TEST(test_matmul_q4f) {
     setenv("FERRUM_CUDA_Q4F_NT", cfg[k][2], 1);
     setenv("FERRUM_CUDA_Q4F_WIDE", cfg[k][3], 1);
     setenv("FERRUM_CUDA_Q4F_KS", cfg[k][4], 1);
+    setenv("FERRUM_CUDA_Q4F_ROW", cfg[k][5], 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
     const bool wide = k >= 4;
     /* config 1 up to 128 rows: the GEMM form past 64, which the wide kernel displaced on sm_90 */
@@ -469,10 +471,35 @@ START_TEST(test_matmul_q4f) {
   unsetenv("FERRUM_CUDA_Q4F_NT");
   unsetenv("FERRUM_CUDA_Q4F_WIDE");
   unsetenv("FERRUM_CUDA_Q4F_KS");
+  unsetenv("FERRUM_CUDA_Q4F_ROW");
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_Q4F", "0", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   check_matmul(t, 200, 512, false);
+}
+END_TEST
+
+/* Q6_K repacked for the tensor cores (KERN_Q6F): the one-row kernel at
+ * n = 1, the per-tile kernel at 2..16 rows (MMA columns of 8 and 16
+ * tokens, CTAs of 4 and 8 warps), dequantize + cuBLAS past 16, on rows not
+ * a multiple of the 16-row tiles; then the per-tile kernel at one row too
+ * (FERRUM_CUDA_Q4F_ROW=0), and the file's blocks kept (FERRUM_CUDA_Q6F=0:
+ * the integer GEMV) on the same shapes. */
+START_TEST(test_matmul_q6f) {
+  check_matmul(KERN_Q6_K, 16 * 9 + 3, 768, true);
+  check_matmul_n(KERN_Q6_K, 16 * 40, 2048, false, 16);
+  static const char *cfg[][3] = {{"8", "1", "1"}, {"4", "0", "1"}, {"4", "1", "0"}};
+  for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
+    setenv("FERRUM_CUDA_Q4F_ROW", cfg[k][1], 1);
+    setenv("FERRUM_CUDA_Q6F", cfg[k][2], 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+    check_matmul_n(KERN_Q6_K, 16 * 9 + 3, 768, k == 1, 16);
+  }
+  unsetenv("FERRUM_CUDA_Q4F_WARPS");
+  unsetenv("FERRUM_CUDA_Q4F_ROW");
+  unsetenv("FERRUM_CUDA_Q6F");
 }
 END_TEST
 
@@ -2102,6 +2129,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_matmul_i4g_perm);
   tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_q4f_silu_mul, 0, (int)FR_ARRAY_SIZE(k_q4));
+  tcase_add_test(tc, test_matmul_q6f);
   tcase_add_test(tc, test_matmul_i4g_perm_padded);
   tcase_add_loop_test(tc, test_moe_dense, 0, (int)FR_ARRAY_SIZE(k_moe_shapes));
   tcase_add_loop_test(tc, test_moe_quant, 0, (int)FR_ARRAY_SIZE(k_quant));

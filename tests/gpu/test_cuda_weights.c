@@ -394,10 +394,73 @@ static uint8_t *q4f_ref(kern_type_t t, const uint8_t *w, int64_t rows, int64_t c
   return out;
 }
 
-/* Random Q4_0 / I4G bytes with finite scales. */
+/* Q6_K's 6-bit q (0..63) of (row, col) and its 16 columns' scale, from
+ * ggml's dequantize_row_q6_K: per 256 columns ql[128], qh[64], int8
+ * scales[16], f16 d; column e of a super-block, e = 128 n + 32 k + l:
+ * low 4 bits from ql[64 n + 32 (k % 2) + l] (high nibble for k >= 2),
+ * high 2 from qh[32 n + l] >> 2 k, scale d * scales[8 n + 2 k + l / 16]. */
+static int q6k_at(const uint8_t *w, size_t rb, int64_t row, int64_t col, float *scale) {
+  const uint8_t *sb = w + (size_t)row * rb + (size_t)(col / 256) * 210;
+  const int e = (int)(col % 256), n = e / 128, k = e % 128 / 32, l = e % 32;
+  const int lo = (sb[64 * n + 32 * (k % 2) + l] >> (4 * (k / 2))) & 15, hi = (sb[128 + 32 * n + l] >> (2 * k)) & 3;
+  uint16_t d;
+  memcpy(&d, sb + 208, 2);
+  *scale = fr_fp16_to_fp32(d) * (float)(int8_t)sb[192 + 8 * n + 2 * k + l / 16];
+  return lo | hi << 4;
+}
+
+/* KERN_Q6F of a Q6_K w as its layout says (kcu_q4f.cuh): the nibbles of
+ * q's low bits as q4f_ref places them, then per (tile, unit) 256 bytes of
+ * high bits (lane L: 2 words, word b holding nibble word 2 b + s's slot p
+ * at bit 8 s + 2 p and slot p + 4 at 16 + 8 s + 2 p), then per (tile,
+ * unit) 128 bytes of bf16 scale pairs (columns 0..15, 16..31 of a block)
+ * where q4f_ref has (d, m). Rows past the weight are zero. */
+static uint8_t *q6f_ref(const uint8_t *w, int64_t rows, int64_t cols, size_t *bytes) {
+  const size_t rb = kern_row_bytes(KERN_Q6_K, cols);
+  const int64_t tiles = (rows + 15) / 16, units = cols / 64;
+  *bytes = (size_t)(tiles * units) * 896;
+  uint8_t *out = calloc(1, *bytes);
+  uint32_t *nib = (uint32_t *)out, *hi = (uint32_t *)(out + (size_t)(tiles * units) * 512);
+  uint16_t *sc = (uint16_t *)(out + (size_t)(tiles * units) * 768);
+  float unused;
+  for (int64_t tile = 0; tile < tiles; tile++)
+    for (int64_t u = 0; u < units; u++)
+      for (int lane = 0; lane < 32; lane++) {
+        const int g = lane / 4, tt = lane % 4;
+        const size_t at = (size_t)(tile * units + u) * 32 + lane;
+        for (int b = 0; b < 2; b++)
+          for (int sk = 0; sk < 2; sk++)
+            for (int p = 0; p < 8; p++) { /* slots 4..7: the next column */
+              int64_t row = tile * 16 + g + 8 * (p & 1), col = u * 64 + 32 * b + 8 * tt + 4 * sk + 2 * ((p & 3) >> 1) + p / 4;
+              if (row >= rows) continue;
+              const uint32_t q = (uint32_t)q6k_at(w, rb, row, col, &unused);
+              nib[at * 4 + 2 * b + sk] |= (q & 15) << (4 * (p & 3) + 16 * (p / 4));
+              hi[at * 2 + b] |= (q >> 4) << (8 * sk + 2 * (p & 3) + 16 * (p / 4));
+            }
+        if (tt) continue;
+        uint16_t *o = sc + ((size_t)(tile * units + u) * 8 + g) * 8;
+        for (int j = 0; j < 4; j++) {
+          int64_t row = tile * 16 + g + 8 * (j & 1), c0 = u * 64 + 32 * (j >> 1);
+          float s0 = 0, s1 = 0;
+          if (row < rows) q6k_at(w, rb, row, c0, &s0), q6k_at(w, rb, row, c0 + 16, &s1);
+          o[2 * j] = fr_fp32_to_bf16(s0), o[2 * j + 1] = fr_fp32_to_bf16(s1);
+        }
+      }
+  return out;
+}
+
+/* Random Q4_0 / I4G / Q6_K bytes with finite scales. */
 static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols) {
   const size_t rb = kern_row_bytes(t, cols);
   uint8_t *h = rand_bytes(t, rb * (size_t)rows);
+  if (t == KERN_Q6_K) {
+    for (int64_t r = 0; r < rows; r++)
+      for (int64_t b = 0; b < cols / 256; b++) {
+        uint16_t f = fr_fp32_to_fp16((float)(rnd64() % 1000 + 1) * 1e-5f);
+        memcpy(h + (size_t)r * rb + (size_t)b * 210 + 208, &f, 2);
+      }
+    return h;
+  }
   for (int64_t r = 0; r < rows; r++)
     for (int64_t b = 0; b < cols / 32; b++) {
       uint8_t *p = h + (size_t)r * rb + (size_t)b * (t == KERN_Q4_0 ? 18 : 24);
@@ -412,17 +475,18 @@ static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols) {
   return h;
 }
 
-/* A matmul-only 4-bit weight (keep_layout false) becomes KERN_Q4F, from
- * host memory and from a file cut into spans (the repacking waits for the
- * reads still in flight): rows not a multiple of 16, a last unit of 32
- * columns, weights past one staging chunk. Downloaded and compared with
+/* A matmul-only 4-bit weight (keep_layout false) becomes KERN_Q4F, a
+ * Q6_K one KERN_Q6F, from host memory and from a file cut into spans (the
+ * repacking waits for the reads still in flight): rows not a multiple of
+ * 16, a last unit of 32 columns, weights past one staging chunk. Downloaded and compared with
  * q4f_ref bit for bit (bf16 activations: the default). */
 START_TEST(test_q4f_repack) {
   ck_assert_int_eq(gpu->act_type, KERN_BF16);
   static const struct {
     kern_type_t t;
     int64_t rows, cols;
-  } shapes[] = {{KERN_Q4_0, 1000, 4128}, {KERN_I4G, 5003, 4096}, {KERN_I4G, 37, 96}};
+  } shapes[] = {{KERN_Q4_0, 1000, 4128}, {KERN_I4G, 5003, 4096}, {KERN_I4G, 37, 96},
+                {KERN_Q6_K, 1003, 4096}, {KERN_Q6_K, 37, 256}};
   int fd = temp_file();
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
     for (int from_file = 0; from_file < 2; from_file++) {
@@ -431,7 +495,7 @@ START_TEST(test_q4f_repack) {
       const size_t rb = kern_row_bytes(t, cols);
       uint8_t *host = rand_q4(t, rows, cols);
       size_t want_bytes;
-      uint8_t *want = q4f_ref(t, host, rows, cols, &want_bytes);
+      uint8_t *want = t == KERN_Q6_K ? q6f_ref(host, rows, cols, &want_bytes) : q4f_ref(t, host, rows, cols, &want_bytes);
       kern_weight_t w = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb};
       int rc;
       if (from_file) {
@@ -445,14 +509,14 @@ START_TEST(test_q4f_repack) {
         rc = gpu->ops->weight_load(gpu->ctx, &w, host);
       }
       ck_assert_msg(rc == 0, "weight_load: %s", fr_last_error());
-      ck_assert_int_eq(w.type, KERN_Q4F);
+      ck_assert_int_eq(w.type, t == KERN_Q6_K ? KERN_Q6F : KERN_Q4F);
       uint8_t *got = fr_malloc(want_bytes);
       ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, want_bytes), 0);
       size_t bad = 0, first = 0;
       for (size_t k = 0; k < want_bytes; k++)
         if (got[k] != want[k] && !bad++) first = k;
-      ck_assert_msg(bad == 0, "Q4F of %s (%lld x %lld, %s): %zu of %zu bytes differ, first at %zu",
-                    kern_type_traits(t)->name, (long long)rows, (long long)cols, from_file ? "file" : "host", bad,
+      ck_assert_msg(bad == 0, "%s of %s (%lld x %lld, %s): %zu of %zu bytes differ, first at %zu",
+                    kern_type_traits(w.type)->name, kern_type_traits(t)->name, (long long)rows, (long long)cols, from_file ? "file" : "host", bad,
                     want_bytes, first);
       gpu->ops->weight_release(gpu->ctx, &w);
       free(got);

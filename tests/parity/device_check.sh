@@ -42,9 +42,9 @@ python3 tests/parity/embed_parity.py "$build/bin/ferrumctl" "$out/embed-parity" 
 fi
 
 if want cross; then
-step "cpu vs cuda, quantized dummy weights of SmolLM2-135M and Qwen3-0.6B shapes"
+step "cpu vs cuda, quantized dummy weights of SmolLM2-135M and Qwen3-0.6B shapes (q4_k_m: llama.cpp's Q4_K / Q6_K mix)"
 ids=$(python3 -c "import random; random.seed(3); print(','.join(str(random.randrange(100, 40000)) for _ in range(40)))")
-for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q5_1 smollm2-135m:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:q5_k qwen3-0.6b:q6_k smollm2-135m:i4g; do
+for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q5_1 smollm2-135m:q8_0 qwen3-0.6b:q4_k qwen3-0.6b:q5_k qwen3-0.6b:q6_k qwen3-0.6b:q4_k_m smollm2-135m:i4g; do
   name=${spec%%:*} type=${spec##*:}
   a=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cpu --ids "$ids" --greedy 24)
   b=$("$build/bin/run_model" --dummy "$name" --type "$type" --device cuda --ids "$ids" --greedy 24)

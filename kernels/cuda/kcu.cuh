@@ -126,7 +126,8 @@ typedef struct {
   int q4f_nt;          /* most MMA columns (8 tokens each) a CTA of the Q4F matmul takes (FERRUM_CUDA_Q4F_NT 1-8; 4) */
   int q4f_wide;        /* fewest rows the 128-row CTAs of the Q4F matmul take (FERRUM_CUDA_Q4F_WIDE) */
   int q4f_ks;          /* their column splits (FERRUM_CUDA_Q4F_KS; 0: by the SMs) */
-  int q4f_row;         /* one row through the one-row Q4F kernel (FERRUM_CUDA_Q4F_ROW=0: the per-tile one) */
+  int q4f_row;         /* one row: the one-row Q4F kernel, its warps a tile by shape (FERRUM_CUDA_Q4F_ROW 4 or 8:
+                          always that; 0: the per-tile kernel) */
   int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */

@@ -364,7 +364,9 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * before the PDL wait. Measured on H200 (docs/bench/gpu.md, session 29):
  * U = 4 beats 8 (159 registers, 3 CTAs a SM); two register batches used
  * in turn, or a ring of stages in shared memory fed by cp.async, with
- * more bytes in flight, were 6-20% slower. */
+ * more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
+ * few tiles (each warp's chain of units half as long) made a step 4-5%
+ * faster. */
 #define KCU_Q4F_ROW_U 4
 template <int U, int F> struct kcu_q4f_row_stage {
   uint4 q[U];
@@ -586,8 +588,16 @@ static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const
 template <typename T, int F>
 static int kcu_q4f_row_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
-  KCU_LAUNCH(c, (kcu_q4f_row_k<T, KCU_Q4F_ROW_U, 4, F>), v.tiles, 4 * KCU_WARP, 0, out, (const uint4 *)v.nib,
-             (const uint2 *)v.hi, (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
+  /* 8 warps a tile where the tiles are few (o, down, q, k, v of an 8B),
+   * else 4 (c->q4f_row 4 or 8: always that); measured in docs/bench/gpu.md,
+   * session 29 */
+  const bool wide = c->q4f_row == 8 || (c->q4f_row != 4 && v.tiles < 4 * c->n_sm);
+  if (wide)
+    KCU_LAUNCH(c, (kcu_q4f_row_k<T, KCU_Q4F_ROW_U, 8, F>), v.tiles, 8 * KCU_WARP, 0, out, (const uint4 *)v.nib,
+               (const uint2 *)v.hi, (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
+  else
+    KCU_LAUNCH(c, (kcu_q4f_row_k<T, KCU_Q4F_ROW_U, 4, F>), v.tiles, 4 * KCU_WARP, 0, out, (const uint4 *)v.nib,
+               (const uint2 *)v.hi, (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
   return 0;
 }
 

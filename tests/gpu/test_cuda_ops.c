@@ -443,17 +443,18 @@ START_TEST(test_matmul_q4f) {
   check_matmul_n(t, 16 * 532 - 11, 256, false, 128);
   /* the per-tile kernels (the wide one off): both CTA sizes at every n
    * (FERRUM_CUDA_Q4F_WARPS), past 64 rows the GEMM form or not, CTAs of 8
-   * to 64 tokens (FERRUM_CUDA_Q4F_NT), one row by the one-row kernel or
-   * by the per-tile one (FERRUM_CUDA_Q4F_ROW); then the wide kernel at every n
+   * to 64 tokens (FERRUM_CUDA_Q4F_NT), one row by the one-row kernel (4
+   * or 8 warps a tile, or by shape: 8 for these few tiles) or by the
+   * per-tile one (FERRUM_CUDA_Q4F_ROW); then the wide kernel at every n
    * (FERRUM_CUDA_Q4F_WIDE), its units split over CTAs by the SMs or in 1
    * to 3 or 8 (FERRUM_CUDA_Q4F_KS; for 5 units at 2 a stage: 4 and 1,
    * or 2, 2 and 1; at 1 a stage 3 and 2, or 2, 2 and 1; 8: some empty),
    * also on more columns than its stages hold */
-  static const char *cfg[][6] = {{"4", "0", "4", "100000", "0", "1"}, {"8", "1", "8", "100000", "0", "1"},
-                                 {"4", "0", "1", "100000", "0", "0"}, {"8", "0", "2", "100000", "0", "0"},
-                                 {"4", "1", "4", "1", "0", "1"},      {"4", "1", "4", "1", "1", "1"},
-                                 {"4", "1", "4", "1", "2", "1"},      {"4", "1", "4", "1", "3", "1"},
-                                 {"4", "1", "4", "1", "8", "1"}};
+  static const char *cfg[][6] = {{"4", "0", "4", "100000", "0", "-1"}, {"8", "1", "8", "100000", "0", "4"},
+                                 {"4", "0", "1", "100000", "0", "0"},  {"8", "0", "2", "100000", "0", "0"},
+                                 {"4", "1", "4", "1", "0", "8"},       {"4", "1", "4", "1", "1", "-1"},
+                                 {"4", "1", "4", "1", "2", "-1"},      {"4", "1", "4", "1", "3", "-1"},
+                                 {"4", "1", "4", "1", "8", "-1"}};
   for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
     kern_backend_destroy(gpu);
     setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
@@ -480,15 +481,16 @@ START_TEST(test_matmul_q4f) {
 END_TEST
 
 /* Q6_K repacked for the tensor cores (KERN_Q6F): the one-row kernel at
- * n = 1, the per-tile kernel at 2..16 rows (MMA columns of 8 and 16
- * tokens, CTAs of 4 and 8 warps), dequantize + cuBLAS past 16, on rows not
- * a multiple of the 16-row tiles; then the per-tile kernel at one row too
- * (FERRUM_CUDA_Q4F_ROW=0), and the file's blocks kept (FERRUM_CUDA_Q6F=0:
- * the integer GEMV) on the same shapes. */
+ * n = 1 (8 warps a tile for these few tiles, then 4), the per-tile kernel
+ * at 2..16 rows (MMA columns of 8 and 16 tokens, CTAs of 4 and 8 warps),
+ * dequantize + cuBLAS past 16, on rows not a multiple of the 16-row tiles;
+ * then the per-tile kernel at one row too (FERRUM_CUDA_Q4F_ROW=0), and the
+ * file's blocks kept (FERRUM_CUDA_Q6F=0: the integer GEMV) on the same
+ * shapes. */
 START_TEST(test_matmul_q6f) {
   check_matmul(KERN_Q6_K, 16 * 9 + 3, 768, true);
   check_matmul_n(KERN_Q6_K, 16 * 40, 2048, false, 16);
-  static const char *cfg[][3] = {{"8", "1", "1"}, {"4", "0", "1"}, {"4", "1", "0"}};
+  static const char *cfg[][3] = {{"8", "4", "1"}, {"4", "0", "1"}, {"4", "-1", "0"}};
   for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
     kern_backend_destroy(gpu);
     setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);

@@ -365,7 +365,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * U = 4 beats 8 (159 registers, 3 CTAs a SM); two register batches used
  * in turn, or a ring of stages in shared memory fed by cp.async, with
  * more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
- * few tiles (each warp's chain of units half as long) made a step 4-5%
+ * few tiles (each warp's chain of units half as long) made a step 3-5%
  * faster. */
 #define KCU_Q4F_ROW_U 4
 template <int U, int F> struct kcu_q4f_row_stage {

@@ -306,8 +306,8 @@ int main(int argc, char **argv) {
   int vrows = maxB * (o.verify + 1); /* a verify step's tokens and logits rows */
   model_load_opts_t lo = {.max_tokens = FR_MAX(FR_MAX(FR_MAX(o.prefill, o.mixed + maxB), FR_MAX(o.prompt, 256)), vrows),
                           .max_seqs = FR_MAX(maxB + 1, vrows),
-                          .progress = true, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(o.type), 0), .seed = 1};
-  if (o.type && !strcasecmp(o.type, "q4_k_m")) lo.dummy_type = KERN_Q4_K, lo.dummy_q4_k_m = true; /* a mix, not a type */
+                          .progress = true, .seed = 1};
+  if (!rc) rc = model_dummy_weights(&lo, o.type);
   if (!rc && o.dummy) {
     model_config_t cfg;
     rc = model_dummy_config(o.dummy, &cfg);

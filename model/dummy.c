@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 #include "common/fr_err.h"
 #include "common/fr_hash.h"
@@ -181,6 +182,19 @@ static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t
     if (!rc) rc = model__dummy_weight(m, pool, &L->exp_down[e], true, t, c->dim, f, off);
   }
   return rc;
+}
+
+int model_dummy_weights(model_load_opts_t *opts, const char *name) {
+  opts->dummy_q4_k_m = false;
+  if (!name || !*name) return 0;
+  if (!strcasecmp(name, "q4_k_m")) { /* a mix, not a type */
+    opts->dummy_type = KERN_Q4_K, opts->dummy_q4_k_m = true;
+    return 0;
+  }
+  const int t = kern_type_from_name(name);
+  if (t < 0) return fr_errorf(FR_ENOTFOUND, "no weight type %s (q4_k, q4_k_m, q6_k, q8_0, bf16, ...)", name);
+  opts->dummy_type = (kern_type_t)t;
+  return 0;
 }
 
 /* llama.cpp's Q4_K_M (llama-quant.cpp, use_more_bits): attn_v and ffn_down

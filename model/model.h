@@ -116,6 +116,11 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
  * --load-format dummy). */
 int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts);
 
+/* Sets opts' dummy weights from a --type name: a weight type ("q4_k",
+ * "bf16") or "q4_k_m" (llama.cpp's Q4_K / Q6_K mix); NULL or "" leaves the
+ * act type. Another name is FR_ENOTFOUND, with a message. */
+int model_dummy_weights(model_load_opts_t *opts, const char *name);
+
 void model_destroy(model_t *m);
 
 /* The KV pool config this model needs for n_blocks of block_size tokens. */

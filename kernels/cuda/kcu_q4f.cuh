@@ -130,10 +130,9 @@ __device__ __forceinline__ void kcu_q4f_frag(uint32_t word, uint32_t dm_g, uint3
 }
 
 /* KERN_Q6F: the four A registers of k-step S (unrolled: a constant) of a
- * block from its nibble
- * word, the block's high-bit word hw and the scale pairs of rows g and
- * g + 8 (this lane's half of the block: t / 2). (v | 0x4300) is 128 + q
- * (q < 64) exactly, 160 less is q - 32. */
+ * block from its nibble word, the block's high-bit word hw and the scale
+ * pairs of rows g and g + 8 (this lane's half of the block: t / 2).
+ * (v | 0x4300) is 128 + q (q < 64) exactly, 160 less is q - 32. */
 template <typename T>
 __device__ __forceinline__ void kcu_q6f_frag(uint32_t word, uint32_t hw, int S, uint32_t sc_g, uint32_t sc_g8, int t,
                                              uint32_t *a) {
@@ -150,8 +149,8 @@ __device__ __forceinline__ void kcu_q6f_frag(uint32_t word, uint32_t hw, int S, 
   }
 }
 
-/* Either layout's A registers of k-step S of block b (hw: KERN_Q6F's
- * high-bit word of the block). */
+/* Either layout's A registers of k-step S of a block (F 6: KERN_Q6F, hw
+ * its high-bit word of the block; F 4: KERN_Q4F, hw and t unused). */
 template <typename T, int F>
 __device__ __forceinline__ void kcu_qf_frag(uint32_t word, uint32_t hw, int S, uint32_t dm_g, uint32_t dm_g8, int t,
                                             uint32_t *a) {

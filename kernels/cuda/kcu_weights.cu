@@ -259,8 +259,8 @@ static int kcu_stage_fence(kcu_ctx_t *c) {
 }
 
 /* A 4-bit (or Q6_K) weight's file blocks, uploaded into raw, become
- * w->data's KERN_Q4F (KERN_Q6F; kcu_q4f.cu): once every read and copy of them is done, and
- * the repacking has run, raw may be freed. */
+ * w->data's KERN_Q4F (KERN_Q6F; kcu_q4f.cu): once every read and copy of
+ * them is done, and the repacking has run, raw may be freed. */
 static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw) {
   int rc = kcu_stage_flush(c);
   if (!rc) rc = kcu_stage_fence(c);
@@ -271,8 +271,7 @@ static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw) {
 
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
  * inv_freq); 4-bit and Q6_K ones that only matmul reads become KERN_Q4F
- * and KERN_Q6F; other
- * quantized weights are copied as they are. A permutation, if any, goes
+ * and KERN_Q6F; other quantized weights are copied as they are. A permutation, if any, goes
  * to w->priv. w->type and w->row_bytes describe what is stored on the
  * device afterwards. On failure nothing is allocated and w->data is NULL. */
 static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {

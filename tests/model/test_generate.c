@@ -304,7 +304,10 @@ START_TEST(q4_k_m_dummy_mix) {
   ck_assert_int_eq(model_dummy_config("llama-3-8b", &cfg), 0);
   cfg.n_layers = 16, cfg.dim = 256, cfg.ffn_dim = 512, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 64;
   cfg.rope_dim = 64, cfg.vocab_size = 1000;
-  model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q4_K, .dummy_q4_k_m = true};
+  model_load_opts_t lo = {.max_tokens = 64};
+  ck_assert_int_eq(model_dummy_weights(&lo, "q4km"), FR_ENOTFOUND); /* a typo is an error, not the act type */
+  ck_assert_int_eq(model_dummy_weights(&lo, "Q4_K_M"), 0);
+  ck_assert(lo.dummy_type == KERN_Q4_K && lo.dummy_q4_k_m);
   model_t *m;
   ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
   /* 16 layers: 0 and 1 (before n / 8), 14 and 15 (from 7 n / 8), and every

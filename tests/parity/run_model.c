@@ -9,7 +9,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 
 #include "common/fr_err.h"
 #include "common/fr_util.h"
@@ -45,8 +44,8 @@ int main(int argc, char **argv) {
   model_t *m = NULL;
   model_gen_t *g = NULL;
   int rc = kern_backend_create(&be, device, 0);
-  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .dummy_type = (kern_type_t)FR_MAX(kern_type_from_name(type), 0), .seed = 7};
-  if (type && !strcasecmp(type, "q4_k_m")) lo.dummy_type = KERN_Q4_K, lo.dummy_q4_k_m = true; /* a mix, not a type */
+  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .seed = 7};
+  if (!rc) rc = model_dummy_weights(&lo, type);
   if (!rc && dummy) {
     model_config_t cfg;
     rc = model_dummy_config(dummy, &cfg);

@@ -111,6 +111,8 @@ typedef struct {
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of the tensor-core one */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
+  int dec_tma;      /* stages of the tensor-core decode attention's bulk tensor copies (FERRUM_CUDA_DEC_TMA 2
+                       or 3; -1: by the grid; 0: cp.async, as before) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */
   int fuse_gemv;    /* matmul_silu_mul and matmul_rope_kv_append as one GEMV kernel where it runs, and
                        matmul_silu_mul as one wide Q4F kernel where that runs
@@ -167,6 +169,8 @@ typedef struct {
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
+  const void *kv_tmap_base;  /* the pool whose tensor map kv_tmap holds (kcu_attn.cu), NULL: none */
+  unsigned char kv_tmap[128]; /* a CUtensorMap's bytes (copied to an aligned one to launch) */
 
   /* graphs */
   kcu_graph_t graphs[KCU_MAX_GRAPHS];

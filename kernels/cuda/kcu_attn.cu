@@ -14,7 +14,9 @@
  * device. Grids past one wave (no split) of an unquantized cache with
  * head_dim <= 128 and groups <= 8 run on the tensor cores instead
  * (kcu_attn_decode_mma_k: the group's query heads are the rows of an MMA
- * tile, K/V staged like the prefill kernel's).
+ * tile, K/V staged in shared memory by the tensor-memory accelerator's
+ * bulk copies through one tensor map of the pool, or like the prefill
+ * kernel's where those do not apply).
  *
  * Prefill (the sequences of a step with more than one query token):
  * FlashAttention-2 style on the tensor cores (mma.sync) for head_dim up to
@@ -33,7 +35,9 @@
  * for an unquantized cache (cp.async cannot convert), so their tensor-core
  * and SIMT loops are unchanged.
  */
+#include <cudaTypedefs.h>
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cuda/kcu_mma.cuh"
 
@@ -464,6 +468,8 @@ int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_groups, int n_heads, int h
 typedef struct {
   const void *kc, *vc;
   const uint16_t *ks, *vs;
+  const kern_kv_pool_t *pool; /* the pool they are in, and the layer */
+  int layer;
 } kcu_kv_layer_t;
 
 /* ---- prefill -------------------------------------------------------------------------------- */
@@ -590,6 +596,15 @@ template <int HD> __device__ __forceinline__ uint32_t kcu_fa_off(int r, int ch) 
   return (uint32_t)(r * (HD * 2) + ((ch ^ (r & 7)) << 4));
 }
 
+/* The same for a decode K/V tile as the tensor-memory accelerator writes it
+ * (TM; 128-byte swizzle): HD / 64 column blocks of BN rows x 128 bytes, in
+ * each the 16-byte chunk c of row r at (c ^ (r & 7)), the hardware's
+ * pattern for a box at a 1024-byte-aligned address. */
+template <int HD, bool TM> __device__ __forceinline__ uint32_t kcu_fa_offl(int r, int ch) {
+  if constexpr (TM) return (uint32_t)((ch >> 3) * (KCU_FA_BN * 128) + r * 128 + (((ch & 7) ^ (r & 7)) << 4));
+  else return kcu_fa_off<HD>(r, ch);
+}
+
 /* Issues the cp.async loads of K/V rows [kb, kb + BN) of one KV head into
  * the swizzled tiles at sk / sv (shared addresses); zeros past kv_end. A
  * quantized cache (Q) is loaded to registers, converted to T and stored
@@ -636,8 +651,8 @@ __device__ __forceinline__ void kcu_fa_load_kv(uint32_t sk, uint32_t sv, const v
 }
 
 /* S (16 x BN, BN / 8 n-tiles of 4) = Q K^T for the warp's rows, keys k0..
- * k0 + BN of the tile. */
-template <typename T, int HD, int BN>
+ * k0 + BN of the tile (its layout: kcu_fa_offl). */
+template <typename T, int HD, int BN, bool TM = false>
 __device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4], uint32_t sk, int k0, int lane) {
 #pragma unroll
   for (int n = 0; n < BN / 8; n++) sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
@@ -647,7 +662,7 @@ __device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4
 #pragma unroll
     for (int k = 0; k < HD / 16; k++) {
       uint32_t b[4];
-      kcu_ldsm4(b, sk + kcu_fa_off<HD>(key, 2 * k + ((lane >> 3) & 1)));
+      kcu_ldsm4(b, sk + kcu_fa_offl<HD, TM>(key, 2 * k + ((lane >> 3) & 1)));
       kcu_mma16816<T>(sc[2 * np], qf[k], b);
       kcu_mma16816<T>(sc[2 * np + 1], qf[k], b + 2);
     }
@@ -656,7 +671,7 @@ __device__ __forceinline__ void kcu_fa_qk(float (*sc)[4], const uint32_t (*qf)[4
 
 /* O (16 x HD, HD/8 n-tiles of 4) += P V, P from the score registers (keys
  * k0..k0 + BN of the tile). */
-template <typename T, int HD, int BN>
+template <typename T, int HD, int BN, bool TM = false>
 __device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], uint32_t sv, int k0, int lane) {
 #pragma unroll
   for (int kk = 0; kk < BN / 16; kk++) {
@@ -666,7 +681,7 @@ __device__ __forceinline__ void kcu_fa_pv(float (*o)[4], const float (*p)[4], ui
 #pragma unroll
     for (int dp = 0; dp < HD / 16; dp++) {
       uint32_t b[4];
-      kcu_ldsm4_t(b, sv + kcu_fa_off<HD>(key, 2 * dp + (lane >> 4)));
+      kcu_ldsm4_t(b, sv + kcu_fa_offl<HD, TM>(key, 2 * dp + (lane >> 4)));
       kcu_mma16816<T>(o[2 * dp], a, b);
       kcu_mma16816<T>(o[2 * dp + 1], a, b + 2);
     }
@@ -808,10 +823,62 @@ __global__ void __launch_bounds__(KCU_FA_NT)
  * _pv). The four warps' states merge through shared memory at the end. The
  * SIMT kernel spends a shuffle reduction and a softmax update per row and
  * head, and waits on its loads; this one does the scores of 16 tokens in
- * a few MMAs while the next tile is in flight. */
-template <int HD> struct kcu_dm_smem {
-  enum { Q = 16 * HD * 2, TILE = KCU_FA_BN * HD * 2, BYTES = Q + 2 * 2 * TILE }; /* Q, then K and V twice */
+ * a few MMAs while the next tile is in flight.
+ * ST > 0 (head_dim 64 or 128, blocks of a multiple of 16 tokens): the
+ * tiles come in ST stages by the tensor-memory accelerator instead of
+ * cp.async (TM below), a bulk copy a (16-token group, 64-column half) of K
+ * and of V that lane g of warp 0 issues, counted on the stage's mbarrier. The cp.async loader's address
+ * arithmetic (a block-table read, a product and two copies a row and
+ * chunk column) was most of the kernel's instructions; the bulk copies
+ * take a few a group. A tile then starts at a multiple of 16 tokens; rows
+ * outside the range are masked in the scores and zeroed in V (a stale row
+ * of a reused block may hold anything, and 0 * NaN is NaN). */
+template <int HD, int ST> struct kcu_dm_smem {
+  enum {
+    Q = 16 * HD * 2,      /* the query tile, then (ST) the stages' mbarriers in a 1 KiB slot */
+    BAR = ST ? 1024 : 0,  /* so that the tiles after it stay 1 KiB-aligned */
+    TILE = KCU_FA_BN * HD * 2,
+    BYTES = Q + BAR + (ST ? ST : 2) * 2 * TILE + BAR /* K and V a stage; ST: 1 KiB to align the base */
+  };
 };
+
+/* Warp 0 of the TM decode kernel: the bulk copies of tile rows [kb, kb +
+ * BN) of KV head kvh (K at `plane` of the pool's tensor map, V at the next)
+ * into sk / sv, counted on bar. Lane g takes rows kb + 16 g .. + 15, one
+ * copy a 64-column half of K and of V, where they meet [start, stop); the
+ * others are not loaded (their scores are masked, their V rows zeroed). */
+template <int HD>
+__device__ __forceinline__ void kcu_dm_tma_tile(uint32_t sk, uint32_t sv, uint32_t bar, const CUtensorMap *tm,
+                                                int plane, const int32_t *bt, int kb, int start, int stop, int bs,
+                                                int n_blocks, int kvh, int lane) {
+  constexpr int HALVES = HD / 64, GROUP_BYTES = 16 * 128;
+  const int j = kb + 16 * lane;
+  const bool live = lane < KCU_FA_BN / 16 && j < stop && j + 16 > start;
+  const unsigned m = __ballot_sync(0xffffffffu, live);
+  if (lane == 0) kcu_mbar_expect(bar, (uint32_t)(__popc(m) * 2 * HALVES * GROUP_BYTES));
+  __syncwarp();
+  if (!live) return;
+  const int bi = j / bs, row = kcu_kv_block(bt[bi], n_blocks) * bs + (j - bi * bs);
+  kcu_fence_proxy_async(); /* V rows zeroed a round of stages ago, before the copies overwrite them */
+#pragma unroll
+  for (int h = 0; h < HALVES; h++) {
+    const uint32_t off = (uint32_t)(h * (KCU_FA_BN * 128) + lane * GROUP_BYTES);
+    kcu_tma_load4(sk + off, tm, bar, h * 64, kvh, row, plane);
+    kcu_tma_load4(sv + off, tm, bar, h * 64, kvh, row, plane + 1);
+  }
+}
+
+/* Zeroes the V rows of the tile at sv (TM layout) whose cache index kb + r
+ * is outside [start, stop). */
+template <int HD>
+__device__ __forceinline__ void kcu_dm_zero_v(uint32_t sv, int kb, int start, int stop) {
+  constexpr int CH = HD / 8;
+  for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
+    const int r = i / CH, j = kb + r;
+    if (j < start || j >= stop) kcu_st_shared16(sv + kcu_fa_offl<HD, true>(r, i % CH), make_uint4(0, 0, 0, 0));
+  }
+  kcu_fence_proxy_async();
+}
 
 /* The four warps' (m, l, O) of rows g and g + 8 (m in log2 units, l the
  * lane's part of the row's sum), merged through shared memory (sm: 4 x
@@ -848,15 +915,23 @@ __device__ void kcu_dm_end(T *dst, float *sm, const float (*o)[4], const float *
   }
 }
 
-template <typename T, int HD>
+template <typename T, int HD, int ST>
 __global__ void __launch_bounds__(KCU_FA_NT)
-    kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const int32_t *hdr,
+    kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc,
+                          const __grid_constant__ CUtensorMap tm, int plane, const int32_t *hdr,
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                           int n_kv, int G, float scale, int window) {
   kcu_pdl_enter();
-  extern __shared__ __align__(128) unsigned char smem[];
-  constexpr uint32_t TILE = kcu_dm_smem<HD>::TILE;
-  const uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem), skv = sq + kcu_dm_smem<HD>::Q;
+  constexpr bool TM = ST > 0;
+  using SM = kcu_dm_smem<HD, ST>;
+  extern __shared__ __align__(128) unsigned char smem_raw[];
+  uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem_raw);
+  unsigned char *smem = smem_raw;
+  if constexpr (TM) {
+    const uint32_t pad = (1024u - (sq & 1023u)) & 1023u; /* the swizzle's alignment */
+    sq += pad, smem += pad;
+  }
+  const uint32_t bar = sq + SM::Q, skv = bar + SM::BAR, TILE = SM::TILE;
   const int kvh = blockIdx.y, s = blockIdx.z, warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int t = q_start[s];
   if (q_start[s + 1] - t != 1) return;
@@ -868,37 +943,104 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     const T *src = q + (size_t)t * q_stride + (size_t)(kvh * G + (row < G ? row : 0)) * HD + ch * 8;
     kcu_cp_async16(sq + kcu_fa_off<HD>(row, ch), src, row < G);
   }
-  if (r.start < r.stop)
-    kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(skv, skv + TILE, kc, vc, NULL, NULL, bt, r.start, r.stop, bs, n_blocks,
-                                         n_kv, kvh);
-  kcu_cp_commit();
-  /* every row is the one query at cache index stop - 1: mask only past stop */
+  /* TM: tiles from the 16-token group of start, in the copies' layout */
+  const int kb0 = TM ? r.start & ~15 : r.start;
+  if constexpr (TM) {
+    kcu_cp_commit();
+    if (threadIdx.x == 0) {
+      for (int b = 0; b < ST; b++) kcu_mbar_init(bar + 8 * b, 1);
+      kcu_mbar_init_fence();
+    }
+    __syncthreads();
+    if (warp == 0)
+      for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
+        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
+                            kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane);
+  } else {
+    if (r.start < r.stop)
+      kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(skv, skv + TILE, kc, vc, NULL, NULL, bt, r.start, r.stop, bs, n_blocks,
+                                           n_kv, kvh);
+    kcu_cp_commit();
+  }
+  /* every row is the one query at cache index stop - 1: mask outside [start, stop) */
   const int qpos[2] = {r.stop - 1, r.stop - 1}, qlo[2] = {r.start, r.start}, k0 = warp * 16;
   const float scale_log2 = scale * 1.4426950408889634f;
   float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   uint32_t qf[HD / 16][4];
-  for (int kb = r.start, b = 0; kb < r.stop; kb += KCU_FA_BN, b ^= 1) {
-    if (kb + KCU_FA_BN < r.stop)
-      kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(skv + 2 * (b ^ 1) * TILE, skv + (2 * (b ^ 1) + 1) * TILE, kc, vc, NULL,
-                                           NULL, bt, kb + KCU_FA_BN, r.stop, bs, n_blocks, n_kv, kvh);
-    kcu_cp_commit();
-    kcu_cp_wait<1>();
+  constexpr int NB = TM ? ST : 2; /* buffers */
+  for (int kb = kb0, i = 0; kb < r.stop; kb += KCU_FA_BN, i++) {
+    const int b = i % NB, nb = (i + NB - 1) % NB; /* this tile's buffer; the one loaded now */
+    const uint32_t sk = skv + 2 * b * TILE, sv = sk + TILE, nk = skv + 2 * nb * TILE;
+    if constexpr (TM) {
+      const int kn = kb + (ST - 1) * KCU_FA_BN;
+      if (warp == 0 && kn < r.stop)
+        kcu_dm_tma_tile<HD>(nk, nk + TILE, bar + 8 * nb, &tm, plane, bt, kn, r.start, r.stop, bs, n_blocks, kvh,
+                            lane);
+      if (kb == kb0) kcu_cp_wait<0>();
+      kcu_mbar_wait(bar + 8 * b, (uint32_t)(i / ST) & 1u);
+      if (kb < r.start || kb + KCU_FA_BN > r.stop) kcu_dm_zero_v<HD>(sv, kb, r.start, r.stop);
+    } else {
+      if (kb + KCU_FA_BN < r.stop)
+        kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(nk, nk + TILE, kc, vc, NULL, NULL, bt, kb + KCU_FA_BN, r.stop, bs,
+                                             n_blocks, n_kv, kvh);
+      kcu_cp_commit();
+      kcu_cp_wait<1>();
+    }
     __syncthreads();
-    if (kb == r.start)
+    if (kb == kb0)
 #pragma unroll
       for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
     float sc[2][4];
-    kcu_fa_qk<T, HD, 16>(sc, qf, skv + 2 * b * TILE, k0, lane);
-    kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2, kb + k0 + 16 > r.stop, lane);
-    kcu_fa_pv<T, HD, 16>(o, sc, skv + (2 * b + 1) * TILE, k0, lane);
-    __syncthreads(); /* the buffer is loaded again two tiles on */
+    kcu_fa_qk<T, HD, 16, TM>(sc, qf, sk, k0, lane);
+    kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2,
+                              kb + k0 < r.start || kb + k0 + 16 > r.stop, lane);
+    kcu_fa_pv<T, HD, 16, TM>(o, sc, sv, k0, lane);
+    __syncthreads(); /* the buffer is loaded again NB - 1 tiles on */
   }
   kcu_cp_wait<0>(); /* the Q load when the range was empty */
   __syncthreads();
-  kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, reinterpret_cast<float *>(smem + kcu_dm_smem<HD>::Q),
-                    o, m, l, G, warp, lane);
+  kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, reinterpret_cast<float *>(smem + SM::Q + SM::BAR), o,
+                    m, l, G, warp, lane);
+}
+
+/* The driver's cuTensorMapEncodeTiled (the runtime does not wrap it), or NULL. */
+static PFN_cuTensorMapEncodeTiled_v12000 kcu_tmap_encoder(void) {
+  void *fn = NULL;
+  cudaDriverEntryPointQueryResult q;
+  if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return (PFN_cuTensorMapEncodeTiled_v12000)fn;
+}
+
+/* The pool's unquantized K/V as the TM decode kernel's 4-d tensor map:
+ * (head_dim, KV heads, slots, 2 x layers) of 2-byte elements, K of layer l
+ * at plane 2l, V at 2l + 1; boxes of 64 x 1 x 16 x 1 with the 128-byte
+ * swizzle. Encoded once a pool (kcu_kv_pool_init and _deinit forget it);
+ * false where the driver cannot, and the caller loads by cp.async. */
+static bool kcu_kv_tmap(kcu_ctx_t *c, const kern_kv_pool_t *pool, CUtensorMap *tm) {
+  static const PFN_cuTensorMapEncodeTiled_v12000 encode = kcu_tmap_encoder(); /* once, thread-safe */
+  if (c->kv_tmap_base != pool->base) {
+    const kern_kv_config_t *cf = &pool->cfg;
+    const cuuint64_t dims[4] = {(cuuint64_t)cf->head_dim, (cuuint64_t)cf->n_kv_heads,
+                                (cuuint64_t)cf->n_blocks * (cuuint64_t)cf->block_size, 2 * (cuuint64_t)cf->n_layers};
+    const cuuint64_t strides[3] = {(cuuint64_t)cf->head_dim * 2, (cuuint64_t)cf->n_kv_heads * cf->head_dim * 2,
+                                   (cuuint64_t)pool->layer_bytes};
+    const cuuint32_t box[4] = {64, 1, 16, 1}, estr[4] = {1, 1, 1, 1};
+    CUtensorMap m;
+    if (!encode || encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, pool->base, dims, strides, box, estr,
+                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                          CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
+      return false;
+    memcpy(c->kv_tmap, &m, sizeof m);
+    c->kv_tmap_base = pool->base;
+  }
+  memcpy(tm, c->kv_tmap, sizeof *tm);
+  return true;
 }
 
 template <typename T, int HD, int GM, int Q>
@@ -914,9 +1056,19 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   const bool one_wave = (long long)sp * dgrid.y * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
   if constexpr (Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD) {
     if (!one_wave && sp == 1 && G <= 8 && !c->simt_prefill) {
-      KCU_LAUNCH(c, kcu_attn_decode_mma_k<T, HD>, grid, KCU_FA_NT, kcu_dm_smem<HD>::BYTES, out, q, q_stride, kv.kc,
-                 kv.vc, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
-                 cf->n_kv_heads, G, scale, window);
+      CUtensorMap tm = {};
+      /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM) */
+      int st = 0;
+      if (HD % 64 == 0 && cf->block_size % 16 == 0 && c->dec_tma && kcu_kv_tmap(c, kv.pool, &tm))
+        st = c->dec_tma > 0 ? c->dec_tma : (long long)grid.y * grid.z <= 4LL * c->n_sm ? 3 : 2;
+      auto *k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3> : st ? kcu_attn_decode_mma_k<T, HD, 2>
+                                                               : kcu_attn_decode_mma_k<T, HD, 0>;
+      const size_t smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
+                          : st    ? (size_t)kcu_dm_smem<HD, 2>::BYTES
+                                  : (size_t)kcu_dm_smem<HD, 0>::BYTES;
+      KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, tm, 2 * kv.layer, c->dm.hdr,
+                 c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G,
+                 scale, window);
       return 0;
     }
   }
@@ -988,7 +1140,7 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
                        int n_heads, float scale, int window) {
   const kern_kv_config_t *cf = &pool->cfg;
   const kcu_kv_layer_t kv = {kern_kv_pool_elems(pool, layer, 0), kern_kv_pool_elems(pool, layer, 1),
-                             kern_kv_pool_scales(pool, layer, 0), kern_kv_pool_scales(pool, layer, 1)};
+                             kern_kv_pool_scales(pool, layer, 0), kern_kv_pool_scales(pool, layer, 1), pool, layer};
   if (cf->dtype == KERN_KV_INT8)
     return kcu_attn_hdq<T, HD, KCU_KVQ_INT8>(c, out, q, q_stride, kv, cf, n_heads, scale, window);
   if (cf->dtype == KERN_KV_FP8)
@@ -997,8 +1149,12 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
 }
 
 template <typename T, int HD> static int kcu_fa_attr(void) {
-  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kcu_dm_smem<HD>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_dm_smem<HD, 0>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_dm_smem<HD, 2>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_dm_smem<HD, 3>::BYTES));
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kcu_fa_smem<HD>::BYTES));
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_INT8>,

@@ -136,6 +136,7 @@ static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_confi
   void *base = external;
   if (!base && (rc = kcu__alloc(c, bytes, &base, "KV pool"))) return rc;
   kern_kv_pool_layout(pool, cfg, base, external != NULL);
+  if (c->kv_tmap_base == base) c->kv_tmap_base = NULL; /* a new shape at an old address */
   KCU_CHECK(cudaMemsetAsync(pool->base, 0, bytes, c->stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   c->pool_kv_heads = cfg->n_kv_heads;
@@ -145,7 +146,8 @@ static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_confi
 }
 
 static void kcu_kv_pool_deinit(void *ctx, kern_kv_pool_t *pool) {
-  (void)ctx;
+  kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  if (c->kv_tmap_base == pool->base) c->kv_tmap_base = NULL;
   if (!pool->external) kcu__free(pool->base);
   pool->base = NULL;
 }
@@ -554,6 +556,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", -1, -1, 8);
   c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
   c->dec_chunk = kcu_env_int("FERRUM_CUDA_DEC_CHUNK", KCU_DEC_MIN_CHUNK, 16, 4096);
+  c->dec_tma = kcu_env_int("FERRUM_CUDA_DEC_TMA", -1, -1, 3);
   c->gemv_wpr = kcu_env_int("FERRUM_CUDA_GEMV_WPR", 0, 0, 4);
   c->fuse_gemv = kcu_env_int("FERRUM_CUDA_FUSE_GEMV", 1, 0, 1);
   if (c->gemv_wpr == 3) c->gemv_wpr = 2;

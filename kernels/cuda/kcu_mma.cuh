@@ -1,8 +1,9 @@
 /* kcu_mma.cuh - the tensor-core building blocks the CUDA kernels share
  * (sm_80+ PTX, run on sm_90): cp.async 16-byte copies into shared memory,
  * ldmatrix fragment loads, the m16n8k16 MMA with f32 accumulators, and
- * packing two floats into one register of the activation type. Used by the
- * prefill attention (kcu_attn.cu) and the grouped expert GEMM (kcu_moe.cu). */
+ * packing two floats into one register of the activation type; mbarriers
+ * and the tensor-memory accelerator's bulk copies (sm_90). Used by the
+ * attention kernels (kcu_attn.cu) and the grouped expert GEMM (kcu_moe.cu). */
 #pragma once
 
 #include "kernels/cuda/kcu.cuh"
@@ -24,6 +25,48 @@ __device__ __forceinline__ void kcu_ldsm4_t(uint32_t *r, uint32_t addr) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(addr));
+}
+
+/* The tensor-memory accelerator (sm_90): an mbarrier that counts the bytes
+ * of the bulk tensor copies issued against it, and those copies, each a box
+ * of a tensor map (cuTensorMapEncodeTiled) into shared memory. */
+__device__ __forceinline__ void kcu_mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+/* Makes initialized mbarriers visible to the async proxy; a barrier after it
+ * makes them visible to the CTA. */
+__device__ __forceinline__ void kcu_mbar_init_fence() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+/* One arrival that also expects `bytes` more bytes of copies this phase. */
+__device__ __forceinline__ void kcu_mbar_expect(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
+}
+/* Waits until the phase of parity `parity` has completed. */
+__device__ __forceinline__ void kcu_mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n"
+      "}\n" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+/* Orders this thread's generic-proxy shared-memory accesses before later
+ * async-proxy ones (a bulk copy into the same bytes). */
+__device__ __forceinline__ void kcu_fence_proxy_async() {
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+/* The box at coordinates (c0..c3) of the 4-d tensor map at tm (a kernel
+ * parameter's address) into shared memory at dst, counted on bar. */
+__device__ __forceinline__ void kcu_tma_load4(uint32_t dst, const void *tm, uint32_t bar, int c0, int c1, int c2,
+                                              int c3) {
+  asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%3, %4, %5, "
+               "%6}], [%2];\n" ::"r"(dst),
+               "l"(tm), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
 }
 
 /* d += a (16x16, row) * b (16x8, col); f32 accumulators. */

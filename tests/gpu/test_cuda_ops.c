@@ -1072,16 +1072,28 @@ START_TEST(test_attention_prefill_kvq) {
 }
 END_TEST
 
-/* A decode step of shape sh on pools of dtype dt: n sequences with lens[s]
- * cached tokens get one new token each, the last sequence as padding
- * (ctx_len 0); attention compared over the whole context and over its
- * last `window` tokens. */
-static void attn_decode_run(const int *sh, kern_kv_dtype_t dt, int n, const int *lens, int max_ctx, int window,
-                            const char *label) {
+/* Fills the GPU pool with NaN bytes (every dtype reads 0xff..ff as NaN or
+ * as a finite value under a NaN scale): a kernel that lets a row outside a
+ * context into its output, even times zero, fails the comparison. */
+static void kv_poison(kvenv_t *e) {
+  const size_t bytes = kern_kv_pool_bytes(&e->pg.cfg);
+  void *nan = fr_malloc(bytes);
+  memset(nan, 0xff, bytes);
+  ck_assert_int_eq(gpu->ops->upload(gpu->ctx, e->pg.base, nan, bytes), 0);
+  free(nan);
+}
+
+/* A decode step of shape sh on pools of dtype dt with blocks of bs tokens,
+ * NaN where nothing was written: n sequences with lens[s] cached tokens get
+ * one new token each, the last sequence as padding (ctx_len 0); attention
+ * compared over the whole context and over its last `window` tokens. */
+static void attn_decode_run(const int *sh, kern_kv_dtype_t dt, int bs, int n, const int *lens, int max_ctx,
+                            int window, const char *label) {
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
   const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
   kvenv_t e;
-  kv_setup_dt(&e, 1, n_kv, hd, 16, n, max_ctx, dt);
+  kv_setup_dt(&e, 1, n_kv, hd, bs, n, max_ctx, dt);
+  kv_poison(&e);
   int *z = fr_calloc(n, sizeof(int)), *one = fr_malloc(n * sizeof(int));
   for (int i = 0; i < n; i++) one[i] = 1;
   kern_step_t s;
@@ -1108,7 +1120,7 @@ static void attn_decode_run(const int *sh, kern_kv_dtype_t dt, int n, const int 
 /* Decode steps of shape sh over a long context on pools of dtype dt. */
 static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
   const int lens[4] = {4500, 37, 1, 0};
-  attn_decode_run(sh, dt, 4, lens, 4600, 1000, "4.5k");
+  attn_decode_run(sh, dt, 16, 4, lens, 4600, 1000, "4.5k");
 }
 
 START_TEST(test_attention_decode) { attn_decode_case(k_attn_shapes[_i], KERN_KV_AUTO); }
@@ -1117,16 +1129,27 @@ END_TEST
 /* Decode batches wide enough that the grid passes one wave of CTAs (the
  * shapes above fit one): the tensor-core decode kernel (head_dim <= 128,
  * groups <= 8) or the SIMT one without its register prefetch (head_dim
- * 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens. */
-static const int k_wide_shapes[][3] = {{8, 4, 128}, {8, 1, 64}, {8, 8, 128}, {4, 2, 256}};
+ * 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens, in
+ * blocks of sh[3] tokens: multiples of 16 take the bulk tensor copies (48:
+ * a 64-token tile across two blocks), 8 the cp.async loader. _i past the
+ * shapes: the same with FERRUM_CUDA_DEC_TMA=0 (the cp.async loader for
+ * all), then with 2 stages (these grids take 3 by default). */
+static const int k_wide_shapes[][4] = {{8, 4, 128, 16}, {8, 1, 64, 16}, {8, 8, 128, 16},
+                                       {4, 2, 256, 16}, {8, 4, 128, 48}, {8, 2, 64, 8}};
 START_TEST(test_attention_decode_wide) {
-  const int *sh = k_wide_shapes[_i];
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_wide_shapes), *sh = k_wide_shapes[_i % n_shapes];
+  static const char *tma[] = {"-1", "0", "2"};
+  if (_i >= n_shapes) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_DEC_TMA", tma[_i / n_shapes], 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
   const int n = (520 + sh[0] - 1) / sh[0] + 1;
   int *lens = fr_malloc(n * sizeof(int));
   for (int i = 0; i < n; i++) lens[i] = i == n - 1 ? 0 : 1 + rndi(300);
-  char label[32];
-  snprintf(label, sizeof label, "%d seqs", n);
-  attn_decode_run(sh, KERN_KV_AUTO, n, lens, 302, 100, label);
+  char label[48];
+  snprintf(label, sizeof label, "%d seqs, blocks of %d, DEC_TMA %s", n, sh[3], tma[_i / n_shapes]);
+  attn_decode_run(sh, KERN_KV_AUTO, sh[3], n, lens, 302 + sh[3], 100, label);
   free(lens);
 }
 END_TEST
@@ -2142,7 +2165,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_elementwise);
   tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
-  tcase_add_loop_test(tc, test_attention_decode_wide, 0, (int)FR_ARRAY_SIZE(k_wide_shapes));
+  tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);

@@ -111,6 +111,8 @@ typedef struct {
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of the tensor-core one */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
+  int dec_mma;      /* fewest (sequence, KV head) pairs the tensor-core decode attention takes (FERRUM_CUDA_DEC_MMA;
+                       -1: more than half the SMs, unless the SIMT kernel fits one wave unsplit) */
   int dec_tma;      /* stages of the tensor-core decode attention's bulk tensor copies (FERRUM_CUDA_DEC_TMA 2
                        or 3; -1: by the grid; 0: cp.async, as before) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */

@@ -1123,13 +1123,23 @@ static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
   attn_decode_run(sh, dt, 16, 4, lens, 4600, 1000, "4.5k");
 }
 
-START_TEST(test_attention_decode) { attn_decode_case(k_attn_shapes[_i], KERN_KV_AUTO); }
+/* _i past the shapes: the same on the tensor-core kernel (FERRUM_CUDA_DEC_MMA=0;
+ * these few sequences take the SIMT one by default), unsplit over 4.5k tokens */
+START_TEST(test_attention_decode) {
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
+  if (_i >= n_shapes) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_DEC_MMA", "0", 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
+  attn_decode_case(k_attn_shapes[_i % n_shapes], KERN_KV_AUTO);
+}
 END_TEST
 
 /* Decode batches wide enough that the grid passes one wave of CTAs (the
  * shapes above fit one): the tensor-core decode kernel (head_dim <= 128,
- * groups <= 8) or the SIMT one without its register prefetch (head_dim
- * 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens, in
+ * groups <= 8; by default from more (sequence, KV head) pairs than half the
+ * SMs) or the SIMT one without its register prefetch (head_dim 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens, in
  * blocks of sh[3] tokens: multiples of 16 take the bulk tensor copies (48:
  * a 64-token tile across two blocks), 8 the cp.async loader. _i past the
  * shapes: the same with FERRUM_CUDA_DEC_TMA=0 (the cp.async loader for
@@ -2164,7 +2174,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_rope);
   tcase_add_test(tc, test_elementwise);
   tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
-  tcase_add_loop_test(tc, test_attention_decode, 0, (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_decode, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));

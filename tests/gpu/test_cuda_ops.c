@@ -1138,8 +1138,8 @@ END_TEST
 
 /* Decode batches wide enough that the grid passes one wave of CTAs (the
  * shapes above fit one): the tensor-core decode kernel (head_dim <= 128,
- * groups <= 8; by default from more (sequence, KV head) pairs than half the
- * SMs) or the SIMT one without its register prefetch (head_dim 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens, in
+ * groups <= 8) or the SIMT one without its register prefetch (head_dim
+ * 256). Over 520 (sequence, KV head) pairs, contexts of 1 to 300 tokens, in
  * blocks of sh[3] tokens: multiples of 16 take the bulk tensor copies (48:
  * a 64-token tile across two blocks), 8 the cp.async loader. _i past the
  * shapes: the same with FERRUM_CUDA_DEC_TMA=0 (the cp.async loader for

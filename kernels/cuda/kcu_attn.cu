@@ -11,12 +11,13 @@
  * The split count depends only on the step's shape (n_seqs, KV heads, block
  * table capacity), never on ctx_len, so a captured graph replays correctly
  * for any context length: each CTA finds its range from ctx_len on the
- * device. Grids past one wave (no split) of an unquantized cache with
- * head_dim <= 128 and groups <= 8 run on the tensor cores instead
- * (kcu_attn_decode_mma_k: the group's query heads are the rows of an MMA
- * tile, K/V staged in shared memory by the tensor-memory accelerator's
- * bulk copies through one tensor map of the pool, or like the prefill
- * kernel's where those do not apply).
+ * device. Steps of more (sequence, KV head) pairs than half the SMs (but
+ * for those the prefetching SIMT kernel takes in one wave unsplit) of an
+ * unquantized cache with head_dim <= 128 and groups <= 8 run on the tensor
+ * cores instead, unsplit (kcu_attn_decode_mma_k: the group's query heads
+ * are the rows of an MMA tile, K/V staged in shared memory by the
+ * tensor-memory accelerator's bulk copies through one tensor map of the
+ * pool, or like the prefill kernel's where those do not apply).
  *
  * Prefill (the sequences of a step with more than one query token):
  * FlashAttention-2 style on the tensor cores (mma.sync) for head_dim up to
@@ -815,9 +816,9 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 /* ---- decode on the tensor cores ------------------------------------------------------ */
 
 /* An unquantized cache, head_dim up to 128, groups of up to 8 query heads,
- * and a grid past one wave (no split): one CTA per (KV head, sequence)
- * puts the group's query heads in the 16 rows of an m16n8k16 tile (zeros
- * below G), stages the context through the prefill kernel's double-buffered
+ * and enough (sequence, KV head) pairs (kcu_decode_launch): one CTA per
+ * (KV head, sequence), unsplit, puts the group's query heads in the 16
+ * rows of an m16n8k16 tile (zeros below G), stages the context through
  * 64-token K/V tiles, and gives each warp 16 tokens of every tile: S = QK^T,
  * the online softmax and PV stay in its registers (kcu_fa_qk, _softmax,
  * _pv). The four warps' states merge through shared memory at the end. The

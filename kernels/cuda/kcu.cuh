@@ -44,6 +44,7 @@
 #define KCU_MOE_SMALL_PAIRS 512 /* default of moe_small_pairs: 4 pairs per expert of 128 */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
+#define KCU_DEC_MMA_CHUNK 128 /* the same for the tensor-core decode kernel where it splits */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
 #define KCU_DEC_GROUP 4     /* query heads per CTA of the decode kernel: a KV head with more has several CTAs */
 #define KCU_STAGE_N 16               /* pinned chunks in the weight-loading ring */
@@ -111,6 +112,10 @@ typedef struct {
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of the tensor-core one */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
+  int dec_msplit;   /* the tensor-core decode kernel, split, where the (sequence, KV head) pairs are at most half
+                       the SMs (FERRUM_CUDA_DEC_MSPLIT=0: the SIMT kernel there; 2: split wherever the pairs are
+                       fewer than KCU_DEC_MMA_CTAS a SM) */
+  int dec_mchunk;   /* its fewest context tokens a split (FERRUM_CUDA_DEC_MCHUNK, a multiple of 16) */
   int dec_mma;      /* fewest (sequence, KV head) pairs the tensor-core decode attention takes (FERRUM_CUDA_DEC_MMA;
                        -1: more than half the SMs, unless the SIMT kernel fits one wave unsplit) */
   int dec_tma;      /* stages of the tensor-core decode attention's bulk tensor copies (FERRUM_CUDA_DEC_TMA 2

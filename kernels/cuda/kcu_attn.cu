@@ -11,13 +11,14 @@
  * The split count depends only on the step's shape (n_seqs, KV heads, block
  * table capacity), never on ctx_len, so a captured graph replays correctly
  * for any context length: each CTA finds its range from ctx_len on the
- * device. Steps of more (sequence, KV head) pairs than half the SMs (but
- * for those the prefetching SIMT kernel takes in one wave unsplit) of an
- * unquantized cache with head_dim <= 128 and groups <= 8 run on the tensor
- * cores instead, unsplit (kcu_attn_decode_mma_k: the group's query heads
- * are the rows of an MMA tile, K/V staged in shared memory by the
+ * device. An unquantized cache with head_dim <= 128 and groups <= 8 runs
+ * on the tensor cores instead (kcu_attn_decode_mma_k: the group's query
+ * heads are the rows of an MMA tile, K/V staged in shared memory by the
  * tensor-memory accelerator's bulk copies through one tensor map of the
- * pool, or like the prefill kernel's where those do not apply).
+ * pool, or like the prefill kernel's where those do not apply): split the
+ * same way while the (sequence, KV head) pairs are at most half the SMs,
+ * unsplit past that, except where the prefetching SIMT kernel takes the
+ * step in one wave unsplit.
  *
  * Prefill (the sequences of a step with more than one query token):
  * FlashAttention-2 style on the tensor cores (mma.sync) for head_dim up to
@@ -50,6 +51,7 @@
                                 H200, prefetching pays while the grid fits one wave of that many CTAs per SM,
                                 so that is when it is launched */
 #define KCU_DEC_SPLIT_CTAS 2 /* the split count aims at this many CTAs per SM (kcu__attn_splits) */
+#define KCU_DEC_MMA_CTAS 2   /* the same for the tensor-core kernel where it splits (kcu_attn_msplits) */
 #define KCU_DEC_UNROLL 4     /* tokens per lane whose K/V loads are in flight together */
 /* KCU_DEC_MIN_CHUNK (kcu.cuh, FERRUM_CUDA_DEC_CHUNK), the fewest context
  * tokens per split: two passes of a CTA's warps (4 warps x 2 tokens x unroll
@@ -142,8 +144,10 @@ __device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const voi
  * group) publishes its partials, then counts itself done; the last one to
  * finish merges its G heads (from h0) by their log-sum-exp and resets the
  * counter for the next step (graphs replay the same counters). The split
- * weights go through shared memory; the first C splits' partials load
- * beside them, so a short context's merge waits for one round of loads. */
+ * weights go through shared memory (a warp a head turns the log-sum-exps
+ * into them); the first C splits' partials load beside them, so a short
+ * context's merge waits for one round of loads, and the rest come R splits
+ * a round with all of a thread's elements' loads in flight together. */
 template <typename T, int HD, int GM>
 __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int t, int s, int h0, int G, int n_heads,
                                     int n_splits, int n_used) {
@@ -168,27 +172,54 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
   for (int e = threadIdx.x; e < G * n_used; e += NT)
     wt[e / n_used][e % n_used] = __ldcg(base + (size_t)(e / n_used * n_splits + e % n_used) * (HD + 2) + HD);
   __syncthreads();
-  if (threadIdx.x < G) { /* lse -> normalized weight, per head */
-    float *w = wt[threadIdx.x], M = -INFINITY, den = 0.f;
-    for (int i = 0; i < n_used; i++) M = fmaxf(M, w[i]);
-    for (int i = 0; i < n_used; i++) {
-      w[i] = M == -INFINITY || w[i] == -INFINITY ? 0.f : __expf(w[i] - M);
-      den += w[i];
-    }
-    for (int i = 0; i < n_used; i++) w[i] = den > 0.f ? w[i] / den : 0.f;
+  /* lse -> normalized weight: a warp a head, a lane two splits */
+  static_assert(KCU_MAX_SPLITS <= 2 * KCU_WARP, "a lane weighs at most two splits");
+  for (int g = threadIdx.x / KCU_WARP; g < G; g += NT / KCU_WARP) {
+    const int i = threadIdx.x % KCU_WARP, i2 = i + KCU_WARP;
+    const float a = i < n_used ? wt[g][i] : -INFINITY, b = i2 < n_used ? wt[g][i2] : -INFINITY;
+    const float M = kcu_warp_max(fmaxf(a, b));
+    const float ea = M == -INFINITY || a == -INFINITY ? 0.f : __expf(a - M);
+    const float eb = M == -INFINITY || b == -INFINITY ? 0.f : __expf(b - M);
+    const float den = kcu_warp_sum(ea + eb);
+    if (i < n_used) wt[g][i] = den > 0.f ? ea / den : 0.f;
+    if (i2 < n_used) wt[g][i2] = den > 0.f ? eb / den : 0.f;
   }
   __syncthreads();
+  /* the rest of the splits' partials, R a round, every element's in flight together */
+  constexpr int R = 4;
+  float num[E];
+#pragma unroll
+  for (int k = 0; k < E; k++) {
+    const int e = threadIdx.x + k * NT, g = e / HD;
+    num[k] = 0.f;
+    if (e < G * HD)
+#pragma unroll
+      for (int i = 0; i < C; i++)
+        if (i < n_used) num[k] += wt[g][i] * pre[k][i];
+  }
+  for (int i0 = C; i0 < n_used; i0 += R) {
+    float v[E][R];
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+      const int e = threadIdx.x + k * NT;
+      const float *p = base + (size_t)(e / HD) * n_splits * (HD + 2) + e % HD;
+#pragma unroll
+      for (int i = 0; i < R; i++)
+        v[k][i] = e < G * HD && i0 + i < n_used ? __ldcg(p + (size_t)(i0 + i) * (HD + 2)) : 0.f;
+    }
+#pragma unroll
+    for (int k = 0; k < E; k++) {
+      const int e = threadIdx.x + k * NT;
+      if (e < G * HD)
+#pragma unroll
+        for (int i = 0; i < R; i++)
+          if (i0 + i < n_used) num[k] += wt[e / HD][i0 + i] * v[k][i];
+    }
+  }
 #pragma unroll
   for (int k = 0; k < E; k++) {
     const int e = threadIdx.x + k * NT, g = e / HD, d = e % HD;
-    if (e >= G * HD) break;
-    const float *p = base + (size_t)g * n_splits * (HD + 2) + d;
-    float num = 0.f;
-#pragma unroll
-    for (int i = 0; i < C; i++)
-      if (i < n_used) num += wt[g][i] * pre[k][i];
-    for (int i = C; i < n_used; i++) num += wt[g][i] * __ldcg(p + (size_t)i * (HD + 2));
-    out[(size_t)t * n_heads * HD + (size_t)(h0 + g) * HD + d] = kcu_t<T>(num);
+    if (e < G * HD) out[(size_t)t * n_heads * HD + (size_t)(h0 + g) * HD + d] = kcu_t<T>(num[k]);
   }
   if (threadIdx.x == 0) *cnt = 0;
 }
@@ -428,6 +459,17 @@ int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long c
   if (per <= 0) return 1;
   long long sp = ((long long)KCU_DEC_SPLIT_CTAS * c->n_sm + per - 1) / per;
   sp = FR_MIN(sp, capacity / c->dec_chunk);
+  sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
+  return (int)FR_MAX(sp, 1ll);
+}
+
+/* The tensor-core decode kernel's splits where it splits: about
+ * KCU_DEC_MMA_CTAS CTAs a SM over the (sequence, KV head) pairs, at least
+ * c->dec_mchunk tokens of the block table's capacity each. Like
+ * kcu__attn_splits, the step's shape alone decides. */
+static int kcu_attn_msplits(const kcu_ctx_t *c, long long pairs, long long capacity) {
+  long long sp = ((long long)KCU_DEC_MMA_CTAS * c->n_sm + pairs - 1) / FR_MAX(pairs, 1ll);
+  sp = FR_MIN(sp, capacity / c->dec_mchunk);
   sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
   return (int)FR_MAX(sp, 1ll);
 }
@@ -815,9 +857,9 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 
 /* ---- decode on the tensor cores ------------------------------------------------------ */
 
-/* An unquantized cache, head_dim up to 128, groups of up to 8 query heads,
- * and enough (sequence, KV head) pairs (kcu_decode_launch): one CTA per
- * (KV head, sequence), unsplit, puts the group's query heads in the 16
+/* An unquantized cache, head_dim up to 128, groups of up to 8 query heads
+ * (kcu_decode_launch): one CTA per (split, KV head, sequence), unsplit
+ * past half the SMs' worth of pairs, puts the group's query heads in the 16
  * rows of an m16n8k16 tile (zeros below G), stages the context through
  * 64-token K/V tiles, and gives each warp 16 tokens of every tile: S = QK^T,
  * the online softmax and PV stay in its registers (kcu_fa_qk, _softmax,
@@ -884,10 +926,12 @@ __device__ __forceinline__ void kcu_dm_zero_v(uint32_t sv, int kb, int start, in
 /* The four warps' (m, l, O) of rows g and g + 8 (m in log2 units, l the
  * lane's part of the row's sum), merged through shared memory (sm: 4 x
  * (16 x HD + 32) floats, free once the K/V loop is done) into the G rows
- * of dst, (G, HD). */
+ * of dst, (G, HD); or, with part (one split of several), into the G rows
+ * of part (row stride part_stride floats) as kcu_attn_merge_last reads
+ * them: O normalized, then its log-sum-exp (natural units). */
 template <typename T, int HD>
-__device__ void kcu_dm_end(T *dst, float *sm, const float (*o)[4], const float *m, float *l, int G, int warp,
-                           int lane) {
+__device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, const float (*o)[4], const float *m,
+                           float *l, int G, int warp, int lane) {
   constexpr int W = 16 * HD + 32; /* a warp's floats: O rows, then m, then l */
   float *w = sm + warp * W;
   const int g = lane >> 2, c = 2 * (lane & 3);
@@ -912,7 +956,14 @@ __device__ void kcu_dm_end(T *dst, float *sm, const float (*o)[4], const float *
         num += f * sm[k * W + row * HD + d];
         den += f * sm[k * W + 16 * HD + 16 + row];
       }
-    dst[(size_t)row * HD + d] = kcu_t<T>(den > 0.f ? num / den : 0.f);
+    const float v = den > 0.f ? num / den : 0.f;
+    if (!part) {
+      dst[(size_t)row * HD + d] = kcu_t<T>(v);
+      continue;
+    }
+    float *p = part + (size_t)row * part_stride;
+    p[d] = v;
+    if (d == 0) p[HD] = den > 0.f ? (M + __log2f(den)) * 0.6931471805599453f : -INFINITY;
   }
 }
 
@@ -921,7 +972,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc,
                           const __grid_constant__ CUtensorMap tm, int plane, const int32_t *hdr,
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
-                          int n_kv, int G, float scale, int window) {
+                          int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt) {
+  static_assert(KCU_FA_NT == KCU_DEC_NT, "kcu_attn_merge_last works with the SIMT decode kernel's CTA size");
   kcu_pdl_enter();
   constexpr bool TM = ST > 0;
   using SM = kcu_dm_smem<HD, ST>;
@@ -934,10 +986,11 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   }
   const uint32_t bar = sq + SM::Q, skv = bar + SM::BAR, TILE = SM::TILE;
   const int kvh = blockIdx.y, s = blockIdx.z, warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  const int split = blockIdx.x, n_splits = gridDim.x;
   const int t = q_start[s];
   if (q_start[s + 1] - t != 1) return;
   const int max_blocks = hdr[2];
-  const kcu_dec_range r = kcu_dec_split(ctx_len[s], max_blocks * bs, window, 0, 1, 16);
+  const kcu_dec_range r = kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk);
   const int32_t *bt = bts + (size_t)s * max_blocks;
   for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
     const int row = i / (HD / 8), ch = i % (HD / 8);
@@ -1002,8 +1055,17 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   }
   kcu_cp_wait<0>(); /* the Q load when the range was empty */
   __syncthreads();
-  kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, reinterpret_cast<float *>(smem + SM::Q + SM::BAR), o,
-                    m, l, G, warp, lane);
+  float *sm = reinterpret_cast<float *>(smem + SM::Q + SM::BAR);
+  if (n_splits == 1) {
+    kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, NULL, 0, sm, o, m, l, G, warp, lane);
+    return;
+  }
+  const int n_heads = n_kv * G, h0 = kvh * G;
+  if (split < r.n_used)
+    kcu_dm_end<T, HD>(NULL, part + (((size_t)s * n_heads + h0) * n_splits + split) * (HD + 2), n_splits * (HD + 2),
+                      sm, o, m, l, G, warp, lane);
+  kcu_attn_merge_last<T, HD, 8>(out, part, cnt + (size_t)s * gridDim.y + kvh, t, s, h0, G, n_heads, n_splits,
+                                r.n_used);
 }
 
 /* The driver's cuTensorMapEncodeTiled (the runtime does not wrap it), or NULL. */
@@ -1048,28 +1110,35 @@ template <typename T, int HD, int GM, int Q>
 static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                              const kern_kv_config_t *cf, int G, float scale, int window) {
   int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G, n_groups = (G + GM - 1) / GM;
-  int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, (long long)c->max_blocks * cf->block_size);
-  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads * n_groups, n_heads, HD, sp);
+  const long long capacity = (long long)c->max_blocks * cf->block_size, pairs = (long long)n_seqs * cf->n_kv_heads;
+  int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, capacity);
+  /* the tensor cores split too where the pairs are few (c->dec_msplit) */
+  const bool tc_ok = Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD && G <= 8 && !c->simt_prefill;
+  const bool msplit = tc_ok && (c->dec_msplit == 2 ? pairs < (long long)KCU_DEC_MMA_CTAS * c->n_sm
+                                                   : c->dec_msplit == 1 && 2 * pairs <= c->n_sm);
+  const int msp = msplit ? kcu_attn_msplits(c, pairs, capacity) : 1;
+  int rc = kcu__attn_reserve(c, n_seqs, cf->n_kv_heads * n_groups, n_heads, HD, FR_MAX(sp, msp));
   if (rc) return rc;
   dim3 grid(sp, cf->n_kv_heads, n_seqs), dgrid(sp, cf->n_kv_heads * n_groups, n_seqs);
-  /* The SIMT kernel, split, prefetching while its grid fits one wave
-   * (KCU_DEC_PIPE_CTAS); the tensor cores, unsplit, where they apply and
-   * the (sequence, KV head) pairs are more than half the SMs, unless the
-   * prefetching SIMT kernel needs no split. H200, Llama-3-8B shapes, with
-   * the bulk copies, a step against the SIMT kernel: 3-4% faster at 16
-   * sequences, 14-29% at 24-32 (2 splits), 2-3% either way at 8, 0-4%
-   * slower at 48 (one wave, no split). */
-  const long long pairs = (long long)n_seqs * cf->n_kv_heads;
+  /* Where they apply, the tensor cores: split while the (sequence, KV
+   * head) pairs are at most half the SMs, unsplit past that unless the
+   * prefetching SIMT kernel needs no split; else the SIMT kernel, split,
+   * prefetching while its grid fits one wave (KCU_DEC_PIPE_CTAS). H200,
+   * Llama-3-8B shapes (docs/bench/gpu.md, sessions 30 and 31), a step
+   * against the SIMT kernel: split, 0.5-3% faster at 1-8 sequences and
+   * 512 tokens, 3-7% at 2048, 10-16% at 8192 (splitting more pairs was
+   * 1-6% slower below 8192); unsplit, 3-4% faster at 16 sequences, 14-29%
+   * at 24-32 (2 splits), 0-4% slower at 48 (one wave, no split). */
   const bool one_wave = (long long)sp * dgrid.y * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
   if constexpr (Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD) {
     const bool mma = c->dec_mma < 0 ? 2 * pairs > c->n_sm && !(one_wave && sp == 1) : pairs >= c->dec_mma;
-    if (mma && G <= 8 && !c->simt_prefill) {
-      grid.x = 1;
+    if ((mma || msplit) && tc_ok) {
+      grid.x = msplit ? msp : 1;
       CUtensorMap tm = {};
       /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM) */
       int st = 0;
       if (HD % 64 == 0 && cf->block_size % 16 == 0 && c->dec_tma && kcu_kv_tmap(c, kv.pool, &tm))
-        st = c->dec_tma > 0 ? c->dec_tma : pairs <= 4LL * c->n_sm ? 3 : 2;
+        st = c->dec_tma > 0 ? c->dec_tma : (long long)grid.x * pairs <= 4LL * c->n_sm ? 3 : 2;
       auto *k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3> : st ? kcu_attn_decode_mma_k<T, HD, 2>
                                                                : kcu_attn_decode_mma_k<T, HD, 0>;
       const size_t smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
@@ -1077,7 +1146,7 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
                                   : (size_t)kcu_dm_smem<HD, 0>::BYTES;
       KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, tm, 2 * kv.layer, c->dm.hdr,
                  c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G,
-                 scale, window);
+                 scale, window, c->dec_mchunk, c->attn_part, c->attn_cnt);
       return 0;
     }
   }

@@ -1123,16 +1123,27 @@ static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
   attn_decode_run(sh, dt, 16, 4, lens, 4600, 1000, "4.5k");
 }
 
-/* _i past the shapes: the same on the tensor-core kernel (FERRUM_CUDA_DEC_MMA=0;
- * these few sequences take the SIMT one by default), unsplit over 4.5k tokens */
+/* These few sequences take the tensor-core kernel split along the context
+ * (about 2 CTAs a SM: over 30 splits of the 4.5k tokens on an H200, one
+ * for the short contexts); _i past the shapes: the same in splits of at
+ * least 16 tokens (FERRUM_CUDA_DEC_MCHUNK: the 64 splits cap, tiles that
+ * overhang both ends of a split), on the SIMT kernel
+ * (FERRUM_CUDA_DEC_MSPLIT=0), and on the tensor-core kernel unsplit over
+ * 4.5k tokens (and FERRUM_CUDA_DEC_MMA=0). */
+static const char *const k_dec_env[][3] = {
+    {"1", "128", "-1"}, {"1", "16", "-1"}, {"0", "128", "-1"}, {"0", "128", "0"}};
 START_TEST(test_attention_decode) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  if (_i >= n_shapes) {
-    kern_backend_destroy(gpu);
-    setenv("FERRUM_CUDA_DEC_MMA", "0", 1);
-    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
-  }
+  const char *const *env = k_dec_env[_i / n_shapes];
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_DEC_MSPLIT", env[0], 1);
+  setenv("FERRUM_CUDA_DEC_MCHUNK", env[1], 1);
+  setenv("FERRUM_CUDA_DEC_MMA", env[2], 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   attn_decode_case(k_attn_shapes[_i % n_shapes], KERN_KV_AUTO);
+  unsetenv("FERRUM_CUDA_DEC_MSPLIT");
+  unsetenv("FERRUM_CUDA_DEC_MCHUNK");
+  unsetenv("FERRUM_CUDA_DEC_MMA");
 }
 END_TEST
 
@@ -2174,7 +2185,8 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_rope);
   tcase_add_test(tc, test_elementwise);
   tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
-  tcase_add_loop_test(tc, test_attention_decode, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_decode, 0,
+                      (int)(FR_ARRAY_SIZE(k_dec_env) * FR_ARRAY_SIZE(k_attn_shapes)));
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));

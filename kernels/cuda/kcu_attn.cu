@@ -140,6 +140,35 @@ __device__ __forceinline__ void kcu_kv_tile_load(uint4 *sk, uint4 *sv, const voi
 
 /* ---- decode ---------------------------------------------------------------------------- */
 
+/* Splits i0 .. i0 + N - 1 of the partials at base (this thread's E
+ * elements of the O rows of G heads), 0 past n_used: all in flight. */
+template <int HD, int E, int N>
+__device__ __forceinline__ void kcu_merge_load(float (&v)[E][N], const float *base, int i0, int G, int n_used,
+                                               int n_splits) {
+#pragma unroll
+  for (int k = 0; k < E; k++) {
+    const int e = threadIdx.x + k * KCU_DEC_NT;
+    const float *p = base + (size_t)(e / HD) * n_splits * (HD + 2) + e % HD;
+#pragma unroll
+    for (int i = 0; i < N; i++)
+      v[k][i] = e < G * HD && i0 + i < n_used ? __ldcg(p + (size_t)(i0 + i) * (HD + 2)) : 0.f;
+  }
+}
+
+/* num += those splits' O weighted by their heads' split weights wt. */
+template <int HD, int E, int N>
+__device__ __forceinline__ void kcu_merge_add(float (&num)[E], const float (&v)[E][N],
+                                              const float (*wt)[KCU_MAX_SPLITS], int i0, int G, int n_used) {
+#pragma unroll
+  for (int k = 0; k < E; k++) {
+    const int e = threadIdx.x + k * KCU_DEC_NT;
+    if (e < G * HD)
+#pragma unroll
+      for (int i = 0; i < N; i++)
+        if (i0 + i < n_used) num[k] += wt[e / HD][i0 + i] * v[k][i];
+  }
+}
+
 /* Split-K merge without a second kernel: every CTA of (sequence, head
  * group) publishes its partials, then counts itself done; the last one to
  * finish merges its G heads (from h0) by their log-sum-exp and resets the
@@ -162,13 +191,7 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
   __threadfence();
   const float *base = part + ((size_t)s * n_heads + (size_t)h0) * n_splits * (HD + 2);
   float pre[E][C];
-#pragma unroll
-  for (int k = 0; k < E; k++) {
-    const int e = threadIdx.x + k * NT;
-    const float *p = base + (size_t)(e / HD) * n_splits * (HD + 2) + e % HD;
-#pragma unroll
-    for (int i = 0; i < C; i++) pre[k][i] = e < G * HD && i < n_used ? __ldcg(p + (size_t)i * (HD + 2)) : 0.f;
-  }
+  kcu_merge_load<HD, E, C>(pre, base, 0, G, n_used, n_splits);
   for (int e = threadIdx.x; e < G * n_used; e += NT)
     wt[e / n_used][e % n_used] = __ldcg(base + (size_t)(e / n_used * n_splits + e % n_used) * (HD + 2) + HD);
   __syncthreads();
@@ -187,34 +210,12 @@ __device__ void kcu_attn_merge_last(T *out, const float *part, int32_t *cnt, int
   __syncthreads();
   /* the rest of the splits' partials, R a round, every element's in flight together */
   constexpr int R = 4;
-  float num[E];
-#pragma unroll
-  for (int k = 0; k < E; k++) {
-    const int e = threadIdx.x + k * NT, g = e / HD;
-    num[k] = 0.f;
-    if (e < G * HD)
-#pragma unroll
-      for (int i = 0; i < C; i++)
-        if (i < n_used) num[k] += wt[g][i] * pre[k][i];
-  }
+  float num[E] = {};
+  kcu_merge_add<HD, E, C>(num, pre, wt, 0, G, n_used);
   for (int i0 = C; i0 < n_used; i0 += R) {
     float v[E][R];
-#pragma unroll
-    for (int k = 0; k < E; k++) {
-      const int e = threadIdx.x + k * NT;
-      const float *p = base + (size_t)(e / HD) * n_splits * (HD + 2) + e % HD;
-#pragma unroll
-      for (int i = 0; i < R; i++)
-        v[k][i] = e < G * HD && i0 + i < n_used ? __ldcg(p + (size_t)(i0 + i) * (HD + 2)) : 0.f;
-    }
-#pragma unroll
-    for (int k = 0; k < E; k++) {
-      const int e = threadIdx.x + k * NT;
-      if (e < G * HD)
-#pragma unroll
-        for (int i = 0; i < R; i++)
-          if (i0 + i < n_used) num[k] += wt[e / HD][i0 + i] * v[k][i];
-    }
+    kcu_merge_load<HD, E, R>(v, base, i0, G, n_used, n_splits);
+    kcu_merge_add<HD, E, R>(num, v, wt, i0, G, n_used);
   }
 #pragma unroll
   for (int k = 0; k < E; k++) {

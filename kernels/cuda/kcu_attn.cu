@@ -871,10 +871,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
  * ST > 0 (head_dim 64 or 128, blocks of a multiple of 16 tokens): the
  * tiles come in ST stages by the tensor-memory accelerator instead of
  * cp.async (TM below), a bulk copy a (16-token group, 64-column half) of K
- * and of V that lane g of warp 0 issues, counted on the stage's mbarrier. The cp.async loader's address
- * arithmetic (a block-table read, a product and two copies a row and
- * chunk column) was most of the kernel's instructions; the bulk copies
- * take a few a group. A tile then starts at a multiple of 16 tokens; rows
+ * and of V that lane g of warp 0 issues, counted on the stage's mbarrier.
+ * The cp.async loader's address arithmetic (a block-table read, a product
+ * and two copies a row and chunk column) was most of the kernel's
+ * instructions; the bulk copies take a few a group. A tile then starts at a multiple of 16 tokens; rows
  * outside the range are masked in the scores and zeroed in V (a stale row
  * of a reused block may hold anything, and 0 * NaN is NaN). */
 template <int HD, int ST> struct kcu_dm_smem {
@@ -943,7 +943,8 @@ __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, cons
     const int row = g + 8 * r;
     if (row >= G) continue;
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) w[row * HD + d * 8 + c] = o[d][2 * r], w[row * HD + d * 8 + c + 1] = o[d][2 * r + 1];
+    for (int d = 0; d < HD / 8; d++)
+      w[row * HD + d * 8 + c] = o[d][2 * r], w[row * HD + d * 8 + c + 1] = o[d][2 * r + 1];
     if (c == 0) w[16 * HD + row] = m[r], w[16 * HD + 16 + row] = l[r];
   }
   __syncthreads();
@@ -1065,8 +1066,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   if (split < r.n_used)
     kcu_dm_end<T, HD>(NULL, part + (((size_t)s * n_heads + h0) * n_splits + split) * (HD + 2), n_splits * (HD + 2),
                       sm, o, m, l, G, warp, lane);
-  kcu_attn_merge_last<T, HD, 8>(out, part, cnt + (size_t)s * gridDim.y + kvh, t, s, h0, G, n_heads, n_splits,
-                                r.n_used);
+  kcu_attn_merge_last<T, HD, KCU_MAX_GROUP>(out, part, cnt + (size_t)s * gridDim.y + kvh, t, s, h0, G, n_heads,
+                                            n_splits, r.n_used);
 }
 
 /* The driver's cuTensorMapEncodeTiled (the runtime does not wrap it), or NULL. */
@@ -1114,7 +1115,7 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   const long long capacity = (long long)c->max_blocks * cf->block_size, pairs = (long long)n_seqs * cf->n_kv_heads;
   int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, capacity);
   /* the tensor cores split too where the pairs are few (c->dec_msplit) */
-  const bool tc_ok = Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD && G <= 8 && !c->simt_prefill;
+  const bool tc_ok = Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD && G <= KCU_MAX_GROUP && !c->simt_prefill;
   const bool msplit = tc_ok && (c->dec_msplit == 2 ? pairs < (long long)KCU_DEC_MMA_CTAS * c->n_sm
                                                    : c->dec_msplit == 1 && 2 * pairs <= c->n_sm);
   const int msp = msplit ? kcu_attn_msplits(c, pairs, capacity) : 1;

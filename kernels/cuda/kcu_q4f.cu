@@ -222,43 +222,52 @@ template <int NT, int U, int F> struct kcu_q4f_stage {
 };
 
 /* The weights of units u0, u0 + WK, ... (np, hp, dp: the warp's tile at
- * this lane). */
-template <int NT, int U, int WK, int F>
+ * this lane); CHK: stop at the last unit. */
+template <int NT, int U, int WK, int F, bool CHK = true>
 __device__ __forceinline__ void kcu_q4f_load_w(kcu_q4f_stage<NT, U, F> &st, const uint4 *np, const uint2 *hp,
                                                const uint4 *dp, int u0, int units) {
 #pragma unroll
   for (int h = 0; h < U; h++) {
     const int u = u0 + h * WK;
-    if (u >= units) break;
+    if (CHK && u >= units) break;
     st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
     if (F == 6) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
     st.d[h] = __ldg(dp + (size_t)u * 8);
   }
 }
 
-/* Their activations (xr: the lane's activation rows, NULL past n). */
-template <typename T, int NT, int U, int WK, int F>
+/* Their activations (xr: the lane's activation rows); CHK: also 0 past
+ * cols. */
+template <typename T, int NT, int U, int WK, int F, bool CHK = true>
 __device__ __forceinline__ void kcu_q4f_load_x(kcu_q4f_stage<NT, U, F> &st, const T *const *xr, int u0, int units,
                                                int cols) {
 #pragma unroll
   for (int h = 0; h < U; h++) {
     const int u = u0 + h * WK;
-    if (u >= units) break;
+    if (CHK && u >= units) break;
 #pragma unroll
     for (int b = 0; b < 2; b++) {
       const int c = u * KCU_Q4F_COLS + 32 * b;
 #pragma unroll
       for (int j = 0; j < NT; j++)
-        st.x[h][b][j] = xr[j] && c < cols ? __ldg(reinterpret_cast<const uint4 *>(xr[j] + c)) : make_uint4(0, 0, 0, 0);
+        st.x[h][b][j] = !CHK || c < cols ? __ldg(reinterpret_cast<const uint4 *>(xr[j] + c)) : make_uint4(0, 0, 0, 0);
     }
   }
 }
 
+/* Both; at one MMA column tile (2-8 rows) without checks where all U
+ * units have 64 columns: 2-5% faster a step there, and 1% slower at 9-16
+ * rows (docs/bench/gpu.md, session 32). */
 template <typename T, int NT, int U, int WK, int F>
 __device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U, F> &st, const uint4 *np, const uint2 *hp,
                                              const uint4 *dp, const T *const *xr, int u0, int units, int cols) {
-  kcu_q4f_load_w<NT, U, WK, F>(st, np, hp, dp, u0, units);
-  kcu_q4f_load_x<T, NT, U, WK, F>(st, xr, u0, units, cols);
+  if (NT == 1 && u0 + (U - 1) * WK < cols / KCU_Q4F_COLS) {
+    kcu_q4f_load_w<NT, U, WK, F, false>(st, np, hp, dp, u0, units);
+    kcu_q4f_load_x<T, NT, U, WK, F, false>(st, xr, u0, units, cols);
+  } else {
+    kcu_q4f_load_w<NT, U, WK, F>(st, np, hp, dp, u0, units);
+    kcu_q4f_load_x<T, NT, U, WK, F>(st, xr, u0, units, cols);
+  }
 }
 
 /* out (n, rows) = x (n, cols) @ W^T (cols a multiple of 32: a last unit
@@ -283,12 +292,9 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
 #pragma unroll
   for (int j = 0; j < NT; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   if (!PF) kcu_pdl_enter();
-  const T *xr[NT]; /* this lane's token row of each MMA column tile, or NULL */
+  const T *xr[NT]; /* this lane's token row of each MMA column tile (past n the last: never stored) */
 #pragma unroll
-  for (int j = 0; j < NT; j++) {
-    int tok = tok0 + 8 * j + g;
-    xr[j] = tok < n ? x + (size_t)tok * cols + 8 * t : NULL;
-  }
+  for (int j = 0; j < NT; j++) xr[j] = x + (size_t)min(tok0 + 8 * j + g, n - 1) * cols + 8 * t;
   /* up to 16 rows, the first batch's weights before the PDL wait (no
    * kernel writes them); at 64 rows that measured 2% slower */
   const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane, *dp = dmv + (size_t)tile * units * 8 + g;
@@ -361,12 +367,18 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * activations too: their sums are never stored. A CTA is WK warps on one
  * row tile, warp wk on units wk, wk + WK, ..., U units a batch, the next
  * batch loaded before the current one is used, the first one's weights
- * before the PDL wait. Measured on H200 (docs/bench/gpu.md, session 29):
- * U = 4 beats 8 (159 registers, 3 CTAs a SM); two register batches used
- * in turn, or a ring of stages in shared memory fed by cp.async, with
+ * before the PDL wait. A batch whose units all have 64 columns is loaded
+ * and used without bounds checks, from pointers stepped a batch at a time
+ * (a check and a 64-bit address a load were ~100 of a 4-unit batch's ~460
+ * instructions). Measured on H200 (docs/bench/gpu.md, sessions 29 and
+ * 32): U = 4 beats 8 (159 registers, 3 CTAs a SM); two register batches
+ * used in turn, or a ring of stages in shared memory fed by cp.async, with
  * more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
  * few tiles (each warp's chain of units half as long) made a step 3-5%
- * faster. */
+ * faster, 16 warps slower again; a lane loading its rows' 16 bytes of
+ * (d, m) instead of shuffling them, and the MMAs on the raw magic-number
+ * values with the (d, m) applied in fp32 after each block, were both
+ * slower. */
 #define KCU_Q4F_ROW_U 4
 template <int U, int F> struct kcu_q4f_row_stage {
   uint4 q[U];
@@ -374,65 +386,108 @@ template <int U, int F> struct kcu_q4f_row_stage {
   uint32_t d[U], x[U];
 };
 
+/* A warp's place in its walk over the tile's units. */
+struct kcu_q4f_row_ptrs {
+  const uint4 *np;    /* nibbles */
+  const uint2 *hp;    /* KERN_Q6F's high bits */
+  const uint32_t *dp; /* (d, m) words */
+  const uint32_t *xp; /* activation pairs */
+};
+
+/* The weights of units u0, u0 + WK, ... (the pointers at u0); CHK: stop
+ * at the last unit. */
+template <int U, int WK, int F, bool CHK>
+__device__ __forceinline__ void kcu_q4f_row_ldw(kcu_q4f_row_stage<U, F> &st, const kcu_q4f_row_ptrs &p, int u0,
+                                                int units) {
+#pragma unroll
+  for (int h = 0; h < U; h++) {
+    if (CHK && u0 + h * WK >= units) break;
+    st.q[h] = __ldg(p.np + h * WK * KCU_WARP);
+    if (F == 6) st.h[h] = __ldg(p.hp + h * WK * KCU_WARP);
+    st.d[h] = __ldg(p.dp + h * WK * KCU_WARP);
+  }
+}
+
+/* Their activations; CHK: also 0 past cols (a last unit of one block:
+ * lanes 16.. read 0). */
+template <int U, int WK, int F, bool CHK>
+__device__ __forceinline__ void kcu_q4f_row_ldx(kcu_q4f_row_stage<U, F> &st, const kcu_q4f_row_ptrs &p, int u0,
+                                                int units, int cols, int lane) {
+#pragma unroll
+  for (int h = 0; h < U; h++) {
+    const int u = u0 + h * WK;
+    if (CHK && u >= units) break;
+    st.x[h] = !CHK || u * KCU_Q4F_COLS + 2 * lane < cols ? __ldg(p.xp + h * WK * (KCU_Q4F_COLS / 2)) : 0u;
+  }
+}
+
+/* The pointers stepped to the batch at unit un, and that batch loaded
+ * (unchecked where all its units have 64 columns; nothing past the end). */
+template <int U, int WK, int F>
+__device__ __forceinline__ void kcu_q4f_row_next(kcu_q4f_row_stage<U, F> &st, kcu_q4f_row_ptrs &p, int un, int units,
+                                                 int cols, int lane) {
+  constexpr int STEP = U * WK;
+  p.np += STEP * KCU_WARP, p.dp += STEP * KCU_WARP, p.xp += STEP * (KCU_Q4F_COLS / 2);
+  if (F == 6) p.hp += STEP * KCU_WARP;
+  if (un + (U - 1) * WK < cols / KCU_Q4F_COLS) {
+    kcu_q4f_row_ldw<U, WK, F, false>(st, p, un, units);
+    kcu_q4f_row_ldx<U, WK, F, false>(st, p, un, units, cols, lane);
+  } else if (un < units) {
+    kcu_q4f_row_ldw<U, WK, F, true>(st, p, un, units);
+    kcu_q4f_row_ldx<U, WK, F, true>(st, p, un, units, cols, lane);
+  }
+}
+
+/* The MMAs of the batch at unit u0; CHK: stop at the last unit. */
+template <typename T, int U, int WK, int F, bool CHK>
+__device__ __forceinline__ void kcu_q4f_row_mma(float (&acc)[1][4], const kcu_q4f_row_stage<U, F> &st, int u0,
+                                                int units, int lane) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < U; h++) {
+    if (CHK && u0 + h * WK >= units) break;
+    const uint32_t qw[4] = {st.q[h].x, st.q[h].y, st.q[h].z, st.q[h].w};
+    uint32_t dm[4]; /* rows g, g + 8 of block 0, then of block 1 */
+#pragma unroll
+    for (int k = 0; k < 4; k++) dm[k] = __shfl_sync(0xffffffffu, st.d[h], 4 * g + k);
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+      const uint32_t hw = F == 6 ? (b ? st.h[h].y : st.h[h].x) : 0u;
+#pragma unroll
+      for (int s = 0; s < 2; s++) {
+        uint32_t a[4], bf[2];
+        kcu_qf_frag<T, F>(qw[2 * b + s], hw, s, dm[2 * b], dm[2 * b + 1], t, a);
+        bf[0] = __shfl_sync(0xffffffffu, st.x[h], 16 * b + 4 * t + 2 * s);
+        bf[1] = __shfl_sync(0xffffffffu, st.x[h], 16 * b + 4 * t + 2 * s + 1);
+        kcu_mma16816<T>(acc[0], a, bf);
+      }
+    }
+  }
+}
+
 template <typename T, int U, int WK, int F>
 __global__ void __launch_bounds__(WK *KCU_WARP)
     kcu_q4f_row_k(T *out, const uint4 *nib, const uint2 *hiv, const uint32_t *dmw, const T *x, const float *bias,
                   int rows, int cols) {
   __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * 4 : 1];
-  const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+  const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int tile = blockIdx.x, units = kcu_q4f_units(cols);
-  const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane;
-  const uint2 *hp = F == 6 ? hiv + (size_t)tile * units * KCU_WARP + lane : nullptr;
-  const uint32_t *dp = dmw + (size_t)tile * units * KCU_WARP + lane;
-  const uint32_t *xw = reinterpret_cast<const uint32_t *>(x) + lane; /* 2 activations a word */
-  auto load_w = [&](kcu_q4f_row_stage<U, F> &st, int u0) {
-#pragma unroll
-    for (int h = 0; h < U; h++) {
-      const int u = u0 + h * WK;
-      if (u >= units) break;
-      st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
-      if (F == 6) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
-      st.d[h] = __ldg(dp + (size_t)u * KCU_WARP);
-    }
-  };
-  auto load_x = [&](kcu_q4f_row_stage<U, F> &st, int u0) { /* a last unit of one block: lanes 16.. read 0 */
-#pragma unroll
-    for (int h = 0; h < U; h++) {
-      const int u = u0 + h * WK;
-      if (u >= units) break;
-      st.x[h] = u * KCU_Q4F_COLS + 2 * lane < cols ? __ldg(xw + (size_t)u * (KCU_Q4F_COLS / 2)) : 0u;
-    }
-  };
+  const size_t w0 = ((size_t)tile * units + wk) * KCU_WARP + lane;
+  kcu_q4f_row_ptrs p;
+  p.np = nib + w0, p.dp = dmw + w0;
+  p.hp = F == 6 ? hiv + w0 : nullptr;
+  p.xp = reinterpret_cast<const uint32_t *>(x) + (size_t)wk * (KCU_Q4F_COLS / 2) + lane; /* 2 activations a word */
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   kcu_q4f_row_stage<U, F> cur;
   kcu_pdl_launch_next();
-  load_w(cur, wk);
+  kcu_q4f_row_ldw<U, WK, F, true>(cur, p, wk, units);
   kcu_pdl_wait();
-  load_x(cur, wk);
+  kcu_q4f_row_ldx<U, WK, F, true>(cur, p, wk, units, cols, lane);
   for (int u0 = wk; u0 < units; u0 += U * WK) {
     kcu_q4f_row_stage<U, F> nxt;
-    load_w(nxt, u0 + U * WK);
-    load_x(nxt, u0 + U * WK);
-#pragma unroll
-    for (int h = 0; h < U; h++) {
-      if (u0 + h * WK >= units) break;
-      const uint32_t qw[4] = {cur.q[h].x, cur.q[h].y, cur.q[h].z, cur.q[h].w};
-      uint32_t dm[4]; /* rows g, g + 8 of block 0, then of block 1 */
-#pragma unroll
-      for (int k = 0; k < 4; k++) dm[k] = __shfl_sync(0xffffffffu, cur.d[h], 4 * g + k);
-#pragma unroll
-      for (int b = 0; b < 2; b++) {
-        const uint32_t hw = F == 6 ? (b ? cur.h[h].y : cur.h[h].x) : 0u;
-#pragma unroll
-        for (int s = 0; s < 2; s++) {
-          uint32_t a[4], bf[2];
-          kcu_qf_frag<T, F>(qw[2 * b + s], hw, s, dm[2 * b], dm[2 * b + 1], t, a);
-          bf[0] = __shfl_sync(0xffffffffu, cur.x[h], 16 * b + 4 * t + 2 * s);
-          bf[1] = __shfl_sync(0xffffffffu, cur.x[h], 16 * b + 4 * t + 2 * s + 1);
-          kcu_mma16816<T>(acc[0], a, bf);
-        }
-      }
-    }
+    kcu_q4f_row_next<U, WK, F>(nxt, p, u0 + U * WK, units, cols, lane);
+    if (u0 + (U - 1) * WK < units) kcu_q4f_row_mma<T, U, WK, F, false>(acc, cur, u0, units, lane);
+    else kcu_q4f_row_mma<T, U, WK, F, true>(acc, cur, u0, units, lane);
     cur = nxt;
   }
   if (WK > 1) {

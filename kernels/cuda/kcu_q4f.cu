@@ -371,7 +371,8 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * and used without bounds checks, from pointers stepped a batch at a time
  * (a check and a 64-bit address a load were ~100 of a 4-unit batch's ~460
  * instructions). Measured on H200 (docs/bench/gpu.md, sessions 29 and
- * 32): U = 4 beats 8 (159 registers, 3 CTAs a SM); two register batches
+ * 32): U = 3 (80 registers, 6 CTAs of 4 warps a SM) beats 4 by 1% for
+ * GPTQ and 5 and 8 by more (111 and 149-159 registers); two register batches
  * used in turn, or a ring of stages in shared memory fed by cp.async, with
  * more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
  * few tiles (each warp's chain of units half as long) made a step 3-5%
@@ -379,7 +380,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * (d, m) instead of shuffling them, and the MMAs on the raw magic-number
  * values with the (d, m) applied in fp32 after each block, were both
  * slower. */
-#define KCU_Q4F_ROW_U 4
+#define KCU_Q4F_ROW_U 3
 template <int U, int F> struct kcu_q4f_row_stage {
   uint4 q[U];
   uint2 h[F == 6 ? U : 1];

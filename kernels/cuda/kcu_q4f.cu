@@ -369,7 +369,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * batch loaded before the current one is used, the first one's weights
  * before the PDL wait. A batch whose units all have 64 columns is loaded
  * and used without bounds checks, from pointers stepped a batch at a time
- * (a check and a 64-bit address a load were ~100 of a 4-unit batch's ~460
+ * (a check and a 64-bit address a load were ~80 of a 4-unit batch's ~460
  * instructions). Measured on H200 (docs/bench/gpu.md, sessions 29 and
  * 32): U = 3 (80 registers, 6 CTAs of 4 warps a SM) beats 4 by 1% for
  * GPTQ and 5 and 8 by more (111 and 149-159 registers); two register batches

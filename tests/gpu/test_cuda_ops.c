@@ -468,9 +468,9 @@ START_TEST(test_matmul_q4f) {
     /* config 1 up to 128 rows: the GEMM form past 64, which the wide kernel displaced on sm_90 */
     check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k == 1 || k == 5, wide || k == 1 ? 128 : 64);
     if (wide) check_matmul_n(t, 16 * 9 + 3, 1536, k == 4, 128);
-    /* the one-row kernel over whole batches of units (4 of 4 or 8 warps a
-     * tile) and then a part batch; for the 32-column types a last unit of
-     * one block */
+    /* the one-row kernel over whole batches of units (KCU_Q4F_ROW_U a warp
+     * of 4 or 8 warps a tile) and then a part batch; for the 32-column
+     * types a last unit of one block */
     if (k == 0 || k == 1 || k == 4) check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 5120 : 5152, k == 1, 1);
   }
   unsetenv("FERRUM_CUDA_Q4F_NT");

@@ -447,13 +447,15 @@ START_TEST(test_matmul_q4f) {
    * or 8 warps a tile, or by shape: 8 for these few tiles) or by the
    * per-tile one (FERRUM_CUDA_Q4F_ROW); then the wide kernel at every n
    * (FERRUM_CUDA_Q4F_WIDE), its units split over CTAs by the SMs or in 1
-   * to 3 or 8 (FERRUM_CUDA_Q4F_KS; for 5 units at 2 a stage: 4 and 1,
-   * or 2, 2 and 1; at 1 a stage 3 and 2, or 2, 2 and 1; 8: some empty),
-   * also on more columns than its stages hold */
+   * to 8 (FERRUM_CUDA_Q4F_KS; for 5 units at 2 a stage: 4 and 1, or 2,
+   * 2 and 1; at 1 a stage 3 and 2, or 2, 2 and 1; 8: some empty), also
+   * on more columns than its stages hold (24 units) */
   static const char *cfg[][6] = {{"4", "0", "4", "100000", "0", "-1"}, {"8", "1", "8", "100000", "0", "4"},
                                  {"4", "0", "1", "100000", "0", "0"},  {"8", "0", "2", "100000", "0", "0"},
                                  {"4", "1", "4", "1", "0", "8"},       {"4", "1", "4", "1", "1", "-1"},
                                  {"4", "1", "4", "1", "2", "-1"},      {"4", "1", "4", "1", "3", "-1"},
+                                 {"4", "1", "4", "1", "4", "-1"},      {"4", "1", "4", "1", "5", "-1"},
+                                 {"4", "1", "4", "1", "6", "-1"},      {"4", "1", "4", "1", "7", "-1"},
                                  {"4", "1", "4", "1", "8", "-1"}};
   for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
     kern_backend_destroy(gpu);
@@ -513,12 +515,12 @@ END_TEST
  * takes it (17 to 64 rows on sm_90): silu(gate) * up in the kernel, bit
  * for bit against matmul then silu_mul. 13 gate tiles (the last CTA has
  * one of 4), a last unit of 32 columns (not Q4_K), an act-order
- * permutation (I4G), the units split by the SMs or in 1, 2, 3 and 8. */
+ * permutation (I4G), the units split by the SMs or in 1 to 8. */
 START_TEST(test_q4f_silu_mul) {
   const kern_type_t t = k_q4[_i];
   const int ffn = 16 * 13, cols = t == KERN_Q4_K ? 768 : 288;
   static const int ns[] = {17, 24, 32, 33, 64, 100}; /* 100: the two kernels, as the fused op runs up to 64 */
-  static const char *ks[] = {"0", "1", "2", "3", "8"};
+  static const char *ks[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8"};
   int32_t *perm = t == KERN_I4G ? rand_perm(cols) : NULL;
   for (size_t k = 0; k < FR_ARRAY_SIZE(ks); k++) {
     kern_backend_destroy(gpu);

@@ -246,9 +246,9 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
  * tokens a CTA: c->q4f_ks; none for CTAs of 32 tokens where the grid has
  * one for every SM already; else enough CTAs for KCU_Q4W_FILL a SM, each
  * split at least KCU_Q4W_MIN_UNITS units.
- * (Measured on H200, docs/bench/gpu.md, sessions 24 and 25: aiming at 2
- * CTAs a SM beats 1 and the 3 the 64-token kernel holds, and counting
- * whole waves with clusters of up to 16 splits was slower. Llama-3-8B's
+ * (Measured on H200, docs/bench/gpu.md, sessions 24, 25 and 33: aiming
+ * at 2 CTAs a SM beats 1, 3 and 4, and counting whole waves with
+ * clusters of up to 16 splits was slower. Llama-3-8B's
  * gate/up at 17-32 rows, a grid of 1.7 CTAs a SM, runs its decode steps
  * 2-3% faster whole than split in two; at 33-64 rows, 64-token CTAs, 8%
  * slower, though ncu times the kernel alone 12% faster whole.) */
@@ -276,7 +276,8 @@ static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 
 /* Up to 32 tokens a CTA, 2 units a stage in 4 stages; up to 64, 1 unit a
  * stage in 5, which lets 3 CTAs share a SM (measured on H200, Llama-3-8B
- * shapes: docs/bench/gpu.md, session 24). */
+ * shapes: docs/bench/gpu.md, session 24; 4 CTAs a SM, at 128 registers
+ * and 4 or 3 stages, was 17% slower at 64 rows: session 33). */
 #define KCU_Q4W_32 4, 2, 4
 #define KCU_Q4W_64 8, 1, 5
 

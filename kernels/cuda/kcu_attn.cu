@@ -455,24 +455,24 @@ __global__ void __launch_bounds__(KCU_DEC_NT, PIPE ? KCU_DEC_PIPE_CTAS : KCU_DEC
               r.n_used);
 }
 
-int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
-  long long per = (long long)n_seqs * n_kv_heads;
-  if (per <= 0) return 1;
-  long long sp = ((long long)KCU_DEC_SPLIT_CTAS * c->n_sm + per - 1) / per;
-  sp = FR_MIN(sp, capacity / c->dec_chunk);
+/* Splits of a decode step over `pairs` (sequence, KV head) pairs: about
+ * `ctas` CTAs a SM, at least `chunk` tokens of the block table's capacity
+ * each, at most KCU_MAX_SPLITS. The step's shape alone decides. */
+static int kcu_attn_split_count(const kcu_ctx_t *c, long long pairs, long long capacity, int ctas, int chunk) {
+  if (pairs <= 0) return 1;
+  long long sp = ((long long)ctas * c->n_sm + pairs - 1) / pairs;
+  sp = FR_MIN(sp, capacity / chunk);
   sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
   return (int)FR_MAX(sp, 1ll);
 }
 
-/* The tensor-core decode kernel's splits where it splits: about
- * KCU_DEC_MMA_CTAS CTAs a SM over the (sequence, KV head) pairs, at least
- * c->dec_mchunk tokens of the block table's capacity each. Like
- * kcu__attn_splits, the step's shape alone decides. */
+int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
+  return kcu_attn_split_count(c, (long long)n_seqs * n_kv_heads, capacity, KCU_DEC_SPLIT_CTAS, c->dec_chunk);
+}
+
+/* The tensor-core decode kernel's splits where it splits. */
 static int kcu_attn_msplits(const kcu_ctx_t *c, long long pairs, long long capacity) {
-  long long sp = ((long long)KCU_DEC_MMA_CTAS * c->n_sm + pairs - 1) / FR_MAX(pairs, 1ll);
-  sp = FR_MIN(sp, capacity / c->dec_mchunk);
-  sp = FR_MIN(sp, (long long)KCU_MAX_SPLITS);
-  return (int)FR_MAX(sp, 1ll);
+  return kcu_attn_split_count(c, pairs, capacity, KCU_DEC_MMA_CTAS, c->dec_mchunk);
 }
 
 /* Room for the decode partials of n_heads heads in `splits` splits and a
@@ -874,9 +874,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
  * and of V that lane g of warp 0 issues, counted on the stage's mbarrier.
  * The cp.async loader's address arithmetic (a block-table read, a product
  * and two copies a row and chunk column) was most of the kernel's
- * instructions; the bulk copies take a few a group. A tile then starts at a multiple of 16 tokens; rows
- * outside the range are masked in the scores and zeroed in V (a stale row
- * of a reused block may hold anything, and 0 * NaN is NaN). */
+ * instructions; the bulk copies take a few a group. A tile then starts at
+ * a multiple of 16 tokens; rows outside the range are masked in the scores
+ * and zeroed in V (a stale row of a reused block may hold anything, and
+ * 0 * NaN is NaN). */
 template <int HD, int ST> struct kcu_dm_smem {
   enum {
     Q = 16 * HD * 2,      /* the query tile, then (ST) the stages' mbarriers in a 1 KiB slot */

@@ -17,6 +17,7 @@ static const kern_type_traits_t kern__traits[KERN_TYPE_MAX] = {
     [KERN_Q6_K] = {"Q6_K", 256, 210, true},  [KERN_Q8_K] = {"Q8_K", 256, 292, true},
     [KERN_BF16] = {"BF16", 1, 2, false},     [KERN_I4G] = {"I4G", 32, 24, true},
     [KERN_Q4F] = {"Q4F", 32, 20, true},      [KERN_Q6F] = {"Q6F", 32, 28, true},
+    [KERN_Q4G] = {"Q4G", 32, 17, true},
 };
 
 const kern_type_traits_t *kern_type_traits(int type) {

@@ -45,7 +45,11 @@ typedef enum {
   KERN_Q4F = 41,
   /* The same for a Q6_K weight (kcu_q4f.cuh): 7 bits a weight. */
   KERN_Q6F = 42,
-  KERN_TYPE_MAX = 43
+  /* KERN_Q4F for a weight whose (d, m) are the same over each aligned run
+   * of 128 columns in every row (GPTQ and AWQ at group size 128), stored
+   * once a run: 4.25 bits a weight. */
+  KERN_Q4G = 43,
+  KERN_TYPE_MAX = 44
 } kern_type_t;
 
 typedef struct {

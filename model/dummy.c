@@ -92,8 +92,17 @@ static void model__fill_random(uint8_t *p, size_t n, uint64_t seed) {
   for (; i < n; i++) p[i] = (uint8_t)fr_mix64(s += 0x9e3779b97f4a7c15ull);
 }
 
+/* A scale's factor in [0.75, 1.25) for run r of blocks: files' 32-column
+ * blocks differ in scale, and a CUDA backend stores a weight whose (d, m)
+ * repeat over 128 columns in a smaller layout (KERN_Q4G), so a dummy's
+ * scales vary as a real file's do. */
+static float model__jitter(size_t r) { return 0.75f + 0.5f * (float)(fr_mix64(r) >> 40) / (float)(1 << 24); }
+
 /* Makes random bytes valid blocks of type t whose values have mean ~0 and
- * standard deviation ~target (so activations neither vanish nor blow up). */
+ * standard deviation ~target (so activations neither vanish nor blow up).
+ * The 32-column types' scales vary by block, I4G's by run of 4 blocks
+ * (128 columns: GPTQ and AWQ at their usual group size; a dummy weight
+ * starts at a multiple of 8 blocks of the pool). */
 static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   const kern_type_traits_t *tr = kern_type_traits(t);
   size_t nb = n / (size_t)tr->size;
@@ -108,9 +117,16 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   case KERN_Q6_K: d = target / (16 * 18.5f); break;
   default: break;
   }
+  const float d0 = d, dmin0 = dmin;
+  const bool vary = tr->blck == 32 && tr->quantized;
   uint16_t hd = fr_fp32_to_fp16(d), hm = fr_fp32_to_fp16(dmin);
   for (size_t b = 0; b < nb; b++) {
     uint8_t *blk = p + b * (size_t)tr->size;
+    if (vary) {
+      const float f = model__jitter(t == KERN_I4G ? b / 4 : b);
+      d = d0 * f, dmin = dmin0 * f;
+      hd = fr_fp32_to_fp16(d), hm = fr_fp32_to_fp16(dmin);
+    }
     float v = (float)(int8_t)blk[0] / 74.0f * target; /* float types: one value per "block" */
     uint16_t h;
     switch (t) {

@@ -138,6 +138,7 @@ typedef struct {
   int q4f_row;         /* one row: the one-row Q4F kernel, its warps a tile by shape (FERRUM_CUDA_Q4F_ROW 4 or 8:
                           always that; 0: the per-tile kernel) */
   int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
+  int q4g;             /* KERN_Q4G where a weight's (d, m) allow (FERRUM_CUDA_Q4G=0: always KERN_Q4F) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
@@ -491,14 +492,19 @@ int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
 int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
                                const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
                                const kern_rope_t *rope);
-/* KERN_Q4F and KERN_Q6F (kcu_q4f.cu): whether w (before upload) becomes
- * one and which, its device bytes, the repacking of its file blocks (src,
- * device) into dst, its matmul on the tensor cores, and its rows
- * dequantized to the act type. */
+/* KERN_Q4F, KERN_Q4G and KERN_Q6F (kcu_q4f.cu): whether a device type is
+ * one of them; whether w (before upload) becomes one; whether its file
+ * blocks (src, device) have one (d, m) per aligned 128 columns of a row,
+ * as the act type rounds them (c->q4g off: never); which type that makes;
+ * the device bytes of w as `type`; the repacking of src into dst as
+ * `type`; the matmul on the tensor cores; rows dequantized to the act
+ * type. */
+static inline bool kcu_is_q4f(kern_type_t t) { return t == KERN_Q4F || t == KERN_Q4G || t == KERN_Q6F; }
 bool kcu__q4f_takes(const kcu_ctx_t *c, const kern_weight_t *w);
-kern_type_t kcu__q4f_type(const kern_weight_t *w);
-size_t kcu__q4f_bytes(const kern_weight_t *w);
-int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src);
+int kcu__q4f_grouped(kcu_ctx_t *c, const kern_weight_t *w, const void *src, bool *grouped);
+kern_type_t kcu__q4f_type(const kern_weight_t *w, bool grouped);
+size_t kcu__q4f_bytes(const kern_weight_t *w, kern_type_t type);
+int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src, kern_type_t type);
 int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 /* out (n, d) = silu(x Wg) * (x Wu) for a KERN_Q4F [gate; up] weight of 2d
  * rows in one wide kernel, where kcu__q4f_silu_fits says so (17-64 rows

@@ -340,7 +340,7 @@ __global__ void kcu_dequant_k(T *dst, const uint8_t *W, size_t row_bytes, int64_
 static const int32_t *kcu_perm(const kern_weight_t *w) { return w->perm ? (const int32_t *)w->priv : NULL; }
 
 int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t row0, int64_t nrows) {
-  if (w->type == KERN_Q4F || w->type == KERN_Q6F) return kcu__q4f_dequant_rows(c, dst, w, row0, nrows);
+  if (kcu_is_q4f(w->type)) return kcu__q4f_dequant_rows(c, dst, w, row0, nrows);
   long long units = nrows * (w->cols / KCU_QSUB);
   if (units == 0) return 0;
   KCU_ACT_DISPATCH(
@@ -478,7 +478,7 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
       return rc;
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
-  } else if (w->type == KERN_Q4F || w->type == KERN_Q6F) {
+  } else if (kcu_is_q4f(w->type)) {
     const int max_n = w->type == KERN_Q6F ? FR_MIN(c->q4f_max_n, KCU_Q6F_MAX_N) : c->q4f_max_n;
     if (n <= max_n && aligned) return kcu__q4f_matmul(c, out, w, bp, x, n);
     rc = kcu_matmul_quant_gemm(c, out, w, x, n);

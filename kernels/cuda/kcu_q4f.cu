@@ -21,11 +21,14 @@ bool kcu__q4f_takes(const kcu_ctx_t *c, const kern_weight_t *w) {
   }
 }
 
-kern_type_t kcu__q4f_type(const kern_weight_t *w) { return w->type == KERN_Q6_K ? KERN_Q6F : KERN_Q4F; }
+kern_type_t kcu__q4f_type(const kern_weight_t *w, bool grouped) {
+  return w->type == KERN_Q6_K ? KERN_Q6F : grouped ? KERN_Q4G : KERN_Q4F;
+}
 
-size_t kcu__q4f_bytes(const kern_weight_t *w) {
-  const size_t unit = KCU_Q4F_NIB + KCU_Q4F_DM + (w->type == KERN_Q6_K ? KCU_Q6F_HI : 0);
-  return (size_t)kcu_q4f_tiles(w->rows) * (size_t)kcu_q4f_units(w->cols) * unit;
+size_t kcu__q4f_bytes(const kern_weight_t *w, kern_type_t type) {
+  const size_t tiles = (size_t)kcu_q4f_tiles(w->rows), units = (size_t)kcu_q4f_units(w->cols);
+  if (type == KERN_Q4G) return tiles * (units * KCU_Q4F_NIB + (size_t)kcu_q4g_pairs((int)units) * KCU_Q4F_DM / 2);
+  return tiles * units * (KCU_Q4F_NIB + KCU_Q4F_DM + (type == KERN_Q6F ? KCU_Q6F_HI : 0));
 }
 
 /* ---- repacking ------------------------------------------------------------------------ */
@@ -83,10 +86,26 @@ template <typename T> __device__ __forceinline__ uint32_t kcu_bits(T v) {
   return (uint32_t)*reinterpret_cast<const uint16_t *>(&v);
 }
 
-/* One thread per (tile, unit, lane): its 16 bytes of nibbles and, for
- * t = 0, its row pair's 16 bytes of (d, m). Padding rows, and the second
- * block of a last unit past cols, are zero. */
+/* One thread per (row, block) but a run's first of 4: whether its (d, m),
+ * rounded to T as the layout keeps them, differ from the run's first
+ * block's; if so *differ = 1. */
 template <typename T, int QT>
+__global__ void kcu_q4g_check_k(int *differ, const uint8_t *W, size_t row_bytes, int blocks, long long n_threads) {
+  long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
+  if (i >= n_threads) return;
+  const int blk = (int)(i % blocks);
+  if (blk % 4 == 0) return;
+  const uint8_t *r = W + (size_t)(i / blocks) * row_bytes;
+  const float2 a = kcu_q4src<QT>::dm(r, blk), b = kcu_q4src<QT>::dm(r, blk & ~3);
+  if (kcu_bits(kcu_t<T>(a.x)) != kcu_bits(kcu_t<T>(b.x)) || kcu_bits(kcu_t<T>(a.y)) != kcu_bits(kcu_t<T>(b.y)))
+    *differ = 1;
+}
+
+/* One thread per (tile, unit, lane): its 16 bytes of nibbles and, for
+ * t = 0, its row pair's 16 bytes of (d, m); KERN_Q4G (G), only for even
+ * units, the 8 bytes of the pair of units. Padding rows, and the second
+ * block of a last unit past cols, are zero. */
+template <typename T, int QT, bool G>
 __global__ void kcu_q4f_repack_k(uint4 *nib, uint4 *dmv, const uint8_t *W, size_t row_bytes, int rows, int cols,
                                  int units, long long n_threads) {
   long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x;
@@ -113,7 +132,7 @@ __global__ void kcu_q4f_repack_k(uint4 *nib, uint4 *dmv, const uint8_t *W, size_
     }
   }
   nib[i] = make_uint4(word[0], word[1], word[2], word[3]);
-  if (t) return;
+  if (t || (G && u % 2)) return;
   uint32_t dm[4];
 #pragma unroll
   for (int j = 0; j < 4; j++) { /* (row g, blk 0), (row g + 8, blk 0), (row g, blk 1), (row g + 8, blk 1) */
@@ -122,7 +141,10 @@ __global__ void kcu_q4f_repack_k(uint4 *nib, uint4 *dmv, const uint8_t *W, size_
                                              : make_float2(0.f, 0.f);
     dm[j] = kcu_bits(kcu_t<T>(f.x)) | kcu_bits(kcu_t<T>(f.y)) << 16;
   }
-  dmv[tu * 8 + g] = make_uint4(dm[0], dm[1], dm[2], dm[3]);
+  if (G)
+    reinterpret_cast<uint2 *>(dmv)[((size_t)tile * kcu_q4g_pairs(units) + u / 2) * 8 + g] = make_uint2(dm[0], dm[1]);
+  else
+    dmv[tu * 8 + g] = make_uint4(dm[0], dm[1], dm[2], dm[3]);
 }
 
 /* Q6_K's 6-bit q of (row r, col c) and the scale of its 16 columns:
@@ -188,13 +210,52 @@ __global__ void kcu_q6f_repack_k(uint4 *nib, uint2 *hiv, uint4 *dmv, const uint8
   dmv[tu * 8 + g] = make_uint4(sc[0], sc[1], sc[2], sc[3]);
 }
 
-int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src) {
-  const kcu_q4f_view_t v = kcu_q4f_view_as(w, dst, w->type == KERN_Q6_K);
+/* kcu__q4f_grouped's check into *differ (device), and its answer. */
+static int kcu_q4g_check(kcu_ctx_t *c, const kern_weight_t *w, const void *src, int *differ, bool *grouped) {
+  const int blocks = (int)(w->cols / 32);
+  const long long n = w->rows * (long long)blocks;
+  const uint8_t *W = (const uint8_t *)src;
+  int h_differ = 1;
+  KCU_CHECK(cudaMemsetAsync(differ, 0, sizeof(int), c->stream));
+#define KCU_Q4G_CHECK(QT)                                                                                         \
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, (kcu_q4g_check_k<T, QT>), kcu_div_up(n, 256), 256, 0, differ, W, w->row_bytes, \
+                                 blocks, n))
+  switch (w->type) {
+  case KERN_Q4_0: KCU_Q4G_CHECK(KERN_Q4_0); break;
+  case KERN_Q4_1: KCU_Q4G_CHECK(KERN_Q4_1); break;
+  case KERN_Q4_K: KCU_Q4G_CHECK(KERN_Q4_K); break;
+  case KERN_I4G: KCU_Q4G_CHECK(KERN_I4G); break;
+  default: return 0;
+  }
+#undef KCU_Q4G_CHECK
+  KCU_CHECK(cudaMemcpyAsync(&h_differ, differ, sizeof(int), cudaMemcpyDeviceToHost, c->stream));
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  *grouped = !h_differ;
+  return 0;
+}
+
+int kcu__q4f_grouped(kcu_ctx_t *c, const kern_weight_t *w, const void *src, bool *grouped) {
+  *grouped = false;
+  if (w->type == KERN_Q6_K || !c->q4g) return 0;
+  int *differ = NULL;
+  int rc = kcu__alloc(c, sizeof(int), (void **)&differ, "the 4-bit layout's check");
+  if (!rc) rc = kcu_q4g_check(c, w, src, differ, grouped);
+  kcu__free(differ);
+  return rc;
+}
+
+int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void *src, kern_type_t type) {
+  const kcu_q4f_view_t v = kcu_q4f_view_as(w, dst, type == KERN_Q6F);
   const long long n = (long long)v.tiles * v.units * KCU_WARP;
   const uint8_t *W = (const uint8_t *)src;
-#define KCU_Q4F_REPACK(QT)                                                                                          \
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_q4f_repack_k<T, QT>, kcu_div_up(n, 256), 256, 0, v.nib, v.dm, W, w->row_bytes, \
-                                 (int)w->rows, (int)w->cols, v.units, n))
+#define KCU_Q4F_REPACK_G(QT, G)                                                                                  \
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, (kcu_q4f_repack_k<T, QT, G>), kcu_div_up(n, 256), 256, 0, v.nib, v.dm, W,     \
+                                 w->row_bytes, (int)w->rows, (int)w->cols, v.units, n))
+#define KCU_Q4F_REPACK(QT)                                                                                       \
+  do {                                                                                                           \
+    if (type == KERN_Q4G) KCU_Q4F_REPACK_G(QT, true);                                                            \
+    else KCU_Q4F_REPACK_G(QT, false);                                                                            \
+  } while (0)
   switch (w->type) {
   case KERN_Q4_0: KCU_Q4F_REPACK(KERN_Q4_0); break;
   case KERN_Q4_1: KCU_Q4F_REPACK(KERN_Q4_1); break;
@@ -207,6 +268,7 @@ int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void 
   default: return fr_errorf(FR_EUNSUPPORTED, "cuda: no 4-bit repacking of type %d", (int)w->type);
   }
 #undef KCU_Q4F_REPACK
+#undef KCU_Q4F_REPACK_G
   return 0;
 }
 
@@ -225,14 +287,14 @@ template <int NT, int U, int F> struct kcu_q4f_stage {
  * this lane); CHK: stop at the last unit. */
 template <int NT, int U, int WK, int F, bool CHK = true>
 __device__ __forceinline__ void kcu_q4f_load_w(kcu_q4f_stage<NT, U, F> &st, const uint4 *np, const uint2 *hp,
-                                               const uint4 *dp, int u0, int units) {
+                                               const uint32_t *dp, int u0, int units) {
 #pragma unroll
   for (int h = 0; h < U; h++) {
     const int u = u0 + h * WK;
     if (CHK && u >= units) break;
     st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
     if (F == 6) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
-    st.d[h] = __ldg(dp + (size_t)u * 8);
+    st.d[h] = kcu_qf_dm<F>(dp, u);
   }
 }
 
@@ -260,7 +322,7 @@ __device__ __forceinline__ void kcu_q4f_load_x(kcu_q4f_stage<NT, U, F> &st, cons
  * rows (docs/bench/gpu.md, session 32). */
 template <typename T, int NT, int U, int WK, int F>
 __device__ __forceinline__ void kcu_q4f_load(kcu_q4f_stage<NT, U, F> &st, const uint4 *np, const uint2 *hp,
-                                             const uint4 *dp, const T *const *xr, int u0, int units, int cols) {
+                                             const uint32_t *dp, const T *const *xr, int u0, int units, int cols) {
   if (NT == 1 && u0 + (U - 1) * WK < cols / KCU_Q4F_COLS) {
     kcu_q4f_load_w<NT, U, WK, F, false>(st, np, hp, dp, u0, units);
     kcu_q4f_load_x<T, NT, U, WK, F, false>(st, xr, u0, units, cols);
@@ -297,7 +359,8 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   for (int j = 0; j < NT; j++) xr[j] = x + (size_t)min(tok0 + 8 * j + g, n - 1) * cols + 8 * t;
   /* up to 16 rows, the first batch's weights before the PDL wait (no
    * kernel writes them); at 64 rows that measured 2% slower */
-  const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane, *dp = dmv + (size_t)tile * units * 8 + g;
+  const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane;
+  const uint32_t *dp = kcu_qf_dm_at<F>(dmv, tile, units, g);
   const uint2 *hp = F == 6 ? hiv + (size_t)tile * units * KCU_WARP + lane : nullptr;
   kcu_q4f_stage<NT, U, F> cur;
   if (PF) {
@@ -395,6 +458,13 @@ struct kcu_q4f_row_ptrs {
   const uint32_t *xp; /* activation pairs */
 };
 
+/* (d, m) words a unit further: a unit's 32 (a lane's word `lane`), or
+ * KERN_Q4G's 8 (a pair's 16, a lane's word lane % 16; a warp's units
+ * WK apart, WK even, so a unit further is always a whole pair of them). */
+template <int F> struct kcu_q4f_row_dm {
+  static constexpr int W = F == KCU_QF_Q4G ? 8 : KCU_WARP;
+};
+
 /* The weights of units u0, u0 + WK, ... (the pointers at u0); CHK: stop
  * at the last unit. */
 template <int U, int WK, int F, bool CHK>
@@ -405,7 +475,7 @@ __device__ __forceinline__ void kcu_q4f_row_ldw(kcu_q4f_row_stage<U, F> &st, con
     if (CHK && u0 + h * WK >= units) break;
     st.q[h] = __ldg(p.np + h * WK * KCU_WARP);
     if (F == 6) st.h[h] = __ldg(p.hp + h * WK * KCU_WARP);
-    st.d[h] = __ldg(p.dp + h * WK * KCU_WARP);
+    st.d[h] = __ldg(p.dp + h * WK * kcu_q4f_row_dm<F>::W);
   }
 }
 
@@ -428,7 +498,7 @@ template <int U, int WK, int F>
 __device__ __forceinline__ void kcu_q4f_row_next(kcu_q4f_row_stage<U, F> &st, kcu_q4f_row_ptrs &p, int un, int units,
                                                  int cols, int lane) {
   constexpr int STEP = U * WK;
-  p.np += STEP * KCU_WARP, p.dp += STEP * KCU_WARP, p.xp += STEP * (KCU_Q4F_COLS / 2);
+  p.np += STEP * KCU_WARP, p.dp += STEP * kcu_q4f_row_dm<F>::W, p.xp += STEP * (KCU_Q4F_COLS / 2);
   if (F == 6) p.hp += STEP * KCU_WARP;
   if (un + (U - 1) * WK < cols / KCU_Q4F_COLS) {
     kcu_q4f_row_ldw<U, WK, F, false>(st, p, un, units);
@@ -448,9 +518,11 @@ __device__ __forceinline__ void kcu_q4f_row_mma(float (&acc)[1][4], const kcu_q4
   for (int h = 0; h < U; h++) {
     if (CHK && u0 + h * WK >= units) break;
     const uint32_t qw[4] = {st.q[h].x, st.q[h].y, st.q[h].z, st.q[h].w};
-    uint32_t dm[4]; /* rows g, g + 8 of block 0, then of block 1 */
+    uint32_t dm[4]; /* rows g, g + 8 of block 0, then of block 1 (KERN_Q4G: the pair's, for both) */
 #pragma unroll
-    for (int k = 0; k < 4; k++) dm[k] = __shfl_sync(0xffffffffu, st.d[h], 4 * g + k);
+    for (int k = 0; k < 4; k++)
+      dm[k] = F == KCU_QF_Q4G ? (k < 2 ? __shfl_sync(0xffffffffu, st.d[h], 2 * g + k) : dm[k - 2])
+                              : __shfl_sync(0xffffffffu, st.d[h], 4 * g + k);
 #pragma unroll
     for (int b = 0; b < 2; b++) {
       const uint32_t hw = F == 6 ? (b ? st.h[h].y : st.h[h].x) : 0u;
@@ -470,12 +542,14 @@ template <typename T, int U, int WK, int F>
 __global__ void __launch_bounds__(WK *KCU_WARP)
     kcu_q4f_row_k(T *out, const uint4 *nib, const uint2 *hiv, const uint32_t *dmw, const T *x, const float *bias,
                   int rows, int cols) {
+  static_assert(F != KCU_QF_Q4G || WK % 2 == 0, "a warp's units all at the same place in their pairs");
   __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * 4 : 1];
   const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int tile = blockIdx.x, units = kcu_q4f_units(cols);
   const size_t w0 = ((size_t)tile * units + wk) * KCU_WARP + lane;
   kcu_q4f_row_ptrs p;
-  p.np = nib + w0, p.dp = dmw + w0;
+  p.np = nib + w0;
+  p.dp = F == KCU_QF_Q4G ? dmw + ((size_t)tile * kcu_q4g_pairs(units) + wk / 2) * 16 + lane % 16 : dmw + w0;
   p.hp = F == 6 ? hiv + w0 : nullptr;
   p.xp = reinterpret_cast<const uint32_t *>(x) + (size_t)wk * (KCU_Q4F_COLS / 2) + lane; /* 2 activations a word */
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
@@ -526,7 +600,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
 #define KCU_Q4F_GT 4 /* row tiles per CTA of kcu_q4f_gemm_k */
 #define KCU_Q4F_GS 3 /* activation stages in flight */
 
-template <typename T, int WK>
+template <typename T, int WK, int F>
 __global__ void __launch_bounds__(KCU_Q4F_GT *WK *KCU_WARP)
     kcu_q4f_gemm_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
                    int n) {
@@ -537,14 +611,14 @@ __global__ void __launch_bounds__(KCU_Q4F_GT *WK *KCU_WARP)
   const int tiles = kcu_q4f_tiles(rows), units = kcu_q4f_units(cols), steps = (units + WK - 1) / WK;
   const bool live = tile < tiles;
   const uint4 *np = nib + (size_t)(live ? tile : 0) * units * KCU_WARP + lane;
-  const uint4 *dp = dmv + (size_t)(live ? tile : 0) * units * 8 + g;
+  const uint32_t *dp = kcu_qf_dm_at<F>(dmv, live ? tile : 0, units, g);
   float acc[8][4];
 #pragma unroll
   for (int j = 0; j < 8; j++) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
   uint4 qa = {}, da = {}, qb = {}, db = {}, qc = {}, dc = {};
   auto load_w = [&](int k, uint4 &q, uint4 &d) {
     const int u = k * WK + wk;
-    if (live && u < units) q = __ldg(np + (size_t)u * KCU_WARP), d = __ldg(dp + (size_t)u * 8);
+    if (live && u < units) q = __ldg(np + (size_t)u * KCU_WARP), d = kcu_qf_dm<F>(dp, u);
   };
   auto load_x = [&](int k) { /* step k's WK units into stage k % S */
     const int st = k % S;
@@ -659,7 +733,7 @@ static int kcu_q4f_row_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, cons
 
 /* Warps per tile: c->q4f_warps, else measured on H200 (Llama-3-8B shapes,
  * I4G; docs/bench/gpu.md): 4 at n = 1 and n > 16, 8 at 9..16. */
-template <typename T, int NT, int F = 4>
+template <typename T, int NT, int F>
 static int kcu_q4f_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   if ((c->q4f_warps ? c->q4f_warps : NT == 2 ? 8 : 4) == 8)
     return kcu_q4f_launch_wk<T, NT, 8, F>(c, out, w, bias, x, n);
@@ -668,15 +742,15 @@ static int kcu_q4f_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 
 /* More than 64 rows: kcu_q4f_gemm_k, its columns split in two where the
  * tiles alone would not give every SM a CTA. */
-template <typename T>
+template <typename T, int F>
 static int kcu_q4f_gemm(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
   const dim3 grid(kcu_div_up(v.tiles, KCU_Q4F_GT), kcu_div_up(n, KCU_Q4F_TOK));
   if ((long long)grid.x * grid.y >= c->n_sm)
-    KCU_LAUNCH(c, (kcu_q4f_gemm_k<T, 1>), grid, KCU_Q4F_GT * KCU_WARP, 0, out, (const uint4 *)v.nib,
+    KCU_LAUNCH(c, (kcu_q4f_gemm_k<T, 1, F>), grid, KCU_Q4F_GT * KCU_WARP, 0, out, (const uint4 *)v.nib,
                (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
   else
-    KCU_LAUNCH(c, (kcu_q4f_gemm_k<T, 2>), grid, 2 * KCU_Q4F_GT * KCU_WARP, 0, out, (const uint4 *)v.nib,
+    KCU_LAUNCH(c, (kcu_q4f_gemm_k<T, 2, F>), grid, 2 * KCU_Q4F_GT * KCU_WARP, 0, out, (const uint4 *)v.nib,
                (const uint4 *)v.dm, x, bias, (int)w->rows, (int)w->cols, n);
   return 0;
 }
@@ -694,29 +768,37 @@ template <typename T> static int kcu_q4f_input(kcu_ctx_t *c, const kern_weight_t
   return 0;
 }
 
-template <typename T>
-static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  int rc = kcu_q4f_input(c, w, &x, n);
-  if (rc) return rc;
-  if (n == 1 && c->q4f_row) return w->type == KERN_Q6F ? kcu_q4f_row_launch<T, 6>(c, out, w, bias, x)
-                                                       : kcu_q4f_row_launch<T, 4>(c, out, w, bias, x);
-  if (w->type == KERN_Q6F) /* up to KCU_Q6F_MAX_N rows: kcu__matmul dequantizes for more */
-    return n <= 8 ? kcu_q4f_launch<T, 1, 6>(c, out, w, bias, x, n) : kcu_q4f_launch<T, 2, 6>(c, out, w, bias, x, n);
+/* A 4-bit layout's matmul (F: KERN_Q4F's or KERN_Q4G's). */
+template <typename T, int F>
+static int kcu_q4f_matmul_f(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  if (n == 1 && c->q4f_row) return kcu_q4f_row_launch<T, F>(c, out, w, bias, x);
   /* From c->q4f_wide rows (17; sm_90 only) the wide kernel; below, and
    * where it does not run, the per-tile kernel, past 64 rows the GEMM form */
   if (n >= c->q4f_wide) return kcu__q4w_matmul(c, out, w, bias, x, n);
-  if (n > KCU_Q4F_TOK && c->q4f_gemm) return kcu_q4f_gemm(c, out, w, bias, x, n);
+  if (n > KCU_Q4F_TOK && c->q4f_gemm) return kcu_q4f_gemm<T, F>(c, out, w, bias, x, n);
   /* MMA columns a CTA: past c->q4f_nt (4: 32 tokens), more CTAs of it
    * rather than one of 64 tokens (measured on H200, docs/bench/gpu.md: at
    * 33-64 rows the 64-token CTA's 149 registers allow 3 CTAs a SM, and the
    * o and down projections' 256 tiles fill two thirds of one wave) */
   const int nt = FR_MIN(n >= KCU_Q4F_TOK ? 8 : kcu_div_up(n, 8), c->q4f_nt);
   switch (nt) {
-  case 1: return kcu_q4f_launch<T, 1>(c, out, w, bias, x, n);
-  case 2: return kcu_q4f_launch<T, 2>(c, out, w, bias, x, n);
-  case 3: case 4: return kcu_q4f_launch<T, 4>(c, out, w, bias, x, n);
-  default: return kcu_q4f_launch<T, 8>(c, out, w, bias, x, n);
+  case 1: return kcu_q4f_launch<T, 1, F>(c, out, w, bias, x, n);
+  case 2: return kcu_q4f_launch<T, 2, F>(c, out, w, bias, x, n);
+  case 3: case 4: return kcu_q4f_launch<T, 4, F>(c, out, w, bias, x, n);
+  default: return kcu_q4f_launch<T, 8, F>(c, out, w, bias, x, n);
   }
+}
+
+template <typename T>
+static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  int rc = kcu_q4f_input(c, w, &x, n);
+  if (rc) return rc;
+  if (w->type == KERN_Q4G) return kcu_q4f_matmul_f<T, KCU_QF_Q4G>(c, out, w, bias, x, n);
+  if (w->type == KERN_Q4F) return kcu_q4f_matmul_f<T, KCU_QF_Q4F>(c, out, w, bias, x, n);
+  if (n == 1 && c->q4f_row) return kcu_q4f_row_launch<T, KCU_QF_Q6F>(c, out, w, bias, x);
+  /* up to KCU_Q6F_MAX_N rows: kcu__matmul dequantizes for more */
+  return n <= 8 ? kcu_q4f_launch<T, 1, KCU_QF_Q6F>(c, out, w, bias, x, n)
+                : kcu_q4f_launch<T, 2, KCU_QF_Q6F>(c, out, w, bias, x, n);
 }
 
 int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
@@ -729,8 +811,9 @@ int kcu__q4f_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float
  * I4G (docs/bench/gpu.md, session 27), the fused kernel's decode steps
  * run 2-4% faster at 17-64 rows and 1-2% slower at 96. */
 bool kcu__q4f_silu_fits(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
-  return w->type == KERN_Q4F && (!w->perm || w->priv) && c->fuse_gemv && n >= c->q4f_wide && n <= KCU_Q4F_TOK &&
-         n <= c->q4f_max_n && kcu_al16(x) && w->cols % 8 == 0 && w->rows % (2 * KCU_Q4F_ROWS) == 0;
+  return (w->type == KERN_Q4F || w->type == KERN_Q4G) && (!w->perm || w->priv) && c->fuse_gemv &&
+         n >= c->q4f_wide && n <= KCU_Q4F_TOK && n <= c->q4f_max_n && kcu_al16(x) && w->cols % 8 == 0 &&
+         w->rows % (2 * KCU_Q4F_ROWS) == 0;
 }
 
 int kcu__q4f_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n) {
@@ -761,7 +844,7 @@ __global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint2 *hiv, co
   const long long tu = i / KCU_WARP;
   const int u = (int)(tu % units), tile = row0 / KCU_Q4F_ROWS + (int)(tu / units);
   const size_t at = (size_t)tile * units + u;
-  const uint4 q = __ldg(nib + at * KCU_WARP + lane), d = __ldg(dmv + at * 8 + g);
+  const uint4 q = __ldg(nib + at * KCU_WARP + lane), d = kcu_qf_dm<F>(kcu_qf_dm_at<F>(dmv, tile, units, g), u);
   const uint2 hq = F == 6 ? __ldg(hiv + at * KCU_WARP + lane) : make_uint2(0, 0);
   const uint32_t qw[4] = {q.x, q.y, q.z, q.w}, dm[2] = {d.x, d.z}, dm8[2] = {d.y, d.w}, hw[2] = {hq.x, hq.y};
 #pragma unroll
@@ -806,8 +889,9 @@ int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64
                                  (T *)dst, (const uint4 *)v.nib, (const uint2 *)v.hi, (const uint4 *)v.dm,          \
                                  (int)w->cols, (int)row0, (int)(row0 + nrows), total, (const int32_t *)w->priv,      \
                                  (int)kern_weight_x_cols(w)))
-  if (w->type == KERN_Q6F) KCU_Q4F_DEQUANT(6);
-  else KCU_Q4F_DEQUANT(4);
+  if (w->type == KERN_Q6F) KCU_Q4F_DEQUANT(KCU_QF_Q6F);
+  else if (w->type == KERN_Q4G) KCU_Q4F_DEQUANT(KCU_QF_Q4G);
+  else KCU_Q4F_DEQUANT(KCU_QF_Q4F);
 #undef KCU_Q4F_DEQUANT
   return 0;
 }

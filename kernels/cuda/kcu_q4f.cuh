@@ -18,6 +18,13 @@
  *
  * 640 bytes per 1024 weights: 5 bits a weight (I4G is 6, Q4_K 4.5).
  *
+ * KERN_Q4G, a weight whose (d, m) are the same over every aligned run of
+ * 128 columns of each row (GPTQ and AWQ at group size 128; the upload
+ * checks the values, kcu__q4f_grouped): the same nibbles, then per (tile,
+ * pair of units) 64 bytes, 8 per g: the (d, m) of rows g and g + 8, for
+ * both units and both blocks of each. 544 bytes per 1024 weights: 4.25
+ * bits.
+ *
  * KERN_Q6F, a Q6_K weight the same way (6-bit q, w = s * (q - 32) with a
  * scale s per 16 columns): the nibbles above hold q's low 4 bits; after
  * them, per (tile, unit) 256 bytes of high bits, lane L reading bytes
@@ -59,6 +66,12 @@
 #define KCU_Q6F_HI 256  /* KERN_Q6F's high-bit bytes per (tile, unit) */
 #define KCU_Q4F_TOK 64  /* tokens per CTA: 8 MMA columns of 8 */
 
+/* A kernel's layout, template argument F: KERN_Q4F 4, KERN_Q4G 5,
+ * KERN_Q6F 6. */
+#define KCU_QF_Q4F 4
+#define KCU_QF_Q4G 5
+#define KCU_QF_Q6F 6
+
 /* Row tiles and column units of a (rows, cols) weight. */
 __host__ __device__ __forceinline__ int kcu_q4f_tiles(long long rows) {
   return (int)((rows + KCU_Q4F_ROWS - 1) / KCU_Q4F_ROWS);
@@ -66,6 +79,8 @@ __host__ __device__ __forceinline__ int kcu_q4f_tiles(long long rows) {
 __host__ __device__ __forceinline__ int kcu_q4f_units(long long cols) {
   return (int)((cols + KCU_Q4F_COLS - 1) / KCU_Q4F_COLS);
 }
+/* KERN_Q4G's pairs of units (the last one may have one). */
+__host__ __device__ __forceinline__ int kcu_q4g_pairs(int units) { return (units + 1) / 2; }
 
 /* A KERN_Q4F weight's two arrays in its device memory `data`: all the
  * nibbles, then all the (d, m) pairs; KERN_Q6F (six) has its high bits
@@ -87,6 +102,22 @@ static inline kcu_q4f_view_t kcu_q4f_view_as(const kern_weight_t *w, void *data,
 }
 static inline kcu_q4f_view_t kcu_q4f_view(const kern_weight_t *w, void *data) {
   return kcu_q4f_view_as(w, data, w->type == KERN_Q6F);
+}
+
+/* The (d, m) of unit u of a tile, as kcu_q4f_frag takes them: rows g and
+ * g + 8 of block 0, then of block 1. dp: the tile's (d, m) at this lane's
+ * g (kcu_qf_dm_at); KERN_Q4G's one pair serves both blocks. */
+template <int F> __device__ __forceinline__ const uint32_t *kcu_qf_dm_at(const uint4 *dm, int tile, int units, int g) {
+  const uint32_t *w = reinterpret_cast<const uint32_t *>(dm);
+  return F == KCU_QF_Q4G ? w + ((size_t)tile * kcu_q4g_pairs(units) * 8 + g) * 2
+                         : w + ((size_t)tile * units * 8 + g) * 4;
+}
+template <int F> __device__ __forceinline__ uint4 kcu_qf_dm(const uint32_t *dp, int u) {
+  if (F == KCU_QF_Q4G) {
+    const uint2 v = __ldg(reinterpret_cast<const uint2 *>(dp + (size_t)(u / 2) * 16));
+    return make_uint4(v.x, v.y, v.x, v.y);
+  }
+  return __ldg(reinterpret_cast<const uint4 *>(dp + (size_t)u * 32));
 }
 
 template <typename T> struct kcu_q4v;
@@ -149,8 +180,8 @@ __device__ __forceinline__ void kcu_q6f_frag(uint32_t word, uint32_t hw, int S, 
   }
 }
 
-/* Either layout's A registers of k-step S of a block (F 6: KERN_Q6F, hw
- * its high-bit word of the block; F 4: KERN_Q4F, hw and t unused). */
+/* Any layout's A registers of k-step S of a block (F 6: KERN_Q6F, hw its
+ * high-bit word of the block; else the 4-bit ones, hw and t unused). */
 template <typename T, int F>
 __device__ __forceinline__ void kcu_qf_frag(uint32_t word, uint32_t hw, int S, uint32_t dm_g, uint32_t dm_g8, int t,
                                             uint32_t *a) {

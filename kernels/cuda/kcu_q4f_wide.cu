@@ -36,7 +36,9 @@ namespace cg = cooperative_groups;
 #define KCU_Q4W_RS (KCU_Q4W_TILES * KCU_Q4F_ROWS + 4) /* floats a token row of the split sums (no bank conflicts) */
 
 /* A stage, in uint4: activations (SU units x 8 NT tokens x 8), then
- * nibbles (tiles x SU x 32 lanes), then (d, m) (tiles x SU x 8). */
+ * nibbles (tiles x SU x 32 lanes), then (d, m) (tiles x SU x 8; KERN_Q4G
+ * has its unit's pair's 64 bytes in the first 4 of each 8, and again in
+ * the last 4). */
 template <int NT, int SU, int S> struct kcu_q4w_smem {
   static constexpr int X = SU * NT * 8 * 8, Q = KCU_Q4W_TILES * SU * KCU_WARP, D = KCU_Q4W_TILES * SU * 8,
                        STAGE = X + Q + D;
@@ -67,7 +69,7 @@ __device__ __forceinline__ void kcu_q4w_store_silu(const float (&ga)[NT][4], con
   }
 }
 
-template <typename T, int NT, int SU, int S, bool PAIR>
+template <typename T, int NT, int SU, int S, bool PAIR, int F>
 __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
     kcu_q4f_wide_k(T *out, const uint4 *nib, const uint4 *dmv, const T *x, const float *bias, int rows, int cols,
                    int n) {
@@ -99,7 +101,9 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
    * unit it / XR, its 16 bytes tid % 8. Nibbles: copy it is the (tile,
    * unit) pair it * WQ + warp (unit warp % SU, tile it * WQ / SU + warp /
    * SU), the lane's 16 bytes; the (d, m) are one copy, pair tid / 8, 16
-   * bytes tid % 8. Missing tiles, units and tokens are zeros. */
+   * bytes tid % 8 (KERN_Q4G: 16 bytes tid % 4 of its unit's pair of units,
+   * twice: the same copies as KERN_Q4F's, measured faster than half as
+   * many). Missing tiles, units and tokens are zeros. */
   constexpr int XT = NTH / 8, XR = TOK / XT, XI = SU * XR, WQ = NTH / KCU_WARP, QI = L::Q / NTH;
   static_assert(L::X == XI * NTH && L::Q == QI * NTH && L::D <= NTH && WQ % SU == 0, "whole rounds of copies");
   /* copy it's tile is tl = it * WA + wr / SU: lead and tile advance by QA a round (WA even, so tl's parity is fixed) */
@@ -110,6 +114,7 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
   const int x_off = (tok0 + xr) * cols + u_lo * KCU_Q4F_COLS + 8 * xc, x_row = XT * cols;
   const int q_lead = lead(wr / SU), q_off = ((tile_of(wr / SU) * units) + u_lo + wr % SU) * KCU_WARP + lane;
   const int d_lead = lead(xr / SU), d_off = ((tile_of(xr / SU) * units) + u_lo + xr % SU) * 8 + xc;
+  const int g_off = tile_of(xr / SU) * kcu_q4g_pairs(units) * 4 + xc % 4; /* KERN_Q4G's */
   auto load_w = [&](int k) {
     const uint32_t st = sm0 + (uint32_t)((k % S) * L::STAGE + L::X) * 16;
     const bool u_ok = u_lo + k * SU + wr % SU < u_hi;
@@ -119,8 +124,10 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
       const int off = q_off + (it * QA * units + k * SU) * KCU_WARP;
       kcu_cp_async16(st + (it * NTH + tid) * 16, nib + (ok ? off : 0), ok);
     }
-    const bool ok = d_lead < lim && u_lo + k * SU + xr % SU < u_hi;
-    if (L::D == NTH || tid < L::D) kcu_cp_async16(st + (L::Q + tid) * 16, dmv + (ok ? d_off + k * SU * 8 : 0), ok);
+    const int u = u_lo + k * SU + xr % SU;
+    const bool ok = d_lead < lim && u < u_hi;
+    const int off = F == KCU_QF_Q4G ? g_off + (int)((unsigned)u >> 1) * 4 : d_off + k * SU * 8;
+    if (L::D == NTH || tid < L::D) kcu_cp_async16(st + (L::Q + tid) * 16, dmv + (ok ? off : 0), ok);
   };
   auto load_x = [&](int k) {
     const uint32_t st = sm0 + (uint32_t)((k % S) * L::STAGE) * 16;
@@ -153,7 +160,12 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
       for (int e = 0; e < TW; e++) {
         const int tl = wr * TW + e;
         q[e] = sq[(tl * SU + h) * KCU_WARP + lane];
-        d[e] = sd[(tl * SU + h) * 8 + g];
+        if (F == KCU_QF_Q4G) { /* one pair for both blocks: .x, .y */
+          const uint2 v = reinterpret_cast<const uint2 *>(sd + (tl * SU + h) * 8)[g];
+          d[e] = make_uint4(v.x, v.y, 0u, 0u);
+        } else {
+          d[e] = sd[(tl * SU + h) * 8 + g];
+        }
       }
 #pragma unroll
       for (int b = 0; b < 2; b++) { /* a missing block has zero weights and activations */
@@ -166,7 +178,8 @@ __global__ void __launch_bounds__(KCU_Q4W_WARPS *KCU_WARP)
 #pragma unroll
           for (int e = 0; e < TW; e++) {
             const uint32_t qw[4] = {q[e].x, q[e].y, q[e].z, q[e].w};
-            kcu_q4f_frag<T>(qw[2 * b + s], b ? d[e].z : d[e].x, b ? d[e].w : d[e].y, a[e]);
+            const bool b1 = b && F != KCU_QF_Q4G;
+            kcu_q4f_frag<T>(qw[2 * b + s], b1 ? d[e].z : d[e].x, b1 ? d[e].w : d[e].y, a[e]);
           }
 #pragma unroll
           for (int j = 0; j < NT; j++) {
@@ -260,7 +273,7 @@ static int kcu_q4w_splits(const kcu_ctx_t *c, dim3 grid, int tok, int units) {
   return (int)FR_MAX(FR_MIN(ks, (long long)FR_MIN(units / KCU_Q4W_MIN_UNITS, KCU_Q4W_MAX_SPLITS)), 1ll);
 }
 
-template <typename T, int NT, int SU, int S, bool PAIR>
+template <typename T, int NT, int SU, int S, bool PAIR, int F>
 static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
   const int row_ctas = PAIR ? kcu_div_up(v.tiles / 2, KCU_Q4W_TILES / 2) : kcu_div_up(v.tiles, KCU_Q4W_TILES);
@@ -268,7 +281,7 @@ static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
   const int ks = kcu_q4w_splits(c, grid, 8 * NT, v.units);
   grid.z = ks;
   if (grid.y > 65535) return fr_errorf(FR_EUNSUPPORTED, "cuda: Q4F matmul of %lld rows", (long long)w->rows);
-  KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S, PAIR>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,
+  KCU_CHECK(kcu_launch_cluster(c, kcu_q4f_wide_k<T, NT, SU, S, PAIR, F>, grid, dim3(1, 1, ks), KCU_Q4W_WARPS * KCU_WARP,
                                kcu_q4w_smem<NT, SU, S>::BYTES, out, (const uint4 *)v.nib, (const uint4 *)v.dm, x,
                                bias, (int)w->rows, (int)w->cols, n));
   return 0;
@@ -281,10 +294,19 @@ static int kcu_q4w_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 #define KCU_Q4W_32 4, 2, 4
 #define KCU_Q4W_64 8, 1, 5
 
+/* The launch for n tokens and w's layout. */
+template <typename T, bool PAIR>
+static int kcu_q4w_launch_n(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  if (w->type == KERN_Q4G)
+    return n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32, PAIR, KCU_QF_Q4G>(c, out, w, bias, x, n)
+                   : kcu_q4w_launch<T, KCU_Q4W_64, PAIR, KCU_QF_Q4G>(c, out, w, bias, x, n);
+  return n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32, PAIR, KCU_QF_Q4F>(c, out, w, bias, x, n)
+                 : kcu_q4w_launch<T, KCU_Q4W_64, PAIR, KCU_QF_Q4F>(c, out, w, bias, x, n);
+}
+
 int kcu__q4w_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
   int rc = 0;
-  KCU_ACT_DISPATCH(c, rc = n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32, false>(c, (T *)out, w, bias, (const T *)x, n)
-                                   : kcu_q4w_launch<T, KCU_Q4W_64, false>(c, (T *)out, w, bias, (const T *)x, n));
+  KCU_ACT_DISPATCH(c, rc = kcu_q4w_launch_n<T, false>(c, (T *)out, w, bias, (const T *)x, n));
   return rc;
 }
 
@@ -293,19 +315,22 @@ int kcu__q4w_matmul_silu(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
     return fr_errorf(FR_EFORMAT, "cuda: Q4F matmul_silu_mul: %lld rows, not two halves of whole tiles",
                      (long long)w->rows);
   int rc = 0;
-  KCU_ACT_DISPATCH(c, rc = n <= 32 ? kcu_q4w_launch<T, KCU_Q4W_32, true>(c, (T *)out, w, NULL, (const T *)x, n)
-                                   : kcu_q4w_launch<T, KCU_Q4W_64, true>(c, (T *)out, w, NULL, (const T *)x, n));
+  KCU_ACT_DISPATCH(c, rc = kcu_q4w_launch_n<T, true>(c, (T *)out, w, NULL, (const T *)x, n));
   return rc;
 }
 
 /* A wide kernel's shared memory past 48 KB (at create: a first launch may
  * be inside a capture). */
-template <typename T, int NT, int SU, int S> static int kcu_q4w_attr(void) {
-  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+template <typename T, int NT, int SU, int S, int F> static int kcu_q4w_attr_f(void) {
+  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S, false, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)kcu_q4w_smem<NT, SU, S>::BYTES));
-  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S, true>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  KCU_CHECK(cudaFuncSetAttribute(kcu_q4f_wide_k<T, NT, SU, S, true, F>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)kcu_q4w_smem<NT, SU, S>::BYTES));
   return 0;
+}
+template <typename T, int NT, int SU, int S> static int kcu_q4w_attr(void) {
+  int rc = kcu_q4w_attr_f<T, NT, SU, S, KCU_QF_Q4F>();
+  return rc ? rc : kcu_q4w_attr_f<T, NT, SU, S, KCU_QF_Q4G>();
 }
 
 int kcu__q4f_init(kcu_ctx_t *c) {

@@ -259,21 +259,30 @@ static int kcu_stage_fence(kcu_ctx_t *c) {
 }
 
 /* A 4-bit (or Q6_K) weight's file blocks, uploaded into raw, become
- * w->data's KERN_Q4F (KERN_Q6F; kcu_q4f.cu): once every read and copy of
- * them is done, and the repacking has run, raw may be freed. */
-static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw) {
+ * w->data's KERN_Q4F, KERN_Q4G or KERN_Q6F (*type; kcu_q4f.cu), allocated
+ * here once the blocks say which: once every read and copy of them is
+ * done, and the repacking has run, raw may be freed. */
+static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw, kern_type_t *type, const char *what) {
+  bool grouped = false;
   int rc = kcu_stage_flush(c);
   if (!rc) rc = kcu_stage_fence(c);
-  if (!rc) rc = kcu__q4f_repack(c, w->data, w, raw);
+  if (!rc) rc = kcu__q4f_grouped(c, w, raw, &grouped);
+  if (rc) return rc;
+  *type = kcu__q4f_type(w, grouped);
+  uint64_t t0 = fr_now_ns();
+  rc = kcu__alloc(c, kcu__q4f_bytes(w, *type), &w->data, what);
+  c->load_ns[2] += fr_now_ns() - t0;
+  if (!rc) rc = kcu__q4f_repack(c, w->data, w, raw, *type);
   if (!rc) KCU_CHECK(cudaStreamSynchronize(c->stream));
   return rc;
 }
 
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
  * inv_freq); 4-bit and Q6_K ones that only matmul reads become KERN_Q4F
- * and KERN_Q6F; other quantized weights are copied as they are. A permutation, if any, goes
- * to w->priv. w->type and w->row_bytes describe what is stored on the
- * device afterwards. On failure nothing is allocated and w->data is NULL. */
+ * (KERN_Q4G where their (d, m) allow) and KERN_Q6F; other quantized
+ * weights are copied as they are. A permutation, if any, goes to w->priv.
+ * w->type and w->row_bytes describe what is stored on the device
+ * afterwards. On failure nothing is allocated and w->data is NULL. */
 static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {
   int rc = kcu__not_capturing(c, "weight_load");
   if (rc) return rc;
@@ -288,12 +297,12 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
   if (kern_weight_x_cols(w) != w->cols && !q4f) /* padding columns: only the Q4F matmul and dequant skip them */
     return fr_errorf(FR_EUNSUPPORTED, "cuda: a GPTQ act-order part with padding columns needs the 4-bit tensor-core "
                      "layout (FERRUM_CUDA_Q4F is off, or %lld columns are not a multiple of 32)", (long long)w->cols);
-  const kern_type_t dst_t = q4f ? kcu__q4f_type(w) : !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
+  /* q4f: the sizes checked are KERN_Q4F's, the larger 4-bit layout; kcu_q4f_finish picks one */
+  kern_type_t dst_t = q4f ? kcu__q4f_type(w, false) : !dense ? w->type : w->rows == 1 ? KERN_F32 : c->act;
   size_t row_bytes = kern_row_bytes(w->type, w->cols), dst_rb = kern_row_bytes(dst_t, w->cols), bytes, dst_bytes;
   if (row_bytes == 0 || fr_mul_size(row_bytes, (size_t)w->rows, &bytes) ||
       fr_mul_size(dst_rb, (size_t)w->rows, &dst_bytes))
     return fr_errorf(FR_EFORMAT, "cuda: weight size overflows or cols %lld not a block multiple", (long long)w->cols);
-  if (q4f) dst_bytes = kcu__q4f_bytes(w);
   size_t span_bytes = 0;
   for (int s = 0; !src->host && s < src->n_spans; s++) span_bytes += src->spans[s].len;
   if (!src->host && span_bytes != bytes)
@@ -306,12 +315,13 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
   void *raw = NULL; /* q4f: the file's blocks, before repacking */
   if ((rc = kcu_stage_make(c))) return rc;
   uint64_t t0 = fr_now_ns();
-  rc = kcu__alloc(c, dst_bytes, &w->data, what);
-  if (!rc && q4f) rc = kcu__alloc(c, bytes, &raw, "a weight's blocks before repacking");
+  rc = q4f ? kcu__alloc(c, bytes, &raw, "a weight's blocks before repacking")
+           : kcu__alloc(c, dst_bytes, &w->data, what);
   c->load_ns[2] += fr_now_ns() - t0;
   if (rc) goto fail;
   if ((rc = kcu_stage_upload(c, q4f ? raw : w->data, q4f ? w->type : dst_t, src, w->type, bytes))) goto fail;
-  if ((rc = q4f ? kcu_q4f_finish(c, w, raw) : kcu_stage_fence(c))) goto fail;
+  if ((rc = q4f ? kcu_q4f_finish(c, w, raw, &dst_t, what) : kcu_stage_fence(c))) goto fail;
+  dst_rb = kern_row_bytes(dst_t, w->cols);
   kcu__free(raw);
   raw = NULL;
   if (!dense && (rc = kcu_grow_deq(c, w))) goto fail;

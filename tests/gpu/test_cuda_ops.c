@@ -202,6 +202,10 @@ static void wpair_free(wpair_t *w) {
   free(w->host);
 }
 
+/* Blocks of a row that share rand_weight's I4G (d, m): 1, or 4 (GPTQ's
+ * group of 128 columns, which CUDA stores as KERN_Q4G). */
+static int i4g_run = 1;
+
 /* Random weight bytes of any type; quant blocks get sane f16 scales. */
 static void *rand_weight(kern_type_t type, int64_t rows, int64_t cols) {
   size_t rb = kern_row_bytes(type, cols), nb = rb * (size_t)rows;
@@ -224,13 +228,15 @@ static void *rand_weight(kern_type_t type, int64_t rows, int64_t cols) {
   case KERN_Q4_0: case KERN_Q5_0: case KERN_Q8_0: offs[0] = 0; break;
   case KERN_Q4_1: case KERN_Q5_1: case KERN_Q4_K: case KERN_Q5_K: offs[0] = 0; offs[1] = 2; break;
   case KERN_Q6_K: offs[0] = 208; break;
-  case KERN_I4G: /* f32 d and m = -d * zero, as GPTQ's repacking makes them */
+  case KERN_I4G: { /* f32 d and m = -d * zero, as GPTQ's repacking makes them */
+    float dm[2] = {0.f, 0.f};
     for (size_t b = 0; b < nb / (size_t)tr->size; b++) {
-      float dm[2] = {(0.5f + rndu()) * 0.02f, 0.f};
-      dm[1] = -dm[0] * (float)rndi(16);
+      if (b % (size_t)(cols / 32) % (size_t)i4g_run == 0)
+        dm[0] = (0.5f + rndu()) * 0.02f, dm[1] = -dm[0] * (float)rndi(16);
       memcpy(h + b * tr->size, dm, sizeof dm);
     }
     break;
+  }
   default: break;
   }
   for (size_t b = 0; b < nb / (size_t)tr->size; b++) {
@@ -434,11 +440,27 @@ END_TEST
  * CTA sizes on a weight whose last row tile is partial (past 64 rows: the
  * GEMM form with its columns split, and the per-tile kernel), and then the
  * file's blocks kept (FERRUM_CUDA_Q4F=0: the integer GEMV and dequantize +
- * cuBLAS) on the same weights. */
-static const kern_type_t k_q4[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_I4G};
+ * cuBLAS) on the same weights. The last entry is I4G again with a (d, m)
+ * per 128 columns (KERN_Q4G on the device; its last pair of units has one
+ * unit or one block at 288 and 5152 columns). */
+static const kern_type_t k_q4[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q4_K, KERN_I4G, KERN_I4G};
+#define K_Q4_GROUPED 4 /* k_q4's entry of I4G in groups of 128 columns */
+
+/* Sets up k_q4's entry i: its type, and whether I4G is grouped (checked:
+ * the device type it becomes). */
+static kern_type_t q4_entry(int i) {
+  i4g_run = i == K_Q4_GROUPED ? 4 : 1;
+  if (k_q4[i] == KERN_I4G) {
+    wpair_t w;
+    wpair_load(&w, KERN_I4G, 40, 288, rand_weight(KERN_I4G, 40, 288));
+    ck_assert_int_eq(w.g.type, i == K_Q4_GROUPED ? KERN_Q4G : KERN_Q4F);
+    wpair_free(&w);
+  }
+  return k_q4[i];
+}
 
 START_TEST(test_matmul_q4f) {
-  kern_type_t t = k_q4[_i];
+  kern_type_t t = q4_entry(_i);
   check_matmul(t, 200, t == KERN_Q4_K ? 768 : 288, true);
   check_matmul_n(t, 16 * 532 - 11, 256, false, 128);
   /* the per-tile kernels (the wide one off): both CTA sizes at every n
@@ -517,7 +539,7 @@ END_TEST
  * one of 4), a last unit of 32 columns (not Q4_K), an act-order
  * permutation (I4G), the units split by the SMs or in 1 to 8. */
 START_TEST(test_q4f_silu_mul) {
-  const kern_type_t t = k_q4[_i];
+  const kern_type_t t = q4_entry(_i);
   const int ffn = 16 * 13, cols = t == KERN_Q4_K ? 768 : 288;
   static const int ns[] = {17, 24, 32, 33, 64, 100}; /* 100: the two kernels, as the fused op runs up to 64 */
   static const char *ks[] = {"0", "1", "2", "3", "4", "5", "6", "7", "8"};

@@ -361,11 +361,14 @@ static void q4_dm(kern_type_t t, const uint8_t *w, size_t rb, int64_t row, int64
  * p the weight at row g + 8 (p & 1), column 32 b + 8 t + 4 s + 2 (p >> 1)
  * and slot p + 4 the next column), all nibbles first, then per (tile,
  * unit) 128 bytes of act-type (d, m): 16 per g, rows g and g + 8 of block
- * 0, then of block 1. Rows and columns past the weight are zero. */
-static uint8_t *q4f_ref(kern_type_t t, const uint8_t *w, int64_t rows, int64_t cols, size_t *bytes) {
+ * 0, then of block 1. Rows and columns past the weight are zero.
+ * KERN_Q4G (grouped): the same nibbles, then per (tile, pair of units) 64
+ * bytes: 8 per g, the (d, m) of rows g and g + 8 at the pair's first
+ * block. */
+static uint8_t *q4f_ref(kern_type_t t, const uint8_t *w, int64_t rows, int64_t cols, bool grouped, size_t *bytes) {
   const size_t rb = kern_row_bytes(t, cols);
-  const int64_t tiles = (rows + 15) / 16, units = (cols + 63) / 64;
-  *bytes = (size_t)(tiles * units) * 640;
+  const int64_t tiles = (rows + 15) / 16, units = (cols + 63) / 64, pairs = (units + 1) / 2;
+  *bytes = (size_t)(tiles * units) * 512 + (size_t)(tiles * (grouped ? pairs * 64 : units * 128));
   uint8_t *out = calloc(1, *bytes);
   uint32_t *nib = (uint32_t *)out;
   uint16_t *dm = (uint16_t *)(out + (size_t)(tiles * units) * 512);
@@ -382,9 +385,9 @@ static uint8_t *q4f_ref(kern_type_t t, const uint8_t *w, int64_t rows, int64_t c
               wd[2 * b + sk] |= (uint32_t)q4_at(t, w, rb, row, col) << (4 * p);
               wd[2 * b + sk] |= (uint32_t)q4_at(t, w, rb, row, col + 1) << (16 + 4 * p);
             }
-        if (tt) continue;
-        uint16_t *o = dm + ((size_t)(tile * units + u) * 8 + g) * 8;
-        for (int j = 0; j < 4; j++) {
+        if (tt || (grouped && u % 2)) continue;
+        uint16_t *o = dm + ((size_t)(grouped ? tile * pairs + u / 2 : tile * units + u) * 8 + g) * (grouped ? 4 : 8);
+        for (int j = 0; j < (grouped ? 2 : 4); j++) {
           int64_t row = tile * 16 + g + 8 * (j & 1), blk = 2 * u + (j >> 1);
           float d = 0, m = 0;
           if (row < rows && 32 * blk < cols) q4_dm(t, w, rb, row, blk, &d, &m);
@@ -449,8 +452,9 @@ static uint8_t *q6f_ref(const uint8_t *w, int64_t rows, int64_t cols, size_t *by
   return out;
 }
 
-/* Random Q4_0 / I4G / Q6_K bytes with finite scales. */
-static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols) {
+/* Random Q4_0 / I4G / Q6_K bytes with finite scales; a 4-bit type's the
+ * same over each run of `run` blocks of a row (1: all differ). */
+static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols, int run) {
   const size_t rb = kern_row_bytes(t, cols);
   uint8_t *h = rand_bytes(t, rb * (size_t)rows);
   if (t == KERN_Q6_K) {
@@ -461,10 +465,11 @@ static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols) {
       }
     return h;
   }
+  float d = 0, m = 0;
   for (int64_t r = 0; r < rows; r++)
     for (int64_t b = 0; b < cols / 32; b++) {
       uint8_t *p = h + (size_t)r * rb + (size_t)b * (t == KERN_Q4_0 ? 18 : 24);
-      float d = (float)(rnd64() % 1000 + 1) * 1e-5f, m = -d * (float)(rnd64() % 16);
+      if (b % run == 0) d = (float)(rnd64() % 1000 + 1) * 1e-5f, m = -d * (float)(rnd64() % 16);
       if (t == KERN_Q4_0) {
         uint16_t f = fr_fp32_to_fp16(d);
         memcpy(p, &f, 2);
@@ -478,24 +483,40 @@ static uint8_t *rand_q4(kern_type_t t, int64_t rows, int64_t cols) {
 /* A matmul-only 4-bit weight (keep_layout false) becomes KERN_Q4F, a
  * Q6_K one KERN_Q6F, from host memory and from a file cut into spans (the
  * repacking waits for the reads still in flight): rows not a multiple of
- * 16, a last unit of 32 columns, weights past one staging chunk. Downloaded and compared with
- * q4f_ref bit for bit (bf16 activations: the default). */
+ * 16, a last unit of 32 columns, weights past one staging chunk. One whose
+ * (d, m) repeat over each 4 blocks of a row (run 4: GPTQ's group of 128)
+ * becomes KERN_Q4G, also with a last pair of one unit, of one block, or
+ * (4160 columns) of a run of 2 blocks; one such run broken in one row
+ * (`odd`) leaves it KERN_Q4F. Downloaded and compared with q4f_ref bit for
+ * bit (bf16 activations: the default). */
 START_TEST(test_q4f_repack) {
   ck_assert_int_eq(gpu->act_type, KERN_BF16);
   static const struct {
     kern_type_t t;
     int64_t rows, cols;
-  } shapes[] = {{KERN_Q4_0, 1000, 4128}, {KERN_I4G, 5003, 4096}, {KERN_I4G, 37, 96},
-                {KERN_Q6_K, 1003, 4096}, {KERN_Q6_K, 37, 256}};
+    int run;
+    bool odd;
+  } shapes[] = {{KERN_Q4_0, 1000, 4128, 1, false}, {KERN_I4G, 5003, 4096, 1, false}, {KERN_I4G, 37, 96, 1, false},
+                {KERN_Q6_K, 1003, 4096, 1, false}, {KERN_Q6_K, 37, 256, 1, false}, {KERN_I4G, 1003, 4096, 4, false},
+                {KERN_I4G, 37, 96, 4, false},      {KERN_I4G, 37, 4160, 4, false}, {KERN_Q4_0, 45, 4128, 4, false},
+                {KERN_I4G, 37, 4096, 4, true}};
   int fd = temp_file();
   for (size_t i = 0; i < sizeof shapes / sizeof *shapes; i++) {
     for (int from_file = 0; from_file < 2; from_file++) {
       const kern_type_t t = shapes[i].t;
       const int64_t rows = shapes[i].rows, cols = shapes[i].cols;
       const size_t rb = kern_row_bytes(t, cols);
-      uint8_t *host = rand_q4(t, rows, cols);
+      uint8_t *host = rand_q4(t, rows, cols, shapes[i].run);
+      if (shapes[i].odd) { /* the last row's block 6 (of the run 4..7): twice the d */
+        float d;
+        memcpy(&d, host + (size_t)(rows - 1) * rb + 6 * 24, 4);
+        d *= 2;
+        memcpy(host + (size_t)(rows - 1) * rb + 6 * 24, &d, 4);
+      }
+      const bool grouped = shapes[i].run == 4 && !shapes[i].odd;
       size_t want_bytes;
-      uint8_t *want = t == KERN_Q6_K ? q6f_ref(host, rows, cols, &want_bytes) : q4f_ref(t, host, rows, cols, &want_bytes);
+      uint8_t *want = t == KERN_Q6_K ? q6f_ref(host, rows, cols, &want_bytes)
+                                     : q4f_ref(t, host, rows, cols, grouped, &want_bytes);
       kern_weight_t w = {.type = t, .rows = rows, .cols = cols, .row_bytes = rb};
       int rc;
       if (from_file) {
@@ -509,7 +530,7 @@ START_TEST(test_q4f_repack) {
         rc = gpu->ops->weight_load(gpu->ctx, &w, host);
       }
       ck_assert_msg(rc == 0, "weight_load: %s", fr_last_error());
-      ck_assert_int_eq(w.type, t == KERN_Q6_K ? KERN_Q6F : KERN_Q4F);
+      ck_assert_int_eq(w.type, t == KERN_Q6_K ? KERN_Q6F : grouped ? KERN_Q4G : KERN_Q4F);
       uint8_t *got = fr_malloc(want_bytes);
       ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, want_bytes), 0);
       size_t bad = 0, first = 0;

@@ -424,18 +424,19 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * tile, with a unit's registers cut from 16 words a lane to 6 (8 for
  * KERN_Q6F), so that more CTAs fit a SM. A lane holds its 16 bytes of
  * nibbles (and 8 of high bits), word `lane` of the unit's 128 bytes of
- * (d, m) and word `lane` of the unit's 64 activations; the fragments take
- * the (d, m) of their rows and the activations of their k from the lanes
- * holding them (shuffles). Lanes of MMA columns g > 0 get token 0's
- * activations too: their sums are never stored. A CTA is WK warps on one
- * row tile, warp wk on units wk, wk + WK, ..., U units a batch, the next
- * batch loaded before the current one is used, the first one's weights
- * before the PDL wait. A batch whose units all have 64 columns is loaded
+ * (d, m) (KERN_Q4G: word lane % 16 of its pair's 64) and word `lane` of
+ * the unit's 64 activations; the fragments take the (d, m) of their rows
+ * and the activations of their k from the lanes holding them (shuffles).
+ * Lanes of MMA columns g > 0 get token 0's activations too: their sums
+ * are never stored. A CTA is WK warps on one row tile, warp wk on units
+ * wk, wk + WK, ..., U units a batch, the next batch loaded before the
+ * current one is used, the first one's weights before the PDL wait. A batch whose units all have 64 columns is loaded
  * and used without bounds checks, from pointers stepped a batch at a time
  * (a check and a 64-bit address a load were ~80 of a 4-unit batch's ~460
  * instructions). Measured on H200 (docs/bench/gpu.md, sessions 29 and
  * 32): U = 3 (80 registers, 6 CTAs of 4 warps a SM) beats 4 by 1% for
- * GPTQ and 5 and 8 by more (111 and 149-159 registers); two register batches
+ * GPTQ and 5 and 8 by more (111 and 149-159 registers), and for KERN_Q4G
+ * (72 registers) 2 by 1% (session 34); two register batches
  * used in turn, or a ring of stages in shared memory fed by cp.async, with
  * more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
  * few tiles (each warp's chain of units half as long) made a step 3-5%

@@ -279,7 +279,7 @@ int kcu__q4f_repack(kcu_ctx_t *c, void *dst, const kern_weight_t *w, const void 
  * the lane's 8 activations. */
 template <int NT, int U, int F> struct kcu_q4f_stage {
   uint4 q[U], d[U];
-  uint2 h[F == 6 ? U : 1];
+  uint2 h[F == KCU_QF_Q6F ? U : 1];
   uint4 x[U][2][NT];
 };
 
@@ -293,7 +293,7 @@ __device__ __forceinline__ void kcu_q4f_load_w(kcu_q4f_stage<NT, U, F> &st, cons
     const int u = u0 + h * WK;
     if (CHK && u >= units) break;
     st.q[h] = __ldg(np + (size_t)u * KCU_WARP);
-    if (F == 6) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
+    if (F == KCU_QF_Q6F) st.h[h] = __ldg(hp + (size_t)u * KCU_WARP);
     st.d[h] = kcu_qf_dm<F>(dp, u);
   }
 }
@@ -361,7 +361,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
    * kernel writes them); at 64 rows that measured 2% slower */
   const uint4 *np = nib + (size_t)tile * units * KCU_WARP + lane;
   const uint32_t *dp = kcu_qf_dm_at<F>(dmv, tile, units, g);
-  const uint2 *hp = F == 6 ? hiv + (size_t)tile * units * KCU_WARP + lane : nullptr;
+  const uint2 *hp = F == KCU_QF_Q6F ? hiv + (size_t)tile * units * KCU_WARP + lane : nullptr;
   kcu_q4f_stage<NT, U, F> cur;
   if (PF) {
     kcu_pdl_launch_next();
@@ -381,7 +381,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
 #pragma unroll
         for (int b = 0; b < 2; b++) { /* a missing last block has zero weights and activations */
           const uint32_t dg = b ? cur.d[h].z : cur.d[h].x, dg8 = b ? cur.d[h].w : cur.d[h].y;
-          const uint32_t hw = F == 6 ? (b ? cur.h[h].y : cur.h[h].x) : 0u;
+          const uint32_t hw = F == KCU_QF_Q6F ? (b ? cur.h[h].y : cur.h[h].x) : 0u;
 #pragma unroll
           for (int s = 0; s < 2; s++) {
             uint32_t a[4];
@@ -430,15 +430,15 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * Lanes of MMA columns g > 0 get token 0's activations too: their sums
  * are never stored. A CTA is WK warps on one row tile, warp wk on units
  * wk, wk + WK, ..., U units a batch, the next batch loaded before the
- * current one is used, the first one's weights before the PDL wait. A batch whose units all have 64 columns is loaded
- * and used without bounds checks, from pointers stepped a batch at a time
- * (a check and a 64-bit address a load were ~80 of a 4-unit batch's ~460
- * instructions). Measured on H200 (docs/bench/gpu.md, sessions 29 and
- * 32): U = 3 (80 registers, 6 CTAs of 4 warps a SM) beats 4 by 1% for
- * GPTQ and 5 and 8 by more (111 and 149-159 registers), and for KERN_Q4G
- * (72 registers) 2 by 1% (session 34); two register batches
- * used in turn, or a ring of stages in shared memory fed by cp.async, with
- * more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
+ * current one is used, the first one's weights before the PDL wait. A
+ * batch whose units all have 64 columns is loaded and used without bounds
+ * checks, from pointers stepped a batch at a time (a check and a 64-bit
+ * address a load were ~80 of a 4-unit batch's ~460 instructions).
+ * Measured on H200 (docs/bench/gpu.md, sessions 29, 32 and 34): U = 3 (80
+ * registers, 6 CTAs of 4 warps a SM) beats 4 by 1% for GPTQ and 5 and 8
+ * by more (111 and 149-159 registers), and for KERN_Q4G (72 registers) 2
+ * by 1%; two register batches used in turn, or a ring of stages in shared
+ * memory fed by cp.async, with more bytes in flight, were 6-25% slower; 8 warps a tile for weights of
  * few tiles (each warp's chain of units half as long) made a step 3-5%
  * faster, 16 warps slower again; a lane loading its rows' 16 bytes of
  * (d, m) instead of shuffling them, and the MMAs on the raw magic-number
@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
 #define KCU_Q4F_ROW_U 3
 template <int U, int F> struct kcu_q4f_row_stage {
   uint4 q[U];
-  uint2 h[F == 6 ? U : 1];
+  uint2 h[F == KCU_QF_Q6F ? U : 1];
   uint32_t d[U], x[U];
 };
 
@@ -475,7 +475,7 @@ __device__ __forceinline__ void kcu_q4f_row_ldw(kcu_q4f_row_stage<U, F> &st, con
   for (int h = 0; h < U; h++) {
     if (CHK && u0 + h * WK >= units) break;
     st.q[h] = __ldg(p.np + h * WK * KCU_WARP);
-    if (F == 6) st.h[h] = __ldg(p.hp + h * WK * KCU_WARP);
+    if (F == KCU_QF_Q6F) st.h[h] = __ldg(p.hp + h * WK * KCU_WARP);
     st.d[h] = __ldg(p.dp + h * WK * kcu_q4f_row_dm<F>::W);
   }
 }
@@ -500,7 +500,7 @@ __device__ __forceinline__ void kcu_q4f_row_next(kcu_q4f_row_stage<U, F> &st, kc
                                                  int cols, int lane) {
   constexpr int STEP = U * WK;
   p.np += STEP * KCU_WARP, p.dp += STEP * kcu_q4f_row_dm<F>::W, p.xp += STEP * (KCU_Q4F_COLS / 2);
-  if (F == 6) p.hp += STEP * KCU_WARP;
+  if (F == KCU_QF_Q6F) p.hp += STEP * KCU_WARP;
   if (un + (U - 1) * WK < cols / KCU_Q4F_COLS) {
     kcu_q4f_row_ldw<U, WK, F, false>(st, p, un, units);
     kcu_q4f_row_ldx<U, WK, F, false>(st, p, un, units, cols, lane);
@@ -526,7 +526,7 @@ __device__ __forceinline__ void kcu_q4f_row_mma(float (&acc)[1][4], const kcu_q4
                               : __shfl_sync(0xffffffffu, st.d[h], 4 * g + k);
 #pragma unroll
     for (int b = 0; b < 2; b++) {
-      const uint32_t hw = F == 6 ? (b ? st.h[h].y : st.h[h].x) : 0u;
+      const uint32_t hw = F == KCU_QF_Q6F ? (b ? st.h[h].y : st.h[h].x) : 0u;
 #pragma unroll
       for (int s = 0; s < 2; s++) {
         uint32_t a[4], bf[2];
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   kcu_q4f_row_ptrs p;
   p.np = nib + w0;
   p.dp = F == KCU_QF_Q4G ? dmw + ((size_t)tile * kcu_q4g_pairs(units) + wk / 2) * 16 + lane % 16 : dmw + w0;
-  p.hp = F == 6 ? hiv + w0 : nullptr;
+  p.hp = F == KCU_QF_Q6F ? hiv + w0 : nullptr;
   p.xp = reinterpret_cast<const uint32_t *>(x) + (size_t)wk * (KCU_Q4F_COLS / 2) + lane; /* 2 activations a word */
   float acc[1][4] = {{0.f, 0.f, 0.f, 0.f}};
   kcu_q4f_row_stage<U, F> cur;
@@ -846,7 +846,7 @@ __global__ void kcu_q4f_dequant_k(T *dst, const uint4 *nib, const uint2 *hiv, co
   const int u = (int)(tu % units), tile = row0 / KCU_Q4F_ROWS + (int)(tu / units);
   const size_t at = (size_t)tile * units + u;
   const uint4 q = __ldg(nib + at * KCU_WARP + lane), d = kcu_qf_dm<F>(kcu_qf_dm_at<F>(dmv, tile, units, g), u);
-  const uint2 hq = F == 6 ? __ldg(hiv + at * KCU_WARP + lane) : make_uint2(0, 0);
+  const uint2 hq = F == KCU_QF_Q6F ? __ldg(hiv + at * KCU_WARP + lane) : make_uint2(0, 0);
   const uint32_t qw[4] = {q.x, q.y, q.z, q.w}, dm[2] = {d.x, d.z}, dm8[2] = {d.y, d.w}, hw[2] = {hq.x, hq.y};
 #pragma unroll
   for (int b = 0; b < 2; b++) {

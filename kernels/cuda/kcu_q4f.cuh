@@ -185,7 +185,7 @@ __device__ __forceinline__ void kcu_q6f_frag(uint32_t word, uint32_t hw, int S, 
 template <typename T, int F>
 __device__ __forceinline__ void kcu_qf_frag(uint32_t word, uint32_t hw, int S, uint32_t dm_g, uint32_t dm_g8, int t,
                                             uint32_t *a) {
-  if (F == 6) kcu_q6f_frag<T>(word, hw, S, dm_g, dm_g8, t, a);
+  if (F == KCU_QF_Q6F) kcu_q6f_frag<T>(word, hw, S, dm_g, dm_g8, t, a);
   else kcu_q4f_frag<T>(word, dm_g, dm_g8, a);
 }
 

@@ -295,14 +295,16 @@ template <typename T, int HD, int GM> struct kcu_dec_state {
 /* The split's context range [start, stop) and how many splits have any
  * (n_used): the query sits at cache index ctx_len - 1 and sees the whole
  * context, or its last `window` tokens; at least min_chunk tokens a split,
- * so short contexts use few of the splits and the merge reads only those. */
+ * so short contexts use few of the splits and the merge reads only those,
+ * and none past the first up to `whole` tokens (the split with them all
+ * writes the output: no merge). */
 struct kcu_dec_range {
   int start, stop, n_used;
 };
 __device__ __forceinline__ kcu_dec_range kcu_dec_split(int ctx_len, int cap, int window, int split, int n_splits,
-                                                       int min_chunk) {
+                                                       int min_chunk, int whole = 0) {
   const int end = max(min(ctx_len, cap), 0), lo = window > 0 ? max(end - window, 0) : 0;
-  int chunk = max((end - lo + n_splits - 1) / n_splits, min_chunk);
+  int chunk = end - lo <= whole ? whole : max((end - lo + n_splits - 1) / n_splits, min_chunk);
   chunk = (chunk + 15) & ~15;
   const int start = lo + split * chunk;
   return {start, min(end, start + chunk), (end - lo + chunk - 1) / chunk};
@@ -352,7 +354,8 @@ __device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, i
     }
   }
   __syncthreads();
-  if (n_splits == 1 || split < n_used) {
+  const bool alone = n_used <= 1; /* one split has the context: its result is the output */
+  if (alone ? split == 0 : split < n_used) {
     for (int e = threadIdx.x; e < G * HD; e += NT) {
       const int g = e / HD, d = e % HD;
       float mx = -INFINITY, den = 0.f, num = 0.f;
@@ -368,7 +371,7 @@ __device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, i
       }
       const float o = den > 0.f ? num / den : 0.f;
       const int h = h0 + g;
-      if (n_splits == 1) {
+      if (alone) {
         out[(size_t)t * n_heads * HD + (size_t)h * HD + d] = kcu_t<T>(o);
       } else {
         float *p = part + (((size_t)s * n_heads + h) * n_splits + split) * (HD + 2);
@@ -377,8 +380,7 @@ __device__ void kcu_dec_end(kcu_dec_state<T, HD, GM> &st, T *out, float *part, i
       }
     }
   }
-  if (n_splits > 1)
-    kcu_attn_merge_last<T, HD, GM>(out, part, cnt, t, s, h0, G, n_heads, n_splits, n_used);
+  if (!alone) kcu_attn_merge_last<T, HD, GM>(out, part, cnt, t, s, h0, G, n_heads, n_splits, n_used);
 }
 
 /* Each lane loads its rows' K/V into registers, KCU_DEC_UNROLL rows at a
@@ -887,22 +889,30 @@ template <int HD, int ST> struct kcu_dm_smem {
   };
 };
 
+/* Which of a tile's 16-token groups kcu_dm_tma_tile copies: all; those
+ * wholly before `fresh` (rows earlier steps wrote, copied before the PDL
+ * wait), counting the whole tile's bytes on its barrier; the rest. */
+enum { KCU_DM_ALL, KCU_DM_OLD, KCU_DM_NEW };
+
 /* Warp 0 of the TM decode kernel: the bulk copies of tile rows [kb, kb +
  * BN) of KV head kvh (K at `plane` of the pool's tensor map, V at the next)
  * into sk / sv, counted on bar. Lane g takes rows kb + 16 g .. + 15, one
  * copy a 64-column half of K and of V, where they meet [start, stop); the
- * others are not loaded (their scores are masked, their V rows zeroed). */
+ * others are not loaded (their scores are masked, their V rows zeroed).
+ * part: KCU_DM_ALL, or the groups before / from row `fresh`. */
 template <int HD>
 __device__ __forceinline__ void kcu_dm_tma_tile(uint32_t sk, uint32_t sv, uint32_t bar, const CUtensorMap *tm,
                                                 int plane, const int32_t *bt, int kb, int start, int stop, int bs,
-                                                int n_blocks, int kvh, int lane) {
+                                                int n_blocks, int kvh, int lane, int part = KCU_DM_ALL,
+                                                int fresh = 0) {
   constexpr int HALVES = HD / 64, GROUP_BYTES = 16 * 128;
   const int j = kb + 16 * lane;
   const bool live = lane < KCU_FA_BN / 16 && j < stop && j + 16 > start;
   const unsigned m = __ballot_sync(0xffffffffu, live);
-  if (lane == 0) kcu_mbar_expect(bar, (uint32_t)(__popc(m) * 2 * HALVES * GROUP_BYTES));
+  if (part != KCU_DM_NEW && lane == 0) kcu_mbar_expect(bar, (uint32_t)(__popc(m) * 2 * HALVES * GROUP_BYTES));
   __syncwarp();
-  if (!live) return;
+  const bool old = j + 16 <= fresh;
+  if (!live || (part == KCU_DM_OLD && !old) || (part == KCU_DM_NEW && old)) return;
   const int bi = j / bs, row = kcu_kv_block(bt[bi], n_blocks) * bs + (j - bi * bs);
   kcu_fence_proxy_async(); /* V rows zeroed a round of stages ago, before the copies overwrite them */
 #pragma unroll
@@ -977,8 +987,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                           int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt) {
   static_assert(KCU_FA_NT == KCU_DEC_NT, "kcu_attn_merge_last works with the SIMT decode kernel's CTA size");
-  kcu_pdl_enter();
   constexpr bool TM = ST > 0;
+  if constexpr (!TM) kcu_pdl_enter();
   using SM = kcu_dm_smem<HD, ST>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem_raw);
@@ -991,19 +1001,23 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const int kvh = blockIdx.y, s = blockIdx.z, warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int split = blockIdx.x, n_splits = gridDim.x;
   const int t = q_start[s];
-  if (q_start[s + 1] - t != 1) return;
-  const int max_blocks = hdr[2];
-  const kcu_dec_range r = kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk);
-  const int32_t *bt = bts + (size_t)s * max_blocks;
-  for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
-    const int row = i / (HD / 8), ch = i % (HD / 8);
-    const T *src = q + (size_t)t * q_stride + (size_t)(kvh * G + (row < G ? row : 0)) * HD + ch * 8;
-    kcu_cp_async16(sq + kcu_fa_off<HD>(row, ch), src, row < G);
+  if (q_start[s + 1] - t != 1) {
+    if (TM) kcu_pdl_wait(); /* every CTA waits (kcu_pdl_wait) */
+    return;
   }
+  const int max_blocks = hdr[2];
+  /* up to 2 chunks, one split: measured on H200 (Llama-3-8B shapes, docs/bench/gpu.md, session 35), the merge
+   * costs about what a split's two chunks do (batch 1 at 161 tokens 3.5% faster, batch 8 6%) */
+  const kcu_dec_range r =
+      kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk, 2 * min_chunk);
+  const int32_t *bt = bts + (size_t)s * max_blocks;
   /* TM: tiles from the 16-token group of start, in the copies' layout */
   const int kb0 = TM ? r.start & ~15 : r.start;
   if constexpr (TM) {
-    kcu_cp_commit();
+    /* The first stages' rows that earlier steps wrote are copied before the
+     * PDL wait (kcu_pdl_wait says why they may be), this step's one after it
+     * with the query: the copies overlap the rope + K/V append kernel. */
+    const int fresh = min(ctx_len[s], max_blocks * bs) - 1;
     if (threadIdx.x == 0) {
       for (int b = 0; b < ST; b++) kcu_mbar_init(bar + 8 * b, 1);
       kcu_mbar_init_fence();
@@ -1012,7 +1026,20 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
         kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
-                            kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane);
+                            kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_OLD, fresh);
+    kcu_pdl_enter();
+    if (warp == 0)
+      for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
+        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
+                            kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_NEW, fresh);
+  }
+  for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
+    const int row = i / (HD / 8), ch = i % (HD / 8);
+    const T *src = q + (size_t)t * q_stride + (size_t)(kvh * G + (row < G ? row : 0)) * HD + ch * 8;
+    kcu_cp_async16(sq + kcu_fa_off<HD>(row, ch), src, row < G);
+  }
+  if constexpr (TM) {
+    kcu_cp_commit();
   } else {
     if (r.start < r.stop)
       kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(skv, skv + TILE, kc, vc, NULL, NULL, bt, r.start, r.stop, bs, n_blocks,
@@ -1059,8 +1086,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   kcu_cp_wait<0>(); /* the Q load when the range was empty */
   __syncthreads();
   float *sm = reinterpret_cast<float *>(smem + SM::Q + SM::BAR);
-  if (n_splits == 1) {
-    kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, NULL, 0, sm, o, m, l, G, warp, lane);
+  if (r.n_used <= 1) { /* one split has the context (kcu_dec_end) */
+    if (split == 0) kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, NULL, 0, sm, o, m, l, G, warp, lane);
     return;
   }
   const int n_heads = n_kv * G, h0 = kvh * G;

@@ -1147,13 +1147,14 @@ static void attn_decode_run(const int *sh, kern_kv_dtype_t dt, int bs, int n, co
 
 /* Decode steps of shape sh over a long context on pools of dtype dt. */
 static void attn_decode_case(const int *sh, kern_kv_dtype_t dt) {
-  const int lens[4] = {4500, 37, 1, 0};
-  attn_decode_run(sh, dt, 16, 4, lens, 4600, 1000, "4.5k");
+  const int lens[5] = {4500, 200, 37, 1, 0};
+  attn_decode_run(sh, dt, 16, 5, lens, 4600, 1000, "4.5k");
 }
 
 /* These few sequences take the tensor-core kernel split along the context
- * (about 2 CTAs a SM: over 30 splits of the 4.5k tokens on an H200, one
- * for the short contexts); _i past the shapes: the same in splits of at
+ * (about 2 CTAs a SM: over 30 splits of the 4.5k tokens on an H200; the
+ * short contexts, up to two chunks, all in one split that writes the output
+ * while the 4.5k's splits merge); _i past the shapes: the same in splits of at
  * least 16 tokens (FERRUM_CUDA_DEC_MCHUNK: the 64 splits cap, tiles that
  * overhang both ends of a split), on the SIMT kernel
  * (FERRUM_CUDA_DEC_MSPLIT=0), and on the tensor-core kernel unsplit over

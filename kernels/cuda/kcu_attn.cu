@@ -1007,7 +1007,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   }
   const int max_blocks = hdr[2];
   /* up to 2 chunks, one split: measured on H200 (Llama-3-8B shapes, docs/bench/gpu.md, session 35), the merge
-   * costs about what a split's two chunks do (batch 1 at 161 tokens 3.5% faster, batch 8 6%) */
+   * costs about what a split's two chunks do (a step at batch 1 and 161 tokens 3% faster, batch 8 4.5%) */
   const kcu_dec_range r =
       kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk, 2 * min_chunk);
   const int32_t *bt = bts + (size_t)s * max_blocks;

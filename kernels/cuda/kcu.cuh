@@ -139,6 +139,8 @@ typedef struct {
                           always that; 0: the per-tile kernel) */
   int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
   int q4g;             /* KERN_Q4G where a weight's (d, m) allow (FERRUM_CUDA_Q4G=0: always KERN_Q4F) */
+  int q4g_raw;         /* KERN_Q4G's one-row kernel on the raw nibbles (FERRUM_CUDA_Q4G_RAW=0: the dequantizing one) */
+  size_t q4g_row_smem; /* the most shared memory that kernel may ask for (its activations) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;

@@ -583,6 +583,119 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   kcu_q4f_store<T, 1>(acc, out, bias, tile, 0, rows, 1);
 }
 
+/* KERN_Q4G at one row of x: kcu_q4f_row_k's walk over a tile's units,
+ * with the MMAs on the raw magic-number values (v = 128 + q; f16 1024 + q)
+ * and each unit's (d, m) applied in fp32 after its MMAs, for rows g and
+ * g + 8 (the lane's sums of token 0, the only ones stored):
+ *
+ *   sum_k (d q_k + m) x_k = d S + (m - 128 d) X,  S = sum_k v_k x_k,  X = sum_k x_k
+ *
+ * S from the unit's four MMAs, X from four more whose A is all ones (the
+ * same B). Dequantizing each register instead (a subtract and an fma2,
+ * 32 a unit, and the (d, m) permutes) costs more than the 4 MMAs and 6
+ * fp32 ops this takes. The activations are staged in shared memory once
+ * per CTA (cp.async after the PDL wait, zeros past cols), so that a lane's
+ * B fragments of a block are one 16-byte read instead of 4 shuffles of one
+ * word a lane; a lane loads its own two rows' (d, m) words. A unit's math
+ * is ~51 instructions against ~88 (66 registers against 72): batch 1 7%
+ * faster on H200 (docs/bench/gpu.md, session 36). The fp32 sums differ from the
+ * dequantizing kernel's in their last bits (d and m are applied once a
+ * unit, not rounded into each bf16 weight). */
+#define KCU_Q4G_ROW_U 3 /* units a batch: 2 and 4 were 0.3-4% slower at batch 1 */
+#define KCU_Q4G_ROW_SMEM (96 << 10) /* the most shared memory asked for: 49,152 columns */
+
+template <int U> struct kcu_q4g_row_stage {
+  uint4 q[U];
+  uint2 d[U]; /* (d, m) of rows g and g + 8 */
+};
+
+/* The weights of units u0, u0 + WK, ... (np, dp: at u0); CHK: stop at the
+ * last unit. A unit WK further is WK / 2 pairs, 4 WK uint2 of (d, m). */
+template <int U, int WK, bool CHK>
+__device__ __forceinline__ void kcu_q4g_row_ldw(kcu_q4g_row_stage<U> &st, const uint4 *np, const uint2 *dp, int u0,
+                                                int units) {
+#pragma unroll
+  for (int h = 0; h < U; h++) {
+    if (CHK && u0 + h * WK >= units) break;
+    st.q[h] = __ldg(np + h * WK * KCU_WARP);
+    st.d[h] = __ldg(dp + h * WK * 4);
+  }
+}
+
+/* The batch at unit u0 into acc0 (row g) and acc2 (row g + 8); xs: the
+ * staged activations, 8 uint4 a unit. */
+template <typename T, int U, int WK, bool CHK>
+__device__ __forceinline__ void kcu_q4g_row_mma(float &acc0, float &acc2, const kcu_q4g_row_stage<U> &st,
+                                                const uint4 *xs, int u0, int units, int t) {
+  typedef kcu_q4v<T> V;
+  const uint32_t ones[4] = {V::ONE, V::ONE, V::ONE, V::ONE};
+#pragma unroll
+  for (int h = 0; h < U; h++) {
+    const int u = u0 + h * WK;
+    if (CHK && u >= units) break;
+    const uint32_t qw[4] = {st.q[h].x, st.q[h].y, st.q[h].z, st.q[h].w};
+    float sv[4] = {0.f, 0.f, 0.f, 0.f}, sx[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int b = 0; b < 2; b++) {
+      const uint4 xv = xs[u * 8 + 4 * b + t]; /* columns 32 b + 8 t .. + 7 */
+#pragma unroll
+      for (int ks = 0; ks < 2; ks++) {
+        uint32_t a[4];
+#pragma unroll
+        for (int p = 0; p < 4; p++) a[p] = kcu_and_or(qw[2 * b + ks] >> (4 * p), 0x000f000fu, V::MAGIC);
+        const uint32_t bf[2] = {ks ? xv.z : xv.x, ks ? xv.w : xv.y};
+        kcu_mma16816<T>(sv, a, bf);
+        kcu_mma16816<T>(sx, ones, bf);
+      }
+    }
+    const float2 dg = V::pair(st.d[h].x), dg8 = V::pair(st.d[h].y);
+    acc0 = fmaf(dg.x, sv[0], fmaf(fmaf(-V::BASE, dg.x, dg.y), sx[0], acc0));
+    acc2 = fmaf(dg8.x, sv[2], fmaf(fmaf(-V::BASE, dg8.x, dg8.y), sx[0], acc2));
+  }
+}
+
+/* U units a batch, the next batch loaded before the current one is used,
+ * the first one before the PDL wait. */
+template <typename T, int U, int WK>
+__global__ void __launch_bounds__(WK *KCU_WARP)
+    kcu_q4g_row_k(T *out, const uint4 *nib, const uint32_t *dmw, const T *x, const float *bias, int rows, int cols) {
+  static_assert(WK % 2 == 0, "a warp's units all at the same place in their pairs");
+  extern __shared__ uint4 kcu_q4g_xs[]; /* the activations: 8 uint4 a unit, 0 past cols */
+  __shared__ float red[WK - 1][KCU_WARP][2];
+  const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.x, units = kcu_q4f_units(cols);
+  const uint4 *np = nib + ((size_t)tile * units + wk) * KCU_WARP + lane;
+  const uint2 *dp = reinterpret_cast<const uint2 *>(dmw) + ((size_t)tile * kcu_q4g_pairs(units) + wk / 2) * 8 + g;
+  kcu_q4g_row_stage<U> cur;
+  kcu_pdl_launch_next();
+  kcu_q4g_row_ldw<U, WK, true>(cur, np, dp, wk, units);
+  kcu_pdl_wait();
+  for (int i = threadIdx.x; i < units * 8; i += WK * KCU_WARP) {
+    const bool ok = 8 * i < cols; /* cols: a multiple of 32 */
+    kcu_cp_async16((uint32_t)__cvta_generic_to_shared(kcu_q4g_xs + i), ok ? x + 8 * (size_t)i : x, ok);
+  }
+  kcu_cp_commit();
+  kcu_cp_wait<0>();
+  __syncthreads();
+  float acc0 = 0.f, acc2 = 0.f;
+  constexpr int STEP = U * WK;
+  for (int u0 = wk; u0 < units; u0 += STEP) {
+    kcu_q4g_row_stage<U> nxt;
+    np += STEP * KCU_WARP, dp += STEP * 4;
+    if (u0 + STEP + (U - 1) * WK < units) kcu_q4g_row_ldw<U, WK, false>(nxt, np, dp, u0 + STEP, units);
+    else if (u0 + STEP < units) kcu_q4g_row_ldw<U, WK, true>(nxt, np, dp, u0 + STEP, units);
+    if (u0 + (U - 1) * WK < units) kcu_q4g_row_mma<T, U, WK, false>(acc0, acc2, cur, kcu_q4g_xs, u0, units, t);
+    else kcu_q4g_row_mma<T, U, WK, true>(acc0, acc2, cur, kcu_q4g_xs, u0, units, t);
+    cur = nxt;
+  }
+  if (wk > 0) red[wk - 1][lane][0] = acc0, red[wk - 1][lane][1] = acc2;
+  __syncthreads();
+  if (wk > 0) return;
+  for (int o = 0; o < WK - 1; o++) acc0 += red[o][lane][0], acc2 += red[o][lane][1];
+  const float acc[1][4] = {{acc0, 0.f, acc2, 0.f}};
+  kcu_q4f_store<T, 1>(acc, out, bias, tile, 0, rows, 1);
+}
+
 /* Past 64 rows where the wide kernel below does not run (before sm_90):
  * a CTA of KCU_Q4F_GT row tiles shares each unit's 64
  * tokens of activations through shared memory (cp.async, KCU_Q4F_GS
@@ -716,6 +829,12 @@ static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const
   return 0;
 }
 
+/* Whether KERN_Q4G's one-row kernel on the raw values takes w (its
+ * activations fit the shared memory it may ask for). */
+static bool kcu_q4g_row_fits(const kcu_ctx_t *c, const kern_weight_t *w, size_t act_size) {
+  return w->type == KERN_Q4G && c->q4g_raw && (size_t)kcu_q4f_units(w->cols) * KCU_Q4F_COLS * act_size <= c->q4g_row_smem;
+}
+
 template <typename T, int F>
 static int kcu_q4f_row_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x) {
   const kcu_q4f_view_t v = kcu_q4f_view(w, w->data);
@@ -723,6 +842,16 @@ static int kcu_q4f_row_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, cons
    * else 4 (c->q4f_row 4 or 8: always that); measured in docs/bench/gpu.md,
    * session 29 */
   const bool wide = c->q4f_row == 8 || (c->q4f_row != 4 && v.tiles < 4 * c->n_sm);
+  if (F == KCU_QF_Q4G && kcu_q4g_row_fits(c, w, sizeof(T))) {
+    const size_t xs = (size_t)v.units * KCU_Q4F_COLS * sizeof(T);
+    if (wide)
+      KCU_LAUNCH(c, (kcu_q4g_row_k<T, KCU_Q4G_ROW_U, 8>), v.tiles, 8 * KCU_WARP, xs, out, (const uint4 *)v.nib,
+                 (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
+    else
+      KCU_LAUNCH(c, (kcu_q4g_row_k<T, KCU_Q4G_ROW_U, 4>), v.tiles, 4 * KCU_WARP, xs, out, (const uint4 *)v.nib,
+                 (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
+    return 0;
+  }
   if (wide)
     KCU_LAUNCH(c, (kcu_q4f_row_k<T, KCU_Q4F_ROW_U, 8, F>), v.tiles, 8 * KCU_WARP, 0, out, (const uint4 *)v.nib,
                (const uint2 *)v.hi, (const uint32_t *)v.dm, x, bias, (int)w->rows, (int)w->cols);
@@ -894,5 +1023,18 @@ int kcu__q4f_dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64
   else if (w->type == KERN_Q4G) KCU_Q4F_DEQUANT(KCU_QF_Q4G);
   else KCU_Q4F_DEQUANT(KCU_QF_Q4F);
 #undef KCU_Q4F_DEQUANT
+  return 0;
+}
+
+int kcu__q4g_row_init(kcu_ctx_t *c) {
+  c->q4g_row_smem = 44 << 10; /* without the attribute: 48 KB with the static reduction buffer */
+  if (c->smem_optin < KCU_Q4G_ROW_SMEM + (8 << 10)) return 0;
+  KCU_ACT_DISPATCH(c, {
+    KCU_CHECK(cudaFuncSetAttribute(kcu_q4g_row_k<T, KCU_Q4G_ROW_U, 4>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   KCU_Q4G_ROW_SMEM));
+    KCU_CHECK(cudaFuncSetAttribute(kcu_q4g_row_k<T, KCU_Q4G_ROW_U, 8>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   KCU_Q4G_ROW_SMEM));
+  });
+  c->q4g_row_smem = KCU_Q4G_ROW_SMEM;
   return 0;
 }

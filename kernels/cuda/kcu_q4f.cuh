@@ -54,7 +54,8 @@
  * 1024 + q), exact; subtracting 128 leaves q exactly, and one fma2 with
  * (d, d), (m, m) gives the pair. d and m are rounded to the activation
  * type at repacking (bf16: 8 bits of mantissa, the precision of a bf16
- * weight). */
+ * weight). KERN_Q4G's one-row kernel skips the dequantization: its MMAs
+ * take 128 + q as it is and apply (d, m) in fp32 after (kcu_q4f.cu). */
 #pragma once
 
 #include "kernels/cuda/kcu.cuh"
@@ -124,10 +125,19 @@ template <typename T> struct kcu_q4v;
 template <> struct kcu_q4v<__nv_bfloat16> {
   typedef __nv_bfloat162 T2;
   static constexpr uint32_t MAGIC = 0x43004300u; /* 128, 128 */
+  static constexpr uint32_t ONE = 0x3f803f80u;   /* 1, 1 */
+  static constexpr float BASE = 128.f;
+  /* a (d, m) pair's two values: d the lower half */
+  static __device__ __forceinline__ float2 pair(uint32_t v) {
+    return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
+  }
 };
 template <> struct kcu_q4v<__half> {
   typedef __half2 T2;
   static constexpr uint32_t MAGIC = 0x64006400u; /* 1024, 1024 */
+  static constexpr uint32_t ONE = 0x3c003c00u;   /* 1, 1 */
+  static constexpr float BASE = 1024.f;
+  static __device__ __forceinline__ float2 pair(uint32_t v) { return __half22float2(*reinterpret_cast<__half2 *>(&v)); }
 };
 
 template <typename T2> __device__ __forceinline__ T2 kcu_as2(uint32_t v) { return *reinterpret_cast<T2 *>(&v); }
@@ -212,6 +222,9 @@ __device__ __forceinline__ void kcu_q4f_store(const float (&acc)[NT][4], T *out,
  * swap its halves, so the fragment reads (rows g and g + 1 of a phase, the
  * same 64 bytes of each) hit all 32 banks. */
 __device__ __forceinline__ int kcu_q4f_xoff(int r, int c) { return r * 8 + (c ^ ((r & 1) << 2)); }
+
+/* The one-row KERN_Q4G kernel's shared memory past 48 KB (kcu__q4f_init). */
+int kcu__q4g_row_init(kcu_ctx_t *c);
 
 /* The wide kernel's matmul (kcu_q4f_wide.cu): n from c->q4f_wide up. */
 int kcu__q4w_matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);

@@ -335,12 +335,13 @@ template <typename T, int NT, int SU, int S> static int kcu_q4w_attr(void) {
 
 int kcu__q4f_init(kcu_ctx_t *c) {
   int major = 0;
+  int rc = kcu__q4g_row_init(c);
+  if (rc) return rc;
   KCU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   if (major < 9 || kcu_q4w_smem<KCU_Q4W_64>::BYTES > c->smem_optin || kcu_q4w_smem<KCU_Q4W_32>::BYTES > c->smem_optin) {
     c->q4f_wide = 1 << 30; /* clusters are sm_90's */
     return 0;
   }
-  int rc = 0;
   KCU_ACT_DISPATCH(c, {
     rc = kcu_q4w_attr<T, KCU_Q4W_32>();
     if (!rc) rc = kcu_q4w_attr<T, KCU_Q4W_64>();

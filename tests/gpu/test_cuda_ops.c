@@ -471,7 +471,9 @@ START_TEST(test_matmul_q4f) {
    * (FERRUM_CUDA_Q4F_WIDE), its units split over CTAs by the SMs or in 1
    * to 8 (FERRUM_CUDA_Q4F_KS; for 5 units at 2 a stage: 4 and 1, or 2,
    * 2 and 1; at 1 a stage 3 and 2, or 2, 2 and 1; 8: some empty), also
-   * on more columns than its stages hold (24 units) */
+   * on more columns than its stages hold (24 units). KERN_Q4G's one-row
+   * kernel takes the raw nibbles (configs 0 and 1: 8 and 4 warps), but in
+   * config 4 it dequantizes as the other layouts' (FERRUM_CUDA_Q4G_RAW=0). */
   static const char *cfg[][6] = {{"4", "0", "4", "100000", "0", "-1"}, {"8", "1", "8", "100000", "0", "4"},
                                  {"4", "0", "1", "100000", "0", "0"},  {"8", "0", "2", "100000", "0", "0"},
                                  {"4", "1", "4", "1", "0", "8"},       {"4", "1", "4", "1", "1", "-1"},
@@ -480,6 +482,7 @@ START_TEST(test_matmul_q4f) {
                                  {"4", "1", "4", "1", "6", "-1"},      {"4", "1", "4", "1", "7", "-1"},
                                  {"4", "1", "4", "1", "8", "-1"}};
   for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
+    setenv("FERRUM_CUDA_Q4G_RAW", k == 4 ? "0" : "1", 1);
     kern_backend_destroy(gpu);
     setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
     setenv("FERRUM_CUDA_Q4F_GEMM", cfg[k][1], 1);
@@ -501,6 +504,7 @@ START_TEST(test_matmul_q4f) {
   unsetenv("FERRUM_CUDA_Q4F_WIDE");
   unsetenv("FERRUM_CUDA_Q4F_KS");
   unsetenv("FERRUM_CUDA_Q4F_ROW");
+  unsetenv("FERRUM_CUDA_Q4G_RAW");
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_Q4F", "0", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);

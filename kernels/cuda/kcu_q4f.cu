@@ -598,9 +598,9 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
  * B fragments of a block are one 16-byte read instead of 4 shuffles of one
  * word a lane; a lane loads its own two rows' (d, m) words. A unit's math
  * is ~51 instructions against ~88 (66 registers against 72): batch 1 7%
- * faster on H200 (docs/bench/gpu.md, session 36). The fp32 sums differ from the
- * dequantizing kernel's in their last bits (d and m are applied once a
- * unit, not rounded into each bf16 weight). */
+ * faster on H200 (docs/bench/gpu.md, session 36). The fp32 sums differ
+ * from the dequantizing kernel's in their last bits (d and m are applied
+ * once a unit, not rounded into each bf16 weight). */
 #define KCU_Q4G_ROW_U 3 /* units a batch: 2 and 4 were 0.3-4% slower at batch 1 */
 #define KCU_Q4G_ROW_SMEM (96 << 10) /* the most shared memory asked for: 49,152 columns */
 
@@ -832,7 +832,8 @@ static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const
 /* Whether KERN_Q4G's one-row kernel on the raw values takes w (its
  * activations fit the shared memory it may ask for). */
 static bool kcu_q4g_row_fits(const kcu_ctx_t *c, const kern_weight_t *w, size_t act_size) {
-  return w->type == KERN_Q4G && c->q4g_raw && (size_t)kcu_q4f_units(w->cols) * KCU_Q4F_COLS * act_size <= c->q4g_row_smem;
+  return w->type == KERN_Q4G && c->q4g_raw &&
+         (size_t)kcu_q4f_units(w->cols) * KCU_Q4F_COLS * act_size <= c->q4g_row_smem;
 }
 
 template <typename T, int F>

@@ -482,8 +482,8 @@ START_TEST(test_matmul_q4f) {
                                  {"4", "1", "4", "1", "6", "-1"},      {"4", "1", "4", "1", "7", "-1"},
                                  {"4", "1", "4", "1", "8", "-1"}};
   for (int k = 0; k < (int)FR_ARRAY_SIZE(cfg); k++) {
-    setenv("FERRUM_CUDA_Q4G_RAW", k == 4 ? "0" : "1", 1);
     kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_Q4G_RAW", k == 4 ? "0" : "1", 1);
     setenv("FERRUM_CUDA_Q4F_WARPS", cfg[k][0], 1);
     setenv("FERRUM_CUDA_Q4F_GEMM", cfg[k][1], 1);
     setenv("FERRUM_CUDA_Q4F_NT", cfg[k][2], 1);

@@ -829,10 +829,11 @@ static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const
   return 0;
 }
 
-/* Whether KERN_Q4G's one-row kernel on the raw values takes w (its
- * activations fit the shared memory it may ask for). */
+/* Whether KERN_Q4G's one-row kernel on the raw values takes w: bf16
+ * activations (its f16 form has not run on a device yet: f16 keeps the
+ * dequantizing kernel) that fit the shared memory it may ask for. */
 static bool kcu_q4g_row_fits(const kcu_ctx_t *c, const kern_weight_t *w, size_t act_size) {
-  return w->type == KERN_Q4G && c->q4g_raw &&
+  return w->type == KERN_Q4G && c->q4g_raw && c->act == KERN_BF16 &&
          (size_t)kcu_q4f_units(w->cols) * KCU_Q4F_COLS * act_size <= c->q4g_row_smem;
 }
 

@@ -1930,6 +1930,9 @@ START_TEST(test_f16_mode) {
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   ck_assert_int_eq(gpu->act_type, KERN_F16);
   check_matmul(KERN_Q4_K, 128, 512, true);
+  i4g_run = 4; /* KERN_Q4G: its one-row kernel too */
+  check_matmul(KERN_I4G, 128, 512, true);
+  i4g_run = 1;
   check_matmul(KERN_BF16, 128, 512, false);
   kvenv_t e;
   kv_setup(&e, 1, 2, 64, 16, 2, 600);

@@ -832,9 +832,9 @@ static int kcu_q4f_launch_wk(kcu_ctx_t *c, T *out, const kern_weight_t *w, const
 /* Whether KERN_Q4G's one-row kernel on the raw values takes w: bf16
  * activations (its f16 form has not run on a device yet: f16 keeps the
  * dequantizing kernel) that fit the shared memory it may ask for. */
-static bool kcu_q4g_row_fits(const kcu_ctx_t *c, const kern_weight_t *w, size_t act_size) {
+static bool kcu_q4g_row_fits(const kcu_ctx_t *c, const kern_weight_t *w) {
   return w->type == KERN_Q4G && c->q4g_raw && c->act == KERN_BF16 &&
-         (size_t)kcu_q4f_units(w->cols) * KCU_Q4F_COLS * act_size <= c->q4g_row_smem;
+         (size_t)kcu_q4f_units(w->cols) * KCU_Q4F_COLS * c->act_size <= c->q4g_row_smem;
 }
 
 template <typename T, int F>
@@ -844,7 +844,7 @@ static int kcu_q4f_row_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, cons
    * else 4 (c->q4f_row 4 or 8: always that); measured in docs/bench/gpu.md,
    * session 29 */
   const bool wide = c->q4f_row == 8 || (c->q4f_row != 4 && v.tiles < 4 * c->n_sm);
-  if (F == KCU_QF_Q4G && kcu_q4g_row_fits(c, w, sizeof(T))) {
+  if (F == KCU_QF_Q4G && kcu_q4g_row_fits(c, w)) {
     const size_t xs = (size_t)v.units * KCU_Q4F_COLS * sizeof(T);
     if (wide)
       KCU_LAUNCH(c, (kcu_q4g_row_k<T, KCU_Q4G_ROW_U, 8>), v.tiles, 8 * KCU_WARP, xs, out, (const uint4 *)v.nib,

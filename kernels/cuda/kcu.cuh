@@ -520,8 +520,8 @@ int kcu__attention(kcu_ctx_t *c, void *out, const void *q, int q_stride, const k
                    int n_heads, int head_dim, float scale, int window);
 /* Raises the shared-memory limit of the tensor-core prefill kernels (at create). */
 int kcu__attn_init(kcu_ctx_t *c);
-/* Decode split count for a step shape; the partials buffer is sized from it. */
-int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
+/* The most decode splits either decode kernel takes at a step shape; the partials buffer is sized from it. */
+int kcu__attn_max_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_groups, int n_heads, int head_dim, int splits);
 

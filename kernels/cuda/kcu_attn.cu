@@ -50,7 +50,7 @@
 #define KCU_DEC_PIPE_CTAS 3  /* the same for the prefetching kernel, which needs more registers; measured on
                                 H200, prefetching pays while the grid fits one wave of that many CTAs per SM,
                                 so that is when it is launched */
-#define KCU_DEC_SPLIT_CTAS 2 /* the split count aims at this many CTAs per SM (kcu__attn_splits) */
+#define KCU_DEC_SPLIT_CTAS 2 /* the split count aims at this many CTAs per SM (kcu_attn_splits) */
 #define KCU_DEC_MMA_CTAS 2   /* the same for the tensor-core kernel where it splits (kcu_attn_msplits) */
 #define KCU_DEC_UNROLL 4     /* tokens per lane whose K/V loads are in flight together */
 /* KCU_DEC_MIN_CHUNK (kcu.cuh, FERRUM_CUDA_DEC_CHUNK), the fewest context
@@ -468,13 +468,19 @@ static int kcu_attn_split_count(const kcu_ctx_t *c, long long pairs, long long c
   return (int)FR_MAX(sp, 1ll);
 }
 
-int kcu__attn_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
-  return kcu_attn_split_count(c, (long long)n_seqs * n_kv_heads, capacity, KCU_DEC_SPLIT_CTAS, c->dec_chunk);
+/* The SIMT decode kernel's splits. */
+static int kcu_attn_splits(const kcu_ctx_t *c, long long pairs, long long capacity) {
+  return kcu_attn_split_count(c, pairs, capacity, KCU_DEC_SPLIT_CTAS, c->dec_chunk);
 }
 
 /* The tensor-core decode kernel's splits where it splits. */
 static int kcu_attn_msplits(const kcu_ctx_t *c, long long pairs, long long capacity) {
   return kcu_attn_split_count(c, pairs, capacity, KCU_DEC_MMA_CTAS, c->dec_mchunk);
+}
+
+int kcu__attn_max_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity) {
+  const long long pairs = (long long)n_seqs * n_kv_heads;
+  return FR_MAX(kcu_attn_splits(c, pairs, capacity), kcu_attn_msplits(c, pairs, capacity));
 }
 
 /* Room for the decode partials of n_heads heads in `splits` splits and a
@@ -1141,7 +1147,7 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
                              const kern_kv_config_t *cf, int G, float scale, int window) {
   int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G, n_groups = (G + GM - 1) / GM;
   const long long capacity = (long long)c->max_blocks * cf->block_size, pairs = (long long)n_seqs * cf->n_kv_heads;
-  int sp = kcu__attn_splits(c, n_seqs, cf->n_kv_heads, capacity);
+  int sp = kcu_attn_splits(c, pairs, capacity);
   /* the tensor cores split too where the pairs are few (c->dec_msplit) */
   const bool tc_ok = Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD && G <= KCU_MAX_GROUP && !c->simt_prefill;
   const bool msplit = tc_ok && (c->dec_msplit == 2 ? pairs < (long long)KCU_DEC_MMA_CTAS * c->n_sm

@@ -290,7 +290,7 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   c->max_blocks = s->max_blocks;
   /* size the decode partials for this step shape (never inside a capture) */
   if (c->pool_kv_heads > 0 && s->n_seqs > 0) {
-    int sp = kcu__attn_splits(c, s->n_seqs, c->pool_kv_heads, (long long)s->max_blocks * c->pool_block_size);
+    int sp = kcu__attn_max_splits(c, s->n_seqs, c->pool_kv_heads, (long long)s->max_blocks * c->pool_block_size);
     const int groups = c->pool_kv_heads * (KCU_MAX_GROUP / KCU_DEC_GROUP); /* the decode kernel's counters */
     if ((rc = kcu__attn_reserve(c, s->n_seqs, groups, c->pool_kv_heads * KCU_MAX_GROUP, c->pool_head_dim,
                                 sp)))

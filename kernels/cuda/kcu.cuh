@@ -238,6 +238,21 @@ template <typename T> __device__ __forceinline__ T kcu_silu_mul1(float g, float 
   return kcu_t<T>(g / (1.f + __expf(-g)) * u);
 }
 
+/* Rope: the sine and cosine of pos * inv_freq (pair p's frequency) times
+ * attn_factor, and a pair (x0, x1) rotated by them, each rounded to T. The
+ * rope kernels and the GEMV's fused epilogue all compute it this one way,
+ * so fused and unfused give the same bits. */
+__device__ __forceinline__ void kcu_rope_sincos(int pos, float inv_freq, float attn_factor, float *s, float *co) {
+  sincosf((float)pos * inv_freq, s, co);
+  *s *= attn_factor;
+  *co *= attn_factor;
+}
+template <typename T>
+__device__ __forceinline__ void kcu_rope_rotate(float x0, float x1, float s, float co, T *ya, T *yb) {
+  *ya = kcu_t<T>(x0 * co - x1 * s);
+  *yb = kcu_t<T>(x0 * s + x1 * co);
+}
+
 /* 8 packed elements (one 16-byte load) to f32. */
 __device__ __forceinline__ void kcu_unpack8(uint4 v, float *f, const __nv_bfloat16 *) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};

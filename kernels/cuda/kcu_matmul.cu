@@ -190,12 +190,8 @@ template <typename T> struct kcu_epi_rope_kv {
       T ya = kcu_t<T>(a[t]), yb = kcu_t<T>(b[t]);
       if (rot) {
         float s, co;
-        sincosf((float)positions[t] * inv_freq[p], &s, &co);
-        s *= attn_factor;
-        co *= attn_factor;
-        const float x0 = kcu_f(ya), x1 = kcu_f(yb);
-        ya = kcu_t<T>(x0 * co - x1 * s);
-        yb = kcu_t<T>(x0 * s + x1 * co);
+        kcu_rope_sincos(positions[t], inv_freq[p], attn_factor, &s, &co);
+        kcu_rope_rotate<T>(kcu_f(ya), kcu_f(yb), s, co, &ya, &yb);
       }
       qkv[(size_t)t * rows + ra] = ya;
       qkv[(size_t)t * rows + rb] = yb;

@@ -174,18 +174,13 @@ __global__ void kcu_rope_k(T *x, const int32_t *positions, const float *inv_freq
   const bool live = i < (long long)n_tokens * n_heads * half;
   int p = (int)(i % half), h = (int)((i / half) % n_heads), t = (int)(i / ((long long)half * n_heads));
   float s = 0.f, co = 0.f;
-  if (live) { /* the angle before the PDL wait: positions and inv_freq are written by no kernel */
-    sincosf((float)positions[t] * inv_freq[p], &s, &co);
-    s *= attn_factor;
-    co *= attn_factor;
-  }
+  /* the angle before the PDL wait: positions and inv_freq are written by no kernel */
+  if (live) kcu_rope_sincos(positions[t], inv_freq[p], attn_factor, &s, &co);
   kcu_pdl_enter();
   if (!live) return;
   T *xh = x + (size_t)t * row_stride + (size_t)h * head_dim;
   int a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
-  float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
-  xh[a] = kcu_t<T>(x0 * co - x1 * s);
-  xh[b] = kcu_t<T>(x0 * s + x1 * co);
+  kcu_rope_rotate<T>(kcu_f(xh[a]), kcu_f(xh[b]), s, co, xh + a, xh + b);
 }
 
 int kcu__rope(kcu_ctx_t *c, void *x, int n_heads, int head_dim, int row_stride, const kern_rope_t *r) {
@@ -299,11 +294,7 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
   const int item = blockIdx.x * blockDim.x + threadIdx.x;
   const bool rot = item < q_items + k_items, is_q = item < q_items;
   const int w = rot && !is_q ? item - q_items : item, p = rot ? w % half : 0;
-  auto angle = [&](int t, float *s, float *co) {
-    sincosf((float)positions[t] * inv_freq[p], s, co);
-    *s *= attn_factor;
-    *co *= attn_factor;
-  };
+  auto angle = [&](int t, float *s, float *co) { kcu_rope_sincos(positions[t], inv_freq[p], attn_factor, s, co); };
   float s = 0.f, co = 0.f;
   if (rot && (int)blockIdx.y < n_tokens) angle(blockIdx.y, &s, &co);
   kcu_pdl_enter();
@@ -315,8 +306,8 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
     if (rot) {
       const int h = w / half, a = neox ? p : 2 * p, b = neox ? p + half : 2 * p + 1;
       T *xh = is_q ? q + (size_t)t * q_stride + (size_t)h * head_dim : k + (size_t)t * kv_stride + (size_t)h * head_dim;
-      const float x0 = kcu_f(xh[a]), x1 = kcu_f(xh[b]);
-      const T ya = kcu_t<T>(x0 * co - x1 * s), yb = kcu_t<T>(x0 * s + x1 * co);
+      T ya, yb;
+      kcu_rope_rotate<T>(kcu_f(xh[a]), kcu_f(xh[b]), s, co, &ya, &yb);
       xh[a] = ya;
       xh[b] = yb;
       if (!is_q && cache) {

@@ -140,6 +140,7 @@ typedef struct {
   int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
   int q4g;             /* KERN_Q4G where a weight's (d, m) allow (FERRUM_CUDA_Q4G=0: always KERN_Q4F) */
   int q4g_raw;         /* KERN_Q4G's one-row kernel on the raw nibbles (FERRUM_CUDA_Q4G_RAW=0: the dequantizing one) */
+  int pdl_late;        /* FERRUM_CUDA_PDL_LATE (kcu_pdl_late), -1 unset */
   size_t q4g_row_smem; /* the most shared memory that kernel may ask for (its activations) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
@@ -430,6 +431,19 @@ __device__ __forceinline__ void kcu_pdl_launch_next() {
 __device__ __forceinline__ void kcu_pdl_enter() {
   kcu_pdl_wait();
   kcu_pdl_launch_next();
+}
+
+/* Whether a small kernel lets the next one launch only at its end rather
+ * than right after its PDL wait, over n rows: the next kernel's CTAs then
+ * stop issuing their first weight loads while this one's loads are on the
+ * critical path. FERRUM_CUDA_PDL_LATE, a mask of the kernels below, sets it
+ * for every n; unset, silu_mul at n >= 2 only: measured on H200 (Llama-3-8B
+ * shapes, I4G, docs/bench/gpu.md, session 37) batch 8 4.8% faster, batch 1
+ * 1% slower, and late norms, rope or attention slower at batch 1. */
+enum { KCU_LATE_NORM = 1, KCU_LATE_SILU = 2, KCU_LATE_ROPE = 4, KCU_LATE_ATTN = 8 };
+static inline int kcu_pdl_late(const kcu_ctx_t *c, int kernel, int n) {
+  if (c->pdl_late >= 0) return (c->pdl_late & kernel) != 0;
+  return kernel == KCU_LATE_SILU && n >= 2;
 }
 
 /* Launches kernel k on c->stream (PDL when c->pdl), its grid in clusters

@@ -35,6 +35,9 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_comm.cu
   cuda/kcu_car.cu)
 ferrum_cuda_flags(ferrum_kernels_cuda)
+if(FERRUM_CUDA_TRACE)
+  target_compile_definitions(ferrum_kernels_cuda PRIVATE KCU_TRACE)
+endif()
 # NCCL ships with the CUDA toolkit here (lib64/libnccl.so) or as a system
 # package; either way its header sits beside the toolkit's or in /usr/include.
 find_library(FERRUM_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)

@@ -23,6 +23,7 @@
 #include "common/fr_err.h"
 #include "common/fr_read.h"
 #include "common/fr_util.h"
+#include "kernels/cuda/kcu_trace.cuh"
 #include "kernels/kern.h"
 
 /* One check for CUDA, cuBLAS (and later NCCL) calls, like ggml-cuda's
@@ -420,6 +421,7 @@ __device__ __forceinline__ void kcu_pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+  kcu_trace_waited();
 }
 /* Lets the next kernel launch once every CTA of this one has called it. */
 __device__ __forceinline__ void kcu_pdl_launch_next() {

@@ -993,6 +993,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                           int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt,
                           int late) {
+  KCU_TRACE_SCOPE(KCU_TR_ATTN);
   static_assert(KCU_FA_NT == KCU_DEC_NT, "kcu_attn_merge_last works with the SIMT decode kernel's CTA size");
   constexpr bool TM = ST > 0;
   if constexpr (!TM) kcu_pdl_enter();

@@ -450,11 +450,23 @@ static int kcu_graph_end(void *ctx, uint64_t key) {
 
 /* ---- create / destroy ---------------------------------------------------------- */
 
+#ifdef KCU_TRACE
+/* Each translation unit's trace records (kcu_trace.cuh), printed at destroy. */
+static void (*kcu_tr_dumps[32])(void);
+static int kcu_tr_n_dumps;
+void kcu_tr_register(void (*dump)(void)) {
+  if (kcu_tr_n_dumps < (int)FR_ARRAY_SIZE(kcu_tr_dumps)) kcu_tr_dumps[kcu_tr_n_dumps++] = dump;
+}
+#endif
+
 static void kcu_destroy(void *ctx) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   if (!c) return;
   cudaSetDevice(c->device);
   if (c->stream) cudaStreamSynchronize(c->stream);
+#ifdef KCU_TRACE
+  for (int i = 0; i < kcu_tr_n_dumps; i++) kcu_tr_dumps[i]();
+#endif
   kcu__graphs_drop(c);
   kcu__comm_destroy(c);
   kcu__stage_free(c);

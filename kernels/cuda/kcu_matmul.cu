@@ -101,6 +101,7 @@ __device__ __forceinline__ void kcu_gemv_reduce(float *acc, float (*red)[NBM]) {
 template <typename T, int NBM, int WPR>
 __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
                                                                  int rows, int cols, int nb) {
+  KCU_TRACE_SCOPE(KCU_TR_GEMV);
   __shared__ float red[KCU_GEMV_WARPS][NBM];
   constexpr int RPC = KCU_GEMV_WARPS / WPR;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
@@ -123,6 +124,7 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T 
 template <typename T, int NBM, int WPR, typename E>
 __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const T *W, const T *x, const float *bias,
                                                                 int cols, int nb) {
+  KCU_TRACE_SCOPE(KCU_TR_GEMV_PAIR);
   constexpr int PPC = KCU_GEMV_WARPS / WPR / 2;
   static_assert(PPC >= 1, "a CTA holds whole pairs");
   __shared__ float red[KCU_GEMV_WARPS][NBM];

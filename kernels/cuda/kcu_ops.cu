@@ -39,6 +39,7 @@ int kcu__convert(kcu_ctx_t *c, void *dst, kern_type_t dt, const void *src, kern_
 /* out(n_tokens, cols) = table rows; token ids from the step (device). */
 template <typename T, typename S>
 __global__ void kcu_embed_dense_k(T *out, const S *table, const int32_t *tokens, int64_t rows, int cols) {
+  KCU_TRACE_SCOPE(KCU_TR_EMBED);
   kcu_pdl_enter();
   int t = blockIdx.y;
   int32_t id = tokens[t];
@@ -120,6 +121,7 @@ __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int d
 template <typename T, int NT, int V>
 __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
                                                          float eps, int late) {
+  KCU_TRACE_SCOPE(KCU_TR_NORM);
   kcu_pdl_wait();
   if (!late) kcu_pdl_launch_next();
   __shared__ float red[KCU_MAX_WARPS];
@@ -290,6 +292,7 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
                                      const int32_t *positions, const int32_t *slots, const float *inv_freq,
                                      int n_tokens, int n_heads, int n_kv, int head_dim, int n_rot, int neox,
                                      float attn_factor, long long n_slots, int late) {
+  KCU_TRACE_SCOPE(KCU_TR_ROPE);
   const int half = n_rot / 2, q_items = n_heads * half, k_items = n_kv * half;
   const int tail = head_dim - n_rot, row = n_kv * head_dim;
   const int per = q_items + k_items + n_kv * tail + row;
@@ -399,6 +402,7 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
  * Llama-3-8B layer at 256 tokens (docs/bench/gpu.md, session 27). */
 template <typename T, int V>
 __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride, int late) {
+  KCU_TRACE_SCOPE(KCU_TR_SILU);
   kcu_pdl_wait();
   if (!late) kcu_pdl_launch_next();
   const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;

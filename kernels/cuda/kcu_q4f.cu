@@ -543,6 +543,7 @@ template <typename T, int U, int WK, int F>
 __global__ void __launch_bounds__(WK *KCU_WARP)
     kcu_q4f_row_k(T *out, const uint4 *nib, const uint2 *hiv, const uint32_t *dmw, const T *x, const float *bias,
                   int rows, int cols) {
+  KCU_TRACE_SCOPE(KCU_TR_Q4F_ROW);
   static_assert(F != KCU_QF_Q4G || WK % 2 == 0, "a warp's units all at the same place in their pairs");
   __shared__ float red[WK > 1 ? (WK - 1) * KCU_WARP * 4 : 1];
   const int wk = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
@@ -659,6 +660,7 @@ __device__ __forceinline__ void kcu_q4g_row_mma(float &acc0, float &acc2, const 
 template <typename T, int U, int WK>
 __global__ void __launch_bounds__(WK *KCU_WARP)
     kcu_q4g_row_k(T *out, const uint4 *nib, const uint32_t *dmw, const T *x, const float *bias, int rows, int cols) {
+  KCU_TRACE_SCOPE(KCU_TR_Q4G_ROW);
   static_assert(WK % 2 == 0, "a warp's units all at the same place in their pairs");
   extern __shared__ uint4 kcu_q4g_xs[]; /* the activations: 8 uint4 a unit, 0 past cols */
   __shared__ float red[WK - 1][KCU_WARP][2];

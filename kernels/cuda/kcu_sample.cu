@@ -216,6 +216,7 @@ template <typename T>
 __global__ void __launch_bounds__(KCU_SAMP_NT)
     kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, const uint32_t *masks,
                  int32_t *res) {
+  KCU_TRACE_SCOPE(KCU_TR_SAMPLE);
   kcu_pdl_enter();
   __shared__ unsigned long long hist[KCU_RADIX];
   __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];

@@ -1,0 +1,57 @@
+#!/usr/bin/env python3
+"""Where a decode step's time goes inside the CUDA graph, from a trace build.
+
+Build with -DFERRUM_CUDA_TRACE=ON (kernels/cuda/kcu_trace.cuh), run a decode
+benchmark, and pipe its stderr here:
+
+  build/bin/model_bench --dummy llama-3-8b --device cuda --prefill 0 \\
+      --prompt 128 --gen 17 --batch 1 --type i4g 2>&1 | bench/cuda_trace.py 4
+
+Each "TR name entry wait exit ctas" line is CTA 0 of one traced kernel (ns).
+A kernel's successor passes its PDL wait once the kernel has finished, so a
+kernel's cost on the critical path is the time from its own wait to its
+successor's. Steps end at the sampling kernel; the last N full steps
+(argument, default 4) are summed per kernel and grid size. Untraced kernels'
+time lands on the traced kernel before them.
+"""
+import collections
+import sys
+
+
+def main():
+    n_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 4
+    ev = []
+    for line in sys.stdin:
+        p = line.split()
+        if len(p) == 6 and p[0] == "TR":
+            ev.append((int(p[2]), int(p[3]), int(p[4]), p[1], int(p[5])))
+    ev.sort()
+    steps, cur = [], []
+    for e in ev:
+        cur.append(e)
+        if e[3] == "sample":
+            steps.append(cur)
+            cur = []
+    steps = [s for s in steps if len(s) > 2][-n_steps:]
+    if not steps:
+        sys.exit("cuda_trace: no full step in the input (a FERRUM_CUDA_TRACE build's stderr?)")
+    cost, run, pre = (collections.defaultdict(list) for _ in range(3))
+    spans = []
+    for s in steps:
+        spans.append((s[-1][2] - s[0][0]) / 1e3)
+        for i in range(len(s) - 1):
+            label = "%s/%d" % (s[i][3], s[i][4])
+            cost[label].append((s[i + 1][1] - s[i][1]) / 1e3)
+            run[label].append((s[i][2] - s[i][1]) / 1e3)
+            pre[label].append((s[i][1] - s[i][0]) / 1e3)
+    print("steps %d, first entry to last exit (us): %s" % (len(steps), " ".join("%.1f" % t for t in spans)))
+    print("%-18s %7s %9s %9s %11s %12s" % ("kernel/ctas", "a step", "cost us", "us a step", "wait->exit", "entry->wait"))
+    for k in sorted(cost, key=lambda k: -sum(cost[k])):
+        c = cost[k]
+        print("%-18s %7.0f %9.2f %9.1f %11.2f %12.2f" % (k, len(c) / len(steps), sum(c) / len(c),
+                                                        sum(c) / len(steps), sum(run[k]) / len(c),
+                                                        sum(pre[k]) / len(c)))
+
+
+if __name__ == "__main__":
+    main()

@@ -48,9 +48,9 @@ def main():
     print("%-18s %7s %9s %9s %11s %12s" % ("kernel/ctas", "a step", "cost us", "us a step", "wait->exit", "entry->wait"))
     for k in sorted(cost, key=lambda k: -sum(cost[k])):
         c = cost[k]
-        print("%-18s %7.0f %9.2f %9.1f %11.2f %12.2f" % (k, len(c) / len(steps), sum(c) / len(c),
-                                                        sum(c) / len(steps), sum(run[k]) / len(c),
-                                                        sum(pre[k]) / len(c)))
+        row = (k, len(c) / len(steps), sum(c) / len(c), sum(c) / len(steps), sum(run[k]) / len(c),
+               sum(pre[k]) / len(c))
+        print("%-18s %7.0f %9.2f %9.1f %11.2f %12.2f" % row)
 
 
 if __name__ == "__main__":

@@ -154,12 +154,14 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
   if (dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual))) {
     if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V) {
       KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT_SMALL, KCU_NORM_V>, n, KCU_NORM_NT_SMALL, 0,
-                                     (T *)out, (T *)residual, (const T *)x, w, dim, eps, kcu_pdl_late(c, KCU_LATE_NORM, n)));
+                                     (T *)out, (T *)residual, (const T *)x, w, dim, eps,
+                                     kcu_pdl_late(c, KCU_LATE_NORM, n)));
       return 0;
     }
     if (dim <= 8 * KCU_NORM_NT * KCU_NORM_V) {
       KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT, KCU_NORM_V>, n, KCU_NORM_NT, 0, (T *)out,
-                                     (T *)residual, (const T *)x, w, dim, eps, kcu_pdl_late(c, KCU_LATE_NORM, n)));
+                                     (T *)residual, (const T *)x, w, dim, eps,
+                                     kcu_pdl_late(c, KCU_LATE_NORM, n)));
       return 0;
     }
   }
@@ -358,7 +360,8 @@ int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, 
                                  q_stride, (T *)k, (T *)v, kv_stride, (T *)kb, (T *)(kb + pool->layer_bytes),
                                  c->dm.positions, c->dm.slots, (const float *)r->inv_freq->data, c->n_tokens, n_heads,
                                  cf->n_kv_heads, hd, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor,
-                                 (long long)cf->n_blocks * cf->block_size, kcu_pdl_late(c, KCU_LATE_ROPE, c->n_tokens)));
+                                 (long long)cf->n_blocks * cf->block_size,
+                                 kcu_pdl_late(c, KCU_LATE_ROPE, c->n_tokens)));
   return 0;
 }
 

@@ -73,7 +73,7 @@ __device__ __forceinline__ bool kcu_tr_cta0() {
 }
 
 /* Lives for the kernel's body: entry at construction, exit at destruction
- * (thread 0 of CTA 0 leaves last of its CTA in every traced kernel). */
+ * (thread 0 of CTA 0 stays to the end of every traced kernel). */
 struct kcu_trace_scope {
   unsigned kernel, slot;
   unsigned long long entry;

@@ -1528,9 +1528,7 @@ static void mini_free(mini_t *m) {
   wpair_free(&m->freq);
 }
 
-/* Runs the mini layer over step s (n sequences) eagerly, then through graph
- * `key` (replayed if captured before, else captured now); returns the
- * normalized difference of the outputs and says whether it replayed. */
+/* The mini layer's output over step s (n sequences), run eagerly (host). */
 static float *eager_run(mini_t *m, kvenv_t *e, const kern_step_t *s, int n) {
   size_t out = (size_t)n * m->dim;
   ck_assert_int_eq(gpu->ops->step_begin(gpu->ctx, s), 0);
@@ -1539,8 +1537,11 @@ static float *eager_run(mini_t *m, kvenv_t *e, const kern_step_t *s, int n) {
   return gpu_get(m->o, out);
 }
 
-/* graph_first: the graph runs before the eager pass (a capture then sees
- * only what step_begin reserved). */
+/* Runs the mini layer over step s (n sequences) eagerly, then through graph
+ * `key` (replayed if captured before, else captured now), or the graph
+ * first (graph_first: a capture then sees only what step_begin reserved);
+ * returns the normalized difference of the outputs and says whether it
+ * replayed. */
 static double graph_vs_eager(mini_t *m, kvenv_t *e, const kern_step_t *s, int n, uint64_t key, bool *replayed,
                              bool graph_first) {
   size_t out = (size_t)n * m->dim;

@@ -269,7 +269,7 @@ static void attn_case(double ceil_gbs, int n_heads, int n_kv, int nb, int ctx, i
   double bytes = 2.0 * nb * ctx * n_kv * hd * 2;
   double gbs = bytes / (ms * 1e-3) / 1e9;
   printf("%-6d %-6d %-7d %-7d %10.2f %10.0f %7.1f%% %6d\n", n_heads, n_kv, nb, ctx, ms * 1e3, gbs,
-         100.0 * gbs / ceil_gbs, kcu__attn_splits(C, nb, n_kv, (long long)cap));
+         100.0 * gbs / ceil_gbs, kcu__attn_max_splits(C, nb, n_kv, (long long)cap));
   fflush(stdout);
   B->ops->free(B->ctx, q);
   B->ops->free(B->ctx, o);
@@ -281,7 +281,7 @@ static const char *attn_head = "\n%-6s %-6s %-7s %-7s %10s %10s %8s %6s\n";
 /* Llama-3-8B's heads (32, 8 KV) from 1 to 64 sequences at long contexts. */
 static void bench_attn(double ceil_gbs) {
   const int batches[] = {1, 8, 32, 64}, ctxs[] = {1024, 4096, 16384, 32768};
-  printf(attn_head, "heads", "kv", "batch", "ctx", "us", "GB/s", "%copy", "splits");
+  printf(attn_head, "heads", "kv", "batch", "ctx", "us", "GB/s", "%copy", "max sp");
   uint64_t key = 10000;
   for (int nb : batches)
     for (int ctx : ctxs)
@@ -293,7 +293,7 @@ static void bench_attn(double ceil_gbs) {
  * of Llama-3-70B. */
 static void bench_attn1(double ceil_gbs) {
   const int heads[][2] = {{32, 8}, {16, 4}, {16, 2}}, ctxs[] = {64, 200, 500, 1000};
-  printf(attn_head, "heads", "kv", "batch", "ctx", "us", "GB/s", "%copy", "splits");
+  printf(attn_head, "heads", "kv", "batch", "ctx", "us", "GB/s", "%copy", "max sp");
   uint64_t key = 11000;
   for (auto &h : heads)
     for (int ctx : ctxs) attn_case(ceil_gbs, h[0], h[1], 1, ctx, 1024, key++);

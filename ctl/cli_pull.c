@@ -15,10 +15,11 @@ static void pull_usage(FILE *to) {
   fprintf(to, "usage: ferrumctl pull [ORG/NAME[:PATTERN] [--revision REV]]\n"
               "  no name: fetches SmolLM2-135M-Instruct (GGUF Q4_1) into models/\n"
               "  ORG/NAME: downloads a model from the Hugging Face Hub into its cache (HF_HUB_CACHE,\n"
-              "    HF_HOME/hub or ~/.cache/huggingface/hub), as huggingface_hub lays it out: a safetensors\n"
-              "    folder (config.json, tokenizer, weights), or with :PATTERN the one .gguf file whose name\n"
-              "    contains PATTERN (as llama.cpp's -hf). Resumes partial downloads; checks every file's\n"
-              "    sha256. HF_ENDPOINT, HF_TOKEN, HF_HUB_OFFLINE are honoured.\n");
+              "    HF_HOME/hub, XDG_CACHE_HOME/huggingface/hub or ~/.cache/huggingface/hub), as\n"
+              "    huggingface_hub lays it out: a safetensors folder (config.json, tokenizer, weights),\n"
+              "    or with :PATTERN the one .gguf file whose name contains PATTERN (as llama.cpp's -hf).\n"
+              "    Resumes partial downloads; checks every file's sha256. HF_ENDPOINT, HF_TOKEN,\n"
+              "    HF_HUB_OFFLINE are honoured.\n");
 }
 
 static int pull_default_model(void) {

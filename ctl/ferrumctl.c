@@ -20,7 +20,7 @@ static void usage(FILE *f) {
           "  bench     benchmark a running server (like vllm bench serve)\n"
           "  tokenize  print the token ids of a text as JSON\n"
           "  inspect   print a model's architecture, tokenizer and tensors\n"
-          "  pull      fetch the default model into models/\n"
+          "  pull      fetch a model from the Hugging Face Hub into its cache (no name: the default model into models/)\n"
           "  list      the models in the Hugging Face cache (--model ORG/NAME loads them)\n"
           "  rm        delete a model from the Hugging Face cache\n"
           "  keygen    make a CURVE key pair for tcp:// sockets (servers, clients, remote workers)\n"

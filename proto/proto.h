@@ -195,9 +195,9 @@ typedef struct {
  * many blocks it can hold and allocates nothing until kv_init). */
 typedef struct {
   char *path;               /* "path" required: GGUF file or safetensors folder */
-  char *format;             /* "fmt"  required: "gguf", "safetensors", "dummy" */
-  char *dtype;              /* "dt"   NULL = the file's / backend's choice */
-  uint32_t tp_size;         /* "tp"   default 1 */
+  char *format;             /* "fmt"  required: "auto" (a GGUF file or safetensors folder, by the path) or "dummy" */
+  char *dtype;              /* "dt"   NULL = the file's / backend's choice (not read by our workers) */
+  uint32_t tp_size;         /* "tp"   default 1 (our workers take --world-size) */
   uint32_t n_options;       /* "opt"  <= PROTO_MAX_OPTIONS */
   proto_option_t *options;  /* (n_options) */
   uint32_t kv_blocks;       /* "kvb"  fixed: blocks the control segment holds; 0 = as it says */

@@ -346,7 +346,10 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg) {
 
 int coord_http_port(const coord_http_t *h) { return h->port; }
 
-void coord_http_set_ready(coord_http_t *h, bool ready) { atomic_store(&h->ready, ready); }
+void coord_http_set_ready(coord_http_t *h, bool ready) {
+  atomic_store(&h->ready, ready);
+  if (ready) atomic_store(&h->was_ready, 1);
+}
 
 void coord_http_set_draining(coord_http_t *h) { atomic_store(&h->draining, 1); }
 

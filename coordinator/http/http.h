@@ -94,7 +94,9 @@ int coord_http_start(coord_http_t **out, const coord_http_config_t *cfg);
 /* The port it listens on (the real one when cfg->port was 0). */
 int coord_http_port(const coord_http_t *h);
 
-/* Marks the workers ready (true: /health 200, jobs accepted) or not. */
+/* Marks the workers ready (true: /health 200, jobs accepted) or not
+ * (/health 503; jobs are refused with 503 only until the workers have been
+ * ready once: while a worker restarts they wait in the queue). */
 void coord_http_set_ready(coord_http_t *h, bool ready);
 
 /* Draining: new jobs get 503, running streams finish. Not reversible. */

@@ -272,8 +272,9 @@ struct coord_http {
   uint64_t keepalive_ns;       /* a waiting request's heartbeat (and SSE comment) period */
   uint64_t engine_timeout_ns;  /* a coordinator silent this long ends the request */
   /* stopping: coord_http_stop began; the loop reads what the coordinator
-   * queued, ends every job that is left and waits for the answers to go out */
-  _Atomic int ready, draining, stopping;
+   * queued, ends every job that is left and waits for the answers to go out;
+   * was_ready: the workers have been ready once (a restart's jobs then wait) */
+  _Atomic int ready, was_ready, draining, stopping;
   uint64_t next_job;           /* job ids; starts at a random value (loop thread) */
   long long started;           /* unix seconds, for /v1/models */
   /* the loop (http_loop.c) */

@@ -708,11 +708,13 @@ static void job_guide_after_think(const struct coord_http *h, coord_http_req_t *
   r->sub.guide.after_len = sizeof close_tag - 1;
 }
 
-/* Why no job is taken now (503), or NULL. */
+/* Why no job is taken now (503), or NULL. While a worker restarts, jobs
+ * wait in the coordinator's queue, as RPC submits do (coord__precheck):
+ * only a server whose workers have never been ready refuses them. */
 static const char *job_refusal(const struct coord_http *h) {
   if (atomic_load(&h->stopping)) return "the server is shutting down";
   if (atomic_load(&h->draining)) return "the server is draining";
-  if (!atomic_load(&h->ready)) return "the workers are not ready";
+  if (!atomic_load(&h->was_ready)) return "the workers are not ready";
   return NULL;
 }
 

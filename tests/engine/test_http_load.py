@@ -8,7 +8,11 @@ host loads a server:
     refused or cut (they wait in the engine's queue);
   - with --max-queue 50, 300 clients at once: every one gets an HTTP answer,
     a 200 stream or a 429 with OpenAI's error body, never a refused or
-    reset connection, and the 429s are the ones past the queue.
+    reset connection, and the 429s are the ones past the queue;
+  - requests that arrive while a killed worker's replacement loads (held
+    stopped, so the window is sure) wait in the queue, as RPC submits do,
+    and get the greedy text they get before the kill; /health says 503
+    meanwhile.
 
 Every wait is bounded (a deadline for the whole run); sockets only on
 127.0.0.1. Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_load.py
@@ -18,6 +22,7 @@ import http.client
 import json
 import os
 import resource
+import signal
 import sys
 import threading
 import time
@@ -120,6 +125,73 @@ class HttpLoad(unittest.TestCase):
             err = json.loads(r[2])["error"]
             self.assertEqual(err["type"], "rate_limit_error")
             self.assertEqual(err["code"], "rate_limit_exceeded")
+
+    def test_requests_during_a_restart_wait(self):
+        srv = Server("--threads", "2")
+        body = {"prompt": "The capital of France is", "max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        stopped = None
+        try:
+            st, want = srv.json("POST", "/v1/completions", body)
+            self.assertEqual(st, 200, want)
+            want = want["choices"][0]["text"]
+            stopped = self.stop_replacement(srv)
+            self.assertEqual(srv.request("GET", "/health", timeout=10)[0], 503)  # not ready: a balancer routes away
+            answers = [None] * 4
+
+            def ask(i):
+                try:
+                    answers[i] = srv.json("POST", "/v1/completions", dict(body, stream=i % 2 == 1), timeout=120)
+                except Exception as e:  # noqa: BLE001 - reported below
+                    answers[i] = ("error", repr(e))
+
+            threads = [threading.Thread(target=ask, args=(i,), daemon=True) for i in range(4)]
+            for t in threads:
+                t.start()
+            time.sleep(2.0)  # the old frontend answered 503 at once
+            self.assertEqual(answers, [None] * 4, "answered while no worker could run them")
+            os.kill(stopped, signal.SIGCONT)
+            stopped = None
+            for t in threads:
+                t.join(120)
+            for i, (st, got) in enumerate(answers):
+                self.assertEqual(st, 200, got)
+                if i % 2:  # a stream: its text pieces
+                    pieces = [json.loads(ln[6:])["choices"][0]["text"] for ln in got.splitlines()
+                              if ln.startswith("data: {")]
+                    self.assertTrue(got.rstrip().endswith("data: [DONE]"), got[-200:])
+                    got = "".join(pieces)
+                else:
+                    got = got["choices"][0]["text"]
+                self.assertEqual(got, want)
+            srv.wait_healthy(60)
+        finally:
+            if stopped:
+                os.kill(stopped, signal.SIGCONT)
+            srv.stop()
+        self.assertEqual(srv.proc.returncode, 0)
+
+    def stop_replacement(self, srv):
+        """Kills the worker and stops (SIGSTOP) the one started in its place
+        before it has loaded; returns its pid. A few tries: the replacement
+        must be caught before it is ready."""
+        for _ in range(5):
+            old = srv.worker_pids()[0]
+            os.kill(old, signal.SIGKILL)
+            deadline = time.time() + 30
+            new = None
+            while time.time() < deadline and new is None:
+                pid = srv.worker_pids().get(0)
+                if pid and pid != old:
+                    os.kill(pid, signal.SIGSTOP)
+                    new = pid
+                else:
+                    time.sleep(0.002)
+            self.assertIsNotNone(new, "no worker started in the killed one's place")
+            if srv.request("GET", "/health", timeout=10)[0] == 503:
+                return new
+            os.kill(new, signal.SIGCONT)  # it had loaded already: again
+            srv.wait_healthy(60)
+        self.fail("the replacement worker loaded before it could be stopped, 5 times")
 
 
 if __name__ == "__main__":

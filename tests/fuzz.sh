@@ -127,7 +127,9 @@ fi
 targets=("$@")
 [ $# -gt 0 ] || targets=("${all[@]}")
 for t in "${targets[@]}"; do
-  if ! printf '%s\n' "${all[@]}" | grep -qx "$t"; then
+  # no pipe into grep -q: under pipefail, grep leaving at the first match
+  # kills printf with SIGPIPE, and a listed target read as missing
+  if [[ " ${all[*]} " != *" $t "* ]]; then
     note "no target $t (there are: ${all[*]})"
     exit 2
   fi

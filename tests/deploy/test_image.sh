@@ -129,7 +129,8 @@ rc=$(podman inspect --format '{{.State.ExitCode}}' "$name")
 # the log's last lines reach podman a moment after the exit: look for up to 5 s
 drained=0
 for _ in $(seq 50); do
-  if podman logs "$name" 2>&1 | grep -q 'signal 15: draining'; then drained=1; break; fi
+  log=$(podman logs "$name" 2>&1) # not piped into grep -q: SIGPIPE under pipefail
+  if grep -q 'signal 15: draining' <<<"$log"; then drained=1; break; fi
   sleep 0.1
 done
 [ $drained = 1 ] || fail "no drain on SIGTERM in the log"

@@ -32,6 +32,7 @@ static coord_http_t *srv;
 static int port;
 static unsigned request_timeout_s; /* 0: the server's default */
 static unsigned keepalive_ms, engine_timeout_ms, per_ip; /* 0: the server's defaults */
+static bool start_not_ready; /* start_server leaves the workers "not ready" (as serve starts) */
 
 static void start_server(const char *api_key, unsigned max_conn, unsigned timeout_s) {
   ctx = zmq_ctx_new();
@@ -45,7 +46,7 @@ static void start_server(const char *api_key, unsigned max_conn, unsigned timeou
   ck_assert_int_eq(coord_http_start(&srv, &cfg), 0);
   port = coord_http_port(srv);
   ck_assert_int_gt(port, 0);
-  coord_http_set_ready(srv, true);
+  if (!start_not_ready) coord_http_set_ready(srv, true);
 }
 
 static void setup(void) { start_server(NULL, 0, 0); }
@@ -112,13 +113,34 @@ START_TEST(test_models_and_health) {
   ck_assert_int_eq(json_integer_value(json_object_get(m, "max_model_len")), 100);
   json_decref(j);
   ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 200);
+  /* not ready again (a worker restarts): /health says so, jobs still go to the queue */
   coord_http_set_ready(srv, false);
   ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
-  check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
+  int st;
+  json_t *c = post("/v1/completions", "{\"prompt\":\"hi\"}", &st);
+  ck_assert_int_eq(st, 200);
+  ck_assert_str_eq(jstr(c, "object"), "text_completion");
+  json_decref(c);
   coord_http_set_ready(srv, true);
   coord_http_set_draining(srv);
   ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
   check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
+}
+END_TEST
+
+/* Before the workers have been ready once, jobs are refused (503), not queued. */
+START_TEST(test_refused_until_first_ready) {
+  teardown();
+  start_not_ready = true;
+  start_server(NULL, 0, 0);
+  ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
+  check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
+  ck_assert_int_eq(atomic_load(&fake.n_submits), 0);
+  coord_http_set_ready(srv, true);
+  int st;
+  json_t *c = post("/v1/completions", "{\"prompt\":\"hi\"}", &st);
+  ck_assert_int_eq(st, 200);
+  json_decref(c);
 }
 END_TEST
 
@@ -1098,6 +1120,7 @@ static Suite *http_suite(void) {
   tcase_add_checked_fixture(tc, setup, teardown);
   tcase_set_timeout(tc, 30);
   tcase_add_test(tc, test_models_and_health);
+  tcase_add_test(tc, test_refused_until_first_ready);
   tcase_add_test(tc, test_completion_json);
   tcase_add_test(tc, test_completion_tokens_defaults);
   tcase_add_test(tc, test_chat_stream_usage);

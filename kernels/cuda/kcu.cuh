@@ -447,6 +447,15 @@ static inline int kcu_pdl_late(const kcu_ctx_t *c, int kernel, int n) {
   if (c->pdl_late >= 0) return (c->pdl_late & kernel) != 0;
   return kernel == KCU_LATE_SILU && n >= 2;
 }
+/* Such a kernel's PDL wait, the next launch right after it unless `late`;
+ * a late kernel calls kcu_pdl_launch_late at its end (or lets its exit do it). */
+__device__ __forceinline__ void kcu_pdl_wait_launch(int late) {
+  kcu_pdl_wait();
+  if (!late) kcu_pdl_launch_next();
+}
+__device__ __forceinline__ void kcu_pdl_launch_late(int late) {
+  if (late) kcu_pdl_launch_next();
+}
 
 /* Launches kernel k on c->stream (PDL when c->pdl), its grid in clusters
  * of `cluster` CTAs where that is more than one; returns the launch error. */

@@ -1035,8 +1035,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
         kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
                             kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_OLD, fresh);
-    kcu_pdl_wait();
-    if (!late) kcu_pdl_launch_next(); /* late: when the CTAs exit */
+    kcu_pdl_wait_launch(late); /* late: when the CTAs exit */
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
         kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,

@@ -122,8 +122,7 @@ template <typename T, int NT, int V>
 __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
                                                          float eps, int late) {
   KCU_TRACE_SCOPE(KCU_TR_NORM);
-  kcu_pdl_wait();
-  if (!late) kcu_pdl_launch_next();
+  kcu_pdl_wait_launch(late);
   __shared__ float red[KCU_MAX_WARPS];
   const int n8 = dim / 8;
   const size_t row = (size_t)blockIdx.x * n8;
@@ -146,7 +145,7 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
     for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
   }
   kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
-  if (late) kcu_pdl_launch_next();
+  kcu_pdl_launch_late(late);
 }
 
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
@@ -304,8 +303,7 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
   auto angle = [&](int t, float *s, float *co) { kcu_rope_sincos(positions[t], inv_freq[p], attn_factor, s, co); };
   float s = 0.f, co = 0.f;
   if (rot && (int)blockIdx.y < n_tokens) angle(blockIdx.y, &s, &co);
-  kcu_pdl_wait();
-  if (!late) kcu_pdl_launch_next();
+  kcu_pdl_wait_launch(late);
   if (item >= per) return;
   for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
     if (t != (int)blockIdx.y && rot) angle(t, &s, &co);
@@ -333,7 +331,7 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
     }
     vc[(size_t)slot * row + e - n_kv * tail] = v[(size_t)t * kv_stride + e - n_kv * tail];
   }
-  if (late) kcu_pdl_launch_next();
+  kcu_pdl_launch_late(late);
 }
 
 int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
@@ -406,8 +404,7 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
 template <typename T, int V>
 __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride, int late) {
   KCU_TRACE_SCOPE(KCU_TR_SILU);
-  kcu_pdl_wait();
-  if (!late) kcu_pdl_launch_next();
+  kcu_pdl_wait_launch(late);
   const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (j >= d) return;
   for (int r = blockIdx.y; r < n; r += gridDim.y) {
@@ -423,7 +420,7 @@ __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d,
       out[o] = kcu_silu_mul1<T>(kcu_f(gate[in]), kcu_f(up[in]));
     }
   }
-  if (late) kcu_pdl_launch_next();
+  kcu_pdl_launch_late(late);
 }
 
 template <typename T, int V>

@@ -14,7 +14,7 @@
 #ifndef KCU_TRACE_CUH
 #define KCU_TRACE_CUH
 
-/* The traced kernels, named in kcu_trace_names. */
+/* The traced kernels, named in kcu_tr_dump. */
 enum kcu_trace_kernel {
   KCU_TR_Q4G_ROW,
   KCU_TR_Q4F_ROW,

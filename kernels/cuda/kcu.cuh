@@ -352,20 +352,26 @@ template <int NT> __device__ float kcu_block_sum(float v, float *red) {
                                 row (the per-head q/k norms) would leave most of a larger CTA idle */
 #define KCU_NORM_NT 256      /* and 256 threads for longer rows (8 warps, as the elementwise kernels) */
 
-/* v[c] holds the row's elements at 16-byte index threadIdx.x + c * NT (of
- * n8), ss this thread's sum of their squares: o8 = v * rsqrt(mean + eps) * w.
- * The weights load before the CTA's reduction. */
-template <typename T, int NT, int V>
-__device__ __forceinline__ void kcu_norm_row_out(const float (&v)[V][8], float ss, const float *w, uint4 *o8, int n8,
-                                                 int dim, float eps, float *red) {
-  float4 wv[V][2];
+/* This thread's norm weights: those of 16-byte index threadIdx.x + c * NT
+ * (of n8) in wv[c]. No kernel writes weights, so the norm kernels load them
+ * before their PDL wait, off the path that waits on the kernel before. */
+template <int NT, int V>
+__device__ __forceinline__ void kcu_norm_load_w(float4 (&wv)[V][2], const float *w, int n8) {
 #pragma unroll
   for (int c = 0; c < V; c++) {
     const int j = threadIdx.x + c * NT;
     if (j >= n8) break;
-    wv[c][0] = reinterpret_cast<const float4 *>(w)[2 * j];
-    wv[c][1] = reinterpret_cast<const float4 *>(w)[2 * j + 1];
+    wv[c][0] = __ldg(reinterpret_cast<const float4 *>(w) + 2 * j);
+    wv[c][1] = __ldg(reinterpret_cast<const float4 *>(w) + 2 * j + 1);
   }
+}
+
+/* v[c] holds the row's elements at 16-byte index threadIdx.x + c * NT (of
+ * n8), ss this thread's sum of their squares, wv the weights
+ * (kcu_norm_load_w): o8 = v * rsqrt(mean + eps) * w. */
+template <typename T, int NT, int V>
+__device__ __forceinline__ void kcu_norm_row_out(const float (&v)[V][8], float ss, const float4 (&wv)[V][2],
+                                                 uint4 *o8, int n8, int dim, float eps, float *red) {
   ss = kcu_block_sum<NT>(ss, red);
   const float inv = rsqrtf(ss / (float)dim + eps);
 #pragma unroll

@@ -93,11 +93,13 @@ __global__ void __launch_bounds__(NT) kcu_car_k(T *out, T *res, const T *x, cons
                                                 size_t region_vec, uint32_t *count) {
   __shared__ float red[KCU_MAX_WARPS];
   __shared__ uint32_t call;
+  const size_t v0 = (size_t)blockIdx.x * row_vec;
+  const int len = (int)min((size_t)row_vec, n_vec - v0);
+  float4 wv[V][2];
+  if (NORM) kcu_norm_load_w<NT, V>(wv, w, len);
   kcu_pdl_enter();
   if (threadIdx.x == 0) call = count[0];
   __syncthreads();
-  const size_t v0 = (size_t)blockIdx.x * row_vec;
-  const int len = (int)min((size_t)row_vec, n_vec - v0);
   const size_t slot = (size_t)(call & 1u) * (size_t)n_ranks;
   const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + v0;
   uint4 mine[V];
@@ -135,7 +137,7 @@ __global__ void __launch_bounds__(NT) kcu_car_k(T *out, T *res, const T *x, cons
 #pragma unroll
     for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
   }
-  if (NORM) kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + v0, len, len * 8, eps, red);
+  if (NORM) kcu_norm_row_out<T, NT, V>(v, ss, wv, reinterpret_cast<uint4 *>(out) + v0, len, len * 8, eps, red);
   __syncthreads(); /* every read of the slot is done: the call may advance */
   if (threadIdx.x == 0 && atomicAdd(&count[1], 1u) == gridDim.x - 1) {
     count[1] = 0;

@@ -116,27 +116,39 @@ __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int d
 }
 
 /* The same with 16-byte accesses, the row kept in registers (V chunks of 8
- * per thread, dim <= 8 * NT * V) and the weights loaded before the
- * reduction. dim % 8 == 0, rows 16-byte aligned; out may alias x. */
+ * per thread, dim <= 8 * NT * V), the weights loaded before the PDL wait and
+ * every chunk of x and res loaded before the first residual store (one trip
+ * to memory, not one a chunk: the compiler cannot move a load past a store
+ * that might alias it). dim % 8 == 0, rows 16-byte aligned; out may alias x. */
 template <typename T, int NT, int V>
 __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
                                                          float eps, int late) {
   KCU_TRACE_SCOPE(KCU_TR_NORM);
-  kcu_pdl_wait_launch(late);
   __shared__ float red[KCU_MAX_WARPS];
   const int n8 = dim / 8;
+  float4 wv[V][2];
+  kcu_norm_load_w<NT, V>(wv, w, n8);
+  kcu_pdl_wait_launch(late);
   const size_t row = (size_t)blockIdx.x * n8;
   const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + row;
   uint4 *r8 = reinterpret_cast<uint4 *>(res) + row;
+  uint4 xl[V], rl[V];
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    xl[c] = x8[j];
+    if (res) rl[c] = r8[j];
+  }
   float v[V][8], ss = 0.f;
 #pragma unroll
   for (int c = 0; c < V; c++) {
     const int j = threadIdx.x + c * NT;
     if (j >= n8) break;
-    kcu_unpack8(x8[j], v[c], (const T *)0);
+    kcu_unpack8(xl[c], v[c], (const T *)0);
     if (res) {
       float r[8];
-      kcu_unpack8(r8[j], r, (const T *)0);
+      kcu_unpack8(rl[c], r, (const T *)0);
 #pragma unroll
       for (int e = 0; e < 8; e++) v[c][e] = kcu_f(kcu_t<T>(r[e] + v[c][e]));
       r8[j] = kcu_pack8<T>(v[c]);
@@ -144,7 +156,7 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
 #pragma unroll
     for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
   }
-  kcu_norm_row_out<T, NT, V>(v, ss, w, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
+  kcu_norm_row_out<T, NT, V>(v, ss, wv, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
   kcu_pdl_launch_late(late);
 }
 

@@ -141,7 +141,7 @@ typedef struct {
   int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
   int q4g;             /* KERN_Q4G where a weight's (d, m) allow (FERRUM_CUDA_Q4G=0: always KERN_Q4F) */
   int q4g_raw;         /* KERN_Q4G's one-row kernel on the raw nibbles (FERRUM_CUDA_Q4G_RAW=0: the dequantizing one) */
-  int pdl_late;        /* FERRUM_CUDA_PDL_LATE (kcu_pdl_late), -1 unset */
+  int pdl_late, pdl_early; /* FERRUM_CUDA_PDL_LATE / _EARLY (kcu_pdl_late), -1 unset */
   size_t q4g_row_smem; /* the most shared memory that kernel may ask for (its activations) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
@@ -415,8 +415,11 @@ static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1
  * reads the K/V of earlier steps before its wait. In a layer only the K/V
  * append writes the cache (rope + KV append, or the q/k/v GEMV with them in
  * its epilogue), and only the step's new rows, which attention reads after
- * its wait; the kernel before the append is a norm (kcu_pdl_enter), so any
- * earlier writer of the cache (a block copy) has finished by then.
+ * its wait; the norm before the q/k/v GEMV lets it launch only after its
+ * own wait (never early, kcu_pdl_late), and the GEMV and the rope kernel
+ * between (which may let the attention launch before their waits) write no
+ * old row, so any earlier writer of the cache (a block copy) has finished
+ * before the attention starts.
  * Measured on H100 (Llama-3-8B shapes, batch 1): 1% faster decode; letting
  * the next kernel launch early (kcu_pdl_launch_next at entry) or only at
  * exit made no difference. Both together, with the first weights read
@@ -441,26 +444,41 @@ __device__ __forceinline__ void kcu_pdl_enter() {
   kcu_pdl_launch_next();
 }
 
-/* Whether a small kernel lets the next one launch only at its end rather
- * than right after its PDL wait, over n rows: the next kernel's CTAs then
- * stop issuing their first weight loads while this one's loads are on the
- * critical path. FERRUM_CUDA_PDL_LATE, a mask of the kernels below, sets it
- * for every n; unset, silu_mul at n >= 2 only: measured on H200 (Llama-3-8B
- * shapes, I4G, docs/bench/gpu.md, session 37) batch 8 4.8% faster, batch 1
- * 1% slower, and late norms, rope or attention slower at batch 1. */
+/* When a small kernel lets the next one launch, over n rows: right after
+ * its PDL wait (KCU_NEXT_AT_WAIT); at its end (KCU_NEXT_AT_END: the next
+ * kernel's CTAs then stop issuing their first weight loads while this
+ * one's loads are on the critical path); or before its wait
+ * (KCU_NEXT_EARLY: the next kernel's prologue overlaps the kernel before
+ * this one). FERRUM_CUDA_PDL_EARLY and FERRUM_CUDA_PDL_LATE, masks of the
+ * kernels below, each set its choice for every n in place of its default
+ * (early first; never early for the norms, which the decode attention's
+ * early K/V reads rely on, see kcu_pdl_wait). Unset: rope + K/V append
+ * early from 16 rows, silu_mul at the end from 2 rows, the rest right
+ * after the wait. Measured on H200
+ * (Llama-3-8B shapes, I4G, docs/bench/gpu.md): silu late batch 8 4.8%
+ * faster, batch 1 1% slower, late norms, rope or attention slower at batch
+ * 1 (session 37); rope early (the attention's CTAs start their K/V copies
+ * during the q/k/v GEMV) batch 32 5% faster, batch 1-8 within 1%, early
+ * silu 6% slower at batch 1, early attention no change (session 39). */
 enum { KCU_LATE_NORM = 1, KCU_LATE_SILU = 2, KCU_LATE_ROPE = 4, KCU_LATE_ATTN = 8 };
+enum { KCU_NEXT_AT_WAIT, KCU_NEXT_AT_END, KCU_NEXT_EARLY };
 static inline int kcu_pdl_late(const kcu_ctx_t *c, int kernel, int n) {
-  if (c->pdl_late >= 0) return (c->pdl_late & kernel) != 0;
-  return kernel == KCU_LATE_SILU && n >= 2;
+  const bool early = c->pdl_early >= 0 ? (c->pdl_early & kernel & ~KCU_LATE_NORM) != 0
+                                       : kernel == KCU_LATE_ROPE && n >= 16;
+  if (early) return KCU_NEXT_EARLY;
+  const bool late = c->pdl_late >= 0 ? (c->pdl_late & kernel) != 0 : kernel == KCU_LATE_SILU && n >= 2;
+  return late ? KCU_NEXT_AT_END : KCU_NEXT_AT_WAIT;
 }
-/* Such a kernel's PDL wait, the next launch right after it unless `late`;
- * a late kernel calls kcu_pdl_launch_late at its end (or lets its exit do it). */
-__device__ __forceinline__ void kcu_pdl_wait_launch(int late) {
+/* Such a kernel's PDL wait, with the next launch where `next` says
+ * (kcu_pdl_late); at the end, it calls kcu_pdl_launch_late there (or lets
+ * its exit do it). */
+__device__ __forceinline__ void kcu_pdl_wait_launch(int next) {
+  if (next == KCU_NEXT_EARLY) kcu_pdl_launch_next();
   kcu_pdl_wait();
-  if (!late) kcu_pdl_launch_next();
+  if (next == KCU_NEXT_AT_WAIT) kcu_pdl_launch_next();
 }
-__device__ __forceinline__ void kcu_pdl_launch_late(int late) {
-  if (late) kcu_pdl_launch_next();
+__device__ __forceinline__ void kcu_pdl_launch_late(int next) {
+  if (next == KCU_NEXT_AT_END) kcu_pdl_launch_next();
 }
 
 /* Launches kernel k on c->stream (PDL when c->pdl), its grid in clusters

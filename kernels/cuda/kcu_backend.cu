@@ -592,6 +592,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->q4g = kcu_env_int("FERRUM_CUDA_Q4G", 1, 0, 1);
   c->q4g_raw = kcu_env_int("FERRUM_CUDA_Q4G_RAW", 1, 0, 1);
   c->pdl_late = kcu_env_int("FERRUM_CUDA_PDL_LATE", -1, 0, 15);
+  c->pdl_early = kcu_env_int("FERRUM_CUDA_PDL_EARLY", -1, 0, 15);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));

@@ -141,7 +141,7 @@ typedef struct {
   int q6f;             /* repack Q6_K matmul weights as KERN_Q6F too (FERRUM_CUDA_Q6F=0: keep the file's blocks) */
   int q4g;             /* KERN_Q4G where a weight's (d, m) allow (FERRUM_CUDA_Q4G=0: always KERN_Q4F) */
   int q4g_raw;         /* KERN_Q4G's one-row kernel on the raw nibbles (FERRUM_CUDA_Q4G_RAW=0: the dequantizing one) */
-  int pdl_late, pdl_early; /* FERRUM_CUDA_PDL_LATE / _EARLY (kcu_pdl_late), -1 unset */
+  int pdl_late, pdl_early; /* FERRUM_CUDA_PDL_LATE / _EARLY (kcu_pdl_next), -1 unset */
   size_t q4g_row_smem; /* the most shared memory that kernel may ask for (its activations) */
 
   /* step metadata: device buffer, pinned host mirror, host copies */
@@ -416,7 +416,7 @@ static inline int kcu_div_up(long long a, long long b) { return (int)((a + b - 1
  * append writes the cache (rope + KV append, or the q/k/v GEMV with them in
  * its epilogue), and only the step's new rows, which attention reads after
  * its wait; the norm before the q/k/v GEMV lets it launch only after its
- * own wait (never early, kcu_pdl_late), and the GEMV and the rope kernel
+ * own wait (never early, kcu_pdl_next), and the GEMV and the rope kernel
  * between (which may let the attention launch before their waits) write no
  * old row, so any earlier writer of the cache (a block copy) has finished
  * before the attention starts.
@@ -454,23 +454,23 @@ __device__ __forceinline__ void kcu_pdl_enter() {
  * (early first; never early for the norms, which the decode attention's
  * early K/V reads rely on, see kcu_pdl_wait). Unset: rope + K/V append
  * early from 16 rows, silu_mul at the end from 2 rows, the rest right
- * after the wait. Measured on H200
- * (Llama-3-8B shapes, I4G, docs/bench/gpu.md): silu late batch 8 4.8%
+ * after the wait. Measured on H200 (Llama-3-8B shapes, I4G,
+ * docs/bench/gpu.md): silu late batch 8 4.8%
  * faster, batch 1 1% slower, late norms, rope or attention slower at batch
  * 1 (session 37); rope early (the attention's CTAs start their K/V copies
  * during the q/k/v GEMV) batch 32 5% faster, batch 1-8 within 1%, early
  * silu 6% slower at batch 1, early attention no change (session 39). */
-enum { KCU_LATE_NORM = 1, KCU_LATE_SILU = 2, KCU_LATE_ROPE = 4, KCU_LATE_ATTN = 8 };
+enum { KCU_PDL_NORM = 1, KCU_PDL_SILU = 2, KCU_PDL_ROPE = 4, KCU_PDL_ATTN = 8 };
 enum { KCU_NEXT_AT_WAIT, KCU_NEXT_AT_END, KCU_NEXT_EARLY };
-static inline int kcu_pdl_late(const kcu_ctx_t *c, int kernel, int n) {
-  const bool early = c->pdl_early >= 0 ? (c->pdl_early & kernel & ~KCU_LATE_NORM) != 0
-                                       : kernel == KCU_LATE_ROPE && n >= 16;
+static inline int kcu_pdl_next(const kcu_ctx_t *c, int kernel, int n) {
+  const bool early = c->pdl_early >= 0 ? (c->pdl_early & kernel & ~KCU_PDL_NORM) != 0
+                                       : kernel == KCU_PDL_ROPE && n >= 16;
   if (early) return KCU_NEXT_EARLY;
-  const bool late = c->pdl_late >= 0 ? (c->pdl_late & kernel) != 0 : kernel == KCU_LATE_SILU && n >= 2;
+  const bool late = c->pdl_late >= 0 ? (c->pdl_late & kernel) != 0 : kernel == KCU_PDL_SILU && n >= 2;
   return late ? KCU_NEXT_AT_END : KCU_NEXT_AT_WAIT;
 }
 /* Such a kernel's PDL wait, with the next launch where `next` says
- * (kcu_pdl_late); at the end, it calls kcu_pdl_launch_late there (or lets
+ * (kcu_pdl_next); at the end, it calls kcu_pdl_launch_late there (or lets
  * its exit do it). */
 __device__ __forceinline__ void kcu_pdl_wait_launch(int next) {
   if (next == KCU_NEXT_EARLY) kcu_pdl_launch_next();

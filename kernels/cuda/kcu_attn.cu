@@ -992,7 +992,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
                           const __grid_constant__ CUtensorMap tm, int plane, const int32_t *hdr,
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                           int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt,
-                          int late) {
+                          int next) {
   KCU_TRACE_SCOPE(KCU_TR_ATTN);
   static_assert(KCU_FA_NT == KCU_DEC_NT, "kcu_attn_merge_last works with the SIMT decode kernel's CTA size");
   constexpr bool TM = ST > 0;
@@ -1035,7 +1035,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
         kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
                             kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_OLD, fresh);
-    kcu_pdl_wait_launch(late); /* late: when the CTAs exit */
+    kcu_pdl_wait_launch(next); /* at the end: when the CTAs exit */
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
         kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
@@ -1185,7 +1185,7 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
       KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, tm, 2 * kv.layer, c->dm.hdr,
                  c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G,
                  scale, window, c->dec_mchunk, c->attn_part, c->attn_cnt,
-                 kcu_pdl_late(c, KCU_LATE_ATTN, n_seqs));
+                 kcu_pdl_next(c, KCU_PDL_ATTN, n_seqs));
       return 0;
     }
   }

@@ -122,13 +122,13 @@ __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int d
  * that might alias it). dim % 8 == 0, rows 16-byte aligned; out may alias x. */
 template <typename T, int NT, int V>
 __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
-                                                         float eps, int late) {
+                                                         float eps, int next) {
   KCU_TRACE_SCOPE(KCU_TR_NORM);
   __shared__ float red[KCU_MAX_WARPS];
   const int n8 = dim / 8;
   float4 wv[V][2];
   kcu_norm_load_w<NT, V>(wv, w, n8);
-  kcu_pdl_wait_launch(late);
+  kcu_pdl_wait_launch(next);
   const size_t row = (size_t)blockIdx.x * n8;
   const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + row;
   uint4 *r8 = reinterpret_cast<uint4 *>(res) + row;
@@ -157,7 +157,7 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
     for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
   }
   kcu_norm_row_out<T, NT, V>(v, ss, wv, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
-  kcu_pdl_launch_late(late);
+  kcu_pdl_launch_late(next);
 }
 
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
@@ -166,13 +166,13 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
     if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V) {
       KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT_SMALL, KCU_NORM_V>, n, KCU_NORM_NT_SMALL, 0,
                                      (T *)out, (T *)residual, (const T *)x, w, dim, eps,
-                                     kcu_pdl_late(c, KCU_LATE_NORM, n)));
+                                     kcu_pdl_next(c, KCU_PDL_NORM, n)));
       return 0;
     }
     if (dim <= 8 * KCU_NORM_NT * KCU_NORM_V) {
       KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT, KCU_NORM_V>, n, KCU_NORM_NT, 0, (T *)out,
                                      (T *)residual, (const T *)x, w, dim, eps,
-                                     kcu_pdl_late(c, KCU_LATE_NORM, n)));
+                                     kcu_pdl_next(c, KCU_PDL_NORM, n)));
       return 0;
     }
   }
@@ -304,7 +304,7 @@ template <typename T>
 __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stride, T *kc, T *vc,
                                      const int32_t *positions, const int32_t *slots, const float *inv_freq,
                                      int n_tokens, int n_heads, int n_kv, int head_dim, int n_rot, int neox,
-                                     float attn_factor, long long n_slots, int late) {
+                                     float attn_factor, long long n_slots, int next) {
   KCU_TRACE_SCOPE(KCU_TR_ROPE);
   const int half = n_rot / 2, q_items = n_heads * half, k_items = n_kv * half;
   const int tail = head_dim - n_rot, row = n_kv * head_dim;
@@ -315,7 +315,7 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
   auto angle = [&](int t, float *s, float *co) { kcu_rope_sincos(positions[t], inv_freq[p], attn_factor, s, co); };
   float s = 0.f, co = 0.f;
   if (rot && (int)blockIdx.y < n_tokens) angle(blockIdx.y, &s, &co);
-  kcu_pdl_wait_launch(late);
+  kcu_pdl_wait_launch(next);
   if (item >= per) return;
   for (int t = blockIdx.y; t < n_tokens; t += gridDim.y) {
     if (t != (int)blockIdx.y && rot) angle(t, &s, &co);
@@ -343,7 +343,7 @@ __global__ void kcu_rope_kv_append_k(T *q, int q_stride, T *k, T *v, int kv_stri
     }
     vc[(size_t)slot * row + e - n_kv * tail] = v[(size_t)t * kv_stride + e - n_kv * tail];
   }
-  kcu_pdl_launch_late(late);
+  kcu_pdl_launch_late(next);
 }
 
 int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, int q_stride, void *k, void *v,
@@ -371,7 +371,7 @@ int kcu__rope_kv_append(kcu_ctx_t *c, kern_kv_pool_t *pool, int layer, void *q, 
                                  c->dm.positions, c->dm.slots, (const float *)r->inv_freq->data, c->n_tokens, n_heads,
                                  cf->n_kv_heads, hd, r->n_rot, r->mode == KERN_ROPE_NEOX, r->attn_factor,
                                  (long long)cf->n_blocks * cf->block_size,
-                                 kcu_pdl_late(c, KCU_LATE_ROPE, c->n_tokens)));
+                                 kcu_pdl_next(c, KCU_PDL_ROPE, c->n_tokens)));
   return 0;
 }
 
@@ -414,9 +414,9 @@ int kcu__kv_copy(kcu_ctx_t *c, kern_kv_pool_t *pool, const int32_t *pairs_dev, i
  * bits, per element) made the kernel bound by its instructions: 20 us a
  * Llama-3-8B layer at 256 tokens (docs/bench/gpu.md, session 27). */
 template <typename T, int V>
-__global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride, int late) {
+__global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d, int stride, int next) {
   KCU_TRACE_SCOPE(KCU_TR_SILU);
-  kcu_pdl_wait_launch(late);
+  kcu_pdl_wait_launch(next);
   const int j = (blockIdx.x * blockDim.x + threadIdx.x) * V;
   if (j >= d) return;
   for (int r = blockIdx.y; r < n; r += gridDim.y) {
@@ -432,14 +432,14 @@ __global__ void kcu_silu_mul_k(T *out, const T *gate, const T *up, int n, int d,
       out[o] = kcu_silu_mul1<T>(kcu_f(gate[in]), kcu_f(up[in]));
     }
   }
-  kcu_pdl_launch_late(late);
+  kcu_pdl_launch_late(next);
 }
 
 template <typename T, int V>
 static int kcu_silu_mul_launch(kcu_ctx_t *c, T *out, const T *gate, const T *up, int n, int d, int stride) {
   const dim3 grid(kcu_div_up(d / V, KCU_ELEM_NT), FR_MIN(n, 65535));
   KCU_LAUNCH(c, kcu_silu_mul_k<T, V>, grid, KCU_ELEM_NT, 0, out, gate, up, n, d, stride,
-             kcu_pdl_late(c, KCU_LATE_SILU, n));
+             kcu_pdl_next(c, KCU_PDL_SILU, n));
   return 0;
 }
 

@@ -133,6 +133,7 @@ START_TEST(test_refused_until_first_ready) {
   teardown();
   start_not_ready = true;
   start_server(NULL, 0, 0);
+  start_not_ready = false; /* the later tests' servers start ready (CK_FORK=no runs them in this process) */
   ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
   check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
   ck_assert_int_eq(atomic_load(&fake.n_submits), 0);

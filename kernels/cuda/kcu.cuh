@@ -170,6 +170,11 @@ typedef struct {
   size_t f32_tmp_n;
   void *samp_dev, *samp_pin; /* sample params in, (token, logprob) out */
   size_t samp_cap; /* rows */
+  void *samp_part;           /* the split first pass's partials (kcu_sample.cu) */
+  size_t samp_part_n;
+  int32_t *samp_cnt;         /* per row: its CTAs done; the last one merges and resets it to 0 */
+  size_t samp_cnt_n;
+  int samp_split;            /* FERRUM_CUDA_SAMPLE_SPLIT: at most this many CTAs a row (0: the default) */
   kcu_pen_t *pen_dev, *pen_pin; /* the step's penalized tokens (kcu_sample) */
   size_t pen_cap;
   int32_t *pen_sort;         /* host scratch for building them */

@@ -474,6 +474,8 @@ static void kcu_destroy(void *ctx) {
   if (c->meta_pin) cudaFreeHost(c->meta_pin);
   if (c->samp_pin) cudaFreeHost(c->samp_pin);
   kcu__free(c->samp_dev);
+  kcu__free(c->samp_part);
+  kcu__free(c->samp_cnt);
   kcu__free(c->deq);
   kcu__free(c->xq);
   kcu__free(c->xqd);
@@ -591,6 +593,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->q6f = kcu_env_int("FERRUM_CUDA_Q6F", 1, 0, 1);
   c->q4g = kcu_env_int("FERRUM_CUDA_Q4G", 1, 0, 1);
   c->q4g_raw = kcu_env_int("FERRUM_CUDA_Q4G_RAW", 1, 0, 1);
+  c->samp_split = kcu_env_int("FERRUM_CUDA_SAMPLE_SPLIT", 0, 0, 64);
   c->pdl_late = kcu_env_int("FERRUM_CUDA_PDL_LATE", -1, 0, 15);
   c->pdl_early = kcu_env_int("FERRUM_CUDA_PDL_EARLY", -1, 0, 15);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));

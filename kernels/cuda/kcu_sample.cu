@@ -16,6 +16,13 @@
  * result does not depend on the row's place in the batch. The logprob is the
  * log-softmax of the raw logits at temperature 1 (what vLLM returns).
  *
+ * The first pass over a row (its argmax and log-sum-exp) is split over
+ * up to KCU_SAMP_SPLIT CTAs where the rows are fewer than the SMs can take
+ * twice over: each CTA reduces a chunk of the row and leaves its partial,
+ * and the last CTA of the row to finish (a counter) merges them and goes on
+ * alone with the rest. One CTA going through a whole 128k vocabulary took
+ * 22 us, a step's largest kernel after the matmuls at batch 1.
+ *
  * The sample op (kcu__sample, at the end) is the host side: it lists each
  * row's penalized tokens, uploads them with the parameters and the masks,
  * launches the kernel (one for the whole batch, guided rows or not) and
@@ -30,6 +37,7 @@
 
 #define KCU_SAMP_NT 1024 /* threads per CTA: the most a CTA can have, as one CTA goes through a
                             whole row of the vocabulary (several times) alone */
+#define KCU_SAMP_SPLIT 16 /* CTAs a row's first pass is split over at most */
 #define KCU_RADIX_BITS 8 /* key bits a radix-selection pass: 4 passes, histograms of 256 bins */
 #define KCU_RADIX (1 << KCU_RADIX_BITS)
 #define KCU_MASS_ONE 1099511627776.0 /* 2^40 */
@@ -102,6 +110,13 @@ __device__ uint64_t kcu_bmax64(uint64_t v, uint64_t *red) {
 __device__ __forceinline__ uint64_t kcu_pack_arg(float v, int i) {
   return ((uint64_t)kcu_fkey(v) << 32) | (uint64_t)(0xffffffffu - (uint32_t)i);
 }
+
+/* A chunk's first pass: its packed argmax and sum of exp(x - xmax) over
+ * the chunk, xmax its own largest logit. */
+typedef struct {
+  unsigned long long best;
+  float xmax, se;
+} kcu_samp_part_t;
 
 /* Radix selection of a threshold key among keys >= lo: the largest t with
  * weight(key >= t) >= target, where weight is a count (MASS false) or the
@@ -212,23 +227,11 @@ template <typename T> __device__ void kcu_apply_mask(T *x, int vocab, const uint
   __syncthreads();
 }
 
+/* The first pass over x[c0, c1): the packed argmax, its logit, and the
+ * sum of exp(x - that logit) (online: the sum is rescaled when the running
+ * max grows). c0 % 8 == 0. */
 template <typename T>
-__global__ void __launch_bounds__(KCU_SAMP_NT)
-    kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, const uint32_t *masks,
-                 int32_t *res) {
-  KCU_TRACE_SCOPE(KCU_TR_SAMPLE);
-  kcu_pdl_enter();
-  __shared__ unsigned long long hist[KCU_RADIX];
-  __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];
-  __shared__ float red[KCU_SAMP_NT / KCU_WARP];
-  __shared__ uint32_t bc[4];
-  __shared__ float raw_tok;
-  const int row = blockIdx.x;
-  T *x = logits + (size_t)row * vocab;
-  const kcu_sparams_t p = params[row];
-
-  /* one pass: argmax and the log-sum-exp (online: the sum is rescaled when
-   * the running max grows) */
+__device__ kcu_samp_part_t kcu_samp_pass(const T *x, int vocab, int c0, int c1, uint64_t *red64, float *red) {
   uint64_t best = 0;
   float m = -INFINITY, se = 0.f;
   auto see = [&](float v, int i) {
@@ -243,19 +246,77 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
   };
   if (vocab % 8 == 0 && ((uintptr_t)x & 15) == 0) {
     const uint4 *x8 = reinterpret_cast<const uint4 *>(x);
-    for (int j = threadIdx.x; j < vocab / 8; j += blockDim.x) {
+    for (int j = c0 / 8 + threadIdx.x; j < c1 / 8; j += blockDim.x) {
       float f[8];
-      kcu_unpack8(x8[j], f, (const T *)0); /* not __ldg: penalties write x below */
+      kcu_unpack8(x8[j], f, (const T *)0); /* not __ldg: penalties write x later */
 #pragma unroll
       for (int e = 0; e < 8; e++) see(f[e], 8 * j + e);
     }
   } else {
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) see(kcu_f(x[i]), i);
+    for (int i = c0 + threadIdx.x; i < c1; i += blockDim.x) see(kcu_f(x[i]), i);
   }
-  best = kcu_bmax64(best, red64);
+  kcu_samp_part_t r;
+  r.best = kcu_bmax64(best, red64);
+  r.xmax = r.best ? kcu_f(x[(int)(0xffffffffu - (uint32_t)r.best)]) : -INFINITY;
+  r.se = kcu_bsum(m == -INFINITY ? 0.f : se * __expf(m - r.xmax), red);
+  return r;
+}
+
+/* The row's n partials merged by its last CTA: the argmax of them all, its
+ * logit, and the sum of exp(x - that logit) over the row. */
+__device__ kcu_samp_part_t kcu_samp_merge(const kcu_samp_part_t *part, int n, uint64_t *red64, float *red) {
+  kcu_samp_part_t q = {0ull, -INFINITY, 0.f};
+  if ((int)threadIdx.x < n) q.best = __ldcg(&part[threadIdx.x].best), q.xmax = __ldcg(&part[threadIdx.x].xmax),
+                            q.se = __ldcg(&part[threadIdx.x].se);
+  kcu_samp_part_t r;
+  r.best = kcu_bmax64(q.best, red64);
+  float xmax = -INFINITY;
+  for (int k = 0; k < n; k++) /* the winner's logit: a partial whose best is the row's */
+    if (__ldcg(&part[k].best) == r.best) xmax = __ldcg(&part[k].xmax);
+  r.xmax = xmax;
+  r.se = kcu_bsum(q.se > 0.f ? q.se * __expf(q.xmax - xmax) : 0.f, red);
+  return r;
+}
+
+/* Grid (rows, splits): CTA (row, k) takes chunk k of the row's first pass;
+ * with one split it is the whole row. part / cnt: the rows' partials
+ * (splits a row) and counters (0 between launches). */
+template <typename T>
+__global__ void __launch_bounds__(KCU_SAMP_NT)
+    kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, const uint32_t *masks,
+                 int32_t *res, kcu_samp_part_t *part, int32_t *cnt) {
+  KCU_TRACE_SCOPE(KCU_TR_SAMPLE);
+  kcu_pdl_enter();
+  __shared__ unsigned long long hist[KCU_RADIX];
+  __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];
+  __shared__ float red[KCU_SAMP_NT / KCU_WARP];
+  __shared__ uint32_t bc[4];
+  __shared__ float raw_tok;
+  __shared__ int last;
+  const int row = blockIdx.x, n_split = gridDim.y, k = blockIdx.y;
+  T *x = logits + (size_t)row * vocab;
+  const kcu_samp_part_t *rp = part + (size_t)row * n_split;
+
+  /* the first pass, over chunk k (a multiple of 8 long) */
+  const int chunk = (vocab / n_split + 8) & ~7;
+  kcu_samp_part_t f = kcu_samp_pass(x, vocab, min(k * chunk, vocab), min((k + 1) * chunk, vocab), red64, red);
+  if (n_split > 1) {
+    if (threadIdx.x == 0) {
+      part[(size_t)row * n_split + k] = f;
+      __threadfence();
+      last = atomicAdd(&cnt[row], 1) == n_split - 1;
+      if (last) cnt[row] = 0; /* every CTA of the row has counted: ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    f = kcu_samp_merge(rp, n_split, red64, red);
+  }
+  const kcu_sparams_t p = params[row];
+  uint64_t best = f.best;
   int amax = (int)(0xffffffffu - (uint32_t)best);
-  float xmax = kcu_f(x[amax]);
-  const float lse = xmax + __logf(kcu_bsum(m == -INFINITY ? 0.f : se * __expf(m - xmax), red));
+  float xmax = f.xmax;
+  const float lse = xmax + __logf(f.se);
   if (p.top_n > 0) kcu_top_logprobs(x, vocab, min(p.top_n, KERN_SAMPLE_MAX_TOP), xmax, lse,
                                     res + 2 * gridDim.x + (size_t)row * 2 * KERN_SAMPLE_MAX_TOP, hist, bc);
   if (p.n_pen > 0 || p.n_mask > 0) { /* the logprob stays that of the raw logits (as vLLM); the rest sees the
@@ -317,12 +378,52 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
 
 /* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
  * logprob) per row for the rows that want top logprobs. */
+/* CTAs a row's first pass takes: up to KCU_SAMP_SPLIT (c->samp_split when
+ * set) while the rows leave SMs idle, chunks of at least 2048 logits. */
+static int kcu_samp_splits(const kcu_ctx_t *c, int n_rows, int vocab) {
+  int sp = (2 * c->n_sm + n_rows - 1) / n_rows;
+  sp = FR_MIN(sp, c->samp_split > 0 ? c->samp_split : KCU_SAMP_SPLIT);
+  return FR_MAX(FR_MIN(sp, vocab / 2048), 1);
+}
+
+/* Room for the split first pass of n_rows rows in sp CTAs each: partials
+ * and per-row counters (zeroed; the kernel leaves them at 0). */
+static int kcu_samp_part_reserve(kcu_ctx_t *c, int n_rows, int sp) {
+  if (sp <= 1) return 0;
+  const size_t parts = (size_t)n_rows * sp;
+  if (parts > c->samp_part_n) {
+    const size_t want = FR_MAX(parts, 2 * c->samp_part_n);
+    kcu__free(c->samp_part);
+    c->samp_part = NULL;
+    c->samp_part_n = 0;
+    int rc = kcu__alloc(c, want * sizeof(kcu_samp_part_t), &c->samp_part, "sampling partials");
+    if (rc) return rc;
+    c->samp_part_n = want;
+  }
+  if ((size_t)n_rows > c->samp_cnt_n) {
+    const size_t want = FR_MAX((size_t)n_rows, 2 * c->samp_cnt_n);
+    kcu__free(c->samp_cnt);
+    c->samp_cnt = NULL;
+    c->samp_cnt_n = 0;
+    int rc = kcu__alloc(c, want * sizeof(int32_t), (void **)&c->samp_cnt, "sampling counters");
+    if (rc) return rc;
+    KCU_CHECK(cudaMemsetAsync(c->samp_cnt, 0, want * sizeof(int32_t), c->stream));
+    c->samp_cnt_n = want;
+  }
+  return 0;
+}
+
+/* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
+ * logprob) per row for the rows that want top logprobs. */
 static int kcu_sample_launch(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const void *params_dev,
                              void *pen_dev, const uint32_t *mask_dev, void *result_dev) {
+  const int sp = kcu_samp_splits(c, n_rows, vocab);
+  int rc = kcu_samp_part_reserve(c, n_rows, sp);
+  if (rc) return rc;
   /* the logits are the step's scratch: rows with penalties or masks are rewritten */
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, n_rows, KCU_SAMP_NT, 0, (T *)logits, vocab,
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_sample_k<T>, dim3(n_rows, sp), KCU_SAMP_NT, 0, (T *)logits, vocab,
                                  (const kcu_sparams_t *)params_dev, (kcu_pen_t *)pen_dev, mask_dev,
-                                 (int32_t *)result_dev));
+                                 (int32_t *)result_dev, (kcu_samp_part_t *)c->samp_part, c->samp_cnt));
   return 0;
 }
 

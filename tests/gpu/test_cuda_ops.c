@@ -1645,30 +1645,41 @@ END_TEST
 
 static void *upload_logits(const float *l, int rows, int vocab) { return gpu_put(l, (size_t)rows * vocab); }
 
+/* Greedy rows against the host: argmax (the first on ties) and its
+ * logprob. Few rows split a row's first pass over CTAs (kcu_sample.cu),
+ * 300 rows do not; odd vocabularies take the scalar loads; a row that is
+ * -inf but for a few logits late in the row, and a row of equal logits. */
 START_TEST(test_sample_greedy) {
-  int rows = 5, vocab = 50000;
-  float *l = rand_vec((size_t)rows * vocab, 3.f);
-  void *d = upload_logits(l, rows, vocab);
-  kern_sample_params_t p[5];
-  memset(p, 0, sizeof p);
-  int32_t tok[5];
-  float lp[5];
-  int rc = gpu->ops->sample(gpu->ctx, d, rows, vocab, p, tok, lp);
-  ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
-  for (int r = 0; r < rows; r++) {
-    const float *x = l + (size_t)r * vocab;
-    int best = 0;
-    double mx = -INFINITY, se = 0;
-    for (int i = 0; i < vocab; i++)
-      if (x[i] > x[best]) best = i;
-    mx = x[best];
-    for (int i = 0; i < vocab; i++) se += exp((double)x[i] - mx);
-    double ref_lp = x[best] - mx - log(se);
-    ck_assert_int_eq(tok[r], best);
-    ck_assert_msg(fabs(lp[r] - ref_lp) < 2e-3, "logprob %f vs %f", lp[r], ref_lp);
+  static const struct {
+    int rows, vocab;
+  } shapes[] = {{5, 50000}, {1, 128256}, {3, 50001}, {40, 32000}, {300, 4096}, {2, 20000}};
+  for (size_t si = 0; si < FR_ARRAY_SIZE(shapes); si++) {
+    const int rows = shapes[si].rows, vocab = shapes[si].vocab;
+    float *l = rand_vec((size_t)rows * vocab, 3.f);
+    if (si == FR_ARRAY_SIZE(shapes) - 1) {
+      for (int i = 0; i < vocab; i++) l[i] = i == vocab - 3 || i == vocab - 700 ? 1.f - (i == vocab - 3) : -INFINITY;
+      for (int i = 0; i < vocab; i++) l[vocab + i] = 0.5f;
+    }
+    void *d = upload_logits(l, rows, vocab);
+    kern_sample_params_t *p = fr_calloc((size_t)rows, sizeof *p);
+    int32_t *tok = fr_malloc((size_t)rows * sizeof *tok);
+    float *lp = fr_malloc((size_t)rows * sizeof *lp);
+    int rc = gpu->ops->sample(gpu->ctx, d, rows, vocab, p, tok, lp);
+    ck_assert_msg(rc == 0, "sample: %s", fr_last_error());
+    for (int r = 0; r < rows; r++) {
+      const float *x = l + (size_t)r * vocab;
+      int best = 0;
+      for (int i = 0; i < vocab; i++)
+        if (x[i] > x[best]) best = i;
+      double mx = x[best], se = 0;
+      for (int i = 0; i < vocab; i++) se += exp((double)x[i] - mx);
+      double ref_lp = x[best] - mx - log(se);
+      ck_assert_msg(tok[r] == best, "%d x %d, row %d: token %d vs %d", rows, vocab, r, tok[r], best);
+      ck_assert_msg(fabs(lp[r] - ref_lp) < 2e-3, "%d x %d, row %d: logprob %f vs %f", rows, vocab, r, lp[r], ref_lp);
+    }
+    gpu->ops->free(gpu->ctx, d);
+    free(l), free(p), free(tok), free(lp);
   }
-  gpu->ops->free(gpu->ctx, d);
-  free(l);
 }
 END_TEST
 

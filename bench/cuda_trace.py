@@ -45,6 +45,10 @@ def main():
             run[label].append((s[i][2] - s[i][1]) / 1e3)
             pre[label].append((s[i][1] - s[i][0]) / 1e3)
     print("steps %d, first entry to last exit (us): %s" % (len(steps), " ".join("%.1f" % t for t in spans)))
+    gaps = [(b[0][0] - a[-1][2]) / 1e3 for a, b in zip(steps, steps[1:])]
+    if gaps:
+        print("between steps, the sampler's exit to the next step's first entry (us): %s"
+              % " ".join("%.1f" % t for t in gaps))
     print("%-18s %7s %9s %9s %11s %12s" % ("kernel/ctas", "a step", "cost us", "us a step", "wait->exit", "entry->wait"))
     for k in sorted(cost, key=lambda k: -sum(cost[k])):
         c = cost[k]

@@ -17,10 +17,10 @@
  * log-softmax of the raw logits at temperature 1 (what vLLM returns).
  *
  * The first pass over a row (its argmax and log-sum-exp) is split over
- * up to KCU_SAMP_SPLIT CTAs where the rows are fewer than the SMs can take
- * twice over: each CTA reduces a chunk of the row and leaves its partial,
- * and the last CTA of the row to finish (a counter) merges them and goes on
- * alone with the rest. One CTA going through a whole 128k vocabulary took
+ * up to KCU_SAMP_SPLIT CTAs where the rows are at most half the SMs: each
+ * CTA reduces a chunk of the row and leaves its partial, and the last CTA
+ * of the row to finish (a counter) merges them and goes on alone with the
+ * rest. One CTA going through a whole 128k vocabulary took
  * 22 us, a step's largest kernel after the matmuls at batch 1.
  *
  * The sample op (kcu__sample, at the end) is the host side: it lists each
@@ -376,12 +376,12 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
   }
 }
 
-/* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,
- * logprob) per row for the rows that want top logprobs. */
 /* CTAs a row's first pass takes: up to KCU_SAMP_SPLIT (c->samp_split when
- * set) while the rows leave SMs idle, chunks of at least 2048 logits. */
+ * set) while all of them fit one a SM, chunks of at least 2048 logits.
+ * Splitting 128 and 256 rows (3 and 2 CTAs a row) made a bf16 step 0.3-1%
+ * slower on H200 (docs/bench/gpu.md, session 40). */
 static int kcu_samp_splits(const kcu_ctx_t *c, int n_rows, int vocab) {
-  int sp = (2 * c->n_sm + n_rows - 1) / n_rows;
+  int sp = c->n_sm / n_rows;
   sp = FR_MIN(sp, c->samp_split > 0 ? c->samp_split : KCU_SAMP_SPLIT);
   return FR_MAX(FR_MIN(sp, vocab / 2048), 1);
 }

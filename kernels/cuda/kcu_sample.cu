@@ -378,8 +378,9 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
 
 /* CTAs a row's first pass takes: up to KCU_SAMP_SPLIT (c->samp_split when
  * set) while all of them fit one a SM, chunks of at least 2048 logits.
- * Splitting 128 and 256 rows (3 and 2 CTAs a row) made a bf16 step 0.3-1%
- * slower on H200 (docs/bench/gpu.md, session 40). */
+ * Splitting 128 and 256 rows (3 and 2 CTAs a row, a second wave) was no
+ * faster on H200: a bf16 step 0.3-1% slower in one call, within the
+ * card's spread in the next (docs/bench/gpu.md, session 40). */
 static int kcu_samp_splits(const kcu_ctx_t *c, int n_rows, int vocab) {
   int sp = c->n_sm / n_rows;
   sp = FR_MIN(sp, c->samp_split > 0 ? c->samp_split : KCU_SAMP_SPLIT);

@@ -51,11 +51,15 @@ static void start_server(const char *api_key, unsigned max_conn, unsigned timeou
 
 static void setup(void) { start_server(NULL, 0, 0); }
 
+/* Stops the server; the next one starts with the default knobs unless the
+ * test sets them after this (CK_FORK=no runs every test in one process). */
 static void teardown(void) {
   coord_http_stop(srv);
   http_fake_stop(&fake);
   coord_metrics_destroy(metrics);
   zmq_ctx_term(ctx);
+  request_timeout_s = keepalive_ms = engine_timeout_ms = per_ip = 0;
+  start_not_ready = false;
 }
 
 /* One request; returns the status and the body (malloc'd). */
@@ -133,7 +137,6 @@ START_TEST(test_refused_until_first_ready) {
   teardown();
   start_not_ready = true;
   start_server(NULL, 0, 0);
-  start_not_ready = false; /* the later tests' servers start ready (CK_FORK=no runs them in this process) */
   ck_assert_int_eq(http("GET", "/health", NULL, NULL, NULL), 503);
   check_error("/v1/completions", "{\"prompt\":\"hi\"}", 503, NULL);
   ck_assert_int_eq(atomic_load(&fake.n_submits), 0);

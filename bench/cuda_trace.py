@@ -12,7 +12,9 @@ A kernel's successor passes its PDL wait once the kernel has finished, so a
 kernel's cost on the critical path is the time from its own wait to its
 successor's. Steps end at the sampling kernel; the last N full steps
 (argument, default 4) are summed per kernel and grid size. Untraced kernels'
-time lands on the traced kernel before them.
+time lands on the traced kernel before them. The gap between consecutive
+steps (one sampler's exit to the next step's first traced kernel) is the
+host's turn: the result copy, the next step's metadata copy and its launch.
 """
 import collections
 import sys

@@ -387,31 +387,31 @@ static int kcu_samp_splits(const kcu_ctx_t *c, int n_rows, int vocab) {
   return FR_MAX(FR_MIN(sp, vocab / 2048), 1);
 }
 
+/* Grows a device buffer of *cap elements of elem bytes to hold n, at least
+ * twofold (its contents are lost); *grew says whether it did. */
+static int kcu_dev_grow(kcu_ctx_t *c, size_t n, size_t elem, void **dev, size_t *cap, const char *what, bool *grew) {
+  *grew = n > *cap;
+  if (!*grew) return 0;
+  const size_t want = FR_MAX(n, 2 * *cap);
+  kcu__free(*dev);
+  *dev = NULL;
+  *cap = 0;
+  int rc = kcu__alloc(c, want * elem, dev, what);
+  if (!rc) *cap = want;
+  return rc;
+}
+
 /* Room for the split first pass of n_rows rows in sp CTAs each: partials
  * and per-row counters (zeroed; the kernel leaves them at 0). */
 static int kcu_samp_part_reserve(kcu_ctx_t *c, int n_rows, int sp) {
   if (sp <= 1) return 0;
-  const size_t parts = (size_t)n_rows * sp;
-  if (parts > c->samp_part_n) {
-    const size_t want = FR_MAX(parts, 2 * c->samp_part_n);
-    kcu__free(c->samp_part);
-    c->samp_part = NULL;
-    c->samp_part_n = 0;
-    int rc = kcu__alloc(c, want * sizeof(kcu_samp_part_t), &c->samp_part, "sampling partials");
-    if (rc) return rc;
-    c->samp_part_n = want;
-  }
-  if ((size_t)n_rows > c->samp_cnt_n) {
-    const size_t want = FR_MAX((size_t)n_rows, 2 * c->samp_cnt_n);
-    kcu__free(c->samp_cnt);
-    c->samp_cnt = NULL;
-    c->samp_cnt_n = 0;
-    int rc = kcu__alloc(c, want * sizeof(int32_t), (void **)&c->samp_cnt, "sampling counters");
-    if (rc) return rc;
-    KCU_CHECK(cudaMemsetAsync(c->samp_cnt, 0, want * sizeof(int32_t), c->stream));
-    c->samp_cnt_n = want;
-  }
-  return 0;
+  bool grew;
+  int rc = kcu_dev_grow(c, (size_t)n_rows * sp, sizeof(kcu_samp_part_t), &c->samp_part, &c->samp_part_n,
+                        "sampling partials", &grew);
+  if (!rc) rc = kcu_dev_grow(c, (size_t)n_rows, sizeof(int32_t), (void **)&c->samp_cnt, &c->samp_cnt_n,
+                             "sampling counters", &grew);
+  if (!rc && grew) KCU_CHECK(cudaMemsetAsync(c->samp_cnt, 0, c->samp_cnt_n * sizeof(int32_t), c->stream));
+  return rc;
 }
 
 /* result_dev: (token, logprob) per row, then KERN_SAMPLE_MAX_TOP (id,

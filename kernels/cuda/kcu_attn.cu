@@ -905,12 +905,14 @@ enum { KCU_DM_ALL, KCU_DM_OLD, KCU_DM_NEW };
  * into sk / sv, counted on bar. Lane g takes rows kb + 16 g .. + 15, one
  * copy a 64-column half of K and of V, where they meet [start, stop); the
  * others are not loaded (their scores are masked, their V rows zeroed).
- * part: KCU_DM_ALL, or the groups before / from row `fresh`. */
+ * The block table row bt's first KCU_WARP entries are in bt_lane (lane l
+ * holds entry l). part: KCU_DM_ALL, or the groups before / from row
+ * `fresh`. */
 template <int HD>
 __device__ __forceinline__ void kcu_dm_tma_tile(uint32_t sk, uint32_t sv, uint32_t bar, const CUtensorMap *tm,
-                                                int plane, const int32_t *bt, int kb, int start, int stop, int bs,
-                                                int n_blocks, int kvh, int lane, int part = KCU_DM_ALL,
-                                                int fresh = 0) {
+                                                int plane, const int32_t *bt, int bt_lane, int kb, int start,
+                                                int stop, int bs, int n_blocks, int kvh, int lane,
+                                                int part = KCU_DM_ALL, int fresh = 0) {
   constexpr int HALVES = HD / 64, GROUP_BYTES = 16 * 128;
   const int j = kb + 16 * lane;
   const bool live = lane < KCU_FA_BN / 16 && j < stop && j + 16 > start;
@@ -918,8 +920,9 @@ __device__ __forceinline__ void kcu_dm_tma_tile(uint32_t sk, uint32_t sv, uint32
   if (part != KCU_DM_NEW && lane == 0) kcu_mbar_expect(bar, (uint32_t)(__popc(m) * 2 * HALVES * GROUP_BYTES));
   __syncwarp();
   const bool old = j + 16 <= fresh;
+  const int bi = j / bs, held = __shfl_sync(0xffffffffu, bt_lane, bi % KCU_WARP);
   if (!live || (part == KCU_DM_OLD && !old) || (part == KCU_DM_NEW && old)) return;
-  const int bi = j / bs, row = kcu_kv_block(bt[bi], n_blocks) * bs + (j - bi * bs);
+  const int row = kcu_kv_block(bi < KCU_WARP ? held : bt[bi], n_blocks) * bs + (j - bi * bs);
   kcu_fence_proxy_async(); /* V rows zeroed a round of stages ago, before the copies overwrite them */
 #pragma unroll
   for (int h = 0; h < HALVES; h++) {
@@ -943,14 +946,20 @@ __device__ __forceinline__ void kcu_dm_zero_v(uint32_t sv, int kb, int start, in
 
 /* The four warps' (m, l, O) of rows g and g + 8 (m in log2 units, l the
  * lane's part of the row's sum), merged through shared memory (sm: 4 x
- * (16 x HD + 32) floats, free once the K/V loop is done) into the G rows
- * of dst, (G, HD); or, with part (one split of several), into the G rows
- * of part (row stride part_stride floats) as kcu_attn_merge_last reads
- * them: O normalized, then its log-sum-exp (natural units). */
+ * (16 x (HD + 8) + 32) floats, free once the K/V loop is done) into the G
+ * rows of dst, (G, HD); or, with part (one split of several), into the G
+ * rows of part (row stride part_stride floats) as kcu_attn_merge_last reads
+ * them: O normalized, then its log-sum-exp (natural units). The warps swap
+ * their rows' (m, l) first, so that each lane scales its own O by its
+ * warp's weight exp2(m - M) / den before storing it, and an output pair is
+ * four loads and adds (it was four exponentials, dependent shared-memory
+ * loads and a division an output: batch 1 1.2% slower, docs/bench/gpu.md,
+ * session 41). O rows are HD + 8 floats apart, so that the 4 rows of a
+ * store fall in different banks. */
 template <typename T, int HD>
 __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, const float (*o)[4], const float *m,
                            float *l, int G, int warp, int lane) {
-  constexpr int W = 16 * HD + 32; /* a warp's floats: O rows, then m, then l */
+  constexpr int RS = HD + 8, W = 16 * RS + 32; /* a warp's floats: O rows, then m, then l */
   float *w = sm + warp * W;
   const int g = lane >> 2, c = 2 * (lane & 3);
 #pragma unroll
@@ -958,38 +967,50 @@ __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, cons
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
     const int row = g + 8 * r;
-    if (row >= G) continue;
-#pragma unroll
-    for (int d = 0; d < HD / 8; d++)
-      w[row * HD + d * 8 + c] = o[d][2 * r], w[row * HD + d * 8 + c + 1] = o[d][2 * r + 1];
-    if (c == 0) w[16 * HD + row] = m[r], w[16 * HD + 16 + row] = l[r];
+    if (row < G && c == 0) w[16 * RS + row] = m[r], w[16 * RS + 16 + row] = l[r];
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < G * HD; e += KCU_FA_NT) {
-    const int row = e / HD, d = e % HD;
-    float M = -INFINITY, num = 0.f, den = 0.f;
-    for (int k = 0; k < KCU_FA_WARPS; k++) M = fmaxf(M, sm[k * W + 16 * HD + row]);
+#pragma unroll
+  for (int r = 0; r < 2; r++) {
+    const int row = g + 8 * r;
+    if (row >= G) continue;
+    float M = -INFINITY, den = 0.f;
+#pragma unroll
+    for (int k = 0; k < KCU_FA_WARPS; k++) M = fmaxf(M, sm[k * W + 16 * RS + row]);
     if (M != -INFINITY)
-      for (int k = 0; k < KCU_FA_WARPS; k++) {
-        const float f = exp2f(sm[k * W + 16 * HD + row] - M);
-        num += f * sm[k * W + row * HD + d];
-        den += f * sm[k * W + 16 * HD + 16 + row];
-      }
-    const float v = den > 0.f ? num / den : 0.f;
+#pragma unroll
+      for (int k = 0; k < KCU_FA_WARPS; k++)
+        den += exp2f(sm[k * W + 16 * RS + row] - M) * sm[k * W + 16 * RS + 16 + row];
+    const float f = den > 0.f ? exp2f(m[r] - M) / den : 0.f;
+#pragma unroll
+    for (int d = 0; d < HD / 8; d++)
+      *reinterpret_cast<float2 *>(w + row * RS + d * 8 + c) = make_float2(o[d][2 * r] * f, o[d][2 * r + 1] * f);
+    if (part && c == 0 && warp == 0) /* the row's log-sum-exp, stored past O's HD + 8 */
+      w[row * RS + HD] = den > 0.f ? (M + __log2f(den)) * 0.6931471805599453f : -INFINITY;
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < G * HD / 2; e += KCU_FA_NT) {
+    const int row = e / (HD / 2), d = 2 * (e % (HD / 2));
+    float2 v = make_float2(0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < KCU_FA_WARPS; k++) {
+      const float2 x = *reinterpret_cast<const float2 *>(sm + k * W + row * RS + d);
+      v.x += x.x, v.y += x.y;
+    }
     if (!part) {
-      dst[(size_t)row * HD + d] = kcu_t<T>(v);
+      *reinterpret_cast<uint32_t *>(dst + (size_t)row * HD + d) = kcu_pack2<T>(v.x, v.y);
       continue;
     }
     float *p = part + (size_t)row * part_stride;
-    p[d] = v;
-    if (d == 0) p[HD] = den > 0.f ? (M + __log2f(den)) * 0.6931471805599453f : -INFINITY;
+    p[d] = v.x, p[d + 1] = v.y;
+    if (d == 0) p[HD] = sm[row * RS + HD];
   }
 }
 
 template <typename T, int HD, int ST>
 __global__ void __launch_bounds__(KCU_FA_NT)
     kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc,
-                          const __grid_constant__ CUtensorMap tm, int plane, const int32_t *hdr,
+                          const __grid_constant__ CUtensorMap tm, int plane, int max_blocks,
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                           int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt,
                           int next) {
@@ -1008,24 +1029,29 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const uint32_t bar = sq + SM::Q, skv = bar + SM::BAR, TILE = SM::TILE;
   const int kvh = blockIdx.y, s = blockIdx.z, warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int split = blockIdx.x, n_splits = gridDim.x;
-  const int t = q_start[s];
-  if (q_start[s + 1] - t != 1) {
+  /* What the copies before the PDL wait depend on, in one trip to memory:
+   * the sequence's query range and context, and (warp 0 of a TM CTA) its
+   * block table's first KCU_WARP entries, lane l entry l, which hold the
+   * rows of a context of up to KCU_WARP blocks (later ones are read where
+   * needed). One load after the other they were three trips, on the
+   * critical path at batch 1 (docs/bench/gpu.md, session 41). */
+  const int32_t *bt = bts + (size_t)s * max_blocks;
+  const int t = q_start[s], t_end = q_start[s + 1], ctx = ctx_len[s];
+  const int bt_lane = TM && warp == 0 && lane < max_blocks ? bt[lane] : 0;
+  if (t_end - t != 1) {
     if (TM) kcu_pdl_wait(); /* every CTA waits (kcu_pdl_wait) */
     return;
   }
-  const int max_blocks = hdr[2];
   /* up to 2 chunks, one split: measured on H200 (Llama-3-8B shapes, docs/bench/gpu.md, session 35), the merge
    * costs about what a split's two chunks do (a step at batch 1 and 161 tokens 3% faster, batch 8 4.5%) */
-  const kcu_dec_range r =
-      kcu_dec_split(ctx_len[s], max_blocks * bs, window, split, n_splits, min_chunk, 2 * min_chunk);
-  const int32_t *bt = bts + (size_t)s * max_blocks;
+  const kcu_dec_range r = kcu_dec_split(ctx, max_blocks * bs, window, split, n_splits, min_chunk, 2 * min_chunk);
   /* TM: tiles from the 16-token group of start, in the copies' layout */
   const int kb0 = TM ? r.start & ~15 : r.start;
   if constexpr (TM) {
     /* The first stages' rows that earlier steps wrote are copied before the
      * PDL wait (kcu_pdl_wait says why they may be), this step's one after it
      * with the query: the copies overlap the rope + K/V append kernel. */
-    const int fresh = min(ctx_len[s], max_blocks * bs) - 1;
+    const int fresh = min(ctx, max_blocks * bs) - 1;
     if (threadIdx.x == 0) {
       for (int b = 0; b < ST; b++) kcu_mbar_init(bar + 8 * b, 1);
       kcu_mbar_init_fence();
@@ -1033,12 +1059,12 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     __syncthreads();
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
-        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
+        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt, bt_lane,
                             kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_OLD, fresh);
     kcu_pdl_wait_launch(next); /* at the end: when the CTAs exit */
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
-        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt,
+        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt, bt_lane,
                             kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_NEW, fresh);
   }
   for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
@@ -1054,6 +1080,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
                                            n_kv, kvh);
     kcu_cp_commit();
   }
+  KCU_TRACE_MARK(0); /* trace marks: 0 the loads issued, 1 the first tile in, 2.. each tile done, 7 the merge */
   /* every row is the one query at cache index stop - 1: mask outside [start, stop) */
   const int qpos[2] = {r.stop - 1, r.stop - 1}, qlo[2] = {r.start, r.start}, k0 = warp * 16;
   const float scale_log2 = scale * 1.4426950408889634f;
@@ -1068,8 +1095,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     if constexpr (TM) {
       const int kn = kb + (ST - 1) * KCU_FA_BN;
       if (warp == 0 && kn < r.stop)
-        kcu_dm_tma_tile<HD>(nk, nk + TILE, bar + 8 * nb, &tm, plane, bt, kn, r.start, r.stop, bs, n_blocks, kvh,
-                            lane);
+        kcu_dm_tma_tile<HD>(nk, nk + TILE, bar + 8 * nb, &tm, plane, bt, bt_lane, kn, r.start, r.stop, bs, n_blocks,
+                            kvh, lane);
       if (kb == kb0) kcu_cp_wait<0>();
       kcu_mbar_wait(bar + 8 * b, (uint32_t)(i / ST) & 1u);
       if (kb < r.start || kb + KCU_FA_BN > r.stop) kcu_dm_zero_v<HD>(sv, kb, r.start, r.stop);
@@ -1081,6 +1108,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       kcu_cp_wait<1>();
     }
     __syncthreads();
+    if (kb == kb0) KCU_TRACE_MARK(1);
     if (kb == kb0)
 #pragma unroll
       for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
@@ -1090,9 +1118,11 @@ __global__ void __launch_bounds__(KCU_FA_NT)
                               kb + k0 < r.start || kb + k0 + 16 > r.stop, lane);
     kcu_fa_pv<T, HD, 16, TM>(o, sc, sv, k0, lane);
     __syncthreads(); /* the buffer is loaded again NB - 1 tiles on */
+    KCU_TRACE_MARK(2 + (i < 4 ? i : 4));
   }
   kcu_cp_wait<0>(); /* the Q load when the range was empty */
   __syncthreads();
+  KCU_TRACE_MARK(7);
   float *sm = reinterpret_cast<float *>(smem + SM::Q + SM::BAR);
   if (r.n_used <= 1) { /* one split has the context (kcu_dec_end) */
     if (split == 0) kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, NULL, 0, sm, o, m, l, G, warp, lane);
@@ -1182,7 +1212,7 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
       const size_t smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
                           : st    ? (size_t)kcu_dm_smem<HD, 2>::BYTES
                                   : (size_t)kcu_dm_smem<HD, 0>::BYTES;
-      KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, tm, 2 * kv.layer, c->dm.hdr,
+      KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, tm, 2 * kv.layer, c->max_blocks,
                  c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G,
                  scale, window, c->dec_mchunk, c->attn_part, c->attn_cnt,
                  kcu_pdl_next(c, KCU_PDL_ATTN, n_seqs));

@@ -15,6 +15,9 @@ successor's. Steps end at the sampling kernel; the last N full steps
 time lands on the traced kernel before them. The gap between consecutive
 steps (one sampler's exit to the next step's first traced kernel) is the
 host's turn: the result copy, the next step's metadata copy and its launch.
+"TRM name entry m0 .. m7" lines are the points a kernel marks in its body
+(KCU_TRACE_MARK): each mark's mean time after the kernel's wait, per kernel
+and grid size, over the same steps (nan: a mark that CTA 0 never reached).
 """
 import collections
 import sys
@@ -22,11 +25,13 @@ import sys
 
 def main():
     n_steps = int(sys.argv[1]) if len(sys.argv) > 1 else 4
-    ev = []
+    ev, marks = [], {}
     for line in sys.stdin:
         p = line.split()
         if len(p) == 6 and p[0] == "TR":
             ev.append((int(p[2]), int(p[3]), int(p[4]), p[1], int(p[5])))
+        elif len(p) > 3 and p[0] == "TRM":
+            marks[(p[1], int(p[2]))] = [int(x) for x in p[3:]]
     ev.sort()
     steps, cur = [], []
     for e in ev:
@@ -57,6 +62,22 @@ def main():
         row = (k, len(c) / len(steps), sum(c) / len(c), sum(c) / len(steps), sum(run[k]) / len(c),
                sum(pre[k]) / len(c))
         print("%-18s %7.0f %9.2f %9.1f %11.2f %12.2f" % row)
+    print_marks(steps, marks)
+
+
+def print_marks(steps, marks):
+    """Each marked kernel's mean mark times after its wait (us)."""
+    after = collections.defaultdict(list)
+    for s in steps:
+        for e in s:
+            m = marks.get((e[3], e[0]))
+            if m:
+                after["%s/%d" % (e[3], e[4])].append([(t - e[1]) / 1e3 if t else float("nan") for t in m])
+    if after:
+        print("marks after the wait (us)")
+    for k, rows in sorted(after.items()):
+        mean = [sum(r[i] for r in rows) / len(rows) for i in range(len(rows[0]))]
+        print("%-18s %s" % (k, " ".join("%6.2f" % t for t in mean)))
 
 
 if __name__ == "__main__":

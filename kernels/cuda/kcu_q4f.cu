@@ -679,6 +679,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
   kcu_cp_commit();
   kcu_cp_wait<0>();
   __syncthreads();
+  KCU_TRACE_MARK(0); /* the activations staged */
   float acc0 = 0.f, acc2 = 0.f;
   constexpr int STEP = U * WK;
   for (int u0 = wk; u0 < units; u0 += STEP) {
@@ -690,6 +691,7 @@ __global__ void __launch_bounds__(WK *KCU_WARP)
     else kcu_q4g_row_mma<T, U, WK, true>(acc0, acc2, cur, kcu_q4g_xs, u0, units, t);
     cur = nxt;
   }
+  KCU_TRACE_MARK(1); /* the warp's units done */
   if (wk > 0) red[wk - 1][lane][0] = acc0, red[wk - 1][lane][1] = acc2;
   __syncthreads();
   if (wk > 0) return;

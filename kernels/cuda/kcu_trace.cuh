@@ -7,7 +7,10 @@
  * wait (kcu_pdl_wait) and at its exit; the backend's destroy prints the
  * records to stderr as "TR name entry wait exit ctas" (ns), and
  * bench/cuda_trace.py turns them into each kernel's cost on a decode
- * step's critical path (from its wait to its successor's). What the trace
+ * step's critical path (from its wait to its successor's). A kernel may
+ * also mark points of its body (KCU_TRACE_MARK(i), i < KCU_TR_MARKS): CTA
+ * 0's time there, printed as "TRM name entry m0 m1 ..." (0: not reached).
+ * What the trace
  * adds to a kernel is an atomic at entry, before the wait, and a few
  * stores at exit: batch-1 decode 7% slower (docs/bench/gpu.md, session
  * 37). Without KCU_TRACE, KCU_TRACE_SCOPE is nothing. */
@@ -33,9 +36,12 @@ enum kcu_trace_kernel {
 
 #define KCU_TR_CAP 65536 /* records a translation unit keeps; later ones are dropped */
 
+#define KCU_TR_MARKS 8
+
 struct kcu_tr_rec {
   unsigned long long entry, wait, exit;
   unsigned kernel, ctas;
+  unsigned long long mark[KCU_TR_MARKS];
 };
 
 /* Each translation unit has its own records, registered at start-up with
@@ -54,8 +60,15 @@ static void kcu_tr_dump(void) {
   if (cudaMemcpyFromSymbol(&n, kcu_tr_count, sizeof n) != cudaSuccess ||
       cudaMemcpyFromSymbol(h, kcu_tr_recs, sizeof h) != cudaSuccess)
     return;
-  for (unsigned i = 0; i < n && i < KCU_TR_CAP; i++)
+  for (unsigned i = 0; i < n && i < KCU_TR_CAP; i++) {
     fprintf(stderr, "TR %s %llu %llu %llu %u\n", names[h[i].kernel], h[i].entry, h[i].wait, h[i].exit, h[i].ctas);
+    bool any = false;
+    for (int k = 0; k < KCU_TR_MARKS; k++) any |= h[i].mark[k] != 0;
+    if (!any) continue;
+    fprintf(stderr, "TRM %s %llu", names[h[i].kernel], h[i].entry);
+    for (int k = 0; k < KCU_TR_MARKS; k++) fprintf(stderr, " %llu", h[i].mark[k]);
+    fprintf(stderr, "\n");
+  }
 }
 
 static struct kcu_tr_registrar {
@@ -76,21 +89,31 @@ __device__ __forceinline__ bool kcu_tr_cta0() {
  * (thread 0 of CTA 0 stays to the end of every traced kernel). */
 struct kcu_trace_scope {
   unsigned kernel, slot;
-  unsigned long long entry;
-  __device__ explicit kcu_trace_scope(unsigned k) : kernel(k), slot(KCU_TR_CAP), entry(kcu_tr_now()) {
+  unsigned long long entry, mark[KCU_TR_MARKS];
+  __device__ explicit kcu_trace_scope(unsigned k) : kernel(k), slot(KCU_TR_CAP), entry(kcu_tr_now()), mark{} {
     if (kcu_tr_cta0()) slot = atomicAdd(&kcu_tr_count, 1u);
   }
   __device__ ~kcu_trace_scope() {
-    if (kcu_tr_cta0() && slot < KCU_TR_CAP)
-      kcu_tr_recs[slot] = {entry, kcu_tr_wait, kcu_tr_now(), kernel, gridDim.x * gridDim.y * gridDim.z};
+    if (kcu_tr_cta0() && slot < KCU_TR_CAP) {
+      kcu_tr_rec &r = kcu_tr_recs[slot];
+      r.entry = entry, r.wait = kcu_tr_wait, r.exit = kcu_tr_now(), r.kernel = kernel;
+      r.ctas = gridDim.x * gridDim.y * gridDim.z;
+      for (int k = 0; k < KCU_TR_MARKS; k++) r.mark[k] = mark[k];
+    }
   }
 };
 #define KCU_TRACE_SCOPE(k) kcu_trace_scope kcu_trace_scope_here(k)
+/* CTA 0's time at point i of the traced kernel's body (the scope's). */
+#define KCU_TRACE_MARK(i)                                                                                             \
+  do {                                                                                                                \
+    if (kcu_tr_cta0() && (i) < KCU_TR_MARKS) kcu_trace_scope_here.mark[(i)] = kcu_tr_now();                          \
+  } while (0)
 __device__ __forceinline__ void kcu_trace_waited() {
   if (kcu_tr_cta0()) kcu_tr_wait = kcu_tr_now();
 }
 #else
 #define KCU_TRACE_SCOPE(k) ((void)0)
+#define KCU_TRACE_MARK(i) ((void)0)
 __device__ __forceinline__ void kcu_trace_waited() {}
 #endif
 

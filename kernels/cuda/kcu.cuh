@@ -146,7 +146,6 @@ typedef struct {
 
   /* step metadata: device buffer, pinned host mirror, host copies */
   void *meta_dev, *meta_pin;
-  size_t meta_bytes;
   int tok_cap, seq_cap;
   size_t bt_cap;
   kcu_meta_t dm, pm;       /* pointers into meta_dev / meta_pin */
@@ -168,7 +167,7 @@ typedef struct {
   size_t attn_cnt_n;
   float *f32_tmp;          /* to_f32_host staging */
   size_t f32_tmp_n;
-  void *samp_dev, *samp_pin; /* sample params in, (token, logprob) out */
+  void *samp_pin;            /* sample params in, (token, logprob) out: pinned, the sampler's own reads and writes */
   size_t samp_cap; /* rows */
   void *samp_part;           /* the split first pass's partials (kcu_sample.cu) */
   size_t samp_part_n;

@@ -180,23 +180,31 @@ void kcu__graphs_drop(kcu_ctx_t *c) {
   c->n_graphs = 0;
 }
 
-static void kcu_meta_layout(kcu_meta_t *m, void *base, int tok_cap, int seq_cap) {
+/* The arrays of a step of n_tok tokens and n_seq sequences, one after the
+ * other from base (the block tables last); returns the bytes up to the
+ * block tables. Laid out by the step's own counts, so that a step uploads
+ * the bytes it uses, not the buffers' capacity (which grows to the largest
+ * step's: after a step of 256 sequences at --max-model-len 4096, every
+ * later step uploaded their 256 KB of block tables); a captured graph
+ * replays steps of its own shape, so its pointers stay right. */
+static size_t kcu_meta_layout(kcu_meta_t *m, void *base, int n_tok, int n_seq) {
   int32_t *p = (int32_t *)base;
   m->hdr = p;
   p += 4;
   m->positions = p;
-  p += tok_cap;
+  p += n_tok;
   m->slots = p;
-  p += tok_cap;
+  p += n_tok;
   m->tokens = p;
-  p += tok_cap;
+  p += n_tok;
   m->q_start = p;
-  p += seq_cap + 1;
+  p += n_seq + 1;
   m->ctx_len = p;
-  p += seq_cap;
+  p += n_seq;
   m->pf_seqs = p;
-  p += seq_cap;
+  p += n_seq;
   m->block_tables = p;
+  return (size_t)((char *)p - (char *)base);
 }
 
 /* Grows the metadata buffers for a step (drops captured graphs, which point
@@ -221,12 +229,9 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   if ((rc = kcu__alloc(c, bytes, &c->meta_dev, "step metadata"))) return rc;
   KCU_CHECK(cudaMallocHost(&c->meta_pin, bytes));
   c->h_tokens = (int32_t *)fr_realloc(c->h_tokens, (size_t)tok_cap * sizeof(int32_t));
-  c->meta_bytes = bytes;
   c->tok_cap = tok_cap;
   c->seq_cap = seq_cap;
   c->bt_cap = bt_cap;
-  kcu_meta_layout(&c->dm, c->meta_dev, tok_cap, seq_cap);
-  kcu_meta_layout(&c->pm, c->meta_pin, tok_cap, seq_cap);
   return 0;
 }
 
@@ -266,6 +271,8 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   if ((rc = kcu_meta_grow(c, s->n_tokens, s->n_seqs, n_bt))) return rc;
   /* the previous upload must have finished reading the pinned mirror */
   KCU_CHECK(cudaEventSynchronize(c->meta_done));
+  const size_t bytes = kcu_meta_layout(&c->pm, c->meta_pin, s->n_tokens, s->n_seqs) + n_bt * sizeof(int32_t);
+  kcu_meta_layout(&c->dm, c->meta_dev, s->n_tokens, s->n_seqs);
   kcu_meta_t *p = &c->pm;
   size_t nt = (size_t)s->n_tokens * 4;
   p->hdr[0] = s->n_tokens;
@@ -283,7 +290,7 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   if (n_bt && s->block_tables) memcpy(p->block_tables, s->block_tables, n_bt * 4);
   else if (n_bt) memset(p->block_tables, 0, n_bt * 4);
   kcu_step_summary(c, s);
-  KCU_CHECK(cudaMemcpyAsync(c->meta_dev, c->meta_pin, c->meta_bytes, cudaMemcpyHostToDevice, c->stream));
+  KCU_CHECK(cudaMemcpyAsync(c->meta_dev, c->meta_pin, bytes, cudaMemcpyHostToDevice, c->stream));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
   c->n_tokens = s->n_tokens;
   c->n_seqs = s->n_seqs;
@@ -473,7 +480,6 @@ static void kcu_destroy(void *ctx) {
   kcu__free(c->meta_dev);
   if (c->meta_pin) cudaFreeHost(c->meta_pin);
   if (c->samp_pin) cudaFreeHost(c->samp_pin);
-  kcu__free(c->samp_dev);
   kcu__free(c->samp_part);
   kcu__free(c->samp_cnt);
   kcu__free(c->deq);

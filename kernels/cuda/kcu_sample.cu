@@ -286,7 +286,10 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
     kcu_sample_k(T *logits, int vocab, const kcu_sparams_t *params, kcu_pen_t *pen, const uint32_t *masks,
                  int32_t *res, kcu_samp_part_t *part, int32_t *cnt) {
   KCU_TRACE_SCOPE(KCU_TR_SAMPLE);
+  kcu_sparams_t pr = {}; /* thread 0: the row's params, read from host memory while the first pass runs */
+  if (threadIdx.x == 0) pr = params[(int)blockIdx.x];
   kcu_pdl_enter();
+  __shared__ kcu_sparams_t ps;
   __shared__ unsigned long long hist[KCU_RADIX];
   __shared__ uint64_t red64[KCU_SAMP_NT / KCU_WARP];
   __shared__ float red[KCU_SAMP_NT / KCU_WARP];
@@ -312,7 +315,9 @@ __global__ void __launch_bounds__(KCU_SAMP_NT)
     __threadfence();
     f = kcu_samp_merge(rp, n_split, red64, red);
   }
-  const kcu_sparams_t p = params[row];
+  if (threadIdx.x == 0) ps = pr;
+  __syncthreads();
+  const kcu_sparams_t p = ps;
   uint64_t best = f.best;
   int amax = (int)(0xffffffffu - (uint32_t)best);
   float xmax = f.xmax;
@@ -444,17 +449,18 @@ static size_t kcu_pen_sorted(kcu_ctx_t *c, size_t at, const int32_t *tok, int n,
   return m;
 }
 
-/* Grows a device buffer and its pinned host twin (*cap elements of elem
- * bytes) to hold n elements, at least twofold; their contents are lost.
- * The sampler is never captured in a graph, so the addresses may change. */
+/* Grows a device buffer (dev NULL: none) and its pinned host twin (*cap
+ * elements of elem bytes) to hold n elements, at least twofold; their
+ * contents are lost. The sampler is never captured in a graph, so the
+ * addresses may change. */
 static int kcu_samp_grow(kcu_ctx_t *c, size_t n, size_t elem, void **dev, void **pin, size_t *cap, const char *what) {
   if (n <= *cap) return 0;
   size_t want = FR_MAX(n, 2 * *cap);
-  kcu__free(*dev);
+  if (dev) kcu__free(*dev), *dev = NULL;
   cudaFreeHost(*pin);
-  *dev = *pin = NULL;
+  *pin = NULL;
   *cap = 0;
-  int rc = kcu__alloc(c, want * elem, dev, what);
+  int rc = dev ? kcu__alloc(c, want * elem, dev, what) : 0;
   if (rc) return rc;
   KCU_CHECK(cudaMallocHost(pin, want * elem));
   *cap = want;
@@ -601,8 +607,7 @@ int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const k
   if (vocab <= 0) return fr_errorf(FR_EFORMAT, "cuda: sample: vocab %d", vocab);
   /* params in; (token, logprob) out, then the top (id, logprob) pairs */
   const size_t top_b = 8 * KERN_SAMPLE_MAX_TOP, row_b = sizeof(kcu_sparams_t) + 8 + top_b;
-  if ((rc = kcu_samp_grow(c, (size_t)n_rows, row_b, &c->samp_dev, &c->samp_pin, &c->samp_cap, "sample buffers")))
-    return rc;
+  if ((rc = kcu_samp_grow(c, (size_t)n_rows, row_b, NULL, &c->samp_pin, &c->samp_cap, "sample buffers"))) return rc;
   /* the previous sample's uploads have finished: it synchronized */
   size_t bound = 0; /* penalty list entries at most */
   for (int i = 0; i < n_rows; i++) {
@@ -613,7 +618,6 @@ int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const k
   if ((rc = kcu_pen_reserve(c, bound))) return rc;
   kcu_sparams_t *sp = (kcu_sparams_t *)c->samp_pin;
   size_t n_pen = 0;
-  bool any_top = false;
   for (int i = 0; i < n_rows; i++) {
     const kern_sample_params_t *h = &params_host[i];
     size_t at = n_pen;
@@ -623,17 +627,17 @@ int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const k
                             .pres = h->presence_penalty, .freq = h->frequency_penalty, .pen_off = (int32_t)at,
                             .n_pen = (int32_t)(n_pen - at),
                             .top_n = h->top_ids && h->top_lp ? FR_MAX(FR_MIN(h->top_n, KERN_SAMPLE_MAX_TOP), 0) : 0};
-    any_top |= sp[i].top_n > 0;
   }
   if ((rc = kcu_mask_upload(c, params_host, n_rows, vocab, sp))) return rc;
+  /* The kernel reads the params from the pinned buffer and writes the
+   * results there itself, over the bus: two copies fewer between a step's
+   * logits and its tokens on the host (docs/bench/gpu.md, session 41). */
   size_t pb = sizeof(kcu_sparams_t) * n_rows;
-  char *res_dev = (char *)c->samp_dev + pb, *res_pin = (char *)c->samp_pin + pb;
-  KCU_CHECK(cudaMemcpyAsync(c->samp_dev, c->samp_pin, pb, cudaMemcpyHostToDevice, c->stream));
+  char *map = NULL, *res_pin = (char *)c->samp_pin + pb;
+  KCU_CHECK(cudaHostGetDevicePointer((void **)&map, c->samp_pin, 0));
   if (n_pen)
     KCU_CHECK(cudaMemcpyAsync(c->pen_dev, c->pen_pin, n_pen * sizeof(kcu_pen_t), cudaMemcpyHostToDevice, c->stream));
-  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, c->samp_dev, c->pen_dev, c->mask_dev, res_dev))) return rc;
-  KCU_CHECK(cudaMemcpyAsync(res_pin, res_dev, (size_t)n_rows * (8 + (any_top ? top_b : 0)), cudaMemcpyDeviceToHost,
-                            c->stream));
+  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, map, c->pen_dev, c->mask_dev, map + pb))) return rc;
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   const int32_t *r = (const int32_t *)res_pin, *top = r + 2 * (size_t)n_rows;
   for (int i = 0; i < n_rows; i++) {

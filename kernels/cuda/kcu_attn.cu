@@ -1108,10 +1108,11 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       kcu_cp_wait<1>();
     }
     __syncthreads();
-    if (kb == kb0) KCU_TRACE_MARK(1);
-    if (kb == kb0)
+    if (kb == kb0) {
+      KCU_TRACE_MARK(1);
 #pragma unroll
       for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
+    }
     float sc[2][4];
     kcu_fa_qk<T, HD, 16, TM>(sc, qf, sk, k0, lane);
     kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2,

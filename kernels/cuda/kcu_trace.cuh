@@ -95,8 +95,9 @@ struct kcu_trace_scope {
   }
   __device__ ~kcu_trace_scope() {
     if (kcu_tr_cta0() && slot < KCU_TR_CAP) {
+      const unsigned long long t_exit = kcu_tr_now(); /* first: nothing waits on a load before it */
       kcu_tr_rec &r = kcu_tr_recs[slot];
-      r.entry = entry, r.wait = kcu_tr_wait, r.exit = kcu_tr_now(), r.kernel = kernel;
+      r.entry = entry, r.wait = kcu_tr_wait, r.exit = t_exit, r.kernel = kernel;
       r.ctas = gridDim.x * gridDim.y * gridDim.z;
       for (int k = 0; k < KCU_TR_MARKS; k++) r.mark[k] = mark[k];
     }

@@ -10,10 +10,10 @@
  * step's critical path (from its wait to its successor's). A kernel may
  * also mark points of its body (KCU_TRACE_MARK(i), i < KCU_TR_MARKS): CTA
  * 0's time there, printed as "TRM name entry m0 m1 ..." (0: not reached).
- * What the trace
- * adds to a kernel is an atomic at entry, before the wait, and a few
- * stores at exit: batch-1 decode 7% slower (docs/bench/gpu.md, session
- * 37). Without KCU_TRACE, KCU_TRACE_SCOPE is nothing. */
+ * What the trace adds to a kernel is an atomic at entry, before the wait,
+ * and a few stores at exit: batch-1 decode 7% slower (docs/bench/gpu.md,
+ * session 37). Without KCU_TRACE, KCU_TRACE_SCOPE and KCU_TRACE_MARK are
+ * nothing. */
 #ifndef KCU_TRACE_CUH
 #define KCU_TRACE_CUH
 
@@ -36,7 +36,7 @@ enum kcu_trace_kernel {
 
 #define KCU_TR_CAP 65536 /* records a translation unit keeps; later ones are dropped */
 
-#define KCU_TR_MARKS 8
+#define KCU_TR_MARKS 8 /* points a kernel may mark in its body */
 
 struct kcu_tr_rec {
   unsigned long long entry, wait, exit;

@@ -11,7 +11,7 @@
  *            and logits for all of them, copied to the host as the worker
  *            does to verify K speculative proposals.
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
- *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|q4_k_m|i4g|...] [--threads N] [--prefill N]
+ *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|q4_k_m|i4g|gptq|...] [--threads N] [--prefill N]
  *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
  *          [--verify K] [--kv-cache-dtype auto|int8|fp8]
  * The KV pool holds what the run needs (the prefill's sequence, or the

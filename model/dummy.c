@@ -201,14 +201,18 @@ static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t
 }
 
 int model_dummy_weights(model_load_opts_t *opts, const char *name) {
-  opts->dummy_q4_k_m = false;
+  opts->dummy_q4_k_m = false, opts->dummy_head_type = (kern_type_t)0;
   if (!name || !*name) return 0;
   if (!strcasecmp(name, "q4_k_m")) { /* a mix, not a type */
     opts->dummy_type = KERN_Q4_K, opts->dummy_q4_k_m = true;
     return 0;
   }
+  if (!strcasecmp(name, "gptq")) { /* I4G layers; GPTQ and AWQ checkpoints keep embed_tokens and lm_head in F16 */
+    opts->dummy_type = KERN_I4G, opts->dummy_head_type = KERN_F16;
+    return 0;
+  }
   const int t = kern_type_from_name(name);
-  if (t < 0) return fr_errorf(FR_ENOTFOUND, "no weight type %s (q4_k, q4_k_m, q6_k, q8_0, bf16, ...)", name);
+  if (t < 0) return fr_errorf(FR_ENOTFOUND, "no weight type %s (q4_k, q4_k_m, gptq, q6_k, q8_0, bf16, ...)", name);
   opts->dummy_type = (kern_type_t)t;
   return 0;
 }
@@ -257,13 +261,13 @@ static int model__dummy_layer(model_t *m, model__pools_t *p, kern_type_t t, int 
 
 /* Bytes model_load_dummy hands to the backend (the shapes of
  * model__dummy_layer and model_load_dummy), for its progress. */
-static uint64_t model__dummy_bytes(const model_config_t *c, kern_type_t t) {
+static uint64_t model__dummy_bytes(const model_config_t *c, kern_type_t t, kern_type_t th) {
   const uint64_t qd = (uint64_t)c->n_heads * c->head_dim, kvd = (uint64_t)c->n_kv_heads * c->head_dim;
   uint64_t vec = 2 * (uint64_t)c->dim + (c->qk_norm ? 2 * (uint64_t)c->head_dim : 0) + (c->attn_bias ? qd + 2 * kvd : 0);
   uint64_t layer = (qd + 2 * kvd) * kern_row_bytes(t, c->dim) + (uint64_t)c->dim * kern_row_bytes(t, (int64_t)qd) +
                    2 * (uint64_t)c->ffn_dim * kern_row_bytes(t, c->dim) +
                    (uint64_t)c->dim * kern_row_bytes(t, c->ffn_dim) + vec * sizeof(float);
-  uint64_t global = (c->tied_embeddings ? 1 : 2) * (uint64_t)c->vocab_size * kern_row_bytes(t, c->dim) +
+  uint64_t global = (c->tied_embeddings ? 1 : 2) * (uint64_t)c->vocab_size * kern_row_bytes(th, c->dim) +
                     (uint64_t)c->dim * sizeof(float) + (uint64_t)(c->rope_dim / 2) * sizeof(float);
   const uint64_t dense = 2 * (uint64_t)c->ffn_dim * kern_row_bytes(t, c->dim) + (uint64_t)c->dim * kern_row_bytes(t, c->ffn_dim);
   const uint64_t moe = (uint64_t)c->n_experts * (2 * (uint64_t)c->expert_ffn_dim * kern_row_bytes(t, c->dim) +
@@ -302,11 +306,12 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
                                   FR_MAX(m->cfg.n_experts, m->cfg.expert_ffn_dim)); /* and router / experts */
   size_t ffn = FR_MAX(kern_row_bytes(t, m->cfg.dim) * (size_t)FR_MAX(2 * (int64_t)m->cfg.ffn_dim, qkv_rows),
                       kern_row_bytes(t, FR_MAX(m->cfg.ffn_dim, qkv_rows)) * (size_t)m->cfg.dim);
-  size_t big = kern_row_bytes(t, m->cfg.dim) * (size_t)m->cfg.vocab_size;
+  const kern_type_t th = opts && opts->dummy_head_type ? opts->dummy_head_type : t; /* embedding and output */
+  size_t big = kern_row_bytes(th, m->cfg.dim) * (size_t)m->cfg.vocab_size;
   float target = 1.0f / sqrtf((float)m->cfg.dim);
   const uint64_t seed = opts ? opts->seed : 0;
   model__pool_make(&pools.pool, ffn + (1u << 20), t, target, seed);
-  model__pool_make(&emb, big + (1u << 20), t, 4 * target, seed + 1);
+  model__pool_make(&emb, big + (1u << 20), th, 4 * target, seed + 1);
   model__keep(m, pools.pool.bytes); /* the CPU backend borrows host bytes */
   model__keep(m, emb.bytes);
   if (q4km) { /* Q6_K: v and down of some layers (at most down's size), the output */
@@ -319,13 +324,13 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   }
   size_t eoff = 0, eoff6 = 0;
   model_progress_t prog;
-  model__load_begin(m, &prog, model__dummy_bytes(&m->cfg, t), opts && opts->progress);
-  rc = model__dummy_weight(m, &emb, &m->tok_embd, true, t, m->cfg.vocab_size, m->cfg.dim, &eoff);
+  model__load_begin(m, &prog, model__dummy_bytes(&m->cfg, t, th), opts && opts->progress);
+  rc = model__dummy_weight(m, &emb, &m->tok_embd, true, th, m->cfg.vocab_size, m->cfg.dim, &eoff);
   if (!rc) rc = model__dummy_vector(m, &m->output_norm, m->cfg.dim, 1.0f);
   if (!rc && m->cfg.tied_embeddings && !m->shard.split_vocab) m->output = m->tok_embd;
   else if (!rc && q4km)
     rc = model__dummy_weight(m, &emb6, &m->output, false, KERN_Q6_K, m->shard.n_vocab, m->cfg.dim, &eoff6);
-  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, false, t, m->shard.n_vocab, m->cfg.dim, &eoff);
+  else if (!rc) rc = model__dummy_weight(m, &emb, &m->output, false, th, m->shard.n_vocab, m->cfg.dim, &eoff);
   if (!rc) m->layers = fr_calloc((size_t)m->cfg.n_layers, sizeof *m->layers);
   for (int il = 0; !rc && il < m->cfg.n_layers; il++) rc = model__dummy_layer(m, &pools, t, il);
   if (!rc) rc = model__init_rope(m);
@@ -333,8 +338,9 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   if (!rc) rc = model__alloc_scratch(m);
   if (rc) goto fail;
   if (opts && opts->progress)
-    FR_LOGI("dummy %s: %d layers, dim %d, %s weights on %s", m->cfg.name, m->cfg.n_layers, m->cfg.dim,
-            q4km ? "Q4_K_M (Q4_K and Q6_K)" : kern_type_traits(t)->name, be->ops->name);
+    FR_LOGI("dummy %s: %d layers, dim %d, %s weights%s%s on %s", m->cfg.name, m->cfg.n_layers, m->cfg.dim,
+            q4km ? "Q4_K_M (Q4_K and Q6_K)" : kern_type_traits(t)->name, th != t ? ", embedding and output " : "",
+            th != t ? kern_type_traits(th)->name : "", be->ops->name);
   *out = m;
   return 0;
 fail: /* a backend's load staging is freed with the backend */

@@ -55,6 +55,7 @@ typedef struct {
   model_load_format_t format; /* DUMMY: random weights of the config's shapes */
   kern_type_t dummy_type;     /* weight type for dummy weights (default act type) */
   bool dummy_q4_k_m;          /* with dummy_type Q4_K: llama.cpp's Q4_K_M mix, some tensors in Q6_K (dummy.c) */
+  kern_type_t dummy_head_type; /* the embedding's and output's type (0: dummy_type; the gptq mix: F16) */
   uint64_t seed;              /* dummy weights' seed */
   bool progress;              /* log load progress on stderr */
   int tp_rank, tp_size;       /* tensor parallel: load this rank's shard (model/shard.h); 0, 0 = whole */

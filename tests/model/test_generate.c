@@ -335,6 +335,41 @@ START_TEST(q4_k_m_dummy_mix) {
 }
 END_TEST
 
+/* The gptq dummy mix (model_bench --type gptq): I4G layers, the embedding
+ * and the output in F16, as GPTQ and AWQ checkpoints keep embed_tokens and
+ * lm_head; a later plain type clears the mix. */
+START_TEST(gptq_dummy_mix) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config("llama-3-8b", &cfg), 0);
+  cfg.n_layers = 2, cfg.dim = 256, cfg.ffn_dim = 512, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 64;
+  cfg.rope_dim = 64, cfg.vocab_size = 1000;
+  model_load_opts_t lo = {.max_tokens = 64};
+  ck_assert_int_eq(model_dummy_weights(&lo, "GPTQ"), 0);
+  ck_assert(lo.dummy_type == KERN_I4G && lo.dummy_head_type == KERN_F16 && !lo.dummy_q4_k_m);
+  model_t *m;
+  ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+  for (int il = 0; il < 2; il++) {
+    ck_assert_int_eq(m->layers[il].wqkv.type, KERN_I4G);
+    ck_assert_int_eq(m->layers[il].wo.type, KERN_I4G);
+    ck_assert_int_eq(m->layers[il].w_gate_up.type, KERN_I4G);
+    ck_assert_int_eq(m->layers[il].w_down.type, KERN_I4G);
+  }
+  ck_assert_int_eq(m->output.type, KERN_F16);
+  ck_assert_int_eq(m->tok_embd.type, KERN_F16);
+  ck_assert_int_eq(m->output.rows, 1000);
+  expect_finite_logits(m);
+  model_destroy(m);
+  ck_assert_int_eq(model_dummy_weights(&lo, "i4g"), 0);
+  ck_assert(lo.dummy_type == KERN_I4G && !lo.dummy_head_type);
+  ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+  ck_assert_int_eq(m->output.type, KERN_I4G);
+  model_destroy(m);
+  kern_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(chat_prompt_ids_match_llama_cpp) {
   golden_t g = {0};
   ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
@@ -376,6 +411,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, moe_needs_the_backend_op);
   tcase_add_test(tc, moe_dummy_runs);
   tcase_add_test(tc, q4_k_m_dummy_mix);
+  tcase_add_test(tc, gptq_dummy_mix);
   suite_add_tcase(s, tc);
   return s;
 }

@@ -293,6 +293,15 @@ START_TEST(moe_dummy_runs) {
 }
 END_TEST
 
+/* Llama-3-8B's config at small sizes (the dummy mixes' tests). */
+static model_config_t small_llama(int n_layers) {
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config("llama-3-8b", &cfg), 0);
+  cfg.n_layers = n_layers, cfg.dim = 256, cfg.ffn_dim = 512, cfg.n_heads = 4, cfg.n_kv_heads = 2;
+  cfg.head_dim = 64, cfg.rope_dim = 64, cfg.vocab_size = 1000;
+  return cfg;
+}
+
 /* The Q4_K_M dummy mix (model_bench --type q4_k_m): llama.cpp's
  * use_more_bits layers keep attn_v and ffn_down in Q6_K (q, k and v then
  * apart, as the GGUF loader keeps tensors of different types), the output
@@ -300,10 +309,7 @@ END_TEST
 START_TEST(q4_k_m_dummy_mix) {
   kern_backend_t *be;
   ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
-  model_config_t cfg;
-  ck_assert_int_eq(model_dummy_config("llama-3-8b", &cfg), 0);
-  cfg.n_layers = 16, cfg.dim = 256, cfg.ffn_dim = 512, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 64;
-  cfg.rope_dim = 64, cfg.vocab_size = 1000;
+  const model_config_t cfg = small_llama(16);
   model_load_opts_t lo = {.max_tokens = 64};
   ck_assert_int_eq(model_dummy_weights(&lo, "q4km"), FR_ENOTFOUND); /* a typo is an error, not the act type */
   ck_assert_int_eq(model_dummy_weights(&lo, "Q4_K_M"), 0);
@@ -341,10 +347,7 @@ END_TEST
 START_TEST(gptq_dummy_mix) {
   kern_backend_t *be;
   ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
-  model_config_t cfg;
-  ck_assert_int_eq(model_dummy_config("llama-3-8b", &cfg), 0);
-  cfg.n_layers = 2, cfg.dim = 256, cfg.ffn_dim = 512, cfg.n_heads = 4, cfg.n_kv_heads = 2, cfg.head_dim = 64;
-  cfg.rope_dim = 64, cfg.vocab_size = 1000;
+  const model_config_t cfg = small_llama(2);
   model_load_opts_t lo = {.max_tokens = 64};
   ck_assert_int_eq(model_dummy_weights(&lo, "GPTQ"), 0);
   ck_assert(lo.dummy_type == KERN_I4G && lo.dummy_head_type == KERN_F16 && !lo.dummy_q4_k_m);

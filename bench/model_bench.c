@@ -311,6 +311,7 @@ int main(int argc, char **argv) {
   if (!rc && o.dummy) {
     model_config_t cfg;
     rc = model_dummy_config(o.dummy, &cfg);
+    if (!rc && !o.type) rc = model_dummy_weights_of(&lo, o.dummy); /* a GPTQ / AWQ folder's own layout */
     if (!rc) rc = model_load_dummy(&m, &cfg, be, &lo);
   } else if (!rc) {
     rc = model_load(&m, o.model, be, &lo);

@@ -40,6 +40,7 @@ static void serve_usage(FILE *f) {
           "  --model PATH                  GGUF file or Hugging Face folder (default: %s)\n"
           "  --device DEV                  cpu (default), cuda[:N], or cuda:A,B,.. (one GPU per rank)\n"
           "  --load-format FMT             auto (default) or dummy: random weights of the folder's config.json\n"
+          "                                (GPTQ / AWQ configs: their 4-bit layout)\n"
           "  --tensor-parallel-size N      shard the model over N workers, one per device (default 1)\n"
           "  --threads N                   CPU threads per worker (default: all cores)\n"
           "  --host ADDR / --port N        HTTP address (default 127.0.0.1:8000; port 0 = any)\n"

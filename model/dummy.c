@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/stat.h>
 
 #include "common/fr_err.h"
 #include "common/fr_hash.h"
@@ -14,6 +15,7 @@
 #include "common/fr_util.h"
 #include "model/dummy.h"
 #include "model/model_impl.h"
+#include "model/quant.h"
 #include "model/rope.h"
 
 static const struct {
@@ -100,10 +102,11 @@ static float model__jitter(size_t r) { return 0.75f + 0.5f * (float)(fr_mix64(r)
 
 /* Makes random bytes valid blocks of type t whose values have mean ~0 and
  * standard deviation ~target (so activations neither vanish nor blow up).
- * The 32-column types' scales vary by block, I4G's by run of 4 blocks
- * (128 columns: GPTQ and AWQ at their usual group size; a dummy weight
- * starts at a multiple of 8 blocks of the pool). */
-static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
+ * The 32-column types' scales vary by block, I4G's by group of `group`
+ * columns (0: 128, GPTQ and AWQ's usual group size; -1: never, one group a
+ * row; a dummy weight starts at a multiple of 8 blocks of the pool, so
+ * groups of up to 256 columns stay whole). */
+static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target, int group) {
   const kern_type_traits_t *tr = kern_type_traits(t);
   size_t nb = n / (size_t)tr->size;
   /* per type: d from the spread of the quantized integers */
@@ -118,12 +121,13 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   default: break;
   }
   const float d0 = d, dmin0 = dmin;
-  const bool vary = tr->blck == 32 && tr->quantized;
+  const bool vary = tr->blck == 32 && tr->quantized && !(t == KERN_I4G && group < 0);
+  const size_t run = t == KERN_I4G ? (size_t)(group > 0 ? group : 128) / 32 : 1; /* blocks of one (d, m) */
   uint16_t hd = fr_fp32_to_fp16(d), hm = fr_fp32_to_fp16(dmin);
   for (size_t b = 0; b < nb; b++) {
     uint8_t *blk = p + b * (size_t)tr->size;
     if (vary) {
-      const float f = model__jitter(t == KERN_I4G ? b / 4 : b);
+      const float f = model__jitter(b / run);
       d = d0 * f, dmin = dmin0 * f;
       hd = fr_fp32_to_fp16(d), hm = fr_fp32_to_fp16(dmin);
     }
@@ -145,11 +149,11 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target) {
   }
 }
 
-static void model__pool_make(model__pool_t *p, size_t size, kern_type_t t, float target, uint64_t seed) {
+static void model__pool_make(model__pool_t *p, size_t size, kern_type_t t, float target, uint64_t seed, int group) {
   p->size = size;
   p->bytes = fr_malloc_aligned(size);
   model__fill_random(p->bytes, size, seed);
-  model__sanitize(p->bytes, size, t, target);
+  model__sanitize(p->bytes, size, t, target, group);
 }
 
 static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weight_t *w, bool keep_layout,
@@ -201,7 +205,7 @@ static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t
 }
 
 int model_dummy_weights(model_load_opts_t *opts, const char *name) {
-  opts->dummy_q4_k_m = false, opts->dummy_head_type = (kern_type_t)0;
+  opts->dummy_q4_k_m = false, opts->dummy_head_type = (kern_type_t)0, opts->dummy_group = 0;
   if (!name || !*name) return 0;
   if (!strcasecmp(name, "q4_k_m")) { /* a mix, not a type */
     opts->dummy_type = KERN_Q4_K, opts->dummy_q4_k_m = true;
@@ -215,6 +219,24 @@ int model_dummy_weights(model_load_opts_t *opts, const char *name) {
   if (t < 0) return fr_errorf(FR_ENOTFOUND, "no weight type %s (q4_k, q4_k_m, gptq, q6_k, q8_0, bf16, ...)", name);
   opts->dummy_type = (kern_type_t)t;
   return 0;
+}
+
+int model_dummy_weights_of(model_load_opts_t *opts, const char *name_or_path) {
+  struct stat sb;
+  if (stat(name_or_path, &sb)) return 0; /* a built-in name: model_dummy_config says the rest */
+  char dir[4096];
+  snprintf(dir, sizeof dir, "%s", name_or_path);
+  if (!S_ISDIR(sb.st_mode)) { /* a config.json: its folder */
+    char *slash = strrchr(dir, '/');
+    if (slash) *slash = 0;
+    else snprintf(dir, sizeof dir, ".");
+  }
+  model_quant_t q;
+  int rc = model_quant_read(&q, dir);
+  if (rc || q.method == MODEL_QUANT_NONE) return rc;
+  rc = model_dummy_weights(opts, "gptq");
+  opts->dummy_group = q.group_size;
+  return rc;
 }
 
 /* llama.cpp's Q4_K_M (llama-quant.cpp, use_more_bits): attn_v and ffn_down
@@ -310,15 +332,16 @@ int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *b
   size_t big = kern_row_bytes(th, m->cfg.dim) * (size_t)m->cfg.vocab_size;
   float target = 1.0f / sqrtf((float)m->cfg.dim);
   const uint64_t seed = opts ? opts->seed : 0;
-  model__pool_make(&pools.pool, ffn + (1u << 20), t, target, seed);
-  model__pool_make(&emb, big + (1u << 20), th, 4 * target, seed + 1);
+  const int group = opts ? opts->dummy_group : 0;
+  model__pool_make(&pools.pool, ffn + (1u << 20), t, target, seed, group);
+  model__pool_make(&emb, big + (1u << 20), th, 4 * target, seed + 1, group);
   model__keep(m, pools.pool.bytes); /* the CPU backend borrows host bytes */
   model__keep(m, emb.bytes);
   if (q4km) { /* Q6_K: v and down of some layers (at most down's size), the output */
     model__pool_make(&pools.q6, kern_row_bytes(KERN_Q6_K, m->cfg.ffn_dim) * (size_t)m->cfg.dim + (1u << 20),
-                     KERN_Q6_K, target, seed + 2);
+                     KERN_Q6_K, target, seed + 2, 0);
     model__pool_make(&emb6, kern_row_bytes(KERN_Q6_K, m->cfg.dim) * (size_t)m->cfg.vocab_size + (1u << 20),
-                     KERN_Q6_K, 4 * target, seed + 3);
+                     KERN_Q6_K, 4 * target, seed + 3, 0);
     model__keep(m, pools.q6.bytes);
     model__keep(m, emb6.bytes);
   }

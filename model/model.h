@@ -56,6 +56,7 @@ typedef struct {
   kern_type_t dummy_type;     /* weight type for dummy weights (default act type) */
   bool dummy_q4_k_m;          /* with dummy_type Q4_K: llama.cpp's Q4_K_M mix, some tensors in Q6_K (dummy.c) */
   kern_type_t dummy_head_type; /* the embedding's and output's type (0: dummy_type; the gptq mix: F16) */
+  int dummy_group;            /* I4G dummies: columns per (d, m) group, a multiple of 32 or -1 (a row; 0: 128) */
   uint64_t seed;              /* dummy weights' seed */
   bool progress;              /* log load progress on stderr */
   int tp_rank, tp_size;       /* tensor parallel: load this rank's shard (model/shard.h); 0, 0 = whole */
@@ -118,9 +119,18 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
 int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts);
 
 /* Sets opts' dummy weights from a --type name: a weight type ("q4_k",
- * "bf16") or "q4_k_m" (llama.cpp's Q4_K / Q6_K mix); NULL or "" leaves the
- * act type. Another name is FR_ENOTFOUND, with a message. */
+ * "bf16"), "q4_k_m" (llama.cpp's Q4_K / Q6_K mix) or "gptq" (I4G layers,
+ * F16 embedding and output); NULL or "" leaves the act type. Another name
+ * is FR_ENOTFOUND, with a message. */
 int model_dummy_weights(model_load_opts_t *opts, const char *name);
+
+/* --load-format dummy on a Hugging Face folder (or its config.json) whose
+ * config is GPTQ or AWQ (quantization_config, or quantize_config.json):
+ * the gptq mix at the config's group size, as vLLM's dummy load keeps a
+ * checkpoint's quantization. A built-in name or an unquantized folder
+ * leaves opts as they are; a quantization config ferrum cannot run is an
+ * error, as it is for the real load. */
+int model_dummy_weights_of(model_load_opts_t *opts, const char *name_or_path);
 
 void model_destroy(model_t *m);
 

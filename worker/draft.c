@@ -41,6 +41,7 @@ int worker__draft_load(worker_t *w, const char *path, bool dummy, int max_tokens
   model_load_opts_t mo = {.max_tokens = max_tokens, .max_seqs = max_seqs, .tp_rank = 0, .tp_size = 1, .seed = 1};
   model_config_t cfg;
   int rc = dummy ? model_dummy_config(path, &cfg) : 0;
+  if (!rc && dummy) rc = model_dummy_weights_of(&mo, path);
   if (!rc) rc = dummy ? model_load_dummy(&w->dm, &cfg, w->be, &mo) : model_load(&w->dm, path, w->be, &mo);
   if (rc) return fr_errorf(rc, "draft model %s: %s", path, fr_last_error());
   const model_config_t *t = &w->m->cfg, *d = &w->dm->cfg;

@@ -362,7 +362,7 @@ static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_o
   int rc;
   if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
     model_config_t cfg;
-    if ((rc = model_dummy_config(l->path, &cfg))) return rc;
+    if ((rc = model_dummy_config(l->path, &cfg)) || (rc = model_dummy_weights_of(&mo, l->path))) return rc;
     mo.seed = 1;
     rc = model_load_dummy(&w->m, &cfg, w->be, &mo);
   } else {

@@ -313,9 +313,10 @@ static int run_chat(const efx_server_t *s, const char *const *args, char *out, s
 }
 
 /* A Hugging Face folder for --load-format dummy: a one-layer llama
- * config.json and a byte-level BPE tokenizer.json (the 256 byte tokens and
- * one special, the EOS). */
-static void write_dummy_folder(const char *dir) {
+ * config.json (with quant, unless NULL, as its quantization_config) and a
+ * byte-level BPE tokenizer.json (the 256 byte tokens and one special, the
+ * EOS). */
+static void write_dummy_folder(const char *dir, const char *quant) {
   char path[512];
   ck_assert_int_eq(mkdir(dir, 0700), 0);
   snprintf(path, sizeof path, "%s/config.json", dir);
@@ -325,7 +326,9 @@ static void write_dummy_folder(const char *dir) {
         "\"intermediate_size\": 128, \"num_hidden_layers\": 1, \"num_attention_heads\": 2, "
         "\"num_key_value_heads\": 1, \"head_dim\": 32, \"vocab_size\": 257, \"max_position_embeddings\": 256, "
         "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0, \"tie_word_embeddings\": true, \"hidden_act\": \"silu\", "
-        "\"bos_token_id\": 256, \"eos_token_id\": 256}\n", f);
+        "\"bos_token_id\": 256, \"eos_token_id\": 256", f);
+  if (quant) fprintf(f, ", \"quantization_config\": %s", quant);
+  fputs("}\n", f);
   ck_assert_int_eq(fclose(f), 0);
   snprintf(path, sizeof path, "%s/tokenizer.json", dir);
   f = fopen(path, "w");
@@ -396,7 +399,7 @@ START_TEST(test_relative_model_and_chat_finds_server) {
   /* a bare folder name, from the folder above it */
   char tiny[160];
   snprintf(tiny, sizeof tiny, "%s/tiny", cwd);
-  write_dummy_folder(tiny);
+  write_dummy_folder(tiny, NULL);
   efx_opts_t d = {.cwd = cwd, .model = "tiny"};
   const char *dummy[] = {"--load-format", "dummy", "--max-model-len", "64", NULL};
   ck_assert_int_eq(efx_start_opts(&s, &d, dummy), 0);
@@ -417,6 +420,36 @@ START_TEST(test_relative_model_and_chat_finds_server) {
   efx_cleanup(&s);
   ck_assert_int_eq(unlink(link), 0);
   ck_assert_int_eq(rmdir(cwd), 0);
+  ck_assert_int_eq(rmdir(tmp), 0);
+}
+END_TEST
+
+/* --load-format dummy on a GPTQ folder serves the checkpoint's layout (I4G
+ * layers, F16 embedding and output; the worker says so), as vLLM's dummy
+ * load keeps a checkpoint's quantization; a quantization the real load
+ * refuses stops the start with its reason. */
+START_TEST(test_dummy_gptq_folder) {
+  char tmp[] = "/tmp/ferrum-gptq-XXXXXX", dir[96];
+  ck_assert_ptr_nonnull(mkdtemp(tmp));
+  snprintf(dir, sizeof dir, "%s/tiny-gptq", tmp);
+  write_dummy_folder(dir, "{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 32, \"desc_act\": true}");
+  efx_server_t s;
+  efx_opts_t o = {.model = dir};
+  const char *dummy[] = {"--load-format", "dummy", "--max-model-len", "64", NULL};
+  ck_assert_int_eq(efx_start_opts(&s, &o, dummy), 0);
+  efx_job_t j;
+  proto_submit_t r = efx_greedy("hi", 3);
+  ck_assert_int_eq(efx_run_one(&s, &r, &j), 0);
+  ck_assert_int_eq(j.finish, PROTO_FINISH_LENGTH);
+  ck_assert_int_eq(j.n_tokens, 3);
+  ck_assert_msg(efx_log_has(&s, "I4G weights, embedding and output F16"), "no gptq layout in %s", s.err_path);
+  efx_stop_clean(&s, false);
+  rm_dummy_folder(dir);
+  write_dummy_folder(dir, "{\"quant_method\": \"gptq\", \"bits\": 3, \"group_size\": 128}");
+  ck_assert_int_eq(efx_start_opts(&s, &o, dummy), -1);
+  ck_assert_msg(efx_log_has(&s, "3 bits"), "the error does not say why (%s)", s.err_path);
+  efx_cleanup(&s);
+  rm_dummy_folder(dir);
   ck_assert_int_eq(rmdir(tmp), 0);
 }
 END_TEST
@@ -575,6 +608,7 @@ static Suite *engine_suite(void) {
   EFX_ADD(t, test_prefix_cache_hit);
   EFX_ADD(t, test_cancel_and_disconnect_free_blocks);
   EFX_ADD(t, test_relative_model_and_chat_finds_server);
+  EFX_ADD(t, test_dummy_gptq_folder);
   EFX_ADD(t, test_kv_cache_memory_bytes);
   EFX_ADD(t, test_kv_budget_too_small);
   suite_add_tcase(s, t);

@@ -373,6 +373,92 @@ START_TEST(gptq_dummy_mix) {
 }
 END_TEST
 
+/* A folder with a small llama's config.json and, unless NULL, its
+ * quantization_config (JSON text); the folder's path in dir. */
+static void quant_folder(char *dir, size_t size, const char *qc) {
+  snprintf(dir, size, "/tmp/ferrum-dummyq-XXXXXX");
+  ck_assert_ptr_nonnull(mkdtemp(dir));
+  char path[512];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  FILE *f = fopen(path, "w");
+  ck_assert_ptr_nonnull(f);
+  fprintf(f, "{\"architectures\": [\"LlamaForCausalLM\"], \"model_type\": \"llama\", \"hidden_size\": 256, "
+             "\"intermediate_size\": 512, \"num_hidden_layers\": 2, \"num_attention_heads\": 4, "
+             "\"num_key_value_heads\": 2, \"vocab_size\": 1000, \"max_position_embeddings\": 256, "
+             "\"rms_norm_eps\": 1e-5, \"rope_theta\": 10000.0%s%s}\n",
+          qc ? ", \"quantization_config\": " : "", qc ? qc : "");
+  ck_assert_int_eq(fclose(f), 0);
+}
+
+static void quant_folder_rm(const char *dir) {
+  char path[512];
+  snprintf(path, sizeof path, "%s/config.json", dir);
+  ck_assert_int_eq(unlink(path), 0);
+  ck_assert_int_eq(rmdir(dir), 0);
+}
+
+/* The I4G scale d of block b of w's first row (the CPU backend keeps the
+ * blocks as they were loaded: d, m, then 16 bytes of nibbles). */
+static float i4g_d(const kern_weight_t *w, int b) {
+  float d;
+  memcpy(&d, (const uint8_t *)w->data + 24 * (size_t)b, sizeof d);
+  return d;
+}
+
+/* --load-format dummy on a GPTQ or AWQ folder keeps its quantization (as
+ * vLLM's dummy load does): the gptq mix at the config's group size, whose
+ * (d, m) change every group (64 columns: two blocks; -1: never along a
+ * row); an unquantized folder and a built-in name leave the options; a
+ * config the real load refuses is refused here too. */
+START_TEST(dummy_keeps_a_folders_quantization) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 0), 0);
+  char dir[64];
+  const struct {
+    const char *qc;
+    int group;
+  } cases[] = {{"{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 64, \"desc_act\": false}", 64},
+               {"{\"quant_method\": \"awq\", \"bits\": 4, \"group_size\": -1, \"version\": \"gemm\"}", -1}};
+  for (size_t i = 0; i < FR_ARRAY_SIZE(cases); i++) {
+    quant_folder(dir, sizeof dir, cases[i].qc);
+    model_load_opts_t lo = {.max_tokens = 64};
+    model_config_t cfg;
+    ck_assert_int_eq(model_dummy_config(dir, &cfg), 0);
+    ck_assert_msg(model_dummy_weights_of(&lo, dir) == 0, "%s", fr_last_error());
+    ck_assert(lo.dummy_type == KERN_I4G && lo.dummy_head_type == KERN_F16);
+    ck_assert_int_eq(lo.dummy_group, cases[i].group);
+    model_t *m;
+    ck_assert_msg(model_load_dummy(&m, &cfg, be, &lo) == 0, "%s", fr_last_error());
+    const kern_weight_t *wo = &m->layers[0].wo;
+    ck_assert_int_eq(wo->type, KERN_I4G);
+    ck_assert_int_eq(m->output.type, KERN_F16);
+    if (cases[i].group == 64) {
+      ck_assert(i4g_d(wo, 0) == i4g_d(wo, 1) && i4g_d(wo, 2) == i4g_d(wo, 3));
+      ck_assert(i4g_d(wo, 1) != i4g_d(wo, 2) && i4g_d(wo, 3) != i4g_d(wo, 4)); /* 128-column groups: equal */
+    } else {
+      for (int b = 1; b < 8; b++) ck_assert(i4g_d(wo, b) == i4g_d(wo, 0));
+    }
+    expect_finite_logits(m);
+    model_destroy(m);
+    quant_folder_rm(dir);
+  }
+  /* unquantized, a built-in name: nothing changes */
+  quant_folder(dir, sizeof dir, NULL);
+  model_load_opts_t lo = {.max_tokens = 64, .dummy_type = KERN_Q8_0};
+  ck_assert_int_eq(model_dummy_weights_of(&lo, dir), 0);
+  ck_assert(lo.dummy_type == KERN_Q8_0 && !lo.dummy_head_type && !lo.dummy_group);
+  quant_folder_rm(dir);
+  ck_assert_int_eq(model_dummy_weights_of(&lo, "llama-3-8b"), 0);
+  ck_assert(lo.dummy_type == KERN_Q8_0 && !lo.dummy_head_type);
+  /* 8 bits: what the real load says */
+  quant_folder(dir, sizeof dir, "{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}");
+  ck_assert_int_eq(model_dummy_weights_of(&lo, dir), FR_EUNSUPPORTED);
+  ck_assert_msg(strstr(fr_last_error(), "8 bits"), "%s", fr_last_error());
+  quant_folder_rm(dir);
+  kern_backend_destroy(be);
+}
+END_TEST
+
 START_TEST(chat_prompt_ids_match_llama_cpp) {
   golden_t g = {0};
   ck_assert_int_eq(golden_load(&g, "smollm2"), 0);
@@ -415,6 +501,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, moe_dummy_runs);
   tcase_add_test(tc, q4_k_m_dummy_mix);
   tcase_add_test(tc, gptq_dummy_mix);
+  tcase_add_test(tc, dummy_keeps_a_folders_quantization);
   suite_add_tcase(s, tc);
   return s;
 }

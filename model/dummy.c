@@ -222,8 +222,10 @@ int model_dummy_weights(model_load_opts_t *opts, const char *name) {
 }
 
 int model_dummy_weights_of(model_load_opts_t *opts, const char *name_or_path) {
+  for (size_t i = 0; i < FR_ARRAY_SIZE(model__builtin); i++) /* model_dummy_config's order: names first */
+    if (!strcmp(name_or_path, model__builtin[i].name)) return 0;
   struct stat sb;
-  if (stat(name_or_path, &sb)) return 0; /* a built-in name: model_dummy_config says the rest */
+  if (stat(name_or_path, &sb)) return 0; /* nothing there: model_dummy_config says why */
   char dir[4096];
   snprintf(dir, sizeof dir, "%s", name_or_path);
   if (!S_ISDIR(sb.st_mode)) { /* a config.json: its folder */

@@ -569,6 +569,8 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   KCU_CHECK(cudaGetDeviceProperties(&prop, device));
   c->n_sm = prop.multiProcessorCount;
   c->smem_optin = prop.sharedMemPerBlockOptin;
+  if (!prop.unifiedAddressing) /* kernels read and write pinned host buffers at their host addresses (the sampler) */
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: device %d (%s) has no unified addressing", device, prop.name);
   const char *dt = getenv("FERRUM_CUDA_DTYPE");
   c->act = (dt && (!strcmp(dt, "f16") || !strcmp(dt, "F16"))) ? KERN_F16 : KERN_BF16;
   c->act_size = 2;

@@ -631,13 +631,14 @@ int kcu__sample(kcu_ctx_t *c, const void *logits, int n_rows, int vocab, const k
   if ((rc = kcu_mask_upload(c, params_host, n_rows, vocab, sp))) return rc;
   /* The kernel reads the params from the pinned buffer and writes the
    * results there itself, over the bus: two copies fewer between a step's
-   * logits and its tokens on the host (docs/bench/gpu.md, session 41). */
+   * logits and its tokens on the host (docs/bench/gpu.md, session 41). With
+   * unified addressing (kcu_ctx_init requires it) the buffer's host address
+   * is its device address. */
   size_t pb = sizeof(kcu_sparams_t) * n_rows;
-  char *map = NULL, *res_pin = (char *)c->samp_pin + pb;
-  KCU_CHECK(cudaHostGetDevicePointer((void **)&map, c->samp_pin, 0));
+  char *res_pin = (char *)c->samp_pin + pb;
   if (n_pen)
     KCU_CHECK(cudaMemcpyAsync(c->pen_dev, c->pen_pin, n_pen * sizeof(kcu_pen_t), cudaMemcpyHostToDevice, c->stream));
-  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, map, c->pen_dev, c->mask_dev, map + pb))) return rc;
+  if ((rc = kcu_sample_launch(c, logits, n_rows, vocab, c->samp_pin, c->pen_dev, c->mask_dev, res_pin))) return rc;
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   const int32_t *r = (const int32_t *)res_pin, *top = r + 2 * (size_t)n_rows;
   for (int i = 0; i < n_rows; i++) {

@@ -355,6 +355,9 @@ template <int NT> __device__ float kcu_block_sum(float v, float *red) {
 #define KCU_NORM_NT_SMALL 32 /* one warp for rows of at most 8 * 32 * KCU_NORM_V = 1024 elements: a short
                                 row (the per-head q/k norms) would leave most of a larger CTA idle */
 #define KCU_NORM_NT 256      /* and 256 threads for longer rows (8 warps, as the elementwise kernels) */
+#define KCU_NORM_TPR 8       /* lanes a row of kcu_rms_norm_rows_k (many rows of at most 8 * 8 * KCU_NORM_V) */
+#define KCU_NORM_ROWS_NT 128 /* its threads a CTA: 16 rows */
+#define KCU_NORM_ROWS_MIN 4096 /* rows from which it runs: fewer, a CTA a row fits the SMs in a wave or two */
 
 /* This thread's norm weights: those of 16-byte index threadIdx.x + c * NT
  * (of n8) in wv[c]. No kernel writes weights, so the norm kernels load them

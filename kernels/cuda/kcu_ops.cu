@@ -160,9 +160,70 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
   kcu_pdl_launch_late(next);
 }
 
+/* Many short rows without a residual (a prefill's per-head q/k norms):
+ * KCU_NORM_TPR lanes a row, each with up to KCU_NORM_V 16-byte chunks
+ * (rows of at most 8 * 8 * 4 = 256 elements), 16 rows a CTA. A CTA a row
+ * made a 2048-token prefill of 32 query heads 65,536 one-warp CTAs: 81 us
+ * a layer on an H200 (docs/bench/gpu.md, session 44), what the SMs take to
+ * start that many CTAs, not to move 17 MB. out may alias x. */
+template <typename T, int TPR, int V>
+__global__ void __launch_bounds__(KCU_NORM_ROWS_NT)
+    kcu_rms_norm_rows_k(T *out, const T *x, const float *w, long long n, int dim, float eps, int next) {
+  const int n8 = dim / 8, l = threadIdx.x % TPR;
+  const long long row = (long long)blockIdx.x * (KCU_NORM_ROWS_NT / TPR) + threadIdx.x / TPR;
+  const bool live = row < n;
+  float4 wv[V][2];
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = l + c * TPR;
+    if (j >= n8) break;
+    wv[c][0] = __ldg(reinterpret_cast<const float4 *>(w) + 2 * j);
+    wv[c][1] = __ldg(reinterpret_cast<const float4 *>(w) + 2 * j + 1);
+  }
+  kcu_pdl_wait_launch(next);
+  const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + row * n8;
+  uint4 xl[V];
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = l + c * TPR;
+    if (live && j < n8) xl[c] = x8[j];
+  }
+  float v[V][8], ss = 0.f;
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = l + c * TPR;
+    if (!live || j >= n8) break;
+    kcu_unpack8(xl[c], v[c], (const T *)0);
+#pragma unroll
+    for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
+  }
+#pragma unroll
+  for (int o = TPR / 2; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o); /* within the row's lanes */
+  const float inv = rsqrtf(ss / (float)dim + eps);
+  uint4 *o8 = reinterpret_cast<uint4 *>(out) + row * n8;
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = l + c * TPR;
+    if (!live || j >= n8) break;
+    const float *wf = reinterpret_cast<const float *>(wv[c]);
+    float o[8];
+#pragma unroll
+    for (int e = 0; e < 8; e++) o[e] = v[c][e] * inv * wf[e];
+    o8[j] = kcu_pack8<T>(o);
+  }
+  kcu_pdl_launch_late(next);
+}
+
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
   if (n <= 0) return 0;
-  if (dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual))) {
+  const bool vec = dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual));
+  if (vec && !residual && dim <= 8 * KCU_NORM_TPR * KCU_NORM_V && n >= KCU_NORM_ROWS_MIN) {
+    KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_rows_k<T, KCU_NORM_TPR, KCU_NORM_V>,
+                                   kcu_div_up(n, KCU_NORM_ROWS_NT / KCU_NORM_TPR), KCU_NORM_ROWS_NT, 0, (T *)out,
+                                   (const T *)x, w, (long long)n, dim, eps, kcu_pdl_next(c, KCU_PDL_NORM, n)));
+    return 0;
+  }
+  if (vec) {
     if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V) {
       KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT_SMALL, KCU_NORM_V>, n, KCU_NORM_NT_SMALL, 0,
                                      (T *)out, (T *)residual, (const T *)x, w, dim, eps,

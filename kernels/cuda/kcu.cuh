@@ -42,7 +42,7 @@
 #define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
 #define KCU_Q6F_MAX_N 16  /* most rows a KERN_Q6F matmul reads the 6-bit weights for (no wide kernel) */
 #define KCU_MOE_GEMV_PAIRS 64   /* default of moe_gemv_pairs: 8 tokens of top-8 (kcu_moe.cu) */
-#define KCU_MOE_SMALL_PAIRS 512 /* default of moe_small_pairs: 4 pairs per expert of 128 */
+#define KCU_MOE_SMALL_PER_EXP 16 /* default of moe_small_per_exp (kcu_moe.cu) */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
 #define KCU_DEC_MMA_CHUNK 128 /* the same for the tensor-core decode kernel where it splits */
@@ -127,7 +127,7 @@ typedef struct {
                        (FERRUM_CUDA_FUSE_GEMV=0: always the two ops, for comparisons) */
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
   int moe_gemv_pairs;  /* most (token, expert) pairs a moe_ffn call runs as GEMVs (FERRUM_CUDA_MOE_GEMV) */
-  int moe_small_pairs; /* most pairs it runs on small tiles (FERRUM_CUDA_MOE_SMALL); more: large tiles */
+  int moe_small_per_exp; /* most pairs an expert on average it runs on small tiles (FERRUM_CUDA_MOE_SMALL); more: large */
   int q4f;             /* repack 4-bit matmul weights as KERN_Q4F (FERRUM_CUDA_Q4F=0: keep the file's blocks) */
   int q4f_max_n;       /* most rows a Q4F matmul reads the 4-bit weights for; more: dequantize + cuBLAS */
   int q4f_warps;       /* warps per tile of the Q4F matmul (FERRUM_CUDA_Q4F_WARPS 4 or 8); 0: by batch */

@@ -746,9 +746,9 @@ static void check_moe(moe_env_t *m, int n, bool graph) {
 /* Shapes: (E, k, norm, dim, ffn). ffn 96 leaves partial column tiles in the
  * gate/up GEMM and a partial K stage in the down GEMM. Each shape's n run
  * the three paths: the decode GEMVs (at most 64 pairs), small tiles (at
- * most 512) and large tiles. */
+ * most 16 pairs an expert on average) and large tiles. */
 static const int k_moe_shapes[][5] = {{8, 2, 0, 256, 96}, {16, 4, 1, 128, 256}, {128, 8, 1, 256, 64}};
-static const int k_moe_ns[] = {1, 3, 64, 200};
+static const int k_moe_ns[] = {1, 3, 64, 200, 300};
 
 START_TEST(test_moe_dense) {
   const int *sh = k_moe_shapes[_i];

@@ -23,17 +23,44 @@ __device__ __forceinline__ uint32_t kcu_gg_off(int r, int ch) {
   return (uint32_t)(r * (KCU_GG_BK * 2) + ((ch ^ (r & 7)) << 4));
 }
 
-/* The A tile (BM rows of BK): tile row r reads a's row rows[r] / gather_k
- * (gather) or rows[r]; padding rows (-1) and columns past K read as zeros. */
+/* The loads of a tile of rows x BK, KCU_GG_NT threads at a time: a thread
+ * copies chunk ch (16 bytes) of rows r0, r0 + RS, ... (J of them), the same
+ * rows every stage, in a loop the compiler unrolls, and A's source rows are
+ * worked out once. Copy loops strided by the thread count, with a division
+ * and a gathered row's division by k every copy of every stage, kept the
+ * issue slots 47-55% busy for a tensor pipe 25-27% busy: a 2048-token
+ * Qwen3-30B-A3B prefill 70.5 -> 50.4 ms on an H200 (docs/bench/gpu.md,
+ * session 44). */
+template <int ROWS> struct kcu_gg_ld {
+  static constexpr int CH = KCU_GG_BK / 8, RS = KCU_GG_NT / CH, J = ROWS * CH / KCU_GG_NT;
+  static_assert(ROWS * CH % KCU_GG_NT == 0, "whole rounds of copies");
+  static __device__ __forceinline__ int ch() { return threadIdx.x % CH; }
+  static __device__ __forceinline__ int r0() { return threadIdx.x / CH; }
+};
+
+/* The A rows this thread copies: a's row rows[r] / gather_k (gather) or
+ * rows[r] for its tile rows r, -1 for padding. */
+template <int BM>
+__device__ __forceinline__ void kcu_gg_a_rows(int (&src)[kcu_gg_ld<BM>::J], const int32_t *rows, int gather_k) {
+  typedef kcu_gg_ld<BM> L;
+#pragma unroll
+  for (int j = 0; j < L::J; j++) {
+    const int s = rows[L::r0() + j * L::RS];
+    src[j] = s < 0 ? -1 : gather_k ? s / gather_k : s;
+  }
+}
+
+/* The A tile (BM rows of BK from k0) by the rows of kcu_gg_a_rows; padding
+ * rows and columns past K read as zeros. */
 template <typename T, int BM>
-__device__ __forceinline__ void kcu_gg_load_a(uint32_t sa, const T *a, const int32_t *rows, int gather_k, int K,
-                                               int k0) {
-  constexpr int CH = KCU_GG_BK / 8;
-  for (int i = threadIdx.x; i < BM * CH; i += KCU_GG_NT) {
-    const int r = i / CH, ch = i % CH, col = k0 + ch * 8, src_row = rows[r];
-    const bool ok = src_row >= 0 && col < K;
-    const T *src = ok ? a + (size_t)(gather_k ? src_row / gather_k : src_row) * K + col : a;
-    kcu_cp_async16(sa + kcu_gg_off(r, ch), src, ok);
+__device__ __forceinline__ void kcu_gg_load_a(uint32_t sa, const T *a, const int (&src)[kcu_gg_ld<BM>::J], int K,
+                                              int k0) {
+  typedef kcu_gg_ld<BM> L;
+  const int ch = L::ch(), col = k0 + ch * 8;
+#pragma unroll
+  for (int j = 0; j < L::J; j++) {
+    const bool ok = src[j] >= 0 && col < K;
+    kcu_cp_async16(sa + kcu_gg_off(L::r0() + j * L::RS, ch), ok ? a + (size_t)src[j] * K + col : a, ok);
   }
 }
 
@@ -73,12 +100,13 @@ template <typename T, int QT, int BN>
 __device__ __forceinline__ void kcu_gg_load_b(uint32_t sb, const uint8_t *w, size_t row_bytes, int N, int K, int n0,
                                                int k0) {
   if constexpr (QT == 0) {
-    constexpr int CH = KCU_GG_BK / 8;
-    for (int i = threadIdx.x; i < BN * CH; i += KCU_GG_NT) {
-      const int r = i / CH, ch = i % CH, n = n0 + r, col = k0 + ch * 8;
-      const bool ok = n < N && col < K;
-      const uint8_t *src = ok ? w + (size_t)n * row_bytes + (size_t)col * sizeof(T) : w;
-      kcu_cp_async16(sb + kcu_gg_off(r, ch), src, ok);
+    typedef kcu_gg_ld<BN> L;
+    const int ch = L::ch(), r0 = L::r0(), col = k0 + ch * 8;
+    const uint8_t *src = w + (size_t)(n0 + r0) * row_bytes + (size_t)col * sizeof(T);
+#pragma unroll
+    for (int j = 0; j < L::J; j++) {
+      const bool ok = n0 + r0 + j * L::RS < N && col < K;
+      kcu_cp_async16(sb + kcu_gg_off(r0 + j * L::RS, ch), ok ? src + (size_t)j * L::RS * row_bytes : w, ok);
     }
   } else {
     constexpr int SUBS = KCU_GG_BK / KCU_QSUB;
@@ -154,6 +182,8 @@ __global__ void __launch_bounds__(KCU_GG_NT)
     rows[r] = gather_k || s < 0 ? s : m0 + r;
   }
   __syncthreads();
+  int a_src[kcu_gg_ld<BM>::J];
+  kcu_gg_a_rows<BM>(a_src, rows, gather_k);
   const uint8_t *wb[2] = {w0.p[e], NB == 2 ? w1.p[e] : w0.p[e]};
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(kcu_gg_sh);
   float acc[NB][S::MF][S::NF][4];
@@ -167,7 +197,7 @@ __global__ void __launch_bounds__(KCU_GG_NT)
   const int nk = (K + KCU_GG_BK - 1) / KCU_GG_BK;
   auto load = [&](int kt) {
     const uint32_t st = base + (kt % S::STAGES) * SM::STAGE;
-    kcu_gg_load_a<T, BM>(st, a, rows, gather_k, K, kt * KCU_GG_BK);
+    kcu_gg_load_a<T, BM>(st, a, a_src, K, kt * KCU_GG_BK);
 #pragma unroll
     for (int b = 0; b < NB; b++)
       kcu_gg_load_b<T, QT, S::BN>(st + SM::A + b * SM::B, wb[b], row_bytes, N, K, n0, kt * KCU_GG_BK);

@@ -828,29 +828,8 @@ END_TEST
 
 /* ---- norms, elementwise ------------------------------------------------------------------- */
 
-/* rms_norm of n short rows, out of place and in place, the last CTA's rows
- * only partly there. */
-static void test_rms_norm_rows(int n, int dim) {
-  float *wh = rand_vec(dim, 1.f);
-  wpair_t w;
-  wpair_load(&w, KERN_F32, 1, dim, wh);
-  pair_t x = pair_rand((size_t)n * dim, 2.f), o = pair_rand((size_t)n * dim, 1.f);
-  poison(o.g, (size_t)n * dim);
-  ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, o.c, x.c, &w.c, n, dim, 1e-6f), 0);
-  ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, o.g, x.g, &w.g, n, dim, 1e-6f), 0);
-  ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, "rms_norm rows"), TOL_ACT);
-  ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, x.c, x.c, &w.c, n, dim, 1e-6f), 0);
-  ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, x.g, x.g, &w.g, n, dim, 1e-6f), 0);
-  ck_assert_double_lt(cmp_pair(&x, (size_t)n * dim, "rms_norm rows in place"), TOL_ACT);
-  pair_free(&x);
-  pair_free(&o);
-  wpair_free(&w);
-}
-
-START_TEST(test_rms_norm) {
-  test_rms_norm_rows(4100, 128); /* the many-rows kernel: a prefill's per-head norms */
-  test_rms_norm_rows(4099, 64);
-  int n = 13, dim = 576;
+/* rms_norm of n rows of dim, out of place and in place, against the CPU. */
+static void check_rms_norm(int n, int dim) {
   float *wh = rand_vec(dim, 1.f);
   wpair_t w;
   wpair_load(&w, KERN_F32, 1, dim, wh);
@@ -859,18 +838,29 @@ START_TEST(test_rms_norm) {
   ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, o.c, x.c, &w.c, n, dim, 1e-5f), 0);
   ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, o.g, x.g, &w.g, n, dim, 1e-5f), 0);
   ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, "rms_norm"), TOL_ACT);
-  /* in place */
   ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, x.c, x.c, &w.c, n, dim, 1e-6f), 0);
   ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, x.g, x.g, &w.g, n, dim, 1e-6f), 0);
   ck_assert_double_lt(cmp_pair(&x, (size_t)n * dim, "rms_norm in place"), TOL_ACT);
+  pair_free(&x);
+  pair_free(&o);
+  wpair_free(&w);
+}
+
+START_TEST(test_rms_norm) {
+  check_rms_norm(13, 576);
+  check_rms_norm(4100, 128); /* many short rows (a prefill's per-head norms), the last CTA's partly there */
+  check_rms_norm(4099, 64);
   /* fused residual add */
-  pair_t r = pair_rand((size_t)n * dim, 3.f), y = pair_rand((size_t)n * dim, 1.f);
+  int n = 13, dim = 576;
+  float *wh = rand_vec(dim, 1.f);
+  wpair_t w;
+  wpair_load(&w, KERN_F32, 1, dim, wh);
+  pair_t o = pair_rand((size_t)n * dim, 1.f), r = pair_rand((size_t)n * dim, 3.f), y = pair_rand((size_t)n * dim, 1.f);
   poison(o.g, (size_t)n * dim);
   ck_assert_int_eq(cpu->ops->add_rms_norm(cpu->ctx, o.c, r.c, y.c, &w.c, n, dim, 1e-5f), 0);
   ck_assert_int_eq(gpu->ops->add_rms_norm(gpu->ctx, o.g, r.g, y.g, &w.g, n, dim, 1e-5f), 0);
   ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, "add_rms_norm out"), TOL_ACT);
   ck_assert_double_lt(cmp_pair(&r, (size_t)n * dim, "add_rms_norm residual"), TOL_ACT);
-  pair_free(&x);
   pair_free(&o);
   pair_free(&r);
   pair_free(&y);

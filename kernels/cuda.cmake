@@ -35,6 +35,18 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_comm.cu
   cuda/kcu_car.cu)
 ferrum_cuda_flags(ferrum_kernels_cuda)
+# The grouped GEMM's wgmma tiles (kcu_ggemm_wg.cu) are sm_90a code: built
+# when the build targets Hopper, used on a compute capability 9.0 device.
+if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90")
+  add_library(ferrum_kernels_cuda_wg OBJECT cuda/kcu_ggemm_wg.cu)
+  ferrum_cuda_flags(ferrum_kernels_cuda_wg)
+  set_target_properties(ferrum_kernels_cuda_wg PROPERTIES CUDA_ARCHITECTURES OFF)
+  target_compile_options(ferrum_kernels_cuda_wg PRIVATE -gencode=arch=compute_90a,code=sm_90a)
+  ferrum_headers(ferrum_kernels_cuda_wg FOLDER kernels)
+  target_link_libraries(ferrum_kernels_cuda_wg PRIVATE ferrum_kern_types ferrum_common CUDA::cudart)
+  target_sources(ferrum_kernels_cuda PRIVATE $<TARGET_OBJECTS:ferrum_kernels_cuda_wg>)
+  target_compile_definitions(ferrum_kernels_cuda PRIVATE KCU_HAVE_WG)
+endif()
 if(FERRUM_CUDA_TRACE)
   target_compile_definitions(ferrum_kernels_cuda PRIVATE KCU_TRACE)
 endif()

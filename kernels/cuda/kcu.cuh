@@ -128,6 +128,7 @@ typedef struct {
   int pdl;          /* launch with programmatic dependent launch (FERRUM_PDL=0 turns it off) */
   int moe_gemv_pairs;  /* most (token, expert) pairs a moe_ffn call runs as GEMVs (FERRUM_CUDA_MOE_GEMV) */
   int moe_small_per_exp; /* most pairs an expert on average it runs on small tiles (FERRUM_CUDA_MOE_SMALL); more: large */
+  int gg_wg;             /* the grouped GEMM's large dense tiles by wgmma (sm_90a; FERRUM_CUDA_GG_WG), else mma.sync */
   int q4f;             /* repack 4-bit matmul weights as KERN_Q4F (FERRUM_CUDA_Q4F=0: keep the file's blocks) */
   int q4f_max_n;       /* most rows a Q4F matmul reads the 4-bit weights for; more: dequantize + cuBLAS */
   int q4f_warps;       /* warps per tile of the Q4F matmul (FERRUM_CUDA_Q4F_WARPS 4 or 8); 0: by batch */
@@ -625,6 +626,12 @@ int kcu__gg(kcu_ctx_t *c, int mode, void *out, const void *a, const kcu_gg_rows_
             const kcu_gg_ptrs_t *w1, kern_type_t t, size_t row_bytes, int N, int K);
 /* Raises the GEMM kernels' shared-memory limits (at create). */
 int kcu__gg_init(kcu_ctx_t *c);
+/* kcu_ggemm_wg.cu (built for sm_90a where the build targets sm_90:
+ * KCU_HAVE_WG): kcu__gg's large tiles over dense weights by wgmma, when
+ * c->gg_wg (a compute capability 9.0 device); its kernels' limits. */
+int kcu__gg_wg(kcu_ctx_t *c, int mode, void *out, const void *a, const kcu_gg_rows_t *rows, const kcu_gg_ptrs_t *w0,
+               const kcu_gg_ptrs_t *w1, size_t row_bytes, int N, int K);
+int kcu__gg_wg_init(kcu_ctx_t *c);
 
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);

@@ -588,6 +588,11 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->pdl = prop.major >= 9 && kcu_env_int("FERRUM_PDL", 1, 0, 1);
   c->moe_gemv_pairs = kcu_env_int("FERRUM_CUDA_MOE_GEMV", KCU_MOE_GEMV_PAIRS, 0, 1 << 20);
   c->moe_small_per_exp = kcu_env_int("FERRUM_CUDA_MOE_SMALL", KCU_MOE_SMALL_PER_EXP, 0, 1 << 20);
+#ifdef KCU_HAVE_WG
+  if (prop.major == 9 && prop.minor == 0) { /* sm_90a code */
+    c->gg_wg = kcu_env_int("FERRUM_CUDA_GG_WG", 1, 0, 1);
+  }
+#endif
   c->q4f = kcu_env_int("FERRUM_CUDA_Q4F", 1, 0, 1);
   c->q4f_max_n = kcu_env_int("FERRUM_CUDA_Q4F_MAX_N", KCU_Q4F_MAX_N, 0, 4096);
   c->q4f_warps = kcu_env_int("FERRUM_CUDA_Q4F_WARPS", 0, 0, 8);

@@ -10,59 +10,11 @@
  * accumulators. The gated form reads a gate and an up matrix at once and
  * writes silu(gate) * up. A row's result does not depend on the rows beside
  * it. The weights' addresses (at most KCU_GG_MAX_W) are __grid_constant__
- * kernel parameters, which a graph records. */
-#include "kernels/cuda/kcu_mma.cuh"
+ * kernel parameters, which a graph records. The large tiles of dense
+ * weights go to kcu_ggemm_wg.cu's wgmma kernel where the device has it
+ * (c->gg_wg). */
+#include "kernels/cuda/kcu_ggemm.cuh"
 #include "kernels/cuda/kcu_quant.cuh"
-
-#define KCU_GG_WARPS 4
-#define KCU_GG_NT (KCU_GG_WARPS * KCU_WARP)
-#define KCU_GG_BK 64 /* K per pipeline stage: one 128-byte row of 8 swizzled 16-byte chunks */
-
-/* Byte offset of 16-byte chunk ch of row r in a swizzled (rows, BK) tile. */
-__device__ __forceinline__ uint32_t kcu_gg_off(int r, int ch) {
-  return (uint32_t)(r * (KCU_GG_BK * 2) + ((ch ^ (r & 7)) << 4));
-}
-
-/* The loads of a tile of rows x BK, KCU_GG_NT threads at a time: a thread
- * copies chunk ch (16 bytes) of rows r0, r0 + RS, ... (J of them), the same
- * rows every stage, in a loop the compiler unrolls, and A's source rows are
- * worked out once. Copy loops strided by the thread count, with a division
- * and a gathered row's division by k every copy of every stage, kept the
- * issue slots 47-55% busy for a tensor pipe 25-27% busy: a 2048-token
- * Qwen3-30B-A3B prefill 70.5 -> 50.4 ms on an H200 (docs/bench/gpu.md,
- * session 44). */
-template <int ROWS> struct kcu_gg_ld {
-  static constexpr int CH = KCU_GG_BK / 8, RS = KCU_GG_NT / CH, J = ROWS * CH / KCU_GG_NT;
-  static_assert(ROWS * CH % KCU_GG_NT == 0, "whole rounds of copies");
-  static __device__ __forceinline__ int ch() { return threadIdx.x % CH; }
-  static __device__ __forceinline__ int r0() { return threadIdx.x / CH; }
-};
-
-/* The A rows this thread copies: a's row rows[r] / gather_k (gather) or
- * rows[r] for its tile rows r, -1 for padding. */
-template <int BM>
-__device__ __forceinline__ void kcu_gg_a_rows(int (&src)[kcu_gg_ld<BM>::J], const int32_t *rows, int gather_k) {
-  typedef kcu_gg_ld<BM> L;
-#pragma unroll
-  for (int j = 0; j < L::J; j++) {
-    const int s = rows[L::r0() + j * L::RS];
-    src[j] = s < 0 ? -1 : gather_k ? s / gather_k : s;
-  }
-}
-
-/* The A tile (BM rows of BK from k0) by the rows of kcu_gg_a_rows; padding
- * rows and columns past K read as zeros. */
-template <typename T, int BM>
-__device__ __forceinline__ void kcu_gg_load_a(uint32_t sa, const T *a, const int (&src)[kcu_gg_ld<BM>::J], int K,
-                                              int k0) {
-  typedef kcu_gg_ld<BM> L;
-  const int ch = L::ch(), col = k0 + ch * 8;
-#pragma unroll
-  for (int j = 0; j < L::J; j++) {
-    const bool ok = src[j] >= 0 && col < K;
-    kcu_cp_async16(sa + kcu_gg_off(L::r0() + j * L::RS, ch), ok ? a + (size_t)src[j] * K + col : a, ok);
-  }
-}
 
 /* A tile's shape by its height BM: BN columns, the pipeline's depth, and
  * how the 4 warps share the tile (WARPS_M x WARPS_N, each warp WM x WN: MF
@@ -100,14 +52,7 @@ template <typename T, int QT, int BN>
 __device__ __forceinline__ void kcu_gg_load_b(uint32_t sb, const uint8_t *w, size_t row_bytes, int N, int K, int n0,
                                                int k0) {
   if constexpr (QT == 0) {
-    typedef kcu_gg_ld<BN> L;
-    const int ch = L::ch(), r0 = L::r0(), col = k0 + ch * 8;
-    const uint8_t *src = w + (size_t)(n0 + r0) * row_bytes + (size_t)col * sizeof(T);
-#pragma unroll
-    for (int j = 0; j < L::J; j++) {
-      const bool ok = n0 + r0 + j * L::RS < N && col < K;
-      kcu_cp_async16(sb + kcu_gg_off(r0 + j * L::RS, ch), ok ? src + (size_t)j * L::RS * row_bytes : w, ok);
-    }
+    kcu_gg_load_b_dense<T, BN>(sb, w, row_bytes, N, K, n0, k0);
   } else {
     constexpr int SUBS = KCU_GG_BK / KCU_QSUB;
     for (int i = threadIdx.x; i < BN * SUBS; i += KCU_GG_NT) {
@@ -269,6 +214,7 @@ int kcu__gg(kcu_ctx_t *c, int mode, void *out, const void *a, const kcu_gg_rows_
             const kcu_gg_ptrs_t *w1, kern_type_t t, size_t row_bytes, int N, int K) {
   if (r->tiles <= 0) return 0;
   if (K % 8 || N % 2) return fr_errorf(FR_EUNSUPPORTED, "cuda: grouped GEMM of %d x %d", N, K);
+  if (c->gg_wg && !r->small && t == c->act) return kcu__gg_wg(c, mode, out, a, r, w0, w1, row_bytes, N, K);
   int rc = 0;
   KCU_ACT_DISPATCH(c, {
     if (mode == KCU_GG_GATED) rc = kcu_gg_typed<T, KCU_GG_GATED>(c, out, a, r, w0, w1, t, row_bytes, N, K);
@@ -295,6 +241,9 @@ int kcu__gg_init(kcu_ctx_t *c) {
   static const kern_type_t quant[] = {KERN_Q4_0, KERN_Q4_1, KERN_Q5_0, KERN_Q5_1, KERN_Q8_0,
                                       KERN_Q4_K, KERN_Q5_K, KERN_Q6_K, KERN_I4G};
   int rc = 0;
+#ifdef KCU_HAVE_WG
+  if (c->gg_wg && (rc = kcu__gg_wg_init(c))) return rc;
+#endif
   KCU_ACT_DISPATCH(c, {
     rc = kcu_gg_attr_modes<T, 0>();
     for (size_t i = 0; i < FR_ARRAY_SIZE(quant) && !rc; i++)

@@ -744,18 +744,27 @@ static void check_moe(moe_env_t *m, int n, bool graph) {
 }
 
 /* Shapes: (E, k, norm, dim, ffn). ffn 96 leaves partial column tiles in the
- * gate/up GEMM and a partial K stage in the down GEMM. Each shape's n run
- * the three paths: the decode GEMVs (at most 64 pairs), small tiles (at
- * most 16 pairs an expert on average) and large tiles. */
+ * gate/up GEMM and a partial K stage in the down GEMM (and dim 128 the
+ * down GEMM's, in the 128-column wgmma tiles). Each shape's n run the
+ * three paths: the decode GEMVs (at most 64 pairs), small tiles (at most
+ * 16 pairs an expert on average) and large tiles; the loop's second half
+ * takes the large tiles by mma.sync where they would be wgmma's
+ * (FERRUM_CUDA_GG_WG=0). */
 static const int k_moe_shapes[][5] = {{8, 2, 0, 256, 96}, {16, 4, 1, 128, 256}, {128, 8, 1, 256, 64}};
 static const int k_moe_ns[] = {1, 3, 64, 200, 300};
 
 START_TEST(test_moe_dense) {
-  const int *sh = k_moe_shapes[_i];
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_moe_shapes), *sh = k_moe_shapes[_i % n_shapes];
+  if (_i >= n_shapes) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_GG_WG", "0", 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
   moe_env_t m;
   moe_setup(&m, gpu->act_type, sh[0], sh[1], sh[2], sh[3], sh[4]);
-  for (size_t i = 0; i < FR_ARRAY_SIZE(k_moe_ns); i++) check_moe(&m, k_moe_ns[i], i == 0 || i == 2);
+  for (size_t i = 0; i < FR_ARRAY_SIZE(k_moe_ns); i++) check_moe(&m, k_moe_ns[i], i == 0 || i == 2 || i == 4);
   moe_free(&m);
+  unsetenv("FERRUM_CUDA_GG_WG");
 }
 END_TEST
 
@@ -2260,7 +2269,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_q4f_silu_mul, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_test(tc, test_matmul_q6f);
   tcase_add_test(tc, test_matmul_i4g_perm_padded);
-  tcase_add_loop_test(tc, test_moe_dense, 0, (int)FR_ARRAY_SIZE(k_moe_shapes));
+  tcase_add_loop_test(tc, test_moe_dense, 0, 2 * (int)FR_ARRAY_SIZE(k_moe_shapes));
   tcase_add_loop_test(tc, test_moe_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_moe_nan_token);
   tcase_add_test(tc, test_embed);

@@ -122,13 +122,8 @@ __global__ void __launch_bounds__(KCU_GG_NT)
   const int e = tile_w[tile], m0 = tile * BM, n0 = blockIdx.y * S::BN;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int wm = warp / S::WARPS_N, wn = warp % S::WARPS_N;
-  for (int r = threadIdx.x; r < BM; r += KCU_GG_NT) {
-    const int s = sorted[m0 + r];
-    rows[r] = gather_k || s < 0 ? s : m0 + r;
-  }
-  __syncthreads();
   int a_src[kcu_gg_ld<BM>::J];
-  kcu_gg_a_rows<BM>(a_src, rows, gather_k);
+  kcu_gg_tile_rows<BM>(rows, a_src, sorted, m0, gather_k);
   const uint8_t *wb[2] = {w0.p[e], NB == 2 ? w1.p[e] : w0.p[e]};
   const uint32_t base = (uint32_t)__cvta_generic_to_shared(kcu_gg_sh);
   float acc[NB][S::MF][S::NF][4];
@@ -173,14 +168,8 @@ __global__ void __launch_bounds__(KCU_GG_NT)
       for (int nf = 0; nf < S::NF; nf++) {
         const int n = n0 + wn * S::WN + nf * 8 + 2 * q;
         if (n >= N) continue;
-        const float v0 = acc[0][mf][nf][2 * h], v1 = acc[0][mf][nf][2 * h + 1];
-        if constexpr (MODE == KCU_GG_GATED) {
-          const float u0 = acc[NB - 1][mf][nf][2 * h], u1 = acc[NB - 1][mf][nf][2 * h + 1];
-          *reinterpret_cast<uint32_t *>((T *)out + orow + n) =
-              kcu_pack2<T>(v0 / (1.f + expf(-v0)) * u0, v1 / (1.f + expf(-v1)) * u1);
-        } else {
-          *reinterpret_cast<float2 *>((float *)out + orow + n) = make_float2(v0, v1);
-        }
+        const float(&v)[4] = acc[0][mf][nf], (&u)[4] = acc[NB - 1][mf][nf];
+        kcu_gg_store2<T, MODE>(out, orow + n, v[2 * h], v[2 * h + 1], u[2 * h], u[2 * h + 1]);
       }
     }
 }

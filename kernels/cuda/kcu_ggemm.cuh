@@ -70,3 +70,27 @@ __device__ __forceinline__ void kcu_gg_load_b_dense(uint32_t sb, const uint8_t *
     kcu_cp_async16(sb + kcu_gg_off(r0 + j * L::RS, ch), ok ? src + (size_t)j * L::RS * row_bytes : w, ok);
   }
 }
+
+/* A tile's rows (each CTA of tile `tile`, BM rows from m0): rows[r] the
+ * source that kcu_gg_a_rows divides (gather_k) or the row itself, -1 for
+ * padding; then the thread's A source rows. */
+template <int BM>
+__device__ __forceinline__ void kcu_gg_tile_rows(int32_t (&rows)[BM], int (&src)[kcu_gg_ld<BM>::J],
+                                                 const int32_t *sorted, int m0, int gather_k) {
+  for (int r = threadIdx.x; r < BM; r += KCU_GG_NT) {
+    const int s = sorted[m0 + r];
+    rows[r] = gather_k || s < 0 ? s : m0 + r;
+  }
+  __syncthreads();
+  kcu_gg_a_rows<BM>(src, rows, gather_k);
+}
+
+/* Two adjacent outputs at element i of out: the gated form's
+ * silu(v) * u in the activation type, else v in f32. */
+template <typename T, int MODE>
+__device__ __forceinline__ void kcu_gg_store2(void *out, size_t i, float v0, float v1, float u0, float u1) {
+  if constexpr (MODE == KCU_GG_GATED)
+    *reinterpret_cast<uint32_t *>((T *)out + i) = kcu_pack2<T>(v0 / (1.f + expf(-v0)) * u0, v1 / (1.f + expf(-v1)) * u1);
+  else
+    *reinterpret_cast<float2 *>((float *)out + i) = make_float2(v0, v1);
+}

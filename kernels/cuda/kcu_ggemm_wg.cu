@@ -96,13 +96,8 @@ __global__ void __launch_bounds__(KCU_GG_NT)
   if (tile >= *n_tiles) return;
   const int e = tile_w[tile], m0 = tile * BM, n0 = blockIdx.y * BN;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  for (int r = threadIdx.x; r < BM; r += KCU_GG_NT) {
-    const int s = sorted[m0 + r];
-    rows[r] = gather_k || s < 0 ? s : m0 + r;
-  }
-  __syncthreads();
   int a_src[kcu_gg_ld<BM>::J];
-  kcu_gg_a_rows<BM>(a_src, rows, gather_k);
+  kcu_gg_tile_rows<BM>(rows, a_src, sorted, m0, gather_k);
   const uint8_t *wb[2] = {w0.p[e], NB == 2 ? w1.p[e] : w0.p[e]};
   const uint32_t base = ((uint32_t)__cvta_generic_to_shared(kcu_ggw_sh) + 1023u) & ~1023u;
   const int nk = (K + KCU_GG_BK - 1) / KCU_GG_BK;
@@ -149,14 +144,8 @@ __global__ void __launch_bounds__(KCU_GG_NT)
     for (int i = 0; i < BN / 8; i++) {
       const int n = n0 + 8 * i + 2 * q;
       if (n >= N) continue;
-      const float v0 = acc[0][4 * i + 2 * h], v1 = acc[0][4 * i + 2 * h + 1];
-      if constexpr (MODE == KCU_GG_GATED) {
-        const float u0 = acc[NB - 1][4 * i + 2 * h], u1 = acc[NB - 1][4 * i + 2 * h + 1];
-        *reinterpret_cast<uint32_t *>((T *)out + orow + n) =
-            kcu_pack2<T>(v0 / (1.f + expf(-v0)) * u0, v1 / (1.f + expf(-v1)) * u1);
-      } else {
-        *reinterpret_cast<float2 *>((float *)out + orow + n) = make_float2(v0, v1);
-      }
+      const int j = 4 * i + 2 * h;
+      kcu_gg_store2<T, MODE>(out, orow + n, acc[0][j], acc[0][j + 1], acc[NB - 1][j], acc[NB - 1][j + 1]);
     }
   }
 }

@@ -71,9 +71,9 @@ __device__ __forceinline__ void kcu_gg_load_b_dense(uint32_t sb, const uint8_t *
   }
 }
 
-/* A tile's rows (each CTA of tile `tile`, BM rows from m0): rows[r] the
- * source that kcu_gg_a_rows divides (gather_k) or the row itself, -1 for
- * padding; then the thread's A source rows. */
+/* The CTA's tile of BM rows from m0: rows[r] is the sorted source (which
+ * kcu_gg_a_rows divides by gather_k) or, without a gather, the row itself;
+ * -1 for padding. Then this thread's A source rows. */
 template <int BM>
 __device__ __forceinline__ void kcu_gg_tile_rows(int32_t (&rows)[BM], int (&src)[kcu_gg_ld<BM>::J],
                                                  const int32_t *sorted, int m0, int gather_k) {

@@ -35,10 +35,11 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_comm.cu
   cuda/kcu_car.cu)
 ferrum_cuda_flags(ferrum_kernels_cuda)
-# The grouped GEMM's wgmma tiles (kcu_ggemm_wg.cu) are sm_90a code: built
+# The wgmma kernels (kcu_ggemm_wg.cu: the grouped GEMM's large tiles;
+# kcu_q4f_wg.cu: the 4-bit matmul over many rows) are sm_90a code: built
 # when the build targets Hopper, used on a compute capability 9.0 device.
 if(CMAKE_CUDA_ARCHITECTURES MATCHES "(^|;)90")
-  add_library(ferrum_kernels_cuda_wg OBJECT cuda/kcu_ggemm_wg.cu)
+  add_library(ferrum_kernels_cuda_wg OBJECT cuda/kcu_ggemm_wg.cu cuda/kcu_q4f_wg.cu)
   ferrum_cuda_flags(ferrum_kernels_cuda_wg)
   set_target_properties(ferrum_kernels_cuda_wg PROPERTIES CUDA_ARCHITECTURES OFF)
   target_compile_options(ferrum_kernels_cuda_wg PRIVATE -gencode=arch=compute_90a,code=sm_90a)

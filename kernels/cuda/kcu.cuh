@@ -40,6 +40,8 @@
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
+#define KCU_Q4F_WG_MIN_N 65  /* default of q4f_wg */
+#define KCU_Q4F_WG_MAX_N 256 /* most rows the wgmma 4-bit matmul takes (measured to 256: gpu.md, session 46) */
 #define KCU_Q6F_MAX_N 16  /* most rows a KERN_Q6F matmul reads the 6-bit weights for (no wide kernel) */
 #define KCU_MOE_GEMV_PAIRS 64   /* default of moe_gemv_pairs: 8 tokens of top-8 (kcu_moe.cu) */
 #define KCU_MOE_SMALL_PER_EXP 16 /* default of moe_small_per_exp (kcu_moe.cu) */
@@ -135,6 +137,10 @@ typedef struct {
   int q4f_gemm;        /* past 64 rows without the wide kernel, tiles share activations (kcu_q4f_gemm_k);
                           FERRUM_CUDA_Q4F_GEMM=0: not */
   int q4f_nt;          /* most MMA columns (8 tokens each) a CTA of the Q4F matmul takes (FERRUM_CUDA_Q4F_NT 1-8; 4) */
+  int q4f_wg;          /* fewest rows the 4-bit matmul runs by wgmma (kcu_q4f_wg.cu, sm_90a; FERRUM_CUDA_Q4F_WG),
+                          0: never */
+  int q4f_wg_mt;       /* its CTAs' tokens in 64s (FERRUM_CUDA_Q4F_WG_MT 1, 2 or 4) */
+  int q4f_wg_ctas;     /* the fewest CTAs a call of it must fill (FERRUM_CUDA_Q4F_WG_CTAS); -1: twice the SMs */
   int q4f_wide;        /* fewest rows the 128-row CTAs of the Q4F matmul take (FERRUM_CUDA_Q4F_WIDE) */
   int q4f_ks;          /* their column splits (FERRUM_CUDA_Q4F_KS; 0: by the SMs) */
   int q4f_row;         /* one row: the one-row Q4F kernel, its warps a tile by shape (FERRUM_CUDA_Q4F_ROW 4 or 8:
@@ -632,6 +638,11 @@ int kcu__gg_init(kcu_ctx_t *c);
 int kcu__gg_wg(kcu_ctx_t *c, int mode, void *out, const void *a, const kcu_gg_rows_t *rows, const kcu_gg_ptrs_t *w0,
                const kcu_gg_ptrs_t *w1, size_t row_bytes, int N, int K);
 int kcu__gg_wg_init(kcu_ctx_t *c);
+/* kcu_q4f_wg.cu (sm_90a, KCU_HAVE_WG): the 4-bit matmul over many rows by
+ * wgmma (where kcu__q4f_wg_takes), and its kernels' limits. */
+int kcu__q4f_wg(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
+int kcu__q4f_wg_init(kcu_ctx_t *c);
+bool kcu__q4f_wg_takes(const kcu_ctx_t *c, const kern_weight_t *w, int n);
 
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);

@@ -591,6 +591,10 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
 #ifdef KCU_HAVE_WG
   if (prop.major == 9 && prop.minor == 0) { /* sm_90a code */
     c->gg_wg = kcu_env_int("FERRUM_CUDA_GG_WG", 1, 0, 1);
+    c->q4f_wg = kcu_env_int("FERRUM_CUDA_Q4F_WG", KCU_Q4F_WG_MIN_N, 0, KCU_Q4F_WG_MAX_N + 1);
+    c->q4f_wg_mt = kcu_env_int("FERRUM_CUDA_Q4F_WG_MT", 2, 1, 4);
+    if (c->q4f_wg_mt == 3) c->q4f_wg_mt = 4;
+    c->q4f_wg_ctas = kcu_env_int("FERRUM_CUDA_Q4F_WG_CTAS", -1, -1, 1 << 20);
   }
 #endif
   c->q4f = kcu_env_int("FERRUM_CUDA_Q4F", 1, 0, 1);

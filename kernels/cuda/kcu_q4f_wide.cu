@@ -337,6 +337,9 @@ int kcu__q4f_init(kcu_ctx_t *c) {
   int major = 0;
   int rc = kcu__q4g_row_init(c);
   if (rc) return rc;
+#ifdef KCU_HAVE_WG
+  if (c->q4f_wg && (rc = kcu__q4f_wg_init(c))) return rc;
+#endif
   KCU_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, c->device));
   if (major < 9 || kcu_q4w_smem<KCU_Q4W_64>::BYTES > c->smem_optin || kcu_q4w_smem<KCU_Q4W_32>::BYTES > c->smem_optin) {
     c->q4f_wide = 1 << 30; /* clusters are sm_90's */

@@ -582,14 +582,21 @@ START_TEST(test_q4f_silu_mul) {
 }
 END_TEST
 
-/* A rank's part of a GPTQ act-order weight (model_quant_cols): 448 inputs
- * in 512 columns, every other group's run padded to whole blocks with -1
- * columns. Only the Q4F layout takes it; with FERRUM_CUDA_Q4F=0 the load
- * is refused with an error. */
-START_TEST(test_matmul_i4g_perm_padded) {
+/* A rank's part of a GPTQ act-order weight's order (model_quant_cols):
+ * 448 inputs in 512 columns, every other group's run padded to whole
+ * blocks with -1 columns. */
+static int32_t *padded_perm(void) {
   int32_t *order = rand_perm(448), *p = fr_malloc(512 * sizeof *p);
   for (int b = 0, k = 0, j = 0; b < 16; b++)
     for (int i = 0; i < 32; i++) p[k++] = i < (b % 2 ? 32 : 24) ? order[j++] : -1;
+  free(order);
+  return p;
+}
+
+/* Such a weight: only the Q4F layout takes it; with FERRUM_CUDA_Q4F=0 the
+ * load is refused with an error. */
+START_TEST(test_matmul_i4g_perm_padded) {
+  int32_t *p = padded_perm();
   check_matmul_px(KERN_I4G, 200, 512, true, 1 << 30, p, 448);
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_Q4F", "0", 1);
@@ -601,8 +608,37 @@ START_TEST(test_matmul_i4g_perm_padded) {
   ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, host), FR_EUNSUPPORTED);
   ck_assert_ptr_null(w.data);
   free(host);
-  free(order);
   free(p);
+}
+END_TEST
+
+/* The 4-bit matmul by wgmma (kcu_q4f_wg.cu; on a device or build without
+ * sm_90a the variables change nothing): forced from 65 rows on grids of
+ * any size (FERRUM_CUDA_Q4F_WG_CTAS=0) with CTAs of 64, 128 and 256 tokens
+ * (FERRUM_CUDA_Q4F_WG_MT), so n = 100 is two token tiles, part of one, or
+ * part of one in two wgmma column blocks (n = 300, past its 256 rows,
+ * takes dequantize + cuBLAS); 147 rows (a part of a 16-row tile and of a
+ * CTA's four), a last unit of 32 columns (not Q4_K), 24 units; I4G also
+ * with an act-order permutation, whole and with padding columns. */
+START_TEST(test_matmul_q4f_wg) {
+  const kern_type_t t = q4_entry(_i);
+  static const char *mt[] = {"1", "2", "4"};
+  int32_t *p512 = rand_perm(512), *pp = padded_perm();
+  setenv("FERRUM_CUDA_Q4F_WG", "65", 1);
+  setenv("FERRUM_CUDA_Q4F_WG_CTAS", "0", 1);
+  for (size_t k = 0; k < FR_ARRAY_SIZE(mt); k++) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_Q4F_WG_MT", mt[k], 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k == 1, 1 << 30);
+    check_matmul_n(t, 16 * 9 + 3, 1536, k != 1, 128);
+    if (t == KERN_I4G && _i != K_Q4_GROUPED) {
+      check_matmul_perm(KERN_I4G, 200, 512, k == 0, 128, p512);
+      check_matmul_px(KERN_I4G, 200, 512, k != 0, 128, pp, 448);
+    }
+  }
+  free(p512);
+  free(pp);
 }
 END_TEST
 
@@ -2266,6 +2302,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_matmul_i4g_perm);
   tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
+  tcase_add_loop_test(tc, test_matmul_q4f_wg, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_q4f_silu_mul, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_test(tc, test_matmul_q6f);
   tcase_add_test(tc, test_matmul_i4g_perm_padded);

@@ -58,17 +58,9 @@ __global__ void __launch_bounds__(KCU_GG_NT)
       kcu_gg_load_b_dense<T, BN>(st + C::A + b * C::B, wb[b], row_bytes, N, K, n0, kt * KCU_GG_BK);
   };
   float acc[NB][BN / 2];
-#pragma unroll
-  for (int s = 0; s < S - 1; s++) {
-    if (s < nk) load(s);
-    kcu_cp_commit();
-  }
+  kcu_wg_pipe_start<S>(nk, load);
   for (int kt = 0; kt < nk; kt++) {
-    kcu_cp_wait<S - 2>();
-    kcu_fence_proxy_async(); /* this thread's copies of stage kt, to the wgmmas */
-    __syncthreads();         /* stage kt is in; stage kt - 1's wgmmas are done (each warp waited) */
-    if (kt + S - 1 < nk) load(kt + S - 1);
-    kcu_cp_commit();
+    kcu_wg_pipe_next<S>(kt, nk, load);
     const uint32_t st = base + (kt % S) * C::STAGE;
     kcu_wg_fence();
 #pragma unroll

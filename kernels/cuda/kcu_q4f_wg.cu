@@ -101,11 +101,7 @@ __global__ void __launch_bounds__(KCU_GG_NT)
   const uint32_t base = ((uint32_t)__cvta_generic_to_shared(kcu_q4wg_sh) + 1023u) & ~1023u;
   auto load = [&](int u) { kcu_gg_load_a<T, NT>(base + (u % S) * C::STAGE, xp, src, cols, u * KCU_Q4F_COLS); };
   float acc[C::NB][C::N / 2];
-#pragma unroll
-  for (int s = 0; s < S - 1; s++) {
-    if (s < units) load(s);
-    kcu_cp_commit();
-  }
+  kcu_wg_pipe_start<S>(units, load);
   for (int u = 0; u < units; u++) {
     /* the unit's A fragments: k16 step kk is block kk / 2, step kk % 2 */
     uint32_t a[4][4];
@@ -117,11 +113,7 @@ __global__ void __launch_bounds__(KCU_GG_NT)
     }
     q0 = q1, d0 = d1;
     if (u + 2 < units) kcu_q4wg_ldw<F>(q1, d1, nib, dmv, tile, tiles, units, u + 2, lane);
-    kcu_cp_wait<S - 2>();
-    kcu_fence_proxy_async(); /* this thread's copies of stage u, to the wgmmas */
-    __syncthreads();         /* stage u is in; stage u - 1's wgmmas are done (each warp waited) */
-    if (u + S - 1 < units) load(u + S - 1);
-    kcu_cp_commit();
+    kcu_wg_pipe_next<S>(u, units, load);
     const uint32_t st = base + (u % S) * C::STAGE;
     kcu_wg_fence();
 #pragma unroll

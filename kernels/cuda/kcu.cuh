@@ -638,11 +638,11 @@ int kcu__gg_init(kcu_ctx_t *c);
 int kcu__gg_wg(kcu_ctx_t *c, int mode, void *out, const void *a, const kcu_gg_rows_t *rows, const kcu_gg_ptrs_t *w0,
                const kcu_gg_ptrs_t *w1, size_t row_bytes, int N, int K);
 int kcu__gg_wg_init(kcu_ctx_t *c);
-/* kcu_q4f_wg.cu (sm_90a, KCU_HAVE_WG): the 4-bit matmul over many rows by
- * wgmma (where kcu__q4f_wg_takes), and its kernels' limits. */
+/* kcu_q4f_wg.cu (sm_90a, KCU_HAVE_WG): whether a 4-bit matmul runs by
+ * wgmma, that matmul, and its kernels' limits. */
+bool kcu__q4f_wg_takes(const kcu_ctx_t *c, const kern_weight_t *w, int n);
 int kcu__q4f_wg(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 int kcu__q4f_wg_init(kcu_ctx_t *c);
-bool kcu__q4f_wg_takes(const kcu_ctx_t *c, const kern_weight_t *w, int n);
 
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);

@@ -478,7 +478,10 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
   } else if (kcu_is_q4f(w->type)) {
     const int max_n = w->type == KERN_Q6F ? FR_MIN(c->q4f_max_n, KCU_Q6F_MAX_N) : c->q4f_max_n;
-    if ((n <= max_n || kcu__q4f_wg_takes(c, w, n)) && aligned) return kcu__q4f_matmul(c, out, w, bp, x, n);
+#ifdef KCU_HAVE_WG
+    if (aligned && kcu__q4f_wg_takes(c, w, n)) return kcu__q4f_wg(c, out, w, bp, x, n);
+#endif
+    if (n <= max_n && aligned) return kcu__q4f_matmul(c, out, w, bp, x, n);
     rc = kcu_matmul_quant_gemm(c, out, w, x, n);
   } else if (kern_type_traits(w->type) && kern_type_traits(w->type)->quantized) {
     if (n <= c->qgemv_max_n && aligned) return kcu_gemv_quant(c, out, w, bp, x, n);

@@ -925,25 +925,8 @@ static int kcu_q4f_matmul_f(kcu_ctx_t *c, T *out, const kern_weight_t *w, const 
   }
 }
 
-/* Whether the matmul of w over n rows runs by wgmma (kcu_q4f_wg.cu): from
- * c->q4f_wg to KCU_Q4F_WG_MAX_N rows where its grid fills the GPU twice
- * over, for it splits no weight's columns over CTAs. On an H200, GPTQ
- * Llama-3-8B shapes (docs/bench/gpu.md, session 46): the gate/up
- * projection's 448 CTAs at 65-256 rows, decode steps 4-6% faster; q/k/v's
- * 192 at 129-256 rows were slower than dequantize + cuBLAS. */
-bool kcu__q4f_wg_takes(const kcu_ctx_t *c, const kern_weight_t *w, int n) {
-  if (!c->q4f_wg || n < c->q4f_wg || n > KCU_Q4F_WG_MAX_N || (w->type != KERN_Q4F && w->type != KERN_Q4G) ||
-      w->cols % 8 || (size_t)n * w->cols > c->deq_elems) /* its permuted activations */
-    return false;
-  const long long ctas = (long long)kcu_div_up(n, 64 * c->q4f_wg_mt) * kcu_div_up(kcu_q4f_tiles(w->rows), 4);
-  return ctas >= (c->q4f_wg_ctas >= 0 ? c->q4f_wg_ctas : 2ll * c->n_sm);
-}
-
 template <typename T>
 static int kcu_q4f_matmul_t(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-#ifdef KCU_HAVE_WG
-  if (kcu__q4f_wg_takes(c, w, n)) return kcu__q4f_wg(c, out, w, bias, x, n);
-#endif
   int rc = kcu_q4f_input(c, w, &x, n);
   if (rc) return rc;
   if (w->type == KERN_Q4G) return kcu_q4f_matmul_f<T, KCU_QF_Q4G>(c, out, w, bias, x, n);

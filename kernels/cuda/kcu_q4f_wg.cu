@@ -1,5 +1,5 @@
 /* kcu_q4f_wg.cu - the 4-bit matmul (KERN_Q4F, KERN_Q4G) over many rows by
- * wgmma, built for sm_90a only (kernels/cuda.cmake); kcu_q4f.cu sends it
+ * wgmma, built for sm_90a only (kernels/cuda.cmake); kcu__matmul sends it
  * the calls that kcu__q4f_wg_takes (65-256 rows, grids that fill the GPU
  * twice) on a compute capability 9.0 device.
  *
@@ -162,6 +162,21 @@ template <typename T, int NT>
 static int kcu_q4wg_launch_f(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *xp, int n) {
   return w->type == KERN_Q4G ? kcu_q4wg_launch<T, NT, KCU_QF_Q4G>(c, out, w, bias, xp, n)
                              : kcu_q4wg_launch<T, NT, KCU_QF_Q4F>(c, out, w, bias, xp, n);
+}
+
+/* Whether the matmul of w over n rows runs by wgmma (kcu_q4f_wg.cu): from
+ * c->q4f_wg to KCU_Q4F_WG_MAX_N rows where its grid fills the GPU twice
+ * over, for it splits no weight's columns over CTAs. On an H200, GPTQ
+ * Llama-3-8B shapes (docs/bench/gpu.md, session 46): the gate/up
+ * projection's 448 CTAs at 65-256 rows, decode steps 4-6% faster; q/k/v's
+ * 192 at 129-256 rows were slower than dequantize + cuBLAS. */
+bool kcu__q4f_wg_takes(const kcu_ctx_t *c, const kern_weight_t *w, int n) {
+  if (!c->q4f_wg || n < c->q4f_wg || n > KCU_Q4F_WG_MAX_N || (w->type != KERN_Q4F && w->type != KERN_Q4G) ||
+      w->cols % 8 || (size_t)n * w->cols > c->deq_elems) /* its permuted activations */
+    return false;
+  const long long ctas =
+      (long long)kcu_div_up(n, 64 * c->q4f_wg_mt) * kcu_div_up(kcu_q4f_tiles(w->rows), kcu_q4wg_cfg<64>::TILES);
+  return ctas >= (c->q4f_wg_ctas >= 0 ? c->q4f_wg_ctas : 2ll * c->n_sm);
 }
 
 template <typename T>

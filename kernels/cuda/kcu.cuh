@@ -41,6 +41,8 @@
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
 #define KCU_Q4F_WG_MIN_N 65  /* default of q4f_wg */
+#define KCU_Q4F_WG_SPLITS 8     /* most splits of its weights' columns */
+#define KCU_Q4F_WG_MIN_UNITS 4  /* fewest 64-column units a split */
 #define KCU_Q4F_WG_MAX_N 256 /* most rows the wgmma 4-bit matmul takes (measured to 256: gpu.md, session 46) */
 #define KCU_Q6F_MAX_N 16  /* most rows a KERN_Q6F matmul reads the 6-bit weights for (no wide kernel) */
 #define KCU_MOE_GEMV_PAIRS 64   /* default of moe_gemv_pairs: 8 tokens of top-8 (kcu_moe.cu) */
@@ -141,6 +143,10 @@ typedef struct {
                           0: never */
   int q4f_wg_mt;       /* its CTAs' tokens in 64s (FERRUM_CUDA_Q4F_WG_MT 1, 2 or 4) */
   int q4f_wg_ctas;     /* the fewest CTAs a call of it must fill (FERRUM_CUDA_Q4F_WG_CTAS); -1: twice the SMs */
+  int q4f_wg_split;    /* a grid short of q4f_wg_ctas split over its weights' columns (FERRUM_CUDA_Q4F_WG_SPLIT=0: not) */
+  long long q4f_wg_slots; /* its CTAs resident at once on the device (kcu__q4f_wg_init) */
+  int *q4wg_cnt;       /* its split calls' counters (kcu_q4f_wg.cu), q4wg_cnt_n of them, zero between calls */
+  size_t q4wg_cnt_n;
   int q4f_wide;        /* fewest rows the 128-row CTAs of the Q4F matmul take (FERRUM_CUDA_Q4F_WIDE) */
   int q4f_ks;          /* their column splits (FERRUM_CUDA_Q4F_KS; 0: by the SMs) */
   int q4f_row;         /* one row: the one-row Q4F kernel, its warps a tile by shape (FERRUM_CUDA_Q4F_ROW 4 or 8:
@@ -643,6 +649,7 @@ int kcu__gg_wg_init(kcu_ctx_t *c);
 bool kcu__q4f_wg_takes(const kcu_ctx_t *c, const kern_weight_t *w, int n);
 int kcu__q4f_wg(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 int kcu__q4f_wg_init(kcu_ctx_t *c);
+size_t kcu__q4f_wg_scratch(const kcu_ctx_t *c, const kern_weight_t *w);
 
 /* kcu_comm.cu: the tensor-parallel group (kern_ops_t comm_init / all_reduce). */
 int kcu__comm_init(void *ctx, const kern_comm_t *comm);

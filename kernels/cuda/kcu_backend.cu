@@ -487,6 +487,7 @@ static void kcu_destroy(void *ctx) {
   kcu__free(c->xqd);
   kcu__free(c->attn_part);
   kcu__free(c->attn_cnt);
+  kcu__free(c->q4wg_cnt);
   kcu__free(c->pen_dev);
   cudaFreeHost(c->pen_pin);
   free(c->pen_sort);
@@ -595,6 +596,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
     c->q4f_wg_mt = kcu_env_int("FERRUM_CUDA_Q4F_WG_MT", 2, 1, 4);
     if (c->q4f_wg_mt == 3) c->q4f_wg_mt = 4;
     c->q4f_wg_ctas = kcu_env_int("FERRUM_CUDA_Q4F_WG_CTAS", -1, -1, 1 << 20);
+    c->q4f_wg_split = kcu_env_int("FERRUM_CUDA_Q4F_WG_SPLIT", 1, 0, 1);
   }
 #endif
   c->q4f = kcu_env_int("FERRUM_CUDA_Q4F", 1, 0, 1);

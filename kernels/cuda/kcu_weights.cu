@@ -31,7 +31,9 @@ static int kcu_grow_deq(kcu_ctx_t *c, const kern_weight_t *w) {
   long long want = w->rows * w->cols;
   if (want > KCU_DEQ_MAX_ELEMS) want = FR_MAX(KCU_DEQ_MAX_ELEMS / w->cols, 1) * w->cols;
   if (w->perm) want = FR_MAX(want, (long long)c->q4f_max_n * w->cols); /* a Q4F matmul's gathered input */
-  if (c->q4f_wg) want = FR_MAX(want, (long long)KCU_Q4F_WG_MAX_N * w->cols); /* the wgmma matmul's input */
+#ifdef KCU_HAVE_WG
+  if (c->q4f_wg) want = FR_MAX(want, (long long)kcu__q4f_wg_scratch(c, w)); /* the wgmma matmul's */
+#endif
   size_t xq_need = (size_t)KCU_QGEMV_MAX_N * (size_t)w->cols;
   if (xq_need > c->xq_cap) {
     kcu__free(c->xq);

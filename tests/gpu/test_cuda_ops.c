@@ -613,25 +613,32 @@ START_TEST(test_matmul_i4g_perm_padded) {
 END_TEST
 
 /* The 4-bit matmul by wgmma (kcu_q4f_wg.cu; on a device or build without
- * sm_90a the variables change nothing): forced from 65 rows on grids of
+ * sm_90a the variables change nothing), forced from 65 rows: on grids of
  * any size (FERRUM_CUDA_Q4F_WG_CTAS=0) with CTAs of 64, 128 and 256 tokens
  * (FERRUM_CUDA_Q4F_WG_MT), so n = 100 is two token tiles, part of one, or
  * part of one in two wgmma column blocks (n = 300, past its 256 rows,
- * takes dequantize + cuBLAS); 147 rows (a part of a 16-row tile and of a
- * CTA's four), a last unit of 32 columns (not Q4_K), 24 units; I4G also
- * with an act-order permutation, whole and with padding columns. */
+ * takes dequantize + cuBLAS); and at each size with the columns split
+ * where the grid is short of 13 CTAs (FERRUM_CUDA_Q4F_WG_SPLIT, _CTAS=13:
+ * 26 units in 6 splits of 4 or 5, Q4_K's 24 and 12 in 6 and 3, I4G
+ * act-order's 8 in 2; each CTA's sums go through a partial tile, added by
+ * the last CTA of its block). 147 rows (a part of a 16-row tile and of a
+ * CTA's four), a last unit of 32 columns (not Q4_K); I4G also with an
+ * act-order permutation, whole and with padding columns. */
 START_TEST(test_matmul_q4f_wg) {
   const kern_type_t t = q4_entry(_i);
-  static const char *mt[] = {"1", "2", "4"};
+  static const struct {
+    const char *mt, *split, *ctas;
+  } cfg[] = {{"1", "0", "0"}, {"2", "0", "0"}, {"4", "0", "0"}, {"1", "1", "13"}, {"2", "1", "13"}, {"4", "1", "13"}};
   int32_t *p512 = rand_perm(512), *pp = padded_perm();
   setenv("FERRUM_CUDA_Q4F_WG", "65", 1);
-  setenv("FERRUM_CUDA_Q4F_WG_CTAS", "0", 1);
-  for (size_t k = 0; k < FR_ARRAY_SIZE(mt); k++) {
+  for (size_t k = 0; k < FR_ARRAY_SIZE(cfg); k++) {
     kern_backend_destroy(gpu);
-    setenv("FERRUM_CUDA_Q4F_WG_MT", mt[k], 1);
+    setenv("FERRUM_CUDA_Q4F_WG_MT", cfg[k].mt, 1);
+    setenv("FERRUM_CUDA_Q4F_WG_SPLIT", cfg[k].split, 1);
+    setenv("FERRUM_CUDA_Q4F_WG_CTAS", cfg[k].ctas, 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
-    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k == 1, 1 << 30);
-    check_matmul_n(t, 16 * 9 + 3, 1536, k != 1, 128);
+    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 768 : 288, k % 2 == 1, 1 << 30);
+    check_matmul_n(t, 16 * 9 + 3, t == KERN_Q4_K ? 1536 : 1664, k % 2 == 0, 128);
     if (t == KERN_I4G && _i != K_Q4_GROUPED) {
       check_matmul_perm(KERN_I4G, 200, 512, k == 0, 128, p512);
       check_matmul_px(KERN_I4G, 200, 512, k != 0, 128, pp, 448);

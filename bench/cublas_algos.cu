@@ -22,14 +22,8 @@
 #include <string.h>
 #include <vector>
 
-#define CU(x)                                                                                                   \
-  do {                                                                                                          \
-    cudaError_t e_ = (x);                                                                                       \
-    if (e_ != cudaSuccess) {                                                                                    \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                      \
-      exit(1);                                                                                                  \
-    }                                                                                                           \
-  } while (0)
+#include "bench/bench_cuda.h"
+
 #define CB(x)                                                                                                   \
   do {                                                                                                          \
     int s_ = (int)(x);                                                                                          \

@@ -20,14 +20,7 @@
 #include <stdlib.h>
 #include <vector>
 
-#define CU(x)                                                                                                   \
-  do {                                                                                                          \
-    cudaError_t e_ = (x);                                                                                       \
-    if (e_ != cudaSuccess) {                                                                                    \
-      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #x, cudaGetErrorString(e_));                      \
-      exit(1);                                                                                                  \
-    }                                                                                                           \
-  } while (0)
+#include "bench/bench_cuda.h"
 
 enum { BS = 16, NKV = 8, HD = 128, ROW16 = HD * 2 / 16 /* uint4 a row */, NT = 128 };
 

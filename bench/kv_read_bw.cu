@@ -71,7 +71,7 @@ static void run(const char *name, const uint4 *k, const uint4 *v, const int *bt,
   float ms = 0.f;
   CU(cudaEventElapsedTime(&ms, a, b));
   ms /= 20;
-  printf("%s, %d blocks in flight a thread: %8.1f us  %.2f TB/s\n", name, UNROLL, ms * 1e3, bytes / ms / 1e9);
+  printf("%s, blocks in flight a thread %d: %8.1f us  %.2f TB/s\n", name, UNROLL, ms * 1e3, bytes / ms / 1e9);
   CU(cudaEventDestroy(a));
   CU(cudaEventDestroy(b));
 }

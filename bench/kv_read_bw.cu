@@ -76,11 +76,19 @@ static void run(const char *name, const uint4 *k, const uint4 *v, const int *bt,
   CU(cudaEventDestroy(b));
 }
 
+/* Both layouts at UNROLL blocks in flight. */
+template <int UNROLL>
+static void run_layouts(const uint4 *k, const uint4 *v, const int *bt, int nb, int seqs, uint32_t *sink,
+                        double bytes) {
+  run<false, UNROLL>("NHD", k, v, bt, nb, seqs, sink, bytes);
+  run<true, UNROLL>("HND", k, v, bt, nb, seqs, sink, bytes);
+}
+
 int main(int argc, char **argv) {
   const int ctx = argc > 1 ? atoi(argv[1]) : 640, seqs = argc > 2 ? atoi(argv[2]) : 256;
   const int nb = ctx / BS, pool_blocks = std::max(60000, seqs * nb);
-  if (nb < 1 || seqs < 1 || seqs > 65535) {
-    fprintf(stderr, "usage: kv_read_bw_bench [CONTEXT >= %d] [SEQUENCES 1..65535]\n", BS);
+  if (nb < 1 || ctx > 131072 || seqs < 1 || seqs > 65535) { /* seqs x nb fits an int */
+    fprintf(stderr, "usage: kv_read_bw_bench [CONTEXT %d..131072] [SEQUENCES 1..65535]\n", BS);
     return 2;
   }
   const size_t plane = (size_t)pool_blocks * BS * NKV * HD * 2;
@@ -100,14 +108,10 @@ int main(int argc, char **argv) {
   CU(cudaMemcpy(bt, ids.data(), (size_t)seqs * nb * sizeof(int), cudaMemcpyHostToDevice));
   const double bytes = 2.0 * seqs * nb * BS * NKV * HD * 2;
   printf("%d sequences x %d tokens x %d KV heads: %.0f MB of K and V a call\n", seqs, nb * BS, NKV, bytes / 1e6);
-  run<false, 1>("NHD", k, v, bt, nb, seqs, sink, bytes);
-  run<true, 1>("HND", k, v, bt, nb, seqs, sink, bytes);
-  run<false, 2>("NHD", k, v, bt, nb, seqs, sink, bytes);
-  run<true, 2>("HND", k, v, bt, nb, seqs, sink, bytes);
-  run<false, 4>("NHD", k, v, bt, nb, seqs, sink, bytes);
-  run<true, 4>("HND", k, v, bt, nb, seqs, sink, bytes);
-  run<false, 8>("NHD", k, v, bt, nb, seqs, sink, bytes);
-  run<true, 8>("HND", k, v, bt, nb, seqs, sink, bytes);
+  run_layouts<1>(k, v, bt, nb, seqs, sink, bytes);
+  run_layouts<2>(k, v, bt, nb, seqs, sink, bytes);
+  run_layouts<4>(k, v, bt, nb, seqs, sink, bytes);
+  run_layouts<8>(k, v, bt, nb, seqs, sink, bytes);
   CU(cudaFree(k));
   CU(cudaFree(v));
   CU(cudaFree(bt));

@@ -54,9 +54,12 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
       int p = model_pooling_parse(v);
       if (p <= MODEL_POOL_NONE) rc = fr_errorf(FR_EPROTO, "load option pooling=%s: not last, mean or cls", v);
       o->pooling = (model_pooling_t)p;
-    } else if (!strcmp(k, "kv_cache_dtype") && (o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
-      rc = fr_errorf(FR_EPROTO, "load option kv_cache_dtype=%s: not auto, int8 or fp8", v);
-    else FR_LOGW("unknown load option %s ignored", k);
+    } else if (!strcmp(k, "kv_cache_dtype")) {
+      if ((o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
+        rc = fr_errorf(FR_EPROTO, "load option kv_cache_dtype=%s: not auto, int8 or fp8", v);
+    } else {
+      FR_LOGW("unknown load option %s ignored", k);
+    }
     if (rc) return rc;
   }
   if (o->remote && (!o->block_size || !o->max_blocks))

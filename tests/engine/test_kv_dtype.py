@@ -4,7 +4,8 @@ real SmolLM2 (CPU workers).
 
 The same KV byte budget (--kv-cache-memory-bytes 16M) with auto (f16), int8
 and fp8 caches: the coordinator's log states the pool's token capacity,
-which must be at least 1.9x f16's for int8 and fp8. Greedy completions (24
+which must be at least 1.9x f16's for int8 and fp8, and no worker may
+call the option unknown. Greedy completions (24
 tokens, top-5 logprobs) of the quantized servers against f16's, by the
 rule the GPU parity script uses: equal up to the first divergence, if
 any, where the quantized server's token is among f16's top 5. A bad dtype
@@ -51,6 +52,7 @@ class KvDtypeTest(unittest.TestCase):
         for dt in ("int8", "fp8"):
             cap, got, log = run_server(dt)
             self.assertIn("of %s K/V" % dt, log)
+            self.assertNotIn("unknown load option", log)  # the workers took the option they were sent
             print("%s: %d tokens of KV in 16 MiB, f16 %d (%.3fx)" % (dt, cap, cap16, cap / cap16))
             self.assertGreaterEqual(cap / cap16, 1.9)
             for i, ((toks, _), (rtoks, rtop)) in enumerate(zip(got, ref)):

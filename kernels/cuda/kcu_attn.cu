@@ -638,6 +638,7 @@ __global__ void __launch_bounds__(KCU_PF_NT)
 #define KCU_FA_BM (KCU_FA_WARPS * 16) /* queries per CTA */
 #define KCU_FA_BN 64                  /* K/V tokens per tile */
 #define KCU_FA_MAX_HD 128             /* larger heads take the SIMT kernel */
+#define KCU_DQ_MAX_KV 16              /* a quantized pool with more KV heads decodes on the SIMT kernel */
 
 template <int HD> struct kcu_fa_smem {
   enum { TILE = KCU_FA_BN * HD * 2, BYTES = KCU_FA_BM * HD * 2 + 2 * 2 * TILE }; /* Q, then K and V twice */
@@ -886,12 +887,15 @@ __global__ void __launch_bounds__(KCU_FA_NT)
  * a multiple of 16 tokens; rows outside the range are masked in the scores
  * and zeroed in V (a stale row of a reused block may hold anything, and
  * 0 * NaN is NaN). */
-template <int HD, int ST> struct kcu_dm_smem {
+template <int HD, int ST, int KQ = KCU_KVQ_NONE> struct kcu_dm_smem {
   enum {
-    Q = 16 * HD * 2,      /* the query tile, then (ST) the stages' mbarriers in a 1 KiB slot */
-    BAR = ST ? 1024 : 0,  /* so that the tiles after it stay 1 KiB-aligned */
-    TILE = KCU_FA_BN * HD * 2,
-    BYTES = Q + BAR + (ST ? ST : 2) * 2 * TILE + BAR /* K and V a stage; ST: 1 KiB to align the base */
+    Q = KQ ? 0 : 16 * HD * 2, /* the query tile (KQ: the threads load it), then (ST) the stages' mbarriers in a
+                                 1 KiB slot */
+    BAR = ST ? 1024 : 0,      /* so that the tiles after it stay 1 KiB-aligned */
+    TILE = KCU_FA_BN * HD * (KQ ? 1 : 2),
+    SCALES = KQ ? KCU_FA_BN * KCU_DQ_MAX_KV * 2 : 0, /* KQ: a tile's rows' f16 scales of every KV head */
+    STAGE = 2 * TILE + 2 * SCALES,                   /* K, V, K's scales, V's */
+    BYTES = Q + BAR + (ST ? ST : 2) * STAGE + BAR    /* ST: 1 KiB to align the base */
   };
 };
 
@@ -902,46 +906,175 @@ enum { KCU_DM_ALL, KCU_DM_OLD, KCU_DM_NEW };
 
 /* Warp 0 of the TM decode kernel: the bulk copies of tile rows [kb, kb +
  * BN) of KV head kvh (K at `plane` of the pool's tensor map, V at the next)
- * into sk / sv, counted on bar. Lane g takes rows kb + 16 g .. + 15, one
- * copy a 64-column half of K and of V, where they meet [start, stop); the
- * others are not loaded (their scores are masked, their V rows zeroed).
- * The block table row bt's first KCU_WARP entries are in bt_lane (lane l
- * holds entry l). part: KCU_DM_ALL, or the groups before / from row
+ * into the stage at sk (kcu_dm_smem: K, V, then KQ's scales), counted on
+ * bar. Lane g takes rows kb + 16 g .. + 15, where they meet [start, stop):
+ * one copy a 64-column half of K and of V; KQ: one copy of the group's
+ * bytes of K and of V (HD bytes a row) and one of its rows' scales of every
+ * KV head in each of ks and vs (16 x n_kv f16, contiguous in the pool).
+ * Rows outside are not loaded (their scores are masked, their V rows
+ * zeroed). The block table row bt's first KCU_WARP entries are in bt_lane
+ * (lane l holds entry l). part: KCU_DM_ALL, or the groups before / from row
  * `fresh`. */
-template <int HD>
-__device__ __forceinline__ void kcu_dm_tma_tile(uint32_t sk, uint32_t sv, uint32_t bar, const CUtensorMap *tm,
-                                                int plane, const int32_t *bt, int bt_lane, int kb, int start,
-                                                int stop, int bs, int n_blocks, int kvh, int lane,
-                                                int part = KCU_DM_ALL, int fresh = 0) {
-  constexpr int HALVES = HD / 64, GROUP_BYTES = 16 * 128;
-  const int j = kb + 16 * lane;
+template <int HD, int KQ>
+__device__ __forceinline__ void kcu_dm_tma_tile(uint32_t sk, uint32_t bar, const CUtensorMap *tm, int plane,
+                                                const uint16_t *ks, const uint16_t *vs, const int32_t *bt,
+                                                int bt_lane, int kb, int start, int stop, int bs, int n_blocks,
+                                                int n_kv, int kvh, int lane, int part = KCU_DM_ALL, int fresh = 0) {
+  using SM = kcu_dm_smem<HD, 2, KQ>;
+  constexpr int HALVES = KQ ? 1 : HD / 64, BOX = KQ ? 16 * HD : 16 * 128; /* bytes of a group's box */
+  const int j = kb + 16 * lane, scale_bytes = KQ ? 16 * n_kv * 2 : 0;
   const bool live = lane < KCU_FA_BN / 16 && j < stop && j + 16 > start;
   const unsigned m = __ballot_sync(0xffffffffu, live);
-  if (part != KCU_DM_NEW && lane == 0) kcu_mbar_expect(bar, (uint32_t)(__popc(m) * 2 * HALVES * GROUP_BYTES));
+  if (part != KCU_DM_NEW && lane == 0)
+    kcu_mbar_expect(bar, (uint32_t)(__popc(m) * 2 * (HALVES * BOX + scale_bytes)));
   __syncwarp();
   const bool old = j + 16 <= fresh;
   const int bi = j / bs, held = __shfl_sync(0xffffffffu, bt_lane, bi % KCU_WARP);
   if (!live || (part == KCU_DM_OLD && !old) || (part == KCU_DM_NEW && old)) return;
   const int row = kcu_kv_block(bi < KCU_WARP ? held : bt[bi], n_blocks) * bs + (j - bi * bs);
   kcu_fence_proxy_async(); /* V rows zeroed a round of stages ago, before the copies overwrite them */
+  const uint32_t sv = sk + SM::TILE;
 #pragma unroll
   for (int h = 0; h < HALVES; h++) {
-    const uint32_t off = (uint32_t)(h * (KCU_FA_BN * 128) + lane * GROUP_BYTES);
+    const uint32_t off = (uint32_t)(h * (KCU_FA_BN * 128) + lane * BOX);
     kcu_tma_load4(sk + off, tm, bar, h * 64, kvh, row, plane);
     kcu_tma_load4(sv + off, tm, bar, h * 64, kvh, row, plane + 1);
   }
+  if constexpr (KQ != KCU_KVQ_NONE) {
+    const uint32_t ssk = sv + SM::TILE, off = (uint32_t)(lane * scale_bytes);
+    kcu_bulk_load(ssk + off, ks + (size_t)row * n_kv, scale_bytes, bar);
+    kcu_bulk_load(ssk + SM::SCALES + off, vs + (size_t)row * n_kv, scale_bytes, bar);
+  }
 }
 
-/* Zeroes the V rows of the tile at sv (TM layout) whose cache index kb + r
- * is outside [start, stop). */
-template <int HD>
-__device__ __forceinline__ void kcu_dm_zero_v(uint32_t sv, int kb, int start, int stop) {
-  constexpr int CH = HD / 8;
+/* Zeroes the V rows of the stage at sk (TM layout; KQ: the rows' bytes and
+ * their scales) whose cache index kb + r is outside [start, stop). */
+template <int HD, int KQ>
+__device__ __forceinline__ void kcu_dm_zero_v(uint32_t sk, int kb, int start, int stop, int n_kv, int kvh) {
+  using SM = kcu_dm_smem<HD, 2, KQ>;
+  constexpr int CH = SM::TILE / KCU_FA_BN / 16; /* 16-byte chunks a row */
+  const uint32_t sv = sk + SM::TILE;
   for (int i = threadIdx.x; i < KCU_FA_BN * CH; i += KCU_FA_NT) {
     const int r = i / CH, j = kb + r;
-    if (j < start || j >= stop) kcu_st_shared16(sv + kcu_fa_offl<HD, true>(r, i % CH), make_uint4(0, 0, 0, 0));
+    if (j >= start && j < stop) continue;
+    if constexpr (KQ != KCU_KVQ_NONE) { /* a row's chunks, wherever the swizzle put them */
+      kcu_st_shared16(sv + r * HD + (i % CH) * 16, make_uint4(0, 0, 0, 0));
+      if (i % CH == 0)
+        asm volatile("st.shared.u16 [%0], %1;\n" ::"r"(sv + SM::TILE + SM::SCALES + 2 * (r * n_kv + kvh)),
+                     "h"((unsigned short)0)
+                     : "memory");
+    } else {
+      kcu_st_shared16(sv + kcu_fa_offl<HD, true>(r, i % CH), make_uint4(0, 0, 0, 0));
+    }
   }
   kcu_fence_proxy_async();
+}
+
+/* A quantized pool's tiles (KQ: int8 or FP8 E4M3 bytes, an f16 scale a
+ * token and KV head) in the TM kernel: the bytes come by the tensor-memory
+ * accelerator as bf16's do, half of them, and stay bytes in shared memory;
+ * the threads make the MMA fragments from them, f16 (both kinds convert
+ * exactly), and no element is scaled: K's scale multiplies a score's
+ * column, V's P's. Each lane reads 8 contiguous bytes of a row instead of
+ * an ldmatrix, which takes the head's dimensions in an order of their own,
+ * the same on both sides of each product:
+ * - Q K^T: k-step s of the 32-dimension chunk ch holds, in quad lane c's
+ *   registers, dimensions 32 ch + 8 c + 4 s + {0, 1} and + {2, 3};
+ * - P V: n-tile j of the 64-dimension half h holds at column n dimension
+ *   64 h + 8 n + j, so one 8-byte load of a V row serves a lane's column
+ *   in the half's 8 n-tiles (kcu_dm_end puts O's columns back).
+ * Byte b of tile row r, as the copies' swizzle (128 bytes at HD 128, 64 at
+ * HD 64; a 16-byte chunk moves within its row) puts it: */
+template <int HD> __device__ __forceinline__ uint32_t kcu_dq_off(int r, int b) {
+  static_assert(HD == 64 || HD == 128, "rows of 64 or 128 bytes");
+  const uint32_t o = (uint32_t)(r * HD + b);
+  return o ^ (((o >> 7) & (HD == 128 ? 7u : 3u)) << 4);
+}
+
+/* The stored bytes 0 and 1 of x (0 the lower) as an f16 pair. */
+template <int KQ> __device__ __forceinline__ uint32_t kcu_dq_h2(uint32_t x) {
+  if constexpr (KQ == KCU_KVQ_FP8) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2((__nv_fp8x2_storage_t)(x & 0xffffu), __NV_E4M3);
+    return (uint32_t)h.x | ((uint32_t)h.y << 16);
+  } else { /* 0x64 above b ^ 0x80 is the f16 1024 + (b + 128); less 1152 (0x6480) it is b */
+    const uint32_t t = __byte_perm(x ^ 0x8080u, 0x64646464u, 0x4140);
+    const __half2 h = __hsub2(*reinterpret_cast<const __half2 *>(&t), __half2half2(__ushort_as_half(0x6480)));
+    return *reinterpret_cast<const uint32_t *>(&h);
+  }
+}
+
+/* Query row g's A fragments (qrow; NULL: zeros) times mul, in Q K^T's
+ * order: qf[2 ch + s] = {dims 32 ch + 8 c + 4 s + {0, 1}, + {2, 3}}; the
+ * fragment's other two registers (row g + 8) are zero. */
+template <typename T, int HD>
+__device__ __forceinline__ void kcu_dq_qfrag(uint32_t (*qf)[2], const T *qrow, float mul, int lane) {
+#pragma unroll
+  for (int ch = 0; ch < HD / 32; ch++) {
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+    if (qrow) kcu_unpack8(*reinterpret_cast<const uint4 *>(qrow + 32 * ch + 8 * (lane & 3)), f, (const T *)0);
+#pragma unroll
+    for (int s = 0; s < 2; s++) {
+      qf[2 * ch + s][0] = kcu_pack2<__half>(f[4 * s] * mul, f[4 * s + 1] * mul);
+      qf[2 * ch + s][1] = kcu_pack2<__half>(f[4 * s + 2] * mul, f[4 * s + 3] * mul);
+    }
+  }
+}
+
+/* S (16 x 16, two n-tiles) = Q K^T over keys k0.. k0 + 16 of the byte tile sk. */
+template <int HD, int KQ>
+__device__ __forceinline__ void kcu_dq_qk(float (*sc)[4], const uint32_t (*qf)[2], uint32_t sk, int k0, int lane) {
+#pragma unroll
+  for (int n = 0; n < 2; n++) {
+    sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
+#pragma unroll
+    for (int ch = 0; ch < HD / 32; ch++) {
+      const uint2 w = kcu_ld_shared8(sk + kcu_dq_off<HD>(k0 + 8 * n + (lane >> 2), 32 * ch + 8 * (lane & 3)));
+      const uint32_t a0[4] = {qf[2 * ch][0], 0u, qf[2 * ch][1], 0u}, b0[2] = {kcu_dq_h2<KQ>(w.x), kcu_dq_h2<KQ>(w.x >> 16)};
+      const uint32_t a1[4] = {qf[2 * ch + 1][0], 0u, qf[2 * ch + 1][1], 0u},
+                     b1[2] = {kcu_dq_h2<KQ>(w.y), kcu_dq_h2<KQ>(w.y >> 16)};
+      kcu_mma16816<__half>(sc[n], a0, b0);
+      kcu_mma16816<__half>(sc[n], a1, b1);
+    }
+  }
+}
+
+/* The scales (ss: a tile's rows of n_kv f16) of KV head kvh at the rows
+ * whose scores and P a lane holds: k0 + 2 c + {0, 1, 8, 9}. */
+__device__ __forceinline__ void kcu_dq_scales(float *f, uint32_t ss, int k0, int n_kv, int kvh, int lane) {
+  const int r = k0 + 2 * (lane & 3);
+#pragma unroll
+  for (int i = 0; i < 4; i++) {
+    unsigned short h;
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(h) : "r"(ss + 2 * ((r + (i & 1) + 8 * (i >> 1)) * n_kv + kvh)));
+    f[i] = __half2float(__ushort_as_half(h));
+  }
+}
+
+/* O (16 x HD) += P V over keys k0.. k0 + 16 of the byte tile sv, P's columns
+ * times their V scales (vsc, kcu_dq_scales); only row g of P is real. */
+template <int HD, int KQ>
+__device__ __forceinline__ void kcu_dq_pv(float (*o)[4], const float (*p)[4], const float *vsc, uint32_t sv, int k0,
+                                          int lane) {
+  const int r = k0 + 2 * (lane & 3);
+  const uint32_t a[4] = {kcu_pack2<__half>(p[0][0] * vsc[0], p[0][1] * vsc[1]), 0u,
+                         kcu_pack2<__half>(p[1][0] * vsc[2], p[1][1] * vsc[3]), 0u};
+#pragma unroll
+  for (int h = 0; h < HD / 64; h++) {
+    const int b = 64 * h + 8 * (lane >> 2);
+    const uint2 v0 = kcu_ld_shared8(sv + kcu_dq_off<HD>(r, b)), v1 = kcu_ld_shared8(sv + kcu_dq_off<HD>(r + 1, b));
+    const uint2 v8 = kcu_ld_shared8(sv + kcu_dq_off<HD>(r + 8, b)), v9 = kcu_ld_shared8(sv + kcu_dq_off<HD>(r + 9, b));
+    const uint32_t lo0[2] = {v0.x, v0.y}, lo1[2] = {v1.x, v1.y}, hi0[2] = {v8.x, v8.y}, hi1[2] = {v9.x, v9.y};
+#pragma unroll
+    for (int wd = 0; wd < 2; wd++)
+#pragma unroll
+      for (int pr = 0; pr < 2; pr++) { /* n-tiles j = 4 wd + 2 pr and j + 1: bytes 2 pr and 2 pr + 1 of the words */
+        const uint32_t sel = pr ? 0x7362u : 0x5140u;
+        const uint32_t x = __byte_perm(lo0[wd], lo1[wd], sel), y = __byte_perm(hi0[wd], hi1[wd], sel);
+        const uint32_t bj[2] = {kcu_dq_h2<KQ>(x), kcu_dq_h2<KQ>(y)}, bj1[2] = {kcu_dq_h2<KQ>(x >> 16), kcu_dq_h2<KQ>(y >> 16)};
+        kcu_mma16816<__half>(o[8 * h + 4 * wd + 2 * pr], a, bj);
+        kcu_mma16816<__half>(o[8 * h + 4 * wd + 2 * pr + 1], a, bj1);
+      }
+  }
 }
 
 /* The four warps' (m, l, O) of rows g and g + 8 (m in log2 units, l the
@@ -956,7 +1089,7 @@ __device__ __forceinline__ void kcu_dm_zero_v(uint32_t sv, int kb, int start, in
  * loads and a division an output: batch 1 1.2% slower, docs/bench/gpu.md,
  * session 41). O rows are HD + 8 floats apart, so that the 4 rows of a
  * store fall in different banks. */
-template <typename T, int HD>
+template <typename T, int HD, int KQ>
 __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, const float (*o)[4], const float *m,
                            float *l, int G, int warp, int lane) {
   constexpr int RS = HD + 8, W = 16 * RS + 32; /* a warp's floats: O rows, then m, then l */
@@ -983,8 +1116,14 @@ __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, cons
         den += exp2f(sm[k * W + 16 * RS + row] - M) * sm[k * W + 16 * RS + 16 + row];
     const float f = den > 0.f ? exp2f(m[r] - M) / den : 0.f;
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++)
-      *reinterpret_cast<float2 *>(w + row * RS + d * 8 + c) = make_float2(o[d][2 * r] * f, o[d][2 * r + 1] * f);
+    for (int d = 0; d < HD / 8; d++) {
+      if constexpr (KQ != KCU_KVQ_NONE) { /* n-tile d's column n is dimension 64 (d / 8) + 8 n + d % 8 (kcu_dq_pv) */
+        float *x = w + row * RS + 64 * (d >> 3) + (d & 7) + 8 * c;
+        x[0] = o[d][2 * r] * f, x[8] = o[d][2 * r + 1] * f;
+      } else {
+        *reinterpret_cast<float2 *>(w + row * RS + d * 8 + c) = make_float2(o[d][2 * r] * f, o[d][2 * r + 1] * f);
+      }
+    }
     if (part && c == 0 && warp == 0) /* the row's log-sum-exp, stored past O's HD + 8 */
       w[row * RS + HD] = den > 0.f ? (M + __log2f(den)) * 0.6931471805599453f : -INFINITY;
   }
@@ -1007,18 +1146,21 @@ __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, cons
   }
 }
 
-template <typename T, int HD, int ST>
+template <typename T, int HD, int ST, int KQ>
 __global__ void __launch_bounds__(KCU_FA_NT)
-    kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc,
-                          const __grid_constant__ CUtensorMap tm, int plane, int max_blocks,
+    kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ks,
+                          const uint16_t *vs, const __grid_constant__ CUtensorMap tm, int plane, int max_blocks,
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
                           int n_kv, int G, float scale, int window, int min_chunk, float *part, int32_t *cnt,
                           int next) {
   KCU_TRACE_SCOPE(KCU_TR_ATTN);
   static_assert(KCU_FA_NT == KCU_DEC_NT, "kcu_attn_merge_last works with the SIMT decode kernel's CTA size");
   constexpr bool TM = ST > 0;
+  static_assert(TM || KQ == KCU_KVQ_NONE, "a quantized pool's tiles come by the tensor-memory accelerator");
+  static_assert((TM ? ST : 2) * kcu_dm_smem<HD, ST, KQ>::STAGE >= KCU_FA_WARPS * (16 * (HD + 8) + 32) * 4,
+                "kcu_dm_end's merge fits in the stages");
   if constexpr (!TM) kcu_pdl_enter();
-  using SM = kcu_dm_smem<HD, ST>;
+  using SM = kcu_dm_smem<HD, ST, KQ>;
   extern __shared__ __align__(128) unsigned char smem_raw[];
   uint32_t sq = (uint32_t)__cvta_generic_to_shared(smem_raw);
   unsigned char *smem = smem_raw;
@@ -1026,7 +1168,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     const uint32_t pad = (1024u - (sq & 1023u)) & 1023u; /* the swizzle's alignment */
     sq += pad, smem += pad;
   }
-  const uint32_t bar = sq + SM::Q, skv = bar + SM::BAR, TILE = SM::TILE;
+  const uint32_t bar = sq + SM::Q, skv = bar + SM::BAR, TILE = SM::TILE, STAGE = SM::STAGE;
   const int kvh = blockIdx.y, s = blockIdx.z, warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int split = blockIdx.x, n_splits = gridDim.x;
   /* What the copies before the PDL wait depend on, in one trip to memory:
@@ -1059,18 +1201,25 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     __syncthreads();
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
-        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt, bt_lane,
-                            kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_OLD, fresh);
+        kcu_dm_tma_tile<HD, KQ>(skv + b * STAGE, bar + 8 * b, &tm, plane, ks, vs, bt, bt_lane, kb0 + b * KCU_FA_BN,
+                                r.start, r.stop, bs, n_blocks, n_kv, kvh, lane, KCU_DM_OLD, fresh);
     kcu_pdl_wait_launch(next); /* at the end: when the CTAs exit */
     if (warp == 0)
       for (int b = 0; b < ST - 1 && kb0 + b * KCU_FA_BN < r.stop; b++)
-        kcu_dm_tma_tile<HD>(skv + 2 * b * TILE, skv + (2 * b + 1) * TILE, bar + 8 * b, &tm, plane, bt, bt_lane,
-                            kb0 + b * KCU_FA_BN, r.start, r.stop, bs, n_blocks, kvh, lane, KCU_DM_NEW, fresh);
+        kcu_dm_tma_tile<HD, KQ>(skv + b * STAGE, bar + 8 * b, &tm, plane, ks, vs, bt, bt_lane, kb0 + b * KCU_FA_BN,
+                                r.start, r.stop, bs, n_blocks, n_kv, kvh, lane, KCU_DM_NEW, fresh);
   }
-  for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
-    const int row = i / (HD / 8), ch = i % (HD / 8);
-    const T *src = q + (size_t)t * q_stride + (size_t)(kvh * G + (row < G ? row : 0)) * HD + ch * 8;
-    kcu_cp_async16(sq + kcu_fa_off<HD>(row, ch), src, row < G);
+  const float scale_log2 = scale * 1.4426950408889634f;
+  uint32_t qf[HD / 16][KQ ? 2 : 4];
+  if constexpr (KQ != KCU_KVQ_NONE) { /* f16 fragments, already scaled, straight from the query rows */
+    const int g = lane >> 2;
+    kcu_dq_qfrag<T, HD>(qf, g < G ? q + (size_t)t * q_stride + (size_t)(kvh * G + g) * HD : NULL, scale_log2, lane);
+  } else {
+    for (int i = threadIdx.x; i < 16 * (HD / 8); i += KCU_FA_NT) {
+      const int row = i / (HD / 8), ch = i % (HD / 8);
+      const T *src = q + (size_t)t * q_stride + (size_t)(kvh * G + (row < G ? row : 0)) * HD + ch * 8;
+      kcu_cp_async16(sq + kcu_fa_off<HD>(row, ch), src, row < G);
+    }
   }
   if constexpr (TM) {
     kcu_cp_commit();
@@ -1083,23 +1232,21 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   KCU_TRACE_MARK(0); /* trace marks: 0 the loads issued, 1 the first tile in, 2.. each tile done, 7 the merge */
   /* every row is the one query at cache index stop - 1: mask outside [start, stop) */
   const int qpos[2] = {r.stop - 1, r.stop - 1}, qlo[2] = {r.start, r.start}, k0 = warp * 16;
-  const float scale_log2 = scale * 1.4426950408889634f;
   float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
   for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
-  uint32_t qf[HD / 16][4];
   constexpr int NB = TM ? ST : 2; /* buffers */
   for (int kb = kb0, i = 0; kb < r.stop; kb += KCU_FA_BN, i++) {
     const int b = i % NB, nb = (i + NB - 1) % NB; /* this tile's buffer; the one loaded now */
-    const uint32_t sk = skv + 2 * b * TILE, sv = sk + TILE, nk = skv + 2 * nb * TILE;
+    const uint32_t sk = skv + b * STAGE, sv = sk + TILE, nk = skv + nb * STAGE;
     if constexpr (TM) {
       const int kn = kb + (ST - 1) * KCU_FA_BN;
       if (warp == 0 && kn < r.stop)
-        kcu_dm_tma_tile<HD>(nk, nk + TILE, bar + 8 * nb, &tm, plane, bt, bt_lane, kn, r.start, r.stop, bs, n_blocks,
-                            kvh, lane);
+        kcu_dm_tma_tile<HD, KQ>(nk, bar + 8 * nb, &tm, plane, ks, vs, bt, bt_lane, kn, r.start, r.stop, bs, n_blocks,
+                                n_kv, kvh, lane);
       if (kb == kb0) kcu_cp_wait<0>();
       kcu_mbar_wait(bar + 8 * b, (uint32_t)(i / ST) & 1u);
-      if (kb < r.start || kb + KCU_FA_BN > r.stop) kcu_dm_zero_v<HD>(sv, kb, r.start, r.stop);
+      if (kb < r.start || kb + KCU_FA_BN > r.stop) kcu_dm_zero_v<HD, KQ>(sk, kb, r.start, r.stop, n_kv, kvh);
     } else {
       if (kb + KCU_FA_BN < r.stop)
         kcu_fa_load_kv<T, HD, KCU_KVQ_NONE>(nk, nk + TILE, kc, vc, NULL, NULL, bt, kb + KCU_FA_BN, r.stop, bs,
@@ -1108,16 +1255,27 @@ __global__ void __launch_bounds__(KCU_FA_NT)
       kcu_cp_wait<1>();
     }
     __syncthreads();
-    if (kb == kb0) {
-      KCU_TRACE_MARK(1);
-#pragma unroll
-      for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
-    }
+    const bool mask = kb + k0 < r.start || kb + k0 + 16 > r.stop;
     float sc[2][4];
-    kcu_fa_qk<T, HD, 16, TM>(sc, qf, sk, k0, lane);
-    kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2,
-                              kb + k0 < r.start || kb + k0 + 16 > r.stop, lane);
-    kcu_fa_pv<T, HD, 16, TM>(o, sc, sv, k0, lane);
+    if constexpr (KQ != KCU_KVQ_NONE) {
+      if (kb == kb0) KCU_TRACE_MARK(1);
+      float ksc[4], vsc[4];
+      kcu_dq_scales(ksc, sv + TILE, k0, n_kv, kvh, lane);
+      kcu_dq_scales(vsc, sv + TILE + SM::SCALES, k0, n_kv, kvh, lane);
+      kcu_dq_qk<HD, KQ>(sc, qf, sk, k0, lane);
+      sc[0][0] *= ksc[0], sc[0][1] *= ksc[1], sc[1][0] *= ksc[2], sc[1][1] *= ksc[3];
+      kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, 1.f, mask, lane);
+      kcu_dq_pv<HD, KQ>(o, sc, vsc, sv, k0, lane);
+    } else {
+      if (kb == kb0) {
+        KCU_TRACE_MARK(1);
+#pragma unroll
+        for (int k = 0; k < HD / 16; k++) kcu_ldsm4(qf[k], sq + kcu_fa_off<HD>(lane & 15, 2 * k + (lane >> 4)));
+      }
+      kcu_fa_qk<T, HD, 16, TM>(sc, qf, sk, k0, lane);
+      kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, scale_log2, mask, lane);
+      kcu_fa_pv<T, HD, 16, TM>(o, sc, sv, k0, lane);
+    }
     __syncthreads(); /* the buffer is loaded again NB - 1 tiles on */
     KCU_TRACE_MARK(2 + (i < 4 ? i : 4));
   }
@@ -1126,12 +1284,12 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   KCU_TRACE_MARK(7);
   float *sm = reinterpret_cast<float *>(smem + SM::Q + SM::BAR);
   if (r.n_used <= 1) { /* one split has the context (kcu_dec_end) */
-    if (split == 0) kcu_dm_end<T, HD>(out + ((size_t)t * n_kv + kvh) * G * HD, NULL, 0, sm, o, m, l, G, warp, lane);
+    if (split == 0) kcu_dm_end<T, HD, KQ>(out + ((size_t)t * n_kv + kvh) * G * HD, NULL, 0, sm, o, m, l, G, warp, lane);
     return;
   }
   const int n_heads = n_kv * G, h0 = kvh * G;
   if (split < r.n_used)
-    kcu_dm_end<T, HD>(NULL, part + (((size_t)s * n_heads + h0) * n_splits + split) * (HD + 2), n_splits * (HD + 2),
+    kcu_dm_end<T, HD, KQ>(NULL, part + (((size_t)s * n_heads + h0) * n_splits + split) * (HD + 2), n_splits * (HD + 2),
                       sm, o, m, l, G, warp, lane);
   kcu_attn_merge_last<T, HD, KCU_MAX_GROUP>(out, part, cnt + (size_t)s * gridDim.y + kvh, t, s, h0, G, n_heads,
                                             n_splits, r.n_used);
@@ -1149,23 +1307,29 @@ static PFN_cuTensorMapEncodeTiled_v12000 kcu_tmap_encoder(void) {
   return (PFN_cuTensorMapEncodeTiled_v12000)fn;
 }
 
-/* The pool's unquantized K/V as the TM decode kernel's 4-d tensor map:
- * (head_dim, KV heads, slots, 2 x layers) of 2-byte elements, K of layer l
- * at plane 2l, V at 2l + 1; boxes of 64 x 1 x 16 x 1 with the 128-byte
- * swizzle. Encoded once a pool (kcu_kv_pool_init and _deinit forget it);
- * false where the driver cannot, and the caller loads by cp.async. */
+/* The pool's K/V as the TM decode kernel's 4-d tensor map: (head_dim, KV
+ * heads, slots, 2 x layers), K of layer l at plane 2l, V at 2l + 1. 2-byte
+ * elements in boxes of 64 x 1 x 16 x 1 with the 128-byte swizzle; a
+ * quantized pool's bytes in boxes of head_dim x 1 x 16 x 1 swizzled by
+ * head_dim bytes (64 or 128). Encoded once a pool (kcu_kv_pool_init and
+ * _deinit forget it); false where the driver cannot, and the caller loads
+ * by cp.async (a quantized pool: on the SIMT kernel). */
 static bool kcu_kv_tmap(kcu_ctx_t *c, const kern_kv_pool_t *pool, CUtensorMap *tm) {
   static const PFN_cuTensorMapEncodeTiled_v12000 encode = kcu_tmap_encoder(); /* once, thread-safe */
   if (c->kv_tmap_base != pool->base) {
     const kern_kv_config_t *cf = &pool->cfg;
+    const bool quant = pool->scale_bytes != 0;
+    const cuuint64_t esz = quant ? 1 : 2;
     const cuuint64_t dims[4] = {(cuuint64_t)cf->head_dim, (cuuint64_t)cf->n_kv_heads,
                                 (cuuint64_t)cf->n_blocks * (cuuint64_t)cf->block_size, 2 * (cuuint64_t)cf->n_layers};
-    const cuuint64_t strides[3] = {(cuuint64_t)cf->head_dim * 2, (cuuint64_t)cf->n_kv_heads * cf->head_dim * 2,
+    const cuuint64_t strides[3] = {(cuuint64_t)cf->head_dim * esz, (cuuint64_t)cf->n_kv_heads * cf->head_dim * esz,
                                    (cuuint64_t)pool->layer_bytes};
-    const cuuint32_t box[4] = {64, 1, 16, 1}, estr[4] = {1, 1, 1, 1};
+    const cuuint32_t box[4] = {quant ? (cuuint32_t)cf->head_dim : 64u, 1, 16, 1}, estr[4] = {1, 1, 1, 1};
+    if (quant && cf->head_dim != 64 && cf->head_dim != 128) return false;
+    const CUtensorMapSwizzle swz = quant && cf->head_dim == 64 ? CU_TENSOR_MAP_SWIZZLE_64B : CU_TENSOR_MAP_SWIZZLE_128B;
     CUtensorMap m;
-    if (!encode || encode(&m, CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, pool->base, dims, strides, box, estr,
-                          CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+    if (!encode || encode(&m, quant ? CU_TENSOR_MAP_DATA_TYPE_UINT8 : CU_TENSOR_MAP_DATA_TYPE_UINT16, 4, pool->base,
+                          dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, swz,
                           CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) != CUDA_SUCCESS)
       return false;
     memcpy(c->kv_tmap, &m, sizeof m);
@@ -1181,8 +1345,13 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   int n_seqs = c->n_seqs, n_heads = cf->n_kv_heads * G, n_groups = (G + GM - 1) / GM;
   const long long capacity = (long long)c->max_blocks * cf->block_size, pairs = (long long)n_seqs * cf->n_kv_heads;
   int sp = kcu_attn_splits(c, pairs, capacity);
-  /* the tensor cores split too where the pairs are few (c->dec_msplit) */
-  const bool tc_ok = Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD && G <= KCU_MAX_GROUP && !c->simt_prefill;
+  /* the tensor cores split too where the pairs are few (c->dec_msplit); a
+   * quantized pool takes them where its tiles can come by TMA (kcu_dq_off) */
+  const bool tma_ok = HD % 64 == 0 && cf->block_size % 16 == 0 && c->dec_tma;
+  const bool q_ok = Q == KCU_KVQ_NONE || (c->dec_mma_q && tma_ok && (HD == 64 || HD == 128) &&
+                                          cf->n_kv_heads <= KCU_DQ_MAX_KV && ((uintptr_t)kv.ks & 15) == 0 &&
+                                          ((uintptr_t)kv.vs & 15) == 0);
+  const bool tc_ok = q_ok && HD <= KCU_FA_MAX_HD && G <= KCU_MAX_GROUP && !c->simt_prefill;
   const bool msplit = tc_ok && (c->dec_msplit == 2 ? pairs < (long long)KCU_DEC_MMA_CTAS * c->n_sm
                                                    : c->dec_msplit == 1 && 2 * pairs <= c->n_sm);
   const int msp = msplit ? kcu_attn_msplits(c, pairs, capacity) : 1;
@@ -1199,23 +1368,30 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
    * 1-6% slower below 8192); unsplit, 3-4% faster at 16 sequences, 14-29%
    * at 24-32 (2 splits), 0-4% slower at 48 (one wave, no split). */
   const bool one_wave = (long long)sp * dgrid.y * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
-  if constexpr (Q == KCU_KVQ_NONE && HD <= KCU_FA_MAX_HD) {
+  if constexpr (HD <= KCU_FA_MAX_HD) {
     const bool mma = c->dec_mma < 0 ? 2 * pairs > c->n_sm && !(one_wave && sp == 1) : pairs >= c->dec_mma;
-    if ((mma || msplit) && tc_ok) {
+    CUtensorMap tm = {};
+    const bool tmap = (mma || msplit) && tc_ok && tma_ok && kcu_kv_tmap(c, kv.pool, &tm);
+    if ((mma || msplit) && tc_ok && (tmap || Q == KCU_KVQ_NONE)) {
       grid.x = msplit ? msp : 1;
-      CUtensorMap tm = {};
       /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM) */
       int st = 0;
-      if (HD % 64 == 0 && cf->block_size % 16 == 0 && c->dec_tma && kcu_kv_tmap(c, kv.pool, &tm))
-        st = c->dec_tma > 0 ? c->dec_tma : (long long)grid.x * pairs <= 4LL * c->n_sm ? 3 : 2;
-      auto *k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3> : st ? kcu_attn_decode_mma_k<T, HD, 2>
-                                                               : kcu_attn_decode_mma_k<T, HD, 0>;
-      const size_t smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
-                          : st    ? (size_t)kcu_dm_smem<HD, 2>::BYTES
-                                  : (size_t)kcu_dm_smem<HD, 0>::BYTES;
-      KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, tm, 2 * kv.layer, c->max_blocks,
-                 c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks, cf->n_kv_heads, G,
-                 scale, window, c->dec_mchunk, c->attn_part, c->attn_cnt,
+      if (tmap) st = c->dec_tma > 0 ? c->dec_tma : (long long)grid.x * pairs <= 4LL * c->n_sm ? 3 : 2;
+      decltype(&kcu_attn_decode_mma_k<T, HD, 2, Q>) k;
+      size_t smem;
+      if constexpr (Q != KCU_KVQ_NONE) {
+        k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3, Q> : kcu_attn_decode_mma_k<T, HD, 2, Q>;
+        smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3, Q>::BYTES : (size_t)kcu_dm_smem<HD, 2, Q>::BYTES;
+      } else {
+        k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3, Q> : st ? kcu_attn_decode_mma_k<T, HD, 2, Q>
+                                                              : kcu_attn_decode_mma_k<T, HD, 0, Q>;
+        smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
+               : st    ? (size_t)kcu_dm_smem<HD, 2>::BYTES
+                       : (size_t)kcu_dm_smem<HD, 0>::BYTES;
+      }
+      KCU_LAUNCH(c, k, grid, KCU_FA_NT, smem, out, q, q_stride, kv.kc, kv.vc, kv.ks, kv.vs, tm, 2 * kv.layer,
+                 c->max_blocks, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, cf->block_size, cf->n_blocks,
+                 cf->n_kv_heads, G, scale, window, c->dec_mchunk, c->attn_part, c->attn_cnt,
                  kcu_pdl_next(c, KCU_PDL_ATTN, n_seqs));
       return 0;
     }
@@ -1296,13 +1472,22 @@ static int kcu_attn_hd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const ker
   return kcu_attn_hdq<T, HD, KCU_KVQ_NONE>(c, out, q, q_stride, kv, cf, n_heads, scale, window);
 }
 
+template <typename T, int HD, int Q> static int kcu_dm_attr(void) {
+  if constexpr (Q == KCU_KVQ_NONE)
+    KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 0, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)kcu_dm_smem<HD, 0, Q>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 2, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_dm_smem<HD, 2, Q>::BYTES));
+  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 3, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                 (int)kcu_dm_smem<HD, 3, Q>::BYTES));
+  return 0;
+}
+
 template <typename T, int HD> static int kcu_fa_attr(void) {
-  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 0>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kcu_dm_smem<HD, 0>::BYTES));
-  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 2>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kcu_dm_smem<HD, 2>::BYTES));
-  KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 3>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                 (int)kcu_dm_smem<HD, 3>::BYTES));
+  int rc = kcu_dm_attr<T, HD, KCU_KVQ_NONE>();
+  if (!rc) rc = kcu_dm_attr<T, HD, KCU_KVQ_INT8>();
+  if (!rc) rc = kcu_dm_attr<T, HD, KCU_KVQ_FP8>();
+  if (rc) return rc;
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>,
                                  cudaFuncAttributeMaxDynamicSharedMemorySize, (int)kcu_fa_smem<HD>::BYTES));
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_INT8>,

@@ -69,6 +69,14 @@ __device__ __forceinline__ void kcu_tma_load4(uint32_t dst, const void *tm, uint
                : "memory");
 }
 
+/* `bytes` (a multiple of 16) from global memory at src (16-byte aligned)
+ * into shared memory at dst, counted on bar. */
+__device__ __forceinline__ void kcu_bulk_load(uint32_t dst, const void *src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
+               "l"(src), "r"(bytes), "r"(bar)
+               : "memory");
+}
+
 /* d += a (16x16, row) * b (16x8, col); f32 accumulators. */
 template <typename T> __device__ __forceinline__ void kcu_mma16816(float *d, const uint32_t *a, const uint32_t *b);
 template <> __device__ __forceinline__ void kcu_mma16816<__nv_bfloat16>(float *d, const uint32_t *a, const uint32_t *b) {
@@ -95,6 +103,11 @@ template <> __device__ __forceinline__ uint32_t kcu_pack2<__half>(float x, float
   return *reinterpret_cast<uint32_t *>(&v);
 }
 
+__device__ __forceinline__ uint2 kcu_ld_shared8(uint32_t addr) {
+  uint2 v;
+  asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));
+  return v;
+}
 __device__ __forceinline__ void kcu_st_shared16(uint32_t addr, uint4 v) {
   asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");

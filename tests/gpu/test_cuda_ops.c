@@ -1271,6 +1271,32 @@ START_TEST(test_attention_decode_wide) {
 }
 END_TEST
 
+/* The wide decode batches of test_attention_decode_wide on quantized pools
+ * (NaN bytes and scales where nothing was written): _i = (case, shape), int8
+ * then fp8 on the tensor-core kernel where the shape takes it (its bytes
+ * copied by TMA), then int8 on the SIMT kernel (FERRUM_CUDA_DEC_MMA_Q=0). */
+START_TEST(test_attention_decode_wide_kvq) {
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_wide_shapes), *sh = k_wide_shapes[_i % n_shapes], cs = _i / n_shapes;
+  if (cs == 2) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_DEC_MMA_Q", "0", 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
+  const int n = (520 + sh[0] - 1) / sh[0] + 1;
+  int *lens = fr_malloc(n * sizeof(int));
+  for (int i = 0; i < n; i++) lens[i] = i == n - 1 ? 0 : 1 + rndi(300);
+  char label[48];
+  snprintf(label, sizeof label, "%d seqs, blocks of %d%s", n, sh[3], cs == 2 ? ", SIMT" : "");
+  attn_decode_run(sh, cs == 1 ? KERN_KV_FP8 : KERN_KV_INT8, sh[3], n, lens, 302 + sh[3], 100, label);
+  free(lens);
+  if (cs == 2) {
+    kern_backend_destroy(gpu);
+    unsetenv("FERRUM_CUDA_DEC_MMA_Q");
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
+}
+END_TEST
+
 /* _i = (dtype, shape): int8 then fp8. */
 START_TEST(test_attention_decode_kvq) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
@@ -2324,6 +2350,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_attention_decode, 0,
                       (int)(FR_ARRAY_SIZE(k_dec_env) * FR_ARRAY_SIZE(k_attn_shapes)));
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
+  tcase_add_loop_test(tc, test_attention_decode_wide_kvq, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);

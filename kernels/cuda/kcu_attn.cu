@@ -1374,18 +1374,28 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
     const bool tmap = (mma || msplit) && tc_ok && tma_ok && kcu_kv_tmap(c, kv.pool, &tm);
     if ((mma || msplit) && tc_ok && (tmap || Q == KCU_KVQ_NONE)) {
       grid.x = msplit ? msp : 1;
-      /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM) */
+      /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM); a quantized
+       * pool's (a stage is 18-20 KiB): 4 (2 a SM) there, else 2 (3 a SM, as its registers allow). H200,
+       * Llama-3-8B shapes, fp8 (docs/bench/gpu.md, session 50): 4 stages 2-5% faster than 3 at 32-64
+       * sequences of 4096 tokens and level at 64 of 512; at 256 of 512, 2 stages 1% faster than 3, 9% than 4. */
       int st = 0;
-      if (tmap) st = c->dec_tma > 0 ? c->dec_tma : (long long)grid.x * pairs <= 4LL * c->n_sm ? 3 : 2;
+      if (tmap) {
+        const bool small = (long long)grid.x * pairs <= 4LL * c->n_sm;
+        st = c->dec_tma > 0 ? c->dec_tma : small ? (Q != KCU_KVQ_NONE ? 4 : 3) : 2;
+      }
       decltype(&kcu_attn_decode_mma_k<T, HD, 2, Q>) k;
       size_t smem;
       if constexpr (Q != KCU_KVQ_NONE) {
-        k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3, Q> : kcu_attn_decode_mma_k<T, HD, 2, Q>;
-        smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3, Q>::BYTES : (size_t)kcu_dm_smem<HD, 2, Q>::BYTES;
+        k = st == 4   ? kcu_attn_decode_mma_k<T, HD, 4, Q>
+            : st == 3 ? kcu_attn_decode_mma_k<T, HD, 3, Q>
+                      : kcu_attn_decode_mma_k<T, HD, 2, Q>;
+        smem = st == 4   ? (size_t)kcu_dm_smem<HD, 4, Q>::BYTES
+               : st == 3 ? (size_t)kcu_dm_smem<HD, 3, Q>::BYTES
+                         : (size_t)kcu_dm_smem<HD, 2, Q>::BYTES;
       } else {
-        k = st == 3 ? kcu_attn_decode_mma_k<T, HD, 3, Q> : st ? kcu_attn_decode_mma_k<T, HD, 2, Q>
+        k = st >= 3 ? kcu_attn_decode_mma_k<T, HD, 3, Q> : st ? kcu_attn_decode_mma_k<T, HD, 2, Q>
                                                               : kcu_attn_decode_mma_k<T, HD, 0, Q>;
-        smem = st == 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
+        smem = st >= 3 ? (size_t)kcu_dm_smem<HD, 3>::BYTES
                : st    ? (size_t)kcu_dm_smem<HD, 2>::BYTES
                        : (size_t)kcu_dm_smem<HD, 0>::BYTES;
       }
@@ -1480,6 +1490,9 @@ template <typename T, int HD, int Q> static int kcu_dm_attr(void) {
                                  (int)kcu_dm_smem<HD, 2, Q>::BYTES));
   KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 3, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                  (int)kcu_dm_smem<HD, 3, Q>::BYTES));
+  if constexpr (Q != KCU_KVQ_NONE)
+    KCU_CHECK(cudaFuncSetAttribute(kcu_attn_decode_mma_k<T, HD, 4, Q>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)kcu_dm_smem<HD, 4, Q>::BYTES));
   return 0;
 }
 

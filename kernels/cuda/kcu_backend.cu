@@ -581,7 +581,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->dec_chunk = kcu_env_int("FERRUM_CUDA_DEC_CHUNK", KCU_DEC_MIN_CHUNK, 16, 4096);
   c->dec_msplit = kcu_env_int("FERRUM_CUDA_DEC_MSPLIT", 1, 0, 2);
   c->dec_mchunk = kcu_env_int("FERRUM_CUDA_DEC_MCHUNK", KCU_DEC_MMA_CHUNK, 16, 4096) & ~15;
-  c->dec_tma = kcu_env_int("FERRUM_CUDA_DEC_TMA", -1, -1, 3);
+  c->dec_tma = kcu_env_int("FERRUM_CUDA_DEC_TMA", -1, -1, 4);
   c->dec_mma = kcu_env_int("FERRUM_CUDA_DEC_MMA", -1, -1, 1 << 30);
   c->dec_mma_q = kcu_env_int("FERRUM_CUDA_DEC_MMA_Q", 1, 0, 1);
   c->gemv_wpr = kcu_env_int("FERRUM_CUDA_GEMV_WPR", 0, 0, 4);

@@ -1029,7 +1029,8 @@ __device__ __forceinline__ void kcu_dq_qk(float (*sc)[4], const uint32_t (*qf)[2
 #pragma unroll
     for (int ch = 0; ch < HD / 32; ch++) {
       const uint2 w = kcu_ld_shared8(sk + kcu_dq_off<HD>(k0 + 8 * n + (lane >> 2), 32 * ch + 8 * (lane & 3)));
-      const uint32_t a0[4] = {qf[2 * ch][0], 0u, qf[2 * ch][1], 0u}, b0[2] = {kcu_dq_h2<KQ>(w.x), kcu_dq_h2<KQ>(w.x >> 16)};
+      const uint32_t a0[4] = {qf[2 * ch][0], 0u, qf[2 * ch][1], 0u},
+                     b0[2] = {kcu_dq_h2<KQ>(w.x), kcu_dq_h2<KQ>(w.x >> 16)};
       const uint32_t a1[4] = {qf[2 * ch + 1][0], 0u, qf[2 * ch + 1][1], 0u},
                      b1[2] = {kcu_dq_h2<KQ>(w.y), kcu_dq_h2<KQ>(w.y >> 16)};
       kcu_mma16816<__half>(sc[n], a0, b0);
@@ -1070,7 +1071,8 @@ __device__ __forceinline__ void kcu_dq_pv(float (*o)[4], const float (*p)[4], co
       for (int pr = 0; pr < 2; pr++) { /* n-tiles j = 4 wd + 2 pr and j + 1: bytes 2 pr and 2 pr + 1 of the words */
         const uint32_t sel = pr ? 0x7362u : 0x5140u;
         const uint32_t x = __byte_perm(lo0[wd], lo1[wd], sel), y = __byte_perm(hi0[wd], hi1[wd], sel);
-        const uint32_t bj[2] = {kcu_dq_h2<KQ>(x), kcu_dq_h2<KQ>(y)}, bj1[2] = {kcu_dq_h2<KQ>(x >> 16), kcu_dq_h2<KQ>(y >> 16)};
+        const uint32_t bj[2] = {kcu_dq_h2<KQ>(x), kcu_dq_h2<KQ>(y)},
+                       bj1[2] = {kcu_dq_h2<KQ>(x >> 16), kcu_dq_h2<KQ>(y >> 16)};
         kcu_mma16816<__half>(o[8 * h + 4 * wd + 2 * pr], a, bj);
         kcu_mma16816<__half>(o[8 * h + 4 * wd + 2 * pr + 1], a, bj1);
       }

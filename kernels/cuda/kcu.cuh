@@ -123,8 +123,8 @@ typedef struct {
   int dec_mchunk;   /* its fewest context tokens a split (FERRUM_CUDA_DEC_MCHUNK, a multiple of 16) */
   int dec_mma;      /* fewest (sequence, KV head) pairs the tensor-core decode attention takes (FERRUM_CUDA_DEC_MMA;
                        -1: more than half the SMs, unless the SIMT kernel fits one wave unsplit) */
-  int dec_tma;      /* stages of the tensor-core decode attention's bulk tensor copies (FERRUM_CUDA_DEC_TMA 2
-                       or 3; -1: by the grid; 0: cp.async, as before) */
+  int dec_tma;      /* stages of the tensor-core decode attention's bulk tensor copies (FERRUM_CUDA_DEC_TMA 2,
+                       3 or 4, 4 for quantized pools only; -1: by the grid; 0: cp.async, as before) */
   int dec_mma_q;    /* a quantized pool's decode attention on the tensor cores where it applies (FERRUM_CUDA_DEC_MMA_Q;
                        0: the SIMT kernel) */
   int gemv_wpr;     /* warps per row of the dense GEMV (FERRUM_CUDA_GEMV_WPR 1, 2, 4; 0: by shape) */

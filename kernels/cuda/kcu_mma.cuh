@@ -103,6 +103,7 @@ template <> __device__ __forceinline__ uint32_t kcu_pack2<__half>(float x, float
   return *reinterpret_cast<uint32_t *>(&v);
 }
 
+/* 8 bytes of shared memory at addr (8-byte aligned). */
 __device__ __forceinline__ uint2 kcu_ld_shared8(uint32_t addr) {
   uint2 v;
   asm volatile("ld.shared.v2.u32 {%0,%1}, [%2];\n" : "=r"(v.x), "=r"(v.y) : "r"(addr));

@@ -11,8 +11,9 @@
  * The split count depends only on the step's shape (n_seqs, KV heads, block
  * table capacity), never on ctx_len, so a captured graph replays correctly
  * for any context length: each CTA finds its range from ctx_len on the
- * device. An unquantized cache with head_dim <= 128 and groups <= 8 runs
- * on the tensor cores instead (kcu_attn_decode_mma_k: the group's query
+ * device. A cache with head_dim <= 128 and groups <= 8 runs on the tensor
+ * cores instead (a quantized one where its bytes can come by TMA;
+ * kcu_attn_decode_mma_k: the group's query
  * heads are the rows of an MMA tile, K/V staged in shared memory by the
  * tensor-memory accelerator's bulk copies through one tensor map of the
  * pool, or like the prefill kernel's where those do not apply): split the
@@ -30,8 +31,10 @@
  * and the prefill kernel for the others.
  *
  * A quantized cache (int8 / FP8 E4M3 bytes, an f16 scale per token and KV
- * head; template argument Q) is read as it is: the decode kernel loads 8
- * bytes and the row's scale where it loads 8 elements, and converts them in
+ * head; template argument Q) is read as it is: the tensor-core decode
+ * kernel copies the bytes and scales to shared memory and makes f16 MMA
+ * fragments from them (kcu_dq_*); the SIMT decode kernel loads 8 bytes and
+ * the row's scale where it loads 8 elements, and converts them in
  * registers; the prefill kernels convert each 8-element chunk after the
  * load and store it to the same T tile in shared memory that cp.async fills
  * for an unquantized cache (cp.async cannot convert), so their tensor-core
@@ -867,8 +870,8 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 
 /* ---- decode on the tensor cores ------------------------------------------------------ */
 
-/* An unquantized cache, head_dim up to 128, groups of up to 8 query heads
- * (kcu_decode_launch): one CTA per (split, KV head, sequence), unsplit
+/* A cache of head_dim up to 128 (quantized: KQ below), groups of up to 8
+ * query heads (kcu_decode_launch): one CTA per (split, KV head, sequence), unsplit
  * past half the SMs' worth of pairs, puts the group's query heads in the 16
  * rows of an m16n8k16 tile (zeros below G), stages the context through
  * 64-token K/V tiles, and gives each warp 16 tokens of every tile: S = QK^T,

@@ -5,10 +5,10 @@ real SmolLM2 (CPU workers).
 The same KV byte budget (--kv-cache-memory-bytes 16M) with auto (f16), int8
 and fp8 caches: the coordinator's log states the pool's token capacity,
 which must be at least 1.9x f16's for int8 and fp8, and no worker may
-call the option unknown. Greedy completions (24
-tokens, top-5 logprobs) of the quantized servers against f16's, by the
-rule the GPU parity script uses: equal up to the first divergence, if
-any, where the quantized server's token is among f16's top 5. A bad dtype
+call the option unknown. Greedy completions (24 tokens, top-5 logprobs)
+of the quantized servers against f16's, by the rule the GPU parity
+script uses: equal up to the first divergence, if any, where the
+quantized server's token is among f16's top 5. A bad dtype
 is a usage error (exit 2).
 
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_kv_dtype.py
@@ -48,11 +48,12 @@ def run_server(dtype):
 
 class KvDtypeTest(unittest.TestCase):
     def test_capacity_and_tokens(self):
-        cap16, ref, _ = run_server("auto")
+        cap16, ref, log16 = run_server("auto")
+        self.assertNotIn("unknown load option", log16)  # the workers took the option they were sent
         for dt in ("int8", "fp8"):
             cap, got, log = run_server(dt)
             self.assertIn("of %s K/V" % dt, log)
-            self.assertNotIn("unknown load option", log)  # the workers took the option they were sent
+            self.assertNotIn("unknown load option", log)
             print("%s: %d tokens of KV in 16 MiB, f16 %d (%.3fx)" % (dt, cap, cap16, cap / cap16))
             self.assertGreaterEqual(cap / cap16, 1.9)
             for i, ((toks, _), (rtoks, rtop)) in enumerate(zip(got, ref)):

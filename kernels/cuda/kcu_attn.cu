@@ -1375,9 +1375,10 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
   const bool one_wave = (long long)sp * dgrid.y * n_seqs <= (long long)KCU_DEC_PIPE_CTAS * c->n_sm;
   if constexpr (HD <= KCU_FA_MAX_HD) {
     const bool mma = c->dec_mma < 0 ? 2 * pairs > c->n_sm && !(one_wave && sp == 1) : pairs >= c->dec_mma;
+    const bool tc = (mma || msplit) && tc_ok;
     CUtensorMap tm = {};
-    const bool tmap = (mma || msplit) && tc_ok && tma_ok && kcu_kv_tmap(c, kv.pool, &tm);
-    if ((mma || msplit) && tc_ok && (tmap || Q == KCU_KVQ_NONE)) {
+    const bool tmap = tc && tma_ok && kcu_kv_tmap(c, kv.pool, &tm);
+    if (tc && (tmap || Q == KCU_KVQ_NONE)) {
       grid.x = msplit ? msp : 1;
       /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM); a quantized
        * pool's (a stage is 18-20 KiB): 4 (2 a SM) there, else 2 (3 a SM, as its registers allow). H200,

@@ -59,6 +59,11 @@ typedef struct kern_weight {
    * of matmul, and a backend may store it in a layout of its own
    * (w->type then says which: CUDA's KERN_Q4F). */
   bool keep_layout;
+  /* Set by the model (--quantization fp8): keep this matmul weight (dense,
+   * 2-D, only matmul reads it) as FP8 E4M3 with a scale a row, quantized at
+   * load (w->type then KERN_F8R). Only backends with
+   * kern_backend_t.fp8_weights take it; weight_load refuses it elsewhere. */
+  bool fp8;
 } kern_weight_t;
 
 /* The width of the input a weight multiplies: x_cols, else cols. */
@@ -410,6 +415,8 @@ struct kern_backend {
                          * shared memory (kv_pool_init's external) and outlive the process */
   bool padded_perm;     /* its matmul takes weights with x_cols and -1 (padding) in perm
                          * (kern_weight_t.perm); model_load refuses them elsewhere */
+  bool fp8_weights;     /* it keeps matmul weights as FP8 (kern_weight_t.fp8; CUDA on compute
+                         * capability 8.9 or newer) */
 };
 
 /* Creates the backend for a device name (kern_device_parse: "cpu", "cuda",

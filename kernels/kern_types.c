@@ -17,7 +17,7 @@ static const kern_type_traits_t kern__traits[KERN_TYPE_MAX] = {
     [KERN_Q6_K] = {"Q6_K", 256, 210, true},  [KERN_Q8_K] = {"Q8_K", 256, 292, true},
     [KERN_BF16] = {"BF16", 1, 2, false},     [KERN_I4G] = {"I4G", 32, 24, true},
     [KERN_Q4F] = {"Q4F", 32, 20, true},      [KERN_Q6F] = {"Q6F", 32, 28, true},
-    [KERN_Q4G] = {"Q4G", 32, 17, true},
+    [KERN_Q4G] = {"Q4G", 32, 17, true},      [KERN_F8R] = {"F8R", 1, 1, true},
 };
 
 const kern_type_traits_t *kern_type_traits(int type) {
@@ -281,6 +281,14 @@ uint8_t kern_fp8_e4m3_from_f32(float x) {
   frexpf(a, &ex);
   const int m = (int)ldexpf(ldexpf(a, -(ex - 1)) - 1.0f, 3);
   return sign | (uint8_t)(((ex - 1 + 7) << 3) | m);
+}
+
+float kern_fp8_quantize_row(const float *x, int64_t n, uint8_t *q) {
+  float m = 0.0f;
+  for (int64_t i = 0; i < n; i++) m = fmaxf(m, fabsf(x[i]));
+  const float inv = m > 0.0f ? 448.0f / m : 0.0f;
+  for (int64_t i = 0; i < n; i++) q[i] = kern_fp8_e4m3_from_f32(x[i] * inv);
+  return m / 448.0f;
 }
 
 void kern_kv_quantize_row(kern_kv_dtype_t dtype, const float *x, int n, void *q, uint16_t *scale) {

@@ -49,7 +49,12 @@ typedef enum {
    * of 128 columns in every row (GPTQ and AWQ at group size 128), stored
    * once a run: 4.25 bits a weight. */
   KERN_Q4G = 43,
-  KERN_TYPE_MAX = 44
+  /* Not a ggml type, and never in host memory: a dense weight the CUDA
+   * backend quantized at load to FP8 E4M3 (kern_weight_t.fp8, vLLM's
+   * --quantization fp8): its rows x cols bytes row after row (row_bytes =
+   * cols), then one f32 scale a row, as kern_fp8_quantize_row makes them. */
+  KERN_F8R = 44,
+  KERN_TYPE_MAX = 45
 } kern_type_t;
 
 typedef struct {
@@ -116,6 +121,13 @@ const char *kern_kv_dtype_name(kern_kv_dtype_t d);
  * to nearest even and saturating to +-448. */
 float kern_fp8_e4m3_to_f32(uint8_t x);
 uint8_t kern_fp8_e4m3_from_f32(float x);
+
+/* The reference quantizer of a row of n elements to FP8 E4M3 with one f32
+ * scale (KERN_F8R's rows, and the FP8 matmul's activations, a token a
+ * row): with m = max|x|, q = x * (448 / m) rounded to nearest even and
+ * saturated; returns the scale m / 448 (x ~ q * scale). A zero row gets
+ * zero bytes and scale 0. */
+float kern_fp8_quantize_row(const float *x, int64_t n, uint8_t *q);
 
 /* The reference quantizer of one (token, KV head) row of n elements: q
  * (n bytes) and its f16 scale, as every backend's KV append stores them

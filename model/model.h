@@ -61,6 +61,8 @@ typedef struct {
   bool progress;              /* log load progress on stderr */
   int tp_rank, tp_size;       /* tensor parallel: load this rank's shard (model/shard.h); 0, 0 = whole */
   model_pooling_t pooling;    /* NONE: logits; else steps return pooled hidden states (model_out_width) */
+  bool fp8_weights;           /* --quantization fp8: the layers' dense matmul weights kept as FP8 E4M3, a
+                               * scale a row, quantized at load (kern_weight_t.fp8; backends with fp8_weights) */
 } model_load_opts_t;
 
 /* Host scratch for padding decode steps to graph shapes (forward.c). */
@@ -101,6 +103,7 @@ typedef struct model {
   void **host_bufs; /* host copies that weights may borrow (converted vectors, dummy weights) */
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
+  bool fp8;         /* model_load_opts_t.fp8_weights */
   model_pooling_t pooling; /* NONE: steps return logits; else pooled hidden states (cfg.dim wide) */
   struct model_bert *bert; /* a BERT encoder's weights (model/bert.h), else NULL */
   bool file_reads;  /* the backend reads weights from the files itself (weight_load_file; FERRUM_LOAD_MMAP=1: no) */

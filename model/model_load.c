@@ -45,8 +45,18 @@ static void model__progress_add(model_progress_t *p, uint64_t bytes) {
   p->pct_last = pct;
 }
 
+/* --quantization fp8 takes a layer's dense matmul weights: not the LM
+ * head (as vLLM keeps it), nor a weight something else reads (embeddings,
+ * routers, experts: keep_layout), nor vectors. */
+static void model__mark_fp8(const model_t *m, kern_weight_t *w) {
+  const kern_type_t t = w->type;
+  w->fp8 = m->fp8 && w != &m->output && !w->keep_layout && w->rows > 1 &&
+           (t == KERN_F32 || t == KERN_F16 || t == KERN_BF16);
+}
+
 int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, const char *name) {
   uint64_t bytes = (uint64_t)w->rows * w->row_bytes; /* before the backend converts */
+  model__mark_fp8(m, w);
   int rc = m->be->ops->weight_load(m->be->ctx, w, host_data);
   if (rc) {
     char why[400];
@@ -60,6 +70,7 @@ int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, cons
 int model__weight_load_file(model_t *m, kern_weight_t *w, const kern_file_span_t *spans, int n_spans,
                             const char *name) {
   uint64_t bytes = (uint64_t)w->rows * w->row_bytes;
+  model__mark_fp8(m, w);
   int rc = m->be->ops->weight_load_file(m->be->ctx, w, spans, n_spans);
   if (rc) {
     char why[400];
@@ -543,6 +554,7 @@ model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
   m->max_tokens = opts && opts->max_tokens > 0 ? opts->max_tokens : 512;
   m->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 64;
   m->pooling = opts ? opts->pooling : MODEL_POOL_NONE;
+  m->fp8 = opts && opts->fp8_weights;
   if (m->max_seqs > m->max_tokens) m->max_seqs = m->max_tokens;
   const char *ng = getenv("FERRUM_NO_GRAPHS"), *mm = getenv("FERRUM_LOAD_MMAP");
   m->no_graphs = ng && *ng && strcmp(ng, "0");
@@ -593,6 +605,9 @@ int model__check_backend(const model_t *m) {
   if ((m->pooling == MODEL_POOL_MEAN || m->pooling == MODEL_POOL_CLS) && !m->be->ops->pool_rows)
     return fr_errorf(FR_EUNSUPPORTED, "%s pooling needs the backend's pool_rows op, which the %s backend lacks",
                      model_pooling_name(m->pooling), m->be->ops->name);
+  if (m->fp8 && !m->be->fp8_weights)
+    return fr_errorf(FR_EUNSUPPORTED, "--quantization fp8: the %s backend cannot keep FP8 weights (it needs a CUDA "
+                     "device of compute capability 8.9 or newer)", m->be->ops->name);
   return 0;
 }
 

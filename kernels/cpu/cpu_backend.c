@@ -158,6 +158,7 @@ static int cpu__weight_load(void *vctx, kern_weight_t *w, const void *host_data)
                      kern_type_traits(w->type)->name, w->row_bytes);
   if (kern_type_traits(w->type)->quantized && !ctx->isa->vec_dot[w->type])
     return fr_errorf(FR_EUNSUPPORTED, "cpu backend: weight type %s", kern_type_traits(w->type)->name);
+  if (w->fp8) return fr_errorf(FR_EUNSUPPORTED, "cpu backend: FP8 weights (--quantization fp8 needs a CUDA device)");
   w->data = (void *)host_data; /* borrowed: the caller keeps it mapped */
   w->priv = NULL;
   return cpu__weight_pack(ctx, w);

@@ -260,6 +260,26 @@ START_TEST(moe_needs_the_backend_op) {
 }
 END_TEST
 
+/* --quantization fp8 on a backend without FP8 weights (the CPU): a clear
+ * error before any weight loads, for a file and for dummy weights. */
+START_TEST(fp8_needs_a_backend_that_keeps_it) {
+  kern_backend_t *be;
+  ck_assert_int_eq(kern_cpu_create(&be, 1), 0);
+  ck_assert(!be->fp8_weights);
+  model_load_opts_t lo = {.max_tokens = 64, .fp8_weights = true};
+  model_t *m = NULL;
+  ck_assert_int_eq(model_load(&m, tiny("tiny-llama.gguf"), be, &lo), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
+  ck_assert_msg(strstr(fr_last_error(), "--quantization fp8: the cpu backend cannot keep FP8 weights"), "%s",
+                fr_last_error());
+  model_config_t cfg;
+  ck_assert_int_eq(model_dummy_config(tiny("tiny-qwen3moe-hf"), &cfg), 0);
+  ck_assert_int_eq(model_load_dummy(&m, &cfg, be, &lo), FR_EUNSUPPORTED);
+  ck_assert_ptr_null(m);
+  kern_backend_destroy(be);
+}
+END_TEST
+
 /* Feeds m five tokens: every logit finite. */
 static void expect_finite_logits(model_t *m) {
   model_gen_t *gen;
@@ -498,6 +518,7 @@ static Suite *suite(void) {
   tcase_add_test(tc, tiny_qwen3moe_safetensors_matches_gguf);
   tcase_add_test(tc, tiny_qwen3moe_quantized_matches_llama_cpp);
   tcase_add_test(tc, moe_needs_the_backend_op);
+  tcase_add_test(tc, fp8_needs_a_backend_that_keeps_it);
   tcase_add_test(tc, moe_dummy_runs);
   tcase_add_test(tc, q4_k_m_dummy_mix);
   tcase_add_test(tc, gptq_dummy_mix);

@@ -26,6 +26,7 @@ add_library(ferrum_kernels_cuda STATIC
   cuda/kcu_weights.cu
   cuda/kcu_ops.cu
   cuda/kcu_matmul.cu
+  cuda/kcu_f8.cu
   cuda/kcu_q4f.cu
   cuda/kcu_q4f_wide.cu
   cuda/kcu_attn.cu
@@ -55,5 +56,5 @@ endif()
 # package; either way its header sits beside the toolkit's or in /usr/include.
 find_library(FERRUM_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} REQUIRED)
 ferrum_headers(ferrum_kernels_cuda FOLDER kernels)
-target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_kern_types ferrum_common CUDA::cudart CUDA::cublas ${FERRUM_NCCL_LIBRARY})
+target_link_libraries(ferrum_kernels_cuda PUBLIC ferrum_kern_types ferrum_common CUDA::cudart CUDA::cublas CUDA::cublasLt ${FERRUM_NCCL_LIBRARY})
 target_link_libraries(ferrum_kernels PUBLIC ferrum_kernels_cuda)

@@ -13,6 +13,7 @@
  */
 #pragma once
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -40,6 +41,11 @@
 #define KCU_MAX_GRAPHS 64
 #define KCU_QGEMV_MAX_N 8 /* most rows the quantized GEMV takes */
 #define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
+#define KCU_CUBLAS_WS_BYTES (32u << 20) /* cuBLAS's workspace, which cuBLASLt's FP8 GEMM shares (one stream) */
+#define KCU_F8_GEMV_MAX_N 8 /* most rows of x a KERN_F8R matmul runs as the GEMV (f8_gemv_max_n's default and
+                               limit); more: quantized and cuBLASLt's FP8 GEMM */
+#define KCU_F8_GEMV_WPR 2   /* warps a row of that GEMV (FERRUM_CUDA_GEMV_WPR overrides): half the bytes of a
+                               bf16 row, which takes 4 */
 #define KCU_Q4F_WG_MIN_N 65  /* default of q4f_wg */
 #define KCU_Q4F_WG_SPLITS 8     /* most splits of its weights' columns */
 #define KCU_Q4F_WG_MIN_UNITS 4  /* fewest 64-column units a split */
@@ -197,6 +203,12 @@ typedef struct {
   size_t mask_cap;               /* words */
   void *moe_buf;           /* moe_ffn scratch (kcu_moe.cu) */
   size_t moe_bytes;
+  int f8_gemv_max_n;       /* FERRUM_CUDA_F8_GEMV_MAX_N (kcu_f8.cu) */
+  cublasLtHandle_t lt;     /* the FP8 GEMM's (kcu_f8.cu), made with the first FP8 weight */
+  cublasLtMatmulDesc_t lt_desc;
+  struct kcu_f8_plan *f8_plans; /* its algorithms by shape */
+  uint8_t *x8;             /* its activations as FP8 E4M3 (KCU_F8_X_BYTES) */
+  float *x8s;              /* their scales, a token each (KCU_F8_X_TOKENS) */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
@@ -580,6 +592,17 @@ int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
 int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
                                const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
                                const kern_rope_t *rope);
+/* FP8 weights (kcu_f8.cu). A KERN_F8R weight's row scales follow its
+ * bytes. kcu__f8_quantize: w's rows in the act type (src, device) become
+ * w->data's KERN_F8R (allocated here). kcu__f8_gemm: its matmul with x's
+ * rows quantized likewise, by cuBLASLt. kcu__f8_destroy frees what they
+ * made. */
+static inline const float *kcu_f8_scales(const kern_weight_t *w) {
+  return (const float *)((const uint8_t *)w->data + (size_t)w->rows * (size_t)w->cols);
+}
+int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char *what);
+int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
+void kcu__f8_destroy(kcu_ctx_t *c);
 /* KERN_Q4F, KERN_Q4G and KERN_Q6F (kcu_q4f.cu): whether a device type is
  * one of them; whether w (before upload) becomes one; whether its file
  * blocks (src, device) have one (d, m) per aligned 128 columns of a row,

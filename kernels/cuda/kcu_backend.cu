@@ -9,7 +9,6 @@
 #include "common/fr_util.h"
 #include "kernels/cuda/kcu.cuh"
 
-#define KCU_CUBLAS_WS_BYTES (32u << 20)
 /* Smallest capacities of the step metadata (tokens, sequences, block table
  * entries), made at create so that small steps never grow it (growing
  * drops the captured graphs). */
@@ -496,6 +495,7 @@ static void kcu_destroy(void *ctx) {
   kcu__free(c->f32_tmp);
   kcu__free(c->pairs_dev);
   kcu__free(c->moe_buf);
+  kcu__f8_destroy(c);
   kcu__free(c->cublas_ws);
   if (c->meta_done) cudaEventDestroy(c->meta_done);
   if (c->cublas) cublasDestroy(c->cublas);
@@ -614,6 +614,8 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->q4g = kcu_env_int("FERRUM_CUDA_Q4G", 1, 0, 1);
   c->q4g_raw = kcu_env_int("FERRUM_CUDA_Q4G_RAW", 1, 0, 1);
   c->samp_split = kcu_env_int("FERRUM_CUDA_SAMPLE_SPLIT", 0, 0, 64);
+  c->f8_gemv_max_n = kcu_env_int("FERRUM_CUDA_F8_GEMV_MAX_N", KCU_F8_GEMV_MAX_N, 0, KCU_F8_GEMV_MAX_N);
+  c->be.fp8_weights = prop.major * 10 + prop.minor >= 89; /* FP8 tensor cores: Ada, Hopper and later */
   c->pdl_late = kcu_env_int("FERRUM_CUDA_PDL_LATE", -1, 0, 15);
   c->pdl_early = kcu_env_int("FERRUM_CUDA_PDL_EARLY", -1, 0, 15);
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
@@ -645,6 +647,7 @@ extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
   c->be.kv_dtypes = 1u << KERN_KV_AUTO | 1u << KERN_KV_INT8 | 1u << KERN_KV_FP8;
   c->be.host_memory = false;
   c->be.padded_perm = c->q4f; /* the Q4F matmul and dequant skip padding columns */
+  /* be.fp8_weights: set by kcu_ctx_init from the compute capability */
   *out = &c->be;
   return 0;
 }

@@ -8,7 +8,9 @@
  * into the act-type scratch, in row chunks that fit it. The dense GEMV's
  * pair form (kcu_gemv_pair_k) hands two rows' sums to an epilogue: rope +
  * KV append for a fused q/k/v weight, silu_mul for a fused gate/up one
- * (kcu__matmul_rope_kv_append, kcu__matmul_silu_mul). */
+ * (kcu__matmul_rope_kv_append, kcu__matmul_silu_mul). FP8 weights
+ * (KERN_F8R): the GEMV over their bytes for small n, else kcu_f8.cu's
+ * cuBLASLt FP8 GEMM. */
 #include "kernels/cuda/kcu_quant.cuh"
 
 #define KCU_GEMV_WARPS 8 /* warps per CTA of the GEMV kernels: a row takes 1, 2 or 4 of them (dense) or one
@@ -33,19 +35,29 @@ __device__ __forceinline__ float kcu_dot8(const float *a, const float *b) {
   return s;
 }
 
+/* 16 FP8 E4M3 weights (a 16-byte load of a KERN_F8R row) as f32. */
+__device__ __forceinline__ void kcu_e4m3x16(uint4 v, float *f) {
+  kcu_kvq_unpack8<KCU_KVQ_FP8>(v.x, v.y, 1.f, f);
+  kcu_kvq_unpack8<KCU_KVQ_FP8>(v.z, v.w, 1.f, f + 8);
+}
+
 /* The dot products of weight row `row` (cols elements; none when row < 0)
  * with nb activation rows: acc[b] is this lane's share. Lets the next
  * kernel launch and issues the row's first U loads before the PDL wait (no
  * kernel writes weights). WPR warps per row: each lane takes every STEP-th
  * 16-byte chunk, U at a time with their loads in flight together (the last
  * group predicated, so a short row or a row's tail still issues its loads
- * at once). cols % 8 == 0, W and x 16-byte aligned. */
-template <typename T, int NBM, int WPR>
-__device__ __forceinline__ void kcu_gemv_dots(float *acc, const T *W, int row, int cols, const T *x, int nb) {
+ * at once). WT is the weights' element type: T (8 a chunk), or uint8_t for
+ * KERN_F8R's FP8 bytes (16 a chunk, without the row's scale). cols % 8 ==
+ * 0 (16 for FP8), W and x 16-byte aligned. */
+template <typename T, int NBM, int WPR, typename WT = T>
+__device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, int cols, const T *x, int nb) {
   constexpr int STEP = KCU_WARP * WPR, U = KCU_GEMV_U;
+  constexpr bool F8 = sizeof(WT) == 1;
+  constexpr int PER = F8 ? 16 : 8; /* weights a chunk */
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const uint4 *w4 = reinterpret_cast<const uint4 *>(W + (size_t)(row < 0 ? 0 : row) * cols);
-  const int n8 = row >= 0 ? cols / 8 : 0;
+  const int n8 = row >= 0 ? cols / PER : 0;
   int i = (warp % WPR) * KCU_WARP + lane;
   uint4 wv[U];
   kcu_pdl_launch_next();
@@ -65,13 +77,17 @@ __device__ __forceinline__ void kcu_gemv_dots(float *acc, const T *W, int row, i
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (i + u * STEP >= n8) break;
-      float wf[8], xf[8];
-      kcu_unpack8(wv[u], wf, (const T *)0);
+      float wf[PER], xf[8];
+      if constexpr (F8) kcu_e4m3x16(wv[u], wf);
+      else kcu_unpack8(wv[u], wf, (const T *)0);
 #pragma unroll
       for (int b = 0; b < NBM; b++) {
         if (b < nb) {
-          kcu_unpack8(__ldg(x4 + (size_t)b * xs + i + u * STEP), xf, (const T *)0);
-          acc[b] += kcu_dot8(wf, xf);
+#pragma unroll
+          for (int h = 0; h < PER / 8; h++) {
+            kcu_unpack8(__ldg(x4 + (size_t)b * xs + (i + u * STEP) * (PER / 8) + h), xf, (const T *)0);
+            acc[b] += kcu_dot8(wf + 8 * h, xf);
+          }
         }
       }
     }
@@ -114,6 +130,27 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T 
 #pragma unroll
     for (int b = 0; b < NBM; b++)
       if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(acc[b] + bv);
+  }
+}
+
+/* The GEMV of a KERN_F8R weight (FP8 bytes, then a scale a row): the dense
+ * GEMV over 16 weights a load, each row's sums times its scale. */
+template <typename T, int NBM, int WPR>
+__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_f8_k(T *out, const uint8_t *W, const float *scale, const T *x,
+                                                              const float *bias, int rows, int cols, int nb) {
+  KCU_TRACE_SCOPE(KCU_TR_GEMV);
+  __shared__ float red[KCU_GEMV_WARPS][NBM];
+  constexpr int RPC = KCU_GEMV_WARPS / WPR;
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  const int row = blockIdx.x * RPC + warp / WPR;
+  float acc[NBM];
+  kcu_gemv_dots<T, NBM, WPR, uint8_t>(acc, W, row < rows ? row : -1, cols, x, nb);
+  kcu_gemv_reduce<NBM, WPR>(acc, red);
+  if (warp % WPR == 0 && lane == 0 && row < rows) {
+    const float s = __ldg(scale + row), bv = bias ? bias[row] : 0.f;
+#pragma unroll
+    for (int b = 0; b < NBM; b++)
+      if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(fmaf(acc[b], s, bv));
   }
 }
 
@@ -380,6 +417,33 @@ static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
   return kcu_gemv_dense_launch<T, 8>(c, out, W, x, bias, rows, cols, n);
 }
 
+template <typename T, int NBM>
+static int kcu_gemv_f8_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  const uint8_t *W = (const uint8_t *)w->data;
+  const float *sc = kcu_f8_scales(w);
+  const int rows = (int)w->rows, cols = (int)w->cols, wpr = c->gemv_wpr ? c->gemv_wpr : KCU_F8_GEMV_WPR;
+  if (wpr == 4)
+    KCU_LAUNCH(c, kcu_gemv_f8_k<T, NBM, 4>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W, sc, x, bias,
+               rows, cols, n);
+  else if (wpr == 2)
+    KCU_LAUNCH(c, kcu_gemv_f8_k<T, NBM, 2>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W, sc, x, bias,
+               rows, cols, n);
+  else
+    KCU_LAUNCH(c, kcu_gemv_f8_k<T, NBM, 1>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W, sc, x, bias,
+               rows, cols, n);
+  return 0;
+}
+
+/* A KERN_F8R matmul over n <= 8 rows of x, as they are (no activation
+ * quantization). */
+template <typename T>
+static int kcu_gemv_f8(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
+  if (n == 1) return kcu_gemv_f8_launch<T, 1>(c, out, w, bias, x, n);
+  if (n == 2) return kcu_gemv_f8_launch<T, 2>(c, out, w, bias, x, n);
+  if (n <= 4) return kcu_gemv_f8_launch<T, 4>(c, out, w, bias, x, n);
+  return kcu_gemv_f8_launch<T, 8>(c, out, w, bias, x, n);
+}
+
 /* Pairs at the default 4 warps a row, one pair a CTA (the other widths are
  * tuning knobs of the plain GEMV: kcu_takes_pair_gemv leaves them to it). */
 template <typename T, int NBM, typename E>
@@ -476,6 +540,10 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
       return rc;
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
+  } else if (w->type == KERN_F8R) {
+    if (n > c->f8_gemv_max_n || !aligned) return kcu__f8_gemm(c, out, w, bp, x, n);
+    KCU_ACT_DISPATCH(c, rc = kcu_gemv_f8<T>(c, (T *)out, w, bp, (const T *)x, n));
+    return rc;
   } else if (kcu_is_q4f(w->type)) {
     const int max_n = w->type == KERN_Q6F ? FR_MIN(c->q4f_max_n, KCU_Q6F_MAX_N) : c->q4f_max_n;
 #ifdef KCU_HAVE_WG

@@ -280,10 +280,20 @@ static int kcu_q4f_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw, kern_
   return rc;
 }
 
+/* A dense weight marked fp8, uploaded into raw in the act type, becomes
+ * w->data's KERN_F8R (kcu_f8.cu) once every read and copy of it is done;
+ * raw may then be freed. */
+static int kcu_f8_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw, const char *what) {
+  int rc = kcu_stage_flush(c);
+  if (!rc) rc = kcu_stage_fence(c);
+  return rc ? rc : kcu__f8_quantize(c, w, raw, what);
+}
+
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
- * inv_freq); 4-bit and Q6_K ones that only matmul reads become KERN_Q4F
- * (KERN_Q4G where their (d, m) allow) and KERN_Q6F; other quantized
- * weights are copied as they are. A permutation, if any, goes to w->priv.
+ * inv_freq), or KERN_F8R where the model asks (kern_weight_t.fp8); 4-bit
+ * and Q6_K ones that only matmul reads become KERN_Q4F (KERN_Q4G where
+ * their (d, m) allow) and KERN_Q6F; other quantized weights are copied as
+ * they are. A permutation, if any, goes to w->priv.
  * w->type and w->row_bytes describe what is stored on the device
  * afterwards. On failure nothing is allocated and w->data is NULL. */
 static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {
@@ -296,7 +306,10 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
   if (dense && w->perm) /* the dense GEMV and cuBLAS read x in order */
     return fr_errorf(FR_EUNSUPPORTED, "cuda: a %s weight with a column permutation (act-order) is not supported",
                      kern_type_traits(w->type)->name);
-  const bool q4f = kcu__q4f_takes(c, w);
+  if (w->fp8 && (!dense || w->rows < 2 || w->keep_layout || !c->be.fp8_weights))
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: FP8 weights need %s", !c->be.fp8_weights
+                     ? "a device of compute capability 8.9 or newer" : "a dense 2-D weight that only matmul reads");
+  const bool q4f = kcu__q4f_takes(c, w), f8 = w->fp8;
   if (kern_weight_x_cols(w) != w->cols && !q4f) /* padding columns: only the Q4F matmul and dequant skip them */
     return fr_errorf(FR_EUNSUPPORTED, "cuda: a GPTQ act-order part with padding columns needs the 4-bit tensor-core "
                      "layout (FERRUM_CUDA_Q4F is off, or %lld columns are not a multiple of 32)", (long long)w->cols);
@@ -315,15 +328,18 @@ static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *sr
            kern_type_traits(w->type)->name);
   w->data = NULL;
   w->priv = NULL;
-  void *raw = NULL; /* q4f: the file's blocks, before repacking */
+  void *raw = NULL; /* q4f: the file's blocks, before repacking; f8: the act-type rows, before quantizing */
   if ((rc = kcu_stage_make(c))) return rc;
   uint64_t t0 = fr_now_ns();
-  rc = q4f ? kcu__alloc(c, bytes, &raw, "a weight's blocks before repacking")
-           : kcu__alloc(c, dst_bytes, &w->data, what);
+  rc = q4f  ? kcu__alloc(c, bytes, &raw, "a weight's blocks before repacking")
+       : f8 ? kcu__alloc(c, dst_bytes, &raw, "a weight's rows before FP8 quantization")
+            : kcu__alloc(c, dst_bytes, &w->data, what);
   c->load_ns[2] += fr_now_ns() - t0;
   if (rc) goto fail;
-  if ((rc = kcu_stage_upload(c, q4f ? raw : w->data, q4f ? w->type : dst_t, src, w->type, bytes))) goto fail;
-  if ((rc = q4f ? kcu_q4f_finish(c, w, raw, &dst_t, what) : kcu_stage_fence(c))) goto fail;
+  if ((rc = kcu_stage_upload(c, raw ? raw : w->data, q4f ? w->type : dst_t, src, w->type, bytes))) goto fail;
+  rc = q4f ? kcu_q4f_finish(c, w, raw, &dst_t, what) : f8 ? kcu_f8_finish(c, w, raw, what) : kcu_stage_fence(c);
+  if (rc) goto fail;
+  if (f8) dst_t = KERN_F8R;
   dst_rb = kern_row_bytes(dst_t, w->cols);
   kcu__free(raw);
   raw = NULL;

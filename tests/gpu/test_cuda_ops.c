@@ -23,6 +23,7 @@
 #include "tests/common/forward_rows.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
+#define KCU_TEST_F8_GEMV_MAX_N 8 /* kcu.cuh's KCU_F8_GEMV_MAX_N: n above it takes the FP8 GEMM */
 #define TOL_QMM 2.5e-2 /* quantized weights: the decode GEMV also rounds activations to int8 per 32 */
 
 static kern_backend_t *cpu, *gpu;
@@ -402,6 +403,118 @@ START_TEST(test_matmul_quant) {
   check_matmul(t, 200, 512, _i % 2 == 1);
   gpu_all_gemv();
   check_matmul_n(t, 200, 512, _i % 2 == 0, 8);
+}
+END_TEST
+
+/* ---- FP8 weights (--quantization fp8) ------------------------------------------------ */
+
+/* rows x cols f32 (host) as FP8 rows (kern_fp8_quantize_row) dequantized
+ * into deq; scales into sc. */
+static void fp8_rows(const float *x, int64_t rows, int64_t cols, uint8_t *q, float *sc, double *deq) {
+  for (int64_t r = 0; r < rows; r++) {
+    sc[r] = kern_fp8_quantize_row(x + r * cols, cols, q + r * cols);
+    for (int64_t k = 0; k < cols; k++) deq[r * cols + k] = (double)kern_fp8_e4m3_to_f32(q[r * cols + k]) * sc[r];
+  }
+}
+
+/* out[b][r] = sum_k w[r][k] x[b][k] (+ bias) in f64. */
+static double *dot_ref(const double *w, const double *x, int64_t rows, int64_t cols, int n, const float *bias) {
+  double *ref = fr_malloc(sizeof(double) * (size_t)n * rows);
+  for (int b = 0; b < n; b++)
+    for (int64_t r = 0; r < rows; r++) {
+      double acc = bias ? bias[r] : 0;
+      for (int64_t k = 0; k < cols; k++) acc += w[r * cols + k] * x[(size_t)b * cols + k];
+      ref[(size_t)b * rows + r] = acc;
+    }
+  return ref;
+}
+
+/* A bf16 weight loaded with fp8 set, its rows 2^-4..2^4 apart in size: it
+ * becomes KERN_F8R, its bytes and scales those of kern_fp8_quantize_row
+ * bit for bit. Its matmul at n <= max_gemv (the GEMV over the bytes, x as
+ * it is) matches the f64 product of the dequantized weight with x; past
+ * that (x quantized a token a row, cuBLASLt's FP8 GEMM) the product with x
+ * quantized by kern_fp8_quantize_row. Each output is also compared with
+ * the other reference (printed): they differ by x's FP8 rounding, ~3%. */
+static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max_gemv, const int *ns, int n_ns) {
+  const size_t wn = (size_t)rows * cols;
+  float *wf = fr_malloc(wn * sizeof(float));
+  uint16_t *wh = fr_malloc(wn * 2);
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < cols; k++) {
+      wh[r * cols + k] = fr_fp32_to_bf16(rndn() * ldexpf(0.5f, (int)(r % 9) - 4));
+      wf[r * cols + k] = fr_bf16_to_fp32(wh[r * cols + k]);
+    }
+  uint8_t *q = fr_malloc(wn + rows * sizeof(float));
+  float *sc = fr_malloc(rows * sizeof(float));
+  double *wd = fr_malloc(wn * sizeof(double));
+  fp8_rows(wf, rows, cols, q, sc, wd);
+  memcpy(q + wn, sc, rows * sizeof(float));
+  kern_weight_t w = {.type = KERN_BF16, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 2, .fp8 = true};
+  int rc = gpu->ops->weight_load(gpu->ctx, &w, wh);
+  ck_assert_msg(rc == 0, "cuda weight_load (fp8): %s", fr_last_error());
+  ck_assert_int_eq(w.type, KERN_F8R);
+  ck_assert_int_eq(w.row_bytes, cols);
+  uint8_t *got = fr_malloc(wn + rows * sizeof(float));
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, wn + rows * sizeof(float)), 0);
+  size_t i = 0;
+  while (i < wn + rows * sizeof(float) && got[i] == q[i]) i++;
+  ck_assert_msg(i == wn + rows * sizeof(float), "fp8 weight: byte %zu of %zu differs from kern_fp8_quantize_row", i,
+                wn + rows * sizeof(float));
+  float *bias_h = with_bias ? rand_vec(rows, 1.f) : NULL;
+  kern_weight_t bw = {.type = KERN_F32, .rows = 1, .cols = rows, .row_bytes = (size_t)rows * 4};
+  if (with_bias) ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &bw, bias_h), 0);
+  for (int t = 0; t < n_ns; t++) {
+    const int n = ns[t];
+    float *x = rand_vec((size_t)n * cols, 1.f);
+    double *xd = fr_malloc(sizeof(double) * (size_t)n * cols), *xqd = fr_malloc(sizeof(double) * (size_t)n * cols);
+    uint8_t *xq = fr_malloc((size_t)n * cols);
+    float *xs = fr_malloc(n * sizeof(float));
+    for (size_t j = 0; j < (size_t)n * cols; j++) xd[j] = x[j];
+    fp8_rows(x, n, cols, xq, xs, xqd);
+    double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
+    void *xg = gpu_put(x, (size_t)n * cols), *og = NULL;
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &og), 0);
+    poison(og, (size_t)n * rows);
+    rc = gpu->ops->matmul(gpu->ctx, og, &w, with_bias ? &bw : NULL, xg, n);
+    ck_assert_msg(rc == 0, "cuda matmul (fp8) n=%d: %s", n, fr_last_error());
+    float *g = gpu_get(og, (size_t)n * rows);
+    const bool gemv = n <= max_gemv;
+    const double e = nerr_d(g, gemv ? ref_x : ref_q, (size_t)n * rows), o = nerr_d(g, gemv ? ref_q : ref_x, (size_t)n * rows);
+    fprintf(stderr, "  matmul F8R  %4lldx%-5lld n=%-3d bias=%d %s  err(exact) %.2e  err(other x) %.2e\n",
+            (long long)rows, (long long)cols, n, with_bias, gemv ? "gemv" : "gemm", e, o);
+    ck_assert_msg(e < 1e-2, "fp8 matmul n=%d (%s): error %.3e", n, gemv ? "gemv" : "gemm", e);
+    free(g), free(x), free(xd), free(xqd), free(xq), free(xs), free(ref_x), free(ref_q);
+    gpu->ops->free(gpu->ctx, xg);
+    gpu->ops->free(gpu->ctx, og);
+  }
+  if (with_bias) gpu->ops->weight_release(gpu->ctx, &bw);
+  gpu->ops->weight_release(gpu->ctx, &w);
+  free(bias_h), free(wf), free(wh), free(q), free(sc), free(wd), free(got);
+}
+
+START_TEST(test_matmul_fp8) {
+  if (!gpu->fp8_weights) {
+    fprintf(stderr, "  fp8 weights: not on this device (compute capability below 8.9)\n");
+    return;
+  }
+  check_matmul_fp8(384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, k_ns, (int)FR_ARRAY_SIZE(k_ns));
+  check_matmul_fp8(256, 576, false, KCU_TEST_F8_GEMV_MAX_N, k_ns, 5);
+  /* every n through the GEMM */
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_F8_GEMV_MAX_N", "0", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  const int small[] = {1, 3, 8};
+  check_matmul_fp8(384, 1024, false, 0, small, 3);
+}
+END_TEST
+
+/* The CPU backend refuses an FP8 weight with a clear error. */
+START_TEST(test_fp8_cpu_refuses) {
+  uint16_t wh[64 * 32] = {0};
+  kern_weight_t w = {.type = KERN_BF16, .rows = 64, .cols = 32, .row_bytes = 64, .fp8 = true};
+  ck_assert_int_ne(cpu->ops->weight_load(cpu->ctx, &w, wh), 0);
+  ck_assert_msg(strstr(fr_last_error(), "CUDA"), "cpu fp8 refusal: %s", fr_last_error());
 }
 END_TEST
 
@@ -2334,6 +2447,8 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_matmul_dense);
   tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_matmul_i4g_perm);
+  tcase_add_test(tc, test_matmul_fp8);
+  tcase_add_test(tc, test_fp8_cpu_refuses);
   tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_matmul_q4f_wg, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_q4f_silu_mul, 0, (int)FR_ARRAY_SIZE(k_q4));

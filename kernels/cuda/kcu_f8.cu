@@ -1,0 +1,183 @@
+/* kcu_f8.cu - FP8 E4M3 matmul weights (--quantization fp8, vLLM's dynamic
+ * FP8 on a bf16 checkpoint).
+ *
+ * A dense weight that only matmul reads (kern_weight_t.fp8) is quantized
+ * once at load, a scale a row (KERN_F8R: max|w| / 448, kern_types.h's
+ * reference). Its matmul up to f8_gemv_max_n rows of x is kcu_matmul.cu's
+ * GEMV over the bytes (x as it is); past that, x is quantized the same way,
+ * a scale a token, and cuBLASLt's FP8 GEMM runs on the tensor cores with
+ * both vectors of scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F):
+ * out[t][r] = sx[t] sw[r] sum_k qx[t][k] qw[r][k], summed in f32, then the
+ * bias. The tokens go in chunks that fit the activation scratch. */
+#include <errno.h>
+
+#include "common/fr_util.h"
+#include "kernels/cuda/kcu.cuh"
+
+#define KCU_F8Q_NT 256             /* threads a row of the quantizer */
+#define KCU_F8_X_BYTES (32u << 20) /* the GEMM's quantized activations: tokens x cols bytes a chunk */
+#define KCU_F8_X_TOKENS 8192       /* most tokens a chunk */
+#define KCU_F8_PLANS 256           /* cuBLASLt plans kept, by shape (direct-mapped) */
+
+/* A GEMM shape's layouts and the algorithm cuBLASLt's heuristic gave it. */
+typedef struct kcu_f8_plan {
+  int m, n, k; /* m < 0: empty */
+  cublasLtMatrixLayout_t a, b, d;
+  cublasLtMatmulAlgo_t algo;
+} kcu_f8_plan_t;
+
+template <int NT> __device__ float kcu_block_max(float v, float *red) {
+  v = kcu_warp_max(v);
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < NT / KCU_WARP ? red[lane] : 0.f;
+  return kcu_warp_max(v);
+}
+
+/* Row blockIdx.x of x (cols elements, cols % 8 == 0, 16-byte aligned) as
+ * FP8 E4M3 bytes into q and its scale, as kern_fp8_quantize_row makes them
+ * (the same operations, so the same bits). */
+template <typename T>
+__global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *scale, const T *x, int cols) {
+  __shared__ float red[KCU_F8Q_NT / KCU_WARP];
+  kcu_pdl_enter();
+  const size_t row = blockIdx.x;
+  const uint4 *x4 = reinterpret_cast<const uint4 *>(x + row * cols);
+  const int n8 = cols / 8;
+  float m = 0.f, f[8];
+  for (int i = threadIdx.x; i < n8; i += KCU_F8Q_NT) {
+    kcu_unpack8(x4[i], f, (const T *)0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+  }
+  m = kcu_block_max<KCU_F8Q_NT>(m, red);
+  const float inv = m > 0.f ? 448.f / m : 0.f;
+  if (threadIdx.x == 0) scale[row] = m / 448.f;
+  uint2 *q8 = reinterpret_cast<uint2 *>(q + row * cols);
+  for (int i = threadIdx.x; i < n8; i += KCU_F8Q_NT) {
+    kcu_unpack8(x4[i], f, (const T *)0);
+    uint32_t p[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      p[j] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * j] * inv, f[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+    q8[i] = make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
+  }
+}
+
+/* Queues the quantization of rows (cols each) of src into q and scale. */
+static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void *src, int rows, int cols) {
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_k<T>, rows, KCU_F8Q_NT, 0, q, scale, (const T *)src, cols));
+  return 0;
+}
+
+/* The cuBLASLt handle, the GEMM's descriptor (A transposed: the weight's
+ * rows; both scale modes a vector), its activation scratch and plans: made
+ * with the first FP8 weight. */
+static int kcu_f8_init(kcu_ctx_t *c) {
+  if (c->lt) return 0;
+  KCU_CUBLAS(cublasLtCreate(&c->lt));
+  KCU_CUBLAS(cublasLtMatmulDescCreate(&c->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+  c->f8_plans = (kcu_f8_plan_t *)fr_calloc(KCU_F8_PLANS, sizeof *c->f8_plans);
+  for (int i = 0; i < KCU_F8_PLANS; i++) c->f8_plans[i].m = -1;
+  int rc = kcu__alloc(c, KCU_F8_X_BYTES, (void **)&c->x8, "the FP8 GEMM's activations");
+  if (!rc) rc = kcu__alloc(c, KCU_F8_X_TOKENS * sizeof(float), (void **)&c->x8s, "the FP8 GEMM's activation scales");
+  return rc;
+}
+
+static void kcu_f8_plan_clear(kcu_f8_plan_t *p) {
+  if (p->a) cublasLtMatrixLayoutDestroy(p->a);
+  if (p->b) cublasLtMatrixLayoutDestroy(p->b);
+  if (p->d) cublasLtMatrixLayoutDestroy(p->d);
+  *p = (kcu_f8_plan_t){.m = -1};
+}
+
+void kcu__f8_destroy(kcu_ctx_t *c) {
+  for (int i = 0; c->f8_plans && i < KCU_F8_PLANS; i++) kcu_f8_plan_clear(&c->f8_plans[i]);
+  free(c->f8_plans);
+  if (c->lt_desc) cublasLtMatmulDescDestroy(c->lt_desc);
+  if (c->lt) cublasLtDestroy(c->lt);
+  kcu__free(c->x8);
+  kcu__free(c->x8s);
+  c->f8_plans = NULL;
+  c->lt_desc = NULL;
+  c->lt = NULL;
+  c->x8 = NULL;
+  c->x8s = NULL;
+}
+
+/* The plan of an (m weight rows, n tokens, k columns) GEMM, made by
+ * cuBLASLt's heuristic the first time the shape is seen (a host call, so
+ * also inside a graph capture). */
+static int kcu_f8_plan(kcu_ctx_t *c, int m, int n, int k, kcu_f8_plan_t **out) {
+  const unsigned h = ((unsigned)m * 73856093u ^ (unsigned)n * 19349663u ^ (unsigned)k * 83492791u) % KCU_F8_PLANS;
+  kcu_f8_plan_t *p = &c->f8_plans[h];
+  *out = p;
+  if (p->m == m && p->n == n && p->k == k) return 0;
+  kcu_f8_plan_clear(p);
+  const cudaDataType_t dt = c->act == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  KCU_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, k, m, k));
+  KCU_CUBLAS(cublasLtMatrixLayoutCreate(&p->b, CUDA_R_8F_E4M3, k, n, k));
+  KCU_CUBLAS(cublasLtMatrixLayoutCreate(&p->d, dt, m, n, m));
+  cublasLtMatmulPreference_t pref;
+  KCU_CUBLAS(cublasLtMatmulPreferenceCreate(&pref));
+  const uint64_t ws = KCU_CUBLAS_WS_BYTES;
+  cublasLtMatmulHeuristicResult_t res;
+  int got = 0;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
+                                                           sizeof ws);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(c->lt, c->lt_desc, p->a, p->b, p->d, p->d, pref, 1, &res, &got);
+  cublasLtMatmulPreferenceDestroy(pref);
+  if (st != CUBLAS_STATUS_SUCCESS || got == 0) {
+    kcu_f8_plan_clear(p);
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: cuBLASLt has no FP8 GEMM with a scale a row and a token for %d x %d x %d "
+                     "(%s)", m, n, k, st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : "no algorithm");
+  }
+  p->algo = res.algo;
+  p->m = m, p->n = n, p->k = k;
+  return 0;
+}
+
+int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char *what) {
+  if (w->cols % 16 || w->cols > INT32_MAX || w->rows > INT32_MAX)
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: an FP8 weight needs a multiple of 16 columns (%s)", what);
+  int rc = kcu_f8_init(c);
+  if (rc) return rc;
+  /* the GEMM must exist for this weight's shape: a clear error at load, not at the first prompt */
+  kcu_f8_plan_t *p;
+  if ((rc = kcu_f8_plan(c, (int)w->rows, 64, (int)w->cols, &p))) return rc;
+  const size_t bytes = (size_t)w->rows * (size_t)w->cols + (size_t)w->rows * sizeof(float);
+  if ((rc = kcu__alloc(c, bytes, &w->data, what))) return rc;
+  rc = kcu_f8_quant_rows(c, (uint8_t *)w->data, (float *)kcu_f8_scales(w), src, (int)w->rows, (int)w->cols);
+  if (!rc) KCU_CHECK(cudaStreamSynchronize(c->stream)); /* src is freed next */
+  return rc;
+}
+
+int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
+  const int m = (int)w->rows, k = (int)w->cols;
+  if (!c->lt) return fr_errorf(FR_ESTATE, "cuda: an FP8 matmul with no FP8 weight loaded");
+  if ((uintptr_t)x & 15) return fr_errorf(-EINVAL, "cuda: an FP8 matmul's input is not 16-byte aligned");
+  const float *sw = kcu_f8_scales(w);
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s,
+                                            sizeof c->x8s));
+  const int chunk = (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k);
+  const float one = 1.f, zero = 0.f;
+  for (int t0 = 0; t0 < n; t0 += chunk) {
+    const int nt = FR_MIN(chunk, n - t0);
+    kcu_f8_plan_t *p;
+    int rc = kcu_f8_quant_rows(c, c->x8, c->x8s, (const char *)x + (size_t)t0 * k * c->act_size, nt, k);
+    if (rc || (rc = kcu_f8_plan(c, m, nt, k, &p))) return rc;
+    char *o = (char *)out + (size_t)t0 * m * c->act_size;
+    KCU_CUBLAS(cublasLtMatmul(c->lt, c->lt_desc, &one, w->data, p->a, c->x8, p->b, &zero, o, p->d, o, p->d, &p->algo,
+                              c->cublas_ws, KCU_CUBLAS_WS_BYTES, c->stream));
+  }
+  return bias ? kcu__add_bias(c, out, bias, n, m) : 0;
+}

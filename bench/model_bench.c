@@ -13,8 +13,9 @@
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
  *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|q4_k_m|i4g|gptq|...] [--threads N] [--prefill N]
  *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
- *          [--verify K] [--kv-cache-dtype auto|int8|fp8]
- * The KV pool holds what the run needs (the prefill's sequence, or the
+ *          [--verify K] [--kv-cache-dtype auto|int8|fp8] [--quantization fp8]
+ * --quantization fp8 keeps the layers' dense weights as FP8 (vLLM's
+ * dynamic FP8; a CUDA device). The KV pool holds what the run needs (the prefill's sequence, or the
  * largest batch's sequences of --prompt + --gen tokens); its size is printed.
  */
 #include <math.h>
@@ -38,6 +39,7 @@ typedef struct {
   const char *model, *dummy, *device, *type;
   int threads, prefill, prompt, gen, repeat, mixed, verify;
   int kv_dtype; /* kern_kv_dtype_t */
+  bool fp8;     /* --quantization fp8 */
   int batches[BENCH_MAX_BATCHES], n_batches;
 } bench_opts_t;
 
@@ -80,6 +82,7 @@ static int bench_parse(int argc, char **argv, bench_opts_t *o) {
     else if (!strcmp(a, "--mixed")) rc = bench_int(v, 2, 1 << 20, &o->mixed);
     else if (!strcmp(a, "--verify")) rc = bench_int(v, 1, 16, &o->verify);
     else if (!strcmp(a, "--kv-cache-dtype")) rc = (o->kv_dtype = kern_kv_dtype_parse(v)) < 0 ? -1 : 0;
+    else if (!strcmp(a, "--quantization")) rc = (o->fp8 = !strcmp(v, "fp8")) ? 0 : -1;
     else return -1;
     if (rc) {
       fprintf(stderr, "model_bench: bad value '%s' for %s\n", v, a);
@@ -295,7 +298,7 @@ int main(int argc, char **argv) {
   if (bench_parse(argc, argv, &o)) {
     fprintf(stderr, "usage: model_bench [--model PATH | --dummy NAME] [--device cpu|cuda] [--type T] "
                     "[--threads N] [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P] "
-                    "[--verify K] [--kv-cache-dtype auto|int8|fp8]\n");
+                    "[--verify K] [--kv-cache-dtype auto|int8|fp8] [--quantization fp8]\n");
     return 2;
   }
   int maxB = 1;
@@ -306,7 +309,7 @@ int main(int argc, char **argv) {
   int vrows = maxB * (o.verify + 1); /* a verify step's tokens and logits rows */
   model_load_opts_t lo = {.max_tokens = FR_MAX(FR_MAX(FR_MAX(o.prefill, o.mixed + maxB), FR_MAX(o.prompt, 256)), vrows),
                           .max_seqs = FR_MAX(maxB + 1, vrows),
-                          .progress = true, .seed = 1};
+                          .progress = true, .seed = 1, .fp8_weights = o.fp8};
   if (!rc) rc = model_dummy_weights(&lo, o.type);
   if (!rc && o.dummy) {
     model_config_t cfg;
@@ -318,8 +321,8 @@ int main(int argc, char **argv) {
   }
   bench_t b = {.m = m};
   if (!rc) {
-    printf("model %s (%s), device %s, %d layers, dim %d\n", o.dummy ? o.dummy : o.model, m->cfg.arch_name,
-           be->ops->name, m->cfg.n_layers, m->cfg.dim);
+    printf("model %s (%s), device %s, %d layers, dim %d%s\n", o.dummy ? o.dummy : o.model, m->cfg.arch_name,
+           be->ops->name, m->cfg.n_layers, m->cfg.dim, o.fp8 ? ", FP8 weights" : "");
     rc = bench_pool_init(&b, &o, maxB);
     b.pool_ready = !rc;
   }

@@ -86,10 +86,10 @@ def hf_run(model, ids, dtype):
     return logits, greedy, top5
 
 
-def ours_run(binary, folder, ids, device, out_dir, tag):
+def ours_run(binary, folder, ids, device, out_dir, tag, extra=()):
     path = os.path.join(out_dir, f"{tag}.{device}.logits")
     r = subprocess.run([binary, "--model", folder, "--device", device, "--ids", ",".join(map(str, ids)),
-                        "--greedy", str(N_GREEDY), "--logits-out", path], capture_output=True, text=True,
+                        "--greedy", str(N_GREEDY), "--logits-out", path, *extra], capture_output=True, text=True,
                        timeout=600)
     if r.returncode != 0:
         raise RuntimeError(f"run_model {tag} {device}: {r.stderr[-2000:]}")

@@ -3,7 +3,7 @@
  * greedy tokens (JSON on stdout). Used by tests/parity/hf_parity.py (GPU vs
  * transformers) and tests/parity/device_check.sh's cross step (CPU vs CUDA).
  * usage: run_model (--model PATH | --dummy NAME [--type T]) [--device D]
- *                  --ids 1,2,3 [--greedy N] [--logits-out FILE]
+ *                  --ids 1,2,3 [--greedy N] [--logits-out FILE] [--quantization fp8]
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +21,7 @@
 int main(int argc, char **argv) {
   const char *model = NULL, *dummy = NULL, *device = "cpu", *ids_s = NULL, *out = NULL, *type = NULL;
   int greedy = 32;
+  bool fp8 = false;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (!strcmp(argv[i], "--model")) model = argv[i + 1];
     else if (!strcmp(argv[i], "--dummy")) dummy = argv[i + 1];
@@ -29,6 +30,7 @@ int main(int argc, char **argv) {
     else if (!strcmp(argv[i], "--ids")) ids_s = argv[i + 1];
     else if (!strcmp(argv[i], "--greedy")) greedy = atoi(argv[i + 1]);
     else if (!strcmp(argv[i], "--logits-out")) out = argv[i + 1];
+    else if (!strcmp(argv[i], "--quantization")) fp8 = !strcmp(argv[i + 1], "fp8");
   }
   if ((!model && !dummy) || !ids_s) {
     fprintf(stderr, "usage: run_model (--model PATH | --dummy NAME) [--device D] --ids 1,2,3 [--greedy N]\n");
@@ -44,7 +46,7 @@ int main(int argc, char **argv) {
   model_t *m = NULL;
   model_gen_t *g = NULL;
   int rc = kern_backend_create(&be, device, 0);
-  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .seed = 7};
+  model_load_opts_t lo = {.max_tokens = 512, .max_seqs = 4, .seed = 7, .fp8_weights = fp8};
   if (!rc) rc = model_dummy_weights(&lo, type);
   if (!rc && dummy) {
     model_config_t cfg;

@@ -53,6 +53,8 @@ typedef struct {
   const char *kv_cache_dtype;     /* NULL/"auto" (the backend's element type), "int8" or "fp8": a quantized
                                    * KV cache (kern_kv_dtype_t), sent to the workers as load option
                                    * kv_cache_dtype */
+  const char *quantization;       /* NULL or "fp8" (--quantization): the workers keep the layers' dense weights
+                                   * as FP8 (load option quantization) */
   bool no_prefix_caching;         /* prefix caching is on unless this is set */
   bool embed;                     /* --task embed: the model returns embeddings (pooled as the load option
                                    * pooling says); jobs must be embed jobs */

@@ -125,11 +125,12 @@ static int coord__send_load(coord_t *c, coord_worker_t *w) {
   snprintf(bs, sizeof bs, "%d", c->cfg.block_size);
   int rows = c->kv ? c->kvi.max_blocks_per_seq : (c->cfg.max_model_len + c->cfg.block_size - 1) / c->cfg.block_size;
   snprintf(mb, sizeof mb, "%d", rows); /* sizing: at least the rows the control segment will have */
-  proto_option_t opts[13] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
+  proto_option_t opts[14] = {{"device", dev}, {"threads", threads}, {"max_tokens", mt}, {"max_seqs", ms},
                             {"fake_forward", c->cfg.fake_workers ? "1" : "0"}};
   uint32_t n_opts = 5;
   if (c->cfg.kv_cache_dtype && strcmp(c->cfg.kv_cache_dtype, "auto"))
     opts[n_opts++] = (proto_option_t){"kv_cache_dtype", (char *)c->cfg.kv_cache_dtype};
+  if (c->cfg.quantization) opts[n_opts++] = (proto_option_t){"quantization", (char *)c->cfg.quantization};
   if (c->cfg.spec.num_speculative_tokens > 0 && c->cfg.spec.draft_model[0]) /* speculative decoding's draft */
     opts[n_opts++] = (proto_option_t){"draft", c->cfg.spec.draft_model};
   if (c->cfg.embed) opts[n_opts++] = (proto_option_t){"pooling", (char *)model_pooling_name(c->pooling)};

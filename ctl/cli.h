@@ -124,11 +124,10 @@ bool cli_engine_running(const char *rpc, const char *model_path);
 int cli_engine_generate(const char *rpc, const cli_curve_t *k, const proto_submit_t *req, int timeout_ms, bool stats);
 /* Starts a private server (ferrumctl serve --no-http on a private ipc://
  * endpoint, written to rpc; kv_dtype: its --kv-cache-dtype, NULL = auto;
- * spec: its --speculative-config JSON, NULL = none) and waits until it is
- * ready; *pid gets its pid. */
+ * quant: its --quantization, NULL = none; spec: its --speculative-config
+ * JSON, NULL = none) and waits until it is ready; *pid gets its pid. */
 int cli_engine_start_private(const char *model, const char *device, int threads, const char *kv_dtype,
-                             const char *spec, char *rpc,
-                             size_t cap, int *pid);
+                             const char *quant, const char *spec, char *rpc, size_t cap, int *pid);
 /* Drains and reaps a private server. */
 void cli_engine_stop_private(int pid);
 

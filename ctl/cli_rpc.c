@@ -274,8 +274,7 @@ bool cli_engine_running(const char *rpc, const char *model_path) {
 }
 
 int cli_engine_start_private(const char *model, const char *device, int threads, const char *kv_dtype,
-                             const char *spec, char *rpc,
-                             size_t cap, int *pid_out) {
+                             const char *quant, const char *spec, char *rpc, size_t cap, int *pid_out) {
   char dir[512], self[PATH_MAX], th[16];
   int rc = coord_runtime_dir(dir, sizeof dir);
   if (rc) return rc;
@@ -286,7 +285,10 @@ int cli_engine_start_private(const char *model, const char *device, int threads,
   snprintf(th, sizeof th, "%d", threads);
   char *argv[] = {self, "serve", "--no-http", "--model", (char *)model, "--device", (char *)device, "--threads", th,
                   "--rpc", rpc, "--max-num-seqs", "4", "--num-kv-blocks", "256", "--kv-cache-dtype",
-                  (char *)(kv_dtype ? kv_dtype : "auto"), spec ? "--speculative-config" : NULL, (char *)spec, NULL};
+                  (char *)(kv_dtype ? kv_dtype : "auto"), NULL, NULL, NULL, NULL, NULL};
+  int n_args = (int)FR_ARRAY_SIZE(argv) - 5; /* the optional ones */
+  if (quant) argv[n_args++] = "--quantization", argv[n_args++] = (char *)quant;
+  if (spec) argv[n_args++] = "--speculative-config", argv[n_args++] = (char *)spec;
   pid_t parent = getpid(), pid = fork();
   if (pid < 0) return fr_errorf(-errno, "fork: %s", strerror(errno));
   if (pid == 0) {

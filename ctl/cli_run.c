@@ -23,6 +23,7 @@
 typedef struct {
   const char *model, *prompt, *device;
   const char *kv_dtype; /* --kv-cache-dtype, NULL = auto */
+  const char *quant;    /* --quantization (fp8), or NULL */
   const char *spec; /* --speculative-config JSON (a private engine's), or NULL */
   char model_buf[PATH_MAX]; /* a Hub name's file or folder in the Hugging Face cache */
   long max_tokens, threads, top_k;
@@ -46,6 +47,7 @@ static void run_usage(FILE *f) {
           "  --threads N         CPU threads (default: all cores)\n"
           "  --device DEV        cpu (default) or cuda[:N]\n"
           "  --kv-cache-dtype T  auto (default), int8 or fp8: a quantized KV cache\n"
+          "  --quantization fp8  FP8 weights, quantized at load (a CUDA device; as serve's)\n"
           "  --in-process        generate in one process (ferrum-run), without the engine\n"
           "  --speculative-config JSON   speculative decoding for the private engine, as serve's\n"
           "                      (e.g. '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'); a running\n"
@@ -56,7 +58,7 @@ static void run_usage(FILE *f) {
 static int run_parse(int argc, char **argv, run_opts_t *o) {
   enum {
     O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_INPROC,
-    O_KVDT, O_SPEC
+    O_KVDT, O_SPEC, O_QUANT
   };
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},     {"prompt", required_argument, 0, O_PROMPT},
@@ -66,6 +68,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"raw", no_argument, 0, O_RAW},               {"threads", required_argument, 0, O_THREADS},
       {"device", required_argument, 0, O_DEVICE},   {"in-process", no_argument, 0, O_INPROC},
       {"kv-cache-dtype", required_argument, 0, O_KVDT},
+      {"quantization", required_argument, 0, O_QUANT},
       {"speculative-config", required_argument, 0, O_SPEC},
       {"help", no_argument, 0, 'h'},
       {0, 0, 0, 0}};
@@ -98,6 +101,13 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
         return 2;
       }
       o->kv_dtype = optarg;
+      break;
+    case O_QUANT:
+      if (strcmp(optarg, "fp8")) {
+        fprintf(stderr, "ferrumctl run: --quantization takes fp8, got '%s'\n", optarg);
+        return 2;
+      }
+      o->quant = optarg;
       break;
     case O_SPEC: {
       coord_spec_config_t sc;
@@ -148,7 +158,10 @@ static int run_in_process(const run_opts_t *o) {
   char *argv[] = {exe, "--model", (char *)o->model, "--prompt", (char *)o->prompt, "--device", (char *)o->device,
                   "--max-tokens", num[0], "--temperature", num[1], "--top-k", num[2], "--top-p", num[3],
                   "--min-p", num[4], "--seed", num[5], "--threads", num[6], "--kv-cache-dtype",
-                  (char *)(o->kv_dtype ? o->kv_dtype : "auto"), o->raw ? "--raw" : NULL, NULL};
+                  (char *)(o->kv_dtype ? o->kv_dtype : "auto"), NULL, NULL, NULL, NULL};
+  int n = (int)FR_ARRAY_SIZE(argv) - 4; /* the optional ones */
+  if (o->quant) argv[n++] = "--quantization", argv[n++] = (char *)o->quant;
+  if (o->raw) argv[n++] = "--raw";
   fflush(NULL);
   execv(exe, argv);
   fprintf(stderr, "ferrumctl run: exec %s: %s\n", exe, strerror(errno));
@@ -174,7 +187,8 @@ static int run_engine(const run_opts_t *o) {
   int pid = -1, rc = coord_default_rpc_addr(rpc, sizeof rpc);
   if (rc == 0 && !cli_engine_running(rpc, o->model)) {
     FR_LOGI("no server at %s: starting a private engine", rpc);
-    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, o->kv_dtype, o->spec, rpc, sizeof rpc, &pid);
+    rc = cli_engine_start_private(o->model, o->device, (int)o->threads, o->kv_dtype, o->quant, o->spec, rpc,
+                                  sizeof rpc, &pid);
   } else if (rc == 0 && o->spec) {
     FR_LOGW("a server runs at %s: --speculative-config applies only to a private engine", rpc);
   }

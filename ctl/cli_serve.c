@@ -67,6 +67,9 @@ static void serve_usage(FILE *f) {
           "  --kv-cache-dtype T            auto (default: f16 on the CPU, the activation type on a GPU), int8\n"
           "                                or fp8 (E4M3): one byte per element and an f16 scale per token and KV\n"
           "                                head, so the same bytes hold about twice the tokens\n"
+          "  --quantization fp8            keep the layers' dense weights as FP8 E4M3, a scale per output row,\n"
+          "                                quantized at load (vLLM's dynamic FP8; a CUDA device of compute\n"
+          "                                capability 8.9 or newer)\n"
           "  --enable-prefix-caching / --no-enable-prefix-caching   (default on)\n"
           "  --api-key KEY                 HTTP clients must send this bearer token\n"
           "  --sse-keepalive S             a waiting stream gets an SSE comment line this often, so that\n"
@@ -112,7 +115,7 @@ static void serve_usage(FILE *f) {
 enum {
   O_MODEL = 256, O_DEVICE, O_TP, O_THREADS, O_HOST, O_PORT, O_NOHTTP, O_RPC, O_MML, O_MNS, O_MNBT, O_BS, O_NKV,
   O_PC, O_NOPC, O_KEY, O_NAME, O_CHATTPL, O_STATS, O_FAKE, O_QUEUE, O_LOADFMT, O_GMU, O_KVBYTES, O_BACKOFF, O_KEEPALIVE, O_PERIP,
-  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING, O_POOLING, O_POOLERCFG
+  O_MAXCONN, O_CURVE, O_CLIENTS, O_WEP, O_REMOTE, O_KVDTYPE, O_QUANT, O_SPEC, O_AUTOTOOLS, O_TOOLPARSER, O_TASK, O_REASONING, O_POOLING, O_POOLERCFG
 };
 
 /* vLLM's --override-pooler-config: {"pooling_type": MEAN|CLS|LAST,
@@ -175,6 +178,14 @@ static int serve_opt(serve_opts_t *o, int c) {
       return 2;
     }
     k->kv_cache_dtype = optarg;
+    return 0;
+  case O_QUANT:
+    if (strcmp(optarg, "fp8")) {
+      fprintf(stderr, "ferrumctl serve: --quantization takes fp8 (GPTQ and AWQ checkpoints say so themselves), got "
+              "'%s'\n", optarg);
+      return 2;
+    }
+    k->quantization = optarg;
     return 0;
   case O_TASK:
     if (strcmp(optarg, "generate") && strcmp(optarg, "embed")) {
@@ -256,6 +267,7 @@ static int serve_parse(int argc, char **argv, serve_opts_t *o) {
       {"gpu-memory-utilization", required_argument, 0, O_GMU},
       {"kv-cache-memory-bytes", required_argument, 0, O_KVBYTES},
       {"kv-cache-dtype", required_argument, 0, O_KVDTYPE},
+      {"quantization", required_argument, 0, O_QUANT},
       {"task", required_argument, 0, O_TASK},
       {"pooling", required_argument, 0, O_POOLING},
       {"override-pooler-config", required_argument, 0, O_POOLERCFG},

@@ -20,6 +20,7 @@ typedef struct {
   bool fake_forward, remote;
   bool multi_host; /* the group has ranks on other hosts */
   int kv_dtype;    /* kern_kv_dtype_t */
+  bool fp8;        /* "quantization" = fp8: FP8 weights (model_load_opts_t.fp8_weights) */
   const char *draft; /* speculative decoding's draft model (a GGUF file or HF folder), or NULL */
   model_pooling_t pooling; /* "pooling" = last|mean|cls: an embedding model (--task embed) */
 } worker_load_opts_t;
@@ -57,6 +58,8 @@ static int worker__parse_opts(const proto_load_t *l, worker_load_opts_t *o) {
     } else if (!strcmp(k, "kv_cache_dtype")) {
       if ((o->kv_dtype = kern_kv_dtype_parse(v)) < 0)
         rc = fr_errorf(FR_EPROTO, "load option kv_cache_dtype=%s: not auto, int8 or fp8", v);
+    } else if (!strcmp(k, "quantization")) {
+      if (!(o->fp8 = !strcmp(v, "fp8"))) rc = fr_errorf(FR_EPROTO, "load option quantization=%s: only fp8", v);
     } else {
       FR_LOGW("unknown load option %s ignored", k);
     }
@@ -361,7 +364,8 @@ static float worker__force_accept(void) {
 static int worker__model(worker_t *w, const proto_load_t *l, const worker_load_opts_t *o) {
   model_load_opts_t mo = {.max_tokens = (int)o->max_tokens, .max_seqs = (int)o->max_seqs,
                          .progress = w->args.rank == 0, /* one rank logs the weights' progress */
-                         .tp_rank = w->args.rank, .tp_size = w->args.world_size, .pooling = o->pooling};
+                         .tp_rank = w->args.rank, .tp_size = w->args.world_size, .pooling = o->pooling,
+                         .fp8_weights = o->fp8};
   int rc;
   if (!strcmp(l->format, "dummy")) { /* random weights of the config's shapes */
     model_config_t cfg;

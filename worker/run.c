@@ -30,6 +30,7 @@ typedef struct {
   unsigned long long seed;
   bool raw;
   int kv_dtype; /* kern_kv_dtype_t */
+  bool fp8;     /* --quantization fp8 */
 } run_opts_t;
 
 /* Parses a number in [lo, hi]; false (with a message) otherwise. */
@@ -59,7 +60,8 @@ static bool run_seed(const char *s, unsigned long long *out) {
 }
 
 static int run_parse(int argc, char **argv, run_opts_t *o) {
-  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_KVDT };
+  enum { O_MODEL = 256, O_PROMPT, O_MAXTOK, O_TEMP, O_TOPK, O_TOPP, O_MINP, O_SEED, O_RAW, O_THREADS, O_DEVICE, O_KVDT,
+         O_QUANT };
   static const struct option lo[] = {
       {"model", required_argument, 0, O_MODEL},       {"prompt", required_argument, 0, O_PROMPT},
       {"max-tokens", required_argument, 0, O_MAXTOK}, {"temperature", required_argument, 0, O_TEMP},
@@ -67,7 +69,7 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       {"min-p", required_argument, 0, O_MINP},        {"seed", required_argument, 0, O_SEED},
       {"raw", no_argument, 0, O_RAW},                 {"threads", required_argument, 0, O_THREADS},
       {"device", required_argument, 0, O_DEVICE},     {"kv-cache-dtype", required_argument, 0, O_KVDT},
-      {0, 0, 0, 0}};
+      {"quantization", required_argument, 0, O_QUANT}, {0, 0, 0, 0}};
   *o = (run_opts_t){.max_tokens = 256, .temperature = 0.8, .top_k = 40, .top_p = 0.95, .min_p = 0.05,
                     .device = "cpu"};
   double v;
@@ -90,13 +92,17 @@ static int run_parse(int argc, char **argv, run_opts_t *o) {
       if ((o->kv_dtype = kern_kv_dtype_parse(optarg)) < 0)
         fprintf(stderr, "ferrum-run: --kv-cache-dtype is auto, int8 or fp8, got '%s'\n", optarg), ok = false;
       break;
+    case O_QUANT:
+      if (!(o->fp8 = !strcmp(optarg, "fp8")))
+        fprintf(stderr, "ferrum-run: --quantization takes fp8, got '%s'\n", optarg), ok = false;
+      break;
     default: ok = false;
     }
   }
   if (ok && o->model && o->prompt && optind == argc) return 0;
   fprintf(stderr, "usage: ferrum-run --model PATH --prompt TEXT [--raw] [--max-tokens N] [--temperature T] "
                   "[--top-k K] [--top-p P] [--min-p P] [--seed S] [--threads N] [--device DEV] "
-                  "[--kv-cache-dtype auto|int8|fp8]\n");
+                  "[--kv-cache-dtype auto|int8|fp8] [--quantization fp8]\n");
   return 2;
 }
 
@@ -152,7 +158,7 @@ int main(int argc, char **argv) {
   model_gen_t *g = NULL;
   int32_t *ids = NULL;
   size_t n_ids = 0;
-  model_load_opts_t lo = {.progress = true};
+  model_load_opts_t lo = {.progress = true, .fp8_weights = o.fp8};
   int rc = kern_backend_create(&be, o.device, (int)o.threads);
   if (rc) goto done;
   if ((rc = model_load(&m, o.model, be, &lo))) goto done;

@@ -157,10 +157,11 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_f8_k(T *out, const uint8
 /* The dense GEMV over pairs of weight rows whose outputs one epilogue
  * combines: each CTA computes KCU_GEMV_WARPS / WPR / 2 pairs, rows
  * E::row(pair, 0) and E::row(pair, 1) (-1: no such pair), and hands each
- * pair's two sums (bias added) to E::store. */
-template <typename T, int NBM, int WPR, typename E>
-__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const T *W, const T *x, const float *bias,
-                                                                int cols, int nb) {
+ * pair's two sums (bias added) to E::store. WT uint8_t: a KERN_F8R
+ * weight, its sums times wscale's row scales. */
+template <typename T, int NBM, int WPR, typename E, typename WT = T>
+__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const WT *W, const float *wscale, const T *x,
+                                                                const float *bias, int cols, int nb) {
   KCU_TRACE_SCOPE(KCU_TR_GEMV_PAIR);
   constexpr int PPC = KCU_GEMV_WARPS / WPR / 2;
   static_assert(PPC >= 1, "a CTA holds whole pairs");
@@ -170,12 +171,18 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const T *W
   const int pair = blockIdx.x * PPC + slot / 2, side = slot % 2;
   const int row = epi.row(pair, side);
   float acc[NBM];
-  kcu_gemv_dots<T, NBM, WPR>(acc, W, row, cols, x, nb);
+  kcu_gemv_dots<T, NBM, WPR, WT>(acc, W, row, cols, x, nb);
   kcu_gemv_reduce<NBM, WPR>(acc, red);
   const bool lead = warp % WPR == 0 && lane == 0 && row >= 0;
   const float bv = lead && bias ? bias[row] : 0.f;
+  if constexpr (sizeof(WT) == 1) { /* KERN_F8R: times the row's scale, as kcu_gemv_f8_k */
+    const float sc = lead ? __ldg(wscale + row) : 0.f;
 #pragma unroll
-  for (int b = 0; b < NBM; b++) acc[b] += bv;
+    for (int b = 0; b < NBM; b++) acc[b] = fmaf(acc[b], sc, bv);
+  } else {
+#pragma unroll
+    for (int b = 0; b < NBM; b++) acc[b] += bv;
+  }
   if (lead && side == 1)
 #pragma unroll
     for (int b = 0; b < NBM; b++) second[slot / 2][b] = acc[b];
@@ -444,25 +451,34 @@ static int kcu_gemv_f8(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float
   return kcu_gemv_f8_launch<T, 8>(c, out, w, bias, x, n);
 }
 
-/* Pairs at the default 4 warps a row, one pair a CTA (the other widths are
- * tuning knobs of the plain GEMV: kcu_takes_pair_gemv leaves them to it). */
-template <typename T, int NBM, typename E>
-static int kcu_gemv_pair_launch(kcu_ctx_t *c, const E &epi, int n_pairs, const T *W, const T *x, const float *bias,
-                                int cols, int nb) {
-  KCU_LAUNCH(c, kcu_gemv_pair_k<T, NBM, KCU_GEMV_WPR, E>, kcu_div_up(n_pairs, KCU_GEMV_WARPS / KCU_GEMV_WPR / 2),
-             KCU_GEMV_NT, 0, epi, W, x, bias, cols, nb);
+/* Pairs at the default 4 warps a row (an FP8 weight: KCU_F8_GEMV_WPR, as
+ * its plain GEMV), one pair a CTA (the other widths are tuning knobs of the
+ * plain GEMV: kcu_takes_pair_gemv leaves them to it). */
+template <typename T, int NBM, typename E, typename WT>
+static int kcu_gemv_pair_launch(kcu_ctx_t *c, const E &epi, int n_pairs, const WT *W, const float *wscale,
+                                const T *x, const float *bias, int cols, int nb) {
+  constexpr int WPR = sizeof(WT) == 1 ? KCU_F8_GEMV_WPR : KCU_GEMV_WPR;
+  KCU_LAUNCH(c, kcu_gemv_pair_k<T, NBM, WPR, E, WT>, kcu_div_up(n_pairs, KCU_GEMV_WARPS / WPR / 2), KCU_GEMV_NT, 0,
+             epi, W, wscale, x, bias, cols, nb);
   return 0;
 }
 
+template <typename T, typename E, typename WT>
+static int kcu_gemv_pairs_of(kcu_ctx_t *c, const E &epi, int n_pairs, const WT *W, const float *wscale, int cols,
+                             const float *bias, const T *x, int n) {
+  if (n == 1) return kcu_gemv_pair_launch<T, 1>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
+  if (n == 2) return kcu_gemv_pair_launch<T, 2>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
+  if (n <= 4) return kcu_gemv_pair_launch<T, 4>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
+  return kcu_gemv_pair_launch<T, 8>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
+}
+
+/* The pair GEMV over w: the act type, or KERN_F8R. */
 template <typename T, typename E>
 static int kcu_gemv_pairs(kcu_ctx_t *c, const E &epi, int n_pairs, const kern_weight_t *w, const float *bias,
                           const T *x, int n) {
-  const T *W = (const T *)w->data;
-  int cols = (int)w->cols;
-  if (n == 1) return kcu_gemv_pair_launch<T, 1>(c, epi, n_pairs, W, x, bias, cols, n);
-  if (n == 2) return kcu_gemv_pair_launch<T, 2>(c, epi, n_pairs, W, x, bias, cols, n);
-  if (n <= 4) return kcu_gemv_pair_launch<T, 4>(c, epi, n_pairs, W, x, bias, cols, n);
-  return kcu_gemv_pair_launch<T, 8>(c, epi, n_pairs, W, x, bias, cols, n);
+  if (w->type == KERN_F8R)
+    return kcu_gemv_pairs_of<T>(c, epi, n_pairs, (const uint8_t *)w->data, kcu_f8_scales(w), (int)w->cols, bias, x, n);
+  return kcu_gemv_pairs_of<T>(c, epi, n_pairs, (const T *)w->data, (const float *)NULL, (int)w->cols, bias, x, n);
 }
 
 template <int QT>
@@ -563,7 +579,11 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
 
 /* Whether a fused op over w runs as the pair GEMV. */
 static bool kcu_takes_pair_gemv(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
-  return c->fuse_gemv && (c->gemv_wpr == 0 || c->gemv_wpr == KCU_GEMV_WPR) && kcu_takes_gemv(c, w, x, n);
+  if (!c->fuse_gemv) return false;
+  if (w->type == KERN_F8R)
+    return (c->gemv_wpr == 0 || c->gemv_wpr == KCU_F8_GEMV_WPR) && n <= c->f8_gemv_max_n && !((uintptr_t)x & 15) &&
+           w->cols % 16 == 0;
+  return (c->gemv_wpr == 0 || c->gemv_wpr == KCU_GEMV_WPR) && kcu_takes_gemv(c, w, x, n);
 }
 
 int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const void *x, int n, void *scratch) {

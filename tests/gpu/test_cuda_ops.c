@@ -1600,7 +1600,16 @@ static void pool_zero(const kern_kv_pool_t *p) {
  * outputs and in the whole KV pool, for steps of 1 to 6 tokens (the last
  * one padding, slot -1, but in the second step of one token) under the
  * backend's current GEMV settings. */
-static void check_fused_matmuls(void) {
+/* A weight of w's (dense) type loaded again on the GPU as FP8 (KERN_F8R). */
+static void gpu_reload_fp8(wpair_t *w) {
+  gpu->ops->weight_release(gpu->ctx, &w->g);
+  w->g = (kern_weight_t){.type = w->c.type, .rows = w->c.rows, .cols = w->c.cols, .row_bytes = w->c.row_bytes,
+                         .fp8 = true};
+  int rc = gpu->ops->weight_load(gpu->ctx, &w->g, w->host);
+  ck_assert_msg(rc == 0 && w->g.type == KERN_F8R, "cuda weight_load (fp8): %s", fr_last_error());
+}
+
+static void check_fused_matmuls(bool fp8) {
   const int dim = 256, nh = 6, n_kv = 2, hd = 64, rows = (nh + 2 * n_kv) * hd, ffn = 384;
   const int news[][4] = {{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {1, 1, 1, 1},
                          {2, 1, 1, 1}, {3, 1, 1, 1}, {1, 0, 0, 0}};
@@ -1610,6 +1619,7 @@ static void check_fused_matmuls(void) {
   wpair_load(&w, gpu->act_type, rows, dim, rand_weight(gpu->act_type, rows, dim));
   wpair_load(&wb, KERN_F32, 1, rows, rand_weight(KERN_F32, 1, rows));
   wpair_load(&gu, gpu->act_type, 2 * ffn, dim, rand_weight(gpu->act_type, 2 * ffn, dim));
+  if (fp8) gpu_reload_fp8(&w), gpu_reload_fp8(&gu);
   float inv[32];
   for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
   float *inv_h = fr_malloc(sizeof inv);
@@ -1663,7 +1673,7 @@ static void check_fused_matmuls(void) {
     pair_free(&x);
     free_step(bufs);
   }
-  fprintf(stderr, "  fused matmul ops, n = 1..6                same bits as the two ops\n");
+  fprintf(stderr, "  fused matmul ops%s, n = 1..6          same bits as the two ops\n", fp8 ? " (FP8)" : "");
   gpu->ops->free(gpu->ctx, a);
   gpu->ops->free(gpu->ctx, b);
   wpair_free(&w);
@@ -1673,10 +1683,12 @@ static void check_fused_matmuls(void) {
   kv_teardown(&e);
 }
 
-/* _i: 0 the default GEMV; 1 the GEMV for every n <= 8. */
+/* _i bit 0: the GEMV for every n <= 8 (else the default); bit 1: FP8
+ * weights (--quantization fp8), where the device keeps them. */
 START_TEST(test_fused_matmuls) {
-  if (_i > 0) gpu_all_gemv();
-  check_fused_matmuls();
+  if (_i & 1) gpu_all_gemv();
+  if ((_i & 2) && !gpu->fp8_weights) return;
+  check_fused_matmuls(_i & 2);
 }
 END_TEST
 
@@ -2471,7 +2483,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);
   tcase_add_test(tc, test_rope_kv_append);
-  tcase_add_loop_test(tc, test_fused_matmuls, 0, 2);
+  tcase_add_loop_test(tc, test_fused_matmuls, 0, 4);
   tcase_add_test(tc, test_graph_replay);
   tcase_add_loop_test(tc, test_graph_after_growth, 0, 2);
   tcase_add_test(tc, test_sample_greedy);

@@ -113,44 +113,32 @@ __device__ __forceinline__ void kcu_gemv_reduce(float *acc, float (*red)[NBM]) {
       for (int p = 1; p < WPR; p++) acc[b] += red[warp + p][b];
 }
 
-/* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per CTA. */
-template <typename T, int NBM, int WPR>
-__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const T *W, const T *x, const float *bias,
-                                                                 int rows, int cols, int nb) {
+/* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per
+ * CTA. WT uint8_t: a KERN_F8R weight (16 weights a load), each row's sums
+ * times its scale in wscale. */
+template <typename T, int NBM, int WPR, typename WT = T>
+__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const WT *W, const float *wscale, const T *x,
+                                                                 const float *bias, int rows, int cols, int nb) {
   KCU_TRACE_SCOPE(KCU_TR_GEMV);
   __shared__ float red[KCU_GEMV_WARPS][NBM];
   constexpr int RPC = KCU_GEMV_WARPS / WPR;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int row = blockIdx.x * RPC + warp / WPR;
   float acc[NBM];
-  kcu_gemv_dots<T, NBM, WPR>(acc, W, row < rows ? row : -1, cols, x, nb);
+  kcu_gemv_dots<T, NBM, WPR, WT>(acc, W, row < rows ? row : -1, cols, x, nb);
   kcu_gemv_reduce<NBM, WPR>(acc, red);
   if (warp % WPR == 0 && lane == 0 && row < rows) {
     float bv = bias ? bias[row] : 0.f;
+    if constexpr (sizeof(WT) == 1) {
+      const float sc = __ldg(wscale + row);
 #pragma unroll
-    for (int b = 0; b < NBM; b++)
-      if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(acc[b] + bv);
-  }
-}
-
-/* The GEMV of a KERN_F8R weight (FP8 bytes, then a scale a row): the dense
- * GEMV over 16 weights a load, each row's sums times its scale. */
-template <typename T, int NBM, int WPR>
-__global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_f8_k(T *out, const uint8_t *W, const float *scale, const T *x,
-                                                              const float *bias, int rows, int cols, int nb) {
-  KCU_TRACE_SCOPE(KCU_TR_GEMV);
-  __shared__ float red[KCU_GEMV_WARPS][NBM];
-  constexpr int RPC = KCU_GEMV_WARPS / WPR;
-  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  const int row = blockIdx.x * RPC + warp / WPR;
-  float acc[NBM];
-  kcu_gemv_dots<T, NBM, WPR, uint8_t>(acc, W, row < rows ? row : -1, cols, x, nb);
-  kcu_gemv_reduce<NBM, WPR>(acc, red);
-  if (warp % WPR == 0 && lane == 0 && row < rows) {
-    const float s = __ldg(scale + row), bv = bias ? bias[row] : 0.f;
+      for (int b = 0; b < NBM; b++)
+        if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(fmaf(acc[b], sc, bv));
+    } else {
 #pragma unroll
-    for (int b = 0; b < NBM; b++)
-      if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(fmaf(acc[b], s, bv));
+      for (int b = 0; b < NBM; b++)
+        if (b < nb) out[(size_t)b * rows + row] = kcu_t<T>(acc[b] + bv);
+    }
   }
 }
 
@@ -175,7 +163,7 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const WT *
   kcu_gemv_reduce<NBM, WPR>(acc, red);
   const bool lead = warp % WPR == 0 && lane == 0 && row >= 0;
   const float bv = lead && bias ? bias[row] : 0.f;
-  if constexpr (sizeof(WT) == 1) { /* KERN_F8R: times the row's scale, as kcu_gemv_f8_k */
+  if constexpr (sizeof(WT) == 1) { /* KERN_F8R: times the row's scale, as kcu_gemv_dense_k */
     const float sc = lead ? __ldg(wscale + row) : 0.f;
 #pragma unroll
     for (int b = 0; b < NBM; b++) acc[b] = fmaf(acc[b], sc, bv);
@@ -395,60 +383,44 @@ int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t r
 
 /* ---- launchers ----------------------------------------------------------------------- */
 
-template <typename T, int NBM>
-static int kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const T *W, const T *x, const float *bias, int rows, int cols,
-                                  int nb) {
-  /* 4 warps a row: more CTAs, so the last wave is shorter. Measured on H100
-   * (cuda_ops_bench gemv1), n = 1: as fast or faster than 1 or 2 for every
-   * Llama-3-8B shape, 4096x4096 13.2 us against 14.8 with one warp a row. */
-  int wpr = c->gemv_wpr ? c->gemv_wpr : KCU_GEMV_WPR;
+template <typename T, int NBM, typename WT>
+static int kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const WT *W, const float *wscale, const T *x, const float *bias,
+                                 int rows, int cols, int nb, int wpr) {
   if (wpr == 4)
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W, x, bias,
-               rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4, WT>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W,
+               wscale, x, bias, rows, cols, nb);
   else if (wpr == 2)
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W, x, bias,
-               rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2, WT>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W,
+               wscale, x, bias, rows, cols, nb);
   else
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W, x, bias,
-               rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1, WT>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W, wscale,
+               x, bias, rows, cols, nb);
   return 0;
 }
 
+template <typename T, typename WT>
+static int kcu_gemv_dense_of(kcu_ctx_t *c, T *out, const WT *W, const float *wscale, const T *x, const float *bias,
+                             int rows, int cols, int n, int wpr) {
+  if (n == 1) return kcu_gemv_dense_launch<T, 1>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
+  if (n == 2) return kcu_gemv_dense_launch<T, 2>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
+  if (n <= 4) return kcu_gemv_dense_launch<T, 4>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
+  return kcu_gemv_dense_launch<T, 8>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
+}
+
+/* The GEMV of w over n <= 8 rows of x: the act type, or KERN_F8R (x as it
+ * is, no activation quantization). 4 warps a row of the act type: more
+ * CTAs, so the last wave is shorter. Measured on H100 (cuda_ops_bench
+ * gemv1), n = 1: as fast or faster than 1 or 2 for every Llama-3-8B shape,
+ * 4096x4096 13.2 us against 14.8 with one warp a row. An FP8 row is half
+ * the bytes: KCU_F8_GEMV_WPR. */
 template <typename T>
 static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  const T *W = (const T *)w->data;
-  int rows = (int)w->rows, cols = (int)w->cols;
-  if (n == 1) return kcu_gemv_dense_launch<T, 1>(c, out, W, x, bias, rows, cols, n);
-  if (n == 2) return kcu_gemv_dense_launch<T, 2>(c, out, W, x, bias, rows, cols, n);
-  if (n <= 4) return kcu_gemv_dense_launch<T, 4>(c, out, W, x, bias, rows, cols, n);
-  return kcu_gemv_dense_launch<T, 8>(c, out, W, x, bias, rows, cols, n);
-}
-
-template <typename T, int NBM>
-static int kcu_gemv_f8_launch(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  const uint8_t *W = (const uint8_t *)w->data;
-  const float *sc = kcu_f8_scales(w);
-  const int rows = (int)w->rows, cols = (int)w->cols, wpr = c->gemv_wpr ? c->gemv_wpr : KCU_F8_GEMV_WPR;
-  if (wpr == 4)
-    KCU_LAUNCH(c, kcu_gemv_f8_k<T, NBM, 4>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W, sc, x, bias,
-               rows, cols, n);
-  else if (wpr == 2)
-    KCU_LAUNCH(c, kcu_gemv_f8_k<T, NBM, 2>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W, sc, x, bias,
-               rows, cols, n);
-  else
-    KCU_LAUNCH(c, kcu_gemv_f8_k<T, NBM, 1>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W, sc, x, bias,
-               rows, cols, n);
-  return 0;
-}
-
-/* A KERN_F8R matmul over n <= 8 rows of x, as they are (no activation
- * quantization). */
-template <typename T>
-static int kcu_gemv_f8(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  if (n == 1) return kcu_gemv_f8_launch<T, 1>(c, out, w, bias, x, n);
-  if (n == 2) return kcu_gemv_f8_launch<T, 2>(c, out, w, bias, x, n);
-  if (n <= 4) return kcu_gemv_f8_launch<T, 4>(c, out, w, bias, x, n);
-  return kcu_gemv_f8_launch<T, 8>(c, out, w, bias, x, n);
+  const int rows = (int)w->rows, cols = (int)w->cols;
+  if (w->type == KERN_F8R)
+    return kcu_gemv_dense_of<T>(c, out, (const uint8_t *)w->data, kcu_f8_scales(w), x, bias, rows, cols, n,
+                                c->gemv_wpr ? c->gemv_wpr : KCU_F8_GEMV_WPR);
+  return kcu_gemv_dense_of<T>(c, out, (const T *)w->data, (const float *)NULL, x, bias, rows, cols, n,
+                              c->gemv_wpr ? c->gemv_wpr : KCU_GEMV_WPR);
 }
 
 /* Pairs at the default 4 warps a row (an FP8 weight: KCU_F8_GEMV_WPR, as
@@ -558,7 +530,7 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
   } else if (w->type == KERN_F8R) {
     if (n > c->f8_gemv_max_n || !aligned) return kcu__f8_gemm(c, out, w, bp, x, n);
-    KCU_ACT_DISPATCH(c, rc = kcu_gemv_f8<T>(c, (T *)out, w, bp, (const T *)x, n));
+    KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out, w, bp, (const T *)x, n));
     return rc;
   } else if (kcu_is_q4f(w->type)) {
     const int max_n = w->type == KERN_Q6F ? FR_MIN(c->q4f_max_n, KCU_Q6F_MAX_N) : c->q4f_max_n;

@@ -204,11 +204,14 @@ typedef struct {
   void *moe_buf;           /* moe_ffn scratch (kcu_moe.cu) */
   size_t moe_bytes;
   int f8_gemv_max_n;       /* FERRUM_CUDA_F8_GEMV_MAX_N (kcu_f8.cu) */
+  int f8_tensor;           /* FP8 scales per tensor (a weight; a matmul's activations) instead of per row and per
+                              token: this cuBLASLt has no outer-vector scaling (before 12.9, or not sm_90), or
+                              FERRUM_CUDA_F8_SCALES=tensor */
   cublasLtHandle_t lt;     /* the FP8 GEMM's (kcu_f8.cu), made with the first FP8 weight */
   cublasLtMatmulDesc_t lt_desc;
   struct kcu_f8_plan *f8_plans; /* its algorithms by shape */
   uint8_t *x8;             /* its activations as FP8 E4M3 (KCU_F8_X_BYTES) */
-  float *x8s;              /* their scales, a token each (KCU_F8_X_TOKENS) */
+  float *x8s;              /* their scales, a token each (KCU_F8_X_TOKENS), then an absmax slot (f8_tensor) */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */

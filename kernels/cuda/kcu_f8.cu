@@ -8,9 +8,16 @@
  * a scale a token, and cuBLASLt's FP8 GEMM runs on the tensor cores with
  * both vectors of scales (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F):
  * out[t][r] = sx[t] sw[r] sum_k qx[t][k] qw[r][k], summed in f32, then the
- * bias. The tokens go in chunks that fit the activation scratch. */
+ * bias. The tokens go in chunks that fit the activation scratch.
+ *
+ * Where cuBLASLt has no outer-vector scaling (before 12.9, or not sm_90:
+ * Ada) or FERRUM_CUDA_F8_SCALES=tensor, the scales are per tensor instead
+ * (f8_tensor; vLLM's default): one for a weight (every row's slot holds
+ * it, so the GEMV reads them alike) and one for a matmul's activations,
+ * from the absmax over all of them, and the GEMM scales by scalars. */
 #include <errno.h>
 
+#include "common/fr_log.h"
 #include "common/fr_util.h"
 #include "kernels/cuda/kcu.cuh"
 
@@ -39,19 +46,24 @@ template <int NT> __device__ float kcu_block_max(float v, float *red) {
  * FP8 E4M3 bytes into q and its scale, as kern_fp8_quantize_row makes them
  * (the same operations, so the same bits). */
 template <typename T>
-__global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *scale, const T *x, int cols) {
+__global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *scale, const T *x, int cols,
+                                                            const float *tensor_max) {
   __shared__ float red[KCU_F8Q_NT / KCU_WARP];
   kcu_pdl_enter();
   const size_t row = blockIdx.x;
   const uint4 *x4 = reinterpret_cast<const uint4 *>(x + row * cols);
   const int n8 = cols / 8;
   float m = 0.f, f[8];
-  for (int i = threadIdx.x; i < n8; i += KCU_F8Q_NT) {
-    kcu_unpack8(x4[i], f, (const T *)0);
+  if (tensor_max) {
+    m = *tensor_max;
+  } else {
+    for (int i = threadIdx.x; i < n8; i += KCU_F8Q_NT) {
+      kcu_unpack8(x4[i], f, (const T *)0);
 #pragma unroll
-    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+      for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+    }
+    m = kcu_block_max<KCU_F8Q_NT>(m, red);
   }
-  m = kcu_block_max<KCU_F8Q_NT>(m, red);
   const float inv = m > 0.f ? 448.f / m : 0.f;
   if (threadIdx.x == 0) scale[row] = m / 448.f;
   uint2 *q8 = reinterpret_cast<uint2 *>(q + row * cols);
@@ -65,30 +77,73 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *
   }
 }
 
-/* Queues the quantization of rows (cols each) of src into q and scale. */
+/* max|x| over n8 chunks of 8 elements into *max_bits (zeroed before; f32
+ * bits: non-negative floats order as their bits). */
+template <typename T>
+__global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_absmax_k(unsigned *max_bits, const T *x, long long n8) {
+  __shared__ float red[KCU_F8Q_NT / KCU_WARP];
+  kcu_pdl_enter();
+  const uint4 *x4 = reinterpret_cast<const uint4 *>(x);
+  float m = 0.f, f[8];
+  for (long long i = blockIdx.x * (long long)KCU_F8Q_NT + threadIdx.x; i < n8; i += (long long)gridDim.x * KCU_F8Q_NT) {
+    kcu_unpack8(x4[i], f, (const T *)0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+  }
+  m = kcu_block_max<KCU_F8Q_NT>(m, red);
+  if (threadIdx.x == 0) atomicMax(max_bits, __float_as_uint(m));
+}
+
+/* Queues the quantization of rows (cols each) of src into q and scale: a
+ * scale a row, or (f8_tensor) one for them all, every row's slot. */
 static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void *src, int rows, int cols) {
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_k<T>, rows, KCU_F8Q_NT, 0, q, scale, (const T *)src, cols));
+  float *tmax = c->f8_tensor ? c->x8s + KCU_F8_X_TOKENS : NULL;
+  if (tmax) {
+    const long long n8 = (long long)rows * cols / 8;
+    const int grid = (int)FR_MIN((long long)c->n_sm * 4, kcu_div_up(n8, KCU_F8Q_NT));
+    KCU_CHECK(cudaMemsetAsync(tmax, 0, sizeof(float), c->stream));
+    KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_absmax_k<T>, grid, KCU_F8Q_NT, 0, (unsigned *)tmax, (const T *)src, n8));
+  }
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_k<T>, rows, KCU_F8Q_NT, 0, q, scale, (const T *)src, cols,
+                                 (const float *)tmax));
   return 0;
 }
 
 /* The cuBLASLt handle, the GEMM's descriptor (A transposed: the weight's
  * rows; both scale modes a vector), its activation scratch and plans: made
  * with the first FP8 weight. */
+static int kcu_f8_plan(kcu_ctx_t *c, int m, int n, int k, kcu_f8_plan_t **out);
+
+/* The descriptor's scale modes: vectors, or scalars (f8_tensor). */
+static int kcu_f8_scale_modes(kcu_ctx_t *c) {
+  const int32_t mode = c->f8_tensor ? CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F : CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+  return 0;
+}
+
 static int kcu_f8_init(kcu_ctx_t *c) {
   if (c->lt) return 0;
   KCU_CUBLAS(cublasLtCreate(&c->lt));
   KCU_CUBLAS(cublasLtMatmulDescCreate(&c->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
-  const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
-  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
-  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
   c->f8_plans = (kcu_f8_plan_t *)fr_calloc(KCU_F8_PLANS, sizeof *c->f8_plans);
   for (int i = 0; i < KCU_F8_PLANS; i++) c->f8_plans[i].m = -1;
   int rc = kcu__alloc(c, KCU_F8_X_BYTES, (void **)&c->x8, "the FP8 GEMM's activations");
-  if (!rc) rc = kcu__alloc(c, KCU_F8_X_TOKENS * sizeof(float), (void **)&c->x8s, "the FP8 GEMM's activation scales");
-  return rc;
+  if (!rc) rc = kcu__alloc(c, (KCU_F8_X_TOKENS + 1) * sizeof(float), (void **)&c->x8s, "the FP8 GEMM's scales");
+  if (rc) return rc;
+  /* scale pointers are never NULL (the heuristic checks them); each GEMM sets its own */
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c->x8s, sizeof c->x8s));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s));
+  if ((rc = kcu_f8_scale_modes(c))) return rc;
+  kcu_f8_plan_t *p;
+  if (c->f8_tensor || kcu_f8_plan(c, 4096, 64, 4096, &p) == 0) return 0;
+  FR_LOGI("cuda: cuBLASLt has no FP8 GEMM with a scale per row and per token here (%s): FP8 scales per tensor",
+          fr_last_error());
+  c->f8_tensor = 1;
+  return kcu_f8_scale_modes(c);
 }
 
 static void kcu_f8_plan_clear(kcu_f8_plan_t *p) {

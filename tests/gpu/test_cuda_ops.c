@@ -409,10 +409,12 @@ END_TEST
 /* ---- FP8 weights (--quantization fp8) ------------------------------------------------ */
 
 /* rows x cols f32 (host) as FP8 rows (kern_fp8_quantize_row) dequantized
- * into deq; scales into sc. */
-static void fp8_rows(const float *x, int64_t rows, int64_t cols, uint8_t *q, float *sc, double *deq) {
+ * into deq; scales into sc. tensor: one scale for them all (the backend's
+ * per-tensor mode), in every row's slot. */
+static void fp8_rows(const float *x, int64_t rows, int64_t cols, uint8_t *q, float *sc, double *deq, bool tensor) {
+  const float s = tensor ? kern_fp8_quantize_row(x, rows * cols, q) : 0.f;
   for (int64_t r = 0; r < rows; r++) {
-    sc[r] = kern_fp8_quantize_row(x + r * cols, cols, q + r * cols);
+    sc[r] = tensor ? s : kern_fp8_quantize_row(x + r * cols, cols, q + r * cols);
     for (int64_t k = 0; k < cols; k++) deq[r * cols + k] = (double)kern_fp8_e4m3_to_f32(q[r * cols + k]) * sc[r];
   }
 }
@@ -431,11 +433,13 @@ static double *dot_ref(const double *w, const double *x, int64_t rows, int64_t c
 
 /* A bf16 weight loaded with fp8 set, its rows 2^-4..2^4 apart in size: it
  * becomes KERN_F8R, its bytes and scales those of kern_fp8_quantize_row
- * bit for bit. Its matmul at n <= max_gemv (the GEMV over the bytes, x as
- * it is) matches the f64 product of the dequantized weight with x; past
- * that (x quantized a token a row, cuBLASLt's FP8 GEMM) the product with x
- * quantized by kern_fp8_quantize_row. Each output is also compared with
- * the other reference (printed): they differ by x's FP8 rounding, ~3%. */
+ * bit for bit, a scale a row or (the backend's per-tensor mode, told by
+ * the scales all being equal) one for the whole weight. Its matmul at n <=
+ * max_gemv (the GEMV over the bytes, x as it is) matches the f64 product
+ * of the dequantized weight with x; past that (x quantized a token a row,
+ * or as one tensor, then cuBLASLt's FP8 GEMM) the product with x quantized
+ * by kern_fp8_quantize_row. Each output is also compared with the other
+ * reference (printed): they differ by x's FP8 rounding, ~3%. */
 static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max_gemv, const int *ns, int n_ns) {
   const size_t wn = (size_t)rows * cols;
   float *wf = fr_malloc(wn * sizeof(float));
@@ -445,11 +449,6 @@ static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max
       wh[r * cols + k] = fr_fp32_to_bf16(rndn() * ldexpf(0.5f, (int)(r % 9) - 4));
       wf[r * cols + k] = fr_bf16_to_fp32(wh[r * cols + k]);
     }
-  uint8_t *q = fr_malloc(wn + rows * sizeof(float));
-  float *sc = fr_malloc(rows * sizeof(float));
-  double *wd = fr_malloc(wn * sizeof(double));
-  fp8_rows(wf, rows, cols, q, sc, wd);
-  memcpy(q + wn, sc, rows * sizeof(float));
   kern_weight_t w = {.type = KERN_BF16, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 2, .fp8 = true};
   int rc = gpu->ops->weight_load(gpu->ctx, &w, wh);
   ck_assert_msg(rc == 0, "cuda weight_load (fp8): %s", fr_last_error());
@@ -457,6 +456,14 @@ static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max
   ck_assert_int_eq(w.row_bytes, cols);
   uint8_t *got = fr_malloc(wn + rows * sizeof(float));
   ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, wn + rows * sizeof(float)), 0);
+  float s0, s1;
+  memcpy(&s0, got + wn, 4), memcpy(&s1, got + wn + 4, 4);
+  const bool tensor = s0 == s1; /* rows 0 and 1 differ in size by 2x */
+  uint8_t *q = fr_malloc(wn + rows * sizeof(float));
+  float *sc = fr_malloc(rows * sizeof(float));
+  double *wd = fr_malloc(wn * sizeof(double));
+  fp8_rows(wf, rows, cols, q, sc, wd, tensor);
+  memcpy(q + wn, sc, rows * sizeof(float));
   size_t i = 0;
   while (i < wn + rows * sizeof(float) && got[i] == q[i]) i++;
   ck_assert_msg(i == wn + rows * sizeof(float), "fp8 weight: byte %zu of %zu differs from kern_fp8_quantize_row", i,
@@ -471,7 +478,7 @@ static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max
     uint8_t *xq = fr_malloc((size_t)n * cols);
     float *xs = fr_malloc(n * sizeof(float));
     for (size_t j = 0; j < (size_t)n * cols; j++) xd[j] = x[j];
-    fp8_rows(x, n, cols, xq, xs, xqd);
+    fp8_rows(x, n, cols, xq, xs, xqd, tensor);
     double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
     void *xg = gpu_put(x, (size_t)n * cols), *og = NULL;
     ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &og), 0);
@@ -481,8 +488,8 @@ static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max
     float *g = gpu_get(og, (size_t)n * rows);
     const bool gemv = n <= max_gemv;
     const double e = nerr_d(g, gemv ? ref_x : ref_q, (size_t)n * rows), o = nerr_d(g, gemv ? ref_q : ref_x, (size_t)n * rows);
-    fprintf(stderr, "  matmul F8R  %4lldx%-5lld n=%-3d bias=%d %s  err(exact) %.2e  err(other x) %.2e\n",
-            (long long)rows, (long long)cols, n, with_bias, gemv ? "gemv" : "gemm", e, o);
+    fprintf(stderr, "  matmul F8R  %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
+            (long long)rows, (long long)cols, n, with_bias, gemv ? "gemv" : "gemm", tensor ? "tensor" : "row", e, o);
     ck_assert_msg(e < 1e-2, "fp8 matmul n=%d (%s): error %.3e", n, gemv ? "gemv" : "gemm", e);
     free(g), free(x), free(xd), free(xqd), free(xq), free(xs), free(ref_x), free(ref_q);
     gpu->ops->free(gpu->ctx, xg);
@@ -506,6 +513,13 @@ START_TEST(test_matmul_fp8) {
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   const int small[] = {1, 3, 8};
   check_matmul_fp8(384, 1024, false, 0, small, 3);
+  /* scales per tensor, as where cuBLASLt has no outer-vector scaling */
+  kern_backend_destroy(gpu);
+  unsetenv("FERRUM_CUDA_F8_GEMV_MAX_N");
+  setenv("FERRUM_CUDA_F8_SCALES", "tensor", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  const int some[] = {1, 7, 16, 100};
+  check_matmul_fp8(384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, some, 4);
 }
 END_TEST
 

@@ -614,7 +614,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->q4g = kcu_env_int("FERRUM_CUDA_Q4G", 1, 0, 1);
   c->q4g_raw = kcu_env_int("FERRUM_CUDA_Q4G_RAW", 1, 0, 1);
   c->samp_split = kcu_env_int("FERRUM_CUDA_SAMPLE_SPLIT", 0, 0, 64);
-  c->f8_gemv_max_n = kcu_env_int("FERRUM_CUDA_F8_GEMV_MAX_N", KCU_F8_GEMV_MAX_N, 0, KCU_F8_GEMV_MAX_N);
+  c->f8_gemv_max_n = kcu_env_int("FERRUM_CUDA_F8_GEMV_MAX_N", KCU_F8_GEMV_N, 0, KCU_F8_GEMV_MAX_N);
   const char *f8s = getenv("FERRUM_CUDA_F8_SCALES");
   c->f8_tensor = f8s && !strcmp(f8s, "tensor"); /* else by what cuBLASLt offers (kcu_f8.cu) */
   c->be.fp8_weights = prop.major * 10 + prop.minor >= 89; /* FP8 tensor cores: Ada, Hopper and later */

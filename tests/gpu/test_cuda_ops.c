@@ -23,7 +23,7 @@
 #include "tests/common/forward_rows.h"
 
 #define TOL_ACT 1.5e-2 /* bf16 activations */
-#define KCU_TEST_F8_GEMV_MAX_N 8 /* kcu.cuh's KCU_F8_GEMV_MAX_N: n above it takes the FP8 GEMM */
+#define KCU_TEST_F8_GEMV_MAX_N 8 /* FERRUM_CUDA_F8_GEMV_MAX_N test_matmul_fp8 sets: n above it takes the FP8 GEMM */
 #define TOL_QMM 2.5e-2 /* quantized weights: the decode GEMV also rounds activations to int8 per 32 */
 
 static kern_backend_t *cpu, *gpu;
@@ -373,11 +373,12 @@ static void check_matmul_n(kern_type_t type, int64_t rows, int64_t cols, bool wi
 }
 
 /* Recreates the CUDA backend with GEMV kernels for every n <= 8 (by
- * default larger n go to cuBLAS), so both paths are checked. */
+ * default larger n go to cuBLAS / cuBLASLt), so both paths are checked. */
 static void gpu_all_gemv(void) {
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_GEMV_MAX_N", "8", 1);
   setenv("FERRUM_CUDA_QGEMV_MAX_N", "8", 1);
+  setenv("FERRUM_CUDA_F8_GEMV_MAX_N", "8", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
 }
 
@@ -505,6 +506,12 @@ START_TEST(test_matmul_fp8) {
     fprintf(stderr, "  fp8 weights: not on this device (compute capability below 8.9)\n");
     return;
   }
+  /* the GEMV up to 8 rows, the GEMM past them (the default takes the GEMM from 2) */
+  kern_backend_destroy(gpu);
+  char gm[16];
+  snprintf(gm, sizeof gm, "%d", KCU_TEST_F8_GEMV_MAX_N);
+  setenv("FERRUM_CUDA_F8_GEMV_MAX_N", gm, 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   check_matmul_fp8(384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, k_ns, (int)FR_ARRAY_SIZE(k_ns));
   check_matmul_fp8(256, 576, false, KCU_TEST_F8_GEMV_MAX_N, k_ns, 5);
   /* every n through the GEMM */
@@ -515,7 +522,7 @@ START_TEST(test_matmul_fp8) {
   check_matmul_fp8(384, 1024, false, 0, small, 3);
   /* scales per tensor, as where cuBLASLt has no outer-vector scaling */
   kern_backend_destroy(gpu);
-  unsetenv("FERRUM_CUDA_F8_GEMV_MAX_N");
+  setenv("FERRUM_CUDA_F8_GEMV_MAX_N", gm, 1);
   setenv("FERRUM_CUDA_F8_SCALES", "tensor", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   const int some[] = {1, 7, 16, 100};

@@ -43,10 +43,10 @@
 #define KCU_Q4F_MAX_N 128 /* default of q4f_max_n */
 #define KCU_CUBLAS_WS_BYTES (32u << 20) /* cuBLAS's workspace, which cuBLASLt's FP8 GEMM shares (one stream) */
 #define KCU_F8_GEMV_MAX_N 8 /* most rows of x a KERN_F8R matmul may run as the GEMV (f8_gemv_max_n's limit) */
-#define KCU_F8_GEMV_N 1     /* f8_gemv_max_n's default; more rows: quantized, and cuBLASLt's FP8 GEMM. Measured on
-                               H200 (docs/bench/gpu.md, session 51), Llama-3-8B decode: the GEMV 3.01 ms a step at 1
-                               row against 4.74 by the GEMM, 13.4 against 5.0 at 8 (it reads x from L1 twice per 16
-                               weights for every row) */
+#define KCU_F8_GEMV_N 2     /* f8_gemv_max_n's default; more rows: quantized, and cuBLASLt's FP8 GEMM. Measured on
+                               H200 (docs/bench/gpu.md, session 51), Llama-3-8B decode, ms a step, GEMV / GEMM: 2.88 /
+                               4.60 at 1 row, 4.16 / 4.65 at 2, 6.51 / 4.62 at 4, 13.4 / 5.0 at 8 (it reads x from L1
+                               twice per 16 weights for every row) */
 #define KCU_F8_GEMV_WPR 2   /* warps a row of that GEMV (FERRUM_CUDA_GEMV_WPR overrides): half the bytes of a
                                bf16 row, which takes 4 */
 #define KCU_Q4F_WG_MIN_N 65  /* default of q4f_wg */

@@ -14,13 +14,13 @@ dynamic FP8 defines it and ferrum computes it (kern_fp8_quantize_row):
 The reference is that emulation in fp32. Two prompts:
   - 6 tokens: every matmul runs the GEMV, so only the weights are
     quantized, the same bits on both sides; the last token's logits must
-    be within 1e-2 of the reference (as hf_parity.py's bf16 rule), and the
+    be within max(1e-2, 1.5x transformers' own error running the emulation
+    in bf16) of the reference, as hf_parity.py holds MoE models, and the
     reference must be at least 3x further from the unquantized model (so
     the check sees a weight left unquantized or a wrong scale);
   - 48 tokens: the prompt's activations are quantized too, where bf16 and
-    fp32 inputs round to different FP8 steps now and then, so as
-    hf_parity.py does for MoE routers: within max(1e-2, 1.5x transformers'
-    own error running the emulation in bf16).
+    fp32 inputs round to different FP8 steps now and then (transformers'
+    bf16 run lands about 6e-2 from the fp32 one): the same tolerance.
 Both: greedy tokens over 32 steps equal, or at the first divergence ours
 in the reference's top-5 (vLLM's rule). Also printed: each side's error
 against the unquantized fp32 model (what FP8 costs).
@@ -75,11 +75,9 @@ def check(binary, out_dir, name, cls, folder, ids):
     rel = float((logits - ref).norm() / ref.norm())
     rel_plain = float((logits - plain).norm() / plain.norm())
     div, in5 = hf_parity.greedy_check(greedy, greedy_ref, top5_ref)
+    passed = rel <= max(1e-2, 1.5 * hf_rel) and in5
     if len(ids) <= GEMV_MAX_TOKENS:
-        passed = rel <= 1e-2 and fp8_cost >= 3 * rel
-    else:
-        passed = rel <= max(1e-2, 1.5 * hf_rel)
-    passed = passed and in5
+        passed = passed and fp8_cost >= 3 * rel
     row = (f"{name:9} {len(ids):6} {rel:11.2e} {hf_rel:9.2e} {rel_plain:9.2e} {fp8_cost:13.2e}  "
            f"{'all 32 equal' if div is None else f'diverge@{div} top5={in5}'}  {'PASS' if passed else 'FAIL'}")
     return row, passed

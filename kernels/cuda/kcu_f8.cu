@@ -109,9 +109,6 @@ static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void 
   return 0;
 }
 
-/* The cuBLASLt handle, the GEMM's descriptor (A transposed: the weight's
- * rows; both scale modes a vector), its activation scratch and plans: made
- * with the first FP8 weight. */
 static int kcu_f8_plan(kcu_ctx_t *c, int m, int n, int k, kcu_f8_plan_t **out);
 
 /* The descriptor's scale modes: vectors, or scalars (f8_tensor). */
@@ -122,8 +119,10 @@ static int kcu_f8_scale_modes(kcu_ctx_t *c) {
   return 0;
 }
 
-static int kcu_f8_init(kcu_ctx_t *c) {
-  if (c->lt) return 0;
+/* The cuBLASLt handle, the GEMM's descriptor (A transposed: the weight's
+ * rows; scale vectors, or scalars where cuBLASLt refuses vectors), its
+ * activation scratch and plans. */
+static int kcu_f8_make(kcu_ctx_t *c) {
   KCU_CUBLAS(cublasLtCreate(&c->lt));
   KCU_CUBLAS(cublasLtMatmulDescCreate(&c->lt_desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
@@ -144,6 +143,14 @@ static int kcu_f8_init(kcu_ctx_t *c) {
           fr_last_error());
   c->f8_tensor = 1;
   return kcu_f8_scale_modes(c);
+}
+
+/* Made with the first FP8 weight; on failure nothing is left. */
+static int kcu_f8_init(kcu_ctx_t *c) {
+  if (c->lt) return 0;
+  int rc = kcu_f8_make(c);
+  if (rc) kcu__f8_destroy(c);
+  return rc;
 }
 
 static void kcu_f8_plan_clear(kcu_f8_plan_t *p) {

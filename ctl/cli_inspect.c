@@ -62,7 +62,12 @@ static void inspect_config(const model_source_t *src) {
   static const char *scal[] = {"none", "linear", "llama3"};
   printf("model:        %s\n", src->path);
   printf("format:       %s\n", src->gguf ? "gguf" : "safetensors");
-  if (src->quant.method != MODEL_QUANT_NONE) /* docs/QUANTIZED.md */
+  if (src->quant.method == MODEL_QUANT_FP8 && src->quant.fp8_block[0]) /* docs/QUANTIZED.md */
+    printf("quantization: fp8, E4M3 weights with a scale a %d x %d block, decoded into BF16 at load\n",
+           src->quant.fp8_block[0], src->quant.fp8_block[1]);
+  else if (src->quant.method == MODEL_QUANT_FP8)
+    printf("quantization: fp8, E4M3 weights with a scale a tensor or a row, decoded into BF16 at load\n");
+  else if (src->quant.method != MODEL_QUANT_NONE)
     printf("quantization: %s, %d bits, group size %d%s (I4G on the CPU)\n", model_quant_name(src->quant.method),
            src->quant.bits, src->quant.group_size,
            src->quant.method == MODEL_QUANT_GPTQ ? (src->quant.zeros_minus_1 ? ", v1 zeros" : ", v2 zeros") : "");

@@ -236,6 +236,10 @@ int model_dummy_weights_of(model_load_opts_t *opts, const char *name_or_path) {
   model_quant_t q;
   int rc = model_quant_read(&q, dir);
   if (rc || q.method == MODEL_QUANT_NONE) return rc;
+  if (q.method == MODEL_QUANT_FP8) { /* bf16 dummies; --quantization fp8 makes them FP8 */
+    FR_LOGI("%s: an FP8 quantization config: dummy weights are bf16 (--quantization fp8 keeps them as FP8)", dir);
+    return 0;
+  }
   rc = model_dummy_weights(opts, "gptq");
   opts->dummy_group = q.group_size;
   return rc;

@@ -47,10 +47,12 @@ static void model__progress_add(model_progress_t *p, uint64_t bytes) {
 
 /* --quantization fp8 takes a layer's dense matmul weights: not the LM
  * head (as vLLM keeps it), nor a weight something else reads (embeddings,
- * routers, experts: keep_layout), nor vectors. */
+ * routers, experts: keep_layout), nor vectors. The same weights of an FP8
+ * checkpoint (w->fp8 set by the caller from model_tensor_t.fp8) stay FP8
+ * where the backend keeps FP8, and run in BF16 elsewhere. */
 static void model__mark_fp8(const model_t *m, kern_weight_t *w) {
   const kern_type_t t = w->type;
-  w->fp8 = m->fp8 && w != &m->output && !w->keep_layout && w->rows > 1 &&
+  w->fp8 = (m->fp8 || (w->fp8 && m->be->fp8_weights)) && w != &m->output && !w->keep_layout && w->rows > 1 &&
            (t == KERN_F32 || t == KERN_F16 || t == KERN_BF16);
 }
 
@@ -223,7 +225,7 @@ static int model__load_part_as(model_t *m, kern_weight_t *w, const char *name, b
   if (rc || !t) return rc;
   if (t->perm && p.nc != p.cols) return model__load_quant_cols(m, w, t, &p, name);
   *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc),
-                       .perm = t->perm, .keep_layout = keep_layout};
+                       .perm = t->perm, .keep_layout = keep_layout, .fp8 = t->fp8};
   if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);
   if (p.nc == p.cols)
     return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
@@ -302,7 +304,7 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   for (int i = 0; i < n; i++) {
     t[i] = model_source_tensor(m->src, names[i]);
     if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != parts[i].rows || t[i]->cols != parts[i].cols ||
-        !model__same_perm(t[i], t[0]))
+        !model__same_perm(t[i], t[0]) || t[i]->fp8 != t[0]->fp8)
       return 0;
     total += parts[i].nr;
   }
@@ -311,7 +313,8 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   char label[256] = "";
   for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
     snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
-  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb, .perm = t[0]->perm};
+  *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb, .perm = t[0]->perm,
+                       .fp8 = t[0]->fp8};
   bool files = true;
   for (int i = 0; i < n; i++) files = files && model__file_reads(m, t[i]);
   if (files) {
@@ -636,6 +639,9 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   if ((rc = model__plan_shard(m, opts, model__ffn_unit(m)))) goto fail;
   m->rope.mode = m->src->rope_mode;
   if ((rc = model__load_tokenizer(m))) goto fail;
+  if (m->src->quant.method == MODEL_QUANT_FP8 && opts && opts->progress)
+    FR_LOGI("FP8 checkpoint: its E4M3 layers were decoded into BF16; they run %s on the %s backend",
+            be->fp8_weights ? "as FP8 again (a scale a row)" : "in BF16", be->ops->name);
   model_progress_t prog;
   model__load_begin(m, &prog, model__load_bytes(m), opts && opts->progress);
   if (m->cfg.arch == MODEL_ARCH_BERT) {

@@ -1,5 +1,7 @@
 /* quant.c - GPTQ and AWQ int4 layers read from safetensors and repacked
- * into KERN_I4G rows (quant.h; layouts in docs/QUANTIZED.md). */
+ * into KERN_I4G rows, and the quantization configs of GPTQ, AWQ and FP8
+ * checkpoints (quant.h; layouts in docs/QUANTIZED.md; FP8 layers:
+ * quant_fp8.c). */
 #include "model/quant.h"
 
 #include <errno.h>
@@ -20,7 +22,7 @@
 #define QUANT_TILE 64             /* output features unpacked at a time */
 
 const char *model_quant_name(model_quant_method_t m) {
-  return m == MODEL_QUANT_GPTQ ? "gptq" : m == MODEL_QUANT_AWQ ? "awq" : "none";
+  return m == MODEL_QUANT_GPTQ ? "gptq" : m == MODEL_QUANT_AWQ ? "awq" : m == MODEL_QUANT_FP8 ? "fp8" : "none";
 }
 
 /* ---- config ------------------------------------------------------------ */
@@ -73,15 +75,102 @@ static int quant_awq_format(json_t *o) {
   return 0;
 }
 
+/* A weight scale's block, [rows, columns] (weight_block_size,
+ * block_structure), into q->fp8_block. */
+static int quant_fp8_block(model_quant_t *q, json_t *a, const char *key) {
+  if (!json_is_array(a) || json_array_size(a) != 2)
+    return fr_errorf(FR_EFORMAT, "quantization config: %s must be an array of two integers", key);
+  for (int i = 0; i < 2; i++) {
+    json_t *v = json_array_get(a, (size_t)i);
+    if (!json_is_integer(v) || json_integer_value(v) < 1 || json_integer_value(v) > QUANT_MAX_DIM)
+      return fr_errorf(FR_EFORMAT, "quantization config: %s must be two integers in 1..%d", key, QUANT_MAX_DIM);
+    q->fp8_block[i] = (int)json_integer_value(v);
+  }
+  return 0;
+}
+
+/* quant_method "fp8" (vLLM's Fp8Config, transformers' FineGrainedFP8):
+ * E4M3 weights, a scale per tensor or per weight_block_size block.
+ * Activations are quantized per token at run time whatever
+ * activation_scheme says: a static input_scale is not read. */
+static int quant_fp8_config(model_quant_t *q, json_t *o) {
+  const char *scheme, *fmt;
+  int rc = quant_str(o, "activation_scheme", &scheme);
+  if (!rc) rc = quant_str(o, "fmt", &fmt);
+  if (rc) return rc;
+  if (scheme && strcasecmp(scheme, "dynamic") && strcasecmp(scheme, "static"))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: activation_scheme %.32s (dynamic and static are "
+                     "supported)", scheme);
+  if (fmt && strcasecmp(fmt, "e4m3"))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: fp8 fmt %.32s (e4m3 is supported)", fmt);
+  json_t *block = json_object_get(o, "weight_block_size");
+  if (block && !json_is_null(block)) rc = quant_fp8_block(q, block, "weight_block_size");
+  q->method = MODEL_QUANT_FP8, q->bits = 8;
+  return rc;
+}
+
+/* One group of a compressed-tensors config: its weights must be 8-bit
+ * floats, symmetric, per tensor, channel or block (one block shape for
+ * every group). */
+static int quant_ct_group(model_quant_t *q, const char *name, json_t *g) {
+  json_t *w = json_is_object(g) ? json_object_get(g, "weights") : NULL;
+  const char *type, *strategy;
+  if (!json_is_object(w))
+    return fr_errorf(FR_EFORMAT, "quantization config: config_groups.%.32s has no weights object", name);
+  int rc = quant_str(w, "type", &type), bits = 0;
+  if (!rc) rc = quant_str(w, "strategy", &strategy);
+  if (!rc) rc = quant_int(w, "num_bits", &bits);
+  if (rc) return rc;
+  if (bits != 8 || !type || strcasecmp(type, "float"))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: compressed-tensors weights of %d-bit %.16s (8-bit float, "
+                     "FP8, is supported; GPTQ and AWQ int4 files are loaded in their own formats)", bits,
+                     type ? type : "?");
+  if (json_is_false(json_object_get(w, "symmetric")))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: asymmetric FP8 weights (zero points)");
+  if (!strategy || !strcasecmp(strategy, "tensor") || !strcasecmp(strategy, "channel")) return 0;
+  if (strcasecmp(strategy, "block"))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: FP8 weights with strategy %.16s (tensor, channel and "
+                     "block are supported)", strategy);
+  int old[2] = {q->fp8_block[0], q->fp8_block[1]};
+  if ((rc = quant_fp8_block(q, json_object_get(w, "block_structure"), "block_structure"))) return rc;
+  if (old[0] && (old[0] != q->fp8_block[0] || old[1] != q->fp8_block[1]))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: FP8 groups with different block structures");
+  return 0;
+}
+
+/* quant_method "compressed-tensors" (llm-compressor), format
+ * float-quantized: FP8 E4M3 weights with a scale per tensor, per output
+ * row or per block. */
+static int quant_ct_config(model_quant_t *q, json_t *o) {
+  const char *fmt;
+  int rc = quant_str(o, "format", &fmt);
+  if (rc) return rc;
+  if (fmt && strcasecmp(fmt, "float-quantized"))
+    return fr_errorf(FR_EUNSUPPORTED, "quantization config: compressed-tensors format %.32s (float-quantized, FP8, "
+                     "is supported)", fmt);
+  json_t *groups = json_object_get(o, "config_groups"), *g;
+  const char *name;
+  if (!json_is_object(groups) || !json_object_size(groups))
+    return fr_errorf(FR_EFORMAT, "quantization config: compressed-tensors without config_groups");
+  json_object_foreach(groups, name, g) {
+    if ((rc = quant_ct_group(q, name, g))) return rc;
+  }
+  q->method = MODEL_QUANT_FP8, q->bits = 8;
+  return 0;
+}
+
 static int quant_from_object(model_quant_t *q, json_t *o) {
   const char *method;
   memset(q, 0, sizeof *q);
   if (!json_is_object(o)) return fr_errorf(FR_EFORMAT, "quantization config is not an object");
   int rc = quant_str(o, "quant_method", &method);
   if (rc) return rc;
+  if (method && !strcasecmp(method, "fp8")) return quant_fp8_config(q, o);
+  if (method && !strcasecmp(method, "compressed-tensors")) return quant_ct_config(q, o);
   if (!method || !strcasecmp(method, "gptq")) q->method = MODEL_QUANT_GPTQ; /* AutoGPTQ's files may omit it */
   else if (!strcasecmp(method, "awq")) q->method = MODEL_QUANT_AWQ;
-  else return fr_errorf(FR_EUNSUPPORTED, "quantization method %.32s is not supported (gptq and awq are)", method);
+  else return fr_errorf(FR_EUNSUPPORTED, "quantization method %.32s is not supported (gptq, awq, fp8 and "
+                        "compressed-tensors FP8 are)", method);
   if ((rc = quant_int(o, "bits", &q->bits)) || (rc = quant_int(o, "group_size", &q->group_size))) return rc;
   if (q->bits != 4) return fr_errorf(FR_EUNSUPPORTED, "quantization config: %d bits (4 are supported)", q->bits);
   if (q->group_size != -1 && (q->group_size <= 0 || q->group_size % 32))
@@ -314,9 +403,9 @@ static void quant_pack_row(const model_quant_t *q, const quant_layer_t *L, const
 int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_weight_t *out) {
   quant_layer_t L;
   memset(out, 0, sizeof *out);
-  if (q->method == MODEL_QUANT_NONE)
-    return fr_errorf(FR_EFORMAT, "model: %s.qweight is GPTQ/AWQ-packed, but the model has no quantization config",
-                     base);
+  if (q->method != MODEL_QUANT_GPTQ && q->method != MODEL_QUANT_AWQ)
+    return fr_errorf(FR_EFORMAT, "model: %s.qweight is GPTQ/AWQ-packed, but the model has no quantization config "
+                     "for GPTQ or AWQ", base);
   int32_t *perm = NULL;
   int rc = quant_layer(q, st, base, &L);
   if (!rc) rc = quant_order(q, &L, base, &perm);

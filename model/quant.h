@@ -1,11 +1,14 @@
-/* quant.h - GPTQ and AWQ int4 checkpoints (Hugging Face safetensors).
+/* quant.h - GPTQ and AWQ int4 and FP8 checkpoints (Hugging Face
+ * safetensors).
  *
  * A quantized linear layer X is stored as X.qweight, X.qzeros, X.scales
  * (and, for GPTQ, X.g_idx) instead of X.weight; config.json's
  * quantization_config (or a quantize_config.json beside it) says how. The
  * source (source.c) turns each layer into one KERN_I4G tensor in memory:
- * the file is read as it is, and no converted copy is written. Bit layouts,
- * and where they were checked: docs/QUANTIZED.md.
+ * the file is read as it is, and no converted copy is written. An FP8
+ * layer (X.weight in F8_E4M3 with X.weight_scale or X.weight_scale_inv)
+ * is dequantized at open into BF16 rows (model_quant_fp8_dequant). Bit
+ * layouts, and where they were checked: docs/QUANTIZED.md.
  *
  * Every size and value of the file is checked: a hostile file is an error
  * (FR_EFORMAT, or FR_EUNSUPPORTED for a valid layout ferrum does not run),
@@ -19,19 +22,27 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "common/fr_pool.h"
 #include "model/safetensors.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
 
-typedef enum { MODEL_QUANT_NONE = 0, MODEL_QUANT_GPTQ = 1, MODEL_QUANT_AWQ = 2 } model_quant_method_t;
+typedef enum {
+  MODEL_QUANT_NONE = 0,
+  MODEL_QUANT_GPTQ = 1,
+  MODEL_QUANT_AWQ = 2,
+  MODEL_QUANT_FP8 = 3, /* quant_method "fp8", or "compressed-tensors" with 8-bit float weights */
+} model_quant_method_t;
 
 typedef struct {
   model_quant_method_t method;
-  int bits;           /* 4 */
-  int group_size;     /* input columns per group: a multiple of 32, or -1 (one group per column) */
+  int bits;           /* 4 (GPTQ, AWQ) or 8 (FP8) */
+  int group_size;     /* GPTQ/AWQ: input columns per group: a multiple of 32, or -1 (one group per column) */
   bool zeros_minus_1; /* GPTQ checkpoint_format "gptq" (v1): qzeros hold zero - 1 */
+  int fp8_block[2];   /* FP8: (rows, columns) of a weight scale's block (weight_block_size, block_structure);
+                       * 0, 0 when the scales are per tensor or per row */
 } model_quant_t;
 
 /* Reads the quantization config of a Hugging Face folder: config.json's
@@ -71,7 +82,16 @@ int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char 
  * (a range outside w) *out is zeroed. */
 int model_quant_cols(const model_quant_weight_t *w, int64_t c0, int64_t nc, model_quant_weight_t *out);
 
-/* "gptq", "awq" or "none". */
+/* The FP8 E4M3 layer `base` of st (base.weight, and base.weight_scale or
+ * base.weight_scale_inv: one scale, one a row, or one a fp8_block block)
+ * as BF16 rows: element (n, k) is bf16(e4m3(n, k) * scale), the product
+ * rounded once to f32 and then to nearest-even bf16. Rows are shared out
+ * over pool's threads (NULL: the caller's alone). *rows and *cols are the
+ * weight's; *out (rows * cols, fr_malloc_aligned) is the caller's. */
+int model_quant_fp8_dequant(const model_quant_t *q, const model_st_t *st, const char *base, fr_pool_t *pool,
+                            int64_t *rows, int64_t *cols, uint16_t **out);
+
+/* "gptq", "awq", "fp8" or "none". */
 const char *model_quant_name(model_quant_method_t m);
 
 #ifdef __cplusplus

@@ -12,6 +12,7 @@
 
 #include "common/fr_err.h"
 #include "common/fr_log.h"
+#include "common/fr_pool.h"
 #include "common/fr_util.h"
 #include "model/file.h"
 
@@ -141,8 +142,8 @@ static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_na
   static const kern_type_t kt[] = {[ST_F32] = KERN_F32, [ST_F16] = KERN_F16, [ST_BF16] = KERN_BF16};
   m->name = gguf_name;
   if (t->dtype == ST_OTHER)
-    return fr_errorf(FR_EUNSUPPORTED, "model: tensor %s has dtype %s (F32, F16, BF16 are supported)", t->name,
-                     t->dtype_name);
+    return fr_errorf(FR_EUNSUPPORTED, "model: tensor %s has dtype %s (F32, F16, BF16 are supported, and F8_E4M3 "
+                     "weights with their scales)", t->name, t->dtype_name);
   m->type = kt[t->dtype];
   m->data = t->data;
   m->fd = t->fd;
@@ -175,15 +176,51 @@ static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *h
   return 0;
 }
 
+#define SOURCE_FP8_THREADS 16 /* at most, decoding FP8 layers */
+
+/* An FP8 layer, t its F8_E4M3 weight: one BF16 tensor under its GGUF name,
+ * decoded in memory (quant.h) by *pool's threads (made on first use). *used
+ * is false when the layer is not one the model runs. */
+static int tensor_from_fp8(model_source_t *s, model_tensor_t *m, const st_tensor_t *t, fr_pool_t **pool,
+                           bool *used) {
+  *used = false;
+  char *name = map_hf_name(t->name);
+  if (!name) return 0;
+  if (!has_suffix(t->name, ".weight")) {
+    free(name);
+    return fr_errorf(FR_EUNSUPPORTED, "model: tensor %s has dtype F8_E4M3 (only weights may)", t->name);
+  }
+  char base[512];
+  snprintf(base, sizeof base, "%.*s", (int)FR_MIN(strlen(t->name) - strlen(".weight"), sizeof base - 1), t->name);
+  int64_t rows, cols;
+  uint16_t *data;
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  int rc = *pool ? 0 : fr_pool_create(pool, (int)FR_MIN(FR_MAX(cores, 1), SOURCE_FP8_THREADS));
+  if (!rc) rc = model_quant_fp8_dequant(&s->quant, s->st, base, *pool, &rows, &cols, &data);
+  if (rc) {
+    free(name);
+    return rc;
+  }
+  *used = true;
+  *m = (model_tensor_t){.name = name, .type = KERN_BF16, .rows = rows, .cols = cols, .n_mats = 1, .data = data,
+                        .fd = -1, .owned = data, .fp8 = true};
+  return 0;
+}
+
 static int tensors_from_st(model_source_t *s) {
   const model_st_t *st = s->st;
+  fr_pool_t *pool = NULL;
+  int rc = 0;
   s->tensors = fr_calloc(FR_MAX(st->n_tensors, 1), sizeof *s->tensors);
-  for (size_t i = 0; i < st->n_tensors; i++) {
-    if (has_suffix(st->tensors[i].name, ".qweight")) {
+  for (size_t i = 0; i < st->n_tensors && !rc; i++) {
+    const bool qweight = has_suffix(st->tensors[i].name, ".qweight");
+    const bool fp8 = s->config.arch != MODEL_ARCH_BERT && !strcmp(st->tensors[i].dtype_name, "F8_E4M3");
+    if (qweight || fp8) {
       bool used;
-      int rc = tensor_from_quant(s, &s->tensors[s->n_tensors], st->tensors[i].name, &used);
-      if (rc) return rc;
-      s->n_tensors += used;
+      model_tensor_t *m = &s->tensors[s->n_tensors];
+      rc = qweight ? tensor_from_quant(s, m, st->tensors[i].name, &used)
+                   : tensor_from_fp8(s, m, &st->tensors[i], &pool, &used);
+      s->n_tensors += !rc && used;
       continue;
     }
     char *name = s->config.arch == MODEL_ARCH_BERT ? model__bert_hf_name(st->tensors[i].name)
@@ -192,10 +229,10 @@ static int tensors_from_st(model_source_t *s) {
       FR_LOGD("model: skipping tensor %s (not used)", st->tensors[i].name);
       continue;
     }
-    int rc = tensor_from_st(&s->tensors[s->n_tensors++], &st->tensors[i], name);
-    if (rc) return rc;
+    rc = tensor_from_st(&s->tensors[s->n_tensors++], &st->tensors[i], name);
   }
-  return 0;
+  fr_pool_destroy(pool);
+  return rc;
 }
 
 /* ---- shape checks ----------------------------------------------------- */

@@ -17,7 +17,9 @@
  *
  * GPTQ/AWQ folders: each quantized layer X (X.qweight, X.qzeros, X.scales,
  * X.g_idx) is one KERN_I4G tensor under X.weight's GGUF name, repacked in
- * memory at open (quant.h); perm carries GPTQ act-order.
+ * memory at open (quant.h); perm carries GPTQ act-order. FP8 folders: each
+ * F8_E4M3 X.weight (with X.weight_scale or X.weight_scale_inv) is a BF16
+ * tensor decoded in memory at open, marked fp8.
  */
 #pragma once
 
@@ -45,7 +47,8 @@ typedef struct {
   int fd;            /* the same bytes at file_off of this open file (the source's); -1: none */
   uint64_t file_off;
   const int32_t *perm; /* KERN_I4G from GPTQ act-order: input column of each column (kern_weight_t.perm), or NULL */
-  void *owned;         /* data when the source made it (GPTQ/AWQ repacked), freed on close; else NULL */
+  void *owned;         /* data when the source made it (GPTQ/AWQ repacked, FP8 decoded), freed on close; else NULL */
+  bool fp8;            /* an FP8 E4M3 layer of the checkpoint, decoded into these BF16 rows */
 } model_tensor_t;
 
 typedef struct model_source {

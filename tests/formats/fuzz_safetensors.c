@@ -2,7 +2,9 @@
  * bytes, then every tensor's first and last byte is read, and every
  * "X.qweight" is repacked as a GPTQ (v1 and v2) and an AWQ layer of group
  * size 32 (model/quant.h), whose output is read whole, as is its part for
- * the upper half of its inputs (model_quant_cols, a TP=2 rank's). */
+ * the upper half of its inputs (model_quant_cols, a TP=2 rank's); every
+ * F8_E4M3 "X.weight" is decoded as an FP8 layer, with scales per tensor or
+ * row and with blocks of 2 x 3 (model_quant_fp8_dequant), and read whole. */
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,6 +52,23 @@ static void repack(const model_st_t *st, const char *qweight) {
   }
 }
 
+static void decode_fp8(const model_st_t *st, const char *weight) {
+  static const model_quant_t cfgs[] = {{.method = MODEL_QUANT_FP8, .bits = 8},
+                                       {.method = MODEL_QUANT_FP8, .bits = 8, .fp8_block = {2, 3}}};
+  char base[256];
+  size_t n = strlen(weight) - strlen(".weight");
+  if (n >= sizeof base) return;
+  memcpy(base, weight, n);
+  base[n] = 0;
+  for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
+    int64_t rows, cols;
+    uint16_t *w;
+    if (model_quant_fp8_dequant(&cfgs[c], st, base, NULL, &rows, &cols, &w) != 0) continue;
+    for (int64_t i = 0; i < rows * cols; i++) sink += w[i];
+    fr_free_aligned(w);
+  }
+}
+
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   model_st_t *st;
   if (model_st_open_memory(&st, data, size) != 0) return 0;
@@ -60,6 +79,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     sink += (uint64_t)t->n_dims + (model_st_tensor(st, t->name) == t);
     size_t len = strlen(t->name);
     if (len > 8 && !strcmp(t->name + len - 8, ".qweight")) repack(st, t->name);
+    if (len > 7 && !strcmp(t->name + len - 7, ".weight") && !strcmp(t->dtype_name, "F8_E4M3")) decode_fp8(st, t->name);
   }
   model_st_close(st);
   return 0;

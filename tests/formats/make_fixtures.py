@@ -295,16 +295,22 @@ def write_st_all(out):
 def write_st_gptq(out):
     """A seed for fuzz_safetensors' GPTQ/AWQ repacking: one GPTQ layer (64
     inputs, 16 outputs, 2 groups of 32, act-order g_idx) and one AWQ layer
-    of the same sizes, with valid values."""
+    of the same sizes, with valid values; and for its FP8 decoding, three
+    F8_E4M3 layers of 5 x 7 (bytes without NaN) with a scale per tensor, per
+    row and per 2 x 3 block."""
     g_idx = np.repeat(np.arange(2, dtype=np.int32), 32)
     RNG.shuffle(g_idx)
+    fp8 = lambda: ("F8_E4M3", RNG.integers(0, 0x7f, (5, 7)).astype(np.uint8))  # noqa: E731
     arrays = {"gptq.qweight": ("I32", RNG.integers(-2**31, 2**31, (8, 16)).astype(np.int32)),
               "gptq.qzeros": ("I32", RNG.integers(-2**31, 2**31, (2, 2)).astype(np.int32)),
               "gptq.scales": ("F16", (0.01 + RNG.random((2, 16))).astype(np.float16)),
               "gptq.g_idx": ("I32", g_idx),
               "awq.qweight": ("I32", RNG.integers(-2**31, 2**31, (64, 2)).astype(np.int32)),
               "awq.qzeros": ("I32", RNG.integers(-2**31, 2**31, (2, 2)).astype(np.int32)),
-              "awq.scales": ("F16", (0.01 + RNG.random((2, 16))).astype(np.float16))}
+              "awq.scales": ("F16", (0.01 + RNG.random((2, 16))).astype(np.float16)),
+              "fp8t.weight": fp8(), "fp8t.weight_scale": ("F32", np.array(0.5, dtype=np.float32)),
+              "fp8r.weight": fp8(), "fp8r.weight_scale": ("F16", (0.01 + RNG.random((5, 1))).astype(np.float16)),
+              "fp8b.weight": fp8(), "fp8b.weight_scale_inv": ("F32", (0.01 + RNG.random((3, 3))).astype(np.float32))}
     header, blobs, at = {}, [], 0
     for name, (dtype, a) in arrays.items():
         b = a.tobytes()

@@ -541,6 +541,72 @@ START_TEST(hf_config_errors) {
 }
 END_TEST
 
+/* FP8 quantization configs (docs/QUANTIZED.md, "FP8 checkpoints"): the
+ * layouts vLLM, llm-compressor and transformers write, and what is refused. */
+#define CT_W(w) "{\"quant_method\":\"compressed-tensors\",\"format\":\"float-quantized\",\"config_groups\":" \
+                "{\"group_0\":{\"targets\":[\"Linear\"],\"weights\":{" w "}}}}"
+
+START_TEST(quant_fp8_configs) {
+  static const struct {
+    const char *json;
+    int block_rows, block_cols;
+  } good[] = {
+      {"{\"quant_method\":\"fp8\",\"activation_scheme\":\"static\"}", 0, 0},
+      {"{\"quant_method\":\"fp8\",\"activation_scheme\":\"dynamic\",\"fmt\":\"e4m3\","
+       "\"weight_block_size\":[128,128]}", 128, 128},
+      {"{\"quant_method\":\"FP8\",\"weight_block_size\":null,\"ignored_layers\":[\"lm_head\"]}", 0, 0},
+      {CT_W("\"num_bits\":8,\"type\":\"float\",\"strategy\":\"channel\",\"symmetric\":true"), 0, 0},
+      {CT_W("\"num_bits\":8,\"type\":\"float\",\"strategy\":\"tensor\""), 0, 0},
+      {CT_W("\"num_bits\":8,\"type\":\"float\",\"strategy\":\"block\",\"block_structure\":[64,32]"), 64, 32},
+  };
+  for (size_t i = 0; i < FR_ARRAY_SIZE(good); i++) {
+    model_quant_t q;
+    int rc = model_quant_parse(&q, good[i].json, strlen(good[i].json));
+    ck_assert_msg(rc == 0, "good %zu: %s", i, fr_last_error());
+    ck_assert_int_eq(q.method, MODEL_QUANT_FP8);
+    ck_assert_int_eq(q.bits, 8);
+    ck_assert_int_eq(q.fp8_block[0], good[i].block_rows);
+    ck_assert_int_eq(q.fp8_block[1], good[i].block_cols);
+  }
+  static const struct {
+    const char *json;
+    int rc;
+    const char *in_msg;
+  } bad[] = {
+      {"{\"quant_method\":\"fp8\",\"fmt\":\"e5m2\"}", FR_EUNSUPPORTED, "fmt e5m2"},
+      {"{\"quant_method\":\"fp8\",\"activation_scheme\":\"smooth\"}", FR_EUNSUPPORTED, "activation_scheme smooth"},
+      {"{\"quant_method\":\"fp8\",\"weight_block_size\":[128]}", FR_EFORMAT, "weight_block_size"},
+      {"{\"quant_method\":\"fp8\",\"weight_block_size\":[0,128]}", FR_EFORMAT, "weight_block_size"},
+      {"{\"quant_method\":\"fp8\",\"weight_block_size\":[128,\"x\"]}", FR_EFORMAT, "weight_block_size"},
+      {CT_W("\"num_bits\":4,\"type\":\"int\",\"strategy\":\"group\",\"group_size\":128"), FR_EUNSUPPORTED,
+       "4-bit int"},
+      {CT_W("\"num_bits\":8,\"type\":\"int\",\"strategy\":\"channel\""), FR_EUNSUPPORTED, "8-bit int"},
+      {CT_W("\"num_bits\":8,\"type\":\"float\",\"strategy\":\"channel\",\"symmetric\":false"),
+       FR_EUNSUPPORTED, "asymmetric"},
+      {CT_W("\"num_bits\":8,\"type\":\"float\",\"strategy\":\"group\""), FR_EUNSUPPORTED, "strategy group"},
+      {CT_W("\"num_bits\":8,\"type\":\"float\",\"strategy\":\"block\""), FR_EFORMAT, "block_structure"},
+      {CT_W("\"num_bits\":\"8\",\"type\":\"float\""), FR_EFORMAT, "num_bits"},
+      {"{\"quant_method\":\"compressed-tensors\",\"format\":\"pack-quantized\",\"config_groups\":{}}",
+       FR_EUNSUPPORTED, "format pack-quantized"},
+      {"{\"quant_method\":\"compressed-tensors\",\"config_groups\":{}}", FR_EFORMAT, "without config_groups"},
+      {"{\"quant_method\":\"compressed-tensors\",\"config_groups\":{\"g\":{\"weights\":null}}}", FR_EFORMAT,
+       "config_groups.g has no weights"},
+      {"{\"quant_method\":\"compressed-tensors\",\"config_groups\":{"
+       "\"a\":{\"weights\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"block\",\"block_structure\":[128,128]}},"
+       "\"b\":{\"weights\":{\"num_bits\":8,\"type\":\"float\",\"strategy\":\"block\",\"block_structure\":[64,64]}}}}",
+       FR_EUNSUPPORTED, "different block structures"},
+      {"{\"quant_method\":\"bitsandbytes\"}", FR_EUNSUPPORTED, "compressed-tensors FP8 are"},
+  };
+  for (size_t i = 0; i < FR_ARRAY_SIZE(bad); i++) {
+    model_quant_t q;
+    int rc = model_quant_parse(&q, bad[i].json, strlen(bad[i].json));
+    ck_assert_msg(rc == bad[i].rc, "bad %zu: rc %d (%s)", i, rc, fr_last_error());
+    ck_assert_msg(strstr(fr_last_error(), bad[i].in_msg), "bad %zu: '%s' lacks '%s'", i, fr_last_error(),
+                  bad[i].in_msg);
+  }
+}
+END_TEST
+
 /* ---- GGUF metadata parsing -------------------------------------------- */
 
 static int gguf_cfg(model_config_t *c, const fx_buf_t *b) {
@@ -707,6 +773,7 @@ static Suite *source_suite(void) {
     tcase_add_test(tc, hf_config_rope);
     tcase_add_test(tc, hf_config_errors);
     tcase_add_test(tc, hf_config_moe);
+    tcase_add_test(tc, quant_fp8_configs);
     tcase_add_test(tc, gguf_config_keys);
   }
   suite_add_tcase(su, tc);

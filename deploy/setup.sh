@@ -54,7 +54,7 @@ if [ $test_tools = 1 ]; then
     "$py" -m venv .venv
   fi
   llama_cmake="-DGGML_NATIVE=ON $(deploy/llamacpp_flags.sh) -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF"
-  if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, openai, jinja2' 2>/dev/null ||
+  if ! .venv/bin/python -c 'import llama_cpp, gguf, tokenizers, numpy, ml_dtypes, openai, jinja2' 2>/dev/null ||
      ! .venv/bin/python -c 'import yamllint, kubernetes_validate, jsonschema, yaml' 2>/dev/null ||
      ! .venv/bin/python -c 'import lm_eval, aiohttp, tenacity' 2>/dev/null ||
      [ ! -x .venv/bin/hadolint ]; then

@@ -45,7 +45,7 @@ VARIANTS = {
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]    # nibble i of a word holds column 8j + AWQ_ORDER[i]
 AWQ_REVERSE = [0, 4, 1, 5, 2, 6, 3, 7]  # column 8j + c sits in nibble AWQ_REVERSE[c]
 SHIFTS = (4 * np.arange(8)).astype(np.uint32)
-ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "BF16": np.uint16}
+ST_DTYPES = {"F32": np.float32, "F16": np.float16, "I32": np.int32, "BF16": np.uint16, "F8_E4M3": np.uint8}
 
 
 # ---- safetensors -----------------------------------------------------------
@@ -74,7 +74,7 @@ def write_safetensors(path, tensors):
 
 
 def read_safetensors(path):
-    """name -> numpy array (BF16 as uint16 bits)."""
+    """name -> numpy array (BF16 as uint16 bits, F8_E4M3 as uint8 bytes)."""
     data = Path(path).read_bytes()
     n = struct.unpack("<Q", data[:8])[0]
     header = json.loads(data[8:8 + n])

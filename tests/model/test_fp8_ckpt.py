@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""FP8 E4M3 checkpoints on the CPU (docs/QUANTIZED.md, "FP8 checkpoints").
+
+tests/golden/make_fp8.py writes three small random LLaMA models in the
+layouts that vLLM, llm-compressor and transformers write (per tensor with
+static input scales, compressed-tensors per channel with BF16 scales, and
+128x128-style blocks of 48 x 80 with weight_scale_inv, the lm_head too) and
+their BF16 twins, decoded with ml_dtypes' E4M3 and BF16 conversions. Then:
+
+1. every FP8 layer as ferrum decodes it (dump_weight) equals the twin's
+   BF16 weight bit for bit;
+2. each model generates the same 32 greedy tokens as its twin for 4
+   prompts on the CPU (run_model), with the same last-token logits bit for
+   bit: the decoded weights are the twin's, so the CPU runs the same sums;
+3. `ferrumctl inspect` names the quantization;
+4. broken files (a missing scale, a misshaped one, a NaN scale, a NaN
+   weight byte, E5M2 weights, no quantization config, compressed-tensors
+   int4 weights, a group strategy) are refused with a message naming the
+   problem, never a crash;
+5. served through `ferrumctl serve` with tensor parallelism 2 on the CPU,
+   the block-scaled model answers as it does at size 1.
+
+usage: test_fp8_ckpt.py DUMP_WEIGHT RUN_MODEL FERRUMCTL SMOLLM2_GGUF WORK_DIR
+"""
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "golden"))
+import make_fp8  # noqa: E402
+import make_gptq  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
+from local_serve import LocalServer  # noqa: E402
+
+PROMPTS = [[1, 50, 600, 7000, 123], [9, 8, 7], [31337, 2, 444, 12, 48000, 5, 77, 1000], [4242]]
+N_GREEDY = 32
+GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+              "mlp.down_proj": "ffn_down"}
+
+
+def fp8_layers(st):
+    """(HF base, GGUF name) of every F8_E4M3 weight in a folder's tensors."""
+    out = []
+    for name in sorted(st):
+        if not name.endswith(".weight") or st[name].dtype != np.uint8:
+            continue
+        base = name[:-len(".weight")]
+        if base == "lm_head":
+            out.append((base, "output.weight"))
+            continue
+        parts = base.split(".")  # model.layers.N.self_attn.q_proj
+        out.append((base, f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:])]}.weight"))
+    return out
+
+
+def check_dequant(dump, folder, twin, tmp):
+    st = make_gptq.read_safetensors(folder / "model.safetensors")
+    ref = make_gptq.read_safetensors(twin / "model.safetensors")
+    layers = fp8_layers(st)
+    assert len(layers) >= 14, f"{folder.name}: only {len(layers)} FP8 layers"
+    args = [dump, str(folder)]
+    for i, (_, gguf) in enumerate(layers):
+        args += [gguf, str(tmp / f"w{i}.f32")]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{folder.name}: dump_weight failed: {r.stderr}"
+    assert r.stdout.count(" BF16 ") == len(layers), r.stdout
+    for i, (base, gguf) in enumerate(layers):
+        want = make_fp8.bf16_to_f32(ref[base + ".weight"])
+        got = np.fromfile(tmp / f"w{i}.f32", dtype=np.float32).reshape(want.shape)
+        bad = np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))
+        assert bad == 0, f"{folder.name} {gguf}: {bad} of {want.size} values differ from the reference decoder"
+        scale, block = make_fp8.scale_of(st, base)
+        again = make_fp8.dequantize(st[base + ".weight"], scale, block)
+        assert np.array_equal(again, ref[base + ".weight"]), f"{folder.name} {base}: the twin is not the file decoded"
+    return len(layers)
+
+
+def run_model(run, folder, ids, logits):
+    r = subprocess.run([run, "--model", str(folder), "--ids", ",".join(map(str, ids)), "--greedy", str(N_GREEDY),
+                        "--logits-out", str(logits)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"run_model {folder.name}: {r.stderr[-2000:]}"
+    return json.loads(r.stdout.strip().splitlines()[-1])["greedy"]
+
+
+def check_greedy(run, folder, twin, tmp):
+    for p in PROMPTS:
+        a = run_model(run, folder, p, tmp / "a.f32")
+        b = run_model(run, twin, p, tmp / "b.f32")
+        assert len(a) == N_GREEDY and a == b, f"{folder.name} prompt {p}: {a} != twin's {b}"
+        la, lb = np.fromfile(tmp / "a.f32", dtype=np.float32), np.fromfile(tmp / "b.f32", dtype=np.float32)
+        assert la.size == lb.size > 1000 and np.array_equal(la, lb), \
+            f"{folder.name} prompt {p}: logits differ from the twin's by {np.abs(la - lb).max():.3g}"
+
+
+def check_inspect(ferrumctl, folder, want):
+    r = subprocess.run([ferrumctl, "inspect", str(folder)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, f"inspect {folder.name}: {r.stderr}"
+    assert want in r.stdout, f"inspect {folder.name} does not say {want!r}: {r.stdout}"
+
+
+# ---- broken files ---------------------------------------------------------------
+
+def copy_with(src, dst, edit_tensors=None, edit_qc=None):
+    """A copy of folder src at dst with its tensors and/or quantization config changed."""
+    if dst.exists():
+        shutil.rmtree(dst)
+    shutil.copytree(src, dst)
+    if edit_tensors:
+        path = src / "model.safetensors"
+        raw = path.read_bytes()
+        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+        tensors = {n: (header[n]["dtype"], a) for n, a in make_gptq.read_safetensors(path).items()}
+        edit_tensors(tensors)
+        make_gptq.write_safetensors(dst / "model.safetensors", tensors)
+    if edit_qc:
+        cfg = json.loads((dst / "config.json").read_text())
+        edit_qc(cfg)
+        (dst / "config.json").write_text(json.dumps(cfg))
+
+
+def check_broken(run, work, tmp):
+    L = "model.layers.1.mlp.down_proj"
+
+    def no_scale(t):
+        del t[L + ".weight_scale_inv"]
+
+    def scale_shape(t):
+        t[L + ".weight_scale_inv"] = ("F32", np.ascontiguousarray(t[L + ".weight_scale_inv"][1][:, :-1]))
+
+    def nan_scale(t):
+        s = t[L + ".weight_scale_inv"][1].copy()
+        s[1, 2] = np.nan
+        t[L + ".weight_scale_inv"] = ("F32", s)
+
+    def nan_byte(t):
+        q = t[L + ".weight"][1].copy()
+        q[3, 5] = 0x7F
+        t[L + ".weight"] = ("F8_E4M3", q)
+
+    def e5m2(t):
+        t[L + ".weight"] = ("F8_E5M2", t[L + ".weight"][1])
+
+    def no_config(c):
+        del c["quantization_config"]
+
+    def ct_int4(c):
+        c["quantization_config"]["config_groups"]["group_0"]["weights"].update(num_bits=4, type="int")
+
+    def ct_group(c):
+        c["quantization_config"]["config_groups"]["group_0"]["weights"].update(strategy="group", group_size=128)
+
+    block, channel = work / "fp8-block", work / "fp8-channel"
+    cases = [
+        ("noscale", block, no_scale, None, "weight_scale (or weight_scale_inv) is missing"),
+        ("scaleshape", block, scale_shape, None, "weight_scale_inv has shape [3, 3]"),
+        ("nanscale", block, nan_scale, None, "a scale must be finite"),
+        ("nanbyte", block, nan_byte, None, "down_proj.weight[3, 5] is NaN"),
+        ("e5m2", block, e5m2, None, "has dtype F8_E5M2"),
+        ("noconfig", block, None, no_config, "no FP8 quantization config"),
+        ("int4", channel, None, ct_int4, "4-bit int (8-bit float, FP8, is supported"),
+        ("group", channel, None, ct_group, "strategy group"),
+    ]
+    for name, good, et, eq, want in cases:
+        bad = tmp / f"broken-{name}"
+        copy_with(good, bad, et, eq)
+        r = subprocess.run([run, "--model", str(bad), "--ids", "1,2,3", "--greedy", "2"], capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode > 0, f"broken {name}: exit {r.returncode} (a crash is < 0, success 0): {r.stderr}"
+        assert want in r.stderr, f"broken {name}: the error does not say {want!r}: {r.stderr[-600:]}"
+        shutil.rmtree(bad)
+    return len(cases)
+
+
+# ---- served, tensor parallelism ------------------------------------------------------
+
+def served(ferrumctl, model, tp):
+    """Greedy completions of two prompts: (text, token logprobs) each."""
+    s = LocalServer(ferrumctl, ["--model", str(model), "--tensor-parallel-size", str(tp), "--threads", "1",
+                                "--max-num-seqs", "4"], prefix="ferrum-fp8-")
+    try:
+        out = []
+        for prompt in ("Hello world, this is", "The quick brown fox"):
+            st, data = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0,
+                                                             "ignore_eos": True, "logprobs": 1})
+            assert st == 200, (st, data)
+            c = json.loads(data)["choices"][0]
+            out.append((c["text"], c["logprobs"]["token_logprobs"]))
+        return out
+    finally:
+        s.stop()
+
+
+def check_tp(ferrumctl, folder):
+    one, two = served(ferrumctl, folder, 1), served(ferrumctl, folder, 2)
+    worst = 0.0
+    for (text1, lp1), (text2, lp2) in zip(one, two):
+        assert text1 == text2 and len(lp1) == 16, f"{folder.name}: tensor parallel 2 said {text2!r}, size 1 {text1!r}"
+        worst = max(worst, max(abs(a - b) for a, b in zip(lp1, lp2)))
+    assert worst <= 1e-3, f"{folder.name}: tensor parallel 2's logprobs differ from size 1's by {worst:.3g}"
+    return worst
+
+
+def main():
+    dump, run, ferrumctl, gguf, work = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], Path(sys.argv[5])
+    subprocess.run([sys.executable, str(Path(make_fp8.__file__)), gguf, str(work)], check=True, timeout=600)
+    with tempfile.TemporaryDirectory() as t:
+        tmp = Path(t)
+        for variant in make_fp8.VARIANTS:
+            folder, twin = work / f"fp8-{variant}", work / f"fp8-{variant}-twin"
+            n = check_dequant(dump, folder, twin, tmp)
+            check_greedy(run, folder, twin, tmp)
+            print(f"fp8-{variant}: {n} layers decoded bit-exact; {len(PROMPTS)} x {N_GREEDY} greedy tokens and the "
+                  "logits equal the twin's")
+        check_inspect(ferrumctl, work / "fp8-block", "quantization: fp8, E4M3 weights with a scale a 48 x 80 block")
+        check_inspect(ferrumctl, work / "fp8-channel", "quantization: fp8, E4M3 weights with a scale a tensor or a row")
+        n = check_broken(run, work, tmp)
+        print(f"{n} broken files refused with clear errors")
+    worst = check_tp(ferrumctl, work / "fp8-block")
+    print(f"fp8-block served at tensor parallel 2 = 1: the same text, logprobs within {worst:.2g}")
+    print("PASS")
+
+
+if __name__ == "__main__":
+    main()

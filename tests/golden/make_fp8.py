@@ -26,7 +26,12 @@ nearest even), not ferrum's: dequantize() multiplies the E4M3 value by its
 scale in float32 and rounds the product to BF16. It is the reference that
 test_fp8_ckpt.py holds ferrum's decoded weights to, bit for bit.
 
+With --convert, a BF16 folder SRC (tests/golden/make_tiny_models.py's
+tiny-qwen3moe-hf: the experts too) becomes OUT_DIR/NAME in layout VARIANT,
+with its twin.
+
 usage: make_fp8.py SMOLLM2_GGUF OUT_DIR   (SMOLLM2_GGUF "-": no tokenizer.json)
+       make_fp8.py --convert SRC OUT_DIR NAME VARIANT
 """
 import json
 import sys
@@ -118,9 +123,33 @@ def scale_of(tensors, base):
     return (bf16_to_f32(s) if s.dtype == np.uint16 else s), None
 
 
+def add_layer(qt, twin, base, w, variant):
+    """Layer base (its float32 weight w) quantized: its E4M3 bytes and scales into qt, their decoding into twin."""
+    q, scale, sname = quantize(w, variant)
+    qt[base + ".weight"] = ("F8_E4M3", q)
+    qt[f"{base}.{sname}"] = scale
+    if variant == "tensor":  # a static activation scale, which ferrum does not read
+        qt[base + ".input_scale"] = ("F32", np.array(0.05, dtype=np.float32).reshape(()))
+    s32 = bf16_to_f32(scale[1]) if scale[0] == "BF16" else scale[1]
+    ref = dequantize(q, s32, BLOCK if variant == "block" else None)
+    err = np.abs(bf16_to_f32(ref) - w).max() / np.abs(w).max()
+    assert err < 0.07, f"{base}: the FP8 layer is {err:.3g} off the weight it quantized"
+    twin[base + ".weight"] = ("BF16", ref)
+
+
+def write_pair(out, name, qt, twin, config, variant, tokenizer_json):
+    """Folders out/name (config + quantization_config) and out/name-twin."""
+    for folder, tensors, extra in ((out / name, qt, {"quantization_config": quant_config(variant)}),
+                                   (out / f"{name}-twin", twin, {})):
+        folder.mkdir(parents=True, exist_ok=True)
+        make_gptq.write_safetensors(folder / "model.safetensors", tensors)
+        (folder / "config.json").write_text(json.dumps({**config, **extra}, indent=1))
+        if tokenizer_json is not None:
+            (folder / "tokenizer.json").write_text(tokenizer_json)
+
+
 def make_variant(out, variant, tokenizer_json, seed):
     rng = np.random.default_rng(seed)
-    name = f"fp8-{variant}"
     qt, twin = make_gptq.shared_tensors(rng), make_gptq.shared_tensors(np.random.default_rng(seed))
     cfg = make_gptq.CFG
     layers = [(f"model.layers.{i}.{lin}", shape) for i in range(cfg["layers"])
@@ -130,27 +159,38 @@ def make_variant(out, variant, tokenizer_json, seed):
         w = rng.normal(0, 1.5 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32)
         if base == "lm_head" and variant != "block":
             qt[base + ".weight"] = twin[base + ".weight"] = ("BF16", make_gptq.bf16_bits(w))
-            continue
-        q, scale, sname = quantize(w, variant)
-        qt[base + ".weight"] = ("F8_E4M3", q)
-        qt[f"{base}.{sname}"] = scale
-        if variant == "tensor":  # a static activation scale, which ferrum does not read
-            qt[base + ".input_scale"] = ("F32", np.array(0.05, dtype=np.float32).reshape(()))
-        s32 = bf16_to_f32(scale[1]) if scale[0] == "BF16" else scale[1]
-        ref = dequantize(q, s32, BLOCK if variant == "block" else None)
-        err = np.abs(bf16_to_f32(ref) - w).max() / np.abs(w).max()
-        assert err < 0.07, f"{name} {base}: the FP8 layer is {err:.3g} off the weight it quantized"
-        twin[base + ".weight"] = ("BF16", ref)
-    for folder, tensors, extra in ((out / name, qt, {"quantization_config": quant_config(variant)}),
-                                   (out / f"{name}-twin", twin, {})):
-        folder.mkdir(parents=True, exist_ok=True)
-        make_gptq.write_safetensors(folder / "model.safetensors", tensors)
-        (folder / "config.json").write_text(json.dumps(make_gptq.base_config(extra), indent=1))
-        if tokenizer_json is not None:
-            (folder / "tokenizer.json").write_text(tokenizer_json)
+        else:
+            add_layer(qt, twin, base, w, variant)
+    write_pair(out, f"fp8-{variant}", qt, twin, make_gptq.base_config({}), variant, tokenizer_json)
+
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def convert(src, out, name, variant):
+    """A BF16 Hugging Face folder src as FP8 folder out/name and its twin: every linear layer of the decoder
+    (attention, MLP, each expert) quantized; embeddings, norms, routers (mlp.gate) and lm_head kept, as
+    llm-compressor's and Qwen's FP8 files keep them."""
+    raw = (src / "model.safetensors").read_bytes()
+    header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
+    qt, twin = {}, {}
+    for tname, a in make_gptq.read_safetensors(src / "model.safetensors").items():
+        dtype, base = header[tname]["dtype"], tname[:-len(".weight")]
+        if tname.endswith(".weight") and a.ndim == 2 and base.rsplit(".", 1)[-1] in LINEAR:
+            add_layer(qt, twin, base, bf16_to_f32(a) if dtype == "BF16" else a.astype(np.float32), variant)
+        else:
+            qt[tname] = twin[tname] = (dtype, a)
+    tok = src / "tokenizer.json"
+    write_pair(out, name, qt, twin, json.loads((src / "config.json").read_text()), variant,
+               tok.read_text() if tok.exists() else None)
 
 
 def main():
+    if len(sys.argv) == 6 and sys.argv[1] == "--convert":
+        src, out, name, variant = Path(sys.argv[2]), Path(sys.argv[3]), sys.argv[4], sys.argv[5]
+        convert(src, out, name, variant)
+        print(f"wrote {out / name} and its twin")
+        return
     gguf_path, out = sys.argv[1], Path(sys.argv[2])
     out.mkdir(parents=True, exist_ok=True)
     tok = None if gguf_path == "-" else make_gptq.smollm_tokenizer_json(gguf_path, out / "fp8-tokenizer.json")

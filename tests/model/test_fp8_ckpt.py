@@ -18,9 +18,13 @@ their BF16 twins, decoded with ml_dtypes' E4M3 and BF16 conversions. Then:
    int4 weights, a group strategy) are refused with a message naming the
    problem, never a crash;
 5. served through `ferrumctl serve` with tensor parallelism 2 on the CPU,
-   the block-scaled model answers as it does at size 1.
+   the block-scaled model answers as it does at size 1;
+6. Qwen3-MoE as Qwen's FP8 files hold it: tests/golden's tiny-qwen3moe-hf
+   (8 experts, top 2) converted to block scales (attention and every
+   expert FP8, the routers and lm_head BF16) generates its twin's greedy
+   tokens, with the same logits bit for bit.
 
-usage: test_fp8_ckpt.py DUMP_WEIGHT RUN_MODEL FERRUMCTL SMOLLM2_GGUF WORK_DIR
+usage: test_fp8_ckpt.py DUMP_WEIGHT RUN_MODEL FERRUMCTL SMOLLM2_GGUF GOLDEN_DIR WORK_DIR
 """
 import json
 import shutil
@@ -207,8 +211,21 @@ def check_tp(ferrumctl, folder):
     return worst
 
 
+def check_moe(run, golden, work, tmp):
+    src = golden / "tiny-qwen3moe-hf"
+    assert (src / "model.safetensors").exists(), f"{src} is missing (the golden_models fixture makes it)"
+    subprocess.run([sys.executable, str(Path(make_fp8.__file__)), "--convert", str(src), str(work), "fp8-qwen3moe",
+                    "block"], check=True, timeout=600)
+    st = make_gptq.read_safetensors(work / "fp8-qwen3moe" / "model.safetensors")
+    experts = sum(1 for n, a in st.items() if ".experts." in n and n.endswith(".weight") and a.dtype == np.uint8)
+    assert experts == 3 * 8 * 3, f"fp8-qwen3moe: {experts} FP8 expert weights"
+    check_greedy(run, work / "fp8-qwen3moe", work / "fp8-qwen3moe-twin", tmp)
+    return experts
+
+
 def main():
-    dump, run, ferrumctl, gguf, work = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], Path(sys.argv[5])
+    dump, run, ferrumctl, gguf = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+    golden, work = Path(sys.argv[5]), Path(sys.argv[6])
     subprocess.run([sys.executable, str(Path(make_fp8.__file__)), gguf, str(work)], check=True, timeout=600)
     with tempfile.TemporaryDirectory() as t:
         tmp = Path(t)
@@ -222,6 +239,9 @@ def main():
         check_inspect(ferrumctl, work / "fp8-channel", "quantization: fp8, E4M3 weights with a scale a tensor or a row")
         n = check_broken(run, work, tmp)
         print(f"{n} broken files refused with clear errors")
+        n = check_moe(run, golden, work, tmp)
+        print(f"fp8-qwen3moe: {n} FP8 experts; {len(PROMPTS)} x {N_GREEDY} greedy tokens and the logits equal the "
+              "twin's")
     worst = check_tp(ferrumctl, work / "fp8-block")
     print(f"fp8-block served at tensor parallel 2 = 1: the same text, logprobs within {worst:.2g}")
     print("PASS")

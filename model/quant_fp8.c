@@ -85,8 +85,9 @@ static int fp8_scaling(const model_quant_t *q, const char *base, fp8_layer_t *L)
   }
   char blocks[96] = "";
   if (L->br)
-    snprintf(blocks, sizeof blocks, ", or [%lld, %lld] (blocks of %lld x %lld)", (long long)fp8_ceil_div(L->rows, L->br),
-             (long long)fp8_ceil_div(L->cols, L->bc), (long long)L->br, (long long)L->bc);
+    snprintf(blocks, sizeof blocks, ", or [%lld, %lld] (blocks of %lld x %lld)",
+             (long long)fp8_ceil_div(L->rows, L->br), (long long)fp8_ceil_div(L->cols, L->bc), (long long)L->br,
+             (long long)L->bc);
   return fr_errorf(FR_EFORMAT, "model: tensor %s.%s has shape [%lld, %lld]: expected one scale, [%lld, 1] (a row "
                    "each)%s", base, L->scale_name, (long long)d0, (long long)d1, (long long)L->rows, blocks);
 }

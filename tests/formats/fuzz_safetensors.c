@@ -5,6 +5,7 @@
  * the upper half of its inputs (model_quant_cols, a TP=2 rank's); every
  * F8_E4M3 "X.weight" is decoded as an FP8 layer, with scales per tensor or
  * row and with blocks of 2 x 3 (model_quant_fp8_dequant), and read whole. */
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -34,14 +35,22 @@ static void cut_upper_half(const model_quant_weight_t *w) {
   free(part.perm);
 }
 
-static void repack(const model_st_t *st, const char *qweight) {
-  static const model_quant_t cfgs[] = {{MODEL_QUANT_GPTQ, 4, 32, true}, {MODEL_QUANT_GPTQ, 4, -1, false},
-                                       {MODEL_QUANT_AWQ, 4, 32, false}};
-  char base[256];
-  size_t n = strlen(qweight) - strlen(".qweight");
-  if (n >= sizeof base) return;
-  memcpy(base, qweight, n);
+/* name without its last sfx_len characters into base (256 bytes); false when too long. */
+static bool base_of(const char *name, size_t sfx_len, char *base) {
+  const size_t n = strlen(name) - sfx_len;
+  if (n >= 256) return false;
+  memcpy(base, name, n);
   base[n] = 0;
+  return true;
+}
+
+static void repack(const model_st_t *st, const char *qweight) {
+  static const model_quant_t cfgs[] = {
+      {.method = MODEL_QUANT_GPTQ, .bits = 4, .group_size = 32, .zeros_minus_1 = true},
+      {.method = MODEL_QUANT_GPTQ, .bits = 4, .group_size = -1},
+      {.method = MODEL_QUANT_AWQ, .bits = 4, .group_size = 32}};
+  char base[256];
+  if (!base_of(qweight, strlen(".qweight"), base)) return;
   for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
     model_quant_weight_t w;
     if (model_quant_repack(&cfgs[c], st, base, &w) != 0) continue;
@@ -56,10 +65,7 @@ static void decode_fp8(const model_st_t *st, const char *weight) {
   static const model_quant_t cfgs[] = {{.method = MODEL_QUANT_FP8, .bits = 8},
                                        {.method = MODEL_QUANT_FP8, .bits = 8, .fp8_block = {2, 3}}};
   char base[256];
-  size_t n = strlen(weight) - strlen(".weight");
-  if (n >= sizeof base) return;
-  memcpy(base, weight, n);
-  base[n] = 0;
+  if (!base_of(weight, strlen(".weight"), base)) return;
   for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
     int64_t rows, cols;
     uint16_t *w;

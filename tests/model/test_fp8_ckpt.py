@@ -26,8 +26,6 @@ their BF16 twins, decoded with ml_dtypes' E4M3 and BF16 conversions. Then:
 
 usage: test_fp8_ckpt.py DUMP_WEIGHT RUN_MODEL FERRUMCTL SMOLLM2_GGUF GOLDEN_DIR WORK_DIR
 """
-import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -39,29 +37,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "golden"))
 import make_fp8  # noqa: E402
 import make_gptq  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "common"))
-from local_serve import LocalServer  # noqa: E402
-
-PROMPTS = [[1, 50, 600, 7000, 123], [9, 8, 7], [31337, 2, 444, 12, 48000, 5, 77, 1000], [4242]]
-N_GREEDY = 32
-GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-              "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-              "mlp.down_proj": "ffn_down"}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_gptq import N_GREEDY, PROMPTS, dump_layers, expect_refused, gguf_name, run_model, served  # noqa: E402
 
 
 def fp8_layers(st):
     """(HF base, GGUF name) of every F8_E4M3 weight in a folder's tensors."""
-    out = []
-    for name in sorted(st):
-        if not name.endswith(".weight") or st[name].dtype != np.uint8:
-            continue
-        base = name[:-len(".weight")]
-        if base == "lm_head":
-            out.append((base, "output.weight"))
-            continue
-        parts = base.split(".")  # model.layers.N.self_attn.q_proj
-        out.append((base, f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:])]}.weight"))
-    return out
+    bases = [name[:-len(".weight")] for name in sorted(st) if name.endswith(".weight") and st[name].dtype == np.uint8]
+    return [(base, gguf_name(base)) for base in bases]
 
 
 def check_dequant(dump, folder, twin, tmp):
@@ -69,28 +52,16 @@ def check_dequant(dump, folder, twin, tmp):
     ref = make_gptq.read_safetensors(twin / "model.safetensors")
     layers = fp8_layers(st)
     assert len(layers) >= 14, f"{folder.name}: only {len(layers)} FP8 layers"
-    args = [dump, str(folder)]
-    for i, (_, gguf) in enumerate(layers):
-        args += [gguf, str(tmp / f"w{i}.f32")]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{folder.name}: dump_weight failed: {r.stderr}"
-    assert r.stdout.count(" BF16 ") == len(layers), r.stdout
-    for i, (base, gguf) in enumerate(layers):
+    decoded = dump_layers(dump, folder, layers, "BF16", tmp)
+    for (base, gguf), got in zip(layers, decoded):
         want = make_fp8.bf16_to_f32(ref[base + ".weight"])
-        got = np.fromfile(tmp / f"w{i}.f32", dtype=np.float32).reshape(want.shape)
+        got = got.reshape(want.shape)
         bad = np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))
         assert bad == 0, f"{folder.name} {gguf}: {bad} of {want.size} values differ from the reference decoder"
         scale, block = make_fp8.scale_of(st, base)
         again = make_fp8.dequantize(st[base + ".weight"], scale, block)
         assert np.array_equal(again, ref[base + ".weight"]), f"{folder.name} {base}: the twin is not the file decoded"
     return len(layers)
-
-
-def run_model(run, folder, ids, logits):
-    r = subprocess.run([run, "--model", str(folder), "--ids", ",".join(map(str, ids)), "--greedy", str(N_GREEDY),
-                        "--logits-out", str(logits)], capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"run_model {folder.name}: {r.stderr[-2000:]}"
-    return json.loads(r.stdout.strip().splitlines()[-1])["greedy"]
 
 
 def check_greedy(run, folder, twin, tmp):
@@ -110,24 +81,6 @@ def check_inspect(ferrumctl, folder, want):
 
 
 # ---- broken files ---------------------------------------------------------------
-
-def copy_with(src, dst, edit_tensors=None, edit_qc=None):
-    """A copy of folder src at dst with its tensors and/or quantization config changed."""
-    if dst.exists():
-        shutil.rmtree(dst)
-    shutil.copytree(src, dst)
-    if edit_tensors:
-        path = src / "model.safetensors"
-        raw = path.read_bytes()
-        header = json.loads(raw[8:8 + int.from_bytes(raw[:8], "little")])
-        tensors = {n: (header[n]["dtype"], a) for n, a in make_gptq.read_safetensors(path).items()}
-        edit_tensors(tensors)
-        make_gptq.write_safetensors(dst / "model.safetensors", tensors)
-    if edit_qc:
-        cfg = json.loads((dst / "config.json").read_text())
-        edit_qc(cfg)
-        (dst / "config.json").write_text(json.dumps(cfg))
-
 
 def check_broken(run, work, tmp):
     L = "model.layers.1.mlp.down_proj"
@@ -172,39 +125,16 @@ def check_broken(run, work, tmp):
         ("group", channel, None, ct_group, "strategy group"),
     ]
     for name, good, et, eq, want in cases:
-        bad = tmp / f"broken-{name}"
-        copy_with(good, bad, et, eq)
-        r = subprocess.run([run, "--model", str(bad), "--ids", "1,2,3", "--greedy", "2"], capture_output=True,
-                           text=True, timeout=300)
-        assert r.returncode > 0, f"broken {name}: exit {r.returncode} (a crash is < 0, success 0): {r.stderr}"
-        assert want in r.stderr, f"broken {name}: the error does not say {want!r}: {r.stderr[-600:]}"
-        shutil.rmtree(bad)
+        expect_refused(run, good, tmp / f"broken-{name}", et, eq, want)
     return len(cases)
 
 
 # ---- served, tensor parallelism ------------------------------------------------------
 
-def served(ferrumctl, model, tp):
-    """Greedy completions of two prompts: (text, token logprobs) each."""
-    s = LocalServer(ferrumctl, ["--model", str(model), "--tensor-parallel-size", str(tp), "--threads", "1",
-                                "--max-num-seqs", "4"], prefix="ferrum-fp8-")
-    try:
-        out = []
-        for prompt in ("Hello world, this is", "The quick brown fox"):
-            st, data = s.request("POST", "/v1/completions", {"prompt": prompt, "max_tokens": 16, "temperature": 0,
-                                                             "ignore_eos": True, "logprobs": 1})
-            assert st == 200, (st, data)
-            c = json.loads(data)["choices"][0]
-            out.append((c["text"], c["logprobs"]["token_logprobs"]))
-        return out
-    finally:
-        s.stop()
-
-
 def check_tp(ferrumctl, folder):
     one, two = served(ferrumctl, folder, 1), served(ferrumctl, folder, 2)
     worst = 0.0
-    for (text1, lp1), (text2, lp2) in zip(one, two):
+    for (text1, _, lp1), (text2, _, lp2) in zip(one, two):
         assert text1 == text2 and len(lp1) == 16, f"{folder.name}: tensor parallel 2 said {text2!r}, size 1 {text1!r}"
         worst = max(worst, max(abs(a - b) for a, b in zip(lp1, lp2)))
     assert worst <= 1e-3, f"{folder.name}: tensor parallel 2's logprobs differ from size 1's by {worst:.3g}"

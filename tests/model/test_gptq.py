@@ -54,34 +54,40 @@ GGUF_NAMES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_
               "mlp.down_proj": "ffn_down"}
 
 
+def gguf_name(base):
+    """The GGUF name of the weight of HF linear layer base (model.layers.N.self_attn.q_proj, lm_head)."""
+    if base == "lm_head":
+        return "output.weight"
+    parts = base.split(".")
+    return f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:])]}.weight"
+
+
 def quantized_layers(st):
     """(HF base, GGUF name) of every quantized layer in a folder's tensors."""
-    out = []
-    for name in sorted(st):
-        if not name.endswith(".qweight"):
-            continue
-        base = name[:-len(".qweight")]
-        if base == "lm_head":
-            out.append((base, "output.weight"))
-            continue
-        parts = base.split(".")  # model.layers.N.self_attn.q_proj
-        out.append((base, f"blk.{parts[2]}.{GGUF_NAMES['.'.join(parts[3:])]}.weight"))
-    return out
+    bases = [name[:-len(".qweight")] for name in sorted(st) if name.endswith(".qweight")]
+    return [(base, gguf_name(base)) for base in bases]
+
+
+def dump_layers(dump, folder, layers, type_name, tmp):
+    """Layers [(HF base, GGUF name)] of folder as ferrum's source decodes them (dump_weight): flat float32
+    arrays, each of a tensor of type type_name."""
+    args = [dump, str(folder)]
+    for i, (_, gguf) in enumerate(layers):
+        args += [gguf, str(tmp / f"w{i}.f32")]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, f"{folder.name}: dump_weight failed: {r.stderr}"
+    assert r.stdout.count(f" {type_name} ") == len(layers), r.stdout
+    return [np.fromfile(tmp / f"w{i}.f32", dtype=np.float32) for i in range(len(layers))]
 
 
 def check_dequant(dump, folder, tmp):
     st = make_gptq.read_safetensors(folder / "model.safetensors")
     layers = quantized_layers(st)
     assert len(layers) >= 14, f"{folder.name}: only {len(layers)} quantized layers"
-    args = [dump, str(folder)]
-    for i, (_, gguf) in enumerate(layers):
-        args += [gguf, str(tmp / f"w{i}.f32")]
-    r = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, f"{folder.name}: dump_weight failed: {r.stderr}"
-    assert r.stdout.count(" I4G ") == len(layers), r.stdout
-    for i, (base, gguf) in enumerate(layers):
+    decoded = dump_layers(dump, folder, layers, "I4G", tmp)
+    for (base, gguf), got in zip(layers, decoded):
         ref = make_gptq.dequantize_layer(folder, st, base)
-        got = np.fromfile(tmp / f"w{i}.f32", dtype=np.float32).reshape(ref.shape)
+        got = got.reshape(ref.shape)
         bad = np.count_nonzero(got.view(np.uint32) != ref.view(np.uint32))
         assert bad == 0, f"{folder.name} {gguf}: {bad} of {ref.size} values differ from the reference decoder"
     return len(layers)
@@ -127,6 +133,16 @@ def copy_with(src, dst, edit_tensors=None, edit_qc=None):
         (dst / "config.json").write_text(json.dumps(cfg))
 
 
+def expect_refused(run, good, bad, edit_tensors, edit_qc, want):
+    """A copy of folder good at bad, edited (copy_with), must fail to load with an error saying want."""
+    copy_with(good, bad, edit_tensors, edit_qc)
+    r = subprocess.run([run, "--model", str(bad), "--ids", "1,2,3", "--greedy", "2"], capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode > 0, f"{bad.name}: exit {r.returncode} (a crash is < 0, success 0): {r.stderr}"
+    assert want in r.stderr, f"{bad.name}: the error does not say {want!r}: {r.stderr[-600:]}"
+    shutil.rmtree(bad)
+
+
 def check_broken(run, good, tmp):
     L = "model.layers.1.mlp.down_proj"
 
@@ -159,13 +175,7 @@ def check_broken(run, good, tmp):
         ("noconfig", None, no_config, "no quantization config"),
     ]
     for name, et, eq, want in cases:
-        bad = tmp / f"broken-{name}"
-        copy_with(good, bad, et, eq)
-        r = subprocess.run([run, "--model", str(bad), "--ids", "1,2,3", "--greedy", "2"], capture_output=True,
-                           text=True, timeout=300)
-        assert r.returncode > 0, f"broken {name}: exit {r.returncode} (a crash is < 0, success 0): {r.stderr}"
-        assert want in r.stderr, f"broken {name}: the error does not say {want!r}: {r.stderr[-600:]}"
-        shutil.rmtree(bad)
+        expect_refused(run, good, tmp / f"broken-{name}", et, eq, want)
     return len(cases)
 
 

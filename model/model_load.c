@@ -181,11 +181,10 @@ static int model__load_spans(model_t *m, kern_weight_t *w, const model_tensor_t 
   return rc;
 }
 
-/* Copies the part's bytes into dst (nr rows of kern_row_bytes(type, nc)). */
-static void model__part_copy(const model_tensor_t *t, const model_part_t *p, uint8_t *dst) {
-  const size_t full = kern_row_bytes(t->type, p->cols), rb = kern_row_bytes(t->type, p->nc);
-  const uint8_t *src = (const uint8_t *)t->data + (size_t)p->r0 * full + kern_row_bytes(t->type, p->c0);
-  for (int64_t r = 0; r < p->nr; r++) memcpy(dst + (size_t)r * rb, src + (size_t)r * full, rb);
+/* The part's bytes into dst (nr rows of kern_row_bytes(type, nc)): copied,
+ * or decoded (an FP8 layer). */
+static int model__part_copy(const model_t *m, const model_tensor_t *t, const model_part_t *p, uint8_t *dst) {
+  return model_source_read(m->src, t, p->r0, p->nr, p->c0, p->nc, dst);
 }
 
 /* A column range of a GPTQ act-order weight (a rank's part of o_proj or
@@ -215,8 +214,9 @@ static int model__load_quant_cols(model_t *m, kern_weight_t *w, const model_tens
 }
 
 /* Loads part p of tensor name (keep_layout: kern_weight_t's). Whole rows
- * are handed over from the file's mapping; a column range is copied first
- * (kept while the backend borrows it). */
+ * are handed over from the file's mapping; a column range, or any part of
+ * an FP8 layer, is copied or decoded first (kept while the backend borrows
+ * it, freed once a backend that copies has it). */
 static int model__load_part_as(model_t *m, kern_weight_t *w, const char *name, bool required, model_part_t p,
                                bool keep_layout) {
   memset(w, 0, sizeof *w);
@@ -225,13 +225,13 @@ static int model__load_part_as(model_t *m, kern_weight_t *w, const char *name, b
   if (rc || !t) return rc;
   if (t->perm && p.nc != p.cols) return model__load_quant_cols(m, w, t, &p, name);
   *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc),
-                       .perm = t->perm, .keep_layout = keep_layout, .fp8 = t->fp8};
+                       .perm = t->perm, .keep_layout = keep_layout, .fp8 = t->fp8 != NULL};
   if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);
-  if (p.nc == p.cols)
+  if (p.nc == p.cols && t->data)
     return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
   uint8_t *copy = fr_malloc((size_t)p.nr * w->row_bytes);
-  model__part_copy(t, &p, copy);
-  rc = model__weight_load(m, w, copy, name);
+  rc = model__part_copy(m, t, &p, copy);
+  if (!rc) rc = model__weight_load(m, w, copy, name);
   if (rc == 0 && w->data == copy) model__keep(m, copy); /* borrowed (CPU) */
   else free(copy);
   return rc;
@@ -257,7 +257,7 @@ static int model__load_f32_part(model_t *m, kern_weight_t *w, const char *name, 
   if (t->rows * t->cols != total)
     return fr_errorf(FR_EFORMAT, "tensor %s has %lld elements, expected %lld", name,
                      (long long)(t->rows * t->cols), (long long)total);
-  if (t->type != KERN_F32 && t->type != KERN_F16 && t->type != KERN_BF16)
+  if ((t->type != KERN_F32 && t->type != KERN_F16 && t->type != KERN_BF16) || !t->data)
     return fr_errorf(FR_EUNSUPPORTED, "tensor %s: a vector must be F32, F16 or BF16", name);
   float *tmp = fr_malloc((size_t)total * sizeof(float));
   kern_dequantize_row(t->type, t->data, tmp, total);
@@ -304,7 +304,7 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   for (int i = 0; i < n; i++) {
     t[i] = model_source_tensor(m->src, names[i]);
     if (!t[i] || t[i]->type != t[0]->type || t[i]->rows != parts[i].rows || t[i]->cols != parts[i].cols ||
-        !model__same_perm(t[i], t[0]) || t[i]->fp8 != t[0]->fp8)
+        !model__same_perm(t[i], t[0]) || !t[i]->fp8 != !t[0]->fp8)
       return 0;
     total += parts[i].nr;
   }
@@ -314,7 +314,7 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
   for (int i = 0; i < n; i++) /* "blk.0.attn_q.weight+blk.0.attn_k.weight+..." */
     snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
   *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb, .perm = t[0]->perm,
-                       .fp8 = t[0]->fp8};
+                       .fp8 = t[0]->fp8 != NULL};
   bool files = true;
   for (int i = 0; i < n; i++) files = files && model__file_reads(m, t[i]);
   if (files) {
@@ -322,11 +322,12 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
     return rc ? rc : 1;
   }
   uint8_t *buf = fr_malloc((size_t)total * rb), *p = buf;
-  for (int i = 0; i < n; i++) {
-    model__part_copy(t[i], &parts[i], p);
+  int rc = 0;
+  for (int i = 0; i < n && !rc; i++) {
+    rc = model__part_copy(m, t[i], &parts[i], p);
     p += (size_t)parts[i].nr * rb;
   }
-  int rc = model__weight_load(m, w, buf, label);
+  if (!rc) rc = model__weight_load(m, w, buf, label);
   if (rc == 0 && w->data == buf) model__keep(m, buf); /* borrowed (CPU) */
   else free(buf);
   return rc ? rc : 1;
@@ -353,7 +354,7 @@ static int model__load_fused_bias(model_t *m, kern_weight_t *w, int il) {
   for (int i = 0; i < 3; i++) {
     const model_tensor_t *t;
     snprintf(name, sizeof name, "blk.%d.%s", il, sfx[i]);
-    if (!(t = model_source_tensor(m->src, name)) || t->rows * t->cols != parts[i].rows ||
+    if (!(t = model_source_tensor(m->src, name)) || t->rows * t->cols != parts[i].rows || !t->data ||
         (t->type != KERN_F32 && t->type != KERN_F16 && t->type != KERN_BF16)) {
       free(all);
       return fr_errorf(FR_EFORMAT, "tensor %s is missing or misshaped", name);

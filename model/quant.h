@@ -7,8 +7,9 @@
  * source (source.c) turns each layer into one KERN_I4G tensor in memory:
  * the file is read as it is, and no converted copy is written. An FP8
  * layer (X.weight in F8_E4M3 with X.weight_scale or X.weight_scale_inv)
- * is dequantized at open into BF16 rows (model_quant_fp8_dequant). Bit
- * layouts, and where they were checked: docs/QUANTIZED.md.
+ * is checked at open and decoded into BF16 when it is read (quant_fp8.c),
+ * only the part a rank loads. Bit layouts, and where they were checked:
+ * docs/QUANTIZED.md.
  *
  * Every size and value of the file is checked: a hostile file is an error
  * (FR_EFORMAT, or FR_EUNSUPPORTED for a valid layout ferrum does not run),
@@ -82,14 +83,32 @@ int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char 
  * (a range outside w) *out is zeroed. */
 int model_quant_cols(const model_quant_weight_t *w, int64_t c0, int64_t nc, model_quant_weight_t *out);
 
-/* The FP8 E4M3 layer `base` of st (base.weight, and base.weight_scale or
- * base.weight_scale_inv: one scale, one a row, or one a fp8_block block)
- * as BF16 rows: element (n, k) is bf16(e4m3(n, k) * scale), the product
- * rounded once to f32 and then to nearest-even bf16. Rows are shared out
- * over pool's threads (NULL: the caller's alone). *rows and *cols are the
- * weight's; *out (rows * cols, fr_malloc_aligned) is the caller's. */
-int model_quant_fp8_dequant(const model_quant_t *q, const model_st_t *st, const char *base, fr_pool_t *pool,
-                            int64_t *rows, int64_t *cols, uint16_t **out);
+/* An FP8 E4M3 layer of a checkpoint, checked (model_quant_fp8_open): its
+ * bytes in the file's mapping and its scales, decoded on demand. Scale
+ * (i, j) covers rows [i * block_rows, ...) and columns [j * block_cols, ...):
+ * one block of (rows, cols) for a scale per tensor, (1, cols) for a scale
+ * per row, the config's fp8_block otherwise (edge blocks partial). */
+typedef struct {
+  char *base;           /* the layer's HF name (before ".weight"), owned */
+  const uint8_t *bytes; /* rows x cols E4M3, row-major */
+  int64_t rows, cols;
+  float *scales;        /* (rows / block_rows rounded up) x scale_cols, owned */
+  int64_t block_rows, block_cols, scale_cols;
+} model_fp8_layer_t;
+
+/* Opens layer `base` of st: base.weight (F8_E4M3, a matrix of 2 or more
+ * rows) and base.weight_scale or base.weight_scale_inv (F32, BF16 or F16,
+ * finite: one value, one a row, or one a fp8_block block). */
+int model_quant_fp8_open(const model_quant_t *q, const model_st_t *st, const char *base, model_fp8_layer_t *out);
+void model_quant_fp8_close(model_fp8_layer_t *l);
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of l as BF16 into dst (nr
+ * rows of nc): element (n, k) is bf16(e4m3(n, k) * scale), the product
+ * rounded once to f32 and then to nearest even. The rows are shared out over
+ * pool's threads (NULL: the caller's alone). A NaN byte (0x7f, 0xff) in the
+ * range is an error. */
+int model_quant_fp8_read(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc, fr_pool_t *pool,
+                         uint16_t *dst);
 
 /* "gptq", "awq", "fp8" or "none". */
 const char *model_quant_name(model_quant_method_t m);

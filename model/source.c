@@ -179,10 +179,9 @@ static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *h
 #define SOURCE_FP8_THREADS 16 /* at most, decoding FP8 layers */
 
 /* An FP8 layer, t its F8_E4M3 weight: one BF16 tensor under its GGUF name,
- * decoded in memory (quant.h) by *pool's threads (made on first use). *used
- * is false when the layer is not one the model runs. */
-static int tensor_from_fp8(model_source_t *s, model_tensor_t *m, const st_tensor_t *t, fr_pool_t **pool,
-                           bool *used) {
+ * checked now and decoded when it is read (model_source_read). *used is
+ * false when the layer is not one the model runs. */
+static int tensor_from_fp8(model_source_t *s, model_tensor_t *m, const st_tensor_t *t, bool *used) {
   *used = false;
   char *name = map_hf_name(t->name);
   if (!name) return 0;
@@ -192,24 +191,24 @@ static int tensor_from_fp8(model_source_t *s, model_tensor_t *m, const st_tensor
   }
   char base[512];
   snprintf(base, sizeof base, "%.*s", (int)FR_MIN(strlen(t->name) - strlen(".weight"), sizeof base - 1), t->name);
-  int64_t rows, cols;
-  uint16_t *data;
+  model_fp8_layer_t *l = fr_calloc(1, sizeof *l);
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
-  int rc = *pool ? 0 : fr_pool_create(pool, (int)FR_MIN(FR_MAX(cores, 1), SOURCE_FP8_THREADS));
-  if (!rc) rc = model_quant_fp8_dequant(&s->quant, s->st, base, *pool, &rows, &cols, &data);
+  int rc = model_quant_fp8_open(&s->quant, s->st, base, l);
+  if (!rc && !s->pool) rc = fr_pool_create(&s->pool, (int)FR_MIN(FR_MAX(cores, 1), SOURCE_FP8_THREADS));
   if (rc) {
+    model_quant_fp8_close(l);
+    free(l);
     free(name);
     return rc;
   }
   *used = true;
-  *m = (model_tensor_t){.name = name, .type = KERN_BF16, .rows = rows, .cols = cols, .n_mats = 1, .data = data,
-                        .fd = -1, .owned = data, .fp8 = true};
+  *m = (model_tensor_t){.name = name, .type = KERN_BF16, .rows = l->rows, .cols = l->cols, .n_mats = 1, .fd = -1,
+                        .fp8 = l};
   return 0;
 }
 
 static int tensors_from_st(model_source_t *s) {
   const model_st_t *st = s->st;
-  fr_pool_t *pool = NULL;
   int rc = 0;
   s->tensors = fr_calloc(FR_MAX(st->n_tensors, 1), sizeof *s->tensors);
   for (size_t i = 0; i < st->n_tensors && !rc; i++) {
@@ -219,7 +218,7 @@ static int tensors_from_st(model_source_t *s) {
       bool used;
       model_tensor_t *m = &s->tensors[s->n_tensors];
       rc = qweight ? tensor_from_quant(s, m, st->tensors[i].name, &used)
-                   : tensor_from_fp8(s, m, &st->tensors[i], &pool, &used);
+                   : tensor_from_fp8(s, m, &st->tensors[i], &used);
       s->n_tensors += !rc && used;
       continue;
     }
@@ -231,7 +230,6 @@ static int tensors_from_st(model_source_t *s) {
     }
     rc = tensor_from_st(&s->tensors[s->n_tensors++], &st->tensors[i], name);
   }
-  fr_pool_destroy(pool);
   return rc;
 }
 
@@ -531,7 +529,10 @@ void model_source_close(model_source_t *s) {
     free((char *)s->tensors[i].name);
     fr_free_aligned(s->tensors[i].owned);
     free((void *)s->tensors[i].perm);
+    if (s->tensors[i].fp8) model_quant_fp8_close(s->tensors[i].fp8);
+    free(s->tensors[i].fp8);
   }
+  fr_pool_destroy(s->pool);
   free(s->tensors);
   model_gguf_close(s->gguf);
   model_st_close(s->st);
@@ -551,4 +552,13 @@ const model_tensor_t *model_source_tensor(const model_source_t *s, const char *n
     else hi = mid;
   }
   return NULL;
+}
+
+int model_source_read(const model_source_t *s, const model_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                      void *dst) {
+  if (t->fp8) return model_quant_fp8_read(t->fp8, r0, nr, c0, nc, s->pool, dst);
+  const size_t full = kern_row_bytes(t->type, t->cols), rb = kern_row_bytes(t->type, nc);
+  const uint8_t *src = (const uint8_t *)t->data + (size_t)r0 * full + kern_row_bytes(t->type, c0);
+  for (int64_t r = 0; r < nr; r++) memcpy((uint8_t *)dst + (size_t)r * rb, src + (size_t)r * full, rb);
+  return 0;
 }

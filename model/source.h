@@ -19,7 +19,8 @@
  * X.g_idx) is one KERN_I4G tensor under X.weight's GGUF name, repacked in
  * memory at open (quant.h); perm carries GPTQ act-order. FP8 folders: each
  * F8_E4M3 X.weight (with X.weight_scale or X.weight_scale_inv) is a BF16
- * tensor decoded in memory at open, marked fp8.
+ * tensor without data, its fp8 layer decoded when model_source_read reads
+ * a part of it.
  */
 #pragma once
 
@@ -43,12 +44,12 @@ typedef struct {
   int64_t rows, cols;
   int64_t n_mats;    /* GGUF ne[2] * ne[3]: a stack of n_mats matrices of rows / n_mats rows
                       * (the experts of ffn_*_exps); 1 for matrices and HF tensors */
-  const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols) */
+  const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols); NULL for an FP8 layer (fp8) */
   int fd;            /* the same bytes at file_off of this open file (the source's); -1: none */
   uint64_t file_off;
   const int32_t *perm; /* KERN_I4G from GPTQ act-order: input column of each column (kern_weight_t.perm), or NULL */
-  void *owned;         /* data when the source made it (GPTQ/AWQ repacked, FP8 decoded), freed on close; else NULL */
-  bool fp8;            /* an FP8 E4M3 layer of the checkpoint, decoded into these BF16 rows */
+  void *owned;         /* data when the source made it (GPTQ/AWQ repacked), freed on close; else NULL */
+  model_fp8_layer_t *fp8; /* an FP8 E4M3 layer of the checkpoint, read as BF16 (owned), or NULL */
 } model_tensor_t;
 
 typedef struct model_source {
@@ -62,6 +63,7 @@ typedef struct model_source {
   char *tokenizer_config_json; /* HF: path of tokenizer_config.json, NULL if none */
   size_t n_tensors;
   model_tensor_t *tensors;  /* (n_tensors), owned */
+  fr_pool_t *pool;          /* threads decoding FP8 layers (made with the first one), or NULL */
 } model_source_t;
 
 /* Opens a .gguf file or a HF folder and reads its config. */
@@ -73,6 +75,12 @@ void model_source_close(model_source_t *s);
 
 /* Tensor by GGUF name, NULL when absent. */
 const model_tensor_t *model_source_tensor(const model_source_t *s, const char *name);
+
+/* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of t (c0 and nc whole
+ * blocks of its type) into dst, nr rows of kern_row_bytes(t->type, nc):
+ * copied from the mapping, or decoded (an FP8 layer). */
+int model_source_read(const model_source_t *s, const model_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                      void *dst);
 
 /* The pooling a sentence-transformers folder names (modules.json and its
  * Pooling module's config.json) into *out; no modules.json: *out is left

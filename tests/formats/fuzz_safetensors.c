@@ -3,8 +3,9 @@
  * "X.qweight" is repacked as a GPTQ (v1 and v2) and an AWQ layer of group
  * size 32 (model/quant.h), whose output is read whole, as is its part for
  * the upper half of its inputs (model_quant_cols, a TP=2 rank's); every
- * F8_E4M3 "X.weight" is decoded as an FP8 layer, with scales per tensor or
- * row and with blocks of 2 x 3 (model_quant_fp8_dequant), and read whole. */
+ * F8_E4M3 "X.weight" is opened as an FP8 layer, with scales per tensor or
+ * row and with blocks of 2 x 3 (model_quant_fp8_open), and decoded whole and
+ * without its first row and first two columns (model_quant_fp8_read). */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -67,11 +68,15 @@ static void decode_fp8(const model_st_t *st, const char *weight) {
   char base[256];
   if (!base_of(weight, strlen(".weight"), base)) return;
   for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
-    int64_t rows, cols;
-    uint16_t *w;
-    if (model_quant_fp8_dequant(&cfgs[c], st, base, NULL, &rows, &cols, &w) != 0) continue;
-    for (int64_t i = 0; i < rows * cols; i++) sink += w[i];
-    fr_free_aligned(w);
+    model_fp8_layer_t l;
+    if (model_quant_fp8_open(&cfgs[c], st, base, &l) != 0) continue;
+    uint16_t *w = fr_malloc((size_t)(l.rows * l.cols) * sizeof *w);
+    if (model_quant_fp8_read(&l, 0, l.rows, 0, l.cols, NULL, w) == 0)
+      for (int64_t i = 0; i < l.rows * l.cols; i++) sink += w[i];
+    if (l.rows > 1 && l.cols > 2 && model_quant_fp8_read(&l, 1, l.rows - 1, 2, l.cols - 2, NULL, w) == 0)
+      sink += w[0];
+    free(w);
+    model_quant_fp8_close(&l);
   }
 }
 

@@ -1,7 +1,9 @@
 /* dump_weight - writes one weight of a model source as the source decodes
  * it: rows x cols f32 (little-endian, row-major), in the file's column
- * order (a GPTQ act-order permutation undone). test_gptq.py compares it
- * with the reference decoder of tests/golden/make_gptq.py, bit for bit.
+ * order (a GPTQ act-order permutation undone; an FP8 layer decoded to BF16
+ * a row at a time, as the loader reads it). test_gptq.py and
+ * test_fp8_ckpt.py compare it with the reference decoders of
+ * tests/golden/make_gptq.py and make_fp8.py, bit for bit.
  *
  * With --cols C0 NC, it writes instead the part of a KERN_I4G weight that
  * takes inputs [C0, C0 + NC), as tensor parallelism loads it for a rank
@@ -21,15 +23,18 @@
 #include "model/quant.h"
 #include "model/source.h"
 
-static int dump(const model_tensor_t *t, FILE *f) {
+static int dump(const model_source_t *s, const model_tensor_t *t, FILE *f) {
   const size_t rb = kern_row_bytes(t->type, t->cols), cols = (size_t)t->cols;
   float *row = fr_malloc(cols * sizeof *row), *out = fr_malloc(cols * sizeof *out);
+  uint8_t *bytes = fr_malloc(rb);
   int rc = 0;
   for (int64_t r = 0; r < t->rows && !rc; r++) {
-    kern_dequantize_row(t->type, (const uint8_t *)t->data + (size_t)r * rb, row, t->cols);
+    if ((rc = model_source_read(s, t, r, 1, 0, t->cols, bytes))) break;
+    kern_dequantize_row(t->type, bytes, row, t->cols);
     for (size_t k = 0; k < cols; k++) out[t->perm ? (size_t)t->perm[k] : k] = row[k];
     if (fwrite(out, sizeof *out, cols, f) != cols) rc = -1;
   }
+  free(bytes);
   free(row);
   free(out);
   return rc;
@@ -75,7 +80,7 @@ static int dump_cols(const model_tensor_t *t, int64_t c0, int64_t nc, FILE *f, c
 static int dump_one(const model_source_t *s, const char *name, const char *path, int64_t c0, int64_t nc) {
   const model_tensor_t *t = model_source_tensor(s, name);
   FILE *f = t ? fopen(path, "wb") : NULL;
-  int rc = t && f ? (nc > 0 ? dump_cols(t, c0, nc, f, path) : dump(t, f)) : -1;
+  int rc = t && f ? (nc > 0 ? dump_cols(t, c0, nc, f, path) : dump(s, t, f)) : -1;
   if (f && fclose(f)) rc = -1;
   if (rc) fprintf(stderr, "dump_weight: %s: no such tensor, or cannot write %s: %s\n", name, path, fr_last_error());
   else if (nc <= 0) printf("%s %s %lld %lld\n", name, kern_type_traits(t->type)->name, (long long)t->rows,

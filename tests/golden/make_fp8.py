@@ -22,9 +22,11 @@ Variants, as the tools that make such files write them:
            lm_head quantized too
 
 E4M3 and BF16 conversions are ml_dtypes' (float8_e4m3fn, bfloat16: round to
-nearest even), not ferrum's: dequantize() multiplies the E4M3 value by its
-scale in float32 and rounds the product to BF16. It is the reference that
-test_fp8_ckpt.py holds ferrum's decoded weights to, bit for bit.
+nearest even), not ferrum's, or PyTorch's where ml_dtypes is missing (the
+GPU machine, tests/parity/gpu_fp8_ckpt.py): dequantize() multiplies the
+E4M3 value by its scale in float32 and rounds the product to BF16. It is
+the reference that test_fp8_ckpt.py holds ferrum's decoded weights to, bit
+for bit.
 
 With --convert, a BF16 folder SRC (tests/golden/make_tiny_models.py's
 tiny-qwen3moe-hf: the experts too) becomes OUT_DIR/NAME in layout VARIANT,
@@ -37,24 +39,46 @@ import json
 import sys
 from pathlib import Path
 
-import ml_dtypes
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_gptq  # noqa: E402
 
-E4M3 = ml_dtypes.float8_e4m3fn
 E4M3_MAX = 448.0
 BLOCK = (48, 80)
 VARIANTS = ("tensor", "channel", "block")
 
+try:
+    import ml_dtypes
 
-def bf16_to_f32(bits):
-    return np.asarray(bits, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+    def e4m3_to_f32(q):
+        return np.asarray(q, dtype=np.uint8).view(ml_dtypes.float8_e4m3fn).astype(np.float32)
 
+    def f32_to_e4m3(x):
+        return np.asarray(x, dtype=np.float32).astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
 
-def f32_to_bf16_bits(a):
-    return np.asarray(a, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+    def bf16_to_f32(bits):
+        return np.asarray(bits, dtype=np.uint16).view(ml_dtypes.bfloat16).astype(np.float32)
+
+    def f32_to_bf16_bits(a):
+        return np.asarray(a, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+except ImportError:  # PyTorch's conversions, also round to nearest even
+    import torch
+
+    def e4m3_to_f32(q):
+        return torch.from_numpy(np.ascontiguousarray(q, dtype=np.uint8)).view(torch.float8_e4m3fn).float().numpy()
+
+    def f32_to_e4m3(x):
+        t = torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32))
+        return t.to(torch.float8_e4m3fn).view(torch.uint8).numpy()
+
+    def bf16_to_f32(bits):
+        t = torch.from_numpy(np.ascontiguousarray(bits, dtype=np.uint16).view(np.int16))
+        return t.view(torch.bfloat16).float().numpy()
+
+    def f32_to_bf16_bits(a):
+        t = torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32))
+        return t.to(torch.bfloat16).view(torch.int16).numpy().view(np.uint16)
 
 
 def expand_scales(scales, shape, block=None):
@@ -70,7 +94,7 @@ def expand_scales(scales, shape, block=None):
 
 def dequantize(qbytes, scales, block=None):
     """The BF16 bits of a layer: bf16(float32(e4m3) * float32(scale)), ml_dtypes' conversions."""
-    q = np.asarray(qbytes, dtype=np.uint8).view(E4M3).astype(np.float32)
+    q = e4m3_to_f32(qbytes)
     return f32_to_bf16_bits(q * expand_scales(scales, q.shape, block))
 
 
@@ -96,7 +120,7 @@ def quantize(w, variant):
         name = "weight_scale_inv"
     s32 = bf16_to_f32(scale[1]) if scale[0] == "BF16" else scale[1]
     full = expand_scales(s32, w.shape, BLOCK if variant == "block" else None)
-    q = np.clip(w / full, -E4M3_MAX, E4M3_MAX).astype(E4M3).view(np.uint8)
+    q = f32_to_e4m3(np.clip(w / full, -E4M3_MAX, E4M3_MAX))
     return q, scale, name
 
 

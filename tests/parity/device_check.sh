@@ -4,8 +4,9 @@
 #   2. CPU kernel tests on the AVX-512 path, when the host has it
 #   3. whole-model parity with transformers (tests/parity/hf_parity.py), and
 #      /v1/embeddings with sentence-transformers / transformers (embed_parity.py)
-#   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights) and on
-#      GPTQ / AWQ int4 checkpoints (tests/parity/gpu_gptq.py)
+#   4. CPU vs CUDA greedy tokens on quantized models of real shapes (dummy weights), on
+#      GPTQ / AWQ int4 checkpoints (tests/parity/gpu_gptq.py) and on FP8 ones
+#      (tests/parity/gpu_fp8_ckpt.py)
 #   5. Llama-3-8B-shaped decode / prefill throughput (bench/model_bench, bf16 dummy)
 # usage (device machine, repo root): source .device/env.sh && tests/parity/device_check.sh BUILD_DIR OUT_DIR
 set -uo pipefail
@@ -52,6 +53,8 @@ for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q
 done
 step "cpu vs cuda, GPTQ / AWQ int4 checkpoints (tests/golden/make_gptq.py)"
 python3 tests/parity/gpu_gptq.py "$build/bin/run_model" "$out/gptq" || status=1
+step "FP8 checkpoints: cuda vs their twins with --quantization fp8, and vs the cpu (tests/golden/make_fp8.py)"
+python3 tests/parity/gpu_fp8_ckpt.py "$build/bin/run_model" "$out/fp8" || status=1
 fi
 
 if want bench; then

@@ -40,12 +40,25 @@ def prompts():
     return [[1, 50, 600, 7000, 123]] + [[rnd.randrange(100, 40000) for _ in range(n)] for n in (40, 300)]
 
 
-def run(run_model, folder, device, ids, logits):
+def run(run_model, folder, device, ids, logits, extra=()):
     r = subprocess.run([run_model, "--model", str(folder), "--device", device, "--ids", ",".join(map(str, ids)),
-                        "--greedy", str(N_GREEDY), "--logits-out", str(logits)],
+                        "--greedy", str(N_GREEDY), "--logits-out", str(logits), *extra],
                        capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, f"run_model {folder.name} on {device}: {r.stderr[-2000:]}"
     return r.stdout.strip().splitlines()[-1]
+
+
+def compare_with_cpu(run_model, folder, device, ids, work, tol):
+    """Whether folder on device follows the CPU's greedy tokens (vLLM's rule) with logits within tol; prints why."""
+    a = run(run_model, folder, "cpu", ids, work / "cpu.f32")
+    b = run(run_model, folder, device, ids, work / "dev.f32")
+    la, lb = np.fromfile(work / "cpu.f32", dtype=np.float32), np.fromfile(work / "dev.f32", dtype=np.float32)
+    err = float(np.linalg.norm(la - lb) / np.linalg.norm(la))
+    r = subprocess.run([sys.executable, str(HERE / "compare_greedy.py"), f"{folder.name} prompt of {len(ids)}", a, b],
+                       capture_output=True, text=True)
+    ok = r.returncode == 0 and err < tol
+    print(f"{r.stdout.strip()}; logits' relative error {err:.2g}{'' if ok else '  FAIL'}")
+    return ok
 
 
 def main():
@@ -55,16 +68,7 @@ def main():
     bad = 0
     for name in make_gptq.VARIANTS:
         for ids in prompts():
-            a = run(run_model, work / name, "cpu", ids, work / "cpu.f32")
-            b = run(run_model, work / name, device, ids, work / "dev.f32")
-            la, lb = np.fromfile(work / "cpu.f32", dtype=np.float32), np.fromfile(work / "dev.f32", dtype=np.float32)
-            err = float(np.linalg.norm(la - lb) / np.linalg.norm(la))
-            label = f"{name} prompt of {len(ids)}"
-            r = subprocess.run([sys.executable, str(HERE / "compare_greedy.py"), label, a, b],
-                               capture_output=True, text=True)
-            ok = r.returncode == 0 and err < LOGITS_TOL
-            print(f"{r.stdout.strip()}; logits' relative error {err:.2g}{'' if ok else '  FAIL'}")
-            bad += not ok
+            bad += not compare_with_cpu(run_model, work / name, device, ids, work, LOGITS_TOL)
     print("PASS" if bad == 0 else f"FAIL: {bad} runs")
     sys.exit(1 if bad else 0)
 

@@ -641,7 +641,7 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   m->rope.mode = m->src->rope_mode;
   if ((rc = model__load_tokenizer(m))) goto fail;
   if (m->src->quant.method == MODEL_QUANT_FP8 && opts && opts->progress)
-    FR_LOGI("FP8 checkpoint: its E4M3 layers were decoded into BF16; they run %s on the %s backend",
+    FR_LOGI("FP8 checkpoint: its E4M3 layers are decoded into BF16 as they load, and run %s on the %s backend",
             be->fp8_weights ? "as FP8 again (a scale a row)" : "in BF16", be->ops->name);
   model_progress_t prog;
   model__load_begin(m, &prog, model__load_bytes(m), opts && opts->progress);

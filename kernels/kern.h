@@ -59,10 +59,14 @@ typedef struct kern_weight {
    * of matmul, and a backend may store it in a layout of its own
    * (w->type then says which: CUDA's KERN_Q4F). */
   bool keep_layout;
-  /* Set by the model (--quantization fp8): keep this matmul weight (dense,
-   * 2-D, only matmul reads it) as FP8 E4M3 with a scale a row, quantized at
-   * load (w->type then KERN_F8R). Only backends with
-   * kern_backend_t.fp8_weights take it; weight_load refuses it elsewhere. */
+  /* Set by the model (--quantization fp8, or an FP8 checkpoint): keep this
+   * matmul weight (2-D, only matmul reads it) as FP8 E4M3. A dense one
+   * (F32, F16, BF16) is quantized at load, a scale a row (w->type then
+   * KERN_F8R); a KERN_F8R or KERN_F8B one (host data, an FP8 checkpoint's
+   * bytes and scales) is kept as it is, or refused with FR_EUNSUPPORTED
+   * where the backend cannot run that form (the model then hands it over
+   * dense). Only backends with kern_backend_t.fp8_weights take it;
+   * weight_load refuses it elsewhere. */
   bool fp8;
 } kern_weight_t;
 

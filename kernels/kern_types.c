@@ -18,6 +18,7 @@ static const kern_type_traits_t kern__traits[KERN_TYPE_MAX] = {
     [KERN_BF16] = {"BF16", 1, 2, false},     [KERN_I4G] = {"I4G", 32, 24, true},
     [KERN_Q4F] = {"Q4F", 32, 20, true},      [KERN_Q6F] = {"Q6F", 32, 28, true},
     [KERN_Q4G] = {"Q4G", 32, 17, true},      [KERN_F8R] = {"F8R", 1, 1, true},
+    [KERN_F8B] = {"F8B", 1, 1, true},
 };
 
 const kern_type_traits_t *kern_type_traits(int type) {

@@ -49,12 +49,21 @@ typedef enum {
    * of 128 columns in every row (GPTQ and AWQ at group size 128), stored
    * once a run: 4.25 bits a weight. */
   KERN_Q4G = 43,
-  /* Not a ggml type, and never in host memory: a dense weight the CUDA
-   * backend quantized at load to FP8 E4M3 (kern_weight_t.fp8, vLLM's
-   * --quantization fp8): its rows x cols bytes row after row (row_bytes =
-   * cols), then one f32 scale a row, as kern_fp8_quantize_row makes them. */
+  /* Not a ggml type: an FP8 E4M3 matmul weight (kern_weight_t.fp8), its
+   * rows x cols bytes row after row (row_bytes = cols), then one f32 scale
+   * a row (element (r, k) = e4m3 * scale[r]). The CUDA backend makes it at
+   * load from a dense weight (vLLM's --quantization fp8), as
+   * kern_fp8_quantize_row does; in host memory only as the model hands an
+   * FP8 checkpoint's layer to weight_load (a scale per tensor or per row). */
   KERN_F8R = 44,
-  KERN_TYPE_MAX = 45
+  /* The same with a scale per 128 x 128 block (an FP8 checkpoint's
+   * weight_block_size [128, 128], DeepSeek-V3's and Qwen3's): rows and cols
+   * multiples of 128; after the bytes, rows / 128 rows of
+   * kern_f8b_scale_cols(cols) f32, block (i, j)'s scale at
+   * i * kern_f8b_scale_cols(cols) + j, the rest zero (cuBLASLt's
+   * BLK128x128_32F layout). */
+  KERN_F8B = 45,
+  KERN_TYPE_MAX = 46
 } kern_type_t;
 
 typedef struct {
@@ -128,6 +137,14 @@ uint8_t kern_fp8_e4m3_from_f32(float x);
  * saturated; returns the scale m / 448 (x ~ q * scale). A zero row gets
  * zero bytes and scale 0. */
 float kern_fp8_quantize_row(const float *x, int64_t n, uint8_t *q);
+
+/* KERN_F8B: the f32 slots of a block row of scales (cols / 128 rounded up
+ * to a multiple of 4), and the scales' bytes after a KERN_F8R or KERN_F8B
+ * weight's rows x cols bytes. */
+static inline int64_t kern_f8b_scale_cols(int64_t cols) { return (cols / 128 + 3) / 4 * 4; }
+static inline size_t kern_f8_scale_bytes(int type, int64_t rows, int64_t cols) {
+  return (size_t)(type == KERN_F8B ? rows / 128 * kern_f8b_scale_cols(cols) : rows) * sizeof(float);
+}
 
 /* The reference quantizer of one (token, KV head) row of n elements: q
  * (n bytes) and its f16 scale, as every backend's KV append stores them

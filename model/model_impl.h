@@ -34,6 +34,8 @@ typedef struct model_progress {
   uint64_t t0, t_last;  /* fr_now_ns() at the start and at the last line logged */
   int pct_last;         /* percentage on the last line logged */
   bool log;             /* log lines (info level); counting happens anyway */
+  int fp8_kept;         /* an FP8 checkpoint's weights handed over as they are (KERN_F8R, KERN_F8B) */
+  int fp8_decoded;      /* and those decoded into BF16 */
 } model_progress_t;
 
 /* Starts counting towards total bytes (0: unknown) into p (borrowed until

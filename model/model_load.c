@@ -49,12 +49,16 @@ static void model__progress_add(model_progress_t *p, uint64_t bytes) {
  * head (as vLLM keeps it), nor a weight something else reads (embeddings,
  * routers, experts: keep_layout), nor vectors. The same weights of an FP8
  * checkpoint (w->fp8 set by the caller from model_tensor_t.fp8) stay FP8
- * where the backend keeps FP8, and run in BF16 elsewhere. */
-static void model__mark_fp8(const model_t *m, kern_weight_t *w) {
+ * where the backend keeps FP8, and run in BF16 elsewhere; a KERN_F8R or
+ * KERN_F8B one is such a weight as it is in the file (model__load_fp8). */
+static bool model__takes_fp8(const model_t *m, const kern_weight_t *w) {
   const kern_type_t t = w->type;
-  w->fp8 = (m->fp8 || (w->fp8 && m->be->fp8_weights)) && w != &m->output && !w->keep_layout && w->rows > 1 &&
-           (t == KERN_F32 || t == KERN_F16 || t == KERN_BF16);
+  if (t == KERN_F8R || t == KERN_F8B) return w->fp8;
+  return (m->fp8 || (w->fp8 && m->be->fp8_weights)) && w != &m->output && !w->keep_layout && w->rows > 1 &&
+         (t == KERN_F32 || t == KERN_F16 || t == KERN_BF16);
 }
+
+static void model__mark_fp8(const model_t *m, kern_weight_t *w) { w->fp8 = model__takes_fp8(m, w); }
 
 int model__weight_load(model_t *m, kern_weight_t *w, const void *host_data, const char *name) {
   uint64_t bytes = (uint64_t)w->rows * w->row_bytes; /* before the backend converts */
@@ -90,6 +94,10 @@ int model__load_end(model_t *m) {
   if (rc || !p) return rc;
   if (p->total && p->done != p->total)
     FR_LOGD("weights: %llu bytes loaded, %llu expected", (unsigned long long)p->done, (unsigned long long)p->total);
+  if (p->fp8_kept || p->fp8_decoded)
+    FR_LOGI("FP8 checkpoint: %d weights run as they are in the file, %d decoded into BF16%s", p->fp8_kept,
+            p->fp8_decoded, p->fp8_decoded && m->be->fp8_weights ? " (a layer's then quantized again, a scale a row; "
+            "FERRUM_LOG=debug says why each)" : "");
   if (!p->log) return 0;
   double secs = (double)FR_MAX(fr_now_ns() - p->t0, 1) / 1e9;
   FR_LOGI("loaded weights: %.2f GiB in %.2f s (%.2f GiB/s)", (double)p->done / MODEL_GIB, secs,
@@ -187,6 +195,57 @@ static int model__part_copy(const model_t *m, const model_tensor_t *t, const mod
   return model_source_read(m->src, t, p->r0, p->nr, p->c0, p->nc, dst);
 }
 
+/* Parts parts[0..n) of FP8 layers t[0..n) as one weight w (its rows theirs
+ * in order, set up as their BF16 decoding), handed to a backend that keeps
+ * FP8 as they are in the file: the bytes and scales in
+ * model_quant_fp8_form's KERN_F8R or KERN_F8B. Returns 1 when loaded; 0
+ * when w is not a weight the backend keeps as FP8 (model__takes_fp8), the
+ * parts have no such form in common, or the backend cannot run it
+ * (FR_EUNSUPPORTED): the caller then decodes them; or an error. */
+static int model__load_fp8(model_t *m, kern_weight_t *w, const model_tensor_t *const *t, const model_part_t *parts,
+                           int n, const char *name) {
+  const int64_t nc = parts[0].nc;
+  if (!model__takes_fp8(m, w) || !m->be->fp8_weights || nc % 16) return 0;
+  kern_type_t form = KERN_BF16;
+  int64_t rows = 0;
+  for (int i = 0; i < n; i++) {
+    const kern_type_t f = model_quant_fp8_form(t[i]->fp8, parts[i].r0, parts[i].nr, parts[i].c0, parts[i].nc);
+    if (f == KERN_BF16 || (i && f != form)) return 0;
+    form = f;
+    rows += parts[i].nr;
+  }
+  const size_t qbytes = (size_t)rows * (size_t)nc;
+  uint8_t *buf = fr_malloc(qbytes + kern_f8_scale_bytes(form, rows, nc));
+  float *scales = (float *)(buf + qbytes);
+  int rc = 0;
+  for (int64_t i = 0, r = 0; i < n && !rc; r += parts[i].nr, i++)
+    rc = model_quant_fp8_pack(t[i]->fp8, form, parts[i].r0, parts[i].nr, parts[i].c0, nc, m->src->pool,
+                              buf + (size_t)r * nc, scales + (form == KERN_F8R ? r : r / 128 * kern_f8b_scale_cols(nc)));
+  kern_weight_t f8 = {.type = form, .rows = rows, .cols = nc, .row_bytes = (size_t)nc, .fp8 = true};
+  if (!rc) rc = m->be->ops->weight_load(m->be->ctx, &f8, buf);
+  free(buf);
+  if (rc == FR_EUNSUPPORTED) {
+    FR_LOGD("%s: %s; decoding it into BF16", name, fr_last_error());
+    return 0;
+  }
+  if (rc) {
+    char why[400];
+    snprintf(why, sizeof why, "%s", fr_last_error());
+    return fr_errorf(rc, "loading %s: %s", name, why);
+  }
+  *w = f8;
+  if (m->progress) {
+    m->progress->fp8_kept++;
+    model__progress_add(m->progress, (uint64_t)rows * kern_row_bytes(KERN_BF16, nc)); /* as model__load_bytes counts it */
+  }
+  return 1;
+}
+
+/* An FP8 layer's part that model__load_fp8 did not take: decoded into BF16. */
+static void model__count_fp8_decoded(model_t *m) {
+  if (m->progress) m->progress->fp8_decoded++;
+}
+
 /* A column range of a GPTQ act-order weight (a rank's part of o_proj or
  * down_proj): its own I4G tensor with its own permutation and padding
  * (model_quant_cols), kept, with the permutation, while the model lives. */
@@ -226,6 +285,10 @@ static int model__load_part_as(model_t *m, kern_weight_t *w, const char *name, b
   if (t->perm && p.nc != p.cols) return model__load_quant_cols(m, w, t, &p, name);
   *w = (kern_weight_t){.type = t->type, .rows = p.nr, .cols = p.nc, .row_bytes = kern_row_bytes(t->type, p.nc),
                        .perm = t->perm, .keep_layout = keep_layout, .fp8 = t->fp8 != NULL};
+  if (t->fp8) {
+    if ((rc = model__load_fp8(m, w, &t, &p, 1, name))) return rc < 0 ? rc : 0;
+    model__count_fp8_decoded(m);
+  }
   if (model__file_reads(m, t)) return model__load_spans(m, w, &t, &p, 1, name);
   if (p.nc == p.cols && t->data)
     return model__weight_load(m, w, (const uint8_t *)t->data + (size_t)p.r0 * w->row_bytes, name);
@@ -315,6 +378,11 @@ static int model__load_fused(model_t *m, kern_weight_t *w, const char *const *na
     snprintf(label + strlen(label), sizeof label - strlen(label), "%s%s", i ? "+" : "", names[i]);
   *w = (kern_weight_t){.type = t[0]->type, .rows = total, .cols = parts[0].cols, .row_bytes = rb, .perm = t[0]->perm,
                        .fp8 = t[0]->fp8 != NULL};
+  if (t[0]->fp8) {
+    int rc = model__load_fp8(m, w, t, parts, n, label);
+    if (rc) return rc;
+    model__count_fp8_decoded(m);
+  }
   bool files = true;
   for (int i = 0; i < n; i++) files = files && model__file_reads(m, t[i]);
   if (files) {
@@ -640,9 +708,6 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
   if ((rc = model__plan_shard(m, opts, model__ffn_unit(m)))) goto fail;
   m->rope.mode = m->src->rope_mode;
   if ((rc = model__load_tokenizer(m))) goto fail;
-  if (m->src->quant.method == MODEL_QUANT_FP8 && opts && opts->progress)
-    FR_LOGI("FP8 checkpoint: its E4M3 layers are decoded into BF16 as they load, and run %s on the %s backend",
-            be->fp8_weights ? "as FP8 again (a scale a row)" : "in BF16", be->ops->name);
   model_progress_t prog;
   model__load_begin(m, &prog, model__load_bytes(m), opts && opts->progress);
   if (m->cfg.arch == MODEL_ARCH_BERT) {

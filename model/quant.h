@@ -24,6 +24,7 @@
 #include <stdint.h>
 
 #include "common/fr_pool.h"
+#include "kernels/kern_types.h"
 #include "model/safetensors.h"
 
 #ifdef __cplusplus
@@ -109,6 +110,21 @@ void model_quant_fp8_close(model_fp8_layer_t *l);
  * range is an error. */
 int model_quant_fp8_read(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc, fr_pool_t *pool,
                          uint16_t *dst);
+
+/* How rows [r0, r0 + nr) and columns [c0, c0 + nc) of l go to a backend
+ * that keeps FP8 weights as they are in the file: KERN_F8R where a scale
+ * covers whole rows (per tensor, per row), KERN_F8B where the scales are
+ * 128 x 128 blocks and the part is whole blocks, else KERN_BF16 (decoded,
+ * model_quant_fp8_read). */
+kern_type_t model_quant_fp8_form(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc);
+
+/* That part in form (KERN_F8R or KERN_F8B, as model_quant_fp8_form gives
+ * it): its bytes as they are into q (nr rows of nc), its scales into
+ * scales (kern_types.h's layouts: KERN_F8R one a row; KERN_F8B nr / 128
+ * block rows of kern_f8b_scale_cols(nc)). A NaN byte in the part is an
+ * error, as for model_quant_fp8_read. */
+int model_quant_fp8_pack(const model_fp8_layer_t *l, kern_type_t form, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                         fr_pool_t *pool, uint8_t *q, float *scales);
 
 /* "gptq", "awq", "fp8" or "none". */
 const char *model_quant_name(model_quant_method_t m);

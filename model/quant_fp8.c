@@ -1,6 +1,7 @@
 /* quant_fp8.c - FP8 E4M3 checkpoint layers (quant.h): the weight and its
  * scales are checked at open; any rectangle of the weight is decoded into
- * BF16 on demand. Formats: docs/QUANTIZED.md, "FP8 checkpoints". */
+ * BF16 on demand, or packed as it is for a backend that keeps FP8
+ * (KERN_F8R, KERN_F8B). Formats: docs/QUANTIZED.md, "FP8 checkpoints". */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -127,7 +128,8 @@ void model_quant_fp8_close(model_fp8_layer_t *l) {
 typedef struct {
   const model_fp8_layer_t *L;
   int64_t r0, nr, c0, nc;
-  uint16_t *dst;
+  uint16_t *dst;                  /* decoded BF16 (model_quant_fp8_read), or NULL */
+  uint8_t *q;                     /* else the bytes as they are (model_quant_fp8_pack) */
   int64_t nan_row[FP8_MAX_PARTS]; /* a part's first row holding a NaN byte, or -1 */
 } fp8_read_t;
 
@@ -162,7 +164,9 @@ static void fp8_read_part(void *arg, int ith, int nth) {
   for (int64_t r = j->r0 + lo; r < r1 && j->nan_row[ith] < 0; r++)
     if (fp8_row_nan(j, r)) j->nan_row[ith] = r;
   if (j->nan_row[ith] >= 0) return;
-  for (int64_t r = j->r0 + lo; r < r1;) {
+  for (int64_t r = j->r0 + lo; j->q && r < r1; r++)
+    memcpy(j->q + (r - j->r0) * j->nc, L->bytes + r * L->cols + j->c0, (size_t)j->nc);
+  for (int64_t r = j->r0 + lo; j->dst && r < r1;) {
     const int64_t br = r / L->block_rows, end = FR_MIN((br + 1) * L->block_rows, r1);
     for (int64_t bc = j->c0 / L->block_cols; bc * L->block_cols < k1; bc++)
       fp8_region(j, L->scales[br * L->scale_cols + bc], r, end, FR_MAX(bc * L->block_cols, j->c0),
@@ -171,14 +175,19 @@ static void fp8_read_part(void *arg, int ith, int nth) {
   }
 }
 
-int model_quant_fp8_read(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc, fr_pool_t *pool,
-                         uint16_t *dst) {
+static int fp8_check_range(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
   if (r0 < 0 || nr <= 0 || r0 + nr > l->rows || c0 < 0 || nc <= 0 || c0 + nc > l->cols)
     return fr_errorf(-EINVAL, "model: rows [%lld, %lld) and columns [%lld, %lld) of %s.weight (%lld x %lld)",
                      (long long)r0, (long long)(r0 + nr), (long long)c0, (long long)(c0 + nc), l->base,
                      (long long)l->rows, (long long)l->cols);
-  fp8_read_t *j = fr_malloc(sizeof *j);
-  *j = (fp8_read_t){.L = l, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .dst = dst};
+  return 0;
+}
+
+/* Runs read j (set up, nan_row aside) over pool's threads; its NaN bytes,
+ * if any, as the error. Frees j. */
+static int fp8_run(fp8_read_t *j, fr_pool_t *pool) {
+  const model_fp8_layer_t *l = j->L;
+  const int64_t c0 = j->c0, nc = j->nc;
   const int parts = pool ? FR_MIN(fr_pool_size(pool), FP8_MAX_PARTS) : 1;
   for (int i = 0; i < FP8_MAX_PARTS; i++) j->nan_row[i] = -1;
   if (parts > 1 && parts == fr_pool_size(pool)) fr_pool_run(pool, fp8_read_part, j);
@@ -195,4 +204,42 @@ int model_quant_fp8_read(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int
   }
   free(j);
   return rc;
+}
+
+int model_quant_fp8_read(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc, fr_pool_t *pool,
+                         uint16_t *dst) {
+  int rc = fp8_check_range(l, r0, nr, c0, nc);
+  if (rc) return rc;
+  fp8_read_t *j = fr_malloc(sizeof *j);
+  *j = (fp8_read_t){.L = l, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .dst = dst};
+  return fp8_run(j, pool);
+}
+
+kern_type_t model_quant_fp8_form(const model_fp8_layer_t *l, int64_t r0, int64_t nr, int64_t c0, int64_t nc) {
+  if (l->scale_cols == 1) return KERN_F8R;
+  const int64_t b = 128;
+  if (l->block_rows == b && l->block_cols == b && r0 % b == 0 && nr % b == 0 && c0 % b == 0 && nc % b == 0)
+    return KERN_F8B;
+  return KERN_BF16;
+}
+
+int model_quant_fp8_pack(const model_fp8_layer_t *l, kern_type_t form, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
+                         fr_pool_t *pool, uint8_t *q, float *scales) {
+  int rc = fp8_check_range(l, r0, nr, c0, nc);
+  if (rc) return rc;
+  if (form == KERN_BF16 || form != model_quant_fp8_form(l, r0, nr, c0, nc))
+    return fr_errorf(-EINVAL, "model: %s.weight cannot be packed as %s", l->base,
+                     kern_type_traits(form) ? kern_type_traits(form)->name : "?");
+  if (form == KERN_F8R) {
+    for (int64_t r = 0; r < nr; r++) scales[r] = l->scales[(r0 + r) / l->block_rows];
+  } else {
+    const int64_t sc = kern_f8b_scale_cols(nc);
+    memset(scales, 0, kern_f8_scale_bytes(KERN_F8B, nr, nc));
+    for (int64_t i = 0; i < nr / 128; i++)
+      for (int64_t k = 0; k < nc / 128; k++)
+        scales[i * sc + k] = l->scales[(r0 / 128 + i) * l->scale_cols + c0 / 128 + k];
+  }
+  fp8_read_t *j = fr_malloc(sizeof *j);
+  *j = (fp8_read_t){.L = l, .r0 = r0, .nr = nr, .c0 = c0, .nc = nc, .q = q};
+  return fp8_run(j, pool);
 }

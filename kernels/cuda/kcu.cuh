@@ -211,10 +211,13 @@ typedef struct {
                               token: this cuBLASLt has no outer-vector scaling (before 12.9, or not sm_90), or
                               FERRUM_CUDA_F8_SCALES=tensor */
   cublasLtHandle_t lt;     /* the FP8 GEMM's (kcu_f8.cu), made with the first FP8 weight */
-  cublasLtMatmulDesc_t lt_desc;
-  struct kcu_f8_plan *f8_plans; /* its algorithms by shape */
+  cublasLtMatmulDesc_t lt_desc;   /* KERN_F8R's: scale vectors (or scalars: f8_tensor) */
+  cublasLtMatmulDesc_t lt_desc_b; /* KERN_F8B's: 128 x 128 weight blocks, 128-column activation groups; made with
+                                     the first KERN_F8B weight */
+  struct kcu_f8_plan *f8_plans; /* their algorithms by shape */
   uint8_t *x8;             /* its activations as FP8 E4M3 (KCU_F8_X_BYTES) */
-  float *x8s;              /* their scales, a token each (KCU_F8_X_TOKENS), then an absmax slot (f8_tensor) */
+  float *x8s;              /* their scales (KCU_F8_X_SCALES): a token each then an absmax slot (f8_tensor), or a
+                              token's 128-column group each (KERN_F8B) */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
@@ -598,15 +601,20 @@ int kcu__matmul_silu_mul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const 
 int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, const kern_weight_t *bias,
                                const void *x, int n, kern_kv_pool_t *pool, int layer, int n_heads,
                                const kern_rope_t *rope);
-/* FP8 weights (kcu_f8.cu). A KERN_F8R weight's row scales follow its
- * bytes. kcu__f8_quantize: w's rows in the act type (src, device) become
- * w->data's KERN_F8R (allocated here). kcu__f8_gemm: its matmul with x's
- * rows quantized likewise, by cuBLASLt. kcu__f8_destroy frees what they
- * made. */
+/* FP8 weights (kcu_f8.cu). A KERN_F8R or KERN_F8B weight's scales follow
+ * its bytes (kern_types.h). kcu__f8_quantize: w's rows in the act type
+ * (src, device) become w->data's KERN_F8R (allocated here). kcu__f8_upload:
+ * a KERN_F8R or KERN_F8B weight in host memory (an FP8 checkpoint's) copied
+ * as it is, or FR_EUNSUPPORTED where this device's GEMM cannot run it.
+ * kcu__f8_gemm: the matmul with x's rows quantized likewise (a scale a
+ * token, or a token's 128 columns), by cuBLASLt. kcu__f8_destroy frees what
+ * they made. */
 static inline const float *kcu_f8_scales(const kern_weight_t *w) {
   return (const float *)((const uint8_t *)w->data + (size_t)w->rows * (size_t)w->cols);
 }
+static inline bool kcu_is_f8(kern_type_t t) { return t == KERN_F8R || t == KERN_F8B; }
 int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char *what);
+int kcu__f8_upload(kcu_ctx_t *c, kern_weight_t *w, const void *host, const char *what);
 int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 void kcu__f8_destroy(kcu_ctx_t *c);
 /* KERN_Q4F, KERN_Q4G and KERN_Q6F (kcu_q4f.cu): whether a device type is

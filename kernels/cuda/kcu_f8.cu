@@ -14,7 +14,16 @@
  * Ada) or FERRUM_CUDA_F8_SCALES=tensor, the scales are per tensor instead
  * (f8_tensor; vLLM's default): one for a weight (every row's slot holds
  * it, so the GEMV reads them alike) and one for a matmul's activations,
- * from the absmax over all of them, and the GEMM scales by scalars. */
+ * from the absmax over all of them, and the GEMM scales by scalars.
+ *
+ * An FP8 checkpoint's layers come as they are in the file (kcu__f8_upload):
+ * KERN_F8R where its scales cover whole rows (per tensor: the one scale in
+ * every row's slot), KERN_F8B where they are 128 x 128 blocks. KERN_F8B's
+ * GEMM quantizes x a scale per token and 128 columns, as vLLM does for such
+ * files, and cuBLASLt scales by both blocks
+ * (CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F for the weight,
+ * VEC128_32F for x: sm_90, cuBLAS 12.9 and newer); the GEMV multiplies
+ * each 16 weights' sum by their block's scale. */
 #include <errno.h>
 
 #include "common/fr_log.h"
@@ -24,11 +33,14 @@
 #define KCU_F8Q_NT 256             /* threads a row of the quantizer */
 #define KCU_F8_X_BYTES (32u << 20) /* the GEMM's quantized activations: tokens x cols bytes a chunk */
 #define KCU_F8_X_TOKENS 8192       /* most tokens a chunk */
+#define KCU_F8_X_SCALES (KCU_F8_X_BYTES / 128) /* x8s's floats: a token's 128 columns each (> KCU_F8_X_TOKENS + 1) */
+#define KCU_F8_BLOCK 128           /* KERN_F8B's block, and its activations' groups */
 #define KCU_F8_PLANS 256           /* cuBLASLt plans kept, by shape (direct-mapped) */
 
 /* A GEMM shape's layouts and the algorithm cuBLASLt's heuristic gave it. */
 typedef struct kcu_f8_plan {
   int m, n, k; /* m < 0: empty */
+  bool blk;    /* KERN_F8B's (lt_desc_b) */
   cublasLtMatrixLayout_t a, b, d;
   cublasLtMatmulAlgo_t algo;
 } kcu_f8_plan_t;
@@ -77,6 +89,39 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *
   }
 }
 
+/* Row blockIdx.x of x (cols elements, cols % 128 == 0, 16-byte aligned)
+ * as FP8 E4M3 bytes into q, a scale per 128 columns: group g's at
+ * scale[g * ld + row] (cuBLASLt's VEC128_32F layout), each group as
+ * kern_fp8_quantize_row makes a row. Half a warp a group, 8 elements a
+ * lane; a warp's two halves take groups side by side. */
+template <typename T>
+__global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_groups_k(uint8_t *q, float *scale, const T *x, int cols,
+                                                                   int ld) {
+  kcu_pdl_enter();
+  const size_t row = blockIdx.x;
+  const int warp = threadIdx.x / KCU_WARP, half = threadIdx.x / 16 % 2, lane = threadIdx.x % 16;
+  const int groups = cols / KCU_F8_BLOCK;
+  for (int g0 = 2 * warp; g0 < groups; g0 += 2 * (KCU_F8Q_NT / KCU_WARP)) {
+    const int g = g0 + half;
+    const bool on = g < groups;
+    const size_t off = row * cols + (size_t)g * KCU_F8_BLOCK + lane * 8;
+    float f[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f}, m = 0.f;
+    if (on) kcu_unpack8(*reinterpret_cast<const uint4 *>(x + off), f, (const T *)0);
+#pragma unroll
+    for (int j = 0; j < 8; j++) m = fmaxf(m, fabsf(f[j]));
+#pragma unroll
+    for (int o = 8; o; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
+    if (!on) continue;
+    const float inv = m > 0.f ? 448.f / m : 0.f;
+    if (lane == 0) scale[(size_t)g * ld + row] = m / 448.f;
+    uint32_t p[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+      p[j] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * j] * inv, f[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+    *reinterpret_cast<uint2 *>(q + off) = make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
+  }
+}
+
 /* max|x| over n8 chunks of 8 elements into *max_bits (zeroed before; f32
  * bits: non-negative floats order as their bits). */
 template <typename T>
@@ -109,7 +154,7 @@ static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void 
   return 0;
 }
 
-static int kcu_f8_plan(kcu_ctx_t *c, int m, int n, int k, kcu_f8_plan_t **out);
+static int kcu_f8_plan(kcu_ctx_t *c, bool blk, int m, int n, int k, kcu_f8_plan_t **out);
 
 /* The descriptor's scale modes: vectors, or scalars (f8_tensor). */
 static int kcu_f8_scale_modes(kcu_ctx_t *c) {
@@ -131,14 +176,14 @@ static int kcu_f8_make(kcu_ctx_t *c) {
   c->f8_plans = (kcu_f8_plan_t *)fr_calloc(KCU_F8_PLANS, sizeof *c->f8_plans);
   for (int i = 0; i < KCU_F8_PLANS; i++) c->f8_plans[i].m = -1;
   int rc = kcu__alloc(c, KCU_F8_X_BYTES, (void **)&c->x8, "the FP8 GEMM's activations");
-  if (!rc) rc = kcu__alloc(c, (KCU_F8_X_TOKENS + 1) * sizeof(float), (void **)&c->x8s, "the FP8 GEMM's scales");
+  if (!rc) rc = kcu__alloc(c, KCU_F8_X_SCALES * sizeof(float), (void **)&c->x8s, "the FP8 GEMM's scales");
   if (rc) return rc;
   /* scale pointers are never NULL (the heuristic checks them); each GEMM sets its own */
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c->x8s, sizeof c->x8s));
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s));
   if ((rc = kcu_f8_scale_modes(c))) return rc;
   kcu_f8_plan_t *p;
-  if (c->f8_tensor || kcu_f8_plan(c, 4096, 64, 4096, &p) == 0) return 0;
+  if (c->f8_tensor || kcu_f8_plan(c, false, 4096, 64, 4096, &p) == 0) return 0;
   FR_LOGI("cuda: cuBLASLt has no FP8 GEMM with a scale per row and per token here (%s): FP8 scales per tensor",
           fr_last_error());
   c->f8_tensor = 1;
@@ -153,6 +198,31 @@ static int kcu_f8_init(kcu_ctx_t *c) {
   return rc;
 }
 
+/* KERN_F8B's descriptor, made with the first such weight: A (the weight,
+ * transposed) by 128 x 128 blocks, B (x) by 128 columns of a token. */
+static int kcu_f8b_init(kcu_ctx_t *c) {
+  if (c->lt_desc_b) return 0;
+  cublasLtMatmulDesc_t d;
+  KCU_CUBLAS(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+  const int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+  cublasStatus_t st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &c->x8s, sizeof c->x8s);
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    cublasLtMatmulDescDestroy(d);
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: cuBLASLt has no FP8 GEMM by 128 x 128 blocks here (%s)",
+                     cublasGetStatusString(st));
+  }
+  c->lt_desc_b = d;
+  return 0;
+}
+
 static void kcu_f8_plan_clear(kcu_f8_plan_t *p) {
   if (p->a) cublasLtMatrixLayoutDestroy(p->a);
   if (p->b) cublasLtMatrixLayoutDestroy(p->b);
@@ -164,24 +234,28 @@ void kcu__f8_destroy(kcu_ctx_t *c) {
   for (int i = 0; c->f8_plans && i < KCU_F8_PLANS; i++) kcu_f8_plan_clear(&c->f8_plans[i]);
   free(c->f8_plans);
   if (c->lt_desc) cublasLtMatmulDescDestroy(c->lt_desc);
+  if (c->lt_desc_b) cublasLtMatmulDescDestroy(c->lt_desc_b);
   if (c->lt) cublasLtDestroy(c->lt);
   kcu__free(c->x8);
   kcu__free(c->x8s);
   c->f8_plans = NULL;
   c->lt_desc = NULL;
+  c->lt_desc_b = NULL;
   c->lt = NULL;
   c->x8 = NULL;
   c->x8s = NULL;
 }
 
-/* The plan of an (m weight rows, n tokens, k columns) GEMM, made by
- * cuBLASLt's heuristic the first time the shape is seen (a host call, so
- * also inside a graph capture). */
-static int kcu_f8_plan(kcu_ctx_t *c, int m, int n, int k, kcu_f8_plan_t **out) {
-  const unsigned h = ((unsigned)m * 73856093u ^ (unsigned)n * 19349663u ^ (unsigned)k * 83492791u) % KCU_F8_PLANS;
+/* The plan of an (m weight rows, n tokens, k columns) GEMM (blk: KERN_F8B's),
+ * made by cuBLASLt's heuristic the first time the shape is seen (a host
+ * call, so also inside a graph capture). */
+static int kcu_f8_plan(kcu_ctx_t *c, bool blk, int m, int n, int k, kcu_f8_plan_t **out) {
+  const unsigned h =
+      ((unsigned)m * 73856093u ^ (unsigned)n * 19349663u ^ (unsigned)k * 83492791u ^ (unsigned)blk * 2654435761u) %
+      KCU_F8_PLANS;
   kcu_f8_plan_t *p = &c->f8_plans[h];
   *out = p;
-  if (p->m == m && p->n == n && p->k == k) return 0;
+  if (p->m == m && p->n == n && p->k == k && p->blk == blk) return 0;
   kcu_f8_plan_clear(p);
   const cudaDataType_t dt = c->act == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
   KCU_CUBLAS(cublasLtMatrixLayoutCreate(&p->a, CUDA_R_8F_E4M3, k, m, k));
@@ -195,15 +269,17 @@ static int kcu_f8_plan(kcu_ctx_t *c, int m, int n, int k, kcu_f8_plan_t **out) {
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
                                                            sizeof ws);
   if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(c->lt, c->lt_desc, p->a, p->b, p->d, p->d, pref, 1, &res, &got);
+    st = cublasLtMatmulAlgoGetHeuristic(c->lt, blk ? c->lt_desc_b : c->lt_desc, p->a, p->b, p->d, p->d, pref, 1, &res,
+                                        &got);
   cublasLtMatmulPreferenceDestroy(pref);
   if (st != CUBLAS_STATUS_SUCCESS || got == 0) {
     kcu_f8_plan_clear(p);
-    return fr_errorf(FR_EUNSUPPORTED, "cuda: cuBLASLt has no FP8 GEMM with a scale a row and a token for %d x %d x %d "
-                     "(%s)", m, n, k, st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : "no algorithm");
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: cuBLASLt has no FP8 GEMM with %s for %d x %d x %d (%s)",
+                     blk ? "128 x 128 weight blocks" : c->f8_tensor ? "tensor scales" : "a scale a row and a token", m,
+                     n, k, st != CUBLAS_STATUS_SUCCESS ? cublasGetStatusString(st) : "no algorithm");
   }
   p->algo = res.algo;
-  p->m = m, p->n = n, p->k = k;
+  p->m = m, p->n = n, p->k = k, p->blk = blk;
   return 0;
 }
 
@@ -214,7 +290,7 @@ int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char
   if (rc) return rc;
   /* the GEMM must exist for this weight's shape: a clear error at load, not at the first prompt */
   kcu_f8_plan_t *p;
-  if ((rc = kcu_f8_plan(c, (int)w->rows, 64, (int)w->cols, &p))) return rc;
+  if ((rc = kcu_f8_plan(c, false, (int)w->rows, 64, (int)w->cols, &p))) return rc;
   const size_t bytes = (size_t)w->rows * (size_t)w->cols + (size_t)w->rows * sizeof(float);
   if ((rc = kcu__alloc(c, bytes, &w->data, what))) return rc;
   rc = kcu_f8_quant_rows(c, (uint8_t *)w->data, (float *)kcu_f8_scales(w), src, (int)w->rows, (int)w->cols);
@@ -222,23 +298,67 @@ int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char
   return rc;
 }
 
+/* Whether this device runs a KERN_F8R weight's scales (host, one a row)
+ * as they are: always, but where its GEMM scales by tensor (f8_tensor) and
+ * they differ. */
+static bool kcu_f8r_fits(const kcu_ctx_t *c, const kern_weight_t *w, const float *scales) {
+  for (int64_t r = 1; c->f8_tensor && r < w->rows; r++)
+    if (scales[r] != scales[0]) return false;
+  return true;
+}
+
+int kcu__f8_upload(kcu_ctx_t *c, kern_weight_t *w, const void *host, const char *what) {
+  const bool blk = w->type == KERN_F8B;
+  if (!host) return fr_errorf(FR_EUNSUPPORTED, "cuda: an FP8 checkpoint's weight must come from host memory");
+  if (w->cols % 16 || w->cols > INT32_MAX || w->rows > INT32_MAX || w->row_bytes != (size_t)w->cols ||
+      (blk && (w->rows % KCU_F8_BLOCK || w->cols % KCU_F8_BLOCK)))
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: an FP8 weight of %lld x %lld (%s) needs %s", (long long)w->rows,
+                     (long long)w->cols, what, blk ? "rows and columns in whole 128 x 128 blocks" : "a multiple of 16 "
+                     "columns");
+  int rc = kcu_f8_init(c);
+  if (!rc && blk) rc = kcu_f8b_init(c);
+  if (rc) return rc;
+  const size_t nbytes = (size_t)w->rows * (size_t)w->cols, sbytes = kern_f8_scale_bytes(w->type, w->rows, w->cols);
+  if (!blk && !kcu_f8r_fits(c, w, (const float *)((const uint8_t *)host + nbytes)))
+    return fr_errorf(FR_EUNSUPPORTED, "cuda: this device's FP8 GEMM scales by tensor, and %s has a scale a row", what);
+  kcu_f8_plan_t *p; /* the GEMM must exist for this weight's shape: a clear error at load */
+  if ((rc = kcu_f8_plan(c, blk, (int)w->rows, 64, (int)w->cols, &p))) return rc;
+  if ((rc = kcu__alloc(c, nbytes + sbytes, &w->data, what))) return rc;
+  cudaError_t e = cudaMemcpyAsync(w->data, host, nbytes + sbytes, cudaMemcpyHostToDevice, c->stream);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->stream); /* host is freed next */
+  if (e != cudaSuccess) {
+    kcu__free(w->data);
+    w->data = NULL;
+    return fr_errorf(FR_ECUDA, "cuda: copying %s: %s", what, cudaGetErrorString(e));
+  }
+  return 0;
+}
+
 int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n) {
   const int m = (int)w->rows, k = (int)w->cols;
-  if (!c->lt) return fr_errorf(FR_ESTATE, "cuda: an FP8 matmul with no FP8 weight loaded");
+  const bool blk = w->type == KERN_F8B;
+  if (!c->lt || (blk && !c->lt_desc_b)) return fr_errorf(FR_ESTATE, "cuda: an FP8 matmul with no FP8 weight loaded");
   if ((uintptr_t)x & 15) return fr_errorf(-EINVAL, "cuda: an FP8 matmul's input is not 16-byte aligned");
+  cublasLtMatmulDesc_t desc = blk ? c->lt_desc_b : c->lt_desc;
   const float *sw = kcu_f8_scales(w);
-  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
-  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s,
-                                            sizeof c->x8s));
-  const int chunk = (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k);
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s));
+  if (blk && n % 4) return fr_errorf(-EINVAL, "cuda: a KERN_F8B GEMM over %d tokens (a multiple of 4 only)", n);
+  const int chunk = (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k) & ~3;
   const float one = 1.f, zero = 0.f;
   for (int t0 = 0; t0 < n; t0 += chunk) {
     const int nt = FR_MIN(chunk, n - t0);
+    const void *xt = (const char *)x + (size_t)t0 * k * c->act_size;
     kcu_f8_plan_t *p;
-    int rc = kcu_f8_quant_rows(c, c->x8, c->x8s, (const char *)x + (size_t)t0 * k * c->act_size, nt, k);
-    if (rc || (rc = kcu_f8_plan(c, m, nt, k, &p))) return rc;
+    int rc = 0;
+    if (blk)
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_groups_k<T>, nt, KCU_F8Q_NT, 0, c->x8, c->x8s, (const T *)xt, k,
+                                     nt));
+    else
+      rc = kcu_f8_quant_rows(c, c->x8, c->x8s, xt, nt, k);
+    if (rc || (rc = kcu_f8_plan(c, blk, m, nt, k, &p))) return rc;
     char *o = (char *)out + (size_t)t0 * m * c->act_size;
-    KCU_CUBLAS(cublasLtMatmul(c->lt, c->lt_desc, &one, w->data, p->a, c->x8, p->b, &zero, o, p->d, o, p->d, &p->algo,
+    KCU_CUBLAS(cublasLtMatmul(c->lt, desc, &one, w->data, p->a, c->x8, p->b, &zero, o, p->d, o, p->d, &p->algo,
                               c->cublas_ws, KCU_CUBLAS_WS_BYTES, c->stream));
   }
   return bias ? kcu__add_bias(c, out, bias, n, m) : 0;

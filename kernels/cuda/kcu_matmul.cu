@@ -49,9 +49,12 @@ __device__ __forceinline__ void kcu_e4m3x16(uint4 v, float *f) {
  * group predicated, so a short row or a row's tail still issues its loads
  * at once). WT is the weights' element type: T (8 a chunk), or uint8_t for
  * KERN_F8R's FP8 bytes (16 a chunk, without the row's scale). cols % 8 ==
- * 0 (16 for FP8), W and x 16-byte aligned. */
-template <typename T, int NBM, int WPR, typename WT = T>
-__device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, int cols, const T *x, int nb) {
+ * 0 (16 for FP8), W and x 16-byte aligned. BLK: KERN_F8B's bytes, each
+ * chunk's sums times its 128 x 128 block's scale, bs[chunk / 8] (the row's
+ * block row of scales). */
+template <typename T, int NBM, int WPR, typename WT = T, bool BLK = false>
+__device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, int cols, const T *x, int nb,
+                                              const float *bs) {
   constexpr int STEP = KCU_WARP * WPR, U = KCU_GEMV_U;
   constexpr bool F8 = sizeof(WT) == 1;
   constexpr int PER = F8 ? 16 : 8; /* weights a chunk */
@@ -80,14 +83,18 @@ __device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, 
       float wf[PER], xf[8];
       if constexpr (F8) kcu_e4m3x16(wv[u], wf);
       else kcu_unpack8(wv[u], wf, (const T *)0);
+      const float sc = BLK ? __ldg(bs + (i + u * STEP) / (128 / PER)) : 1.f;
 #pragma unroll
       for (int b = 0; b < NBM; b++) {
         if (b < nb) {
+          float d = 0.f;
 #pragma unroll
           for (int h = 0; h < PER / 8; h++) {
             kcu_unpack8(__ldg(x4 + (size_t)b * xs + (i + u * STEP) * (PER / 8) + h), xf, (const T *)0);
-            acc[b] += kcu_dot8(wf + 8 * h, xf);
+            if constexpr (BLK) d += kcu_dot8(wf + 8 * h, xf);
+            else acc[b] += kcu_dot8(wf + 8 * h, xf);
           }
+          if constexpr (BLK) acc[b] = fmaf(d, sc, acc[b]);
         }
       }
     }
@@ -113,23 +120,32 @@ __device__ __forceinline__ void kcu_gemv_reduce(float *acc, float (*red)[NBM]) {
       for (int p = 1; p < WPR; p++) acc[b] += red[warp + p][b];
 }
 
+/* The block row of a KERN_F8B weight's scales (wscale, bcols a block row)
+ * that row's chunks read. */
+__device__ __forceinline__ const float *kcu_f8b_row(const float *wscale, int row, int bcols) {
+  return wscale + (size_t)(row < 0 ? 0 : row / 128) * bcols;
+}
+
 /* KCU_GEMV_WARPS warps; WPR warps per row, KCU_GEMV_WARPS / WPR rows per
  * CTA. WT uint8_t: a KERN_F8R weight (16 weights a load), each row's sums
- * times its scale in wscale. */
-template <typename T, int NBM, int WPR, typename WT = T>
+ * times its scale in wscale; BLK: a KERN_F8B one, its block scales in
+ * wscale (bcols a block row). */
+template <typename T, int NBM, int WPR, typename WT = T, bool BLK = false>
 __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const WT *W, const float *wscale, const T *x,
-                                                                 const float *bias, int rows, int cols, int nb) {
+                                                                 const float *bias, int rows, int cols, int nb,
+                                                                 int bcols) {
   KCU_TRACE_SCOPE(KCU_TR_GEMV);
   __shared__ float red[KCU_GEMV_WARPS][NBM];
   constexpr int RPC = KCU_GEMV_WARPS / WPR;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
   const int row = blockIdx.x * RPC + warp / WPR;
   float acc[NBM];
-  kcu_gemv_dots<T, NBM, WPR, WT>(acc, W, row < rows ? row : -1, cols, x, nb);
+  kcu_gemv_dots<T, NBM, WPR, WT, BLK>(acc, W, row < rows ? row : -1, cols, x, nb,
+                                      BLK ? kcu_f8b_row(wscale, row, bcols) : NULL);
   kcu_gemv_reduce<NBM, WPR>(acc, red);
   if (warp % WPR == 0 && lane == 0 && row < rows) {
     float bv = bias ? bias[row] : 0.f;
-    if constexpr (sizeof(WT) == 1) {
+    if constexpr (sizeof(WT) == 1 && !BLK) {
       const float sc = __ldg(wscale + row);
 #pragma unroll
       for (int b = 0; b < NBM; b++)
@@ -146,10 +162,11 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_dense_k(T *out, const WT
  * combines: each CTA computes KCU_GEMV_WARPS / WPR / 2 pairs, rows
  * E::row(pair, 0) and E::row(pair, 1) (-1: no such pair), and hands each
  * pair's two sums (bias added) to E::store. WT uint8_t: a KERN_F8R
- * weight, its sums times wscale's row scales. */
-template <typename T, int NBM, int WPR, typename E, typename WT = T>
+ * weight, its sums times wscale's row scales; BLK: a KERN_F8B one, as
+ * kcu_gemv_dense_k. */
+template <typename T, int NBM, int WPR, typename E, typename WT = T, bool BLK = false>
 __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const WT *W, const float *wscale, const T *x,
-                                                                const float *bias, int cols, int nb) {
+                                                                const float *bias, int cols, int nb, int bcols) {
   KCU_TRACE_SCOPE(KCU_TR_GEMV_PAIR);
   constexpr int PPC = KCU_GEMV_WARPS / WPR / 2;
   static_assert(PPC >= 1, "a CTA holds whole pairs");
@@ -159,11 +176,11 @@ __global__ void __launch_bounds__(KCU_GEMV_NT) kcu_gemv_pair_k(E epi, const WT *
   const int pair = blockIdx.x * PPC + slot / 2, side = slot % 2;
   const int row = epi.row(pair, side);
   float acc[NBM];
-  kcu_gemv_dots<T, NBM, WPR, WT>(acc, W, row, cols, x, nb);
+  kcu_gemv_dots<T, NBM, WPR, WT, BLK>(acc, W, row, cols, x, nb, BLK ? kcu_f8b_row(wscale, row, bcols) : NULL);
   kcu_gemv_reduce<NBM, WPR>(acc, red);
   const bool lead = warp % WPR == 0 && lane == 0 && row >= 0;
   const float bv = lead && bias ? bias[row] : 0.f;
-  if constexpr (sizeof(WT) == 1) { /* KERN_F8R: times the row's scale, as kcu_gemv_dense_k */
+  if constexpr (sizeof(WT) == 1 && !BLK) { /* KERN_F8R: times the row's scale, as kcu_gemv_dense_k */
     const float sc = lead ? __ldg(wscale + row) : 0.f;
 #pragma unroll
     for (int b = 0; b < NBM; b++) acc[b] = fmaf(acc[b], sc, bv);
@@ -383,42 +400,44 @@ int kcu__dequant_rows(kcu_ctx_t *c, void *dst, const kern_weight_t *w, int64_t r
 
 /* ---- launchers ----------------------------------------------------------------------- */
 
-template <typename T, int NBM, typename WT>
+template <typename T, int NBM, bool BLK, typename WT>
 static int kcu_gemv_dense_launch(kcu_ctx_t *c, T *out, const WT *W, const float *wscale, const T *x, const float *bias,
-                                 int rows, int cols, int nb, int wpr) {
+                                 int rows, int cols, int nb, int wpr, int bcols) {
   if (wpr == 4)
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4, WT>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W,
-               wscale, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 4, WT, BLK>, kcu_div_up(rows, KCU_GEMV_WARPS / 4), KCU_GEMV_NT, 0, out, W,
+               wscale, x, bias, rows, cols, nb, bcols);
   else if (wpr == 2)
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2, WT>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W,
-               wscale, x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 2, WT, BLK>, kcu_div_up(rows, KCU_GEMV_WARPS / 2), KCU_GEMV_NT, 0, out, W,
+               wscale, x, bias, rows, cols, nb, bcols);
   else
-    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1, WT>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W, wscale,
-               x, bias, rows, cols, nb);
+    KCU_LAUNCH(c, kcu_gemv_dense_k<T, NBM, 1, WT, BLK>, kcu_div_up(rows, KCU_GEMV_WARPS), KCU_GEMV_NT, 0, out, W,
+               wscale, x, bias, rows, cols, nb, bcols);
   return 0;
 }
 
-template <typename T, typename WT>
+template <typename T, bool BLK = false, typename WT>
 static int kcu_gemv_dense_of(kcu_ctx_t *c, T *out, const WT *W, const float *wscale, const T *x, const float *bias,
-                             int rows, int cols, int n, int wpr) {
-  if (n == 1) return kcu_gemv_dense_launch<T, 1>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
-  if (n == 2) return kcu_gemv_dense_launch<T, 2>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
-  if (n <= 4) return kcu_gemv_dense_launch<T, 4>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
-  return kcu_gemv_dense_launch<T, 8>(c, out, W, wscale, x, bias, rows, cols, n, wpr);
+                             int rows, int cols, int n, int wpr, int bcols = 0) {
+  if (n == 1) return kcu_gemv_dense_launch<T, 1, BLK>(c, out, W, wscale, x, bias, rows, cols, n, wpr, bcols);
+  if (n == 2) return kcu_gemv_dense_launch<T, 2, BLK>(c, out, W, wscale, x, bias, rows, cols, n, wpr, bcols);
+  if (n <= 4) return kcu_gemv_dense_launch<T, 4, BLK>(c, out, W, wscale, x, bias, rows, cols, n, wpr, bcols);
+  return kcu_gemv_dense_launch<T, 8, BLK>(c, out, W, wscale, x, bias, rows, cols, n, wpr, bcols);
 }
 
-/* The GEMV of w over n <= 8 rows of x: the act type, or KERN_F8R (x as it
- * is, no activation quantization). 4 warps a row of the act type: more
+/* The GEMV of w over n <= 8 rows of x: the act type, or KERN_F8R or
+ * KERN_F8B (x as it is, no activation quantization). 4 warps a row of the act type: more
  * CTAs, so the last wave is shorter. Measured on H100 (cuda_ops_bench
  * gemv1), n = 1: as fast or faster than 1 or 2 for every Llama-3-8B shape,
  * 4096x4096 13.2 us against 14.8 with one warp a row. An FP8 row is half
  * the bytes: KCU_F8_GEMV_WPR. */
 template <typename T>
 static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const float *bias, const T *x, int n) {
-  const int rows = (int)w->rows, cols = (int)w->cols;
+  const int rows = (int)w->rows, cols = (int)w->cols, f8_wpr = c->gemv_wpr ? c->gemv_wpr : KCU_F8_GEMV_WPR;
   if (w->type == KERN_F8R)
-    return kcu_gemv_dense_of<T>(c, out, (const uint8_t *)w->data, kcu_f8_scales(w), x, bias, rows, cols, n,
-                                c->gemv_wpr ? c->gemv_wpr : KCU_F8_GEMV_WPR);
+    return kcu_gemv_dense_of<T>(c, out, (const uint8_t *)w->data, kcu_f8_scales(w), x, bias, rows, cols, n, f8_wpr);
+  if (w->type == KERN_F8B)
+    return kcu_gemv_dense_of<T, true>(c, out, (const uint8_t *)w->data, kcu_f8_scales(w), x, bias, rows, cols, n,
+                                      f8_wpr, (int)kern_f8b_scale_cols(cols));
   return kcu_gemv_dense_of<T>(c, out, (const T *)w->data, (const float *)NULL, x, bias, rows, cols, n,
                               c->gemv_wpr ? c->gemv_wpr : KCU_GEMV_WPR);
 }
@@ -426,31 +445,35 @@ static int kcu_gemv_dense(kcu_ctx_t *c, T *out, const kern_weight_t *w, const fl
 /* Pairs at the default 4 warps a row (an FP8 weight: KCU_F8_GEMV_WPR, as
  * its plain GEMV), one pair a CTA (the other widths are tuning knobs of the
  * plain GEMV: kcu_takes_pair_gemv leaves them to it). */
-template <typename T, int NBM, typename E, typename WT>
+template <typename T, int NBM, bool BLK, typename E, typename WT>
 static int kcu_gemv_pair_launch(kcu_ctx_t *c, const E &epi, int n_pairs, const WT *W, const float *wscale,
-                                const T *x, const float *bias, int cols, int nb) {
+                                const T *x, const float *bias, int cols, int nb, int bcols) {
   constexpr int WPR = sizeof(WT) == 1 ? KCU_F8_GEMV_WPR : KCU_GEMV_WPR;
-  KCU_LAUNCH(c, kcu_gemv_pair_k<T, NBM, WPR, E, WT>, kcu_div_up(n_pairs, KCU_GEMV_WARPS / WPR / 2), KCU_GEMV_NT, 0,
-             epi, W, wscale, x, bias, cols, nb);
+  KCU_LAUNCH(c, kcu_gemv_pair_k<T, NBM, WPR, E, WT, BLK>, kcu_div_up(n_pairs, KCU_GEMV_WARPS / WPR / 2), KCU_GEMV_NT,
+             0, epi, W, wscale, x, bias, cols, nb, bcols);
   return 0;
 }
 
-template <typename T, typename E, typename WT>
+template <typename T, bool BLK = false, typename E, typename WT>
 static int kcu_gemv_pairs_of(kcu_ctx_t *c, const E &epi, int n_pairs, const WT *W, const float *wscale, int cols,
-                             const float *bias, const T *x, int n) {
-  if (n == 1) return kcu_gemv_pair_launch<T, 1>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
-  if (n == 2) return kcu_gemv_pair_launch<T, 2>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
-  if (n <= 4) return kcu_gemv_pair_launch<T, 4>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
-  return kcu_gemv_pair_launch<T, 8>(c, epi, n_pairs, W, wscale, x, bias, cols, n);
+                             const float *bias, const T *x, int n, int bcols = 0) {
+  if (n == 1) return kcu_gemv_pair_launch<T, 1, BLK>(c, epi, n_pairs, W, wscale, x, bias, cols, n, bcols);
+  if (n == 2) return kcu_gemv_pair_launch<T, 2, BLK>(c, epi, n_pairs, W, wscale, x, bias, cols, n, bcols);
+  if (n <= 4) return kcu_gemv_pair_launch<T, 4, BLK>(c, epi, n_pairs, W, wscale, x, bias, cols, n, bcols);
+  return kcu_gemv_pair_launch<T, 8, BLK>(c, epi, n_pairs, W, wscale, x, bias, cols, n, bcols);
 }
 
-/* The pair GEMV over w: the act type, or KERN_F8R. */
+/* The pair GEMV over w: the act type, or KERN_F8R or KERN_F8B. */
 template <typename T, typename E>
 static int kcu_gemv_pairs(kcu_ctx_t *c, const E &epi, int n_pairs, const kern_weight_t *w, const float *bias,
                           const T *x, int n) {
+  const int cols = (int)w->cols;
   if (w->type == KERN_F8R)
-    return kcu_gemv_pairs_of<T>(c, epi, n_pairs, (const uint8_t *)w->data, kcu_f8_scales(w), (int)w->cols, bias, x, n);
-  return kcu_gemv_pairs_of<T>(c, epi, n_pairs, (const T *)w->data, (const float *)NULL, (int)w->cols, bias, x, n);
+    return kcu_gemv_pairs_of<T>(c, epi, n_pairs, (const uint8_t *)w->data, kcu_f8_scales(w), cols, bias, x, n);
+  if (w->type == KERN_F8B)
+    return kcu_gemv_pairs_of<T, true>(c, epi, n_pairs, (const uint8_t *)w->data, kcu_f8_scales(w), cols, bias, x, n,
+                                      (int)kern_f8b_scale_cols(cols));
+  return kcu_gemv_pairs_of<T>(c, epi, n_pairs, (const T *)w->data, (const float *)NULL, cols, bias, x, n);
 }
 
 template <int QT>
@@ -528,9 +551,15 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
       return rc;
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
-  } else if (w->type == KERN_F8R) {
-    if (n > c->f8_gemv_max_n || !aligned) return kcu__f8_gemm(c, out, w, bp, x, n);
-    KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out, w, bp, (const T *)x, n));
+  } else if (kcu_is_f8(w->type)) {
+    /* past f8_gemv_max_n rows the GEMM; KERN_F8B's takes a multiple of 4 tokens (cuBLASLt's layout of x's
+     * 128-column scales), its last 1-3 rows then on the GEMV */
+    int gemm_n = n > c->f8_gemv_max_n || !aligned ? n : 0;
+    if (w->type == KERN_F8B && aligned) gemm_n &= ~3;
+    if (gemm_n && (rc = kcu__f8_gemm(c, out, w, bp, x, gemm_n))) return rc;
+    if (gemm_n < n)
+      KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out + (size_t)gemm_n * w->rows, w, bp,
+                                                 (const T *)x + (size_t)gemm_n * w->cols, n - gemm_n));
     return rc;
   } else if (kcu_is_q4f(w->type)) {
     const int max_n = w->type == KERN_Q6F ? FR_MIN(c->q4f_max_n, KCU_Q6F_MAX_N) : c->q4f_max_n;
@@ -552,7 +581,7 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
 /* Whether a fused op over w runs as the pair GEMV. */
 static bool kcu_takes_pair_gemv(const kcu_ctx_t *c, const kern_weight_t *w, const void *x, int n) {
   if (!c->fuse_gemv) return false;
-  if (w->type == KERN_F8R)
+  if (kcu_is_f8(w->type))
     return (c->gemv_wpr == 0 || c->gemv_wpr == KCU_F8_GEMV_WPR) && n <= c->f8_gemv_max_n && !((uintptr_t)x & 15) &&
            w->cols % 16 == 0;
   return (c->gemv_wpr == 0 || c->gemv_wpr == KCU_GEMV_WPR) && kcu_takes_gemv(c, w, x, n);

@@ -290,7 +290,8 @@ static int kcu_f8_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw, const 
 }
 
 /* Dense weights become the act type (2-D) or F32 (1-D: norms, biases,
- * inv_freq), or KERN_F8R where the model asks (kern_weight_t.fp8); 4-bit
+ * inv_freq), or KERN_F8R where the model asks (kern_weight_t.fp8); KERN_F8R
+ * and KERN_F8B ones (an FP8 checkpoint's) stay as they are; 4-bit
  * and Q6_K ones that only matmul reads become KERN_Q4F (KERN_Q4G where
  * their (d, m) allow) and KERN_Q6F; other quantized weights are copied as
  * they are. A permutation, if any, goes to w->priv.
@@ -299,6 +300,16 @@ static int kcu_f8_finish(kcu_ctx_t *c, kern_weight_t *w, const void *raw, const 
 static int kcu_weight_upload(kcu_ctx_t *c, kern_weight_t *w, const kcu_src_t *src) {
   int rc = kcu__not_capturing(c, "weight_load");
   if (rc) return rc;
+  if (kcu_is_f8(w->type)) { /* an FP8 checkpoint's layer, as it is */
+    if (!w->fp8 || !c->be.fp8_weights || w->keep_layout || w->perm)
+      return fr_errorf(FR_EUNSUPPORTED, "cuda: a %s weight needs fp8 set, a device of compute capability 8.9 or newer, "
+                       "and only matmul reading it", kern_type_traits(w->type)->name);
+    char what[96];
+    snprintf(what, sizeof what, "a weight (%lld x %lld %s)", (long long)w->rows, (long long)w->cols,
+             kern_type_traits(w->type)->name);
+    w->data = w->priv = NULL;
+    return kcu__f8_upload(c, w, src->host, what);
+  }
   if (!kcu__supports_type(w->type) || w->rows <= 0 || w->cols <= 0)
     return fr_errorf(FR_EUNSUPPORTED, "cuda: weight of type %d (%lld x %lld) not supported", (int)w->type,
                      (long long)w->rows, (long long)w->cols);

@@ -4,8 +4,10 @@
  * size 32 (model/quant.h), whose output is read whole, as is its part for
  * the upper half of its inputs (model_quant_cols, a TP=2 rank's); every
  * F8_E4M3 "X.weight" is opened as an FP8 layer, with scales per tensor or
- * row and with blocks of 2 x 3 (model_quant_fp8_open), and decoded whole and
- * without its first row and first two columns (model_quant_fp8_read). */
+ * row and with blocks of 2 x 3 and 128 x 128 (model_quant_fp8_open), decoded
+ * whole and without its first row and first two columns
+ * (model_quant_fp8_read), and packed whole where a backend that keeps FP8
+ * would take it so (model_quant_fp8_pack). */
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -64,7 +66,8 @@ static void repack(const model_st_t *st, const char *qweight) {
 
 static void decode_fp8(const model_st_t *st, const char *weight) {
   static const model_quant_t cfgs[] = {{.method = MODEL_QUANT_FP8, .bits = 8},
-                                       {.method = MODEL_QUANT_FP8, .bits = 8, .fp8_block = {2, 3}}};
+                                       {.method = MODEL_QUANT_FP8, .bits = 8, .fp8_block = {2, 3}},
+                                       {.method = MODEL_QUANT_FP8, .bits = 8, .fp8_block = {128, 128}}};
   char base[256];
   if (!base_of(weight, strlen(".weight"), base)) return;
   for (size_t c = 0; c < sizeof cfgs / sizeof cfgs[0]; c++) {
@@ -76,6 +79,13 @@ static void decode_fp8(const model_st_t *st, const char *weight) {
     if (l.rows > 1 && l.cols > 2 && model_quant_fp8_read(&l, 1, l.rows - 1, 2, l.cols - 2, NULL, w) == 0)
       sink += w[0];
     free(w);
+    const kern_type_t form = model_quant_fp8_form(&l, 0, l.rows, 0, l.cols);
+    if (form != KERN_BF16) { /* as a backend that keeps FP8 takes it */
+      uint8_t *q = fr_malloc((size_t)(l.rows * l.cols));
+      float *s = fr_malloc(kern_f8_scale_bytes(form, l.rows, l.cols));
+      if (model_quant_fp8_pack(&l, form, 0, l.rows, 0, l.cols, NULL, q, s) == 0) sink += q[0] + (s[0] > 0.f);
+      free(q), free(s);
+    }
     model_quant_fp8_close(&l);
   }
 }

@@ -607,6 +607,80 @@ START_TEST(quant_fp8_configs) {
 }
 END_TEST
 
+/* An FP8 layer of rows x cols made by hand: byte (r, k) = (r * 7 + k) %
+ * 126 (no NaN), scale (i, j) = 1 + i + j / 8, blocks of (br, bc). */
+static model_fp8_layer_t fp8_layer(int64_t rows, int64_t cols, int64_t br, int64_t bc) {
+  model_fp8_layer_t l = {.base = "t", .rows = rows, .cols = cols, .block_rows = br, .block_cols = bc,
+                         .scale_cols = (cols + bc - 1) / bc};
+  uint8_t *b = fr_malloc((size_t)(rows * cols));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < cols; k++) b[r * cols + k] = (uint8_t)((r * 7 + k) % 126);
+  l.bytes = b;
+  const int64_t sr = (rows + br - 1) / br;
+  l.scales = fr_malloc((size_t)(sr * l.scale_cols) * sizeof(float));
+  for (int64_t i = 0; i < sr; i++)
+    for (int64_t j = 0; j < l.scale_cols; j++) l.scales[i * l.scale_cols + j] = 1.f + (float)i + (float)j / 8;
+  return l;
+}
+
+/* Packs a part of l in form and checks its bytes against the layer's. */
+static float *fp8_pack_ok(const model_fp8_layer_t *l, kern_type_t form, int64_t r0, int64_t nr, int64_t c0,
+                          int64_t nc) {
+  ck_assert_int_eq(model_quant_fp8_form(l, r0, nr, c0, nc), form);
+  uint8_t *q = fr_malloc((size_t)(nr * nc));
+  float *s = fr_malloc(kern_f8_scale_bytes(form, nr, nc));
+  int rc = model_quant_fp8_pack(l, form, r0, nr, c0, nc, NULL, q, s);
+  ck_assert_msg(rc == 0, "%s", fr_last_error());
+  for (int64_t r = 0; r < nr; r++)
+    ck_assert(!memcmp(q + r * nc, l->bytes + (r0 + r) * l->cols + c0, (size_t)nc));
+  free(q);
+  return s;
+}
+
+static void fp8_layer_free(model_fp8_layer_t *l) {
+  free((void *)l->bytes);
+  free(l->scales);
+}
+
+/* An FP8 checkpoint's parts as a backend that keeps FP8 takes them
+ * (model_quant_fp8_form / _pack, KERN_F8R and KERN_F8B in kern_types.h). */
+START_TEST(quant_fp8_pack) {
+  /* a scale a row, and one for the tensor: KERN_F8R for any part, a row's scale in its slot */
+  model_fp8_layer_t row = fp8_layer(6, 48, 1, 48), ten = fp8_layer(6, 48, 6, 48);
+  float *s = fp8_pack_ok(&row, KERN_F8R, 1, 3, 16, 32);
+  for (int r = 0; r < 3; r++) ck_assert_float_eq(s[r], row.scales[1 + r]);
+  free(s);
+  s = fp8_pack_ok(&ten, KERN_F8R, 2, 4, 0, 48);
+  for (int r = 0; r < 4; r++) ck_assert_float_eq(s[r], ten.scales[0]);
+  free(s);
+  /* 128 x 128 blocks: KERN_F8B for whole blocks, their scales in rows of kern_f8b_scale_cols (4 here) */
+  model_fp8_layer_t blk = fp8_layer(256, 640, 128, 128);
+  s = fp8_pack_ok(&blk, KERN_F8B, 128, 128, 128, 384);
+  ck_assert_int_eq(kern_f8b_scale_cols(384), 4);
+  const float want[4] = {blk.scales[5 + 1], blk.scales[5 + 2], blk.scales[5 + 3], 0.f};
+  ck_assert(!memcmp(s, want, sizeof want));
+  free(s);
+  s = fp8_pack_ok(&blk, KERN_F8B, 0, 256, 0, 640);
+  ck_assert_float_eq(s[8 + 4], blk.scales[5 + 4]);
+  ck_assert_float_eq(s[8 + 5], 0.f);
+  free(s);
+  /* parts that cut blocks, and other blocks, are decoded instead */
+  ck_assert_int_eq(model_quant_fp8_form(&blk, 64, 128, 0, 640), KERN_BF16);
+  ck_assert_int_eq(model_quant_fp8_form(&blk, 0, 256, 0, 320), KERN_BF16);
+  model_fp8_layer_t odd = fp8_layer(96, 160, 48, 80);
+  ck_assert_int_eq(model_quant_fp8_form(&odd, 0, 96, 0, 160), KERN_BF16);
+  uint8_t q[96 * 160];
+  float sc[96];
+  ck_assert_int_eq(model_quant_fp8_pack(&odd, KERN_F8R, 0, 96, 0, 160, NULL, q, sc), -EINVAL);
+  /* a NaN byte in the part is an error; outside it, not */
+  ((uint8_t *)row.bytes)[4 * 48 + 40] = 0xff;
+  ck_assert_int_eq(model_quant_fp8_pack(&row, KERN_F8R, 1, 3, 16, 24, NULL, q, sc), 0);
+  ck_assert_int_eq(model_quant_fp8_pack(&row, KERN_F8R, 1, 4, 16, 32, NULL, q, sc), FR_EFORMAT);
+  ck_assert_msg(strstr(fr_last_error(), "t.weight[4, 40] is NaN"), "%s", fr_last_error());
+  fp8_layer_free(&row), fp8_layer_free(&ten), fp8_layer_free(&blk), fp8_layer_free(&odd);
+}
+END_TEST
+
 /* ---- GGUF metadata parsing -------------------------------------------- */
 
 static int gguf_cfg(model_config_t *c, const fx_buf_t *b) {
@@ -774,6 +848,7 @@ static Suite *source_suite(void) {
     tcase_add_test(tc, hf_config_errors);
     tcase_add_test(tc, hf_config_moe);
     tcase_add_test(tc, quant_fp8_configs);
+    tcase_add_test(tc, quant_fp8_pack);
     tcase_add_test(tc, gguf_config_keys);
   }
   suite_add_tcase(su, tc);

@@ -20,6 +20,8 @@ Variants, as the tools that make such files write them:
            X.weight_scale_inv F32 [ceil(out / 48), ceil(in / 80)], blocks
            that do not divide the layers, so edge blocks are partial;
            lm_head quantized too
+  block128 the same with those files' own blocks, 128 x 128, and a
+           head_dim of 128, so that every layer is whole blocks
 
 E4M3 and BF16 conversions are ml_dtypes' (float8_e4m3fn, bfloat16: round to
 nearest even), not ferrum's, or PyTorch's where ml_dtypes is missing (the
@@ -45,8 +47,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import make_gptq  # noqa: E402
 
 E4M3_MAX = 448.0
-BLOCK = (48, 80)
-VARIANTS = ("tensor", "channel", "block")
+BLOCKS = {"block": (48, 80), "block128": (128, 128)}  # (rows, columns) of a scale's block
+VARIANTS = ("tensor", "channel", "block", "block128")
 
 try:
     import ml_dtypes
@@ -110,7 +112,7 @@ def quantize(w, variant):
         scale = ("BF16", bits)
         name = "weight_scale"
     else:
-        br, bc = BLOCK
+        br, bc = BLOCKS[variant]
         nb = (-(-out // br), -(-inn // bc))
         s = np.zeros(nb, dtype=np.float32)
         for i in range(nb[0]):
@@ -119,7 +121,7 @@ def quantize(w, variant):
         scale = ("F32", s)
         name = "weight_scale_inv"
     s32 = bf16_to_f32(scale[1]) if scale[0] == "BF16" else scale[1]
-    full = expand_scales(s32, w.shape, BLOCK if variant == "block" else None)
+    full = expand_scales(s32, w.shape, BLOCKS.get(variant))
     q = f32_to_e4m3(np.clip(w / full, -E4M3_MAX, E4M3_MAX))
     return q, scale, name
 
@@ -127,8 +129,9 @@ def quantize(w, variant):
 def quant_config(variant):
     if variant == "tensor":
         return {"quant_method": "fp8", "activation_scheme": "static"}
-    if variant == "block":
-        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3", "weight_block_size": list(BLOCK)}
+    if variant in BLOCKS:
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3",
+                "weight_block_size": list(BLOCKS[variant])}
     fp8 = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None,
            "actorder": None, "observer": "minmax", "observer_kwargs": {}}
     return {"quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
@@ -139,10 +142,11 @@ def quant_config(variant):
                                                                 "observer": None}}}}
 
 
-def scale_of(tensors, base):
-    """(scale array, block or None) of FP8 layer base in a folder's tensors (read back by make_gptq)."""
+def scale_of(tensors, base, variant):
+    """(scale array, block or None) of FP8 layer base in the tensors of a folder of variant (read back by
+    make_gptq)."""
     if base + ".weight_scale_inv" in tensors:
-        return tensors[base + ".weight_scale_inv"], BLOCK
+        return tensors[base + ".weight_scale_inv"], BLOCKS[variant]
     s = tensors[base + ".weight_scale"]
     return (bf16_to_f32(s) if s.dtype == np.uint16 else s), None
 
@@ -155,7 +159,7 @@ def add_layer(qt, twin, base, w, variant):
     if variant == "tensor":  # a static activation scale, which ferrum does not read
         qt[base + ".input_scale"] = ("F32", np.array(0.05, dtype=np.float32).reshape(()))
     s32 = bf16_to_f32(scale[1]) if scale[0] == "BF16" else scale[1]
-    ref = dequantize(q, s32, BLOCK if variant == "block" else None)
+    ref = dequantize(q, s32, BLOCKS.get(variant))
     err = np.abs(bf16_to_f32(ref) - w).max() / np.abs(w).max()
     assert err < 0.07, f"{base}: the FP8 layer is {err:.3g} off the weight it quantized"
     twin[base + ".weight"] = ("BF16", ref)
@@ -174,18 +178,18 @@ def write_pair(out, name, qt, twin, config, variant, tokenizer_json):
 
 def make_variant(out, variant, tokenizer_json, seed):
     rng = np.random.default_rng(seed)
-    qt, twin = make_gptq.shared_tensors(rng), make_gptq.shared_tensors(np.random.default_rng(seed))
-    cfg = make_gptq.CFG
+    cfg = {**make_gptq.CFG, "head_dim": 128} if variant == "block128" else make_gptq.CFG
+    qt, twin = make_gptq.shared_tensors(rng, cfg), make_gptq.shared_tensors(np.random.default_rng(seed), cfg)
     layers = [(f"model.layers.{i}.{lin}", shape) for i in range(cfg["layers"])
-              for lin, shape in make_gptq.linear_shapes().items()]
+              for lin, shape in make_gptq.linear_shapes(cfg).items()]
     layers.append(("lm_head", (cfg["vocab"], cfg["dim"])))
     for base, (n_out, n_in) in layers:
         w = rng.normal(0, 1.5 / np.sqrt(n_in), (n_out, n_in)).astype(np.float32)
-        if base == "lm_head" and variant != "block":
+        if base == "lm_head" and variant not in BLOCKS:
             qt[base + ".weight"] = twin[base + ".weight"] = ("BF16", make_gptq.bf16_bits(w))
         else:
             add_layer(qt, twin, base, w, variant)
-    write_pair(out, f"fp8-{variant}", qt, twin, make_gptq.base_config({}), variant, tokenizer_json)
+    write_pair(out, f"fp8-{variant}", qt, twin, make_gptq.base_config({}, cfg), variant, tokenizer_json)
 
 
 LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")

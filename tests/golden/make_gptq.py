@@ -178,8 +178,7 @@ def pack_layer(method, q, zeros, scales, g_idx, v1):
 
 # ---- models ------------------------------------------------------------------
 
-def linear_shapes():
-    c = CFG
+def linear_shapes(c=CFG):
     q, kv = c["heads"] * c["head_dim"], c["kv_heads"] * c["head_dim"]
     return {"self_attn.q_proj": (q, c["dim"]), "self_attn.k_proj": (kv, c["dim"]),
             "self_attn.v_proj": (kv, c["dim"]), "self_attn.o_proj": (c["dim"], q),
@@ -187,8 +186,7 @@ def linear_shapes():
             "mlp.down_proj": (c["dim"], c["ffn"])}
 
 
-def base_config(extra):
-    c = CFG
+def base_config(extra, c=CFG):
     return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": c["dim"],
             "intermediate_size": c["ffn"], "num_hidden_layers": c["layers"], "num_attention_heads": c["heads"],
             "num_key_value_heads": c["kv_heads"], "head_dim": c["head_dim"], "vocab_size": c["vocab"],
@@ -196,8 +194,7 @@ def base_config(extra):
             "tie_word_embeddings": False, "torch_dtype": "float16", "bos_token_id": 1, "eos_token_id": 2, **extra}
 
 
-def shared_tensors(rng):
-    c = CFG
+def shared_tensors(rng, c=CFG):
     t = {"model.embed_tokens.weight": ("BF16", bf16_bits(rng.normal(0, 1.0, (c["vocab"], c["dim"])))),
          "model.norm.weight": ("BF16", bf16_bits(1 + 0.1 * rng.normal(size=c["dim"])))}
     for i in range(c["layers"]):

@@ -530,6 +530,149 @@ START_TEST(test_matmul_fp8) {
 }
 END_TEST
 
+/* w (rows x cols, multiples of 128) as an FP8 checkpoint's 128 x 128
+ * blocks in KERN_F8B (kern_types.h): each block quantized as
+ * kern_fp8_quantize_row does a row (scale max|w| / 448), the bytes then the
+ * scales in one buffer; the dequantized weight into deq. */
+static uint8_t *f8b_pack(const float *w, int64_t rows, int64_t cols, double *deq) {
+  const int64_t sc = kern_f8b_scale_cols(cols);
+  uint8_t *buf = fr_calloc(1, (size_t)(rows * cols) + kern_f8_scale_bytes(KERN_F8B, rows, cols));
+  float *scales = (float *)(buf + rows * cols);
+  for (int64_t i = 0; i < rows / 128; i++)
+    for (int64_t j = 0; j < cols / 128; j++) {
+      float m = 0.f;
+      for (int64_t r = i * 128; r < (i + 1) * 128; r++)
+        for (int64_t k = j * 128; k < (j + 1) * 128; k++) m = fmaxf(m, fabsf(w[r * cols + k]));
+      const float inv = m > 0.f ? 448.f / m : 0.f, s = m / 448.f;
+      scales[i * sc + j] = s;
+      for (int64_t r = i * 128; r < (i + 1) * 128; r++)
+        for (int64_t k = j * 128; k < (j + 1) * 128; k++) {
+          buf[r * cols + k] = kern_fp8_e4m3_from_f32(w[r * cols + k] * inv);
+          deq[r * cols + k] = (double)kern_fp8_e4m3_to_f32(buf[r * cols + k]) * s;
+        }
+    }
+  return buf;
+}
+
+/* x (n rows of cols) quantized as KERN_F8B's GEMM quantizes it, a scale per
+ * token and 128 columns (kern_fp8_quantize_row on each), dequantized. */
+static void fp8_groups(const float *x, int n, int64_t cols, double *deq) {
+  uint8_t q[128];
+  for (int64_t g = 0; g < (int64_t)n * cols / 128; g++) {
+    const float s = kern_fp8_quantize_row(x + g * 128, 128, q);
+    for (int k = 0; k < 128; k++) deq[g * 128 + k] = (double)kern_fp8_e4m3_to_f32(q[k]) * s;
+  }
+}
+
+/* An FP8 checkpoint's weight handed over as it is in the file (form
+ * KERN_F8R: a scale a row, or one for the tensor in every row's slot;
+ * KERN_F8B: 128 x 128 blocks): the device keeps its bytes and scales bit
+ * for bit. Its matmul at n <= max_gemv (the GEMV, x as it is) matches the
+ * f64 product of the dequantized weight with x; past that, the product
+ * with x quantized as the GEMM does (a scale a token, or a token's 128
+ * columns). */
+static void check_matmul_fp8_file(kern_type_t form, bool tensor, int64_t rows, int64_t cols, bool with_bias,
+                                  int max_gemv, const int *ns, int n_ns) {
+  const size_t wn = (size_t)rows * cols, sbytes = kern_f8_scale_bytes(form, rows, cols);
+  float *wf = fr_malloc(wn * sizeof(float));
+  for (int64_t r = 0; r < rows; r++)
+    for (int64_t k = 0; k < cols; k++) wf[r * cols + k] = rndn() * ldexpf(0.5f, (int)((r + k / 128) % 9) - 4);
+  double *wd = fr_malloc(wn * sizeof(double));
+  uint8_t *host;
+  if (form == KERN_F8B) {
+    host = f8b_pack(wf, rows, cols, wd);
+  } else {
+    host = fr_malloc(wn + sbytes);
+    fp8_rows(wf, rows, cols, host, (float *)(host + wn), wd, tensor);
+  }
+  kern_weight_t w = {.type = form, .rows = rows, .cols = cols, .row_bytes = (size_t)cols, .fp8 = true};
+  int rc = gpu->ops->weight_load(gpu->ctx, &w, host);
+  ck_assert_msg(rc == 0, "cuda weight_load (%s): %s", kern_type_traits(form)->name, fr_last_error());
+  ck_assert_int_eq(w.type, form);
+  uint8_t *got = fr_malloc(wn + sbytes);
+  ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, wn + sbytes), 0);
+  ck_assert_msg(!memcmp(got, host, wn + sbytes), "%s weight: the device's bytes or scales differ from the file's",
+                kern_type_traits(form)->name);
+  float *bias_h = with_bias ? rand_vec(rows, 1.f) : NULL;
+  kern_weight_t bw = {.type = KERN_F32, .rows = 1, .cols = rows, .row_bytes = (size_t)rows * 4};
+  if (with_bias) ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &bw, bias_h), 0);
+  for (int t = 0; t < n_ns; t++) {
+    const int n = ns[t];
+    float *x = rand_vec((size_t)n * cols, 1.f);
+    double *xd = fr_malloc(sizeof(double) * (size_t)n * cols), *xqd = fr_malloc(sizeof(double) * (size_t)n * cols);
+    for (size_t j = 0; j < (size_t)n * cols; j++) xd[j] = x[j];
+    if (form == KERN_F8B) {
+      fp8_groups(x, n, cols, xqd);
+    } else {
+      uint8_t *xq = fr_malloc((size_t)n * cols);
+      float *xs = fr_malloc(n * sizeof(float));
+      fp8_rows(x, n, cols, xq, xs, xqd, tensor);
+      free(xq), free(xs);
+    }
+    double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
+    void *xg = gpu_put(x, (size_t)n * cols), *og = NULL;
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &og), 0);
+    poison(og, (size_t)n * rows);
+    rc = gpu->ops->matmul(gpu->ctx, og, &w, with_bias ? &bw : NULL, xg, n);
+    ck_assert_msg(rc == 0, "cuda matmul (%s) n=%d: %s", kern_type_traits(form)->name, n, fr_last_error());
+    float *g = gpu_get(og, (size_t)n * rows);
+    /* the GEMM's rows (KERN_F8B's: a multiple of 4, the rest on the GEMV) against x quantized, the GEMV's exact */
+    const bool gemv = n <= max_gemv;
+    const int gemm_n = gemv ? 0 : form == KERN_F8B ? n & ~3 : n;
+    const size_t split = (size_t)gemm_n * rows;
+    double *want = fr_malloc(sizeof(double) * (size_t)n * rows), *other = fr_malloc(sizeof(double) * (size_t)n * rows);
+    for (size_t j = 0; j < (size_t)n * rows; j++) want[j] = j < split ? ref_q[j] : ref_x[j];
+    for (size_t j = 0; j < (size_t)n * rows; j++) other[j] = j < split ? ref_x[j] : ref_q[j];
+    const double e = nerr_d(g, want, (size_t)n * rows), o = nerr_d(g, other, (size_t)n * rows);
+    free(want), free(other);
+    fprintf(stderr, "  matmul %s file %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
+            kern_type_traits(form)->name, (long long)rows, (long long)cols, n, with_bias,
+            gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv", form == KERN_F8B ? "block" : tensor ? "tensor" : "row",
+            e, o);
+    ck_assert_msg(e < 1e-2, "%s matmul n=%d (%s): error %.3e", kern_type_traits(form)->name, n, gemv ? "gemv" : "gemm",
+                  e);
+    free(g), free(x), free(xd), free(xqd), free(ref_x), free(ref_q);
+    gpu->ops->free(gpu->ctx, xg);
+    gpu->ops->free(gpu->ctx, og);
+  }
+  if (with_bias) gpu->ops->weight_release(gpu->ctx, &bw);
+  gpu->ops->weight_release(gpu->ctx, &w);
+  free(bias_h), free(wf), free(wd), free(host), free(got);
+}
+
+START_TEST(test_matmul_fp8_file) {
+  if (!gpu->fp8_weights) return;
+  kern_backend_destroy(gpu);
+  char gm[16];
+  snprintf(gm, sizeof gm, "%d", KCU_TEST_F8_GEMV_MAX_N);
+  setenv("FERRUM_CUDA_F8_GEMV_MAX_N", gm, 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  /* token counts on both sides of the GEMV, and not multiples of 4 past it */
+  const int ns[] = {1, 2, 7, 9, 16, 33, 64, 301};
+  check_matmul_fp8_file(KERN_F8R, false, 384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8R, true, 256, 576, false, KCU_TEST_F8_GEMV_MAX_N, ns, 5);
+  check_matmul_fp8_file(KERN_F8B, false, 384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8B, false, 256, 640, false, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  /* a KERN_F8B weight that is not whole blocks is refused: the model decodes it instead */
+  uint8_t *h = fr_calloc(1, 192 * 256 + kern_f8_scale_bytes(KERN_F8B, 192, 256));
+  kern_weight_t w = {.type = KERN_F8B, .rows = 192, .cols = 256, .row_bytes = 256, .fp8 = true};
+  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, h), FR_EUNSUPPORTED);
+  ck_assert_msg(strstr(fr_last_error(), "128 x 128 blocks"), "%s", fr_last_error());
+  /* scales per tensor (where cuBLASLt has no outer-vector scaling): a file's scale a row is refused, one for the
+   * tensor taken */
+  kern_backend_destroy(gpu);
+  setenv("FERRUM_CUDA_F8_SCALES", "tensor", 1);
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  check_matmul_fp8_file(KERN_F8R, true, 256, 576, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  float *sc = (float *)(h + 192 * 256);
+  sc[0] = 1.f, sc[1] = 2.f;
+  w = (kern_weight_t){.type = KERN_F8R, .rows = 192, .cols = 256, .row_bytes = 256, .fp8 = true};
+  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &w, h), FR_EUNSUPPORTED);
+  ck_assert_msg(strstr(fr_last_error(), "scales by tensor"), "%s", fr_last_error());
+  free(h);
+}
+END_TEST
+
 /* The CPU backend refuses an FP8 weight with a clear error. */
 START_TEST(test_fp8_cpu_refuses) {
   uint16_t wh[64 * 32] = {0};
@@ -1621,16 +1764,30 @@ static void pool_zero(const kern_kv_pool_t *p) {
  * outputs and in the whole KV pool, for steps of 1 to 6 tokens (the last
  * one padding, slot -1, but in the second step of one token) under the
  * backend's current GEMV settings. */
-/* A weight of w's (dense) type loaded again on the GPU as FP8 (KERN_F8R). */
-static void gpu_reload_fp8(wpair_t *w) {
+/* A weight of w's (dense) type loaded again on the GPU as FP8: quantized
+ * at load (KERN_F8R), or (form KERN_F8B) as a checkpoint's 128 x 128
+ * blocks made from it. */
+static void gpu_reload_fp8(wpair_t *w, kern_type_t form) {
   gpu->ops->weight_release(gpu->ctx, &w->g);
-  w->g = (kern_weight_t){.type = w->c.type, .rows = w->c.rows, .cols = w->c.cols, .row_bytes = w->c.row_bytes,
-                         .fp8 = true};
-  int rc = gpu->ops->weight_load(gpu->ctx, &w->g, w->host);
-  ck_assert_msg(rc == 0 && w->g.type == KERN_F8R, "cuda weight_load (fp8): %s", fr_last_error());
+  const int64_t rows = w->c.rows, cols = w->c.cols;
+  w->g = (kern_weight_t){.type = w->c.type, .rows = rows, .cols = cols, .row_bytes = w->c.row_bytes, .fp8 = true};
+  void *host = w->host;
+  if (form == KERN_F8B) {
+    float *f = fr_malloc((size_t)(rows * cols) * sizeof(float));
+    kern_dequantize_row(w->c.type, w->host, f, rows * cols);
+    double *deq = fr_malloc((size_t)(rows * cols) * sizeof(double));
+    host = f8b_pack(f, rows, cols, deq);
+    free(f), free(deq);
+    w->g.type = KERN_F8B, w->g.row_bytes = (size_t)cols;
+  }
+  int rc = gpu->ops->weight_load(gpu->ctx, &w->g, host);
+  if (host != w->host) free(host);
+  ck_assert_msg(rc == 0 && w->g.type == (form == KERN_F8B ? KERN_F8B : KERN_F8R), "cuda weight_load (fp8): %s",
+                fr_last_error());
 }
 
-static void check_fused_matmuls(bool fp8) {
+/* fp8: KERN_BF16 (none: the act type), KERN_F8R or KERN_F8B weights. */
+static void check_fused_matmuls(kern_type_t fp8) {
   const int dim = 256, nh = 6, n_kv = 2, hd = 64, rows = (nh + 2 * n_kv) * hd, ffn = 384;
   const int news[][4] = {{1, 0, 0, 0}, {1, 1, 0, 0}, {1, 1, 1, 0}, {1, 1, 1, 1},
                          {2, 1, 1, 1}, {3, 1, 1, 1}, {1, 0, 0, 0}};
@@ -1640,7 +1797,7 @@ static void check_fused_matmuls(bool fp8) {
   wpair_load(&w, gpu->act_type, rows, dim, rand_weight(gpu->act_type, rows, dim));
   wpair_load(&wb, KERN_F32, 1, rows, rand_weight(KERN_F32, 1, rows));
   wpair_load(&gu, gpu->act_type, 2 * ffn, dim, rand_weight(gpu->act_type, 2 * ffn, dim));
-  if (fp8) gpu_reload_fp8(&w), gpu_reload_fp8(&gu);
+  if (fp8 != KERN_BF16) gpu_reload_fp8(&w, fp8), gpu_reload_fp8(&gu, fp8);
   float inv[32];
   for (int i = 0; i < hd / 2; i++) inv[i] = powf(10000.f, -2.f * i / hd);
   float *inv_h = fr_malloc(sizeof inv);
@@ -1694,7 +1851,8 @@ static void check_fused_matmuls(bool fp8) {
     pair_free(&x);
     free_step(bufs);
   }
-  fprintf(stderr, "  fused matmul ops%s, n = 1..6          same bits as the two ops\n", fp8 ? " (FP8)" : "");
+  fprintf(stderr, "  fused matmul ops%s, n = 1..6          same bits as the two ops\n",
+          fp8 == KERN_F8R ? " (F8R)" : fp8 == KERN_F8B ? " (F8B)" : "");
   gpu->ops->free(gpu->ctx, a);
   gpu->ops->free(gpu->ctx, b);
   wpair_free(&w);
@@ -1704,12 +1862,14 @@ static void check_fused_matmuls(bool fp8) {
   kv_teardown(&e);
 }
 
-/* _i bit 0: the GEMV for every n <= 8 (else the default); bit 1: FP8
- * weights (--quantization fp8), where the device keeps them. */
+/* _i bit 0: the GEMV for every n <= 8 (else the default); _i / 2: the act
+ * type, FP8 weights quantized at load (--quantization fp8), or an FP8
+ * checkpoint's 128 x 128 blocks, where the device keeps FP8. */
 START_TEST(test_fused_matmuls) {
+  static const kern_type_t forms[] = {KERN_BF16, KERN_F8R, KERN_F8B};
   if (_i & 1) gpu_all_gemv();
-  if ((_i & 2) && !gpu->fp8_weights) return;
-  check_fused_matmuls(_i & 2);
+  if (_i / 2 && !gpu->fp8_weights) return;
+  check_fused_matmuls(forms[_i / 2]);
 }
 END_TEST
 
@@ -2481,6 +2641,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_matmul_quant, 0, (int)FR_ARRAY_SIZE(k_quant));
   tcase_add_test(tc, test_matmul_i4g_perm);
   tcase_add_test(tc, test_matmul_fp8);
+  tcase_add_test(tc, test_matmul_fp8_file);
   tcase_add_test(tc, test_fp8_cpu_refuses);
   tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_matmul_q4f_wg, 0, (int)FR_ARRAY_SIZE(k_q4));
@@ -2504,7 +2665,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);
   tcase_add_test(tc, test_rope_kv_append);
-  tcase_add_loop_test(tc, test_fused_matmuls, 0, 4);
+  tcase_add_loop_test(tc, test_fused_matmuls, 0, 6);
   tcase_add_test(tc, test_graph_replay);
   tcase_add_loop_test(tc, test_graph_after_growth, 0, 2);
   tcase_add_test(tc, test_sample_greedy);

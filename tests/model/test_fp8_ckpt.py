@@ -1,11 +1,12 @@
 #!/usr/bin/env python3
 """FP8 E4M3 checkpoints on the CPU (docs/QUANTIZED.md, "FP8 checkpoints").
 
-tests/golden/make_fp8.py writes three small random LLaMA models in the
+tests/golden/make_fp8.py writes four small random LLaMA models in the
 layouts that vLLM, llm-compressor and transformers write (per tensor with
 static input scales, compressed-tensors per channel with BF16 scales, and
-128x128-style blocks of 48 x 80 with weight_scale_inv, the lm_head too) and
-their BF16 twins, decoded with ml_dtypes' E4M3 and BF16 conversions. Then:
+blocks of 48 x 80 and of 128 x 128 with weight_scale_inv, the lm_head too)
+and their BF16 twins, decoded with ml_dtypes' E4M3 and BF16 conversions.
+Then:
 
 1. every FP8 layer as ferrum decodes it (dump_weight) equals the twin's
    BF16 weight bit for bit;
@@ -47,7 +48,7 @@ def fp8_layers(st):
     return [(base, gguf_name(base)) for base in bases]
 
 
-def check_dequant(dump, folder, twin, tmp):
+def check_dequant(dump, folder, twin, variant, tmp):
     st = make_gptq.read_safetensors(folder / "model.safetensors")
     ref = make_gptq.read_safetensors(twin / "model.safetensors")
     layers = fp8_layers(st)
@@ -58,7 +59,7 @@ def check_dequant(dump, folder, twin, tmp):
         got = got.reshape(want.shape)
         bad = np.count_nonzero(got.view(np.uint32) != want.view(np.uint32))
         assert bad == 0, f"{folder.name} {gguf}: {bad} of {want.size} values differ from the reference decoder"
-        scale, block = make_fp8.scale_of(st, base)
+        scale, block = make_fp8.scale_of(st, base, variant)
         again = make_fp8.dequantize(st[base + ".weight"], scale, block)
         assert np.array_equal(again, ref[base + ".weight"]), f"{folder.name} {base}: the twin is not the file decoded"
     return len(layers)
@@ -161,7 +162,7 @@ def main():
         tmp = Path(t)
         for variant in make_fp8.VARIANTS:
             folder, twin = work / f"fp8-{variant}", work / f"fp8-{variant}-twin"
-            n = check_dequant(dump, folder, twin, tmp)
+            n = check_dequant(dump, folder, twin, variant, tmp)
             check_greedy(run, folder, twin, tmp)
             print(f"fp8-{variant}: {n} layers decoded bit-exact; {len(PROMPTS)} x {N_GREEDY} greedy tokens and the "
                   "logits equal the twin's")

@@ -53,7 +53,7 @@ for spec in smollm2-135m:q4_0 smollm2-135m:q4_1 smollm2-135m:q5_0 smollm2-135m:q
 done
 step "cpu vs cuda, GPTQ / AWQ int4 checkpoints (tests/golden/make_gptq.py)"
 python3 tests/parity/gpu_gptq.py "$build/bin/run_model" "$out/gptq" || status=1
-step "FP8 checkpoints: cuda vs their twins with --quantization fp8, and vs the cpu (tests/golden/make_fp8.py)"
+step "FP8 checkpoints: cuda runs the files' bytes and scales, and follows the cpu (tests/golden/make_fp8.py)"
 python3 tests/parity/gpu_fp8_ckpt.py "$build/bin/run_model" "$out/fp8" || status=1
 fi
 

@@ -11,11 +11,13 @@
  *            and logits for all of them, copied to the host as the worker
  *            does to verify K speculative proposals.
  * usage: model_bench [--model PATH | --dummy NAME|config.json] [--device cpu|cuda[:N]]
- *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|q4_k_m|i4g|gptq|...] [--threads N] [--prefill N]
- *          [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
+ *          [--type bf16|f16|q8_0|q4_0|q4_1|q4_k|q4_k_m|i4g|gptq|fp8|fp8-block|...] [--threads N]
+ *          [--prefill N] [--prompt N] [--gen N] [--batch 1,64] [--repeat N] [--mixed P]
  *          [--verify K] [--kv-cache-dtype auto|int8|fp8] [--quantization fp8]
  * --quantization fp8 keeps the layers' dense weights as FP8 (vLLM's
- * dynamic FP8; a CUDA device). The KV pool holds what the run needs (the prefill's sequence, or the
+ * dynamic FP8; a CUDA device); --type fp8 and fp8-block make them as an FP8
+ * checkpoint's, a scale a row or 128 x 128 blocks (the act type where FP8
+ * is not kept). The KV pool holds what the run needs (the prefill's sequence, or the
  * largest batch's sequences of --prompt + --gen tokens); its size is printed.
  */
 #include <math.h>

@@ -82,6 +82,8 @@ int model_dummy_config(const char *name_or_path, model_config_t *cfg) {
 typedef struct {
   uint8_t *bytes;
   size_t size;
+  float target;  /* the values' spread */
+  uint64_t seed; /* fill's */
 } model__pool_t;
 
 static void model__fill_random(uint8_t *p, size_t n, uint64_t seed) {
@@ -151,14 +153,48 @@ static void model__sanitize(uint8_t *p, size_t n, kern_type_t t, float target, i
 
 static void model__pool_make(model__pool_t *p, size_t size, kern_type_t t, float target, uint64_t seed, int group) {
   p->size = size;
+  p->target = target;
+  p->seed = seed;
   p->bytes = fr_malloc_aligned(size);
   model__fill_random(p->bytes, size, seed);
   model__sanitize(p->bytes, size, t, target, group);
 }
 
+/* A matmul weight as an FP8 checkpoint's (m->dummy_fp8: KERN_F8R, a scale
+ * a row; KERN_F8B, 128 x 128 blocks) where the backend keeps one: random
+ * E4M3 bytes of magnitude 0.5 to 3.75 (rms about 1.7), their scales
+ * target / 1.7 with model__jitter's spread. Returns 1 when loaded; 0 when
+ * the weight is not one (the caller makes it as usual); or an error. */
+static int model__dummy_fp8(model_t *m, kern_weight_t *w, float target, int64_t rows, int64_t cols, uint64_t seed) {
+  const kern_type_t f = m->dummy_fp8;
+  if (!f || !m->be->fp8_weights || w == &m->output || cols % 16 || (f == KERN_F8B && (rows % 128 || cols % 128)))
+    return 0;
+  const size_t nb = (size_t)rows * (size_t)cols, ns = kern_f8_scale_bytes(f, rows, cols) / sizeof(float);
+  uint8_t *buf = fr_malloc(nb + ns * sizeof(float));
+  model__fill_random(buf, nb, seed);
+  for (size_t i = 0; i < nb; i++) /* sign, exponent 6..8 (2^-1..2^1), mantissa */
+    buf[i] = (uint8_t)((buf[i] & 0x87) | (6 + (buf[i] >> 3 & 15) % 3) << 3);
+  float *s = (float *)(buf + nb);
+  for (size_t i = 0; i < ns; i++) s[i] = target / 1.7f * model__jitter(seed + i);
+  *w = (kern_weight_t){.type = f, .rows = rows, .cols = cols, .row_bytes = (size_t)cols, .fp8 = true};
+  int rc = model__weight_load(m, w, buf, "a dummy FP8 weight");
+  free(buf);
+  if (rc == FR_EUNSUPPORTED) {
+    FR_LOGD("%s; made as %s instead", fr_last_error(), kern_type_traits(m->be->act_type)->name);
+    return 0;
+  }
+  return rc ? rc : 1;
+}
+
 static int model__dummy_weight(model_t *m, const model__pool_t *pool, kern_weight_t *w, bool keep_layout,
                                kern_type_t t, int64_t rows, int64_t cols, size_t *off) {
   memset(w, 0, sizeof *w);
+  if (m->dummy_fp8 && !keep_layout && (t == KERN_F32 || t == KERN_F16 || t == KERN_BF16)) {
+    *off += 4096; /* each weight's bytes and scales differ */
+    int rc = model__dummy_fp8(m, w, pool->target, rows, cols, pool->seed + *off);
+    if (rc) return rc < 0 ? rc : 0;
+    memset(w, 0, sizeof *w);
+  }
   w->type = t;
   w->rows = rows;
   w->cols = cols;
@@ -206,6 +242,7 @@ static int model__dummy_moe(model_t *m, const model__pool_t *pool, kern_type_t t
 
 int model_dummy_weights(model_load_opts_t *opts, const char *name) {
   opts->dummy_q4_k_m = false, opts->dummy_head_type = (kern_type_t)0, opts->dummy_group = 0;
+  opts->dummy_fp8 = (kern_type_t)0;
   if (!name || !*name) return 0;
   if (!strcasecmp(name, "q4_k_m")) { /* a mix, not a type */
     opts->dummy_type = KERN_Q4_K, opts->dummy_q4_k_m = true;
@@ -213,6 +250,10 @@ int model_dummy_weights(model_load_opts_t *opts, const char *name) {
   }
   if (!strcasecmp(name, "gptq")) { /* I4G layers; GPTQ and AWQ checkpoints keep embed_tokens and lm_head in F16 */
     opts->dummy_type = KERN_I4G, opts->dummy_head_type = KERN_F16;
+    return 0;
+  }
+  if (!strcasecmp(name, "fp8") || !strcasecmp(name, "fp8-block")) { /* the act type where FP8 is not kept */
+    opts->dummy_fp8 = strcasecmp(name, "fp8") ? KERN_F8B : KERN_F8R;
     return 0;
   }
   const int t = kern_type_from_name(name);
@@ -236,9 +277,11 @@ int model_dummy_weights_of(model_load_opts_t *opts, const char *name_or_path) {
   model_quant_t q;
   int rc = model_quant_read(&q, dir);
   if (rc || q.method == MODEL_QUANT_NONE) return rc;
-  if (q.method == MODEL_QUANT_FP8) { /* bf16 dummies; --quantization fp8 makes them FP8 */
-    FR_LOGI("%s: an FP8 quantization config: dummy weights are bf16 (--quantization fp8 keeps them as FP8)", dir);
-    return 0;
+  if (q.method == MODEL_QUANT_FP8) { /* the checkpoint's form where the backend keeps FP8, else the act type */
+    const bool blk = q.fp8_block[0] == 128 && q.fp8_block[1] == 128;
+    FR_LOGI("%s: an FP8 quantization config: dummy layer weights are FP8 (%s) where the backend keeps FP8", dir,
+            blk ? "128 x 128 blocks" : "a scale a row");
+    return model_dummy_weights(opts, blk ? "fp8-block" : "fp8");
   }
   rc = model_dummy_weights(opts, "gptq");
   opts->dummy_group = q.group_size;

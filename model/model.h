@@ -57,6 +57,8 @@ typedef struct {
   bool dummy_q4_k_m;          /* with dummy_type Q4_K: llama.cpp's Q4_K_M mix, some tensors in Q6_K (dummy.c) */
   kern_type_t dummy_head_type; /* the embedding's and output's type (0: dummy_type; the gptq mix: F16) */
   int dummy_group;            /* I4G dummies: columns per (d, m) group, a multiple of 32 or -1 (a row; 0: 128) */
+  kern_type_t dummy_fp8;      /* KERN_F8R or KERN_F8B: the layers' dense matmul dummies as an FP8 checkpoint's
+                               * (a scale a row; 128 x 128 blocks) where the backend keeps FP8; 0: none */
   uint64_t seed;              /* dummy weights' seed */
   bool progress;              /* log load progress on stderr */
   int tp_rank, tp_size;       /* tensor parallel: load this rank's shard (model/shard.h); 0, 0 = whole */
@@ -104,6 +106,7 @@ typedef struct model {
   model_pad_t pad;  /* graph padding scratch */
   bool no_graphs;   /* FERRUM_NO_GRAPHS=1: run decode steps eagerly */
   bool fp8;         /* model_load_opts_t.fp8_weights */
+  kern_type_t dummy_fp8; /* model_load_opts_t.dummy_fp8 */
   model_pooling_t pooling; /* NONE: steps return logits; else pooled hidden states (cfg.dim wide) */
   struct model_bert *bert; /* a BERT encoder's weights (model/bert.h), else NULL */
   bool file_reads;  /* the backend reads weights from the files itself (weight_load_file; FERRUM_LOAD_MMAP=1: no) */
@@ -122,15 +125,17 @@ int model_load(model_t **out, const char *path, kern_backend_t *be, const model_
 int model_load_dummy(model_t **out, const model_config_t *cfg, kern_backend_t *be, const model_load_opts_t *opts);
 
 /* Sets opts' dummy weights from a --type name: a weight type ("q4_k",
- * "bf16"), "q4_k_m" (llama.cpp's Q4_K / Q6_K mix) or "gptq" (I4G layers,
- * F16 embedding and output); NULL or "" leaves the act type. Another name
- * is FR_ENOTFOUND, with a message. */
+ * "bf16"), "q4_k_m" (llama.cpp's Q4_K / Q6_K mix), "gptq" (I4G layers,
+ * F16 embedding and output), or "fp8" / "fp8-block" (an FP8 checkpoint's
+ * layers, a scale a row / 128 x 128 blocks: dummy_fp8); NULL or "" leaves
+ * the act type. Another name is FR_ENOTFOUND, with a message. */
 int model_dummy_weights(model_load_opts_t *opts, const char *name);
 
 /* --load-format dummy on a Hugging Face folder (or its config.json) whose
  * config is GPTQ or AWQ (quantization_config, or quantize_config.json):
  * the gptq mix at the config's group size, as vLLM's dummy load keeps a
- * checkpoint's quantization. A built-in name or an unquantized folder
+ * checkpoint's quantization; FP8: "fp8-block" for weight_block_size
+ * [128, 128], else "fp8". A built-in name or an unquantized folder
  * leaves opts as they are; a quantization config ferrum cannot run is an
  * error, as it is for the real load. */
 int model_dummy_weights_of(model_load_opts_t *opts, const char *name_or_path);

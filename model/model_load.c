@@ -627,6 +627,7 @@ model_t *model__new(kern_backend_t *be, const model_load_opts_t *opts) {
   m->max_seqs = opts && opts->max_seqs > 0 ? opts->max_seqs : 64;
   m->pooling = opts ? opts->pooling : MODEL_POOL_NONE;
   m->fp8 = opts && opts->fp8_weights;
+  m->dummy_fp8 = opts ? opts->dummy_fp8 : (kern_type_t)0;
   if (m->max_seqs > m->max_tokens) m->max_seqs = m->max_tokens;
   const char *ng = getenv("FERRUM_NO_GRAPHS"), *mm = getenv("FERRUM_LOAD_MMAP");
   m->no_graphs = ng && *ng && strcmp(ng, "0");

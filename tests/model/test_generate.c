@@ -470,6 +470,26 @@ START_TEST(dummy_keeps_a_folders_quantization) {
   quant_folder_rm(dir);
   ck_assert_int_eq(model_dummy_weights_of(&lo, "llama-3-8b"), 0);
   ck_assert(lo.dummy_type == KERN_Q8_0 && !lo.dummy_head_type);
+  /* FP8: the checkpoint's form (dummy_fp8), kept where the backend keeps FP8; the CPU's are the act type */
+  const struct {
+    const char *qc;
+    kern_type_t form;
+  } fp8[] = {{"{\"quant_method\": \"fp8\", \"weight_block_size\": [128, 128]}", KERN_F8B},
+             {"{\"quant_method\": \"fp8\", \"activation_scheme\": \"static\"}", KERN_F8R}};
+  for (size_t i = 0; i < FR_ARRAY_SIZE(fp8); i++) {
+    quant_folder(dir, sizeof dir, fp8[i].qc);
+    model_load_opts_t fo = {.max_tokens = 64};
+    model_config_t cfg;
+    ck_assert_int_eq(model_dummy_config(dir, &cfg), 0);
+    ck_assert_msg(model_dummy_weights_of(&fo, dir) == 0, "%s", fr_last_error());
+    ck_assert_int_eq(fo.dummy_fp8, fp8[i].form);
+    model_t *m;
+    ck_assert_msg(model_load_dummy(&m, &cfg, be, &fo) == 0, "%s", fr_last_error());
+    ck_assert_int_eq(m->layers[0].wo.type, be->act_type);
+    expect_finite_logits(m);
+    model_destroy(m);
+    quant_folder_rm(dir);
+  }
   /* 8 bits: what the real load says */
   quant_folder(dir, sizeof dir, "{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": 128}");
   ck_assert_int_eq(model_dummy_weights_of(&lo, dir), FR_EUNSUPPORTED);

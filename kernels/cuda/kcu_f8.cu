@@ -343,7 +343,7 @@ int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *b
   const float *sw = kcu_f8_scales(w);
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s));
-  if (blk && n % 4) return fr_errorf(-EINVAL, "cuda: a KERN_F8B GEMM over %d tokens (a multiple of 4 only)", n);
+  if (n % 4) return fr_errorf(-EINVAL, "cuda: an FP8 GEMM over %d tokens (a multiple of 4 only: kcu__matmul)", n);
   const int chunk = (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k) & ~3;
   const float one = 1.f, zero = 0.f;
   for (int t0 = 0; t0 < n; t0 += chunk) {

@@ -63,10 +63,13 @@ __device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, 
   const int n8 = row >= 0 ? cols / PER : 0;
   int i = (warp % WPR) * KCU_WARP + lane;
   uint4 wv[U];
+  float sc[U]; /* BLK: each chunk's block scale, loaded with its bytes */
   kcu_pdl_launch_next();
 #pragma unroll
-  for (int u = 0; u < U; u++)
+  for (int u = 0; u < U; u++) {
     if (i + u * STEP < n8) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+    if (BLK && i + u * STEP < n8) sc[u] = __ldg(bs + (i + u * STEP) / (128 / PER));
+  }
   kcu_pdl_wait();
 #pragma unroll
   for (int b = 0; b < NBM; b++) acc[b] = 0.f;
@@ -75,15 +78,16 @@ __device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, 
   for (bool first = true; i < n8; i += U * STEP, first = false) {
     if (!first)
 #pragma unroll
-      for (int u = 0; u < U; u++)
+      for (int u = 0; u < U; u++) {
         if (i + u * STEP < n8) wv[u] = kcu_ld_stream(w4 + i + u * STEP);
+        if (BLK && i + u * STEP < n8) sc[u] = __ldg(bs + (i + u * STEP) / (128 / PER));
+      }
 #pragma unroll
     for (int u = 0; u < U; u++) {
       if (i + u * STEP >= n8) break;
       float wf[PER], xf[8];
       if constexpr (F8) kcu_e4m3x16(wv[u], wf);
       else kcu_unpack8(wv[u], wf, (const T *)0);
-      const float sc = BLK ? __ldg(bs + (i + u * STEP) / (128 / PER)) : 1.f;
 #pragma unroll
       for (int b = 0; b < NBM; b++) {
         if (b < nb) {
@@ -94,7 +98,7 @@ __device__ __forceinline__ void kcu_gemv_dots(float *acc, const WT *W, int row, 
             if constexpr (BLK) d += kcu_dot8(wf + 8 * h, xf);
             else acc[b] += kcu_dot8(wf + 8 * h, xf);
           }
-          if constexpr (BLK) acc[b] = fmaf(d, sc, acc[b]);
+          if constexpr (BLK) acc[b] = fmaf(d, sc[u], acc[b]);
         }
       }
     }
@@ -552,10 +556,11 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
   } else if (kcu_is_f8(w->type)) {
-    /* past f8_gemv_max_n rows the GEMM; KERN_F8B's takes a multiple of 4 tokens (cuBLASLt's layout of x's
-     * 128-column scales), its last 1-3 rows then on the GEMV */
+    /* past f8_gemv_max_n rows the GEMM over a multiple of 4 tokens, the last 1-3 rows on the GEMV: cuBLASLt
+     * has no KERN_F8B GEMM for other counts (the layout of x's 128-column scales), and its KERN_F8R GEMM with
+     * outer-vector scales failed test_cuda_ops at 9 tokens, 3% off (cuBLAS 13.1, H200, session 53) */
     int gemm_n = n > c->f8_gemv_max_n || !aligned ? n : 0;
-    if (w->type == KERN_F8B && aligned) gemm_n &= ~3;
+    if (aligned) gemm_n &= ~3;
     if (gemm_n && (rc = kcu__f8_gemm(c, out, w, bp, x, gemm_n))) return rc;
     if (gemm_n < n)
       KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out + (size_t)gemm_n * w->rows, w, bp,

@@ -432,15 +432,31 @@ static double *dot_ref(const double *w, const double *x, int64_t rows, int64_t c
   return ref;
 }
 
+/* The rows of an FP8 matmul over n rows of x that run as the GEMM (x
+ * quantized): past max_gemv, a multiple of 4; the rest run on the GEMV
+ * (x as it is). The reference of each output row accordingly: ref_q's or
+ * ref_x's, into want, the other one's into other. */
+static int fp8_mixed_refs(int n, int max_gemv, int64_t rows, const double *ref_q, const double *ref_x, double *want,
+                          double *other) {
+  const int gemm_n = n <= max_gemv ? 0 : n & ~3;
+  const size_t split = (size_t)gemm_n * rows;
+  for (size_t j = 0; j < (size_t)n * rows; j++) {
+    want[j] = j < split ? ref_q[j] : ref_x[j];
+    other[j] = j < split ? ref_x[j] : ref_q[j];
+  }
+  return gemm_n;
+}
+
 /* A bf16 weight loaded with fp8 set, its rows 2^-4..2^4 apart in size: it
  * becomes KERN_F8R, its bytes and scales those of kern_fp8_quantize_row
  * bit for bit, a scale a row or (the backend's per-tensor mode, told by
  * the scales all being equal) one for the whole weight. Its matmul at n <=
  * max_gemv (the GEMV over the bytes, x as it is) matches the f64 product
  * of the dequantized weight with x; past that (x quantized a token a row,
- * or as one tensor, then cuBLASLt's FP8 GEMM) the product with x quantized
- * by kern_fp8_quantize_row. Each output is also compared with the other
- * reference (printed): they differ by x's FP8 rounding, ~3%. */
+ * or as one tensor, then cuBLASLt's FP8 GEMM; fp8_mixed_refs) the product
+ * with x quantized by kern_fp8_quantize_row. Each output is also compared
+ * with the other reference (printed): they differ by x's FP8 rounding,
+ * ~3%. */
 static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max_gemv, const int *ns, int n_ns) {
   const size_t wn = (size_t)rows * cols;
   float *wf = fr_malloc(wn * sizeof(float));
@@ -487,11 +503,14 @@ static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max
     rc = gpu->ops->matmul(gpu->ctx, og, &w, with_bias ? &bw : NULL, xg, n);
     ck_assert_msg(rc == 0, "cuda matmul (fp8) n=%d: %s", n, fr_last_error());
     float *g = gpu_get(og, (size_t)n * rows);
-    const bool gemv = n <= max_gemv;
-    const double e = nerr_d(g, gemv ? ref_x : ref_q, (size_t)n * rows), o = nerr_d(g, gemv ? ref_q : ref_x, (size_t)n * rows);
+    double *want = fr_malloc(sizeof(double) * (size_t)n * rows), *other = fr_malloc(sizeof(double) * (size_t)n * rows);
+    const int gemm_n = fp8_mixed_refs(n, max_gemv, rows, ref_q, ref_x, want, other);
+    const char *path = gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv";
+    const double e = nerr_d(g, want, (size_t)n * rows), o = nerr_d(g, other, (size_t)n * rows);
+    free(want), free(other);
     fprintf(stderr, "  matmul F8R  %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
-            (long long)rows, (long long)cols, n, with_bias, gemv ? "gemv" : "gemm", tensor ? "tensor" : "row", e, o);
-    ck_assert_msg(e < 1e-2, "fp8 matmul n=%d (%s): error %.3e", n, gemv ? "gemv" : "gemm", e);
+            (long long)rows, (long long)cols, n, with_bias, path, tensor ? "tensor" : "row", e, o);
+    ck_assert_msg(e < 1e-2, "fp8 matmul n=%d (%s): error %.3e", n, path, e);
     free(g), free(x), free(xd), free(xqd), free(xq), free(xs), free(ref_x), free(ref_q);
     gpu->ops->free(gpu->ctx, xg);
     gpu->ops->free(gpu->ctx, og);
@@ -514,12 +533,12 @@ START_TEST(test_matmul_fp8) {
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   check_matmul_fp8(384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, k_ns, (int)FR_ARRAY_SIZE(k_ns));
   check_matmul_fp8(256, 576, false, KCU_TEST_F8_GEMV_MAX_N, k_ns, 5);
-  /* every n through the GEMM */
+  /* the GEMM from 4 rows (each last 1-3 on the GEMV) */
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_F8_GEMV_MAX_N", "0", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
-  const int small[] = {1, 3, 8};
-  check_matmul_fp8(384, 1024, false, 0, small, 3);
+  const int small[] = {1, 3, 8, 9, 13};
+  check_matmul_fp8(384, 1024, false, 0, small, 5);
   /* scales per tensor, as where cuBLASLt has no outer-vector scaling */
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_F8_GEMV_MAX_N", gm, 1);
@@ -565,14 +584,14 @@ static void fp8_groups(const float *x, int n, int64_t cols, double *deq) {
 }
 
 /* An FP8 checkpoint's weight handed over as it is in the file (form
- * KERN_F8R: a scale a row, or one for the tensor in every row's slot;
- * KERN_F8B: 128 x 128 blocks): the device keeps its bytes and scales bit
- * for bit. Its matmul at n <= max_gemv (the GEMV, x as it is) matches the
- * f64 product of the dequantized weight with x; past that, the product
- * with x quantized as the GEMM does (a scale a token, or a token's 128
- * columns). */
-static void check_matmul_fp8_file(kern_type_t form, bool tensor, int64_t rows, int64_t cols, bool with_bias,
-                                  int max_gemv, const int *ns, int n_ns) {
+ * KERN_F8R: a scale a row, or (tensor) one for the tensor in every row's
+ * slot; KERN_F8B: 128 x 128 blocks): the device keeps its bytes and scales
+ * bit for bit. Its matmul at n <= max_gemv (the GEMV, x as it is) matches
+ * the f64 product of the dequantized weight with x; past that, the product
+ * with x quantized as the GEMM does (a scale a token, one for the tensor
+ * where the device scales by tensor (x_tensor), or a token's 128 columns). */
+static void check_matmul_fp8_file(kern_type_t form, bool tensor, bool x_tensor, int64_t rows, int64_t cols,
+                                  bool with_bias, int max_gemv, const int *ns, int n_ns) {
   const size_t wn = (size_t)rows * cols, sbytes = kern_f8_scale_bytes(form, rows, cols);
   float *wf = fr_malloc(wn * sizeof(float));
   for (int64_t r = 0; r < rows; r++)
@@ -606,7 +625,7 @@ static void check_matmul_fp8_file(kern_type_t form, bool tensor, int64_t rows, i
     } else {
       uint8_t *xq = fr_malloc((size_t)n * cols);
       float *xs = fr_malloc(n * sizeof(float));
-      fp8_rows(x, n, cols, xq, xs, xqd, tensor);
+      fp8_rows(x, n, cols, xq, xs, xqd, x_tensor);
       free(xq), free(xs);
     }
     double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
@@ -616,21 +635,15 @@ static void check_matmul_fp8_file(kern_type_t form, bool tensor, int64_t rows, i
     rc = gpu->ops->matmul(gpu->ctx, og, &w, with_bias ? &bw : NULL, xg, n);
     ck_assert_msg(rc == 0, "cuda matmul (%s) n=%d: %s", kern_type_traits(form)->name, n, fr_last_error());
     float *g = gpu_get(og, (size_t)n * rows);
-    /* the GEMM's rows (KERN_F8B's: a multiple of 4, the rest on the GEMV) against x quantized, the GEMV's exact */
-    const bool gemv = n <= max_gemv;
-    const int gemm_n = gemv ? 0 : form == KERN_F8B ? n & ~3 : n;
-    const size_t split = (size_t)gemm_n * rows;
     double *want = fr_malloc(sizeof(double) * (size_t)n * rows), *other = fr_malloc(sizeof(double) * (size_t)n * rows);
-    for (size_t j = 0; j < (size_t)n * rows; j++) want[j] = j < split ? ref_q[j] : ref_x[j];
-    for (size_t j = 0; j < (size_t)n * rows; j++) other[j] = j < split ? ref_x[j] : ref_q[j];
+    const int gemm_n = fp8_mixed_refs(n, max_gemv, rows, ref_q, ref_x, want, other);
+    const char *path = gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv";
     const double e = nerr_d(g, want, (size_t)n * rows), o = nerr_d(g, other, (size_t)n * rows);
     free(want), free(other);
     fprintf(stderr, "  matmul %s file %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
-            kern_type_traits(form)->name, (long long)rows, (long long)cols, n, with_bias,
-            gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv", form == KERN_F8B ? "block" : tensor ? "tensor" : "row",
-            e, o);
-    ck_assert_msg(e < 1e-2, "%s matmul n=%d (%s): error %.3e", kern_type_traits(form)->name, n, gemv ? "gemv" : "gemm",
-                  e);
+            kern_type_traits(form)->name, (long long)rows, (long long)cols, n, with_bias, path,
+            form == KERN_F8B ? "block" : tensor ? "tensor" : "row", e, o);
+    ck_assert_msg(e < 1e-2, "%s matmul n=%d (%s): error %.3e", kern_type_traits(form)->name, n, path, e);
     free(g), free(x), free(xd), free(xqd), free(ref_x), free(ref_q);
     gpu->ops->free(gpu->ctx, xg);
     gpu->ops->free(gpu->ctx, og);
@@ -649,10 +662,10 @@ START_TEST(test_matmul_fp8_file) {
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   /* token counts on both sides of the GEMV, and not multiples of 4 past it */
   const int ns[] = {1, 2, 7, 9, 16, 33, 64, 301};
-  check_matmul_fp8_file(KERN_F8R, false, 384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
-  check_matmul_fp8_file(KERN_F8R, true, 256, 576, false, KCU_TEST_F8_GEMV_MAX_N, ns, 5);
-  check_matmul_fp8_file(KERN_F8B, false, 384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
-  check_matmul_fp8_file(KERN_F8B, false, 256, 640, false, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8R, false, false, 384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8R, true, false, 256, 576, false, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8B, false, false, 384, 1024, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8B, false, false, 256, 640, false, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
   /* a KERN_F8B weight that is not whole blocks is refused: the model decodes it instead */
   uint8_t *h = fr_calloc(1, 192 * 256 + kern_f8_scale_bytes(KERN_F8B, 192, 256));
   kern_weight_t w = {.type = KERN_F8B, .rows = 192, .cols = 256, .row_bytes = 256, .fp8 = true};
@@ -663,7 +676,7 @@ START_TEST(test_matmul_fp8_file) {
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_F8_SCALES", "tensor", 1);
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
-  check_matmul_fp8_file(KERN_F8R, true, 256, 576, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
+  check_matmul_fp8_file(KERN_F8R, true, true, 256, 576, true, KCU_TEST_F8_GEMV_MAX_N, ns, (int)FR_ARRAY_SIZE(ns));
   float *sc = (float *)(h + 192 * 256);
   sc[0] = 1.f, sc[1] = 2.f;
   w = (kern_weight_t){.type = KERN_F8R, .rows = 192, .cols = 256, .row_bytes = 256, .fp8 = true};

@@ -447,16 +447,72 @@ static int fp8_mixed_refs(int n, int max_gemv, int64_t rows, const double *ref_q
   return gemm_n;
 }
 
+/* How the FP8 GEMM quantizes x: a scale a token, one for the tensor (the
+ * device's per-tensor mode), or a token's 128 columns (KERN_F8B). */
+typedef enum { FP8_X_TOKEN, FP8_X_TENSOR, FP8_X_GROUPS } fp8_x_t;
+
+/* x (n rows of cols) quantized as KERN_F8B's GEMM quantizes it, a scale per
+ * token and 128 columns (kern_fp8_quantize_row on each), dequantized. */
+static void fp8_groups(const float *x, int n, int64_t cols, double *deq) {
+  uint8_t q[128];
+  for (int64_t g = 0; g < (int64_t)n * cols / 128; g++) {
+    const float s = kern_fp8_quantize_row(x + g * 128, 128, q);
+    for (int k = 0; k < 128; k++) deq[g * 128 + k] = (double)kern_fp8_e4m3_to_f32(q[k]) * s;
+  }
+}
+
+/* The matmuls of an FP8 weight w (wd: its exact values in f64) over each
+ * n of ns rows of x: every output row within 1e-2 of its f64 reference
+ * (fp8_mixed_refs: x as it is on the GEMV, quantized as xq says on the
+ * GEMM). Each output is also compared with the other reference (printed):
+ * they differ by x's FP8 rounding, ~3%. what and scales name it on stderr. */
+static void check_fp8_matmuls(const kern_weight_t *w, const double *wd, bool with_bias, int max_gemv, const int *ns,
+                              int n_ns, fp8_x_t xq, const char *what, const char *scales) {
+  const int64_t rows = w->rows, cols = w->cols;
+  float *bias_h = with_bias ? rand_vec(rows, 1.f) : NULL;
+  kern_weight_t bw = {.type = KERN_F32, .rows = 1, .cols = rows, .row_bytes = (size_t)rows * 4};
+  if (with_bias) ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &bw, bias_h), 0);
+  for (int t = 0; t < n_ns; t++) {
+    const int n = ns[t];
+    const size_t nx = (size_t)n * cols, no = (size_t)n * rows;
+    float *x = rand_vec(nx, 1.f);
+    double *xd = fr_malloc(sizeof(double) * nx), *xqd = fr_malloc(sizeof(double) * nx);
+    for (size_t j = 0; j < nx; j++) xd[j] = x[j];
+    if (xq == FP8_X_GROUPS) {
+      fp8_groups(x, n, cols, xqd);
+    } else {
+      uint8_t *q = fr_malloc(nx);
+      float *qs = fr_malloc(n * sizeof(float));
+      fp8_rows(x, n, cols, q, qs, xqd, xq == FP8_X_TENSOR);
+      free(q), free(qs);
+    }
+    double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
+    void *xg = gpu_put(x, nx), *og = NULL;
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, no * 2, &og), 0);
+    poison(og, no);
+    int rc = gpu->ops->matmul(gpu->ctx, og, w, with_bias ? &bw : NULL, xg, n);
+    ck_assert_msg(rc == 0, "cuda matmul (%s) n=%d: %s", what, n, fr_last_error());
+    float *g = gpu_get(og, no);
+    double *want = fr_malloc(sizeof(double) * no), *other = fr_malloc(sizeof(double) * no);
+    const int gemm_n = fp8_mixed_refs(n, max_gemv, rows, ref_q, ref_x, want, other);
+    const char *path = gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv";
+    const double e = nerr_d(g, want, no), o = nerr_d(g, other, no);
+    fprintf(stderr, "  matmul %-8s %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
+            what, (long long)rows, (long long)cols, n, with_bias, path, scales, e, o);
+    ck_assert_msg(e < 1e-2, "%s matmul n=%d (%s): error %.3e", what, n, path, e);
+    free(g), free(x), free(xd), free(xqd), free(ref_x), free(ref_q), free(want), free(other);
+    gpu->ops->free(gpu->ctx, xg);
+    gpu->ops->free(gpu->ctx, og);
+  }
+  if (with_bias) gpu->ops->weight_release(gpu->ctx, &bw);
+  free(bias_h);
+}
+
 /* A bf16 weight loaded with fp8 set, its rows 2^-4..2^4 apart in size: it
  * becomes KERN_F8R, its bytes and scales those of kern_fp8_quantize_row
  * bit for bit, a scale a row or (the backend's per-tensor mode, told by
- * the scales all being equal) one for the whole weight. Its matmul at n <=
- * max_gemv (the GEMV over the bytes, x as it is) matches the f64 product
- * of the dequantized weight with x; past that (x quantized a token a row,
- * or as one tensor, then cuBLASLt's FP8 GEMM; fp8_mixed_refs) the product
- * with x quantized by kern_fp8_quantize_row. Each output is also compared
- * with the other reference (printed): they differ by x's FP8 rounding,
- * ~3%. */
+ * the scales all being equal) one for the whole weight. Its matmuls:
+ * check_fp8_matmuls, x quantized a token a row or as one tensor. */
 static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max_gemv, const int *ns, int n_ns) {
   const size_t wn = (size_t)rows * cols;
   float *wf = fr_malloc(wn * sizeof(float));
@@ -485,39 +541,10 @@ static void check_matmul_fp8(int64_t rows, int64_t cols, bool with_bias, int max
   while (i < wn + rows * sizeof(float) && got[i] == q[i]) i++;
   ck_assert_msg(i == wn + rows * sizeof(float), "fp8 weight: byte %zu of %zu differs from kern_fp8_quantize_row", i,
                 wn + rows * sizeof(float));
-  float *bias_h = with_bias ? rand_vec(rows, 1.f) : NULL;
-  kern_weight_t bw = {.type = KERN_F32, .rows = 1, .cols = rows, .row_bytes = (size_t)rows * 4};
-  if (with_bias) ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &bw, bias_h), 0);
-  for (int t = 0; t < n_ns; t++) {
-    const int n = ns[t];
-    float *x = rand_vec((size_t)n * cols, 1.f);
-    double *xd = fr_malloc(sizeof(double) * (size_t)n * cols), *xqd = fr_malloc(sizeof(double) * (size_t)n * cols);
-    uint8_t *xq = fr_malloc((size_t)n * cols);
-    float *xs = fr_malloc(n * sizeof(float));
-    for (size_t j = 0; j < (size_t)n * cols; j++) xd[j] = x[j];
-    fp8_rows(x, n, cols, xq, xs, xqd, tensor);
-    double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
-    void *xg = gpu_put(x, (size_t)n * cols), *og = NULL;
-    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &og), 0);
-    poison(og, (size_t)n * rows);
-    rc = gpu->ops->matmul(gpu->ctx, og, &w, with_bias ? &bw : NULL, xg, n);
-    ck_assert_msg(rc == 0, "cuda matmul (fp8) n=%d: %s", n, fr_last_error());
-    float *g = gpu_get(og, (size_t)n * rows);
-    double *want = fr_malloc(sizeof(double) * (size_t)n * rows), *other = fr_malloc(sizeof(double) * (size_t)n * rows);
-    const int gemm_n = fp8_mixed_refs(n, max_gemv, rows, ref_q, ref_x, want, other);
-    const char *path = gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv";
-    const double e = nerr_d(g, want, (size_t)n * rows), o = nerr_d(g, other, (size_t)n * rows);
-    free(want), free(other);
-    fprintf(stderr, "  matmul F8R  %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
-            (long long)rows, (long long)cols, n, with_bias, path, tensor ? "tensor" : "row", e, o);
-    ck_assert_msg(e < 1e-2, "fp8 matmul n=%d (%s): error %.3e", n, path, e);
-    free(g), free(x), free(xd), free(xqd), free(xq), free(xs), free(ref_x), free(ref_q);
-    gpu->ops->free(gpu->ctx, xg);
-    gpu->ops->free(gpu->ctx, og);
-  }
-  if (with_bias) gpu->ops->weight_release(gpu->ctx, &bw);
+  check_fp8_matmuls(&w, wd, with_bias, max_gemv, ns, n_ns, tensor ? FP8_X_TENSOR : FP8_X_TOKEN, "F8R",
+                    tensor ? "tensor" : "row");
   gpu->ops->weight_release(gpu->ctx, &w);
-  free(bias_h), free(wf), free(wh), free(q), free(sc), free(wd), free(got);
+  free(wf), free(wh), free(q), free(sc), free(wd), free(got);
 }
 
 START_TEST(test_matmul_fp8) {
@@ -573,23 +600,12 @@ static uint8_t *f8b_pack(const float *w, int64_t rows, int64_t cols, double *deq
   return buf;
 }
 
-/* x (n rows of cols) quantized as KERN_F8B's GEMM quantizes it, a scale per
- * token and 128 columns (kern_fp8_quantize_row on each), dequantized. */
-static void fp8_groups(const float *x, int n, int64_t cols, double *deq) {
-  uint8_t q[128];
-  for (int64_t g = 0; g < (int64_t)n * cols / 128; g++) {
-    const float s = kern_fp8_quantize_row(x + g * 128, 128, q);
-    for (int k = 0; k < 128; k++) deq[g * 128 + k] = (double)kern_fp8_e4m3_to_f32(q[k]) * s;
-  }
-}
-
 /* An FP8 checkpoint's weight handed over as it is in the file (form
  * KERN_F8R: a scale a row, or (tensor) one for the tensor in every row's
  * slot; KERN_F8B: 128 x 128 blocks): the device keeps its bytes and scales
- * bit for bit. Its matmul at n <= max_gemv (the GEMV, x as it is) matches
- * the f64 product of the dequantized weight with x; past that, the product
- * with x quantized as the GEMM does (a scale a token, one for the tensor
- * where the device scales by tensor (x_tensor), or a token's 128 columns). */
+ * bit for bit. Its matmuls: check_fp8_matmuls, x quantized as the GEMM
+ * does (a scale a token, one for the tensor where the device scales by
+ * tensor (x_tensor), or a token's 128 columns). */
 static void check_matmul_fp8_file(kern_type_t form, bool tensor, bool x_tensor, int64_t rows, int64_t cols,
                                   bool with_bias, int max_gemv, const int *ns, int n_ns) {
   const size_t wn = (size_t)rows * cols, sbytes = kern_f8_scale_bytes(form, rows, cols);
@@ -612,45 +628,11 @@ static void check_matmul_fp8_file(kern_type_t form, bool tensor, bool x_tensor, 
   ck_assert_int_eq(gpu->ops->download(gpu->ctx, got, w.data, wn + sbytes), 0);
   ck_assert_msg(!memcmp(got, host, wn + sbytes), "%s weight: the device's bytes or scales differ from the file's",
                 kern_type_traits(form)->name);
-  float *bias_h = with_bias ? rand_vec(rows, 1.f) : NULL;
-  kern_weight_t bw = {.type = KERN_F32, .rows = 1, .cols = rows, .row_bytes = (size_t)rows * 4};
-  if (with_bias) ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &bw, bias_h), 0);
-  for (int t = 0; t < n_ns; t++) {
-    const int n = ns[t];
-    float *x = rand_vec((size_t)n * cols, 1.f);
-    double *xd = fr_malloc(sizeof(double) * (size_t)n * cols), *xqd = fr_malloc(sizeof(double) * (size_t)n * cols);
-    for (size_t j = 0; j < (size_t)n * cols; j++) xd[j] = x[j];
-    if (form == KERN_F8B) {
-      fp8_groups(x, n, cols, xqd);
-    } else {
-      uint8_t *xq = fr_malloc((size_t)n * cols);
-      float *xs = fr_malloc(n * sizeof(float));
-      fp8_rows(x, n, cols, xq, xs, xqd, x_tensor);
-      free(xq), free(xs);
-    }
-    double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
-    void *xg = gpu_put(x, (size_t)n * cols), *og = NULL;
-    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * rows * 2, &og), 0);
-    poison(og, (size_t)n * rows);
-    rc = gpu->ops->matmul(gpu->ctx, og, &w, with_bias ? &bw : NULL, xg, n);
-    ck_assert_msg(rc == 0, "cuda matmul (%s) n=%d: %s", kern_type_traits(form)->name, n, fr_last_error());
-    float *g = gpu_get(og, (size_t)n * rows);
-    double *want = fr_malloc(sizeof(double) * (size_t)n * rows), *other = fr_malloc(sizeof(double) * (size_t)n * rows);
-    const int gemm_n = fp8_mixed_refs(n, max_gemv, rows, ref_q, ref_x, want, other);
-    const char *path = gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv";
-    const double e = nerr_d(g, want, (size_t)n * rows), o = nerr_d(g, other, (size_t)n * rows);
-    free(want), free(other);
-    fprintf(stderr, "  matmul %s file %4lldx%-5lld n=%-3d bias=%d %s, scales a %s  err(exact) %.2e  err(other x) %.2e\n",
-            kern_type_traits(form)->name, (long long)rows, (long long)cols, n, with_bias, path,
-            form == KERN_F8B ? "block" : tensor ? "tensor" : "row", e, o);
-    ck_assert_msg(e < 1e-2, "%s matmul n=%d (%s): error %.3e", kern_type_traits(form)->name, n, path, e);
-    free(g), free(x), free(xd), free(xqd), free(ref_x), free(ref_q);
-    gpu->ops->free(gpu->ctx, xg);
-    gpu->ops->free(gpu->ctx, og);
-  }
-  if (with_bias) gpu->ops->weight_release(gpu->ctx, &bw);
+  const fp8_x_t xq = form == KERN_F8B ? FP8_X_GROUPS : x_tensor ? FP8_X_TENSOR : FP8_X_TOKEN;
+  check_fp8_matmuls(&w, wd, with_bias, max_gemv, ns, n_ns, xq, form == KERN_F8B ? "F8B file" : "F8R file",
+                    form == KERN_F8B ? "block" : tensor ? "tensor" : "row");
   gpu->ops->weight_release(gpu->ctx, &w);
-  free(bias_h), free(wf), free(wd), free(host), free(got);
+  free(wf), free(wd), free(host), free(got);
 }
 
 START_TEST(test_matmul_fp8_file) {

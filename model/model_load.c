@@ -252,10 +252,13 @@ static void model__count_fp8_decoded(model_t *m) {
 static int model__load_quant_cols(model_t *m, kern_weight_t *w, const model_tensor_t *t, const model_part_t *p,
                                   const char *name) {
   const size_t rb = kern_row_bytes(t->type, t->cols);
-  const model_quant_weight_t whole = {.rows = p->nr, .cols = t->cols, .x_cols = t->cols,
-                                      .data = (uint8_t *)t->data + (size_t)p->r0 * rb, .perm = (int32_t *)t->perm};
+  uint8_t *rows = fr_malloc(rb * (size_t)p->nr); /* the part's whole rows, repacked */
+  int rc = model_source_read(m->src, t, p->r0, p->nr, 0, t->cols, rows);
+  const model_quant_weight_t whole = {.rows = p->nr, .cols = t->cols, .x_cols = t->cols, .data = rows,
+                                      .perm = (int32_t *)t->perm};
   model_quant_weight_t q;
-  int rc = model_quant_cols(&whole, p->c0, p->nc, &q);
+  if (!rc) rc = model_quant_cols(&whole, p->c0, p->nc, &q);
+  free(rows);
   if (rc) return rc;
   if (q.cols != q.x_cols && !m->be->padded_perm) {
     free(q.data), free(q.perm);

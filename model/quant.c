@@ -243,10 +243,7 @@ int model_quant_read(model_quant_t *q, const char *dir) {
 
 /* ---- the layer's tensors ----------------------------------------------- */
 
-typedef struct {
-  const st_tensor_t *qweight, *qzeros, *scales, *g_idx;
-  int64_t in, out, groups;
-} quant_layer_t;
+typedef model_quant_layer_t quant_layer_t;
 
 /* base + sfx with dtype dt and n_dims 2 (1 for g_idx); NULL when absent. */
 static int quant_tensor(const model_st_t *st, const char *base, const char *sfx, const char *dt, const char *dt2,
@@ -275,6 +272,7 @@ static int quant_shape_error(const char *base, const char *sfx, const st_tensor_
 /* Finds the layer's tensors and checks every shape against the packing. */
 static int quant_layer(const model_quant_t *q, const model_st_t *st, const char *base, quant_layer_t *L) {
   memset(L, 0, sizeof *L);
+  L->q = *q;
   int rc = quant_tensor(st, base, "qweight", "I32", NULL, 2, true, &L->qweight);
   if (!rc) rc = quant_tensor(st, base, "qzeros", "I32", NULL, 2, true, &L->qzeros);
   if (!rc) rc = quant_tensor(st, base, "scales", "F16", "BF16", 2, true, &L->scales);
@@ -400,27 +398,53 @@ static void quant_pack_row(const model_quant_t *q, const quant_layer_t *L, const
   }
 }
 
-int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_weight_t *out) {
-  quant_layer_t L;
+int model_quant_open(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_layer_t *out) {
   memset(out, 0, sizeof *out);
   if (q->method != MODEL_QUANT_GPTQ && q->method != MODEL_QUANT_AWQ)
     return fr_errorf(FR_EFORMAT, "model: %s.qweight is GPTQ/AWQ-packed, but the model has no quantization config "
                      "for GPTQ or AWQ", base);
-  int32_t *perm = NULL;
-  int rc = quant_layer(q, st, base, &L);
-  if (!rc) rc = quant_order(q, &L, base, &perm);
-  if (rc) return rc;
-  const size_t row_bytes = kern_row_bytes(KERN_I4G, L.in);
-  uint8_t *data = fr_malloc_aligned(row_bytes * (size_t)L.out);
-  uint8_t *v = fr_malloc((size_t)QUANT_TILE * (size_t)L.in);
-  for (int64_t n0 = 0; n0 < L.out; n0 += QUANT_TILE) {
-    const int64_t nt = FR_MIN((int64_t)QUANT_TILE, L.out - n0);
-    quant_unpack_tile(q, &L, n0, nt, v);
-    for (int64_t n = n0; n < n0 + nt; n++)
-      quant_pack_row(q, &L, perm, n, v + (n - n0) * L.in, data + (size_t)n * row_bytes);
+  int rc = quant_layer(q, st, base, out);
+  if (!rc) rc = quant_order(q, out, base, &out->perm);
+  if (rc) model_quant_close(out);
+  return rc;
+}
+
+void model_quant_close(model_quant_layer_t *l) {
+  free(l->perm);
+  memset(l, 0, sizeof *l);
+}
+
+int model_quant_rows(const model_quant_layer_t *L, int64_t r0, int64_t nr, uint8_t *dst) {
+  if (r0 < 0 || nr <= 0 || r0 + nr > L->out)
+    return fr_errorf(-EINVAL, "model: rows [%lld, %lld) of a quantized layer of %lld", (long long)r0,
+                     (long long)(r0 + nr), (long long)L->out);
+  const size_t row_bytes = kern_row_bytes(KERN_I4G, L->in);
+  uint8_t *v = fr_malloc((size_t)QUANT_TILE * (size_t)L->in);
+  for (int64_t n0 = r0 / 8 * 8; n0 < r0 + nr; n0 += QUANT_TILE) { /* tiles of whole 32-bit words (AWQ) */
+    const int64_t nt = FR_MIN((int64_t)QUANT_TILE, L->out - n0);
+    quant_unpack_tile(&L->q, L, n0, nt, v);
+    for (int64_t n = FR_MAX(n0, r0); n < FR_MIN(n0 + nt, r0 + nr); n++)
+      quant_pack_row(&L->q, L, L->perm, n, v + (n - n0) * L->in, dst + (size_t)(n - r0) * row_bytes);
   }
   free(v);
-  *out = (model_quant_weight_t){.rows = L.out, .cols = L.in, .x_cols = L.in, .data = data, .perm = perm};
+  return 0;
+}
+
+int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_weight_t *out) {
+  model_quant_layer_t L;
+  memset(out, 0, sizeof *out);
+  int rc = model_quant_open(q, st, base, &L);
+  if (rc) return rc;
+  uint8_t *data = fr_malloc_aligned(kern_row_bytes(KERN_I4G, L.in) * (size_t)L.out);
+  rc = model_quant_rows(&L, 0, L.out, data);
+  if (rc) {
+    fr_free_aligned(data);
+    model_quant_close(&L);
+    return rc;
+  }
+  *out = (model_quant_weight_t){.rows = L.out, .cols = L.in, .x_cols = L.in, .data = data, .perm = L.perm};
+  L.perm = NULL; /* the caller's now */
+  model_quant_close(&L);
   return 0;
 }
 

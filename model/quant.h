@@ -69,7 +69,27 @@ typedef struct {
   int32_t *perm;
 } model_quant_weight_t;
 
-/* Repacks layer `base` (the name before ".qweight") of st. */
+/* A GPTQ or AWQ layer of a checkpoint, checked (model_quant_open): its
+ * packed tensors in the file's mapping and the order of its inputs,
+ * repacked into KERN_I4G rows on demand (model_quant_rows). rows = out,
+ * cols = in. */
+typedef struct {
+  model_quant_t q;                                 /* the config */
+  const st_tensor_t *qweight, *qzeros, *scales, *g_idx; /* g_idx: GPTQ's, or NULL */
+  int64_t in, out, groups;
+  int32_t *perm; /* (in) model_quant_weight_t.perm of the whole layer, owned; NULL: the identity */
+} model_quant_layer_t;
+
+/* Opens layer `base` (the name before ".qweight") of st: every shape
+ * checked against the packing, and the inputs sorted by group. */
+int model_quant_open(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_layer_t *out);
+void model_quant_close(model_quant_layer_t *l);
+
+/* Rows (outputs) [r0, r0 + nr) of l repacked into dst: nr rows of
+ * kern_row_bytes(KERN_I4G, l->in), every input, in l->perm's order. */
+int model_quant_rows(const model_quant_layer_t *l, int64_t r0, int64_t nr, uint8_t *dst);
+
+/* Repacks the whole layer `base` of st (model_quant_open, then every row). */
 int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_weight_t *out);
 
 /* The part of layer w (as model_quant_repack makes it, perm or not) that

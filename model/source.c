@@ -153,8 +153,9 @@ static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_na
 }
 
 /* A GPTQ/AWQ layer, hf the name of its qweight: one KERN_I4G tensor under
- * the GGUF name of its ".weight", made in memory (quant.h). *used is false
- * when the layer is not one the model runs. */
+ * the GGUF name of its ".weight", checked now and repacked when it is read
+ * (model_source_read). *used is false when the layer is not one the model
+ * runs. */
 static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *hf, bool *used) {
   size_t n = strlen(hf) - strlen(".qweight");
   char base[512], wname[520];
@@ -164,15 +165,16 @@ static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *h
   snprintf(wname, sizeof wname, "%s.weight", base);
   char *name = map_hf_name(wname);
   if (!name) return 0;
-  model_quant_weight_t q;
-  int rc = model_quant_repack(&s->quant, s->st, base, &q);
+  model_quant_layer_t *l = fr_calloc(1, sizeof *l);
+  int rc = model_quant_open(&s->quant, s->st, base, l);
   if (rc) {
+    free(l);
     free(name);
     return rc;
   }
   *used = true;
-  *m = (model_tensor_t){.name = name, .type = KERN_I4G, .rows = q.rows, .cols = q.cols, .n_mats = 1,
-                        .data = q.data, .fd = -1, .perm = q.perm, .owned = q.data};
+  *m = (model_tensor_t){.name = name, .type = KERN_I4G, .rows = l->out, .cols = l->in, .n_mats = 1, .fd = -1,
+                        .perm = l->perm, .quant = l};
   return 0;
 }
 
@@ -527,8 +529,8 @@ void model_source_close(model_source_t *s) {
   if (!s) return;
   for (size_t i = 0; i < s->n_tensors; i++) {
     free((char *)s->tensors[i].name);
-    fr_free_aligned(s->tensors[i].owned);
-    free((void *)s->tensors[i].perm);
+    if (s->tensors[i].quant) model_quant_close(s->tensors[i].quant); /* perm with it */
+    free(s->tensors[i].quant);
     if (s->tensors[i].fp8) model_quant_fp8_close(s->tensors[i].fp8);
     free(s->tensors[i].fp8);
   }
@@ -558,6 +560,15 @@ int model_source_read(const model_source_t *s, const model_tensor_t *t, int64_t 
                       void *dst) {
   if (t->fp8) return model_quant_fp8_read(t->fp8, r0, nr, c0, nc, s->pool, dst);
   const size_t full = kern_row_bytes(t->type, t->cols), rb = kern_row_bytes(t->type, nc);
+  if (t->quant && nc == t->cols) return model_quant_rows(t->quant, r0, nr, dst);
+  if (t->quant) { /* whole rows, then their column range */
+    uint8_t *rows = fr_malloc(full * (size_t)nr);
+    int rc = model_quant_rows(t->quant, r0, nr, rows);
+    for (int64_t r = 0; r < nr && !rc; r++)
+      memcpy((uint8_t *)dst + (size_t)r * rb, rows + (size_t)r * full + kern_row_bytes(t->type, c0), rb);
+    free(rows);
+    return rc;
+  }
   const uint8_t *src = (const uint8_t *)t->data + (size_t)r0 * full + kern_row_bytes(t->type, c0);
   for (int64_t r = 0; r < nr; r++) memcpy((uint8_t *)dst + (size_t)r * rb, src + (size_t)r * full, rb);
   return 0;

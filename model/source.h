@@ -16,8 +16,9 @@
  * permuted at load.
  *
  * GPTQ/AWQ folders: each quantized layer X (X.qweight, X.qzeros, X.scales,
- * X.g_idx) is one KERN_I4G tensor under X.weight's GGUF name, repacked in
- * memory at open (quant.h); perm carries GPTQ act-order. FP8 folders: each
+ * X.g_idx) is one KERN_I4G tensor under X.weight's GGUF name, checked at
+ * open and without data, the rows model_source_read reads repacked then
+ * (quant.h); perm carries GPTQ act-order. FP8 folders: each
  * F8_E4M3 X.weight (with X.weight_scale or X.weight_scale_inv) is a BF16
  * tensor without data, its fp8 layer decoded when model_source_read reads
  * a part of it.
@@ -44,11 +45,11 @@ typedef struct {
   int64_t rows, cols;
   int64_t n_mats;    /* GGUF ne[2] * ne[3]: a stack of n_mats matrices of rows / n_mats rows
                       * (the experts of ffn_*_exps); 1 for matrices and HF tensors */
-  const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols); NULL for an FP8 layer (fp8) */
+  const void *data;  /* mapped bytes, rows * kern_row_bytes(type, cols); NULL for a GPTQ/AWQ or FP8 layer */
   int fd;            /* the same bytes at file_off of this open file (the source's); -1: none */
   uint64_t file_off;
   const int32_t *perm; /* KERN_I4G from GPTQ act-order: input column of each column (kern_weight_t.perm), or NULL */
-  void *owned;         /* data when the source made it (GPTQ/AWQ repacked), freed on close; else NULL */
+  model_quant_layer_t *quant; /* a GPTQ/AWQ layer of the checkpoint, read as KERN_I4G (owned; perm is its), or NULL */
   model_fp8_layer_t *fp8; /* an FP8 E4M3 layer of the checkpoint, read as BF16 (owned), or NULL */
 } model_tensor_t;
 
@@ -78,7 +79,8 @@ const model_tensor_t *model_source_tensor(const model_source_t *s, const char *n
 
 /* Rows [r0, r0 + nr) and columns [c0, c0 + nc) of t (c0 and nc whole
  * blocks of its type) into dst, nr rows of kern_row_bytes(t->type, nc):
- * copied from the mapping, or decoded (an FP8 layer). */
+ * copied from the mapping, repacked (a GPTQ/AWQ layer: its columns in
+ * t->perm's order) or decoded (an FP8 layer). */
 int model_source_read(const model_source_t *s, const model_tensor_t *t, int64_t r0, int64_t nr, int64_t c0, int64_t nc,
                       void *dst);
 

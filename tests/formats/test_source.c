@@ -681,6 +681,43 @@ START_TEST(quant_fp8_pack) {
 }
 END_TEST
 
+/* A GPTQ/AWQ layer's rows as the loader reads a rank's part
+ * (model_quant_rows: repacked on demand, from any row, AWQ's 8-column words
+ * cut too) are the rows of the whole layer's repacking, bit for bit. */
+START_TEST(quant_rows_parts) {
+  model_st_t *st;
+  ck_assert_msg(model_st_open(&st, fx_path("st_gptq.safetensors")) == 0, "%s", fr_last_error());
+  const struct {
+    const char *base;
+    model_quant_t q;
+  } layers[] = {{"gptq", {.method = MODEL_QUANT_GPTQ, .bits = 4, .group_size = 32}},
+                {"awq", {.method = MODEL_QUANT_AWQ, .bits = 4, .group_size = 32}}};
+  const int64_t parts[][2] = {{0, 16}, {3, 5}, {8, 8}, {15, 1}, {1, 14}};
+  for (size_t i = 0; i < FR_ARRAY_SIZE(layers); i++) {
+    model_quant_weight_t whole;
+    ck_assert_msg(model_quant_repack(&layers[i].q, st, layers[i].base, &whole) == 0, "%s", fr_last_error());
+    model_quant_layer_t l;
+    ck_assert_int_eq(model_quant_open(&layers[i].q, st, layers[i].base, &l), 0);
+    ck_assert(l.out == whole.rows && l.in == whole.cols && !l.perm == !whole.perm);
+    if (l.perm) ck_assert(!memcmp(l.perm, whole.perm, (size_t)l.in * sizeof *l.perm));
+    const size_t rb = kern_row_bytes(KERN_I4G, l.in);
+    for (size_t p = 0; p < FR_ARRAY_SIZE(parts); p++) {
+      uint8_t *got = fr_malloc(rb * (size_t)parts[p][1]);
+      ck_assert_int_eq(model_quant_rows(&l, parts[p][0], parts[p][1], got), 0);
+      ck_assert_msg(!memcmp(got, whole.data + (size_t)parts[p][0] * rb, rb * (size_t)parts[p][1]),
+                    "%s rows [%lld, +%lld)", layers[i].base, (long long)parts[p][0], (long long)parts[p][1]);
+      free(got);
+    }
+    uint8_t row[64];
+    ck_assert_int_eq(model_quant_rows(&l, 15, 2, row), -EINVAL); /* past the last output */
+    model_quant_close(&l);
+    fr_free_aligned(whole.data);
+    free(whole.perm);
+  }
+  model_st_close(st);
+}
+END_TEST
+
 /* ---- GGUF metadata parsing -------------------------------------------- */
 
 static int gguf_cfg(model_config_t *c, const fx_buf_t *b) {
@@ -849,6 +886,7 @@ static Suite *source_suite(void) {
     tcase_add_test(tc, hf_config_moe);
     tcase_add_test(tc, quant_fp8_configs);
     tcase_add_test(tc, quant_fp8_pack);
+    tcase_add_test(tc, quant_rows_parts);
     tcase_add_test(tc, gguf_config_keys);
   }
   suite_add_tcase(su, tc);

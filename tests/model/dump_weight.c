@@ -62,12 +62,16 @@ static int dump_part(const model_quant_weight_t *q, FILE *f, const char *path) {
 }
 
 /* Tensor t's part for inputs [c0, c0 + nc) to path. */
-static int dump_cols(const model_tensor_t *t, int64_t c0, int64_t nc, FILE *f, const char *path) {
+static int dump_cols(const model_source_t *s, const model_tensor_t *t, int64_t c0, int64_t nc, FILE *f,
+                     const char *path) {
   if (t->type != KERN_I4G) return fr_errorf(FR_EUNSUPPORTED, "--cols needs an I4G tensor");
-  const model_quant_weight_t whole = {.rows = t->rows, .cols = t->cols, .x_cols = t->cols,
-                                      .data = (uint8_t *)t->data, .perm = (int32_t *)t->perm};
+  uint8_t *rows = fr_malloc(kern_row_bytes(KERN_I4G, t->cols) * (size_t)t->rows);
+  int rc = model_source_read(s, t, 0, t->rows, 0, t->cols, rows);
+  const model_quant_weight_t whole = {.rows = t->rows, .cols = t->cols, .x_cols = t->cols, .data = rows,
+                                      .perm = (int32_t *)t->perm};
   model_quant_weight_t q;
-  int rc = model_quant_cols(&whole, c0, nc, &q);
+  if (!rc) rc = model_quant_cols(&whole, c0, nc, &q);
+  free(rows);
   if (rc) return rc;
   rc = dump_part(&q, f, path);
   printf("%s I4G %lld %lld %lld\n", t->name, (long long)q.rows, (long long)q.cols, (long long)q.x_cols);
@@ -80,7 +84,7 @@ static int dump_cols(const model_tensor_t *t, int64_t c0, int64_t nc, FILE *f, c
 static int dump_one(const model_source_t *s, const char *name, const char *path, int64_t c0, int64_t nc) {
   const model_tensor_t *t = model_source_tensor(s, name);
   FILE *f = t ? fopen(path, "wb") : NULL;
-  int rc = t && f ? (nc > 0 ? dump_cols(t, c0, nc, f, path) : dump(s, t, f)) : -1;
+  int rc = t && f ? (nc > 0 ? dump_cols(s, t, c0, nc, f, path) : dump(s, t, f)) : -1;
   if (f && fclose(f)) rc = -1;
   if (rc) fprintf(stderr, "dump_weight: %s: no such tensor, or cannot write %s: %s\n", name, path, fr_last_error());
   else if (nc <= 0) printf("%s %s %lld %lld\n", name, kern_type_traits(t->type)->name, (long long)t->rows,

@@ -243,8 +243,6 @@ int model_quant_read(model_quant_t *q, const char *dir) {
 
 /* ---- the layer's tensors ----------------------------------------------- */
 
-typedef model_quant_layer_t quant_layer_t;
-
 /* base + sfx with dtype dt and n_dims 2 (1 for g_idx); NULL when absent. */
 static int quant_tensor(const model_st_t *st, const char *base, const char *sfx, const char *dt, const char *dt2,
                         int n_dims, bool required, const st_tensor_t **out) {
@@ -270,7 +268,7 @@ static int quant_shape_error(const char *base, const char *sfx, const st_tensor_
 }
 
 /* Finds the layer's tensors and checks every shape against the packing. */
-static int quant_layer(const model_quant_t *q, const model_st_t *st, const char *base, quant_layer_t *L) {
+static int quant_layer(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_layer_t *L) {
   memset(L, 0, sizeof *L);
   L->q = *q;
   int rc = quant_tensor(st, base, "qweight", "I32", NULL, 2, true, &L->qweight);
@@ -307,13 +305,14 @@ static inline uint32_t quant_u32(const st_tensor_t *t, int64_t i) {
 static const int kAwqPos[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 /* The zero point of (group g, output n). */
-static int quant_zero(const model_quant_t *q, const quant_layer_t *L, int64_t g, int64_t n) {
+static int quant_zero(const model_quant_layer_t *L, int64_t g, int64_t n) {
+  const model_quant_t *q = &L->q;
   uint32_t w = quant_u32(L->qzeros, g * (L->out / 8) + n / 8);
   if (q->method == MODEL_QUANT_AWQ) return (int)(w >> (4 * kAwqPos[n % 8]) & 15);
   return (int)(w >> (4 * (n % 8)) & 15) + (q->zeros_minus_1 ? 1 : 0);
 }
 
-static float quant_scale(const quant_layer_t *L, int64_t g, int64_t n) {
+static float quant_scale(const model_quant_layer_t *L, int64_t g, int64_t n) {
   uint16_t h;
   memcpy(&h, (const uint8_t *)L->scales->data + (size_t)(g * L->out + n) * 2, 2);
   return strcmp(L->scales->dtype_name, "F16") ? fr_bf16_to_fp32(h) : fr_fp16_to_fp32(h);
@@ -322,7 +321,8 @@ static float quant_scale(const quant_layer_t *L, int64_t g, int64_t n) {
 /* ---- groups and the column order ---------------------------------------- */
 
 /* The group of input k. */
-static int64_t quant_group(const model_quant_t *q, const quant_layer_t *L, int64_t k) {
+static int64_t quant_group(const model_quant_layer_t *L, int64_t k) {
+  const model_quant_t *q = &L->q;
   if (L->g_idx) return (int32_t)quant_u32(L->g_idx, k);
   return q->group_size < 0 ? 0 : k / q->group_size;
 }
@@ -330,12 +330,12 @@ static int64_t quant_group(const model_quant_t *q, const quant_layer_t *L, int64
 /* Sorts the inputs by group (stably) into perm; every 32 consecutive sorted
  * inputs must share one group. perm is freed and set to NULL when it is the
  * identity. */
-static int quant_order(const model_quant_t *q, const quant_layer_t *L, const char *base, int32_t **perm_out) {
+static int quant_order(const model_quant_layer_t *L, const char *base, int32_t **perm_out) {
   int64_t *start = fr_calloc((size_t)L->groups + 1, sizeof *start);
   int32_t *perm = fr_malloc((size_t)L->in * sizeof *perm);
   int rc = 0;
   for (int64_t k = 0; k < L->in && !rc; k++) {
-    int64_t g = quant_group(q, L, k);
+    int64_t g = quant_group(L, k);
     if (g < 0 || g >= L->groups)
       rc = fr_errorf(FR_EFORMAT, "model: %s.g_idx[%lld] = %lld is not a group in [0, %lld)", base, (long long)k,
                      (long long)g, (long long)L->groups);
@@ -349,7 +349,7 @@ static int quant_order(const model_quant_t *q, const quant_layer_t *L, const cha
   }
   bool identity = true;
   for (int64_t k = 0; k < L->in && !rc; k++) {
-    int64_t j = start[quant_group(q, L, k)]++;
+    int64_t j = start[quant_group(L, k)]++;
     perm[j] = (int32_t)k;
     identity = identity && j == k;
   }
@@ -365,9 +365,9 @@ static int quant_order(const model_quant_t *q, const quant_layer_t *L, const cha
 /* ---- repacking ---------------------------------------------------------- */
 
 /* The 4-bit values of outputs [n0, n0 + nt) for every input: v[(n - n0) * in + k]. */
-static void quant_unpack_tile(const model_quant_t *q, const quant_layer_t *L, int64_t n0, int64_t nt, uint8_t *v) {
+static void quant_unpack_tile(const model_quant_layer_t *L, int64_t n0, int64_t nt, uint8_t *v) {
   const int64_t in = L->in, out = L->out;
-  if (q->method == MODEL_QUANT_GPTQ) { /* word (k / 8, n), nibble k % 8 */
+  if (L->q.method == MODEL_QUANT_GPTQ) { /* word (k / 8, n), nibble k % 8 */
     for (int64_t kp = 0; kp < in / 8; kp++)
       for (int64_t n = n0; n < n0 + nt; n++) {
         uint32_t w = quant_u32(L->qweight, kp * out + n);
@@ -383,12 +383,12 @@ static void quant_unpack_tile(const model_quant_t *q, const quant_layer_t *L, in
 }
 
 /* Row n's I4G blocks from its unpacked values v (in entries). */
-static void quant_pack_row(const model_quant_t *q, const quant_layer_t *L, const int32_t *perm, int64_t n,
-                           const uint8_t *v, uint8_t *row) {
+static void quant_pack_row(const model_quant_layer_t *L, int64_t n, const uint8_t *v, uint8_t *row) {
+  const int32_t *perm = L->perm;
   for (int64_t b = 0; b < L->in / 32; b++) {
     uint8_t *blk = row + b * 24;
-    const int64_t k0 = perm ? perm[b * 32] : b * 32, g = quant_group(q, L, k0);
-    const float d = quant_scale(L, g, n), m = -d * (float)quant_zero(q, L, g, n); /* exact: d has <= 11 bits */
+    const int64_t k0 = perm ? perm[b * 32] : b * 32, g = quant_group(L, k0);
+    const float d = quant_scale(L, g, n), m = -d * (float)quant_zero(L, g, n); /* exact: d has <= 11 bits */
     memcpy(blk, &d, 4);
     memcpy(blk + 4, &m, 4);
     for (int j = 0; j < 16; j++) {
@@ -404,7 +404,7 @@ int model_quant_open(const model_quant_t *q, const model_st_t *st, const char *b
     return fr_errorf(FR_EFORMAT, "model: %s.qweight is GPTQ/AWQ-packed, but the model has no quantization config "
                      "for GPTQ or AWQ", base);
   int rc = quant_layer(q, st, base, out);
-  if (!rc) rc = quant_order(q, out, base, &out->perm);
+  if (!rc) rc = quant_order(out, base, &out->perm);
   if (rc) model_quant_close(out);
   return rc;
 }
@@ -422,9 +422,9 @@ int model_quant_rows(const model_quant_layer_t *L, int64_t r0, int64_t nr, uint8
   uint8_t *v = fr_malloc((size_t)QUANT_TILE * (size_t)L->in);
   for (int64_t n0 = r0 / 8 * 8; n0 < r0 + nr; n0 += QUANT_TILE) { /* tiles of whole 32-bit words (AWQ) */
     const int64_t nt = FR_MIN((int64_t)QUANT_TILE, L->out - n0);
-    quant_unpack_tile(&L->q, L, n0, nt, v);
+    quant_unpack_tile(L, n0, nt, v);
     for (int64_t n = FR_MAX(n0, r0); n < FR_MIN(n0 + nt, r0 + nr); n++)
-      quant_pack_row(&L->q, L, L->perm, n, v + (n - n0) * L->in, dst + (size_t)(n - r0) * row_bytes);
+      quant_pack_row(L, n, v + (n - n0) * L->in, dst + (size_t)(n - r0) * row_bytes);
   }
   free(v);
   return 0;

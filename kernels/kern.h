@@ -273,7 +273,10 @@ typedef struct {
 
   /* out(n, w->rows) = x(n, w->cols) @ w^T (+ bias, (1, w->rows) F32, optional);
    * with w->perm, column k of w multiplies x[perm[k]], and x is (n, w->x_cols)
-   * when x_cols is set. */
+   * when x_cols is set. out has room for n rounded up to a multiple of 4
+   * rows: a backend may write the rows past n (CUDA's FP8 GEMM runs a
+   * multiple of 4 tokens), which hold nothing after. The same holds for
+   * matmul_rope_kv_append's qkv and matmul_silu_mul's scratch. */
   int (*matmul)(void *ctx, void *out, const kern_weight_t *w, const kern_weight_t *bias, const void *x, int n);
 
   /* out(n, dim) = x / rms(x) * w for each of n rows (w F32 (1, dim)). out may equal x. */

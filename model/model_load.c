@@ -598,7 +598,8 @@ int model__init_rope(model_t *m) {
 
 int model__alloc_scratch(model_t *m) {
   const model_config_t *c = &m->cfg;
-  size_t es = m->be->act_size, T = (size_t)m->max_tokens;
+  /* rows rounded up to 4: a matmul may write that many (kern_ops_t.matmul) */
+  size_t es = m->be->act_size, T = ((size_t)m->max_tokens + 3) & ~(size_t)3;
   struct {
     void **p;
     size_t n;

@@ -606,8 +606,9 @@ int kcu__matmul_rope_kv_append(kcu_ctx_t *c, void *qkv, const kern_weight_t *w, 
  * (src, device) become w->data's KERN_F8R (allocated here). kcu__f8_upload:
  * a KERN_F8R or KERN_F8B weight in host memory (an FP8 checkpoint's) copied
  * as it is, or FR_EUNSUPPORTED where this device's GEMM cannot run it.
- * kcu__f8_gemm: the matmul over n rows of x (a multiple of 4) quantized
- * likewise (a scale a token, or a token's 128 columns), by cuBLASLt.
+ * kcu__f8_gemm: the matmul over n rows of x quantized likewise (a scale a
+ * token, or a token's 128 columns), by cuBLASLt over n rounded up to a
+ * multiple of 4: it writes up to 3 rows of out past n.
  * kcu__f8_destroy frees what they made. */
 static inline const float *kcu_f8_scales(const kern_weight_t *w) {
   return (const float *)((const uint8_t *)w->data + (size_t)w->rows * (size_t)w->cols);

@@ -16,6 +16,12 @@
  * it, so the GEMV reads them alike) and one for a matmul's activations,
  * from the absmax over all of them, and the GEMM scales by scalars.
  *
+ * cuBLASLt's FP8 GEMMs run a multiple of 4 tokens here: its KERN_F8R GEMM
+ * with outer-vector scales was 3% off at 9 tokens (cuBLAS 13.1, H200), and
+ * it has no KERN_F8B GEMM at 5. A chunk of other counts is padded: its last
+ * 1-3 rows of quantized x are zeros, and the GEMM writes as many rows of
+ * out past n (kern_ops_t.matmul: callers leave that room).
+ *
  * An FP8 checkpoint's layers come as they are in the file (kcu__f8_upload):
  * KERN_F8R where its scales cover whole rows (per tensor: the one scale in
  * every row's slot), KERN_F8B where they are 128 x 128 blocks. KERN_F8B's
@@ -54,15 +60,28 @@ template <int NT> __device__ float kcu_block_max(float v, float *red) {
   return kcu_warp_max(v);
 }
 
-/* Row blockIdx.x of x (cols elements, cols % 8 == 0, 16-byte aligned) as
+/* Zeros into row blockIdx.x of q (cols bytes, 16-byte aligned): a row of
+ * padding past x's rows. */
+__device__ __forceinline__ void kcu_f8_zero_row(uint8_t *q, int cols) {
+  uint4 *q16 = reinterpret_cast<uint4 *>(q + (size_t)blockIdx.x * cols);
+  for (int i = threadIdx.x; i < cols / 16; i += blockDim.x) q16[i] = make_uint4(0, 0, 0, 0);
+}
+
+/* Row blockIdx.x of x (cols elements, cols % 16 == 0, 16-byte aligned) as
  * FP8 E4M3 bytes into q and its scale, as kern_fp8_quantize_row makes them
- * (the same operations, so the same bits). */
+ * (the same operations, so the same bits); rows from x_rows on are
+ * padding: zeros, scale 0. */
 template <typename T>
 __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *scale, const T *x, int cols,
-                                                            const float *tensor_max) {
+                                                            int x_rows, const float *tensor_max) {
   __shared__ float red[KCU_F8Q_NT / KCU_WARP];
   kcu_pdl_enter();
   const size_t row = blockIdx.x;
+  if ((int)row >= x_rows) {
+    if (threadIdx.x == 0) scale[row] = 0.f;
+    kcu_f8_zero_row(q, cols);
+    return;
+  }
   const uint4 *x4 = reinterpret_cast<const uint4 *>(x + row * cols);
   const int n8 = cols / 8;
   float m = 0.f, f[8];
@@ -92,15 +111,21 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *
 /* Row blockIdx.x of x (cols elements, cols % 128 == 0, 16-byte aligned)
  * as FP8 E4M3 bytes into q, a scale per 128 columns: group g's at
  * scale[g * ld + row] (cuBLASLt's VEC128_32F layout), each group as
- * kern_fp8_quantize_row makes a row. Half a warp a group, 8 elements a
- * lane; a warp's two halves take groups side by side. */
+ * kern_fp8_quantize_row makes a row; rows from x_rows on are padding
+ * (zeros, scales 0). Half a warp a group, 8 elements a lane; a warp's two
+ * halves take groups side by side. */
 template <typename T>
 __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_groups_k(uint8_t *q, float *scale, const T *x, int cols,
-                                                                   int ld) {
+                                                                   int x_rows, int ld) {
   kcu_pdl_enter();
   const size_t row = blockIdx.x;
   const int warp = threadIdx.x / KCU_WARP, half = threadIdx.x / 16 % 2, lane = threadIdx.x % 16;
   const int groups = cols / KCU_F8_BLOCK;
+  if ((int)row >= x_rows) {
+    for (int g = threadIdx.x; g < groups; g += KCU_F8Q_NT) scale[(size_t)g * ld + row] = 0.f;
+    kcu_f8_zero_row(q, cols);
+    return;
+  }
   for (int g0 = 2 * warp; g0 < groups; g0 += 2 * (KCU_F8Q_NT / KCU_WARP)) {
     const int g = g0 + half;
     const bool on = g < groups;
@@ -140,8 +165,9 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_absmax_k(unsigned *max_bits
 }
 
 /* Queues the quantization of rows (cols each) of src into q and scale: a
- * scale a row, or (f8_tensor) one for them all, every row's slot. */
-static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void *src, int rows, int cols) {
+ * scale a row, or (f8_tensor) one for them all, every row's slot; then
+ * pad rows of zeros. */
+static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void *src, int rows, int cols, int pad) {
   float *tmax = c->f8_tensor ? c->x8s + KCU_F8_X_TOKENS : NULL;
   if (tmax) {
     const long long n8 = (long long)rows * cols / 8;
@@ -149,8 +175,8 @@ static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void 
     KCU_CHECK(cudaMemsetAsync(tmax, 0, sizeof(float), c->stream));
     KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_absmax_k<T>, grid, KCU_F8Q_NT, 0, (unsigned *)tmax, (const T *)src, n8));
   }
-  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_k<T>, rows, KCU_F8Q_NT, 0, q, scale, (const T *)src, cols,
-                                 (const float *)tmax));
+  KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_k<T>, rows + pad, KCU_F8Q_NT, 0, q, scale, (const T *)src, cols,
+                                 rows, (const float *)tmax));
   return 0;
 }
 
@@ -202,11 +228,11 @@ static int kcu_f8_init(kcu_ctx_t *c) {
  * transposed) by 128 x 128 blocks, B (x) by 128 columns of a token. */
 static int kcu_f8b_init(kcu_ctx_t *c) {
   if (c->lt_desc_b) return 0;
-  cublasLtMatmulDesc_t d;
-  KCU_CUBLAS(cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  cublasLtMatmulDesc_t d = NULL;
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   const int32_t am = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F, bm = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
-  cublasStatus_t st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+  cublasStatus_t st = cublasLtMatmulDescCreate(&d, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+  if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am);
   if (st == CUBLAS_STATUS_SUCCESS) st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm);
@@ -215,7 +241,7 @@ static int kcu_f8b_init(kcu_ctx_t *c) {
   if (st == CUBLAS_STATUS_SUCCESS)
     st = cublasLtMatmulDescSetAttribute(d, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    cublasLtMatmulDescDestroy(d);
+    if (d) cublasLtMatmulDescDestroy(d);
     return fr_errorf(FR_EUNSUPPORTED, "cuda: cuBLASLt has no FP8 GEMM by 128 x 128 blocks here (%s)",
                      cublasGetStatusString(st));
   }
@@ -293,7 +319,7 @@ int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char
   if ((rc = kcu_f8_plan(c, false, (int)w->rows, 64, (int)w->cols, &p))) return rc;
   const size_t bytes = (size_t)w->rows * (size_t)w->cols + (size_t)w->rows * sizeof(float);
   if ((rc = kcu__alloc(c, bytes, &w->data, what))) return rc;
-  rc = kcu_f8_quant_rows(c, (uint8_t *)w->data, (float *)kcu_f8_scales(w), src, (int)w->rows, (int)w->cols);
+  rc = kcu_f8_quant_rows(c, (uint8_t *)w->data, (float *)kcu_f8_scales(w), src, (int)w->rows, (int)w->cols, 0);
   if (!rc) KCU_CHECK(cudaStreamSynchronize(c->stream)); /* src is freed next */
   return rc;
 }
@@ -343,20 +369,19 @@ int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *b
   const float *sw = kcu_f8_scales(w);
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s));
-  if (n % 4) return fr_errorf(-EINVAL, "cuda: an FP8 GEMM over %d tokens (a multiple of 4 only: kcu__matmul)", n);
   const int chunk = (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k) & ~3;
   const float one = 1.f, zero = 0.f;
   for (int t0 = 0; t0 < n; t0 += chunk) {
-    const int nt = FR_MIN(chunk, n - t0);
+    const int nt = FR_MIN(chunk, n - t0), np = (nt + 3) & ~3; /* np - nt rows of padding (the header) */
     const void *xt = (const char *)x + (size_t)t0 * k * c->act_size;
     kcu_f8_plan_t *p;
     int rc = 0;
     if (blk)
-      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_groups_k<T>, nt, KCU_F8Q_NT, 0, c->x8, c->x8s, (const T *)xt, k,
-                                     nt));
+      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_groups_k<T>, np, KCU_F8Q_NT, 0, c->x8, c->x8s, (const T *)xt, k,
+                                     nt, np));
     else
-      rc = kcu_f8_quant_rows(c, c->x8, c->x8s, xt, nt, k);
-    if (rc || (rc = kcu_f8_plan(c, blk, m, nt, k, &p))) return rc;
+      rc = kcu_f8_quant_rows(c, c->x8, c->x8s, xt, nt, k, np - nt);
+    if (rc || (rc = kcu_f8_plan(c, blk, m, np, k, &p))) return rc;
     char *o = (char *)out + (size_t)t0 * m * c->act_size;
     KCU_CUBLAS(cublasLtMatmul(c->lt, desc, &one, w->data, p->a, c->x8, p->b, &zero, o, p->d, o, p->d, &p->algo,
                               c->cublas_ws, KCU_CUBLAS_WS_BYTES, c->stream));

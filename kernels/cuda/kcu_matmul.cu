@@ -556,15 +556,9 @@ int kcu__matmul(kcu_ctx_t *c, void *out, const kern_weight_t *w, const kern_weig
     }
     rc = kcu_gemm(c, out, (int)w->rows, w->data, x, (int)w->rows, n, (int)w->cols);
   } else if (kcu_is_f8(w->type)) {
-    /* past f8_gemv_max_n rows the GEMM over a multiple of 4 tokens, the last 1-3 rows on the GEMV: cuBLASLt
-     * has no KERN_F8B GEMM for other counts (the layout of x's 128-column scales), and its KERN_F8R GEMM with
-     * outer-vector scales failed test_cuda_ops at 9 tokens, 3% off (cuBLAS 13.1, H200, session 53) */
-    int gemm_n = n > c->f8_gemv_max_n || !aligned ? n : 0;
-    if (aligned) gemm_n &= ~3;
-    if (gemm_n && (rc = kcu__f8_gemm(c, out, w, bp, x, gemm_n))) return rc;
-    if (gemm_n < n)
-      KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out + (size_t)gemm_n * w->rows, w, bp,
-                                                 (const T *)x + (size_t)gemm_n * w->cols, n - gemm_n));
+    /* past f8_gemv_max_n rows the GEMM, padded to a multiple of 4 tokens (kcu_f8.cu) */
+    if (n > c->f8_gemv_max_n || !aligned) return kcu__f8_gemm(c, out, w, bp, x, n);
+    KCU_ACT_DISPATCH(c, rc = kcu_gemv_dense<T>(c, (T *)out, w, bp, (const T *)x, n));
     return rc;
   } else if (kcu_is_q4f(w->type)) {
     const int max_n = w->type == KERN_Q6F ? FR_MIN(c->q4f_max_n, KCU_Q6F_MAX_N) : c->q4f_max_n;

@@ -433,12 +433,12 @@ static double *dot_ref(const double *w, const double *x, int64_t rows, int64_t c
 }
 
 /* The rows of an FP8 matmul over n rows of x that run as the GEMM (x
- * quantized): past max_gemv, a multiple of 4; the rest run on the GEMV
- * (x as it is). The reference of each output row accordingly: ref_q's or
- * ref_x's, into want, the other one's into other. */
+ * quantized): all of them past max_gemv, else none (the GEMV, x as it
+ * is). The reference of each output row accordingly: ref_q's or ref_x's,
+ * into want, the other one's into other. */
 static int fp8_mixed_refs(int n, int max_gemv, int64_t rows, const double *ref_q, const double *ref_x, double *want,
                           double *other) {
-  const int gemm_n = n <= max_gemv ? 0 : n & ~3;
+  const int gemm_n = n <= max_gemv ? 0 : n;
   const size_t split = (size_t)gemm_n * rows;
   for (size_t j = 0; j < (size_t)n * rows; j++) {
     want[j] = j < split ? ref_q[j] : ref_x[j];
@@ -464,7 +464,8 @@ static void fp8_groups(const float *x, int n, int64_t cols, double *deq) {
 /* The matmuls of an FP8 weight w (wd: its exact values in f64) over each
  * n of ns rows of x: every output row within 1e-2 of its f64 reference
  * (fp8_mixed_refs: x as it is on the GEMV, quantized as xq says on the
- * GEMM). Each output is also compared with the other reference (printed):
+ * GEMM), and nothing written past n rounded up to 4 rows (kern_ops_t.matmul's
+ * room). Each output is also compared with the other reference (printed):
  * they differ by x's FP8 rounding, ~3%. what and scales name it on stderr. */
 static void check_fp8_matmuls(const kern_weight_t *w, const double *wd, bool with_bias, int max_gemv, const int *ns,
                               int n_ns, fp8_x_t xq, const char *what, const char *scales) {
@@ -488,11 +489,14 @@ static void check_fp8_matmuls(const kern_weight_t *w, const double *wd, bool wit
     }
     double *ref_x = dot_ref(wd, xd, rows, cols, n, bias_h), *ref_q = dot_ref(wd, xqd, rows, cols, n, bias_h);
     void *xg = gpu_put(x, nx), *og = NULL;
-    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, no * 2, &og), 0);
-    poison(og, no);
+    const size_t room = (size_t)((n + 3) & ~3) * rows, guard = 4 * (size_t)rows;
+    ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (room + guard) * 2, &og), 0);
+    poison(og, room + guard);
     int rc = gpu->ops->matmul(gpu->ctx, og, w, with_bias ? &bw : NULL, xg, n);
     ck_assert_msg(rc == 0, "cuda matmul (%s) n=%d: %s", what, n, fr_last_error());
-    float *g = gpu_get(og, no);
+    float *g = gpu_get(og, room + guard);
+    for (size_t j = room; j < room + guard; j++)
+      ck_assert_msg(isnan(g[j]), "%s matmul n=%d wrote past its room, element %zu", what, n, j);
     double *want = fr_malloc(sizeof(double) * no), *other = fr_malloc(sizeof(double) * no);
     const int gemm_n = fp8_mixed_refs(n, max_gemv, rows, ref_q, ref_x, want, other);
     const char *path = gemm_n == n ? "gemm" : gemm_n ? "gemm+gemv" : "gemv";
@@ -1798,9 +1802,9 @@ static void check_fused_matmuls(kern_type_t fp8) {
   float *inv_h = fr_malloc(sizeof inv);
   memcpy(inv_h, inv, sizeof inv);
   wpair_load(&f, KERN_F32, 1, hd / 2, inv_h);
-  void *a = NULL, *b = NULL;
-  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)6 * 2 * ffn * 2, &a), 0);
-  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)6 * 2 * ffn * 2, &b), 0);
+  void *a = NULL, *b = NULL; /* 6 tokens, rounded up to 8 (kern_ops_t.matmul's room) */
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)8 * 2 * ffn * 2, &a), 0);
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)8 * 2 * ffn * 2, &b), 0);
   for (size_t c = 0; c < FR_ARRAY_SIZE(news); c++) {
     int cached[4] = {0, 5, 30, 17};
     kern_step_t s;

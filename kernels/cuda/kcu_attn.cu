@@ -14,7 +14,8 @@
  * device. A cache with head_dim <= 128 and groups <= 8 runs on the tensor
  * cores instead (a quantized one where its bytes can come by TMA;
  * kcu_attn_decode_mma_k: the group's query
- * heads are the rows of an MMA tile, K/V staged in shared memory by the
+ * heads are the rows of an MMA tile, or a quantized pool's its columns
+ * (the products transposed, kcu_dq_*), K/V staged in shared memory by the
  * tensor-memory accelerator's bulk copies through one tensor map of the
  * pool, or like the prefill kernel's where those do not apply): split the
  * same way while the (sequence, KV head) pairs are at most half the SMs,
@@ -642,6 +643,9 @@ __global__ void __launch_bounds__(KCU_PF_NT)
 #define KCU_FA_BN 64                  /* K/V tokens per tile */
 #define KCU_FA_MAX_HD 128             /* larger heads take the SIMT kernel */
 #define KCU_DQ_MAX_KV 16              /* a quantized pool with more KV heads decodes on the SIMT kernel */
+/* CTAs a SM a quantized pool's decode kernel is built for (__launch_bounds__: at most 128 registers); 5 (96,
+ * spilling) was 1-5% slower (H200, docs/bench/gpu.md, session 55) */
+#define KCU_DQ_CTAS 4
 
 template <int HD> struct kcu_fa_smem {
   enum { TILE = KCU_FA_BN * HD * 2, BYTES = KCU_FA_BM * HD * 2 + 2 * 2 * TILE }; /* Q, then K and V twice */
@@ -1025,15 +1029,19 @@ __device__ __forceinline__ void kcu_dm_zero_v(uint32_t sk, int kb, int start, in
  * token and KV head) in the TM kernel: the bytes come by the tensor-memory
  * accelerator as bf16's do, half of them, and stay bytes in shared memory;
  * the threads make the MMA fragments from them, f16 (both kinds convert
- * exactly), and no element is scaled: K's scale multiplies a score's
- * column, V's P's. Each lane reads 8 contiguous bytes of a row instead of
- * an ldmatrix, which takes the head's dimensions in an order of their own,
- * the same on both sides of each product:
- * - Q K^T: k-step s of the 32-dimension chunk ch holds, in quad lane c's
+ * exactly), and no element is scaled: K's scale multiplies a score, V's
+ * P's. The products run transposed (S^T = K Q^T, O^T = V^T P^T): the
+ * keys and the head's dimensions are the MMA's 16 rows, the group's query
+ * heads its 8 columns, so no MMA row is padding (the group is at most 8
+ * heads; as Q's rows, 8 of 16 rows were zero and each product took twice
+ * the MMAs and accumulators). Each lane reads 8 contiguous bytes of a row
+ * instead of an ldmatrix, which takes the head's dimensions in an order of
+ * their own, the same on both sides of each product:
+ * - K Q^T: k-step s of the 32-dimension chunk ch holds, in quad lane c's
  *   registers, dimensions 32 ch + 8 c + 4 s + {0, 1} and + {2, 3};
- * - P V: n-tile j of the 64-dimension half h holds at column n dimension
- *   64 h + 8 n + j, so one 8-byte load of a V row serves a lane's column
- *   in the half's 8 n-tiles (kcu_dm_end puts O's columns back).
+ * - V^T P^T: row g of m-tile 4 h + q is dimension 64 h + 8 g + 2 q, row
+ *   g + 8 the next one, so one 8-byte load of a V row serves a lane's rows
+ *   in the half's 4 m-tiles (kcu_dm_end puts O's rows back).
  * Byte b of tile row r, as the copies' swizzle (128 bytes at HD 128, 64 at
  * HD 64; a 16-byte chunk moves within its row) puts it: */
 template <int HD> __device__ __forceinline__ uint32_t kcu_dq_off(int r, int b) {
@@ -1054,9 +1062,17 @@ template <int KQ> __device__ __forceinline__ uint32_t kcu_dq_h2(uint32_t x) {
   }
 }
 
-/* Query row g's A fragments (qrow; NULL: zeros) times mul, in Q K^T's
- * order: qf[2 ch + s] = {dims 32 ch + 8 c + 4 s + {0, 1}, + {2, 3}}; the
- * fragment's other two registers (row g + 8) are zero. */
+/* The 8 x 8 matrix of 16-bit pairs whose row lane / 4, columns 2 (lane % 4)
+ * + {0, 1} the lane holds in x, transposed: the lane gets the same place of
+ * the transpose. */
+__device__ __forceinline__ uint32_t kcu_movmatrix_t(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+/* Query head g's B fragments of K Q^T (qrow; NULL: zeros) times mul:
+ * qf[2 ch + s] = {dims 32 ch + 8 c + 4 s + {0, 1}, + {2, 3}}. */
 template <typename T, int HD>
 __device__ __forceinline__ void kcu_dq_qfrag(uint32_t (*qf)[2], const T *qrow, float mul, int lane) {
 #pragma unroll
@@ -1071,45 +1087,77 @@ __device__ __forceinline__ void kcu_dq_qfrag(uint32_t (*qf)[2], const T *qrow, f
   }
 }
 
-/* S (16 x 16, two n-tiles) = Q K^T over keys k0.. k0 + 16 of the byte tile sk. */
+/* S^T (16 keys x 8 heads) = K Q^T over keys k0 .. k0 + 16 of the byte tile
+ * sk: sc = {key g: heads 2 c, 2 c + 1; key g + 8: the same}. */
 template <int HD, int KQ>
-__device__ __forceinline__ void kcu_dq_qk(float (*sc)[4], const uint32_t (*qf)[2], uint32_t sk, int k0, int lane) {
+__device__ __forceinline__ void kcu_dq_qk(float *sc, const uint32_t (*qf)[2], uint32_t sk, int k0, int lane) {
+  const int r = k0 + (lane >> 2), b = 8 * (lane & 3);
+  sc[0] = sc[1] = sc[2] = sc[3] = 0.f;
 #pragma unroll
-  for (int n = 0; n < 2; n++) {
-    sc[n][0] = sc[n][1] = sc[n][2] = sc[n][3] = 0.f;
-#pragma unroll
-    for (int ch = 0; ch < HD / 32; ch++) {
-      const uint2 w = kcu_ld_shared8(sk + kcu_dq_off<HD>(k0 + 8 * n + (lane >> 2), 32 * ch + 8 * (lane & 3)));
-      const uint32_t a0[4] = {qf[2 * ch][0], 0u, qf[2 * ch][1], 0u},
-                     b0[2] = {kcu_dq_h2<KQ>(w.x), kcu_dq_h2<KQ>(w.x >> 16)};
-      const uint32_t a1[4] = {qf[2 * ch + 1][0], 0u, qf[2 * ch + 1][1], 0u},
-                     b1[2] = {kcu_dq_h2<KQ>(w.y), kcu_dq_h2<KQ>(w.y >> 16)};
-      kcu_mma16816<__half>(sc[n], a0, b0);
-      kcu_mma16816<__half>(sc[n], a1, b1);
-    }
+  for (int ch = 0; ch < HD / 32; ch++) {
+    const uint2 w = kcu_ld_shared8(sk + kcu_dq_off<HD>(r, 32 * ch + b)),
+                w8 = kcu_ld_shared8(sk + kcu_dq_off<HD>(r + 8, 32 * ch + b));
+    const uint32_t a0[4] = {kcu_dq_h2<KQ>(w.x), kcu_dq_h2<KQ>(w8.x), kcu_dq_h2<KQ>(w.x >> 16),
+                            kcu_dq_h2<KQ>(w8.x >> 16)};
+    const uint32_t a1[4] = {kcu_dq_h2<KQ>(w.y), kcu_dq_h2<KQ>(w8.y), kcu_dq_h2<KQ>(w.y >> 16),
+                            kcu_dq_h2<KQ>(w8.y >> 16)};
+    kcu_mma16816<__half>(sc, a0, qf[2 * ch]);
+    kcu_mma16816<__half>(sc, a1, qf[2 * ch + 1]);
   }
 }
 
-/* The scales (ss: a tile's rows of n_kv f16) of KV head kvh at the rows
- * whose scores and P a lane holds: k0 + 2 c + {0, 1, 8, 9}. */
+/* The scales (ss: a tile's rows of n_kv f16) of KV head kvh at the keys
+ * whose scores a lane holds: k0 + g and k0 + g + 8. */
 __device__ __forceinline__ void kcu_dq_scales(float *f, uint32_t ss, int k0, int n_kv, int kvh, int lane) {
-  const int r = k0 + 2 * (lane & 3);
+  const int r = k0 + (lane >> 2);
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 2; i++) {
     unsigned short h;
-    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(h) : "r"(ss + 2 * ((r + (i & 1) + 8 * (i >> 1)) * n_kv + kvh)));
+    asm volatile("ld.shared.u16 %0, [%1];\n" : "=h"(h) : "r"(ss + 2 * ((r + 8 * i) * n_kv + kvh)));
     f[i] = __half2float(__ushort_as_half(h));
   }
 }
 
-/* O (16 x HD) += P V over keys k0.. k0 + 16 of the byte tile sv, P's columns
- * times their V scales (vsc, kcu_dq_scales); only row g of P is real. */
+/* The online softmax of S^T (kcu_dq_qk; already in log2 units): m[i], l[i]
+ * and O^T's columns are query head 2 c + i's; keys outside [lo, hi) masked
+ * where mask. Leaves P (unnormalized) in sc; l is the lane's part of the
+ * sum. */
+template <int HD>
+__device__ __forceinline__ void kcu_dq_softmax(float *sc, float (*o)[4], float *m, float *l, int key, int lo, int hi,
+                                               bool mask, int lane) {
+  if (mask) {
+    const int j = key + (lane >> 2);
+    if (j < lo || j >= hi) sc[0] = sc[1] = -INFINITY;
+    if (j + 8 < lo || j + 8 >= hi) sc[2] = sc[3] = -INFINITY;
+  }
+#pragma unroll
+  for (int i = 0; i < 2; i++) {
+    float mx = fmaxf(sc[i], sc[i + 2]);
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 16));
+    const float mn = fmaxf(m[i], mx);
+    const float base = mn == -INFINITY ? 0.f : mn;
+    const float corr = exp2f(m[i] - base);
+    m[i] = mn;
+    l[i] *= corr;
+#pragma unroll
+    for (int d = 0; d < HD / 16; d++) o[d][i] *= corr, o[d][i + 2] *= corr;
+    sc[i] = exp2f(sc[i] - base);
+    sc[i + 2] = exp2f(sc[i + 2] - base);
+    l[i] += sc[i] + sc[i + 2];
+  }
+}
+
+/* O^T (HD x 8 heads) += V^T P^T over keys k0 .. k0 + 16 of the byte tile
+ * sv, P's keys times their V scales (vsc, kcu_dq_scales). P^T's fragments
+ * are the lane's P transposed by movmatrix, two 8-key halves. */
 template <int HD, int KQ>
-__device__ __forceinline__ void kcu_dq_pv(float (*o)[4], const float (*p)[4], const float *vsc, uint32_t sv, int k0,
+__device__ __forceinline__ void kcu_dq_pv(float (*o)[4], const float *p, const float *vsc, uint32_t sv, int k0,
                                           int lane) {
+  const uint32_t bp[2] = {kcu_movmatrix_t(kcu_pack2<__half>(p[0] * vsc[0], p[1] * vsc[0])),
+                          kcu_movmatrix_t(kcu_pack2<__half>(p[2] * vsc[1], p[3] * vsc[1]))};
   const int r = k0 + 2 * (lane & 3);
-  const uint32_t a[4] = {kcu_pack2<__half>(p[0][0] * vsc[0], p[0][1] * vsc[1]), 0u,
-                         kcu_pack2<__half>(p[1][0] * vsc[2], p[1][1] * vsc[3]), 0u};
 #pragma unroll
   for (int h = 0; h < HD / 64; h++) {
     const int b = 64 * h + 8 * (lane >> 2);
@@ -1119,22 +1167,22 @@ __device__ __forceinline__ void kcu_dq_pv(float (*o)[4], const float (*p)[4], co
 #pragma unroll
     for (int wd = 0; wd < 2; wd++)
 #pragma unroll
-      for (int pr = 0; pr < 2; pr++) { /* n-tiles j = 4 wd + 2 pr and j + 1: bytes 2 pr and 2 pr + 1 of the words */
+      for (int pr = 0; pr < 2; pr++) { /* m-tile 4 h + 2 wd + pr: bytes 2 pr and 2 pr + 1 of the words */
         const uint32_t sel = pr ? 0x7362u : 0x5140u;
         const uint32_t x = __byte_perm(lo0[wd], lo1[wd], sel), y = __byte_perm(hi0[wd], hi1[wd], sel);
-        const uint32_t bj[2] = {kcu_dq_h2<KQ>(x), kcu_dq_h2<KQ>(y)},
-                       bj1[2] = {kcu_dq_h2<KQ>(x >> 16), kcu_dq_h2<KQ>(y >> 16)};
-        kcu_mma16816<__half>(o[8 * h + 4 * wd + 2 * pr], a, bj);
-        kcu_mma16816<__half>(o[8 * h + 4 * wd + 2 * pr + 1], a, bj1);
+        const uint32_t a[4] = {kcu_dq_h2<KQ>(x), kcu_dq_h2<KQ>(x >> 16), kcu_dq_h2<KQ>(y), kcu_dq_h2<KQ>(y >> 16)};
+        kcu_mma16816<__half>(o[4 * h + 2 * wd + pr], a, bp);
       }
   }
 }
 
-/* The four warps' (m, l, O) of rows g and g + 8 (m in log2 units, l the
- * lane's part of the row's sum), merged through shared memory (sm: 4 x
- * (16 x (HD + 8) + 32) floats, free once the K/V loop is done) into the G
- * rows of dst, (G, HD); or, with part (one split of several), into the G
- * rows of part (row stride part_stride floats) as kcu_attn_merge_last reads
+/* The four warps' (m, l, O) (m in log2 units, l the lane's part of the
+ * row's sum) of query heads g and g + 8 (bf16: O's rows; lanes c hold a
+ * row's parts), or 2 c and 2 c + 1 (KQ: O^T's columns, kcu_dq_pv; lanes g
+ * hold a column's parts), merged through shared memory (sm: 4 x (16 x
+ * (HD + 8) + 32) floats, free once the K/V loop is done) into the G rows
+ * of dst, (G, HD); or, with part (one split of several), into the G rows
+ * of part (row stride part_stride floats) as kcu_attn_merge_last reads
  * them: O normalized, then its log-sum-exp (natural units). The warps swap
  * their rows' (m, l) first, so that each lane scales its own O by its
  * warp's weight exp2(m - M) / den before storing it, and an output pair is
@@ -1146,19 +1194,21 @@ template <typename T, int HD, int KQ>
 __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, const float (*o)[4], const float *m,
                            float *l, int G, int warp, int lane) {
   constexpr int RS = HD + 8, W = 16 * RS + 32; /* a warp's floats: O rows, then m, then l */
+  constexpr bool TR = KQ != KCU_KVQ_NONE;      /* O^T */
   float *w = sm + warp * W;
   const int g = lane >> 2, c = 2 * (lane & 3);
+  const bool writer = TR ? g == 0 : c == 0; /* one lane of those holding a row's parts */
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int row = g + 8 * r;
-    if (row < G && c == 0) w[16 * RS + row] = m[r], w[16 * RS + 16 + row] = l[r];
+#pragma unroll
+    for (int x = TR ? 4 : 1; x < (TR ? 32 : 4); x *= 2) l[r] += __shfl_xor_sync(0xffffffffu, l[r], x);
+    const int row = TR ? c + r : g + 8 * r;
+    if (row < G && writer) w[16 * RS + row] = m[r], w[16 * RS + 16 + row] = l[r];
   }
   __syncthreads();
 #pragma unroll
   for (int r = 0; r < 2; r++) {
-    const int row = g + 8 * r;
+    const int row = TR ? c + r : g + 8 * r;
     if (row >= G) continue;
     float M = -INFINITY, den = 0.f;
 #pragma unroll
@@ -1168,16 +1218,17 @@ __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, cons
       for (int k = 0; k < KCU_FA_WARPS; k++)
         den += exp2f(sm[k * W + 16 * RS + row] - M) * sm[k * W + 16 * RS + 16 + row];
     const float f = den > 0.f ? exp2f(m[r] - M) / den : 0.f;
+    if constexpr (TR) { /* m-tile d's rows g and g + 8 are dimensions 64 (d / 4) + 8 g + 2 (d % 4) + {0, 1} */
 #pragma unroll
-    for (int d = 0; d < HD / 8; d++) {
-      if constexpr (KQ != KCU_KVQ_NONE) { /* n-tile d's column n is dimension 64 (d / 8) + 8 n + d % 8 (kcu_dq_pv) */
-        float *x = w + row * RS + 64 * (d >> 3) + (d & 7) + 8 * c;
-        x[0] = o[d][2 * r] * f, x[8] = o[d][2 * r + 1] * f;
-      } else {
+      for (int d = 0; d < HD / 16; d++)
+        *reinterpret_cast<float2 *>(w + row * RS + 64 * (d >> 2) + 8 * g + 2 * (d & 3)) =
+            make_float2(o[d][r] * f, o[d][r + 2] * f);
+    } else {
+#pragma unroll
+      for (int d = 0; d < HD / 8; d++)
         *reinterpret_cast<float2 *>(w + row * RS + d * 8 + c) = make_float2(o[d][2 * r] * f, o[d][2 * r + 1] * f);
-      }
     }
-    if (part && c == 0 && warp == 0) /* the row's log-sum-exp, stored past O's HD + 8 */
+    if (part && writer && warp == 0) /* the row's log-sum-exp, stored past O's HD + 8 */
       w[row * RS + HD] = den > 0.f ? (M + __log2f(den)) * 0.6931471805599453f : -INFINITY;
   }
   __syncthreads();
@@ -1200,7 +1251,7 @@ __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, cons
 }
 
 template <typename T, int HD, int ST, int KQ>
-__global__ void __launch_bounds__(KCU_FA_NT)
+__global__ void __launch_bounds__(KCU_FA_NT, KQ ? KCU_DQ_CTAS : 1)
     kcu_attn_decode_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ks,
                           const uint16_t *vs, const __grid_constant__ CUtensorMap tm, int plane, int max_blocks,
                           const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts, int bs, int n_blocks,
@@ -1285,9 +1336,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   KCU_TRACE_MARK(0); /* trace marks: 0 the loads issued, 1 the first tile in, 2.. each tile done, 7 the merge */
   /* every row is the one query at cache index stop - 1: mask outside [start, stop) */
   const int qpos[2] = {r.stop - 1, r.stop - 1}, qlo[2] = {r.start, r.start}, k0 = warp * 16;
-  float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  constexpr int NO = KQ ? HD / 16 : HD / 8; /* O's accumulators: KQ O^T's m-tiles, else O's n-tiles */
+  float o[NO][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
-  for (int d = 0; d < HD / 8; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
+  for (int d = 0; d < NO; d++) o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0.f;
   constexpr int NB = TM ? ST : 2; /* buffers */
   for (int kb = kb0, i = 0; kb < r.stop; kb += KCU_FA_BN, i++) {
     const int b = i % NB, nb = (i + NB - 1) % NB; /* this tile's buffer; the one loaded now */
@@ -1309,17 +1361,17 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     }
     __syncthreads();
     const bool mask = kb + k0 < r.start || kb + k0 + 16 > r.stop;
-    float sc[2][4];
     if constexpr (KQ != KCU_KVQ_NONE) {
       if (kb == kb0) KCU_TRACE_MARK(1);
-      float ksc[4], vsc[4];
+      float st[4], ksc[2], vsc[2];
       kcu_dq_scales(ksc, sv + TILE, k0, n_kv, kvh, lane);
       kcu_dq_scales(vsc, sv + TILE + SM::SCALES, k0, n_kv, kvh, lane);
-      kcu_dq_qk<HD, KQ>(sc, qf, sk, k0, lane);
-      sc[0][0] *= ksc[0], sc[0][1] *= ksc[1], sc[1][0] *= ksc[2], sc[1][1] *= ksc[3];
-      kcu_fa_softmax<HD, 16, 1>(sc, o, m, l, kb + k0, r.stop, qpos, qlo, 1.f, mask, lane);
-      kcu_dq_pv<HD, KQ>(o, sc, vsc, sv, k0, lane);
+      kcu_dq_qk<HD, KQ>(st, qf, sk, k0, lane);
+      st[0] *= ksc[0], st[1] *= ksc[0], st[2] *= ksc[1], st[3] *= ksc[1];
+      kcu_dq_softmax<HD>(st, o, m, l, kb + k0, r.start, r.stop, mask, lane);
+      kcu_dq_pv<HD, KQ>(o, st, vsc, sv, k0, lane);
     } else {
+      float sc[2][4];
       if (kb == kb0) {
         KCU_TRACE_MARK(1);
 #pragma unroll

@@ -1481,13 +1481,19 @@ static int kcu_decode_launch(kcu_ctx_t *c, T *out, const T *q, int q_stride, con
     if (tc && (tmap || Q == KCU_KVQ_NONE)) {
       grid.x = msplit ? msp : 1;
       /* stages: 3 (2 CTAs a SM) while the grid is at most two waves of them, else 2 (3 a SM); a quantized
-       * pool's (a stage is 18-20 KiB): 4 (2 a SM) there, else 2 (3 a SM, as its registers allow). H200,
-       * Llama-3-8B shapes, fp8 (docs/bench/gpu.md, session 50): 4 stages 2-5% faster than 3 at 32-64
-       * sequences of 4096 tokens and level at 64 of 512; at 256 of 512, 2 stages 1% faster than 3, 9% than 4. */
+       * pool's (a stage is 18-20 KiB): 4 (2 a SM) while the grid is one wave of them, else 2 (4 a SM, as its
+       * registers allow). H200, Llama-3-8B shapes, fp8 (docs/bench/gpu.md, session 55): at 32 sequences of
+       * 4096 tokens (split, one wave) 4 stages 9% faster than 2; at 64 of 4096 (512 CTAs) 2 stages 17% faster
+       * than 4, at 64 of 512 5%; 3 (3 a SM) slower than the better of the two everywhere. */
       int st = 0;
       if (tmap) {
-        const bool small = (long long)grid.x * pairs <= 4LL * c->n_sm;
-        st = c->dec_tma > 0 ? c->dec_tma : small ? (Q != KCU_KVQ_NONE ? 4 : 3) : 2;
+        const long long ctas = (long long)grid.x * pairs;
+        if (c->dec_tma > 0)
+          st = c->dec_tma;
+        else if (Q != KCU_KVQ_NONE)
+          st = ctas <= 2LL * c->n_sm ? 4 : 2;
+        else
+          st = ctas <= 4LL * c->n_sm ? 3 : 2;
       }
       decltype(&kcu_attn_decode_mma_k<T, HD, 2, Q>) k;
       size_t smem;

@@ -1189,7 +1189,8 @@ __device__ __forceinline__ void kcu_dq_pv(float (*o)[4], const float *p, const f
  * four loads and adds (it was four exponentials, dependent shared-memory
  * loads and a division an output: batch 1 1.2% slower, docs/bench/gpu.md,
  * session 41). O rows are HD + 8 floats apart, so that the 4 rows of a
- * store fall in different banks. */
+ * bf16-layout store fall in different banks (KQ's stores, 8 rows of 4
+ * lanes, conflict; they run once a CTA). */
 template <typename T, int HD, int KQ>
 __device__ void kcu_dm_end(T *dst, float *part, int part_stride, float *sm, const float (*o)[4], const float *m,
                            float *l, int G, int warp, int lane) {

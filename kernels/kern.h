@@ -439,6 +439,11 @@ int kern_cpu_create(kern_backend_t **out, int n_threads);
  * CUDA, FR_ECUDA when no device is usable. */
 int kern_cuda_create(kern_backend_t **out, int device);
 
+/* How many of a CUDA backend's FP8 GEMMs took their activations as the
+ * kernel before wrote them (the FP8 twin, kcu_f8.cu) instead of quantizing
+ * them; 0 for any other backend. For tests. */
+uint64_t kern_cuda_f8_twin_hits(const kern_backend_t *b);
+
 /* Destroys a backend (NULL is fine). */
 void kern_backend_destroy(kern_backend_t *b);
 

@@ -218,6 +218,16 @@ typedef struct {
   uint8_t *x8;             /* its activations as FP8 E4M3 (KCU_F8_X_BYTES) */
   float *x8s;              /* their scales (KCU_F8_X_SCALES): a token each then an absmax slot (f8_tensor), or a
                               token's 128-column group each (KERN_F8B) */
+  struct {                 /* x8 / x8s as the FP8 twin of an activation (kcu_f8.cu): src's rows x cols a scale a */
+    const void *src;       /*   row, zero rows to a multiple of 4, as of launch `at`; a kernel launched since */
+    int rows, cols;        /*   (kcu_launch) or another write (kcu__x8_drop) ends it */
+    unsigned long long at;
+  } x8_twin;
+  mutable unsigned long long launches; /* kernels kcu_launch has queued */
+  unsigned long long x8_hits; /* FP8 GEMMs that took their activations from the twin (kern_cuda_f8_twin_hits) */
+  int x8_fuse;             /* the norms and silu_mul write the twin for the FP8 GEMM after them (FERRUM_CUDA_F8_FUSE=0:
+                              not) */
+  bool f8r;                /* a KERN_F8R weight is loaded */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
@@ -384,6 +394,64 @@ template <int NT> __device__ float kcu_block_sum(float v, float *red) {
   return v;
 }
 
+/* A CTA's max of v (every thread gets it); red as kcu_block_sum's. */
+template <int NT> __device__ float kcu_block_max(float v, float *red) {
+  v = kcu_warp_max(v);
+  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  v = lane < NT / KCU_WARP ? red[lane] : 0.f;
+  v = kcu_warp_max(v);
+  __syncthreads();
+  return v;
+}
+
+/* ---- FP8 activations (kcu_f8.cu) ----
+ * A row as E4M3 bytes and a scale max|x| / 448, kern_fp8_quantize_row's
+ * operations: the quantizer and the kernels that write the FP8 twin of
+ * their output (the norms, silu_mul) give the same bits. */
+
+/* 8 elements times inv as E4M3 bytes. */
+__device__ __forceinline__ uint2 kcu_f8_pack8(const float *f, float inv) {
+  uint32_t p[4];
+#pragma unroll
+  for (int j = 0; j < 4; j++)
+    p[j] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * j] * inv, f[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
+  return make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
+}
+
+/* Row `row` of q (n8 * 8 bytes) and its scale as padding: zeros. */
+template <int NT> __device__ __forceinline__ void kcu_f8_pad_row(uint8_t *q, float *scale, int n8, size_t row) {
+  uint2 *q8 = reinterpret_cast<uint2 *>(q + row * (size_t)n8 * 8);
+  for (int i = threadIdx.x; i < n8; i += NT) q8[i] = make_uint2(0, 0);
+  if (threadIdx.x == 0) scale[row] = 0.f;
+}
+
+/* The twin of a row a CTA holds in registers: v[c] is its 16-byte chunk
+ * threadIdx.x + c * NT (of n8), values already in the act type; writes
+ * row `row` of q and its scale. red as kcu_block_sum's. */
+template <int NT, int V>
+__device__ __forceinline__ void kcu_f8_twin_row(uint8_t *q, float *scale, const float (&v)[V][8], int n8, size_t row,
+                                                float *red) {
+  float m = 0.f;
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    if (threadIdx.x + c * NT >= n8) break;
+#pragma unroll
+    for (int e = 0; e < 8; e++) m = fmaxf(m, fabsf(v[c][e]));
+  }
+  m = kcu_block_max<NT>(m, red);
+  const float inv = m > 0.f ? 448.f / m : 0.f;
+  if (threadIdx.x == 0) scale[row] = m / 448.f;
+  uint2 *q8 = reinterpret_cast<uint2 *>(q + row * (size_t)n8 * 8);
+#pragma unroll
+  for (int c = 0; c < V; c++) {
+    const int j = threadIdx.x + c * NT;
+    if (j >= n8) break;
+    q8[j] = kcu_f8_pack8(v[c], inv);
+  }
+}
+
 /* RMS norm of a row held in registers, a CTA per row (kcu_rms_norm_vec_k,
  * and the all-reduce fused with it in kcu_car.cu: one sequence of
  * operations, so both give the same bits). */
@@ -411,10 +479,11 @@ __device__ __forceinline__ void kcu_norm_load_w(float4 (&wv)[V][2], const float 
 
 /* v[c] holds the row's elements at 16-byte index threadIdx.x + c * NT (of
  * n8), ss this thread's sum of their squares, wv the weights
- * (kcu_norm_load_w): o8 = v * rsqrt(mean + eps) * w. */
-template <typename T, int NT, int V>
-__device__ __forceinline__ void kcu_norm_row_out(const float (&v)[V][8], float ss, const float4 (&wv)[V][2],
-                                                 uint4 *o8, int n8, int dim, float eps, float *red) {
+ * (kcu_norm_load_w): o8 = v * rsqrt(mean + eps) * w. With TWIN, v becomes
+ * o8's values (f32 of the act type) for the FP8 twin. */
+template <typename T, int NT, int V, bool TWIN = false>
+__device__ __forceinline__ void kcu_norm_row_out(float (&v)[V][8], float ss, const float4 (&wv)[V][2], uint4 *o8,
+                                                 int n8, int dim, float eps, float *red) {
   ss = kcu_block_sum<NT>(ss, red);
   const float inv = rsqrtf(ss / (float)dim + eps);
 #pragma unroll
@@ -426,6 +495,9 @@ __device__ __forceinline__ void kcu_norm_row_out(const float (&v)[V][8], float s
 #pragma unroll
     for (int e = 0; e < 8; e++) o[e] = v[c][e] * inv * wf[e];
     o8[j] = kcu_pack8<T>(o);
+    if constexpr (TWIN)
+#pragma unroll
+      for (int e = 0; e < 8; e++) v[c][e] = kcu_f(kcu_t<T>(o[e]));
   }
 }
 
@@ -541,6 +613,7 @@ static inline cudaError_t kcu_launch_cluster(const kcu_ctx_t *c, void (*k)(KArgs
   cfg.stream = c->stream;
   cfg.attrs = at;
   cfg.numAttrs = cluster.x * cluster.y * cluster.z > 1 ? 2 : 1;
+  c->launches++;
   return cudaLaunchKernelEx(&cfg, k, static_cast<KArgs>(args)...);
 }
 /* The same without clusters. */
@@ -618,6 +691,15 @@ int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char
 int kcu__f8_upload(kcu_ctx_t *c, kern_weight_t *w, const void *host, const char *what);
 int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *bias, const void *x, int n);
 void kcu__f8_destroy(kcu_ctx_t *c);
+/* The FP8 twin (c->x8_twin): kcu__x8_want says whether a kernel about to
+ * write n rows x cols of the act type also writes their twin into x8 / x8s
+ * (kcu__x8_rows(n) rows, zeros past n) for an FP8 GEMM that may read them
+ * next; kcu__x8_made records it after its launch; kcu__x8_drop ends it
+ * where something other than a kernel launch writes device memory. */
+bool kcu__x8_want(const kcu_ctx_t *c, int n, int cols);
+void kcu__x8_made(kcu_ctx_t *c, const void *src, int n, int cols);
+static inline int kcu__x8_rows(int n) { return (n + 3) & ~3; }
+static inline void kcu__x8_drop(kcu_ctx_t *c) { c->x8_twin.src = NULL; }
 /* KERN_Q4F, KERN_Q4G and KERN_Q6F (kcu_q4f.cu): whether a device type is
  * one of them; whether w (before upload) becomes one; whether its file
  * blocks (src, device) have one (d, m) per aligned 128 columns of a row,

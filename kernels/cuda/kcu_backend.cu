@@ -58,6 +58,7 @@ static int kcu_upload(void *ctx, void *dst, const void *src_host, size_t bytes) 
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   int rc = kcu__not_capturing(c, "upload");
   if (rc) return rc;
+  kcu__x8_drop(c);
   KCU_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, c->stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   return 0;
@@ -74,6 +75,7 @@ static int kcu_download(void *ctx, void *dst_host, const void *src, size_t bytes
 
 static int kcu_copy(void *ctx, void *dst, const void *src, size_t bytes) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
+  kcu__x8_drop(c);
   KCU_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
   return 0;
 }
@@ -266,6 +268,7 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   int rc = kcu__not_capturing(c, "step_begin");
   if (rc || (rc = kcu_step_check(s))) return rc;
+  kcu__x8_drop(c);
   size_t n_bt = (size_t)s->n_seqs * (size_t)s->max_blocks;
   if ((rc = kcu_meta_grow(c, s->n_tokens, s->n_seqs, n_bt))) return rc;
   /* the previous upload must have finished reading the pinned mirror */
@@ -409,6 +412,7 @@ static int kcu_graph_begin(void *ctx, uint64_t key, bool *replayed) {
   kcu_ctx_t *c = (kcu_ctx_t *)ctx;
   *replayed = false;
   if (c->capturing) return fr_errorf(FR_ESTATE, "cuda: graph_begin inside a capture");
+  kcu__x8_drop(c); /* a replay writes without kcu_launch; a capture starts with none */
   for (int i = 0; i < c->n_graphs; i++) {
     if (c->graphs[i].key == key) {
       KCU_CHECK(cudaGraphLaunch(c->graphs[i].exec, c->stream));
@@ -450,6 +454,7 @@ static int kcu_graph_end(void *ctx, uint64_t key) {
   c->graphs[c->n_graphs].key = key;
   c->graphs[c->n_graphs].exec = exec;
   c->n_graphs++;
+  kcu__x8_drop(c);
   KCU_CHECK(cudaGraphLaunch(exec, c->stream));
   return 0;
 }
@@ -617,6 +622,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->f8_gemv_max_n = kcu_env_int("FERRUM_CUDA_F8_GEMV_MAX_N", KCU_F8_GEMV_N, 0, KCU_F8_GEMV_MAX_N);
   const char *f8s = getenv("FERRUM_CUDA_F8_SCALES");
   c->f8_tensor = f8s && !strcmp(f8s, "tensor"); /* else by what cuBLASLt offers (kcu_f8.cu) */
+  c->x8_fuse = kcu_env_int("FERRUM_CUDA_F8_FUSE", 1, 0, 1);
   c->be.fp8_weights = prop.major * 10 + prop.minor >= 89; /* FP8 tensor cores: Ada, Hopper and later */
   c->pdl_late = kcu_env_int("FERRUM_CUDA_PDL_LATE", -1, 0, 15);
   c->pdl_early = kcu_env_int("FERRUM_CUDA_PDL_EARLY", -1, 0, 15);
@@ -652,4 +658,8 @@ extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
   /* be.fp8_weights: set by kcu_ctx_init from the compute capability */
   *out = &c->be;
   return 0;
+}
+
+extern "C" uint64_t kern_cuda_f8_twin_hits(const kern_backend_t *b) {
+  return b && b->ops == &kcu_ops ? ((const kcu_ctx_t *)b->ctx)->x8_hits : 0;
 }

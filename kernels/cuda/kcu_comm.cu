@@ -91,6 +91,7 @@ int kcu__all_reduce(void *ctx, void *buf, size_t n) {
   if (c->comm_size == 1 || n == 0) return 0;
   if (kcu__car_fits(c, n)) return kcu__car_all_reduce(c, buf, n); /* small: one shot over peer memory */
   ncclDataType_t t = c->act == KERN_BF16 ? ncclBfloat16 : ncclFloat16;
+  kcu__x8_drop(c);
   KCU_NCCL(ncclAllReduce(buf, buf, n, t, ncclSum, (ncclComm_t)c->nccl, c->stream));
   return 0;
 }
@@ -119,6 +120,7 @@ int kcu__gather_cols(void *ctx, void *out, const void *part, int n, int cols) {
   ncclDataType_t t = c->act == KERN_BF16 ? ncclBfloat16 : ncclFloat16;
   ncclComm_t comm = (ncclComm_t)c->nccl;
   uint8_t *stage = (uint8_t *)c->gather_stage;
+  kcu__x8_drop(c);
   KCU_NCCL(ncclGroupStart());
   for (int r = 1; r < c->comm_size && c->comm_rank == 0; r++)
     KCU_NCCL(ncclRecv(stage + (size_t)r * per * es, per, t, r, comm, c->stream));

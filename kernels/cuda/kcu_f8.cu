@@ -51,18 +51,9 @@ typedef struct kcu_f8_plan {
   cublasLtMatmulAlgo_t algo;
 } kcu_f8_plan_t;
 
-template <int NT> __device__ float kcu_block_max(float v, float *red) {
-  v = kcu_warp_max(v);
-  const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  if (lane == 0) red[warp] = v;
-  __syncthreads();
-  v = lane < NT / KCU_WARP ? red[lane] : 0.f;
-  return kcu_warp_max(v);
-}
-
 /* Zeros into row blockIdx.x of q (cols bytes, 16-byte aligned): a row of
  * padding past x's rows. */
-__device__ __forceinline__ void kcu_f8_zero_row(uint8_t *q, int cols) {
+__device__ __forceinline__ void kcu_f8_zero_bytes(uint8_t *q, int cols) {
   uint4 *q16 = reinterpret_cast<uint4 *>(q + (size_t)blockIdx.x * cols);
   for (int i = threadIdx.x; i < cols / 16; i += blockDim.x) q16[i] = make_uint4(0, 0, 0, 0);
 }
@@ -78,8 +69,7 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *
   kcu_pdl_enter();
   const size_t row = blockIdx.x;
   if ((int)row >= x_rows) {
-    if (threadIdx.x == 0) scale[row] = 0.f;
-    kcu_f8_zero_row(q, cols);
+    kcu_f8_pad_row<KCU_F8Q_NT>(q, scale, cols / 8, row);
     return;
   }
   const uint4 *x4 = reinterpret_cast<const uint4 *>(x + row * cols);
@@ -100,11 +90,7 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_k(uint8_t *q, float *
   uint2 *q8 = reinterpret_cast<uint2 *>(q + row * cols);
   for (int i = threadIdx.x; i < n8; i += KCU_F8Q_NT) {
     kcu_unpack8(x4[i], f, (const T *)0);
-    uint32_t p[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-      p[j] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * j] * inv, f[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-    q8[i] = make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
+    q8[i] = kcu_f8_pack8(f, inv);
   }
 }
 
@@ -123,7 +109,7 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_groups_k(uint8_t *q, 
   const int groups = cols / KCU_F8_BLOCK;
   if ((int)row >= x_rows) {
     for (int g = threadIdx.x; g < groups; g += KCU_F8Q_NT) scale[(size_t)g * ld + row] = 0.f;
-    kcu_f8_zero_row(q, cols);
+    kcu_f8_zero_bytes(q, cols);
     return;
   }
   for (int g0 = 2 * warp; g0 < groups; g0 += 2 * (KCU_F8Q_NT / KCU_WARP)) {
@@ -139,11 +125,7 @@ __global__ void __launch_bounds__(KCU_F8Q_NT) kcu_f8_quant_groups_k(uint8_t *q, 
     if (!on) continue;
     const float inv = m > 0.f ? 448.f / m : 0.f;
     if (lane == 0) scale[(size_t)g * ld + row] = m / 448.f;
-    uint32_t p[4];
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-      p[j] = __nv_cvt_float2_to_fp8x2(make_float2(f[2 * j] * inv, f[2 * j + 1] * inv), __NV_SATFINITE, __NV_E4M3);
-    *reinterpret_cast<uint2 *>(q + off) = make_uint2(p[0] | p[1] << 16, p[2] | p[3] << 16);
+    *reinterpret_cast<uint2 *>(q + off) = kcu_f8_pack8(f, inv);
   }
 }
 
@@ -181,6 +163,36 @@ static int kcu_f8_quant_rows(kcu_ctx_t *c, uint8_t *q, float *scale, const void 
 }
 
 static int kcu_f8_plan(kcu_ctx_t *c, bool blk, int m, int n, int k, kcu_f8_plan_t **out);
+
+/* Tokens a chunk of the GEMM over k columns (a multiple of 4). */
+static int kcu_f8_chunk(int k) { return (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k) & ~3; }
+
+/* ---- the FP8 twin ----
+ * A KERN_F8R GEMM over more than f8_gemv_max_n tokens quantizes its
+ * activations first: a kernel that reads them and writes x8 / x8s, 4 of
+ * the 7 kernels of a Llama layer's decode step at batch 256 that are not
+ * GEMMs or attention. Where the GEMM's input is the output of an RMS norm
+ * (q/k/v, gate/up) or of silu_mul (down), that kernel writes the twin as
+ * well, from the values it holds, and the GEMM takes it as it is. The
+ * twin is the quantizer's bits (kcu_f8_twin_row), so the GEMM's result is
+ * the same either way. It holds while nothing else is written: it is
+ * for the x it was made from, its rows and columns, and no kernel launched
+ * since (a cuBLAS GEMM, a copy or NCCL call drops it, kcu__x8_drop). A GEMM
+ * that quantizes x itself leaves the twin of x too, for a second weight
+ * over the same x. */
+
+bool kcu__x8_want(const kcu_ctx_t *c, int n, int cols) {
+  return c->x8_fuse && c->f8r && !c->f8_tensor && n > c->f8_gemv_max_n && cols % 16 == 0 &&
+         kcu__x8_rows(n) <= kcu_f8_chunk(cols);
+}
+
+void kcu__x8_made(kcu_ctx_t *c, const void *src, int n, int cols) {
+  c->x8_twin.src = src, c->x8_twin.rows = n, c->x8_twin.cols = cols, c->x8_twin.at = c->launches;
+}
+
+static bool kcu_x8_twin_of(const kcu_ctx_t *c, const void *x, int n, int cols) {
+  return c->x8_twin.src == x && c->x8_twin.rows == n && c->x8_twin.cols == cols && c->x8_twin.at == c->launches;
+}
 
 /* The descriptor's scale modes: vectors, or scalars (f8_tensor). */
 static int kcu_f8_scale_modes(kcu_ctx_t *c) {
@@ -321,6 +333,7 @@ int kcu__f8_quantize(kcu_ctx_t *c, kern_weight_t *w, const void *src, const char
   if ((rc = kcu__alloc(c, bytes, &w->data, what))) return rc;
   rc = kcu_f8_quant_rows(c, (uint8_t *)w->data, (float *)kcu_f8_scales(w), src, (int)w->rows, (int)w->cols, 0);
   if (!rc) KCU_CHECK(cudaStreamSynchronize(c->stream)); /* src is freed next */
+  c->f8r = c->f8r || !rc;
   return rc;
 }
 
@@ -357,6 +370,7 @@ int kcu__f8_upload(kcu_ctx_t *c, kern_weight_t *w, const void *host, const char 
     w->data = NULL;
     return fr_errorf(FR_ECUDA, "cuda: copying %s: %s", what, cudaGetErrorString(e));
   }
+  c->f8r = c->f8r || !blk;
   return 0;
 }
 
@@ -369,22 +383,29 @@ int kcu__f8_gemm(kcu_ctx_t *c, void *out, const kern_weight_t *w, const float *b
   const float *sw = kcu_f8_scales(w);
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &c->x8s, sizeof c->x8s));
-  const int chunk = (int)FR_MIN((size_t)KCU_F8_X_TOKENS, KCU_F8_X_BYTES / (size_t)k) & ~3;
+  const int chunk = kcu_f8_chunk(k);
   const float one = 1.f, zero = 0.f;
   for (int t0 = 0; t0 < n; t0 += chunk) {
-    const int nt = FR_MIN(chunk, n - t0), np = (nt + 3) & ~3; /* np - nt rows of padding (the header) */
+    const int nt = FR_MIN(chunk, n - t0), np = kcu__x8_rows(nt); /* np - nt rows of padding (the header) */
     const void *xt = (const char *)x + (size_t)t0 * k * c->act_size;
     kcu_f8_plan_t *p;
     int rc = 0;
-    if (blk)
+    if (blk) {
       KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_f8_quant_groups_k<T>, np, KCU_F8Q_NT, 0, c->x8, c->x8s, (const T *)xt, k,
                                      nt, np));
-    else
+    } else if (kcu_x8_twin_of(c, xt, nt, k)) {
+      c->x8_hits++;
+    } else {
       rc = kcu_f8_quant_rows(c, c->x8, c->x8s, xt, nt, k, np - nt);
+      if (!rc) kcu__x8_made(c, xt, nt, k);
+    }
     if (rc || (rc = kcu_f8_plan(c, blk, m, np, k, &p))) return rc;
     char *o = (char *)out + (size_t)t0 * m * c->act_size;
     KCU_CUBLAS(cublasLtMatmul(c->lt, desc, &one, w->data, p->a, c->x8, p->b, &zero, o, p->d, o, p->d, &p->algo,
                               c->cublas_ws, KCU_CUBLAS_WS_BYTES, c->stream));
+    const char *ts = (const char *)c->x8_twin.src;
+    if (ts && ts < o + (size_t)np * m * c->act_size && o < ts + (size_t)c->x8_twin.rows * c->x8_twin.cols * c->act_size)
+      kcu__x8_drop(c); /* this GEMM wrote over the twin's x */
   }
   return bias ? kcu__add_bias(c, out, bias, n, m) : 0;
 }

@@ -509,6 +509,7 @@ static int kcu_gemv_quant(kcu_ctx_t *c, void *out, const kern_weight_t *w, const
 static int kcu_gemm(kcu_ctx_t *c, void *out, int ldo, const void *W, const void *x, int rows, int n, int cols) {
   const float alpha = 1.f, beta = 0.f;
   cudaDataType_t dt = c->act == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  kcu__x8_drop(c);
   KCU_CUBLAS(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, rows, n, cols, &alpha, W, dt, cols, x, dt, cols, &beta,
                           out, dt, ldo, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
   return 0;

@@ -357,6 +357,7 @@ static int kcu_moe_router(kcu_ctx_t *c, const kcu_moe_buf_t *b, const kern_weigh
   }
   const float alpha = 1.f, beta = 0.f;
   const cudaDataType_t dt = c->act == KERN_BF16 ? CUDA_R_16BF : CUDA_R_16F;
+  kcu__x8_drop(c);
   KCU_CUBLAS(cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)r->rows, n, (int)r->cols, &alpha, r->data, dt,
                           (int)r->cols, x, dt, (int)r->cols, &beta, b->logits, CUDA_R_32F, (int)r->rows,
                           CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));

@@ -119,16 +119,22 @@ __global__ void kcu_rms_norm_k(T *out, T *res, const T *x, const float *w, int d
  * per thread, dim <= 8 * NT * V), the weights loaded before the PDL wait and
  * every chunk of x and res loaded before the first residual store (one trip
  * to memory, not one a chunk: the compiler cannot move a load past a store
- * that might alias it). dim % 8 == 0, rows 16-byte aligned; out may alias x. */
-template <typename T, int NT, int V>
+ * that might alias it). dim % 8 == 0, rows 16-byte aligned; out may alias x.
+ * TWIN: out's FP8 twin into q8 / q8s as well (kcu_f8.cu), the grid
+ * kcu__x8_rows(n) CTAs, those past n its padding. */
+template <typename T, int NT, int V, bool TWIN = false>
 __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T *x, const float *w, int dim,
-                                                         float eps, int next) {
+                                                         float eps, int next, int n, uint8_t *q8, float *q8s) {
   KCU_TRACE_SCOPE(KCU_TR_NORM);
   __shared__ float red[KCU_MAX_WARPS];
   const int n8 = dim / 8;
   float4 wv[V][2];
   kcu_norm_load_w<NT, V>(wv, w, n8);
   kcu_pdl_wait_launch(next);
+  if (TWIN && (int)blockIdx.x >= n) {
+    kcu_f8_pad_row<NT>(q8, q8s, n8, blockIdx.x);
+    return;
+  }
   const size_t row = (size_t)blockIdx.x * n8;
   const uint4 *x8 = reinterpret_cast<const uint4 *>(x) + row;
   uint4 *r8 = reinterpret_cast<uint4 *>(res) + row;
@@ -156,7 +162,8 @@ __global__ void __launch_bounds__(NT) kcu_rms_norm_vec_k(T *out, T *res, const T
 #pragma unroll
     for (int e = 0; e < 8; e++) ss += v[c][e] * v[c][e];
   }
-  kcu_norm_row_out<T, NT, V>(v, ss, wv, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
+  kcu_norm_row_out<T, NT, V, TWIN>(v, ss, wv, reinterpret_cast<uint4 *>(out) + row, n8, dim, eps, red);
+  if constexpr (TWIN) kcu_f8_twin_row<NT, V>(q8, q8s, v, n8, blockIdx.x, red);
   kcu_pdl_launch_late(next);
 }
 
@@ -214,6 +221,17 @@ __global__ void __launch_bounds__(KCU_NORM_ROWS_NT)
   kcu_pdl_launch_late(next);
 }
 
+/* kcu_rms_norm_vec_k over n rows, with the FP8 twin or without. */
+template <typename T, int NT>
+static cudaError_t kcu_rms_norm_vec_launch(kcu_ctx_t *c, bool twin, T *out, T *res, const T *x, const float *w, int n,
+                                           int dim, float eps, int next) {
+  if (twin)
+    return kcu_launch(c, kcu_rms_norm_vec_k<T, NT, KCU_NORM_V, true>, kcu__x8_rows(n), NT, 0, out, res, x, w, dim, eps,
+                      next, n, c->x8, c->x8s);
+  return kcu_launch(c, kcu_rms_norm_vec_k<T, NT, KCU_NORM_V>, n, NT, 0, out, res, x, w, dim, eps, next, n,
+                    (uint8_t *)nullptr, (float *)nullptr);
+}
+
 int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const float *w, int n, int dim, float eps) {
   if (n <= 0) return 0;
   const bool vec = dim % 8 == 0 && kcu_al16(out) && kcu_al16(x) && kcu_al16(w) && (!residual || kcu_al16(residual));
@@ -223,19 +241,19 @@ int kcu__rms_norm(kcu_ctx_t *c, void *out, void *residual, const void *x, const 
                                    (const T *)x, w, (long long)n, dim, eps, kcu_pdl_next(c, KCU_PDL_NORM, n)));
     return 0;
   }
-  if (vec) {
-    if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V) {
-      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT_SMALL, KCU_NORM_V>, n, KCU_NORM_NT_SMALL, 0,
-                                     (T *)out, (T *)residual, (const T *)x, w, dim, eps,
-                                     kcu_pdl_next(c, KCU_PDL_NORM, n)));
-      return 0;
-    }
-    if (dim <= 8 * KCU_NORM_NT * KCU_NORM_V) {
-      KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_vec_k<T, KCU_NORM_NT, KCU_NORM_V>, n, KCU_NORM_NT, 0, (T *)out,
-                                     (T *)residual, (const T *)x, w, dim, eps,
-                                     kcu_pdl_next(c, KCU_PDL_NORM, n)));
-      return 0;
-    }
+  if (vec && dim <= 8 * KCU_NORM_NT * KCU_NORM_V) {
+    const int next = kcu_pdl_next(c, KCU_PDL_NORM, n);
+    const bool twin = kcu__x8_want(c, n, dim);
+    cudaError_t e;
+    if (dim <= 8 * KCU_NORM_NT_SMALL * KCU_NORM_V)
+      KCU_ACT_DISPATCH(c, e = kcu_rms_norm_vec_launch<T, KCU_NORM_NT_SMALL>(c, twin, (T *)out, (T *)residual,
+                                                                            (const T *)x, w, n, dim, eps, next));
+    else
+      KCU_ACT_DISPATCH(c, e = kcu_rms_norm_vec_launch<T, KCU_NORM_NT>(c, twin, (T *)out, (T *)residual, (const T *)x,
+                                                                      w, n, dim, eps, next));
+    KCU_CHECK(e);
+    if (twin) kcu__x8_made(c, out, n, dim);
+    return 0;
   }
   KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_rms_norm_k<T, KCU_NORM_NT>, n, KCU_NORM_NT, 0, (T *)out, (T *)residual,
                                  (const T *)x, w, dim, eps));
@@ -504,9 +522,61 @@ static int kcu_silu_mul_launch(kcu_ctx_t *c, T *out, const T *gate, const T *up,
   return 0;
 }
 
+/* silu_mul of row blockIdx.x (d elements) and out's FP8 twin into q8 /
+ * q8s (kcu_f8.cu); the grid kcu__x8_rows(n) CTAs, those past n its
+ * padding. Two passes over the row: silu_mul as kcu_silu_mul_k makes it,
+ * the row's max on the way; then each thread reads back the chunks it
+ * wrote (from L2) and quantizes them. Holding the row in registers
+ * instead (86 registers, 2 CTAs a SM) took 62 us a Llama-3-8B layer at
+ * 2048 tokens against silu_mul's 40 and the quantizer's ~21 (H200,
+ * docs/bench/gpu.md, session 56). */
+template <typename T, int NT>
+__global__ void __launch_bounds__(NT) kcu_silu_mul_twin_k(T *out, const T *gate, const T *up, int n, int d, int stride,
+                                                          uint8_t *q8, float *q8s) {
+  KCU_TRACE_SCOPE(KCU_TR_SILU);
+  __shared__ float red[KCU_MAX_WARPS];
+  kcu_pdl_enter();
+  const int n8 = d / 8;
+  const size_t r = blockIdx.x;
+  if ((int)r >= n) {
+    kcu_f8_pad_row<NT>(q8, q8s, n8, r);
+    return;
+  }
+  const uint4 *g8 = reinterpret_cast<const uint4 *>(gate + r * stride), *u8 = reinterpret_cast<const uint4 *>(up + r * stride);
+  uint4 *o8 = reinterpret_cast<uint4 *>(out + r * d);
+  float m = 0.f;
+#pragma unroll 2
+  for (int j = threadIdx.x; j < n8; j += NT) {
+    float g[8], u[8];
+    kcu_unpack8(g8[j], g, (const T *)nullptr);
+    kcu_unpack8(u8[j], u, (const T *)nullptr);
+#pragma unroll
+    for (int e = 0; e < 8; e++) {
+      g[e] = kcu_f(kcu_silu_mul1<T>(g[e], u[e]));
+      m = fmaxf(m, fabsf(g[e]));
+    }
+    o8[j] = kcu_pack8<T>(g);
+  }
+  m = kcu_block_max<NT>(m, red);
+  const float inv = m > 0.f ? 448.f / m : 0.f;
+  if (threadIdx.x == 0) q8s[r] = m / 448.f;
+  uint2 *q = reinterpret_cast<uint2 *>(q8 + r * (size_t)d);
+  for (int j = threadIdx.x; j < n8; j += NT) {
+    float f[8];
+    kcu_unpack8(o8[j], f, (const T *)nullptr);
+    q[j] = kcu_f8_pack8(f, inv);
+  }
+}
+
 int kcu__silu_mul(kcu_ctx_t *c, void *out, const void *gate, const void *up, int n, int d, int stride) {
   if (n <= 0 || d <= 0) return 0;
   const bool vec = d % 8 == 0 && stride % 8 == 0 && kcu_al16(out) && kcu_al16(gate) && kcu_al16(up);
+  if (vec && kcu__x8_want(c, n, d)) {
+    KCU_ACT_DISPATCH(c, KCU_LAUNCH(c, kcu_silu_mul_twin_k<T, KCU_ELEM_NT>, kcu__x8_rows(n), KCU_ELEM_NT, 0, (T *)out,
+                                   (const T *)gate, (const T *)up, n, d, stride, c->x8, c->x8s));
+    kcu__x8_made(c, out, n, d);
+    return 0;
+  }
   int rc = 0;
   KCU_ACT_DISPATCH(c, rc = vec ? kcu_silu_mul_launch<T, 8>(c, (T *)out, (const T *)gate, (const T *)up, n, d, stride)
                                : kcu_silu_mul_launch<T, 1>(c, (T *)out, (const T *)gate, (const T *)up, n, d, stride));

@@ -673,6 +673,135 @@ START_TEST(test_matmul_fp8_file) {
 END_TEST
 
 /* The CPU backend refuses an FP8 weight with a clear error. */
+/* ---- the FP8 twin: the norms and silu_mul quantize for the FP8 GEMM after them ---- */
+
+/* An F8R weight (rows x cols) from random bf16. */
+static kern_weight_t fp8_weight(int64_t rows, int64_t cols) {
+  uint16_t *h = fr_malloc((size_t)rows * cols * 2);
+  for (size_t i = 0; i < (size_t)rows * cols; i++) h[i] = fr_fp32_to_bf16(rndn() * 0.05f);
+  kern_weight_t w = {.type = KERN_BF16, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 2, .fp8 = true};
+  int rc = gpu->ops->weight_load(gpu->ctx, &w, h);
+  ck_assert_msg(rc == 0, "cuda weight_load (fp8): %s", fr_last_error());
+  ck_assert_int_eq(w.type, KERN_F8R);
+  free(h);
+  return w;
+}
+
+/* A device copy of n act elements (a copy drops the twin). */
+static void *gpu_dup(const void *g, size_t n) {
+  void *d = NULL;
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, n * 2 + 16, &d), 0);
+  ck_assert_int_eq(gpu->ops->copy(gpu->ctx, d, g, n * 2), 0);
+  return d;
+}
+
+/* w's matmul over n rows of x into a new buffer; the twin hits it made
+ * (0 or 1) must be `hit`. */
+static void *fp8_mm_hit(const kern_weight_t *w, const void *x, int n, int hit, const char *what) {
+  void *o = NULL;
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)((n + 3) & ~3) * w->rows * 2, &o), 0);
+  const uint64_t h0 = kern_cuda_f8_twin_hits(gpu);
+  int rc = gpu->ops->matmul(gpu->ctx, o, w, NULL, x, n);
+  ck_assert_msg(rc == 0, "%s: matmul: %s", what, fr_last_error());
+  ck_assert_msg(kern_cuda_f8_twin_hits(gpu) - h0 == (uint64_t)hit, "%s n=%d: %llu twin hits, want %d", what, n,
+                (unsigned long long)(kern_cuda_f8_twin_hits(gpu) - h0), hit);
+  return o;
+}
+
+/* The matmul over the twin the op before left of x (o_twin) against the
+ * same matmul over a copy of x, which the GEMM quantizes itself: the same
+ * bits. */
+static void expect_twin_bits(const kern_weight_t *w, void *o_twin, const void *x, int n, const char *what) {
+  void *xc = gpu_dup(x, (size_t)n * w->cols);
+  void *o = fp8_mm_hit(w, xc, n, 0, what);
+  expect_same_bits(o_twin, o, (size_t)n * w->rows * 2, what);
+  gpu->ops->free(gpu->ctx, xc);
+  gpu->ops->free(gpu->ctx, o);
+}
+
+/* rms_norm (add_rms_norm with res) of n rows of dim, then an FP8 matmul
+ * of the result: the GEMM takes the norm's twin, with the quantizer's
+ * bits; the norm's output matches the CPU's. */
+static void check_norm_twin(int n, int dim, bool res) {
+  kern_weight_t wa = fp8_weight(320, dim);
+  float *wh = rand_vec(dim, 1.f);
+  wpair_t nw;
+  wpair_load(&nw, KERN_F32, 1, dim, wh);
+  pair_t x = pair_rand((size_t)n * dim, 1.f), r = pair_rand((size_t)n * dim, 3.f), o = pair_rand((size_t)n * dim, 1.f);
+  if (res) {
+    ck_assert_int_eq(cpu->ops->add_rms_norm(cpu->ctx, o.c, r.c, x.c, &nw.c, n, dim, 1e-5f), 0);
+    ck_assert_int_eq(gpu->ops->add_rms_norm(gpu->ctx, o.g, r.g, x.g, &nw.g, n, dim, 1e-5f), 0);
+  } else {
+    ck_assert_int_eq(cpu->ops->rms_norm(cpu->ctx, o.c, x.c, &nw.c, n, dim, 1e-5f), 0);
+    ck_assert_int_eq(gpu->ops->rms_norm(gpu->ctx, o.g, x.g, &nw.g, n, dim, 1e-5f), 0);
+  }
+  char what[64];
+  snprintf(what, sizeof what, "%s %dx%d twin", res ? "add_rms_norm" : "rms_norm", n, dim);
+  void *o1 = fp8_mm_hit(&wa, o.g, n, 1, what);
+  void *o2 = fp8_mm_hit(&wa, o.g, n, 1, "the same x again"); /* the twin holds for a second weight */
+  expect_same_bits(o1, o2, (size_t)n * wa.rows * 2, "a second matmul over the twin");
+  expect_twin_bits(&wa, o1, o.g, n, what);
+  ck_assert_double_lt(cmp_pair(&o, (size_t)n * dim, what), TOL_ACT);
+  if (res) ck_assert_double_lt(cmp_pair(&r, (size_t)n * dim, "its residual"), TOL_ACT);
+  gpu->ops->free(gpu->ctx, o1);
+  gpu->ops->free(gpu->ctx, o2);
+  pair_free(&x), pair_free(&r), pair_free(&o);
+  wpair_free(&nw);
+  gpu->ops->weight_release(gpu->ctx, &wa);
+}
+
+START_TEST(test_fp8_twin) {
+  if (!gpu->fp8_weights) return;
+  const int ns[] = {3, 9, 37, 256};
+  for (size_t i = 0; i < FR_ARRAY_SIZE(ns); i++) {
+    check_norm_twin(ns[i], 576, i % 2);  /* one warp a row */
+    check_norm_twin(ns[i], 2048, !(i % 2)); /* 256 threads a row */
+  }
+  /* silu_mul then the down projection */
+  const int n = 37, f = 1536;
+  kern_weight_t wd = fp8_weight(576, f);
+  float *guh = rand_vec((size_t)n * 2 * f, 2.f);
+  void *gu = gpu_put(guh, (size_t)n * 2 * f), *up = NULL;
+  free(guh);
+  ck_assert_int_eq(gpu->ops->alloc(gpu->ctx, (size_t)n * f * 2 + 16, &up), 0);
+  ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, up, gu, (uint8_t *)gu + (size_t)f * 2, n, f, 2 * f), 0);
+  void *o1 = fp8_mm_hit(&wd, up, n, 1, "silu_mul twin");
+  expect_twin_bits(&wd, o1, up, n, "silu_mul twin");
+  gpu->ops->free(gpu->ctx, o1);
+  /* what ends a twin: a write by upload, a kernel, a cuBLAS GEMM */
+  ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, up, gu, (uint8_t *)gu + (size_t)f * 2, n, f, 2 * f), 0);
+  float *nx = rand_vec((size_t)n * f, 1.f);
+  uint16_t *nh = fr_malloc((size_t)n * f * 2);
+  for (size_t i = 0; i < (size_t)n * f; i++) nh[i] = fr_fp32_to_bf16(nx[i]);
+  ck_assert_int_eq(gpu->ops->upload(gpu->ctx, up, nh, (size_t)n * f * 2), 0);
+  o1 = fp8_mm_hit(&wd, up, n, 0, "upload over the twin's x");
+  expect_twin_bits(&wd, o1, up, n, "upload over the twin's x");
+  gpu->ops->free(gpu->ctx, o1);
+  ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, up, gu, (uint8_t *)gu + (size_t)f * 2, n, f, 2 * f), 0);
+  ck_assert_int_eq(gpu->ops->add(gpu->ctx, up, up, gu, (size_t)n * f), 0);
+  o1 = fp8_mm_hit(&wd, up, n, 0, "a kernel over the twin's x");
+  expect_twin_bits(&wd, o1, up, n, "a kernel over the twin's x");
+  gpu->ops->free(gpu->ctx, o1);
+  ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, up, gu, (uint8_t *)gu + (size_t)f * 2, n, f, 2 * f), 0);
+  kern_weight_t wb = {.type = KERN_BF16, .rows = f, .cols = f, .row_bytes = (size_t)f * 2};
+  uint16_t *bh = fr_malloc((size_t)f * f * 2);
+  for (size_t i = 0; i < (size_t)f * f; i++) bh[i] = fr_fp32_to_bf16(rndn() * 0.02f);
+  ck_assert_int_eq(gpu->ops->weight_load(gpu->ctx, &wb, bh), 0);
+  void *tmp = gpu_dup(up, (size_t)n * f);
+  ck_assert_int_eq(gpu->ops->silu_mul(gpu->ctx, up, gu, (uint8_t *)gu + (size_t)f * 2, n, f, 2 * f), 0);
+  ck_assert_int_eq(gpu->ops->matmul(gpu->ctx, up, &wb, NULL, tmp, n), 0); /* cuBLAS writes up */
+  o1 = fp8_mm_hit(&wd, up, n, 0, "a cuBLAS GEMM over the twin's x");
+  expect_twin_bits(&wd, o1, up, n, "a cuBLAS GEMM over the twin's x");
+  gpu->ops->free(gpu->ctx, o1);
+  gpu->ops->free(gpu->ctx, tmp);
+  gpu->ops->weight_release(gpu->ctx, &wb);
+  gpu->ops->weight_release(gpu->ctx, &wd);
+  gpu->ops->free(gpu->ctx, gu);
+  gpu->ops->free(gpu->ctx, up);
+  free(nx), free(nh), free(bh);
+}
+END_TEST
+
 START_TEST(test_fp8_cpu_refuses) {
   uint16_t wh[64 * 32] = {0};
   kern_weight_t w = {.type = KERN_BF16, .rows = 64, .cols = 32, .row_bytes = 64, .fp8 = true};
@@ -2642,6 +2771,7 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_matmul_fp8);
   tcase_add_test(tc, test_matmul_fp8_file);
   tcase_add_test(tc, test_fp8_cpu_refuses);
+  tcase_add_test(tc, test_fp8_twin);
   tcase_add_loop_test(tc, test_matmul_q4f, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_matmul_q4f_wg, 0, (int)FR_ARRAY_SIZE(k_q4));
   tcase_add_loop_test(tc, test_q4f_silu_mul, 0, (int)FR_ARRAY_SIZE(k_q4));

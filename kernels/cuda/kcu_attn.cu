@@ -847,8 +847,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const uint32_t skv = sq + KCU_FA_BM * HD * 2; /* buffer b: K at skv + 2b TILE, V after it */
   constexpr uint32_t TILE = kcu_fa_smem<HD>::TILE;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.y, kvh = h / G;
-  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = blockIdx.x * KCU_FA_BM;
+  /* heads on x so that the block scheduler, which walks x fastest, starts
+   * every head's last (heaviest) query tile before any lighter one */
+  const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.x, kvh = h / G;
+  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = (gridDim.y - 1 - blockIdx.y) * KCU_FA_BM;
   if (tile >= qn) return;
   const int max_blocks = hdr[2];
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
@@ -1548,7 +1550,7 @@ static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu
                        const int32_t *seq_map, int n) {
   if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
-    dim3 grid(kcu_div_up(c->max_q, KCU_FA_BM), n_heads, n);
+    const dim3 grid(n_heads, kcu_div_up(c->max_q, KCU_FA_BM), n);
     KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, Q>, grid, KCU_FA_NT, bytes, out, q, q_stride, kv.kc, kv.vc, kv.ks,
                kv.vs, c->dm.hdr,
                c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks,

@@ -414,10 +414,8 @@ void model_quant_close(model_quant_layer_t *l) {
   memset(l, 0, sizeof *l);
 }
 
-int model_quant_rows(const model_quant_layer_t *L, int64_t r0, int64_t nr, uint8_t *dst) {
-  if (r0 < 0 || nr <= 0 || r0 + nr > L->out)
-    return fr_errorf(-EINVAL, "model: rows [%lld, %lld) of a quantized layer of %lld", (long long)r0,
-                     (long long)(r0 + nr), (long long)L->out);
+/* Rows [r0, r0 + nr) of L, already checked, into dst. */
+static void quant_rows_range(const model_quant_layer_t *L, int64_t r0, int64_t nr, uint8_t *dst) {
   const size_t row_bytes = kern_row_bytes(KERN_I4G, L->in);
   uint8_t *v = fr_malloc((size_t)QUANT_TILE * (size_t)L->in);
   for (int64_t n0 = r0 / 8 * 8; n0 < r0 + nr; n0 += QUANT_TILE) { /* tiles of whole 32-bit words (AWQ) */
@@ -427,6 +425,31 @@ int model_quant_rows(const model_quant_layer_t *L, int64_t r0, int64_t nr, uint8
       quant_pack_row(L, n, v + (n - n0) * L->in, dst + (size_t)(n - r0) * row_bytes);
   }
   free(v);
+}
+
+typedef struct {
+  const model_quant_layer_t *L;
+  int64_t r0, nr;
+  uint8_t *dst;
+} quant_rows_job_t;
+
+/* A part's share of the rows, in whole 8-row words (fr_pool_fn). */
+static void quant_rows_part(void *arg, int ith, int nth) {
+  const quant_rows_job_t *j = arg;
+  const int64_t a = j->r0 / 8, b = (j->r0 + j->nr + 7) / 8; /* the words the rows touch */
+  long lo, hi;
+  fr_pool_split((long)(b - a), ith, nth, &lo, &hi);
+  const int64_t r0 = FR_MAX((a + lo) * 8, j->r0), r1 = FR_MIN((a + hi) * 8, j->r0 + j->nr);
+  if (r0 < r1) quant_rows_range(j->L, r0, r1 - r0, j->dst + (size_t)(r0 - j->r0) * kern_row_bytes(KERN_I4G, j->L->in));
+}
+
+int model_quant_rows(const model_quant_layer_t *L, int64_t r0, int64_t nr, fr_pool_t *pool, uint8_t *dst) {
+  if (r0 < 0 || nr <= 0 || r0 + nr > L->out)
+    return fr_errorf(-EINVAL, "model: rows [%lld, %lld) of a quantized layer of %lld", (long long)r0,
+                     (long long)(r0 + nr), (long long)L->out);
+  quant_rows_job_t j = {.L = L, .r0 = r0, .nr = nr, .dst = dst};
+  if (pool && fr_pool_size(pool) > 1 && nr >= 2 * QUANT_TILE) fr_pool_run(pool, quant_rows_part, &j);
+  else quant_rows_part(&j, 0, 1);
   return 0;
 }
 
@@ -436,7 +459,7 @@ int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char 
   int rc = model_quant_open(q, st, base, &L);
   if (rc) return rc;
   uint8_t *data = fr_malloc_aligned(kern_row_bytes(KERN_I4G, L.in) * (size_t)L.out);
-  rc = model_quant_rows(&L, 0, L.out, data);
+  rc = model_quant_rows(&L, 0, L.out, NULL, data);
   if (rc) {
     fr_free_aligned(data);
     model_quant_close(&L);

@@ -86,8 +86,9 @@ int model_quant_open(const model_quant_t *q, const model_st_t *st, const char *b
 void model_quant_close(model_quant_layer_t *l);
 
 /* Rows (outputs) [r0, r0 + nr) of l repacked into dst: nr rows of
- * kern_row_bytes(KERN_I4G, l->in), every input, in l->perm's order. */
-int model_quant_rows(const model_quant_layer_t *l, int64_t r0, int64_t nr, uint8_t *dst);
+ * kern_row_bytes(KERN_I4G, l->in), every input, in l->perm's order; over
+ * pool's threads where pool is not NULL (the same bytes either way). */
+int model_quant_rows(const model_quant_layer_t *l, int64_t r0, int64_t nr, fr_pool_t *pool, uint8_t *dst);
 
 /* Repacks the whole layer `base` of st (model_quant_open, then every row). */
 int model_quant_repack(const model_quant_t *q, const model_st_t *st, const char *base, model_quant_weight_t *out);

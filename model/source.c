@@ -152,6 +152,15 @@ static int tensor_from_st(model_tensor_t *m, const st_tensor_t *t, char *gguf_na
   return hf_rows_cols(t, &m->rows, &m->cols);
 }
 
+#define SOURCE_THREADS 16 /* at most, decoding FP8 layers and repacking GPTQ/AWQ ones */
+
+/* s->pool, made for the first layer that is decoded or repacked when read. */
+static int source_pool(model_source_t *s) {
+  if (s->pool) return 0;
+  const long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return fr_pool_create(&s->pool, (int)FR_MIN(FR_MAX(cores, 1), SOURCE_THREADS));
+}
+
 /* A GPTQ/AWQ layer, hf the name of its qweight: one KERN_I4G tensor under
  * the GGUF name of its ".weight", checked now and repacked when it is read
  * (model_source_read). *used is false when the layer is not one the model
@@ -167,6 +176,7 @@ static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *h
   if (!name) return 0;
   model_quant_layer_t *l = fr_calloc(1, sizeof *l);
   int rc = model_quant_open(&s->quant, s->st, base, l);
+  if (!rc && (rc = source_pool(s))) model_quant_close(l);
   if (rc) {
     free(l);
     free(name);
@@ -177,8 +187,6 @@ static int tensor_from_quant(model_source_t *s, model_tensor_t *m, const char *h
                         .perm = l->perm, .quant = l};
   return 0;
 }
-
-#define SOURCE_FP8_THREADS 16 /* at most, decoding FP8 layers */
 
 /* An FP8 layer, t its F8_E4M3 weight: one BF16 tensor under its GGUF name,
  * checked now and decoded when it is read (model_source_read). *used is
@@ -194,9 +202,8 @@ static int tensor_from_fp8(model_source_t *s, model_tensor_t *m, const st_tensor
   char base[512];
   snprintf(base, sizeof base, "%.*s", (int)FR_MIN(strlen(t->name) - strlen(".weight"), sizeof base - 1), t->name);
   model_fp8_layer_t *l = fr_calloc(1, sizeof *l);
-  long cores = sysconf(_SC_NPROCESSORS_ONLN);
   int rc = model_quant_fp8_open(&s->quant, s->st, base, l);
-  if (!rc && !s->pool) rc = fr_pool_create(&s->pool, (int)FR_MIN(FR_MAX(cores, 1), SOURCE_FP8_THREADS));
+  if (!rc) rc = source_pool(s);
   if (rc) {
     model_quant_fp8_close(l);
     free(l);
@@ -560,10 +567,10 @@ int model_source_read(const model_source_t *s, const model_tensor_t *t, int64_t 
                       void *dst) {
   if (t->fp8) return model_quant_fp8_read(t->fp8, r0, nr, c0, nc, s->pool, dst);
   const size_t full = kern_row_bytes(t->type, t->cols), rb = kern_row_bytes(t->type, nc);
-  if (t->quant && nc == t->cols) return model_quant_rows(t->quant, r0, nr, dst);
+  if (t->quant && nc == t->cols) return model_quant_rows(t->quant, r0, nr, s->pool, dst);
   if (t->quant) { /* whole rows, then their column range */
     uint8_t *rows = fr_malloc(full * (size_t)nr);
-    int rc = model_quant_rows(t->quant, r0, nr, rows);
+    int rc = model_quant_rows(t->quant, r0, nr, s->pool, rows);
     for (int64_t r = 0; r < nr && !rc; r++)
       memcpy((uint8_t *)dst + (size_t)r * rb, rows + (size_t)r * full + kern_row_bytes(t->type, c0), rb);
     free(rows);

@@ -64,7 +64,7 @@ typedef struct model_source {
   char *tokenizer_config_json; /* HF: path of tokenizer_config.json, NULL if none */
   size_t n_tensors;
   model_tensor_t *tensors;  /* (n_tensors), owned */
-  fr_pool_t *pool;          /* threads decoding FP8 layers (made with the first one), or NULL */
+  fr_pool_t *pool;          /* threads decoding FP8 and repacking GPTQ/AWQ layers (made with the first), or NULL */
 } model_source_t;
 
 /* Opens a .gguf file or a HF folder and reads its config. */

@@ -311,6 +311,27 @@ def write_st_gptq(out):
               "fp8t.weight": fp8(), "fp8t.weight_scale": ("F32", np.array(0.5, dtype=np.float32)),
               "fp8r.weight": fp8(), "fp8r.weight_scale": ("F16", (0.01 + RNG.random((5, 1))).astype(np.float16)),
               "fp8b.weight": fp8(), "fp8b.weight_scale_inv": ("F32", (0.01 + RNG.random((3, 3))).astype(np.float32))}
+    write_st_arrays(os.path.join(out, "st_gptq.safetensors"), arrays)
+
+
+def write_st_gptq_wide(out):
+    """GPTQ (act-order) and AWQ layers of 64 inputs and 392 outputs, 2 groups
+    of 32: enough rows for model_quant_rows to share them over threads."""
+    g_idx = np.repeat(np.arange(2, dtype=np.int32), 32)
+    RNG.shuffle(g_idx)
+    n = 392
+    arrays = {"gptq.qweight": ("I32", RNG.integers(-2**31, 2**31, (8, n)).astype(np.int32)),
+              "gptq.qzeros": ("I32", RNG.integers(-2**31, 2**31, (2, n // 8)).astype(np.int32)),
+              "gptq.scales": ("F16", (0.01 + RNG.random((2, n))).astype(np.float16)),
+              "gptq.g_idx": ("I32", g_idx),
+              "awq.qweight": ("I32", RNG.integers(-2**31, 2**31, (64, n // 8)).astype(np.int32)),
+              "awq.qzeros": ("I32", RNG.integers(-2**31, 2**31, (2, n // 8)).astype(np.int32)),
+              "awq.scales": ("F16", (0.01 + RNG.random((2, n))).astype(np.float16))}
+    write_st_arrays(os.path.join(out, "st_gptq_wide.safetensors"), arrays)
+
+
+def write_st_arrays(path, arrays):
+    """A safetensors file of arrays: name -> (dtype, numpy array), in order."""
     header, blobs, at = {}, [], 0
     for name, (dtype, a) in arrays.items():
         b = a.tobytes()
@@ -319,7 +340,7 @@ def write_st_gptq(out):
         blobs.append(b)
     h = json.dumps(header, separators=(",", ":")).encode()
     h += b" " * ((8 - len(h) % 8) % 8)
-    with open(os.path.join(out, "st_gptq.safetensors"), "wb") as f:
+    with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
 
 
@@ -415,6 +436,7 @@ def main():
                     extra={"head_dim": 32, "num_experts": m["experts"], "num_experts_per_tok": m["used"],
                            "moe_intermediate_size": m["eff"], "norm_topk_prob": True, "mlp_only_layers": [0]},
                     moe=dict(m, dense=[0]))
+    write_st_gptq_wide(out)
     print("fixtures written to", out)
 
 

@@ -703,16 +703,54 @@ START_TEST(quant_rows_parts) {
     const size_t rb = kern_row_bytes(KERN_I4G, l.in);
     for (size_t p = 0; p < FR_ARRAY_SIZE(parts); p++) {
       uint8_t *got = fr_malloc(rb * (size_t)parts[p][1]);
-      ck_assert_int_eq(model_quant_rows(&l, parts[p][0], parts[p][1], got), 0);
+      ck_assert_int_eq(model_quant_rows(&l, parts[p][0], parts[p][1], NULL, got), 0);
       ck_assert_msg(!memcmp(got, whole.data + (size_t)parts[p][0] * rb, rb * (size_t)parts[p][1]),
                     "%s rows [%lld, +%lld)", layers[i].base, (long long)parts[p][0], (long long)parts[p][1]);
       free(got);
     }
     uint8_t row[64];
-    ck_assert_int_eq(model_quant_rows(&l, 15, 2, row), -EINVAL); /* past the last output */
+    ck_assert_int_eq(model_quant_rows(&l, 15, 2, NULL, row), -EINVAL); /* past the last output */
     model_quant_close(&l);
     fr_free_aligned(whole.data);
     free(whole.perm);
+  }
+  model_st_close(st);
+}
+END_TEST
+
+/* The same rows repacked over 2, 3 and 5 threads (ranges that start and end
+ * inside AWQ's 8-column words, and past the threshold of 128 rows) are the
+ * single thread's, bit for bit. */
+START_TEST(quant_rows_threads) {
+  model_st_t *st;
+  ck_assert_msg(model_st_open(&st, fx_path("st_gptq_wide.safetensors")) == 0, "%s", fr_last_error());
+  const model_quant_t qs[] = {{.method = MODEL_QUANT_GPTQ, .bits = 4, .group_size = 32},
+                              {.method = MODEL_QUANT_AWQ, .bits = 4, .group_size = 32}};
+  const char *bases[] = {"gptq", "awq"};
+  const int64_t parts[][2] = {{0, 392}, {3, 386}, {130, 131}, {8, 384}};
+  const int threads[] = {2, 3, 5};
+  for (size_t i = 0; i < FR_ARRAY_SIZE(qs); i++) {
+    model_quant_layer_t l;
+    ck_assert_msg(model_quant_open(&qs[i], st, bases[i], &l) == 0, "%s", fr_last_error());
+    ck_assert_int_eq(l.out, 392);
+    const size_t rb = kern_row_bytes(KERN_I4G, l.in);
+    uint8_t *whole = fr_malloc(rb * 392), *got = fr_malloc(rb * 392);
+    ck_assert_int_eq(model_quant_rows(&l, 0, 392, NULL, whole), 0);
+    for (size_t t = 0; t < FR_ARRAY_SIZE(threads); t++) {
+      fr_pool_t *pool;
+      ck_assert_int_eq(fr_pool_create(&pool, threads[t]), 0);
+      for (size_t p = 0; p < FR_ARRAY_SIZE(parts); p++) {
+        memset(got, 0xa5, rb * 392);
+        ck_assert_int_eq(model_quant_rows(&l, parts[p][0], parts[p][1], pool, got), 0);
+        ck_assert_msg(!memcmp(got, whole + (size_t)parts[p][0] * rb, rb * (size_t)parts[p][1]),
+                      "%s, %d threads, rows [%lld, +%lld)", bases[i], threads[t], (long long)parts[p][0],
+                      (long long)parts[p][1]);
+      }
+      ck_assert_int_eq(model_quant_rows(&l, 300, 93, pool, got), -EINVAL);
+      fr_pool_destroy(pool);
+    }
+    free(whole), free(got);
+    model_quant_close(&l);
   }
   model_st_close(st);
 }
@@ -887,6 +925,7 @@ static Suite *source_suite(void) {
     tcase_add_test(tc, quant_fp8_configs);
     tcase_add_test(tc, quant_fp8_pack);
     tcase_add_test(tc, quant_rows_parts);
+    tcase_add_test(tc, quant_rows_threads);
     tcase_add_test(tc, gguf_config_keys);
   }
   suite_add_tcase(su, tc);

@@ -847,8 +847,9 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const uint32_t skv = sq + KCU_FA_BM * HD * 2; /* buffer b: K at skv + 2b TILE, V after it */
   constexpr uint32_t TILE = kcu_fa_smem<HD>::TILE;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  /* heads on x so that the block scheduler, which walks x fastest, starts
-   * every head's last (heaviest) query tile before any lighter one */
+  /* heads on x so that the block scheduler, which hands out x fastest in
+   * practice (not a promise), starts every head's last (heaviest) query
+   * tile before any lighter one */
   const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.x, kvh = h / G;
   const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = (gridDim.y - 1 - blockIdx.y) * KCU_FA_BM;
   if (tile >= qn) return;

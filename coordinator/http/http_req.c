@@ -2,6 +2,7 @@
  * field is type- and range-checked; unknown fields are ignored (clients send
  * "user", "metadata", ...). See http_internal.h. */
 #include <errno.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -97,7 +98,10 @@ static int req_sampling(coord_http_req_t *r, coord_http_err_t *e) {
     sp->has_seed = true;
     sp->seed = (uint64_t)seed;
   }
-  sp->temperature = (float)t, sp->top_p = (float)p, sp->min_p = (float)mp, sp->repetition_penalty = (float)rp;
+  /* a top_p below float's range (1e-300) keeps the top token alone, as the
+   * smallest float does; as 0 the submit would not pass the protocol */
+  sp->temperature = (float)t, sp->top_p = fmaxf((float)p, FLT_MIN), sp->min_p = (float)mp;
+  sp->repetition_penalty = (float)rp;
   sp->presence_penalty = (float)pp, sp->frequency_penalty = (float)fp;
   sp->top_k = k < 0 ? 0 : (int32_t)k;
   long long mn = 0;

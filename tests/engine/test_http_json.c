@@ -129,6 +129,18 @@ START_TEST(test_parse_sampling_fields) {
   ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0); /* the wire takes it */
   proto_buf_free(&b);
   coord_http_req_free(&r);
+  /* a top_p or temperature too small for a float (fuzz_http_json's find):
+   * the top token alone, greedy; the wire takes them */
+  ck_assert_int_eq(parse(COORD_HTTP_API_COMPLETIONS, "{\"prompt\":\"a\",\"top_p\":1e-300,\"temperature\":1e-300}",
+                         &r, &e),
+                   0);
+  ck_assert(r.sub.sp.top_p > 0 && r.sub.sp.top_p < 1e-30f);
+  ck_assert_float_eq(r.sub.sp.temperature, 0);
+  r.sub.id = 4;
+  proto_buf_init(&b);
+  ck_assert_int_eq(proto_submit_encode(&b, &r.sub), 0);
+  proto_buf_free(&b);
+  coord_http_req_free(&r);
 }
 END_TEST
 

@@ -12,7 +12,16 @@
  * tile. ALGOS_ALL=1 also lists every candidate's time, marking split-K ones
  * ("sk") and those whose output differs from the default's bits ("DIFF").
  * Defaults: Llama-3-8B's qkv, o, gate/up, down and LM head; n = 256, 512,
- * 768, 1024, 2048. */
+ * 768, 1024, 2048.
+ *
+ *   cublas_algos_bench --fp8 [ROWSxCOLS,...] [N,...]
+ *
+ * The FP8 GEMM of --quantization fp8 instead (kcu_f8.cu's: E4M3 weight and
+ * activations, a scale per weight row and per token, bf16 out): the
+ * heuristic's first algorithm and the fastest candidate, each with
+ * cuBLASLt's FP8 fast accumulation off (what the backend ran) and on, and
+ * the largest difference of fast's output from the other's, relative to
+ * the output's largest magnitude. */
 #include <algorithm>
 #include <cublasLt.h>
 #include <cublas_v2.h>
@@ -77,9 +86,114 @@ static std::vector<int> parse_ints(const char *s) {
   return v;
 }
 
+/* Bytes of E4M3 values in [-448, 448], none NaN (the 0x7f/0xff codes). */
+static void fill_e4m3(uint8_t *p, size_t n) {
+  std::vector<uint8_t> h(1 << 20);
+  for (size_t i = 0; i < h.size(); i++) h[i] = (uint8_t)((i * 2654435761u >> 7) % 0x7e | (i * 40503u >> 9 & 0x80));
+  for (size_t o = 0; o < n; o += h.size()) CU(cudaMemcpy(p + o, h.data(), std::min(h.size(), n - o), cudaMemcpyHostToDevice));
+}
+
+static float bf16_at(const std::vector<__nv_bfloat16> &v, size_t i) { return __bfloat162float(v[i]); }
+
+/* One FP8 GEMM shape at n tokens: heuristic-first and fastest candidate,
+ * fast accumulation off and on. */
+static void fp8_shape(cublasLtHandle_t lt, void *ws, const shape &s, int n, uint8_t *W, int copies, uint8_t *X,
+                      float *sw, float *sx, __nv_bfloat16 *C) {
+  const size_t welems = (size_t)s.rows * s.cols;
+  const float alpha = 1.f, beta = 0.f;
+  const double flop = 2.0 * s.rows * s.cols * n;
+  cublasLtMatrixLayout_t la, lb, lc;
+  CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, s.cols, s.rows, s.cols));
+  CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, s.cols, n, s.cols));
+  CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.rows, n, s.rows));
+  const size_t cn = (size_t)n * s.rows;
+  std::vector<__nv_bfloat16> out[2] = {std::vector<__nv_bfloat16>(cn), std::vector<__nv_bfloat16>(cn)};
+  printf("%6dx%-6d n=%5d", s.rows, s.cols, n);
+  for (int fast = 0; fast < 2; fast++) {
+    cublasLtMatmulDesc_t op;
+    const cublasOperation_t tA = CUBLAS_OP_T, tB = CUBLAS_OP_N;
+    const int32_t mode = CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F;
+    const int8_t fa = (int8_t)fast;
+    CB(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &tA, sizeof tA));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tB, sizeof tB));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof mode));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof mode));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
+    CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
+    cublasLtMatmulPreference_t pref;
+    size_t wsb = WS_BYTES;
+    CB(cublasLtMatmulPreferenceCreate(&pref));
+    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+    cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
+    int got = 0;
+    CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, MAX_ALGOS, res, &got));
+    double best = 1e30, first = 0;
+    int best_i = -1;
+    for (int a = 0; a < got; a++) {
+      if (res[a].state) continue;
+      double t = time_calls([&](int i) {
+        CB(cublasLtMatmul(lt, op, &alpha, W + (size_t)(i % copies) * welems, la, X, lb, &beta, C, lc, C, lc,
+                          &res[a].algo, ws, WS_BYTES, st));
+      });
+      if (a == 0) {
+        first = t;
+        CB(cublasLtMatmul(lt, op, &alpha, W, la, X, lb, &beta, C, lc, C, lc, &res[a].algo, ws, WS_BYTES, st));
+        CU(cudaMemcpy(out[fast].data(), C, cn * sizeof *C, cudaMemcpyDeviceToHost));
+      }
+      if (t < best) best = t, best_i = a;
+    }
+    printf(" | %s lt[0] %7.4f ms %6.1f TF, best lt[%2d/%2d] %7.4f ms %6.1f TF", fast ? "fast" : "slow", first,
+           flop / first / 1e9, best_i, got, best, flop / best / 1e9);
+    cublasLtMatmulPreferenceDestroy(pref);
+    cublasLtMatmulDescDestroy(op);
+  }
+  double dmax = 0, omax = 0;
+  for (size_t i = 0; i < cn; i++) {
+    dmax = std::max(dmax, (double)fabsf(bf16_at(out[1], i) - bf16_at(out[0], i)));
+    omax = std::max(omax, (double)fabsf(bf16_at(out[0], i)));
+  }
+  printf(" | fast-slow %.2e of max\n", omax > 0 ? dmax / omax : 0.0);
+  fflush(stdout);
+  cublasLtMatrixLayoutDestroy(la);
+  cublasLtMatrixLayoutDestroy(lb);
+  cublasLtMatrixLayoutDestroy(lc);
+}
+
+static void run_fp8(const std::vector<shape> &shapes, const std::vector<int> &ns, cublasLtHandle_t lt, void *ws) {
+  const int nmax = *std::max_element(ns.begin(), ns.end());
+  for (const shape &s : shapes) {
+    const size_t welems = (size_t)s.rows * s.cols;
+    const int copies = std::min<int>(8, (int)((512u << 20) / welems + 1)); /* > 512 MiB in all, past L2 */
+    uint8_t *W, *X;
+    float *sw, *sx;
+    __nv_bfloat16 *C;
+    CU(cudaMalloc(&W, welems * copies));
+    CU(cudaMalloc(&X, (size_t)nmax * s.cols));
+    CU(cudaMalloc(&sw, (size_t)s.rows * sizeof *sw));
+    CU(cudaMalloc(&sx, (size_t)nmax * sizeof *sx));
+    CU(cudaMalloc(&C, (size_t)nmax * s.rows * sizeof *C));
+    fill_e4m3(W, welems * copies);
+    fill_e4m3(X, (size_t)nmax * s.cols);
+    std::vector<float> h((size_t)std::max(s.rows, nmax));
+    for (size_t i = 0; i < h.size(); i++) h[i] = (1.f + (float)(i % 7) / 8.f) / 448.f;
+    CU(cudaMemcpy(sw, h.data(), (size_t)s.rows * sizeof *sw, cudaMemcpyHostToDevice));
+    CU(cudaMemcpy(sx, h.data(), (size_t)nmax * sizeof *sx, cudaMemcpyHostToDevice));
+    for (int n : ns) fp8_shape(lt, ws, s, n, W, copies, X, sw, sx, C);
+    CU(cudaFree(W));
+    CU(cudaFree(X));
+    CU(cudaFree(sw));
+    CU(cudaFree(sx));
+    CU(cudaFree(C));
+  }
+}
+
 int main(int argc, char **argv) {
   std::vector<shape> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
   std::vector<int> ns = {256, 512, 768, 1024, 2048};
+  const bool fp8 = argc > 1 && !strcmp(argv[1], "--fp8");
+  if (fp8) argc--, argv++;
   if (argc > 1) {
     shapes.clear();
     for (const char *p = argv[1]; p && *p;) {
@@ -93,7 +207,7 @@ int main(int argc, char **argv) {
   }
   if (argc > 2) ns = parse_ints(argv[2]);
   if (shapes.empty() || ns.empty() || *std::min_element(ns.begin(), ns.end()) <= 0)
-    return fprintf(stderr, "usage: cublas_algos_bench [ROWSxCOLS,...] [N,...] (positive sizes)\n"), 2;
+    return fprintf(stderr, "usage: cublas_algos_bench [--fp8] [ROWSxCOLS,...] [N,...] (positive sizes)\n"), 2;
 
   CU(cudaStreamCreate(&st));
   CU(cudaEventCreate(&ev0));
@@ -106,6 +220,10 @@ int main(int argc, char **argv) {
   void *ws;
   CU(cudaMalloc(&ws, WS_BYTES));
   CB(cublasSetWorkspace(h, ws, WS_BYTES));
+  if (fp8) {
+    run_fp8(shapes, ns, lt, ws);
+    return 0;
+  }
   int nmax = *std::max_element(ns.begin(), ns.end());
 
   for (const shape &s : shapes) {

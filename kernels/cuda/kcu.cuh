@@ -228,6 +228,7 @@ typedef struct {
   int x8_fuse;             /* the norms and silu_mul write the twin for the FP8 GEMM after them (FERRUM_CUDA_F8_FUSE=0:
                               not) */
   bool f8r;                /* a KERN_F8R weight is loaded */
+  int f8_fast;             /* KERN_F8R's GEMM with cuBLASLt's fast accumulation (FERRUM_CUDA_F8_FAST_ACCUM=0: not) */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */

@@ -10,6 +10,14 @@
  * out[t][r] = sx[t] sw[r] sum_k qx[t][k] qw[r][k], summed in f32, then the
  * bias. The tokens go in chunks that fit the activation scratch.
  *
+ * The GEMM takes cuBLASLt's FP8 fast accumulation, as vLLM's CUTLASS FP8
+ * kernels do: the MMAs' accumulators carry the whole sum over k at the
+ * tensor cores' reduced internal precision, instead of being added into
+ * separate f32 registers every few k steps. Up to 13% faster a GEMM on an
+ * H200 at 512-2048 tokens; FERRUM_CUDA_F8_FAST_ACCUM=0 turns it off
+ * (docs/bench/gpu.md, session 57). KERN_F8B's GEMM has none (cuBLASLt
+ * offers no such algorithm with block scales).
+ *
  * Where cuBLASLt has no outer-vector scaling (before 12.9, or not sm_90:
  * Ada) or FERRUM_CUDA_F8_SCALES=tensor, the scales are per tensor instead
  * (f8_tensor; vLLM's default): one for a weight (every row's slot holds
@@ -211,6 +219,8 @@ static int kcu_f8_make(kcu_ctx_t *c) {
   const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta));
   KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb));
+  const int8_t fast = (int8_t)c->f8_fast; /* the file's head comment */
+  KCU_CUBLAS(cublasLtMatmulDescSetAttribute(c->lt_desc, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof fast));
   c->f8_plans = (kcu_f8_plan_t *)fr_calloc(KCU_F8_PLANS, sizeof *c->f8_plans);
   for (int i = 0; i < KCU_F8_PLANS; i++) c->f8_plans[i].m = -1;
   int rc = kcu__alloc(c, KCU_F8_X_BYTES, (void **)&c->x8, "the FP8 GEMM's activations");

@@ -570,6 +570,17 @@ START_TEST(test_matmul_fp8) {
   ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   const int small[] = {1, 3, 8, 9, 13};
   check_matmul_fp8(384, 1024, false, 0, small, 5);
+  /* a down projection's k (Llama-3-8B's 14336): the GEMM with cuBLASLt's
+   * fast accumulation (the default) and without */
+  const int wide[] = {16, 64};
+  for (int fast = 1; fast >= 0; fast--) {
+    kern_backend_destroy(gpu);
+    setenv("FERRUM_CUDA_F8_FAST_ACCUM", fast ? "1" : "0", 1);
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+    fprintf(stderr, "  fast accumulation %s:\n", fast ? "on" : "off");
+    check_matmul_fp8(128, 14336, false, 0, wide, 2);
+  }
+  unsetenv("FERRUM_CUDA_F8_FAST_ACCUM");
   /* scales per tensor, as where cuBLASLt has no outer-vector scaling */
   kern_backend_destroy(gpu);
   setenv("FERRUM_CUDA_F8_GEMV_MAX_N", gm, 1);

@@ -444,6 +444,12 @@ int kern_cuda_create(kern_backend_t **out, int device);
  * them; 0 for any other backend. For tests. */
 uint64_t kern_cuda_f8_twin_hits(const kern_backend_t *b);
 
+/* How many of a CUDA backend's prefill attention launches over an int8 or
+ * FP8 pool read their K/V converted once for the step (kcu_attn.cu's kvd)
+ * instead of converting each tile in the kernel; 0 for any other backend.
+ * For tests. */
+uint64_t kern_cuda_kvd_runs(const kern_backend_t *b);
+
 /* Destroys a backend (NULL is fine). */
 void kern_backend_destroy(kern_backend_t *b);
 

@@ -58,6 +58,8 @@
 #define KCU_MOE_SMALL_PER_EXP 16 /* default of moe_small_per_exp (kcu_moe.cu) */
 #define KCU_MAX_SPLITS 64   /* decode attention split-K limit */
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
+#define KCU_KVD_MB 256       /* kvd's default limit, MiB (FERRUM_CUDA_KVD_MB; kcu_attn.cu): Llama-3-8B's 64k tokens
+                                of prefill context a step in bf16 */
 #define KCU_DEC_MMA_CHUNK 128 /* the same for the tensor-core decode kernel where it splits */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
 #define KCU_DEC_GROUP 4     /* query heads per CTA of the decode kernel: a KV head with more has several CTAs */
@@ -84,6 +86,7 @@ typedef struct {
   int32_t *q_start;      /* (seq_cap + 1) */
   int32_t *ctx_len;      /* (seq_cap) */
   int32_t *pf_seqs;      /* (seq_cap) the sequences with more than one query token, in order */
+  int32_t *kvd_base;     /* (seq_cap) a sequence's first block in kcu_ctx_t.kvd (-1: none; kcu_attn.cu) */
   int32_t *block_tables; /* (bt_cap) */
 } kcu_meta_t;
 
@@ -186,6 +189,14 @@ typedef struct {
   void *xqd;               /* their per-KCU_QSUB (scale, scale * sum) float2 */
   size_t xq_cap;           /* elements of xq */
   float *attn_part;        /* decode split-K partials */
+  void *kvd;               /* a quantized pool's prefill K/V in the act type (kcu_attn.cu): K's blocks, then V's */
+  size_t kvd_bytes;
+  int32_t *kvd_bt;         /* (kvd_bt_n) block tables into kvd, n_seqs x max_blocks as the step's */
+  size_t kvd_bt_n;
+  long long kvd_need;      /* this step's blocks in kvd (0: none, or too many: the kernel converts the pool's) */
+  int kvd_max_nb;          /* the most blocks of one sequence among them */
+  size_t kvd_max_bytes;    /* kvd's limit (FERRUM_CUDA_KVD_MB) */
+  unsigned long long kvd_runs; /* prefill launches that read kvd (kern_cuda_kvd_runs) */
   size_t attn_part_floats;
   int32_t *attn_cnt;       /* per (sequence, KV head): splits done; the last one merges and resets it to 0 */
   size_t attn_cnt_n;
@@ -232,6 +243,7 @@ typedef struct {
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
+  bool pool_quant;         /* last pool's elements are int8 or FP8 */
   const void *kv_tmap_base;  /* the pool whose tensor map kv_tmap holds (kcu_attn.cu), NULL: none */
   unsigned char kv_tmap[128]; /* a CUtensorMap's bytes (copied to an aligned one to launch) */
 
@@ -731,6 +743,9 @@ int kcu__attn_init(kcu_ctx_t *c);
 int kcu__attn_max_splits(const kcu_ctx_t *c, int n_seqs, int n_kv_heads, long long capacity);
 /* Grows the split-K partials and counters for that many splits (not inside a capture). */
 int kcu__attn_reserve(kcu_ctx_t *c, int n_seqs, int n_groups, int n_heads, int head_dim, int splits);
+/* A step's prefill over a quantized pool: each sequence's first block in kvd into the pinned metadata, and
+ * kvd and its block tables grown for them (kcu_attn.cu; at step_begin, before the upload). */
+int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s);
 
 /* kcu_moe.cu: the moe_ffn op (kern.h). */
 int kcu__moe_ffn(void *ctx, void *out, const void *x, int n, const kern_moe_t *m);

@@ -45,6 +45,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "common/fr_log.h"
 #include "kernels/cuda/kcu_mma.cuh"
 
 /* Decode geometry. */
@@ -1543,13 +1544,138 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kc
   return kcu_decode_launch<T, HD, KCU_DEC_GROUP, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
 }
 
+/* ---- a quantized pool's prefill K/V, converted once a step ------------------------------ */
+
+/* The tensor-core prefill kernel over an int8 or FP8 pool converted each
+ * K/V tile it read, so a prompt's context was converted once for each of
+ * its query tiles and each query head of a KV head (a 512-token prompt of
+ * Llama-3-8B: 32 times), and those conversions, not the MMAs, held the
+ * kernel (H200, docs/bench/gpu.md, session 57: 54 us a layer against 27 on
+ * a bf16 pool). Now, where the step's prefill contexts fit kvd (at most
+ * kvd_max_bytes, FERRUM_CUDA_KVD_MB), kcu_kvd_k first converts each of
+ * their blocks once into kvd, in the act type and the pool's layout (K's
+ * blocks, then V's), and writes the block's entry in kvd's own block
+ * tables (kvd_bt, n_seqs x max_blocks like the step's); the bf16 kernel
+ * then runs on kvd as on a pool of that type. Past the limit the kernel
+ * converts in its loop as before. */
+#define KCU_KVD_NT 256
+
+/* Block blockIdx.x of sequence seq_map[blockIdx.y] (or blockIdx.y): K and
+ * V of every KV head, converted into kvd's block base[s] + blockIdx.x;
+ * gridDim.z CTAs a block, each 8 elements of K and of V a thread and
+ * step. */
+template <typename T, int Q>
+__global__ void __launch_bounds__(KCU_KVD_NT)
+    kcu_kvd_k(T *kd, T *vd, int32_t *dbt, const void *kc, const void *vc, const uint16_t *ksc, const uint16_t *vsc,
+              const int32_t *hdr, const int32_t *ctx_len, const int32_t *bts, const int32_t *base,
+              const int32_t *seq_map, int bs, int n_blocks, int n_kv, int hd) {
+  kcu_pdl_enter();
+  const int s = seq_map ? seq_map[blockIdx.y] : blockIdx.y, i = blockIdx.x, max_blocks = hdr[2];
+  const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
+  if (base[s] < 0 || i * bs >= ctx) return;
+  const int src = kcu_kv_block(bts[(size_t)s * max_blocks + i], n_blocks), dst = base[s] + i;
+  if (blockIdx.z == 0 && threadIdx.x == 0) dbt[(size_t)s * max_blocks + i] = dst;
+  const int row = n_kv * hd;
+  for (int e = (blockIdx.z * KCU_KVD_NT + threadIdx.x) * 8; e < bs * row; e += gridDim.z * KCU_KVD_NT * 8) {
+    const int r = e / row, kvh = (e - r * row) / hd;
+    const size_t in = (size_t)src * bs * row + e, sc = ((size_t)src * bs + r) * n_kv + kvh;
+    const uint2 kb = *reinterpret_cast<const uint2 *>((const uint8_t *)kc + in);
+    const uint2 vb = *reinterpret_cast<const uint2 *>((const uint8_t *)vc + in);
+    float f[8];
+    kcu_kvq_unpack8<Q>(kb.x, kb.y, __half2float(__ushort_as_half(ksc[sc])), f);
+    *reinterpret_cast<uint4 *>(kd + (size_t)dst * bs * row + e) = kcu_pack8<T>(f);
+    kcu_kvq_unpack8<Q>(vb.x, vb.y, __half2float(__ushort_as_half(vsc[sc])), f);
+    *reinterpret_cast<uint4 *>(vd + (size_t)dst * bs * row + e) = kcu_pack8<T>(f);
+  }
+}
+
+/* Bytes of one pool block's K and V in the act type. */
+static size_t kcu_kvd_block_bytes(const kcu_ctx_t *c) {
+  return 2 * (size_t)c->pool_block_size * c->pool_kv_heads * c->pool_head_dim * c->act_size;
+}
+
+int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
+  const int bs = c->pool_block_size;
+  c->kvd_need = 0;
+  c->kvd_max_nb = 0;
+  for (int i = 0; i < s->n_seqs; i++) {
+    int base = -1;
+    if (c->pool_quant && bs > 0 && s->ctx_len && s->q_start[i + 1] - s->q_start[i] > 1) {
+      const long long ctx = FR_MIN((long long)FR_MAX(s->ctx_len[i], 0), (long long)s->max_blocks * bs);
+      const int nb = (int)((ctx + bs - 1) / bs);
+      base = (int)c->kvd_need;
+      c->kvd_need += nb;
+      c->kvd_max_nb = FR_MAX(c->kvd_max_nb, nb);
+    }
+    c->pm.kvd_base[i] = base;
+  }
+  const size_t bb = kcu_kvd_block_bytes(c), n_bt = (size_t)s->n_seqs * s->max_blocks;
+  if (c->kvd_need == 0 || (size_t)c->kvd_need * bb > c->kvd_max_bytes) {
+    c->kvd_need = 0;
+    return 0;
+  }
+  if ((size_t)c->kvd_need * bb <= c->kvd_bytes && n_bt <= c->kvd_bt_n) return 0;
+  KCU_CHECK(cudaStreamSynchronize(c->stream));
+  kcu__graphs_drop(c); /* none reads kvd (graphs replay decode steps), but none may hold a freed pointer */
+  if ((size_t)c->kvd_need * bb > c->kvd_bytes) {
+    const size_t bytes = FR_MIN(FR_MAX((size_t)c->kvd_need * bb, 2 * c->kvd_bytes), c->kvd_max_bytes);
+    kcu__free(c->kvd);
+    c->kvd = NULL;
+    c->kvd_bytes = 0;
+    if (kcu__alloc(c, bytes, &c->kvd, "the prefill's converted K/V")) {
+      FR_LOGW("%s: the prefill attention converts the pool's K/V in its loop instead", fr_last_error());
+      c->kvd_need = 0;
+      return 0;
+    }
+    c->kvd_bytes = bytes;
+  }
+  if (n_bt > c->kvd_bt_n) {
+    const size_t n = FR_MAX(n_bt, 2 * c->kvd_bt_n);
+    kcu__free(c->kvd_bt);
+    c->kvd_bt = NULL;
+    c->kvd_bt_n = 0;
+    int rc = kcu__alloc(c, n * sizeof(int32_t), (void **)&c->kvd_bt, "the prefill's converted K/V's block tables");
+    if (rc) return rc;
+    c->kvd_bt_n = n;
+  }
+  return 0;
+}
+
+/* The tensor-core prefill kernel on this step's kvd (kcu__kvd_plan made
+ * it fit), after kcu_kvd_k has filled it from the layer's quantized K/V. */
+template <typename T, int HD, int Q>
+static int kcu_prefill_kvd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
+                           const kern_kv_config_t *cf, int n_heads, int G, float scale, int window,
+                           const int32_t *seq_map, int n) {
+  const int row = cf->n_kv_heads * HD, bs = cf->block_size;
+  const long long cap = (long long)(c->kvd_bytes / kcu_kvd_block_bytes(c)); /* blocks of K (and of V) */
+  T *kd = (T *)c->kvd, *vd = kd + (size_t)cap * bs * row;
+  /* a CTA per block took 11 us a layer for a 512-token prompt of Llama-3-8B (32 CTAs; H200, session 57): now
+   * enough CTAs a block for one step each */
+  const int parts = FR_MIN(kcu_div_up(bs * row / 8, KCU_KVD_NT), 64);
+  KCU_LAUNCH(c, kcu_kvd_k<T, Q>, dim3(c->kvd_max_nb, n, parts), KCU_KVD_NT, 0, kd, vd, c->kvd_bt, kv.kc, kv.vc, kv.ks,
+             kv.vs, c->dm.hdr, c->dm.ctx_len, c->dm.block_tables, c->dm.kvd_base, seq_map, bs, cf->n_blocks,
+             cf->n_kv_heads, HD);
+  const dim3 grid(n_heads, kcu_div_up(c->max_q, KCU_FA_BM), n);
+  KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>, grid, KCU_FA_NT, kcu_fa_smem<HD>::BYTES, out, q,
+             q_stride, (const void *)kd, (const void *)vd, (const uint16_t *)NULL, (const uint16_t *)NULL, c->dm.hdr,
+             c->dm.q_start, c->dm.ctx_len, (const int32_t *)c->kvd_bt, seq_map, bs, (int)cap, cf->n_kv_heads, G,
+             scale, window);
+  c->kvd_runs++;
+  return 0;
+}
+
 /* Prefill over n sequences: those of seq_map (device), or all of the step
- * when seq_map is NULL. */
+ * when seq_map is NULL (then kvd holds them where the step has no one-token
+ * sequence: kcu__kvd_plan converts only those of more than one token). */
 template <typename T, int HD, int Q>
 static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                        const kern_kv_config_t *cf, int n_heads, int G, float scale, int window,
                        const int32_t *seq_map, int n) {
   if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
+    if constexpr (Q != KCU_KVQ_NONE)
+      if (c->kvd_need > 0 && (seq_map || c->n_single == 0))
+        return kcu_prefill_kvd<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, seq_map, n);
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
     const dim3 grid(n_heads, kcu_div_up(c->max_q, KCU_FA_BM), n);
     KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, Q>, grid, KCU_FA_NT, bytes, out, q, q_stride, kv.kc, kv.vc, kv.ks,

@@ -143,6 +143,7 @@ static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_confi
   c->pool_kv_heads = cfg->n_kv_heads;
   c->pool_head_dim = cfg->head_dim;
   c->pool_block_size = cfg->block_size;
+  c->pool_quant = quant;
   return 0;
 }
 
@@ -204,6 +205,8 @@ static size_t kcu_meta_layout(kcu_meta_t *m, void *base, int n_tok, int n_seq) {
   p += n_seq;
   m->pf_seqs = p;
   p += n_seq;
+  m->kvd_base = p;
+  p += n_seq;
   m->block_tables = p;
   return (size_t)((char *)p - (char *)base);
 }
@@ -217,7 +220,7 @@ static int kcu_meta_grow(kcu_ctx_t *c, int n_tok, int n_seq, size_t n_bt) {
   int tok_cap = FR_MAX(FR_MAX(n_tok, c->tok_cap), KCU_META_MIN_TOKENS);
   int seq_cap = FR_MAX(FR_MAX(n_seq, c->seq_cap), KCU_META_MIN_SEQS);
   size_t bt_cap = FR_MAX(FR_MAX(n_bt, c->bt_cap), (size_t)KCU_META_MIN_BT);
-  size_t bytes = (4 + 3 * (size_t)tok_cap + 3 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
+  size_t bytes = (4 + 3 * (size_t)tok_cap + 4 * (size_t)seq_cap + 1 + bt_cap) * sizeof(int32_t);
   KCU_CHECK(cudaStreamSynchronize(c->stream));
   kcu__graphs_drop(c);
   /* steps have begun: the weights are in (callers without load_end) */
@@ -292,6 +295,7 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   if (n_bt && s->block_tables) memcpy(p->block_tables, s->block_tables, n_bt * 4);
   else if (n_bt) memset(p->block_tables, 0, n_bt * 4);
   kcu_step_summary(c, s);
+  if ((rc = kcu__kvd_plan(c, s))) return rc;
   KCU_CHECK(cudaMemcpyAsync(c->meta_dev, c->meta_pin, bytes, cudaMemcpyHostToDevice, c->stream));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
   c->n_tokens = s->n_tokens;
@@ -491,6 +495,8 @@ static void kcu_destroy(void *ctx) {
   kcu__free(c->xqd);
   kcu__free(c->attn_part);
   kcu__free(c->attn_cnt);
+  kcu__free(c->kvd);
+  kcu__free(c->kvd_bt);
   kcu__free(c->q4wg_cnt);
   kcu__free(c->pen_dev);
   cudaFreeHost(c->pen_pin);
@@ -623,6 +629,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   const char *f8s = getenv("FERRUM_CUDA_F8_SCALES");
   c->f8_tensor = f8s && !strcmp(f8s, "tensor"); /* else by what cuBLASLt offers (kcu_f8.cu) */
   c->x8_fuse = kcu_env_int("FERRUM_CUDA_F8_FUSE", 1, 0, 1);
+  c->kvd_max_bytes = (size_t)kcu_env_int("FERRUM_CUDA_KVD_MB", KCU_KVD_MB, 0, 1 << 20) << 20;
   c->f8_fast = kcu_env_int("FERRUM_CUDA_F8_FAST_ACCUM", 1, 0, 1);
   c->be.fp8_weights = prop.major * 10 + prop.minor >= 89; /* FP8 tensor cores: Ada, Hopper and later */
   c->pdl_late = kcu_env_int("FERRUM_CUDA_PDL_LATE", -1, 0, 15);
@@ -663,4 +670,8 @@ extern "C" int kern_cuda_create(kern_backend_t **out, int device) {
 
 extern "C" uint64_t kern_cuda_f8_twin_hits(const kern_backend_t *b) {
   return b && b->ops == &kcu_ops ? ((const kcu_ctx_t *)b->ctx)->x8_hits : 0;
+}
+
+extern "C" uint64_t kern_cuda_kvd_runs(const kern_backend_t *b) {
+  return b && b->ops == &kcu_ops ? ((const kcu_ctx_t *)b->ctx)->kvd_runs : 0;
 }

@@ -14,6 +14,11 @@ uint64_t kern_cuda_f8_twin_hits(const kern_backend_t *b) {
   return 0;
 }
 
+uint64_t kern_cuda_kvd_runs(const kern_backend_t *b) {
+  (void)b;
+  return 0;
+}
+
 int kern_nccl_new_id(char *out, size_t cap) {
   if (cap) out[0] = 0;
   return fr_errorf(FR_EUNSUPPORTED, "ferrum was built without CUDA: no NCCL");

@@ -1513,17 +1513,25 @@ static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, int windo
 /* (n_kv, group, head_dim) per _i. */
 static const int k_attn_shapes[][3] = {{2, 1, 64}, {2, 4, 128}, {1, 8, 128}, {3, 3, 64}, {2, 7, 64}};
 
+/* Which prefill kernel attn_prefill_case runs: the tensor-core one (over
+ * a quantized pool, on the K/V converted once a step: kcu_attn.cu's kvd),
+ * the SIMT one, or the tensor-core one converting a quantized pool's tiles
+ * in its loop (FERRUM_CUDA_KVD_MB=0). */
+typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP } pf_kernel_t;
+
 /* Prefill, chunked prefill (with windows) and a mixed step of shape sh on
- * pools of dtype dt; simt: the SIMT prefill kernel instead of the
- * tensor-core one. */
-static void attn_prefill_case(const int *sh, bool simt, kern_kv_dtype_t dt) {
-  if (simt) {
+ * pools of dtype dt, with kernel k. */
+static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) {
+  const bool simt = k == PF_SIMT;
+  if (k != PF_TC) {
     kern_backend_destroy(gpu);
-    setenv("FERRUM_CUDA_SIMT_PREFILL", "1", 1);
+    setenv(simt ? "FERRUM_CUDA_SIMT_PREFILL" : "FERRUM_CUDA_KVD_MB", simt ? "1" : "0", 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   }
+  const uint64_t runs0 = kern_cuda_kvd_runs(gpu);
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
   const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
+  if (k == PF_TC_LOOP) dn = dt == KERN_KV_INT8 ? " int8 (in the loop)" : " fp8 (in the loop)";
   kvenv_t e;
   kv_setup_dt(&e, 2, n_kv, hd, 16, 4, 400, dt);
   /* step 1: plain prefill of different lengths (layer 1) */
@@ -1565,21 +1573,26 @@ static void attn_prefill_case(const int *sh, bool simt, kern_kv_dtype_t dt) {
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 50, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
+  /* each of the 6 attention calls had a prefill sequence: on a quantized pool, the tensor-core kernel read the
+   * converted K/V every time, and only then */
+  const uint64_t want = k == PF_TC && dt != KERN_KV_AUTO ? 6 : 0;
+  ck_assert_msg(kern_cuda_kvd_runs(gpu) - runs0 == want, "%s: %llu prefills on the converted K/V, want %llu", what,
+                (unsigned long long)(kern_cuda_kvd_runs(gpu) - runs0), (unsigned long long)want);
 }
 
 /* _i < shapes: tensor-core prefill; the rest: the same shapes on the SIMT kernel */
 START_TEST(test_attention_prefill) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  attn_prefill_case(k_attn_shapes[_i % n_shapes], _i >= n_shapes, KERN_KV_AUTO);
+  attn_prefill_case(k_attn_shapes[_i % n_shapes], _i >= n_shapes ? PF_SIMT : PF_TC, KERN_KV_AUTO);
 }
 END_TEST
 
 /* The same over quantized caches: _i = (dtype, kernel, shape), int8 then
- * fp8, tensor-core then SIMT. */
+ * fp8, each kernel of pf_kernel_t. */
 START_TEST(test_attention_prefill_kvq) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  const int shape = _i % n_shapes, simt = _i / n_shapes % 2, fp8 = _i / (2 * n_shapes);
-  attn_prefill_case(k_attn_shapes[shape], simt, fp8 ? KERN_KV_FP8 : KERN_KV_INT8);
+  const int shape = _i % n_shapes, k = _i / n_shapes % 3, fp8 = _i / (3 * n_shapes);
+  attn_prefill_case(k_attn_shapes[shape], (pf_kernel_t)k, fp8 ? KERN_KV_FP8 : KERN_KV_INT8);
 }
 END_TEST
 
@@ -2800,7 +2813,7 @@ static Suite *cuda_suite(void) {
                       (int)(FR_ARRAY_SIZE(k_dec_env) * FR_ARRAY_SIZE(k_attn_shapes)));
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_decode_wide_kvq, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
-  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 6 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);

@@ -86,6 +86,19 @@ static std::vector<int> parse_ints(const char *s) {
   return v;
 }
 
+/* The algorithms cuBLASLt's heuristic offers for op (up to MAX_ALGOS, WS_BYTES of workspace) into res. */
+static int candidates(cublasLtHandle_t lt, cublasLtMatmulDesc_t op, cublasLtMatrixLayout_t la,
+                      cublasLtMatrixLayout_t lb, cublasLtMatrixLayout_t lc, cublasLtMatmulHeuristicResult_t *res) {
+  cublasLtMatmulPreference_t pref;
+  size_t wsb = WS_BYTES;
+  int got = 0;
+  CB(cublasLtMatmulPreferenceCreate(&pref));
+  CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
+  CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, MAX_ALGOS, res, &got));
+  cublasLtMatmulPreferenceDestroy(pref);
+  return got;
+}
+
 /* Bytes of E4M3 values in [-448, 448], none NaN (the 0x7f/0xff codes). */
 static void fill_e4m3(uint8_t *p, size_t n) {
   std::vector<uint8_t> h(1 << 20);
@@ -122,13 +135,8 @@ static void fp8_shape(cublasLtHandle_t lt, void *ws, const shape &s, int n, uint
     CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sw, sizeof sw));
     CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sx, sizeof sx));
     CB(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fa, sizeof fa));
-    cublasLtMatmulPreference_t pref;
-    size_t wsb = WS_BYTES;
-    CB(cublasLtMatmulPreferenceCreate(&pref));
-    CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
     cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
-    int got = 0;
-    CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, MAX_ALGOS, res, &got));
+    const int got = candidates(lt, op, la, lb, lc, res);
     double best = 1e30, first = 0;
     int best_i = -1;
     for (int a = 0; a < got; a++) {
@@ -146,7 +154,6 @@ static void fp8_shape(cublasLtHandle_t lt, void *ws, const shape &s, int n, uint
     }
     printf(" | %s lt[0] %7.4f ms %6.1f TF, best lt[%2d/%2d] %7.4f ms %6.1f TF", fast ? "fast" : "slow", first,
            flop / first / 1e9, best_i, got, best, flop / best / 1e9);
-    cublasLtMatmulPreferenceDestroy(pref);
     cublasLtMatmulDescDestroy(op);
   }
   double dmax = 0, omax = 0;
@@ -254,13 +261,8 @@ int main(int argc, char **argv) {
       CB(cublasLtMatrixLayoutCreate(&la, CUDA_R_16BF, s.cols, s.rows, s.cols));
       CB(cublasLtMatrixLayoutCreate(&lb, CUDA_R_16BF, s.cols, n, s.cols));
       CB(cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, s.rows, n, s.rows));
-      cublasLtMatmulPreference_t pref;
-      size_t wsb = WS_BYTES;
-      CB(cublasLtMatmulPreferenceCreate(&pref));
-      CB(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &wsb, sizeof wsb));
       cublasLtMatmulHeuristicResult_t res[MAX_ALGOS];
-      int got = 0;
-      CB(cublasLtMatmulAlgoGetHeuristic(lt, op, la, lb, lc, lc, pref, MAX_ALGOS, res, &got));
+      const int got = candidates(lt, op, la, lb, lc, res);
       double best = 1e30, first = 0;
       int best_i = -1;
       size_t cb = (size_t)n * s.rows * 2;
@@ -301,7 +303,6 @@ int main(int argc, char **argv) {
              s.rows, s.cols, n, t_def, flop / t_def / 1e9, first, flop / first / 1e9, best_i, got, best,
              flop / best / 1e9, t_def / best, tile, stages, splitk, swz, red);
       fflush(stdout);
-      cublasLtMatmulPreferenceDestroy(pref);
       cublasLtMatrixLayoutDestroy(la);
       cublasLtMatrixLayoutDestroy(lb);
       cublasLtMatrixLayoutDestroy(lc);

@@ -60,6 +60,7 @@
 #define KCU_DEC_MIN_CHUNK 64 /* default fewest context tokens per split (see kcu_attn.cu) */
 #define KCU_KVD_MB 256       /* kvd's default limit, MiB (FERRUM_CUDA_KVD_MB; kcu_attn.cu): Llama-3-8B's 64k tokens
                                 of prefill context a step in bf16 */
+#define KCU_KVD_REUSE 2      /* kvd_reuse's default (FERRUM_CUDA_KVD_REUSE; kcu_attn.cu) */
 #define KCU_DEC_MMA_CHUNK 128 /* the same for the tensor-core decode kernel where it splits */
 #define KCU_MAX_GROUP 8     /* query heads per KV head in the decode kernel (more: prefill kernel) */
 #define KCU_DEC_GROUP 4     /* query heads per CTA of the decode kernel: a KV head with more has several CTAs */
@@ -189,17 +190,19 @@ typedef struct {
   void *xqd;               /* their per-KCU_QSUB (scale, scale * sum) float2 */
   size_t xq_cap;           /* elements of xq */
   float *attn_part;        /* decode split-K partials */
+  size_t attn_part_floats;
+  int32_t *attn_cnt;       /* per (sequence, KV head): splits done; the last one merges and resets it to 0 */
+  size_t attn_cnt_n;
   void *kvd;               /* a quantized pool's prefill K/V in the act type (kcu_attn.cu): K's blocks, then V's */
   size_t kvd_bytes;
   int32_t *kvd_bt;         /* (kvd_bt_n) block tables into kvd, n_seqs x max_blocks as the step's */
   size_t kvd_bt_n;
-  long long kvd_need;      /* this step's blocks in kvd (0: none, or too many: the kernel converts the pool's) */
+  long long kvd_need;      /* this step's blocks in kvd (0: none, too many or too little reused: the kernel
+                              converts the pool's) */
   int kvd_max_nb;          /* the most blocks of one sequence among them */
   size_t kvd_max_bytes;    /* kvd's limit (FERRUM_CUDA_KVD_MB) */
+  int kvd_reuse;           /* the fewest query tiles a context block on average that take kvd (FERRUM_CUDA_KVD_REUSE) */
   unsigned long long kvd_runs; /* prefill launches that read kvd (kern_cuda_kvd_runs) */
-  size_t attn_part_floats;
-  int32_t *attn_cnt;       /* per (sequence, KV head): splits done; the last one merges and resets it to 0 */
-  size_t attn_cnt_n;
   float *f32_tmp;          /* to_f32_host staging */
   size_t f32_tmp_n;
   void *samp_pin;            /* sample params in, (token, logprob) out: pinned, the sampler's own reads and writes */

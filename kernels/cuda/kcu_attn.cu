@@ -1557,7 +1557,13 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kc
  * blocks, then V's), and writes the block's entry in kvd's own block
  * tables (kvd_bt, n_seqs x max_blocks like the step's); the bf16 kernel
  * then runs on kvd as on a pool of that type. Past the limit the kernel
- * converts in its loop as before. */
+ * converts in its loop as before, and also where the step's query tiles
+ * are too few to reuse a converted block: fewer than kvd_reuse (2,
+ * FERRUM_CUDA_KVD_REUSE) 64-query tiles a context block on average, as in
+ * speculative verify steps or a short chunk over a long context, where
+ * writing and reading a bf16 copy of the whole context would cost more
+ * than converting each tile in the loop (not measured: this keeps the
+ * path those steps took before). */
 #define KCU_KVD_NT 256
 
 /* Block blockIdx.x of sequence seq_map[blockIdx.y] (or blockIdx.y): K and
@@ -1596,21 +1602,24 @@ static size_t kcu_kvd_block_bytes(const kcu_ctx_t *c) {
 
 int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
   const int bs = c->pool_block_size;
+  long long tiles = 0; /* sum over the sequences of query tiles x context blocks */
   c->kvd_need = 0;
   c->kvd_max_nb = 0;
   for (int i = 0; i < s->n_seqs; i++) {
+    const int q = s->q_start[i + 1] - s->q_start[i];
     int base = -1;
-    if (c->pool_quant && bs > 0 && s->ctx_len && s->q_start[i + 1] - s->q_start[i] > 1) {
+    if (c->pool_quant && bs > 0 && s->ctx_len && q > 1) {
       const long long ctx = FR_MIN((long long)FR_MAX(s->ctx_len[i], 0), (long long)s->max_blocks * bs);
       const int nb = (int)((ctx + bs - 1) / bs);
       base = (int)c->kvd_need;
       c->kvd_need += nb;
       c->kvd_max_nb = FR_MAX(c->kvd_max_nb, nb);
+      tiles += (long long)kcu_div_up(q, KCU_FA_BM) * nb;
     }
     c->pm.kvd_base[i] = base;
   }
   const size_t bb = kcu_kvd_block_bytes(c), n_bt = (size_t)s->n_seqs * s->max_blocks;
-  if (c->kvd_need == 0 || (size_t)c->kvd_need * bb > c->kvd_max_bytes) {
+  if (c->kvd_need == 0 || (size_t)c->kvd_need * bb > c->kvd_max_bytes || tiles < c->kvd_reuse * c->kvd_need) {
     c->kvd_need = 0;
     return 0;
   }

@@ -630,6 +630,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->f8_tensor = f8s && !strcmp(f8s, "tensor"); /* else by what cuBLASLt offers (kcu_f8.cu) */
   c->x8_fuse = kcu_env_int("FERRUM_CUDA_F8_FUSE", 1, 0, 1);
   c->kvd_max_bytes = (size_t)kcu_env_int("FERRUM_CUDA_KVD_MB", KCU_KVD_MB, 0, 1 << 20) << 20;
+  c->kvd_reuse = kcu_env_int("FERRUM_CUDA_KVD_REUSE", KCU_KVD_REUSE, 0, 1 << 20);
   c->f8_fast = kcu_env_int("FERRUM_CUDA_F8_FAST_ACCUM", 1, 0, 1);
   c->be.fp8_weights = prop.major * 10 + prop.minor >= 89; /* FP8 tensor cores: Ada, Hopper and later */
   c->pdl_late = kcu_env_int("FERRUM_CUDA_PDL_LATE", -1, 0, 15);

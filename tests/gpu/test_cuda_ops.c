@@ -1513,11 +1513,13 @@ static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, int windo
 /* (n_kv, group, head_dim) per _i. */
 static const int k_attn_shapes[][3] = {{2, 1, 64}, {2, 4, 128}, {1, 8, 128}, {3, 3, 64}, {2, 7, 64}};
 
-/* Which prefill kernel attn_prefill_case runs: the tensor-core one (over
- * a quantized pool, on the K/V converted once a step: kcu_attn.cu's kvd),
- * the SIMT one, or the tensor-core one converting a quantized pool's tiles
- * in its loop (FERRUM_CUDA_KVD_MB=0). */
-typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP } pf_kernel_t;
+/* Which prefill kernel attn_prefill_case runs: the tensor-core one with
+ * the defaults (over a quantized pool: on the K/V converted once a step,
+ * kcu_attn.cu's kvd, where the step's query tiles reuse its blocks
+ * enough), the SIMT one, the tensor-core one converting a quantized pool's
+ * tiles in its loop (FERRUM_CUDA_KVD_MB=0), or on kvd at every step
+ * (FERRUM_CUDA_KVD_REUSE=0). */
+typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP, PF_TC_KVD } pf_kernel_t;
 
 /* Prefill, chunked prefill (with windows) and a mixed step of shape sh on
  * pools of dtype dt, with kernel k. */
@@ -1525,13 +1527,15 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   const bool simt = k == PF_SIMT;
   if (k != PF_TC) {
     kern_backend_destroy(gpu);
-    setenv(simt ? "FERRUM_CUDA_SIMT_PREFILL" : "FERRUM_CUDA_KVD_MB", simt ? "1" : "0", 1);
+    setenv(simt ? "FERRUM_CUDA_SIMT_PREFILL" : k == PF_TC_LOOP ? "FERRUM_CUDA_KVD_MB" : "FERRUM_CUDA_KVD_REUSE",
+           simt ? "1" : "0", 1);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   }
   const uint64_t runs0 = kern_cuda_kvd_runs(gpu);
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
   const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
   if (k == PF_TC_LOOP) dn = dt == KERN_KV_INT8 ? " int8 (in the loop)" : " fp8 (in the loop)";
+  if (k == PF_TC_KVD) dn = dt == KERN_KV_INT8 ? " int8 (converted)" : " fp8 (converted)";
   kvenv_t e;
   kv_setup_dt(&e, 2, n_kv, hd, 16, 4, 400, dt);
   /* step 1: plain prefill of different lengths (layer 1) */
@@ -1573,9 +1577,11 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 50, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
-  /* each of the 6 attention calls had a prefill sequence: on a quantized pool, the tensor-core kernel read the
-   * converted K/V every time, and only then */
-  const uint64_t want = k == PF_TC && dt != KERN_KV_AUTO ? 6 : 0;
+  /* each of the 6 attention calls had a prefill sequence: on a quantized pool the tensor-core kernel read the
+   * converted K/V in all of them where forced, and by default in step 1's only: its sequences of more than one
+   * token have 2 + 3 + 1 query tiles over 5, 9 and 2 blocks of 16 tokens (39 tile-blocks, at least
+   * KCU_KVD_REUSE = 2 a block); step 2's have 34 over 24 blocks, step 3's 3 over 3 */
+  const uint64_t want = dt == KERN_KV_AUTO ? 0 : k == PF_TC_KVD ? 6 : k == PF_TC ? 1 : 0;
   ck_assert_msg(kern_cuda_kvd_runs(gpu) - runs0 == want, "%s: %llu prefills on the converted K/V, want %llu", what,
                 (unsigned long long)(kern_cuda_kvd_runs(gpu) - runs0), (unsigned long long)want);
 }
@@ -1591,7 +1597,7 @@ END_TEST
  * fp8, each kernel of pf_kernel_t. */
 START_TEST(test_attention_prefill_kvq) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  const int shape = _i % n_shapes, k = _i / n_shapes % 3, fp8 = _i / (3 * n_shapes);
+  const int shape = _i % n_shapes, k = _i / n_shapes % 4, fp8 = _i / (4 * n_shapes);
   attn_prefill_case(k_attn_shapes[shape], (pf_kernel_t)k, fp8 ? KERN_KV_FP8 : KERN_KV_INT8);
 }
 END_TEST
@@ -2813,7 +2819,7 @@ static Suite *cuda_suite(void) {
                       (int)(FR_ARRAY_SIZE(k_dec_env) * FR_ARRAY_SIZE(k_attn_shapes)));
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_decode_wide_kvq, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
-  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 6 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 8 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);

@@ -246,7 +246,9 @@ typedef struct {
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
   int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
-  bool pool_quant;         /* last pool's elements are int8 or FP8 */
+  bool kvd_quant;          /* some pool made holds int8 or FP8 (kcu_attn.cu's kvd) */
+  int kvd_row;             /* the widest K/V row (KV heads x head_dim) of the pools made: kvd's blocks are sized by
+                              it (a draft model's pool, made after the target's, may be narrower) */
   const void *kv_tmap_base;  /* the pool whose tensor map kv_tmap holds (kcu_attn.cu), NULL: none */
   unsigned char kv_tmap[128]; /* a CUtensorMap's bytes (copied to an aligned one to launch) */
 

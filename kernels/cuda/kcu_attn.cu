@@ -1595,9 +1595,9 @@ __global__ void __launch_bounds__(KCU_KVD_NT)
   }
 }
 
-/* Bytes of one pool block's K and V in the act type. */
-static size_t kcu_kvd_block_bytes(const kcu_ctx_t *c) {
-  return 2 * (size_t)c->pool_block_size * c->pool_kv_heads * c->pool_head_dim * c->act_size;
+/* Bytes of a block of bs tokens' K and V rows of row elements in the act type. */
+static size_t kcu_kvd_block_bytes(const kcu_ctx_t *c, int bs, int row) {
+  return 2 * (size_t)bs * row * c->act_size;
 }
 
 int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
@@ -1608,7 +1608,7 @@ int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
   for (int i = 0; i < s->n_seqs; i++) {
     const int q = s->q_start[i + 1] - s->q_start[i];
     int base = -1;
-    if (c->pool_quant && bs > 0 && s->ctx_len && q > 1) {
+    if (c->kvd_quant && bs > 0 && s->ctx_len && q > 1) {
       const long long ctx = FR_MIN((long long)FR_MAX(s->ctx_len[i], 0), (long long)s->max_blocks * bs);
       const int nb = (int)((ctx + bs - 1) / bs);
       base = (int)c->kvd_need;
@@ -1618,7 +1618,7 @@ int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
     }
     c->pm.kvd_base[i] = base;
   }
-  const size_t bb = kcu_kvd_block_bytes(c), n_bt = (size_t)s->n_seqs * s->max_blocks;
+  const size_t bb = kcu_kvd_block_bytes(c, bs, c->kvd_row), n_bt = (size_t)s->n_seqs * s->max_blocks;
   if (c->kvd_need == 0 || (size_t)c->kvd_need * bb > c->kvd_max_bytes || tiles < c->kvd_reuse * c->kvd_need) {
     c->kvd_need = 0;
     return 0;
@@ -1651,13 +1651,14 @@ int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
 }
 
 /* The tensor-core prefill kernel on this step's kvd (kcu__kvd_plan made
- * it fit), after kcu_kvd_k has filled it from the layer's quantized K/V. */
+ * it fit, for blocks of the pool's size and rows up to kvd_row), after
+ * kcu_kvd_k has filled it from the layer's quantized K/V. */
 template <typename T, int HD, int Q>
 static int kcu_prefill_kvd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu_kv_layer_t &kv,
                            const kern_kv_config_t *cf, int n_heads, int G, float scale, int window,
                            const int32_t *seq_map, int n) {
   const int row = cf->n_kv_heads * HD, bs = cf->block_size;
-  const long long cap = (long long)(c->kvd_bytes / kcu_kvd_block_bytes(c)); /* blocks of K (and of V) */
+  const long long cap = (long long)(c->kvd_bytes / kcu_kvd_block_bytes(c, bs, row)); /* blocks of K (and of V) */
   T *kd = (T *)c->kvd, *vd = kd + (size_t)cap * bs * row;
   /* a CTA per block took 11 us a layer for a 512-token prompt of Llama-3-8B (32 CTAs; H200, session 57): now
    * enough CTAs a block for one step each */
@@ -1683,7 +1684,7 @@ static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu
                        const int32_t *seq_map, int n) {
   if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
     if constexpr (Q != KCU_KVQ_NONE)
-      if (c->kvd_need > 0 && (seq_map || c->n_single == 0))
+      if (c->kvd_need > 0 && (seq_map || c->n_single == 0) && cf->block_size == c->pool_block_size)
         return kcu_prefill_kvd<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, seq_map, n);
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
     const dim3 grid(n_heads, kcu_div_up(c->max_q, KCU_FA_BM), n);

@@ -143,7 +143,8 @@ static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_confi
   c->pool_kv_heads = cfg->n_kv_heads;
   c->pool_head_dim = cfg->head_dim;
   c->pool_block_size = cfg->block_size;
-  c->pool_quant = quant;
+  c->kvd_quant = c->kvd_quant || quant;
+  c->kvd_row = FR_MAX(c->kvd_row, cfg->n_kv_heads * cfg->head_dim);
   return 0;
 }
 

@@ -1602,6 +1602,37 @@ START_TEST(test_attention_prefill_kvq) {
 }
 END_TEST
 
+/* A draft model's pool, narrower than the target's and made after it (as
+ * the worker makes them): the target's prefill on the converted K/V
+ * (kcu_attn.cu's kvd) needs blocks sized by the wider rows. Sized by the
+ * last pool's, kvd held a quarter of the target's blocks here and the rest
+ * of K landed on V's. */
+START_TEST(test_attention_prefill_kvq_draft_pool) {
+  kern_backend_destroy(gpu); /* no wider pool made before this one */
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  kvenv_t e;
+  kv_setup_dt(&e, 2, 2, 128, 16, 4, 400, KERN_KV_FP8);
+  kern_kv_config_t dc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 64, .block_size = 16, .n_blocks = 64,
+                         .type = gpu->act_type, .dtype = KERN_KV_FP8};
+  kern_kv_pool_t draft;
+  int rc = gpu->ops->kv_pool_init(gpu->ctx, &draft, &dc, NULL);
+  ck_assert_msg(rc == 0, "kv_pool_init (draft): %s", fr_last_error());
+  const uint64_t runs0 = kern_cuda_kvd_runs(gpu);
+  int z[4] = {0, 0, 0, 0}, n1[4] = {70, 1, 133, 17};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, z, n1, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 1);
+  ck_assert_double_lt(attn_compare(&e, nt, 1, 8, 0, "prefill fp8 beside a narrower draft pool kv=2 g=4 hd=128"),
+                      TOL_ACT);
+  ck_assert_int_eq(kern_cuda_kvd_runs(gpu) - runs0, 1);
+  free_step(bufs);
+  gpu->ops->kv_pool_deinit(gpu->ctx, &draft);
+  kv_teardown(&e);
+}
+END_TEST
+
 /* Fills the GPU pool with NaN bytes (every dtype reads 0xff..ff as NaN or
  * as a finite value under a NaN scale): a kernel that lets a row outside a
  * context into its output, even times zero, fails the comparison. */
@@ -2820,6 +2851,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_decode_wide_kvq, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 8 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_test(tc, test_attention_prefill_kvq_draft_pool);
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);

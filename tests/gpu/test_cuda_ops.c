@@ -1513,6 +1513,20 @@ static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, int windo
 /* (n_kv, group, head_dim) per _i. */
 static const int k_attn_shapes[][3] = {{2, 1, 64}, {2, 4, 128}, {1, 8, 128}, {3, 3, 64}, {2, 7, 64}};
 
+/* attn_prefill_case's step 1: the new tokens of its 4 sequences (step 2's cached ones). */
+static const int k_pf_step1[4] = {70, 1, 133, 17};
+
+/* Step 1 of attn_prefill_case's sequences: plain prefills of
+ * k_pf_step1 tokens (one of a single token), begun on both backends with
+ * their K/V appended to layer 1; returns the step's tokens. */
+static int prefill_step1(kvenv_t *e, kern_step_t *s, int32_t **bufs) {
+  const int z[4] = {0, 0, 0, 0};
+  const int nt = build_step(e, z, k_pf_step1, s, bufs);
+  step_both(s);
+  append_random(e, nt, 1);
+  return nt;
+}
+
 /* Which prefill kernel attn_prefill_case runs: the tensor-core one with
  * the defaults (over a quantized pool: on the K/V converted once a step,
  * kcu_attn.cu's kvd, where the step's query tiles reuse its blocks
@@ -1538,13 +1552,9 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   if (k == PF_TC_KVD) dn = dt == KERN_KV_INT8 ? " int8 (converted)" : " fp8 (converted)";
   kvenv_t e;
   kv_setup_dt(&e, 2, n_kv, hd, 16, 4, 400, dt);
-  /* step 1: plain prefill of different lengths (layer 1) */
-  int z[4] = {0, 0, 0, 0}, n1[4] = {70, 1, 133, 17};
   kern_step_t s;
   int32_t *bufs[4];
-  int nt = build_step(&e, z, n1, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 1);
+  int nt = prefill_step1(&e, &s, bufs);
   char what[96];
   snprintf(what, sizeof what, "prefill%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
@@ -1552,7 +1562,7 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   /* step 2: chunked prefill over the cached prefix; the last sequence has
    * no new tokens this step */
   int n2[4] = {90, 5, 64, 0};
-  nt = build_step(&e, n1, n2, &s, bufs);
+  nt = build_step(&e, k_pf_step1, n2, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 1);
   snprintf(what, sizeof what, "chunked prefill%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv,
@@ -1618,12 +1628,9 @@ START_TEST(test_attention_prefill_kvq_draft_pool) {
   int rc = gpu->ops->kv_pool_init(gpu->ctx, &draft, &dc, NULL);
   ck_assert_msg(rc == 0, "kv_pool_init (draft): %s", fr_last_error());
   const uint64_t runs0 = kern_cuda_kvd_runs(gpu);
-  int z[4] = {0, 0, 0, 0}, n1[4] = {70, 1, 133, 17};
   kern_step_t s;
   int32_t *bufs[4];
-  int nt = build_step(&e, z, n1, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 1);
+  int nt = prefill_step1(&e, &s, bufs);
   ck_assert_double_lt(attn_compare(&e, nt, 1, 8, 0, "prefill fp8 beside a narrower draft pool kv=2 g=4 hd=128"),
                       TOL_ACT);
   ck_assert_int_eq(kern_cuda_kvd_runs(gpu) - runs0, 1);

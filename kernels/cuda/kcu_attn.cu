@@ -1579,19 +1579,17 @@ __global__ void __launch_bounds__(KCU_KVD_NT)
   const int s = seq_map ? seq_map[blockIdx.y] : blockIdx.y, i = blockIdx.x, max_blocks = hdr[2];
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
   if (base[s] < 0 || i * bs >= ctx) return;
-  const int src = kcu_kv_block(bts[(size_t)s * max_blocks + i], n_blocks), dst = base[s] + i;
+  const int32_t *bt = bts + (size_t)s * max_blocks;
+  const int dst = base[s] + i;
   if (blockIdx.z == 0 && threadIdx.x == 0) dbt[(size_t)s * max_blocks + i] = dst;
   const int row = n_kv * hd;
   for (int e = (blockIdx.z * KCU_KVD_NT + threadIdx.x) * 8; e < bs * row; e += gridDim.z * KCU_KVD_NT * 8) {
-    const int r = e / row, kvh = (e - r * row) / hd;
-    const size_t in = (size_t)src * bs * row + e, sc = ((size_t)src * bs + r) * n_kv + kvh;
-    const uint2 kb = *reinterpret_cast<const uint2 *>((const uint8_t *)kc + in);
-    const uint2 vb = *reinterpret_cast<const uint2 *>((const uint8_t *)vc + in);
-    float f[8];
-    kcu_kvq_unpack8<Q>(kb.x, kb.y, __half2float(__ushort_as_half(ksc[sc])), f);
-    *reinterpret_cast<uint4 *>(kd + (size_t)dst * bs * row + e) = kcu_pack8<T>(f);
-    kcu_kvq_unpack8<Q>(vb.x, vb.y, __half2float(__ushort_as_half(vsc[sc])), f);
-    *reinterpret_cast<uint4 *>(vd + (size_t)dst * bs * row + e) = kcu_pack8<T>(f);
+    const int r = e / row, off = e - r * row, j = i * bs + r; /* cache row j, element off of it */
+    const size_t o = (size_t)dst * bs * row + e;
+    *reinterpret_cast<uint4 *>(kd + o) =
+        kcu_kv_to_t<T, Q>(kcu_kvq_row8(kc, ksc, bt, j, bs, n_blocks, row, off, n_kv, off / hd));
+    *reinterpret_cast<uint4 *>(vd + o) =
+        kcu_kv_to_t<T, Q>(kcu_kvq_row8(vc, vsc, bt, j, bs, n_blocks, row, off, n_kv, off / hd));
   }
 }
 

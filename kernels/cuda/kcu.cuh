@@ -245,7 +245,10 @@ typedef struct {
   int f8_fast;             /* KERN_F8R's GEMM with cuBLASLt's fast accumulation (FERRUM_CUDA_F8_FAST_ACCUM=0: not) */
   int32_t *pairs_dev;      /* kv_copy_blocks */
   int pairs_cap;
-  int pool_kv_heads, pool_head_dim, pool_block_size; /* last pool's shape */
+  int pool_block_size;     /* the last pool's block size (kvd plans for it) */
+  int pools_kv_min, pools_kv_max, pools_hd_max, pools_bs_max; /* over the pools made: the decode partials that
+                              step_begin reserves cover each (a draft model's pool, made after the target's, may
+                              be narrower) */
   bool kvd_quant;          /* some pool made holds int8 or FP8 (kcu_attn.cu's kvd) */
   int kvd_row;             /* the widest K/V row (KV heads x head_dim) of the pools made: kvd's blocks are sized by
                               it (a draft model's pool, made after the target's, may be narrower) */

@@ -140,9 +140,11 @@ static int kcu_kv_pool_init(void *ctx, kern_kv_pool_t *pool, const kern_kv_confi
   if (c->kv_tmap_base == base) c->kv_tmap_base = NULL; /* a new shape at an old address */
   KCU_CHECK(cudaMemsetAsync(pool->base, 0, bytes, c->stream));
   KCU_CHECK(cudaStreamSynchronize(c->stream));
-  c->pool_kv_heads = cfg->n_kv_heads;
-  c->pool_head_dim = cfg->head_dim;
   c->pool_block_size = cfg->block_size;
+  c->pools_kv_min = c->pools_kv_min ? FR_MIN(c->pools_kv_min, cfg->n_kv_heads) : cfg->n_kv_heads;
+  c->pools_kv_max = FR_MAX(c->pools_kv_max, cfg->n_kv_heads);
+  c->pools_hd_max = FR_MAX(c->pools_hd_max, cfg->head_dim);
+  c->pools_bs_max = FR_MAX(c->pools_bs_max, cfg->block_size);
   c->kvd_quant = c->kvd_quant || quant;
   c->kvd_row = FR_MAX(c->kvd_row, cfg->n_kv_heads * cfg->head_dim);
   return 0;
@@ -302,12 +304,13 @@ static int kcu_step_begin(void *ctx, const kern_step_t *s) {
   c->n_tokens = s->n_tokens;
   c->n_seqs = s->n_seqs;
   c->max_blocks = s->max_blocks;
-  /* size the decode partials for this step shape (never inside a capture) */
-  if (c->pool_kv_heads > 0 && s->n_seqs > 0) {
-    int sp = kcu__attn_max_splits(c, s->n_seqs, c->pool_kv_heads, (long long)s->max_blocks * c->pool_block_size);
-    const int groups = c->pool_kv_heads * (KCU_MAX_GROUP / KCU_DEC_GROUP); /* the decode kernel's counters */
-    if ((rc = kcu__attn_reserve(c, s->n_seqs, groups, c->pool_kv_heads * KCU_MAX_GROUP, c->pool_head_dim,
-                                sp)))
+  /* size the decode partials for this step shape on any pool made (never inside a capture): the most splits
+   * come with the fewest KV heads and the longest blocks, the most floats a split with the most heads and the
+   * widest head */
+  if (c->pools_kv_max > 0 && s->n_seqs > 0) {
+    int sp = kcu__attn_max_splits(c, s->n_seqs, c->pools_kv_min, (long long)s->max_blocks * c->pools_bs_max);
+    const int groups = c->pools_kv_max * (KCU_MAX_GROUP / KCU_DEC_GROUP); /* the decode kernel's counters */
+    if ((rc = kcu__attn_reserve(c, s->n_seqs, groups, c->pools_kv_max * KCU_MAX_GROUP, c->pools_hd_max, sp)))
       return rc;
   }
   return 0;

@@ -2234,6 +2234,41 @@ START_TEST(test_graph_after_growth) {
 }
 END_TEST
 
+/* A pool made after the one a graph runs on, narrower (a draft model's
+ * follows the target's: 1 KV head of 32 beside 2 of 64), must not shrink
+ * the decode partials that step_begin reserves, which are all that a
+ * capture before any eager pass sees (sized by the last pool made, they
+ * held half the target's splits and the capture failed growing them). */
+START_TEST(test_graph_beside_narrow_pool) {
+  kern_backend_destroy(gpu); /* no pool made before these */
+  ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  mini_t m;
+  const int vocab = 500;
+  mini_setup(&m, vocab, 1);
+  kvenv_t e;
+  kv_setup(&e, 1, m.n_kv, m.hd, 16, 1, 1000);
+  kern_kv_config_t dc = {.n_layers = 1, .n_kv_heads = 1, .head_dim = 32, .block_size = 16, .n_blocks = 64,
+                         .type = gpu->act_type};
+  kern_kv_pool_t draft;
+  int rc = gpu->ops->kv_pool_init(gpu->ctx, &draft, &dc, NULL);
+  ck_assert_msg(rc == 0, "kv_pool_init (draft): %s", fr_last_error());
+  int lens[1] = {900}, one[1] = {1};
+  int32_t tok[1] = {rndi(vocab)}, *sb[4];
+  kern_step_t s;
+  build_step(&e, lens, one, &s, sb);
+  s.tokens = tok;
+  bool replayed = true;
+  double err = graph_vs_eager(&m, &e, &s, 1, 44, &replayed, true);
+  fprintf(stderr, "  graph beside a narrower pool vs eager      err %.2e\n", err);
+  ck_assert(!replayed);
+  ck_assert_double_lt(err, 1e-6);
+  free_step(sb);
+  gpu->ops->kv_pool_deinit(gpu->ctx, &draft);
+  kv_teardown(&e);
+  mini_free(&m);
+}
+END_TEST
+
 /* ---- sampling ----------------------------------------------------------------------------------- */
 
 static void *upload_logits(const float *l, int rows, int vocab) { return gpu_put(l, (size_t)rows * vocab); }
@@ -2866,6 +2901,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_fused_matmuls, 0, 6);
   tcase_add_test(tc, test_graph_replay);
   tcase_add_loop_test(tc, test_graph_after_growth, 0, 2);
+  tcase_add_test(tc, test_graph_beside_narrow_pool);
   tcase_add_test(tc, test_sample_greedy);
   tcase_add_loop_test(tc, test_sample_filters, 0, 2);
   tcase_add_test(tc, test_sample_penalties);

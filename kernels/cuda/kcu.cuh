@@ -123,6 +123,9 @@ typedef struct {
   int n_sm;
   size_t smem_optin;
   cudaStream_t stream;
+  cudaStream_t side;       /* a mixed step's prefill attention, beside the decode kernel on `stream` (attn_side) */
+  cudaEvent_t side_fork, side_join;
+  int attn_side;           /* that overlap (FERRUM_CUDA_ATTN_SIDE=0: both on `stream`, one after the other) */
   cublasHandle_t cublas;
   void *cublas_ws;
   kern_type_t act;

@@ -1714,9 +1714,26 @@ static int kcu_attn_hdq(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kc
     if (c->max_q == 0) return 0;
     return kcu_prefill<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, NULL, c->n_seqs);
   }
-  int rc = kcu_decode_g<T, HD, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
-  if (rc || c->n_pf == 0) return rc;
-  return kcu_prefill<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, c->dm.pf_seqs, c->n_pf);
+  if (c->n_pf == 0 || !c->attn_side) {
+    int rc = kcu_decode_g<T, HD, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+    if (rc || c->n_pf == 0) return rc;
+    return kcu_prefill<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, c->dm.pf_seqs, c->n_pf);
+  }
+  /* The prefill kernel (compute-bound) on the side stream, beside the decode kernel (bound by its K/V loads), both
+   * after what `stream` has queued; `stream` goes on when both are done. They write other rows of out and other
+   * scratch (kvd; the decode partials). */
+  KCU_CHECK(cudaEventRecord(c->side_fork, c->stream));
+  KCU_CHECK(cudaStreamWaitEvent(c->side, c->side_fork, 0));
+  const cudaStream_t main_stream = c->stream;
+  c->stream = c->side;
+  int rc = kcu_prefill<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, c->dm.pf_seqs, c->n_pf);
+  c->stream = main_stream;
+  const cudaError_t joined = cudaEventRecord(c->side_join, c->side); /* joined whatever rc says: a capture must end */
+  if (!rc) rc = kcu_decode_g<T, HD, Q>(c, out, q, q_stride, kv, cf, G, scale, window);
+  const cudaError_t waited = joined == cudaSuccess ? cudaStreamWaitEvent(c->stream, c->side_join, 0) : joined;
+  if (rc) return rc;
+  KCU_CHECK(waited);
+  return 0;
 }
 
 template <typename T, int HD>

@@ -513,6 +513,9 @@ static void kcu_destroy(void *ctx) {
   kcu__f8_destroy(c);
   kcu__free(c->cublas_ws);
   if (c->meta_done) cudaEventDestroy(c->meta_done);
+  if (c->side_fork) cudaEventDestroy(c->side_fork);
+  if (c->side_join) cudaEventDestroy(c->side_join);
+  if (c->side) cudaStreamDestroy(c->side);
   if (c->cublas) cublasDestroy(c->cublas);
   if (c->stream) cudaStreamDestroy(c->stream);
   free(c->h_tokens);
@@ -642,6 +645,12 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   KCU_CHECK(cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
   KCU_CHECK(cudaEventCreateWithFlags(&c->meta_done, cudaEventDisableTiming));
   KCU_CHECK(cudaEventRecord(c->meta_done, c->stream));
+  c->attn_side = kcu_env_int("FERRUM_CUDA_ATTN_SIDE", 1, 0, 1);
+  int prio_low = 0, prio_high = 0; /* the side stream's prefill CTAs first: they are the longer ones */
+  KCU_CHECK(cudaDeviceGetStreamPriorityRange(&prio_low, &prio_high));
+  KCU_CHECK(cudaStreamCreateWithPriority(&c->side, cudaStreamNonBlocking, prio_high));
+  KCU_CHECK(cudaEventCreateWithFlags(&c->side_fork, cudaEventDisableTiming));
+  KCU_CHECK(cudaEventCreateWithFlags(&c->side_join, cudaEventDisableTiming));
   KCU_CUBLAS(cublasCreate(&c->cublas));
   KCU_CUBLAS(cublasSetStream(c->cublas, c->stream));
   int rc = kcu__alloc(c, KCU_CUBLAS_WS_BYTES, &c->cublas_ws, "cuBLAS workspace");

@@ -1531,18 +1531,21 @@ static int prefill_step1(kvenv_t *e, kern_step_t *s, int32_t **bufs) {
  * the defaults (over a quantized pool: on the K/V converted once a step,
  * kcu_attn.cu's kvd, where the step's query tiles reuse its blocks
  * enough), the SIMT one, the tensor-core one converting a quantized pool's
- * tiles in its loop (FERRUM_CUDA_KVD_MB=0), or on kvd at every step
- * (FERRUM_CUDA_KVD_REUSE=0). */
-typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP, PF_TC_KVD } pf_kernel_t;
+ * tiles in its loop (FERRUM_CUDA_KVD_MB=0), on kvd at every step
+ * (FERRUM_CUDA_KVD_REUSE=0), or the tensor-core one with a mixed step's
+ * prefill after its decodes on one stream (FERRUM_CUDA_ATTN_SIDE=0; by
+ * default it runs on a second stream beside them). */
+typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP, PF_TC_KVD, PF_TC_SERIAL, PF_N } pf_kernel_t;
+static const char *const k_pf_env[] = {NULL, "FERRUM_CUDA_SIMT_PREFILL=1", "FERRUM_CUDA_KVD_MB=0",
+                                       "FERRUM_CUDA_KVD_REUSE=0", "FERRUM_CUDA_ATTN_SIDE=0"};
 
 /* Prefill, chunked prefill (with windows) and a mixed step of shape sh on
  * pools of dtype dt, with kernel k. */
 static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) {
   const bool simt = k == PF_SIMT;
-  if (k != PF_TC) {
+  if (k_pf_env[k]) {
     kern_backend_destroy(gpu);
-    setenv(simt ? "FERRUM_CUDA_SIMT_PREFILL" : k == PF_TC_LOOP ? "FERRUM_CUDA_KVD_MB" : "FERRUM_CUDA_KVD_REUSE",
-           simt ? "1" : "0", 1);
+    putenv((char *)k_pf_env[k]);
     ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
   }
   const uint64_t runs0 = kern_cuda_kvd_runs(gpu);
@@ -1550,6 +1553,8 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
   if (k == PF_TC_LOOP) dn = dt == KERN_KV_INT8 ? " int8 (in the loop)" : " fp8 (in the loop)";
   if (k == PF_TC_KVD) dn = dt == KERN_KV_INT8 ? " int8 (converted)" : " fp8 (converted)";
+  if (k == PF_TC_SERIAL) dn = dt == KERN_KV_AUTO ? " (one stream)" : dt == KERN_KV_INT8 ? " int8 (one stream)"
+                                                                                        : " fp8 (one stream)";
   kvenv_t e;
   kv_setup_dt(&e, 2, n_kv, hd, 16, 4, 400, dt);
   kern_step_t s;
@@ -1591,15 +1596,17 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
    * converted K/V in all of them where forced, and by default in step 1's only: its sequences of more than one
    * token have 2 + 3 + 1 query tiles over 5, 9 and 2 blocks of 16 tokens (39 tile-blocks, at least
    * KCU_KVD_REUSE = 2 a block); step 2's have 34 over 24 blocks, step 3's 3 over 3 */
-  const uint64_t want = dt == KERN_KV_AUTO ? 0 : k == PF_TC_KVD ? 6 : k == PF_TC ? 1 : 0;
+  const uint64_t want = dt == KERN_KV_AUTO ? 0 : k == PF_TC_KVD ? 6 : k == PF_TC || k == PF_TC_SERIAL ? 1 : 0;
   ck_assert_msg(kern_cuda_kvd_runs(gpu) - runs0 == want, "%s: %llu prefills on the converted K/V, want %llu", what,
                 (unsigned long long)(kern_cuda_kvd_runs(gpu) - runs0), (unsigned long long)want);
 }
 
-/* _i < shapes: tensor-core prefill; the rest: the same shapes on the SIMT kernel */
+/* _i = (kernel, shape): the tensor-core prefill, the SIMT one, the
+ * tensor-core one on one stream */
+static const pf_kernel_t k_pf_bf16[] = {PF_TC, PF_SIMT, PF_TC_SERIAL};
 START_TEST(test_attention_prefill) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  attn_prefill_case(k_attn_shapes[_i % n_shapes], _i >= n_shapes ? PF_SIMT : PF_TC, KERN_KV_AUTO);
+  attn_prefill_case(k_attn_shapes[_i % n_shapes], k_pf_bf16[_i / n_shapes], KERN_KV_AUTO);
 }
 END_TEST
 
@@ -1607,7 +1614,7 @@ END_TEST
  * fp8, each kernel of pf_kernel_t. */
 START_TEST(test_attention_prefill_kvq) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
-  const int shape = _i % n_shapes, k = _i / n_shapes % 4, fp8 = _i / (4 * n_shapes);
+  const int shape = _i % n_shapes, k = _i / n_shapes % PF_N, fp8 = _i / (PF_N * n_shapes);
   attn_prefill_case(k_attn_shapes[shape], (pf_kernel_t)k, fp8 ? KERN_KV_FP8 : KERN_KV_INT8);
 }
 END_TEST
@@ -2887,12 +2894,12 @@ static Suite *cuda_suite(void) {
   tcase_add_test(tc, test_rms_norm);
   tcase_add_test(tc, test_rope);
   tcase_add_test(tc, test_elementwise);
-  tcase_add_loop_test(tc, test_attention_prefill, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_prefill, 0, (int)FR_ARRAY_SIZE(k_pf_bf16) * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode, 0,
                       (int)(FR_ARRAY_SIZE(k_dec_env) * FR_ARRAY_SIZE(k_attn_shapes)));
   tcase_add_loop_test(tc, test_attention_decode_wide, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_decode_wide_kvq, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
-  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 8 * (int)FR_ARRAY_SIZE(k_attn_shapes));
+  tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 2 * PF_N * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_attention_prefill_kvq_draft_pool);
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);

@@ -131,6 +131,8 @@ typedef struct {
   kern_type_t act;
   size_t act_size;
   int simt_prefill; /* FERRUM_CUDA_SIMT_PREFILL=1: the SIMT prefill attention instead of the tensor-core one */
+  int pf_pack;      /* the tensor-core prefill's CTAs take a query group's heads (FERRUM_CUDA_PF_PACK=0: a head each;
+                       kcu_attn.cu's kcu_pf_group) */
   int gemv_max_n, qgemv_max_n; /* largest n served by the GEMV kernels (dense, quantized); dense -1: auto */
   int dec_chunk;    /* fewest context tokens per decode attention split (FERRUM_CUDA_DEC_CHUNK) */
   int dec_msplit;   /* the tensor-core decode kernel, split, where the (sequence, KV head) pairs are at most half
@@ -200,11 +202,13 @@ typedef struct {
   size_t kvd_bytes;
   int32_t *kvd_bt;         /* (kvd_bt_n) block tables into kvd, n_seqs x max_blocks as the step's */
   size_t kvd_bt_n;
-  long long kvd_need;      /* this step's blocks in kvd (0: none, too many or too little reused: the kernel
-                              converts the pool's) */
+  long long kvd_need;      /* this step's blocks in kvd (0: none or too many: the kernel converts the pool's) */
+  long long kvd_tiles;     /* the sum over them of their sequence's prefill CTAs a KV head (kcu_kvd_pays) */
+  int kvd_tiles_gp;        /* the heads a CTA that kvd_tiles counted for (0: not counted this step) */
   int kvd_max_nb;          /* the most blocks of one sequence among them */
   size_t kvd_max_bytes;    /* kvd's limit (FERRUM_CUDA_KVD_MB) */
-  int kvd_reuse;           /* the fewest query tiles a context block on average that take kvd (FERRUM_CUDA_KVD_REUSE) */
+  int kvd_reuse;           /* the fewest conversions of a context block on average in the loop that take kvd
+                              (FERRUM_CUDA_KVD_REUSE) */
   unsigned long long kvd_runs; /* prefill launches that read kvd (kern_cuda_kvd_runs) */
   float *f32_tmp;          /* to_f32_host staging */
   size_t f32_tmp_n;

@@ -840,7 +840,7 @@ __global__ void __launch_bounds__(KCU_FA_NT)
     kcu_attn_prefill_mma_k(T *out, const T *q, int q_stride, const void *kc, const void *vc, const uint16_t *ksc,
                            const uint16_t *vsc, const int32_t *hdr,
                            const int32_t *q_start, const int32_t *ctx_len, const int32_t *bts,
-                           const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, float scale,
+                           const int32_t *seq_map, int bs, int n_blocks, int n_kv, int G, int gp, float scale,
                            int window) {
   kcu_pdl_enter();
   extern __shared__ __align__(128) unsigned char smem[];
@@ -848,25 +848,27 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   const uint32_t skv = sq + KCU_FA_BM * HD * 2; /* buffer b: K at skv + 2b TILE, V after it */
   constexpr uint32_t TILE = kcu_fa_smem<HD>::TILE;
   const int warp = threadIdx.x / KCU_WARP, lane = threadIdx.x % KCU_WARP;
-  /* heads on x so that the block scheduler, which hands out x fastest in
-   * practice (not a promise), starts every head's last (heaviest) query
-   * tile before any lighter one */
-  const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h = blockIdx.x, kvh = h / G;
-  const int q0 = q_start[s], qn = q_start[s + 1] - q0, tile = (gridDim.y - 1 - blockIdx.y) * KCU_FA_BM;
-  if (tile >= qn) return;
+  /* heads (gp of a group a CTA) on x so that the block scheduler, which
+   * hands out x fastest in practice (not a promise), starts every head's
+   * last (heaviest) query tile before any lighter one. Row R of the
+   * sequence's qn x gp is query R / gp of head h0 + R % gp. */
+  const int s = seq_map ? seq_map[blockIdx.z] : blockIdx.z, h0 = blockIdx.x * gp, kvh = h0 / G;
+  const int q0 = q_start[s], qn = q_start[s + 1] - q0, rows = qn * gp;
+  const int tile = (gridDim.y - 1 - blockIdx.y) * KCU_FA_BM;
+  if (tile >= rows) return;
   const int max_blocks = hdr[2];
   const int ctx = max(min(ctx_len[s], max_blocks * bs), 0);
   const int32_t *bt = bts + (size_t)s * max_blocks;
   /* the last query of the tile sees the most keys; with a window the first
    * sees nothing before kb0 */
-  const int kv_end = min(ctx, ctx - qn + min(tile + KCU_FA_BM, qn));
-  const int kb0 = window > 0 ? max(ctx - qn + tile - window + 1, 0) / KCU_FA_BN * KCU_FA_BN : 0;
+  const int kv_end = min(ctx, ctx - qn + (min(tile + KCU_FA_BM, rows) - 1) / gp + 1);
+  const int kb0 = window > 0 ? max(ctx - qn + tile / gp - window + 1, 0) / KCU_FA_BN * KCU_FA_BN : 0;
 
   /* Q tile (zeros past the sequence), then the first K/V tile */
   for (int i = threadIdx.x; i < KCU_FA_BM * (HD / 8); i += KCU_FA_NT) {
-    const int r = i / (HD / 8), ch = i % (HD / 8);
-    const bool ok = tile + r < qn;
-    const T *src = q + (size_t)(q0 + (ok ? tile + r : 0)) * q_stride + (size_t)h * HD + ch * 8;
+    const int r = i / (HD / 8), ch = i % (HD / 8), R = tile + r;
+    const bool ok = R < rows;
+    const T *src = q + (size_t)(q0 + (ok ? R / gp : 0)) * q_stride + (size_t)(h0 + (ok ? R % gp : 0)) * HD + ch * 8;
     kcu_cp_async16(sq + kcu_fa_off<HD>(r, ch), src, ok);
   }
   if (kb0 < kv_end)
@@ -875,9 +877,9 @@ __global__ void __launch_bounds__(KCU_FA_NT)
 
   const int g = lane >> 2, row0 = warp * 16;
   /* cache indices of the lane's two rows: the new tokens are the last qn of the context */
-  const int qpos[2] = {ctx - qn + tile + row0 + g, ctx - qn + tile + row0 + g + 8};
+  const int qpos[2] = {ctx - qn + (tile + row0 + g) / gp, ctx - qn + (tile + row0 + g + 8) / gp};
   const int qlo[2] = {window > 0 ? qpos[0] - window + 1 : 0, window > 0 ? qpos[1] - window + 1 : 0};
-  const int qpos_min = ctx - qn + tile; /* the CTA's first query */
+  const int qpos_min = ctx - qn + tile / gp; /* the CTA's first query */
   const float scale_log2 = scale * 1.4426950408889634f;
   float o[HD / 8][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
 #pragma unroll
@@ -914,10 +916,10 @@ __global__ void __launch_bounds__(KCU_FA_NT)
   for (int r = 0; r < 2; r++) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    const int qi = tile + row0 + g + 8 * r;
-    if (qi >= qn) continue;
+    const int R = tile + row0 + g + 8 * r;
+    if (R >= rows) continue;
     const float inv = l[r] > 0.f ? 1.f / l[r] : 0.f;
-    T *dst = out + (size_t)(q0 + qi) * n_heads * HD + (size_t)h * HD + 2 * (lane & 3);
+    T *dst = out + (size_t)(q0 + R / gp) * n_heads * HD + (size_t)(h0 + R % gp) * HD + 2 * (lane & 3);
 #pragma unroll
     for (int d = 0; d < HD / 8; d++)
       *reinterpret_cast<uint32_t *>(dst + d * 8) = kcu_pack2<T>(o[d][2 * r] * inv, o[d][2 * r + 1] * inv);
@@ -1557,13 +1559,14 @@ static int kcu_decode_g(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kc
  * blocks, then V's), and writes the block's entry in kvd's own block
  * tables (kvd_bt, n_seqs x max_blocks like the step's); the bf16 kernel
  * then runs on kvd as on a pool of that type. Past the limit the kernel
- * converts in its loop as before, and also where the step's query tiles
- * are too few to reuse a converted block: fewer than kvd_reuse (2,
- * FERRUM_CUDA_KVD_REUSE) 64-query tiles a context block on average, as in
- * speculative verify steps or a short chunk over a long context, where
- * writing and reading a bf16 copy of the whole context would cost more
- * than converting each tile in the loop (not measured: this keeps the
- * path those steps took before). */
+ * converts in its loop as before, and also where the loop would convert
+ * a block fewer than kvd_reuse (2, FERRUM_CUDA_KVD_REUSE) times on average:
+ * once for each CTA that reads it (kcu_kvd_pays). Where a CTA took one
+ * query head, a speculative verify step (5 queries a sequence) converted
+ * each block once for each of a KV head's 4 query heads, and kvd was the
+ * faster (H200, session 58, FP8 pool, 16 x 512 tokens: 8.22 ms a verify
+ * step in the loop, 6.74 on kvd); with the group's heads in one CTA
+ * (kcu_pf_group) such a step converts each block once, in the loop. */
 #define KCU_KVD_NT 256
 
 /* Block blockIdx.x of sequence seq_map[blockIdx.y] (or blockIdx.y): K and
@@ -1598,26 +1601,29 @@ static size_t kcu_kvd_block_bytes(const kcu_ctx_t *c, int bs, int row) {
   return 2 * (size_t)bs * row * c->act_size;
 }
 
+/* The blocks of kvd a sequence of q new tokens and a context of ctx_len
+ * takes (0: none, a decode, or no quantized pool). */
+static int kcu_kvd_blocks(const kcu_ctx_t *c, int q, int ctx_len, int max_blocks) {
+  const int bs = c->pool_block_size;
+  if (!c->kvd_quant || bs <= 0 || q <= 1) return 0;
+  const long long ctx = FR_MIN((long long)FR_MAX(ctx_len, 0), (long long)max_blocks * bs);
+  return (int)((ctx + bs - 1) / bs);
+}
+
 int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
   const int bs = c->pool_block_size;
-  long long tiles = 0; /* sum over the sequences of query tiles x context blocks */
   c->kvd_need = 0;
   c->kvd_max_nb = 0;
+  c->kvd_tiles_gp = 0; /* kcu_kvd_pays counts them for the group of the first call */
   for (int i = 0; i < s->n_seqs; i++) {
-    const int q = s->q_start[i + 1] - s->q_start[i];
-    int base = -1;
-    if (c->kvd_quant && bs > 0 && s->ctx_len && q > 1) {
-      const long long ctx = FR_MIN((long long)FR_MAX(s->ctx_len[i], 0), (long long)s->max_blocks * bs);
-      const int nb = (int)((ctx + bs - 1) / bs);
-      base = (int)c->kvd_need;
-      c->kvd_need += nb;
-      c->kvd_max_nb = FR_MAX(c->kvd_max_nb, nb);
-      tiles += (long long)kcu_div_up(q, KCU_FA_BM) * nb;
-    }
-    c->pm.kvd_base[i] = base;
+    const int nb = s->ctx_len ? kcu_kvd_blocks(c, s->q_start[i + 1] - s->q_start[i], s->ctx_len[i], s->max_blocks) : 0;
+    c->pm.kvd_base[i] = nb ? (int)c->kvd_need : -1;
+    c->kvd_need += nb;
+    c->kvd_max_nb = FR_MAX(c->kvd_max_nb, nb);
   }
   const size_t bb = kcu_kvd_block_bytes(c, bs, c->kvd_row), n_bt = (size_t)s->n_seqs * s->max_blocks;
-  if (c->kvd_need == 0 || (size_t)c->kvd_need * bb > c->kvd_max_bytes || tiles < c->kvd_reuse * c->kvd_need) {
+  /* whether the loop would convert its blocks often enough is for each attention call (kcu_kvd_pays) */
+  if (c->kvd_need == 0 || (size_t)c->kvd_need * bb > c->kvd_max_bytes) {
     c->kvd_need = 0;
     return 0;
   }
@@ -1648,6 +1654,37 @@ int kcu__kvd_plan(kcu_ctx_t *c, const kern_step_t *s) {
   return 0;
 }
 
+/* The query heads of a KV head that share a tensor-core prefill CTA's 64
+ * rows (kcu_attn_prefill_mma_k's gp): the whole group, so that K/V is read
+ * and (a quantized pool in the loop) converted once for them, and a few
+ * queries (a speculative verify step's k + 1) fill the rows with the
+ * group's heads instead of padding; 1 (a head a CTA) with
+ * FERRUM_CUDA_PF_PACK=0 or where the rows would pass the grid's 65535 tiles. */
+static int kcu_pf_group(const kcu_ctx_t *c, int G) {
+  return c->pf_pack && (long long)c->max_q * G <= 65535ll * KCU_FA_BM ? G : 1;
+}
+
+/* Whether an attention call of G query heads a KV head takes this step's
+ * kvd: the loop would convert each of its blocks at least kvd_reuse times
+ * on average, once for each CTA that reads it: its sequence's tiles of 64
+ * rows of queries x the gp heads a CTA takes, times the G / gp CTAs of a
+ * KV head (kcu__kvd_plan's note). Counted from the step's host metadata at
+ * the first call for that gp. */
+static bool kcu_kvd_pays(kcu_ctx_t *c, int G) {
+  if (c->kvd_need <= 0) return false;
+  const int gp = kcu_pf_group(c, G);
+  if (c->kvd_tiles_gp != gp) {
+    long long t = 0;
+    for (int i = 0; i < c->n_seqs; i++) {
+      const int q = c->pm.q_start[i + 1] - c->pm.q_start[i];
+      t += (long long)kcu_div_up(q * gp, KCU_FA_BM) * kcu_kvd_blocks(c, q, c->pm.ctx_len[i], c->max_blocks);
+    }
+    c->kvd_tiles = t;
+    c->kvd_tiles_gp = gp;
+  }
+  return c->kvd_tiles * (G / gp) >= (long long)c->kvd_reuse * c->kvd_need;
+}
+
 /* The tensor-core prefill kernel on this step's kvd (kcu__kvd_plan made
  * it fit, for blocks of the pool's size and rows up to kvd_row), after
  * kcu_kvd_k has filled it from the layer's quantized K/V. */
@@ -1664,10 +1701,11 @@ static int kcu_prefill_kvd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const
   KCU_LAUNCH(c, kcu_kvd_k<T, Q>, dim3(c->kvd_max_nb, n, parts), KCU_KVD_NT, 0, kd, vd, c->kvd_bt, kv.kc, kv.vc, kv.ks,
              kv.vs, c->dm.hdr, c->dm.ctx_len, c->dm.block_tables, c->dm.kvd_base, seq_map, bs, cf->n_blocks,
              cf->n_kv_heads, HD);
-  const dim3 grid(n_heads, kcu_div_up(c->max_q, KCU_FA_BM), n);
+  const int gp = kcu_pf_group(c, G);
+  const dim3 grid(n_heads / gp, kcu_div_up(c->max_q * gp, KCU_FA_BM), n);
   KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>, grid, KCU_FA_NT, kcu_fa_smem<HD>::BYTES, out, q,
              q_stride, (const void *)kd, (const void *)vd, (const uint16_t *)NULL, (const uint16_t *)NULL, c->dm.hdr,
-             c->dm.q_start, c->dm.ctx_len, (const int32_t *)c->kvd_bt, seq_map, bs, (int)cap, cf->n_kv_heads, G,
+             c->dm.q_start, c->dm.ctx_len, (const int32_t *)c->kvd_bt, seq_map, bs, (int)cap, cf->n_kv_heads, G, gp,
              scale, window);
   c->kvd_runs++;
   return 0;
@@ -1682,14 +1720,14 @@ static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu
                        const int32_t *seq_map, int n) {
   if (HD <= KCU_FA_MAX_HD && !c->simt_prefill) {
     if constexpr (Q != KCU_KVQ_NONE)
-      if (c->kvd_need > 0 && (seq_map || c->n_single == 0) && cf->block_size == c->pool_block_size)
+      if (kcu_kvd_pays(c, G) && (seq_map || c->n_single == 0) && cf->block_size == c->pool_block_size)
         return kcu_prefill_kvd<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, seq_map, n);
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
-    const dim3 grid(n_heads, kcu_div_up(c->max_q, KCU_FA_BM), n);
+    const int gp = kcu_pf_group(c, G);
+    const dim3 grid(n_heads / gp, kcu_div_up(c->max_q * gp, KCU_FA_BM), n);
     KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, Q>, grid, KCU_FA_NT, bytes, out, q, q_stride, kv.kc, kv.vc, kv.ks,
-               kv.vs, c->dm.hdr,
-               c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size, cf->n_blocks,
-               cf->n_kv_heads, G, scale, window);
+               kv.vs, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size,
+               cf->n_blocks, cf->n_kv_heads, G, gp, scale, window);
     return 0;
   }
   dim3 grid(kcu_div_up(c->max_q, KCU_PF_BM), n_heads, n);

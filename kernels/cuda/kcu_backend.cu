@@ -594,6 +594,7 @@ static int kcu_ctx_init(kcu_ctx_t *c, int device) {
   c->act = (dt && (!strcmp(dt, "f16") || !strcmp(dt, "F16"))) ? KERN_F16 : KERN_BF16;
   c->act_size = 2;
   c->simt_prefill = kcu_env_int("FERRUM_CUDA_SIMT_PREFILL", 0, 0, 1);
+  c->pf_pack = kcu_env_int("FERRUM_CUDA_PF_PACK", 1, 0, 1);
   c->gemv_max_n = kcu_env_int("FERRUM_CUDA_GEMV_MAX_N", -1, -1, 8);
   c->qgemv_max_n = kcu_env_int("FERRUM_CUDA_QGEMV_MAX_N", KCU_QGEMV_MAX_N, 0, KCU_QGEMV_MAX_N);
   c->dec_chunk = kcu_env_int("FERRUM_CUDA_DEC_CHUNK", KCU_DEC_MIN_CHUNK, 16, 4096);

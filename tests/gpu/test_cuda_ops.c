@@ -1532,17 +1532,22 @@ static int prefill_step1(kvenv_t *e, kern_step_t *s, int32_t **bufs) {
  * kcu_attn.cu's kvd, where the step's query tiles reuse its blocks
  * enough), the SIMT one, the tensor-core one converting a quantized pool's
  * tiles in its loop (FERRUM_CUDA_KVD_MB=0), on kvd at every step
- * (FERRUM_CUDA_KVD_REUSE=0), or the tensor-core one with a mixed step's
+ * (FERRUM_CUDA_KVD_REUSE=0), the tensor-core one with a mixed step's
  * prefill after its decodes on one stream (FERRUM_CUDA_ATTN_SIDE=0; by
- * default it runs on a second stream beside them). */
-typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP, PF_TC_KVD, PF_TC_SERIAL, PF_N } pf_kernel_t;
-static const char *const k_pf_env[] = {NULL, "FERRUM_CUDA_SIMT_PREFILL=1", "FERRUM_CUDA_KVD_MB=0",
-                                       "FERRUM_CUDA_KVD_REUSE=0", "FERRUM_CUDA_ATTN_SIDE=0"};
+ * default it runs on a second stream beside them), or with a query head a
+ * CTA (FERRUM_CUDA_PF_PACK=0; by default a CTA takes a query group's heads). */
+typedef enum { PF_TC, PF_SIMT, PF_TC_LOOP, PF_TC_KVD, PF_TC_SERIAL, PF_TC_ONE_HEAD, PF_N } pf_kernel_t;
+static const char *const k_pf_env[] = {NULL,
+                                       "FERRUM_CUDA_SIMT_PREFILL=1",
+                                       "FERRUM_CUDA_KVD_MB=0",
+                                       "FERRUM_CUDA_KVD_REUSE=0",
+                                       "FERRUM_CUDA_ATTN_SIDE=0",
+                                       "FERRUM_CUDA_PF_PACK=0"};
+static const char *const k_pf_label[] = {"", " simt", " (in the loop)", " (converted)", " (one stream)", " (a head a CTA)"};
 
 /* Prefill, chunked prefill (with windows) and a mixed step of shape sh on
  * pools of dtype dt, with kernel k. */
 static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) {
-  const bool simt = k == PF_SIMT;
   if (k_pf_env[k]) {
     kern_backend_destroy(gpu);
     putenv((char *)k_pf_env[k]);
@@ -1550,18 +1555,15 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   }
   const uint64_t runs0 = kern_cuda_kvd_runs(gpu);
   int n_kv = sh[0], n_heads = sh[0] * sh[1], hd = sh[2];
-  const char *dn = dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8";
-  if (k == PF_TC_LOOP) dn = dt == KERN_KV_INT8 ? " int8 (in the loop)" : " fp8 (in the loop)";
-  if (k == PF_TC_KVD) dn = dt == KERN_KV_INT8 ? " int8 (converted)" : " fp8 (converted)";
-  if (k == PF_TC_SERIAL) dn = dt == KERN_KV_AUTO ? " (one stream)" : dt == KERN_KV_INT8 ? " int8 (one stream)"
-                                                                                        : " fp8 (one stream)";
+  char dn[48];
+  snprintf(dn, sizeof dn, "%s%s", dt == KERN_KV_AUTO ? "" : dt == KERN_KV_INT8 ? " int8" : " fp8", k_pf_label[k]);
   kvenv_t e;
   kv_setup_dt(&e, 2, n_kv, hd, 16, 4, 400, dt);
   kern_step_t s;
   int32_t *bufs[4];
   int nt = prefill_step1(&e, &s, bufs);
   char what[96];
-  snprintf(what, sizeof what, "prefill%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "prefill%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   free_step(bufs);
   /* step 2: chunked prefill over the cached prefix; the last sequence has
@@ -1570,11 +1572,11 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   nt = build_step(&e, k_pf_step1, n2, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 1);
-  snprintf(what, sizeof what, "chunked prefill%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv,
+  snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", dn, n_kv,
            sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   for (int w = 40; w <= 100; w += 60) { /* sliding windows: tiles before the window skipped, edges masked */
-    snprintf(what, sizeof what, "window %d%s%s kv=%d g=%d hd=%d", w, dn, simt ? " simt" : "", n_kv, sh[1],
+    snprintf(what, sizeof what, "window %d%s kv=%d g=%d hd=%d", w, dn, n_kv, sh[1],
              hd);
     ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, w, what), TOL_ACT);
   }
@@ -1585,25 +1587,31 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   nt = build_step(&e, c3, n3, &s, bufs);
   step_both(&s);
   append_random(&e, nt, 1);
-  snprintf(what, sizeof what, "mixed%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv, sh[1], hd);
+  snprintf(what, sizeof what, "mixed%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
-  snprintf(what, sizeof what, "mixed, window 50%s%s kv=%d g=%d hd=%d", dn, simt ? " simt" : "", n_kv,
+  snprintf(what, sizeof what, "mixed, window 50%s kv=%d g=%d hd=%d", dn, n_kv,
            sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 50, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);
   /* each of the 6 attention calls had a prefill sequence: on a quantized pool the tensor-core kernel read the
-   * converted K/V in all of them where forced, and by default in step 1's only: its sequences of more than one
-   * token have 2 + 3 + 1 query tiles over 5, 9 and 2 blocks of 16 tokens (39 tile-blocks, at least
-   * KCU_KVD_REUSE = 2 a block); step 2's have 34 over 24 blocks, step 3's 3 over 3 */
-  const uint64_t want = dt == KERN_KV_AUTO ? 0 : k == PF_TC_KVD ? 6 : k == PF_TC || k == PF_TC_SERIAL ? 1 : 0;
+   * converted K/V in all of them where forced, and by default where the loop would convert each context block
+   * at least KCU_KVD_REUSE = 2 times on average, once a CTA that reads it: the CTAs of a KV head take 64 of its
+   * rows of (query, head of the group) each (kcu_pf_group; or, FERRUM_CUDA_PF_PACK=0, of one head), so its
+   * sequences of q > 1 tokens over nb blocks come to ceil(q G / 64) nb conversions. Step 1 (q of 70, 133, 17
+   * over 5, 9, 2 blocks): 39 for G = 1, more for more; step 2 (90, 5, 64 over 10, 1, 13 blocks): 34 < 48 for
+   * G = 1, 57 for 2; step 3 (30 over 3): 3, 3 for G = 2 (6 unpacked), 6 for 3. The shapes' groups are 1, 3, 4, 7
+   * and 8: one call for G = 1, all 6 for the rest */
+  const uint64_t by_default = sh[1] >= 3 ? 6 : 1;
+  const bool tc = k == PF_TC || k == PF_TC_SERIAL || k == PF_TC_ONE_HEAD;
+  const uint64_t want = dt == KERN_KV_AUTO ? 0 : k == PF_TC_KVD ? 6 : tc ? by_default : 0;
   ck_assert_msg(kern_cuda_kvd_runs(gpu) - runs0 == want, "%s: %llu prefills on the converted K/V, want %llu", what,
                 (unsigned long long)(kern_cuda_kvd_runs(gpu) - runs0), (unsigned long long)want);
 }
 
 /* _i = (kernel, shape): the tensor-core prefill, the SIMT one, the
- * tensor-core one on one stream */
-static const pf_kernel_t k_pf_bf16[] = {PF_TC, PF_SIMT, PF_TC_SERIAL};
+ * tensor-core one on one stream and with a head a CTA */
+static const pf_kernel_t k_pf_bf16[] = {PF_TC, PF_SIMT, PF_TC_SERIAL, PF_TC_ONE_HEAD};
 START_TEST(test_attention_prefill) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
   attn_prefill_case(k_attn_shapes[_i % n_shapes], k_pf_bf16[_i / n_shapes], KERN_KV_AUTO);
@@ -1616,6 +1624,42 @@ START_TEST(test_attention_prefill_kvq) {
   const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes);
   const int shape = _i % n_shapes, k = _i / n_shapes % PF_N, fp8 = _i / (PF_N * n_shapes);
   attn_prefill_case(k_attn_shapes[shape], (pf_kernel_t)k, fp8 ? KERN_KV_FP8 : KERN_KV_INT8);
+}
+END_TEST
+
+/* A speculative verify step: k + 1 = 5 new tokens a sequence over cached
+ * contexts of 17 to 600 tokens, the whole window and the last 100, on
+ * bf16 and fp8 pools; _i = (a head a CTA, fp8, shape): by default a
+ * tensor-core prefill CTA takes the group's heads, 5 queries x G heads of
+ * its 64 rows (kcu_pf_group), else one head, 5 live rows of 64. */
+START_TEST(test_attention_verify) {
+  const int n_shapes = (int)FR_ARRAY_SIZE(k_attn_shapes), *sh = k_attn_shapes[_i % n_shapes];
+  const bool fp8 = _i / n_shapes % 2, one_head = _i / (2 * n_shapes);
+  if (one_head) {
+    kern_backend_destroy(gpu);
+    putenv((char *)"FERRUM_CUDA_PF_PACK=0");
+    ck_assert_int_eq(kern_cuda_create(&gpu, 0), 0);
+  }
+  kvenv_t e;
+  kv_setup_dt(&e, 1, sh[0], sh[2], 16, 4, 640, fp8 ? KERN_KV_FP8 : KERN_KV_AUTO);
+  const int cached[4] = {600, 45, 129, 17}, none[4] = {0, 0, 0, 0}, five[4] = {5, 5, 5, 5};
+  kern_step_t s;
+  int32_t *bufs[4];
+  int nt = build_step(&e, none, cached, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  free_step(bufs);
+  nt = build_step(&e, cached, five, &s, bufs);
+  step_both(&s);
+  append_random(&e, nt, 0);
+  for (int w = 0; w <= 100; w += 100) {
+    char what[96];
+    snprintf(what, sizeof what, "verify%s%s, window %d kv=%d g=%d hd=%d", fp8 ? " fp8" : "",
+             one_head ? " (a head a CTA)" : "", w, sh[0], sh[1], sh[2]);
+    ck_assert_double_lt(attn_compare(&e, nt, 0, sh[0] * sh[1], w, what), TOL_ACT);
+  }
+  free_step(bufs);
+  kv_teardown(&e);
 }
 END_TEST
 
@@ -2901,6 +2945,7 @@ static Suite *cuda_suite(void) {
   tcase_add_loop_test(tc, test_attention_decode_wide_kvq, 0, 3 * (int)FR_ARRAY_SIZE(k_wide_shapes));
   tcase_add_loop_test(tc, test_attention_prefill_kvq, 0, 2 * PF_N * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_attention_prefill_kvq_draft_pool);
+  tcase_add_loop_test(tc, test_attention_verify, 0, 4 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_loop_test(tc, test_attention_decode_kvq, 0, 2 * (int)FR_ARRAY_SIZE(k_attn_shapes));
   tcase_add_test(tc, test_kv_append_kvq);
   tcase_add_test(tc, test_kv_copy_blocks);

@@ -1494,6 +1494,15 @@ static void append_random(kvenv_t *e, int nt, int layer) {
   pair_free(&v);
 }
 
+/* build_step, begun on both backends, with random K/V appended for its
+ * tokens into layer `layer` of both pools; returns the step's tokens. */
+static int step_append(kvenv_t *e, const int *cached, const int *n_new, int layer, kern_step_t *s, int32_t **bufs) {
+  const int nt = build_step(e, cached, n_new, s, bufs);
+  step_both(s);
+  append_random(e, nt, layer);
+  return nt;
+}
+
 /* Runs attention of the step's tokens in both backends (window: keys a
  * query sees, 0 all) and compares. */
 static double attn_compare(kvenv_t *e, int nt, int layer, int n_heads, int window, const char *what) {
@@ -1521,10 +1530,7 @@ static const int k_pf_step1[4] = {70, 1, 133, 17};
  * their K/V appended to layer 1; returns the step's tokens. */
 static int prefill_step1(kvenv_t *e, kern_step_t *s, int32_t **bufs) {
   const int z[4] = {0, 0, 0, 0};
-  const int nt = build_step(e, z, k_pf_step1, s, bufs);
-  step_both(s);
-  append_random(e, nt, 1);
-  return nt;
+  return step_append(e, z, k_pf_step1, 1, s, bufs);
 }
 
 /* Which prefill kernel attn_prefill_case runs: the tensor-core one with
@@ -1569,9 +1575,7 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   /* step 2: chunked prefill over the cached prefix; the last sequence has
    * no new tokens this step */
   int n2[4] = {90, 5, 64, 0};
-  nt = build_step(&e, k_pf_step1, n2, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 1);
+  nt = step_append(&e, k_pf_step1, n2, 1, &s, bufs);
   snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", dn, n_kv,
            sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
@@ -1584,9 +1588,7 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   /* step 3: a mixed step, decodes beside one prefill chunk (the decode
    * kernel takes the one-token sequences, the prefill kernel the chunk) */
   int c3[4] = {160, 6, 197, 17}, n3[4] = {1, 30, 1, 1};
-  nt = build_step(&e, c3, n3, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 1);
+  nt = step_append(&e, c3, n3, 1, &s, bufs);
   snprintf(what, sizeof what, "mixed%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   snprintf(what, sizeof what, "mixed, window 50%s kv=%d g=%d hd=%d", dn, n_kv,
@@ -1645,13 +1647,9 @@ START_TEST(test_attention_verify) {
   const int cached[4] = {600, 45, 129, 17}, none[4] = {0, 0, 0, 0}, five[4] = {5, 5, 5, 5};
   kern_step_t s;
   int32_t *bufs[4];
-  int nt = build_step(&e, none, cached, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
+  int nt = step_append(&e, none, cached, 0, &s, bufs);
   free_step(bufs);
-  nt = build_step(&e, cached, five, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
+  nt = step_append(&e, cached, five, 0, &s, bufs);
   for (int w = 0; w <= 100; w += 100) {
     char what[96];
     snprintf(what, sizeof what, "verify%s%s, window %d kv=%d g=%d hd=%d", fp8 ? " fp8" : "",
@@ -1717,9 +1715,7 @@ static void attn_decode_run(const int *sh, kern_kv_dtype_t dt, int bs, int n, co
   for (int i = 0; i < n; i++) one[i] = 1;
   kern_step_t s;
   int32_t *bufs[4];
-  int nt = build_step(&e, z, lens, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
+  int nt = step_append(&e, z, lens, 0, &s, bufs);
   free_step(bufs);
   nt = build_step(&e, lens, one, &s, bufs);
   bufs[3][n - 1] = 0;
@@ -1909,9 +1905,7 @@ START_TEST(test_kv_copy_blocks) {
   int z[2] = {0, 0}, n[2] = {64, 40};
   kern_step_t s;
   int32_t *bufs[4];
-  int nt = build_step(&e, z, n, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
+  int nt = step_append(&e, z, n, 0, &s, bufs);
   append_random(&e, nt, 1);
   free_step(bufs);
   const int32_t *spare = e.bt + 2 * e.max_blocks;
@@ -2652,14 +2646,10 @@ START_TEST(test_f16_mode) {
   int z[2] = {0, 0}, n[2] = {500, 3}, one[2] = {1, 1};
   kern_step_t s;
   int32_t *bufs[4];
-  int nt = build_step(&e, z, n, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
+  int nt = step_append(&e, z, n, 0, &s, bufs);
   ck_assert_double_lt(attn_compare(&e, nt, 0, 8, 0, "f16 prefill"), TOL_ACT);
   free_step(bufs);
-  nt = build_step(&e, n, one, &s, bufs);
-  step_both(&s);
-  append_random(&e, nt, 0);
+  nt = step_append(&e, n, one, 0, &s, bufs);
   ck_assert_double_lt(attn_compare(&e, nt, 0, 8, 0, "f16 decode"), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);

@@ -1535,8 +1535,8 @@ static int prefill_step1(kvenv_t *e, kern_step_t *s, int32_t **bufs) {
 
 /* Which prefill kernel attn_prefill_case runs: the tensor-core one with
  * the defaults (over a quantized pool: on the K/V converted once a step,
- * kcu_attn.cu's kvd, where the step's query tiles reuse its blocks
- * enough), the SIMT one, the tensor-core one converting a quantized pool's
+ * kcu_attn.cu's kvd, where the loop would convert its blocks at least
+ * twice), the SIMT one, the tensor-core one converting a quantized pool's
  * tiles in its loop (FERRUM_CUDA_KVD_MB=0), on kvd at every step
  * (FERRUM_CUDA_KVD_REUSE=0), the tensor-core one with a mixed step's
  * prefill after its decodes on one stream (FERRUM_CUDA_ATTN_SIDE=0; by
@@ -1549,7 +1549,8 @@ static const char *const k_pf_env[] = {NULL,
                                        "FERRUM_CUDA_KVD_REUSE=0",
                                        "FERRUM_CUDA_ATTN_SIDE=0",
                                        "FERRUM_CUDA_PF_PACK=0"};
-static const char *const k_pf_label[] = {"", " simt", " (in the loop)", " (converted)", " (one stream)", " (a head a CTA)"};
+static const char *const k_pf_label[] = {"", " simt", " (in the loop)", " (converted)", " (one stream)",
+                                         " (a head a CTA)"};
 
 /* Prefill, chunked prefill (with windows) and a mixed step of shape sh on
  * pools of dtype dt, with kernel k. */
@@ -1576,12 +1577,10 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
    * no new tokens this step */
   int n2[4] = {90, 5, 64, 0};
   nt = step_append(&e, k_pf_step1, n2, 1, &s, bufs);
-  snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", dn, n_kv,
-           sh[1], hd);
+  snprintf(what, sizeof what, "chunked prefill%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
   for (int w = 40; w <= 100; w += 60) { /* sliding windows: tiles before the window skipped, edges masked */
-    snprintf(what, sizeof what, "window %d%s kv=%d g=%d hd=%d", w, dn, n_kv, sh[1],
-             hd);
+    snprintf(what, sizeof what, "window %d%s kv=%d g=%d hd=%d", w, dn, n_kv, sh[1], hd);
     ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, w, what), TOL_ACT);
   }
   free_step(bufs);
@@ -1591,8 +1590,7 @@ static void attn_prefill_case(const int *sh, pf_kernel_t k, kern_kv_dtype_t dt) 
   nt = step_append(&e, c3, n3, 1, &s, bufs);
   snprintf(what, sizeof what, "mixed%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 0, what), TOL_ACT);
-  snprintf(what, sizeof what, "mixed, window 50%s kv=%d g=%d hd=%d", dn, n_kv,
-           sh[1], hd);
+  snprintf(what, sizeof what, "mixed, window 50%s kv=%d g=%d hd=%d", dn, n_kv, sh[1], hd);
   ck_assert_double_lt(attn_compare(&e, nt, 1, n_heads, 50, what), TOL_ACT);
   free_step(bufs);
   kv_teardown(&e);

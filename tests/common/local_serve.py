@@ -6,16 +6,16 @@ import json
 import os
 import signal
 import subprocess
-import tempfile
 import time
 
 from local_net import free_port
+from temp_dir import temp_dir
 
 
 class LocalServer:
     def __init__(self, ferrumctl, args, prefix="ferrum-test-", ready_s=120):
         """Starts `ferrumctl serve --port P ARGS` and waits until /health says 200."""
-        self.dir = tempfile.mkdtemp(prefix=prefix)
+        self.dir = temp_dir(prefix)
         self.port = free_port()
         self.log = open(os.path.join(self.dir, "serve.log"), "w+")
         self.proc = subprocess.Popen([ferrumctl, "serve", "--port", str(self.port), *args], stdout=self.log,

@@ -11,12 +11,12 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_http_openai as base  # noqa: E402  (request(), the server's port)
 from local_net import wait_healthy  # noqa: E402  (on the path through test_http_openai)
+from temp_dir import temp_dir  # noqa: E402
 
 TEMPLATE = """{%- if messages[0]['content'] == 'boom' %}{{ raise_exception('boom: this template refuses') }}{% endif %}
 {%- for m in messages %}
@@ -81,7 +81,7 @@ class ChatTemplate(unittest.TestCase):
 
 
 def setUpModule():
-    tmp = tempfile.mkdtemp(prefix="ferrum-chat-template-")
+    tmp = temp_dir("ferrum-chat-template-")
     path = os.path.join(tmp, "template.jinja")
     with open(path, "w") as f:
         f.write(TEMPLATE)

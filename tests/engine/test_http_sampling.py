@@ -17,11 +17,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_net import free_port, wait_healthy  # noqa: E402
+from temp_dir import temp_dir  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -49,7 +49,7 @@ def setUpModule():
                             "--served-model-name", NAME, "--max-model-len", "512", "--threads", "2"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                            # its own runtime folder, so its own RPC endpoint
-                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))
+                           env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
     wait_healthy(srv, port)
 
 

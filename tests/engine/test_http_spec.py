@@ -21,12 +21,12 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_net import free_port, wait_healthy  # noqa: E402
+from temp_dir import temp_dir  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -56,7 +56,7 @@ def start(extra):
                             "--served-model-name", NAME, "--max-model-len", "1024", "--threads", "2",
                             "--max-num-batched-tokens", "64"] + extra,
                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))
+                           env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
     wait_healthy(srv, port)
     return srv, port
 

@@ -26,7 +26,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import unittest
 
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_http_spec as spec  # noqa: E402
 from test_http_spec import CASES, NAME, ask, ask_all, client, metrics, start, stop, worker_pids  # noqa: E402
 from local_net import free_port  # noqa: E402
+from temp_dir import temp_dir  # noqa: E402
 
 MODEL = spec.MODEL
 FERRUMCTL = spec.FERRUMCTL
@@ -124,7 +124,7 @@ def sample_tokens(port, rounds=30, n=16):
 class DraftModel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.tmp = tempfile.mkdtemp(prefix="ferrum-draft-")
+        cls.tmp = temp_dir("ferrum-draft-")
         srv, port = start([])
         try:
             cls.plain = ask_all(port)
@@ -199,7 +199,7 @@ class DraftModel(unittest.TestCase):
                               "prompt_lookup_max")]:
             r = subprocess.run([FERRUMCTL, "serve", "--model", MODEL, "--port", str(free_port()),
                                 "--speculative-config", spec], capture_output=True, text=True, timeout=120,
-                               env=dict(os.environ, XDG_RUNTIME_DIR=tempfile.mkdtemp(prefix="ferrum-test-")))
+                               env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
             self.assertNotEqual(r.returncode, 0, r.stderr)
             self.assertIn(needle, r.stderr)
 

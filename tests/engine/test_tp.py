@@ -32,7 +32,6 @@ import re
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import unittest
@@ -40,6 +39,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
 from local_serve import LocalServer  # noqa: E402
+from temp_dir import temp_dir  # noqa: E402
 
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 MODEL = os.environ.get("FERRUM_MODEL", "")
@@ -190,7 +190,7 @@ class TensorParallelCPU(unittest.TestCase):
 
     def serve_fails(self, *args):
         """Runs `ferrumctl serve ARGS`, which must exit non-zero; returns its output."""
-        d = tempfile.mkdtemp(prefix="ferrum-tp-")
+        d = temp_dir("ferrum-tp-")
         r = subprocess.run([FERRUMCTL, "serve", "--model", MODEL, "--threads", "1", "--port", "0", *args],
                            env=dict(os.environ, XDG_RUNTIME_DIR=d), capture_output=True, text=True, timeout=120)
         self.assertNotEqual(r.returncode, 0, r.stderr[-2000:])

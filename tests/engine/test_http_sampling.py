@@ -11,17 +11,13 @@ The official openai client must accept every answer.
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_sampling.py
 Exit 77 (skip) when the model file or the openai package is missing.
 """
-import http.client
-import json
 import os
-import signal
-import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port, wait_healthy  # noqa: E402
-from temp_dir import temp_dir  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
+from skip import main_or_skip  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -29,41 +25,26 @@ NAME = "smol"
 PROMPT = "The capital of France is"
 SHORT = [{"role": "user", "content": "Reply with one word: yes or no. Is the sky blue?"}]  # answered in ~2 tokens
 srv = None
-port = 0
 
 
 def request(path, body, timeout=60):
     """POSTs body as JSON; returns (status, parsed body)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    c.request("POST", path, body=json.dumps(body), headers={"Content-Type": "application/json"})
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, json.loads(data)
+    return srv.json("POST", path, body, timeout)
 
 
 def setUpModule():
-    global srv, port
-    port = free_port()
-    srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                            "--served-model-name", NAME, "--max-model-len", "512", "--threads", "2"],
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           # its own runtime folder, so its own RPC endpoint
-                           env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
-    wait_healthy(srv, port)
+    global srv
+    srv = LocalServer(FERRUMCTL, ["--model", MODEL, "--served-model-name", NAME, "--max-model-len", "512",
+                                  "--threads", "2"])
 
 
 def tearDownModule():
-    if srv is not None and srv.poll() is None:
-        srv.send_signal(signal.SIGTERM)
-        srv.wait(30)
     if srv is not None:
-        srv.stderr.close()
+        srv.stop()
 
 
 def client():
-    import openai
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", timeout=60, max_retries=0)
+    return srv.openai(timeout=60)
 
 
 def token_id(text):
@@ -201,12 +182,4 @@ class Echo(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if not MODEL or not os.path.exists(MODEL) or not FERRUMCTL or not os.path.exists(FERRUMCTL):
-        print("skip: FERRUM_MODEL or FERRUMCTL missing")
-        sys.exit(77)
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        print("skip: the openai package is missing")
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    main_or_skip(files=[MODEL, FERRUMCTL], modules=["openai"])

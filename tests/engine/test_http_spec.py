@@ -15,7 +15,6 @@ Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_spec
 Exit 77 (skip) when the model file or the openai package is missing.
 """
 import concurrent.futures
-import http.client
 import os
 import re
 import signal
@@ -25,8 +24,8 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port, wait_healthy  # noqa: E402
-from temp_dir import temp_dir  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
+from skip import main_or_skip  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
@@ -51,32 +50,15 @@ CASES = [
 
 
 def start(extra):
-    port = free_port()
-    srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                            "--served-model-name", NAME, "--max-model-len", "1024", "--threads", "2",
-                            "--max-num-batched-tokens", "64"] + extra,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
-    wait_healthy(srv, port)
-    return srv, port
+    """A server of the test's shape with extra arguments (a LocalServer)."""
+    return LocalServer(FERRUMCTL, ["--model", MODEL, "--served-model-name", NAME, "--max-model-len", "1024",
+                                   "--threads", "2", "--max-num-batched-tokens", "64", *extra])
 
 
-def stop(srv):
-    if srv.poll() is None:
-        srv.send_signal(signal.SIGTERM)
-        srv.wait(60)
-    srv.stderr.close()
-
-
-def client(port):
-    import openai
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key="none", timeout=300, max_retries=0)
-
-
-def ask(port, case):
+def ask(srv, case):
     msgs, extra = case
     body = dict({"max_tokens": 96, "temperature": 0}, **extra)
-    r = client(port).chat.completions.create(model=NAME, messages=msgs, **body)
+    r = srv.openai(timeout=300).chat.completions.create(model=NAME, messages=msgs, **body)
     ch = r.choices[0]
     lps = None
     if ch.logprobs:
@@ -84,17 +66,14 @@ def ask(port, case):
     return ch.message.content, ch.finish_reason, r.usage.completion_tokens, lps
 
 
-def ask_all(port):
+def ask_all(srv):
     """Every case, four at a time; results in case order."""
     with concurrent.futures.ThreadPoolExecutor(4) as ex:
-        return list(ex.map(lambda c: ask(port, c), CASES))
+        return list(ex.map(lambda c: ask(srv, c), CASES))
 
 
-def metrics(port):
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    c.request("GET", "/metrics")
-    text = c.getresponse().read().decode()
-    c.close()
+def metrics(srv):
+    text = srv.request("GET", "/metrics", timeout=30)[1].decode()
     out = {}
     for m in re.finditer(r'^ferrum:(\w+)\{([^}]*)\} (\S+)$', text, re.M):
         pos = re.search(r'position="(\d+)"', m.group(2))
@@ -102,20 +81,32 @@ def metrics(port):
     return out
 
 
-def worker_pids(srv):
-    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(srv.pid)], capture_output=True, text=True).stdout
-    return [int(x) for x in out.split()]
+def kill_workers_mid_request(srv, case):
+    """Asks case, kills the workers once it has had a few drafts; its answer.
+    The drafts are counted from before the request (earlier requests' count
+    too, so the kill never comes before this one reached the server)."""
+    before = metrics(srv).get("spec_decode_num_drafts_total", 0)
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(ask, srv, case)
+        deadline = time.time() + 60
+        while time.time() < deadline and metrics(srv).get("spec_decode_num_drafts_total", 0) < before + 3:
+            time.sleep(0.05)
+        pids = srv.worker_pids()
+        assert pids
+        for p in pids.values():
+            os.kill(p, signal.SIGKILL)
+        return fut.result(300)
 
 
 class Speculative(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        srv, port = start([])
+        srv = start([])
         try:
-            cls.plain = ask_all(port)
-            cls.plain_metrics = metrics(port)
+            cls.plain = ask_all(srv)
+            cls.plain_metrics = metrics(srv)
         finally:
-            stop(srv)
+            srv.stop()
 
     def check_same(self, got):
         for i, (a, b) in enumerate(zip(self.plain, got)):
@@ -132,17 +123,17 @@ class Speculative(unittest.TestCase):
         self.assertEqual(self.plain[2][1], "stop")  # the stop string ends case 2
         self.assertEqual(self.plain[3][1:3], ("length", 7))
         # a small KV pool: jobs are preempted and recomputed with their proposals dropped
-        srv, port = start(["--speculative-config", SPEC_ALL, "--num-kv-blocks", "24"])
+        srv = start(["--speculative-config", SPEC_ALL, "--num-kv-blocks", "24"])
         try:
-            self.check_same(ask_all(port))
-            m = metrics(port)
-            self.check_same(ask_all(port))  # again: the prefix cache now serves the prompts
-            c = client(port)
+            self.check_same(ask_all(srv))
+            m = metrics(srv)
+            self.check_same(ask_all(srv))  # again: the prefix cache now serves the prompts
+            c = srv.openai(timeout=300)
             seeded = [c.chat.completions.create(model=NAME, messages=CASES[1][0], max_tokens=40, temperature=0.8,
                                                 seed=11).choices[0].message.content for _ in range(2)]
             self.assertEqual(seeded[0], seeded[1])
         finally:
-            stop(srv)
+            srv.stop()
         drafts, proposed, accepted = (m["spec_decode_num_drafts_total"], m["spec_decode_num_draft_tokens_total"],
                                       m["spec_decode_num_accepted_tokens_total"])
         print("drafts %d, proposed %d, accepted %d (%.0f%%), preemptions %d" % (
@@ -157,21 +148,12 @@ class Speculative(unittest.TestCase):
                          accepted)
 
     def test_worker_restart_recomputes(self):
-        srv, port = start(["--speculative-config", SPEC])
+        srv = start(["--speculative-config", SPEC])
         try:
-            with concurrent.futures.ThreadPoolExecutor(1) as ex:
-                fut = ex.submit(ask, port, CASES[0])
-                deadline = time.time() + 60
-                while time.time() < deadline and metrics(port).get("spec_decode_num_drafts_total", 0) < 3:
-                    time.sleep(0.05)
-                pids = worker_pids(srv)
-                self.assertTrue(pids)
-                for p in pids:
-                    os.kill(p, signal.SIGKILL)
-                got = fut.result(300)
-            m = metrics(port)
+            got = kill_workers_mid_request(srv, CASES[0])
+            m = metrics(srv)
         finally:
-            stop(srv)
+            srv.stop()
         self.assertEqual(got[:3], self.plain[0][:3])
         self.assertGreater(m["spec_decode_num_accepted_tokens_total"], 0)
 
@@ -190,12 +172,4 @@ class Speculative(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if not MODEL or not os.path.exists(MODEL) or not FERRUMCTL:
-        print("skip: FERRUM_MODEL / FERRUMCTL not set", file=sys.stderr)
-        sys.exit(77)
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        print("skip: the openai package is missing", file=sys.stderr)
-        sys.exit(77)
-    unittest.main()
+    main_or_skip(files=[MODEL], programs=[FERRUMCTL], modules=["openai"])

@@ -19,20 +19,18 @@ Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_spec
 Exit 77 (skip) when the model file or the openai package is missing.
 """
 import collections
-import concurrent.futures
 import json
 import math
 import os
-import signal
 import subprocess
 import sys
-import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import test_http_spec as spec  # noqa: E402
-from test_http_spec import CASES, NAME, ask, ask_all, client, metrics, start, stop, worker_pids  # noqa: E402
+from test_http_spec import CASES, NAME, ask_all, kill_workers_mid_request, metrics, start  # noqa: E402
 from local_net import free_port  # noqa: E402
+from skip import main_or_skip  # noqa: E402
 from temp_dir import temp_dir  # noqa: E402
 
 MODEL = spec.MODEL
@@ -54,23 +52,6 @@ def make_draft(out, layers, vocab=None):
 
 def acceptance(m):
     return m["spec_decode_num_accepted_tokens_total"] / max(m["spec_decode_num_draft_tokens_total"], 1)
-
-
-def kill_workers_mid_request(srv, port, case):
-    """Asks case, kills the workers once it has had a few drafts; its answer.
-    The drafts are counted from before the request (earlier requests' count
-    too, so the kill never comes before this one reached the server)."""
-    before = metrics(port).get("spec_decode_num_drafts_total", 0)
-    with concurrent.futures.ThreadPoolExecutor(1) as ex:
-        fut = ex.submit(ask, port, case)
-        deadline = time.time() + 60
-        while time.time() < deadline and metrics(port).get("spec_decode_num_drafts_total", 0) < before + 3:
-            time.sleep(0.05)
-        pids = worker_pids(srv)
-        assert pids
-        for p in pids:
-            os.kill(p, signal.SIGKILL)
-        return fut.result(300)
 
 
 def chi2_two_sample(a, b):
@@ -105,11 +86,11 @@ def chi2_critical(df):
 SAMPLE_PROMPT = [{"role": "user", "content": "Name one fruit."}]
 
 
-def sample_tokens(port, rounds=30, n=16):
+def sample_tokens(srv, rounds=30, n=16):
     """Tokens 2 and 3 of rounds * n temperature-1 answers (token 1 comes
     from the prompt's step; speculation proposes the ones after it)."""
     pos = [collections.Counter(), collections.Counter()]
-    c = client(port)
+    c = srv.openai(timeout=300)
     for _ in range(rounds):
         r = c.chat.completions.create(model=NAME, messages=SAMPLE_PROMPT, max_tokens=4, temperature=1.0, n=n,
                                       logprobs=True)
@@ -125,25 +106,25 @@ class DraftModel(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = temp_dir("ferrum-draft-")
-        srv, port = start([])
+        srv = start([])
         try:
-            cls.plain = ask_all(port)
+            cls.plain = ask_all(srv)
         finally:
-            stop(srv)
+            srv.stop()
 
     def check_same(self, got):
         spec.Speculative.check_same(self, got)
 
     def test_same_model_draft_identical_through_preemption_and_restart(self):
-        srv, port = start(["--speculative-config", draft_spec(MODEL), "--num-kv-blocks", "16"])
+        srv = start(["--speculative-config", draft_spec(MODEL), "--num-kv-blocks", "16"])
         try:
-            self.check_same(ask_all(port))
-            self.check_same(ask_all(port))  # again: the prefix cache serves the prompts (draft K/V included)
-            m = metrics(port)
-            got = kill_workers_mid_request(srv, port, CASES[0])
-            m2 = metrics(port)
+            self.check_same(ask_all(srv))
+            self.check_same(ask_all(srv))  # again: the prefix cache serves the prompts (draft K/V included)
+            m = metrics(srv)
+            got = kill_workers_mid_request(srv, CASES[0])
+            m2 = metrics(srv)
         finally:
-            stop(srv)
+            srv.stop()
         self.assertEqual(got[:3], self.plain[0][:3])
         print("same-model draft: drafts %d, proposed %d, accepted %.1f%%, preemptions %d" % (
             m["spec_decode_num_drafts_total"], m["spec_decode_num_draft_tokens_total"], 100 * acceptance(m),
@@ -155,12 +136,12 @@ class DraftModel(unittest.TestCase):
 
     def test_different_draft_identical_and_partly_accepted(self):
         draft = make_draft(os.path.join(self.tmp, "skip29.gguf"), "0-27,29")
-        srv, port = start(["--speculative-config", draft_spec(draft)])
+        srv = start(["--speculative-config", draft_spec(draft)])
         try:
-            self.check_same(ask_all(port))
-            m = metrics(port)
+            self.check_same(ask_all(srv))
+            m = metrics(srv)
         finally:
-            stop(srv)
+            srv.stop()
         print("29-block draft: drafts %d, proposed %d, accepted %.1f%%" % (
             m["spec_decode_num_drafts_total"], m["spec_decode_num_draft_tokens_total"], 100 * acceptance(m)),
               file=sys.stderr)
@@ -173,12 +154,12 @@ class DraftModel(unittest.TestCase):
         got = {}
         for name, extra in [("plain", []),
                             ("draft", ["--speculative-config", draft_spec(draft, disable_by_batch_size=64)])]:
-            srv, port = start(extra)
+            srv = start(extra)
             try:
-                got[name] = sample_tokens(port)
-                got[name + "_m"] = metrics(port)
+                got[name] = sample_tokens(srv)
+                got[name + "_m"] = metrics(srv)
             finally:
-                stop(srv)
+                srv.stop()
         m = got["draft_m"]
         rate = acceptance(m)
         for i in range(2):
@@ -192,25 +173,17 @@ class DraftModel(unittest.TestCase):
 
     def test_other_vocabulary_fails_the_start(self):
         bad = make_draft(os.path.join(self.tmp, "vocab1000.gguf"), "0-1", vocab=1000)
-        for spec, needle in [(draft_spec(bad), "vocabulary of 1000 tokens"),
+        for cfg, needle in [(draft_spec(bad), "vocabulary of 1000 tokens"),
                              (draft_spec(os.path.join(self.tmp, "missing.gguf")), "missing.gguf"),
                              ('{"method": "draft_model", "num_speculative_tokens": 4}', "model"),
                              (json.dumps({"model": MODEL, "num_speculative_tokens": 4, "prompt_lookup_max": 2}),
                               "prompt_lookup_max")]:
             r = subprocess.run([FERRUMCTL, "serve", "--model", MODEL, "--port", str(free_port()),
-                                "--speculative-config", spec], capture_output=True, text=True, timeout=120,
+                                "--speculative-config", cfg], capture_output=True, text=True, timeout=120,
                                env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
             self.assertNotEqual(r.returncode, 0, r.stderr)
             self.assertIn(needle, r.stderr)
 
 
 if __name__ == "__main__":
-    if not MODEL or not os.path.exists(MODEL) or not FERRUMCTL:
-        print("skip: FERRUM_MODEL / FERRUMCTL not set", file=sys.stderr)
-        sys.exit(77)
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        print("skip: the openai package is missing", file=sys.stderr)
-        sys.exit(77)
-    unittest.main()
+    main_or_skip(files=[MODEL], programs=[FERRUMCTL], modules=["openai"])

@@ -40,12 +40,14 @@ class LocalServer:
         with open(self.log.name) as f:
             return f.read()
 
-    def request(self, method, path, body=None, timeout=120):
-        """(status, body bytes); body is sent as JSON."""
+    def request(self, method, path, body=None, timeout=120, headers=None):
+        """(status, body bytes); a dict or list body is sent as JSON, bytes or
+        str as they are; headers are added to the JSON content type."""
+        if isinstance(body, (dict, list)):
+            body = json.dumps(body)
         c = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         try:
-            c.request(method, path, body=json.dumps(body) if body is not None else None,
-                      headers={"Content-Type": "application/json"})
+            c.request(method, path, body=body, headers=dict({"Content-Type": "application/json"}, **(headers or {})))
             r = c.getresponse()
             return r.status, r.read()
         finally:
@@ -59,10 +61,10 @@ class LocalServer:
         except ValueError:
             return status, data.decode()
 
-    def openai(self, timeout=120):
+    def openai(self, timeout=120, api_key="none"):
         """The official openai client on this server."""
         import openai
-        return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % self.port, api_key="none", timeout=timeout,
+        return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % self.port, api_key=api_key, timeout=timeout,
                              max_retries=0)
 
     def worker_pids(self):
@@ -82,12 +84,14 @@ class LocalServer:
                 out[int(argv[argv.index(b"--rank") + 1])] = int(d)
         return out
 
-    def stop(self):
-        """SIGTERM (drain), then SIGKILL after 60 s."""
+    def stop(self, seconds=60):
+        """SIGTERM (drain), then SIGKILL after seconds; the exit status
+        (negative: the signal that ended it)."""
         self.proc.send_signal(signal.SIGTERM)
         try:
-            self.proc.wait(60)
+            self.proc.wait(seconds)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
         self.log.close()
+        return self.proc.returncode

@@ -8,14 +8,13 @@ and a template that raises gives a 400 with its message.
 """
 import json
 import os
-import signal
-import subprocess
 import sys
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import test_http_openai as base  # noqa: E402  (request(), the server's port)
-from local_net import wait_healthy  # noqa: E402  (on the path through test_http_openai)
+import test_http_openai as base  # noqa: E402  (request(), the server in base.srv)
+from local_serve import LocalServer  # noqa: E402  (on the path through test_http_openai)
+from skip import main_or_skip  # noqa: E402
 from temp_dir import temp_dir  # noqa: E402
 
 TEMPLATE = """{%- if messages[0]['content'] == 'boom' %}{{ raise_exception('boom: this template refuses') }}{% endif %}
@@ -81,27 +80,18 @@ class ChatTemplate(unittest.TestCase):
 
 
 def setUpModule():
-    tmp = temp_dir("ferrum-chat-template-")
-    path = os.path.join(tmp, "template.jinja")
+    path = os.path.join(temp_dir("ferrum-chat-template-"), "template.jinja")
     with open(path, "w") as f:
         f.write(TEMPLATE)
-    base.port = base.free_port()
-    base.srv = subprocess.Popen([base.FERRUMCTL, "serve", "--model", base.MODEL, "--host", "127.0.0.1", "--port",
-                                 str(base.port), "--api-key", base.KEY, "--served-model-name", base.NAME,
-                                 "--max-model-len", "512", "--threads", "2", "--chat-template", path,
-                                 "--rpc", "ipc://%s/rpc.sock" % tmp],  # its own endpoint: other servers may run
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    wait_healthy(base.srv, base.port)
+    base.srv = LocalServer(base.FERRUMCTL, ["--model", base.MODEL, "--api-key", base.KEY, "--served-model-name",
+                                            base.NAME, "--max-model-len", "512", "--threads", "2",
+                                            "--chat-template", path])
 
 
 def tearDownModule():
-    if base.srv is not None and base.srv.poll() is None:
-        base.srv.send_signal(signal.SIGTERM)
-        base.srv.wait(30)
+    if base.srv is not None:
+        base.srv.stop(30)
 
 
 if __name__ == "__main__":
-    if not base.MODEL or not os.path.exists(base.MODEL) or not base.FERRUMCTL or not os.path.exists(base.FERRUMCTL):
-        print("skip: FERRUM_MODEL or FERRUMCTL missing")
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    main_or_skip(files=[base.MODEL, base.FERRUMCTL])

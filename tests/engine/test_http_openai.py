@@ -10,11 +10,9 @@ vanishing clients, /metrics counters, and that SIGTERM leaves no
 Run: FERRUMCTL=build/bin/ferrumctl FERRUM_MODEL=models/... python test_http_openai.py
 Exit 77 (skip) when the model file is missing.
 """
-import http.client
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import sys
@@ -22,31 +20,20 @@ import time
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "common"))
-from local_net import free_port, wait_healthy  # noqa: E402
-from temp_dir import temp_dir  # noqa: E402
+from local_serve import LocalServer  # noqa: E402
+from skip import main_or_skip  # noqa: E402
 
 MODEL = os.environ.get("FERRUM_MODEL", "")
 FERRUMCTL = os.environ.get("FERRUMCTL", "")
 KEY = "test-key-123"
 NAME = "smol"
-srv = None  # the server process
-port = 0
+srv = None  # the server (LocalServer)
 
 
 def request(method, path, body=None, headers=None, key=KEY, timeout=30):
-    """Returns (status, body bytes)."""
-    c = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
-    h = {"Content-Type": "application/json"}
-    if key:
-        h["Authorization"] = "Bearer " + key
-    h.update(headers or {})
-    if isinstance(body, (dict, list)):
-        body = json.dumps(body)
-    c.request(method, path, body=body, headers=h)
-    r = c.getresponse()
-    data = r.read()
-    c.close()
-    return r.status, data
+    """Returns (status, body bytes); with the API key unless key is None."""
+    h = dict({"Authorization": "Bearer " + key} if key else {}, **(headers or {}))
+    return srv.request(method, path, body, timeout, h)
 
 
 def metrics():
@@ -68,36 +55,23 @@ def metric(ms, name, **labels):
 
 
 def setUpModule():
-    global srv, port
-    port = free_port()
-    srv = subprocess.Popen([FERRUMCTL, "serve", "--model", MODEL, "--host", "127.0.0.1", "--port", str(port),
-                            "--api-key", KEY, "--served-model-name", NAME, "--max-model-len", "512",
-                            "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                           # its own runtime folder, so its own RPC endpoint
-                           env=dict(os.environ, XDG_RUNTIME_DIR=temp_dir("ferrum-test-")))
-    wait_healthy(srv, port)
+    global srv
+    srv = LocalServer(FERRUMCTL, ["--model", MODEL, "--api-key", KEY, "--served-model-name", NAME,
+                                  "--max-model-len", "512", "--threads", "2"])
 
 
 def tearDownModule():
     if srv is None:
         return
-    if srv.poll() is None:
-        srv.send_signal(signal.SIGTERM)
-        try:
-            srv.wait(30)
-        except subprocess.TimeoutExpired:
-            srv.kill()
-            srv.wait()
-            raise AssertionError("the server did not stop within 30 s of SIGTERM")
+    rc = srv.stop(30)
     # no shared memory segment of this server (named after its pid) is left
-    left = [n for n in os.listdir("/dev/shm") if n.startswith("ferrum") and ("p%d." % srv.pid) in n]
+    left = [n for n in os.listdir("/dev/shm") if n.startswith("ferrum") and ("p%d." % srv.proc.pid) in n]
     assert not left, "segments left behind: %s" % left
-    assert srv.returncode == 0, "exit status %s" % srv.returncode
+    assert rc == 0, "exit status %s (-9: it did not stop within 30 s of SIGTERM)" % rc
 
 
 def client():
-    import openai
-    return openai.OpenAI(base_url="http://127.0.0.1:%d/v1" % port, api_key=KEY, timeout=60, max_retries=0)
+    return srv.openai(timeout=60, api_key=KEY)
 
 
 class OpenAIClient(unittest.TestCase):
@@ -267,7 +241,7 @@ class Clients(unittest.TestCase):
     def test_slow_clients_do_not_block(self):
         socks = []
         for _ in range(32):  # half a request each, then silence
-            s = socket.create_connection(("127.0.0.1", port), timeout=5)
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"pro")
             socks.append(s)
         t = time.time()
@@ -279,7 +253,7 @@ class Clients(unittest.TestCase):
 
     def test_disconnect_mid_stream_frees(self):
         before = metrics()
-        s = socket.create_connection(("127.0.0.1", port), timeout=30)
+        s = socket.create_connection(("127.0.0.1", srv.port), timeout=30)
         body = json.dumps({"model": NAME, "prompt": "Once upon a time", "max_tokens": 400, "ignore_eos": True,
                            "stream": True}).encode()
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
@@ -324,12 +298,4 @@ class Metrics(unittest.TestCase):
 
 
 if __name__ == "__main__":
-    if not MODEL or not os.path.exists(MODEL) or not FERRUMCTL or not os.path.exists(FERRUMCTL):
-        print("skip: FERRUM_MODEL or FERRUMCTL missing")
-        sys.exit(77)
-    try:
-        import openai  # noqa: F401
-    except ImportError:
-        print("skip: the openai package is missing")
-        sys.exit(77)
-    unittest.main(verbosity=2)
+    main_or_skip(files=[MODEL, FERRUMCTL], modules=["openai"])

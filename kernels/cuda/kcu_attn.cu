@@ -1664,6 +1664,12 @@ static int kcu_pf_group(const kcu_ctx_t *c, int G) {
   return c->pf_pack && (long long)c->max_q * G <= 65535ll * KCU_FA_BM ? G : 1;
 }
 
+/* The tensor-core prefill's grid for n sequences of this step with gp
+ * heads a CTA: (head groups, tiles of 64 rows, sequences). */
+static dim3 kcu_pf_grid(const kcu_ctx_t *c, int n_heads, int gp, int n) {
+  return dim3(n_heads / gp, kcu_div_up(c->max_q * gp, KCU_FA_BM), n);
+}
+
 /* Whether an attention call of G query heads a KV head takes this step's
  * kvd: the loop would convert each of its blocks at least kvd_reuse times
  * on average, once for each CTA that reads it: its sequence's tiles of 64
@@ -1702,7 +1708,7 @@ static int kcu_prefill_kvd(kcu_ctx_t *c, T *out, const T *q, int q_stride, const
              kv.vs, c->dm.hdr, c->dm.ctx_len, c->dm.block_tables, c->dm.kvd_base, seq_map, bs, cf->n_blocks,
              cf->n_kv_heads, HD);
   const int gp = kcu_pf_group(c, G);
-  const dim3 grid(n_heads / gp, kcu_div_up(c->max_q * gp, KCU_FA_BM), n);
+  const dim3 grid = kcu_pf_grid(c, n_heads, gp, n);
   KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, KCU_KVQ_NONE>, grid, KCU_FA_NT, kcu_fa_smem<HD>::BYTES, out, q,
              q_stride, (const void *)kd, (const void *)vd, (const uint16_t *)NULL, (const uint16_t *)NULL, c->dm.hdr,
              c->dm.q_start, c->dm.ctx_len, (const int32_t *)c->kvd_bt, seq_map, bs, (int)cap, cf->n_kv_heads, G, gp,
@@ -1724,7 +1730,7 @@ static int kcu_prefill(kcu_ctx_t *c, T *out, const T *q, int q_stride, const kcu
         return kcu_prefill_kvd<T, HD, Q>(c, out, q, q_stride, kv, cf, n_heads, G, scale, window, seq_map, n);
     constexpr int bytes = kcu_fa_smem<HD>::BYTES;
     const int gp = kcu_pf_group(c, G);
-    const dim3 grid(n_heads / gp, kcu_div_up(c->max_q * gp, KCU_FA_BM), n);
+    const dim3 grid = kcu_pf_grid(c, n_heads, gp, n);
     KCU_LAUNCH(c, kcu_attn_prefill_mma_k<T, HD, Q>, grid, KCU_FA_NT, bytes, out, q, q_stride, kv.kc, kv.vc, kv.ks,
                kv.vs, c->dm.hdr, c->dm.q_start, c->dm.ctx_len, c->dm.block_tables, seq_map, cf->block_size,
                cf->n_blocks, cf->n_kv_heads, G, gp, scale, window);
